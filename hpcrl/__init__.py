@@ -1,0 +1,3 @@
+"""hpcrl: recipe + cluster profile → validated plan → sbatch → Ray job → training core → report."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The hpcrl console command."""

@@ -1,0 +1,92 @@
+"""The cluster-profile schema: where a recipe runs. A site differs from another only here.
+
+Profiles are YAML files found by name on a search path (see ``hpcrl.config.profiles``) or
+given as a path. Secrets never live in a profile: ``pass_env`` names variables copied from
+the submitting shell into the job at submit time (HF_TOKEN, WANDB_API_KEY, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+frozen = attrs.frozen(kw_only=True)
+
+
+@frozen
+class ContainerCfg:
+    """A pyxis/enroot container for every srun step (``container``)."""
+
+    image: str
+    mounts: tuple[str, ...] = ()  # "host:container[:flags]"
+    workdir: str | None = None
+    mount_home: bool = False
+
+
+@frozen
+class PortBandCfg:
+    """One fixed port band; every port hpcrl's Ray uses lies inside [start, end]."""
+
+    start: int
+    end: int
+
+
+@frozen
+class RayPortsCfg:
+    """Fixed Ray ports, all below the OS ephemeral range (Linux default starts at 32768)."""
+
+    gcs_port: int = 6379
+    client_server_port: int = 10001
+    dashboard_port: int = 8265
+    node_manager_port: int = 6800
+    object_manager_port: int = 6801
+    runtime_env_agent_port: int = 6802
+    metrics_export_port: int = 6803
+    dashboard_agent_grpc_port: int = 6804
+    dashboard_agent_listen_port: int = 6805
+    min_worker_port: int = 11000
+    max_worker_port: int = 12999
+    torch_master_port: int = 29500
+
+
+@frozen
+class SlurmCfg:
+    """Slurm settings (used when ``scheduler: slurm``)."""
+
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    time_limit: str = "01:00:00"  # [D-]HH:MM:SS
+    exclusive: bool = True
+    gres_form: Literal["gres", "gpus_per_node", "none"] = "gres"
+    mem_gb: int | None = None  # None: Slurm's default (exclusive nodes get all of it)
+    max_requeues: int = 2
+    signal_delay_s: int = 90  # USR2 this many seconds before the time limit
+    array_parallelism: int = 4  # sweeps: at most this many array tasks run at once
+    sbatch_args: tuple[str, ...] = ()  # extra "#SBATCH" arguments, e.g. "--reservation=x"
+    srun_args: tuple[str, ...] = ()  # extra srun arguments
+
+
+@frozen
+class ClusterProfile:
+    """One site (``cluster_profiles/<name>.yaml``)."""
+
+    name: str
+    scheduler: Literal["slurm", "local"] = "slurm"
+    device: Literal["gpu", "cpu"] = "gpu"
+    gpus_per_node: int = 8
+    cpus_per_node: int | None = None
+    worker_slots_per_node: int = 1  # CPU profiles: training workers per node
+    slurm: SlurmCfg = attrs.field(factory=SlurmCfg)
+    container: ContainerCfg | None = None
+    env: dict[str, str] = attrs.field(factory=dict)  # as the JOB sees it (HF_HOME, ...)
+    pass_env: tuple[str, ...] = ()  # names copied from the submitting shell, never values
+    setup_lines: tuple[str, ...] = ()  # shell lines run before srun (module load ...)
+    ray_ports: RayPortsCfg = attrs.field(factory=RayPortsCfg)
+    python: str = "python3"  # the interpreter inside the job (container or node)
+
+    @property
+    def slots_per_node(self) -> int:
+        """Training workers per node: GPUs on GPU profiles, worker slots on CPU profiles."""
+        return self.gpus_per_node if self.device == "gpu" else self.worker_slots_per_node

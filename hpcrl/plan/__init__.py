@@ -1,0 +1,1 @@
+"""Pre-flight planning: recipe × profile → JobSpec (data path step 2)."""

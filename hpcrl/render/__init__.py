@@ -1,0 +1,1 @@
+"""Rendering: JobSpec → sbatch text and run folder (data path step 3)."""

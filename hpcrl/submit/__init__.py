@@ -1,0 +1,1 @@
+"""Submission and job management through submitit (data path step 4)."""
