@@ -1,0 +1,81 @@
+"""The one interface algorithms use to talk to a training backend.
+
+The controller (the driver on the Ray head) holds a ``Policy``; behind it a worker group of
+Ray actors runs one backend (Automodel or Megatron) in one torch.distributed group.
+Algorithms (GRPO, SFT) only call the methods below and never see a backend.
+
+Tensors cross this interface on CPU, batch-first. Token axis conventions:
+``input_ids[b, t]`` is the full sequence (prompt + response, right-padded);
+``logprobs[b, t]`` is log p(input_ids[b, t] | input_ids[b, :t]) with ``logprobs[b, 0] = 0``;
+``token_mask[b, t]`` is 1 where token t is a response token that counts in the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.config.recipe import GenerationCfg
+
+# A batch is a mapping of equally-long (dim 0) CPU tensors. Keys the backends rely on:
+#   input_ids [B, T] long, attention_mask [B, T] long (1 = real token), token_mask [B, T] float.
+# Algorithms add their own keys (advantages [B], old_logprobs [B, T], ref_logprobs [B, T], ...);
+# backends slice every key along dim 0 into micro-batches and pass them through untouched.
+Batch = Mapping[str, "torch.Tensor"]
+
+# Computed on the workers: (logprobs [b, T] with grad, micro-batch, global normaliser) →
+# (scalar loss, metrics). Must be a picklable top-level function or functools.partial of one.
+# ``num_global_tokens`` is the loss-mask token count of the whole global batch, so that
+# micro-batch and data-parallel splits sum to the same loss as one big batch.
+LossFn = Callable[["torch.Tensor", Batch, float], tuple["torch.Tensor", dict[str, float]]]
+
+
+class GenerationOutput(Protocol):
+    """What ``Policy.generate`` returns (all CPU tensors, batch-first, right-padded)."""
+
+    input_ids: torch.Tensor  # [B, T] prompt followed by response
+    attention_mask: torch.Tensor  # [B, T]
+    response_mask: torch.Tensor  # [B, T] 1 on generated tokens (excl. padding after stop)
+    generation_logprobs: torch.Tensor  # [B, T] sampler's logprobs of generated tokens, else 0
+    prompt_lengths: torch.Tensor  # [B]
+    response_lengths: torch.Tensor  # [B]
+
+
+class Policy(Protocol):
+    """Controller-side handle on a backend's worker group."""
+
+    def train(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over the global batch (split into data-parallel shards and
+        micro-batches by the backend). Returns at least loss, grad_norm, lr."""
+
+    def get_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Token log-probs [B, T] of ``batch['input_ids']`` under the current weights."""
+
+    def get_reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        """Token log-probs under the frozen initial (reference) weights."""
+
+    def generate(
+        self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
+    ) -> GenerationOutput:
+        """Sample one response per prompt (repeat prompts for n per prompt)."""
+
+    def prepare_for_generation(self) -> None:
+        """Move what training needs out of the way (e.g. optimizer state off GPU)."""
+
+    def prepare_for_training(self) -> None:
+        """Undo ``prepare_for_generation``."""
+
+    def save_checkpoint(self, checkpoint_dir: str, extra_state: Mapping[str, Any]) -> None:
+        """Distributed checkpoint of model, optimizer, scheduler, RNG and ``extra_state``."""
+
+    def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        """Restore everything ``save_checkpoint`` wrote; returns its ``extra_state``."""
+
+    def export_hf(self, out_dir: str) -> None:
+        """Write a consolidated Hugging Face checkpoint of the current weights."""
+
+    def shutdown(self) -> None:
+        """Stop workers cleanly (no gloo exit abort, no processes left behind)."""
