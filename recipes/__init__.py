@@ -1,0 +1,1 @@
+"""Package data: shipped with hpcrl and found through importlib.resources."""
