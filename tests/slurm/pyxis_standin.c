@@ -1,0 +1,97 @@
+/*
+ * pyxis_standin.c -- a TEST STAND-IN for NVIDIA pyxis, for hpcrl's Slurm test cluster.
+ *
+ * Real pyxis (and enroot under it) cannot run on the CI machine: neither is packaged for
+ * Debian and nothing can be fetched. Without pyxis, srun rejects --container-* options
+ * ("unrecognized option"), so pyxis-rendered job scripts could not run at all.
+ *
+ * This SPANK plugin registers pyxis' srun/sbatch/salloc option names and runs NO container.
+ * Instead it exports what each task received into the task's environment:
+ *
+ *   --container-image=foo:1          -> PYXIS_STANDIN_CONTAINER_IMAGE=foo:1
+ *   --container-mounts=/a:/b,/c:/d   -> PYXIS_STANDIN_CONTAINER_MOUNTS=/a:/b,/c:/d
+ *   --no-container-mount-home        -> PYXIS_STANDIN_NO_CONTAINER_MOUNT_HOME=1
+ *
+ * so tests can run scripts unchanged and assert on exactly what srun was given.
+ *
+ * Built by tests/slurm/cluster.sh start:  gcc -shared -fPIC -o pyxis_standin.so pyxis_standin.c
+ */
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(pyxis_standin, 1);
+
+#define ENV_PREFIX "PYXIS_STANDIN_"
+
+static int accept_any(int val, const char *optarg, int remote)
+{
+    (void)val;
+    (void)optarg;
+    (void)remote;
+    return 0;
+}
+
+/* Names and argument arity copied from pyxis' own option table (pyxis_slurm.c). */
+static struct spank_option options[] = {
+    {"container-image", "[USER@][REGISTRY#]IMAGE[:TAG]|PATH", "[pyxis stand-in] image", 1, 0, accept_any},
+    {"container-mounts", "SRC:DST[:FLAGS][,SRC:DST...]", "[pyxis stand-in] bind mounts", 1, 0, accept_any},
+    {"container-workdir", "PATH", "[pyxis stand-in] working directory", 1, 0, accept_any},
+    {"container-name", "NAME", "[pyxis stand-in] container name", 1, 0, accept_any},
+    {"container-env", "NAME[,NAME...]", "[pyxis stand-in] env vars to keep from the host", 1, 0, accept_any},
+    {"container-save", "PATH", "[pyxis stand-in] save container state", 1, 0, accept_any},
+    {"container-mount-home", NULL, "[pyxis stand-in] bind mount $HOME", 0, 0, accept_any},
+    {"no-container-mount-home", NULL, "[pyxis stand-in] do not bind mount $HOME", 0, 0, accept_any},
+    {"container-remap-root", NULL, "[pyxis stand-in] become root in the container", 0, 0, accept_any},
+    {"no-container-remap-root", NULL, "[pyxis stand-in] do not become root", 0, 0, accept_any},
+    {"container-writable", NULL, "[pyxis stand-in] writable container", 0, 0, accept_any},
+    {"container-readonly", NULL, "[pyxis stand-in] read-only container", 0, 0, accept_any},
+    {"container-entrypoint", NULL, "[pyxis stand-in] run the image entrypoint", 0, 0, accept_any},
+    {"no-container-entrypoint", NULL, "[pyxis stand-in] skip the image entrypoint", 0, 0, accept_any},
+    SPANK_OPTIONS_TABLE_END,
+};
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    /* Registering here (not via a global spank_options table) also covers sbatch/salloc. */
+    for (struct spank_option *opt = options; opt->name != NULL; opt++) {
+        if (spank_option_register(sp, opt) != ESPANK_SUCCESS) {
+            slurm_error("pyxis_standin: cannot register --%s", opt->name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* "container-image" -> "PYXIS_STANDIN_CONTAINER_IMAGE" */
+static void env_name(const char *option, char *out, size_t size)
+{
+    size_t n = strlen(ENV_PREFIX);
+    snprintf(out, size, "%s", ENV_PREFIX);
+    for (const char *c = option; *c != '\0' && n + 1 < size; c++, n++)
+        out[n] = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
+    out[n] = '\0';
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    for (struct spank_option *opt = options; opt->name != NULL; opt++) {
+        char *optarg = NULL;
+        char name[128];
+        if (spank_option_getopt(sp, opt, &optarg) != ESPANK_SUCCESS)
+            continue;
+        env_name(opt->name, name, sizeof(name));
+        const char *value = opt->has_arg ? (optarg ? optarg : "") : "1";
+        if (spank_setenv(sp, name, value, 1) != ESPANK_SUCCESS) {
+            slurm_error("pyxis_standin: cannot set %s", name);
+            return -1;
+        }
+    }
+    return 0;
+}
