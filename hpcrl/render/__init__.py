@@ -1,1 +1,1 @@
-"""Rendering: JobSpec → sbatch text and run folder (data path step 3)."""
+"""JobSpec → script text through one Jinja environment; the run folder (data path step 3)."""

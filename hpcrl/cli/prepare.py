@@ -1,0 +1,222 @@
+"""``hpcrl validate``, ``hpcrl render`` and ``hpcrl show``: everything before submission.
+
+The stages are imported inside each command so that ``hpcrl --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from hpcrl.config import ClusterProfile, LoadedRecipe
+    from hpcrl.config.errors import Problem
+    from hpcrl.plan.jobspec import JobSpec
+
+DEFAULT_RUNS_DIR = "runs"
+
+
+def register(subparsers: Any) -> None:
+    validate = subparsers.add_parser(
+        "validate",
+        help="check a recipe against a cluster profile; submit nothing",
+        description="Load the recipe and profile, plan the job and report every problem.",
+    )
+    add_recipe_arguments(validate)
+    validate.set_defaults(func=run_validate)
+
+    render = subparsers.add_parser(
+        "render",
+        help="write the run folder (job.sbatch, resolved recipe, manifest)",
+        description="Plan the job and write its run folder; submits nothing.",
+    )
+    add_recipe_arguments(render)
+    render.add_argument(
+        "-o", "--out", metavar="DIR", help="run folder (default: runs/<recipe>-<profile>-<hash>)"
+    )
+    render.set_defaults(func=run_render)
+
+    show = subparsers.add_parser("show", help="print the job script that render would write")
+    add_recipe_arguments(show)
+    show.set_defaults(func=run_show)
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """RECIPE, ``--cluster`` and trailing ``key=value`` overrides (shared with ``submit``)."""
+    parser.add_argument(
+        "recipe", metavar="RECIPE", help="recipe file, or the name of a shipped recipe"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="recipe overrides, e.g. policy.train_global_batch_size=64",
+    )
+    parser.add_argument(
+        "-c",
+        "--cluster",
+        required=True,
+        metavar="PROFILE",
+        help="cluster profile name or file (e.g. eos, local)",
+    )
+
+
+@attrs.frozen
+class Prepared:
+    """A loaded recipe and profile and the job planned from them."""
+
+    loaded: LoadedRecipe
+    profile: ClusterProfile
+    spec: JobSpec
+    warnings: tuple[Problem, ...]  # from loading (the plan's own are in spec.checks)
+
+
+def prepare(
+    recipe: str,
+    cluster: str,
+    overrides: list[str],
+    out: str | None = None,
+    runs_dir: Path | None = None,
+) -> Prepared:
+    """Load both inputs (reporting both one's problems together), then plan; raise ConfigError."""
+    from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
+    from hpcrl.plan.planner import plan
+    from hpcrl.render.run_folder import default_run_dir
+
+    problems: list[Problem] = []
+    loaded = profile = None
+    try:
+        loaded = load_recipe(recipe, overrides)
+    except ConfigError as error:
+        problems += error.problems
+    try:
+        profile, profile_warnings = load_profile_with_warnings(cluster)
+    except ConfigError as error:
+        problems += error.problems
+    if loaded is None or profile is None:
+        raise ConfigError(problems)
+    warnings = tuple(loaded.warnings) + tuple(profile_warnings)
+    if out is not None:
+        run_dir = Path(out).absolute()
+    else:
+        base = runs_dir if runs_dir is not None else Path(DEFAULT_RUNS_DIR)
+        run_dir = default_run_dir(recipe, loaded.resolved_dict, profile, base)
+    spec = plan(
+        loaded.recipe,
+        profile,
+        run_dir=str(run_dir),
+        overrides=overrides,
+        recipe_source=recipe,
+        profile_source=cluster,
+    )
+    return Prepared(loaded=loaded, profile=profile, spec=spec, warnings=warnings)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    prepared = prepare(args.recipe, args.cluster, args.overrides)
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    console.print(plan_table(prepared.spec))
+    print_warnings(prepared, console)
+    console.print(
+        f"[bold green]OK[/]: {args.recipe} plans on {prepared.profile.name}; nothing was written."
+    )
+    return 0
+
+
+def run_render(args: argparse.Namespace) -> int:
+    prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
+    from rich.console import Console
+
+    from hpcrl.render.run_folder import write_run_folder
+
+    run = write_run_folder(
+        prepared.spec,
+        prepared.loaded.resolved_dict,
+        recipe_path=prepared.loaded.source_path,
+        load_warnings=[warning.format() for warning in prepared.warnings],
+    )
+    console = Console(highlight=False)
+    print_warnings(prepared, console)
+    console.print(f"Wrote {run.path}/")
+    for path in (run.script, run.resolved_recipe, run.manifest):
+        console.print(f"  {path.name}")
+    console.print(f"Submit with: {submit_command(prepared.spec)}", soft_wrap=True)
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    prepared = prepare(args.recipe, args.cluster, args.overrides)
+    from hpcrl.render.script import render_sbatch
+
+    text = render_sbatch(prepared.spec)
+    if sys.stdout.isatty():
+        from rich.console import Console
+        from rich.syntax import Syntax
+
+        Console().print(Syntax(text, "bash", theme="ansi_dark", word_wrap=False))
+    else:
+        sys.stdout.write(text)
+    print_warnings(prepared, None)
+    return 0
+
+
+def submit_command(spec: JobSpec) -> str:
+    import shlex
+
+    return shlex.join(["hpcrl", "submit", *spec.render_argv[2:]])
+
+
+def plan_table(spec: JobSpec) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"{spec.job_name} on {spec.profile_name}", show_header=False, title_justify="left"
+    )
+    table.add_column(style="bold")
+    table.add_column()
+    unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
+    table.add_row("scheduler", spec.scheduler)
+    table.add_row(
+        "nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
+    )
+    table.add_row("layout", f"{spec.layout.backend}: {spec.layout.describe()}")
+    if spec.megatron_checkpoint_dir is not None:
+        table.add_row(
+            "megatron ckpt dir",
+            f"{spec.megatron_checkpoint_dir} (from {spec.megatron_checkpoint_dir_source})",
+        )
+    if spec.container is not None:
+        table.add_row("container", spec.container.image)
+        table.add_row("mounts", "\n".join(spec.container.mounts))
+    table.add_row("run folder", spec.run_dir)
+    for check in spec.checks:
+        mark = "[green]passed[/]" if check.status == "passed" else "[yellow]warned[/]"
+        table.add_row(f"check {check.name}", f"{mark} {_escape(check.format())}")
+    return table
+
+
+def print_warnings(prepared: Prepared, console: Any) -> None:
+    """Loading and plan warnings, with their fixes, on stderr."""
+    from hpcrl.config.errors import Problem, print_problems
+
+    plan_warnings = [
+        Problem(
+            path=check.path or check.name, message=check.message, fix=check.fix, severity="warning"
+        )
+        for check in prepared.spec.warnings
+    ]
+    warnings = [*prepared.warnings, *plan_warnings]
+    if warnings:
+        print_problems(warnings)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

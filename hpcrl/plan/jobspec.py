@@ -1,0 +1,142 @@
+"""The plan of one job: everything the templates, the submitter and the node entrypoint need.
+
+A ``JobSpec`` is the only input of rendering. It is explicit on purpose: no field has to be
+recomputed from the recipe or the profile downstream, and nothing here is a raw dict. Every
+collection is a tuple in a fixed order, so two equal plans render byte-identical scripts.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Literal
+
+import attrs
+
+from hpcrl.config.profile import RayPortsCfg
+
+frozen = attrs.frozen(kw_only=True)
+
+#: Slurm sends this signal ``signal_delay_s`` before the time limit; submitit's job
+#: environment handles it (checkpoint + requeue), so it must stay USR2.
+SUBMITIT_SIGNAL = "USR2"
+
+
+@frozen
+class ParallelLayout:
+    """How ``world_size`` ranks split into parallel groups.
+
+    Automodel uses ``dp_replicate × dp_shard × tp × cp``; Megatron ``tp × pp × cp × dp`` with
+    experts laid out as ``ep × etp`` inside ``world_size / pp``. Unused sizes stay 1.
+    ``dp`` is the total data-parallel size (the divisor of the global batch).
+    """
+
+    backend: Literal["automodel", "megatron"]
+    world_size: int
+    dp: int
+    tp: int = 1
+    cp: int = 1
+    dp_replicate: int = 1  # automodel HSDP replicas (one per node when it divides nodes)
+    dp_shard: int = 1  # automodel FSDP shard group size
+    pp: int = 1  # megatron pipeline stages
+    ep: int = 1  # megatron expert parallel size
+    etp: int = 1  # megatron expert tensor parallel size
+
+    def describe(self) -> str:
+        """One line for tables and logs, e.g. ``dp_replicate=2 × dp_shard=4 × tp=2 × cp=1``."""
+        if self.backend == "automodel":
+            sizes = [("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard)]
+            sizes += [("tp", self.tp), ("cp", self.cp)]
+        else:
+            sizes = [("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("dp", self.dp)]
+            if self.ep > 1 or self.etp > 1:
+                sizes += [("ep", self.ep), ("etp", self.etp)]
+        return " × ".join(f"{name}={size}" for name, size in sizes)
+
+
+@frozen
+class ContainerSpec:
+    """The pyxis container every srun task runs in; mounts are ``host:container[:flags]``."""
+
+    image: str
+    mounts: tuple[str, ...]
+    workdir: str | None
+    mount_home: bool
+
+
+@frozen
+class Check:
+    """One pre-flight check that did not fail: what it checked and what it found."""
+
+    name: str
+    status: Literal["passed", "warned"]
+    message: str
+    path: str = ""  # warnings only: the key the warning is about
+    fix: str = ""  # warnings only: what to change to silence it
+
+    def format(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+@frozen
+class JobSpec:
+    """A planned job (see ``hpcrl.plan.planner.plan``).
+
+    ``sbatch_directives`` are ``(key, value)`` pairs sorted by key; a ``None`` value is a bare
+    flag (``#SBATCH --exclusive``). ``env`` pairs are sorted by name and hold literal values.
+    ``pass_env`` names are exported in the job only when the submitting shell set them; their
+    values never appear in the script.
+    """
+
+    job_name: str
+    scheduler: Literal["slurm", "local"]
+    device: Literal["gpu", "cpu"]
+    profile_name: str
+    recipe_source: str
+    algorithm: Literal["grpo", "sft"]
+    overrides: tuple[str, ...]
+    render_argv: tuple[str, ...]  # the `hpcrl render ...` command that reproduces this script
+    run_dir: str  # absolute; also the container-side path (it is always mounted 1:1)
+    num_nodes: int
+    slots_per_node: int  # GPUs per node, or CPU worker slots on CPU profiles
+    cpus_per_node: int | None
+    layout: ParallelLayout
+    sbatch_directives: tuple[tuple[str, str | None], ...]
+    srun_args: tuple[str, ...]  # every srun argument, in order (hpcrl's, container, profile)
+    container: ContainerSpec | None
+    env: tuple[tuple[str, str], ...]
+    pass_env: tuple[str, ...]
+    setup_lines: tuple[str, ...]  # raw shell from the profile, run before srun (by design)
+    ray_ports: RayPortsCfg
+    megatron_checkpoint_dir: str | None  # as the job sees it; None for automodel
+    megatron_checkpoint_dir_source: str | None  # NRL_MEGATRON_CHECKPOINT_DIR | HF_HOME | home
+    task_argv: tuple[str, ...]  # `<python> -u -m submitit.core._submit <run_dir>/submitit`
+    submitit_folder: str
+    stdout_path: str  # submitit's per-task pattern: %j_%t_log.out (arrays: %A_%a_%t_log.out)
+    stderr_path: str
+    array_size: int | None = None
+    array_parallelism: int | None = None
+    signal_delay_s: int = 90
+    max_requeues: int = 0
+    requeue: bool = True
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def task_command(self) -> str:
+        """The task command as one shell-quoted string (what submitit calls ``command``)."""
+        return shlex.join(self.task_argv)
+
+    @property
+    def signal(self) -> str:
+        """``USR2@<seconds>``: what ``#SBATCH --signal`` gets."""
+        return f"{SUBMITIT_SIGNAL}@{self.signal_delay_s}"
+
+    @property
+    def warnings(self) -> tuple[Check, ...]:
+        return tuple(check for check in self.checks if check.status == "warned")
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)

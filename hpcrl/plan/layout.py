@@ -1,0 +1,255 @@
+"""Allocation vs parallel layout: does the job's world size factor into the recipe's layout?"""
+
+from __future__ import annotations
+
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.recipe import AutomodelCfg, MegatronCfg, Recipe
+from hpcrl.plan.findings import Findings
+from hpcrl.plan.jobspec import ParallelLayout
+
+AUTOMODEL = "policy.automodel_cfg"
+MEGATRON = "policy.megatron_cfg"
+
+
+def profile_path(profile: ClusterProfile, key: str) -> str:
+    """How a profile key is named in problems: ``profile[eos].container.mounts``."""
+    return f"profile[{profile.name}].{key}"
+
+
+def check_allocation(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> bool:
+    """The profile's nodes must offer exactly what the recipe's ``cluster`` section asks for."""
+    num_nodes, gpus_per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
+    slots_key = "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"
+    ok = True
+    if num_nodes < 1:
+        findings.error(
+            "cluster.num_nodes",
+            "must be at least 1",
+            value=num_nodes,
+            fix="set cluster.num_nodes=1 or more",
+        )
+        ok = False
+    if profile.scheduler == "local" and num_nodes > 1:
+        findings.error(
+            "cluster.num_nodes",
+            f"profile {profile.name!r} runs on this one machine (scheduler: local), not {num_nodes} nodes",
+            value=num_nodes,
+            fix="set cluster.num_nodes=1, or choose a Slurm profile with --cluster",
+        )
+        ok = False
+    if gpus_per_node != profile.slots_per_node:
+        findings.error(
+            "cluster.gpus_per_node",
+            f"the recipe wants {gpus_per_node} per node but profile {profile.name!r} offers "
+            f"{profile.slots_per_node} ({slots_key})",
+            value=gpus_per_node,
+            fix=f"set cluster.gpus_per_node={profile.slots_per_node}, or use a profile whose "
+            f"{slots_key} is {gpus_per_node} ({profile_path(profile, slots_key)})",
+        )
+        ok = False
+    if ok:
+        unit = "GPUs" if profile.device == "gpu" else "CPU worker slots"
+        findings.passed(
+            "allocation",
+            f"{num_nodes} node(s) × {gpus_per_node} {unit} = {num_nodes * gpus_per_node} ranks",
+        )
+    return ok
+
+
+def plan_layout(
+    recipe: Recipe, profile: ClusterProfile, findings: Findings
+) -> ParallelLayout | None:
+    """The backend's layout for ``num_nodes × slots_per_node`` ranks; None when it cannot factor."""
+    world_size = recipe.cluster.num_nodes * profile.slots_per_node
+    if recipe.backend == "megatron":
+        layout = _megatron_layout(recipe.policy.megatron_cfg, world_size, findings)
+    else:
+        layout = _automodel_layout(recipe.policy.automodel_cfg, world_size, findings)
+    if layout is None:
+        return None
+    _check_tp_inside_node(recipe, layout, profile.slots_per_node, findings)
+    if layout.backend == "automodel":
+        _check_hsdp_groups(layout, recipe.cluster.num_nodes, findings)
+    findings.passed("layout", f"{layout.backend}: {layout.describe()} = {world_size} ranks")
+    return layout
+
+
+def check_batch_sizes(recipe: Recipe, layout: ParallelLayout, findings: Findings) -> None:
+    """``train_global_batch_size`` must split evenly into dp ranks × micro batches."""
+    global_batch = recipe.policy.train_global_batch_size
+    micro_batch = recipe.policy.train_micro_batch_size
+    if micro_batch < 1 or global_batch < 1:
+        findings.error(
+            "policy.train_micro_batch_size"
+            if micro_batch < 1
+            else "policy.train_global_batch_size",
+            "batch sizes must be at least 1",
+            value=micro_batch if micro_batch < 1 else global_batch,
+            fix="set a positive integer",
+        )
+        return
+    step = layout.dp * micro_batch
+    if global_batch % step:
+        lower = max(step, global_batch - global_batch % step)
+        findings.error(
+            "policy.train_global_batch_size",
+            f"must be a multiple of dp ({layout.dp}) × policy.train_micro_batch_size ({micro_batch}) = {step}",
+            value=global_batch,
+            fix=f"set policy.train_global_batch_size to a multiple of {step} (e.g. {lower} or {lower + step}), "
+            f"or change policy.train_micro_batch_size",
+        )
+        return
+    findings.passed(
+        "batch",
+        f"global batch {global_batch} = dp {layout.dp} × micro {micro_batch} × "
+        f"{global_batch // step} accumulation step(s)",
+    )
+
+
+def _automodel_layout(
+    cfg: AutomodelCfg, world_size: int, findings: Findings
+) -> ParallelLayout | None:
+    sizes = {
+        "dp_replicate_size": cfg.dp_replicate_size,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "context_parallel_size": cfg.context_parallel_size,
+    }
+    if not _sizes_positive(AUTOMODEL, sizes, findings):
+        return None
+    product = cfg.dp_replicate_size * cfg.tensor_parallel_size * cfg.context_parallel_size
+    if world_size % product:
+        _report_product(AUTOMODEL, sizes, product, world_size, findings)
+        return None
+    dp_shard = world_size // product
+    return ParallelLayout(
+        backend="automodel",
+        world_size=world_size,
+        dp=cfg.dp_replicate_size * dp_shard,
+        dp_replicate=cfg.dp_replicate_size,
+        dp_shard=dp_shard,
+        tp=cfg.tensor_parallel_size,
+        cp=cfg.context_parallel_size,
+    )
+
+
+def _megatron_layout(
+    cfg: MegatronCfg, world_size: int, findings: Findings
+) -> ParallelLayout | None:
+    sizes = {
+        "tensor_model_parallel_size": cfg.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
+        "context_parallel_size": cfg.context_parallel_size,
+        "expert_model_parallel_size": cfg.expert_model_parallel_size,
+        "expert_tensor_parallel_size": cfg.expert_tensor_parallel_size,
+    }
+    if not _sizes_positive(MEGATRON, sizes, findings):
+        return None
+    tp, pp, cp = (
+        cfg.tensor_model_parallel_size,
+        cfg.pipeline_model_parallel_size,
+        cfg.context_parallel_size,
+    )
+    model_parallel = tp * pp * cp
+    if world_size % model_parallel:
+        dense = {key: sizes[key] for key in list(sizes)[:3]}
+        _report_product(MEGATRON, dense, model_parallel, world_size, findings)
+        return None
+    # megatron-core: the expert layout (ep × etp) must tile the ranks of one pipeline stage.
+    ep, etp = cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size
+    ranks_per_stage = world_size // pp
+    if ranks_per_stage % (ep * etp):
+        valid = [d for d in _divisors(ranks_per_stage // etp)] if ranks_per_stage % etp == 0 else []
+        findings.error(
+            f"{MEGATRON}.expert_model_parallel_size",
+            f"expert_model_parallel_size ({ep}) × expert_tensor_parallel_size ({etp}) must divide "
+            f"world size / pipeline_model_parallel_size = {world_size} / {pp} = {ranks_per_stage}",
+            value=ep,
+            fix=f"set {MEGATRON}.expert_model_parallel_size to one of {valid}"
+            if valid
+            else f"set {MEGATRON}.expert_tensor_parallel_size to a divisor of {ranks_per_stage}",
+        )
+        return None
+    return ParallelLayout(
+        backend="megatron",
+        world_size=world_size,
+        dp=world_size // model_parallel,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+    )
+
+
+def _sizes_positive(section: str, sizes: dict[str, int], findings: Findings) -> bool:
+    ok = True
+    for key, size in sizes.items():
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            findings.error(
+                f"{section}.{key}",
+                "must be a positive integer",
+                value=size,
+                fix=f"set {section}.{key}=1 or more",
+            )
+            ok = False
+    return ok
+
+
+def _report_product(
+    section: str, sizes: dict[str, int], product: int, world_size: int, findings: Findings
+) -> None:
+    shown = " × ".join(f"{key}={size}" for key, size in sizes.items())
+    culprit = max(
+        (key for key in sizes if sizes[key] > 1),
+        key=lambda key: sizes[key] if world_size % sizes[key] else 0,
+    )
+    findings.error(
+        f"{section}.{culprit}",
+        f"{shown} = {product} does not divide the world size {world_size} "
+        f"(cluster.num_nodes × cluster.gpus_per_node)",
+        value=sizes[culprit],
+        fix=f"choose sizes whose product divides {world_size}: one of {_divisors(world_size)}",
+    )
+
+
+def _check_tp_inside_node(
+    recipe: Recipe, layout: ParallelLayout, slots_per_node: int, findings: Findings
+) -> None:
+    if layout.tp <= slots_per_node:
+        return
+    key = "tensor_model_parallel_size" if layout.backend == "megatron" else "tensor_parallel_size"
+    section = MEGATRON if layout.backend == "megatron" else AUTOMODEL
+    findings.warn(
+        "tp_inside_node",
+        f"{section}.{key}",
+        f"tensor parallelism over {layout.tp} ranks spans nodes of {slots_per_node}; its "
+        f"all-reduces then cross the inter-node network on every layer",
+        value=layout.tp,
+        fix=f"keep {section}.{key} ≤ {slots_per_node} and use data/pipeline parallelism across nodes",
+    )
+
+
+def _check_hsdp_groups(layout: ParallelLayout, num_nodes: int, findings: Findings) -> None:
+    if layout.dp_replicate <= 1:
+        return
+    if layout.dp_replicate % num_nodes == 0:
+        findings.passed(
+            "hsdp", f"{layout.dp_replicate} replicas; each shard group stays inside a node"
+        )
+        return
+    shard_group = layout.dp_shard * layout.tp * layout.cp
+    per_replica = layout.world_size // (layout.tp * layout.cp)
+    valid = [d for d in _divisors(per_replica) if d % num_nodes == 0]
+    findings.warn(
+        "hsdp",
+        f"{AUTOMODEL}.dp_replicate_size",
+        f"with {num_nodes} node(s) each HSDP shard group of {shard_group} ranks spans nodes, so "
+        f"FSDP all-gathers cross the inter-node network",
+        value=layout.dp_replicate,
+        fix=f"set {AUTOMODEL}.dp_replicate_size to a multiple of cluster.num_nodes={num_nodes}"
+        + (f": one of {valid}" if valid else ""),
+    )
+
+
+def _divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]

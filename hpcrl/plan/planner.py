@@ -1,0 +1,310 @@
+"""Pre-flight: recipe × cluster profile → ``JobSpec``, or every problem at once.
+
+Everything that can be checked on the login node is checked here, before the job waits in a
+queue: allocation vs layout, batch divisibility, the Megatron checkpoint dir as the job will
+see it, container mounts, names that reach the script, Ray ports.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import shlex
+from collections.abc import Sequence
+
+import attrs
+
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.recipe import Recipe
+from hpcrl.plan import layout as layout_checks
+from hpcrl.plan import mounts as mount_checks
+from hpcrl.plan import scheduler
+from hpcrl.plan.findings import Findings
+from hpcrl.plan.jobspec import ContainerSpec, JobSpec, ParallelLayout
+from hpcrl.plan.layout import profile_path
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: Set for every job: Ray phones home by default and waits 30 s on SIGTERM otherwise.
+DEFAULT_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+RESERVED_ENV_PREFIXES = ("HPCRL_", "SUBMITIT_", "SLURM_")
+
+
+def plan(
+    recipe: Recipe,
+    profile: ClusterProfile,
+    *,
+    run_dir: str,
+    overrides: Sequence[str] = (),
+    recipe_source: str,
+    profile_source: str | None = None,
+    job_name: str | None = None,
+    array_size: int | None = None,
+) -> JobSpec:
+    """Check ``recipe`` against ``profile`` and return the job's plan.
+
+    ``run_dir`` is the absolute run folder (the same path inside a container: hpcrl mounts
+    it 1:1 when no profile mount covers it). ``recipe_source`` is the recipe as the user gave
+    it (path or shipped name) and ``profile_source`` the ``--cluster`` argument (default: the
+    profile's name); both go into the command that reproduces the script. Raises
+    ``ConfigError`` holding every error (and warning) found.
+    """
+    findings = Findings()
+    job_name = job_name or _job_name_from(recipe_source)
+    _check_run_dir(run_dir, profile, findings)
+    layout = _plan_layout(recipe, profile, findings)
+    mounts = mount_checks.check_mount_syntax(profile, findings)
+    container = _container_spec(profile, run_dir, mounts)
+    ckpt_dir, ckpt_source = mount_checks.plan_megatron_checkpoint_dir(
+        recipe, profile, mounts, findings
+    )
+    mount_checks.check_hf_home(profile, mounts, findings)
+    env = _job_env(recipe, profile, run_dir, findings)
+    _check_pass_env(profile, dict(env), findings)
+    python_argv = _python_argv(profile, findings)
+    _check_ray_ports(profile, findings)
+    _check_no_nul(recipe, profile, findings)
+    _warn_literal_dollars(profile, findings)
+    array = (array_size, profile.slurm.array_parallelism) if array_size else None
+    folder, stdout, stderr = scheduler.submitit_log_paths(run_dir, array is not None)
+    is_slurm = profile.scheduler == "slurm"
+    directives = (
+        scheduler.sbatch_directives(recipe, profile, job_name, (stdout, stderr), array, findings)
+        if is_slurm
+        else ()
+    )
+    findings.raise_if_errors()
+    assert layout is not None  # an unfactorable layout is always reported as an error
+    return JobSpec(
+        job_name=job_name,
+        scheduler=profile.scheduler,
+        device=profile.device,
+        profile_name=profile.name,
+        recipe_source=recipe_source,
+        algorithm=recipe.algorithm,  # type: ignore[arg-type]
+        overrides=tuple(overrides),
+        render_argv=(
+            "hpcrl",
+            "render",
+            recipe_source,
+            "--cluster",
+            profile_source or profile.name,
+            *overrides,
+        ),
+        run_dir=run_dir,
+        num_nodes=recipe.cluster.num_nodes,
+        slots_per_node=profile.slots_per_node,
+        cpus_per_node=profile.cpus_per_node,
+        layout=layout,
+        sbatch_directives=directives,
+        srun_args=scheduler.srun_args(profile, container, (stdout, stderr)) if is_slurm else (),
+        container=container,
+        env=env,
+        pass_env=tuple(profile.pass_env),
+        setup_lines=tuple(profile.setup_lines),
+        ray_ports=profile.ray_ports,
+        megatron_checkpoint_dir=ckpt_dir,
+        megatron_checkpoint_dir_source=ckpt_source,
+        task_argv=(*python_argv, "-u", "-m", "submitit.core._submit", folder),
+        submitit_folder=folder,
+        stdout_path=stdout,
+        stderr_path=stderr,
+        array_size=array_size,
+        array_parallelism=profile.slurm.array_parallelism if array_size else None,
+        signal_delay_s=profile.slurm.signal_delay_s,
+        max_requeues=profile.slurm.max_requeues,
+        requeue=True,
+        checks=tuple(findings.checks),
+    )
+
+
+def _job_name_from(recipe_source: str) -> str:
+    stem = posixpath.basename(recipe_source.rstrip("/"))
+    for suffix in (".yaml", ".yml"):
+        stem = stem.removesuffix(suffix)
+    return stem or "hpcrl"
+
+
+def _plan_layout(
+    recipe: Recipe, profile: ClusterProfile, findings: Findings
+) -> ParallelLayout | None:
+    if not layout_checks.check_allocation(recipe, profile, findings):
+        return None  # a layout for the wrong world size would only add noise
+    layout = layout_checks.plan_layout(recipe, profile, findings)
+    if layout is not None:
+        layout_checks.check_batch_sizes(recipe, layout, findings)
+    return layout
+
+
+def _check_run_dir(run_dir: str, profile: ClusterProfile, findings: Findings) -> None:
+    bad_chars = "\n\r\0%" + (",:" if profile.container is not None else "")
+    if not run_dir.startswith("/") or any(ch in run_dir for ch in bad_chars):
+        findings.error(
+            "run_dir",
+            "the run folder must be an absolute path without line breaks or '%' (Slurm expands "
+            "'%' in log paths)"
+            + (", ',' or ':' (container mount syntax)" if profile.container else ""),
+            value=run_dir,
+            fix="choose another folder with -o/--out",
+        )
+
+
+def _container_spec(profile: ClusterProfile, run_dir: str, mounts: list) -> ContainerSpec | None:
+    if profile.container is None:
+        return None
+    extra_mount = mount_checks.run_dir_mount(run_dir, mounts)
+    return ContainerSpec(
+        image=profile.container.image,
+        mounts=tuple(profile.container.mounts) + ((extra_mount,) if extra_mount else ()),
+        workdir=profile.container.workdir,
+        mount_home=profile.container.mount_home,
+    )
+
+
+def _job_env(
+    recipe: Recipe, profile: ClusterProfile, run_dir: str, findings: Findings
+) -> tuple[tuple[str, str], ...]:
+    """hpcrl's defaults < the profile's env < the Megatron recipe's env_vars; sorted by name."""
+    env = dict(DEFAULT_ENV)
+    sources = [(profile_path(profile, "env"), profile.env)]
+    if recipe.backend == "megatron":
+        sources.append(("policy.megatron_cfg.env_vars", recipe.policy.megatron_cfg.env_vars))
+    for section, values in sources:
+        for name, value in values.items():
+            if _check_env_name(f"{section}.{name}", name, findings):
+                env[name] = str(value)
+    env["HPCRL_RUN_DIR"] = run_dir
+    return tuple(sorted(env.items()))
+
+
+def _check_env_name(path: str, name: str, findings: Findings) -> bool:
+    if not _IDENTIFIER.fullmatch(name):
+        findings.error(
+            path,
+            "an environment variable name must be a shell identifier ([A-Za-z_][A-Za-z0-9_]*)",
+            value=name,
+            fix="rename the variable",
+        )
+        return False
+    if name.startswith(RESERVED_ENV_PREFIXES):
+        findings.error(
+            path,
+            f"names starting with {', '.join(RESERVED_ENV_PREFIXES)} are set by hpcrl, submitit or Slurm",
+            value=name,
+            fix="remove it or rename it",
+        )
+        return False
+    return True
+
+
+def _check_pass_env(profile: ClusterProfile, env: dict[str, str], findings: Findings) -> None:
+    for index, name in enumerate(profile.pass_env):
+        path = profile_path(profile, f"pass_env[{index}]")
+        if not _check_env_name(path, name, findings):
+            continue
+        if name in env:
+            findings.error(
+                path,
+                "this variable also has a value in env; a passed-through variable's value comes "
+                "only from the submitting shell",
+                value=name,
+                fix=f"remove {name} from env or from pass_env",
+            )
+
+
+def _python_argv(profile: ClusterProfile, findings: Findings) -> tuple[str, ...]:
+    try:
+        argv = tuple(shlex.split(profile.python))
+    except ValueError:
+        argv = ()
+    if not argv:
+        findings.error(
+            profile_path(profile, "python"),
+            "not a command",
+            value=profile.python,
+            fix='set python to the interpreter inside the job, e.g. "python3" or "/opt/venv/bin/python"',
+        )
+    return argv
+
+
+def _check_ray_ports(profile: ClusterProfile, findings: Findings) -> None:
+    ports = profile.ray_ports
+    named = {field.name: getattr(ports, field.name) for field in attrs.fields(type(ports))}
+    for name, port in named.items():
+        if not isinstance(port, int) or not 1024 <= port <= 65535:
+            findings.error(
+                profile_path(profile, f"ray_ports.{name}"),
+                "not a port in 1024-65535",
+                value=port,
+                fix="choose a free port below 32768 (the Linux ephemeral range starts there)",
+            )
+    if ports.min_worker_port > ports.max_worker_port:
+        findings.error(
+            profile_path(profile, "ray_ports.min_worker_port"),
+            "above max_worker_port",
+            value=ports.min_worker_port,
+            fix="swap min_worker_port and max_worker_port",
+        )
+    singles = {
+        name: port
+        for name, port in named.items()
+        if name not in ("min_worker_port", "max_worker_port")
+    }
+    seen: dict[int, str] = {}
+    for name, port in singles.items():
+        if port in seen:
+            findings.error(
+                profile_path(profile, f"ray_ports.{name}"),
+                f"same port as {seen[port]}",
+                value=port,
+                fix="give every Ray port its own number",
+            )
+        elif ports.min_worker_port <= port <= ports.max_worker_port:
+            findings.error(
+                profile_path(profile, f"ray_ports.{name}"),
+                "inside the worker port range",
+                value=port,
+                fix="move it outside min_worker_port..max_worker_port",
+            )
+        seen[port] = name
+
+
+def _check_no_nul(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
+    """bash cannot hold a NUL byte in a string; everything else is quoted by the renderer."""
+    values = [
+        (profile_path(profile, f"setup_lines[{i}]"), line)
+        for i, line in enumerate(profile.setup_lines)
+    ]
+    values += [
+        (profile_path(profile, f"env.{name}"), str(value)) for name, value in profile.env.items()
+    ]
+    values += [
+        (profile_path(profile, f"slurm.srun_args[{i}]"), arg)
+        for i, arg in enumerate(profile.slurm.srun_args)
+    ]
+    values += [(profile_path(profile, "python"), profile.python)]
+    if profile.container is not None:
+        values += [(profile_path(profile, "container.image"), profile.container.image)]
+        values += [(profile_path(profile, "container.workdir"), profile.container.workdir or "")]
+    if recipe.backend == "megatron":
+        values += [
+            (f"policy.megatron_cfg.env_vars.{name}", str(value))
+            for name, value in recipe.policy.megatron_cfg.env_vars.items()
+        ]
+    for path, value in values:
+        if "\0" in value:
+            findings.error(
+                path, "contains a NUL byte, which a shell script cannot hold", fix="remove it"
+            )
+
+
+def _warn_literal_dollars(profile: ClusterProfile, findings: Findings) -> None:
+    for name, value in sorted(profile.env.items()):
+        if "$" in str(value):
+            findings.warn(
+                "env_literal",
+                profile_path(profile, f"env.{name}"),
+                "env values are written literally into the script; '$' is not expanded",
+                value=value,
+                fix=f'export it from setup_lines instead (e.g. "export {name}=..."), if expansion is meant',
+            )

@@ -1,0 +1,147 @@
+"""The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, a manifest.
+
+Only the manifest records when and where it was written; the script stays deterministic.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+import hpcrl
+from hpcrl.config.errors import ConfigError, Problem
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.plan.jobspec import JobSpec
+from hpcrl.render.script import render_sbatch
+
+SCRIPT_NAME = "job.sbatch"
+RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"
+MANIFEST_NAME = "manifest.json"
+GIT_TIMEOUT_S = 2.0
+
+
+@attrs.frozen
+class RunFolder:
+    """Where ``write_run_folder`` put each file."""
+
+    path: Path
+    script: Path
+    resolved_recipe: Path
+    manifest: Path
+
+
+def plan_fingerprint(resolved_recipe: Mapping[str, Any], profile: ClusterProfile) -> str:
+    """8 hex digits that change whenever the resolved recipe or the profile changes."""
+    text = json.dumps(
+        {"recipe": resolved_recipe, "profile": attrs.asdict(profile)}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def default_run_dir(
+    recipe_source: str, resolved_recipe: Mapping[str, Any], profile: ClusterProfile, base: Path
+) -> Path:
+    """``<base>/<recipe-stem>-<profile>-<fingerprint>``: equal inputs land in the same folder."""
+    stem = Path(recipe_source).name.removesuffix(".yaml").removesuffix(".yml")
+    return (base / f"{stem}-{profile.name}-{plan_fingerprint(resolved_recipe, profile)}").absolute()
+
+
+def git_sha(directory: Path | None) -> str | None:
+    """HEAD of the git repository holding ``directory``; None when there is none (or no git)."""
+    if directory is None:
+        return None
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(directory), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sha = result.stdout.strip()
+    return sha if result.returncode == 0 and len(sha) == 40 else None
+
+
+def write_run_folder(
+    spec: JobSpec,
+    resolved_recipe: Mapping[str, Any],
+    *,
+    recipe_path: Path | None,
+    load_warnings: Sequence[str] = (),
+) -> RunFolder:
+    """Write ``job.sbatch`` (0755), ``recipe.resolved.yaml`` and ``manifest.json`` to ``spec.run_dir``.
+
+    Refuses a folder that already holds a submitted job: its script is the record of what ran.
+    """
+    folder = Path(spec.run_dir)
+    _refuse_submitted(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    run = RunFolder(
+        folder, folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME, folder / MANIFEST_NAME
+    )
+    _write_text(run.script, render_sbatch(spec), mode=0o755)
+    _write_text(run.resolved_recipe, _to_yaml(resolved_recipe))
+    manifest = build_manifest(spec, recipe_path=recipe_path, load_warnings=load_warnings)
+    _write_text(run.manifest, json.dumps(manifest, indent=2) + "\n")
+    return run
+
+
+def build_manifest(
+    spec: JobSpec, *, recipe_path: Path | None, load_warnings: Sequence[str] = ()
+) -> dict[str, Any]:
+    return {
+        "hpcrl_version": hpcrl.__version__,
+        "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "recipe_source": spec.recipe_source,
+        "recipe_path": str(recipe_path) if recipe_path else None,
+        "recipe_git_sha": git_sha(recipe_path.parent if recipe_path else None),
+        "profile": spec.profile_name,
+        "scheduler": spec.scheduler,
+        "overrides": list(spec.overrides),
+        "job_name": spec.job_name,
+        "checks": {
+            "passed": [check.format() for check in spec.checks if check.status == "passed"],
+            "warned": [check.format() for check in spec.checks if check.status == "warned"],
+        },
+        "load_warnings": [str(warning) for warning in load_warnings],
+        "plan": attrs.asdict(spec, recurse=True),
+    }
+
+
+def _refuse_submitted(folder: Path) -> None:
+    submitit_folder = folder / "submitit"
+    if submitit_folder.is_dir() and any(submitit_folder.iterdir()):
+        raise ConfigError(
+            [
+                Problem(
+                    path="run_dir",
+                    value=str(folder),
+                    message="this run folder already holds a submitted job; rendering would overwrite its record",
+                    fix="render into a new folder with -o/--out, or change the recipe/overrides",
+                )
+            ]
+        )
+
+
+def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    tmp.replace(path)
+
+
+def _to_yaml(data: Mapping[str, Any]) -> str:
+    import yaml  # PyYAML comes with omegaconf; imported here so `hpcrl --help` stays light
+
+    plain = json.loads(json.dumps(data, default=list))
+    return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True)
