@@ -1,0 +1,92 @@
+"""A run or a sweep as report rows: one row per run (per sweep point), plus the rich table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+from rich.table import Table
+
+from hpcrl.report.metrics import RunSummary, read_metrics, summarize
+from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
+
+
+class ReportError(RuntimeError):
+    """Nothing to report on (not a run or sweep folder)."""
+
+
+@attrs.frozen(kw_only=True)
+class ReportRow:
+    name: str  # the run folder's name (a sweep point's "point-<i>")
+    run_dir: Path
+    swept_values: dict[str, str]  # empty for a single run
+    records: tuple[dict[str, Any], ...]  # metrics.jsonl, in order
+    summary: RunSummary
+
+
+@attrs.frozen(kw_only=True)
+class Report:
+    title: str
+    source_dir: Path
+    swept_keys: tuple[str, ...]
+    rows: tuple[ReportRow, ...]
+
+
+def _row(run_dir: Path, swept_values: dict[str, str]) -> ReportRow:
+    records = tuple(read_metrics(run_dir))
+    return ReportRow(
+        name=run_dir.name,
+        run_dir=run_dir,
+        swept_values=swept_values,
+        records=records,
+        summary=summarize(records),
+    )
+
+
+def build_report(path: Path) -> Report:
+    """The report of a run folder or of a sweep folder (every point)."""
+    path = Path(path)
+    if is_sweep_dir(path):
+        sweep = read_sweep_record(path)
+        rows = tuple(_row(path / point.run_dir_name, point.values) for point in sweep.points)
+        return Report(
+            title=f"sweep {sweep.name}", source_dir=path, swept_keys=sweep.swept_keys, rows=rows
+        )
+    if not (path / "metrics.jsonl").is_file() and not (path / "job.json").is_file():
+        raise ReportError(
+            f"{path}: neither a run folder (metrics.jsonl, job.json) nor a sweep folder (sweep.json)"
+        )
+    return Report(title=f"run {path.name}", source_dir=path, swept_keys=(), rows=(_row(path, {}),))
+
+
+def format_number(value: float | int | None) -> str:
+    """Four significant digits; an em dash where the metric was never recorded."""
+    return "—" if value is None else f"{value:.4g}"
+
+
+#: (column header, RunSummary attribute), in table order.
+SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("steps", "num_steps"),
+    ("median step s", "median_step_time_s"),
+    ("p95 step s", "p95_step_time_s"),
+    ("tokens/s", "median_tokens_per_s"),
+    ("peak GPU GB", "peak_gpu_mem_gb"),
+    ("peak RSS GB", "peak_host_rss_gb"),
+    ("final loss", "final_loss"),
+    ("final reward", "final_reward"),
+)
+
+
+def render_table(report: Report) -> Table:
+    table = Table(title=report.title, title_justify="left")
+    table.add_column("run")
+    for key in report.swept_keys:
+        table.add_column(key.rsplit(".", 1)[-1], overflow="fold")
+    for header, _ in SUMMARY_COLUMNS:
+        table.add_column(header, justify="right")
+    for row in report.rows:
+        swept = [row.swept_values.get(key, "") for key in report.swept_keys]
+        numbers = [format_number(getattr(row.summary, attr)) for _, attr in SUMMARY_COLUMNS]
+        table.add_row(row.name, *swept, *numbers)
+    return table

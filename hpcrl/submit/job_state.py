@@ -1,0 +1,173 @@
+"""A submitted job's live state, result and cancellation, rebuilt from ``job.json`` alone.
+
+Slurm: states come from submitit's sacct watcher; exit code, elapsed time and the number of
+attempts (requeues show as extra sacct records with ``--duplicates``) from one more sacct
+call. Local: submitit's LocalJob only knows its process inside the submitting Python, so
+another process reads the controller's pid and submitit's result files instead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import attrs
+import submitit
+from submitit.core.utils import JobPaths, UncompletedJobError
+from submitit.local.local import LocalJob
+from submitit.slurm.slurm import SlurmJob
+
+from hpcrl.submit.job_record import JobRecord
+
+#: sacct states after which the job will not run again (no requeue pending).
+FINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+     "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST"}
+)  # fmt: skip
+SACCT_TIMEOUT_S = 30
+
+
+@attrs.frozen(kw_only=True)
+class JobStatus:
+    """What the scheduler says about one job right now.
+
+    state: sacct's state word (``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...) or ``UNKNOWN``
+    when the scheduler has no record yet. exit_code: sacct's, None while running.
+    """
+
+    state: str
+    attempts: int = 1
+    elapsed_s: float | None = None
+    exit_code: int | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.state in FINAL_STATES
+
+
+@attrs.frozen(kw_only=True)
+class JobOutcome:
+    """How a finished job ended: ``exit_code`` is the driver's (task 0's return value) when
+    submitit has a result, else derived from the scheduler; ``detail`` says why it failed."""
+
+    exit_code: int
+    has_result: bool
+    detail: str = ""
+
+
+def rebuild_job(record: JobRecord) -> submitit.Job[Any]:
+    """submitit's Job object for a recorded job (a meta-job over all its tasks)."""
+    tasks = list(range(record.num_tasks))
+    if record.executor == "local":
+        return LocalJob(folder=record.submitit_folder, job_id=record.job_id, tasks=tasks)
+    return SlurmJob(folder=record.submitit_folder, job_id=record.job_id, tasks=tasks)
+
+
+def task_paths(record: JobRecord, task_id: int) -> JobPaths:
+    return JobPaths(record.submitit_folder, job_id=record.job_id, task_id=task_id)
+
+
+def query_status(record: JobRecord) -> JobStatus:
+    if record.executor == "local":
+        return _local_status(record)
+    job = rebuild_job(record)
+    state = job.get_info(mode="force").get("State") or "UNKNOWN"
+    rows = _sacct_rows(record.job_id)
+    if not rows:
+        return JobStatus(state=_state_word(state))
+    last = rows[-1]
+    return JobStatus(
+        state=_state_word(state if state != "UNKNOWN" else last["State"]),
+        attempts=len(rows),
+        elapsed_s=float(last["ElapsedRaw"]) if last["ElapsedRaw"].isdigit() else None,
+        exit_code=_parse_exit_code(last["ExitCode"])
+        if _state_word(last["State"]) in FINAL_STATES
+        else None,
+    )
+
+
+def _state_word(state: str) -> str:
+    # sacct writes "CANCELLED by 0"; the first word is the state.
+    return state.split()[0].upper() if state.strip() else "UNKNOWN"
+
+
+def _parse_exit_code(text: str) -> int | None:
+    """sacct's ``code:signal``; a job killed by a signal gets the shell's 128 + signal."""
+    code, _, sig = text.partition(":")
+    if not code.isdigit():
+        return None
+    return 128 + int(sig) if int(code) == 0 and sig.isdigit() and int(sig) else int(code)
+
+
+def _sacct_rows(job_id: str) -> list[dict[str, str]]:
+    """One row per attempt (``--duplicates``), allocation lines only (``-X``), oldest first."""
+    fields = ["JobID", "State", "ExitCode", "ElapsedRaw"]
+    command = ["sacct", "-X", "--duplicates", "--parsable2", "-j", job_id, "-o", ",".join(fields)]
+    try:
+        output = subprocess.run(
+            command, capture_output=True, text=True, check=True, timeout=SACCT_TIMEOUT_S
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []  # the state then falls back to submitit's (which also tolerates sacct errors)
+    lines = output.splitlines()
+    rows = [dict(zip(fields, line.split("|"), strict=False)) for line in lines[1:] if line]
+    return [row for row in rows if row.get("JobID") == job_id]
+
+
+# --------------------------------------------------------------------------- local executor
+def _local_status(record: JobRecord) -> JobStatus:
+    if _local_controller_alive(int(record.job_id)):
+        return JobStatus(state="RUNNING")
+    result_path = task_paths(record, 0).result_pickle
+    if not result_path.exists():
+        return JobStatus(state="FAILED", exit_code=1)
+    outcome = read_outcome(record)
+    return JobStatus(
+        state="COMPLETED" if outcome.exit_code == 0 else "FAILED", exit_code=outcome.exit_code
+    )
+
+
+def _local_controller_alive(pid: int) -> bool:
+    """True while submitit's local controller with this pid runs (not a zombie, not reused)."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        cmdline = (proc / "cmdline").read_bytes()
+        stat = (proc / "stat").read_text()
+    except OSError:
+        return False
+    state_letter = stat.rpartition(")")[2].split()[0]
+    return b"submitit.local._local" in cmdline and state_letter != "Z"
+
+
+# --------------------------------------------------------------------------- result / cancel
+def read_outcome(record: JobRecord, status: JobStatus | None = None) -> JobOutcome:
+    """Task 0's result through submitit once the job is over (the driver runs on task 0)."""
+    job = rebuild_job(record).task(0)
+    if not job.paths.result_pickle.exists():
+        exit_code = status.exit_code if status and status.exit_code else 1
+        state = status.state if status else "unknown"
+        return JobOutcome(
+            exit_code=exit_code, has_result=False, detail=f"no result (state {state})"
+        )
+    try:
+        result = job.result()
+    except UncompletedJobError as error:
+        return JobOutcome(exit_code=1, has_result=True, detail=str(error))
+    if isinstance(result, bool) or not isinstance(result, int):
+        return JobOutcome(
+            exit_code=0 if result is None else 1, has_result=True, detail=repr(result)
+        )
+    return JobOutcome(exit_code=result, has_result=True)
+
+
+def cancel_job(record: JobRecord) -> None:
+    """Cancel through submitit (scancel) on Slurm; SIGTERM to the controller locally."""
+    if record.executor == "slurm":
+        rebuild_job(record).cancel(check=True)
+        return
+    pid = int(record.job_id)
+    if _local_controller_alive(pid):
+        os.kill(pid, signal.SIGTERM)  # submitit's controller forwards it to its tasks

@@ -1,0 +1,91 @@
+"""Finding, slicing and following a run's logs.
+
+Two kinds per node (one task per node, task id = node index): submitit's per-task files in
+``<submitit folder>/<job>_<task>_log.{out,err}`` (everything the task printed, all attempts
+appended and separated by ``NodeTask``'s attempt banners), and the node entrypoint's files
+under ``<run_dir>/logs/node<k>/`` (Ray, driver).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import attrs
+
+from hpcrl.submit.job_record import JobRecord
+from hpcrl.submit.job_state import task_paths
+from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
+
+
+@attrs.frozen
+class LogFile:
+    node: int
+    label: str  # "stdout", "stderr", or the path under logs/node<k>/
+    path: Path
+
+
+def list_log_files(run_dir: Path, record: JobRecord, node: int | None = None) -> list[LogFile]:
+    """Every log file of the run that exists now, node by node (submitit's first)."""
+    nodes = range(record.num_tasks) if node is None else [node]
+    files = []
+    for index in nodes:
+        paths = task_paths(record, index)
+        files += [LogFile(index, "stdout", paths.stdout), LogFile(index, "stderr", paths.stderr)]
+        node_dir = Path(run_dir) / "logs" / f"node{index}"
+        if node_dir.is_dir():
+            files += [
+                LogFile(index, str(path.relative_to(node_dir)), path)
+                for path in sorted(node_dir.rglob("*"))
+                if path.is_file()
+            ]
+    return [log for log in files if log.path.is_file()]
+
+
+def split_attempts(text: str) -> dict[int, str]:
+    """Log text by attempt number (1-based), cut at the attempt banners. Text before the
+    first banner (e.g. a job that died before Python started) counts as attempt 1."""
+    attempts: dict[int, list[str]] = {}
+    current = 1
+    for line in text.splitlines(keepends=True):
+        match = ATTEMPT_BANNER_RE.match(line)
+        if match:
+            current = int(match.group("attempt"))
+        attempts.setdefault(current, []).append(line)
+    return {attempt: "".join(lines) for attempt, lines in attempts.items()}
+
+
+def read_log(path: Path, attempt: int | None = None) -> str:
+    text = path.read_text(errors="replace")
+    return text if attempt is None else split_attempts(text).get(attempt, "")
+
+
+def tail_lines(text: str, num_lines: int) -> str:
+    return "".join(text.splitlines(keepends=True)[-num_lines:])
+
+
+def follow(
+    list_files: Callable[[], Sequence[LogFile]],
+    is_over: Callable[[], bool],
+    poll_s: float = 1.0,
+) -> Iterator[tuple[LogFile, str]]:
+    """Yield (file, new text) as files grow, until ``is_over()`` and nothing new remains.
+
+    Starts at each file's beginning; files that appear later (a worker node's log, the next
+    attempt) are picked up on the next poll.
+    """
+    offsets: dict[Path, int] = {}
+    while True:
+        over = is_over()  # checked before reading, so output written just before the end is kept
+        for log in list_files():
+            start = offsets.get(log.path, 0)
+            with log.path.open("rb") as stream:
+                stream.seek(start)
+                chunk = stream.read()
+            if chunk:
+                offsets[log.path] = start + len(chunk)
+                yield log, chunk.decode(errors="replace")
+        if over:
+            return
+        time.sleep(poll_s)

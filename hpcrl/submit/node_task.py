@@ -1,0 +1,65 @@
+"""The callable submitit pickles and runs on every task of a job: hpcrl's node entrypoint.
+
+It marks the start of every attempt in the task's logs (``--open-mode=append`` keeps all
+attempts in one file; ``hpcrl logs --attempt K`` splits on these lines) and forwards
+submitit's timeout/preemption ``checkpoint`` to the node entrypoint, so the driver can stop
+cleanly before Slurm requeues the job. Imports nothing heavy: the node entrypoint is imported
+only inside the job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import socket
+import sys
+from typing import Any
+
+from submitit.core.utils import DelayedSubmission
+from submitit.helpers import Checkpointable
+
+#: ``===== hpcrl attempt 2 · job 41 · node 0 (n1) · 2026-11-29T10:40:00+00:00 =====``
+ATTEMPT_BANNER_RE = re.compile(r"^===== hpcrl attempt (?P<attempt>\d+) · ")
+
+
+def attempt_banner(env: dict[str, str]) -> str:
+    attempt = int(env.get("SLURM_RESTART_COUNT", "0")) + 1
+    job_id = env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID", "?")
+    node = env.get("SLURM_NODEID", "0")
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return f"===== hpcrl attempt {attempt} · job {job_id} · node {node} ({socket.gethostname()}) · {now} ====="
+
+
+def _load_entrypoint() -> Any:
+    """``hpcrl.job.node.NodeMain()`` when the node entrypoint offers one (it then handles
+    preemption itself), else ``hpcrl.job.node.main``."""
+    from hpcrl.job import node  # in-job only: the node entrypoint may import Ray
+
+    node_main_class = getattr(node, "NodeMain", None)
+    return node_main_class() if node_main_class is not None else node.main
+
+
+class NodeTask(Checkpointable):
+    """``NodeTask()(run_dir)`` runs the node entrypoint for ``run_dir`` and returns its exit
+    code (task 0's is the driver's)."""
+
+    def __init__(self) -> None:
+        self._entrypoint: Any = None
+
+    def __call__(self, run_dir: str) -> int:
+        banner = attempt_banner(dict(os.environ))
+        for stream in (sys.stdout, sys.stderr):
+            print(banner, file=stream, flush=True)
+        self._entrypoint = _load_entrypoint()
+        return self._entrypoint(run_dir)
+
+    def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
+        """Called by submitit on task 0 when USR2 arrives; None means "do not requeue"."""
+        entry_checkpoint = getattr(self._entrypoint, "checkpoint", None)
+        if entry_checkpoint is not None and entry_checkpoint(run_dir) is None:
+            return None
+        return DelayedSubmission(NodeTask(), run_dir)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_entrypoint": None}  # live handles (driver, Ray) never travel in the pickle

@@ -1,0 +1,95 @@
+"""Submit a planned, rendered job (or job array) through submitit and record it.
+
+The rendered script is what runs: the Slurm executor returns it from submitit's script hook,
+and refuses when the script's task command is not the one submitit would run.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from hpcrl.plan.jobspec import JobSpec
+from hpcrl.submit.executor import (
+    RenderedLocalExecutor,
+    RenderedSlurmExecutor,
+    time_limit_to_min,
+)
+from hpcrl.submit.job_record import JobRecord, utc_now_iso, write_job_record
+from hpcrl.submit.node_task import NodeTask
+
+DEFAULT_LOCAL_TIME_LIMIT = "01:00:00"
+
+
+def jobspec_time_limit_min(jobspec: JobSpec) -> int:
+    directives = dict(jobspec.sbatch_directives)
+    return time_limit_to_min(directives.get("time") or DEFAULT_LOCAL_TIME_LIMIT)
+
+
+def build_executor(jobspec: JobSpec, script_path: Path) -> submitit.Executor:
+    """The executor that submits the script ``hpcrl render`` wrote at ``script_path``."""
+    python = shlex.quote(jobspec.task_argv[0])
+    time_limit_min = jobspec_time_limit_min(jobspec)
+    if jobspec.scheduler == "local":
+        return RenderedLocalExecutor(
+            jobspec.submitit_folder,
+            script_path=script_path,
+            task_command=jobspec.task_command,
+            python=python,
+            time_limit_min=time_limit_min,
+            max_requeues=jobspec.max_requeues,
+        )
+    return RenderedSlurmExecutor(
+        jobspec.submitit_folder,
+        script_text=Path(script_path).read_text(),
+        task_command=jobspec.task_command,
+        python=python,
+        num_nodes=jobspec.num_nodes,
+        tasks_per_node=1,
+        time_limit_min=time_limit_min,
+        max_requeues=jobspec.max_requeues,
+        array_size=jobspec.array_size,
+    )
+
+
+def _record(jobspec: JobSpec, job: submitit.Job[Any], **extra: Any) -> JobRecord:
+    return JobRecord(
+        executor="local" if jobspec.scheduler == "local" else "slurm",
+        job_id=str(job.job_id),
+        job_name=jobspec.job_name,
+        cluster=jobspec.profile_name,
+        submitit_folder=str(Path(jobspec.submitit_folder).absolute()),
+        num_tasks=jobspec.num_nodes if jobspec.scheduler == "slurm" else 1,
+        submitted_at=utc_now_iso(),
+        max_requeues=jobspec.max_requeues,
+        **extra,
+    )
+
+
+def submit_job(jobspec: JobSpec, script_path: Path) -> JobRecord:
+    """Submit one run (its run folder is already rendered) and write ``<run_dir>/job.json``."""
+    assert jobspec.array_size is None, "arrays go through submit_array"
+    executor = build_executor(jobspec, script_path)
+    job = executor.submit(NodeTask(), jobspec.run_dir)
+    record = _record(jobspec, job)
+    write_job_record(Path(jobspec.run_dir), record)
+    return record
+
+
+def submit_array(
+    jobspec: JobSpec, script_path: Path, point_run_dirs: Sequence[Path]
+) -> list[JobRecord]:
+    """Submit a sweep as one job array (task i runs point i) and write each point's job.json."""
+    assert jobspec.array_size == len(point_run_dirs), "one array task per point"
+    executor = build_executor(jobspec, script_path)
+    jobs = executor.map_array(NodeTask(), [str(run_dir) for run_dir in point_run_dirs])
+    records = []
+    for index, (job, run_dir) in enumerate(zip(jobs, point_run_dirs, strict=True)):
+        record = _record(jobspec, job, array_index=index, sweep_dir=jobspec.run_dir)
+        write_job_record(Path(run_dir), record)
+        records.append(record)
+    return records

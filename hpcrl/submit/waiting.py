@@ -1,0 +1,119 @@
+"""``hpcrl submit --wait``: follow a job to its end with one live progress line.
+
+queued → running → Ray ready (``status/ray_ready`` of the current attempt) → training step
+N/M (the last line of ``metrics.jsonl``) → done. Never hangs: the loop ends when the
+scheduler reports a final state (or the scheduler forgot the job), and a job without a
+result is reported as failed with the tail of its logs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from rich.console import Console
+
+from hpcrl.report.metrics import last_metrics
+from hpcrl.submit.job_record import JobRecord
+from hpcrl.submit.job_state import JobOutcome, JobStatus, query_status, read_outcome
+from hpcrl.submit.logs import list_log_files, read_log, tail_lines
+
+#: A job the scheduler has never heard of for this long after submission is lost.
+UNKNOWN_GRACE_S = 60.0
+LOG_TAIL_LINES = 30
+
+
+@attrs.frozen(kw_only=True)
+class WaitSettings:
+    poll_s: float = 2.0
+    unknown_grace_s: float = UNKNOWN_GRACE_S
+
+
+def ray_ready(run_dir: Path, attempt: int) -> bool:
+    """The node entrypoint's ``status/ray_ready`` marker, written by this attempt."""
+    try:
+        marker = json.loads((run_dir / "status" / "ray_ready").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    # attempt id is "<job id>.<SLURM_RESTART_COUNT>"; older attempts' markers are stale
+    return str(marker.get("attempt", "")).rpartition(".")[2] == str(attempt - 1)
+
+
+def describe_progress(run_dir: Path, status: JobStatus, max_steps: int | None) -> str:
+    """One line: where the job is now."""
+    attempt = f" (attempt {status.attempts})" if status.attempts > 1 else ""
+    if status.state == "PENDING" or status.state == "UNKNOWN":
+        return f"queued{attempt}"
+    if status.is_final:
+        return f"{status.state.lower()}{attempt}"
+    metrics = last_metrics(run_dir)
+    if metrics is not None:
+        return f"training step {_step_text(metrics, max_steps)}{_metric_text(metrics)}{attempt}"
+    if ray_ready(run_dir, status.attempts):
+        return f"Ray ready, driver starting{attempt}"
+    return f"running, starting Ray{attempt}"
+
+
+def _step_text(metrics: dict[str, Any], max_steps: int | None) -> str:
+    step = metrics.get("step", "?")
+    return f"{step}/{max_steps}" if max_steps else f"{step}"
+
+
+def _metric_text(metrics: dict[str, Any]) -> str:
+    parts = [
+        f"{name} {metrics[name]:.4g}"
+        for name in ("reward", "loss")
+        if isinstance(metrics.get(name), int | float)
+    ]
+    return (" · " + " · ".join(parts)) if parts else ""
+
+
+def wait_for_job(
+    run_dir: Path,
+    record: JobRecord,
+    console: Console,
+    max_steps: int | None = None,
+    settings: WaitSettings = WaitSettings(),
+    clock: Callable[[], float] = time.monotonic,
+) -> JobOutcome:
+    """Show progress until the job ends; return how it ended (printing the failure)."""
+    started = clock()
+    with console.status(f"job {record.job_id}: submitted") as spinner:
+        while True:
+            status = query_status(record)
+            spinner.update(f"job {record.job_id}: {describe_progress(run_dir, status, max_steps)}")
+            if status.is_final:
+                break
+            if status.state == "UNKNOWN" and clock() - started > settings.unknown_grace_s:
+                status = attrs.evolve(status, state="LOST")
+                break
+            time.sleep(settings.poll_s)
+    outcome = read_outcome(record, status)
+    report_outcome(run_dir, record, status, outcome, console)
+    return outcome
+
+
+def report_outcome(
+    run_dir: Path, record: JobRecord, status: JobStatus, outcome: JobOutcome, console: Console
+) -> None:
+    if outcome.exit_code == 0:
+        console.print(f"[green]done[/]: job {record.job_id} {status.state}, exit code 0")
+        return
+    console.print(
+        f"[bold red]FAILED[/]: job {record.job_id} {status.state}, exit code {outcome.exit_code}"
+        + (f" ({outcome.detail.splitlines()[0]})" if outcome.detail else "")
+    )
+    print_log_tails(run_dir, record, console)
+
+
+def print_log_tails(run_dir: Path, record: JobRecord, console: Console) -> None:
+    """The last lines of every non-empty log of the last attempt, node by node."""
+    for log in list_log_files(run_dir, record):
+        text = tail_lines(read_log(log.path), LOG_TAIL_LINES)
+        if text.strip():
+            console.rule(f"node {log.node} {log.label}: {log.path}", style="dim")
+            console.print(text.rstrip("\n"), markup=False, highlight=False)

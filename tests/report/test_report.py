@@ -1,0 +1,119 @@
+"""hpcrl report: table values and plots from fixture metrics (no cluster needed)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from hpcrl.report.metrics import MetricsError, read_metrics
+from hpcrl.report.plots import save_plots
+from hpcrl.report.summary import build_report, format_number, render_table
+from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+
+KEY = "policy.megatron_cfg.optimizer.optimizer_offload_fraction"
+FRACTIONS = ["0.25", "0.5", "1.0"]
+
+
+def _fixture_records(fraction: float, num_steps: int = 9) -> list[dict]:
+    # step time grows with the offload fraction, memory shrinks: a plausible sweep shape
+    rng = np.random.default_rng(int(fraction * 100))
+    return [
+        {
+            "step": step,
+            "step_time_s": float(1.0 + fraction + rng.uniform(0, 0.5)),
+            "tokens_per_s": float(1000 / (1.0 + fraction) + rng.uniform(0, 10)),
+            "loss": float(2.0 / step),
+            "reward": float(0.1 * step),
+            "peak_gpu_mem_gb": None,
+            "peak_host_rss_gb": float(4.0 - 2 * fraction + 0.01 * step),
+        }
+        for step in range(1, num_steps + 1)
+    ]
+
+
+def _write_run(run_dir: Path, records: list[dict]) -> None:
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path) -> Path:
+    sweep_dir = tmp_path / "grpo-tiny-sweep-abcd1234"
+    points = build_points([f"{KEY}={','.join(FRACTIONS)}"])
+    record = SweepRecord(
+        name=sweep_dir.name, recipe_source="r.yaml", cluster="local", overrides=(),
+        swept_keys=(KEY,), points=tuple(points), array_job_id="7",
+    )  # fmt: skip
+    sweep_dir.mkdir()
+    write_sweep_record(sweep_dir, record)
+    for point, fraction in zip(points, FRACTIONS, strict=True):
+        _write_run(sweep_dir / point.run_dir_name, _fixture_records(float(fraction)))
+    return sweep_dir
+
+
+def _table_text(report) -> str:
+    console = Console(record=True, width=250)
+    console.print(render_table(report))
+    return console.export_text()
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_sweep_table_rows_match_independently_computed_values(sweep_dir: Path) -> None:
+    report = build_report(sweep_dir)
+    lines = {
+        line.split("│")[1].strip(): line
+        for line in _table_text(report).splitlines()
+        if "point-" in line
+    }
+    assert sorted(lines) == ["point-0", "point-1", "point-2"]
+    for index, fraction in enumerate(FRACTIONS):
+        records = _fixture_records(float(fraction))
+        times = [r["step_time_s"] for r in records]
+        cells = [cell.strip() for cell in lines[f"point-{index}"].split("│")[1:-1]]
+        expected = [
+            f"point-{index}", fraction, "9",
+            format_number(float(np.median(times))),
+            format_number(float(np.percentile(times, 95))),
+            format_number(float(np.median([r["tokens_per_s"] for r in records]))),
+            "—",
+            format_number(max(r["peak_host_rss_gb"] for r in records)),
+            format_number(records[-1]["loss"]),
+            format_number(records[-1]["reward"]),
+        ]  # fmt: skip
+        assert cells == expected
+
+
+def test_plots_are_pngs_of_the_expected_size(sweep_dir: Path, tmp_path: Path) -> None:
+    paths = save_plots(build_report(sweep_dir), tmp_path / "out")
+    assert [p.name for p in paths] == ["step_time.png", "vs_optimizer_offload_fraction.png"]
+    for path in paths:
+        assert _png_size(path) == (800, 500)
+
+
+def test_single_run_report_has_one_row_and_no_sweep_plot(tmp_path: Path) -> None:
+    _write_run(tmp_path / "run", _fixture_records(0.5, num_steps=3))
+    report = build_report(tmp_path / "run")
+    assert [row.name for row in report.rows] == ["run"]
+    assert report.rows[0].summary.last_step == 3
+    assert [p.name for p in save_plots(report, tmp_path / "out")] == ["step_time.png"]
+
+
+def test_torn_last_line_is_skipped_but_a_bad_middle_line_is_an_error(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(MetricsError, match=r"metrics.jsonl:2: not JSON"):
+        read_metrics(run)
