@@ -1,0 +1,394 @@
+"""The one cattrs converter: plain dicts (from YAML) ⇄ the frozen attrs config classes.
+
+Strict on purpose: unknown keys are errors (with "did you mean"), ``true`` is not an int,
+a number is not a string (YAML reads ``4:00:00`` as 14400), a string is not a list. Every
+structuring error is collected and turned into a ``Problem`` with its full key path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+import attrs
+import cattrs
+from cattrs.errors import (
+    BaseValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationNote,
+)
+
+from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.recipe import Recipe
+
+T = TypeVar("T")
+PathParts = tuple[str | int, ...]
+
+
+class BadValue(ValueError):
+    """A value of the wrong type or outside its choices; ``fix`` may use ``{path}``."""
+
+    def __init__(self, message: str, fix: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+
+class _KeyNote(str):
+    """Marks an error inside a dict field with the dict key (cattrs' notes hold list indexes)."""
+
+    key: str
+
+    def __new__(cls, key: str) -> _KeyNote:
+        note = super().__new__(cls, f"@ key {key!r}")
+        note.key = key
+        return note
+
+
+@attrs.frozen
+class StructureIssue:
+    """A structuring problem plus what the loader needs to prune it and retry."""
+
+    parts: PathParts
+    problem: Problem
+    field_type: Any = None  # the attrs field's declared type where known
+
+
+@functools.cache
+def converter() -> cattrs.Converter:
+    """The application's converter, built on first use and never changed afterwards.
+
+    Cached because cattrs compiles a structuring function per class on first use (~0.1 s
+    for the recipe's ~25 classes); rebuilding it for every load would pay that each time.
+    """
+    return build_converter()
+
+
+def build_converter() -> cattrs.Converter:
+    """Build a fresh converter with hpcrl's strict hooks (use ``converter()`` instead)."""
+    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook(int, _structure_int)
+    converter.register_structure_hook(float, _structure_float)
+    converter.register_structure_hook(str, _structure_str)
+    converter.register_structure_hook(typing.Any, _structure_any)
+    converter.register_structure_hook_factory(_is_literal, _literal_hook)
+    converter.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, converter))
+    converter.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, converter))
+    return converter
+
+
+# --------------------------------------------------------------------------- public API
+def structure_recipe(data: Mapping[str, Any]) -> Recipe:
+    """A Recipe from a plain dict; raises ConfigError listing every structuring problem."""
+    return _structure_or_raise(data, Recipe)
+
+
+def structure_profile(data: Mapping[str, Any]) -> ClusterProfile:
+    """A ClusterProfile from a plain dict; raises ConfigError listing every problem."""
+    return _structure_or_raise(data, ClusterProfile)
+
+
+def unstructure(obj: Any) -> dict[str, Any]:
+    """A plain dict (tuples as lists) suitable for YAML or JSON."""
+    return _to_plain(converter().unstructure(obj))
+
+
+def try_structure(
+    data: Mapping[str, Any], cls: type[T], prefix: PathParts = ()
+) -> tuple[T | None, list[StructureIssue]]:
+    """Structure ``data`` as ``cls``: (object, []) or (None, every issue found).
+
+    ``prefix``: where ``data`` sits in the user's file, so issue paths are full paths.
+    """
+    if not isinstance(data, Mapping):
+        problem = Problem(
+            path="<top>",
+            value=data,
+            message=f"expected a mapping of keys to values, got {_type_name(data)}",
+            fix="the file must hold YAML keys at the top level (key: value)",
+        )
+        return None, [StructureIssue(parts=(), problem=problem)]
+    root: Any = data
+    for part in reversed(prefix):
+        root = {part: root}
+    try:
+        return converter().structure(dict(data), cls), []
+    except BaseValidationError as exc:
+        return None, _issues_from(exc, prefix, root, cls)
+    except BadValue as exc:
+        return None, [_leaf_issue(exc, prefix, root, cls)]
+
+
+def format_path(parts: PathParts) -> str:
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "<top>"
+
+
+def value_at(data: Any, parts: PathParts) -> Any:
+    """The raw value at ``parts`` in nested dicts/lists, or NO_VALUE."""
+    for part in parts:
+        if isinstance(part, int) and isinstance(data, list | tuple) and part < len(data):
+            data = data[part]
+        elif isinstance(data, Mapping) and part in data:
+            data = data[part]
+        else:
+            return NO_VALUE
+    return data
+
+
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str | None:
+    matches = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def _structure_or_raise(data: Mapping[str, Any], cls: type[T]) -> T:
+    obj, issues = try_structure(data, cls)
+    if obj is None:
+        raise ConfigError([issue.problem for issue in issues])
+    return obj
+
+
+# --------------------------------------------------------------------------- error walking
+def _issues_from(
+    exc: BaseException, parts: PathParts, data: Any, field_type: Any
+) -> list[StructureIssue]:
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return [
+            _unknown_key_issue(parts + (key,), data, exc.cl) for key in sorted(exc.extra_fields)
+        ]
+    if isinstance(exc, BaseValidationError):
+        issues = []
+        for sub in exc.exceptions:
+            sub_parts, sub_type = _child_location(sub, parts)
+            issues += _issues_from(sub, sub_parts, data, sub_type)
+        return issues
+    return [_leaf_issue(exc, parts, data, field_type)]
+
+
+def _child_location(exc: BaseException, parts: PathParts) -> tuple[PathParts, Any]:
+    for note in getattr(exc, "__notes__", ()):
+        if isinstance(note, _KeyNote):
+            return parts + (note.key,), None
+        if isinstance(note, IterableValidationNote):
+            return parts + (note.index,), note.type
+        name = getattr(note, "name", None)  # cattrs' AttributeValidationNote
+        if name is not None:
+            return parts + (name,), getattr(note, "type", None)
+    return parts, None
+
+
+def _unknown_key_issue(parts: PathParts, data: Any, cls: type) -> StructureIssue:
+    known = [field.name for field in attrs.fields(cls)]
+    guess = did_you_mean(str(parts[-1]), known)
+    parent = format_path(parts[:-1]) if parts[:-1] else "the top level"
+    fix = f"did you mean {format_path(parts[:-1] + (guess,))}?" if guess else ""
+    fix = fix or f"remove it; keys allowed under {parent}: {', '.join(known)}"
+    problem = Problem(
+        path=format_path(parts),
+        value=value_at(data, parts),
+        message=f"unknown key {parts[-1]!r}",
+        fix=fix,
+    )
+    return StructureIssue(parts=parts, problem=problem)
+
+
+def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any) -> StructureIssue:
+    path = format_path(parts)
+    value = value_at(data, parts)
+    if isinstance(exc, KeyError) and value is NO_VALUE:
+        message, fix = "required key is missing", f"add {path}: <{_type_name_of(field_type)}>"
+    elif isinstance(exc, BadValue):
+        message, fix = exc.message, exc.fix.replace("{path}", path)
+    else:
+        message, fix = f"invalid value: {exc}", ""
+    problem = Problem(path=path, value=value, message=message, fix=fix)
+    return StructureIssue(parts=parts, problem=problem, field_type=field_type)
+
+
+# --------------------------------------------------------------------------- strict scalars
+def _structure_bool(value: Any, _: type) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise BadValue(
+        f"expected true or false, got {_type_name(value)}", "set {path}: true or {path}: false"
+    )
+
+
+def _structure_int(value: Any, _: type) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise BadValue(
+        f"expected an integer, got {_type_name(value)}",
+        "set {path} to a whole number, e.g. {path}: 1",
+    )
+
+
+def _structure_float(value: Any, _: type) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise BadValue(
+        f"expected a number, got {_type_name(value)}", "set {path} to a number, e.g. {path}: 1.0e-5"
+    )
+
+
+def _structure_str(value: Any, _: type) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _number_as_text_error(value)
+    raise BadValue(f"expected a string, got {_type_name(value)}", 'quote the value: {path}: "..."')
+
+
+def _number_as_text_error(value: float) -> str:
+    if isinstance(value, int) and value >= 60:
+        raise BadValue(
+            f"expected a string, got the number {value} (YAML reads an unquoted H:MM:SS as a base-60 number)",
+            'quote the value, e.g. {path}: "04:00:00"',
+        )
+    raise BadValue(
+        f"expected a string, got the number {value}", f'quote the value: {{path}}: "{value}"'
+    )
+
+
+def _structure_any(value: Any, _: type) -> Any:
+    return value
+
+
+# --------------------------------------------------------------------------- Literal, tuple, dict
+def _is_literal(type_: Any) -> bool:
+    return typing.get_origin(type_) is Literal
+
+
+def _literal_hook(type_: Any):
+    choices = typing.get_args(type_)
+
+    def structure(value: Any, _: type) -> Any:
+        if value in choices and type(value) in {type(choice) for choice in choices}:
+            return value
+        listed = ", ".join(str(choice) for choice in choices)
+        guess = did_you_mean(str(value), [str(choice) for choice in choices])
+        fix = f"did you mean {guess}? " if guess else ""
+        raise BadValue(
+            f"{value!r} is not one of: {listed}", fix + "set {path} to one of: " + listed
+        )
+
+    return structure
+
+
+def _is_tuple(type_: Any) -> bool:
+    return typing.get_origin(type_) is tuple
+
+
+def _tuple_hook(type_: Any, converter: cattrs.Converter):
+    args = typing.get_args(type_)
+    variadic = len(args) == 2 and args[1] is Ellipsis
+
+    def structure(value: Any, _: type) -> tuple:
+        if not isinstance(value, list | tuple):
+            raise BadValue(
+                f"expected a list, got {_type_name(value)}", "write a YAML list: {path}: [a, b]"
+            )
+        if not variadic and len(value) != len(args):
+            raise BadValue(f"expected a list of {len(args)} items, got {len(value)}", "")
+        item_types = [args[0]] * len(value) if variadic else list(args)
+        items, errors = [], []
+        for index, (item, item_type) in enumerate(zip(value, item_types, strict=True)):
+            try:
+                items.append(converter.structure(item, item_type))
+            except Exception as exc:  # collected and reported with their index
+                exc.add_note(IterableValidationNote(f"@ index {index}", index, item_type))
+                errors.append(exc)
+        if errors:
+            raise cattrs.IterableValidationError("While structuring a list", errors, type_)
+        return tuple(items)
+
+    return structure
+
+
+def _is_dict(type_: Any) -> bool:
+    return typing.get_origin(type_) is dict
+
+
+def _dict_hook(type_: Any, converter: cattrs.Converter):
+    _, value_type = typing.get_args(type_) or (str, Any)
+
+    def structure(value: Any, _: type) -> dict:
+        if not isinstance(value, Mapping):
+            raise BadValue(
+                f"expected a mapping (key: value), got {_type_name(value)}",
+                "write {path}: {KEY: VALUE}",
+            )
+        result, errors = {}, []
+        for key, item in value.items():
+            try:
+                result[str(key)] = _dict_item(item, value_type, converter)
+            except Exception as exc:
+                exc.add_note(_KeyNote(str(key)))
+                errors.append(exc)
+        if errors:
+            raise cattrs.IterableValidationError("While structuring a mapping", errors, type_)
+        return result
+
+    return structure
+
+
+def _dict_item(item: Any, value_type: Any, converter: cattrs.Converter) -> Any:
+    if value_type is str and isinstance(item, int | float) and not isinstance(item, bool):
+        return str(item)  # environment variables: `NCCL_DEBUG_LEVEL: 1` means "1"
+    if value_type is str and isinstance(item, bool):
+        raise BadValue("expected a string, got a boolean", 'quote it: "1"/"0" or "true"/"false"')
+    return converter.structure(item, value_type)
+
+
+# --------------------------------------------------------------------------- helpers
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _to_plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_to_plain(item) for item in value]
+    return value
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    if type(value) in names:
+        return (
+            f"{names[type(value)]} ({value!r})"
+            if not isinstance(value, str)
+            else f"the string {value!r}"
+        )
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return type(value).__name__
+
+
+def _type_name_of(type_: Any) -> str:
+    if type_ is None:
+        return "value"
+    if attrs.has(type_):
+        return "section"
+    if isinstance(type_, type) and not isinstance(type_, types.GenericAlias):
+        return type_.__name__
+    return str(type_).replace("typing.", "")

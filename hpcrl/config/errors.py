@@ -1,0 +1,142 @@
+"""User-facing configuration problems and how they are shown.
+
+Every stage that checks user input (loading, the rules, the planner) reports a list of
+``Problem`` s and raises one ``ConfigError`` holding all of them, so a user fixes every
+mistake in one round instead of one per queue wait. The CLI prints them with
+``print_problems`` and exits with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import attrs
+
+Severity = Literal["error", "warning"]
+
+
+@attrs.frozen
+class _NoValue:
+    """Marks a problem that has no offending value (a missing key, a missing file)."""
+
+    def __repr__(self) -> str:
+        return "<no value>"
+
+
+NO_VALUE = _NoValue()
+
+
+@attrs.frozen(kw_only=True)
+class Problem:
+    """One mistake (or doubtful choice) in a recipe or profile.
+
+    path: full dotted key path, e.g. ``policy.megatron_cfg.optimizer.optimizer_offload_fraction``
+    (list items as ``offload_modules[2]``); value: what the user wrote (``NO_VALUE`` when
+    nothing); message: what is wrong; fix: what to change, naming the exact key to set.
+    """
+
+    path: str
+    message: str
+    value: Any = NO_VALUE
+    fix: str = ""
+    severity: Severity = "error"
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def format(self) -> str:
+        """Plain text, one or two lines: for logs, exception text and tests."""
+        head = f"{self.severity}: {self.path}"
+        if self.value is not NO_VALUE:
+            head += f" = {_show_value(self.value)}"
+        text = f"{head}: {self.message}"
+        if self.fix:
+            text += f"\n  fix: {self.fix}"
+        return text
+
+
+class ConfigError(Exception):
+    """Raised for user mistakes in recipes, profiles, overrides or the plan; holds them all."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = list(problems)
+        super().__init__(format_problems(self.problems))
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [problem for problem in self.problems if problem.is_error]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [problem for problem in self.problems if not problem.is_error]
+
+
+def errors_only(problems: Iterable[Problem]) -> list[Problem]:
+    return [problem for problem in problems if problem.is_error]
+
+
+def raise_if_errors(problems: Sequence[Problem]) -> None:
+    """Raise one ConfigError holding every problem (warnings too) if any of them is an error."""
+    if any(problem.is_error for problem in problems):
+        raise ConfigError(problems)
+
+
+def format_problems(problems: Sequence[Problem]) -> str:
+    """All problems as plain text, errors first, then warnings, each in path order."""
+    ordered = _ordered(problems)
+    lines = [problem.format() for problem in ordered]
+    num_errors = sum(problem.is_error for problem in ordered)
+    num_warnings = len(ordered) - num_errors
+    lines.append(f"{_count(num_errors, 'error')}, {_count(num_warnings, 'warning')}")
+    return "\n".join(lines)
+
+
+def render_problems(problems: Sequence[Problem]) -> Any:
+    """A rich renderable listing every problem, one per path: what, the value, the fix."""
+    from rich.console import Group
+    from rich.text import Text
+
+    parts = []
+    for problem in _ordered(problems):
+        style = "bold red" if problem.is_error else "bold yellow"
+        line = Text()
+        line.append(f"{problem.severity:>7} ", style=style)
+        line.append(problem.path, style="bold")
+        if problem.value is not NO_VALUE:
+            line.append(" = ")
+            line.append(_show_value(problem.value), style="magenta")
+        parts.append(line)
+        parts.append(Text("        " + problem.message))
+        if problem.fix:
+            fix = Text("        fix: ", style="green")
+            fix.append(problem.fix)
+            parts.append(fix)
+    num_errors = sum(problem.is_error for problem in problems)
+    summary = f"{_count(num_errors, 'error')}, {_count(len(problems) - num_errors, 'warning')}"
+    parts.append(Text(summary, style="bold red" if num_errors else "bold yellow"))
+    return Group(*parts)
+
+
+def print_problems(problems: Sequence[Problem], console: Any = None) -> None:
+    """Print problems to stderr (or the given rich Console)."""
+    if console is None:
+        from rich.console import Console
+
+        console = Console(stderr=True, highlight=False)
+    console.print(render_problems(problems))
+
+
+def _ordered(problems: Iterable[Problem]) -> list[Problem]:
+    # Stable within a severity, so problems keep the order their checks found them in.
+    return sorted(problems, key=lambda problem: not problem.is_error)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def _show_value(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."

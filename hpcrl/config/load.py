@@ -1,0 +1,106 @@
+"""The public loaders: a recipe or profile name/path (+ overrides) → validated attrs object.
+
+Every problem found on the way (YAML, defaults, overrides, interpolation, structure, rules)
+is raised together in one ``ConfigError``; warnings come back with the result.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
+from hpcrl.config.loader import load_merged, structure_leniently
+from hpcrl.config.locate import find_profile, find_recipe
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.profile_rules import check_profile
+from hpcrl.config.recipe import Recipe
+from hpcrl.config.rules import check_recipe
+
+
+@attrs.frozen(kw_only=True)
+class LoadedRecipe:
+    """A validated recipe and where it came from.
+
+    resolved_dict: the plain dict after `defaults:` merging, overrides and interpolation
+    (data paths absolute): what ``recipe.resolved.yaml`` holds. warnings: problems of
+    severity "warning" (the recipe is usable).
+    """
+
+    recipe: Recipe
+    source_path: Path
+    resolved_dict: dict[str, Any]
+    overrides: tuple[str, ...] = ()
+    warnings: list[Problem] = attrs.field(factory=list)
+
+
+def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) -> LoadedRecipe:
+    """Load, merge, override, resolve, structure and check a recipe; raise ConfigError."""
+    source_path = find_recipe(path_or_name)
+    resolved, problems = load_merged(source_path, overrides, Recipe)
+    if resolved is None:
+        raise ConfigError(problems)
+    recipe, structure_problems = _structure_and_check(resolved, Recipe, check_recipe)
+    problems += structure_problems
+    raise_if_errors(problems)
+    assert recipe is not None  # no errors means structuring succeeded
+    return LoadedRecipe(
+        recipe=recipe,
+        source_path=source_path,
+        resolved_dict=resolved,
+        overrides=tuple(overrides),
+        warnings=[problem for problem in problems if not problem.is_error],
+    )
+
+
+def load_profile(
+    name_or_path: str | os.PathLike,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> ClusterProfile:
+    """Find a cluster profile on the search path (or by path), structure and check it.
+
+    ``name`` defaults to the file name without ``.yaml``. Warnings are dropped here; use
+    ``load_profile_with_warnings`` to show them.
+    """
+    return load_profile_with_warnings(name_or_path, overrides, environ)[0]
+
+
+def load_profile_with_warnings(
+    name_or_path: str | os.PathLike,
+    overrides: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> tuple[ClusterProfile, list[Problem]]:
+    path = find_profile(name_or_path, environ)
+    resolved, problems = load_merged(path, overrides, ClusterProfile)
+    if resolved is None:
+        raise ConfigError(problems)
+    resolved.setdefault("name", path.stem)
+    profile, structure_problems = _structure_and_check(resolved, ClusterProfile, check_profile)
+    problems += structure_problems
+    raise_if_errors(problems)
+    assert profile is not None
+    return profile, [problem for problem in problems if not problem.is_error]
+
+
+def _structure_and_check(data: dict[str, Any], cls: type, check: Any) -> tuple[Any, list[Problem]]:
+    obj, issues = structure_leniently(data, cls)
+    structure_problems = [issue.problem for issue in issues]
+    rule_problems = check(obj) if obj is not None else []
+    if issues:
+        # Rules saw placeholders where structuring failed: keep only what they say elsewhere.
+        rule_problems = [p for p in rule_problems if not _overlaps(p.path, structure_problems)]
+        return None, structure_problems + rule_problems
+    return obj, rule_problems
+
+
+def _overlaps(path: str, problems: list[Problem]) -> bool:
+    return any(_is_within(path, other.path) or _is_within(other.path, path) for other in problems)
+
+
+def _is_within(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".") or path.startswith(prefix + "[")

@@ -1,0 +1,138 @@
+"""Where recipes and cluster profiles are found, by path or by name.
+
+Profiles: ``$HPCRL_CLUSTER_PROFILES`` (folders separated by ``os.pathsep``), then the user's
+``~/.config/hpcrl/cluster_profiles/`` (``$XDG_CONFIG_HOME`` honoured), then the profiles
+shipped inside hpcrl. The first folder holding ``<name>.yaml`` wins, so a site overrides a
+shipped profile without editing hpcrl. Recipes: a path, or the name of a shipped recipe.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpcrl.config.converter import did_you_mean
+from hpcrl.config.errors import ConfigError, Problem
+
+PROFILES_ENV_VAR = "HPCRL_CLUSTER_PROFILES"
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def shipped_recipes_dir() -> Path:
+    return _package_dir("hpcrl.recipes")
+
+
+def shipped_profiles_dir() -> Path:
+    return _package_dir("hpcrl.cluster_profiles")
+
+
+def user_profiles_dir(environ: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    config_home = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "hpcrl" / "cluster_profiles"
+
+
+def profile_search_path(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Folders searched for ``<name>.yaml``, first wins."""
+    environ = os.environ if environ is None else environ
+    site_dirs = [
+        Path(entry).expanduser()
+        for entry in environ.get(PROFILES_ENV_VAR, "").split(os.pathsep)
+        if entry
+    ]
+    return [*site_dirs, user_profiles_dir(environ), shipped_profiles_dir()]
+
+
+def list_profiles(environ: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """Every profile name on the search path and the file that wins for it, sorted by name."""
+    found: dict[str, Path] = {}
+    for folder in profile_search_path(environ):
+        for name, path in _yaml_files(folder).items():
+            found.setdefault(name, path)
+    return dict(sorted(found.items()))
+
+
+def list_recipes() -> dict[str, Path]:
+    """Shipped recipes (not the bases under ``recipes/base/``) by name, sorted."""
+    return _yaml_files(shipped_recipes_dir())
+
+
+def find_profile(name_or_path: str | os.PathLike, environ: Mapping[str, str] | None = None) -> Path:
+    """The profile file for a name on the search path or an explicit path."""
+    path = _as_existing_path(name_or_path)
+    if path is not None:
+        return path
+    name = str(name_or_path)
+    for folder in profile_search_path(environ):
+        for suffix in YAML_SUFFIXES:
+            candidate = folder / f"{name}{suffix}"
+            if candidate.is_file():
+                return candidate
+    searched = ", ".join(str(folder) for folder in profile_search_path(environ))
+    raise ConfigError(
+        [_not_found("--cluster", name, list_profiles(environ), f"searched: {searched}", "profile")]
+    )
+
+
+def find_recipe(name_or_path: str | os.PathLike) -> Path:
+    """The recipe file for a path or the name of a shipped recipe."""
+    path = _as_existing_path(name_or_path)
+    if path is not None:
+        return path
+    name = Path(str(name_or_path)).name
+    for suffix in ("", *YAML_SUFFIXES):
+        candidate = shipped_recipes_dir() / f"{name}{suffix}"
+        if candidate.is_file():
+            return candidate
+    where = f"no file {os.fspath(name_or_path)!r} here and no shipped recipe of that name in {shipped_recipes_dir()}"
+    raise ConfigError([_not_found("recipe", str(name_or_path), list_recipes(), where, "recipe")])
+
+
+def _not_found(
+    path: str, name: str, available: Mapping[str, Path], where: str, what: str
+) -> Problem:
+    guess = did_you_mean(name, available)
+    names = ", ".join(available) or "none"
+    fix = (f"did you mean {guess}? " if guess else "") + f"available {what}s: {names}"
+    if what == "profile":
+        fix += f"; a site adds its own as <folder>/{name}.yaml with {PROFILES_ENV_VAR}=<folder>"
+    return Problem(path=path, value=name, message=f"{what} not found ({where})", fix=fix)
+
+
+def _as_existing_path(name_or_path: str | os.PathLike) -> Path | None:
+    path = Path(os.fspath(name_or_path)).expanduser()
+    looks_like_path = path.suffix in YAML_SUFFIXES or len(path.parts) > 1
+    if path.is_file():
+        return path.absolute()
+    if looks_like_path and not _is_plain_name(str(name_or_path)):
+        raise ConfigError(
+            [
+                Problem(
+                    path="file",
+                    value=str(name_or_path),
+                    message="no such file",
+                    fix="check the path",
+                )
+            ]
+        )
+    return None
+
+
+def _is_plain_name(text: str) -> bool:
+    # "grpo-tiny-1n-cpu.yaml" may name a shipped recipe; "a/b.yaml" is always a path.
+    return os.sep not in text and "/" not in text
+
+
+def _yaml_files(folder: Path) -> dict[str, Path]:
+    if not folder.is_dir():
+        return {}
+    files = [path for path in folder.iterdir() if path.suffix in YAML_SUFFIXES and path.is_file()]
+    return {path.stem: path for path in sorted(files)}
+
+
+def _package_dir(package: str) -> Path:
+    folder = importlib.resources.files(package)
+    assert isinstance(folder, Path), f"{package} must be installed as files, not zipped: {folder}"
+    return folder

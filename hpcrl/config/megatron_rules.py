@@ -1,0 +1,415 @@
+"""Rules for ``policy.megatron_cfg`` (and the PPO value / distillation teacher variants).
+
+They run only when the Megatron backend is enabled (settings under a disabled backend are
+ignored), except the manual-GC rule of ``value.megatron_cfg``, which applies whenever a
+``value`` section is given. Each rule returns Problems naming the full path, the bad value
+and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from hpcrl.config.converter import did_you_mean, try_structure, unstructure
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import MegatronCfg, OffloadModule, Recipe
+
+MEGATRON = "policy.megatron_cfg"
+OFFLOAD_MODULE_NAMES: tuple[str, ...] = OffloadModule.__args__
+MOE_OFFLOAD_MODULES = ("expert_fc1", "moe_act", "fused_group_mlp")
+OFFLOAD_OPTIMIZERS = ("adam", "sgd")
+TE_NOTE = "fine-grained activation offloading uses Transformer Engine's implementation: the job's environment needs transformer_engine"
+PARALLEL_SIZE_FIELDS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
+TEACHER_REJECTED_KEYS = ("manual_gc", "manual_gc_interval")
+
+# model_overrides keys that a first-class recipe field already controls: provider field →
+# the recipe key to set instead. Every MegatronCfg field name is rejected as well.
+FIRST_CLASS_MODEL_OVERRIDES: Mapping[str, str] = {
+    "tensor_model_parallel_size": f"{MEGATRON}.tensor_model_parallel_size",
+    "pipeline_model_parallel_size": f"{MEGATRON}.pipeline_model_parallel_size",
+    "context_parallel_size": f"{MEGATRON}.context_parallel_size",
+    "expert_model_parallel_size": f"{MEGATRON}.expert_model_parallel_size",
+    "expert_tensor_parallel_size": f"{MEGATRON}.expert_tensor_parallel_size",
+    "num_layers_in_first_pipeline_stage": f"{MEGATRON}.num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage": f"{MEGATRON}.num_layers_in_last_pipeline_stage",
+    "pipeline_dtype": f"{MEGATRON}.pipeline_dtype",
+    "sequence_parallel": f"{MEGATRON}.sequence_parallel",
+    "recompute_granularity": f"{MEGATRON}.recompute_granularity",
+    "recompute_method": f"{MEGATRON}.recompute_method",
+    "recompute_num_layers": f"{MEGATRON}.recompute_num_layers",
+    "recompute_modules": f"{MEGATRON}.recompute_modules",
+    "cpu_offloading": f"{MEGATRON}.cpu_offloading",
+    "cpu_offloading_num_layers": f"{MEGATRON}.cpu_offloading_num_layers",
+    "cpu_offloading_activations": f"{MEGATRON}.cpu_offloading",
+    "cpu_offloading_weights": f"{MEGATRON}.cpu_offloading",
+    "fine_grained_activation_offloading": f"{MEGATRON}.fine_grained_activation_offloading",
+    "offload_modules": f"{MEGATRON}.offload_modules",
+    "cuda_graph_impl": f"{MEGATRON}.cuda_graph_impl",
+    "enable_cuda_graph": f"{MEGATRON}.cuda_graph_impl",
+    "apply_rope_fusion": f"{MEGATRON}.apply_rope_fusion",
+    "bias_activation_fusion": f"{MEGATRON}.bias_activation_fusion",
+    "moe_router_freeze": f"{MEGATRON}.freeze_moe_router",
+    "bf16": "policy.precision",
+    "fp16": "policy.precision",
+    "params_dtype": "policy.precision",
+    "seq_length": "policy.max_total_sequence_length",
+    "manual_gc": f"{MEGATRON}.manual_gc",
+    "manual_gc_interval": f"{MEGATRON}.manual_gc_interval",
+}
+
+
+def megatron_enabled(recipe: Recipe) -> bool:
+    return recipe.policy.megatron_cfg.enabled
+
+
+# --------------------------------------------------------------------------- parallel sizes
+def rule_megatron_parallel_sizes(recipe: Recipe) -> list[Problem]:
+    if not megatron_enabled(recipe):
+        return []
+    cfg = recipe.policy.megatron_cfg
+    return [
+        Problem(
+            path=f"{MEGATRON}.{name}",
+            value=getattr(cfg, name),
+            message="a parallel size must be at least 1",
+            fix=f"set {MEGATRON}.{name}=1 (or larger)",
+        )
+        for name in PARALLEL_SIZE_FIELDS
+        if getattr(cfg, name) < 1
+    ]
+
+
+def rule_parallel_read_threads(recipe: Recipe) -> list[Problem]:
+    if not megatron_enabled(recipe):
+        return []
+    threads = recipe.policy.megatron_cfg.checkpoint.parallel_read_threads
+    if threads >= 1:
+        return []
+    return [
+        Problem(
+            path=f"{MEGATRON}.checkpoint.parallel_read_threads",
+            value=threads,
+            message="must be a positive integer",
+            fix=f"set {MEGATRON}.checkpoint.parallel_read_threads=1 (PyTorch's own reader) or more threads",
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- optimizer offload
+def rule_optimizer_offload(recipe: Recipe) -> list[Problem]:
+    if not megatron_enabled(recipe):
+        return []
+    optimizer = recipe.policy.megatron_cfg.optimizer
+    path = f"{MEGATRON}.optimizer"
+    problems = []
+    if optimizer.optimizer not in OFFLOAD_OPTIMIZERS:
+        guess = did_you_mean(optimizer.optimizer, OFFLOAD_OPTIMIZERS)
+        problems.append(
+            Problem(
+                path=f"{path}.optimizer",
+                value=optimizer.optimizer,
+                message="megatron-core's optimizer (and its CPU offload) supports adam or sgd only",
+                fix=(f"did you mean {guess}? " if guess else "")
+                + f"set {path}.optimizer=adam or {path}.optimizer=sgd",
+            )
+        )
+    if not optimizer.optimizer_cpu_offload:
+        return problems + _offload_options_without_offload(optimizer, path)
+    if not 0.0 < optimizer.optimizer_offload_fraction <= 1.0:
+        problems.append(
+            Problem(
+                path=f"{path}.optimizer_offload_fraction",
+                value=optimizer.optimizer_offload_fraction,
+                message=f"must be in (0, 1] when {path}.optimizer_cpu_offload is true (the share of optimizer state kept on the CPU)",
+                fix=f"set {path}.optimizer_offload_fraction to e.g. 0.5 or 1.0, or {path}.optimizer_cpu_offload=false",
+            )
+        )
+    if not optimizer.use_distributed_optimizer:
+        problems.append(
+            Problem(
+                path=f"{path}.use_distributed_optimizer",
+                value=False,
+                message=f"{path}.optimizer_cpu_offload needs the distributed optimizer",
+                fix=f"set {path}.use_distributed_optimizer=true or {path}.optimizer_cpu_offload=false",
+            )
+        )
+    return problems
+
+
+def _offload_options_without_offload(optimizer: Any, path: str) -> list[Problem]:
+    problems = []
+    if optimizer.optimizer_offload_fraction != 0.0:
+        problems.append(
+            _ignored(
+                f"{path}.optimizer_offload_fraction",
+                optimizer.optimizer_offload_fraction,
+                f"{path}.optimizer_cpu_offload",
+            )
+        )
+    if optimizer.overlap_cpu_optimizer_d2h_h2d:
+        problems.append(
+            _ignored(f"{path}.overlap_cpu_optimizer_d2h_h2d", True, f"{path}.optimizer_cpu_offload")
+        )
+    return problems
+
+
+def _ignored(path: str, value: Any, switch: str) -> Problem:
+    return Problem(
+        path=path,
+        value=value,
+        message=f"has no effect while {switch} is false",
+        fix=f"set {switch}=true to use it, or remove {path}",
+        severity="warning",
+    )
+
+
+# --------------------------------------------------------------------------- manual GC
+def rule_manual_gc(recipe: Recipe) -> list[Problem]:
+    problems = []
+    if megatron_enabled(recipe):
+        problems += manual_gc_problems(recipe.policy.megatron_cfg, MEGATRON)
+    if recipe.value is not None:
+        problems += manual_gc_problems(recipe.value.megatron_cfg, "value.megatron_cfg")
+    return problems
+
+
+def manual_gc_problems(cfg: MegatronCfg, path: str) -> list[Problem]:
+    interval = cfg.manual_gc_interval
+    is_int = isinstance(interval, int) and not isinstance(interval, bool)
+    if is_int and (interval > 0 or not cfg.manual_gc):
+        return []
+    needed = f" when {path}.manual_gc is true" if cfg.manual_gc else ""
+    kind = "a boolean, not an integer" if isinstance(interval, bool) else "not a positive integer"
+    return [
+        Problem(
+            path=f"{path}.manual_gc_interval",
+            value=interval,
+            message=f"must be a positive integer (optimizer steps between full collections){needed}; got {kind}",
+            fix=f"set {path}.manual_gc_interval=10 (for example)"
+            + ("" if not cfg.manual_gc else f", or {path}.manual_gc=false"),
+        )
+    ]
+
+
+# --------------------------------------------------------------------------- fine-grained offload
+def rule_fine_grained_offload(recipe: Recipe) -> list[Problem]:
+    if not megatron_enabled(recipe):
+        return []
+    cfg = recipe.policy.megatron_cfg
+    problems = _unknown_offload_modules(cfg.offload_modules)
+    if not cfg.fine_grained_activation_offloading:
+        if cfg.offload_modules:
+            problems.append(
+                _ignored(
+                    f"{MEGATRON}.offload_modules",
+                    list(cfg.offload_modules),
+                    f"{MEGATRON}.fine_grained_activation_offloading",
+                )
+            )
+        return problems
+    modules = set(cfg.offload_modules)
+    problems += _offload_combinations(cfg, modules)
+    problems.append(
+        Problem(
+            path=f"{MEGATRON}.fine_grained_activation_offloading",
+            value=True,
+            message=TE_NOTE,
+            fix="use a container with Transformer Engine (NeMo RL / NeMo images have it)",
+            severity="warning",
+        )
+    )
+    return problems
+
+
+def _unknown_offload_modules(modules: tuple[str, ...]) -> list[Problem]:
+    problems = []
+    for index, name in enumerate(modules):
+        if name in OFFLOAD_MODULE_NAMES:
+            continue
+        guess = did_you_mean(name, OFFLOAD_MODULE_NAMES)
+        problems.append(
+            Problem(
+                path=f"{MEGATRON}.offload_modules[{index}]",
+                value=name,
+                message="not a module that can be offloaded",
+                fix=(f"did you mean {guess}? " if guess else "")
+                + "choose from: "
+                + ", ".join(OFFLOAD_MODULE_NAMES),
+            )
+        )
+    return problems
+
+
+def _offload_combinations(cfg: MegatronCfg, modules: set[str]) -> list[Problem]:
+    path = f"{MEGATRON}.offload_modules"
+    listed = sorted(modules)
+    problems = []
+
+    def add(message: str, fix: str, where: str = path, value: Any = listed) -> None:
+        problems.append(Problem(path=where, value=value, message=message, fix=f"{fix} ({TE_NOTE})"))
+
+    if not modules:
+        add(
+            f"is empty while {MEGATRON}.fine_grained_activation_offloading is true",
+            f"name modules, e.g. {path}=[core_attn,attn_proj], or turn it off",
+        )
+    if "attn_proj" in modules and "core_attn" not in modules:
+        add(
+            "attn_proj needs core_attn (the projection's input is core attention's output)",
+            f"add core_attn to {path}",
+        )
+    if "fused_group_mlp" in modules and modules & {"expert_fc1", "moe_act"}:
+        add(
+            "fused_group_mlp already covers expert_fc1 and moe_act; list either fused_group_mlp or those",
+            f"remove expert_fc1/moe_act from {path}, or remove fused_group_mlp",
+        )
+    moe_offloaded = sorted(modules & set(MOE_OFFLOAD_MODULES))
+    if "moe" in cfg.recompute_modules and moe_offloaded:
+        add(
+            f"{MEGATRON}.recompute_modules has 'moe', which recomputes what {moe_offloaded} would offload",
+            f"remove 'moe' from {MEGATRON}.recompute_modules or {moe_offloaded} from {path}",
+            f"{MEGATRON}.recompute_modules",
+            list(cfg.recompute_modules),
+        )
+    if cfg.cpu_offloading:
+        add(
+            "layer-level cpu_offloading conflicts with fine-grained activation offloading",
+            f"set {MEGATRON}.cpu_offloading=false or {MEGATRON}.fine_grained_activation_offloading=false",
+            f"{MEGATRON}.cpu_offloading",
+            True,
+        )
+    outside_graph = sorted(modules - set(MOE_OFFLOAD_MODULES))
+    if cfg.cuda_graph_impl == "local" and outside_graph:
+        add(
+            f"with {MEGATRON}.cuda_graph_impl=local only {', '.join(MOE_OFFLOAD_MODULES)} can be offloaded; not {outside_graph}",
+            f"remove {outside_graph} from {path} or use another cuda_graph_impl",
+        )
+    return problems
+
+
+# --------------------------------------------------------------------------- model_overrides
+def rule_model_overrides_first_class(recipe: Recipe) -> list[Problem]:
+    """Reject model_overrides keys that duplicate first-class fields (see MODEL_OVERRIDES_CHECKED_IN_JOB)."""
+    if not megatron_enabled(recipe):
+        return []
+    return [
+        Problem(
+            path=f"{MEGATRON}.model_overrides.{key}",
+            value=value,
+            message="duplicates a first-class recipe key; model_overrides is for provider fields the recipe does not have",
+            fix=f"set {target} instead and remove {MEGATRON}.model_overrides.{key}",
+        )
+        for key, value in recipe.policy.megatron_cfg.model_overrides.items()
+        if (target := first_class_target(key)) is not None
+    ]
+
+
+def first_class_target(key: str) -> str | None:
+    if key in FIRST_CLASS_MODEL_OVERRIDES:
+        return FIRST_CLASS_MODEL_OVERRIDES[key]
+    if key in attrs.fields_dict(MegatronCfg):
+        return f"{MEGATRON}.{key}"
+    return None
+
+
+MODEL_OVERRIDES_CHECKED_IN_JOB = """\
+Contract for policy.megatron_cfg.model_overrides (the hook for the Megatron backend):
+
+On the login node only keys duplicating first-class fields are rejected
+(rule_model_overrides_first_class). Whether every other key is a real field of the model
+provider can only be known where megatron-bridge is installed: the Megatron backend, which
+owns the provider, merges the overrides into the freshly built provider before it is
+finalized, and first calls
+    hpcrl.config.megatron_rules.provider_field_problems(model_overrides, provider_field_names)
+and raises hpcrl.config.errors.ConfigError(problems) if it returns any, so an unknown field
+fails at setup with its full config path, the bad value and a did-you-mean.
+"""
+
+
+def provider_field_problems(
+    model_overrides: Mapping[str, Any], provider_field_names: Any
+) -> list[Problem]:
+    """In-job check (see MODEL_OVERRIDES_CHECKED_IN_JOB): unknown provider fields."""
+    known = sorted(provider_field_names)
+    problems = []
+    for key, value in model_overrides.items():
+        if key in known:
+            continue
+        guess = did_you_mean(key, known)
+        problems.append(
+            Problem(
+                path=f"{MEGATRON}.model_overrides.{key}",
+                value=value,
+                message="not a field of this model's Megatron provider",
+                fix=(
+                    f"did you mean {MEGATRON}.model_overrides.{guess}?"
+                    if guess
+                    else "remove it; check the provider class of this model in megatron-bridge"
+                ),
+            )
+        )
+    return problems
+
+
+# --------------------------------------------------------------------------- distillation teacher
+def rule_teacher_overrides(recipe: Recipe) -> list[Problem]:
+    if recipe.teacher is None:
+        return []
+    overrides = recipe.teacher.megatron_cfg_overrides
+    path = "teacher.megatron_cfg_overrides"
+    problems = [
+        Problem(
+            path=f"{path}.{key}",
+            value=overrides[key],
+            message="manual GC is set once per worker process, by the policy; a teacher cannot change it",
+            fix=f"remove {path}.{key} (set {MEGATRON}.{key} for the policy instead)",
+        )
+        for key in TEACHER_REJECTED_KEYS
+        if key in overrides
+    ]
+    allowed = {key: value for key, value in overrides.items() if key not in TEACHER_REJECTED_KEYS}
+    return problems + _teacher_structure_problems(recipe, allowed, path)
+
+
+def _teacher_structure_problems(
+    recipe: Recipe, overrides: dict[str, Any], path: str
+) -> list[Problem]:
+    merged = _deep_merge(unstructure(recipe.policy.megatron_cfg), overrides)
+    prefix = tuple(path.split("."))
+    _, issues = try_structure(merged, MegatronCfg, prefix=prefix)
+    # Problems of the policy's own megatron_cfg are reported under their own path.
+    return [
+        issue.problem
+        for issue in issues
+        if issue.parts[len(prefix) : len(prefix) + 1] and issue.parts[len(prefix)] in overrides
+    ]
+
+
+def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+MEGATRON_RULES = (
+    rule_megatron_parallel_sizes,
+    rule_parallel_read_threads,
+    rule_optimizer_offload,
+    rule_manual_gc,
+    rule_fine_grained_offload,
+    rule_model_overrides_first_class,
+    rule_teacher_overrides,
+)

@@ -1,0 +1,200 @@
+"""Cross-field rules of a cluster profile (allocation vs recipe is the planner's job)."""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.profile import ClusterProfile
+
+SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(\d+-)?\d{1,2}:\d{2}:\d{2}$")
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "APIKEY")
+
+
+def check_profile(profile: ClusterProfile) -> list[Problem]:
+    """Every profile rule's problems, in a fixed order."""
+    problems: list[Problem] = []
+    for rule in PROFILE_RULES:
+        problems += rule(profile)
+    return problems
+
+
+def rule_counts_positive(profile: ClusterProfile) -> list[Problem]:
+    problems = []
+    if profile.device == "gpu" and profile.gpus_per_node < 1:
+        problems.append(
+            _positive(
+                "gpus_per_node",
+                profile.gpus_per_node,
+                "GPU profiles need at least one GPU per node",
+            )
+        )
+    if profile.device == "cpu" and profile.worker_slots_per_node < 1:
+        problems.append(
+            _positive(
+                "worker_slots_per_node",
+                profile.worker_slots_per_node,
+                "CPU profiles run this many workers per node",
+            )
+        )
+    if profile.cpus_per_node is not None and profile.cpus_per_node < 1:
+        problems.append(
+            _positive("cpus_per_node", profile.cpus_per_node, "or remove it for Slurm's default")
+        )
+    if profile.slurm.mem_gb is not None and profile.slurm.mem_gb < 1:
+        problems.append(
+            _positive("slurm.mem_gb", profile.slurm.mem_gb, "or remove it for Slurm's default")
+        )
+    return problems
+
+
+def rule_time_limit(profile: ClusterProfile) -> list[Problem]:
+    if SLURM_TIME.match(profile.slurm.time_limit):
+        return []
+    return [
+        Problem(
+            path="slurm.time_limit",
+            value=profile.slurm.time_limit,
+            message="not a Slurm time limit",
+            fix='write [D-]HH:MM:SS, e.g. slurm.time_limit: "04:00:00"',
+        )
+    ]
+
+
+def rule_cpu_profile_without_gres(profile: ClusterProfile) -> list[Problem]:
+    if profile.device != "cpu" or profile.slurm.gres_form == "none" or profile.scheduler != "slurm":
+        return []
+    return [
+        Problem(
+            path="slurm.gres_form",
+            value=profile.slurm.gres_form,
+            message="a CPU profile (device: cpu) must not request GPUs",
+            fix="set slurm.gres_form: none",
+        )
+    ]
+
+
+def rule_ray_ports(profile: ClusterProfile) -> list[Problem]:
+    ports = attrs.asdict(profile.ray_ports)
+    problems = [
+        Problem(
+            path=f"ray_ports.{name}",
+            value=port,
+            message="not a TCP port",
+            fix="use a port in 1024..32767",
+        )
+        for name, port in ports.items()
+        if not 1024 <= port <= 65535
+    ]
+    if ports["min_worker_port"] > ports["max_worker_port"]:
+        problems.append(
+            Problem(
+                path="ray_ports.min_worker_port",
+                value=ports["min_worker_port"],
+                message=f"greater than ray_ports.max_worker_port ({ports['max_worker_port']})",
+                fix="make min_worker_port <= max_worker_port",
+            )
+        )
+    fixed = {
+        name: port
+        for name, port in ports.items()
+        if name not in ("min_worker_port", "max_worker_port")
+    }
+    problems += _duplicate_ports(fixed) + _ports_in_worker_band(fixed, ports)
+    return problems
+
+
+def rule_no_secrets_in_env(profile: ClusterProfile) -> list[Problem]:
+    return [
+        Problem(
+            path=f"env.{name}",
+            value="<hidden>",
+            message="looks like a secret; profiles are shared and scripts are written to disk",
+            fix=f"remove env.{name} and add {name} to pass_env (copied from the submitting shell)",
+        )
+        for name in sorted(profile.env)
+        if any(word in name.upper() for word in SECRET_WORDS)
+    ]
+
+
+def rule_pass_env_names(profile: ClusterProfile) -> list[Problem]:
+    return [
+        Problem(
+            path=f"pass_env[{index}]",
+            value=name,
+            message="not an environment variable name",
+            fix="use letters, digits and _ (e.g. HF_TOKEN); values never go here",
+        )
+        for index, name in enumerate(profile.pass_env)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)
+    ]
+
+
+def rule_container_mounts(profile: ClusterProfile) -> list[Problem]:
+    if profile.container is None:
+        return []
+    return [
+        Problem(
+            path=f"container.mounts[{index}]",
+            value=mount,
+            message="a mount is host:container[:flags] with absolute paths",
+            fix="e.g. /lustre:/lustre or /lustre/hf:/root/.cache/huggingface:ro",
+        )
+        for index, mount in enumerate(profile.container.mounts)
+        if not _is_valid_mount(mount)
+    ]
+
+
+def _is_valid_mount(mount: str) -> bool:
+    fields = mount.split(":")
+    return (
+        2 <= len(fields) <= 3 and all(field.startswith("/") for field in fields[:2]) and all(fields)
+    )
+
+
+def _duplicate_ports(fixed: dict[str, int]) -> list[Problem]:
+    seen: dict[int, str] = {}
+    problems = []
+    for name, port in fixed.items():
+        if port in seen:
+            problems.append(
+                Problem(
+                    path=f"ray_ports.{name}",
+                    value=port,
+                    message=f"same port as ray_ports.{seen[port]}",
+                    fix="give each port its own number",
+                )
+            )
+        seen.setdefault(port, name)
+    return problems
+
+
+def _ports_in_worker_band(fixed: dict[str, int], ports: dict[str, int]) -> list[Problem]:
+    low, high = ports["min_worker_port"], ports["max_worker_port"]
+    return [
+        Problem(
+            path=f"ray_ports.{name}",
+            value=port,
+            message=f"inside the worker port band {low}..{high}",
+            fix="move it out of [min_worker_port, max_worker_port]",
+        )
+        for name, port in fixed.items()
+        if low <= port <= high
+    ]
+
+
+def _positive(path: str, value: int, fix: str) -> Problem:
+    return Problem(path=path, value=value, message="must be at least 1", fix=fix)
+
+
+PROFILE_RULES = (
+    rule_counts_positive,
+    rule_time_limit,
+    rule_cpu_profile_without_gres,
+    rule_ray_ports,
+    rule_no_secrets_in_env,
+    rule_pass_env_names,
+    rule_container_mounts,
+)

@@ -1,0 +1,285 @@
+"""Cross-field rules of a recipe: each a small function ``Recipe -> list[Problem]``.
+
+``check_recipe`` runs them all; every problem names its full key path, the bad value and the
+fix. Megatron-specific rules live in ``hpcrl.config.megatron_rules`` (including the
+``MODEL_OVERRIDES_CHECKED_IN_JOB`` hook for the Megatron backend). Allocation vs parallel
+layout needs the cluster profile and is checked by the planner (``hpcrl.plan``).
+
+Batch semantics (as in NeMo RL): one GRPO step generates ``num_prompts_per_step *
+num_generations_per_prompt`` rollouts; the policy then takes one optimizer step per
+``policy.train_global_batch_size`` of them, so that number must divide the rollouts; each
+optimizer step accumulates gradients over micro-batches of ``train_micro_batch_size``.
+"""
+
+from __future__ import annotations
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.megatron_rules import (
+    MEGATRON_RULES,
+    MODEL_OVERRIDES_CHECKED_IN_JOB,
+    provider_field_problems,
+)
+from hpcrl.config.recipe import Recipe
+
+__all__ = [
+    "check_recipe",
+    "RECIPE_RULES",
+    "MODEL_OVERRIDES_CHECKED_IN_JOB",
+    "provider_field_problems",
+]
+
+BACKEND_FIX = (
+    "set policy.megatron_cfg.enabled=true or policy.automodel_cfg.enabled=true (exactly one)"
+)
+AUTOMODEL = "policy.automodel_cfg"
+
+
+def check_recipe(recipe: Recipe) -> list[Problem]:
+    """Every recipe rule's problems, in a fixed order."""
+    problems: list[Problem] = []
+    for rule in RECIPE_RULES:
+        problems += rule(recipe)
+    return problems
+
+
+def rule_one_backend(recipe: Recipe) -> list[Problem]:
+    megatron = recipe.policy.megatron_cfg.enabled
+    automodel = recipe.policy.automodel_cfg.enabled
+    if megatron != automodel:
+        return []
+    message = "both backends are enabled" if megatron else "no backend is enabled"
+    return [
+        Problem(
+            path="policy.megatron_cfg.enabled",
+            value=megatron,
+            message=f"{message} (policy.megatron_cfg.enabled={str(megatron).lower()}, policy.automodel_cfg.enabled={str(automodel).lower()})",
+            fix=BACKEND_FIX,
+        )
+    ]
+
+
+def rule_one_algorithm(recipe: Recipe) -> list[Problem]:
+    has_grpo, has_sft = recipe.grpo is not None, recipe.sft is not None
+    if has_grpo != has_sft:
+        return []
+    message = (
+        "both grpo and sft sections are given"
+        if has_grpo
+        else "neither a grpo nor an sft section is given"
+    )
+    return [
+        Problem(
+            path="grpo" if has_grpo else "<top>",
+            message=f"{message}; a recipe trains with exactly one algorithm",
+            fix="keep exactly one of the grpo: and sft: sections (a base's section can be removed with sft: null)",
+        )
+    ]
+
+
+def rule_automodel_parallel_sizes(recipe: Recipe) -> list[Problem]:
+    cfg = recipe.policy.automodel_cfg
+    if not cfg.enabled:
+        return []
+    names = ("dp_replicate_size", "tensor_parallel_size", "context_parallel_size")
+    return [
+        Problem(
+            path=f"{AUTOMODEL}.{name}",
+            value=getattr(cfg, name),
+            message="a parallel size must be at least 1"
+            + (" (1: plain FSDP, >1: HSDP replicas)" if name == "dp_replicate_size" else ""),
+            fix=f"set {AUTOMODEL}.{name}=1 (or larger)",
+        )
+        for name in names
+        if getattr(cfg, name) < 1
+    ]
+
+
+def rule_positive_counts(recipe: Recipe) -> list[Problem]:
+    counts = {
+        "policy.train_global_batch_size": recipe.policy.train_global_batch_size,
+        "policy.train_micro_batch_size": recipe.policy.train_micro_batch_size,
+        "policy.max_total_sequence_length": recipe.policy.max_total_sequence_length,
+        "policy.generation.max_new_tokens": recipe.policy.generation.max_new_tokens,
+        "cluster.num_nodes": recipe.cluster.num_nodes,
+        "cluster.gpus_per_node": recipe.cluster.gpus_per_node,
+    }
+    if recipe.policy.logprob_batch_size is not None:
+        counts["policy.logprob_batch_size"] = recipe.policy.logprob_batch_size
+    if recipe.grpo is not None:
+        counts["grpo.num_prompts_per_step"] = recipe.grpo.num_prompts_per_step
+        counts["grpo.num_generations_per_prompt"] = recipe.grpo.num_generations_per_prompt
+        counts["grpo.max_num_steps"] = recipe.grpo.max_num_steps
+    if recipe.sft is not None:
+        counts["sft.max_num_steps"] = recipe.sft.max_num_steps
+    return [
+        Problem(
+            path=path,
+            value=value,
+            message="must be at least 1",
+            fix=f"set {path} to a positive integer",
+        )
+        for path, value in counts.items()
+        if value < 1
+    ]
+
+
+def rule_batch_divisible(recipe: Recipe) -> list[Problem]:
+    policy = recipe.policy
+    global_batch, micro_batch = policy.train_global_batch_size, policy.train_micro_batch_size
+    if global_batch < 1 or micro_batch < 1:
+        return []  # rule_positive_counts reports it
+    problems = []
+    if global_batch % micro_batch:
+        problems.append(
+            Problem(
+                path="policy.train_global_batch_size",
+                value=global_batch,
+                message=f"not divisible by policy.train_micro_batch_size ({micro_batch}): gradients accumulate over whole micro-batches",
+                fix=f"set policy.train_global_batch_size to a multiple of {micro_batch}, e.g. {_round_up(global_batch, micro_batch)}",
+            )
+        )
+    if recipe.grpo is not None:
+        problems += _grpo_rollouts_divisible(recipe, global_batch)
+    return problems
+
+
+def _grpo_rollouts_divisible(recipe: Recipe, global_batch: int) -> list[Problem]:
+    grpo = recipe.grpo
+    assert grpo is not None
+    rollouts = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    if rollouts < 1 or rollouts % global_batch == 0:
+        return []
+    return [
+        Problem(
+            path="policy.train_global_batch_size",
+            value=global_batch,
+            message=(
+                f"must divide the rollouts of one GRPO step: grpo.num_prompts_per_step ({grpo.num_prompts_per_step}) × "
+                f"grpo.num_generations_per_prompt ({grpo.num_generations_per_prompt}) = {rollouts}"
+            ),
+            fix=f"set policy.train_global_batch_size={rollouts} (one optimizer step per GRPO step) or another divisor of {rollouts}",
+        )
+    ]
+
+
+def rule_grpo_settings(recipe: Recipe) -> list[Problem]:
+    if recipe.grpo is None:
+        return []
+    problems = []
+    grpo = recipe.grpo
+    if grpo.use_leave_one_out_baseline and grpo.num_generations_per_prompt < 2:
+        problems.append(
+            Problem(
+                path="grpo.num_generations_per_prompt",
+                value=grpo.num_generations_per_prompt,
+                message="the leave-one-out baseline needs at least 2 generations per prompt",
+                fix="set grpo.num_generations_per_prompt=2 or more, or grpo.use_leave_one_out_baseline=false",
+            )
+        )
+    return problems
+
+
+def rule_async_grpo(recipe: Recipe) -> list[Problem]:
+    if recipe.grpo is None or not recipe.grpo.async_grpo.enabled:
+        return []
+    problems = []
+    if not recipe.loss_fn.use_importance_sampling_correction:
+        problems.append(
+            Problem(
+                path="loss_fn.use_importance_sampling_correction",
+                value=False,
+                message="async GRPO trains on rollouts from an older policy; without the correction the gradient is biased",
+                fix="set loss_fn.use_importance_sampling_correction=true or grpo.async_grpo.enabled=false",
+            )
+        )
+    age = recipe.grpo.async_grpo.max_trajectory_age_steps
+    if age < 1:
+        problems.append(
+            Problem(
+                path="grpo.async_grpo.max_trajectory_age_steps",
+                value=age,
+                message="must be at least 1",
+                fix="set it to 1 or more",
+            )
+        )
+    return problems
+
+
+def rule_generation(recipe: Recipe) -> list[Problem]:
+    generation = recipe.policy.generation
+    problems = []
+    if not 0.0 < generation.top_p <= 1.0:
+        problems.append(
+            Problem(
+                path="policy.generation.top_p",
+                value=generation.top_p,
+                message="must be in (0, 1]",
+                fix="set policy.generation.top_p=1.0 to turn it off",
+            )
+        )
+    if generation.temperature < 0.0:
+        problems.append(
+            Problem(
+                path="policy.generation.temperature",
+                value=generation.temperature,
+                message="must not be negative",
+                fix="set policy.generation.temperature=1.0",
+            )
+        )
+    if generation.backend != "vllm":
+        return problems
+    vllm = generation.vllm_cfg
+    if not 0.0 < vllm.gpu_memory_utilization <= 1.0:
+        problems.append(
+            Problem(
+                path="policy.generation.vllm_cfg.gpu_memory_utilization",
+                value=vllm.gpu_memory_utilization,
+                message="must be in (0, 1]",
+                fix="e.g. 0.6 when colocated with training",
+            )
+        )
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(vllm, name) < 1:
+            problems.append(
+                Problem(
+                    path=f"policy.generation.vllm_cfg.{name}",
+                    value=getattr(vllm, name),
+                    message="must be at least 1",
+                    fix=f"set policy.generation.vllm_cfg.{name}=1",
+                )
+            )
+    return problems
+
+
+def rule_generation_resources(recipe: Recipe) -> list[Problem]:
+    colocated = recipe.policy.generation.colocated
+    if colocated.enabled:
+        return []
+    path = "policy.generation.colocated.resources"
+    return [
+        Problem(
+            path=f"{path}.{name}",
+            message="required when generation is not colocated",
+            fix=f"set {path}.{name}, or policy.generation.colocated.enabled=true",
+        )
+        for name in ("num_nodes", "gpus_per_node")
+        if getattr(colocated.resources, name) is None
+    ]
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+RECIPE_RULES = (
+    rule_one_backend,
+    rule_one_algorithm,
+    rule_automodel_parallel_sizes,
+    rule_positive_counts,
+    rule_batch_divisible,
+    rule_grpo_settings,
+    rule_async_grpo,
+    rule_generation,
+    rule_generation_resources,
+    *MEGATRON_RULES,
+)
