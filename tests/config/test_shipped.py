@@ -38,10 +38,15 @@ def test_shipped_recipe_name_states_algorithm_size_and_backend(name):
     loaded = load_recipe(name)
     recipe = loaded.recipe
     gpu, cpu = GPU_NAME.match(name), CPU_NAME.match(name)
-    assert gpu or cpu, f"{name}: use <algo>-<model>-<N>n<G>g-<backend> or <algo>-<model>-<N>n-cpu[-megatron]"
+    assert gpu or cpu, (
+        f"{name}: use <algo>-<model>-<N>n<G>g-<backend> or <algo>-<model>-<N>n-cpu[-megatron]"
+    )
     assert name.split("-")[0] == recipe.algorithm
     if gpu:
-        assert (int(gpu.group(3)), int(gpu.group(4))) == (recipe.cluster.num_nodes, recipe.cluster.gpus_per_node)
+        assert (int(gpu.group(3)), int(gpu.group(4))) == (
+            recipe.cluster.num_nodes,
+            recipe.cluster.gpus_per_node,
+        )
         assert gpu.group(5) == recipe.backend
     else:
         assert int(cpu.group(3)) == recipe.cluster.num_nodes
@@ -67,7 +72,11 @@ def test_shipped_profile_loads(name):
 
 def test_demo_recipe_is_the_tiny_cpu_grpo_run():
     recipe = load_recipe("grpo-tiny-1n-cpu").recipe
-    assert (recipe.algorithm, recipe.backend, recipe.policy.model_name) == ("grpo", "automodel", "tiny:qwen2")
+    assert (recipe.algorithm, recipe.backend, recipe.policy.model_name) == (
+        "grpo",
+        "automodel",
+        "tiny:qwen2",
+    )
     assert (recipe.cluster.num_nodes, recipe.cluster.gpus_per_node) == (1, 2)
     assert recipe.env.name == "toy_count"
     assert recipe.policy.generation.backend == "torch"
@@ -76,7 +85,10 @@ def test_demo_recipe_is_the_tiny_cpu_grpo_run():
 def test_qwen2_megatron_recipe_offloads_half_the_optimizer_and_collects_manually():
     cfg = load_recipe("grpo-qwen2-1.5b-2n8g-megatron").recipe.policy.megatron_cfg
     assert cfg.tensor_model_parallel_size == 2
-    assert (cfg.optimizer.optimizer_cpu_offload, cfg.optimizer.optimizer_offload_fraction) == (True, 0.5)
+    assert (cfg.optimizer.optimizer_cpu_offload, cfg.optimizer.optimizer_offload_fraction) == (
+        True,
+        0.5,
+    )
     assert cfg.optimizer.use_distributed_optimizer
     assert (cfg.manual_gc, cfg.manual_gc_interval) == (True, 10)
     assert cfg.env_vars == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
