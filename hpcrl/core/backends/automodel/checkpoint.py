@@ -1,0 +1,98 @@
+"""Distributed checkpoints (torch DCP) and consolidated HF export for the Automodel backend.
+
+Layout of one checkpoint folder (shared by all ranks):
+  dcp/               model + optimizer, sharded, written by every rank (torch DCP)
+  rank_00000.pt ...  per rank: scheduler state, optimizer step, RNG states
+  extra_state.json   the controller's (data position, ...), written by RayPolicy
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+DCP_SUBDIR = "dcp"
+
+
+def rank_file(checkpoint_dir: str, rank: int) -> str:
+    return os.path.join(checkpoint_dir, f"rank_{rank:05d}.pt")
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save(
+    checkpoint_dir: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    step: int,
+) -> None:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(checkpoint_dir, DCP_SUBDIR))
+    local = {"scheduler": scheduler.state_dict(), "step": step, "rng": rng_state()}
+    torch.save(local, rank_file(checkpoint_dir, dist.get_rank()))
+    dist.barrier()
+
+
+def load(
+    checkpoint_dir: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> int:
+    """Restore in place; returns the optimizer step count saved."""
+    local_path = rank_file(checkpoint_dir, dist.get_rank())
+    if not os.path.exists(local_path):
+        raise FileNotFoundError(
+            f"{local_path} missing: the checkpoint was written by a different number of "
+            f"workers than the {dist.get_world_size()} running now"
+        )
+    # get_state_dict on a fresh optimizer creates its state, which dcp.load then fills.
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=os.path.join(checkpoint_dir, DCP_SUBDIR))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    local = torch.load(local_path, weights_only=False)
+    scheduler.load_state_dict(local["scheduler"])
+    set_rng_state(local["rng"])
+    return int(local["step"])
+
+
+def export_hf(
+    out_dir: str, model: torch.nn.Module, hf_config: Any, tokenizer_path: str, prefix: str
+) -> None:
+    """Gather full weights to rank 0 (on CPU) and write a HF checkpoint + tokenizer there."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if dist.get_rank() == 0:
+        weights = {key.removeprefix(prefix): value for key, value in full.items()}
+        with torch.device("meta"):
+            hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        hf_model.load_state_dict(weights, assign=True, strict=True)
+        hf_model.tie_weights()
+        hf_model.save_pretrained(out_dir, safe_serialization=True)
+        AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+    dist.barrier()

@@ -1,0 +1,97 @@
+"""The module the Automodel backend shards and trains: a HF causal LM plus token log-probs.
+
+``TokenLogprobModel`` is the FSDP root. Its forward returns per-token log-probs computed in
+sequence chunks (hidden states → lm_head → logsumexp → gather, each chunk recomputed in
+backward), so the full-vocab fp32 logits of the batch never exist at once. ``mode="hf"``
+runs the plain HF forward through the same root, which the sampler needs: calling the inner
+HF module directly would skip FSDP's hooks that gather the root's parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# Sequence positions × batch rows per lm_head chunk; 4096 × 32k vocab × 4 B ≈ 0.5 GiB fp32.
+DEFAULT_CHUNK_TOKENS = 4096
+
+
+def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = F.linear(hidden, weight).float()
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs(
+    hidden: torch.Tensor, lm_head_weight: torch.Tensor, input_ids: torch.Tensor, chunk_tokens: int
+) -> torch.Tensor:
+    """``out[b, t] = log p(input_ids[b, t] | :t)`` from final hidden states; ``out[:, 0] = 0``."""
+    batch, seq = input_ids.shape
+    shifted_hidden = hidden[:, :-1]
+    targets = input_ids[:, 1:]
+    step = max(1, chunk_tokens // max(batch, 1))
+    recompute = torch.is_grad_enabled()
+    pieces = [torch.zeros(batch, 1, dtype=torch.float32, device=hidden.device)]
+    for start in range(0, seq - 1, step):
+        args = (shifted_hidden[:, start : start + step], lm_head_weight, targets[:, start : start + step])
+        if recompute:
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    return torch.cat(pieces, dim=1)
+
+
+class TokenLogprobModel(nn.Module):
+    """Root module: ``hf`` is the wrapped ``AutoModelForCausalLM``."""
+
+    def __init__(self, hf_model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> None:
+        super().__init__()
+        self.hf = hf_model
+        self.chunk_tokens = chunk_tokens
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        mode: str = "logprobs",
+        **hf_kwargs: Any,
+    ) -> Any:
+        if mode == "hf":
+            return self.hf(input_ids=input_ids, attention_mask=attention_mask, **hf_kwargs)
+        assert mode == "logprobs", f"unknown mode {mode!r}"
+        decoder_out = self.hf.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        )
+        weight = self.hf.get_output_embeddings().weight
+        return token_logprobs(decoder_out.last_hidden_state, weight, input_ids, self.chunk_tokens)
+
+
+class HfCallable:
+    """What the sampler calls: looks like the HF model, runs through the FSDP root."""
+
+    def __init__(self, root: TokenLogprobModel) -> None:
+        self._root = root
+        self.config = root.hf.config
+
+    def parameters(self) -> Any:
+        return self._root.parameters()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._root(*args, mode="hf", **kwargs)
+
+
+def load_hf_model(model_path: str, device: str) -> nn.Module:
+    """fp32 weights from a local HF folder (GPU runs compute in bf16 through FSDP's policy)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    model.config.use_cache = False
+    if device == "cuda":
+        model = model.to("cuda")
+    return model

@@ -1,0 +1,148 @@
+"""Parallelism for Hugging Face causal LMs, applied in torchtitan's order:
+``apply_tp`` → ``apply_activation_checkpointing`` → ``apply_compile`` → ``apply_fsdp``.
+
+Each function changes the model in place and knows nothing about training. Decoder blocks
+are found through ``decoder_layers`` (``model.model.layers`` for Llama/Qwen2-style models).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+
+
+@attrs.frozen(kw_only=True)
+class MeshShape:
+    """Sizes of the device mesh dims; dp_shard is what is left of the world."""
+
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+
+    @classmethod
+    def for_world(cls, world_size: int, dp_replicate: int, tp: int) -> MeshShape:
+        if world_size % (dp_replicate * tp) != 0:
+            raise ValueError(
+                f"policy.automodel_cfg: {world_size} workers do not split into "
+                f"dp_replicate_size={dp_replicate} x tensor_parallel_size={tp} x dp_shard; "
+                f"make dp_replicate_size * tensor_parallel_size divide {world_size}"
+            )
+        return cls(dp_replicate=dp_replicate, dp_shard=world_size // (dp_replicate * tp), tp=tp)
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+
+def build_mesh(device_type: str, shape: MeshShape) -> DeviceMesh:
+    """A 3-D mesh (dp_replicate, dp_shard, tp); size-1 dims are kept (they cost nothing)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(
+        device_type, (shape.dp_replicate, shape.dp_shard, shape.tp), mesh_dim_names=MESH_DIM_NAMES
+    )
+
+
+def data_parallel_mesh(mesh: DeviceMesh, shape: MeshShape) -> DeviceMesh:
+    """The mesh FSDP shards over: 2-D (replicate, shard) = HSDP when dp_replicate > 1."""
+    if shape.dp_replicate > 1:
+        return mesh["dp_replicate", "dp_shard"]
+    return mesh["dp_shard"]
+
+
+def decoder_layers(hf_model: Any) -> Any:
+    """The ``nn.ModuleList`` of decoder blocks of a HF causal LM."""
+    decoder = hf_model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"{type(hf_model).__name__}: no decoder .layers found; the automodel backend "
+            "supports Llama/Qwen2/Mistral-style models"
+        )
+    return layers
+
+
+def apply_tp(hf_model: Any, tp_mesh: DeviceMesh) -> None:
+    """Column-parallel q/k/v and gate/up, row-parallel o and down, per decoder block.
+
+    HF attention reshapes with ``-1`` heads, so each rank simply runs its share of heads;
+    embeddings, norms and lm_head stay replicated across the TP group.
+    """
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    config = hf_model.config
+    tp = tp_mesh.size()
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        value = getattr(config, name, None) or config.num_attention_heads
+        if value % tp != 0:
+            raise ValueError(
+                f"policy.automodel_cfg.tensor_parallel_size={tp} does not divide the model's "
+                f"{name}={value}; pick a tensor_parallel_size that divides it"
+            )
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    for layer in decoder_layers(hf_model):
+        parallelize_module(layer, tp_mesh, plan)
+
+
+def apply_activation_checkpointing(hf_model: Any) -> None:
+    """Recompute each decoder block in backward (non-reentrant)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = decoder_layers(hf_model)
+    for index, layer in enumerate(layers):
+        layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+
+
+def apply_compile(hf_model: Any) -> None:
+    """``torch.compile`` each decoder block (GPU only; blocks are identical, one compile)."""
+    for layer in decoder_layers(hf_model):
+        layer.compile(fullgraph=False)
+
+
+def apply_fsdp(
+    root: torch.nn.Module,
+    hf_model: Any,
+    dp_mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype | None,
+    cpu_offload: bool,
+) -> None:
+    """``fully_shard`` every decoder block, then ``root`` (embeddings, norm, lm_head).
+
+    ``param_dtype`` set: compute in it with fp32 gradient reduction. Build the optimizer
+    right after this call (see training-stack-facts, trap 1).
+    """
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {"mesh": dp_mesh}
+    if param_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=param_dtype, reduce_dtype=torch.float32
+        )
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    layers = decoder_layers(hf_model)
+    for index, layer in enumerate(layers):
+        # The last block is resharded right away anyway: backward starts with it.
+        fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
+    fully_shard(root, **kwargs)

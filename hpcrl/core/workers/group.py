@@ -1,0 +1,188 @@
+"""A group of Ray actors, one per GPU (or CPU worker slot), forming one torch.distributed group.
+
+Placement: one placement group whose bundle ``r`` is pinned (node-id label selector) to node
+``r // workers_per_node``; node 0 is the driver's node, the others follow in IP order. Rank
+0's node IP is MASTER_ADDR. Every call fans out to all actors and waits for all of them, so
+a failure on any rank surfaces at the controller with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from hpcrl.core.backends.base import DataParallelPlace, RankInfo
+
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+@attrs.frozen(kw_only=True)
+class GroupLayout:
+    """How many workers, where, on what device."""
+
+    num_nodes: int
+    workers_per_node: int
+    device: str  # "cuda" | "cpu"
+    cpus_per_worker: float = 0.25  # CPU path: fractional so several actors share few cores
+    threads_per_worker: int = 1  # torch intra-op threads on the CPU path
+    master_port: int | None = None  # None: a free port on rank 0's node
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.workers_per_node
+
+
+def worker_env(device: str) -> dict[str, str]:
+    """Environment every worker starts with."""
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if device == "cuda":
+        # NVLink SHARP multicast is unavailable on the lent machines and fails NCCL init.
+        env["NCCL_NVLS_ENABLE"] = "0"
+    return env
+
+
+def pick_nodes(num_nodes: int) -> list[str]:
+    """Node ids for ranks' nodes: the driver's node first, then the others by IP."""
+    import ray
+
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    here = ray.get_runtime_context().get_node_id()
+    alive.sort(key=lambda node: (node["NodeID"] != here, node["NodeManagerAddress"]))
+    if len(alive) < num_nodes:
+        seen = ", ".join(node["NodeManagerAddress"] for node in alive) or "none"
+        raise RuntimeError(
+            f"the job needs {num_nodes} Ray nodes but {len(alive)} joined the cluster "
+            f"({seen}); check the per-node Ray logs in <run_dir>/logs/"
+        )
+    return [node["NodeID"] for node in alive[:num_nodes]]
+
+
+class RayWorkerGroup:
+    """Start, call and stop the actors of one backend."""
+
+    def __init__(self, layout: GroupLayout, worker_class_path: str) -> None:
+        self.layout = layout
+        self._worker_class_path = worker_class_path
+        self._placement_group: Any = None
+        self.actors: list[Any] = []
+        self.places: list[DataParallelPlace] = []
+
+    def start(self, recipe: Any, model_path: str, timeout_s: float = 600.0) -> None:
+        """Place the actors, then set up every rank (process group + backend)."""
+        import ray
+
+        self._placement_group = self._reserve(timeout_s)
+        self.actors = [self._spawn(rank) for rank in range(self.layout.world_size)]
+        rank_infos = self._rank_infos()
+        self.places = self.call_all(
+            "setup",
+            [(recipe, info, model_path, self.layout.threads_per_worker) for info in rank_infos],
+            timeout_s=timeout_s,
+        )
+        assert ray.is_initialized()
+
+    def _reserve(self, timeout_s: float) -> Any:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        node_ids = pick_nodes(self.layout.num_nodes)
+        bundle = self._bundle()
+        ranks = range(self.layout.world_size)
+        group = placement_group(
+            [dict(bundle) for _ in ranks],
+            strategy="PACK",
+            bundle_label_selector=[
+                {NODE_ID_LABEL: node_ids[rank // self.layout.workers_per_node]} for rank in ranks
+            ],
+        )
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if not ready:
+            ray.util.remove_placement_group(group)
+            raise RuntimeError(
+                f"could not place {self.layout.world_size} workers "
+                f"({self.layout.workers_per_node} per node on {self.layout.num_nodes} nodes, "
+                f"each {bundle}) within {timeout_s:.0f} s; Ray has {ray.available_resources()}"
+            )
+        return group
+
+    def _bundle(self) -> dict[str, float]:
+        if self.layout.device == "cuda":
+            return {"GPU": 1.0, "CPU": 1.0}
+        return {"CPU": self.layout.cpus_per_worker}
+
+    def _spawn(self, rank: int) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from hpcrl.core.workers.actor import TrainingWorker
+
+        bundle = self._bundle()
+        remote_cls = ray.remote(TrainingWorker)
+        return remote_cls.options(
+            num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=rank
+            ),
+            name=None,
+        ).remote(self._worker_class_path, worker_env(self.layout.device))
+
+    def _rank_infos(self) -> list[RankInfo]:
+        import ray
+
+        master_addr = ray.get(self.actors[0].node_ip.remote())
+        master_port = self.layout.master_port or ray.get(self.actors[0].pick_free_port.remote())
+        per_node = self.layout.workers_per_node
+        return [
+            RankInfo(
+                rank=rank,
+                world_size=self.layout.world_size,
+                local_rank=rank % per_node,
+                local_world_size=per_node,
+                node_rank=rank // per_node,
+                master_addr=master_addr,
+                master_port=master_port,
+                device=self.layout.device,
+            )
+            for rank in range(self.layout.world_size)
+        ]
+
+    # ------------------------------------------------------------------ calls
+    def call_all(
+        self, method: str, per_rank_args: Sequence[tuple[Any, ...]] | None = None,
+        *, timeout_s: float | None = None,
+    ) -> list[Any]:
+        """``method(*per_rank_args[rank])`` on every actor; results in rank order."""
+        import ray
+
+        args = per_rank_args or [()] * len(self.actors)
+        assert len(args) == len(self.actors), "one argument tuple per rank"
+        refs = [getattr(actor, method).remote(*a) for actor, a in zip(self.actors, args, strict=True)]
+        return ray.get(refs, timeout=timeout_s)
+
+    def call_same(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """The same arguments to every rank (put once into the object store)."""
+        import ray
+
+        arg_refs = tuple(ray.put(a) for a in args)
+        return self.call_all(method, [arg_refs] * len(self.actors), timeout_s=timeout_s)
+
+    def shutdown(self, timeout_s: float = 120.0) -> None:
+        """Workers free model/optimizer and destroy the process group, then are killed."""
+        import ray
+
+        try:
+            if self.actors and self.places:
+                self.call_all("close", timeout_s=timeout_s)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+            if self._placement_group is not None:
+                ray.util.remove_placement_group(self._placement_group)
+                self._placement_group = None
+            # Give the raylet a moment to reap the killed worker processes.
+            time.sleep(0.2)

@@ -1,0 +1,140 @@
+"""``RayPolicy``: the controller-side ``hpcrl.core.policy.Policy`` over a ``RayWorkerGroup``.
+
+Splits global batches into equal data-parallel shards (ranks with the same ``dp_rank`` get
+the same shard), gathers results from one rank per shard in ``dp_rank`` order, and keeps
+checkpoints atomic (written to ``<dir>.partial``, renamed when every rank is done).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from hpcrl.core.workers.group import GroupLayout, RayWorkerGroup
+from hpcrl.core.workers.sharding import concat_right_padded, pad_prompts_evenly, split_batch
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.core.policy import Batch, LossFn
+
+EXTRA_STATE_FILE = "extra_state.json"
+
+
+@attrs.frozen(kw_only=True)
+class GenerationResult:
+    """Concrete ``hpcrl.core.policy.GenerationOutput`` (CPU tensors, right-padded)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    generation_logprobs: torch.Tensor
+    prompt_lengths: torch.Tensor
+    response_lengths: torch.Tensor
+
+
+class RayPolicy:
+    """Implements ``hpcrl.core.policy.Policy`` for any backend worker class."""
+
+    def __init__(
+        self, recipe: Recipe, model_path: str, layout: GroupLayout, worker_class_path: str,
+        *, pad_token_id: int = 0, setup_timeout_s: float = 900.0,
+    ) -> None:
+        self.recipe = recipe
+        self.pad_token_id = pad_token_id
+        self.group = RayWorkerGroup(layout, worker_class_path)
+        try:
+            self.group.start(recipe, model_path, timeout_s=setup_timeout_s)
+        except BaseException:
+            self.group.shutdown()
+            raise
+        self.dp_size = self.group.places[0].dp_size
+        self._result_ranks = self._pick_result_ranks()
+
+    def _pick_result_ranks(self) -> list[int]:
+        """Rank that returns results for each dp_rank, in dp_rank order."""
+        by_dp = {p.dp_rank: r for r, p in enumerate(self.group.places) if p.returns_results}
+        assert sorted(by_dp) == list(range(self.dp_size)), f"bad dp layout {self.group.places}"
+        return [by_dp[d] for d in range(self.dp_size)]
+
+    def _shard_args(self, shards: list[Any], *rest: Any) -> list[tuple[Any, ...]]:
+        import ray
+
+        shard_refs = [ray.put(s) for s in shards]
+        rest_refs = tuple(ray.put(r) for r in rest)
+        return [(shard_refs[p.dp_rank], *rest_refs) for p in self.group.places]
+
+    def _gather(self, per_rank: list[Any]) -> list[Any]:
+        return [per_rank[r] for r in self._result_ranks]
+
+    # ------------------------------------------------------------------ Policy
+    def train(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        num_global_tokens = float(batch["token_mask"].sum())
+        shards = split_batch(batch, self.dp_size, "policy.train_global_batch_size")
+        micro = self.recipe.policy.train_micro_batch_size
+        args = self._shard_args(shards, loss_fn, num_global_tokens, micro)
+        return self.group.call_all("train", args)[0]
+
+    def _logprobs(self, method: str, batch: Batch) -> torch.Tensor:
+        import torch
+
+        shards = split_batch(batch, self.dp_size, "log-prob batch")
+        return torch.cat(self._gather(self.group.call_all(method, self._shard_args(shards))))
+
+    def get_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self._logprobs("logprobs", batch)
+
+    def get_reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        return self._logprobs("reference_logprobs", batch)
+
+    def generate(
+        self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
+    ) -> GenerationResult:
+        shards, num_real = pad_prompts_evenly(prompt_ids, self.dp_size)
+        parts = self._gather(self.group.call_all("generate", self._shard_args(shards, cfg, seed)))
+        joined = concat_right_padded(parts, {"input_ids": self.pad_token_id})
+        fields = attrs.fields_dict(GenerationResult)
+        return GenerationResult(**{key: joined[key][:num_real] for key in fields})
+
+    def prepare_for_generation(self) -> None:
+        self.group.call_all("offload_optimizer")
+
+    def prepare_for_training(self) -> None:
+        self.group.call_all("onload_optimizer")
+
+    def save_checkpoint(self, checkpoint_dir: str, extra_state: Mapping[str, Any]) -> None:
+        partial_dir = checkpoint_dir.rstrip("/") + ".partial"
+        shutil.rmtree(partial_dir, ignore_errors=True)
+        os.makedirs(partial_dir)
+        self.group.call_same("save_checkpoint", partial_dir)
+        with open(os.path.join(partial_dir, EXTRA_STATE_FILE), "w") as handle:
+            json.dump(dict(extra_state), handle, indent=1, sort_keys=True)
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        os.rename(partial_dir, checkpoint_dir)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        extra_path = os.path.join(checkpoint_dir, EXTRA_STATE_FILE)
+        if not os.path.exists(extra_path):
+            raise FileNotFoundError(
+                f"{checkpoint_dir} is not a complete hpcrl checkpoint ({EXTRA_STATE_FILE} "
+                "missing); point at a folder written by save_checkpoint"
+            )
+        self.group.call_same("load_checkpoint", checkpoint_dir)
+        with open(extra_path) as handle:
+            return json.load(handle)
+
+    def export_hf(self, out_dir: str) -> None:
+        self.group.call_same("export_hf", out_dir)
+
+    def collect_state(self) -> list[dict[str, Any]]:
+        """Per-rank facts (step, peak memory), rank order."""
+        return self.group.call_all("collect_state")
+
+    def shutdown(self) -> None:
+        self.group.shutdown()

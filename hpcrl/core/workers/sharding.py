@@ -1,0 +1,79 @@
+"""Splitting global batches across data-parallel ranks and joining results back.
+
+Pure tensor bookkeeping, shared by every backend's worker group: shard ``i`` of ``n`` is a
+contiguous slice, so concatenating the per-shard results in ``dp_rank`` order gives back the
+original order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.core.policy import Batch
+
+
+def batch_size_of(batch: Batch) -> int:
+    sizes = {int(value.shape[0]) for value in batch.values()}
+    assert len(sizes) == 1, f"batch tensors disagree on dim 0: {sorted(sizes)}"
+    return sizes.pop()
+
+
+def split_batch(batch: Batch, num_shards: int, what: str) -> list[dict[str, torch.Tensor]]:
+    """``num_shards`` equal contiguous shards; a batch that does not divide is a user error."""
+    size = batch_size_of(batch)
+    if size % num_shards != 0:
+        raise ValueError(
+            f"{what}: a batch of {size} sequences does not split evenly over {num_shards} "
+            f"data-parallel ranks; make the batch size a multiple of {num_shards}"
+        )
+    shard_size = size // num_shards
+    return [
+        {key: value[i * shard_size : (i + 1) * shard_size] for key, value in batch.items()}
+        for i in range(num_shards)
+    ]
+
+
+def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """Consecutive micro-batches of at most ``micro_batch_size`` sequences."""
+    size = batch_size_of(batch)
+    return [
+        {key: value[start : start + micro_batch_size] for key, value in batch.items()}
+        for start in range(0, size, micro_batch_size)
+    ]
+
+
+def pad_prompts_evenly(
+    prompt_ids: Sequence[Sequence[int]], num_shards: int
+) -> tuple[list[list[list[int]]], int]:
+    """Equal-size contiguous prompt shards (FSDP ranks must run the same number of forwards):
+    the last prompt is repeated to fill; returns the shards and the real prompt count."""
+    num_real = len(prompt_ids)
+    assert num_real > 0, "generate needs at least one prompt"
+    shard_size = -(-num_real // num_shards)
+    padded = [list(p) for p in prompt_ids] + [list(prompt_ids[-1])] * (
+        shard_size * num_shards - num_real
+    )
+    return [padded[i * shard_size : (i + 1) * shard_size] for i in range(num_shards)], num_real
+
+
+def concat_right_padded(
+    parts: Sequence[Mapping[str, torch.Tensor]], pad_values: Mapping[str, int | float]
+) -> dict[str, torch.Tensor]:
+    """Concatenate per-shard dicts along dim 0, right-padding dim 1 of 2-D tensors to the
+    longest shard with ``pad_values[key]`` (0 when absent)."""
+    import torch
+    import torch.nn.functional as F
+
+    out: dict[str, torch.Tensor] = {}
+    for key in parts[0]:
+        tensors = [part[key] for part in parts]
+        if tensors[0].dim() == 2:
+            width = max(t.shape[1] for t in tensors)
+            pad = pad_values.get(key, 0)
+            tensors = [F.pad(t, (0, width - t.shape[1]), value=pad) for t in tensors]
+        out[key] = torch.cat(tensors, dim=0)
+    return out
