@@ -1,6 +1,6 @@
 """Recipes and cluster profiles built directly from the schema classes, for planner tests.
 
-Shared by tests/plan and tests/render (which puts this folder on sys.path).
+Shared by tests/plan and tests/render.
 """
 
 from __future__ import annotations

@@ -1,0 +1,376 @@
+"""Pre-flight planning: allocation, layout, batch, checkpoint dir, mounts, env, Slurm bits."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from hpcrl.config.errors import ConfigError
+from hpcrl.config.profile import ContainerCfg, RayPortsCfg, SlurmCfg
+from hpcrl.plan.planner import plan
+from tests.plan.planning_inputs import (
+    GOLDEN_HOME,
+    GOLDEN_RUN_DIR,
+    automodel_recipe,
+    local_profile,
+    megatron_recipe,
+    plain_slurm_profile,
+    pyxis_profile,
+    with_policy,
+)
+
+
+def make_plan(recipe, profile, **kwargs):
+    kwargs.setdefault("run_dir", GOLDEN_RUN_DIR)
+    kwargs.setdefault("recipe_source", "recipes/grpo-test-2n8g.yaml")
+    return plan(recipe, profile, **kwargs)
+
+
+def plan_errors(recipe, profile, **kwargs) -> dict[str, object]:
+    """path -> Problem for every error the planner raised (fails when it raised none)."""
+    with pytest.raises(ConfigError) as caught:
+        make_plan(recipe, profile, **kwargs)
+    return {problem.path: problem for problem in caught.value.errors}
+
+
+def warnings_of(spec) -> dict[str, object]:
+    return {check.path: check for check in spec.warnings}
+
+
+# --------------------------------------------------------------------------- allocation
+def test_allocation_mismatch_names_both_keys():
+    errors = plan_errors(automodel_recipe(num_nodes=1, gpus_per_node=4), pyxis_profile())
+    problem = errors["cluster.gpus_per_node"]
+    assert problem.value == 4
+    assert "set cluster.gpus_per_node=8" in problem.fix
+    assert "profile[site].gpus_per_node" in problem.fix
+
+
+def test_cpu_profile_counts_worker_slots():
+    errors = plan_errors(automodel_recipe(num_nodes=1, gpus_per_node=8), local_profile())
+    assert "worker_slots_per_node" in errors["cluster.gpus_per_node"].fix
+    spec = make_plan(automodel_recipe(num_nodes=1, gpus_per_node=2), local_profile())
+    assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (1, 2, 2)
+
+
+def test_local_profile_rejects_several_nodes():
+    errors = plan_errors(automodel_recipe(num_nodes=2, gpus_per_node=2), local_profile())
+    assert errors["cluster.num_nodes"].value == 2
+    assert "cluster.num_nodes=1" in errors["cluster.num_nodes"].fix
+
+
+# --------------------------------------------------------------------------- layout
+def test_automodel_layout_derives_dp_shard():
+    spec = make_plan(
+        automodel_recipe(num_nodes=2, dp_replicate_size=2, tensor_parallel_size=2), pyxis_profile()
+    )
+    layout = spec.layout
+    assert (layout.dp_replicate, layout.dp_shard, layout.tp, layout.cp) == (2, 4, 2, 1)
+    assert layout.dp == 8
+    assert layout.describe() == "dp_replicate=2 × dp_shard=4 × tp=2 × cp=1"
+
+
+def test_automodel_layout_that_does_not_factor_lists_valid_products():
+    errors = plan_errors(automodel_recipe(num_nodes=2, tensor_parallel_size=3), pyxis_profile())
+    problem = errors["policy.automodel_cfg.tensor_parallel_size"]
+    assert problem.value == 3
+    assert "does not divide the world size 16" in problem.message
+    assert "[1, 2, 4, 8, 16]" in problem.fix
+
+
+def test_megatron_layout_and_expert_rule():
+    spec = make_plan(
+        megatron_recipe(
+            tensor_model_parallel_size=2,
+            pipeline_model_parallel_size=2,
+            expert_model_parallel_size=4,
+        ),
+        pyxis_profile(),
+    )
+    assert (spec.layout.tp, spec.layout.pp, spec.layout.cp, spec.layout.dp, spec.layout.ep) == (
+        2,
+        2,
+        1,
+        4,
+        4,
+    )
+    # 16 ranks / pp 2 = 8 per stage; ep 3 cannot tile them.
+    errors = plan_errors(
+        megatron_recipe(pipeline_model_parallel_size=2, expert_model_parallel_size=3),
+        pyxis_profile(),
+    )
+    problem = errors["policy.megatron_cfg.expert_model_parallel_size"]
+    assert "= 8" in problem.message
+    assert "[1, 2, 4, 8]" in problem.fix
+
+
+def test_megatron_model_parallel_must_divide_world():
+    errors = plan_errors(
+        megatron_recipe(tensor_model_parallel_size=8, context_parallel_size=3), pyxis_profile()
+    )
+    assert "policy.megatron_cfg.context_parallel_size" in errors
+
+
+def test_hsdp_warns_when_shard_groups_cross_nodes():
+    recipe = automodel_recipe(num_nodes=4, dp_replicate_size=2)
+    recipe = with_policy(recipe, train_global_batch_size=64)
+    spec = make_plan(recipe, pyxis_profile())
+    warning = warnings_of(spec)["policy.automodel_cfg.dp_replicate_size"]
+    assert "16 ranks spans nodes" in warning.message
+    assert "[4, 8, 16, 32]" in warning.fix
+    spec = make_plan(automodel_recipe(num_nodes=2, dp_replicate_size=2), pyxis_profile())
+    assert not spec.warnings
+    assert any(check.name == "hsdp" and check.status == "passed" for check in spec.checks)
+
+
+def test_tp_larger_than_a_node_warns():
+    recipe = with_policy(megatron_recipe(tensor_model_parallel_size=16), train_global_batch_size=8)
+    warning = warnings_of(make_plan(recipe, pyxis_profile()))[
+        "policy.megatron_cfg.tensor_model_parallel_size"
+    ]
+    assert "≤ 8" in warning.fix
+
+
+def test_global_batch_must_split_into_dp_and_micro_batches():
+    recipe = with_policy(
+        automodel_recipe(num_nodes=2), train_global_batch_size=40, train_micro_batch_size=2
+    )
+    problem = plan_errors(recipe, pyxis_profile())["policy.train_global_batch_size"]
+    assert problem.value == 40
+    assert "dp (16) × policy.train_micro_batch_size (2) = 32" in problem.message
+    assert "multiple of 32 (e.g. 32 or 64)" in problem.fix
+
+
+def test_all_errors_are_reported_together():
+    recipe = with_policy(automodel_recipe(num_nodes=2), train_global_batch_size=3)
+    profile = pyxis_profile(env={"HF_HOME": "/scratch/hf", "bad-name": "x"}, pass_env=("9LIVES",))
+    errors = plan_errors(recipe, profile)
+    assert {
+        "policy.train_global_batch_size",
+        "profile[site].container.mounts",
+        "profile[site].env.bad-name",
+        "profile[site].pass_env[0]",
+    } <= set(errors)
+
+
+# --------------------------------------------------------------------------- checkpoint dir, mounts
+def test_megatron_checkpoint_dir_follows_the_profile_env():
+    explicit = pyxis_profile(
+        env={"NRL_MEGATRON_CHECKPOINT_DIR": "/lustre/ckpt", "HF_HOME": "/lustre/hf"}
+    )
+    spec = make_plan(megatron_recipe(), explicit)
+    assert (spec.megatron_checkpoint_dir, spec.megatron_checkpoint_dir_source) == (
+        "/lustre/ckpt",
+        "NRL_MEGATRON_CHECKPOINT_DIR",
+    )
+    spec = make_plan(megatron_recipe(), pyxis_profile())
+    assert (spec.megatron_checkpoint_dir, spec.megatron_checkpoint_dir_source) == (
+        "/lustre/cache/hf/nemo_rl",
+        "HF_HOME",
+    )
+    assert make_plan(automodel_recipe(num_nodes=2), pyxis_profile()).megatron_checkpoint_dir is None
+
+
+def test_checkpoint_dir_outside_the_mounts_names_the_mount_to_add():
+    profile = pyxis_profile(
+        env={"NRL_MEGATRON_CHECKPOINT_DIR": "/scratch/ckpt", "HF_HOME": "/lustre/hf"}
+    )
+    problem = plan_errors(megatron_recipe(), profile)["profile[site].container.mounts"]
+    assert "/scratch/ckpt" in problem.message
+    assert 'container.mounts += ["/scratch:/scratch"]' in problem.fix
+
+
+def test_hf_home_outside_the_mounts_is_an_error_for_every_backend():
+    profile = pyxis_profile(env={"HF_HOME": "/data/hf"})
+    problem = plan_errors(automodel_recipe(num_nodes=2), profile)["profile[site].container.mounts"]
+    assert "HF_HOME /data/hf" in problem.message
+    assert '["/data:/data"]' in problem.fix
+
+
+def test_home_fallback_warns_on_multi_node_and_must_be_mounted():
+    mounted_home = pyxis_profile(
+        env={"HOME": GOLDEN_HOME}, container=ContainerCfg(image="img", mounts=("/home:/home",))
+    )
+    spec = make_plan(megatron_recipe(num_nodes=2), mounted_home)
+    assert spec.megatron_checkpoint_dir == f"{GOLDEN_HOME}/.cache/huggingface/nemo_rl"
+    assert spec.megatron_checkpoint_dir_source == "home"
+    assert "NRL_MEGATRON_CHECKPOINT_DIR" in warnings_of(spec)["profile[site].env"].fix
+    single = make_plan(
+        with_policy(megatron_recipe(num_nodes=1), train_global_batch_size=64), mounted_home
+    )
+    assert not single.warnings
+    unmounted = pyxis_profile(env={"HOME": GOLDEN_HOME})
+    assert "profile[site].container.mounts" in plan_errors(megatron_recipe(num_nodes=2), unmounted)
+    home_mounted_by_pyxis = pyxis_profile(
+        env={"HOME": GOLDEN_HOME}, container=ContainerCfg(image="img", mount_home=True)
+    )
+    assert (
+        make_plan(
+            megatron_recipe(num_nodes=2), home_mounted_by_pyxis
+        ).megatron_checkpoint_dir_source
+        == "home"
+    )
+
+
+def test_home_defaults_to_the_submitting_users(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/submitter")
+    spec = make_plan(megatron_recipe(num_nodes=1, gpus_per_node=2), plain_slurm_profile(env={}))
+    assert spec.megatron_checkpoint_dir == "/home/submitter/.cache/huggingface/nemo_rl"
+
+
+def test_run_dir_is_mounted_one_to_one_unless_covered():
+    spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile())
+    assert spec.container.mounts == ("/lustre:/lustre", f"{GOLDEN_RUN_DIR}:{GOLDEN_RUN_DIR}")
+    spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile(), run_dir="/lustre/runs/a")
+    assert spec.container.mounts == ("/lustre:/lustre",)
+
+
+def test_bad_mount_and_run_dir_are_errors():
+    profile = pyxis_profile(
+        container=ContainerCfg(image="img", mounts=("/lustre:/lustre", "relative:/x", "/a,/b"))
+    )
+    errors = plan_errors(automodel_recipe(num_nodes=2), profile, run_dir="runs/x")
+    assert {
+        "profile[site].container.mounts[1]",
+        "profile[site].container.mounts[2]",
+        "run_dir",
+    } <= set(errors)
+    assert (
+        "'%'"
+        in plan_errors(automodel_recipe(num_nodes=2), pyxis_profile(), run_dir="/runs/100%")[
+            "run_dir"
+        ].message
+    )
+
+
+# --------------------------------------------------------------------------- env, names, ports
+def test_env_is_sorted_with_defaults_and_recipe_env_vars_last():
+    recipe = megatron_recipe(env_vars={"NCCL_DEBUG": "INFO", "HF_HOME": "/lustre/from-recipe"})
+    spec = make_plan(recipe, pyxis_profile(env={"HF_HOME": "/lustre/hf", "ZZ": "1"}))
+    names = [name for name, _ in spec.env]
+    assert names == sorted(names)
+    env = spec.env_dict()
+    assert env["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+    assert env["HPCRL_RUN_DIR"] == GOLDEN_RUN_DIR
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["HF_HOME"] == "/lustre/from-recipe"
+
+
+def test_env_names_must_be_identifiers_and_not_reserved():
+    recipe = megatron_recipe(env_vars={"A B": "1"})
+    profile = pyxis_profile(
+        env={"HPCRL_RUN_DIR": "/x", "HF_HOME": "/lustre/hf"}, pass_env=("HF_HOME", "$(x)")
+    )
+    errors = plan_errors(recipe, profile)
+    assert "shell identifier" in errors["policy.megatron_cfg.env_vars.A B"].message
+    assert "set by hpcrl" in errors["profile[site].env.HPCRL_RUN_DIR"].message
+    assert "also has a value in env" in errors["profile[site].pass_env[0]"].message
+    assert "shell identifier" in errors["profile[site].pass_env[1]"].message
+
+
+def test_env_values_with_dollar_warn_that_they_stay_literal():
+    spec = make_plan(
+        automodel_recipe(num_nodes=2), pyxis_profile(env={"HF_HOME": "/lustre/hf", "X": "$USER"})
+    )
+    assert "not expanded" in warnings_of(spec)["profile[site].env.X"].message
+
+
+def test_ray_ports_must_be_distinct_and_outside_the_worker_range():
+    profile = pyxis_profile(
+        ray_ports=RayPortsCfg(gcs_port=6800, dashboard_port=11500, torch_master_port=80)
+    )
+    errors = plan_errors(automodel_recipe(num_nodes=2), profile)
+    assert "same port as" in errors["profile[site].ray_ports.node_manager_port"].message
+    assert "worker port range" in errors["profile[site].ray_ports.dashboard_port"].message
+    assert "1024-65535" in errors["profile[site].ray_ports.torch_master_port"].message
+
+
+# --------------------------------------------------------------------------- Slurm and submitit bits
+def test_sbatch_directives_are_sorted_and_complete():
+    spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile())
+    assert spec.sbatch_directives == (
+        ("account", "acct"),
+        ("cpus-per-task", "112"),
+        ("error", f"{GOLDEN_RUN_DIR}/submitit/%j_0_log.err"),
+        ("exclusive", None),
+        ("gres", "gpu:8"),
+        ("job-name", "grpo-test-2n8g"),
+        ("nodes", "2"),
+        ("ntasks-per-node", "1"),
+        ("open-mode", "append"),
+        ("output", f"{GOLDEN_RUN_DIR}/submitit/%j_0_log.out"),
+        ("partition", "batch"),
+        ("requeue", None),
+        ("signal", "USR2@90"),
+        ("time", "04:00:00"),
+    )
+
+
+def test_gres_forms_and_cpu_profiles():
+    slurm = SlurmCfg(gres_form="gpus_per_node", exclusive=False, mem_gb=512)
+    directives = dict(
+        make_plan(automodel_recipe(num_nodes=2), pyxis_profile(slurm=slurm)).sbatch_directives
+    )
+    assert directives["gpus-per-node"] == "8" and "gres" not in directives
+    assert directives["mem"] == "512G" and "exclusive" not in directives
+    cpu = dict(
+        make_plan(
+            automodel_recipe(num_nodes=2, gpus_per_node=2), plain_slurm_profile()
+        ).sbatch_directives
+    )
+    assert "gres" not in cpu and "gpus-per-node" not in cpu
+
+
+def test_array_jobs_use_submitit_array_log_names():
+    spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile(), array_size=6)
+    directives = dict(spec.sbatch_directives)
+    assert directives["array"] == "0-5%4"
+    assert directives["output"] == f"{GOLDEN_RUN_DIR}/submitit/%A_%a_0_log.out"
+    assert spec.stdout_path == f"{GOLDEN_RUN_DIR}/submitit/%A_%a_%t_log.out"
+    assert (spec.array_size, spec.array_parallelism) == (6, 4)
+
+
+def test_extra_sbatch_args_are_checked():
+    slurm = SlurmCfg(sbatch_args=("--reservation=r1", "--time=10:00", "-p x", "--constraint=a\nb"))
+    profile = pyxis_profile(slurm=slurm)
+    errors = plan_errors(automodel_recipe(num_nodes=2), profile)
+    assert "slurm.time_limit" in errors["profile[site].slurm.sbatch_args[1]"].fix
+    assert {"profile[site].slurm.sbatch_args[2]", "profile[site].slurm.sbatch_args[3]"} <= set(
+        errors
+    )
+    ok = make_plan(
+        automodel_recipe(num_nodes=2),
+        pyxis_profile(slurm=SlurmCfg(sbatch_args=("--reservation=r1", "--hold"))),
+    )
+    assert ("reservation", "r1") in ok.sbatch_directives and ("hold", None) in ok.sbatch_directives
+
+
+def test_task_command_is_submitits():
+    spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile())
+    assert (
+        spec.task_command
+        == f"/opt/venv/bin/python -u -m submitit.core._submit {GOLDEN_RUN_DIR}/submitit"
+    )
+    assert spec.srun_args[:5] == (
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--unbuffered",
+        f"--output={GOLDEN_RUN_DIR}/submitit/%j_%t_log.out",
+        f"--error={GOLDEN_RUN_DIR}/submitit/%j_%t_log.err",
+    )
+    assert "--no-container-mount-home" in spec.srun_args
+    assert spec.signal == "USR2@90"
+
+
+def test_local_plans_have_no_slurm_parts():
+    spec = make_plan(automodel_recipe(num_nodes=1, gpus_per_node=2), local_profile())
+    assert spec.sbatch_directives == () and spec.srun_args == () and spec.container is None
+    assert spec.scheduler == "local"
+
+
+def test_plans_are_equal_for_equal_inputs():
+    first = make_plan(megatron_recipe(), pyxis_profile(), overrides=["a=1"])
+    second = make_plan(megatron_recipe(), pyxis_profile(), overrides=["a=1"])
+    assert first == second
+    assert attrs.evolve(first, job_name="other") != second

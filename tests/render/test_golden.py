@@ -1,0 +1,112 @@
+"""Golden files: the exact script for every shipped recipe × shipped profile.
+
+A pair that plans has ``golden/<recipe>__<profile>.sbatch``; a pair that is invalid by design
+(e.g. a 2-node GPU recipe on ``local``) has ``golden/<recipe>__<profile>.problems`` holding the
+problems the planner must report. Regenerate after an intended change with:
+
+    HPCRL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/render -k golden
+
+and review the diff. Run folder and $HOME are fixed so the files are deterministic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from hpcrl.config import ConfigError, format_problems, list_recipes, load_profile, load_recipe
+from hpcrl.config.locate import shipped_profiles_dir
+from hpcrl.plan.planner import plan
+from hpcrl.render.script import render_sbatch
+from tests.plan.planning_inputs import GOLDEN_HOME, GOLDEN_RUN_DIR
+from tests.render.shell import assert_bash_parses, assert_shellcheck_clean
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+UPDATE_COMMAND = "HPCRL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/render -k golden"
+SUFFIXES = (".sbatch", ".problems")
+
+
+def shipped_profiles() -> dict[str, Path]:
+    return {path.stem: path for path in sorted(shipped_profiles_dir().glob("*.yaml"))}
+
+
+PAIRS = [(recipe, profile) for recipe in list_recipes() for profile in shipped_profiles()]
+
+
+@pytest.fixture
+def golden_environment(monkeypatch, tmp_path):
+    """$HOME fixed (the job's home when a profile sets none); no user or site profiles."""
+    monkeypatch.setenv("HOME", GOLDEN_HOME)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
+    monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+
+
+def render_pair(recipe_name: str, profile_name: str) -> tuple[str, str]:
+    """(suffix, text): the script, or the problems when the pair does not plan."""
+    loaded = load_recipe(recipe_name)
+    profile = load_profile(shipped_profiles()[profile_name])
+    try:
+        spec = plan(
+            loaded.recipe,
+            profile,
+            run_dir=GOLDEN_RUN_DIR,
+            recipe_source=recipe_name,
+            profile_source=profile_name,
+        )
+    except ConfigError as error:
+        return ".problems", format_problems(error.problems) + "\n"
+    return ".sbatch", render_sbatch(spec)
+
+
+@pytest.mark.parametrize(
+    ("recipe_name", "profile_name"), PAIRS, ids=[f"{r}__{p}" for r, p in PAIRS]
+)
+def test_golden(recipe_name, profile_name, golden_environment):
+    suffix, text = render_pair(recipe_name, profile_name)
+    stem = f"{recipe_name}__{profile_name}"
+    expected_path = GOLDEN_DIR / f"{stem}{suffix}"
+    other_path = GOLDEN_DIR / f"{stem}{SUFFIXES[1 - SUFFIXES.index(suffix)]}"
+    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
+        expected_path.write_text(text)
+        other_path.unlink(missing_ok=True)
+    if other_path.exists():
+        pytest.fail(
+            f"{recipe_name} on {profile_name} now gives a {suffix} but {other_path.name} is expected "
+            f"(the pair {'stopped' if suffix == '.problems' else 'started'} planning):\n{text}\n"
+            f"If intended, regenerate: {UPDATE_COMMAND}"
+        )
+    assert expected_path.exists(), (
+        f"no golden file {expected_path.name}; create it with: {UPDATE_COMMAND}"
+    )
+    expected = expected_path.read_text()
+    if text != expected:
+        diff = "".join(
+            difflib.unified_diff(
+                expected.splitlines(keepends=True),
+                text.splitlines(keepends=True),
+                fromfile=f"golden/{expected_path.name}",
+                tofile="rendered",
+            )
+        )
+        pytest.fail(
+            f"rendered output differs from the golden file:\n{diff}\nIf intended, regenerate: {UPDATE_COMMAND}"
+        )
+    if suffix == ".sbatch":
+        assert_bash_parses(text)
+        assert_shellcheck_clean(text)
+
+
+def test_no_stale_golden_files():
+    expected = {f"{recipe}__{profile}{suffix}" for recipe, profile in PAIRS for suffix in SUFFIXES}
+    stale = sorted(path.name for path in GOLDEN_DIR.iterdir() if path.name not in expected)
+    assert not stale, f"golden files for pairs that no longer exist: {stale}; delete them"
+
+
+def test_every_shipped_profile_renders_at_least_one_recipe():
+    planned = {
+        path.name.split("__")[1].removesuffix(".sbatch") for path in GOLDEN_DIR.glob("*.sbatch")
+    }
+    assert planned == set(shipped_profiles())
