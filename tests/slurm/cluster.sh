@@ -234,8 +234,12 @@ KillWait=5
 MailProg=/bin/true
 JobCompType=jobcomp/none
 # submitit's preemption/timeout path: USR2 -> scontrol requeue -> the job runs again.
+# A requeued job waits cred_expire seconds (default 120) before it may start again.
 JobRequeue=1
+AuthInfo=cred_expire=10
 MinJobAge=30
+# Default main loop runs every 60 s: an eligible job (e.g. requeued) would idle that long.
+SchedulerParameters=sched_interval=2,bf_interval=2
 InactiveLimit=0
 # submitit reads job states through sacct, so accounting must be real.
 AccountingStorageType=accounting_storage/slurmdbd
@@ -366,17 +370,21 @@ cmd_start() {
   sinfo -N -o '%N %t %c %m %P' >&2
 }
 
-# TERM a daemon from its pid file and wait for it to exit, KILL after a deadline.
-stop_pidfile() {
-  local f=$1 pid end
-  [[ -s $f ]] || return 0
-  pid=$(cat "$f")
-  kill -TERM "$pid" 2>/dev/null || return 0
+# TERM daemons from their pid files, wait for all to exit (in parallel: each takes ~2 s to
+# shut down), KILL what is left after a deadline.
+stop_pidfiles() {
+  local f pids=() names=() end
+  for f in "$@"; do
+    if pid_alive "$f"; then pids+=("$(cat "$f")") && names+=("${f##*/}"); fi
+  done
+  ((${#pids[@]})) || return 0
+  kill -TERM "${pids[@]}" 2>/dev/null || true
   end=$(($(date +%s) + 15))
-  while kill -0 "$pid" 2>/dev/null; do
-    if (($(date +%s) >= end)); then kill -KILL "$pid" 2>/dev/null || true; break; fi
+  while kill -0 "${pids[@]}" 2>/dev/null; do
+    if (($(date +%s) >= end)); then kill -KILL "${pids[@]}" 2>/dev/null || true; break; fi
     sleep 0.1
   done
+  log "stopped ${names[*]%.pid}"
 }
 
 cmd_stop() {
@@ -386,17 +394,19 @@ cmd_stop() {
   if [[ -e $ETC/slurm.conf ]] && pid_alive "$ROOT/run/slurmctld.pid"; then
     scancel --full --quiet --user=root 2>/dev/null || true
   fi
+  local slurmd_pids=()
+  for n in "${NODES[@]}"; do slurmd_pids+=("$ROOT/run/slurmd-$n.pid"); done
+  stop_pidfiles "${slurmd_pids[@]}"
   for n in "${NODES[@]}"; do
-    stop_pidfile "$ROOT/run/slurmd-$n.pid"
-    # Everything still inside a node's namespace belongs to that node (slurmstepd, job tasks).
+    # Whatever is still inside a node's namespace belongs to that node (slurmstepd, tasks).
     if [[ -e /run/netns/$n ]]; then
       ip netns pids "$n" | xargs -r kill -KILL 2>/dev/null || true
     fi
   done
-  stop_pidfile "$ROOT/run/slurmctld.pid"
-  stop_pidfile "$ROOT/run/slurmdbd.pid"
-  stop_pidfile "$ROOT/mysql/mariadbd.pid"
-  stop_pidfile "$ROOT/munge/munged.pid"
+  # Order matters: slurmctld reports to slurmdbd, which writes to MariaDB; all use munge.
+  stop_pidfiles "$ROOT/run/slurmctld.pid"
+  stop_pidfiles "$ROOT/run/slurmdbd.pid"
+  stop_pidfiles "$ROOT/mysql/mariadbd.pid" "$ROOT/munge/munged.pid"
   net_down
   hosts_down
   remove_our_etc_files

@@ -1,0 +1,97 @@
+"""Helpers for tests that run against the real test Slurm cluster (tests/slurm/cluster.sh).
+
+`require_slurm()` is the one gate: the suite's conftest calls it for every test marked
+`slurm`. Other helpers run Slurm commands with deadlines and read what the cluster looks like.
+"""
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+NODE_NAMES = ("n1", "n2")
+NETNS_NODE_IPS = {"n1": "10.77.0.11", "n2": "10.77.0.12"}
+START_COMMAND = "bash tests/slurm/cluster.sh start"
+USABLE_NODE_STATES = {"idle", "alloc", "mix", "comp"}
+SACCT_LAG_S = 15.0
+"""sacct lags slurmctld by 1-2 s after a job ends; allow far more on a loaded machine."""
+
+
+def cluster_root() -> Path:
+    return Path(os.environ.get("HPCRL_SLURM_ROOT", "/tmp/hpcrl-slurm"))
+
+
+def cluster_mode() -> str:
+    """'netns' (own IP and hostname per node) or 'loopback' (fallback: all on 127.0.0.1)."""
+    mode_file = cluster_root() / "mode"
+    return mode_file.read_text().strip() if mode_file.exists() else "unknown"
+
+
+def run_slurm(*args: str, timeout_s: float = 60.0, check: bool = True) -> str:
+    """Run a Slurm client command and return its stdout; on failure show stdout and stderr."""
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} exited {proc.returncode}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        )
+    return proc.stdout
+
+
+def _cluster_problem() -> str | None:
+    """None when sinfo answers and every test node is usable, else what is wrong."""
+    try:
+        proc = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=20
+        )
+    except FileNotFoundError:
+        return "sinfo is not installed"
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 20 s"
+    if proc.returncode != 0:
+        return f"sinfo failed: {proc.stderr.strip()}"
+    states = dict(line.split() for line in proc.stdout.splitlines() if line.strip())
+    # Exact match on purpose: a suffix means trouble ("idle*" = not responding).
+    bad = {n: states.get(n, "missing") for n in NODE_NAMES}
+    bad = {n: s for n, s in bad.items() if s not in USABLE_NODE_STATES}
+    return f"nodes not usable: {bad}" if bad else None
+
+
+def require_slurm() -> None:
+    """Skip (locally) or fail (CI: HPCRL_REQUIRE_SLURM=1) unless the test cluster is up."""
+    problem = _cluster_problem()
+    if problem is None:
+        return
+    if os.environ.get("HPCRL_REQUIRE_SLURM") == "1":
+        pytest.fail(
+            f"HPCRL_REQUIRE_SLURM=1 but the Slurm test cluster is missing ({problem}); "
+            f"run `{START_COMMAND}` as root before the tests",
+            pytrace=False,
+        )
+    pytest.skip(f"no Slurm cluster: run `{START_COMMAND}` as root ({problem})")
+
+
+def sacct_states(job_id: str) -> list[str]:
+    """Allocation-level states of every run of a job, oldest first (requeues add rows)."""
+    out = run_slurm("sacct", "-n", "-X", "-D", "-P", "-o", "State", "-j", job_id)
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def wait_sacct_states(job_id: str, expected: list[str], timeout_s: float = SACCT_LAG_S) -> None:
+    """Poll sacct until it reports exactly `expected` for the job, or fail with what it saw."""
+    deadline = time.monotonic() + timeout_s
+    states = sacct_states(job_id)
+    while states != expected and time.monotonic() < deadline:
+        time.sleep(0.25)
+        states = sacct_states(job_id)
+    assert states == expected, f"sacct states of job {job_id}: {states}, expected {expected}"
+
+
+def wait_job_gone_from_queue(job_id: str, timeout_s: float) -> None:
+    """Poll squeue until the job has left it (sbatch --wait polls with up to 32 s gaps)."""
+    deadline = time.monotonic() + timeout_s
+    while run_slurm("squeue", "-h", "-j", job_id, "-o", "%i", check=False).strip():
+        assert time.monotonic() < deadline, f"job {job_id} still queued after {timeout_s} s"
+        time.sleep(0.25)
