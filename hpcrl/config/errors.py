@@ -94,29 +94,30 @@ def format_problems(problems: Sequence[Problem]) -> str:
 
 
 def render_problems(problems: Sequence[Problem]) -> Any:
-    """A rich renderable listing every problem, one per path: what, the value, the fix."""
+    """A rich renderable listing every problem, one per path: what, the value, the fix.
+
+    Two columns, so a long message wraps under itself and the severity column stays clear.
+    """
     from rich.console import Group
+    from rich.table import Table
     from rich.text import Text
 
-    parts = []
+    table = Table.grid(padding=(0, 1))
+    table.add_column(no_wrap=True)
+    table.add_column()
     for problem in _ordered(problems):
         style = "bold red" if problem.is_error else "bold yellow"
-        line = Text()
-        line.append(f"{problem.severity:>7} ", style=style)
-        line.append(problem.path, style="bold")
+        head = Text(problem.path, style="bold")
         if problem.value is not NO_VALUE:
-            line.append(" = ")
-            line.append(_show_value(problem.value), style="magenta")
-        parts.append(line)
-        parts.append(Text("        " + problem.message))
+            head.append(" = ")
+            head.append(_show_value(problem.value), style="magenta")
+        body = [head, Text(problem.message)]
         if problem.fix:
-            fix = Text("        fix: ", style="green")
-            fix.append(problem.fix)
-            parts.append(fix)
+            body.append(Text.assemble(("fix: ", "green"), problem.fix))
+        table.add_row(Text(problem.severity, style=style), Group(*body))
     num_errors = sum(problem.is_error for problem in problems)
     summary = f"{_count(num_errors, 'error')}, {_count(len(problems) - num_errors, 'warning')}"
-    parts.append(Text(summary, style="bold red" if num_errors else "bold yellow"))
-    return Group(*parts)
+    return Group(table, Text(summary, style="bold red" if num_errors else "bold yellow"))
 
 
 def print_problems(problems: Sequence[Problem], console: Any = None) -> None:

@@ -14,7 +14,12 @@ from typing import Any
 import attrs
 
 from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
-from hpcrl.config.loader import load_merged, structure_leniently
+from hpcrl.config.loader import (
+    MergedConfig,
+    load_merged,
+    name_interpolation_sources,
+    structure_leniently,
+)
 from hpcrl.config.locate import find_profile, find_recipe
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.profile_rules import check_profile
@@ -41,10 +46,11 @@ class LoadedRecipe:
 def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) -> LoadedRecipe:
     """Load, merge, override, resolve, structure and check a recipe; raise ConfigError."""
     source_path = find_recipe(path_or_name)
-    resolved, problems = load_merged(source_path, overrides, Recipe)
+    merged = load_merged(source_path, overrides, Recipe)
+    problems, resolved = list(merged.problems), merged.resolved
     if resolved is None:
         raise ConfigError(problems)
-    recipe, structure_problems = _structure_and_check(resolved, Recipe, check_recipe)
+    recipe, structure_problems = _structure_and_check(merged, Recipe, check_recipe)
     problems += structure_problems
     raise_if_errors(problems)
     assert recipe is not None  # no errors means structuring succeeded
@@ -76,19 +82,22 @@ def load_profile_with_warnings(
     environ: Mapping[str, str] | None = None,
 ) -> tuple[ClusterProfile, list[Problem]]:
     path = find_profile(name_or_path, environ)
-    resolved, problems = load_merged(path, overrides, ClusterProfile)
-    if resolved is None:
+    merged = load_merged(path, overrides, ClusterProfile)
+    problems = list(merged.problems)
+    if merged.resolved is None:
         raise ConfigError(problems)
-    resolved.setdefault("name", path.stem)
-    profile, structure_problems = _structure_and_check(resolved, ClusterProfile, check_profile)
+    merged.resolved.setdefault("name", path.stem)
+    profile, structure_problems = _structure_and_check(merged, ClusterProfile, check_profile)
     problems += structure_problems
     raise_if_errors(problems)
     assert profile is not None
     return profile, [problem for problem in problems if not problem.is_error]
 
 
-def _structure_and_check(data: dict[str, Any], cls: type, check: Any) -> tuple[Any, list[Problem]]:
-    obj, issues = structure_leniently(data, cls)
+def _structure_and_check(merged: MergedConfig, cls: type, check: Any) -> tuple[Any, list[Problem]]:
+    assert merged.resolved is not None
+    obj, issues = structure_leniently(merged.resolved, cls)
+    issues = name_interpolation_sources(issues, merged.raw)
     structure_problems = [issue.problem for issue in issues]
     rule_problems = check(obj) if obj is not None else []
     if issues:

@@ -21,7 +21,7 @@ import attrs
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from hpcrl.config.converter import StructureIssue, format_path, try_structure
+from hpcrl.config.converter import StructureIssue, format_path, try_structure, value_at
 from hpcrl.config.errors import Problem
 from hpcrl.config.overrides import alias_warning, apply_overrides
 
@@ -30,18 +30,45 @@ MAX_PRUNE_ROUNDS = 6
 DATA_PATH_KEYS = ("train_path", "val_path")
 
 
-def load_merged(
-    path: Path, overrides: Sequence[str], schema: type
-) -> tuple[dict[str, Any] | None, list[Problem]]:
-    """The merged, overridden, interpolated plain dict of ``path`` (None if unreadable)."""
+@attrs.frozen
+class MergedConfig:
+    """A file after defaults, overrides and interpolation.
+
+    resolved: plain dict with ``${...}`` resolved (None when a problem stopped loading);
+    raw: the same before resolution, to say where an interpolated bad value came from.
+    """
+
+    resolved: dict[str, Any] | None
+    raw: dict[str, Any]
+    problems: list[Problem]
+
+
+def load_merged(path: Path, overrides: Sequence[str], schema: type) -> MergedConfig:
+    """Read ``path`` with its ``defaults:``, apply overrides, resolve interpolation."""
     data, problems = _load_tree(path, chain=())
     if data is None:
-        return None, problems
+        return MergedConfig(resolved=None, raw={}, problems=problems)
     cfg = OmegaConf.create(data)
     cfg, override_problems = apply_overrides(cfg, overrides, schema)
-    problems += override_problems
+    raw = OmegaConf.to_container(cfg, resolve=False)
     resolved, resolve_problems = _resolve(cfg)
-    return resolved, problems + resolve_problems
+    return MergedConfig(
+        resolved=resolved, raw=raw, problems=problems + override_problems + resolve_problems
+    )
+
+
+def name_interpolation_sources(
+    issues: list[StructureIssue], raw: dict[str, Any]
+) -> list[StructureIssue]:
+    """Say where a bad value came from when it was written as ``${...}`` somewhere else."""
+    named = []
+    for issue in issues:
+        written = value_at(raw, issue.parts)
+        if isinstance(written, str) and "${" in written:
+            message = f"{issue.problem.message} (the value comes from {written})"
+            issue = attrs.evolve(issue, problem=attrs.evolve(issue.problem, message=message))
+        named.append(issue)
+    return named
 
 
 def structure_leniently(data: dict[str, Any], cls: type) -> tuple[Any, list[StructureIssue]]:
@@ -186,6 +213,7 @@ def _rename_alias(data: dict[str, Any]) -> list[Problem]:
     if not isinstance(policy, dict) or "dtensor_cfg" not in policy:
         return []
     if "automodel_cfg" in policy:
+        del policy["dtensor_cfg"]  # reported here; the converter must not call it unknown too
         return [
             Problem(
                 path="policy.dtensor_cfg",
