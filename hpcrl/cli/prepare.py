@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import attrs
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from hpcrl.config import ClusterProfile, LoadedRecipe
@@ -65,9 +63,9 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@attrs.frozen
-class Prepared:
-    """A loaded recipe and profile and the job planned from them."""
+class Prepared(NamedTuple):
+    """A loaded recipe and profile and the job planned from them (a NamedTuple: no attrs
+    import at startup, so ``hpcrl --help`` stays light)."""
 
     loaded: LoadedRecipe
     profile: ClusterProfile

@@ -1,0 +1,111 @@
+"""``hpcrl validate / render / show`` on the shipped recipes and profiles, in-process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcrl.cli.main import main
+from tests.plan.planning_inputs import GOLDEN_HOME
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", GOLDEN_HOME)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
+    monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def test_render_writes_the_run_folder_and_says_how_to_submit(tmp_path, capsys):
+    code = main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "grpo.max_num_steps=2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith("grpo-tiny-1n-cpu-local-")
+    assert sorted(path.name for path in run_dir.iterdir()) == [
+        "job.sbatch",
+        "manifest.json",
+        "recipe.resolved.yaml",
+    ]
+    assert f"Wrote {run_dir}/" in out
+    assert "Submit with: hpcrl submit grpo-tiny-1n-cpu --cluster local grpo.max_num_steps=2" in out
+    assert "max_num_steps: 2" in (run_dir / "recipe.resolved.yaml").read_text()
+    # Same inputs, same folder; another override, another folder.
+    assert main(["render", "grpo-tiny-1n-cpu", "grpo.max_num_steps=2", "--cluster", "local"]) == 0
+    assert main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "grpo.max_num_steps=3"]) == 0
+    assert len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_show_prints_exactly_what_render_writes(tmp_path, capsys):
+    assert main(["render", "grpo-tiny-2n-cpu", "-c", "slurm-test", "-o", "out"]) == 0
+    written = (tmp_path / "out" / "job.sbatch").read_text()
+    capsys.readouterr()
+    # show plans with the default run folder; render it there too and compare.
+    assert main(["show", "grpo-tiny-2n-cpu", "-c", "slurm-test"]) == 0
+    shown = capsys.readouterr().out
+    assert main(["render", "grpo-tiny-2n-cpu", "-c", "slurm-test"]) == 0
+    (default_dir,) = (tmp_path / "runs").iterdir()
+    assert shown == (default_dir / "job.sbatch").read_text()
+    assert shown.replace(str(default_dir), "X") == written.replace(str(tmp_path / "out"), "X")
+    assert "\x1b[" not in shown  # not a TTY: no colour codes
+
+
+def test_validate_prints_the_plan(capsys):
+    assert main(["validate", "grpo-qwen2-1.5b-2n8g-megatron", "--cluster", "eos"]) == 0
+    out = capsys.readouterr().out
+    assert "2 × 8 GPUs = 16 ranks" in out
+    assert "megatron: tp=2 × pp=1 × cp=1 × dp=8" in out
+    assert "/lustre/fsw/your_project/megatron_checkpoints (from NRL_MEGATRON_CHECKPOINT_DIR)" in out
+    assert "OK" in out
+
+
+def test_problems_are_printed_together_with_exit_code_2(capsys):
+    code = main(["validate", "grpo-llama3.1-8b-2n8g-automodel", "--cluster", "local"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "cluster.num_nodes" in captured.err and "cluster.gpus_per_node" in captured.err
+    assert "fix:" in captured.err and "2 errors" in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_recipe_and_profile_problems_come_together(capsys):
+    code = main(
+        ["validate", "grpo-tiny-1n-cpu", "--cluster", "no-such-site", "policy.no_such_key=1"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "no-such-site" in err and "no_such_key" in err
+
+
+def test_stray_options_are_still_rejected(capsys):
+    with pytest.raises(SystemExit) as caught:
+        main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "--bogus"])
+    assert caught.value.code == 2
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_help_imports_no_stage(tmp_path):
+    """`hpcrl --help` loads argparse and the command modules, not config, Jinja or rich."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hpcrl.cli.main", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    heavy = {"hpcrl.config", "jinja2", "rich", "omegaconf", "cattrs", "attrs", "yaml", "submitit"}
+    assert not heavy & imported, sorted(heavy & imported)
+    assert "validate" in result.stdout and "render" in result.stdout
+
+
+def test_console_script_is_installed():
+    hpcrl = Path(sys.executable).parent / "hpcrl"
+    result = subprocess.run([str(hpcrl), "--version"], capture_output=True, text=True, timeout=60)
+    assert result.stdout.startswith("hpcrl ")
