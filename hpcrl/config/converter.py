@@ -210,6 +210,11 @@ def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any
         message, fix = "required key is missing", f"add {path}: <{_type_name_of(field_type)}>"
     elif isinstance(exc, BadValue):
         message, fix = exc.message, exc.fix.replace("{path}", path)
+    elif _is_section(field_type) and not isinstance(value, Mapping):
+        message = f"expected a section of keys (key: value), got {_type_name(value)}"
+        fix = f"write {path}: followed by indented keys" + (
+            ", or remove it" if value is None else ""
+        )
     else:
         message, fix = f"invalid value: {exc}", ""
     problem = Problem(path=path, value=value, message=message, fix=fix)
@@ -382,6 +387,12 @@ def _type_name(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "a list"
     return type(value).__name__
+
+
+def _is_section(type_: Any) -> bool:
+    """An attrs class, or an optional one."""
+    members = [arg for arg in typing.get_args(type_) if arg is not type(None)] or [type_]
+    return any(isinstance(member, type) and attrs.has(member) for member in members)
 
 
 def _type_name_of(type_: Any) -> str:

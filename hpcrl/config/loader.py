@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from hpcrl.config.converter import StructureIssue, format_path, try_structure, value_at
 from hpcrl.config.errors import Problem
@@ -233,14 +233,24 @@ def _absolute(value: str, folder: Path) -> str:
 # --------------------------------------------------------------------------- interpolation
 def _resolve(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[Problem]]:
     try:
-        return OmegaConf.to_container(cfg, resolve=True), []
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), []
     except OmegaConfBaseException:
-        pass  # find every bad interpolation, not only the first one
+        pass  # find every bad interpolation and every ???, not only the first one
     problems = []
     for parts, node in _leaf_nodes(cfg, ()):
         key = format_path(parts)
         try:
             OmegaConf.select(cfg, key, throw_on_missing=True)
+        except MissingMandatoryValue:
+            fix = f"set it, e.g. with the override {key}=VALUE"
+            problems.append(
+                Problem(
+                    path=key,
+                    value="???",
+                    message="must be set (the recipe leaves it as ???)",
+                    fix=fix,
+                )
+            )
         except OmegaConfBaseException as exc:
             message = " ".join(str(exc).split("\n")[0].split())
             problems.append(

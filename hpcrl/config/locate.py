@@ -64,7 +64,7 @@ def find_profile(name_or_path: str | os.PathLike, environ: Mapping[str, str] | N
     path = _as_existing_path(name_or_path)
     if path is not None:
         return path
-    name = str(name_or_path)
+    name = _without_yaml_suffix(str(name_or_path))
     for folder in profile_search_path(environ):
         for suffix in YAML_SUFFIXES:
             candidate = folder / f"{name}{suffix}"
@@ -118,6 +118,13 @@ def _as_existing_path(name_or_path: str | os.PathLike) -> Path | None:
             ]
         )
     return None
+
+
+def _without_yaml_suffix(name: str) -> str:
+    for suffix in YAML_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _is_plain_name(text: str) -> bool:

@@ -270,3 +270,36 @@ def test_bad_interpolated_value_names_its_source(tmp_path):
     path = write(tmp_path, "r.yaml", MINIMAL + "cluster: {num_nodes: '${policy.model_name}'}\n")
     problems = error_paths(lambda: load_recipe(path))
     assert "(the value comes from ${policy.model_name})" in problems["cluster.num_nodes"].message
+
+
+def test_mandatory_values_left_as_question_marks_are_named(tmp_path):
+    path = write(
+        tmp_path, "r.yaml", MINIMAL.replace("tiny:qwen2", "???") + "cluster:\n  num_nodes: ???\n"
+    )
+    problems = error_paths(lambda: load_recipe(path))
+    assert set(problems) == {"policy.model_name", "cluster.num_nodes"}
+    assert (
+        problems["policy.model_name"].fix
+        == "set it, e.g. with the override policy.model_name=VALUE"
+    )
+    assert (
+        load_recipe(path, ["policy.model_name=m", "cluster.num_nodes=1"]).recipe.policy.model_name
+        == "m"
+    )
+
+
+def test_child_removes_a_base_section_with_null(tmp_path):
+    write(tmp_path, "base.yaml", MINIMAL)
+    path = write(tmp_path, "r.yaml", "defaults: base.yaml\ngrpo: null\nsft: {max_num_steps: 3}\n")
+    assert load_recipe(path).recipe.algorithm == "sft"
+
+
+def test_section_given_as_a_value_is_explained(tmp_path):
+    problems = error_paths(lambda: load_recipe(write(tmp_path, "r.yaml", MINIMAL + "cluster: 2\n")))
+    assert (
+        problems["cluster"].message == "expected a section of keys (key: value), got an integer (2)"
+    )
+
+
+def test_profile_name_may_carry_the_yaml_suffix():
+    assert load_profile("local.yaml", environ={}).name == "local"
