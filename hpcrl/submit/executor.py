@@ -50,8 +50,8 @@ def check_submitit_hook() -> None:
     for executor_class, name, expected_params in _PRIVATE_HOOKS:
         where = f"{executor_class.__name__}.{name}"
         member = inspect.getattr_static(executor_class, name, None)
-        if member is None:
-            problems.append(f"{where} is missing")
+        if member is None or getattr(member, "__isabstractmethod__", False):
+            problems.append(f"{where} is missing (or only abstract)")
         elif not expected_params and not isinstance(member, property):
             problems.append(f"{where} is no longer a property")
         elif expected_params and tuple(inspect.signature(member).parameters) != expected_params:

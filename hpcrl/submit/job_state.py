@@ -8,9 +8,12 @@ another process reads the controller's pid and submitit's result files instead.
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,14 +122,17 @@ def _sacct_rows(job_id: str) -> list[dict[str, str]]:
 
 # --------------------------------------------------------------------------- local executor
 def _local_status(record: JobRecord) -> JobStatus:
+    submitted = datetime.datetime.fromisoformat(record.submitted_at).timestamp()
     if _local_controller_alive(int(record.job_id)):
-        return JobStatus(state="RUNNING")
+        return JobStatus(state="RUNNING", elapsed_s=time.time() - submitted)
     result_path = task_paths(record, 0).result_pickle
     if not result_path.exists():
         return JobStatus(state="FAILED", exit_code=1)
-    outcome = read_outcome(record)
+    outcome = read_outcome(record, Path(record.submitit_folder).parent)
     return JobStatus(
-        state="COMPLETED" if outcome.exit_code == 0 else "FAILED", exit_code=outcome.exit_code
+        state="COMPLETED" if outcome.exit_code == 0 else "FAILED",
+        exit_code=outcome.exit_code,
+        elapsed_s=result_path.stat().st_mtime - submitted,
     )
 
 
@@ -143,24 +149,46 @@ def _local_controller_alive(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------- result / cancel
-def read_outcome(record: JobRecord, status: JobStatus | None = None) -> JobOutcome:
-    """Task 0's result through submitit once the job is over (the driver runs on task 0)."""
+def read_outcome(record: JobRecord, run_dir: Path, status: JobStatus | None = None) -> JobOutcome:
+    """How the job ended, from task 0's submitit result (the driver runs on task 0).
+
+    The node entrypoint raises when the driver fails (so submitit and Slurm mark the job
+    failed); the driver's own exit code is then read from its ``status/done`` marker.
+    """
     job = rebuild_job(record).task(0)
     if not job.paths.result_pickle.exists():
         exit_code = status.exit_code if status and status.exit_code else 1
         state = status.state if status else "unknown"
-        return JobOutcome(
-            exit_code=exit_code, has_result=False, detail=f"no result (state {state})"
-        )
+        return JobOutcome(exit_code=exit_code, has_result=False, detail=f"no result ({state})")
     try:
         result = job.result()
     except UncompletedJobError as error:
-        return JobOutcome(exit_code=1, has_result=True, detail=str(error))
+        return JobOutcome(
+            exit_code=_driver_exit_code(run_dir) or 1, has_result=True, detail=_last_line(error)
+        )
     if isinstance(result, bool) or not isinstance(result, int):
         return JobOutcome(
             exit_code=0 if result is None else 1, has_result=True, detail=repr(result)
         )
     return JobOutcome(exit_code=result, has_result=True)
+
+
+def _driver_exit_code(run_dir: Path) -> int | None:
+    try:
+        marker = json.loads((Path(run_dir) / "status" / "done").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    code = marker.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def _last_line(error: Exception) -> str:
+    """The exception line of the job's traceback inside submitit's error message."""
+    lines = str(error).splitlines()
+    frames = [index for index, line in enumerate(lines) if line.startswith("  File ")]
+    after_frames = lines[frames[-1] + 1 :] if frames else lines
+    raised = [line for line in after_frames if line and not line[0].isspace()]
+    return raised[0].strip() if raised else (lines[0] if lines else "")
 
 
 def cancel_job(record: JobRecord) -> None:

@@ -35,9 +35,11 @@ def list_log_files(run_dir: Path, record: JobRecord, node: int | None = None) ->
         files += [LogFile(index, "stdout", paths.stdout), LogFile(index, "stderr", paths.stderr)]
         node_dir = Path(run_dir) / "logs" / f"node{index}"
         if node_dir.is_dir():
+            # attempt<r>/{node.log,ray.out,ray.err,driver.log}; Ray's own session logs, kept
+            # deeper for failed attempts, are too long to print and stay on disk for reading.
             files += [
                 LogFile(index, str(path.relative_to(node_dir)), path)
-                for path in sorted(node_dir.rglob("*"))
+                for path in sorted(node_dir.glob("*/*"))
                 if path.is_file()
             ]
     return [log for log in files if log.path.is_file()]

@@ -42,24 +42,29 @@ def _load_entrypoint() -> Any:
 
 class NodeTask(Checkpointable):
     """``NodeTask()(run_dir)`` runs the node entrypoint for ``run_dir`` and returns its exit
-    code (task 0's is the driver's)."""
+    code (task 0's is the driver's).
 
-    def __init__(self) -> None:
-        self._entrypoint: Any = None
+    ``entrypoint``: the node entrypoint to call; None loads it in the job. After a
+    preemption it is the entrypoint's own resubmission (which counts its requeues).
+    """
+
+    def __init__(self, entrypoint: Any = None) -> None:
+        self._entrypoint = entrypoint
 
     def __call__(self, run_dir: str) -> int:
         banner = attempt_banner(dict(os.environ))
         for stream in (sys.stdout, sys.stderr):
             print(banner, file=stream, flush=True)
-        self._entrypoint = _load_entrypoint()
+        if self._entrypoint is None:
+            self._entrypoint = _load_entrypoint()
         return self._entrypoint(run_dir)
 
     def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
         """Called by submitit on task 0 when USR2 arrives; None means "do not requeue"."""
         entry_checkpoint = getattr(self._entrypoint, "checkpoint", None)
-        if entry_checkpoint is not None and entry_checkpoint(run_dir) is None:
+        if entry_checkpoint is None:
+            return DelayedSubmission(NodeTask(self._entrypoint), run_dir)
+        resubmission = entry_checkpoint(run_dir)
+        if resubmission is None:
             return None
-        return DelayedSubmission(NodeTask(), run_dir)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"_entrypoint": None}  # live handles (driver, Ray) never travel in the pickle
+        return DelayedSubmission(NodeTask(resubmission.function), run_dir)

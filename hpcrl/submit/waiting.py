@@ -24,7 +24,8 @@ from hpcrl.submit.logs import list_log_files, read_log, tail_lines
 
 #: A job the scheduler has never heard of for this long after submission is lost.
 UNKNOWN_GRACE_S = 60.0
-LOG_TAIL_LINES = 30
+LOG_TAIL_LINES = 20
+TAILED_NODE_LOGS = ("node.log", "driver.log")
 
 
 @attrs.frozen(kw_only=True)
@@ -92,7 +93,7 @@ def wait_for_job(
                 status = attrs.evolve(status, state="LOST")
                 break
             time.sleep(settings.poll_s)
-    outcome = read_outcome(record, status)
+    outcome = read_outcome(record, run_dir, status)
     report_outcome(run_dir, record, status, outcome, console)
     return outcome
 
@@ -111,9 +112,11 @@ def report_outcome(
 
 
 def print_log_tails(run_dir: Path, record: JobRecord, console: Console) -> None:
-    """The last lines of every non-empty log of the last attempt, node by node."""
+    """The last lines of each node's error stream, node log and driver log."""
     for log in list_log_files(run_dir, record):
+        if log.label != "stderr" and Path(log.label).name not in TAILED_NODE_LOGS:
+            continue
         text = tail_lines(read_log(log.path), LOG_TAIL_LINES)
         if text.strip():
             console.rule(f"node {log.node} {log.label}: {log.path}", style="dim")
-            console.print(text.rstrip("\n"), markup=False, highlight=False)
+            console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)

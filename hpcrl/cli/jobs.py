@@ -1,0 +1,229 @@
+"""``hpcrl submit``, ``sweep``, ``status``, ``logs`` and ``cancel``.
+
+status/logs/cancel work from a run folder alone (``job.json``, submitit's files, sacct).
+Stages are imported inside the commands so that ``hpcrl --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcrl.cli.prepare import DEFAULT_RUNS_DIR, add_recipe_arguments
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from hpcrl.cli.prepare import Prepared
+    from hpcrl.config.recipe import Recipe
+    from hpcrl.submit.job_record import JobRecord
+
+
+def register(subparsers: Any) -> None:
+    submit = subparsers.add_parser(
+        "submit", help="render the run folder and submit the job",
+        description="Plan, write the run folder (as `hpcrl render`) and submit it through submitit.",
+    )  # fmt: skip
+    add_recipe_arguments(submit)
+    submit.add_argument(
+        "-o", "--out", metavar="DIR", help="run folder (default: runs/<recipe>-<profile>-<hash>)"
+    )
+    submit.add_argument(
+        "--wait", action="store_true", help="follow the job and exit with its exit code"
+    )
+    submit.set_defaults(func=run_submit)
+
+    sweep = subparsers.add_parser(
+        "sweep", help="submit one job array over a grid of overrides",
+        description="Check every point, then submit them as one Slurm job array.",
+    )  # fmt: skip
+    add_recipe_arguments(sweep)
+    sweep.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="an axis of the grid (repeat: axes multiply)")  # fmt: skip
+    sweep.add_argument("--zip", action="append", default=[], metavar="KEY=V1,V2,...",
+                       help="keys that vary together (equal lengths), one more axis")  # fmt: skip
+    sweep.add_argument(
+        "-o", "--out", metavar="DIR", help="sweep folder (default: runs/<recipe>-sweep-<hash>)"
+    )
+    sweep.add_argument("--wait", action="store_true", help="wait until every point has ended")
+    sweep.set_defaults(func=run_sweep)
+
+    status = subparsers.add_parser("status", help="state of runs (default: every run under ./runs)")
+    status.add_argument("runs", nargs="*", metavar="RUN", help="run or sweep folders")
+    status.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where to look without RUN")
+    status.set_defaults(func=run_status)
+
+    logs = subparsers.add_parser("logs", help="print (or follow) a run's logs")
+    logs.add_argument("run", metavar="RUN", help="run folder (a sweep's point-<i> folder)")
+    logs.add_argument("--node", type=int, metavar="N", help="only node N (0 = head)")
+    logs.add_argument(
+        "--attempt", type=int, metavar="K", help="only attempt K (1 = first run; requeues add more)"
+    )
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing until the job ends"
+    )
+    logs.set_defaults(func=run_logs)
+
+    cancel = subparsers.add_parser(
+        "cancel", help="cancel a run's job (a sweep folder: the whole array)"
+    )
+    cancel.add_argument("run", metavar="RUN", help="run, sweep point or sweep folder")
+    cancel.set_defaults(func=run_cancel)
+
+
+#: Piped output (no terminal) gets this width instead of rich's 80 columns, so tables and
+#: paths are not cut short in logs and CI output.
+PIPED_WIDTH = 200
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
+
+
+def _shown(path: Path) -> str:
+    """A path as the user should type it: relative to the working directory when inside it."""
+    try:
+        return str(Path(path).absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def max_steps(recipe: Recipe) -> int | None:
+    section = recipe.grpo if recipe.grpo is not None else recipe.sft
+    return section.max_num_steps if section is not None else None
+
+
+# --------------------------------------------------------------------------- submit
+def _prepare_fresh(args: argparse.Namespace) -> Prepared:
+    """Plan the run; without -o, a folder already holding a job gets a numbered sibling."""
+    from hpcrl.cli.prepare import prepare
+
+    prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
+    if args.out is not None:
+        return prepared
+    base = Path(prepared.spec.run_dir)
+    number, run_dir = 1, base
+    while (run_dir / "submitit").exists():
+        number += 1
+        run_dir = base.with_name(f"{base.name}-{number}")
+    if run_dir == base:
+        return prepared
+    return prepare(args.recipe, args.cluster, args.overrides, out=str(run_dir))
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    from hpcrl.cli.prepare import print_warnings
+    from hpcrl.render.run_folder import write_run_folder
+    from hpcrl.submit.submission import submit_job
+
+    prepared = _prepare_fresh(args)
+    console = _console()
+    print_warnings(prepared, console)
+    run = write_run_folder(
+        prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
+        load_warnings=[warning.format() for warning in prepared.warnings],
+    )  # fmt: skip
+    record = submit_job(prepared.spec, run.script)
+    print_submitted(console, record, run.path)
+    if not args.wait:
+        return 0
+    from hpcrl.submit.waiting import wait_for_job
+
+    outcome = wait_for_job(run.path, record, console, max_steps(prepared.loaded.recipe))
+    return outcome.exit_code
+
+
+def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
+    shown = _shown(run_dir)
+    where = f"{record.num_tasks} node(s) on {record.cluster}"
+    console.print(f"Submitted job [bold]{record.job_id}[/] ({record.job_name}, {where})")
+    console.print(f"  run folder  {shown}", soft_wrap=True)
+    console.print(f"  follow      hpcrl logs {shown} -f", soft_wrap=True)
+    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
+    console.print(f"  cancel      hpcrl cancel {shown}", soft_wrap=True)
+
+
+# --------------------------------------------------------------------------- sweep
+def run_sweep(args: argparse.Namespace) -> int:
+    from hpcrl.submit.sweep import SweepError, build_points
+    from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep, write_and_submit_sweep
+
+    try:
+        points = build_points(args.grid, args.zip)
+    except SweepError as error:
+        print(f"hpcrl sweep: {error}", file=sys.stderr)
+        return 2
+    sweep_dir = Path(args.out).absolute() if args.out else default_sweep_dir(
+        args.recipe, args.cluster, args.overrides, points, Path(DEFAULT_RUNS_DIR)
+    )  # fmt: skip
+    planned = plan_sweep(args.recipe, args.cluster, args.overrides, points, sweep_dir)
+    record, job_records = write_and_submit_sweep(planned)
+    console = _console()
+    shown = _shown(sweep_dir)
+    console.print(
+        f"Submitted sweep {record.name}: job array [bold]{record.array_job_id}[/] with "
+        f"{len(points)} points (at most {planned.array_spec.array_parallelism} at once)"
+    )
+    for point, job in zip(record.points, job_records, strict=True):
+        console.print(
+            f"  {job.job_id:>10}  {shown}/{point.run_dir_name}  {point.describe()}", soft_wrap=True
+        )
+    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
+    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+    if not args.wait:
+        return 0
+    return _wait_sweep(sweep_dir, job_records, console)
+
+
+def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console) -> int:
+    from hpcrl.submit.sweep import read_sweep_record
+    from hpcrl.submit.waiting import wait_for_job
+
+    points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)
+    codes = [
+        wait_for_job(run_dir, job, console).exit_code
+        for run_dir, job in zip(points, job_records, strict=True)
+    ]
+    return next((code for code in codes if code != 0), 0)
+
+
+# --------------------------------------------------------------------------- status
+def run_status(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from hpcrl.submit.run_views import collect_run_dirs, status_row
+
+    run_dirs = collect_run_dirs([Path(run) for run in args.runs], Path(args.runs_dir))
+    console = _console()
+    if not run_dirs:
+        console.print(
+            f"No runs under {args.runs_dir}/ (submit one with: hpcrl submit RECIPE --cluster C)"
+        )
+        return 0
+    table = Table(title_justify="left")
+    for header in ("run", "job", "state", "attempts", "step", "reward", "elapsed"):
+        table.add_column(
+            header,
+            justify="right" if header in ("attempts", "step", "reward", "elapsed") else "left",
+        )
+    for name, run_dir in run_dirs:
+        table.add_row(*status_row(name, run_dir))
+    console.print(table)
+    return 0
+
+
+# --------------------------------------------------------------------------- logs / cancel
+def run_logs(args: argparse.Namespace) -> int:
+    from hpcrl.submit.run_views import print_logs
+
+    return print_logs(Path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow)
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    from hpcrl.submit.run_views import cancel_run
+
+    return cancel_run(Path(args.run), _console())

@@ -1,0 +1,133 @@
+"""Plan, write and submit a sweep: every point is checked before anything is submitted.
+
+Layout of ``<runs>/<recipe>-sweep-<hash>/``:
+``job.sbatch`` (the array script that runs; its submitit folder is ``submitit/``),
+``recipe.resolved.yaml`` and ``manifest.json`` of point 0 (the array's allocation is planned
+from it), ``sweep.json`` (points, array job id), and ``point-<i>/`` per point with that
+point's resolved recipe, manifest, ``job.json``, logs and metrics. ``point-<i>/job.sbatch``
+is the point alone as a single job (what ``hpcrl render`` with its overrides writes); the
+array ran ``../job.sbatch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from hpcrl.config import ConfigError, LoadedRecipe, Problem, load_profile, load_recipe
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.planner import plan
+from hpcrl.render.run_folder import write_run_folder
+from hpcrl.submit.job_record import JobRecord, utc_now_iso
+from hpcrl.submit.submission import submit_array
+from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
+
+
+@attrs.frozen(kw_only=True)
+class PlannedPoint:
+    point: SweepPoint
+    loaded: LoadedRecipe
+    spec: JobSpec
+
+
+@attrs.frozen(kw_only=True)
+class PlannedSweep:
+    sweep_dir: Path
+    record: SweepRecord
+    points: tuple[PlannedPoint, ...]
+    array_spec: JobSpec
+
+
+def default_sweep_dir(recipe_source: str, cluster: str, overrides: Sequence[str],
+                      points: Sequence[SweepPoint], runs_dir: Path) -> Path:  # fmt: skip
+    stem = Path(recipe_source).name.removesuffix(".yaml").removesuffix(".yml")
+    digest = sweep_hash(recipe_source, cluster, overrides, points)
+    return (runs_dir / f"{stem}-sweep-{digest}").absolute()
+
+
+def plan_sweep(
+    recipe_source: str,
+    cluster: str,
+    overrides: Sequence[str],
+    points: Sequence[SweepPoint],
+    sweep_dir: Path,
+) -> PlannedSweep:
+    """Load and plan every point; one ConfigError naming each bad point, its values and path."""
+    profile = load_profile(cluster)
+    planned, problems = [], []
+    for point in points:
+        try:
+            planned.append(
+                _plan_point(recipe_source, cluster, overrides, point, profile, sweep_dir)
+            )
+        except ConfigError as error:
+            problems += [_at_point(problem, point) for problem in error.problems]
+    if any(problem.is_error for problem in problems):
+        raise ConfigError(problems)
+    _check_one_allocation_shape(planned)
+    first = planned[0]
+    array_spec = plan(
+        first.loaded.recipe, profile, run_dir=str(sweep_dir), overrides=first.spec.overrides,
+        recipe_source=recipe_source, profile_source=cluster, job_name=sweep_dir.name,
+        array_size=len(planned),
+    )  # fmt: skip
+    record = SweepRecord(
+        name=sweep_dir.name, recipe_source=recipe_source, cluster=cluster,
+        overrides=tuple(overrides), swept_keys=tuple(points[0].values), points=tuple(points),
+    )  # fmt: skip
+    return PlannedSweep(
+        sweep_dir=sweep_dir, record=record, points=tuple(planned), array_spec=array_spec
+    )
+
+
+def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], point: SweepPoint,
+                profile: ClusterProfile, sweep_dir: Path) -> PlannedPoint:  # fmt: skip
+    point_overrides = [*overrides, *point.overrides]
+    loaded = load_recipe(recipe_source, point_overrides)
+    spec = plan(
+        loaded.recipe, profile, run_dir=str(sweep_dir / point.run_dir_name),
+        overrides=point_overrides, recipe_source=recipe_source, profile_source=cluster,
+        job_name=f"{sweep_dir.name}-{point.run_dir_name}",
+    )  # fmt: skip
+    return PlannedPoint(point=point, loaded=loaded, spec=spec)
+
+
+def _at_point(problem: Problem, point: SweepPoint) -> Problem:
+    return attrs.evolve(
+        problem, message=f"[sweep point {point.index}: {point.describe()}] {problem.message}"
+    )
+
+
+def _check_one_allocation_shape(planned: Sequence[PlannedPoint]) -> None:
+    """One job array has one allocation shape; a swept key must not change it."""
+    shapes = {(p.spec.num_nodes, p.spec.slots_per_node, p.spec.cpus_per_node) for p in planned}
+    if len(shapes) > 1:
+        by_point = ", ".join(f"point {p.point.index}: {p.spec.num_nodes} nodes" for p in planned)
+        raise ConfigError([Problem(
+            path="cluster.num_nodes", value=sorted(shapes),
+            message=f"sweep points need different allocations ({by_point}); one job array has one",
+            fix="sweep keys that keep the node count, or run separate sweeps per node count",
+        )])  # fmt: skip
+
+
+def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:
+    """Write every point's folder and the array script, submit one array, write sweep.json."""
+    for point in planned.points:
+        write_run_folder(
+            point.spec, point.loaded.resolved_dict, recipe_path=point.loaded.source_path
+        )
+    first = planned.points[0].loaded
+    run = write_run_folder(planned.array_spec, first.resolved_dict, recipe_path=first.source_path)
+    point_dirs = planned.record.point_run_dirs(planned.sweep_dir)
+    write_sweep_record(
+        planned.sweep_dir, planned.record
+    )  # the points are on disk even if submission fails
+    records = submit_array(planned.array_spec, run.script, point_dirs)
+    record = attrs.evolve(
+        planned.record, array_job_id=records[0].array_job_id, submitted_at=utc_now_iso()
+    )
+    write_sweep_record(planned.sweep_dir, record)
+    return record, records

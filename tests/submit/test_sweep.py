@@ -1,0 +1,114 @@
+"""Sweep points and sweep planning: every point is checked before anything is submitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcrl.config import ConfigError
+from hpcrl.submit.sweep import (
+    SweepError,
+    SweepRecord,
+    build_points,
+    read_sweep_record,
+    split_values,
+    sweep_hash,
+    write_sweep_record,
+)
+from hpcrl.submit.sweep_launch import plan_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+MEGATRON_RECIPE = str(REPO / "recipes" / "grpo-tiny-1n-cpu-megatron.yaml")
+FRACTION = "policy.megatron_cfg.optimizer.optimizer_offload_fraction"
+OFFLOAD_ON = ["cluster.gpus_per_node=1", "policy.megatron_cfg.optimizer.optimizer_cpu_offload=true"]
+
+
+def test_grid_axes_multiply_in_order() -> None:
+    points = build_points(["a.x=1,2", "b=p,q,r"])
+    assert [p.values for p in points] == [
+        {"a.x": "1", "b": "p"}, {"a.x": "1", "b": "q"}, {"a.x": "1", "b": "r"},
+        {"a.x": "2", "b": "p"}, {"a.x": "2", "b": "q"}, {"a.x": "2", "b": "r"},
+    ]  # fmt: skip
+    assert [p.index for p in points] == list(range(6))
+    assert points[4].overrides == ("a.x=2", "b=q")
+    assert points[4].run_dir_name == "point-4"
+
+
+def test_zip_keys_move_together_and_multiply_with_the_grid() -> None:
+    points = build_points(["g=1,2"], zips=["lr=0.1,0.2", "seed=7,8"])
+    assert [p.values for p in points] == [
+        {"g": "1", "lr": "0.1", "seed": "7"}, {"g": "1", "lr": "0.2", "seed": "8"},
+        {"g": "2", "lr": "0.1", "seed": "7"}, {"g": "2", "lr": "0.2", "seed": "8"},
+    ]  # fmt: skip
+
+
+def test_list_values_keep_their_commas() -> None:
+    assert split_values("[a,b],c,{x: 1, y: 2}") == ["[a,b]", "c", "{x: 1, y: 2}"]
+
+
+@pytest.mark.parametrize(
+    ("grid", "zips", "message"),
+    [
+        (["novalue"], [], "expected KEY=V1,V2"),
+        (["a=1,,2"], [], "empty value"),
+        (["a=1", "a=2"], [], "a is swept twice"),
+        ([], ["a=1,2", "b=1"], "equal lengths"),
+        ([], [], "at least one --grid"),
+    ],
+)
+def test_malformed_sweeps(grid: list[str], zips: list[str], message: str) -> None:
+    with pytest.raises(SweepError, match=message):
+        build_points(grid, zips)
+
+
+def test_sweep_hash_is_stable_and_input_sensitive() -> None:
+    points = build_points(["a=1,2"])
+    assert sweep_hash("r", "c", [], points) == sweep_hash("r", "c", [], build_points(["a=1,2"]))
+    assert sweep_hash("r", "c", [], points) != sweep_hash("r", "c", ["x=1"], points)
+
+
+def test_sweep_record_round_trips(tmp_path: Path) -> None:
+    record = SweepRecord(
+        name="s", recipe_source="r.yaml", cluster="c", overrides=("x=1",), swept_keys=("a",),
+        points=tuple(build_points(["a=1,2"])), array_job_id="12", submitted_at="t",
+    )  # fmt: skip
+    write_sweep_record(tmp_path, record)
+    assert read_sweep_record(tmp_path) == record
+
+
+def test_flagship_sweep_plans_every_point_as_one_array(tmp_path: Path) -> None:
+    points = build_points([f"{FRACTION}=0.25,0.5,0.75,1.0"])
+    planned = plan_sweep(MEGATRON_RECIPE, "slurm-test", OFFLOAD_ON, points, tmp_path / "sw")
+    spec = planned.array_spec
+    assert spec.array_size == 4 and spec.run_dir == str(tmp_path / "sw")
+    assert dict(spec.sbatch_directives)["array"] == "0-3%2"  # slurm-test: array_parallelism 2
+    assert dict(spec.sbatch_directives)["job-name"] == "sw"
+    fractions = [
+        p.loaded.recipe.policy.megatron_cfg.optimizer.optimizer_offload_fraction
+        for p in planned.points
+    ]
+    assert fractions == [0.25, 0.5, 0.75, 1.0]
+    assert [p.spec.run_dir for p in planned.points] == [
+        str(tmp_path / "sw" / f"point-{i}") for i in range(4)
+    ]
+
+
+def test_one_bad_point_fails_the_sweep_naming_its_values_and_path(tmp_path: Path) -> None:
+    points = build_points([f"{FRACTION}=0.5,1.5,1.0"])
+    with pytest.raises(ConfigError) as error:
+        plan_sweep(MEGATRON_RECIPE, "slurm-test", OFFLOAD_ON, points, tmp_path / "sw")
+    errors = [p for p in error.value.problems if p.is_error]
+    assert len(errors) == 1
+    assert errors[0].path == FRACTION and errors[0].value == 1.5
+    assert errors[0].message.startswith(f"[sweep point 1: {FRACTION}=1.5] must be in (0, 1]")
+    assert not (tmp_path / "sw").exists(), "nothing is written before every point is valid"
+
+
+def test_points_that_change_the_allocation_cannot_share_an_array(tmp_path: Path) -> None:
+    recipe = str(REPO / "recipes" / "grpo-tiny-2n-cpu.yaml")
+    points = build_points(["cluster.num_nodes=1,2"])
+    with pytest.raises(ConfigError) as error:
+        plan_sweep(recipe, "slurm-test", [], points, tmp_path / "sw")
+    messages = [p.format() for p in error.value.problems if p.is_error]
+    assert any("need different allocations" in m for m in messages), messages
