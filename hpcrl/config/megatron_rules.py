@@ -104,6 +104,74 @@ def rule_parallel_read_threads(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_sequence_parallel(recipe: Recipe) -> list[Problem]:
+    """megatron-core refuses SP without TP, and EP with TP without SP (ModelParallelConfig)."""
+    if not megatron_enabled(recipe):
+        return []
+    cfg = recipe.policy.megatron_cfg
+    tp_path = f"{MEGATRON}.tensor_model_parallel_size"
+    if cfg.sequence_parallel and cfg.tensor_model_parallel_size == 1:
+        return [
+            Problem(
+                path=f"{MEGATRON}.sequence_parallel",
+                value=True,
+                message=f"sequence parallelism splits activations over the tensor-parallel group; {tp_path} is 1",
+                fix=f"set {MEGATRON}.sequence_parallel=false or {tp_path} > 1",
+            )
+        ]
+    if (
+        cfg.expert_model_parallel_size > 1
+        and cfg.tensor_model_parallel_size > 1
+        and not cfg.sequence_parallel
+    ):
+        return [
+            Problem(
+                path=f"{MEGATRON}.sequence_parallel",
+                value=False,
+                message="megatron-core needs sequence parallelism when expert and tensor parallelism are combined",
+                fix=f"set {MEGATRON}.sequence_parallel=true",
+            )
+        ]
+    return []
+
+
+def rule_recompute(recipe: Recipe) -> list[Problem]:
+    """Full recompute needs a method and a layer count; a method needs full recompute."""
+    if not megatron_enabled(recipe):
+        return []
+    cfg = recipe.policy.megatron_cfg
+    problems = []
+    if cfg.recompute_granularity == "full":
+        if cfg.recompute_method is None:
+            problems.append(
+                Problem(
+                    path=f"{MEGATRON}.recompute_method",
+                    value=None,
+                    message=f"{MEGATRON}.recompute_granularity=full needs a method",
+                    fix=f"set {MEGATRON}.recompute_method=uniform (or block)",
+                )
+            )
+        if cfg.recompute_num_layers is None or cfg.recompute_num_layers < 1:
+            problems.append(
+                Problem(
+                    path=f"{MEGATRON}.recompute_num_layers",
+                    value=cfg.recompute_num_layers,
+                    message=f"{MEGATRON}.recompute_granularity=full needs a positive layer count",
+                    fix=f"set {MEGATRON}.recompute_num_layers=1 (layers per recompute group for uniform)",
+                )
+            )
+    elif cfg.recompute_method is not None:
+        problems.append(
+            Problem(
+                path=f"{MEGATRON}.recompute_method",
+                value=cfg.recompute_method,
+                message=f"only used with {MEGATRON}.recompute_granularity=full (it is {cfg.recompute_granularity})",
+                fix=f"set {MEGATRON}.recompute_granularity=full or remove {MEGATRON}.recompute_method",
+            )
+        )
+    return problems
+
+
 # --------------------------------------------------------------------------- optimizer offload
 def rule_optimizer_offload(recipe: Recipe) -> list[Problem]:
     if not megatron_enabled(recipe):
@@ -406,6 +474,8 @@ def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, An
 
 MEGATRON_RULES = (
     rule_megatron_parallel_sizes,
+    rule_sequence_parallel,
+    rule_recompute,
     rule_parallel_read_threads,
     rule_optimizer_offload,
     rule_manual_gc,

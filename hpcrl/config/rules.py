@@ -94,6 +94,21 @@ def rule_automodel_parallel_sizes(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_automodel_sequence_parallel(recipe: Recipe) -> list[Problem]:
+    cfg = recipe.policy.automodel_cfg
+    if not cfg.enabled or not cfg.sequence_parallel or cfg.tensor_parallel_size > 1:
+        return []
+    return [
+        Problem(
+            path=f"{AUTOMODEL}.sequence_parallel",
+            value=True,
+            message=f"has no effect with {AUTOMODEL}.tensor_parallel_size=1 (it shards activations over the TP group)",
+            fix=f"set {AUTOMODEL}.tensor_parallel_size > 1 or {AUTOMODEL}.sequence_parallel=false",
+            severity="warning",
+        )
+    ]
+
+
 def rule_positive_counts(recipe: Recipe) -> list[Problem]:
     counts = {
         "policy.train_global_batch_size": recipe.policy.train_global_batch_size,
@@ -275,6 +290,7 @@ RECIPE_RULES = (
     rule_one_backend,
     rule_one_algorithm,
     rule_automodel_parallel_sizes,
+    rule_automodel_sequence_parallel,
     rule_positive_counts,
     rule_batch_divisible,
     rule_grpo_settings,

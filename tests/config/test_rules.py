@@ -413,3 +413,50 @@ def test_separate_generation_needs_its_resources():
         "policy.generation.colocated.resources.num_nodes",
         "policy.generation.colocated.resources.gpus_per_node",
     ]
+
+
+# --------------------------------------------------------------------------- parallel features
+def test_megatron_sequence_parallel_needs_tensor_parallel():
+    problem = only(problems_for(policy__megatron_cfg__sequence_parallel=True))
+    assert (
+        problem.path == f"{M}.sequence_parallel"
+        and f"{M}.tensor_model_parallel_size" in problem.fix
+    )
+    assert (
+        problems_for(
+            policy__megatron_cfg__sequence_parallel=True,
+            policy__megatron_cfg__tensor_model_parallel_size=2,
+        )
+        == []
+    )
+
+
+def test_expert_and_tensor_parallel_need_sequence_parallel():
+    sizes = {"enabled": True, "tensor_model_parallel_size": 2, "expert_model_parallel_size": 2}
+    assert only(problems_for(policy__megatron_cfg=sizes)).fix == f"set {M}.sequence_parallel=true"
+    assert problems_for(policy__megatron_cfg={**sizes, "sequence_parallel": True}) == []
+
+
+def test_full_recompute_needs_method_and_layers():
+    problems = problems_for(policy__megatron_cfg__recompute_granularity="full")
+    assert paths(problems) == [f"{M}.recompute_method", f"{M}.recompute_num_layers"]
+    full = {
+        "enabled": True,
+        "recompute_granularity": "full",
+        "recompute_method": "uniform",
+        "recompute_num_layers": 1,
+    }
+    assert problems_for(policy__megatron_cfg=full) == []
+
+
+def test_recompute_method_needs_full_granularity():
+    selective = {"enabled": True, "recompute_granularity": "selective", "recompute_method": "block"}
+    problem = only(problems_for(policy__megatron_cfg=selective))
+    assert problem.path == f"{M}.recompute_method" and "(it is selective)" in problem.message
+
+
+def test_automodel_sequence_parallel_without_tp_is_a_warning():
+    problems = problems_for("automodel", policy__automodel_cfg__sequence_parallel=True)
+    assert paths(problems) == [] and paths(problems, "warning") == [
+        "policy.automodel_cfg.sequence_parallel"
+    ]
