@@ -1,0 +1,128 @@
+"""Node 0's driver process: connect to the head, wait for every node, run the training driver.
+
+Run as ``python -m hpcrl.job.driver_process <run_dir>`` by the node entrypoint, in its own
+process so that on USR2 (preemption/timeout) the entrypoint can ask it to checkpoint and wait
+for it, which a signal handler in the same thread could not.
+
+Contract for the driver callable (``HPCRL_DRIVER=module:function``, default
+``hpcrl.core.driver:run_training``): called as ``function(run_dir: str)`` with Ray already
+connected (do not call ``ray.init`` again), every node alive and each node marked by the custom
+resource ``hpcrl_node_<rank>``; returns the job's exit code (``None`` counts as 0). When the file
+``<run_dir>/PREEMPT`` appears it should save a checkpoint at the next step boundary and return 3.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+from hpcrl.job.errors import BootstrapError, NodesMissing, OtherNodeFailed
+from hpcrl.job.markers import RAY_READY, failed_marker_name, first_failure, write_marker
+from hpcrl.job.network import wait_until
+from hpcrl.job.ray_cluster import node_resource_name
+from hpcrl.job.settings import NodeSettings, read_node_settings
+
+NODES_POLL_INTERVAL_S = 0.2
+
+
+def load_driver(spec: str) -> Callable[[str], int | None]:
+    """Import ``module:function``; the error names the setting to fix."""
+    module_name, colon, function_name = spec.partition(":")
+    if not colon or not module_name or not function_name:
+        raise BootstrapError(f"HPCRL_DRIVER={spec!r} is not of the form module:function")
+    try:
+        return getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise BootstrapError(f"cannot load the driver {spec!r}: {error}") from None
+
+
+def joined_ranks(num_nodes: int) -> dict[int, str]:
+    """``{rank: node IP}`` of the job's nodes that Ray's GCS lists as alive now."""
+    import ray
+
+    ranks = {}
+    for node in ray.nodes():
+        if not node["Alive"]:
+            continue
+        for rank in range(num_nodes):
+            if node["Resources"].get(node_resource_name(rank)):
+                ranks[rank] = node["NodeManagerAddress"]
+    return ranks
+
+
+def wait_for_all_nodes(settings: NodeSettings) -> dict[int, str]:
+    """Poll the GCS node table until every rank is alive; NodesMissing after the deadline."""
+    joined: dict[int, str] = {}
+    attempt_id = settings.task.attempt_id
+
+    def all_joined() -> bool:
+        joined.update(joined_ranks(settings.num_nodes))
+        return len(joined) == settings.num_nodes
+
+    def other_node_failed() -> None:
+        failure = first_failure(settings.run_dir, attempt_id, range(1, settings.num_nodes))
+        if failure is not None:
+            rank, message = failure
+            raise OtherNodeFailed(
+                f"node {rank} ({settings.task.node_names[rank]}) failed: {message}"
+            )
+
+    start = time.monotonic()
+    if not wait_until(all_joined, settings.join_timeout_s, abort=other_node_failed,
+                      interval_s=NODES_POLL_INTERVAL_S):  # fmt: skip
+        missing = [f"node {rank} ({name})" for rank, name in enumerate(settings.task.node_names)
+                   if rank not in joined]  # fmt: skip
+        raise NodesMissing(len(joined), settings.num_nodes, time.monotonic() - start, missing)
+    return dict(sorted(joined.items()))
+
+
+def connect_and_wait(settings: NodeSettings) -> None:
+    """Connect this process to the job's Ray, wait for all nodes, write ``status/ray_ready``."""
+    import ray
+
+    ray.init(
+        address=settings.gcs_address, _node_ip_address=settings.node_ip,
+        log_to_driver=True, logging_level="WARNING",
+    )  # fmt: skip
+    node_ips = wait_for_all_nodes(settings)
+    write_marker(
+        settings.run_dir, RAY_READY, settings.task.attempt_id,
+        num_nodes=settings.num_nodes, node_ips=[node_ips[rank] for rank in sorted(node_ips)],
+        node_names=list(settings.task.node_names),
+    )  # fmt: skip
+    print(f"[hpcrl] Ray ready: {settings.num_nodes} nodes {node_ips}", flush=True)
+
+
+def run(run_dir: str) -> int:
+    """Bootstrap, then the driver; returns the driver's exit code."""
+    settings = read_node_settings(run_dir, os.environ)
+    try:
+        driver = load_driver(settings.driver)
+        connect_and_wait(settings)
+    except BootstrapError as error:
+        write_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id,
+                     message=str(error))  # fmt: skip
+        print(f"[hpcrl] bootstrap failed: {error}", file=sys.stderr, flush=True)
+        return 1
+    print(f"[hpcrl] running driver {settings.driver}", flush=True)
+    try:
+        code = driver(str(settings.run_dir))
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0 if code is None else int(code)
+
+
+if __name__ == "__main__":
+    exit_code = run(sys.argv[1])
+    try:
+        import ray
+
+        ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        os._exit(exit_code)  # Ray's atexit hooks can hang when the head is already gone

@@ -1,0 +1,69 @@
+"""Named failures of the in-job bootstrap. Each message says what failed, where, and after how long.
+
+They are raised on the node that sees the failure; the node entrypoint also writes the message
+into the run folder (``status/node<k>.failed``) so the other nodes and ``hpcrl status`` can
+show the cause instead of waiting for their own deadlines.
+"""
+
+from __future__ import annotations
+
+
+class BootstrapError(RuntimeError):
+    """The per-node Ray bootstrap failed; ``str(error)`` is the full message for the user."""
+
+
+class NodeSettingsError(BootstrapError):
+    """The job's environment or jobspec.json does not give a usable node configuration."""
+
+
+class HeadUnreachable(BootstrapError):
+    """A worker could not connect to the Ray head's GCS port within its deadline."""
+
+    def __init__(self, ip: str, port: int, waited_s: float):
+        super().__init__(
+            f"head unreachable at {ip}:{port} after {waited_s:.0f}s "
+            "(is node 0 up? see its log under logs/node0/; raise HPCRL_HEAD_WAIT_S if the "
+            "head node is only slow to start)"
+        )
+        self.ip, self.port = ip, port
+
+
+class PortInUse(BootstrapError):
+    """A fixed Ray port is already taken on this node."""
+
+    def __init__(self, port: int, port_name: str, node_name: str, ip: str):
+        super().__init__(
+            f"port {port} already in use on node {node_name} ({ip}; ray_ports.{port_name}): "
+            "another process (a second job on a shared node, a stale Ray) holds it; change "
+            f"ray_ports.{port_name} in the cluster profile or free the port"
+        )
+        self.port, self.port_name, self.node_name = port, port_name, node_name
+
+
+class NodesMissing(BootstrapError):
+    """Not every node of the job registered with the Ray head before the join deadline."""
+
+    def __init__(self, num_joined: int, num_nodes: int, waited_s: float, missing: list[str]):
+        super().__init__(
+            f"only {num_joined} of {num_nodes} nodes joined after {waited_s:.0f}s "
+            f"(missing: {', '.join(missing)}); see logs/node<k>/ of the missing nodes"
+        )
+        self.missing = missing
+
+
+class OtherNodeFailed(BootstrapError):
+    """Another node of the same attempt reported a bootstrap failure."""
+
+
+class RayExited(BootstrapError):
+    """This node's own ``ray start --block`` process ended while it was still needed."""
+
+
+class DriverFailed(RuntimeError):
+    """The training driver on node 0 exited nonzero; raised so submitit marks the job failed."""
+
+    def __init__(self, exit_code: int, driver: str, log_tail: str):
+        super().__init__(
+            f"driver {driver} exited with code {exit_code}; last lines of its log:\n{log_tail}"
+        )
+        self.exit_code = exit_code

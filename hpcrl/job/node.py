@@ -1,0 +1,250 @@
+"""The node entrypoint: one call per node of the job (one srun task per node).
+
+Node 0 starts the Ray head and then the driver process (``hpcrl.job.driver_process``), which
+waits until every node has joined and runs the training driver; the job's exit code is the
+driver's. Other nodes wait for the head's GCS port, join, and stay until node 0 marks the run
+done or the head goes away. Every node stops its own Ray, and waits for it, before returning.
+
+``main(run_dir) -> int`` is for direct use (``srun python -c "...sys.exit(main(d))"``);
+``NodeMain`` is what ``hpcrl submit`` pickles through submitit: same run, but failures raise
+(so submitit records them) and it is ``Checkpointable`` for preemption/timeout requeues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+from submitit.helpers import Checkpointable, DelayedSubmission
+
+from hpcrl.job.errors import BootstrapError, DriverFailed, HeadUnreachable, OtherNodeFailed
+from hpcrl.job.markers import (
+    DONE,
+    PREEMPT_FILE,
+    failed_marker_name,
+    node_log_dir,
+    read_marker,
+    write_marker,
+)
+from hpcrl.job.network import port_accepts, wait_until
+from hpcrl.job.processes import start_in_own_session, stop_session
+from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
+from hpcrl.job.settings import NodeSettings, read_node_settings
+
+LOGGER_NAME = "hpcrl.job"
+WORKER_POLL_INTERVAL_S = 0.5
+HEAD_GONE_AFTER_FAILED_CONNECTS = 2  # one refused connect on a loaded node is not "gone"
+
+
+class NodeMain(Checkpointable):
+    """The node entrypoint as a submitit-checkpointable callable: ``NodeMain()(run_dir)``.
+
+    On USR2 submitit calls ``checkpoint(run_dir)`` on node 0: it writes ``PREEMPT``, gives the
+    driver up to ``preempt_grace_s`` to save a checkpoint and exit, and returns a resubmission of
+    itself (submitit requeues the job) until ``max_requeues`` is used up.
+    """
+
+    def __init__(self) -> None:
+        self.num_requeues = 0
+        self._driver: subprocess.Popen[bytes] | None = None
+        self._settings: NodeSettings | None = None
+
+    def __call__(self, run_dir: str) -> int:
+        settings = read_node_settings(run_dir, os.environ)
+        self._settings = settings
+        code = run_node(settings, os.environ, on_driver_start=self._remember_driver)
+        if code != 0:
+            log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
+            raise DriverFailed(code, settings.driver, tail(log_dir / "driver.log"))
+        return code
+
+    def _remember_driver(self, driver: subprocess.Popen[bytes]) -> None:
+        self._driver = driver
+
+    def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
+        settings = self._settings or read_node_settings(run_dir, os.environ)
+        logger = logging.getLogger(LOGGER_NAME)
+        preempt_path = settings.run_dir / PREEMPT_FILE
+        preempt_path.write_text(settings.task.attempt_id)
+        logger.warning("preemption/timeout signal: wrote %s, waiting for the driver", preempt_path)
+        if self._driver is not None:
+            try:
+                code = self._driver.wait(timeout=settings.preempt_grace_s)
+                logger.warning("driver exited with code %s after the preemption signal", code)
+            except subprocess.TimeoutExpired:
+                logger.warning(
+                    "driver still running after %.0fs; requeueing anyway", settings.preempt_grace_s
+                )
+        if self.num_requeues >= settings.max_requeues:
+            logger.warning(
+                "not requeueing: %d of %d requeues used", self.num_requeues, settings.max_requeues
+            )
+            return None
+        resubmitted = NodeMain()
+        resubmitted.num_requeues = self.num_requeues + 1
+        return DelayedSubmission(resubmitted, run_dir)
+
+    def __getstate__(self) -> dict[str, int]:
+        return {"num_requeues": self.num_requeues}  # processes and settings are per attempt
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__init__()
+        self.num_requeues = state["num_requeues"]
+
+
+def main(run_dir: str) -> int:
+    """Run this node's part of the job; the exit code (the driver's on node 0, 1 on failure)."""
+    try:
+        settings = read_node_settings(run_dir, os.environ)
+        return run_node(settings, os.environ)
+    except BootstrapError as error:
+        print(f"hpcrl: {error}", file=sys.stderr, flush=True)
+        return 1
+
+
+def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start=None) -> int:
+    """Node 0: head + driver, returns the driver's code. Others: join, wait, return 0."""
+    logger, handlers = _open_node_log(settings)
+    restore_sigterm = _exit_on_sigterm()
+    ray_node: RayNode | None = None
+    failed = True
+    try:
+        logger.info("node %d of %d (%s, %s), job %s attempt %d, Ray temp dir %s",
+                    settings.node_rank, settings.num_nodes, settings.task.node_name, settings.node_ip,
+                    settings.task.job_id, settings.task.attempt, settings.ray_temp_dir)  # fmt: skip
+        if settings.is_head:
+            _clear_stale_preempt(settings)
+            ray_node = RayNode.start(settings, environ)
+            code = _run_head(settings, ray_node, environ, logger, on_driver_start)
+        else:
+            _wait_for_head(settings, logger)
+            ray_node = RayNode.start(settings, environ)
+            code = _run_worker(settings, ray_node, logger)
+        failed = code != 0
+        return code
+    except BootstrapError as error:
+        logger.error("%s", error)
+        write_marker(settings.run_dir, failed_marker_name(settings.node_rank),
+                     settings.task.attempt_id, message=str(error))  # fmt: skip
+        raise
+    finally:
+        if ray_node is not None:
+            killed = ray_node.stop(keep_ray_logs=failed)
+            logger.info("Ray stopped%s", f" (had to kill {', '.join(killed)})" if killed else "")
+        restore_sigterm()
+        for handler in handlers:
+            logger.removeHandler(handler)
+            handler.close()
+
+
+def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
+    address = settings.gcs_address
+    if not wait_until(lambda: port_accepts(settings.head_ip, settings.ray_ports.gcs_port),
+                      settings.head_start_s, abort=ray_node.check_alive):  # fmt: skip
+        raise BootstrapError(
+            f"Ray head did not open its GCS port {address} within {settings.head_start_s:.0f}s"
+        )
+    logger.info("Ray head up at %s; starting driver %s", address, settings.driver)
+    log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
+    driver_env = ray_environment(environ) | {"RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
+    driver = start_in_own_session(
+        [sys.executable, "-u", "-m", "hpcrl.job.driver_process", str(settings.run_dir)],
+        env=driver_env, stdout_path=log_dir / "driver.log", stderr_path=log_dir / "driver.log",
+    )  # fmt: skip
+    if on_driver_start is not None:
+        on_driver_start(driver)
+    try:
+        while driver.poll() is None:
+            time.sleep(0.2)  # short polls keep submitit's USR2 handler responsive
+    finally:
+        stop_session(driver, settings.stop_timeout_s)  # whatever the driver left running
+    code = driver.returncode
+    write_marker(settings.run_dir, DONE, settings.task.attempt_id, exit_code=code)
+    failure = read_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id)
+    if failure is not None:
+        raise BootstrapError(failure["message"])
+    logger.info("driver exited with code %d", code)
+    return code
+
+
+def _wait_for_head(settings: NodeSettings, logger: logging.Logger) -> None:
+    ip, port = settings.head_ip, settings.ray_ports.gcs_port
+
+    def head_failed() -> None:
+        failure = read_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id)
+        if failure is not None:
+            raise OtherNodeFailed(
+                f"node 0 ({settings.task.head_name}) failed: {failure['message']}"
+            )
+
+    start = time.monotonic()
+    if not wait_until(lambda: port_accepts(ip, port), settings.head_wait_s, abort=head_failed):
+        raise HeadUnreachable(ip, port, time.monotonic() - start)
+    logger.info("head reachable at %s:%d after %.1fs; joining", ip, port, time.monotonic() - start)
+
+
+def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> int:
+    failed_connects = 0
+    while True:
+        ray_node.check_alive()
+        if read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None:
+            logger.info("node 0 marked the run done; stopping")
+            return 0
+        if port_accepts(settings.head_ip, settings.ray_ports.gcs_port):
+            failed_connects = 0
+        else:
+            failed_connects += 1
+            if failed_connects >= HEAD_GONE_AFTER_FAILED_CONNECTS:
+                logger.info("head's GCS port %s closed; stopping", settings.gcs_address)
+                return 0
+        time.sleep(WORKER_POLL_INTERVAL_S)
+
+
+def _clear_stale_preempt(settings: NodeSettings) -> None:
+    path = settings.run_dir / PREEMPT_FILE
+    if path.exists() and path.read_text().strip() != settings.task.attempt_id:
+        path.unlink()
+
+
+def _open_node_log(settings: NodeSettings) -> tuple[logging.Logger, list[logging.Handler]]:
+    """Timestamped lines into logs/node<k>/attempt<r>/node.log and the task's stderr."""
+    log_dir = node_log_dir(settings.run_dir, settings.node_rank, settings.task.attempt)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter(
+        f"%(asctime)s.%(msecs)03d node{settings.node_rank} %(levelname)s %(message)s",
+        "%Y-%m-%d %H:%M:%S",
+    )
+    handlers: list[logging.Handler] = [
+        logging.FileHandler(log_dir / "node.log"),
+        logging.StreamHandler(sys.stderr),
+    ]
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+    return logger, handlers
+
+
+def _exit_on_sigterm():
+    """Turn SIGTERM into SystemExit so Ray is still stopped (unless submitit handles it)."""
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if not in_main_thread or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+
+    def exit_now(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

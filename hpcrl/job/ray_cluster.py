@@ -1,0 +1,148 @@
+"""Ray head/worker processes of one node: the ``ray start`` command, its start and its stop.
+
+Every node runs ``ray start --block`` as a child it owns, bound to the node's own IP with the
+profile's fixed ports (all below the OS ephemeral range), a per-node temp dir, no dashboard
+and no usage stats. Workers always join an explicit ``--address``, never a cluster found
+through ``/tmp/ray/ray_current_cluster``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+from hpcrl.job.errors import PortInUse, RayExited
+from hpcrl.job.markers import node_log_dir
+from hpcrl.job.network import first_busy_port
+from hpcrl.job.processes import start_in_own_session, stop_session
+from hpcrl.job.settings import NodeSettings
+
+# Ports every node binds, and those only the head binds (named as in RayPortsCfg).
+NODE_PORT_NAMES = (
+    "node_manager_port", "object_manager_port", "runtime_env_agent_port",
+    "metrics_export_port", "dashboard_agent_grpc_port", "dashboard_agent_listen_port",
+)  # fmt: skip
+# The head runs a minimal dashboard process even with --include-dashboard=false, on dashboard_port.
+HEAD_PORT_NAMES = ("gcs_port", "client_server_port", "dashboard_port")
+
+
+def node_resource_name(node_rank: int) -> str:
+    """A custom Ray resource (amount 1) that marks the node of this rank.
+
+    Tasks pin to a node with ``resources={name: 0.001}``; the join check names missing
+    nodes by rank even when simulated nodes share one IP.
+    """
+    return f"hpcrl_node_{node_rank}"
+
+
+def ray_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment for Ray's processes (and the driver): quiet, quick to stop."""
+    env = dict(base)
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray otherwise drains for 30 s on SIGTERM before it stops.
+    env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
+    env.pop("RAY_ADDRESS", None)  # a stale address must not leak into `ray start`
+    # Ray 2.60 turns token auth on when a ~/.ray/auth_token exists, and then a driver without
+    # the token is refused. Nodes of a job share no such file, so be explicit; a site that
+    # wants token auth sets RAY_AUTH_MODE=token (and the token) in its profile's env.
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    return env
+
+
+def ray_start_argv(settings: NodeSettings) -> list[str]:
+    """``ray start`` for this node: the head on node 0, a worker joining it elsewhere."""
+    ports = settings.ray_ports
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    argv = [ray_cli, "start", "--block", "--disable-usage-stats"]
+    if settings.is_head:
+        argv += ["--head", f"--port={ports.gcs_port}", "--include-dashboard=false"]
+        argv += [f"--ray-client-server-port={ports.client_server_port}"]
+        argv += [f"--dashboard-port={ports.dashboard_port}"]
+    else:
+        argv += [f"--address={settings.gcs_address}"]
+    argv += [f"--node-ip-address={settings.node_ip}", f"--temp-dir={settings.ray_temp_dir}"]
+    argv += [f"--{name.replace('_', '-')}={getattr(ports, name)}" for name in NODE_PORT_NAMES]
+    argv += [f"--min-worker-port={ports.min_worker_port}"]
+    argv += [f"--max-worker-port={ports.max_worker_port}"]
+    argv += [f"--resources={json.dumps({node_resource_name(settings.node_rank): 1})}"]
+    argv += [f"--num-gpus={settings.num_gpus}"]
+    if settings.num_cpus is not None:
+        argv += [f"--num-cpus={settings.num_cpus}"]
+    if settings.object_store_mb is not None:
+        argv += [f"--object-store-memory={settings.object_store_mb * 1024 * 1024}"]
+    return argv
+
+
+def ports_to_check(settings: NodeSettings) -> list[tuple[str, int]]:
+    names = NODE_PORT_NAMES + (HEAD_PORT_NAMES if settings.is_head else ())
+    return [(name, getattr(settings.ray_ports, name)) for name in names]
+
+
+@attrs.define
+class RayNode:
+    """This node's running ``ray start --block``; ``stop`` leaves no process behind."""
+
+    settings: NodeSettings
+    process: object  # subprocess.Popen[bytes]
+
+    @classmethod
+    def start(cls, settings: NodeSettings, environ: Mapping[str, str]) -> RayNode:
+        """Check the fixed ports are free, then start Ray (PortInUse names a busy port)."""
+        busy = first_busy_port(settings.node_ip, ports_to_check(settings))
+        if busy is not None:
+            name, port = busy
+            raise PortInUse(port, name, settings.task.node_name, settings.node_ip)
+        shutil.rmtree(settings.ray_temp_dir, ignore_errors=True)  # a crashed earlier attempt
+        log_dir = node_log_dir(settings.run_dir, settings.node_rank, settings.task.attempt)
+        process = start_in_own_session(
+            ray_start_argv(settings), env=ray_environment(environ),
+            stdout_path=log_dir / "ray.out", stderr_path=log_dir / "ray.err",
+        )  # fmt: skip
+        return cls(settings=settings, process=process)
+
+    def check_alive(self) -> None:
+        """Raise RayExited when ``ray start --block`` has ended on its own."""
+        code = self.process.poll()
+        if code is not None:
+            log_dir = node_log_dir(
+                self.settings.run_dir, self.settings.node_rank, self.settings.task.attempt
+            )
+            raise RayExited(
+                f"Ray on node {self.settings.task.node_name} exited with code {code} while the "
+                f"job still needed it; see {log_dir}/ray.err:\n{tail(log_dir / 'ray.err')}"
+            )
+
+    def stop(self, keep_ray_logs: bool) -> list[str]:
+        """Stop every Ray process of this node; returns the names that needed SIGKILL."""
+        killed = stop_session(self.process, self.settings.stop_timeout_s)
+        temp_dir = Path(self.settings.ray_temp_dir)
+        if keep_ray_logs:
+            # Ray's own logs (raylet.out, gcs_server.out, ...) live in the temp dir; keep them
+            # next to the node's logs when something went wrong.
+            log_dir = node_log_dir(
+                self.settings.run_dir, self.settings.node_rank, self.settings.task.attempt
+            )
+            session_logs = temp_dir / "session_latest" / "logs"
+            if session_logs.is_dir():
+                shutil.copytree(session_logs, log_dir / "ray-session-logs", dirs_exist_ok=True,
+                                ignore_dangling_symlinks=True)  # fmt: skip
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        return killed
+
+
+def tail(path: Path, num_lines: int = 20) -> str:
+    """The last lines of a text file ('' when it does not exist)."""
+    try:
+        with open(path, "rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(0, file.tell() - 16384))
+            lines = file.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    return "\n".join(lines[-num_lines:])

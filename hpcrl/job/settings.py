@@ -1,0 +1,165 @@
+"""``NodeSettings``: everything one node's bootstrap needs, read in one place.
+
+Sources, later ones win: built-in defaults < ``<run_dir>/jobspec.json`` (the planner's
+``JobSpec``, unstructured: ``num_nodes``, ``ray_ports``, ``max_requeues``, ``slots_per_node``,
+``device``) < ``HPCRL_*`` environment variables (the rendered script exports them; tests set
+them per simulated node). Slurm's own variables give the node's rank and the job's hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from hpcrl.config.profile import RayPortsCfg
+from hpcrl.job.errors import NodeSettingsError
+from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
+
+DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
+
+# HPCRL_* variable -> (setting name, type). Ray ports: HPCRL_RAY_<FIELD>, e.g. HPCRL_RAY_GCS_PORT.
+_ENV_SETTINGS: dict[str, tuple[str, type]] = {
+    "HPCRL_NUM_NODES": ("num_nodes", int),
+    "HPCRL_DRIVER": ("driver", str),
+    "HPCRL_MAX_REQUEUES": ("max_requeues", int),
+    "HPCRL_NODE_IP": ("node_ip", str),
+    "HPCRL_RAY_NUM_CPUS": ("num_cpus", int),
+    "HPCRL_RAY_NUM_GPUS": ("num_gpus", int),
+    "HPCRL_RAY_OBJECT_STORE_MB": ("object_store_mb", int),
+    "HPCRL_RAY_TEMP_ROOT": ("ray_temp_root", str),
+    "HPCRL_HEAD_START_S": ("head_start_s", float),
+    "HPCRL_HEAD_WAIT_S": ("head_wait_s", float),
+    "HPCRL_JOIN_TIMEOUT_S": ("join_timeout_s", float),
+    "HPCRL_STOP_TIMEOUT_S": ("stop_timeout_s", float),
+    "HPCRL_PREEMPT_GRACE_S": ("preempt_grace_s", float),
+}
+
+
+@attrs.frozen(kw_only=True)
+class NodeSettings:
+    """One node's bootstrap settings (see the module docstring for where each comes from)."""
+
+    run_dir: Path
+    task: SlurmTask
+    num_nodes: int
+    node_ip: str
+    head_ip: str
+    ray_ports: RayPortsCfg
+    driver: str = DEFAULT_DRIVER  # "module:function", called on node 0 once all nodes joined
+    max_requeues: int = 0
+    num_cpus: int | None = None  # None: Ray counts the node's CPUs
+    num_gpus: int = 0
+    object_store_mb: int | None = None  # None: Ray's default share of memory
+    ray_temp_root: str = "/tmp"  # Ray's unix socket paths must stay short
+    head_start_s: float = 60.0  # node 0: its own head's GCS port must open within this
+    head_wait_s: float = 120.0  # workers: the head's GCS port must open within this
+    join_timeout_s: float = 120.0  # node 0: every node registered within this
+    stop_timeout_s: float = 20.0  # Ray's processes exit within this after SIGTERM, else SIGKILL
+    preempt_grace_s: float = 60.0  # on USR2: how long the driver gets to checkpoint
+
+    @property
+    def node_rank(self) -> int:
+        return self.task.node_rank
+
+    @property
+    def is_head(self) -> bool:
+        return self.task.node_rank == 0
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{self.head_ip}:{self.ray_ports.gcs_port}"
+
+    @property
+    def ray_temp_dir(self) -> str:
+        # Per job and node: simulated nodes share /tmp, and so may two jobs on one node.
+        return f"{self.ray_temp_root}/hpcrl-ray-{self.task.job_id}-{self.task.node_rank}"
+
+
+def resolve_ip(host_name: str) -> str:
+    """The IPv4 address a host name resolves to here (/etc/hosts or DNS, as getent sees it)."""
+    try:
+        return socket.getaddrinfo(host_name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror as error:
+        raise NodeSettingsError(
+            f"cannot resolve node name {host_name!r} to an IPv4 address ({error}); make node "
+            "names resolvable on the nodes or set HPCRL_NODE_IP in the cluster profile's env"
+        ) from None
+
+
+def read_node_settings(run_dir: str | os.PathLike[str], environ: Mapping[str, str]) -> NodeSettings:
+    """Settings for this node from the run folder, Slurm's variables and ``HPCRL_*`` overrides."""
+    task = read_slurm_task(environ)
+    values = _jobspec_values(Path(run_dir)) | _env_values(environ)
+    ports = attrs.evolve(RayPortsCfg(**values.pop("ray_ports", {})), **_env_ports(environ))
+    num_nodes = values.pop("num_nodes", task.num_nodes)
+    if num_nodes != task.num_nodes:
+        raise NodeSettingsError(
+            f"the plan expects {num_nodes} nodes but Slurm started {task.num_nodes} "
+            f"(SLURM_JOB_NODELIST hosts: {', '.join(task.node_names)}); submit with --nodes={num_nodes}"
+        )
+    # Without Slurm there is one node and nothing outside the machine needs to reach it.
+    default_ip = "127.0.0.1" if task.job_id == "local" else None
+    node_ip = values.pop("node_ip", None) or default_ip or resolve_ip(task.node_name)
+    head_ip = node_ip if task.node_rank == 0 else resolve_ip(task.head_name)
+    _check_not_loopback(task, node_ip)
+    return NodeSettings(
+        run_dir=Path(run_dir).resolve(), task=task, num_nodes=num_nodes, node_ip=node_ip,
+        head_ip=head_ip, ray_ports=ports, **values,
+    )  # fmt: skip
+
+
+def _jobspec_values(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "jobspec.json"
+    if not path.exists():
+        return {}
+    spec = json.loads(path.read_text())
+    values: dict[str, Any] = {}
+    for key in ("num_nodes", "ray_ports", "max_requeues"):
+        if key in spec:
+            values[key] = spec[key]
+    if spec.get("device") == "gpu" and "slots_per_node" in spec:
+        values["num_gpus"] = spec["slots_per_node"]
+    if spec.get("cpus_per_node"):
+        values["num_cpus"] = spec["cpus_per_node"]
+    return values
+
+
+def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for variable, (name, kind) in _ENV_SETTINGS.items():
+        text = environ.get(variable)
+        if text:
+            values[name] = _parse(variable, text, kind)
+    return values
+
+
+def _env_ports(environ: Mapping[str, str]) -> dict[str, int]:
+    ports = {}
+    for field in attrs.fields(RayPortsCfg):
+        text = environ.get(f"HPCRL_RAY_{field.name.upper()}")
+        if text:
+            ports[field.name] = _parse(f"HPCRL_RAY_{field.name.upper()}", text, int)
+    return ports
+
+
+def _parse(variable: str, text: str, kind: type) -> Any:
+    try:
+        return kind(text)
+    except ValueError:
+        raise NodeSettingsError(f"{variable}={text!r} is not a valid {kind.__name__}") from None
+
+
+def _check_not_loopback(task: SlurmTask, node_ip: str) -> None:
+    # Several distinct hosts on a loopback address cannot reach each other; one machine
+    # simulating several nodes under one name (tests) can.
+    if node_ip.startswith("127.") and len(set(task.node_names)) > 1:
+        raise NodeSettingsError(
+            f"node {task.node_name} resolves to the loopback address {node_ip}, so other nodes "
+            "could not reach its Ray; fix the node's /etc/hosts entry or set HPCRL_NODE_IP"
+        )

@@ -1,0 +1,103 @@
+"""What a task learns about its job from Slurm's environment (or, without Slurm, about itself).
+
+Kept free of Ray and subprocesses so it can be tested with plain dictionaries.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Mapping
+
+import attrs
+
+from hpcrl.job.errors import NodeSettingsError
+
+_BRACKET = re.compile(r"\[([^\]]*)\]")
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compressed host list (``n[1-3,7],gpu[01-02]-ib``) as host names, in order."""
+    hosts: list[str] = []
+    for group in _split_top_level(hostlist.strip()):
+        hosts.extend(_expand_group(group))
+    return hosts
+
+
+def _split_top_level(hostlist: str) -> list[str]:
+    groups, depth, current = [], 0, ""
+    for char in hostlist:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            groups.append(current)
+            current = ""
+        else:
+            current += char
+    if depth != 0:
+        raise NodeSettingsError(f"unbalanced brackets in Slurm host list {hostlist!r}")
+    return [group for group in groups + [current] if group]
+
+
+def _expand_group(group: str) -> list[str]:
+    match = _BRACKET.search(group)
+    if match is None:
+        return [group]
+    prefix, suffix = group[: match.start()], group[match.end() :]
+    names = []
+    for item in match.group(1).split(","):
+        low, dash, high = item.partition("-")
+        if not dash:
+            names.append(prefix + low + suffix)
+            continue
+        width = len(low)  # Slurm keeps leading zeros: gpu[01-03] -> gpu01, gpu02, gpu03
+        names.extend(
+            f"{prefix}{number:0{width}d}{suffix}" for number in range(int(low), int(high) + 1)
+        )
+    return [host for name in names for host in _expand_group(name)]
+
+
+@attrs.frozen(kw_only=True)
+class SlurmTask:
+    """This task's place in the job. ``job_id`` is ``local`` outside Slurm."""
+
+    job_id: str
+    attempt: int  # SLURM_RESTART_COUNT: 0, then 1, 2, ... after each requeue
+    node_rank: int
+    num_nodes: int
+    node_name: str
+    node_names: tuple[str, ...]
+
+    @property
+    def head_name(self) -> str:
+        return self.node_names[0]
+
+    @property
+    def attempt_id(self) -> str:
+        """Identifies one run of the job; markers from other attempts are stale."""
+        return f"{self.job_id}.{self.attempt}"
+
+
+def read_slurm_task(environ: Mapping[str, str]) -> SlurmTask:
+    """Read the task's place from SLURM_* variables; one local node when they are absent."""
+    if "SLURM_JOB_ID" not in environ or "SLURM_NODEID" not in environ:
+        name = socket.gethostname()
+        return SlurmTask(
+            job_id="local", attempt=0, node_rank=0, num_nodes=1, node_name=name, node_names=(name,)
+        )
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    node_names = tuple(expand_hostlist(nodelist))
+    num_nodes = int(environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or 0)
+    if not node_names or len(node_names) != num_nodes:
+        raise NodeSettingsError(
+            f"SLURM_JOB_NODELIST={nodelist!r} names {len(node_names)} hosts but SLURM_NNODES="
+            f"{num_nodes}; run one srun task per node (srun --ntasks-per-node=1)"
+        )
+    node_rank = int(environ["SLURM_NODEID"])
+    return SlurmTask(
+        job_id=environ["SLURM_JOB_ID"],
+        attempt=int(environ.get("SLURM_RESTART_COUNT") or 0),
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        node_name=environ.get("SLURMD_NODENAME") or node_names[node_rank],
+        node_names=node_names,
+    )

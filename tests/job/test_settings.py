@@ -1,0 +1,128 @@
+"""Node settings, Slurm host lists, the `ray start` command and the requeue hook (no Ray started)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+from submitit.helpers import DelayedSubmission
+
+from hpcrl.job.errors import NodeSettingsError
+from hpcrl.job.markers import PREEMPT_FILE
+from hpcrl.job.node import NodeMain
+from hpcrl.job.ray_cluster import ray_environment, ray_start_argv
+from hpcrl.job.settings import read_node_settings
+from hpcrl.job.slurm_env import expand_hostlist
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "hosts"),
+    [
+        ("n1", ["n1"]),
+        ("n[1-2]", ["n1", "n2"]),
+        ("n1,n2", ["n1", "n2"]),
+        ("gpu[01-03,07],cpu5", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]),
+        ("eos[0098-0100]-ib", ["eos0098-ib", "eos0099-ib", "eos0100-ib"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ],
+)
+def test_expand_hostlist(hostlist, hosts):
+    assert expand_hostlist(hostlist) == hosts
+
+
+def slurm_env(rank: int, **extra: str) -> dict[str, str]:
+    return {
+        "SLURM_JOB_ID": "4242", "SLURM_NODEID": str(rank), "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "localhost,localhost", "SLURMD_NODENAME": "localhost", **extra,
+    }  # fmt: skip
+
+
+def test_environment_overrides_jobspec_which_overrides_defaults(tmp_path):
+    jobspec = {"num_nodes": 2, "max_requeues": 3, "device": "gpu", "slots_per_node": 8,
+               "ray_ports": {"gcs_port": 7000, "node_manager_port": 7001}}  # fmt: skip
+    (tmp_path / "jobspec.json").write_text(json.dumps(jobspec))
+
+    settings = read_node_settings(
+        tmp_path, slurm_env(1, HPCRL_RAY_GCS_PORT="7100", SLURM_RESTART_COUNT="2")
+    )
+
+    assert settings.ray_ports.gcs_port == 7100  # env
+    assert settings.ray_ports.node_manager_port == 7001  # jobspec
+    assert settings.ray_ports.object_manager_port == 6801  # default
+    assert (settings.max_requeues, settings.num_gpus, settings.num_nodes) == (3, 8, 2)
+    assert (settings.node_rank, settings.is_head) == (1, False)
+    assert (settings.node_ip, settings.head_ip) == ("127.0.0.1", "127.0.0.1")
+    assert settings.task.attempt_id == "4242.2"
+    assert settings.ray_temp_dir == "/tmp/hpcrl-ray-4242-1"
+
+
+def test_without_slurm_one_local_node(tmp_path):
+    settings = read_node_settings(tmp_path, {})
+    assert (settings.num_nodes, settings.node_rank, settings.node_ip) == (1, 0, "127.0.0.1")
+    assert settings.task.job_id == "local"
+
+
+def test_node_count_mismatch_names_both_counts(tmp_path):
+    (tmp_path / "jobspec.json").write_text(json.dumps({"num_nodes": 4}))
+    with pytest.raises(NodeSettingsError, match="the plan expects 4 nodes but Slurm started 2"):
+        read_node_settings(tmp_path, slurm_env(0))
+
+
+def test_distinct_hosts_on_loopback_are_refused(tmp_path):
+    env = slurm_env(0, SLURM_JOB_NODELIST="n1,n2", SLURMD_NODENAME="n1", HPCRL_NODE_IP="127.0.1.1")
+    with pytest.raises(NodeSettingsError, match="resolves to the loopback address 127.0.1.1"):
+        read_node_settings(tmp_path, env)
+
+
+def test_bad_env_value_names_the_variable(tmp_path):
+    with pytest.raises(NodeSettingsError, match="HPCRL_JOIN_TIMEOUT_S='soon' is not a valid float"):
+        read_node_settings(tmp_path, slurm_env(0, HPCRL_JOIN_TIMEOUT_S="soon"))
+
+
+def test_ray_start_command_for_head_and_worker(tmp_path):
+    head = read_node_settings(tmp_path, slurm_env(0, HPCRL_RAY_NUM_CPUS="4"))
+    worker = read_node_settings(tmp_path, slurm_env(1))
+
+    head_argv, worker_argv = ray_start_argv(head), ray_start_argv(worker)
+
+    assert head_argv[1:6] == ["start", "--block", "--disable-usage-stats", "--head", "--port=6379"]
+    for flag in ("--include-dashboard=false", "--ray-client-server-port=10001",
+                 "--dashboard-port=8265", "--node-ip-address=127.0.0.1",
+                 "--temp-dir=/tmp/hpcrl-ray-4242-0", "--node-manager-port=6800",
+                 "--object-manager-port=6801", "--runtime-env-agent-port=6802",
+                 "--metrics-export-port=6803", "--dashboard-agent-grpc-port=6804",
+                 "--dashboard-agent-listen-port=6805", "--min-worker-port=11000",
+                 "--max-worker-port=12999", '--resources={"hpcrl_node_0": 1}',
+                 "--num-gpus=0", "--num-cpus=4"):  # fmt: skip
+        assert flag in head_argv
+    assert "--address=127.0.0.1:6379" in worker_argv
+    assert not any(
+        arg.startswith(("--head", "--port", "--include-dashboard")) for arg in worker_argv
+    )
+    assert '--resources={"hpcrl_node_1": 1}' in worker_argv
+
+
+def test_ray_environment_is_explicit_and_drops_a_stale_address():
+    env = ray_environment({"RAY_ADDRESS": "10.0.0.9:6379", "PATH": "/bin"})
+    assert "RAY_ADDRESS" not in env
+    assert env["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+    assert env["RAY_AUTH_MODE"] == "disabled"
+    assert ray_environment({"RAY_AUTH_MODE": "token"})["RAY_AUTH_MODE"] == "token"
+
+
+def test_checkpoint_writes_preempt_and_requeues_until_the_limit(tmp_path, monkeypatch):
+    for name, value in slurm_env(0, HPCRL_MAX_REQUEUES="2", SLURM_RESTART_COUNT="1").items():
+        monkeypatch.setenv(name, value)
+    entry = NodeMain()
+    entry.num_requeues = 1
+
+    resubmission = entry.checkpoint(str(tmp_path))
+
+    assert (tmp_path / PREEMPT_FILE).read_text() == "4242.1"
+    assert isinstance(resubmission, DelayedSubmission)
+    assert resubmission.args == (str(tmp_path),)
+    requeued = pickle.loads(pickle.dumps(resubmission.function))
+    assert isinstance(requeued, NodeMain) and requeued.num_requeues == 2
+    assert requeued.checkpoint(str(tmp_path)) is None  # 2 of 2 used: submitit stops requeueing
