@@ -9,7 +9,8 @@ import attrs
 from hpcrl.config.errors import Problem
 from hpcrl.config.profile import ClusterProfile
 
-SLURM_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$|^(\d+-)?\d{1,2}:\d{2}:\d{2}$")
+# Slurm's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+SLURM_TIME = re.compile(r"^\d+(:\d{1,2}){0,2}$|^\d+-\d{1,2}(:\d{1,2}){0,2}$")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "APIKEY")
 
 
@@ -72,6 +73,33 @@ def rule_cpu_profile_without_gres(profile: ClusterProfile) -> list[Problem]:
             value=profile.slurm.gres_form,
             message="a CPU profile (device: cpu) must not request GPUs",
             fix="set slurm.gres_form: none",
+        )
+    ]
+
+
+def rule_gpu_profile_requests_gpus(profile: ClusterProfile) -> list[Problem]:
+    if profile.device != "gpu" or profile.scheduler != "slurm" or profile.slurm.gres_form != "none":
+        return []
+    return [
+        Problem(
+            path="slurm.gres_form",
+            value="none",
+            message="a GPU profile that requests no GPUs relies on the site handing them out anyway",
+            fix="set slurm.gres_form: gres (--gres=gpu:N) or gpus_per_node (--gpus-per-node=N)",
+            severity="warning",
+        )
+    ]
+
+
+def rule_container_needs_slurm(profile: ClusterProfile) -> list[Problem]:
+    if profile.container is None or profile.scheduler == "slurm":
+        return []
+    return [
+        Problem(
+            path="container",
+            value=profile.container.image,
+            message="containers run through pyxis on srun; the local scheduler runs on this machine directly",
+            fix="remove the container section, or use scheduler: slurm on a cluster with pyxis",
         )
     ]
 
@@ -193,6 +221,8 @@ PROFILE_RULES = (
     rule_counts_positive,
     rule_time_limit,
     rule_cpu_profile_without_gres,
+    rule_gpu_profile_requests_gpus,
+    rule_container_needs_slurm,
     rule_ray_ports,
     rule_no_secrets_in_env,
     rule_pass_env_names,
