@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.converter import unstructure
 from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
 from hpcrl.config.loader import (
     MergedConfig,
@@ -41,6 +42,11 @@ class LoadedRecipe:
     resolved_dict: dict[str, Any]
     overrides: tuple[str, ...] = ()
     warnings: list[Problem] = attrs.field(factory=list)
+
+    def effective_dict(self) -> dict[str, Any]:
+        """Every field with the value it takes, code defaults included (resolved_dict holds
+        only what the files and overrides wrote). Structures back to the same Recipe."""
+        return unstructure(self.recipe)
 
 
 def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) -> LoadedRecipe:

@@ -61,7 +61,7 @@ def list_recipes() -> dict[str, Path]:
 
 def find_profile(name_or_path: str | os.PathLike, environ: Mapping[str, str] | None = None) -> Path:
     """The profile file for a name on the search path or an explicit path."""
-    path = _as_existing_path(name_or_path)
+    path = _as_existing_path(name_or_path, "--cluster")
     if path is not None:
         return path
     name = _without_yaml_suffix(str(name_or_path))
@@ -78,16 +78,16 @@ def find_profile(name_or_path: str | os.PathLike, environ: Mapping[str, str] | N
 
 def find_recipe(name_or_path: str | os.PathLike) -> Path:
     """The recipe file for a path or the name of a shipped recipe."""
-    path = _as_existing_path(name_or_path)
+    path = _as_existing_path(name_or_path, "recipe")
     if path is not None:
         return path
-    name = Path(str(name_or_path)).name
+    name = _without_yaml_suffix(str(name_or_path))
     for suffix in ("", *YAML_SUFFIXES):
         candidate = shipped_recipes_dir() / f"{name}{suffix}"
         if candidate.is_file():
             return candidate
     where = f"no file {os.fspath(name_or_path)!r} here and no shipped recipe of that name in {shipped_recipes_dir()}"
-    raise ConfigError([_not_found("recipe", str(name_or_path), list_recipes(), where, "recipe")])
+    raise ConfigError([_not_found("recipe", name, list_recipes(), where, "recipe")])
 
 
 def _not_found(
@@ -101,23 +101,21 @@ def _not_found(
     return Problem(path=path, value=name, message=f"{what} not found ({where})", fix=fix)
 
 
-def _as_existing_path(name_or_path: str | os.PathLike) -> Path | None:
+def _as_existing_path(name_or_path: str | os.PathLike, what: str) -> Path | None:
     path = Path(os.fspath(name_or_path)).expanduser()
-    looks_like_path = path.suffix in YAML_SUFFIXES or len(path.parts) > 1
     if path.is_file():
         return path.absolute()
-    if looks_like_path and not _is_plain_name(str(name_or_path)):
-        raise ConfigError(
-            [
-                Problem(
-                    path="file",
-                    value=str(name_or_path),
-                    message="no such file",
-                    fix="check the path",
-                )
-            ]
-        )
-    return None
+    if _is_plain_name(str(name_or_path)):
+        return None  # a name: searched for by the caller
+    nearby = _yaml_files(path.parent)
+    guess = did_you_mean(path.stem, nearby)
+    fix = (
+        f"did you mean {nearby[guess]}?"
+        if guess
+        else f"check the path; {what} files there: {', '.join(nearby) or 'none'}"
+    )
+    problem = Problem(path=what, value=str(name_or_path), message="no such file", fix=fix)
+    raise ConfigError([problem])
 
 
 def _without_yaml_suffix(name: str) -> str:

@@ -303,3 +303,12 @@ def test_section_given_as_a_value_is_explained(tmp_path):
 
 def test_profile_name_may_carry_the_yaml_suffix():
     assert load_profile("local.yaml", environ={}).name == "local"
+
+
+def test_missing_recipe_path_suggests_a_nearby_file(tmp_path):
+    write(tmp_path, "grpo-mine-1n-cpu.yaml", MINIMAL)
+    with pytest.raises(ConfigError) as caught:
+        load_recipe(str(tmp_path / "grpo-mien-1n-cpu.yaml"))
+    (problem,) = caught.value.problems
+    assert (problem.path, problem.message) == ("recipe", "no such file")
+    assert problem.fix == f"did you mean {tmp_path / 'grpo-mine-1n-cpu.yaml'}?"

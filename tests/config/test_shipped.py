@@ -107,3 +107,13 @@ def test_pyxis_test_profile_extends_the_plain_one():
     assert pyxis.slurm == plain.slurm
     assert pyxis.container is not None and pyxis.container.image == "hpcrl-test:latest"
     assert plain.container is None
+
+
+@pytest.mark.parametrize("name", ["grpo-tiny-1n-cpu", "grpo-qwen2-1.5b-2n8g-megatron"])
+def test_effective_dict_holds_defaults_and_round_trips(name):
+    from hpcrl.config import structure_recipe
+
+    loaded = load_recipe(name)
+    effective = loaded.effective_dict()
+    assert "pipeline_model_parallel_size" in effective["policy"]["megatron_cfg"]
+    assert structure_recipe(effective) == loaded.recipe
