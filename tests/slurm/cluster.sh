@@ -205,6 +205,7 @@ write_slurm_conf() {
   mem=$(node_mem_mb)
   {
     echo "$CONF_TAG"
+    echo "# root=$ROOT"
     cat <<EOF
 ClusterName=hpcrl
 SlurmctldHost=$ctl_host($(ctl_ip))
@@ -328,6 +329,16 @@ slurmd_up() {
 }
 
 # ---------------------------------------------------------------- commands
+# Ports, /etc/slurm, the netns names and /run/munge are machine-wide: one cluster at a time.
+refuse_other_cluster() {
+  local other
+  [[ -e $ETC/slurm.conf ]] || return 0
+  other=$(sed -n 's/^# root=//p' "$ETC/slurm.conf" | head -n1)
+  if [[ -n $other && $other != "$ROOT" ]] && pid_alive "$other/run/slurmctld.pid"; then
+    die "a test cluster from $other is running; stop it first: HPCRL_SLURM_ROOT=$other $0 stop"
+  fi
+}
+
 healthy() {
   [[ -e $ETC/slurm.conf ]] && pid_alive "$ROOT/run/slurmctld.pid" && pid_alive "$ROOT/run/slurmdbd.pid" \
     && nodes_idle_or_busy && sacct_answers
@@ -342,6 +353,7 @@ nodes_idle_or_busy() {
 
 cmd_start() {
   need_root
+  refuse_other_cluster
   if healthy 2>/dev/null; then
     log "start: already running ($(mode) mode), nothing to do"
     return
@@ -389,6 +401,7 @@ stop_pidfiles() {
 
 cmd_stop() {
   need_root
+  refuse_other_cluster
   local n
   # Jobs first, so no slurmstepd outlives its slurmd.
   if [[ -e $ETC/slurm.conf ]] && pid_alive "$ROOT/run/slurmctld.pid"; then

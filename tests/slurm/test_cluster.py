@@ -1,6 +1,7 @@
 """The test cluster itself: two nodes, accounting, requeue, and the pyxis stand-in."""
 
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,8 +38,9 @@ def expected_nodes() -> dict[str, tuple[str, str]]:
     """node name -> (hostname, IP) that a task on that node must see."""
     if cluster_mode() == "netns":
         return {n: (n, NETNS_NODE_IPS[n]) for n in NODE_NAMES}
-    # Loopback fallback: every slurmd shares the machine's hostname and 127.0.0.1.
-    return {n: (socket.gethostname(), "127.0.0.1") for n in NODE_NAMES}
+    # Loopback fallback: every slurmd shares this machine's hostname and addresses.
+    own_ip = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()[0]
+    return {n: (socket.gethostname(), own_ip) for n in NODE_NAMES}
 
 
 def test_srun_spans_two_nodes_with_own_name_hostname_and_ip() -> None:
@@ -92,15 +94,23 @@ def pyxis_env_by_task(out: str) -> dict[int, dict[str, str]]:
 
 
 def test_pyxis_standin_exports_container_options_on_every_node() -> None:
-    out = run_slurm("srun", "-N2", "-l", *PYXIS_ARGS, "sh", "-c", 'printenv; echo "NODE=$SLURMD_NODENAME"')
+    out = run_slurm(
+        "srun", "-N2", "-l", *PYXIS_ARGS, "sh", "-c", 'printenv; echo "NODE=$SLURMD_NODENAME"'
+    )
     expected = {
         "PYXIS_STANDIN_CONTAINER_IMAGE": "foo:1",
         "PYXIS_STANDIN_CONTAINER_MOUNTS": "/a:/b,/c:/d",
         "PYXIS_STANDIN_NO_CONTAINER_MOUNT_HOME": "1",
     }
     assert pyxis_env_by_task(out) == {0: expected, 1: expected}
-    nodes = {line for lines in parse_labelled(out).values() for line in lines if line.startswith("NODE=")}
+    nodes = {
+        line for lines in parse_labelled(out).values() for line in lines if line.startswith("NODE=")
+    }
     assert nodes == {"NODE=n1", "NODE=n2"}
+
+
+def standin_env(option: str) -> str:
+    return "PYXIS_STANDIN_" + option.upper().replace("-", "_")
 
 
 def test_pyxis_standin_registers_every_pyxis_option() -> None:
@@ -119,8 +129,7 @@ def test_pyxis_standin_registers_every_pyxis_option() -> None:
     }
     args = [f"--{f}" for f in flags] + [f"--{k}={v}" for k, v in valued.items()]
     out = run_slurm("srun", "-N1", "-l", *args, "printenv")
-    to_env = lambda opt: "PYXIS_STANDIN_" + opt.upper().replace("-", "_")  # noqa: E731
-    expected = {to_env(f): "1" for f in flags} | {to_env(k): v for k, v in valued.items()}
+    expected = {standin_env(f): "1" for f in flags} | {standin_env(k): v for k, v in valued.items()}
     assert pyxis_env_by_task(out) == {0: expected}
 
 
