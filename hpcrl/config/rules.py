@@ -1,8 +1,9 @@
 """Cross-field rules of a recipe: each a small function ``Recipe -> list[Problem]``.
 
 ``check_recipe`` runs them all; every problem names its full key path, the bad value and the
-fix. Megatron-specific rules live in ``hpcrl.config.megatron_rules`` (including the
-``MODEL_OVERRIDES_CHECKED_IN_JOB`` hook for the Megatron backend). Allocation vs parallel
+fix. Megatron-specific rules live in ``hpcrl.config.megatron_rules``; those of
+``model_overrides`` and ``teacher.megatron_cfg_overrides`` in ``hpcrl.config.override_rules``,
+with ``MODEL_OVERRIDES_CHECKED_IN_JOB``, the hook for the Megatron backend. Allocation vs parallel
 layout needs the cluster profile and is checked by the planner (``hpcrl.plan``).
 
 Batch semantics (as in NeMo RL): one GRPO step generates ``num_prompts_per_step *
@@ -14,9 +15,10 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 from __future__ import annotations
 
 from hpcrl.config.errors import Problem
-from hpcrl.config.megatron_rules import (
-    MEGATRON_RULES,
+from hpcrl.config.megatron_rules import MEGATRON_RULES
+from hpcrl.config.override_rules import (
     MODEL_OVERRIDES_CHECKED_IN_JOB,
+    OVERRIDE_RULES,
     provider_field_problems,
 )
 from hpcrl.config.recipe import Recipe
@@ -298,4 +300,5 @@ RECIPE_RULES = (
     rule_generation,
     rule_generation_resources,
     *MEGATRON_RULES,
+    *OVERRIDE_RULES,
 )

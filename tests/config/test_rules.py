@@ -3,12 +3,8 @@
 import pytest
 
 from hpcrl.config import structure_recipe
-from hpcrl.config.megatron_rules import (
-    FIRST_CLASS_MODEL_OVERRIDES,
-    MODEL_OVERRIDES_CHECKED_IN_JOB,
-    provider_field_problems,
-)
-from hpcrl.config.rules import check_recipe
+from hpcrl.config.override_rules import FIRST_CLASS_MODEL_OVERRIDES
+from hpcrl.config.rules import MODEL_OVERRIDES_CHECKED_IN_JOB, check_recipe, provider_field_problems
 
 from .recipe_dicts import base_dict, paths, problems_for, with_keys
 
