@@ -285,7 +285,9 @@ EOF
 PLUGSTACK_CONF=$ETC/plugstack.conf.d/pyxis-standin.conf
 
 build_spank_plugin() {
-  gcc -shared -fPIC -Wall -Werror -o "$ROOT/pyxis_standin.so" "$HERE/pyxis_standin.c"
+  # Build aside, then rename: steps that already loaded the old .so keep a valid file.
+  gcc -shared -fPIC -Wall -Wextra -Werror -o "$ROOT/pyxis_standin.so.new" "$HERE/pyxis_standin.c"
+  mv -f "$ROOT/pyxis_standin.so.new" "$ROOT/pyxis_standin.so"
   mkdir -p "$ETC/plugstack.conf.d"
   # Debian's plugstack.conf includes plugstack.conf.d/*.conf; create it where it is missing.
   [[ -e $ETC/plugstack.conf ]] || echo "include $ETC/plugstack.conf.d/*.conf" >"$ETC/plugstack.conf"
@@ -355,7 +357,9 @@ cmd_start() {
   need_root
   refuse_other_cluster
   if healthy 2>/dev/null; then
-    log "start: already running ($(mode) mode), nothing to do"
+    # slurmstepd loads plugstack plugins per step, so a rebuilt stand-in applies at once.
+    if [[ $HERE/pyxis_standin.c -nt $ROOT/pyxis_standin.so ]]; then build_spank_plugin; fi
+    log "start: already running ($(mode) mode), nothing else to do"
     return
   fi
   cmd_stop quiet

@@ -14,11 +14,24 @@
  *
  * so tests can run scripts unchanged and assert on exactly what srun was given.
  *
+ * It also makes --container-mounts resolve the way they would in a container, without one:
+ * each task gets a private mount namespace in which every SRC:DST[:ro] pair whose SRC and
+ * DST both exist is bind-mounted (read-only with ":ro"); nothing leaks to the host. Pairs
+ * with a missing side are skipped, not fatal (real pyxis would fail; enroot creates DST
+ * inside the image, which would mean a stray directory on the host here). What was
+ * actually mounted is exported as PYXIS_STANDIN_BOUND_MOUNTS=SRC:DST[:ro],...
+ *
  * Built by tests/slurm/cluster.sh start:  gcc -shared -fPIC -o pyxis_standin.so pyxis_standin.c
  */
+#define _GNU_SOURCE
 #include <ctype.h>
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 
 #include <slurm/spank.h>
 
@@ -75,6 +88,74 @@ static void env_name(const char *option, char *out, size_t size)
     for (const char *c = option; *c != '\0' && n + 1 < size; c++, n++)
         out[n] = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
     out[n] = '\0';
+}
+
+static struct spank_option *find_option(const char *name)
+{
+    for (struct spank_option *opt = options; opt->name != NULL; opt++)
+        if (strcmp(opt->name, name) == 0)
+            return opt;
+    return NULL;
+}
+
+static int is_dir_or_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Bind one "SRC:DST[:FLAGS]" pair; 1 if mounted, 0 if skipped, -1 on error. */
+static int bind_pair(char *pair, int *unshared)
+{
+    char *src = strtok(pair, ":");
+    char *dst = strtok(NULL, ":");
+    char *flags = strtok(NULL, ":");
+    if (src == NULL || dst == NULL || !is_dir_or_file(src) || !is_dir_or_file(dst))
+        return 0;
+    if (!*unshared) {
+        /* Private to this task: the host and the other tasks never see these mounts. */
+        if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+            slurm_error("pyxis_standin: private mount namespace: %s", strerror(errno));
+            return -1;
+        }
+        *unshared = 1;
+    }
+    if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) != 0) {
+        slurm_error("pyxis_standin: bind %s on %s: %s", src, dst, strerror(errno));
+        return -1;
+    }
+    if (flags != NULL && strcmp(flags, "ro") == 0
+        && mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) != 0) {
+        slurm_error("pyxis_standin: read-only %s: %s", dst, strerror(errno));
+        return -1;
+    }
+    return 1;
+}
+
+/* Runs as root in each task's process just after fork, before privileges are dropped. */
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+    (void)ac;
+    (void)av;
+    char *mounts = NULL;
+    if (spank_option_getopt(sp, find_option("container-mounts"), &mounts) != ESPANK_SUCCESS
+        || mounts == NULL)
+        return 0;
+    char *list = strdup(mounts), *save = NULL, bound[4096] = "";
+    int unshared = 0, rc = 0;
+    for (char *pair = strtok_r(list, ",", &save); pair && rc == 0; pair = strtok_r(NULL, ",", &save)) {
+        char copy[1024];
+        snprintf(copy, sizeof(copy), "%s", pair);
+        int r = bind_pair(pair, &unshared);
+        if (r < 0)
+            rc = -1;
+        else if (r > 0)
+            snprintf(bound + strlen(bound), sizeof(bound) - strlen(bound), "%s%s", *bound ? "," : "", copy);
+    }
+    free(list);
+    if (rc == 0 && spank_setenv(sp, ENV_PREFIX "BOUND_MOUNTS", bound, 1) != ESPANK_SUCCESS)
+        rc = -1;
+    return rc;
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)

@@ -101,6 +101,8 @@ def test_pyxis_standin_exports_container_options_on_every_node() -> None:
         "PYXIS_STANDIN_CONTAINER_IMAGE": "foo:1",
         "PYXIS_STANDIN_CONTAINER_MOUNTS": "/a:/b,/c:/d",
         "PYXIS_STANDIN_NO_CONTAINER_MOUNT_HOME": "1",
+        # /a and /c do not exist here, so nothing was bind-mounted.
+        "PYXIS_STANDIN_BOUND_MOUNTS": "",
     }
     assert pyxis_env_by_task(out) == {0: expected, 1: expected}
     nodes = {
@@ -130,12 +132,33 @@ def test_pyxis_standin_registers_every_pyxis_option() -> None:
     args = [f"--{f}" for f in flags] + [f"--{k}={v}" for k, v in valued.items()]
     out = run_slurm("srun", "-N1", "-l", *args, "printenv")
     expected = {standin_env(f): "1" for f in flags} | {standin_env(k): v for k, v in valued.items()}
+    expected["PYXIS_STANDIN_BOUND_MOUNTS"] = ""  # /data does not exist here
     assert pyxis_env_by_task(out) == {0: expected}
 
 
 def test_pyxis_standin_sets_nothing_without_container_options() -> None:
     out = run_slurm("srun", "-N2", "-l", "printenv")
     assert pyxis_env_by_task(out) == {0: {}, 1: {}}
+
+
+def test_pyxis_standin_binds_container_mounts_privately(tmp_path: Path) -> None:
+    data, ckpt = tmp_path / "host-data", tmp_path / "host-ckpt"
+    data_dst, ckpt_dst = tmp_path / "data", tmp_path / "ckpt"
+    for d in (data, ckpt, data_dst, ckpt_dst):
+        d.mkdir()
+    (data / "shard.txt").write_text("tokens\n")
+    mounts = f"{data}:{data_dst}:ro,{ckpt}:{ckpt_dst},/missing:/nowhere"
+    out = run_slurm(
+        "srun", "-N2", "-l", f"--container-mounts={mounts}", "sh", "-c",
+        f"cat {data_dst}/shard.txt; touch {data_dst}/x 2>/dev/null || echo read-only;"
+        f' echo "$SLURMD_NODENAME" > {ckpt_dst}/$SLURMD_NODENAME;'
+        ' echo "bound=$PYXIS_STANDIN_BOUND_MOUNTS"',
+    )  # fmt: skip
+    bound = f"bound={data}:{data_dst}:ro,{ckpt}:{ckpt_dst}"
+    assert parse_labelled(out) == {t: ["tokens", "read-only", bound] for t in (0, 1)}
+    # Writes went through to the host source; the host's mount points stayed untouched.
+    assert sorted(p.name for p in ckpt.iterdir()) == ["n1", "n2"]
+    assert list(data_dst.iterdir()) == [] and list(ckpt_dst.iterdir()) == []
 
 
 def split_slurm_lines(text: str) -> tuple[list[str], list[str]]:
