@@ -1,0 +1,190 @@
+"""Tiny Hugging Face models built locally (no hub): the embedded demo and the tests train them.
+
+``ensure_tiny_model("tiny:qwen2")`` returns a folder holding a randomly initialised (seeded,
+so identical on every machine) HF checkpoint and a character-level tokenizer beside it; both
+load back through ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``,
+the same code path a real checkpoint takes. A model is built once per cache folder; concurrent
+workers wait on a file lock and a half-written build is never visible (tmp folder + rename).
+
+The tokenizer maps each printable ASCII character (and newline) to one token, plus
+``<|pad|>``, ``<|bos|>``, ``<|eos|>``, ``<|unk|>``. Encoding adds no special tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import string
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+TINY_PREFIX = "tiny:"
+# Bump when a spec or the tokenizer changes so old caches are not reused.
+BUILD_VERSION = 1
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>")
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = SPECIAL_TOKENS
+
+
+@attrs.frozen(kw_only=True)
+class TinyModelSpec:
+    """Architecture of one tiny model; vocab_size None means 'the tokenizer's size'."""
+
+    model_type: str  # "qwen2" | "llama"
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int | None = None
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = False
+    seed: int = 1234
+
+
+TINY_SPECS: dict[str, TinyModelSpec] = {
+    "qwen2": TinyModelSpec(
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    ),
+    "llama": TinyModelSpec(
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    ),
+    # For GPU benchmarks only (random init, ~1.1B params): slow to build on CPU.
+    "llama-1b": TinyModelSpec(
+        model_type="llama",
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        intermediate_size=5632,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+}
+
+
+def is_tiny_model_name(model_name: str) -> bool:
+    return model_name.startswith(TINY_PREFIX)
+
+
+def tiny_cache_root() -> Path:
+    """``$HPCRL_CACHE/models`` if set, else ``~/.cache/hpcrl/models``."""
+    cache = os.environ.get("HPCRL_CACHE")
+    base = Path(cache) if cache else Path.home() / ".cache" / "hpcrl"
+    return base / "models"
+
+
+def resolve_model_path(model_name: str, cache_dir: str | None = None) -> str:
+    """A loadable location for ``policy.model_name``: tiny:* are built on demand, anything
+    else (local path or hub name) is returned as given."""
+    if is_tiny_model_name(model_name):
+        return ensure_tiny_model(model_name, cache_dir=cache_dir)
+    return model_name
+
+
+def ensure_tiny_model(name: str, cache_dir: str | None = None) -> str:
+    """Build ``name`` (e.g. ``tiny:qwen2``) into the cache once; return its folder."""
+    short = name.removeprefix(TINY_PREFIX)
+    if short not in TINY_SPECS:
+        choices = ", ".join(TINY_PREFIX + key for key in TINY_SPECS)
+        raise ValueError(f"unknown tiny model {name!r}; valid names are: {choices}")
+    root = Path(cache_dir) if cache_dir else tiny_cache_root()
+    target = root / f"tiny-{short}-v{BUILD_VERSION}"
+    if (target / "config.json").exists():
+        return str(target)
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / f".tiny-{short}.lock"):
+        if not (target / "config.json").exists():  # another process may have built it
+            _build_atomically(TINY_SPECS[short], target)
+    return str(target)
+
+
+@contextlib.contextmanager
+def _file_lock(lock_path: Path) -> Iterator[None]:
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_atomically(spec: TinyModelSpec, target: Path) -> None:
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer = build_char_tokenizer()
+        tokenizer.save_pretrained(tmp_dir)
+        model = build_random_model(spec, vocab_size=spec.vocab_size or len(tokenizer))
+        model.save_pretrained(tmp_dir, safe_serialization=True)
+        tmp_dir.chmod(0o755)  # mkdtemp makes it private; the cache is shared
+        os.rename(tmp_dir, target)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+
+
+def tokenizer_alphabet() -> list[str]:
+    """Printable ASCII without the other whitespace characters, plus newline."""
+    printable = [ch for ch in string.printable if ch not in "\t\r\x0b\x0c\n"]
+    return [*printable, "\n"]
+
+
+def build_char_tokenizer() -> Any:
+    """A ``PreTrainedTokenizerFast``: one token per character (BPE with no merges)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    for char in tokenizer_alphabet():
+        vocab[char] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def build_random_model(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """A seeded random-init causal LM for ``spec`` (fp32)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        spec.model_type,
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        pad_token_id=SPECIAL_TOKENS.index(PAD_TOKEN),
+        bos_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
+        eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -1,0 +1,55 @@
+"""Tiny local models: built once, atomically, deterministic, loadable through HF's real code."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hpcrl.core.models.tiny import ensure_tiny_model, resolve_model_path  # noqa: E402
+
+
+def test_concurrent_builds_share_one_folder_and_equal_weights(tmp_path) -> None:
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(ensure_tiny_model("tiny:llama", str(tmp_path))))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(set(results)) == 1
+    built = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert built == ["tiny-llama-v1"]  # no leftover temporary folders
+    other = tmp_path / "again"
+    again = ensure_tiny_model("tiny:llama", str(other))
+    first = transformers.AutoModelForCausalLM.from_pretrained(results[0]).state_dict()
+    second = transformers.AutoModelForCausalLM.from_pretrained(again).state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[key], second[key]) for key in first)
+
+
+def test_tokenizer_round_trips_text_and_knows_its_special_tokens() -> None:
+    path = ensure_tiny_model("tiny:qwen2")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    text = "What is 12 + 30? The answer is \\boxed{42}.\nOK!"
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) == len(text)  # one token per character, no specials added
+    assert tokenizer.decode(ids) == text
+    assert model.config.vocab_size == len(tokenizer)
+    assert {tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id} == {0, 1, 2}
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_resolver_builds_tiny_names_and_passes_others_through(tmp_path) -> None:
+    assert resolve_model_path("/models/qwen2-1.5b") == "/models/qwen2-1.5b"
+    assert resolve_model_path("Qwen/Qwen2-1.5B") == "Qwen/Qwen2-1.5B"
+    path = resolve_model_path("tiny:qwen2", cache_dir=str(tmp_path))
+    assert path.startswith(str(tmp_path))
+    with pytest.raises(ValueError, match="tiny:qwen2, tiny:llama, tiny:llama-1b"):
+        resolve_model_path("tiny:gpt5")
