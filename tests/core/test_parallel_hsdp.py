@@ -41,6 +41,6 @@ def test_hsdp_matches_single_process_and_replicas_agree(ray_cluster, tiny_model_
     for rank in (0, 1):
         for name, shard in shards[rank].items():
             assert torch.equal(shard, shards[rank + 2][name]), f"{name} replicas differ"
-        assert any(
-            not torch.equal(shards[rank][n], shards[1 - rank][n]) for n in shards[rank]
-        ), "the two shards of one replica should hold different parts"
+        assert any(not torch.equal(shards[rank][n], shards[1 - rank][n]) for n in shards[rank]), (
+            "the two shards of one replica should hold different parts"
+        )

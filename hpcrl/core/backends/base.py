@@ -104,7 +104,9 @@ class BackendWorker(Protocol):
         (rank 0 writes; every rank takes part in gathering)."""
 
     def collect_state(self) -> Mapping[str, Any]:
-        """Small picklable facts for tests and logs (e.g. step count, peak memory)."""
+        """Small picklable facts for logs and tests; must hold ``step`` (optimizer steps
+        taken, restored by ``load_checkpoint``: manual GC counts from it) and
+        ``peak_memory_gb`` (accelerator peak, 0 on CPU)."""
 
     def close(self) -> None:
         """Free model, optimizer and meshes (the actor then destroys the process group)."""

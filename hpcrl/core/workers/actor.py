@@ -36,10 +36,10 @@ class TrainingWorker:
         self._optimizer_steps = 0
 
     # ------------------------------------------------------------------ placement
-    def node_ip(self) -> str:
+    def node_id(self) -> str:
         import ray
 
-        return ray.util.get_node_ip_address()
+        return ray.get_runtime_context().get_node_id()
 
     def pick_free_port(self) -> int:
         """A port free on this node now (rank 0 calls it for MASTER_PORT)."""

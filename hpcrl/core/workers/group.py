@@ -60,6 +60,17 @@ def pick_nodes(num_nodes: int) -> list[str]:
     return [node["NodeID"] for node in alive[:num_nodes]]
 
 
+def node_ip(node_id: str) -> str:
+    """The address Ray itself uses for a node (the bootstrap's explicit node IP), which is
+    where the other ranks can reach rank 0; not whatever the default route says."""
+    import ray
+
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return node["NodeManagerAddress"]
+    raise AssertionError(f"node {node_id} is not in the Ray cluster")
+
+
 class RayWorkerGroup:
     """Start, call and stop the actors of one backend."""
 
@@ -133,7 +144,7 @@ class RayWorkerGroup:
     def _rank_infos(self) -> list[RankInfo]:
         import ray
 
-        master_addr = ray.get(self.actors[0].node_ip.remote())
+        master_addr = node_ip(ray.get(self.actors[0].node_id.remote()))
         master_port = self.layout.master_port or ray.get(self.actors[0].pick_free_port.remote())
         per_node = self.layout.workers_per_node
         return [
@@ -152,15 +163,20 @@ class RayWorkerGroup:
 
     # ------------------------------------------------------------------ calls
     def call_all(
-        self, method: str, per_rank_args: Sequence[tuple[Any, ...]] | None = None,
-        *, timeout_s: float | None = None,
+        self,
+        method: str,
+        per_rank_args: Sequence[tuple[Any, ...]] | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> list[Any]:
         """``method(*per_rank_args[rank])`` on every actor; results in rank order."""
         import ray
 
         args = per_rank_args or [()] * len(self.actors)
         assert len(args) == len(self.actors), "one argument tuple per rank"
-        refs = [getattr(actor, method).remote(*a) for actor, a in zip(self.actors, args, strict=True)]
+        refs = [
+            getattr(actor, method).remote(*a) for actor, a in zip(self.actors, args, strict=True)
+        ]
         return ray.get(refs, timeout=timeout_s)
 
     def call_same(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:

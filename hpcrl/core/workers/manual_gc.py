@@ -36,7 +36,9 @@ class ManualGc:
         """Read ``policy.megatron_cfg.manual_gc`` / ``manual_gc_interval`` (both backends)."""
         megatron_cfg = recipe.policy.megatron_cfg
         interval = megatron_cfg.manual_gc_interval if megatron_cfg.manual_gc else 0
-        if megatron_cfg.manual_gc and (isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0):
+        if megatron_cfg.manual_gc and (
+            isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0
+        ):
             raise ValueError(
                 f"policy.megatron_cfg.manual_gc_interval: {interval!r} is not a positive "
                 "integer; set it to the number of optimizer steps between full collections, "

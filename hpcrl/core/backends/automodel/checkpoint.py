@@ -51,7 +51,10 @@ def save(
     step: int,
 ) -> None:
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(checkpoint_dir, DCP_SUBDIR))
+    dcp.save(
+        {"model": model_sd, "optim": optim_sd},
+        checkpoint_id=os.path.join(checkpoint_dir, DCP_SUBDIR),
+    )
     local = {"scheduler": scheduler.state_dict(), "step": step, "rng": rng_state()}
     torch.save(local, rank_file(checkpoint_dir, dist.get_rank()))
     dist.barrier()
@@ -71,7 +74,9 @@ def load(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=os.path.join(checkpoint_dir, DCP_SUBDIR))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
     local = torch.load(local_path, weights_only=False)
     scheduler.load_state_dict(local["scheduler"])
     set_rng_state(local["rng"])

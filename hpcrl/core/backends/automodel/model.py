@@ -20,7 +20,9 @@ from torch.utils.checkpoint import checkpoint
 DEFAULT_CHUNK_TOKENS = 4096
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def _chunk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     logits = F.linear(hidden, weight).float()
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
@@ -37,7 +39,11 @@ def token_logprobs(
     recompute = torch.is_grad_enabled()
     pieces = [torch.zeros(batch, 1, dtype=torch.float32, device=hidden.device)]
     for start in range(0, seq - 1, step):
-        args = (shifted_hidden[:, start : start + step], lm_head_weight, targets[:, start : start + step])
+        args = (
+            shifted_hidden[:, start : start + step],
+            lm_head_weight,
+            targets[:, start : start + step],
+        )
         if recompute:
             pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:

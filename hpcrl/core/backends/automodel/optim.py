@@ -13,18 +13,24 @@ if TYPE_CHECKING:
     from hpcrl.config.recipe import OptimizerCfg, Recipe, SchedulerCfg
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimizerCfg) -> torch.optim.Optimizer:
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: OptimizerCfg
+) -> torch.optim.Optimizer:
     """Call right after ``fully_shard`` so the optimizer holds the sharded parameters."""
     params = [p for p in params if p.requires_grad]
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
     optimizer_cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
     return optimizer_cls(
         params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
     )
 
 
-def lr_factor(step: int, *, name: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+def lr_factor(
+    step: int, *, name: str, warmup_steps: int, total_steps: int, min_lr_ratio: float
+) -> float:
     """Multiplier of the base LR for optimizer step ``step`` (0-based)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps

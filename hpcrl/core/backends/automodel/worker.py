@@ -48,11 +48,22 @@ def _check_supported(recipe: Recipe) -> None:
         )
 
 
+def _seed_everything(recipe: Recipe, rank: int) -> None:
+    """Same recipe, same numbers: every rank's RNG streams start from the algorithm seed."""
+    import random
+
+    algorithm_cfg = recipe.grpo if recipe.grpo is not None else recipe.sft
+    seed = (algorithm_cfg.seed if algorithm_cfg is not None else 0) * 1_000 + rank
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
 class AutomodelWorker:
     """Model, reference model, optimizer and scheduler of one rank."""
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         _check_supported(recipe)
+        _seed_everything(recipe, rank_info.rank)
         self.recipe = recipe
         self.rank_info = rank_info
         self.model_path = model_path
@@ -145,7 +156,9 @@ class AutomodelWorker:
         size = batch["input_ids"].shape[0]
         pieces = []
         for start in range(0, size, micro_size):
-            micro = self._to_device({k: batch[k][start : start + micro_size] for k in ("input_ids", "attention_mask")})
+            micro = self._to_device(
+                {k: batch[k][start : start + micro_size] for k in ("input_ids", "attention_mask")}
+            )
             pieces.append(model(micro["input_ids"], micro["attention_mask"]).float().cpu())
         return torch.cat(pieces)
 

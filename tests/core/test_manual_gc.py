@@ -1,0 +1,108 @@
+"""Manual GC: every rank collects at optimizer steps N, 2N, ... and nowhere else; automatic
+GC is off on the workers but back on in forked children."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.core.parallel_harness import (
+    make_batch,
+    make_recipe,
+    masked_nll_loss,
+    ray_cluster,  # noqa: F401  (fixture)
+    start_policy,
+    tiny_model_path,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.slow
+
+
+def install_gc_recorder(backend: object) -> bool:
+    """Record (optimizer step, generation) of every collection on this rank from now on."""
+    log: list[tuple[int, int]] = []
+    backend.gc_log = log
+
+    def record(phase: str, info: dict) -> None:
+        if phase == "start":
+            log.append((backend.step, info["generation"]))
+
+    gc.callbacks.append(record)
+    return gc.isenabled()
+
+
+def recorded_collections(backend: object) -> list[tuple[int, int]]:
+    return list(backend.gc_log)
+
+
+def gc_enabled_in_forked_child(backend: object) -> bool:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, b"1" if gc.isenabled() else b"0")
+        os._exit(0)
+    os.close(write_end)
+    answer = os.read(read_end, 1)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    return answer == b"1"
+
+
+def test_collections_on_every_rank_at_the_same_steps(ray_cluster, tiny_model_path):  # noqa: F811
+    recipe = make_recipe(manual_gc_interval=3)
+    policy = start_policy(recipe, tiny_model_path, world_size=2)
+    try:
+        enabled_after_setup = policy.group.call_same("run", install_gc_recorder)
+        for seed in range(7):
+            policy.train(make_batch(seed, batch_size=4), masked_nll_loss)
+        collections = policy.group.call_same("run", recorded_collections)
+        child_gc = policy.group.call_same("run", gc_enabled_in_forked_child)
+    finally:
+        policy.shutdown()
+
+    assert enabled_after_setup == [False, False]
+    # Full (generation 2) collections after steps 3 and 6 only; no automatic ones at all.
+    assert collections == [[(3, 2), (6, 2)], [(3, 2), (6, 2)]]
+    assert child_gc == [True, True]
+
+
+def test_manual_gc_off_leaves_automatic_gc_alone():
+    """In a fresh interpreter (the test process's GC must not be touched)."""
+    script = textwrap.dedent(
+        """
+        import gc
+        from hpcrl.core.workers.manual_gc import ManualGc
+        off = ManualGc(enabled=False, interval_steps=0)
+        off.after_setup()
+        assert gc.isenabled()
+        assert not any(off.after_optimizer_step(step) for step in range(1, 10))
+        on = ManualGc(enabled=True, interval_steps=4)
+        on.after_setup()
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+        assert [s for s in range(1, 13) if on.after_optimizer_step(s)] == [4, 8, 12]
+        on.restore()
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_manual_gc_interval_must_be_positive():
+    import attrs
+
+    from hpcrl.core.workers.manual_gc import ManualGc
+
+    recipe = make_recipe()
+    bad = attrs.evolve(recipe.policy.megatron_cfg, manual_gc=True, manual_gc_interval=0)
+    recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, megatron_cfg=bad))
+    with pytest.raises(ValueError, match=r"policy\.megatron_cfg\.manual_gc_interval: 0"):
+        ManualGc.from_recipe(recipe)
