@@ -4,6 +4,7 @@ Public API::
 
     load_recipe(path_or_name, overrides=()) -> LoadedRecipe   # raises ConfigError
     load_profile(name_or_path) -> ClusterProfile               # raises ConfigError
+    validate_recipe_dict(plain_dict) -> (Recipe, warnings)     # e.g. recipe.resolved.yaml
     list_recipes(), list_profiles()                             # name -> file
     ConfigError(problems), Problem, print_problems(problems)
 """
@@ -16,7 +17,13 @@ from hpcrl.config.errors import (
     print_problems,
     render_problems,
 )
-from hpcrl.config.load import LoadedRecipe, load_profile, load_profile_with_warnings, load_recipe
+from hpcrl.config.load import (
+    LoadedRecipe,
+    load_profile,
+    load_profile_with_warnings,
+    load_recipe,
+    validate_recipe_dict,
+)
 from hpcrl.config.locate import list_profiles, list_recipes, profile_search_path
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
@@ -39,4 +46,5 @@ __all__ = [
     "structure_profile",
     "structure_recipe",
     "unstructure",
+    "validate_recipe_dict",
 ]

@@ -69,6 +69,16 @@ def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) 
     )
 
 
+def validate_recipe_dict(data: Mapping[str, Any]) -> tuple[Recipe, list[Problem]]:
+    """A Recipe from an already merged plain dict (e.g. a run's recipe.resolved.yaml), with
+    every structure and rule problem raised together; returns the recipe and its warnings."""
+    merged = MergedConfig(resolved=dict(data), raw=dict(data), problems=[])
+    recipe, problems = _structure_and_check(merged, Recipe, check_recipe)
+    raise_if_errors(problems)
+    assert recipe is not None
+    return recipe, problems
+
+
 def load_profile(
     name_or_path: str | os.PathLike,
     overrides: Sequence[str] = (),
