@@ -1,0 +1,153 @@
+"""Losses and advantages on small hand-computed cases (numbers worked out in the comments)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpcrl.config.recipe import LossFnCfg  # noqa: E402
+from hpcrl.core.algorithms.advantages import group_advantages  # noqa: E402
+from hpcrl.core.algorithms.losses import grpo_loss, kl_penalty, sft_loss  # noqa: E402
+
+
+def _batch(logprob_rows, old_rows, advantages, mask_rows, **extra):
+    batch = {
+        "old_logprobs": torch.tensor(old_rows),
+        "advantages": torch.tensor(advantages),
+        "token_mask": torch.tensor(mask_rows),
+    }
+    batch.update({k: torch.tensor(v) for k, v in extra.items()})
+    return torch.tensor(logprob_rows, requires_grad=True), batch
+
+
+def test_ratio_clipping_at_known_values() -> None:
+    # old = 0 everywhere; ratios exp(lp): 1.5, 0.5 (row A=+1) and 1.5, 0.5 (row A=-1).
+    # A=+1: ratio 1.5 -> min(1.5, clip 1.2) = 1.2 → loss −1.2 (clipped);
+    #       ratio 0.5 -> min(0.5, 0.8) = 0.5 → loss −0.5.
+    # A=−1: ratio 1.5 -> max(1.5, 1.2)·… loss = max(1.5, 1.2) = 1.5 (unclipped);
+    #       ratio 0.5 -> loss = max(0.5, 0.8) = 0.8 (clipped).
+    # masked mean over 4 tokens: (−1.2 − 0.5 + 1.5 + 0.8) / 4 = 0.15
+    ln15, ln05 = math.log(1.5), math.log(0.5)
+    logprobs, batch = _batch(
+        [[0.0, ln15, ln05], [0.0, ln15, ln05]],
+        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+        [1.0, -1.0],
+        [[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]],
+    )
+    loss, metrics = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg(ratio_clip_min=0.2, ratio_clip_max=0.2))
+    assert loss.item() == pytest.approx(0.15, abs=1e-6)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+    loss.backward()
+    # gradient flows only through unclipped tokens: d(−A·r)/dlp = −A·r
+    expected = torch.tensor([[0.0, 0.0, -0.5], [0.0, 1.5, 0.0]]) / 4
+    assert torch.allclose(logprobs.grad, expected, atol=1e-6)
+
+
+def test_dual_clip_bounds_negative_advantage_loss() -> None:
+    # A = −1, ratio 5: standard clipped loss = max(5, 1.2) = 5; dual clip c=3 → min(5, 3) = 3.
+    logprobs, batch = _batch([[math.log(5.0)]], [[0.0]], [-1.0], [[1.0]])
+    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=LossFnCfg(ratio_clip_c=3.0))
+    assert loss.item() == pytest.approx(3.0, abs=1e-6)
+    logprobs, batch = _batch([[math.log(5.0)]], [[0.0]], [-1.0], [[1.0]])
+    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=LossFnCfg())
+    assert loss.item() == pytest.approx(5.0, abs=1e-6)
+
+
+def test_kl_estimators_match_their_formulas() -> None:
+    logprobs = torch.tensor([-1.0, -2.0])
+    ref = torch.tensor([-1.5, -1.0])
+    # log_ratio = ref − lp = [−0.5, 1.0]
+    assert torch.allclose(kl_penalty(logprobs, ref, "k1"), torch.tensor([0.5, -1.0]))
+    assert torch.allclose(kl_penalty(logprobs, ref, "k2"), torch.tensor([0.125, 0.5]))
+    k3 = torch.tensor([math.exp(-0.5) - 1 + 0.5, math.e - 1 - 1.0])
+    assert torch.allclose(kl_penalty(logprobs, ref, "k3"), k3)
+
+
+def test_kl_penalty_adds_beta_times_mean_kl_and_masks_prompt_tokens() -> None:
+    # ratio 1 everywhere (lp = old), A = 0 → pg loss 0; only the KL term remains.
+    # tokens counted: lp=-1/ref=-1.5 (k3 = e^-0.5 − 0.5) and lp=-2/ref=-1 (k3 = e − 2);
+    # the prompt token (mask 0) has a huge KL that must not count.
+    logprobs, batch = _batch(
+        [[-1.0, -1.0, -2.0]], [[-1.0, -1.0, -2.0]], [0.0], [[0.0, 1.0, 1.0]],
+        ref_logprobs=[[-50.0, -1.5, -1.0]],
+    )
+    cfg = LossFnCfg(reference_policy_kl_penalty=0.1, reference_policy_kl_type="k3")
+    loss, metrics = grpo_loss(logprobs, batch, 2.0, cfg=cfg)
+    mean_kl = ((math.exp(-0.5) - 0.5) + (math.e - 2.0)) / 2
+    assert metrics["kl"] == pytest.approx(mean_kl, rel=1e-5)
+    assert loss.item() == pytest.approx(0.1 * mean_kl, rel=1e-5)
+
+
+def test_micro_batch_shares_sum_to_the_full_batch_loss() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logprobs = -torch.rand(6, 5, generator=gen)
+    batch = {
+        "old_logprobs": logprobs + 0.3 * torch.randn(6, 5, generator=gen),
+        "advantages": torch.randn(6, generator=gen),
+        "token_mask": (torch.rand(6, 5, generator=gen) > 0.3).float(),
+        "ref_logprobs": logprobs - 0.1,
+    }
+    cfg = LossFnCfg(reference_policy_kl_penalty=0.05)
+    total = float(batch["token_mask"].sum())
+    full, _ = grpo_loss(logprobs, batch, total, cfg=cfg)
+    parts = sum(
+        grpo_loss(logprobs[i : i + 2], {k: v[i : i + 2] for k, v in batch.items()}, total, cfg=cfg)[0]
+        for i in range(0, 6, 2)
+    )
+    assert parts.item() == pytest.approx(full.item(), rel=1e-6)
+
+
+def test_importance_sampling_correction_weights_by_old_over_generation_probs() -> None:
+    # A = 1, lp = old = 0 (ratio 1, loss −1 per token); generation logprob −ln 2 → weight 2.
+    logprobs, batch = _batch(
+        [[0.0]], [[0.0]], [1.0], [[1.0]], generation_logprobs=[[-math.log(2.0)]]
+    )
+    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=LossFnCfg(use_importance_sampling_correction=True))
+    assert loss.item() == pytest.approx(-2.0, rel=1e-6)
+
+
+def test_sequence_level_normalisation_averages_rows_first() -> None:
+    # A=+1, ratio 1 → per-token loss −1 on row 0 (3 tokens) and, A=−1, +1 on row 1 (1 token).
+    # token level: (−3 + 1) / 4 = −0.5; sequence level: (−1 + 1) / 2 = 0.
+    logprobs, batch = _batch(
+        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], [[0.0] * 3] * 2, [1.0, -1.0],
+        [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]], num_global_sequences=[2.0, 2.0],
+    )
+    token, _ = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg())
+    sequence, _ = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg(token_level_loss=False))
+    assert token.item() == pytest.approx(-0.5)
+    assert sequence.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_sft_loss_is_masked_mean_negative_logprob_and_picklable() -> None:
+    logprobs = torch.tensor([[-9.0, -1.0, -3.0]])
+    batch = {"token_mask": torch.tensor([[0.0, 1.0, 1.0]])}
+    loss, metrics = sft_loss(logprobs, batch, 2.0)
+    assert loss.item() == pytest.approx(2.0)
+    assert metrics["num_tokens"] == 2.0
+    restored = pickle.loads(pickle.dumps(functools.partial(grpo_loss, cfg=LossFnCfg())))
+    assert restored.keywords["cfg"] == LossFnCfg()
+
+
+def test_group_normalised_advantages() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5])
+    # group 1: mean 0.5, sample std sqrt(1/3) → ±0.5/0.57735 = ±0.866; group 2: constant → 0
+    adv = group_advantages(rewards, 4)
+    s = 0.5 / math.sqrt(1 / 3)
+    assert torch.allclose(adv, torch.tensor([s, -s, -s, s, 0, 0, 0, 0]), atol=1e-4)
+    raw = group_advantages(rewards, 4, normalize=False)
+    assert torch.allclose(raw, torch.tensor([0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]))
+
+
+def test_leave_one_out_baseline() -> None:
+    rewards = torch.tensor([3.0, 0.0, 0.0])
+    # baselines: mean of others = 0, 1.5, 1.5 → advantages 3, −1.5, −1.5
+    adv = group_advantages(rewards, 3, normalize=False, leave_one_out=True)
+    assert torch.allclose(adv, torch.tensor([3.0, -1.5, -1.5]))
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages(rewards, 4)
