@@ -1,0 +1,63 @@
+"""Single-process pieces of the Automodel backend: chunked token log-probs, LR schedules,
+gradient clipping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hpcrl.core.backends.automodel.model import token_logprobs
+from hpcrl.core.backends.automodel.optim import clip_gradients, lr_factor
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 64, 10_000])
+def test_chunked_logprobs_equal_full_softmax_in_value_and_gradient(chunk_tokens):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 9, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(50, 16, generator=gen, requires_grad=True)
+    ids = torch.randint(0, 50, (3, 9), generator=gen)
+
+    got = token_logprobs(hidden, weight, ids, chunk_tokens)
+    full = torch.log_softmax(hidden @ weight.T, dim=-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    want = torch.cat([torch.zeros(3, 1), full], dim=1)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+    upstream = torch.randn(3, 9, generator=gen)
+    got_grads = torch.autograd.grad((got * upstream).sum(), (hidden, weight))
+    want_grads = torch.autograd.grad((want * upstream).sum(), (hidden, weight))
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
+
+
+def schedule(name: str, steps: int, **kw) -> list[float]:
+    kw = {"warmup_steps": 2, "total_steps": 6, "min_lr_ratio": 0.1, **kw}
+    return [lr_factor(step, name=name, **kw) for step in range(steps)]
+
+
+def test_lr_schedules_warm_up_then_follow_their_shape():
+    assert schedule("constant", 4) == [0.5, 1.0, 1.0, 1.0]
+    # Peak at the first step after warm-up, min_lr_ratio at total_steps and after.
+    assert schedule("linear", 8) == pytest.approx([0.5, 1.0, 1.0, 0.775, 0.55, 0.325, 0.1, 0.1])
+    cosine = schedule("cosine", 8)
+    assert cosine[:3] == [0.5, 1.0, 1.0]
+    assert cosine[4] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert cosine[6:] == pytest.approx([0.1, 0.1])
+
+
+def test_clip_gradients_matches_torch_and_reports_norm_before_clipping():
+    gen = torch.Generator().manual_seed(1)
+    params = [torch.nn.Parameter(torch.randn(5, 3, generator=gen)) for _ in range(2)]
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for p, c in zip(params, copies, strict=True):
+        p.grad = torch.randn(p.shape, generator=gen)
+        c.grad = p.grad.clone()
+
+    norm = clip_gradients(params, max_norm=0.5)
+    want_norm = torch.nn.utils.clip_grad_norm_(copies, max_norm=0.5)
+
+    assert norm == pytest.approx(float(want_norm), rel=1e-6)
+    assert norm > 0.5
+    for p, c in zip(params, copies, strict=True):
+        torch.testing.assert_close(p.grad, c.grad)
