@@ -1,8 +1,8 @@
 """Rules for ``policy.megatron_cfg`` (and the manual-GC keys of ``value.megatron_cfg``).
 
 They run only when the Megatron backend is enabled (settings under a disabled backend are
-ignored), except the manual-GC rule of ``value.megatron_cfg``, which applies whenever a
-``value`` section is given. Each rule returns Problems naming the full path, the bad value
+ignored), except manual GC, which the workers of both backends read: it is checked whenever
+``manual_gc`` is on, and under ``value.megatron_cfg`` whenever a ``value`` section is given. Each rule returns Problems naming the full path, the bad value
 and the fix.
 """
 
@@ -203,8 +203,10 @@ def _ignored(path: str, value: Any, switch: str) -> Problem:
 
 # --------------------------------------------------------------------------- manual GC
 def rule_manual_gc(recipe: Recipe) -> list[Problem]:
+    """Also checked under a disabled megatron_cfg when manual_gc is on: the training workers
+    of both backends read these keys (hpcrl.core.workers.manual_gc)."""
     problems = []
-    if megatron_enabled(recipe):
+    if megatron_enabled(recipe) or recipe.policy.megatron_cfg.manual_gc:
         problems += manual_gc_problems(recipe.policy.megatron_cfg, MEGATRON)
     if recipe.value is not None:
         problems += manual_gc_problems(recipe.value.megatron_cfg, "value.megatron_cfg")

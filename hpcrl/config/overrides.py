@@ -9,6 +9,7 @@ are allowed.
 from __future__ import annotations
 
 import os
+import re
 import typing
 from typing import Any
 
@@ -19,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import Problem
 
+DOTTED_KEY = re.compile(r"[A-Za-z0-9_][\w-]*(\.[A-Za-z0-9_][\w-]*)*")
 ALIASES = {("policy", "dtensor_cfg"): ("policy", "automodel_cfg")}
 
 
@@ -37,17 +39,16 @@ def parse_override(text: str) -> tuple[Override | None, list[Problem]]:
     key = key.strip().lstrip("+")
     if not sep or not key:
         return None, [_bad_syntax(text, "an override must look like KEY=VALUE")]
+    if not DOTTED_KEY.fullmatch(key):
+        return None, [_bad_syntax(text, f"{key!r} is not a dotted key (names joined by '.')")]
     try:
-        parsed = OmegaConf.to_container(
-            OmegaConf.from_dotlist([f"{key}={raw_value}"]), resolve=False
-        )
-    except OmegaConfBaseException as exc:
-        return None, [_bad_syntax(text, f"cannot parse it: {exc}".splitlines()[0])]
-    parts = tuple(key.split("."))
-    value: Any = parsed
-    for part in parts:
-        value = value[part]
-    return Override(text=text, parts=parts, value=value), []
+        # OmegaConf types the value as YAML would; a fixed key keeps its own key syntax out.
+        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw_value}"]), resolve=False)[
+            "v"
+        ]
+    except Exception as exc:  # yaml and OmegaConf errors alike: report, don't crash
+        return None, [_bad_syntax(text, " ".join(f"cannot parse the value: {exc}".split())[:200])]
+    return Override(text=text, parts=tuple(key.split(".")), value=value), []
 
 
 def apply_overrides(

@@ -83,6 +83,7 @@ def test_overrides_are_typed_like_yaml_and_later_wins(tmp_path):
     path = write(tmp_path, "r.yaml", MINIMAL)
     overrides = [
         "policy.megatron_cfg.manual_gc=true",
+        "policy.megatron_cfg.manual_gc_interval=5",
         "policy.megatron_cfg.offload_modules=[core_attn,attn_proj]",
         "cluster.num_nodes=3",
         "cluster.num_nodes=2",

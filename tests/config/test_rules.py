@@ -39,7 +39,6 @@ def test_settings_under_disabled_megatron_are_ignored():
     broken_megatron = {
         "enabled": False,
         "tensor_model_parallel_size": 0,
-        "manual_gc": True,
         "manual_gc_interval": True,
         "offload_modules": ["nonsense"],
         "model_overrides": {"tensor_model_parallel_size": 2},
@@ -157,6 +156,13 @@ def test_manual_gc_with_positive_interval_passes():
         )
         == []
     )
+
+
+def test_manual_gc_is_checked_for_automodel_too_since_its_workers_read_it():
+    problem = only(
+        problems_for("automodel", policy__megatron_cfg={"manual_gc": True, "manual_gc_interval": 0})
+    )
+    assert problem.path == f"{M}.manual_gc_interval"
 
 
 def test_value_model_takes_the_same_manual_gc_rule():
