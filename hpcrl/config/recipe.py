@@ -115,6 +115,7 @@ class AutomodelCfg:
     sequence_parallel: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    torch_compile: bool = True  # GPU only: torch.compile each decoder block
 
 
 # --------------------------------------------------------------------------- megatron_cfg
