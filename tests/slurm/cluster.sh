@@ -8,8 +8,10 @@
 #   bash tests/slurm/cluster.sh stop      # idempotent; leaves no netns, veth, daemon
 #
 # Everything the cluster writes lives under $HPCRL_SLURM_ROOT (default /tmp/hpcrl-slurm),
-# except /etc/slurm/{slurm,slurmdbd,plugstack}.conf (so plain sbatch/srun work from any
-# process) and tagged n1/n2 lines in /etc/hosts. Traffic stays on loopback and 10.77.0.0/24.
+# except: /etc/slurm/{slurm.conf,slurmdbd.conf,plugstack.conf.d/pyxis-standin.conf} (so plain
+# sbatch/srun/sacct work from any process), tagged n1/n2 lines in /etc/hosts, and munged's
+# socket at its default path in /run/munge. stop undoes all of it; $ROOT keeps the logs.
+# Traffic stays on loopback and 10.77.0.0/24. One cluster per machine (fixed ports, names).
 set -euo pipefail
 
 ROOT=${HPCRL_SLURM_ROOT:-/tmp/hpcrl-slurm}
@@ -37,7 +39,7 @@ wait_for() {
   local what=$1 deadline_s=$2; shift 2
   local end=$(($(date +%s) + deadline_s))
   until "$@" >/dev/null 2>&1; do
-    (($(date +%s) < end)) || die "timed out after ${deadline_s}s waiting for $what"
+    (($(date +%s) < end)) || die "timed out after ${deadline_s}s waiting for $what (logs: $ROOT/log, $ROOT/mysql)"
     sleep 0.2
   done
   log "$what: ready"
@@ -453,8 +455,8 @@ main() {
     install) cmd_install ;;
     start) cmd_start ;;
     stop) cmd_stop ;;
-    status) cmd_status ;;
-    env) cmd_env ;;
+    status) cmd_status && return ;;
+    env) cmd_env && return ;;
     *) echo "usage: $0 {install|start|stop|status|env}" >&2; exit 2 ;;
   esac
   log "$cmd finished"
