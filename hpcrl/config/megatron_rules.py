@@ -219,14 +219,19 @@ def manual_gc_problems(cfg: MegatronCfg, path: str) -> list[Problem]:
     if is_int and (interval > 0 or not cfg.manual_gc):
         return []
     needed = f" when {path}.manual_gc is true" if cfg.manual_gc else ""
-    kind = "a boolean, not an integer" if isinstance(interval, bool) else "not a positive integer"
+    if isinstance(interval, bool):
+        got = "a boolean (true/false is not a number of steps)"
+    elif is_int:
+        got = str(interval)
+    else:
+        got = f"{type(interval).__name__} {interval!r}"
+    switch_off = f", or {path}.manual_gc=false" if cfg.manual_gc else ""
     return [
         Problem(
             path=f"{path}.manual_gc_interval",
             value=interval,
-            message=f"must be a positive integer (optimizer steps between full collections){needed}; got {kind}",
-            fix=f"set {path}.manual_gc_interval=10 (for example)"
-            + ("" if not cfg.manual_gc else f", or {path}.manual_gc=false"),
+            message=f"must be a positive integer (optimizer steps between full collections){needed}; got {got}",
+            fix=f"set {path}.manual_gc_interval=10 (for example){switch_off}",
         )
     ]
 

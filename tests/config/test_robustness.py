@@ -64,10 +64,16 @@ def test_junk_anywhere_gives_a_recipe_or_config_error(mutations):
         assert isinstance(recipe, Recipe)
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.text(max_size=30), min_size=1, max_size=3))
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.text(max_size=30), st.from_regex(r"[a-z_.]{1,30}=.{0,10}", fullmatch=True)),
+        min_size=1,
+        max_size=3,
+    )
+)
 def test_arbitrary_overrides_give_problems_not_exceptions(texts):
-    cfg = OmegaConf.create(copy.deepcopy(BASE))
+    cfg = OmegaConf.create({"policy": {"model_name": "m", "megatron_cfg": {"env_vars": {}}}})
     _, problems = apply_overrides(cfg, texts, Recipe)
     assert all(problem.path and problem.message for problem in problems)
 
@@ -82,3 +88,40 @@ def test_loading_imports_no_training_stack():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+PROFILE_BASE = {
+    "name": "site",
+    "container": {"image": "img", "mounts": ["/a:/b"]},
+    "env": {"A": "1"},
+}
+PROFILE_PATHS = [
+    ("scheduler",),
+    ("device",),
+    ("gpus_per_node",),
+    ("slurm",),
+    ("slurm", "time_limit"),
+    ("slurm", "gres_form"),
+    ("container",),
+    ("container", "mounts"),
+    ("env",),
+    ("env", "B"),
+    ("pass_env",),
+    ("ray_ports", "gcs_port"),
+    ("bogus",),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(PROFILE_PATHS), JUNK), min_size=1, max_size=3))
+def test_junk_in_a_profile_gives_a_profile_or_config_error(mutations):
+    from hpcrl.config.load import MergedConfig, _structure_and_check
+    from hpcrl.config.profile import ClusterProfile
+    from hpcrl.config.profile_rules import check_profile
+
+    data = copy.deepcopy(PROFILE_BASE)
+    for path, junk in mutations:
+        set_at(data, path, junk)
+    merged = MergedConfig(resolved=data, raw=data, problems=[])
+    profile, problems = _structure_and_check(merged, ClusterProfile, check_profile)
+    assert profile is not None or any(problem.is_error for problem in problems)

@@ -146,7 +146,7 @@ def test_bool_interval_is_named_as_a_boolean():
             policy__megatron_cfg__manual_gc=True, policy__megatron_cfg__manual_gc_interval=True
         )
     )
-    assert "a boolean, not an integer" in problem.message
+    assert "got a boolean (true/false is not a number of steps)" in problem.message
 
 
 def test_manual_gc_with_positive_interval_passes():
