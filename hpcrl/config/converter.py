@@ -250,7 +250,7 @@ def _structure_float(value: Any, _: type) -> float:
         except ValueError:
             pass
     raise BadValue(
-        f"expected a number, got {_type_name(value)}", "set {path} to a number, e.g. {path}: 1.0e-5"
+        f"expected a number, got {_type_name(value)}", "write a number, e.g. 0.5 or 1.0e-5"
     )
 
 
