@@ -45,6 +45,7 @@ class JobStatus:
     attempts: int = 1
     elapsed_s: float | None = None
     exit_code: int | None = None
+    scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
 
     @property
     def is_final(self) -> bool:
@@ -77,19 +78,25 @@ def query_status(record: JobRecord) -> JobStatus:
     if record.executor == "local":
         return _local_status(record)
     job = rebuild_job(record)
-    state = job.get_info(mode="force").get("State") or "UNKNOWN"
+    state = _state_word(job.get_info(mode="force").get("State") or "UNKNOWN")
     rows = _sacct_rows(record.job_id)
+    if isinstance(rows, str):
+        return JobStatus(state=state, scheduler_error=rows)
     if not rows:
-        return JobStatus(state=_state_word(state))
+        return JobStatus(state=state)
     last = rows[-1]
+    last_state = _state_word(last["State"])
     return JobStatus(
-        state=_state_word(state if state != "UNKNOWN" else last["State"]),
+        state=state if state != "UNKNOWN" else last_state,
         attempts=len(rows),
         elapsed_s=float(last["ElapsedRaw"]) if last["ElapsedRaw"].isdigit() else None,
-        exit_code=_parse_exit_code(last["ExitCode"])
-        if _state_word(last["State"]) in FINAL_STATES
-        else None,
+        exit_code=_parse_exit_code(last["ExitCode"]) if last_state in FINAL_STATES else None,
     )
+
+
+def results_written(record: JobRecord) -> bool:
+    """Every task wrote its submitit result (the job is over even if sacct cannot say so)."""
+    return all(task_paths(record, task).result_pickle.exists() for task in range(record.num_tasks))
 
 
 def _state_word(state: str) -> str:
@@ -105,17 +112,18 @@ def _parse_exit_code(text: str) -> int | None:
     return 128 + int(sig) if int(code) == 0 and sig.isdigit() and int(sig) else int(code)
 
 
-def _sacct_rows(job_id: str) -> list[dict[str, str]]:
-    """One row per attempt (``--duplicates``), allocation lines only (``-X``), oldest first."""
+def _sacct_rows(job_id: str) -> list[dict[str, str]] | str:
+    """One row per attempt (``--duplicates``), allocation lines only (``-X``), oldest first;
+    the error text when sacct fails (slurmdbd down, sacct missing)."""
     fields = ["JobID", "State", "ExitCode", "ElapsedRaw"]
     command = ["sacct", "-X", "--duplicates", "--parsable2", "-j", job_id, "-o", ",".join(fields)]
     try:
-        output = subprocess.run(
-            command, capture_output=True, text=True, check=True, timeout=SACCT_TIMEOUT_S
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []  # the state then falls back to submitit's (which also tolerates sacct errors)
-    lines = output.splitlines()
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=SACCT_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"sacct: {error}"
+    if proc.returncode != 0:
+        return f"sacct exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    lines = proc.stdout.splitlines()
     rows = [dict(zip(fields, line.split("|"), strict=False)) for line in lines[1:] if line]
     return [row for row in rows if row.get("JobID") == job_id]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,13 @@ from rich.console import Console
 
 from hpcrl.report.metrics import last_metrics
 from hpcrl.submit.job_record import JobRecord
-from hpcrl.submit.job_state import JobOutcome, JobStatus, query_status, read_outcome
+from hpcrl.submit.job_state import (
+    JobOutcome,
+    JobStatus,
+    query_status,
+    read_outcome,
+    results_written,
+)
 from hpcrl.submit.logs import list_log_files, read_log, tail_lines
 
 #: A job the scheduler has never heard of for this long after submission is lost.
@@ -32,6 +37,8 @@ TAILED_NODE_LOGS = ("node.log", "driver.log")
 class WaitSettings:
     poll_s: float = 2.0
     unknown_grace_s: float = UNKNOWN_GRACE_S
+    sacct_lag_s: float = 10.0  # results written but sacct still says RUNNING: trust the results
+    unreachable_grace_s: float = 300.0  # sacct failing this long: stop waiting, say so
 
 
 def ray_ready(run_dir: Path, attempt: int) -> bool:
@@ -79,23 +86,73 @@ def wait_for_job(
     console: Console,
     max_steps: int | None = None,
     settings: WaitSettings = WaitSettings(),
-    clock: Callable[[], float] = time.monotonic,
 ) -> JobOutcome:
     """Show progress until the job ends; return how it ended (printing the failure)."""
-    started = clock()
+    watch = _Watch(record, settings)
     with console.status(f"job {record.job_id}: submitted") as spinner:
         while True:
-            status = query_status(record)
-            spinner.update(f"job {record.job_id}: {describe_progress(run_dir, status, max_steps)}")
-            if status.is_final:
-                break
-            if status.state == "UNKNOWN" and clock() - started > settings.unknown_grace_s:
-                status = attrs.evolve(status, state="LOST")
+            status = watch.poll()
+            line = describe_progress(run_dir, status, max_steps)
+            if status.scheduler_error:
+                line += f" · scheduler not answering ({status.scheduler_error})"
+            spinner.update(f"job {record.job_id}: {line}")
+            if watch.ended(status):
                 break
             time.sleep(settings.poll_s)
+    status = watch.final_status(status)
     outcome = read_outcome(record, run_dir, status)
     report_outcome(run_dir, record, status, outcome, console)
     return outcome
+
+
+@attrs.define
+class _Watch:
+    """When to stop waiting: a final scheduler state; all results written (sacct lagging or
+    down); a job the scheduler never heard of; a scheduler unreachable for too long."""
+
+    record: JobRecord
+    settings: WaitSettings
+    started_s: float = attrs.field(factory=time.monotonic)
+    unknown_since_s: float | None = None
+    unreachable_since_s: float | None = None
+    results_since_s: float | None = None
+    reason: str = ""
+
+    def poll(self) -> JobStatus:
+        return query_status(self.record)
+
+    def ended(self, status: JobStatus) -> bool:
+        now = time.monotonic()
+        if status.is_final:
+            return True
+        self.unreachable_since_s = _since(
+            self.unreachable_since_s, now, bool(status.scheduler_error)
+        )
+        self.unknown_since_s = _since(self.unknown_since_s, now, status.state == "UNKNOWN")
+        self.results_since_s = _since(self.results_since_s, now, results_written(self.record))
+        if self._longer_than(self.results_since_s, now, self.settings.sacct_lag_s):
+            self.reason = "RESULTS"
+        elif self._longer_than(self.unknown_since_s, now, self.settings.unknown_grace_s):
+            self.reason = "LOST"
+        elif self._longer_than(self.unreachable_since_s, now, self.settings.unreachable_grace_s):
+            self.reason = "UNREACHABLE"
+        return bool(self.reason)
+
+    def final_status(self, status: JobStatus) -> JobStatus:
+        if self.reason == "RESULTS":
+            return attrs.evolve(status, state="ENDED")
+        return attrs.evolve(status, state=self.reason) if self.reason else status
+
+    @staticmethod
+    def _longer_than(since_s: float | None, now: float, limit_s: float) -> bool:
+        return since_s is not None and now - since_s > limit_s
+
+
+def _since(since_s: float | None, now: float, condition: bool) -> float | None:
+    """When ``condition`` started holding (None while it does not)."""
+    if not condition:
+        return None
+    return now if since_s is None else since_s
 
 
 def report_outcome(
@@ -103,6 +160,14 @@ def report_outcome(
 ) -> None:
     if outcome.exit_code == 0:
         console.print(f"[green]done[/]: job {record.job_id} {status.state}, exit code 0")
+        return
+    if status.state == "UNREACHABLE":
+        console.print(
+            f"[bold yellow]stopped waiting[/]: the scheduler has not answered for a while "
+            f"({status.scheduler_error}); job {record.job_id} may still run. "
+            f"Check later: hpcrl status {run_dir}",
+            soft_wrap=True,
+        )
         return
     console.print(
         f"[bold red]FAILED[/]: job {record.job_id} {status.state}, exit code {outcome.exit_code}"

@@ -1,0 +1,58 @@
+"""Running the ``hpcrl`` command the way a user does, for the submission tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = REPO / "recipes"
+TWO_NODE_RECIPE = str(RECIPES / "grpo-tiny-2n-cpu.yaml")
+ONE_NODE_RECIPE = str(RECIPES / "grpo-tiny-1n-cpu-megatron.yaml")
+ONE_NODE_OVERRIDES = ("cluster.gpus_per_node=1",)  # slurm-test nodes have one worker slot
+FRACTION_KEY = "policy.megatron_cfg.optimizer.optimizer_offload_fraction"
+OFFLOAD_ON = ("policy.megatron_cfg.optimizer.optimizer_cpu_offload=true",)
+
+
+def job_env(driver: str | None = None, **extra: str) -> dict[str, str]:
+    """The submitting shell: the venv's python first on PATH (profiles run ``python3``; sbatch
+    exports this environment to the job), the repo importable (test drivers), the driver."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
+    if driver is not None:
+        env["HPCRL_DRIVER"] = driver
+    env.update(extra)
+    return env
+
+
+def hpcrl(
+    args: Sequence[str], cwd: Path, env: dict[str, str], timeout_s: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``hpcrl ARGS`` in ``cwd``; stdout and stderr together, for assertions and failure output."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl.cli.main", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+
+
+def output_of(result: subprocess.CompletedProcess[str]) -> str:
+    return (
+        f"exit code {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
+        time.sleep(0.5)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

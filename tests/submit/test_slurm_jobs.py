@@ -1,0 +1,132 @@
+"""hpcrl submit / status / logs / cancel against the real two-node test Slurm cluster.
+
+Every job goes through ``hpcrl`` as a user runs it: the renderer writes the run folder, the
+rendered-script submitit executor submits it, the real node entrypoint brings up Ray on the
+job's nodes, and a test driver (tests/submit/drivers.py) stands in for training.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcrl.submit.job_record import read_job_record
+from hpcrl.submit.job_state import query_status, rebuild_job
+from tests.slurm.harness import NETNS_NODE_IPS, cluster_mode, sacct_states, wait_sacct_states
+from tests.submit import drivers
+from tests.submit.jobs_harness import (
+    ONE_NODE_OVERRIDES,
+    ONE_NODE_RECIPE,
+    TWO_NODE_RECIPE,
+    hpcrl,
+    job_env,
+    output_of,
+    read_json,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
+
+
+def test_two_node_job_runs_the_rendered_script_and_ray_spans_both_nodes(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["submit", TWO_NODE_RECIPE, "--cluster", "slurm-test", "-o", str(run), "--wait"]
+    result = hpcrl(args, tmp_path, job_env("hpcrl.job.probe:run_probe"))
+    assert result.returncode == 0, output_of(result)
+    record = read_job_record(run)
+    assert (record.executor, record.num_tasks) == ("slurm", 2)
+    # submitit's private hook still applies: the script it submitted IS the rendered one
+    submitted = Path(record.submitit_folder) / f"{record.job_id}_submission.sh"
+    assert submitted.read_bytes() == (run / "job.sbatch").read_bytes()
+    # the results of both tasks come back through submitit (task 0's is the driver's code)
+    assert rebuild_job(record).results() == [0, 0]
+    wait_sacct_states(record.job_id, ["COMPLETED"])
+    probe = read_json(run / "probe.json")
+    assert probe["problems"] == [] and probe["num_alive_nodes"] == 2
+    assert sorted(task["hostname"] for task in probe["tasks"]) == ["n1", "n2"]
+    if cluster_mode() == "netns":
+        assert probe["alive_node_ips"] == sorted(NETNS_NODE_IPS.values())
+
+
+def test_failing_driver_propagates_its_exit_code_and_shows_the_logs(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [
+        "submit",
+        ONE_NODE_RECIPE,
+        *ONE_NODE_OVERRIDES,
+        "--cluster",
+        "slurm-test",
+        "-o",
+        str(run),
+        "--wait",
+    ]
+    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:fail"))
+    assert result.returncode == drivers.FAIL_EXIT_CODE, output_of(result)
+    assert (
+        f"FAILED: job {read_job_record(run).job_id} FAILED, exit code {drivers.FAIL_EXIT_CODE}"
+        in result.stdout
+    )
+    assert "failing on purpose" in result.stdout, "the driver log's tail is shown"
+    wait_sacct_states(read_job_record(run).job_id, ["FAILED"])
+
+
+def test_cancel_stops_a_running_job(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = [
+        "submit",
+        ONE_NODE_RECIPE,
+        *ONE_NODE_OVERRIDES,
+        "--cluster",
+        "slurm-test",
+        "-o",
+        str(run),
+    ]
+    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:sleep_forever"))
+    assert result.returncode == 0, output_of(result)
+    record = read_job_record(run)
+    wait_for(lambda: (run / "sleeping").exists(), 90, "the driver to start")
+    assert query_status(record).state == "RUNNING"
+    cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
+    assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, output_of(
+        cancel
+    )
+    wait_for(lambda: query_status(record).state == "CANCELLED", 30, "sacct to say CANCELLED")
+    status = hpcrl(["status", str(run)], tmp_path, job_env())
+    assert "CANCELLED" in status.stdout, output_of(status)
+    again = hpcrl(["cancel", str(run)], tmp_path, job_env())
+    assert "already ended (CANCELLED)" in again.stdout, output_of(again)
+
+
+@pytest.fixture
+def busy_port_on_n2() -> Iterator[int]:
+    """Hold node n2's Ray node-manager port (as a stale process on a shared node would)."""
+    port = 6800  # RayPortsCfg.node_manager_port of the slurm-test profile
+    if cluster_mode() != "netns" or not Path("/run/netns/n2").exists():
+        pytest.skip("needs the netns test cluster (a port of node n2 alone)")
+    holder = subprocess.Popen(
+        ["nsenter", "--net=/run/netns/n2", sys.executable, "-c",
+         "import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+         f"s.bind(('{NETNS_NODE_IPS['n2']}', {port})); s.listen(); print('bound', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "bound"
+        yield port
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_worker_that_cannot_join_fails_the_job_with_its_cause(
+    tmp_path: Path, busy_port_on_n2: int
+) -> None:
+    run = tmp_path / "run"
+    args = ["submit", TWO_NODE_RECIPE, "--cluster", "slurm-test", "-o", str(run), "--wait"]
+    result = hpcrl(args, tmp_path, job_env("hpcrl.job.probe:run_probe", HPCRL_JOIN_TIMEOUT_S="60"))
+    assert result.returncode != 0, output_of(result)
+    assert f"port {busy_port_on_n2} already in use on node n2" in result.stdout, output_of(result)
+    assert sacct_states(read_job_record(run).job_id)[-1] == "FAILED"

@@ -1,0 +1,123 @@
+"""hpcrl sweep (one job array) and hpcrl report on the real test Slurm cluster, plus the
+pyxis profile and requeue on timeout."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from hpcrl.report.summary import format_number
+from hpcrl.submit.job_record import read_job_record
+from hpcrl.submit.sweep import read_sweep_record
+from tests.slurm.harness import sacct_states
+from tests.submit import drivers
+from tests.submit.jobs_harness import (
+    FRACTION_KEY,
+    OFFLOAD_ON,
+    ONE_NODE_OVERRIDES,
+    ONE_NODE_RECIPE,
+    REPO,
+    TWO_NODE_RECIPE,
+    hpcrl,
+    job_env,
+    output_of,
+    read_json,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+FRACTIONS = ("0.25", "0.5", "0.75", "1.0")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "sweep"
+    args = ["sweep", ONE_NODE_RECIPE, *ONE_NODE_OVERRIDES, *OFFLOAD_ON, "--cluster", "slurm-test",
+            "--grid", f"{FRACTION_KEY}={','.join(FRACTIONS)}", "-o", str(sweep_dir), "--wait"]  # fmt: skip
+    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:write_metrics"), timeout_s=280)
+    assert result.returncode == 0, output_of(result)
+    sweep = read_sweep_record(sweep_dir)
+    array_id = sweep.array_job_id
+    records = [read_job_record(sweep_dir / p.run_dir_name) for p in sweep.points]
+    assert [r.job_id for r in records] == [f"{array_id}_{i}" for i in range(len(FRACTIONS))]
+    # the array script submititted is the rendered one, with bounded parallelism
+    script = (sweep_dir / "job.sbatch").read_text()
+    assert (sweep_dir / "submitit" / f"{array_id}_submission.sh").read_text() == script
+    assert "#SBATCH --array=0-3%2" in script
+    assert all(sacct_states(r.job_id) == ["COMPLETED"] for r in records)
+    for point, fraction in zip(sweep.points, FRACTIONS, strict=True):
+        resolved = yaml.safe_load(
+            (sweep_dir / point.run_dir_name / "recipe.resolved.yaml").read_text()
+        )
+        assert drivers.offload_fraction(resolved) == float(fraction)
+
+    report = hpcrl(
+        ["report", str(sweep_dir), "--out", str(tmp_path / "plots")], tmp_path, job_env()
+    )
+    assert report.returncode == 0, output_of(report)
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in report.stdout.splitlines()
+        if "│ point-" in line
+    }
+    for index, fraction in enumerate(FRACTIONS):
+        steps = [
+            drivers.expected_metrics(float(fraction), s)
+            for s in range(1, drivers.NUM_METRIC_STEPS + 1)
+        ]
+        times = [m["step_time_s"] for m in steps]
+        cells = [cell.strip() for cell in rows[f"point-{index}"].split("│")[1:-1]]
+        assert cells == [
+            f"point-{index}", fraction, str(drivers.NUM_METRIC_STEPS),
+            format_number(float(np.median(times))), format_number(float(np.percentile(times, 95))),
+            format_number(steps[0]["tokens_per_s"]), "—", format_number(steps[0]["peak_host_rss_gb"]),
+            format_number(steps[-1]["loss"]), format_number(steps[-1]["reward"]),
+        ]  # fmt: skip
+    plots = sorted((tmp_path / "plots").glob("*.png"))
+    assert [p.name for p in plots] == ["step_time.png", "vs_optimizer_offload_fraction.png"]
+    assert all(_png_size(p) == (800, 500) for p in plots)
+    assert all(f"plot: {p}" in report.stdout for p in plots)
+
+
+def test_pyxis_profile_options_reach_every_node(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["submit", TWO_NODE_RECIPE, "--cluster", "slurm-test-pyxis", "-o", str(run), "--wait"]
+    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:container_env"))
+    assert result.returncode == 0, output_of(result)
+    seen = sorted(read_json(run / "container_env.json"), key=lambda node: node["rank"])
+    assert [node["host"] for node in seen] == ["n1", "n2"]
+    for node in seen:
+        assert node["env"]["PYXIS_STANDIN_CONTAINER_IMAGE"] == "hpcrl-test:latest"
+        assert "/tmp:/tmp" in node["env"]["PYXIS_STANDIN_CONTAINER_MOUNTS"].split(",")
+        assert node["env"]["PYXIS_STANDIN_CONTAINER_WORKDIR"] == "/tmp"
+
+
+def test_timeout_requeues_once_and_the_run_resumes(tmp_path: Path) -> None:
+    profile = yaml.safe_load((REPO / "cluster_profiles" / "slurm-test.yaml").read_text())
+    profile["name"] = "slurm-test-requeue"
+    profile["slurm"].update(time_limit="00:01:00", signal_delay_s=30, max_requeues=1)
+    (tmp_path / "requeue.yaml").write_text(yaml.safe_dump(profile))
+    run = tmp_path / "run"
+    args = ["submit", ONE_NODE_RECIPE, *ONE_NODE_OVERRIDES, "--cluster", str(tmp_path / "requeue.yaml"),
+            "-o", str(run), "--wait"]  # fmt: skip
+    result = hpcrl(
+        args, tmp_path, job_env("tests.submit.drivers:resume_after_preempt"), timeout_s=280
+    )
+    assert result.returncode == 0, output_of(result)
+    progress = read_json(run / "probe_state.json")
+    assert progress["attempts"] == [0, 1] and progress["finished"] is True
+    job_id = read_job_record(run).job_id
+    assert sacct_states(job_id) == ["REQUEUED", "COMPLETED"]
+    for attempt in (1, 2):
+        logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
+        assert f"===== hpcrl attempt {attempt} · job {job_id}" in logs.stdout, output_of(logs)
+        assert f"===== hpcrl attempt {3 - attempt} " not in logs.stdout, "attempts are kept apart"
+        assert f"logs/node0/attempt{attempt - 1}/node.log" in logs.stdout
