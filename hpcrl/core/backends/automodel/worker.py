@@ -74,7 +74,9 @@ class AutomodelWorker:
         )
         self.mesh = build_mesh(rank_info.device, self.shape)
         self.model = self._build_sharded(model_path, training=True)
-        self.optimizer = build_optimizer(self.model.parameters(), recipe.policy.optimizer)
+        self.optimizer = build_optimizer(
+            self.model.parameters(), recipe.policy.optimizer, fused=self.device.type == "cuda"
+        )
         self.scheduler = build_lr_scheduler(self.optimizer, recipe)
         self.reference: TokenLogprobModel | None = None
         self.step = 0
@@ -95,7 +97,7 @@ class AutomodelWorker:
             apply_tp(hf_model, self.mesh["tp"])
         if training and cfg.activation_checkpointing:
             apply_activation_checkpointing(hf_model)
-        if self.device.type == "cuda" and self.recipe.policy.precision != "float32":
+        if self.device.type == "cuda" and cfg.torch_compile:
             apply_compile(hf_model)
         root = TokenLogprobModel(hf_model)
         param_dtype = None
@@ -184,19 +186,21 @@ class AutomodelWorker:
         pad = hf_config.pad_token_id if hf_config.pad_token_id is not None else (eos or 0)
         input_ids, attention_mask = pad_prompts(prompt_ids, pad)
         self.model.eval()
+        # Decode shapes change every step: compiled blocks would recompile; run them eager.
         try:
-            return generate(
-                HfCallable(self.model),
-                input_ids,
-                attention_mask,
-                cfg,
-                # TP peers of one data-parallel shard must draw the same tokens.
-                seed=seed * 1_000_003 + self._dp_rank(),
-                eos_token_id=eos,
-                pad_token_id=pad,
-                sync_group=dist.group.WORLD if dist.get_world_size() > 1 else None,
-                tokenizer=self._tokenizer() if cfg.stop_strings else None,
-            )
+            with torch.compiler.set_stance("force_eager"):
+                return generate(
+                    HfCallable(self.model),
+                    input_ids,
+                    attention_mask,
+                    cfg,
+                    # TP peers of one data-parallel shard must draw the same tokens.
+                    seed=seed * 1_000_003 + self._dp_rank(),
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                    sync_group=dist.group.WORLD if dist.get_world_size() > 1 else None,
+                    tokenizer=self._tokenizer() if cfg.stop_strings else None,
+                )
         finally:
             self.model.train()
 

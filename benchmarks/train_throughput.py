@@ -1,0 +1,275 @@
+"""Benchmark: the Automodel backend's train step vs a naive HF + FSDP2 loop, side by side.
+
+Same weights (a random-init Llama-shaped ~1.1B model: 16 layers, hidden 2048, 16 heads, FFN
+5632, vocab 32000), same batch (random tokens, batch 4 × seq 2048), same optimizer (AdamW),
+one process (world 1). The backend runs through hpcrl's real worker class
+(``TrainingWorker`` → ``AutomodelWorker``: chunked log-probs without full-vocab fp32 logits,
+bf16 compute with fp32 master weights and reduction, per-block torch.compile, fused AdamW).
+The naive loop is HF ``LlamaForCausalLM(labels=...)`` + ``fully_shard`` per block and root +
+the same mixed precision + fused AdamW. Reported: tokens/s, MFU against 989 TFLOP/s counting
+6·N (non-embedding) + 12·L·H·S attention per token (and with the lm_head, 6·V·H, added),
+peak memory, and the backend/naive ratio. The two first-step losses are printed to show that
+both loops compute the same loss.
+
+    python benchmarks/train_throughput.py --device cuda --steps 20
+    python benchmarks/train_throughput.py --device cpu --tiny          # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+PEAK_TFLOPS_H200_BF16 = 989.0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per loop")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile)")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--tiny", action="store_true", help="tiny Llama (CPU smoke test)")
+    parser.add_argument("--no-compile", action="store_true", help="backend without compile")
+    parser.add_argument("--only", choices=("backend", "naive"), default=None)
+    args = parser.parse_args()
+    if args.tiny and args.seq_len == 2048:
+        args.seq_len = 64
+    return args
+
+
+def build_checkpoint(tiny: bool, out_dir: str) -> str:
+    """A random-init HF checkpoint (bf16 on disk: half the bytes to write; loaded as fp32)."""
+    from hpcrl.core.models.tiny import TINY_SPECS, build_random_model
+
+    spec = TINY_SPECS["llama" if tiny else "llama-1b"]
+    model = build_random_model(spec, vocab_size=spec.vocab_size or 256)
+    model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+def make_batch(vocab: int, batch_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, vocab, (batch_size, seq_len), generator=gen)
+    token_mask = torch.ones(batch_size, seq_len)
+    token_mask[:, 0] = 0  # the first token has no prediction
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(batch_size, seq_len, dtype=torch.long),
+        "token_mask": token_mask,
+    }
+
+
+def nll_loss(
+    logprobs: torch.Tensor, batch: dict, num_global_tokens: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Mean token NLL, the same quantity as HF's ``labels=`` loss."""
+    return -(logprobs * batch["token_mask"]).sum() / num_global_tokens, {}
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_steps(
+    step: Callable[[], float], device: str, warmup: int, steps: int
+) -> tuple[list[float], float, float]:
+    """Per-step seconds of the timed steps, the first loss, peak memory GiB."""
+    first_loss = step()
+    for _ in range(warmup - 1):
+        step()
+    synchronize(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    return times, first_loss, peak_gib
+
+
+def make_recipe(model_path: str, args: argparse.Namespace):
+    from hpcrl.config.recipe import (
+        AutomodelCfg,
+        DataCfg,
+        OptimizerCfg,
+        PolicyCfg,
+        Recipe,
+        SftCfg,
+    )
+
+    return Recipe(
+        policy=PolicyCfg(
+            model_name=model_path,
+            train_global_batch_size=args.batch_size,
+            train_micro_batch_size=args.batch_size,
+            precision="bfloat16" if args.device == "cuda" else "float32",
+            max_grad_norm=1.0,
+            optimizer=OptimizerCfg(name="adamw", lr=1e-5),
+            automodel_cfg=AutomodelCfg(enabled=True, torch_compile=not args.no_compile),
+        ),
+        data=DataCfg(train_path="unused.jsonl"),
+        sft=SftCfg(max_num_steps=args.steps + args.warmup),
+    )
+
+
+def start_backend(model_path: str, args: argparse.Namespace):
+    """hpcrl's worker for rank 0 of a world of 1 (it creates the process group)."""
+    from hpcrl.core.backends import worker_class_path
+    from hpcrl.core.backends.base import RankInfo
+    from hpcrl.core.workers.actor import TrainingWorker
+    from hpcrl.core.workers.group import worker_env
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    worker = TrainingWorker(worker_class_path("automodel"), worker_env(args.device))
+    rank_info = RankInfo(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=port,
+        device=args.device,
+    )
+    worker.setup(make_recipe(model_path, args), rank_info, model_path, os.cpu_count() or 1)
+    return worker
+
+
+def close_backend(backend: object) -> None:
+    backend.close()
+
+
+def run_backend(worker, batch: dict, args: argparse.Namespace) -> tuple[list[float], float, float]:
+    num_tokens = float(batch["token_mask"].sum())
+
+    def step() -> float:
+        return worker.train(batch, nll_loss, num_tokens, args.batch_size)["loss"]
+
+    try:
+        return time_steps(step, args.device, args.warmup, args.steps)
+    finally:
+        worker.run(close_backend)
+
+
+def free_memory(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_naive(model_path: str, batch: dict, args: argparse.Namespace):
+    """HF forward with labels (full-vocab logits), FSDP2 per block + root, fused AdamW."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=torch.float32, attn_implementation="sdpa"
+    ).to(args.device)
+    mp = {}
+    if args.device == "cuda":
+        mp["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    for layer in model.model.layers:
+        fully_shard(layer, **mp)
+    fully_shard(model, **mp)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda" or None)
+    input_ids = batch["input_ids"].to(args.device)
+    mask = batch["attention_mask"].to(args.device)
+
+    def step() -> float:
+        loss = model(
+            input_ids=input_ids, attention_mask=mask, labels=input_ids, use_cache=False
+        ).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return time_steps(step, args.device, args.warmup, args.steps)  # model dies with this frame
+
+
+def flops_per_token(model_path: str, seq_len: int) -> tuple[float, float]:
+    """(6·N_non_embedding + 12·L·H·S, the same plus the lm_head's 6·V·H)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_path)
+    hidden, layers, ffn = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    head_dim = hidden // cfg.num_attention_heads
+    kv = cfg.num_key_value_heads * head_dim
+    per_layer = hidden * hidden * 2 + hidden * kv * 2 + 3 * hidden * ffn + 2 * hidden
+    non_embedding = layers * per_layer + hidden
+    base = 6 * non_embedding + 12 * layers * hidden * seq_len
+    return float(base), float(base + 6 * cfg.vocab_size * hidden)
+
+
+def report(results: dict, tokens_per_step: int, flops: tuple[float, float], device: str) -> None:
+    print(
+        f"\n{'loop':<10} {'tok/s':>10} {'MFU':>7} {'MFU+lm':>7} {'peak GiB':>9} {'first loss':>11}"
+    )
+    rates = {}
+    for name, (times, first_loss, peak_gib) in results.items():
+        rates[name] = tokens_per_step / statistics.median(times)
+        if device == "cuda":
+            mfu = [rates[name] * f / (PEAK_TFLOPS_H200_BF16 * 1e12) for f in flops]
+            mfu_text = f"{mfu[0]:>6.1%} {mfu[1]:>6.1%}"
+        else:
+            mfu_text = f"{'n/a':>7} {'n/a':>7}"
+        print(f"{name:<10} {rates[name]:>10,.0f} {mfu_text} {peak_gib:>9.1f} {first_loss:>11.4f}")
+    if len(rates) == 2:
+        print(f"\nbackend / naive tokens/s: {rates['backend'] / rates['naive']:.2f}x")
+
+
+def main() -> None:
+    args = parse_args()
+    from hpcrl.core.models.tiny import TINY_SPECS
+
+    vocab = TINY_SPECS["llama" if args.tiny else "llama-1b"].vocab_size or 256
+    batch = make_batch(vocab, args.batch_size, args.seq_len)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="hpcrl-bench-") as tmp:
+        model_path = build_checkpoint(args.tiny, tmp)
+        flops = flops_per_token(model_path, args.seq_len)
+        worker = start_backend(model_path, args)  # also the process group the naive loop uses
+        try:
+            if args.only == "naive":
+                worker.run(close_backend)
+            else:
+                results["backend"] = run_backend(worker, batch, args)
+            free_memory(args.device)
+            if args.only != "backend":
+                results["naive"] = run_naive(model_path, batch, args)
+                free_memory(args.device)
+        finally:
+            worker.close()
+    print(
+        f"device={args.device} batch={args.batch_size} seq={args.seq_len} steps={args.steps} "
+        f"warmup={args.warmup} compile={not args.no_compile} torch={torch.__version__}"
+    )
+    report(results, args.batch_size * args.seq_len, flops, args.device)
+
+
+if __name__ == "__main__":
+    main()
