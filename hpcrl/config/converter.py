@@ -71,16 +71,16 @@ def converter() -> cattrs.Converter:
 
 def build_converter() -> cattrs.Converter:
     """Build a fresh converter with hpcrl's strict hooks (use ``converter()`` instead)."""
-    converter = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-    converter.register_structure_hook(bool, _structure_bool)
-    converter.register_structure_hook(int, _structure_int)
-    converter.register_structure_hook(float, _structure_float)
-    converter.register_structure_hook(str, _structure_str)
-    converter.register_structure_hook(typing.Any, _structure_any)
-    converter.register_structure_hook_factory(_is_literal, _literal_hook)
-    converter.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, converter))
-    converter.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, converter))
-    return converter
+    strict = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
+    strict.register_structure_hook(bool, _structure_bool)
+    strict.register_structure_hook(int, _structure_int)
+    strict.register_structure_hook(float, _structure_float)
+    strict.register_structure_hook(str, _structure_str)
+    strict.register_structure_hook(typing.Any, _structure_any)
+    strict.register_structure_hook_factory(_is_literal, _literal_hook)
+    strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
+    strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
+    return strict
 
 
 # --------------------------------------------------------------------------- public API
