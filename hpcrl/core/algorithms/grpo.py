@@ -1,0 +1,170 @@
+"""GRPO: sample groups of responses per prompt, score them, push up the better ones.
+
+One step: prompts from the data → ``num_generations_per_prompt`` samples each
+(``policy.generate``) → rewards from the environment → group advantages → old-policy (and,
+with a KL penalty, reference) log-probs → clipped policy-gradient training, in optimizer
+steps of ``policy.train_global_batch_size`` rollouts. Only the ``Policy`` interface is used.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from hpcrl.config.recipe import Recipe
+from hpcrl.core.algorithms.advantages import group_advantages
+from hpcrl.core.algorithms.loop import StepTimer, generation_seed
+from hpcrl.core.algorithms.losses import grpo_loss
+from hpcrl.core.data.jsonl import EpochSampler
+from hpcrl.core.data.prompts import encode_prompt, truncate_left
+
+
+@attrs.frozen(kw_only=True)
+class Rollouts:
+    """One step's samples, flat: ``num_generations`` consecutive rows per prompt."""
+
+    prompts: list[str]
+    answers: list[str]
+    responses: list[str]
+    rewards: Any  # torch.Tensor [N]
+    generation: Any  # GenerationOutput
+
+
+def prompt_token_budget(recipe: Recipe) -> int:
+    """Prompt tokens that leave room for max_new_tokens within max_total_sequence_length."""
+    policy = recipe.policy
+    budget = policy.max_total_sequence_length - policy.generation.max_new_tokens
+    if recipe.data.max_input_seq_length is not None:
+        budget = min(budget, recipe.data.max_input_seq_length)
+    if budget < 1:
+        raise ValueError(
+            f"policy.generation.max_new_tokens ({policy.generation.max_new_tokens}) leaves no room "
+            f"for the prompt in policy.max_total_sequence_length ({policy.max_total_sequence_length})"
+        )
+    return budget
+
+
+def sample_rollouts(
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
+) -> Rollouts:
+    """Generate ``num_generations_per_prompt`` responses per row and score them."""
+    import torch
+
+    grpo, data = recipe.grpo, recipe.data
+    assert grpo is not None
+    budget = prompt_token_budget(recipe)
+    use_chat = recipe.policy.tokenizer.chat_template is not None
+    prompts, answers, prompt_ids = [], [], []
+    for row in rows:
+        ids = truncate_left(encode_prompt(tokenizer, str(row[data.prompt_key]), use_chat), budget)
+        for _ in range(grpo.num_generations_per_prompt):
+            prompts.append(str(row[data.prompt_key]))
+            answers.append(str(row.get(data.answer_key, "")))
+            prompt_ids.append(ids)
+    policy.prepare_for_generation()
+    generation = policy.generate(prompt_ids, recipe.policy.generation, generation_seed(grpo.seed, step))
+    policy.prepare_for_training()
+    responses = decode_responses(tokenizer, generation)
+    rewards = torch.tensor(env.score(prompts, responses, answers), dtype=torch.float32)
+    return Rollouts(prompts=prompts, answers=answers, responses=responses, rewards=rewards, generation=generation)
+
+
+def decode_responses(tokenizer: Any, generation: Any) -> list[str]:
+    texts = []
+    for row in range(generation.input_ids.shape[0]):
+        start = int(generation.prompt_lengths[row])
+        end = start + int(generation.response_lengths[row])
+        ids = generation.input_ids[row, start:end].tolist()
+        texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return texts
+
+
+def build_train_batch(recipe: Recipe, rollouts: Rollouts) -> dict[str, Any]:
+    """The batch the loss reads (see hpcrl.core.algorithms.losses), minus log-probs."""
+    import torch
+
+    grpo = recipe.grpo
+    assert grpo is not None
+    generation = rollouts.generation
+    advantages = group_advantages(
+        rollouts.rewards,
+        grpo.num_generations_per_prompt,
+        normalize=grpo.normalize_rewards,
+        leave_one_out=grpo.use_leave_one_out_baseline,
+    )
+    size = generation.input_ids.shape[0]
+    return {
+        "input_ids": generation.input_ids,
+        "attention_mask": generation.attention_mask,
+        "token_mask": generation.response_mask.to(torch.float32),
+        "generation_logprobs": generation.generation_logprobs.to(torch.float32),
+        "advantages": advantages,
+        "num_global_sequences": torch.full((size,), float(recipe.policy.train_global_batch_size)),
+    }
+
+
+def add_logprobs(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> None:
+    batch["old_logprobs"] = policy.get_logprobs(batch)
+    if recipe.loss_fn.reference_policy_kl_penalty > 0:
+        batch["ref_logprobs"] = policy.get_reference_logprobs(batch)
+
+
+def train_on_batch(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> dict[str, float]:
+    """Optimizer steps over chunks of train_global_batch_size rollouts; metrics averaged."""
+    size = batch["input_ids"].shape[0]
+    chunk = recipe.policy.train_global_batch_size
+    if size % chunk != 0:
+        raise ValueError(
+            f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {size} rollouts is "
+            f"not a multiple of policy.train_global_batch_size ({chunk}); make it one"
+        )
+    loss_fn = functools.partial(grpo_loss, cfg=recipe.loss_fn)
+    results = [
+        policy.train({key: value[start : start + chunk] for key, value in batch.items()}, loss_fn)
+        for start in range(0, size, chunk)
+    ]
+    return {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+
+
+def grpo_step(
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
+) -> dict[str, Any]:
+    """One GRPO step; returns its metrics record."""
+    assert recipe.grpo is not None
+    timer = StepTimer()
+    started = time.perf_counter()
+    rows = sampler.next_batch(recipe.grpo.num_prompts_per_step)
+    with timer.phase("generate"):
+        rollouts = sample_rollouts(policy, recipe, tokenizer, env, rows, step)
+    batch = build_train_batch(recipe, rollouts)
+    with timer.phase("logprobs"):
+        add_logprobs(policy, recipe, batch)
+    with timer.phase("train"):
+        train_metrics = train_on_batch(policy, recipe, batch)
+    step_s = time.perf_counter() - started
+    generation = rollouts.generation
+    num_tokens = int(generation.attention_mask.sum())
+    return {
+        "step": step,
+        **train_metrics,
+        "reward_mean": float(rollouts.rewards.mean()),
+        "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
+        "response_length_mean": float(generation.response_lengths.float().mean()),
+        "num_tokens": num_tokens,
+        "tokens_per_s": num_tokens / step_s,
+        "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(timer.seconds["generate"], 1e-9),
+        "time_step_s": step_s,
+        **timer.as_metrics(),
+        "sample_response": rollouts.responses[0],
+    }
+
+
+StepFn = Callable[[int], dict[str, Any]]
+
+
+def make_grpo_step_fn(policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler) -> StepFn:
+    return functools.partial(grpo_step, policy, recipe, tokenizer, env, sampler)

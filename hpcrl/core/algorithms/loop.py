@@ -1,0 +1,129 @@
+"""What GRPO and SFT loops share: checkpoints, the preemption request, step timing.
+
+Checkpoints live in ``<checkpoint_dir>/step_<NNNNNN>``; the policy writes each one atomically
+(a ``.partial`` folder renamed when complete), so the latest complete one is the highest
+step folder whose name has no suffix.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+PREEMPT_FILE = "PREEMPT"  # same name hpcrl.job.markers writes
+PREEMPTED_EXIT_CODE = 3
+_STEP_DIR_RE = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def complete_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete checkpoint, oldest first."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        match = _STEP_DIR_RE.match(entry.name)
+        if match and entry.is_dir():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    found = complete_checkpoints(checkpoint_dir)
+    return found[-1][1] if found else None
+
+
+class CheckpointStore:
+    """Saves through the policy every ``save_period`` steps and keeps the newest ``keep``."""
+
+    def __init__(self, policy: Any, checkpoint_dir: str | Path, save_period: int | None, keep: int | None) -> None:
+        self.policy = policy
+        self.checkpoint_dir = Path(checkpoint_dir)
+        self.save_period = save_period  # None: only on request (preemption, end of run)
+        self.keep = keep
+
+    def due(self, step: int) -> bool:
+        return bool(self.save_period) and step % self.save_period == 0
+
+    def save(self, step: int, extra_state: Mapping[str, Any]) -> Path:
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        target = self.checkpoint_dir / step_dir_name(step)
+        self.policy.save_checkpoint(str(target), {**extra_state, "step": step})
+        self._prune()
+        return target
+
+    def _prune(self) -> None:
+        if not self.keep:
+            return
+        for _, folder in complete_checkpoints(self.checkpoint_dir)[: -self.keep]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def restore_latest(self) -> dict[str, Any] | None:
+        """Load the newest complete checkpoint into the policy; its extra_state, or None."""
+        latest = latest_checkpoint(self.checkpoint_dir)
+        if latest is None:
+            return None
+        return self.policy.load_checkpoint(str(latest))
+
+
+class PreemptionWatch:
+    """True once ``<run_dir>/PREEMPT`` exists or this process got SIGUSR2."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.marker = Path(run_dir) / PREEMPT_FILE
+        self.signalled = False
+
+    @contextmanager
+    def installed(self) -> Iterator[PreemptionWatch]:
+        """Handle SIGUSR2 while inside (main thread only; elsewhere the file still works)."""
+        try:
+            previous = signal.signal(signal.SIGUSR2, self._on_signal)
+        except ValueError:  # not the main thread
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGUSR2, previous)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        del signum, frame
+        self.signalled = True
+
+    def requested(self) -> bool:
+        return self.signalled or self.marker.exists()
+
+
+class StepTimer:
+    """Wall time of named phases within one step."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"time_{name}_s": value for name, value in self.seconds.items()}
+
+
+def generation_seed(seed: int, step: int) -> int:
+    """Sampling seed of one step: depends on (seed, step) only, so a resumed run draws the
+    same samples it would have drawn without the interruption."""
+    return (seed * 1_000_003 + step) % (2**31 - 1)
+

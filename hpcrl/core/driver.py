@@ -1,0 +1,211 @@
+"""The training driver: ``run_training(run_dir)`` runs a run folder's recipe to the end.
+
+Called on node 0 by ``hpcrl.job.driver_process`` with Ray already connected (a local Ray is
+started when none is, e.g. ``python -m hpcrl.core.driver RUN_DIR``). It reads
+``<run_dir>/recipe.resolved.yaml``, builds the policy's worker group, resumes from the newest
+checkpoint in the checkpoint folder if there is one, and runs GRPO or SFT, writing one line
+per step to ``<run_dir>/metrics.jsonl`` and one progress line to stdout.
+
+Exit codes: 0 done; 3 preempted (``<run_dir>/PREEMPT`` appeared or SIGUSR2 arrived: a
+checkpoint was saved at the step boundary and the job should be requeued).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpcrl.config.recipe import Recipe
+from hpcrl.core.algorithms.loop import PREEMPTED_EXIT_CODE, CheckpointStore, PreemptionWatch
+from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
+from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
+
+RESOLVED_RECIPE = "recipe.resolved.yaml"
+JOBSPEC_FILE = "jobspec.json"
+
+
+def run_training(run_dir: str) -> int:
+    """Train the run folder's recipe; returns the exit code (0, or 3 when preempted)."""
+    from hpcrl.config import load_recipe
+
+    run_path = Path(run_dir)
+    loaded = load_recipe(run_path / RESOLVED_RECIPE)
+    recipe = loaded.recipe
+    started_ray = _ensure_ray()
+    try:
+        return train_recipe(recipe, run_path, recipe_dir=loaded.source_path.parent)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _ensure_ray() -> bool:
+    """Connect to a local Ray when the caller has not; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False)
+    return True
+
+
+def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) -> int:
+    """Build everything the recipe needs, run its algorithm, always shut the workers down."""
+    from hpcrl.core.data.prompts import load_tokenizer
+    from hpcrl.core.models.tiny import resolve_model_path
+
+    model_path = resolve_model_path(recipe.policy.model_name)
+    tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
+    rows = load_jsonl(_data_path(recipe.data.train_path, recipe_dir), _required_keys(recipe))
+    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert settings is not None  # the config rules require one algorithm section
+    sampler = EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
+    num_steps = min(
+        settings.max_num_steps,
+        num_steps_in_epochs(len(rows), _rows_per_step(recipe), settings.max_num_epochs),
+    )
+    policy = build_policy(recipe, model_path, run_dir, pad_token_id=tokenizer.pad_token_id or 0)
+    try:
+        step_fn = _make_step_fn(policy, recipe, tokenizer, sampler)
+        return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps)
+    finally:
+        policy.shutdown()
+
+
+def _data_path(path: str, recipe_dir: Path | None) -> Path:
+    candidate = Path(path)
+    if candidate.is_absolute() or recipe_dir is None:
+        return candidate
+    return recipe_dir / candidate
+
+
+def _required_keys(recipe: Recipe) -> list[str]:
+    if recipe.algorithm == "sft":
+        return [recipe.data.prompt_key, recipe.data.response_key]
+    return [recipe.data.prompt_key, recipe.data.answer_key]
+
+
+def _rows_per_step(recipe: Recipe) -> int:
+    if recipe.grpo is not None:
+        return recipe.grpo.num_prompts_per_step
+    return recipe.policy.train_global_batch_size
+
+
+def _make_step_fn(policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler) -> Callable[[int], dict]:
+    if recipe.algorithm == "grpo":
+        from hpcrl.core.algorithms.grpo import make_grpo_step_fn
+        from hpcrl.core.environments.build import build_environment
+
+        return make_grpo_step_fn(policy, recipe, tokenizer, build_environment(recipe.env), sampler)
+    from hpcrl.core.algorithms.sft import make_sft_step_fn
+
+    return make_sft_step_fn(policy, recipe, tokenizer, sampler)
+
+
+def job_device(run_dir: Path) -> str:
+    """"cuda" or "cpu": the planner's device in jobspec.json, else what this node has."""
+    jobspec = run_dir / JOBSPEC_FILE
+    if jobspec.exists():
+        device = json.loads(jobspec.read_text()).get("device")
+        if device in ("gpu", "cpu"):
+            return "cuda" if device == "gpu" else "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: int) -> Any:
+    """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot."""
+    from hpcrl.core.backends import worker_class_path
+    from hpcrl.core.workers.group import GroupLayout
+    from hpcrl.core.workers.ray_policy import RayPolicy
+
+    layout = GroupLayout(
+        num_nodes=recipe.cluster.num_nodes,
+        workers_per_node=recipe.cluster.gpus_per_node,
+        device=job_device(run_dir),
+    )
+    return RayPolicy(
+        recipe, model_path, layout, worker_class_path(recipe.backend), pad_token_id=pad_token_id
+    )
+
+
+def checkpoint_store(policy: Any, recipe: Recipe, run_dir: Path) -> CheckpointStore:
+    cfg = recipe.checkpointing
+    folder = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    return CheckpointStore(policy, folder, cfg.save_period if cfg.enabled else None, cfg.keep_top_k)
+
+
+def run_steps(
+    policy: Any,
+    recipe: Recipe,
+    step_fn: Callable[[int], dict[str, Any]],
+    sampler: EpochSampler,
+    run_dir: Path,
+    num_steps: int,
+) -> int:
+    """Resume, then steps until num_steps or a preemption request; returns the exit code."""
+    store = checkpoint_store(policy, recipe, run_dir)
+    first_step = _resume(store, sampler)
+    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    memory = HostMemoryTracker()
+    with PreemptionWatch(run_dir).installed() as watch:
+        for step in range(first_step, num_steps + 1):
+            record = step_fn(step)
+            record.update(_memory_metrics(policy, memory))
+            writer.write(record)
+            print(format_progress(step, num_steps, record), flush=True)
+            extra = {"data_position": sampler.position.to_dict()}
+            if watch.requested():
+                saved = store.save(step, extra)
+                print(f"preemption requested: saved {saved} after step {step}; exiting with "
+                      f"code {PREEMPTED_EXIT_CODE} to be requeued", flush=True)  # fmt: skip
+                return PREEMPTED_EXIT_CODE
+            if store.due(step) or (step == num_steps and store.save_period):
+                store.save(step, extra)
+    return 0
+
+
+def _resume(store: CheckpointStore, sampler: EpochSampler) -> int:
+    """Restore the newest checkpoint if any; the first step still to run."""
+    extra = store.restore_latest()
+    if extra is None:
+        return 1
+    sampler.restore(DataPosition.from_dict(extra["data_position"]))
+    print(f"resumed from {store.checkpoint_dir} at step {extra['step']}", flush=True)
+    return int(extra["step"]) + 1
+
+
+def _memory_metrics(policy: Any, memory: HostMemoryTracker) -> dict[str, float | None]:
+    peak_gpu_gb = None
+    collect = getattr(policy, "collect_state", None)
+    if collect is not None:
+        states = collect()
+        peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
+        peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
+        worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
+    else:
+        worker_rss = []
+    driver_gb = memory.sample()
+    return {
+        "peak_gpu_mem_gb": peak_gpu_gb,
+        "peak_host_rss_gb": driver_gb + sum(worker_rss),
+        "peak_host_rss_driver_gb": driver_gb,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m hpcrl.core.driver RUN_DIR", file=sys.stderr)
+        return 2
+    return run_training(args[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
