@@ -244,7 +244,7 @@ def _structure_int(value: Any, _: type) -> int:
 def _structure_float(value: Any, _: type) -> float:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and value.strip().lower() not in ("nan", "+nan", "-nan"):
         try:
             return float(value)
         except ValueError:

@@ -47,7 +47,7 @@ def set_at(data, path, value):
     data[path[-1]] = value
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(PATHS), JUNK), min_size=1, max_size=4))
 def test_junk_anywhere_gives_a_recipe_or_config_error(mutations):
     data = copy.deepcopy(BASE)
@@ -64,7 +64,7 @@ def test_junk_anywhere_gives_a_recipe_or_config_error(mutations):
         assert isinstance(recipe, Recipe)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     st.lists(
         st.one_of(st.text(max_size=30), st.from_regex(r"[a-z_.]{1,30}=.{0,10}", fullmatch=True)),
@@ -112,7 +112,7 @@ PROFILE_PATHS = [
 ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(PROFILE_PATHS), JUNK), min_size=1, max_size=3))
 def test_junk_in_a_profile_gives_a_profile_or_config_error(mutations):
     from hpcrl.config.load import MergedConfig, _structure_and_check
