@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from hpcrl.job.errors import BootstrapError, NodesMissing, OtherNodeFailed
 from hpcrl.job.markers import RAY_READY, failed_marker_name, first_failure, write_marker
-from hpcrl.job.network import wait_until
+from hpcrl.job.network import port_accepts, wait_until
 from hpcrl.job.ray_cluster import node_resource_name
 from hpcrl.job.settings import NodeSettings, read_node_settings
 
@@ -80,35 +80,59 @@ def wait_for_all_nodes(settings: NodeSettings) -> dict[int, str]:
     return dict(sorted(joined.items()))
 
 
-def connect_and_wait(settings: NodeSettings) -> None:
+def wait_for_head(settings: NodeSettings, started: float) -> None:
+    """Wait for the head's GCS port (this process starts together with the head)."""
+    ip, port = settings.head_ip, settings.ray_ports.gcs_port
+    if not wait_until(lambda: port_accepts(ip, port), settings.head_start_s):
+        raise BootstrapError(
+            f"Ray head did not open its GCS port {ip}:{port} within {settings.head_start_s:.0f}s; "
+            "see logs/node0/attempt<r>/ray.err"
+        )
+    log(f"Ray head's GCS port {ip}:{port} is open", started)
+
+
+def log(message: str, started: float) -> None:
+    """One timestamped progress line into driver.log (seconds since this process started)."""
+    print(f"[hpcrl +{time.monotonic() - started:.1f}s] {message}", flush=True)
+
+
+def connect_and_wait(settings: NodeSettings, started: float) -> None:
     """Connect this process to the job's Ray, wait for all nodes, write ``status/ray_ready``."""
     import ray
 
+    log("imported ray; connecting", started)
     ray.init(
         address=settings.gcs_address, _node_ip_address=settings.node_ip,
         log_to_driver=True, logging_level="WARNING",
     )  # fmt: skip
+    log(
+        f"connected to Ray at {settings.gcs_address}; waiting for {settings.num_nodes} nodes",
+        started,
+    )
     node_ips = wait_for_all_nodes(settings)
     write_marker(
         settings.run_dir, RAY_READY, settings.task.attempt_id,
         num_nodes=settings.num_nodes, node_ips=[node_ips[rank] for rank in sorted(node_ips)],
         node_names=list(settings.task.node_names),
     )  # fmt: skip
-    print(f"[hpcrl] Ray ready: {settings.num_nodes} nodes {node_ips}", flush=True)
+    log(f"Ray ready: {settings.num_nodes} nodes {node_ips}", started)
 
 
 def run(run_dir: str) -> int:
     """Bootstrap, then the driver; returns the driver's exit code."""
+    started = time.monotonic()
     settings = read_node_settings(run_dir, os.environ)
     try:
+        wait_for_head(settings, started)
+        connect_and_wait(settings, started)
+        # Imported only now: a driver module may import torch, which takes seconds.
         driver = load_driver(settings.driver)
-        connect_and_wait(settings)
     except BootstrapError as error:
         write_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id,
                      message=str(error))  # fmt: skip
         print(f"[hpcrl] bootstrap failed: {error}", file=sys.stderr, flush=True)
         return 1
-    print(f"[hpcrl] running driver {settings.driver}", flush=True)
+    log(f"running driver {settings.driver}", started)
     try:
         code = driver(str(settings.run_dir))
     except Exception:

@@ -17,14 +17,17 @@ class NodeSettingsError(BootstrapError):
 
 
 class HeadUnreachable(BootstrapError):
-    """A worker could not connect to the Ray head's GCS port within its deadline."""
+    """A worker could not reach this job's Ray head within its deadline."""
 
-    def __init__(self, ip: str, port: int, waited_s: float):
-        super().__init__(
-            f"head unreachable at {ip}:{port} after {waited_s:.0f}s "
-            "(is node 0 up? see its log under logs/node0/; raise HPCRL_HEAD_WAIT_S if the "
-            "head node is only slow to start)"
+    def __init__(self, ip: str, port: int, waited_s: float, foreign_listener: bool = False):
+        cause = (
+            "something answers on that port but node 0 of this job never announced its head "
+            "(status/head): another job's Ray on the same port?"
+            if foreign_listener
+            else "is node 0 up? see its log under logs/node0/; raise HPCRL_HEAD_WAIT_S if the "
+            "head node is only slow to start"
         )
+        super().__init__(f"head unreachable at {ip}:{port} after {waited_s:.0f}s ({cause})")
         self.ip, self.port = ip, port
 
 

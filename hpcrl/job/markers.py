@@ -4,6 +4,8 @@ Markers are small JSON files written atomically (temp file + rename) so a reader
 node never sees half a file. Each carries the ``attempt`` (``<job_id>.<restart_count>``):
 after a requeue the folder still holds the previous attempt's markers, and readers ignore them.
 
+- ``status/head``: node 0, once its ports were free and its Ray head started; a worker joins
+  only a head announced for its own attempt (never another job's head on the same port).
 - ``status/ray_ready``: node 0, once every node joined (``num_nodes``, ``node_ips``, times).
 - ``status/done``: node 0, when the driver finished (``exit_code``); workers then stop.
 - ``status/node<k>.failed``: node k's bootstrap failure (``message``).
@@ -20,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+HEAD = "head"
 RAY_READY = "ray_ready"
 DONE = "done"
 PREEMPT_FILE = "PREEMPT"

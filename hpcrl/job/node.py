@@ -26,6 +26,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 from hpcrl.job.errors import BootstrapError, DriverFailed, HeadUnreachable, OtherNodeFailed
 from hpcrl.job.markers import (
     DONE,
+    HEAD,
     PREEMPT_FILE,
     failed_marker_name,
     node_log_dir,
@@ -121,6 +122,8 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
         if settings.is_head:
             _clear_stale_preempt(settings)
             ray_node = RayNode.start(settings, environ)
+            write_marker(settings.run_dir, HEAD, settings.task.attempt_id, ip=settings.node_ip,
+                         gcs_port=settings.ray_ports.gcs_port)  # fmt: skip
             code = _run_head(settings, ray_node, environ, logger, on_driver_start)
         else:
             _wait_for_head(settings, logger)
@@ -144,23 +147,23 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
 
 
 def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
-    address = settings.gcs_address
-    if not wait_until(lambda: port_accepts(settings.head_ip, settings.ray_ports.gcs_port),
-                      settings.head_start_s, abort=ray_node.check_alive):  # fmt: skip
-        raise BootstrapError(
-            f"Ray head did not open its GCS port {address} within {settings.head_start_s:.0f}s"
-        )
-    logger.info("Ray head up at %s; starting driver %s", address, settings.driver)
+    # The driver process starts together with the head (its Python and Ray imports overlap the
+    # head's start-up) and waits for the GCS port itself.
     log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
-    driver_env = ray_environment(environ) | {"RAY_ADDRESS": address, "PYTHONUNBUFFERED": "1"}
+    driver_env = ray_environment(environ) | {
+        "RAY_ADDRESS": settings.gcs_address,
+        "PYTHONUNBUFFERED": "1",
+    }
     driver = start_in_own_session(
         [sys.executable, "-u", "-m", "hpcrl.job.driver_process", str(settings.run_dir)],
         env=driver_env, stdout_path=log_dir / "driver.log", stderr_path=log_dir / "driver.log",
     )  # fmt: skip
+    logger.info("started Ray head and driver %s (log: %s)", settings.driver, log_dir / "driver.log")
     if on_driver_start is not None:
         on_driver_start(driver)
     try:
         while driver.poll() is None:
+            ray_node.check_alive()
             time.sleep(0.2)  # short polls keep submitit's USR2 handler responsive
     finally:
         stop_session(driver, settings.stop_timeout_s)  # whatever the driver left running
@@ -174,25 +177,33 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
 
 
 def _wait_for_head(settings: NodeSettings, logger: logging.Logger) -> None:
-    ip, port = settings.head_ip, settings.ray_ports.gcs_port
+    ip, port, attempt_id = settings.head_ip, settings.ray_ports.gcs_port, settings.task.attempt_id
 
-    def head_failed() -> None:
-        failure = read_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id)
-        if failure is not None:
-            raise OtherNodeFailed(
-                f"node 0 ({settings.task.head_name}) failed: {failure['message']}"
-            )
+    def head_ready() -> bool:
+        # The marker proves the port belongs to this attempt's head, not to another job's.
+        return read_marker(settings.run_dir, HEAD, attempt_id) is not None and port_accepts(
+            ip, port
+        )
 
     start = time.monotonic()
-    if not wait_until(lambda: port_accepts(ip, port), settings.head_wait_s, abort=head_failed):
-        raise HeadUnreachable(ip, port, time.monotonic() - start)
+    if not wait_until(
+        head_ready, settings.head_wait_s, abort=lambda: _raise_if_head_failed(settings)
+    ):
+        raise HeadUnreachable(ip, port, time.monotonic() - start, port_accepts(ip, port))
     logger.info("head reachable at %s:%d after %.1fs; joining", ip, port, time.monotonic() - start)
+
+
+def _raise_if_head_failed(settings: NodeSettings) -> None:
+    failure = read_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id)
+    if failure is not None:
+        raise OtherNodeFailed(f"node 0 ({settings.task.head_name}) failed: {failure['message']}")
 
 
 def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> int:
     failed_connects = 0
     while True:
         ray_node.check_alive()
+        _raise_if_head_failed(settings)
         if read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None:
             logger.info("node 0 marked the run done; stopping")
             return 0

@@ -94,6 +94,19 @@ def test_worker_without_head_fails_within_its_deadline(job):
     assert failed["message"].startswith("head unreachable at 127.0.0.1")
 
 
+def test_worker_never_joins_a_head_its_job_did_not_announce(job):
+    with socket.socket() as foreign_head:  # another job's Ray on the same GCS port
+        foreign_head.bind(("127.0.0.1", job.gcs_port))
+        foreign_head.listen()
+        started = time.monotonic()
+        worker = wait_node(job.start_node(1, HPCRL_HEAD_WAIT_S="3"), started)
+
+    assert worker.exit_code == 1
+    assert f"head unreachable at 127.0.0.1:{job.gcs_port} after 3s" in worker.output
+    assert "node 0 of this job never announced its head" in worker.output
+    assert not (job.run_dir / "logs/node1/attempt0/ray.out").exists()  # Ray never started
+
+
 def test_port_in_use_is_named_and_the_worker_stops_early(job):
     busy_port = job.node_port(0, "object_manager_port")
     with socket.socket() as squatter:
