@@ -137,12 +137,16 @@ def _plan_layout(
 
 
 def _check_run_dir(run_dir: str, profile: ClusterProfile, findings: Findings) -> None:
-    bad_chars = "\n\r\0%" + (",:" if profile.container is not None else "")
-    if not run_dir.startswith("/") or any(ch in run_dir for ch in bad_chars):
+    bad_chars = "%" + (",:" if profile.container is not None else "")
+    if (
+        not run_dir.startswith("/")
+        or not run_dir.isprintable()
+        or any(ch in run_dir for ch in bad_chars)
+    ):
         findings.error(
             "run_dir",
-            "the run folder must be an absolute path without line breaks or '%' (Slurm expands "
-            "'%' in log paths)"
+            "the run folder must be an absolute path of printable characters without '%' (Slurm "
+            "expands '%' in log paths)"
             + (", ',' or ':' (container mount syntax)" if profile.container else ""),
             value=run_dir,
             fix="choose another folder with -o/--out",

@@ -48,7 +48,9 @@ def submitit_log_paths(run_dir: str, is_array: bool) -> tuple[str, str, str]:
 
 
 def single_line_problem(value: str) -> bool:
-    return any(ch in value for ch in "\n\r\0")
+    """True when ``value`` cannot sit on an #SBATCH line: any control or other non-printable
+    character (line breaks of every kind, NUL, tabs) is refused, not escaped."""
+    return not value.isprintable()
 
 
 def sbatch_directives(
@@ -128,7 +130,7 @@ def _extra_sbatch_args(profile: ClusterProfile, findings: Findings) -> dict[str,
         if match is None or single_line_problem(text):
             findings.error(
                 path,
-                "an extra sbatch argument is one long option: --key or --key=value, on one line",
+                "an extra sbatch argument is one long option, --key or --key=value, printable, on one line",
                 value=text,
                 fix='write it like "--reservation=my_resv" or "--constraint=h100"',
             )
@@ -165,7 +167,7 @@ def _check_single_line(
                 profile_path(profile, f"slurm.{key}")
                 if key in ("partition", "account", "qos")
                 else key,
-                "an #SBATCH value must be one line (no newline, carriage return or NUL)",
+                "an #SBATCH value must be one line of printable characters (no line breaks or control characters)",
                 value=value,
                 fix="remove the line break",
             )
