@@ -1,6 +1,7 @@
 """Every shipped recipe and cluster profile loads, validates and follows the naming rule."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,10 @@ def test_effective_dict_holds_defaults_and_round_trips(name):
     effective = loaded.effective_dict()
     assert "pipeline_model_parallel_size" in effective["policy"]["megatron_cfg"]
     assert structure_recipe(effective) == loaded.recipe
+
+
+@pytest.mark.parametrize("name", SHIPPED_RECIPES)
+def test_shipped_recipe_data_files_exist(name):
+    data = load_recipe(name).recipe.data
+    for path in filter(None, (data.train_path, data.val_path)):
+        assert Path(path).is_file(), f"{name}: {path} is not shipped in recipes/data/"
