@@ -129,8 +129,6 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_render(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
-    from rich.console import Console
-
     from hpcrl.render.run_folder import write_run_folder
 
     run = write_run_folder(
@@ -139,12 +137,12 @@ def run_render(args: argparse.Namespace) -> int:
         recipe_path=prepared.loaded.source_path,
         load_warnings=[warning.format() for warning in prepared.warnings],
     )
-    console = Console(highlight=False)
-    print_warnings(prepared, console)
-    console.print(f"Wrote {run.path}/")
-    for path in (run.script, run.resolved_recipe, run.manifest):
-        console.print(f"  {path.name}")
-    console.print(f"Submit with: {submit_command(prepared.spec)}", soft_wrap=True)
+    print_warnings(prepared, None)
+    # Plain print, not rich: five lines do not justify rich's import time on every render.
+    lines = [f"Wrote {run.path}/"]
+    lines += [f"  {path.name}" for path in (run.script, run.resolved_recipe, run.manifest)]
+    lines.append(f"Submit with: {submit_command(prepared.spec)}")
+    print("\n".join(lines))
     return 0
 
 

@@ -1,0 +1,127 @@
+"""How fast the login-node side answers: cold ``hpcrl render`` vs bare Python vs ``import torch``.
+
+    .venv/bin/python benchmarks/cli_latency.py [--repeats 7]
+
+Cold means a fresh process per run (the OS file cache stays warm, as on a login node after
+the first call). The in-process part loads, plans and renders a sweep-sized set of override
+combinations 100 times. The machine is shared and noisy: read the ratios, not the absolutes.
+Goal: cold ``hpcrl render`` ≤ 0.3 s, never importing torch/ray/transformers/megatron.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RECIPE = "grpo-tiny-1n-cpu"
+PROFILE = "local"
+
+
+def time_command(argv: list[str], repeats: int, cwd: Path) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(
+            argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def sweep_overrides(count: int) -> list[list[str]]:
+    grid = itertools.product([1, 2, 3, 4, 5], [1e-5, 2e-5, 5e-5, 1e-4], [8, 16, 32, 64, 128])
+    return [
+        [f"grpo.seed={seed}", f"policy.optimizer.lr={lr}", f"grpo.max_num_steps={steps}"]
+        for seed, lr, steps in itertools.islice(itertools.cycle(grid), count)
+    ]
+
+
+def in_process_renders(count: int) -> tuple[float, float]:
+    """(seconds per load+plan+render, seconds per plan+render) over ``count`` sweep points."""
+    from hpcrl.config import load_profile, load_recipe
+    from hpcrl.plan.planner import plan
+    from hpcrl.render.script import render_sbatch
+
+    profile = load_profile(PROFILE)
+    points = sweep_overrides(count)
+    start = time.perf_counter()
+    loaded = [load_recipe(RECIPE, overrides) for overrides in points]
+    load_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for index, (item, overrides) in enumerate(zip(loaded, points, strict=True)):
+        spec = plan(
+            item.recipe,
+            profile,
+            run_dir=f"/runs/sweep/{index}",
+            overrides=overrides,
+            recipe_source=RECIPE,
+        )
+        render_sbatch(spec)
+    render_s = time.perf_counter() - start
+    return (load_s + render_s) / count, render_s / count
+
+
+def row(name: str, times: list[float], baseline: float) -> str:
+    median = statistics.median(times)
+    return f"| {name:<38} | {median * 1000:8.0f} | {min(times) * 1000:8.0f} | {median / baseline:6.2f}× |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--torch-repeats", type=int, default=3)
+    args = parser.parse_args()
+    bin_dir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory() as folder:
+        cwd = Path(folder)
+        python = [sys.executable]
+        bare = time_command([*python, "-c", "pass"], args.repeats, cwd)
+        help_times = time_command([str(bin_dir / "hpcrl"), "--help"], args.repeats, cwd)
+        render = time_command(
+            [
+                str(bin_dir / "hpcrl"),
+                "render",
+                RECIPE,
+                "--cluster",
+                PROFILE,
+                "-o",
+                str(cwd / "run"),
+            ],
+            args.repeats,
+            cwd,
+        )
+        validate = time_command(
+            [str(bin_dir / "hpcrl"), "validate", RECIPE, "--cluster", PROFILE], args.repeats, cwd
+        )
+        torch_times = time_command([*python, "-c", "import torch"], args.torch_repeats, cwd)
+    per_point_s, per_render_s = in_process_renders(100)
+    baseline = statistics.median(bare)
+    print(f"CPU cores: {os.cpu_count()}, python {sys.version.split()[0]}, repeats {args.repeats}")
+    print("| command (fresh process each)             | median ms | min ms | vs python -c pass |")
+    print("|---|---|---|---|")
+    print(row("python -c pass", bare, baseline))
+    print(row("hpcrl --help", help_times, baseline))
+    print(row(f"hpcrl validate {RECIPE} --cluster {PROFILE}", validate, baseline))
+    print(row(f"hpcrl render {RECIPE} --cluster {PROFILE}", render, baseline))
+    print(row('python -c "import torch"', torch_times, baseline))
+    render_median = statistics.median(render)
+    print(
+        f"\ncold render / import torch: {render_median / statistics.median(torch_times):.2f}×"
+        f"   cold render - python startup: {(render_median - baseline) * 1000:.0f} ms"
+        f"   goal ≤ 300 ms: {'met' if render_median <= 0.3 else 'NOT met'}"
+    )
+    print(
+        f"in-process, 100 sweep points: load+plan+render {per_point_s * 1000:.1f} ms/point, "
+        f"plan+render {per_render_s * 1000:.2f} ms/point"
+    )
+
+
+if __name__ == "__main__":
+    main()
