@@ -60,11 +60,8 @@ def plan(
     )
     mount_checks.check_hf_home(profile, mounts, findings)
     env = _job_env(recipe, profile, run_dir, findings)
-    _check_pass_env(profile, dict(env), findings)
     python_argv = _python_argv(profile, findings)
-    _check_ray_ports(profile, findings)
-    _check_no_nul(recipe, profile, findings)
-    _warn_literal_dollars(profile, findings)
+    _check_script_inputs(recipe, profile, dict(env), findings)
     array = (array_size, profile.slurm.array_parallelism) if array_size else None
     folder, stdout, stderr = scheduler.submitit_log_paths(run_dir, array is not None)
     is_slurm = profile.scheduler == "slurm"
@@ -116,6 +113,16 @@ def plan(
         requeue=True,
         checks=tuple(findings.checks),
     )
+
+
+def _check_script_inputs(
+    recipe: Recipe, profile: ClusterProfile, env: dict[str, str], findings: Findings
+) -> None:
+    """Checks of values that only matter once they are written into the script."""
+    _check_pass_env(profile, env, findings)
+    _check_ray_ports(profile, findings)
+    _check_no_nul(recipe, profile, findings)
+    _warn_literal_dollars(profile, findings)
 
 
 def _job_name_from(recipe_source: str) -> str:

@@ -2,8 +2,9 @@
 
 Values reach a script only through the ``q`` filter (``shlex.quote``); ``q_comment`` is the
 same for comment lines and also escapes line breaks so a value cannot end the comment.
-The only unquoted text is hpcrl's own template text and the profile's ``setup_lines``,
-which are shell by design (``raw_shell`` marks them).
+The only unquoted text is hpcrl's own template text, numbers and names hpcrl computes
+(node counts, the layout line, ``grpo``/``megatron``; all in comments), and the profile's
+``setup_lines``, which are shell by design (``raw_shell`` marks them).
 """
 
 from __future__ import annotations
