@@ -1,7 +1,7 @@
 """Reading ``<run_dir>/metrics.jsonl`` (one JSON object per training step) and summarising it.
 
 Keys read (written by the training core's metrics writer; any may be missing or null):
-``step`` (int), ``step_time_s``, ``tokens_per_s``, ``loss``, ``reward``,
+``step`` (int), ``time_step_s``, ``tokens_per_s``, ``loss``, ``reward_mean``,
 ``peak_gpu_mem_gb`` (null without a GPU), ``peak_host_rss_gb``.
 """
 
@@ -84,8 +84,8 @@ class RunSummary:
 
     num_steps: int
     last_step: int | None
-    median_step_time_s: float | None
-    p95_step_time_s: float | None
+    median_time_step_s: float | None
+    p95_time_step_s: float | None
     median_tokens_per_s: float | None
     peak_gpu_mem_gb: float | None
     peak_host_rss_gb: float | None
@@ -94,17 +94,17 @@ class RunSummary:
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> RunSummary:
-    step_times = _numbers(records, "step_time_s")
+    step_times = _numbers(records, "time_step_s")
     tokens = _numbers(records, "tokens_per_s")
     steps = _numbers(records, "step")
     return RunSummary(
         num_steps=len(records),
         last_step=int(steps[-1]) if steps else None,
-        median_step_time_s=percentile(step_times, 0.5) if step_times else None,
-        p95_step_time_s=percentile(step_times, 0.95) if step_times else None,
+        median_time_step_s=percentile(step_times, 0.5) if step_times else None,
+        p95_time_step_s=percentile(step_times, 0.95) if step_times else None,
         median_tokens_per_s=percentile(tokens, 0.5) if tokens else None,
         peak_gpu_mem_gb=_maximum(_numbers(records, "peak_gpu_mem_gb")),
         peak_host_rss_gb=_maximum(_numbers(records, "peak_host_rss_gb")),
         final_loss=_last(_numbers(records, "loss")),
-        final_reward=_last(_numbers(records, "reward")),
+        final_reward=_last(_numbers(records, "reward_mean")),
     )

@@ -16,7 +16,7 @@ FIGURE_DPI = 100  # 800 x 500 pixels
 
 #: (title, RunSummary attribute) of the panels in the "vs swept value" figure.
 SWEEP_PANELS: tuple[tuple[str, str], ...] = (
-    ("median step time (s)", "median_step_time_s"),
+    ("median step time (s)", "median_time_step_s"),
     ("peak GPU memory (GB)", "peak_gpu_mem_gb"),
     ("peak host RSS (GB)", "peak_host_rss_gb"),
     ("final loss", "final_loss"),
@@ -46,10 +46,10 @@ def plot_step_times(report: Report, path: Path) -> Path:
     figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     for row in report.rows:
         pairs = [
-            (record["step"], record["step_time_s"])
+            (record["step"], record["time_step_s"])
             for record in row.records
             if isinstance(record.get("step"), int | float)
-            and isinstance(record.get("step_time_s"), int | float)
+            and isinstance(record.get("time_step_s"), int | float)
         ]
         if pairs:
             steps, times = zip(*pairs, strict=True)

@@ -68,8 +68,8 @@ def format_number(value: float | int | None) -> str:
 #: (column header, RunSummary attribute), in table order.
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("steps", "num_steps"),
-    ("median step s", "median_step_time_s"),
-    ("p95 step s", "p95_step_time_s"),
+    ("median step s", "median_time_step_s"),
+    ("p95 step s", "p95_time_step_s"),
     ("tokens/s", "median_tokens_per_s"),
     ("peak GPU GB", "peak_gpu_mem_gb"),
     ("peak RSS GB", "peak_host_rss_gb"),

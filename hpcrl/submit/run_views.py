@@ -58,7 +58,7 @@ def status_row(name: str, run_dir: Path) -> tuple[str, ...]:
         metrics = last_metrics(run_dir) or {}
     except MetricsError as error:
         metrics = {"step": f"bad metrics: {error}"}
-    reward = metrics.get("reward")
+    reward = metrics.get("reward_mean")
     return (
         name,
         record.job_id,

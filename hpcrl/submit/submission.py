@@ -6,11 +6,13 @@ and refuses when the script's task command is not the one submitit would run.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import submitit
 
 from hpcrl.plan.jobspec import JobSpec
@@ -23,6 +25,20 @@ from hpcrl.submit.job_record import JobRecord, utc_now_iso, write_job_record
 from hpcrl.submit.node_task import NodeTask
 
 DEFAULT_LOCAL_TIME_LIMIT = "01:00:00"
+#: The plan as the node entrypoint reads it in the job (hpcrl.job.settings): node count,
+#: Ray ports, max_requeues, slots.
+JOBSPEC_NAME = "jobspec.json"
+
+
+def write_jobspec(spec: JobSpec) -> Path:
+    """``<run_dir>/jobspec.json`` unless the run folder already has one (the renderer may
+    write it); atomic, so a node never reads half a file."""
+    path = Path(spec.run_dir) / JOBSPEC_NAME
+    if not path.exists():
+        tmp_path = path.with_name(f".{JOBSPEC_NAME}.tmp")
+        tmp_path.write_text(json.dumps(attrs.asdict(spec), indent=2, sort_keys=True) + "\n")
+        tmp_path.replace(path)
+    return path
 
 
 def jobspec_time_limit_min(jobspec: JobSpec) -> int:
@@ -73,6 +89,7 @@ def _record(jobspec: JobSpec, job: submitit.Job[Any], **extra: Any) -> JobRecord
 def submit_job(jobspec: JobSpec, script_path: Path) -> JobRecord:
     """Submit one run (its run folder is already rendered) and write ``<run_dir>/job.json``."""
     assert jobspec.array_size is None, "arrays go through submit_array"
+    write_jobspec(jobspec)
     executor = build_executor(jobspec, script_path)
     job = executor.submit(NodeTask(), jobspec.run_dir)
     record = _record(jobspec, job)

@@ -22,7 +22,7 @@ from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.planner import plan
 from hpcrl.render.run_folder import write_run_folder
 from hpcrl.submit.job_record import JobRecord, utc_now_iso
-from hpcrl.submit.submission import submit_array
+from hpcrl.submit.submission import submit_array, write_jobspec
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 
 
@@ -116,15 +116,14 @@ def _check_one_allocation_shape(planned: Sequence[PlannedPoint]) -> None:
 def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:
     """Write every point's folder and the array script, submit one array, write sweep.json."""
     for point in planned.points:
-        write_run_folder(
-            point.spec, point.loaded.resolved_dict, recipe_path=point.loaded.source_path
-        )
+        loaded = point.loaded
+        write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path)
+        write_jobspec(point.spec)  # what the point's node entrypoint reads in the job
     first = planned.points[0].loaded
     run = write_run_folder(planned.array_spec, first.resolved_dict, recipe_path=first.source_path)
     point_dirs = planned.record.point_run_dirs(planned.sweep_dir)
-    write_sweep_record(
-        planned.sweep_dir, planned.record
-    )  # the points are on disk even if submission fails
+    # sweep.json before submitting: the points are on record even if submission fails
+    write_sweep_record(planned.sweep_dir, planned.record)
     records = submit_array(planned.array_spec, run.script, point_dirs)
     record = attrs.evolve(
         planned.record, array_job_id=records[0].array_job_id, submitted_at=utc_now_iso()

@@ -73,8 +73,8 @@ def _step_text(metrics: dict[str, Any], max_steps: int | None) -> str:
 
 def _metric_text(metrics: dict[str, Any]) -> str:
     parts = [
-        f"{name} {metrics[name]:.4g}"
-        for name in ("reward", "loss")
+        f"{label} {metrics[name]:.4g}"
+        for name, label in (("reward_mean", "reward"), ("loss", "loss"))
         if isinstance(metrics.get(name), int | float)
     ]
     return (" · " + " · ".join(parts)) if parts else ""

@@ -25,10 +25,10 @@ def _fixture_records(fraction: float, num_steps: int = 9) -> list[dict]:
     return [
         {
             "step": step,
-            "step_time_s": float(1.0 + fraction + rng.uniform(0, 0.5)),
+            "time_step_s": float(1.0 + fraction + rng.uniform(0, 0.5)),
             "tokens_per_s": float(1000 / (1.0 + fraction) + rng.uniform(0, 10)),
             "loss": float(2.0 / step),
-            "reward": float(0.1 * step),
+            "reward_mean": float(0.1 * step),
             "peak_gpu_mem_gb": None,
             "peak_host_rss_gb": float(4.0 - 2 * fraction + 0.01 * step),
         }
@@ -79,7 +79,7 @@ def test_sweep_table_rows_match_independently_computed_values(sweep_dir: Path) -
     assert sorted(lines) == ["point-0", "point-1", "point-2"]
     for index, fraction in enumerate(FRACTIONS):
         records = _fixture_records(float(fraction))
-        times = [r["step_time_s"] for r in records]
+        times = [r["time_step_s"] for r in records]
         cells = [cell.strip() for cell in lines[f"point-{index}"].split("│")[1:-1]]
         expected = [
             f"point-{index}", fraction, "9",
@@ -89,7 +89,7 @@ def test_sweep_table_rows_match_independently_computed_values(sweep_dir: Path) -
             "—",
             format_number(max(r["peak_host_rss_gb"] for r in records)),
             format_number(records[-1]["loss"]),
-            format_number(records[-1]["reward"]),
+            format_number(records[-1]["reward_mean"]),
         ]  # fmt: skip
         assert cells == expected
 

@@ -32,10 +32,10 @@ def expected_metrics(fraction: float, step: int) -> dict:
     """What ``write_metrics`` writes for a run with this offload fraction (tests recompute it)."""
     return {
         "step": step,
-        "step_time_s": 1.0 + fraction + 0.01 * step,
+        "time_step_s": 1.0 + fraction + 0.01 * step,
         "tokens_per_s": 1000.0 / (1.0 + fraction),
         "loss": 1.0 / (step + fraction),
-        "reward": fraction * step,
+        "reward_mean": fraction * step,
         "peak_gpu_mem_gb": None,
         "peak_host_rss_gb": 4.0 - 2.0 * fraction,
     }
@@ -95,6 +95,7 @@ def resume_after_preempt(run_dir: str) -> int:
     resumed = progress["steps"] > 0
     for _ in range(5 if resumed else 10_000):
         if Path(run_dir, "PREEMPT").exists() and not resumed:
+            progress["stopped_for_preempt"] = True
             state.write_text(json.dumps(progress))
             return PREEMPT_EXIT_CODE
         progress["steps"] += 1

@@ -4,6 +4,7 @@ pyxis profile and requeue on timeout."""
 from __future__ import annotations
 
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import yaml
 
 from hpcrl.report.summary import format_number
 from hpcrl.submit.job_record import read_job_record
+from hpcrl.submit.job_state import query_status
 from hpcrl.submit.sweep import read_sweep_record
 from tests.slurm.harness import sacct_states
 from tests.submit import drivers
@@ -26,6 +28,7 @@ from tests.submit.jobs_harness import (
     job_env,
     output_of,
     read_json,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -73,13 +76,13 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
             drivers.expected_metrics(float(fraction), s)
             for s in range(1, drivers.NUM_METRIC_STEPS + 1)
         ]
-        times = [m["step_time_s"] for m in steps]
+        times = [m["time_step_s"] for m in steps]
         cells = [cell.strip() for cell in rows[f"point-{index}"].split("│")[1:-1]]
         assert cells == [
             f"point-{index}", fraction, str(drivers.NUM_METRIC_STEPS),
             format_number(float(np.median(times))), format_number(float(np.percentile(times, 95))),
             format_number(steps[0]["tokens_per_s"]), "—", format_number(steps[0]["peak_host_rss_gb"]),
-            format_number(steps[-1]["loss"]), format_number(steps[-1]["reward"]),
+            format_number(steps[-1]["loss"]), format_number(steps[-1]["reward_mean"]),
         ]  # fmt: skip
     plots = sorted((tmp_path / "plots").glob("*.png"))
     assert [p.name for p in plots] == ["step_time.png", "vs_optimizer_offload_fraction.png"]
@@ -100,24 +103,33 @@ def test_pyxis_profile_options_reach_every_node(tmp_path: Path) -> None:
         assert node["env"]["PYXIS_STANDIN_CONTAINER_WORKDIR"] == "/tmp"
 
 
-def test_timeout_requeues_once_and_the_run_resumes(tmp_path: Path) -> None:
+def test_timeout_signal_requeues_once_and_the_run_resumes(tmp_path: Path) -> None:
+    """Slurm's time-limit warning (USR2, sent here with scancel as submitit's own tests do:
+    Slurm may send ``--signal`` up to 60 s early, too coarse for a test-sized limit) makes
+    the job checkpoint, requeue once, and resume where it stopped; each attempt's logs apart."""
     profile = yaml.safe_load((REPO / "cluster_profiles" / "slurm-test.yaml").read_text())
     profile["name"] = "slurm-test-requeue"
-    profile["slurm"].update(time_limit="00:01:00", signal_delay_s=30, max_requeues=1)
+    profile["slurm"].update(time_limit="00:05:00", signal_delay_s=30, max_requeues=1)
     (tmp_path / "requeue.yaml").write_text(yaml.safe_dump(profile))
     run = tmp_path / "run"
     args = ["submit", ONE_NODE_RECIPE, *ONE_NODE_OVERRIDES, "--cluster", str(tmp_path / "requeue.yaml"),
-            "-o", str(run), "--wait"]  # fmt: skip
-    result = hpcrl(
-        args, tmp_path, job_env("tests.submit.drivers:resume_after_preempt"), timeout_s=280
-    )
+            "-o", str(run)]  # fmt: skip
+    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:resume_after_preempt"))
     assert result.returncode == 0, output_of(result)
-    progress = read_json(run / "probe_state.json")
+    record = read_job_record(run)
+    state = run / "probe_state.json"
+    wait_for(lambda: state.exists() and read_json(state)["steps"] >= 3, 120, "the driver to run")
+    subprocess.run(["scancel", "--signal=USR2", record.job_id], check=True, timeout=30)
+    # Slurm starts a requeued job on its next scheduling pass (up to a minute here)
+    wait_for(lambda: query_status(record).is_final, 200, "the requeued job to end")
+    assert sacct_states(record.job_id) == ["REQUEUED", "COMPLETED"]
+    progress = read_json(state)
     assert progress["attempts"] == [0, 1] and progress["finished"] is True
-    job_id = read_job_record(run).job_id
-    assert sacct_states(job_id) == ["REQUEUED", "COMPLETED"]
+    assert progress["stopped_for_preempt"] is True, "attempt 1's driver saw PREEMPT and stopped"
     for attempt in (1, 2):
         logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
-        assert f"===== hpcrl attempt {attempt} · job {job_id}" in logs.stdout, output_of(logs)
+        assert f"===== hpcrl attempt {attempt} · job {record.job_id}" in logs.stdout, output_of(
+            logs
+        )
         assert f"===== hpcrl attempt {3 - attempt} " not in logs.stdout, "attempts are kept apart"
         assert f"logs/node0/attempt{attempt - 1}/node.log" in logs.stdout

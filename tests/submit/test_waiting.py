@@ -41,7 +41,7 @@ def test_progress_line_follows_the_run_folder(tmp_path: Path) -> None:
     requeued = JobStatus(state="RUNNING", attempts=2)
     assert waiting.describe_progress(tmp_path, requeued, 20) == "running, starting Ray (attempt 2)"
     (tmp_path / "metrics.jsonl").write_text(
-        '{"step": 3, "reward": 0.25, "loss": 1.5}\n{"step": 4, "lo'
+        '{"step": 3, "reward_mean": 0.25, "loss": 1.5}\n{"step": 4, "lo'
     )
     assert (
         waiting.describe_progress(tmp_path, running, 20)
