@@ -155,7 +155,7 @@ def run_show(args: argparse.Namespace) -> int:
         from rich.console import Console
         from rich.syntax import Syntax
 
-        Console().print(Syntax(text, "bash", theme="ansi_dark", word_wrap=False))
+        Console().print(Syntax(text, "bash", theme="ansi_dark", word_wrap=True))
     else:
         sys.stdout.write(text)
     print_warnings(prepared, None)
@@ -174,8 +174,8 @@ def plan_table(spec: JobSpec) -> Any:
     table = Table(
         title=f"{spec.job_name} on {spec.profile_name}", show_header=False, title_justify="left"
     )
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")  # fold, never crop: paths must stay whole
     unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
     table.add_row("scheduler", spec.scheduler)
     table.add_row(
