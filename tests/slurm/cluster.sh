@@ -57,7 +57,7 @@ cmd_install() {
     return
   fi
   log "install: missing ${missing[*]}"
-  # One apt-get update per boot is enough; a stamp avoids re-downloading lists.
+  # apt-get update once per machine (a stamp); later installs reuse the lists.
   local stamp=/var/lib/apt/lists/.hpcrl-updated
   if [[ ! -e $stamp ]]; then
     apt-get update -qq
@@ -69,9 +69,10 @@ cmd_install() {
   if [[ ! -e $policy ]]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && own_policy=1
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-    || { ((own_policy)) && rm -f "$policy"; die "apt-get install failed"; }
-  ((own_policy)) && rm -f "$policy"
+  local rc=0
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+  if ((own_policy)); then rm -f "$policy"; fi
+  ((rc == 0)) || die "apt-get install failed (exit $rc)"
   log "install: done"
 }
 
@@ -121,7 +122,7 @@ veths_gone() { ! ip -o link show | grep -q ' hpcrl-n[0-9]*@'; }
 net_down() {
   local n
   for n in "${NODES[@]}"; do
-    [[ -e /run/netns/$n ]] && ip netns del "$n"
+    if [[ -e /run/netns/$n ]]; then ip netns del "$n"; fi
   done
   # Namespace teardown is asynchronous; re-creating a veth before it is gone fails.
   wait_for "veths removed" 20 veths_gone
