@@ -57,7 +57,7 @@ class NodeMain(Checkpointable):
         self._settings: NodeSettings | None = None
 
     def __call__(self, run_dir: str) -> int:
-        settings = read_node_settings(run_dir, os.environ)
+        settings = read_node_settings(run_dir, os.environ, self.num_requeues)
         self._settings = settings
         code = run_node(settings, os.environ, on_driver_start=self._remember_driver)
         if code != 0:
@@ -69,7 +69,7 @@ class NodeMain(Checkpointable):
         self._driver = driver
 
     def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
-        settings = self._settings or read_node_settings(run_dir, os.environ)
+        settings = self._settings or read_node_settings(run_dir, os.environ, self.num_requeues)
         logger = logging.getLogger(LOGGER_NAME)
         preempt_path = settings.run_dir / PREEMPT_FILE
         preempt_path.write_text(settings.task.attempt_id)
@@ -218,9 +218,8 @@ def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logge
 
 
 def _clear_stale_preempt(settings: NodeSettings) -> None:
-    path = settings.run_dir / PREEMPT_FILE
-    if path.exists() and path.read_text().strip() != settings.task.attempt_id:
-        path.unlink()
+    # Written by an earlier attempt's checkpoint(): this attempt's cannot have run yet.
+    (settings.run_dir / PREEMPT_FILE).unlink(missing_ok=True)
 
 
 def _open_node_log(settings: NodeSettings) -> tuple[logging.Logger, list[logging.Handler]]:

@@ -92,9 +92,11 @@ def resolve_ip(host_name: str) -> str:
         ) from None
 
 
-def read_node_settings(run_dir: str | os.PathLike[str], environ: Mapping[str, str]) -> NodeSettings:
+def read_node_settings(
+    run_dir: str | os.PathLike[str], environ: Mapping[str, str], requeue_count: int = 0
+) -> NodeSettings:
     """Settings for this node from the run folder, Slurm's variables and ``HPCRL_*`` overrides."""
-    task = read_slurm_task(environ)
+    task = read_slurm_task(environ, requeue_count)
     values = _jobspec_values(Path(run_dir)) | _env_values(environ)
     ports = attrs.evolve(RayPortsCfg(**values.pop("ray_ports", {})), **_env_ports(environ))
     num_nodes = values.pop("num_nodes", task.num_nodes)
@@ -104,7 +106,7 @@ def read_node_settings(run_dir: str | os.PathLike[str], environ: Mapping[str, st
             f"(SLURM_JOB_NODELIST hosts: {', '.join(task.node_names)}); submit with --nodes={num_nodes}"
         )
     # Without Slurm there is one node and nothing outside the machine needs to reach it.
-    default_ip = "127.0.0.1" if task.job_id == "local" else None
+    default_ip = None if task.in_slurm else "127.0.0.1"
     node_ip = values.pop("node_ip", None) or default_ip or resolve_ip(task.node_name)
     head_ip = node_ip if task.node_rank == 0 else resolve_ip(task.head_name)
     _check_not_loopback(task, node_ip)

@@ -5,6 +5,7 @@ Kept free of Ray and subprocesses so it can be tested with plain dictionaries.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 from collections.abc import Mapping
@@ -58,7 +59,7 @@ def _expand_group(group: str) -> list[str]:
 
 @attrs.frozen(kw_only=True)
 class SlurmTask:
-    """This task's place in the job. ``job_id`` is ``local`` outside Slurm."""
+    """This task's place in the job. ``job_id`` is ``local<pid>`` outside Slurm."""
 
     job_id: str
     attempt: int  # SLURM_RESTART_COUNT: 0, then 1, 2, ... after each requeue
@@ -66,6 +67,7 @@ class SlurmTask:
     num_nodes: int
     node_name: str
     node_names: tuple[str, ...]
+    in_slurm: bool = True
 
     @property
     def head_name(self) -> str:
@@ -77,13 +79,19 @@ class SlurmTask:
         return f"{self.job_id}.{self.attempt}"
 
 
-def read_slurm_task(environ: Mapping[str, str]) -> SlurmTask:
-    """Read the task's place from SLURM_* variables; one local node when they are absent."""
+def read_slurm_task(environ: Mapping[str, str], requeue_count: int = 0) -> SlurmTask:
+    """Read the task's place from SLURM_* variables; one local node when they are absent.
+
+    ``requeue_count`` numbers the attempt where Slurm does not (SLURM_RESTART_COUNT): submitit's
+    local executor restarts a requeued job in a new process of the same job.
+    """
     if "SLURM_JOB_ID" not in environ or "SLURM_NODEID" not in environ:
         name = socket.gethostname()
+        job_id = environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
         return SlurmTask(
-            job_id="local", attempt=0, node_rank=0, num_nodes=1, node_name=name, node_names=(name,)
-        )
+            job_id=f"local{job_id}", attempt=requeue_count, node_rank=0, num_nodes=1,
+            node_name=name, node_names=(name,), in_slurm=False,
+        )  # fmt: skip
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
     node_names = tuple(expand_hostlist(nodelist))
     num_nodes = int(environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or 0)
@@ -95,7 +103,7 @@ def read_slurm_task(environ: Mapping[str, str]) -> SlurmTask:
     node_rank = int(environ["SLURM_NODEID"])
     return SlurmTask(
         job_id=environ["SLURM_JOB_ID"],
-        attempt=int(environ.get("SLURM_RESTART_COUNT") or 0),
+        attempt=int(environ.get("SLURM_RESTART_COUNT") or requeue_count),
         node_rank=node_rank,
         num_nodes=num_nodes,
         node_name=environ.get("SLURMD_NODENAME") or node_names[node_rank],

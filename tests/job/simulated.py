@@ -110,8 +110,8 @@ def wait_node(process: subprocess.Popen[str], started: float, timeout_s: float =
 
 def processes_of_job(job: SimulatedJob) -> list[str]:
     """Processes of the job still running: Ray's (their command lines name the job's Ray temp
-    dirs) and the driver's (it names the run folder)."""
-    markers = (f"hpcrl-ray-{job.job_id}-", str(job.run_dir))
+    dirs, which contain the job id) and the driver's (it names the run folder)."""
+    markers = (job.job_id, str(job.run_dir))
     found = []
     for process in psutil.process_iter(["pid", "cmdline", "status"]):
         cmdline = " ".join(process.info["cmdline"] or [])

@@ -58,9 +58,12 @@ def test_environment_overrides_jobspec_which_overrides_defaults(tmp_path):
 
 
 def test_without_slurm_one_local_node(tmp_path):
-    settings = read_node_settings(tmp_path, {})
+    settings = read_node_settings(tmp_path, {"SUBMITIT_LOCAL_JOB_ID": "977"}, requeue_count=2)
     assert (settings.num_nodes, settings.node_rank, settings.node_ip) == (1, 0, "127.0.0.1")
-    assert settings.task.job_id == "local"
+    assert (settings.task.attempt_id, settings.ray_temp_dir) == (
+        "local977.2",
+        "/tmp/hpcrl-ray-local977-0",
+    )
 
 
 def test_node_count_mismatch_names_both_counts(tmp_path):
