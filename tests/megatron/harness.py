@@ -6,7 +6,6 @@ stable module path.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import socket
@@ -22,8 +21,7 @@ def prepare_cpu_process() -> None:
     from tests.megatron import cpu_patches, te_standin
 
     te_standin.import_bridge_without_te()
-    # Entered for the rest of the child's life; the child exits right after its work.
-    contextlib.ExitStack().enter_context(cpu_patches.cpu_patches())
+    cpu_patches.apply_for_process_lifetime()
 
 
 def free_port() -> int:
@@ -128,3 +126,104 @@ def ensure_on_rank(rank: int, world_size: int, root: str, count_file: str) -> st
     convert = functools.partial(counting_converter, count_file=count_file, payload="v1", sleep_s=1.0)
     return str(ensure_megatron_checkpoint("org/tiny", "/hf/tiny", root, force=False, convert=convert,
                                           rank=rank, poll_s=0.1))
+
+
+# --------------------------------------------------------------------------- backend runs
+SEQ_LEN = 16
+GLOBAL_BATCH = 8
+
+
+def masked_nll(logprobs, micro_batch, num_global_tokens):
+    """SFT-style loss: -sum(token logprobs over the mask) / global token count."""
+    mask = micro_batch["token_mask"]
+    loss = -(logprobs * mask).sum() / num_global_tokens
+    return loss, {"tokens": float(mask.sum())}
+
+
+def fixed_batch(seed: int = 0) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, 100, (GLOBAL_BATCH, SEQ_LEN), generator=generator)
+    token_mask = torch.ones(GLOBAL_BATCH, SEQ_LEN)
+    token_mask[:, :4] = 0  # a "prompt" that does not count
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
+            "token_mask": token_mask}
+
+
+def make_recipe(model_name: str, *, tp: int = 1, pp: int = 1, dist_opt: bool = True,
+                micro_batch_size: int = 2, lr: float = 1e-3, manual_gc_interval: int = 0,
+                parallel_read_threads: int = 1, model_overrides: dict | None = None):
+    from hpcrl.config.recipe import (
+        DataCfg, MegatronCfg, MegatronCheckpointCfg, MegatronOptimizerCfg, PolicyCfg, Recipe, SftCfg,
+    )
+
+    megatron_cfg = MegatronCfg(
+        enabled=True, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        optimizer=MegatronOptimizerCfg(lr=lr, use_distributed_optimizer=dist_opt, clip_grad=1.0,
+                                       weight_decay=0.01),
+        manual_gc=manual_gc_interval > 0, manual_gc_interval=manual_gc_interval,
+        checkpoint=MegatronCheckpointCfg(parallel_read_threads=parallel_read_threads),
+        model_overrides=model_overrides or {},
+    )
+    return Recipe(
+        policy=PolicyCfg(model_name=model_name, train_global_batch_size=GLOBAL_BATCH,
+                         train_micro_batch_size=micro_batch_size, precision="float32",
+                         max_total_sequence_length=SEQ_LEN, megatron_cfg=megatron_cfg),
+        data=DataCfg(train_path="unused.jsonl"),
+        sft=SftCfg(max_num_steps=10, seed=7),
+    )
+
+
+def cpu_worker_class():
+    from hpcrl.core.backends.megatron.worker import MegatronWorker
+
+    class CpuMegatronWorker(MegatronWorker):
+        """The real worker; its spawned converter gets the test CPU patch layer."""
+
+        converter_prepare = staticmethod(prepare_cpu_process)
+
+    return CpuMegatronWorker
+
+
+def setup_worker(rank: int, world_size: int, recipe, hf_path: str, ckpt_root: str):
+    from hpcrl.core.backends.base import RankInfo
+
+    os.environ["NRL_MEGATRON_CHECKPOINT_DIR"] = ckpt_root
+    worker = cpu_worker_class()()
+    place = worker.setup(recipe, RankInfo(rank=rank, world_size=world_size, local_rank=rank,
+                                          local_world_size=world_size, node_rank=0,
+                                          master_addr="127.0.0.1", master_port=0, device="cpu"),
+                         hf_path)
+    return worker, place
+
+
+def shard(batch: dict, place) -> dict:
+    rows = batch["input_ids"].shape[0] // place.dp_size
+    return {k: v[place.dp_rank * rows:(place.dp_rank + 1) * rows] for k, v in batch.items()}
+
+
+def micro_batches(batch: dict, size: int) -> list[dict]:
+    rows = batch["input_ids"].shape[0]
+    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
+
+
+def train_run(rank: int, world_size: int, recipe_kwargs: dict, hf_path: str, ckpt_root: str,
+              steps: int) -> dict:
+    """Set up the real MegatronWorker, train ``steps`` steps on a fixed batch."""
+    recipe = make_recipe(hf_path, **recipe_kwargs)
+    worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
+    batch = fixed_batch()
+    num_tokens = float(batch["token_mask"].sum())
+    my_shard = shard(batch, place)
+    initial_logprobs = worker.logprobs(my_shard)
+    history = []
+    for _ in range(steps):
+        metrics = worker.train_step(micro_batches(my_shard, recipe.policy.train_micro_batch_size),
+                                    masked_nll, num_tokens)
+        history.append(metrics)
+    reference = worker.reference_logprobs(my_shard)
+    worker.close()
+    return {"place": (place.dp_rank, place.dp_size, place.returns_results), "history": history,
+            "initial_logprobs": initial_logprobs if place.returns_results else None,
+            "reference_logprobs": reference if place.returns_results else None}

@@ -80,7 +80,9 @@ def conversion_lock(
                         f"{_read_holder(lock_path)}); if that converter is gone, delete the lock file"
                     ) from None
                 if time.monotonic() >= next_report:
-                    progress(f"waiting for {_read_holder(lock_path)} to finish converting ({waited_s:.0f} s)")
+                    progress(
+                        f"waiting for {_read_holder(lock_path)} to finish converting ({waited_s:.0f} s)"
+                    )
                     next_report += max(poll_s, 30.0)
                 time.sleep(poll_s)
         lock_file.seek(0)
@@ -121,8 +123,13 @@ def convert_locked(
     started = time.monotonic()
     progress(f"converting {hf_path} → {final_dir} (writing {tmp_dir.name})")
     convert(hf_path, str(tmp_dir))
-    marker = {"hf_path": hf_path, "host": socket.gethostname(), "pid": os.getpid(),
-              "seconds": round(time.monotonic() - started, 1), "finished_at": time.time()}
+    marker = {
+        "hf_path": hf_path,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "seconds": round(time.monotonic() - started, 1),
+        "finished_at": time.time(),
+    }
     (tmp_dir / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1))
     _replace_dir(tmp_dir, final_dir)
     progress(f"done in {time.monotonic() - started:.1f} s: {final_dir}")
@@ -165,7 +172,9 @@ def ensure_megatron_checkpoint(
             convert_locked(hf_path, final_dir, force, convert, progress)
     _wait_for_rank0(rank, final_dir, progress)
     if not is_complete(final_dir):
-        raise RuntimeError(f"rank {rank}: no complete Megatron conversion at {final_dir} after rank 0 finished")
+        raise RuntimeError(
+            f"rank {rank}: no complete Megatron conversion at {final_dir} after rank 0 finished"
+        )
     return final_dir
 
 
@@ -175,5 +184,7 @@ def _wait_for_rank0(rank: int, final_dir: Path, progress: Progress) -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return
     if rank == 1:  # one message per job is enough
-        progress(f"rank 1..{dist.get_world_size() - 1} waiting for rank 0's conversion {final_dir.name}")
+        progress(
+            f"rank 1..{dist.get_world_size() - 1} waiting for rank 0's conversion {final_dir.name}"
+        )
     dist.barrier()

@@ -1,0 +1,176 @@
+"""HF checkpoint → Megatron (torch_dist) through megatron-bridge, and loading it back.
+
+The conversion runs in a fresh spawned process with a one-rank gloo group and TP=PP=1, apart
+from the job's process groups and devices: the job's ranks keep their own parallel state,
+and a crash or kill of the converter cannot wedge them. dist_checkpointing reshards the TP=1
+result to any TP/PP at load.
+
+A conversion directory holds ``weights/`` (dist_checkpointing, torch_dist) and
+``run_config.yaml`` (the finalized provider, ``model_overrides`` included).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpcrl.core.backends.megatron.conversion import Converter, Progress, print_progress
+from hpcrl.core.backends.megatron.provider import (
+    apply_model_overrides,
+    transformer_engine_available,
+    use_local_spec,
+)
+
+WEIGHTS_SUBDIR = "weights"
+RUN_CONFIG_FILE = "run_config.yaml"
+
+
+def make_converter(
+    model_overrides: Mapping[str, Any],
+    prepare: Callable[[], None] | None = None,
+    heartbeat_s: float = 30.0,
+) -> Converter:
+    """The converter ``ensure_megatron_checkpoint`` calls. ``prepare`` runs first in the
+    child (tests use it to install their CPU patch layer); production passes None."""
+    return functools.partial(
+        convert_in_subprocess,
+        model_overrides=dict(model_overrides),
+        prepare=prepare,
+        heartbeat_s=heartbeat_s,
+    )
+
+
+def convert_in_subprocess(
+    hf_path: str,
+    out_dir: str,
+    *,
+    model_overrides: Mapping[str, Any],
+    prepare: Callable[[], None] | None,
+    heartbeat_s: float,
+    progress: Progress = print_progress,
+) -> None:
+    child = multiprocessing.get_context("spawn").Process(
+        target=_convert_child,
+        args=(hf_path, out_dir, dict(model_overrides), prepare),
+        name="hpcrl-megatron-convert",
+    )
+    started = time.monotonic()
+    child.start()
+    while child.is_alive():
+        child.join(heartbeat_s)
+        if child.is_alive():
+            progress(f"still converting ({time.monotonic() - started:.0f} s, pid {child.pid})")
+    if child.exitcode != 0:
+        raise RuntimeError(
+            f"HF → Megatron conversion of {hf_path} failed (converter exit code {child.exitcode}); "
+            "its output is above"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _convert_child(hf_path: str, out_dir: str, overrides: dict, prepare: Callable | None) -> None:
+    started = time.monotonic()
+
+    def stage(message: str) -> None:
+        print_progress(f"{message} (t={time.monotonic() - started:.1f} s)")
+
+    if prepare is not None:
+        prepare()
+    import torch.distributed as dist
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        stage(f"reading HF checkpoint {hf_path}")
+        provider = build_provider(hf_path, load_weights=True)
+        apply_model_overrides(provider, overrides)
+        provider.finalize()
+        stage("building the Megatron model and copying weights (TP=1, PP=1, CPU)")
+        model = build_unwrapped_model(provider)
+        stage("saving torch_dist checkpoint")
+        save_weights(model, Path(out_dir) / WEIGHTS_SUBDIR)
+        save_run_config(provider, Path(out_dir) / RUN_CONFIG_FILE)
+        stage("conversion written")
+    finally:
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+    # Leftover gloo/checkpoint threads can hold a finished child for ~10 s or abort it at
+    # interpreter exit; everything is on disk, so leave at once.
+    os._exit(0)
+
+
+def build_provider(hf_path: str, load_weights: bool) -> Any:
+    """A fresh provider from the HF config (local layer spec when TE is absent)."""
+    from megatron.bridge import AutoBridge
+
+    bridge = AutoBridge.from_hf_pretrained(hf_path)
+    provider = bridge.to_megatron_provider(load_weights=load_weights)
+    if not transformer_engine_available():
+        use_local_spec(provider)
+    return provider
+
+
+def build_unwrapped_model(provider: Any) -> Any:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    parallel_state.initialize_model_parallel(1, 1)
+    model_parallel_cuda_manual_seed(0)
+    chunks = provider.provide_distributed_model(
+        wrap_with_ddp=False, use_cpu_initialization=True, mixed_precision_wrapper=None
+    )
+    assert len(chunks) == 1
+    return chunks[0]
+
+
+def save_weights(model: Any, weights_dir: Path) -> None:
+    from megatron.core import dist_checkpointing
+
+    weights_dir.mkdir(parents=True)
+    dist_checkpointing.save(model.sharded_state_dict(), str(weights_dir))
+
+
+def save_run_config(provider: Any, path: Path) -> None:
+    """Persist the finalized provider (overrides included) field by field."""
+    import dataclasses
+
+    from megatron.bridge.utils.yaml_utils import dump_dataclass_to_yaml
+
+    cls = type(provider)
+    fields = {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider)
+              if not f.name.startswith("_")}
+    path.write_text(dump_dataclass_to_yaml({"model": {"_target_": f"{cls.__module__}.{cls.__qualname__}", **fields}}))
+
+
+def load_weights(model_chunks: list, weights_dir: Path) -> None:
+    """Load a conversion's weights into (possibly DDP/Float16-wrapped) model chunks at any TP/PP."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.utils import unwrap_model
+
+    for chunk in unwrap_model(model_chunks):
+        sharded = chunk.sharded_state_dict()
+        loaded = dist_checkpointing.load(sharded, str(weights_dir))
+        missing, unexpected = chunk.load_state_dict(loaded, strict=False)
+        missing = [key for key in missing if not key.endswith("_extra_state")]
+        assert not missing and not unexpected, (
+            f"weights mismatch: missing {missing}, unexpected {unexpected}"
+        )

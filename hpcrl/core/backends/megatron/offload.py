@@ -1,0 +1,67 @@
+"""Offload and CUDA-graph settings that megatron-core implements only with Transformer Engine
+or CUDA: checked at worker setup, before anything is built.
+
+The settings themselves pass straight through (``provider.apply_megatron_cfg`` → the
+TransformerConfig fields, ``model.optimizer_config`` → the OptimizerConfig fields,
+``env_vars`` exported first). What this module adds is a clear, early failure where they
+cannot work, instead of an AttributeError deep inside megatron-core.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcrl.config.recipe import MegatronCfg
+
+PREFIX = "policy.megatron_cfg"
+
+
+class UnsupportedOnThisMachine(RuntimeError):
+    """A setting that needs Transformer Engine or a GPU, on a machine without it."""
+
+
+def _te_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def requirement_problems(cfg: MegatronCfg, te_available: bool, cuda_available: bool) -> list[str]:
+    """Every setting that cannot run here, each with its key and what it needs."""
+    problems = []
+    te_settings = []
+    if cfg.fine_grained_activation_offloading:
+        te_settings.append(f"{PREFIX}.fine_grained_activation_offloading=true")
+    if cfg.cuda_graph_impl == "transformer_engine":
+        te_settings.append(f"{PREFIX}.cuda_graph_impl=transformer_engine")
+    if cfg.sequence_parallel:
+        te_settings.append(f"{PREFIX}.sequence_parallel=true")
+    if not te_available:
+        problems += [
+            f"{setting} requires Transformer Engine (transformer_engine is not importable in "
+            "this environment); use a container with Transformer Engine or turn it off"
+            for setting in te_settings
+        ]
+    if not cuda_available:
+        if cfg.optimizer.optimizer_cpu_offload:
+            problems.append(
+                f"{PREFIX}.optimizer.optimizer_cpu_offload=true requires CUDA (megatron-core's "
+                "HybridDeviceOptimizer splits optimizer state between GPU and host); on CPU "
+                "the optimizer already lives on the host: turn it off"
+            )
+        if cfg.cuda_graph_impl != "none":
+            problems.append(f"{PREFIX}.cuda_graph_impl={cfg.cuda_graph_impl} requires CUDA")
+    return problems
+
+
+def check_transformer_engine_settings(cfg: MegatronCfg) -> None:
+    """Raise one error listing every setting this machine cannot run."""
+    problems = requirement_problems(cfg, _te_available(), _cuda_available())
+    if problems:
+        raise UnsupportedOnThisMachine("\n".join(problems))

@@ -1,0 +1,137 @@
+"""The megatron-bridge model provider: recipe settings and ``model_overrides`` applied to it.
+
+Order (same at conversion and at load, so the persisted run config is what trains):
+  1. a fresh provider from the HF config (``AutoBridge.to_megatron_provider``);
+  2. settings that need Transformer Engine switched off when it is absent (local spec);
+  3. first-class ``policy.megatron_cfg`` fields (parallel sizes, recompute, offload, ...);
+  4. ``policy.megatron_cfg.model_overrides`` (user wins over everything above);
+  5. ``finalize()`` — only then is a model instantiated from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcrl.config.recipe import MegatronCfg
+
+OVERRIDES_PATH = "policy.megatron_cfg.model_overrides"
+
+# Fused kernels that exist only with Transformer Engine / Apex; their torch fallbacks are
+# the local spec. (megatron-core refuses e.g. apply_rope_fusion without TE >= 1.4.)
+TE_ONLY_PROVIDER_FLAGS = (
+    "apply_rope_fusion",
+    "bias_activation_fusion",
+    "gradient_accumulation_fusion",
+    "masked_softmax_fusion",
+    "persist_layer_norm",
+    "bias_dropout_fusion",
+    "cross_entropy_loss_fusion",
+)
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def transformer_engine_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+class ModelOverrideError(ValueError):
+    """A ``model_overrides`` key the provider does not have (a user mistake)."""
+
+
+def use_local_spec(provider: Any) -> list[str]:
+    """Build with megatron-core's local (pure torch) layer spec; returns the flags turned off."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    provider.transformer_layer_spec = get_gpt_layer_local_spec()
+    turned_off = []
+    for flag in TE_ONLY_PROVIDER_FLAGS:
+        if getattr(provider, flag, False):
+            setattr(provider, flag, False)
+            turned_off.append(flag)
+    return turned_off
+
+
+def apply_megatron_cfg(provider: Any, cfg: MegatronCfg, precision: str, seq_length: int) -> None:
+    """Copy the first-class recipe fields onto the provider (before overrides)."""
+    import torch
+
+    for name in (
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "num_layers_in_first_pipeline_stage",
+        "num_layers_in_last_pipeline_stage",
+        "sequence_parallel",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_num_layers",
+        "cpu_offloading",
+        "cpu_offloading_num_layers",
+        "fine_grained_activation_offloading",
+        "cuda_graph_impl",
+    ):
+        setattr(provider, name, getattr(cfg, name))
+    if cfg.recompute_modules:
+        provider.recompute_modules = list(cfg.recompute_modules)
+    if cfg.offload_modules:
+        provider.offload_modules = list(cfg.offload_modules)
+    if cfg.apply_rope_fusion:
+        provider.apply_rope_fusion = True
+    if cfg.bias_activation_fusion:
+        provider.bias_activation_fusion = True
+    if cfg.freeze_moe_router:
+        provider.moe_router_freeze = True
+    params_dtype = getattr(torch, _DTYPES[precision])
+    provider.params_dtype = params_dtype
+    provider.bf16 = precision == "bfloat16"
+    provider.fp16 = precision == "float16"
+    provider.pipeline_dtype = (
+        getattr(torch, cfg.pipeline_dtype) if cfg.pipeline_dtype else params_dtype
+    )
+    provider.seq_length = seq_length
+
+
+def apply_model_overrides(
+    target: Any, overrides: Mapping[str, Any], path: str = OVERRIDES_PATH
+) -> None:
+    """Set each override on ``target``; a nested dict recurses into the nested config object.
+
+    Unknown fields raise ``ModelOverrideError`` naming ``path.<key>`` and the closest fields.
+    """
+    for key, value in overrides.items():
+        key_path = f"{path}.{key}"
+        known = _field_names(target)
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ModelOverrideError(
+                f"{key_path}: {type(target).__name__} has no field {key!r}{hint} "
+                f"Remove it or use one of the provider's fields."
+            )
+        current = getattr(target, key, None)
+        if isinstance(value, Mapping) and current is not None and not isinstance(current, Mapping):
+            apply_model_overrides(current, value, key_path)
+        else:
+            setattr(target, key, value)
+
+
+def _field_names(target: Any) -> set[str]:
+    if dataclasses.is_dataclass(target):
+        return {field.name for field in dataclasses.fields(target)}
+    return {name for name in vars(target) if not name.startswith("_")}
+
+
+def prepare_provider(provider: Any, cfg: MegatronCfg, precision: str, seq_length: int) -> list[str]:
+    """Steps 2–4 of the module docstring; returns the TE-only flags that were turned off."""
+    turned_off = [] if transformer_engine_available() else use_local_spec(provider)
+    apply_megatron_cfg(provider, cfg, precision, seq_length)
+    apply_model_overrides(provider, cfg.model_overrides)
+    return turned_off

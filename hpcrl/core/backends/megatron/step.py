@@ -1,0 +1,145 @@
+"""Forward/backward of the Megatron backend: token log-probs on the TP-sharded vocab, the
+training step through ``get_forward_backward_func`` (any PP schedule), and log-probs only.
+
+Loss scaling: megatron's schedule divides each micro-batch loss by the number of
+micro-batches and DDP scales gradients by 1/DP before summing. ``LossFn`` losses are already
+normalised by the global token count, so the step multiplies them by micro-batches × DP:
+the gradients are then those of the sum over all shards, i.e. of the whole global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hpcrl.core.policy import Batch, LossFn
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, t] | <t) from vocab-parallel logits [b, T, V/TP]; column 0 is 0.
+
+    megatron's ``vocab_parallel_cross_entropy`` computes the log-softmax across the TP group
+    (max and sum-exp all-reduced, the target logit taken from the rank owning it) with its
+    own backward, so no rank ever holds full-vocab logits.
+    """
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    # A copy: the megatron function normalises its input in place.
+    shifted = logits[:, :-1].to(torch.float32, copy=True).contiguous()
+    targets = input_ids[:, 1:].contiguous()
+    tail = -vocab_parallel_cross_entropy(shifted, targets)
+    return F.pad(tail, (1, 0))
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _to_device(micro_batch: Batch) -> dict[str, torch.Tensor]:
+    device = _device()
+    return {key: value.to(device, non_blocking=True) for key, value in micro_batch.items()}
+
+
+def _forward(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    # Right-padded sequences under a causal mask: padding never influences earlier tokens,
+    # so no attention mask is needed (local spec builds the causal one).
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+    return model(input_ids, positions.expand_as(input_ids), None)
+
+
+def _result_rank_flags() -> tuple[bool, bool]:
+    """(this rank computes the loss, this rank is the one that reports it for its DP rank)."""
+    from megatron.core import parallel_state as ps
+
+    last = ps.is_pipeline_last_stage(ignore_virtual=True)
+    reporter = last and ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
+    return last, reporter
+
+
+def run_train_microbatches(
+    model_chunks: list, micro_batches: Sequence[Batch], loss_fn: LossFn, num_global_tokens: float
+) -> dict[str, float]:
+    """Forward/backward every micro-batch; returns loss and loss_fn metrics summed over the
+    global batch (same dict on every rank). Gradients are left in the DDP buffers."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    scale = len(micro_batches) * ps.get_data_parallel_world_size()
+    totals: dict[str, float] = {}
+
+    def loss_func(micro_batch, output_tensor):
+        logprobs = token_logprobs(output_tensor, micro_batch["input_ids"])
+        loss, metrics = loss_fn(logprobs, micro_batch, num_global_tokens)
+        totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + float(value)
+        return loss * scale, {}
+
+    def forward_step(data_iterator, model):
+        micro_batch = _to_device(next(data_iterator))
+        output = _forward(model, micro_batch["input_ids"])
+        return output, lambda output_tensor: loss_func(micro_batch, output_tensor)
+
+    for chunk in model_chunks:
+        chunk.zero_grad_buffer()
+    get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(micro_batches),
+        model=model_chunks,
+        num_microbatches=len(micro_batches),
+        seq_length=micro_batches[0]["input_ids"].shape[1],
+        micro_batch_size=micro_batches[0]["input_ids"].shape[0],
+        forward_only=False,
+    )
+    return _sum_over_reporters(totals)
+
+
+def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
+    """Sum each value over the DP reporters; every rank gets the result."""
+    import torch.distributed as dist
+
+    _, reporter = _result_rank_flags()
+    names = sorted(totals) if reporter else []
+    # Every rank must agree on the names: take them from global rank of a reporter.
+    name_lists: list[list[str] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(name_lists, names)
+    all_names = sorted({n for lst in name_lists if lst for n in lst})
+    values = torch.tensor([totals.get(n, 0.0) if reporter else 0.0 for n in all_names], dtype=torch.float64)
+    dist.all_reduce(values)
+    return dict(zip(all_names, values.tolist()))
+
+
+def compute_logprobs(model_chunks: list, micro_batches: Sequence[Batch]) -> torch.Tensor | None:
+    """Token log-probs of all micro-batches (CPU, float32) on the reporting rank, else None."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    collected: list[torch.Tensor] = []
+
+    def forward_step(data_iterator, model):
+        micro_batch = _to_device(next(data_iterator))
+        output = _forward(model, micro_batch["input_ids"])
+
+        def loss_func(output_tensor):
+            logprobs = token_logprobs(output_tensor, micro_batch["input_ids"])
+            collected.append(logprobs.detach().float().cpu())
+            return torch.zeros((), device=output_tensor.device), {}
+
+        return output, loss_func
+
+    with torch.no_grad():
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=model_chunks,
+            num_microbatches=len(micro_batches),
+            seq_length=micro_batches[0]["input_ids"].shape[1],
+            micro_batch_size=micro_batches[0]["input_ids"].shape[0],
+            forward_only=True,
+        )
+    _, reporter = _result_rank_flags()
+    return torch.cat(collected) if reporter else None

@@ -1,0 +1,178 @@
+"""``MegatronWorker``: one rank of the Megatron backend (``hpcrl.core.backends.base``).
+
+Setup order (the contract's): env_vars exported → Transformer-Engine-only settings refused
+where TE is absent → parallel state → one-time HF→Megatron conversion (rank 0; the others
+wait) → provider with recipe fields and ``model_overrides`` → model (megatron DDP) →
+weights loaded from the conversion (parallel reads if asked) → optimizer and scheduler →
+manual GC switched on last, so the first manual collection frees setup's garbage.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hpcrl.core.backends.base import DataParallelPlace, RankInfo
+from hpcrl.core.backends.megatron import hf_import, model as mcore_model, offload, step
+
+if TYPE_CHECKING:
+    from hpcrl.config.recipe import GenerationCfg, MegatronCfg, Recipe
+    from hpcrl.core.policy import Batch, LossFn
+
+
+def total_train_steps(recipe: Recipe) -> int:
+    section = recipe.grpo if recipe.grpo is not None else recipe.sft
+    return max(int(section.max_num_steps), 1)
+
+
+class MegatronWorker:
+    """One rank of the Megatron backend; every method is called on all ranks together."""
+
+    # Runs first in the spawned HF→Megatron converter; tests set their CPU patch layer here.
+    converter_prepare: Callable[[], None] | None = None
+
+    def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
+        from megatron.core import parallel_state as ps
+
+        from hpcrl.core.backends.megatron.manual_gc import manual_gc_for
+
+        self.recipe, self.rank_info, self.model_path = recipe, rank_info, model_path
+        cfg = self.cfg = recipe.policy.megatron_cfg
+        os.environ.update(cfg.env_vars)
+        offload.check_transformer_engine_settings(cfg)
+        mcore_model.initialize_parallel_state(cfg, seed=self._seed())
+        conversion_dir = self._ensure_conversion()
+        self.model_chunks = self._build_model(conversion_dir)
+        self.optimizer = mcore_model.build_optimizer(self.model_chunks, cfg, recipe.policy.precision)
+        self.scheduler = mcore_model.build_scheduler(self.optimizer, cfg, total_train_steps(recipe))
+        self._reference_weights = self._snapshot_weights()
+        self.steps_done = 0
+        self.manual_gc = manual_gc_for(cfg)
+        self.manual_gc.after_setup()
+        _, reporter = step._result_rank_flags()
+        return DataParallelPlace(dp_rank=ps.get_data_parallel_rank(),
+                                 dp_size=ps.get_data_parallel_world_size(), returns_results=reporter)
+
+    @property
+    def skips_generic_optimizer_offload(self) -> bool:
+        """With optimizer_cpu_offload megatron-core owns optimizer placement: the training core
+        must not move optimizer state between phases."""
+        return self.cfg.optimizer.optimizer_cpu_offload
+
+    def _seed(self) -> int:
+        section = self.recipe.grpo if self.recipe.grpo is not None else self.recipe.sft
+        return int(section.seed)
+
+    def _ensure_conversion(self) -> Path:
+        from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
+        from hpcrl.plan.checkpoint_dir import resolve_megatron_checkpoint_dir
+
+        root, _source = resolve_megatron_checkpoint_dir(os.environ, os.path.expanduser("~"))
+        convert = hf_import.make_converter(self.cfg.model_overrides, prepare=type(self).converter_prepare)
+        return ensure_megatron_checkpoint(
+            self.recipe.policy.model_name, self.model_path, root,
+            force=self.cfg.force_reconvert_from_hf, convert=convert, rank=self.rank_info.rank,
+        )
+
+    def _build_model(self, conversion_dir: Path) -> list:
+        from hpcrl.core.backends.megatron.parallel_read import parallel_reads
+        from hpcrl.core.backends.megatron.provider import prepare_provider
+
+        policy = self.recipe.policy
+        provider = hf_import.build_provider(self.model_path, load_weights=False)
+        prepare_provider(provider, self.cfg, policy.precision, policy.max_total_sequence_length)
+        provider.finalize()
+        self.provider = provider
+        chunks = mcore_model.build_model(provider, self.cfg, on_cpu=self.rank_info.device == "cpu")
+        with parallel_reads(self.cfg.checkpoint.parallel_read_threads):
+            hf_import.load_weights(chunks, conversion_dir / hf_import.WEIGHTS_SUBDIR)
+        return chunks
+
+    # ------------------------------------------------------------------ weights
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        return [p for chunk in self.model_chunks for p in chunk.parameters()]
+
+    def _snapshot_weights(self) -> list[torch.Tensor]:
+        return [p.detach().to("cpu", copy=True) for p in self._parameters()]
+
+    @torch.no_grad()
+    def _load_weights(self, weights: Sequence[torch.Tensor]) -> None:
+        for param, value in zip(self._parameters(), weights, strict=True):
+            param.copy_(value)
+
+    # ------------------------------------------------------------------ training
+    def train_step(
+        self, micro_batches: Sequence[Batch], loss_fn: LossFn, num_global_tokens: float
+    ) -> dict[str, float]:
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.zero_grad()
+        metrics = step.run_train_microbatches(self.model_chunks, micro_batches, loss_fn, num_global_tokens)
+        update_successful, grad_norm, _zeros = self.optimizer.step()
+        assert update_successful, "optimizer step skipped (fp16 loss-scale overflow)"
+        self.scheduler.step(increment=1)
+        self.steps_done += 1
+        self.manual_gc.after_optimizer_step(self.steps_done)
+        return {**metrics, "grad_norm": float(grad_norm), "lr": float(lr)}
+
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        result = step.compute_logprobs(self.model_chunks, self._micro_batches(batch))
+        if result is None:  # not the reporting rank: the controller ignores this output
+            return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+        return result
+
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+        current = self._snapshot_weights()
+        self._load_weights(self._reference_weights)
+        try:
+            return self.logprobs(batch)
+        finally:
+            self._load_weights(current)
+
+    def _micro_batches(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
+        size = self.recipe.policy.logprob_batch_size or self.recipe.policy.train_micro_batch_size
+        rows = batch["input_ids"].shape[0]
+        return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int) -> dict:
+        raise NotImplementedError(
+            "generation on the Megatron backend is not implemented yet: set "
+            "policy.generation.backend=vllm (not on CPU) or use the Automodel backend"
+        )
+
+    # ------------------------------------------------------------------ optimizer placement
+    def offload_optimizer(self) -> None:
+        """Generic optimizer move: skipped (megatron-core owns placement) or no-op on CPU."""
+
+    def onload_optimizer(self) -> None:
+        """See ``offload_optimizer``."""
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        from hpcrl.core.backends.megatron.checkpoint import save_training_state
+
+        save_training_state(self, checkpoint_dir)
+
+    def load_checkpoint(self, checkpoint_dir: str) -> None:
+        from hpcrl.core.backends.megatron.checkpoint import load_training_state
+
+        load_training_state(self, checkpoint_dir)
+
+    def export_hf(self, out_dir: str) -> None:
+        from megatron.bridge import AutoBridge
+
+        bridge = AutoBridge.from_hf_pretrained(self.model_path)
+        bridge.save_hf_pretrained(self.model_chunks, out_dir)
+
+    def collect_state(self) -> Mapping[str, Any]:
+        return {"steps_done": self.steps_done, "gc_enabled": __import__("gc").isenabled()}
+
+    def close(self) -> None:
+        from megatron.core import parallel_state
+
+        self.manual_gc.restore()
+        del self.model_chunks, self.optimizer, self.scheduler, self._reference_weights
+        parallel_state.destroy_model_parallel()

@@ -1,0 +1,246 @@
+"""Test-only patch layer that lets megatron-core 0.16 train on CPU with gloo.
+
+megatron-core is written for GPUs: a handful of code paths hard-code CUDA (device strings,
+``torch.cuda.current_device()``, CUDA RNG state, ``Tensor.type()`` names). Everything else
+(process groups, TP/PP/DP layers, DDP grad buffers, the distributed optimizer, the pipeline
+schedules, dist_checkpointing) runs on CPU tensors over gloo once those few calls are
+redirected. This module is the smallest such redirection; it lives in tests only, production
+code never imports it.
+
+Each patch is a ``CpuPatch`` that names the megatron-core code that needs it and the exact
+source fragment it works around. ``cpu_patches()`` first checks every fragment is still
+present in the installed megatron-core and stops with "patch X no longer applies to
+megatron-core <ver>" if not, so an upgrade fails loudly instead of silently running
+unpatched (or needlessly patched) code. Written and checked for megatron-core 0.16.x.
+
+Apply with the ``megatron_cpu`` fixture (tests/megatron/conftest.py) or, in spawned worker
+processes, ``with cpu_patches(): ...``. Nothing is patched at import time.
+
+The TP=2 conversion fix of megatron-bridge lives here too (``bridge_contiguous_scatter``):
+it is a real bug, not a CPU redirection, but it only bites on gloo.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+SUPPORTED_CORE_PREFIX = "0.16."
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuPatch:
+    """One redirection: what it patches, why, and the upstream source it relies on."""
+
+    name: str
+    why: str
+    # ("module:qualname", fragment): megatron-core code that must still contain the CUDA-only
+    # fragment this patch works around, for the patch to be needed and correct.
+    requires: tuple[tuple[str, str], ...]
+
+
+_RANDOM = "megatron.core.tensor_parallel.random"
+_OPTIMIZER = "megatron.core.optimizer.optimizer"
+_CLIP = "megatron.core.optimizer.clip_grads"
+
+PATCHES = (
+    CpuPatch(
+        name="cpu_rng_tracker",
+        why="CudaRNGStatesTracker.add/fork keep per-region RNG states with "
+        "torch.cuda.get_rng_state/manual_seed; on CPU the states are the CPU generator's.",
+        requires=(
+            (f"{_RANDOM}:CudaRNGStatesTracker.add", "torch.cuda.get_rng_state()"),
+            (f"{_RANDOM}:CudaRNGStatesTracker.add", "torch.cuda.manual_seed(seed)"),
+            (f"{_RANDOM}:_get_cuda_rng_state", "torch.cuda.random.get_rng_state(device=device)"),
+            (f"{_RANDOM}:_set_cuda_rng_state", "_C._cuda_setRNGState"),
+        ),
+    ),
+    CpuPatch(
+        name="current_device_is_cpu",
+        why="RoPE moves inv_freq to torch.cuda.current_device(), DDP allocates grad/param "
+        "buffers there, the pipeline p2p receive buffers too.",
+        requires=(
+            (
+                "megatron.core.models.common.embeddings.rotary_pos_embedding:RotaryEmbedding.get_emb",
+                "self.inv_freq.to(device=torch.cuda.current_device())",
+            ),
+            (
+                "megatron.core.distributed.param_and_grad_buffer:_ParamAndGradBuffer.__init__",
+                "device=torch.cuda.current_device()",
+            ),
+            (
+                "megatron.core.pipeline_parallel.p2p_communication:P2PCommunicator._communicate",
+                "device=torch.cuda.current_device()",
+            ),
+        ),
+    ),
+    CpuPatch(
+        name="cuda_synchronize_noop",
+        why="The torch_dist checkpoint writer calls torch.cuda.synchronize() after staging "
+        "tensors to host; CPU tensors need no synchronisation.",
+        requires=(
+            (
+                "megatron.core.dist_checkpointing.strategies.filesystem_async:"
+                "FileSystemWriterAsync.preload_tensors",
+                "torch.cuda.synchronize()",
+            ),
+        ),
+    ),
+    CpuPatch(
+        name="cuda_device_strings",
+        why="Optimizer scalars (found_inf, loss scale) and grad-norm buffers are created "
+        "with device='cuda'; a TorchFunctionMode maps that device to CPU.",
+        requires=(
+            (f"{_OPTIMIZER}:MixedPrecisionOptimizer.__init__", "device='cuda'"),
+            (f"{_CLIP}:get_grad_norm_fp32", "device='cuda'"),
+        ),
+    ),
+    CpuPatch(
+        name="cuda_type_names",
+        why="The optimizers accept params only if param.type() is a torch.cuda.*Tensor "
+        "name; the mode reports CPU tensors under their CUDA type names.",
+        requires=(
+            (
+                f"{_OPTIMIZER}:Float16OptimizerWithFloat16Params.__init__",
+                "param.type() == 'torch.cuda.FloatTensor'",
+            ),
+            (
+                "megatron.core.optimizer.distrib_optimizer:"
+                "DistributedOptimizer._build_model_and_main_param_groups",
+                "model_param.type() == 'torch.cuda.FloatTensor'",
+            ),
+            (f"{_CLIP}:clip_grad_by_total_norm_fp32", "param.grad.type() == 'torch.cuda.FloatTensor'"),
+        ),
+    ),
+)
+
+
+class PatchNoLongerApplies(RuntimeError):
+    """megatron-core changed under a patch: review the patch before running tests."""
+
+
+def _resolve(dotted: str) -> object:
+    module_name, _, qualname = dotted.partition(":")
+    target: object = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def check_patches_apply() -> None:
+    """Fail loudly if the installed megatron-core is not the code these patches were made for."""
+    import megatron.core
+
+    version = megatron.core.__version__
+    if not version.startswith(SUPPORTED_CORE_PREFIX):
+        raise PatchNoLongerApplies(
+            f"tests/megatron/cpu_patches.py was written for megatron-core "
+            f"{SUPPORTED_CORE_PREFIX}x, found {version}: re-check every patch"
+        )
+    for patch in PATCHES:
+        for consumer, fragment in patch.requires:
+            try:
+                source = inspect.getsource(_resolve(consumer))
+            except (AttributeError, ImportError) as err:
+                raise PatchNoLongerApplies(
+                    f"patch {patch.name} no longer applies to megatron-core {version}: "
+                    f"{consumer} is gone ({err})"
+                ) from err
+            if fragment not in source:
+                raise PatchNoLongerApplies(
+                    f"patch {patch.name} no longer applies to megatron-core {version}: "
+                    f"{consumer} no longer contains {fragment!r}"
+                )
+
+
+def _is_cuda_device(device: object) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.split(":")[0] == "cuda"
+    return False
+
+
+class _CudaOnCpuMode(TorchFunctionMode):
+    """device='cuda' → cpu, Tensor.cuda() → no-op, Tensor.type() → torch.cuda.* names."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if _is_cuda_device(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to and args[1:2] and _is_cuda_device(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
+        return func(*args, **kwargs)
+
+
+def _cpu_rng_add(self, name: str, seed: int) -> None:
+    """CudaRNGStatesTracker.add on the CPU generator (same bookkeeping as upstream)."""
+    if seed in self.seeds_:
+        raise Exception(f"seed {seed} already exists")
+    self.seeds_.add(seed)
+    if name in self.states_:
+        raise Exception(f"cuda rng state {name} already exists")
+    original_state = torch.get_rng_state()
+    torch.random.default_generator.manual_seed(seed)
+    self.states_[name] = torch.get_rng_state()
+    torch.set_rng_state(original_state)
+
+
+def _cpu_get_rng_state(device="cuda", clone=False, graph_safe=False) -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _cpu_set_rng_state(new_state, device=-1, graph_safe=False) -> None:
+    torch.set_rng_state(new_state)
+
+
+def _apply() -> Callable[[], None]:
+    """Apply every patch (checked first); returns the function that undoes them."""
+    check_patches_apply()
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    replacements: list[tuple[object, str, Callable]] = [
+        (mcore_random.CudaRNGStatesTracker, "add", _cpu_rng_add),
+        (mcore_random, "_get_cuda_rng_state", _cpu_get_rng_state),
+        (mcore_random, "_set_cuda_rng_state", _cpu_set_rng_state),
+        (torch.cuda, "current_device", lambda: torch.device("cpu")),
+        (torch.cuda, "synchronize", lambda device=None: None),
+    ]
+    originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in replacements]
+    for owner, attr, new in replacements:
+        setattr(owner, attr, new)
+    mode = _CudaOnCpuMode()
+    mode.__enter__()
+
+    def undo() -> None:
+        mode.__exit__(None, None, None)
+        for owner, attr, old in originals:
+            setattr(owner, attr, old)
+
+    return undo
+
+
+@contextlib.contextmanager
+def cpu_patches() -> Iterator[None]:
+    """Apply every patch for the duration of the block (checked first, undone after)."""
+    undo = _apply()
+    try:
+        yield
+    finally:
+        undo()
+
+
+def apply_for_process_lifetime() -> None:
+    """In a spawned child that exits after its work: apply and never undo."""
+    _apply()
