@@ -57,6 +57,12 @@ def plan_sweep(
 ) -> PlannedSweep:
     """Load and plan every point; one ConfigError naming each bad point, its values and path."""
     profile = load_profile(cluster)
+    if profile.scheduler != "slurm":
+        raise ConfigError([Problem(
+            path="scheduler", value=profile.scheduler,
+            message=f"a sweep is one Slurm job array; profile {profile.name!r} has no Slurm",
+            fix="sweep on a Slurm profile, or run the points one by one with hpcrl submit",
+        )])  # fmt: skip
     planned, problems = [], []
     for point in points:
         try:

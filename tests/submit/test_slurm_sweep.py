@@ -125,7 +125,6 @@ def test_timeout_signal_requeues_once_and_the_run_resumes(tmp_path: Path) -> Non
     assert sacct_states(record.job_id) == ["REQUEUED", "COMPLETED"]
     progress = read_json(state)
     assert progress["attempts"] == [0, 1] and progress["finished"] is True
-    assert progress["stopped_for_preempt"] is True, "attempt 1's driver saw PREEMPT and stopped"
     for attempt in (1, 2):
         logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
         assert f"===== hpcrl attempt {attempt} · job {record.job_id}" in logs.stdout, output_of(
@@ -133,3 +132,6 @@ def test_timeout_signal_requeues_once_and_the_run_resumes(tmp_path: Path) -> Non
         )
         assert f"===== hpcrl attempt {3 - attempt} " not in logs.stdout, "attempts are kept apart"
         assert f"logs/node0/attempt{attempt - 1}/node.log" in logs.stdout
+    # the node entrypoint's contract: on USR2 it writes PREEMPT and the driver stops at a step
+    # boundary (a driver killed by the signal instead would lose the step in progress)
+    assert progress.get("stopped_for_preempt") is True, "attempt 1's driver did not see PREEMPT"

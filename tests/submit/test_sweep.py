@@ -112,3 +112,10 @@ def test_points_that_change_the_allocation_cannot_share_an_array(tmp_path: Path)
         plan_sweep(recipe, "slurm-test", [], points, tmp_path / "sw")
     messages = [p.format() for p in error.value.problems if p.is_error]
     assert any("need different allocations" in m for m in messages), messages
+
+
+def test_a_sweep_needs_a_slurm_profile(tmp_path: Path) -> None:
+    points = build_points([f"{FRACTION}=0.5,1.0"])
+    with pytest.raises(ConfigError) as error:
+        plan_sweep(MEGATRON_RECIPE, "local", OFFLOAD_ON, points, tmp_path / "sw")
+    assert "one Slurm job array" in error.value.problems[0].message
