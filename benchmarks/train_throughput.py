@@ -58,7 +58,7 @@ def build_checkpoint(tiny: bool, out_dir: str) -> str:
 
     spec = TINY_SPECS["llama" if tiny else "llama-1b"]
     model = build_random_model(spec, vocab_size=spec.vocab_size or 256)
-    model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
+    model.to(torch.bfloat16).save_pretrained(out_dir)
     return out_dir
 
 

@@ -98,6 +98,6 @@ def export_hf(
             hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
         hf_model.load_state_dict(weights, assign=True, strict=True)
         hf_model.tie_weights()
-        hf_model.save_pretrained(out_dir, safe_serialization=True)
+        hf_model.save_pretrained(out_dir)
         AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
     dist.barrier()

@@ -142,7 +142,9 @@ def apply_fsdp(
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     layers = decoder_layers(hf_model)
+    # With one data-parallel rank there is nothing to free by resharding, only copies to redo.
+    sharded = dp_mesh.size() > 1
     for index, layer in enumerate(layers):
         # The last block is resharded right away anyway: backward starts with it.
-        fully_shard(layer, reshard_after_forward=index < len(layers) - 1, **kwargs)
+        fully_shard(layer, reshard_after_forward=sharded and index < len(layers) - 1, **kwargs)
     fully_shard(root, **kwargs)
