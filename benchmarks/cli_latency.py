@@ -78,15 +78,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--torch-repeats", type=int, default=3)
     args = parser.parse_args()
-    bin_dir = Path(sys.executable).parent
+    # `python -m hpcrl.cli.main` is what the console script runs; it also works where hpcrl
+    # is on PYTHONPATH (e.g. `pip install --target`) rather than in a venv with a bin/.
+    hpcrl = [sys.executable, "-m", "hpcrl.cli.main"]
     with tempfile.TemporaryDirectory() as folder:
         cwd = Path(folder)
         python = [sys.executable]
         bare = time_command([*python, "-c", "pass"], args.repeats, cwd)
-        help_times = time_command([str(bin_dir / "hpcrl"), "--help"], args.repeats, cwd)
+        help_times = time_command([*hpcrl, "--help"], args.repeats, cwd)
         render = time_command(
             [
-                str(bin_dir / "hpcrl"),
+                *hpcrl,
                 "render",
                 RECIPE,
                 "--cluster",
@@ -98,7 +100,7 @@ def main() -> None:
             cwd,
         )
         validate = time_command(
-            [str(bin_dir / "hpcrl"), "validate", RECIPE, "--cluster", PROFILE], args.repeats, cwd
+            [*hpcrl, "validate", RECIPE, "--cluster", PROFILE], args.repeats, cwd
         )
         torch_times = time_command([*python, "-c", "import torch"], args.torch_repeats, cwd)
     per_point_s, per_render_s = in_process_renders(100)
