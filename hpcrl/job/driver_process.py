@@ -40,27 +40,52 @@ def load_driver(spec: str) -> Callable[[str], int | None]:
         raise BootstrapError(f"cannot load the driver {spec!r}: {error}") from None
 
 
-def joined_ranks(num_nodes: int) -> dict[int, str]:
-    """``{rank: node IP}`` of the job's nodes that Ray's GCS lists as alive now."""
-    import ray
+class GcsNodeTable:
+    """Ray's node table read straight from the GCS, without connecting a driver.
 
-    ranks = {}
-    for node in ray.nodes():
-        if not node["Alive"]:
-            continue
-        for rank in range(num_nodes):
-            if node["Resources"].get(node_resource_name(rank)):
-                ranks[rank] = node["NodeManagerAddress"]
-    return ranks
+    Waiting as a connected driver (``ray.init`` then ``ray.nodes()``) makes the head's raylet
+    start a Python worker for the new job while the other nodes are still starting: CPU taken
+    from the bootstrap. The GCS client below is what Ray itself uses to read the table on a
+    joining node (``ray._private.node``); private API, hence ray==2.60.0 is pinned.
+    """
+
+    def __init__(self, gcs_address: str) -> None:
+        from ray._private.state import GlobalState
+        from ray._raylet import GcsClientOptions
+
+        options = GcsClientOptions.create(
+            gcs_address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False
+        )
+        self._state = GlobalState()
+        self._state._initialize_global_state(options)
+
+    def alive_ranks(self, num_nodes: int) -> dict[int, str]:
+        """``{rank: node IP}`` of the job's nodes that the GCS lists as alive now."""
+        ranks = {}
+        for node in self._state.node_table():
+            if not node["Alive"]:
+                continue
+            for rank in range(num_nodes):
+                if node["Resources"].get(node_resource_name(rank)):
+                    ranks[rank] = node["NodeManagerAddress"]
+        return ranks
+
+    def close(self) -> None:
+        self._state.disconnect()
 
 
-def wait_for_all_nodes(settings: NodeSettings) -> dict[int, str]:
+def wait_for_all_nodes(settings: NodeSettings, table: GcsNodeTable) -> dict[int, str]:
     """Poll the GCS node table until every rank is alive; NodesMissing after the deadline."""
     joined: dict[int, str] = {}
     attempt_id = settings.task.attempt_id
 
     def all_joined() -> bool:
-        joined.update(joined_ranks(settings.num_nodes))
+        try:
+            alive = table.alive_ranks(settings.num_nodes)
+        except Exception:  # a GCS call timing out on a busy head: ask again at the next poll
+            return False
+        joined.clear()
+        joined.update(alive)
         return len(joined) == settings.num_nodes
 
     def other_node_failed() -> None:
@@ -96,26 +121,27 @@ def log(message: str, started: float) -> None:
     print(f"[hpcrl +{time.monotonic() - started:.1f}s] {message}", flush=True)
 
 
-def connect_and_wait(settings: NodeSettings, started: float) -> None:
-    """Connect this process to the job's Ray, wait for all nodes, write ``status/ray_ready``."""
+def wait_and_connect(settings: NodeSettings, started: float) -> None:
+    """Wait for all nodes, write ``status/ray_ready``, then connect this process to Ray."""
     import ray
 
-    log("imported ray; connecting", started)
-    ray.init(
-        address=settings.gcs_address, _node_ip_address=settings.node_ip,
-        log_to_driver=True, logging_level="WARNING",
-    )  # fmt: skip
-    log(
-        f"connected to Ray at {settings.gcs_address}; waiting for {settings.num_nodes} nodes",
-        started,
-    )
-    node_ips = wait_for_all_nodes(settings)
+    log("imported ray; waiting for the nodes", started)
+    table = GcsNodeTable(settings.gcs_address)
+    try:
+        node_ips = wait_for_all_nodes(settings, table)
+    finally:
+        table.close()
     write_marker(
         settings.run_dir, RAY_READY, settings.task.attempt_id,
         num_nodes=settings.num_nodes, node_ips=[node_ips[rank] for rank in sorted(node_ips)],
         node_names=list(settings.task.node_names),
     )  # fmt: skip
     log(f"Ray ready: {settings.num_nodes} nodes {node_ips}", started)
+    ray.init(
+        address=settings.gcs_address, _node_ip_address=settings.node_ip,
+        log_to_driver=True, logging_level="WARNING",
+    )  # fmt: skip
+    log(f"connected to Ray at {settings.gcs_address}", started)
 
 
 def run(run_dir: str) -> int:
@@ -124,7 +150,7 @@ def run(run_dir: str) -> int:
     settings = read_node_settings(run_dir, os.environ)
     try:
         wait_for_head(settings, started)
-        connect_and_wait(settings, started)
+        wait_and_connect(settings, started)
         # Imported only now: a driver module may import torch, which takes seconds.
         driver = load_driver(settings.driver)
     except BootstrapError as error:
