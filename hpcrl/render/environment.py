@@ -1,7 +1,8 @@
 """The one Jinja environment that renders hpcrl's shell scripts.
 
-Values reach a script only through the ``q`` filter (``shlex.quote``); ``q_comment`` is the
-same for comment lines and also escapes line breaks so a value cannot end the comment.
+Values reach a script only through the ``q`` filter (``shlex.quote``) and its two variants:
+``q_sbatch`` for ``#SBATCH`` lines (sbatch's parser also unescapes backslashes) and
+``q_comment`` for comment lines (line breaks escaped so a value cannot end the comment).
 The only unquoted text is hpcrl's own template text, numbers and names hpcrl computes
 (node counts, the layout line, ``grpo``/``megatron``; all in comments), and the profile's
 ``setup_lines``, which are shell by design (``raw_shell`` marks them).
@@ -21,6 +22,12 @@ def quote(value: object) -> str:
     """Shell-quote one value; the only way a value enters a rendered script."""
     assert isinstance(value, str | int), f"refusing to quote {type(value).__name__}: {value!r}"
     return shlex.quote(str(value))
+
+
+def quote_sbatch(value: object) -> str:
+    """Quote an ``#SBATCH`` value. sbatch's own parser honours shell quotes but treats a
+    backslash as an escape even inside single quotes, so backslashes are doubled."""
+    return quote(value).replace("\\", "\\\\")
 
 
 def quote_comment(value: object) -> str:
@@ -52,6 +59,10 @@ def environment() -> jinja2.Environment:
         auto_reload=False,
     )
     env.filters.update(
-        q=quote, q_comment=quote_comment, join_q_comment=join_quote_comment, raw_shell=raw_shell
+        q=quote,
+        q_sbatch=quote_sbatch,
+        q_comment=quote_comment,
+        join_q_comment=join_quote_comment,
+        raw_shell=raw_shell,
     )
     return env

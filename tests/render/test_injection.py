@@ -29,6 +29,7 @@ from hpcrl.config.profile import ContainerCfg, SlurmCfg
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import GOLDEN_HOME, local_profile, megatron_recipe, pyxis_profile
+from tests.render.sbatch_parser import parse_sbatch_argument
 from tests.render.shell import assert_bash_parses
 
 PAYLOADS = [
@@ -127,11 +128,12 @@ class Harness:
 
 
 def assert_sbatch_lines_round_trip(text: str, directives) -> None:
-    """Each #SBATCH line is one line and tokenises back to exactly its key and value."""
+    """Each #SBATCH line is one line and sbatch reads back exactly its key and value."""
     lines = [line for line in text.split("\n") if line.startswith("#SBATCH")]
     assert len(lines) == len(directives)
     for line, (key, value) in zip(lines, directives, strict=True):
-        assert shlex.split(line) == ["#SBATCH", f"--{key}" if value is None else f"--{key}={value}"]
+        expected = f"--{key}" if value is None else f"--{key}={value}"
+        assert parse_sbatch_argument(line.removeprefix("#SBATCH ")) == expected
 
 
 def assert_env_passed(spec, env: dict[str, str]) -> None:
