@@ -9,7 +9,7 @@ a failure on any rank surfaces at the controller with that rank's traceback.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -17,6 +17,11 @@ import attrs
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 
 NODE_ID_LABEL = "ray.io/node-id"
+PROGRESS_EVERY_S = 30.0
+
+
+def _quiet(message: str) -> None:
+    del message
 
 
 @attrs.frozen(kw_only=True)
@@ -74,26 +79,62 @@ def node_ip(node_id: str) -> str:
 class RayWorkerGroup:
     """Start, call and stop the actors of one backend."""
 
-    def __init__(self, layout: GroupLayout, worker_class_path: str) -> None:
+    def __init__(
+        self,
+        layout: GroupLayout,
+        worker_class_path: str,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         self.layout = layout
         self._worker_class_path = worker_class_path
+        self._progress = progress or _quiet
         self._placement_group: Any = None
         self.actors: list[Any] = []
         self.places: list[DataParallelPlace] = []
 
     def start(self, recipe: Any, model_path: str, timeout_s: float = 600.0) -> None:
         """Place the actors, then set up every rank (process group + backend)."""
-        import ray
-
+        started = time.monotonic()
         self._placement_group = self._reserve(timeout_s)
         self.actors = [self._spawn(rank) for rank in range(self.layout.world_size)]
         rank_infos = self._rank_infos()
-        self.places = self.call_all(
-            "setup",
-            [(recipe, info, model_path, self.layout.threads_per_worker) for info in rank_infos],
-            timeout_s=timeout_s,
+        self._progress(
+            f"{self.layout.world_size} workers placed; loading {model_path} and building "
+            f"the process group (master {rank_infos[0].master_addr}:{rank_infos[0].master_port})"
         )
-        assert ray.is_initialized()
+        refs = [
+            actor.setup.remote(recipe, info, model_path, self.layout.threads_per_worker)
+            for actor, info in zip(self.actors, rank_infos, strict=True)
+        ]
+        self.places = self._wait(refs, "worker setup", timeout_s)
+        self._progress(
+            f"{self.layout.world_size} workers ready in {time.monotonic() - started:.0f} s"
+        )
+
+    def _wait(self, refs: list[Any], what: str, timeout_s: float) -> list[Any]:
+        """All results, with a progress line every PROGRESS_EVERY_S and a clear timeout."""
+        import ray
+
+        started = time.monotonic()
+        pending = list(refs)
+        while pending:
+            waited_s = time.monotonic() - started
+            if waited_s >= timeout_s:
+                raise TimeoutError(
+                    f"{what}: {len(pending)} of {len(refs)} workers not done after "
+                    f"{timeout_s:.0f} s; see the worker logs (Ray's logs/worker-*.err)"
+                )
+            _, pending = ray.wait(
+                pending,
+                num_returns=len(pending),
+                timeout=min(PROGRESS_EVERY_S, timeout_s - waited_s),
+            )
+            if pending:
+                self._progress(
+                    f"{what}: {len(refs) - len(pending)}/{len(refs)} workers done "
+                    f"({time.monotonic() - started:.0f} s)"
+                )
+        return ray.get(refs)
 
     def _reserve(self, timeout_s: float) -> Any:
         import ray
@@ -102,6 +143,10 @@ class RayWorkerGroup:
         node_ids = pick_nodes(self.layout.num_nodes)
         bundle = self._bundle()
         ranks = range(self.layout.world_size)
+        self._progress(
+            f"placing {self.layout.world_size} workers ({self.layout.workers_per_node} per node "
+            f"on {self.layout.num_nodes} nodes, {bundle} each)"
+        )
         group = placement_group(
             [dict(bundle) for _ in ranks],
             strategy="PACK",
@@ -109,13 +154,20 @@ class RayWorkerGroup:
                 {NODE_ID_LABEL: node_ids[rank // self.layout.workers_per_node]} for rank in ranks
             ],
         )
-        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-        if not ready:
-            ray.util.remove_placement_group(group)
-            raise RuntimeError(
-                f"could not place {self.layout.world_size} workers "
-                f"({self.layout.workers_per_node} per node on {self.layout.num_nodes} nodes, "
-                f"each {bundle}) within {timeout_s:.0f} s; Ray has {ray.available_resources()}"
+        started = time.monotonic()
+        while not ray.wait([group.ready()], timeout=PROGRESS_EVERY_S)[0]:
+            waited_s = time.monotonic() - started
+            if waited_s >= timeout_s:
+                ray.util.remove_placement_group(group)
+                raise RuntimeError(
+                    f"could not place {self.layout.world_size} workers "
+                    f"({self.layout.workers_per_node} per node on {self.layout.num_nodes} "
+                    f"nodes, each {bundle}) within {timeout_s:.0f} s; Ray has "
+                    f"{ray.available_resources()} available"
+                )
+            self._progress(
+                f"still waiting for resources for {self.layout.world_size} workers "
+                f"({waited_s:.0f} s); Ray has {ray.available_resources()} available"
             )
         return group
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -51,10 +51,11 @@ class RayPolicy:
         *,
         pad_token_id: int = 0,
         setup_timeout_s: float = 900.0,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
         self.recipe = recipe
         self.pad_token_id = pad_token_id
-        self.group = RayWorkerGroup(layout, worker_class_path)
+        self.group = RayWorkerGroup(layout, worker_class_path, progress)
         try:
             self.group.start(recipe, model_path, timeout_s=setup_timeout_s)
         except BaseException:
@@ -153,6 +154,7 @@ def build_policy(
     device: str,
     master_port: int | None = None,
     pad_token_id: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> RayPolicy:
     """The policy for ``recipe.backend`` on ``recipe.cluster``'s nodes × workers per node
     (GPUs, or CPU worker slots); ``master_port`` from the JobSpec, None for a free one."""
@@ -165,5 +167,10 @@ def build_policy(
         master_port=master_port,
     )
     return RayPolicy(
-        recipe, model_path, layout, worker_class_path(recipe.backend), pad_token_id=pad_token_id
+        recipe,
+        model_path,
+        layout,
+        worker_class_path(recipe.backend),
+        pad_token_id=pad_token_id,
+        progress=progress,
     )

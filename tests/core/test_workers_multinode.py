@@ -1,0 +1,78 @@
+"""Placement across nodes: a real two-node Ray cluster on this machine (``ray.cluster_utils``
+starts a second raylet); rank r must land on node r // workers_per_node, node 0 being the
+driver's, and the ranks must form one gloo group across the nodes that trains correctly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.core.parallel_harness import (
+    REPO_ROOT,
+    make_batch,
+    make_recipe,
+    masked_nll_loss,
+    reference_training,
+    tiny_model_path,  # noqa: F401  (fixture)
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def two_node_cluster():
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def node_of_rank(backend: object) -> tuple[int, str]:
+    import ray
+    import torch.distributed as dist
+
+    return dist.get_rank(), ray.get_runtime_context().get_node_id()
+
+
+def test_ranks_land_on_their_nodes_and_train_together(two_node_cluster, tiny_model_path):  # noqa: F811
+    import ray
+
+    from hpcrl.core.backends import worker_class_path
+    from hpcrl.core.workers.group import GroupLayout
+    from hpcrl.core.workers.ray_policy import RayPolicy
+
+    recipe = make_recipe()
+    batches = [make_batch(seed) for seed in range(2)]
+    messages: list[str] = []
+    layout = GroupLayout(num_nodes=2, workers_per_node=1, device="cpu")
+    policy = RayPolicy(
+        recipe, tiny_model_path, layout, worker_class_path("automodel"), progress=messages.append
+    )
+    try:
+        placed = policy.group.call_same("run", node_of_rank)
+        losses = [policy.train(batch, masked_nll_loss)["loss"] for batch in batches]
+    finally:
+        policy.shutdown()
+    ref_losses, _ = reference_training(tiny_model_path, recipe, batches)
+
+    driver_node = ray.get_runtime_context().get_node_id()
+    all_nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    assert placed[0] == (0, driver_node)
+    assert placed[1][0] == 1 and placed[1][1] in all_nodes - {driver_node}
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    assert messages[0].startswith("placing 2 workers (1 per node on 2 nodes")
+    assert messages[-1].startswith("2 workers ready in")
