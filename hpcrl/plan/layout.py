@@ -40,8 +40,8 @@ def check_allocation(recipe: Recipe, profile: ClusterProfile, findings: Findings
     if gpus_per_node != profile.slots_per_node:
         findings.error(
             "cluster.gpus_per_node",
-            f"the recipe wants {gpus_per_node} per node but profile {profile.name!r} offers "
-            f"{profile.slots_per_node} ({slots_key})",
+            f"the recipe wants {gpus_per_node} training ranks per node but profile "
+            f"{profile.name!r} offers {profile.slots_per_node} ({slots_key})",
             value=gpus_per_node,
             fix=f"set cluster.gpus_per_node={profile.slots_per_node}, or use a profile whose "
             f"{slots_key} is {gpus_per_node} ({profile_path(profile, slots_key)})",
