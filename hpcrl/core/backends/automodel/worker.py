@@ -34,8 +34,13 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _check_supported(recipe: Recipe) -> None:
+def _check_supported(recipe: Recipe, device: str) -> None:
     cfg = recipe.policy.automodel_cfg
+    if cfg.cpu_offload and device != "cuda":
+        raise ValueError(
+            "policy.automodel_cfg.cpu_offload: true needs GPU workers (it keeps parameters in "
+            "host memory between GPU steps); set it to false on CPU profiles"
+        )
     if cfg.context_parallel_size != 1:
         raise ValueError(
             "policy.automodel_cfg.context_parallel_size: the automodel backend has no context "
@@ -62,7 +67,7 @@ class AutomodelWorker:
     """Model, reference model, optimizer and scheduler of one rank."""
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
-        _check_supported(recipe)
+        _check_supported(recipe, rank_info.device)
         _seed_everything(recipe, rank_info.rank)
         self.recipe = recipe
         self.rank_info = rank_info
@@ -75,7 +80,10 @@ class AutomodelWorker:
         self.mesh = build_mesh(rank_info.device, self.shape)
         self.model = self._build_sharded(model_path, training=True)
         self.optimizer = build_optimizer(
-            self.model.parameters(), recipe.policy.optimizer, fused=self.device.type == "cuda"
+            self.model.parameters(),
+            recipe.policy.optimizer,
+            # With CPU offload the optimizer steps on host-side parameters.
+            fused=self.device.type == "cuda" and not cfg.cpu_offload,
         )
         self.scheduler = build_lr_scheduler(self.optimizer, recipe)
         self.reference: TokenLogprobModel | None = None

@@ -1,5 +1,5 @@
 """Single-process pieces of the Automodel backend: chunked token log-probs, LR schedules,
-gradient clipping."""
+gradient clipping, and the setup errors for layouts and options it cannot run."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import torch
 
 from hpcrl.core.backends.automodel.model import token_logprobs
 from hpcrl.core.backends.automodel.optim import clip_gradients, lr_factor
+from hpcrl.core.backends.automodel.parallelize import MeshShape
+from hpcrl.core.backends.automodel.worker import _check_supported
+from tests.core.parallel_harness import make_recipe, with_automodel
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 64, 10_000])
@@ -61,3 +64,25 @@ def test_clip_gradients_matches_torch_and_reports_norm_before_clipping():
     assert norm > 0.5
     for p, c in zip(params, copies, strict=True):
         torch.testing.assert_close(p.grad, c.grad)
+
+
+def test_mesh_shape_derives_dp_shard_and_rejects_layouts_that_do_not_factor():
+    assert MeshShape.for_world(8, dp_replicate=2, tp=2) == MeshShape(
+        dp_replicate=2, dp_shard=2, tp=2
+    )
+    with pytest.raises(ValueError, match="6 workers do not split into dp_replicate_size=4"):
+        MeshShape.for_world(6, dp_replicate=4, tp=1)
+
+
+@pytest.mark.parametrize(
+    ("changes", "device", "message"),
+    [
+        ({"cpu_offload": True}, "cpu", r"cpu_offload: true needs GPU workers"),
+        ({"context_parallel_size": 2}, "cuda", r"context_parallel_size: .* set it to 1"),
+        ({"sequence_parallel": True}, "cuda", r"sequence_parallel: not supported"),
+    ],
+)
+def test_unsupported_options_fail_at_setup_with_their_key(changes, device, message):
+    with pytest.raises(ValueError, match=message):
+        _check_supported(with_automodel(make_recipe(), **changes), device)
+    _check_supported(make_recipe(), device)  # the defaults are fine
