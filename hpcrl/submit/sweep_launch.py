@@ -63,6 +63,9 @@ def plan_sweep(
             message=f"a sweep is one Slurm job array; profile {profile.name!r} has no Slurm",
             fix="sweep on a Slurm profile, or run the points one by one with hpcrl submit",
         )])  # fmt: skip
+    # Whole nodes per array task: hpcrl's Ray ports are fixed per node, so two tasks of one
+    # array sharing a node would join each other's Ray cluster.
+    profile = attrs.evolve(profile, slurm=attrs.evolve(profile.slurm, exclusive=True))
     planned, problems = [], []
     for point in points:
         try:

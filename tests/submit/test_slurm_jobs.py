@@ -88,7 +88,7 @@ def test_cancel_stops_a_running_job(tmp_path: Path) -> None:
     result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:sleep_forever"))
     assert result.returncode == 0, output_of(result)
     record = read_job_record(run)
-    wait_for(lambda: (run / "sleeping").exists(), 90, "the driver to start")
+    wait_for(lambda: (run / "sleeping").exists(), 180, "the driver to start")
     assert query_status(record).state == "RUNNING"
     cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
     assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, output_of(

@@ -84,6 +84,9 @@ def test_flagship_sweep_plans_every_point_as_one_array(tmp_path: Path) -> None:
     assert spec.array_size == 4 and spec.run_dir == str(tmp_path / "sw")
     assert dict(spec.sbatch_directives)["array"] == "0-3%2"  # slurm-test: array_parallelism 2
     assert dict(spec.sbatch_directives)["job-name"] == "sw"
+    assert "exclusive" in dict(spec.sbatch_directives), (
+        "array tasks must not share a node's Ray ports"
+    )
     fractions = [
         p.loaded.recipe.policy.megatron_cfg.optimizer.optimizer_offload_fraction
         for p in planned.points
