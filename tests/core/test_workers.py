@@ -14,6 +14,7 @@ from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.workers.sharding import (
     concat_right_padded,
     pad_prompts_evenly,
+    pad_rows,
     split_batch,
     split_micro_batches,
 )
@@ -115,6 +116,15 @@ def test_split_batch_keeps_order_and_rejects_uneven():
         split_batch(batch, 4, "policy.train_global_batch_size")
     micro = split_micro_batches(batch, 4)
     assert [len(m["input_ids"]) for m in micro] == [4, 2]
+
+
+def test_pad_rows_repeats_the_last_row():
+    batch = make_batch(seed=0, batch_size=5)
+    padded, num_real = pad_rows(batch, 4)
+    assert num_real == 5 and len(padded["input_ids"]) == 8
+    assert torch.equal(padded["input_ids"][:5], batch["input_ids"])
+    assert all(torch.equal(row, batch["input_ids"][4]) for row in padded["input_ids"][5:])
+    assert pad_rows(batch, 5)[0]["input_ids"] is batch["input_ids"]
 
 
 def test_prompt_padding_and_right_padded_join():

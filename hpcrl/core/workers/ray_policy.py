@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.core.workers.group import GroupLayout, RayWorkerGroup
-from hpcrl.core.workers.sharding import concat_right_padded, pad_prompts_evenly, split_batch
+from hpcrl.core.workers.sharding import (
+    concat_right_padded,
+    pad_prompts_evenly,
+    pad_rows,
+    split_batch,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -91,8 +96,11 @@ class RayPolicy:
     def _logprobs(self, method: str, batch: Batch) -> torch.Tensor:
         import torch
 
-        shards = split_batch(batch, self.dp_size, "log-prob batch")
-        return torch.cat(self._gather(self.group.call_all(method, self._shard_args(shards))))
+        # Any batch size: ranks must run equally many forwards, so pad and trim afterwards.
+        padded, num_real = pad_rows(batch, self.dp_size)
+        shards = split_batch(padded, self.dp_size, "log-prob batch")
+        parts = self._gather(self.group.call_all(method, self._shard_args(shards)))
+        return torch.cat(parts)[:num_real]
 
     def get_logprobs(self, batch: Batch) -> torch.Tensor:
         return self._logprobs("logprobs", batch)

@@ -37,6 +37,22 @@ def split_batch(batch: Batch, num_shards: int, what: str) -> list[dict[str, torc
     ]
 
 
+def pad_rows(batch: Batch, multiple: int) -> tuple[dict[str, torch.Tensor], int]:
+    """Repeat the last row until the batch size is a multiple of ``multiple`` (for outputs
+    that are trimmed afterwards); returns the padded batch and the real size."""
+    import torch
+
+    size = batch_size_of(batch)
+    missing = -size % multiple
+    if missing == 0:
+        return dict(batch), size
+    padded = {
+        key: torch.cat([value, value[-1:].expand(missing, *value.shape[1:])])
+        for key, value in batch.items()
+    }
+    return padded, size
+
+
 def split_micro_batches(batch: Batch, micro_batch_size: int) -> list[dict[str, torch.Tensor]]:
     """Consecutive micro-batches of at most ``micro_batch_size`` sequences."""
     size = batch_size_of(batch)
