@@ -27,6 +27,7 @@ from hpcrl.job.ray_cluster import node_resource_name
 from hpcrl.job.settings import NodeSettings, read_node_settings
 
 NODES_POLL_INTERVAL_S = 0.2
+ATTEMPT_VARIABLE = "HPCRL_ATTEMPT"
 
 
 def load_driver(spec: str) -> Callable[[str], int | None]:
@@ -147,7 +148,8 @@ def wait_and_connect(settings: NodeSettings, started: float) -> None:
 def run(run_dir: str) -> int:
     """Bootstrap, then the driver; returns the driver's exit code."""
     started = time.monotonic()
-    settings = read_node_settings(run_dir, os.environ)
+    # The entrypoint passes its attempt number: without Slurm nothing else tells it.
+    settings = read_node_settings(run_dir, os.environ, int(os.environ.get(ATTEMPT_VARIABLE, "0")))
     try:
         wait_for_head(settings, started)
         wait_and_connect(settings, started)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 
 from submitit.helpers import Checkpointable, DelayedSubmission
 
+from hpcrl.job.driver_process import ATTEMPT_VARIABLE
 from hpcrl.job.errors import BootstrapError, DriverFailed, HeadUnreachable, OtherNodeFailed
 from hpcrl.job.markers import (
     DONE,
@@ -153,6 +154,7 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
     driver_env = ray_environment(environ) | {
         "RAY_ADDRESS": settings.gcs_address,
         "PYTHONUNBUFFERED": "1",
+        ATTEMPT_VARIABLE: str(settings.task.attempt),
     }
     driver = start_in_own_session(
         [sys.executable, "-u", "-m", "hpcrl.job.driver_process", str(settings.run_dir)],

@@ -9,8 +9,10 @@ through ``/tmp/ray/ray_current_cluster``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,12 +86,21 @@ def ports_to_check(settings: NodeSettings) -> list[tuple[str, int]]:
     return [(name, getattr(settings.ray_ports, name)) for name in names]
 
 
+# `ray start` gives its raylet a hard-coded 30 s to register with the GCS; on an overloaded
+# node that can pass although nothing is wrong. A worker then starts Ray once more (a head
+# cannot: its GCS, and with it the cluster, would be new).
+STARTUP_TIMEOUT_TEXT = "timed out during startup"
+MAX_WORKER_STARTUP_RETRIES = 1
+
+
 @attrs.define
 class RayNode:
     """This node's running ``ray start --block``; ``stop`` leaves no process behind."""
 
     settings: NodeSettings
-    process: object  # subprocess.Popen[bytes]
+    environ: Mapping[str, str]
+    process: subprocess.Popen[bytes] | None = None
+    startup_retries: int = 0
 
     @classmethod
     def start(cls, settings: NodeSettings, environ: Mapping[str, str]) -> RayNode:
@@ -98,39 +109,56 @@ class RayNode:
         if busy is not None:
             name, port = busy
             raise PortInUse(port, name, settings.task.node_name, settings.node_ip)
-        shutil.rmtree(settings.ray_temp_dir, ignore_errors=True)  # a crashed earlier attempt
-        log_dir = node_log_dir(settings.run_dir, settings.node_rank, settings.task.attempt)
-        process = start_in_own_session(
-            ray_start_argv(settings), env=ray_environment(environ),
-            stdout_path=log_dir / "ray.out", stderr_path=log_dir / "ray.err",
+        node = cls(settings=settings, environ=environ)
+        node._launch()
+        return node
+
+    @property
+    def log_dir(self) -> Path:
+        return node_log_dir(
+            self.settings.run_dir, self.settings.node_rank, self.settings.task.attempt
+        )
+
+    def _launch(self) -> None:
+        shutil.rmtree(self.settings.ray_temp_dir, ignore_errors=True)  # an earlier crash's
+        self.process = start_in_own_session(
+            ray_start_argv(self.settings), env=ray_environment(self.environ),
+            stdout_path=self.log_dir / "ray.out", stderr_path=self.log_dir / "ray.err",
         )  # fmt: skip
-        return cls(settings=settings, process=process)
 
     def check_alive(self) -> None:
         """Raise RayExited when ``ray start --block`` has ended on its own."""
         code = self.process.poll()
-        if code is not None:
-            log_dir = node_log_dir(
-                self.settings.run_dir, self.settings.node_rank, self.settings.task.attempt
+        if code is None:
+            return
+        error_tail = tail(self.log_dir / "ray.err")
+        if (
+            not self.settings.is_head
+            and self.startup_retries < MAX_WORKER_STARTUP_RETRIES
+            and STARTUP_TIMEOUT_TEXT in error_tail
+        ):
+            logging.getLogger("hpcrl.job").warning(
+                "Ray's raylet missed its 30 s registration window (busy node?); starting it again"
             )
-            raise RayExited(
-                f"Ray on node {self.settings.task.node_name} exited with code {code} while the "
-                f"job still needed it; see {log_dir}/ray.err:\n{tail(log_dir / 'ray.err')}"
-            )
+            stop_session(self.process, self.settings.stop_timeout_s)
+            self.startup_retries += 1
+            self._launch()
+            return
+        raise RayExited(
+            f"Ray on node {self.settings.task.node_name} exited with code {code} while the "
+            f"job still needed it; see {self.log_dir}/ray.err:\n{error_tail}"
+        )
 
     def stop(self, keep_ray_logs: bool) -> list[str]:
         """Stop every Ray process of this node; returns the names that needed SIGKILL."""
-        killed = stop_session(self.process, self.settings.stop_timeout_s)
+        killed = stop_session(self.process, self.settings.stop_timeout_s) if self.process else []
         temp_dir = Path(self.settings.ray_temp_dir)
         if keep_ray_logs:
             # Ray's own logs (raylet.out, gcs_server.out, ...) live in the temp dir; keep them
             # next to the node's logs when something went wrong.
-            log_dir = node_log_dir(
-                self.settings.run_dir, self.settings.node_rank, self.settings.task.attempt
-            )
             session_logs = temp_dir / "session_latest" / "logs"
             if session_logs.is_dir():
-                shutil.copytree(session_logs, log_dir / "ray-session-logs", dirs_exist_ok=True,
+                shutil.copytree(session_logs, self.log_dir / "ray-session-logs", dirs_exist_ok=True,
                                 ignore_dangling_symlinks=True)  # fmt: skip
         shutil.rmtree(temp_dir, ignore_errors=True)
         return killed

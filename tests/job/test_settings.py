@@ -129,3 +129,28 @@ def test_checkpoint_writes_preempt_and_requeues_until_the_limit(tmp_path, monkey
     requeued = pickle.loads(pickle.dumps(resubmission.function))
     assert isinstance(requeued, NodeMain) and requeued.num_requeues == 2
     assert requeued.checkpoint(str(tmp_path)) is None  # 2 of 2 used: submitit stops requeueing
+
+
+def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch):
+    """`ray start` is replaced by a stand-in that fails the way an overloaded raylet does."""
+    import hpcrl.job.ray_cluster as ray_cluster
+    from hpcrl.job.errors import RayExited
+
+    failing = [
+        "sh",
+        "-c",
+        "echo 'Exception: The current node timed out during startup.' >&2; exit 1",
+    ]
+    monkeypatch.setattr(ray_cluster, "ray_start_argv", lambda settings: failing)
+    monkeypatch.setattr(ray_cluster, "first_busy_port", lambda ip, ports: None)
+    node = ray_cluster.RayNode.start(read_node_settings(tmp_path, slurm_env(1)), {})
+    node.process.wait()
+
+    node.check_alive()  # first failure: started again
+    assert node.startup_retries == 1
+    node.process.wait()
+    with pytest.raises(RayExited, match="Ray on node localhost exited with code 1"):
+        node.check_alive()
+    node.stop(keep_ray_logs=False)
+    ray_err = (tmp_path / "logs/node1/attempt0/ray.err").read_text()
+    assert ray_err.count("timed out during startup") == 2
