@@ -174,3 +174,10 @@ def load_weights(model_chunks: list, weights_dir: Path) -> None:
         assert not missing and not unexpected, (
             f"weights mismatch: missing {missing}, unexpected {unexpected}"
         )
+
+
+def read_run_config(conversion_dir: Path) -> dict:
+    """The persisted provider fields of a conversion (values as written: plain YAML)."""
+    import yaml
+
+    return yaml.safe_load((conversion_dir / RUN_CONFIG_FILE).read_text())["model"]

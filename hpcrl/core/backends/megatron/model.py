@@ -122,3 +122,20 @@ def build_scheduler(optimizer: Any, cfg: MegatronCfg, total_steps: int) -> Any:
         wd_incr_steps=decay_steps,
         wd_incr_style=sched.weight_decay_incr_style,
     )
+
+
+def connect_grad_sync(model_chunks: list, optimizer: Any) -> None:
+    """Hook DDP's gradient reduction and the loss scale into the pipeline schedules.
+
+    Without ``finalize_model_grads_func`` the schedules never reduce gradients across
+    data-parallel ranks (nor tied embeddings across pipeline stages): every rank would step
+    on its own shard's gradients.
+    """
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(model_chunks[0])
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    no_sync = [chunk.no_sync for chunk in model_chunks]
+    config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync

@@ -26,7 +26,7 @@ import io
 import textwrap
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 MODULE_PATH = "hpcrl/core/backends/megatron/parallel_read.py"
@@ -87,7 +87,7 @@ def byte_balanced_chunks(sizes: Sequence[int], parts: int) -> list[range]:
 def _read_items(reader: Any, items: Sequence[Any], planner: Any, planner_lock: threading.Lock) -> None:
     import torch
     from torch.distributed.checkpoint.planner import LoadItemType
-    from torch.distributed.checkpoint.utils import narrow_tensor_by_index
+    from torch.distributed._shard._utils import narrow_tensor_by_index
 
     with contextlib.ExitStack() as streams:
         open_streams: dict[str, Any] = {}
@@ -127,7 +127,9 @@ def _read_items(reader: Any, items: Sequence[Any], planner: Any, planner_lock: t
 def make_parallel_read_data(threads: int):
     """A ``read_data`` method reading with ``threads`` threads."""
 
-    def parallel_read_data(self, plan, planner) -> Future:
+    def parallel_read_data(self, plan, planner):
+        from torch.futures import Future
+
         items = sorted(
             plan.items,
             key=lambda r: (self.storage_data[r.storage_index].relative_path,
@@ -141,7 +143,7 @@ def make_parallel_read_data(threads: int):
                        for chunk in chunks]
             for future in futures:
                 future.result()  # re-raise a thread's error here
-        done: Future = Future()
+        done = Future()
         done.set_result(None)
         return done
 

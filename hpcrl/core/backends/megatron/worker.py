@@ -48,6 +48,7 @@ class MegatronWorker:
         conversion_dir = self._ensure_conversion()
         self.model_chunks = self._build_model(conversion_dir)
         self.optimizer = mcore_model.build_optimizer(self.model_chunks, cfg, recipe.policy.precision)
+        mcore_model.connect_grad_sync(self.model_chunks, self.optimizer)
         self.scheduler = mcore_model.build_scheduler(self.optimizer, cfg, total_train_steps(recipe))
         self._reference_weights = self._snapshot_weights()
         self.steps_done = 0
