@@ -153,32 +153,3 @@ class RayPolicy:
 
     def shutdown(self) -> None:
         self.group.shutdown()
-
-
-def build_policy(
-    recipe: Recipe,
-    model_path: str,
-    *,
-    device: str,
-    master_port: int | None = None,
-    pad_token_id: int = 0,
-    progress: Callable[[str], None] | None = None,
-) -> RayPolicy:
-    """The policy for ``recipe.backend`` on ``recipe.cluster``'s nodes × workers per node
-    (GPUs, or CPU worker slots); ``master_port`` from the JobSpec, None for a free one."""
-    from hpcrl.core.backends import worker_class_path
-
-    layout = GroupLayout(
-        num_nodes=recipe.cluster.num_nodes,
-        workers_per_node=recipe.cluster.gpus_per_node,
-        device=device,
-        master_port=master_port,
-    )
-    return RayPolicy(
-        recipe,
-        model_path,
-        layout,
-        worker_class_path(recipe.backend),
-        pad_token_id=pad_token_id,
-        progress=progress,
-    )
