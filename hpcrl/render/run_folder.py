@@ -140,8 +140,13 @@ def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
+def _plain(value: Any) -> Any:
+    """JSON fallback for the resolved recipe: sets become sorted lists, anything else text."""
+    return sorted(value, key=str) if isinstance(value, set | frozenset) else str(value)
+
+
 def _to_yaml(data: Mapping[str, Any]) -> str:
     import yaml  # PyYAML comes with omegaconf; imported here so `hpcrl --help` stays light
 
-    plain = json.loads(json.dumps(data, default=list))
+    plain = json.loads(json.dumps(data, default=_plain))
     return yaml.safe_dump(plain, sort_keys=False, default_flow_style=False, allow_unicode=True)
