@@ -13,6 +13,7 @@ that saw both), "end" is when the batch script finished (Ray stopped on both nod
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import shutil
 import statistics
@@ -47,19 +48,72 @@ def submit_and_wait(kind: str, out_dir: Path, python: str) -> dict[str, float] |
             subprocess.run(["scancel", job_id])
             return f"job {job_id} still running after {JOB_TIMEOUT_S}s (cancelled)"
         time.sleep(0.3)
+    return read_timing(kind, out_dir) or f"job {job_id} did not finish cleanly (see {out_dir})"
+
+
+def ray_runtime_started(log_path: Path) -> float | None:
+    """When ``ray start`` logged "Ray runtime started." (its raylet had registered)."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        if "Ray runtime started" in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()  # Ray logs local time, as does this machine's clock
+    return None
+
+
+def read_timing(kind: str, out_dir: Path) -> dict[str, float] | None:
+    """Seconds from batch start: all joined, job end, and Ray's own start on the last node."""
     try:
         start, ready, end = (
             float((out_dir / name).read_text()) for name in ("batch_start", "ready", "batch_end")
         )
-    except FileNotFoundError as error:
-        return f"job {job_id} did not finish cleanly ({error.filename} missing; see {out_dir})"
-    return {"ready_s": ready - start, "end_s": end - start}
+    except FileNotFoundError:
+        return None
+    ray_logs = sorted(out_dir.glob("logs/node*/attempt0/ray.out")) if kind == "hpcrl" else [
+        out_dir / "head.log", out_dir / "worker.log"
+    ]  # fmt: skip
+    started = [ray_runtime_started(path) for path in ray_logs]
+    ray_up = max(started) - start if started and None not in started else float("nan")
+    return {"ready_s": ready - start, "end_s": end - start, "ray_up_s": ray_up}
 
 
 def summarize(times: list[float]) -> str:
+    times = [t for t in times if t == t]  # drop NaN (a log line not found)
     if not times:
         return "-"
-    return f"{statistics.median(times):6.1f}  ({min(times):.1f}–{max(times):.1f})"
+    return f"{statistics.median(times):5.1f} ({min(times):.1f}–{max(times):.1f})"
+
+
+def print_table(results: dict[str, list[dict[str, float]]], failures: dict[str, int]) -> None:
+    print("\nmedian (min–max) over successful jobs, seconds from the batch script's start:")
+    columns = ("Ray up on both", "all nodes joined", "joined − Ray up", "job end")
+    print(f"{'':9s}" + "".join(f"{c:>21s}" for c in columns) + f"{'failed':>8s}")
+    for kind, timings in results.items():
+        cells = [
+            summarize([t["ray_up_s"] for t in timings]),
+            summarize([t["ready_s"] for t in timings]),
+            summarize([t["ready_s"] - t["ray_up_s"] for t in timings]),
+            summarize([t["end_s"] for t in timings]),
+        ]
+        print(f"{kind:9s}" + "".join(f"{c:>21s}" for c in cells) + f"{failures[kind]:>8d}")
+    if results["hpcrl"] and results["baseline"]:
+        for metric in ("ready_s", "end_s"):
+            hpcrl = statistics.median(t[metric] for t in results["hpcrl"])
+            baseline = statistics.median(t[metric] for t in results["baseline"])
+            print(f"ratio baseline/hpcrl ({metric[:-2]}): {baseline / hpcrl:.2f}x")
+
+
+def analyze(scratch: Path) -> None:
+    """Summarize the job folders of an earlier run (kept with --keep)."""
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in SCRIPTS}
+    failures = dict.fromkeys(SCRIPTS, 0)
+    for out_dir in sorted(scratch.iterdir()):
+        kind = out_dir.name.split("-")[0]
+        timing = read_timing(kind, out_dir)
+        if timing is None:
+            failures[kind] += 1
+        else:
+            results[kind].append(timing)
+    print_table(results, failures)
 
 
 def main() -> int:
@@ -67,32 +121,26 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5, help="jobs per variant")
     parser.add_argument("--python", default=sys.executable, help="python with hpcrl and ray")
     parser.add_argument("--keep", action="store_true", help="keep the jobs' output folders")
+    parser.add_argument("--analyze", type=Path, help="only summarize a kept folder of jobs")
     args = parser.parse_args()
+    if args.analyze:
+        analyze(args.analyze)
+        return 0
     results: dict[str, list[dict[str, float]]] = {kind: [] for kind in SCRIPTS}
-    failures: dict[str, list[str]] = {kind: [] for kind in SCRIPTS}
+    failures = dict.fromkeys(SCRIPTS, 0)
     scratch = Path(tempfile.mkdtemp(prefix="bench-ray-", dir="/tmp"))
     for run in range(args.runs):
         order = list(SCRIPTS) if run % 2 == 0 else list(reversed(SCRIPTS))
         for kind in order:
             timing = submit_and_wait(kind, scratch / f"{kind}-{run}", args.python)
             if isinstance(timing, str):
-                failures[kind].append(timing)
+                failures[kind] += 1
                 print(f"run {run} {kind:8s} FAILED: {timing}", flush=True)
                 continue
             results[kind].append(timing)
             print(f"run {run} {kind:8s} ready {timing['ready_s']:5.1f}s  end {timing['end_s']:5.1f}s",
                   f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
-    print(f"\nmedian (min–max) over successful jobs, seconds from batch start; {args.runs} each:")
-    print(f"{'':10s} {'all nodes joined':>22s} {'job end (Ray stopped)':>24s} {'failed':>7s}")
-    for kind, timings in results.items():
-        ready = summarize([t["ready_s"] for t in timings])
-        end = summarize([t["end_s"] for t in timings])
-        print(f"{kind:10s} {ready:>22s} {end:>24s} {len(failures[kind]):>7d}")
-    if results["hpcrl"] and results["baseline"]:
-        for metric in ("ready_s", "end_s"):
-            hpcrl = statistics.median(t[metric] for t in results["hpcrl"])
-            baseline = statistics.median(t[metric] for t in results["baseline"])
-            print(f"ratio baseline/hpcrl ({metric[:-2]}): {baseline / hpcrl:.2f}x")
+    print_table(results, failures)
     if args.keep or any(failures.values()):
         print(f"job folders kept in {scratch}")
     else:
