@@ -96,7 +96,9 @@ def _rows_per_step(recipe: Recipe) -> int:
     return recipe.policy.train_global_batch_size
 
 
-def _make_step_fn(policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler) -> Callable[[int], dict]:
+def _make_step_fn(
+    policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler
+) -> Callable[[int], dict]:
     if recipe.algorithm == "grpo":
         from hpcrl.core.algorithms.grpo import make_grpo_step_fn
         from hpcrl.core.environments.build import build_environment
@@ -108,7 +110,7 @@ def _make_step_fn(policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSam
 
 
 def job_device(run_dir: Path) -> str:
-    """"cuda" or "cpu": the planner's device in jobspec.json, else what this node has."""
+    """ "cuda" or "cpu": the planner's device in jobspec.json, else what this node has."""
     jobspec = run_dir / JOBSPEC_FILE
     if jobspec.exists():
         device = json.loads(jobspec.read_text()).get("device")

@@ -86,7 +86,11 @@ def format_progress(step: int, num_steps: int, record: Mapping[str, Any]) -> str
     if record.get("kl") is not None:
         parts.append(f"kl {record['kl']:.4f}")
     parts.append(f"gnorm {record['grad_norm']:.3f}")
-    for key, label in (("time_generate_s", "gen"), ("time_logprobs_s", "lp"), ("time_train_s", "train")):
+    for key, label in (
+        ("time_generate_s", "gen"),
+        ("time_logprobs_s", "lp"),
+        ("time_train_s", "train"),
+    ):
         if key in record:
             parts.append(f"{label} {record[key]:.1f}s")
     parts.append(f"{record['tokens_per_s']:.0f} tok/s")

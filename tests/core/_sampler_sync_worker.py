@@ -29,7 +29,13 @@ def main() -> None:
     cfg = GenerationCfg(temperature=0.0, max_new_tokens=6, stop_token_ids=(int(stop_id),))
     input_ids, attention_mask = pad_prompts([tokenizer(prompt)["input_ids"]], 0)
     out = generate(
-        model, input_ids, attention_mask, cfg, seed=0, eos_token_id=None, pad_token_id=0,
+        model,
+        input_ids,
+        attention_mask,
+        cfg,
+        seed=0,
+        eos_token_id=None,
+        pad_token_id=0,
         sync_group=dist.group.WORLD,
     )
     mask = out["response_mask"][0].bool()

@@ -39,7 +39,9 @@ def test_ratio_clipping_at_known_values() -> None:
         [1.0, -1.0],
         [[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]],
     )
-    loss, metrics = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg(ratio_clip_min=0.2, ratio_clip_max=0.2))
+    loss, metrics = grpo_loss(
+        logprobs, batch, 4.0, cfg=LossFnCfg(ratio_clip_min=0.2, ratio_clip_max=0.2)
+    )
     assert loss.item() == pytest.approx(0.15, abs=1e-6)
     assert metrics["clip_fraction"] == pytest.approx(0.5)
     loss.backward()
@@ -73,7 +75,10 @@ def test_kl_penalty_adds_beta_times_mean_kl_and_masks_prompt_tokens() -> None:
     # tokens counted: lp=-1/ref=-1.5 (k3 = e^-0.5 − 0.5) and lp=-2/ref=-1 (k3 = e − 2);
     # the prompt token (mask 0) has a huge KL that must not count.
     logprobs, batch = _batch(
-        [[-1.0, -1.0, -2.0]], [[-1.0, -1.0, -2.0]], [0.0], [[0.0, 1.0, 1.0]],
+        [[-1.0, -1.0, -2.0]],
+        [[-1.0, -1.0, -2.0]],
+        [0.0],
+        [[0.0, 1.0, 1.0]],
         ref_logprobs=[[-50.0, -1.5, -1.0]],
     )
     cfg = LossFnCfg(reference_policy_kl_penalty=0.1, reference_policy_kl_type="k3")
@@ -96,7 +101,9 @@ def test_micro_batch_shares_sum_to_the_full_batch_loss() -> None:
     total = float(batch["token_mask"].sum())
     full, _ = grpo_loss(logprobs, batch, total, cfg=cfg)
     parts = sum(
-        grpo_loss(logprobs[i : i + 2], {k: v[i : i + 2] for k, v in batch.items()}, total, cfg=cfg)[0]
+        grpo_loss(logprobs[i : i + 2], {k: v[i : i + 2] for k, v in batch.items()}, total, cfg=cfg)[
+            0
+        ]
         for i in range(0, 6, 2)
     )
     assert parts.item() == pytest.approx(full.item(), rel=1e-6)
@@ -107,7 +114,9 @@ def test_importance_sampling_correction_weights_by_old_over_generation_probs() -
     logprobs, batch = _batch(
         [[0.0]], [[0.0]], [1.0], [[1.0]], generation_logprobs=[[-math.log(2.0)]]
     )
-    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=LossFnCfg(use_importance_sampling_correction=True))
+    loss, _ = grpo_loss(
+        logprobs, batch, 1.0, cfg=LossFnCfg(use_importance_sampling_correction=True)
+    )
     assert loss.item() == pytest.approx(-2.0, rel=1e-6)
 
 
@@ -115,8 +124,11 @@ def test_sequence_level_normalisation_averages_rows_first() -> None:
     # A=+1, ratio 1 → per-token loss −1 on row 0 (3 tokens) and, A=−1, +1 on row 1 (1 token).
     # token level: (−3 + 1) / 4 = −0.5; sequence level: (−1 + 1) / 2 = 0.
     logprobs, batch = _batch(
-        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], [[0.0] * 3] * 2, [1.0, -1.0],
-        [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]], num_global_sequences=[2.0, 2.0],
+        [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+        [[0.0] * 3] * 2,
+        [1.0, -1.0],
+        [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]],
+        num_global_sequences=[2.0, 2.0],
     )
     token, _ = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg())
     sequence, _ = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg(token_level_loss=False))

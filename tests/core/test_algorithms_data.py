@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.core.algorithms.loop import CheckpointStore, latest_checkpoint, PreemptionWatch
+from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch, latest_checkpoint
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
 from hpcrl.core.metrics import MetricsWriter, format_progress
 
@@ -58,7 +58,9 @@ def test_jsonl_errors_name_file_line_and_key(tmp_path: Path) -> None:
     path.write_text('{"prompt": "a"\n')
     with pytest.raises(ValueError, match="d.jsonl:1: not valid JSON"):
         load_jsonl(path, ["prompt"])
-    assert load_jsonl(Path(__file__).parents[2] / "recipes/data/toy_count.jsonl", ["prompt", "answer"])
+    assert load_jsonl(
+        Path(__file__).parents[2] / "recipes/data/toy_count.jsonl", ["prompt", "answer"]
+    )
 
 
 def test_sft_example_masks_only_response_and_eos() -> None:
@@ -98,7 +100,9 @@ def test_checkpoint_store_saves_on_period_keeps_newest_and_restores_latest(tmp_p
             store.save(step, {"data_position": {"epoch": 0, "index": step}})
     (tmp_path / "ckpt" / "step_000008.partial").mkdir()  # an interrupted save
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
-        "step_000004", "step_000006", "step_000008.partial"
+        "step_000004",
+        "step_000006",
+        "step_000008.partial",
     ]
     assert latest_checkpoint(tmp_path / "ckpt") == tmp_path / "ckpt" / "step_000006"
     assert store.restore_latest() == {"data_position": {"epoch": 0, "index": 6}, "step": 6}
@@ -129,8 +133,13 @@ def test_metrics_lines_and_progress_text(tmp_path: Path) -> None:
         {"step": 2, "loss": 0.25},
     ]
     record = {
-        "reward_mean": 0.41, "reward_std": 0.12, "loss": 0.0123, "grad_norm": 0.5,
-        "time_generate_s": 1.23, "time_logprobs_s": 0.31, "time_train_s": 0.84,
+        "reward_mean": 0.41,
+        "reward_std": 0.12,
+        "loss": 0.0123,
+        "grad_norm": 0.5,
+        "time_generate_s": 1.23,
+        "time_logprobs_s": 0.31,
+        "time_train_s": 0.84,
         "tokens_per_s": 412.4,
     }
     assert format_progress(3, 20, record) == (

@@ -18,8 +18,19 @@ from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture
 # at the recipe's settings reach ≈ 0.9. The margin leaves room for run-to-run noise.
 REWARD_MARGIN = 0.3
 METRIC_KEYS = {
-    "step", "loss", "grad_norm", "lr", "reward_mean", "reward_std", "pg_loss", "clip_fraction",
-    "time_generate_s", "time_logprobs_s", "time_train_s", "tokens_per_s", "peak_host_rss_gb",
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "reward_mean",
+    "reward_std",
+    "pg_loss",
+    "clip_fraction",
+    "time_generate_s",
+    "time_logprobs_s",
+    "time_train_s",
+    "tokens_per_s",
+    "peak_host_rss_gb",
     "peak_gpu_mem_gb",
 }
 

@@ -37,8 +37,15 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
 
 
 @pytest.mark.slow
-def test_preempted_run_resumes_where_it_stopped_with_the_same_results(ray_cluster, tmp_path) -> None:  # noqa: F811
-    overrides = ["grpo.max_num_steps=4", "checkpointing.enabled=true", "checkpointing.save_period=100"]
+def test_preempted_run_resumes_where_it_stopped_with_the_same_results(
+    ray_cluster,  # noqa: F811
+    tmp_path,
+) -> None:
+    overrides = [
+        "grpo.max_num_steps=4",
+        "checkpointing.enabled=true",
+        "checkpointing.save_period=100",
+    ]
     straight = write_run_dir(tmp_path / "straight", RECIPE, overrides)
     assert run_training(str(straight)) == 0
 

@@ -150,7 +150,6 @@ def test_sampled_token_frequencies_follow_the_model_distribution(tiny) -> None:
     assert (freq - probs[top]).abs().max().item() < 0.035
 
 
-
 @pytest.mark.slow
 def test_sync_group_keeps_ranks_in_step_when_one_finishes_early(tiny, tmp_path) -> None:
     """With FSDP every rank must run the same forwards: a rank whose rows stop early keeps
@@ -173,8 +172,15 @@ def test_sync_group_keeps_ranks_in_step_when_one_finishes_early(tiny, tmp_path) 
     script = Path(__file__).with_name("_sampler_sync_worker.py")
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(rank), str(port), prompts[rank], str(stop_id),
-             str(tmp_path / f"rank{rank}.json")]
+            [
+                sys.executable,
+                str(script),
+                str(rank),
+                str(port),
+                prompts[rank],
+                str(stop_id),
+                str(tmp_path / f"rank{rank}.json"),
+            ]
         )
         for rank in range(2)
     ]

@@ -15,7 +15,9 @@ from hpcrl.core.models.tiny import ensure_tiny_model, resolve_model_path  # noqa
 def test_concurrent_builds_share_one_folder_and_equal_weights(tmp_path) -> None:
     results: list[str] = []
     threads = [
-        threading.Thread(target=lambda: results.append(ensure_tiny_model("tiny:llama", str(tmp_path))))
+        threading.Thread(
+            target=lambda: results.append(ensure_tiny_model("tiny:llama", str(tmp_path)))
+        )
         for _ in range(3)
     ]
     for thread in threads:
@@ -53,3 +55,21 @@ def test_resolver_builds_tiny_names_and_passes_others_through(tmp_path) -> None:
     assert path.startswith(str(tmp_path))
     with pytest.raises(ValueError, match="tiny:qwen2, tiny:llama, tiny:llama-1b"):
         resolve_model_path("tiny:gpt5")
+
+
+def test_llama_1b_spec_is_the_benchmark_shape_without_building_it() -> None:
+    from hpcrl.core.models.tiny import TINY_SPECS, tiny_config
+
+    spec = TINY_SPECS["llama-1b"]
+    config = tiny_config(spec, spec.vocab_size)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    num_params = sum(p.numel() for p in model.parameters())
+    # 16 × (4·2048² attention + 3·2048·5632 MLP + 2·2048 norms) + 2·32000·2048 + 2048
+    expected = 16 * (4 * 2048**2 + 3 * 2048 * 5632 + 2 * 2048) + 2 * 32000 * 2048 + 2048
+    assert num_params == expected
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (
+        16,
+        2048,
+        16,
+    )

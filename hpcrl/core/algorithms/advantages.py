@@ -30,9 +30,7 @@ def group_advantages(
     import torch
 
     if rewards.numel() % num_generations != 0:
-        raise ValueError(
-            f"{rewards.numel()} rewards do not split into groups of {num_generations}"
-        )
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {num_generations}")
     groups = rewards.reshape(-1, num_generations).to(torch.float32)
     if leave_one_out:
         if num_generations < 2:

@@ -66,11 +66,19 @@ def sample_rollouts(
             answers.append(str(row.get(data.answer_key, "")))
             prompt_ids.append(ids)
     policy.prepare_for_generation()
-    generation = policy.generate(prompt_ids, recipe.policy.generation, generation_seed(grpo.seed, step))
+    generation = policy.generate(
+        prompt_ids, recipe.policy.generation, generation_seed(grpo.seed, step)
+    )
     policy.prepare_for_training()
     responses = decode_responses(tokenizer, generation)
     rewards = torch.tensor(env.score(prompts, responses, answers), dtype=torch.float32)
-    return Rollouts(prompts=prompts, answers=answers, responses=responses, rewards=rewards, generation=generation)
+    return Rollouts(
+        prompts=prompts,
+        answers=answers,
+        responses=responses,
+        rewards=rewards,
+        generation=generation,
+    )
 
 
 def decode_responses(tokenizer: Any, generation: Any) -> list[str]:
@@ -156,7 +164,8 @@ def grpo_step(
         "response_length_mean": float(generation.response_lengths.float().mean()),
         "num_tokens": num_tokens,
         "tokens_per_s": num_tokens / step_s,
-        "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(timer.seconds["generate"], 1e-9),
+        "generated_tokens_per_s": float(generation.response_lengths.sum())
+        / max(timer.seconds["generate"], 1e-9),
         "time_step_s": step_s,
         **timer.as_metrics(),
         "sample_response": rollouts.responses[0],
@@ -166,5 +175,7 @@ def grpo_step(
 StepFn = Callable[[int], dict[str, Any]]
 
 
-def make_grpo_step_fn(policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler) -> StepFn:
+def make_grpo_step_fn(
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler
+) -> StepFn:
     return functools.partial(grpo_step, policy, recipe, tokenizer, env, sampler)

@@ -46,7 +46,9 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
 class CheckpointStore:
     """Saves through the policy every ``save_period`` steps and keeps the newest ``keep``."""
 
-    def __init__(self, policy: Any, checkpoint_dir: str | Path, save_period: int | None, keep: int | None) -> None:
+    def __init__(
+        self, policy: Any, checkpoint_dir: str | Path, save_period: int | None, keep: int | None
+    ) -> None:
         self.policy = policy
         self.checkpoint_dir = Path(checkpoint_dir)
         self.save_period = save_period  # None: only on request (preemption, end of run)
@@ -126,4 +128,3 @@ def generation_seed(seed: int, step: int) -> int:
     """Sampling seed of one step: depends on (seed, step) only, so a resumed run draws the
     same samples it would have drawn without the interruption."""
     return (seed * 1_000_003 + step) % (2**31 - 1)
-

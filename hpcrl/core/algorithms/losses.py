@@ -67,7 +67,9 @@ def clipped_pg_token_loss(
     return loss, was_clipped
 
 
-def _normalise(per_token: torch.Tensor, batch, mask: torch.Tensor, num_global_tokens: float, token_level: bool):
+def _normalise(
+    per_token: torch.Tensor, batch, mask: torch.Tensor, num_global_tokens: float, token_level: bool
+):
     """Sum of masked per-token values as a share of the global mean."""
     if token_level:
         return (per_token * mask).sum() / num_global_tokens
@@ -97,14 +99,18 @@ def grpo_loss(
     total = pg
     metrics: dict[str, float] = {}
     if cfg.reference_policy_kl_penalty > 0:
-        kl = kl_penalty(logprobs, batch["ref_logprobs"].to(logprobs.dtype), cfg.reference_policy_kl_type)
+        kl = kl_penalty(
+            logprobs, batch["ref_logprobs"].to(logprobs.dtype), cfg.reference_policy_kl_type
+        )
         if cfg.use_on_policy_kl_approximation:
             kl = kl * torch.exp(logprobs - old).detach()
         total = pg + cfg.reference_policy_kl_penalty * kl
-        metrics["kl"] = float(((kl.detach() * mask).sum() / num_global_tokens))
+        metrics["kl"] = float((kl.detach() * mask).sum() / num_global_tokens)
     loss = _normalise(total, batch, mask, num_global_tokens, cfg.token_level_loss)
     ratio = torch.exp(logprobs.detach() - old)
-    metrics["pg_loss"] = float(_normalise(pg.detach(), batch, mask, num_global_tokens, cfg.token_level_loss))
+    metrics["pg_loss"] = float(
+        _normalise(pg.detach(), batch, mask, num_global_tokens, cfg.token_level_loss)
+    )
     metrics["clip_fraction"] = float((was_clipped.to(mask.dtype) * mask).sum() / num_global_tokens)
     metrics["ratio_mean"] = float((ratio * mask).sum() / num_global_tokens)
     return loss, metrics

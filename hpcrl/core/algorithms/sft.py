@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.losses import sft_loss
 from hpcrl.core.algorithms.loop import StepTimer
+from hpcrl.core.algorithms.losses import sft_loss
 from hpcrl.core.data.jsonl import EpochSampler
 from hpcrl.core.data.prompts import encode_sft_example
 
@@ -42,7 +42,9 @@ def build_sft_batch(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> dic
     return {"input_ids": input_ids, "attention_mask": attention_mask, "token_mask": token_mask}
 
 
-def sft_step(policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler, step: int) -> dict[str, Any]:
+def sft_step(
+    policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler, step: int
+) -> dict[str, Any]:
     """One optimizer step on the next ``train_global_batch_size`` examples."""
     timer = StepTimer()
     started = time.perf_counter()

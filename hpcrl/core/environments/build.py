@@ -26,4 +26,6 @@ def build_environment(cfg: EnvCfg) -> Environment:
     try:
         return classes[cfg.name](**cfg.kwargs)
     except TypeError as error:
-        raise ValueError(f"env.kwargs: {dict(cfg.kwargs)!r} do not fit env {cfg.name!r}: {error}") from None
+        raise ValueError(
+            f"env.kwargs: {dict(cfg.kwargs)!r} do not fit env {cfg.name!r}: {error}"
+        ) from None

@@ -166,12 +166,11 @@ def build_char_tokenizer() -> Any:
     )
 
 
-def build_random_model(spec: TinyModelSpec, vocab_size: int) -> Any:
-    """A seeded random-init causal LM for ``spec`` (fp32)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def tiny_config(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """The HF config of ``spec`` (special token ids match the character tokenizer)."""
+    from transformers import AutoConfig
 
-    config = AutoConfig.for_model(
+    return AutoConfig.for_model(
         spec.model_type,
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -185,6 +184,14 @@ def build_random_model(spec: TinyModelSpec, vocab_size: int) -> Any:
         bos_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
         eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
     )
+
+
+def build_random_model(spec: TinyModelSpec, vocab_size: int) -> Any:
+    """A seeded random-init causal LM for ``spec`` (fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(spec, vocab_size)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
