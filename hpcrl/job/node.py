@@ -122,13 +122,14 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
                     settings.task.job_id, settings.task.attempt, settings.ray_temp_dir)  # fmt: skip
         if settings.is_head:
             _clear_stale_preempt(settings)
-            ray_node = RayNode.start(settings, environ)
+            ray_node = RayNode.start(settings, environ, hold=False)
             write_marker(settings.run_dir, HEAD, settings.task.attempt_id, ip=settings.node_ip,
                          gcs_port=settings.ray_ports.gcs_port)  # fmt: skip
             code = _run_head(settings, ray_node, environ, logger, on_driver_start)
         else:
-            _wait_for_head(settings, logger)
-            ray_node = RayNode.start(settings, environ)
+            ray_node = RayNode.start(settings, environ, hold=True)  # imports Ray meanwhile
+            _wait_for_head(settings, ray_node, logger)
+            ray_node.release()
             code = _run_worker(settings, ray_node, logger)
         failed = code != 0
         return code
@@ -178,7 +179,7 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
     return code
 
 
-def _wait_for_head(settings: NodeSettings, logger: logging.Logger) -> None:
+def _wait_for_head(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> None:
     ip, port, attempt_id = settings.head_ip, settings.ray_ports.gcs_port, settings.task.attempt_id
 
     def head_ready() -> bool:
@@ -188,9 +189,12 @@ def _wait_for_head(settings: NodeSettings, logger: logging.Logger) -> None:
         )
 
     start = time.monotonic()
-    if not wait_until(
-        head_ready, settings.head_wait_s, abort=lambda: _raise_if_head_failed(settings)
-    ):
+
+    def abort() -> None:
+        _raise_if_head_failed(settings)
+        ray_node.check_alive()
+
+    if not wait_until(head_ready, settings.head_wait_s, abort=abort):
         raise HeadUnreachable(ip, port, time.monotonic() - start, port_accepts(ip, port))
     logger.info("head reachable at %s:%d after %.1fs; joining", ip, port, time.monotonic() - start)
 

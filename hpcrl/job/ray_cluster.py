@@ -81,6 +81,21 @@ def ray_start_argv(settings: NodeSettings) -> list[str]:
     return argv
 
 
+def launch_argv(settings: NodeSettings, go_file: str) -> list[str]:
+    """``ray start`` for this node, through hpcrl.job.ray_launcher (imports first, then waits)."""
+    max_wait_s = settings.head_wait_s + 60  # the entrypoint gives up at head_wait_s
+    ray_args = ray_start_argv(settings)[1:]
+    return [
+        sys.executable,
+        "-m",
+        "hpcrl.job.ray_launcher",
+        go_file,
+        str(max_wait_s),
+        "--",
+        *ray_args,
+    ]
+
+
 def ports_to_check(settings: NodeSettings) -> list[tuple[str, int]]:
     names = NODE_PORT_NAMES + (HEAD_PORT_NAMES if settings.is_head else ())
     return [(name, getattr(settings.ray_ports, name)) for name in names]
@@ -103,14 +118,19 @@ class RayNode:
     startup_retries: int = 0
 
     @classmethod
-    def start(cls, settings: NodeSettings, environ: Mapping[str, str]) -> RayNode:
-        """Check the fixed ports are free, then start Ray (PortInUse names a busy port)."""
+    def start(cls, settings: NodeSettings, environ: Mapping[str, str], *, hold: bool) -> RayNode:
+        """Check the fixed ports are free (PortInUse names a busy one), then start Ray.
+
+        ``hold``: Ray's imports run now, ``ray start`` itself only after ``release()`` (a
+        worker starts this while it still waits for the head).
+        """
         busy = first_busy_port(settings.node_ip, ports_to_check(settings))
         if busy is not None:
             name, port = busy
             raise PortInUse(port, name, settings.task.node_name, settings.node_ip)
         node = cls(settings=settings, environ=environ)
-        node._launch()
+        node.go_file.unlink(missing_ok=True)
+        node._launch(str(node.go_file) if hold else "-")
         return node
 
     @property
@@ -119,10 +139,18 @@ class RayNode:
             self.settings.run_dir, self.settings.node_rank, self.settings.task.attempt
         )
 
-    def _launch(self) -> None:
+    @property
+    def go_file(self) -> Path:
+        return Path(f"{self.settings.ray_temp_dir}.go")
+
+    def release(self) -> None:
+        """Let a held ``ray start`` run."""
+        self.go_file.touch()
+
+    def _launch(self, go_file: str) -> None:
         shutil.rmtree(self.settings.ray_temp_dir, ignore_errors=True)  # an earlier crash's
         self.process = start_in_own_session(
-            ray_start_argv(self.settings), env=ray_environment(self.environ),
+            launch_argv(self.settings, go_file), env=ray_environment(self.environ),
             stdout_path=self.log_dir / "ray.out", stderr_path=self.log_dir / "ray.err",
         )  # fmt: skip
 
@@ -142,7 +170,7 @@ class RayNode:
             )
             stop_session(self.process, self.settings.stop_timeout_s)
             self.startup_retries += 1
-            self._launch()
+            self._launch("-")
             return
         raise RayExited(
             f"Ray on node {self.settings.task.node_name} exited with code {code} while the "
@@ -161,6 +189,7 @@ class RayNode:
                 shutil.copytree(session_logs, self.log_dir / "ray-session-logs", dirs_exist_ok=True,
                                 ignore_dangling_symlinks=True)  # fmt: skip
         shutil.rmtree(temp_dir, ignore_errors=True)
+        self.go_file.unlink(missing_ok=True)
         return killed
 
 

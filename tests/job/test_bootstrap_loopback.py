@@ -104,7 +104,8 @@ def test_worker_never_joins_a_head_its_job_did_not_announce(job):
     assert worker.exit_code == 1
     assert f"head unreachable at 127.0.0.1:{job.gcs_port} after 3s" in worker.output
     assert "node 0 of this job never announced its head" in worker.output
-    assert not (job.run_dir / "logs/node1/attempt0/ray.out").exists()  # Ray never started
+    # `ray start` was held back until the head would be confirmed, so it never ran.
+    assert (job.run_dir / "logs/node1/attempt0/ray.out").read_text() == ""
 
 
 def test_port_in_use_is_named_and_the_worker_stops_early(job):

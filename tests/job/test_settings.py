@@ -141,9 +141,9 @@ def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch)
         "-c",
         "echo 'Exception: The current node timed out during startup.' >&2; exit 1",
     ]
-    monkeypatch.setattr(ray_cluster, "ray_start_argv", lambda settings: failing)
+    monkeypatch.setattr(ray_cluster, "launch_argv", lambda settings, go_file: failing)
     monkeypatch.setattr(ray_cluster, "first_busy_port", lambda ip, ports: None)
-    node = ray_cluster.RayNode.start(read_node_settings(tmp_path, slurm_env(1)), {})
+    node = ray_cluster.RayNode.start(read_node_settings(tmp_path, slurm_env(1)), {}, hold=False)
     node.process.wait()
 
     node.check_alive()  # first failure: started again

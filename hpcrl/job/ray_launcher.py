@@ -1,0 +1,44 @@
+"""``ray start`` with its imports done ahead of time, released by a "go" file.
+
+    python -m hpcrl.job.ray_launcher GO_FILE MAX_WAIT_S -- <ray start arguments>
+
+Importing Ray's command line takes a few seconds of CPU. A worker node starts this process at
+once, while it still waits for the head; once the head is there, the node entrypoint creates
+GO_FILE and ``ray start`` runs right away. ``-`` as GO_FILE starts without waiting. The process
+gives up (exit 3) when its parent is gone or MAX_WAIT_S passes without a go.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+GO_POLL_INTERVAL_S = 0.05
+NO_GO_EXIT_CODE = 3
+
+
+def wait_for_go(go_file: str, max_wait_s: float) -> bool:
+    """True once ``go_file`` exists; False when the parent died or the wait timed out."""
+    parent = os.getppid()
+    deadline = time.monotonic() + max_wait_s
+    while not os.path.exists(go_file):
+        if os.getppid() != parent or time.monotonic() > deadline:
+            return False
+        time.sleep(GO_POLL_INTERVAL_S)
+    return True
+
+
+def main(argv: list[str]) -> int:
+    go_file, max_wait_s, separator, *ray_args = argv
+    assert separator == "--", f"usage: {__doc__}"
+    from ray.scripts.scripts import main as ray_cli  # the slow part, done before the wait
+
+    if go_file != "-" and not wait_for_go(go_file, float(max_wait_s)):
+        return NO_GO_EXIT_CODE
+    sys.argv = ["ray", *ray_args]
+    return ray_cli()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
