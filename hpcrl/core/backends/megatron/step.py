@@ -109,7 +109,9 @@ def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
     name_lists: list[list[str] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(name_lists, names)
     all_names = sorted({n for lst in name_lists if lst for n in lst})
-    values = torch.tensor([totals.get(n, 0.0) if reporter else 0.0 for n in all_names], dtype=torch.float64)
+    values = [totals.get(n, 0.0) if reporter else 0.0 for n in all_names]
+    # On the backend's device: NCCL reduces only CUDA tensors.
+    values = torch.tensor(values, dtype=torch.float64, device=_device())
     dist.all_reduce(values)
     return dict(zip(all_names, values.tolist()))
 
