@@ -122,19 +122,26 @@ def job_device(run_dir: Path) -> str:
 
 
 def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: int) -> Any:
-    """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot."""
+    """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot; GRPO with
+    ``policy.generation.backend: vllm`` samples through vLLM engines around it."""
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.workers.group import GroupLayout
     from hpcrl.core.workers.ray_policy import RayPolicy
 
+    device = job_device(run_dir)
     layout = GroupLayout(
         num_nodes=recipe.cluster.num_nodes,
         workers_per_node=recipe.cluster.gpus_per_node,
-        device=job_device(run_dir),
+        device=device,
     )
-    return RayPolicy(
+    training = RayPolicy(
         recipe, model_path, layout, worker_class_path(recipe.backend), pad_token_id=pad_token_id
     )
+    if recipe.algorithm != "grpo" or recipe.policy.generation.backend != "vllm":
+        return training
+    from hpcrl.core.generation.vllm_policy import wrap_policy
+
+    return wrap_policy(training, recipe, model_path, device)
 
 
 def checkpoint_store(policy: Any, recipe: Recipe, run_dir: Path) -> CheckpointStore:

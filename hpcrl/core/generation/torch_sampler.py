@@ -106,7 +106,7 @@ def _decode_loop(
     batch = ids.shape[0]
     device = ids.device
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    out = _prefill(model, ids, mask, positions)
     past, next_logits = out.past_key_values, out.logits[:, -1, :].float()
     next_position = positions[:, -1:] + 1
     tokens: list[torch.Tensor] = []
@@ -142,6 +142,23 @@ def _decode_loop(
         empty = torch.zeros((batch, 0), device=device)
         return empty.long(), empty, lengths
     return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), lengths
+
+
+def _prefill(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> Any:
+    """First forward over the prompts. Only the last position's logits are needed: asking
+    for just those avoids a [B, P, vocab] tensor (GBs for long prompts and big vocabularies)."""
+    kwargs = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": positions,
+        "use_cache": True,
+    }
+    try:
+        return model(**kwargs, logits_to_keep=1)
+    except TypeError as error:  # a model class without logits_to_keep
+        if "logits_to_keep" not in str(error):
+            raise
+        return model(**kwargs)
 
 
 def _any_unfinished(finished: torch.Tensor, sync_group: Any) -> bool:
