@@ -13,9 +13,13 @@ with the same file layout submitit uses (``<A>_<a>_submitted.pkl``, ``<A>_submis
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
 import shlex
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +200,23 @@ class RenderedLocalExecutor(submitit.LocalExecutor):
     @property
     def _submitit_command_str(self) -> str:
         return shlex.join(["bash", str(self._script_path)])
+
+    def _internal_process_submissions(
+        self, delayed_submissions: list[submitit_utils.DelayedSubmission]
+    ) -> list[submitit.core.core.Job[Any]]:
+        # The script calls the profile's bare `python3`; on this machine that must be the
+        # interpreter running hpcrl (its environment holds submitit and the training stack),
+        # not whichever python3 comes first on the user's PATH. submitit's local controller
+        # inherits this process's environment when it starts.
+        with _interpreter_first_on_path():
+            return super()._internal_process_submissions(delayed_submissions)
+
+
+@contextlib.contextmanager
+def _interpreter_first_on_path() -> Iterator[None]:
+    saved = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), saved])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = saved

@@ -87,15 +87,21 @@ def wait_for_job(
     max_steps: int | None = None,
     settings: WaitSettings = WaitSettings(),
 ) -> JobOutcome:
-    """Show progress until the job ends; return how it ended (printing the failure)."""
+    """Show progress until the job ends; return how it ended (printing the failure).
+
+    On a terminal one live line; otherwise (CI logs, pipes) one printed line per change.
+    """
     watch = _Watch(record, settings)
-    with console.status(f"job {record.job_id}: submitted") as spinner:
+    shown = ""
+    with _ProgressLine(console, f"job {record.job_id}: submitted") as progress:
         while True:
             status = watch.poll()
             line = describe_progress(run_dir, status, max_steps)
             if status.scheduler_error:
                 line += f" · scheduler not answering ({status.scheduler_error})"
-            spinner.update(f"job {record.job_id}: {line}")
+            if line != shown:
+                progress.update(f"job {record.job_id}: {line}")
+                shown = line
             if watch.ended(status):
                 break
             time.sleep(settings.poll_s)
@@ -103,6 +109,33 @@ def wait_for_job(
     outcome = read_outcome(record, run_dir, status)
     report_outcome(run_dir, record, status, outcome, console)
     return outcome
+
+
+class _ProgressLine:
+    """A rich spinner line on a terminal; plain timestamped lines elsewhere."""
+
+    def __init__(self, console: Console, first: str) -> None:
+        self._console = console
+        self._status = console.status(first) if console.is_terminal else None
+        self._started_s = time.monotonic()
+
+    def __enter__(self) -> _ProgressLine:
+        if self._status is not None:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc_info)
+
+    def update(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(text)
+        else:
+            elapsed_s = time.monotonic() - self._started_s
+            self._console.print(
+                f"[{elapsed_s:5.0f}s] {text}", markup=False, highlight=False, soft_wrap=True
+            )
 
 
 @attrs.define

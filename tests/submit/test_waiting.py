@@ -73,8 +73,15 @@ def test_waiting_always_ends(
         waiting, "read_outcome", lambda _r, _d, status: seen.append(status) or _Outcome()
     )
     monkeypatch.setattr(waiting, "report_outcome", lambda *args: None)
-    waiting.wait_for_job(tmp_path, record, _quiet_console(), settings=_fast())
+    console = _quiet_console()
+    waiting.wait_for_job(tmp_path, record, console, settings=_fast())
     assert seen[0].state == final_state
+    # without a terminal, progress is one line per change (CI logs stay readable)
+    lines = [line.split("] ", 1)[1] for line in console.file.getvalue().splitlines()]
+    first = {"RUNNING": "job 41: running, starting Ray", "UNKNOWN": "job 41: queued"}[
+        statuses[0].state
+    ]
+    assert lines[0].startswith(first) and len(lines) == len(set(lines))
 
 
 class _Outcome:
