@@ -200,10 +200,11 @@ def _last_line(error: Exception) -> str:
 
 
 def cancel_job(record: JobRecord) -> None:
-    """Cancel through submitit (scancel) on Slurm; SIGTERM to the controller locally."""
+    """Cancel through submitit (scancel) on Slurm; locally SIGINT to submitit's controller,
+    as submitit's LocalJob.cancel does (it interrupts its tasks, then kills what is left)."""
     if record.executor == "slurm":
         rebuild_job(record).cancel(check=True)
         return
     pid = int(record.job_id)
     if _local_controller_alive(pid):
-        os.kill(pid, signal.SIGTERM)  # submitit's controller forwards it to its tasks
+        os.kill(pid, signal.SIGINT)
