@@ -1,0 +1,67 @@
+"""The CPU patch layer and the TE stand-in fail loudly when megatron-core moves under them,
+and leave nothing behind."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from tests.megatron import cpu_patches, te_standin
+
+
+def test_every_patch_applies_to_the_installed_megatron_core():
+    cpu_patches.check_patches_apply()
+
+
+def test_a_patch_whose_target_changed_fails_loudly(monkeypatch):
+    import megatron.core
+
+    moved = cpu_patches.CpuPatch(
+        name="cpu_rng_tracker", why="",
+        requires=(("megatron.core.tensor_parallel.random:CudaRNGStatesTracker.add", "torch.cuda.rng_v2()"),),
+    )
+    monkeypatch.setattr(cpu_patches, "PATCHES", (moved,))
+    with pytest.raises(cpu_patches.PatchNoLongerApplies,
+                       match=f"patch cpu_rng_tracker no longer applies to megatron-core {megatron.core.__version__}"):
+        cpu_patches.check_patches_apply()
+
+
+def test_a_patch_whose_target_is_gone_fails_loudly(monkeypatch):
+    gone = cpu_patches.CpuPatch(name="gone", why="", requires=(("megatron.core.optimizer:NoSuchThing", "x"),))
+    monkeypatch.setattr(cpu_patches, "PATCHES", (gone,))
+    with pytest.raises(cpu_patches.PatchNoLongerApplies, match="NoSuchThing is gone"):
+        cpu_patches.check_patches_apply()
+
+
+def test_another_megatron_core_version_fails_loudly(monkeypatch):
+    import megatron.core
+
+    monkeypatch.setattr(megatron.core, "__version__", "0.19.2")
+    with pytest.raises(cpu_patches.PatchNoLongerApplies, match="found 0.19.2"):
+        cpu_patches.check_patches_apply()
+
+
+def test_patches_redirect_inside_the_block_and_are_undone_after():
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    original_add = mcore_random.CudaRNGStatesTracker.add
+    with cpu_patches.cpu_patches():
+        assert torch.zeros(2, device="cuda").device.type == "cpu"
+        assert torch.zeros(2).type() == "torch.cuda.FloatTensor"
+        assert torch.cuda.current_device() == torch.device("cpu")
+        assert mcore_random.CudaRNGStatesTracker.add is not original_add
+    assert mcore_random.CudaRNGStatesTracker.add is original_add
+    assert torch.zeros(2).type() == "torch.FloatTensor"
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(2, device="cuda")
+
+
+def test_te_standin_is_gone_after_the_bridge_import():
+    bridge = te_standin.import_bridge_without_te()
+    assert hasattr(bridge, "AutoBridge")
+    assert "transformer_engine" not in sys.modules
+    import megatron.core.extensions.transformer_engine as te_extension
+
+    assert te_extension.HAVE_TE is False
