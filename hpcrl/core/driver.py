@@ -12,6 +12,7 @@ checkpoint was saved at the step boundary and the job should be requeued).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -69,12 +70,50 @@ def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) 
         settings.max_num_steps,
         num_steps_in_epochs(len(rows), _rows_per_step(recipe), settings.max_num_epochs),
     )
+    val_rows = _validation_rows(recipe, recipe_dir)
     policy = build_policy(recipe, model_path, run_dir, pad_token_id=tokenizer.pad_token_id or 0)
     try:
-        step_fn = _make_step_fn(policy, recipe, tokenizer, sampler)
-        return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps)
+        env = _environment(recipe)
+        step_fn = _make_step_fn(policy, recipe, tokenizer, env, sampler)
+        validate = _make_validate_fn(policy, recipe, tokenizer, env, val_rows)
+        return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps, validate)
     finally:
         policy.shutdown()
+
+
+def _environment(recipe: Recipe) -> Any:
+    if recipe.algorithm != "grpo":
+        return None
+    from hpcrl.core.environments.build import build_environment
+
+    return build_environment(recipe.env)
+
+
+def _validation_rows(recipe: Recipe, recipe_dir: Path | None) -> list[dict] | None:
+    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert settings is not None
+    if settings.val_period <= 0 and not settings.val_at_start:
+        return None
+    if recipe.data.val_path is None:
+        print(
+            f"validation skipped: {recipe.algorithm}.val_period is {settings.val_period} but "
+            "data.val_path is not set",
+            flush=True,
+        )
+        return None
+    return load_jsonl(_data_path(recipe.data.val_path, recipe_dir), _required_keys(recipe))
+
+
+def _make_validate_fn(
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: list[dict] | None
+) -> Callable[[], dict[str, float]] | None:
+    if rows is None:
+        return None
+    from hpcrl.core.algorithms import validation
+
+    if recipe.algorithm == "grpo":
+        return functools.partial(validation.grpo_validation, policy, recipe, tokenizer, env, rows)
+    return functools.partial(validation.sft_validation, policy, recipe, tokenizer, rows)
 
 
 def _data_path(path: str, recipe_dir: Path | None) -> Path:
@@ -97,13 +136,12 @@ def _rows_per_step(recipe: Recipe) -> int:
 
 
 def _make_step_fn(
-    policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler
 ) -> Callable[[int], dict]:
     if recipe.algorithm == "grpo":
         from hpcrl.core.algorithms.grpo import make_grpo_step_fn
-        from hpcrl.core.environments.build import build_environment
 
-        return make_grpo_step_fn(policy, recipe, tokenizer, build_environment(recipe.env), sampler)
+        return make_grpo_step_fn(policy, recipe, tokenizer, env, sampler)
     from hpcrl.core.algorithms.sft import make_sft_step_fn
 
     return make_sft_step_fn(policy, recipe, tokenizer, sampler)
@@ -157,15 +195,28 @@ def run_steps(
     sampler: EpochSampler,
     run_dir: Path,
     num_steps: int,
+    validate: Callable[[], dict[str, float]] | None = None,
 ) -> int:
     """Resume, then steps until num_steps or a preemption request; returns the exit code."""
+    from hpcrl.core.algorithms.validation import validation_due
+
+    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
     first_step = _resume(store, sampler)
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     memory = HostMemoryTracker()
+    if (
+        validate
+        and first_step == 1
+        and validation_due(0, settings.val_period, settings.val_at_start)
+    ):
+        _validate_at_start(validate, writer)
     with PreemptionWatch(run_dir).installed() as watch:
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
+            if validate and validation_due(step, settings.val_period, False):
+                record.update(validate())
             record.update(_memory_metrics(policy, memory))
             writer.write(record)
             print(format_progress(step, num_steps, record), flush=True)
@@ -178,6 +229,13 @@ def run_steps(
             if store.due(step) or (step == num_steps and store.save_period):
                 store.save(step, extra)
     return 0
+
+
+def _validate_at_start(validate: Callable[[], dict[str, float]], writer: MetricsWriter) -> None:
+    values = validate()
+    writer.write({"step": 0, **values})
+    shown = "  ".join(f"{key} {value:.4f}" for key, value in values.items())
+    print(f"validation before step 1  {shown}", flush=True)
 
 
 def _resume(store: CheckpointStore, sampler: EpochSampler) -> int:

@@ -94,4 +94,7 @@ def format_progress(step: int, num_steps: int, record: Mapping[str, Any]) -> str
         if key in record:
             parts.append(f"{label} {record[key]:.1f}s")
     parts.append(f"{record['tokens_per_s']:.0f} tok/s")
+    for key in ("val_reward_mean", "val_loss"):
+        if key in record:
+            parts.append(f"{key.removesuffix('_mean')} {record[key]:.4f}")
     return "  ".join(parts)

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
+from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
@@ -23,10 +23,17 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
             "grpo.use_leave_one_out_baseline=true",
             "loss_fn.reference_policy_kl_penalty=0.01",
             "policy.optimizer.lr=1.0e-2",
+            f"data.val_path={REPO_ROOT / 'recipes' / 'data' / 'toy_count.jsonl'}",
+            "grpo.val_period=6",
+            "grpo.val_at_start=true",
         ],
     )
     assert run_training(str(run_dir)) == 0
-    metrics = read_metrics(run_dir)
+    records = read_metrics(run_dir)
+    validations = {m["step"]: m["val_reward_mean"] for m in records if "val_reward_mean" in m}
+    assert sorted(validations) == [0, 6, 12]
+    assert validations[12] >= validations[0] + 0.3, validations  # greedy answers improve too
+    metrics = [m for m in records if m["step"] > 0]
     assert [m["step"] for m in metrics] == list(range(1, 13))
     rewards = [m["reward_mean"] for m in metrics]
     # margin: the tiny model starts near 0.1 (a random char is a digit ~1/10 of the time)

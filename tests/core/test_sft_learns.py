@@ -7,15 +7,21 @@ import pytest
 pytest.importorskip("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
+from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 
 @pytest.mark.slow
 def test_sft_loss_falls_on_the_tiny_recipe(ray_cluster, tmp_path) -> None:  # noqa: F811
-    run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
+    val_path = REPO_ROOT / "recipes" / "data" / "sft_tiny.jsonl"
+    overrides = [f"data.val_path={val_path}", "sft.val_period=10", "sft.val_at_start=true"]
+    run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", overrides)
     assert run_training(str(run_dir)) == 0
-    metrics = read_metrics(run_dir)
+    records = read_metrics(run_dir)
+    validations = {m["step"]: m["val_loss"] for m in records if "val_loss" in m}
+    assert sorted(validations) == [0, 10, 20]
+    assert validations[20] < 0.6 * validations[0]
+    metrics = [m for m in records if m["step"] > 0]
     assert [m["step"] for m in metrics] == list(range(1, 21))
     losses = [m["loss"] for m in metrics]
     # random init starts near ln(100) ≈ 4.6 per token; the fixed "A: <n>. Done." pattern is

@@ -1,0 +1,63 @@
+"""Validation on ``data.val_path`` every ``val_period`` steps (and at start if asked).
+
+GRPO: one greedy response per validation prompt, scored by the environment →
+``val_reward_mean``. SFT: masked cross-entropy of the validation pairs under the current
+weights (no update) → ``val_loss``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from hpcrl.config.recipe import Recipe
+from hpcrl.core.algorithms.grpo import decode_responses, prompt_token_budget
+from hpcrl.core.algorithms.sft import build_sft_batch
+from hpcrl.core.data.prompts import encode_prompt, truncate_left
+
+ValidateFn = Callable[[], dict[str, float]]
+
+
+def validation_due(step: int, val_period: int, val_at_start: bool) -> bool:
+    """Step 0 means 'before the first step'."""
+    if step == 0:
+        return val_at_start and val_period > 0
+    return val_period > 0 and step % val_period == 0
+
+
+def grpo_validation(
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict]
+) -> dict[str, float]:
+    """Greedy responses to every validation prompt, mean reward."""
+    import torch
+
+    data = recipe.data
+    budget = prompt_token_budget(recipe)
+    use_chat = recipe.policy.tokenizer.chat_template is not None
+    prompts = [str(row[data.prompt_key]) for row in rows]
+    prompt_ids = [truncate_left(encode_prompt(tokenizer, p, use_chat), budget) for p in prompts]
+    greedy = attrs.evolve(recipe.policy.generation, temperature=0.0)
+    policy.prepare_for_generation()
+    generation = policy.generate(prompt_ids, greedy, 0)
+    policy.prepare_for_training()
+    answers = [str(row.get(data.answer_key, "")) for row in rows]
+    rewards = torch.tensor(env.score(prompts, decode_responses(tokenizer, generation), answers))
+    return {"val_reward_mean": float(rewards.mean()), "val_num_prompts": float(len(rows))}
+
+
+def sft_validation(
+    policy: Any, recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
+) -> dict[str, float]:
+    """Token-mean negative log-likelihood of the validation responses."""
+    # Pad to a multiple of the world size (every data-parallel size divides it) with
+    # copies of the last row that the mask ignores.
+    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    padded = list(rows) + [rows[-1]] * (-len(rows) % world_size)
+    batch = build_sft_batch(recipe, tokenizer, padded)
+    batch["token_mask"][len(rows) :] = 0.0
+    logprobs = policy.get_logprobs(batch)
+    mask = batch["token_mask"]
+    loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+    return {"val_loss": float(loss), "val_num_examples": float(len(rows))}
