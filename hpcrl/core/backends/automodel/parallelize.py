@@ -113,8 +113,18 @@ def apply_activation_checkpointing(hf_model: Any) -> None:
 
 
 def apply_compile(hf_model: Any) -> None:
-    """``torch.compile`` each decoder block (GPU only; blocks are identical, one compile)."""
-    for layer in decoder_layers(hf_model):
+    """``torch.compile`` each decoder block (GPU only).
+
+    Blocks share their code, but dynamo may specialise on per-block attributes (HF's
+    ``layer_idx``): allow one compile per block so none silently falls back to eager.
+    """
+    import torch._dynamo
+
+    layers = decoder_layers(hf_model)
+    needed = len(layers) + 8
+    if torch._dynamo.config.recompile_limit < needed:
+        torch._dynamo.config.recompile_limit = needed
+    for layer in layers:
         layer.compile(fullgraph=False)
 
 
