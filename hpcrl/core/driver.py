@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,17 @@ def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) 
         num_steps_in_epochs(len(rows), _rows_per_step(recipe), settings.max_num_epochs),
     )
     val_rows = _validation_rows(recipe, recipe_dir)
+    env = _environment(recipe)  # before the workers: a bad env.kwargs fails fast
+    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    print(
+        f"{recipe.algorithm} on {recipe.policy.model_name} ({recipe.backend}): {num_steps} steps, "
+        f"{len(rows)} data rows, {world_size} workers; starting workers",
+        flush=True,
+    )
+    started = time.monotonic()
     policy = build_policy(recipe, model_path, run_dir, pad_token_id=tokenizer.pad_token_id or 0)
+    print(f"workers ready in {time.monotonic() - started:.1f}s", flush=True)
     try:
-        env = _environment(recipe)
         step_fn = _make_step_fn(policy, recipe, tokenizer, env, sampler)
         validate = _make_validate_fn(policy, recipe, tokenizer, env, val_rows)
         return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps, validate)
@@ -84,6 +93,12 @@ def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) 
 def _environment(recipe: Recipe) -> Any:
     if recipe.algorithm != "grpo":
         return None
+    assert recipe.grpo is not None
+    if recipe.grpo.async_grpo.enabled:
+        raise ValueError(
+            "grpo.async_grpo.enabled: true is not supported by hpcrl's GRPO loop yet; set "
+            "grpo.async_grpo.enabled=false"
+        )
     from hpcrl.core.environments.build import build_environment
 
     return build_environment(recipe.env)
