@@ -227,3 +227,87 @@ def train_run(rank: int, world_size: int, recipe_kwargs: dict, hf_path: str, ckp
     return {"place": (place.dp_rank, place.dp_size, place.returns_results), "history": history,
             "initial_logprobs": initial_logprobs if place.returns_results else None,
             "reference_logprobs": reference if place.returns_results else None}
+
+
+def manual_gc_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, interval: int, steps: int) -> dict:
+    """Train with manual GC; record automatic-GC state and the full collections per step."""
+    import gc
+
+    recipe = make_recipe(hf_path, manual_gc_interval=interval)
+    gc_was_enabled_before = gc.isenabled()
+    worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
+    enabled_after_setup = gc.isenabled()
+    full_collections: list[int] = []
+
+    def on_gc(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full_collections.append(worker.steps_done)
+
+    batch = shard(fixed_batch(), place)
+    gc.callbacks.append(on_gc)
+    try:
+        for _ in range(steps):
+            worker.train_step(micro_batches(batch, 2), masked_nll, float(fixed_batch()["token_mask"].sum()))
+            # Garbage that an automatic collection would otherwise pick up.
+            junk = [{"i": i} for i in range(20000)]
+            for item in junk:
+                item["self"] = item
+            del junk
+    finally:
+        gc.callbacks.remove(on_gc)
+    child_gc = _gc_enabled_in_forked_child()
+    worker.close()
+    return {"before": gc_was_enabled_before, "after_setup": enabled_after_setup,
+            "collections_at_steps": full_collections, "forked_child_gc": child_gc,
+            "after_close": gc.isenabled()}
+
+
+def _gc_enabled_in_forked_child() -> bool:
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        import gc
+
+        os.write(write_fd, b"1" if gc.isenabled() else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return os.read(read_fd, 1) == b"1"
+
+
+def roundtrip_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: int, out_dir: str):
+    """Load the conversion at TP=``tp``, return log-probs (reporting rank) and export to HF."""
+    recipe = make_recipe(hf_path, tp=tp)
+    worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
+    logprobs = worker.logprobs(shard(fixed_batch(), place))
+    worker.export_hf(out_dir)
+    worker.close()
+    return logprobs if place.returns_results else None
+
+
+def checkpoint_resume_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str) -> dict:
+    """Train 2 steps, save, train 2 more; then a fresh worker loads (parallel reads) and
+    trains the same 2 steps: both continuations must agree."""
+    batch_all = fixed_batch()
+    num_tokens = float(batch_all["token_mask"].sum())
+
+    def steps(worker, place, count):
+        batch = shard(batch_all, place)
+        return [worker.train_step(micro_batches(batch, 2), masked_nll, num_tokens) for _ in range(count)]
+
+    worker, place = setup_worker(rank, world_size, make_recipe(hf_path), hf_path, ckpt_root)
+    steps(worker, place, 2)
+    worker.save_checkpoint(train_dir)
+    continued = steps(worker, place, 2)
+    worker.close()
+
+    resumed_worker, place = setup_worker(rank, world_size, make_recipe(hf_path, parallel_read_threads=2),
+                                         hf_path, ckpt_root)
+    fresh_loss = steps(resumed_worker, place, 1)[0]["loss"]
+    resumed_worker.close()
+    resumed_worker, place = setup_worker(rank, world_size, make_recipe(hf_path, parallel_read_threads=2),
+                                         hf_path, ckpt_root)
+    resumed_worker.load_checkpoint(train_dir)
+    resumed = steps(resumed_worker, place, 2)
+    state = dict(resumed_worker.collect_state())
+    resumed_worker.close()
+    return {"continued": continued, "resumed": resumed, "fresh_first_loss": fresh_loss, "state": state}
