@@ -163,3 +163,17 @@ def test_leave_one_out_baseline() -> None:
     assert torch.allclose(adv, torch.tensor([3.0, -1.5, -1.5]))
     with pytest.raises(ValueError, match="groups of 4"):
         group_advantages(rewards, 4)
+
+
+def test_on_policy_kl_approximation_weights_kl_by_current_over_old_ratio() -> None:
+    # A = 0 → only KL. lp = 0, old = −ln 2 → weight exp(0 + ln 2) = 2; ref = −1:
+    # k1 = lp − ref = 1 → weighted 2; beta 0.5 → loss 1.0.
+    logprobs, batch = _batch([[0.0]], [[-math.log(2.0)]], [0.0], [[1.0]], ref_logprobs=[[-1.0]])
+    cfg = LossFnCfg(
+        reference_policy_kl_penalty=0.5,
+        reference_policy_kl_type="k1",
+        use_on_policy_kl_approximation=True,
+    )
+    loss, metrics = grpo_loss(logprobs, batch, 1.0, cfg=cfg)
+    assert loss.item() == pytest.approx(1.0, rel=1e-6)
+    assert metrics["kl"] == pytest.approx(2.0, rel=1e-6)
