@@ -58,12 +58,27 @@ class TokenLogprobModel(nn.Module):
         super().__init__()
         self.hf = hf_model
         self.chunk_tokens = chunk_tokens
+        # Set by ``apply_autocast`` when FSDP's mixed precision is not in use.
+        self.autocast_dtype: torch.dtype | None = None
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         mode: str = "logprobs",
+        **hf_kwargs: Any,
+    ) -> Any:
+        if self.autocast_dtype is None:
+            return self._forward(input_ids, attention_mask, mode, **hf_kwargs)
+        device_type = input_ids.device.type
+        with torch.autocast(device_type, dtype=self.autocast_dtype):
+            return self._forward(input_ids, attention_mask, mode, **hf_kwargs)
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        mode: str,
         **hf_kwargs: Any,
     ) -> Any:
         if mode == "hf":

@@ -19,11 +19,13 @@ from hpcrl.core.backends.automodel.optim import build_lr_scheduler, build_optimi
 from hpcrl.core.backends.automodel.parallelize import (
     MeshShape,
     apply_activation_checkpointing,
+    apply_autocast,
     apply_compile,
     apply_fsdp,
     apply_tp,
     build_mesh,
     data_parallel_mesh,
+    needs_fsdp,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 
@@ -111,13 +113,16 @@ class AutomodelWorker:
         param_dtype = None
         if self.device.type == "cuda":
             param_dtype = DTYPES[self.recipe.policy.precision]
-        apply_fsdp(
-            root,
-            hf_model,
-            data_parallel_mesh(self.mesh, self.shape),
-            param_dtype=param_dtype,
-            cpu_offload=cfg.cpu_offload,
-        )
+        if needs_fsdp(self.shape, cfg.cpu_offload):
+            apply_fsdp(
+                root,
+                hf_model,
+                data_parallel_mesh(self.mesh, self.shape),
+                param_dtype=param_dtype,
+                cpu_offload=cfg.cpu_offload,
+            )
+        else:
+            apply_autocast(root, param_dtype)
         if not training:
             root.requires_grad_(False)
         return root
