@@ -1,0 +1,198 @@
+"""Non-colocated generation: vLLM engines in Ray actors of their own placement group.
+
+``policy.generation.colocated.resources`` names the nodes and GPUs per node of the
+generation side; each engine takes ``vllm_cfg.tensor_parallel_size`` of those GPUs (on CPU:
+one worker slot each). Generation nodes are the Ray nodes after the training nodes when the
+allocation has enough of them; otherwise they share the training nodes and Ray's GPU
+accounting keeps the two sides on different GPUs (placement fails with a clear error when
+they do not fit).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from hpcrl.core.workers.group import NODE_ID_LABEL, worker_env
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.core.generation.vllm_policy import EngineSpec
+
+
+@attrs.frozen(kw_only=True)
+class GenerationLayout:
+    num_nodes: int
+    engines_per_node: int
+    gpus_per_engine: int  # 0 on CPU
+    device: str
+    cpus_per_engine: float = 0.25
+
+    @property
+    def num_engines(self) -> int:
+        return self.num_nodes * self.engines_per_node
+
+
+def generation_layout(recipe: Recipe, device: str) -> GenerationLayout:
+    """From ``colocated.resources``; unset fields default to the training side's shape."""
+    generation = recipe.policy.generation
+    resources = generation.colocated.resources
+    num_nodes = resources.num_nodes or recipe.cluster.num_nodes
+    gpus_per_node = resources.gpus_per_node or recipe.cluster.gpus_per_node
+    gpus_per_engine = generation.vllm_cfg.tensor_parallel_size * (
+        generation.vllm_cfg.pipeline_parallel_size
+    )
+    if device == "cuda" and gpus_per_node % gpus_per_engine != 0:
+        raise ValueError(
+            "policy.generation.colocated.resources.gpus_per_node "
+            f"({gpus_per_node}) is not a multiple of the GPUs per vLLM engine "
+            f"(tensor_parallel_size x pipeline_parallel_size = {gpus_per_engine})"
+        )
+    return GenerationLayout(
+        num_nodes=num_nodes,
+        engines_per_node=gpus_per_node // gpus_per_engine if device == "cuda" else gpus_per_node,
+        gpus_per_engine=gpus_per_engine if device == "cuda" else 0,
+        device=device,
+    )
+
+
+class GenerationWorker:
+    """One engine in one Ray actor (wrapped with ``ray.remote`` by ``GenerationGroup``)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+        self.engine: Any = None
+
+    def setup(self, spec: EngineSpec) -> int:
+        self.engine = spec.build()
+        return os.getpid()
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
+    ) -> dict[str, torch.Tensor]:
+        return self.engine.generate(prompt_ids, cfg, seed)
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights(named_tensors)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+class GenerationGroup:
+    """Start, feed, refit and stop the generation actors."""
+
+    def __init__(self, layout: GenerationLayout, spec: EngineSpec) -> None:
+        self.layout = layout
+        self.spec = spec
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self.weights_version = 0  # the engines start from spec.model_path
+        self._placement_group: Any = None
+
+    def start(self, training_num_nodes: int, timeout_s: float = 600.0) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._placement_group = self._reserve(training_num_nodes, timeout_s)
+        bundle = self._bundle()
+        remote_cls = ray.remote(GenerationWorker)
+        env = worker_env(self.layout.device)
+        self.actors = [
+            remote_cls.options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._placement_group, placement_group_bundle_index=index
+                ),
+            ).remote(env)
+            for index in range(self.layout.num_engines)
+        ]
+        self.pids = ray.get([a.setup.remote(self.spec) for a in self.actors], timeout=timeout_s)
+
+    def _bundle(self) -> dict[str, float]:
+        if self.layout.device == "cuda":
+            return {"GPU": float(self.layout.gpus_per_engine), "CPU": 1.0}
+        return {"CPU": self.layout.cpus_per_engine}
+
+    def _reserve(self, training_num_nodes: int, timeout_s: float) -> Any:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        node_ids = generation_node_ids(training_num_nodes, self.layout.num_nodes)
+        per_node = self.layout.engines_per_node
+        indices = range(self.layout.num_engines)
+        group = placement_group(
+            [self._bundle() for _ in indices],
+            strategy="PACK",
+            bundle_label_selector=[{NODE_ID_LABEL: node_ids[i // per_node]} for i in indices],
+        )
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if not ready:
+            ray.util.remove_placement_group(group)
+            raise RuntimeError(
+                f"could not place {self.layout.num_engines} vLLM engines "
+                f"({per_node} per node on {self.layout.num_nodes} nodes, each "
+                f"{self._bundle()}) within {timeout_s:.0f} s; Ray has "
+                f"{ray.available_resources()}. Check policy.generation.colocated.resources "
+                "against the allocation"
+            )
+        return group
+
+    def generate(
+        self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
+    ) -> tuple[list[dict[str, torch.Tensor]], int]:
+        """Shards over the engines; returns their outputs in prompt order and the real count."""
+        import ray
+
+        from hpcrl.core.generation.vllm_policy import shard_seed
+        from hpcrl.core.workers.sharding import pad_prompts_evenly
+
+        shards, num_real = pad_prompts_evenly(prompt_ids, len(self.actors))
+        cfg_ref = ray.put(cfg)
+        refs = [
+            actor.generate.remote(shard, cfg_ref, shard_seed(seed, index))
+            for index, (actor, shard) in enumerate(zip(self.actors, shards, strict=True))
+        ]
+        return ray.get(refs), num_real
+
+    def update_weights(self, weights_ref: Any, version: int) -> None:
+        """Every engine loads the weights behind ``weights_ref`` (one object-store copy)."""
+        import ray
+
+        ray.get([actor.update_weights.remote(weights_ref) for actor in self.actors])
+        self.weights_version = version
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            if self.actors and self.pids:
+                ray.get([actor.close.remote() for actor in self.actors], timeout=120)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+            if self._placement_group is not None:
+                ray.util.remove_placement_group(self._placement_group)
+                self._placement_group = None
+
+
+def generation_node_ids(training_num_nodes: int, num_nodes: int) -> list[str]:
+    """The nodes after the training ones when there are enough, else the first ones."""
+    import ray
+
+    from hpcrl.core.workers.group import pick_nodes
+
+    alive = [node for node in ray.nodes() if node["Alive"]]
+    if len(alive) >= training_num_nodes + num_nodes:
+        ordered = pick_nodes(training_num_nodes + num_nodes)
+        return ordered[training_num_nodes:]
+    return pick_nodes(num_nodes)
