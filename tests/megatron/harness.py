@@ -311,3 +311,18 @@ def checkpoint_resume_run(rank: int, world_size: int, hf_path: str, ckpt_root: s
     state = dict(resumed_worker.collect_state())
     resumed_worker.close()
     return {"continued": continued, "resumed": resumed, "fresh_first_loss": fresh_loss, "state": state}
+
+
+def generate_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: int, prompts: list) -> dict:
+    """Greedy generation on the Megatron worker (weights refitted into HF) at TP=``tp``."""
+    from hpcrl.config.recipe import GenerationCfg
+
+    worker, place = setup_worker(rank, world_size, make_recipe(hf_path, tp=tp), hf_path, ckpt_root)
+    cfg = GenerationCfg(max_new_tokens=8, temperature=0.0)
+    out = worker.generate(prompts, cfg, seed=3)
+    # Train one step: the next generation must see the new weights.
+    batch = fixed_batch()
+    worker.train_step(micro_batches(shard(batch, place), 2), masked_nll, float(batch["token_mask"].sum()))
+    after = worker.generate(prompts, cfg, seed=3)
+    worker.close()
+    return {"before": out, "after": after}

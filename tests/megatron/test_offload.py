@@ -35,3 +35,28 @@ def test_optimizer_config_passes_offload_fields_through(megatron_cpu):
     assert (config.optimizer_cpu_offload, config.optimizer_offload_fraction,
             config.overlap_cpu_optimizer_d2h_h2d, config.bf16) == (True, 0.25, True, True)
     assert attrs.evolve(cfg).optimizer.optimizer_offload_fraction == 0.25
+
+
+def test_generic_optimizer_move_is_skipped_when_megatron_owns_placement():
+    from types import SimpleNamespace
+
+    from hpcrl.core.backends.base import RankInfo
+    from hpcrl.core.backends.megatron.worker import MegatronWorker
+
+    moves: list[str] = []
+    worker = MegatronWorker()
+    worker.rank_info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                                master_addr="127.0.0.1", master_port=1, device="cuda")
+    # Records which moves the worker asks megatron's optimizer for.
+    worker.optimizer = SimpleNamespace(offload_to_cpu=lambda: moves.append("to_cpu"),
+                                       restore_from_cpu=lambda: moves.append("to_gpu"))
+    worker.cfg = MegatronCfg(enabled=True, optimizer=MegatronOptimizerCfg(
+        optimizer_cpu_offload=True, optimizer_offload_fraction=0.5))
+    worker.offload_optimizer()
+    worker.onload_optimizer()
+    assert worker.skips_generic_optimizer_offload and moves == []
+
+    worker.cfg = MegatronCfg(enabled=True)
+    worker.offload_optimizer()
+    worker.onload_optimizer()
+    assert not worker.skips_generic_optimizer_offload and moves == ["to_cpu", "to_gpu"]

@@ -138,18 +138,57 @@ class MegatronWorker:
         rows = batch["input_ids"].shape[0]
         return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
+    @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int) -> dict:
-        raise NotImplementedError(
-            "generation on the Megatron backend is not implemented yet: set "
-            "policy.generation.backend=vllm (not on CPU) or use the Automodel backend"
+        from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+
+        hf_model = self._hf_refit().refresh(self.model_chunks)
+        eos = hf_model.config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) else eos
+        pad = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else (eos or 0)
+        input_ids, attention_mask = pad_prompts(prompt_ids, pad)
+        from megatron.core import parallel_state as ps
+
+        return generate(
+            hf_model, input_ids, attention_mask, cfg,
+            # TP/PP peers of one data-parallel rank must draw the same tokens.
+            seed=seed * 1_000_003 + ps.get_data_parallel_rank(),
+            eos_token_id=eos, pad_token_id=pad, sync_group=None,
+            tokenizer=self._tokenizer() if cfg.stop_strings else None,
         )
+
+    def _hf_refit(self):
+        from hpcrl.core.backends.megatron.generation import HfRefit
+
+        if getattr(self, "_refit", None) is None:
+            self._refit = HfRefit(self.model_path, self.recipe.policy.precision, step._device())
+        return self._refit
+
+    def _tokenizer(self) -> Any:
+        from transformers import AutoTokenizer
+
+        if getattr(self, "_hf_tokenizer", None) is None:
+            self._hf_tokenizer = AutoTokenizer.from_pretrained(
+                self.recipe.policy.tokenizer.name or self.model_path
+            )
+        return self._hf_tokenizer
 
     # ------------------------------------------------------------------ optimizer placement
     def offload_optimizer(self) -> None:
-        """Generic optimizer move: skipped (megatron-core owns placement) or no-op on CPU."""
+        """Optimizer state to host before generation, unless megatron owns placement
+        (optimizer_cpu_offload) or everything is on the host already (CPU)."""
+        if not self._generic_optimizer_move_applies():
+            return
+        self.optimizer.offload_to_cpu()
 
     def onload_optimizer(self) -> None:
-        """See ``offload_optimizer``."""
+        """Undo ``offload_optimizer``."""
+        if not self._generic_optimizer_move_applies():
+            return
+        self.optimizer.restore_from_cpu()
+
+    def _generic_optimizer_move_applies(self) -> bool:
+        return not self.skips_generic_optimizer_offload and self.rank_info.device != "cpu"
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, checkpoint_dir: str) -> None:
@@ -163,10 +202,7 @@ class MegatronWorker:
         load_training_state(self, checkpoint_dir)
 
     def export_hf(self, out_dir: str) -> None:
-        from megatron.bridge import AutoBridge
-
-        bridge = AutoBridge.from_hf_pretrained(self.model_path)
-        bridge.save_hf_pretrained(self.model_chunks, out_dir)
+        self._hf_refit().bridge.save_hf_pretrained(self.model_chunks, out_dir)
 
     def collect_state(self) -> Mapping[str, Any]:
         return {"steps_done": self.steps_done, "gc_enabled": __import__("gc").isenabled()}
@@ -176,4 +212,5 @@ class MegatronWorker:
 
         self.manual_gc.restore()
         del self.model_chunks, self.optimizer, self.scheduler, self._reference_weights
+        self._refit = None
         parallel_state.destroy_model_parallel()
