@@ -76,30 +76,44 @@ class GcsNodeTable:
 
 
 def wait_for_all_nodes(settings: NodeSettings, table: GcsNodeTable) -> dict[int, str]:
-    """Poll the GCS node table until every rank is alive; NodesMissing after the deadline."""
-    joined: dict[int, str] = {}
-    attempt_id = settings.task.attempt_id
+    """Poll the GCS node table until every rank is alive.
 
-    def all_joined() -> bool:
-        try:
-            alive = table.alive_ranks(settings.num_nodes)
-        except Exception:  # a GCS call timing out on a busy head: ask again at the next poll
-            return False
-        joined.clear()
-        joined.update(alive)
-        return len(joined) == settings.num_nodes
+    Two deadlines: node 0's own raylet within ``head_start_s`` (a head that cannot start is
+    not a missing node), then every other node within ``join_timeout_s`` (NodesMissing).
+    """
+    joined: dict[int, str] = {}
+
+    def ranks_joined(count: int) -> Callable[[], bool]:
+        def check() -> bool:
+            try:
+                alive = table.alive_ranks(settings.num_nodes)
+            except Exception:  # a GCS call timing out on a busy head: ask at the next poll
+                return False
+            joined.clear()
+            joined.update(alive)
+            return 0 in joined and len(joined) >= count
+
+        return check
 
     def other_node_failed() -> None:
-        failure = first_failure(settings.run_dir, attempt_id, range(1, settings.num_nodes))
+        failure = first_failure(
+            settings.run_dir, settings.task.attempt_id, range(1, settings.num_nodes)
+        )
         if failure is not None:
             rank, message = failure
             raise OtherNodeFailed(
                 f"node {rank} ({settings.task.node_names[rank]}) failed: {message}"
             )
 
-    start = time.monotonic()
-    if not wait_until(all_joined, settings.join_timeout_s, abort=other_node_failed,
+    if not wait_until(ranks_joined(1), settings.head_start_s, abort=other_node_failed,
                       interval_s=NODES_POLL_INTERVAL_S):  # fmt: skip
+        raise BootstrapError(
+            f"Ray on node 0 ({settings.task.head_name}) did not register with its own GCS within "
+            f"{settings.head_start_s:.0f}s; see logs/node0/attempt<r>/ray.err and ray-session-logs/"
+        )
+    start = time.monotonic()
+    if not wait_until(ranks_joined(settings.num_nodes), settings.join_timeout_s,
+                      abort=other_node_failed, interval_s=NODES_POLL_INTERVAL_S):  # fmt: skip
         missing = [f"node {rank} ({name})" for rank, name in enumerate(settings.task.node_names)
                    if rank not in joined]  # fmt: skip
         raise NodesMissing(len(joined), settings.num_nodes, time.monotonic() - start, missing)

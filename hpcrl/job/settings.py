@@ -57,9 +57,9 @@ class NodeSettings:
     num_gpus: int = 0
     object_store_mb: int | None = None  # None: Ray's default share of memory
     ray_temp_root: str = "/tmp"  # Ray's unix socket paths must stay short
-    head_start_s: float = 60.0  # node 0: its own head's GCS port must open within this
+    head_start_s: float = 120.0  # node 0: its head's GCS port opens, then its raylet registers
     head_wait_s: float = 120.0  # workers: the head's GCS port must open within this
-    join_timeout_s: float = 120.0  # node 0: every node registered within this
+    join_timeout_s: float = 120.0  # node 0: then every other node registered within this
     stop_timeout_s: float = 20.0  # Ray's processes exit within this after SIGTERM, else SIGKILL
     preempt_grace_s: float = 60.0  # on USR2: how long the driver gets to checkpoint
 
