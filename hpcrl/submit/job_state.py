@@ -31,6 +31,7 @@ FINAL_STATES = frozenset(
      "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST"}
 )  # fmt: skip
 SACCT_TIMEOUT_S = 30
+LOCAL_CANCEL_GRACE_S = 60.0  # local cancel: how long the tasks get to stop Ray and exit
 
 
 @attrs.frozen(kw_only=True)
@@ -135,7 +136,8 @@ def _local_status(record: JobRecord) -> JobStatus:
         return JobStatus(state="RUNNING", elapsed_s=time.time() - submitted)
     result_path = task_paths(record, 0).result_pickle
     if not result_path.exists():
-        return JobStatus(state="FAILED", exit_code=1)
+        cancelled = _local_cancel_marker(record).exists()
+        return JobStatus(state="CANCELLED" if cancelled else "FAILED", exit_code=1)
     outcome = read_outcome(record, Path(record.submitit_folder).parent)
     return JobStatus(
         state="COMPLETED" if outcome.exit_code == 0 else "FAILED",
@@ -206,5 +208,28 @@ def cancel_job(record: JobRecord) -> None:
         rebuild_job(record).cancel(check=True)
         return
     pid = int(record.job_id)
+    if not _local_controller_alive(pid):
+        return
+    _local_cancel_marker(record).touch()  # no scheduler remembers it for us
+    # Interrupt the tasks themselves first: submitit's controller, when interrupted, gives
+    # them one second before SIGKILL, too short for the node entrypoint to stop Ray.
+    for task_pid in _child_pids(pid):
+        os.kill(task_pid, signal.SIGINT)
+    deadline_s = time.monotonic() + LOCAL_CANCEL_GRACE_S
+    while _local_controller_alive(pid) and time.monotonic() < deadline_s:
+        time.sleep(0.2)
     if _local_controller_alive(pid):
         os.kill(pid, signal.SIGINT)
+
+
+def _child_pids(pid: int) -> list[int]:
+    try:
+        return [
+            int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        ]
+    except OSError:
+        return []
+
+
+def _local_cancel_marker(record: JobRecord) -> Path:
+    return Path(record.submitit_folder) / f"{record.job_id}_cancelled"

@@ -6,9 +6,12 @@ and refuses when the script's task command is not the one submitit would run.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +89,42 @@ def _record(jobspec: JobSpec, job: submitit.Job[Any], **extra: Any) -> JobRecord
     )
 
 
+#: submitit's local controller outlives `hpcrl submit`; its own output goes here.
+LOCAL_CONTROLLER_LOG = "local_controller.log"
+
+
+@contextlib.contextmanager
+def _stdio_into(path: Path) -> Iterator[None]:
+    """Point file descriptors 1 and 2 at ``path`` while submitit starts its local controller.
+
+    The controller inherits them and runs until the job ends: inheriting the terminal's (or
+    a pipe's) descriptors would keep ``hpcrl submit | tee`` open until then.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with path.open("ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
 def submit_job(jobspec: JobSpec, script_path: Path) -> JobRecord:
     """Submit one run (its run folder is already rendered) and write ``<run_dir>/job.json``."""
     assert jobspec.array_size is None, "arrays go through submit_array"
     write_jobspec(jobspec)
     executor = build_executor(jobspec, script_path)
-    job = executor.submit(NodeTask(), jobspec.run_dir)
+    if jobspec.scheduler == "local":
+        with _stdio_into(Path(jobspec.submitit_folder) / LOCAL_CONTROLLER_LOG):
+            job = executor.submit(NodeTask(), jobspec.run_dir)
+    else:
+        job = executor.submit(NodeTask(), jobspec.run_dir)
     record = _record(jobspec, job)
     write_job_record(Path(jobspec.run_dir), record)
     return record

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import attrs
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 TWO_NODE_RECIPE = str(RECIPES / "grpo-tiny-2n-cpu.yaml")
@@ -28,6 +30,21 @@ def job_env(driver: str | None = None, **extra: str) -> dict[str, str]:
     if driver is not None:
         env["HPCRL_DRIVER"] = driver
     env.update(extra)
+    return env
+
+
+def own_ray_ports_env(slot: int) -> dict[str, str]:
+    """``HPCRL_RAY_*`` ports in a band of their own (the node entrypoint's override): local
+    jobs share 127.0.0.1 with whatever else runs Ray on this machine; the profile's fixed
+    ports would collide with it. Bands of 200 ports from 20000, all below the ephemeral range."""
+    from hpcrl.config.profile import RayPortsCfg
+
+    base = 20000 + 200 * slot
+    names = [field.name for field in attrs.fields(RayPortsCfg)]
+    singles = [name for name in names if name not in ("min_worker_port", "max_worker_port")]
+    env = {f"HPCRL_RAY_{name.upper()}": str(base + index) for index, name in enumerate(singles)}
+    env["HPCRL_RAY_MIN_WORKER_PORT"] = str(base + 100)
+    env["HPCRL_RAY_MAX_WORKER_PORT"] = str(base + 199)
     return env
 
 

@@ -3,6 +3,7 @@ entrypoint and Ray (one local node); a test driver writes the metrics."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hpcrl.submit.job_record import read_job_record
@@ -15,7 +16,9 @@ from tests.submit.jobs_harness import (
     hpcrl,
     job_env,
     output_of,
+    own_ray_ports_env,
     read_json,
+    wait_for,
 )
 
 
@@ -23,7 +26,8 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
     run = tmp_path / "run"
     args = ["submit", ONE_NODE_RECIPE, "--cluster", "local", "-o", str(run), "--wait",
             *OFFLOAD_ON, f"{FRACTION_KEY}=0.5"]  # fmt: skip
-    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:write_metrics"))
+    env = job_env("tests.submit.drivers:write_metrics", **own_ray_ports_env(os.getpid() % 30))
+    result = hpcrl(args, tmp_path, env)
     assert result.returncode == 0, output_of(result)
     record = read_job_record(run)
     assert record.executor == "local" and f"Submitted job {record.job_id}" in result.stdout
@@ -43,3 +47,34 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
 
     logs = hpcrl(["logs", str(run), "--attempt", "1"], tmp_path, job_env())
     assert "===== hpcrl attempt 1 · job " in logs.stdout, output_of(logs)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text.encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_local_cancel_stops_the_job_and_its_ray(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["submit", ONE_NODE_RECIPE, "--cluster", "local", "-o", str(run)]
+    env = job_env("tests.submit.drivers:sleep_forever", **own_ray_ports_env(os.getpid() % 30 + 30))
+    result = hpcrl(args, tmp_path, env)
+    assert result.returncode == 0, output_of(result)
+    record = read_job_record(run)
+    sleeping = run / "sleeping"
+    wait_for(lambda: sleeping.exists() or query_status(record).is_final, 180, "the driver to start")
+    assert sleeping.exists(), output_of(hpcrl(["logs", str(run)], tmp_path, job_env()))
+    ray_temp_dir = f"hpcrl-ray-local{record.job_id}"
+    assert _processes_mentioning(ray_temp_dir), "Ray runs for the job"
+    cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
+    assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, output_of(
+        cancel
+    )
+    assert query_status(record).state == "CANCELLED"
+    assert _processes_mentioning(ray_temp_dir) == [], "cancel left Ray processes behind"
