@@ -118,7 +118,7 @@ def _prepare_fresh(args: argparse.Namespace) -> Prepared:
 def run_submit(args: argparse.Namespace) -> int:
     from hpcrl.cli.prepare import print_warnings
     from hpcrl.render.run_folder import write_run_folder
-    from hpcrl.submit.submission import submit_job
+    from hpcrl.submit.submission import SubmissionRefused, submit_job
 
     prepared = _prepare_fresh(args)
     console = _console()
@@ -127,7 +127,11 @@ def run_submit(args: argparse.Namespace) -> int:
         prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
         load_warnings=[warning.format() for warning in prepared.warnings],
     )  # fmt: skip
-    record = submit_job(prepared.spec, run.script)
+    try:
+        record = submit_job(prepared.spec, run.script)
+    except SubmissionRefused as error:
+        console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
+        return 1
     print_submitted(console, record, run.path)
     if not args.wait:
         return 0
@@ -149,6 +153,7 @@ def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
 
 # --------------------------------------------------------------------------- sweep
 def run_sweep(args: argparse.Namespace) -> int:
+    from hpcrl.submit.submission import SubmissionRefused
     from hpcrl.submit.sweep import SweepError, build_points
     from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep, write_and_submit_sweep
 
@@ -161,7 +166,11 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.recipe, args.cluster, args.overrides, points, Path(DEFAULT_RUNS_DIR)
     )  # fmt: skip
     planned = plan_sweep(args.recipe, args.cluster, args.overrides, points, sweep_dir)
-    record, job_records = write_and_submit_sweep(planned)
+    try:
+        record, job_records = write_and_submit_sweep(planned)
+    except SubmissionRefused as error:
+        print(f"not submitted: {error}", file=sys.stderr)
+        return 1
     console = _console()
     shown = _shown(sweep_dir)
     console.print(

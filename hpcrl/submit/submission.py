@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 import submitit
+from submitit.core import utils as submitit_utils
 
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.submit.executor import (
@@ -42,6 +43,21 @@ def write_jobspec(spec: JobSpec) -> Path:
         tmp_path.write_text(json.dumps(attrs.asdict(spec), indent=2, sort_keys=True) + "\n")
         tmp_path.replace(path)
     return path
+
+
+class SubmissionRefused(RuntimeError):
+    """The scheduler refused the job (sbatch's own message, and the script that was refused)."""
+
+
+@contextlib.contextmanager
+def _refusal_explained(script_path: Path) -> Iterator[None]:
+    try:
+        yield
+    except submitit_utils.FailedJobError as error:  # what submitit raises when sbatch fails
+        raise SubmissionRefused(
+            f"sbatch refused {script_path}:\n{str(error).strip()}\n"
+            "Fix the cluster profile (partition, account, qos, time limit) and submit again."
+        ) from None
 
 
 def jobspec_time_limit_min(jobspec: JobSpec) -> int:
@@ -124,7 +140,8 @@ def submit_job(jobspec: JobSpec, script_path: Path) -> JobRecord:
         with _stdio_into(Path(jobspec.submitit_folder) / LOCAL_CONTROLLER_LOG):
             job = executor.submit(NodeTask(), jobspec.run_dir)
     else:
-        job = executor.submit(NodeTask(), jobspec.run_dir)
+        with _refusal_explained(script_path):
+            job = executor.submit(NodeTask(), jobspec.run_dir)
     record = _record(jobspec, job)
     write_job_record(Path(jobspec.run_dir), record)
     return record
@@ -136,7 +153,8 @@ def submit_array(
     """Submit a sweep as one job array (task i runs point i) and write each point's job.json."""
     assert jobspec.array_size == len(point_run_dirs), "one array task per point"
     executor = build_executor(jobspec, script_path)
-    jobs = executor.map_array(NodeTask(), [str(run_dir) for run_dir in point_run_dirs])
+    with _refusal_explained(script_path):
+        jobs = executor.map_array(NodeTask(), [str(run_dir) for run_dir in point_run_dirs])
     records = []
     for index, (job, run_dir) in enumerate(zip(jobs, point_run_dirs, strict=True)):
         record = _record(jobspec, job, array_index=index, sweep_dir=jobspec.run_dir)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.job_state import query_status, rebuild_job
@@ -21,6 +22,7 @@ from tests.submit import drivers
 from tests.submit.jobs_harness import (
     ONE_NODE_OVERRIDES,
     ONE_NODE_RECIPE,
+    REPO,
     TWO_NODE_RECIPE,
     hpcrl,
     job_env,
@@ -130,3 +132,17 @@ def test_worker_that_cannot_join_fails_the_job_with_its_cause(
     assert result.returncode != 0, output_of(result)
     assert f"port {busy_port_on_n2} already in use on node n2" in result.stdout, output_of(result)
     assert sacct_states(read_job_record(run).job_id)[-1] == "FAILED"
+
+
+def test_a_refused_submission_says_why_and_fails(tmp_path: Path) -> None:
+    profile = yaml.safe_load((REPO / "cluster_profiles" / "slurm-test.yaml").read_text())
+    profile.update(name="slurm-test-bad-partition")
+    profile["slurm"]["partition"] = "no-such-partition"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(profile))
+    run = tmp_path / "run"
+    args = ["submit", TWO_NODE_RECIPE, "--cluster", str(tmp_path / "bad.yaml"), "-o", str(run)]
+    result = hpcrl(args, tmp_path, job_env())
+    assert result.returncode == 1, output_of(result)
+    assert f"not submitted: sbatch refused {run}/job.sbatch" in result.stdout
+    assert "invalid partition specified: no-such-partition" in result.stdout
+    assert not (run / "job.json").exists()
