@@ -135,22 +135,41 @@ class VllmPolicy:
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int) -> Any:
-        from hpcrl.core.workers.ray_policy import GenerationResult
-        from hpcrl.core.workers.sharding import concat_right_padded, pad_prompts_evenly
+        if not self.colocated:
+            return self.collect_generation(self.submit_generation(prompt_ids, cfg, seed))
+        from hpcrl.core.workers.sharding import pad_prompts_evenly
 
+        group = self.training.group
+        shards, num_real = pad_prompts_evenly(prompt_ids, self.training.dp_size)
+        args = [
+            (colocated_generate, shards[p.dp_rank], cfg, seed, self.weights_version, self.spec)
+            for p in group.places
+        ]
+        per_rank = group.call_all("run", args)
+        return self._joined([per_rank[r] for r in self.training._result_ranks], num_real)
+
+    def submit_generation(
+        self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
+    ) -> PendingShards:
+        """Separate generation workers only: refit them to the latest weights (queued, not
+        waited for), start sampling, return at once; ``collect_generation`` waits."""
         if self.colocated:
-            group = self.training.group
-            shards, num_real = pad_prompts_evenly(prompt_ids, self.training.dp_size)
-            args = [
-                (colocated_generate, shards[p.dp_rank], cfg, seed, self.weights_version, self.spec)
-                for p in group.places
-            ]
-            per_rank = group.call_all("run", args)
-            parts = [per_rank[r] for r in self.training._result_ranks]
-        else:
-            self._refit_generation_group()
-            assert self.generation_group is not None
-            parts, num_real = self.generation_group.generate(prompt_ids, cfg, seed)
+            raise ValueError(
+                "overlapping generation with training needs separate generation workers; set "
+                "policy.generation.colocated.enabled=false (and colocated.resources)"
+            )
+        self._refit_generation_group()
+        assert self.generation_group is not None
+        return self.generation_group.submit(prompt_ids, cfg, seed)
+
+    def collect_generation(self, pending: PendingShards) -> Any:
+        assert self.generation_group is not None
+        return self._joined(self.generation_group.collect(pending), pending.num_real)
+
+    def _joined(self, parts: list[dict[str, torch.Tensor]], num_real: int) -> Any:
+        from hpcrl.core.workers.ray_policy import GenerationResult
+        from hpcrl.core.workers.sharding import concat_right_padded
+
         joined = concat_right_padded(parts, {"input_ids": self.training.pad_token_id})
         fields = attrs.fields_dict(GenerationResult)
         return GenerationResult(**{key: joined[key][:num_real] for key in fields})
@@ -233,4 +252,4 @@ def wrap_policy(training: Any, recipe: Recipe, model_path: str, device: str) -> 
 
 
 if TYPE_CHECKING:
-    from hpcrl.core.generation.vllm_workers import GenerationGroup
+    from hpcrl.core.generation.vllm_workers import GenerationGroup, PendingShards

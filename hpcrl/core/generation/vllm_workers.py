@@ -61,6 +61,15 @@ def generation_layout(recipe: Recipe, device: str) -> GenerationLayout:
     )
 
 
+@attrs.frozen(kw_only=True)
+class PendingShards:
+    """A submitted generation: one Ray reference per engine shard."""
+
+    refs: list[Any]
+    num_real: int  # prompts before padding to equal shards
+    weights_version: int  # the weights version the engines sample with
+
+
 class GenerationWorker:
     """One engine in one Ray actor (wrapped with ``ray.remote`` by ``GenerationGroup``)."""
 
@@ -95,6 +104,7 @@ class GenerationGroup:
         self.actors: list[Any] = []
         self.pids: list[int] = []
         self.weights_version = 0  # the engines start from spec.model_path
+        self._pending_updates: list[Any] = []
         self._placement_group: Any = None
 
     def start(self, training_num_nodes: int, timeout_s: float = 600.0) -> None:
@@ -146,10 +156,10 @@ class GenerationGroup:
             )
         return group
 
-    def generate(
-        self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
-    ) -> tuple[list[dict[str, torch.Tensor]], int]:
-        """Shards over the engines; returns their outputs in prompt order and the real count."""
+    def submit(self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int) -> PendingShards:
+        """Shard over the engines and start sampling; returns at once (``collect`` waits).
+        Each engine runs its calls in submission order, so a later ``update_weights`` never
+        changes the weights under a generation submitted before it."""
         import ray
 
         from hpcrl.core.generation.vllm_policy import shard_seed
@@ -161,14 +171,33 @@ class GenerationGroup:
             actor.generate.remote(shard, cfg_ref, shard_seed(seed, index))
             for index, (actor, shard) in enumerate(zip(self.actors, shards, strict=True))
         ]
-        return ray.get(refs), num_real
+        return PendingShards(refs=refs, num_real=num_real, weights_version=self.weights_version)
 
-    def update_weights(self, weights_ref: Any, version: int) -> None:
-        """Every engine loads the weights behind ``weights_ref`` (one object-store copy)."""
+    def collect(self, pending: PendingShards) -> list[dict[str, torch.Tensor]]:
+        """The engines' outputs of ``pending``, in prompt order (waits for them)."""
         import ray
 
-        ray.get([actor.update_weights.remote(weights_ref) for actor in self.actors])
+        return ray.get(pending.refs)
+
+    def generate(
+        self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
+    ) -> tuple[list[dict[str, torch.Tensor]], int]:
+        pending = self.submit(prompt_ids, cfg, seed)
+        return self.collect(pending), pending.num_real
+
+    def update_weights(self, weights_ref: Any, version: int) -> None:
+        """Every engine loads the weights behind ``weights_ref`` (one object-store copy).
+        Queued behind the engines' earlier calls; does not wait (errors surface at the next
+        ``update_weights`` or ``wait_for_updates``)."""
+        self.wait_for_updates()
+        self._pending_updates = [a.update_weights.remote(weights_ref) for a in self.actors]
         self.weights_version = version
+
+    def wait_for_updates(self) -> None:
+        import ray
+
+        pending, self._pending_updates = self._pending_updates, []
+        ray.get(pending)
 
     def shutdown(self) -> None:
         import ray
