@@ -23,6 +23,7 @@ from collections.abc import Callable
 from hpcrl.job.errors import BootstrapError, NodesMissing, OtherNodeFailed
 from hpcrl.job.markers import RAY_READY, failed_marker_name, first_failure, write_marker
 from hpcrl.job.network import port_accepts, wait_until
+from hpcrl.job.processes import die_with_parent
 from hpcrl.job.ray_cluster import node_resource_name
 from hpcrl.job.settings import NodeSettings, read_node_settings
 
@@ -184,6 +185,7 @@ def run(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()
     exit_code = run(sys.argv[1])
     try:
         import ray

@@ -8,6 +8,7 @@ same machine (never ``ray stop``, which stops every Ray of the machine).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -29,6 +30,19 @@ def start_in_own_session(
             list(argv), env=dict(env), stdout=stdout, stderr=stderr,
             stdin=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``signum`` to this process when its parent dies.
+
+    Our children run in their own sessions, so nothing else ends them when the node entrypoint
+    is killed outright (SIGKILL, or submitit's local executor cancelling a job); Slurm's step
+    cleanup would, a local run has none. ``ray start --block`` stops its processes on SIGTERM.
+    """
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, int(signum), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 def session_processes(session_id: int) -> list[psutil.Process]:

@@ -5,14 +5,18 @@
 Importing Ray's command line takes a few seconds of CPU. A worker node starts this process at
 once, while it still waits for the head; once the head is there, the node entrypoint creates
 GO_FILE and ``ray start`` runs right away. ``-`` as GO_FILE starts without waiting. The process
-gives up (exit 3) when its parent is gone or MAX_WAIT_S passes without a go.
+gives up (exit 3) when its parent is gone or MAX_WAIT_S passes without a go. When the parent dies
+(even by SIGKILL) Ray gets SIGTERM and stops, and its temp dir is removed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
+
+from hpcrl.job.processes import die_with_parent
 
 GO_POLL_INTERVAL_S = 0.05
 NO_GO_EXIT_CODE = 3
@@ -32,12 +36,20 @@ def wait_for_go(go_file: str, max_wait_s: float) -> bool:
 def main(argv: list[str]) -> int:
     go_file, max_wait_s, separator, *ray_args = argv
     assert separator == "--", f"usage: {__doc__}"
+    die_with_parent()  # SIGTERM makes `ray start --block` stop all of this node's Ray
     from ray.scripts.scripts import main as ray_cli  # the slow part, done before the wait
 
     if go_file != "-" and not wait_for_go(go_file, float(max_wait_s)):
         return NO_GO_EXIT_CODE
     sys.argv = ["ray", *ray_args]
-    return ray_cli()
+    parent = os.getppid()
+    try:
+        return ray_cli()
+    finally:
+        if os.getppid() != parent:  # orphaned: the entrypoint that would clean up is gone
+            for arg in ray_args:
+                if arg.startswith("--temp-dir="):
+                    shutil.rmtree(arg.partition("=")[2], ignore_errors=True)
 
 
 if __name__ == "__main__":

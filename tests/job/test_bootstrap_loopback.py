@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,23 @@ def test_missing_node_is_named_after_the_join_deadline(job):
     assert "only 1 of 2 nodes joined after 4s (missing: node 1 (localhost))" in head.output
     failed = json.loads((job.run_dir / "status" / "node0.failed").read_text())
     assert "only 1 of 2 nodes joined" in failed["message"]
+
+
+def test_ray_and_driver_end_when_the_entrypoint_is_killed(job):
+    """SIGKILL leaves no chance to clean up; local runs have no Slurm step to reap children."""
+    job.num_nodes = 1
+    node = job.start_node(0, HPCRL_DRIVER="tests.job.drivers:checkpoint_on_preempt")
+    deadline = time.monotonic() + 120
+    while not (job.run_dir / "driver_started").exists():
+        assert time.monotonic() < deadline and node.poll() is None, "driver did not start"
+        time.sleep(0.2)
+    assert processes_of_job(job) != []
+
+    node.kill()
+    node.wait()
+
+    deadline = time.monotonic() + 60
+    while processes_of_job(job) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not Path(f"/tmp/hpcrl-ray-{job.job_id}-0").exists()
+    # the fixture asserts that no process of the job is left
