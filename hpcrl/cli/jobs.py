@@ -7,6 +7,7 @@ Stages are imported inside the commands so that ``hpcrl --help`` stays light.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -229,7 +230,13 @@ def run_status(args: argparse.Namespace) -> int:
 def run_logs(args: argparse.Namespace) -> int:
     from hpcrl.submit.run_views import print_logs
 
-    return print_logs(Path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow)
+    try:
+        return print_logs(
+            Path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow
+        )
+    except BrokenPipeError:  # `hpcrl logs RUN | head`: the reader has seen enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def run_cancel(args: argparse.Namespace) -> int:
