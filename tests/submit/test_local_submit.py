@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from hpcrl.submit.job_record import read_job_record
-from hpcrl.submit.job_state import query_status, rebuild_job
+from hpcrl.submit.job_state import cancel_job, query_status, rebuild_job
 from tests.submit import drivers
 from tests.submit.jobs_harness import (
     FRACTION_KEY,
@@ -67,14 +67,20 @@ def test_local_cancel_stops_the_job_and_its_ray(tmp_path: Path) -> None:
     result = hpcrl(args, tmp_path, env)
     assert result.returncode == 0, output_of(result)
     record = read_job_record(run)
-    sleeping = run / "sleeping"
-    wait_for(lambda: sleeping.exists() or query_status(record).is_final, 180, "the driver to start")
-    assert sleeping.exists(), output_of(hpcrl(["logs", str(run)], tmp_path, job_env()))
-    ray_temp_dir = f"hpcrl-ray-local{record.job_id}"
-    assert _processes_mentioning(ray_temp_dir), "Ray runs for the job"
-    cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
-    assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, output_of(
-        cancel
-    )
-    assert query_status(record).state == "CANCELLED"
-    assert _processes_mentioning(ray_temp_dir) == [], "cancel left Ray processes behind"
+    try:
+        sleeping = run / "sleeping"
+        wait_for(
+            lambda: sleeping.exists() or query_status(record).is_final, 180, "the driver to start"
+        )
+        assert sleeping.exists(), output_of(hpcrl(["logs", str(run)], tmp_path, job_env()))
+        ray_temp_dir = f"hpcrl-ray-local{record.job_id}"
+        assert _processes_mentioning(ray_temp_dir), "Ray runs for the job"
+        cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
+        assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, (
+            output_of(cancel)
+        )
+        assert query_status(record).state == "CANCELLED"
+        assert _processes_mentioning(ray_temp_dir) == [], "cancel left Ray processes behind"
+
+    finally:
+        cancel_job(record)  # a failed assertion must not leave the sleeping job behind

@@ -90,17 +90,22 @@ def test_cancel_stops_a_running_job(tmp_path: Path) -> None:
     result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:sleep_forever"))
     assert result.returncode == 0, output_of(result)
     record = read_job_record(run)
-    wait_for(lambda: (run / "sleeping").exists(), 180, "the driver to start")
-    assert query_status(record).state == "RUNNING"
-    cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
-    assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, output_of(
-        cancel
-    )
-    wait_for(lambda: query_status(record).state == "CANCELLED", 30, "sacct to say CANCELLED")
-    status = hpcrl(["status", str(run)], tmp_path, job_env())
-    assert "CANCELLED" in status.stdout, output_of(status)
-    again = hpcrl(["cancel", str(run)], tmp_path, job_env())
-    assert "already ended (CANCELLED)" in again.stdout, output_of(again)
+    try:
+        wait_for(lambda: (run / "sleeping").exists(), 180, "the driver to start")
+        assert query_status(record).state == "RUNNING"
+        cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
+        assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, (
+            output_of(cancel)
+        )
+        wait_for(lambda: query_status(record).state == "CANCELLED", 30, "sacct to say CANCELLED")
+        status = hpcrl(["status", str(run)], tmp_path, job_env())
+        assert "CANCELLED" in status.stdout, output_of(status)
+        again = hpcrl(["cancel", str(run)], tmp_path, job_env())
+        assert "already ended (CANCELLED)" in again.stdout, output_of(again)
+    finally:
+        subprocess.run(
+            ["scancel", record.job_id], check=False, timeout=30
+        )  # never leave it running
 
 
 @pytest.fixture

@@ -117,21 +117,30 @@ def test_timeout_signal_requeues_once_and_the_run_resumes(tmp_path: Path) -> Non
     result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:resume_after_preempt"))
     assert result.returncode == 0, output_of(result)
     record = read_job_record(run)
-    state = run / "probe_state.json"
-    wait_for(lambda: state.exists() and read_json(state)["steps"] >= 3, 120, "the driver to run")
-    subprocess.run(["scancel", "--signal=USR2", record.job_id], check=True, timeout=30)
-    # Slurm starts a requeued job on its next scheduling pass (up to a minute here)
-    wait_for(lambda: query_status(record).is_final, 200, "the requeued job to end")
-    assert sacct_states(record.job_id) == ["REQUEUED", "COMPLETED"]
-    progress = read_json(state)
-    assert progress["attempts"] == [0, 1] and progress["finished"] is True
-    for attempt in (1, 2):
-        logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
-        assert f"===== hpcrl attempt {attempt} · job {record.job_id}" in logs.stdout, output_of(
-            logs
+    try:
+        state = run / "probe_state.json"
+        wait_for(
+            lambda: state.exists() and read_json(state)["steps"] >= 3, 120, "the driver to run"
         )
-        assert f"===== hpcrl attempt {3 - attempt} " not in logs.stdout, "attempts are kept apart"
-        assert f"logs/node0/attempt{attempt - 1}/node.log" in logs.stdout
-    # the node entrypoint's contract: on USR2 it writes PREEMPT and the driver stops at a step
-    # boundary (a driver killed by the signal instead would lose the step in progress)
-    assert progress.get("stopped_for_preempt") is True, "attempt 1's driver did not see PREEMPT"
+        subprocess.run(["scancel", "--signal=USR2", record.job_id], check=True, timeout=30)
+        # Slurm starts a requeued job on its next scheduling pass (up to a minute here)
+        wait_for(lambda: query_status(record).is_final, 200, "the requeued job to end")
+        assert sacct_states(record.job_id) == ["REQUEUED", "COMPLETED"]
+        progress = read_json(state)
+        assert progress["attempts"] == [0, 1] and progress["finished"] is True
+        for attempt in (1, 2):
+            logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
+            assert f"===== hpcrl attempt {attempt} · job {record.job_id}" in logs.stdout, output_of(
+                logs
+            )
+            assert f"===== hpcrl attempt {3 - attempt} " not in logs.stdout, (
+                "attempts are kept apart"
+            )
+            assert f"logs/node0/attempt{attempt - 1}/node.log" in logs.stdout
+        # the node entrypoint's contract: on USR2 it writes PREEMPT and the driver stops at a step
+        # boundary (a driver killed by the signal instead would lose the step in progress)
+        assert progress.get("stopped_for_preempt") is True, "attempt 1's driver did not see PREEMPT"
+    finally:
+        subprocess.run(
+            ["scancel", record.job_id], check=False, timeout=30
+        )  # never leave it running
