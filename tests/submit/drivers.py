@@ -86,6 +86,13 @@ def container_env(run_dir: str) -> int:
     return 0
 
 
+def _write_atomically(path: Path, data: dict) -> None:
+    """The test polls this file while the driver writes it: never show it half written."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
 def resume_after_preempt(run_dir: str) -> int:
     """Attempt 1: count steps until PREEMPT appears, then stop as a checkpointing driver does.
     Later attempts: resume from the saved step count and finish a few more steps."""
@@ -96,11 +103,11 @@ def resume_after_preempt(run_dir: str) -> int:
     for _ in range(5 if resumed else 10_000):
         if Path(run_dir, "PREEMPT").exists() and not resumed:
             progress["stopped_for_preempt"] = True
-            state.write_text(json.dumps(progress))
+            _write_atomically(state, progress)
             return PREEMPT_EXIT_CODE
         progress["steps"] += 1
-        state.write_text(json.dumps(progress))
+        _write_atomically(state, progress)
         time.sleep(0.5)
     progress["finished"] = True
-    state.write_text(json.dumps(progress))
+    _write_atomically(state, progress)
     return 0

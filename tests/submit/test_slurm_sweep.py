@@ -140,7 +140,5 @@ def test_timeout_signal_requeues_once_and_the_run_resumes(tmp_path: Path) -> Non
         # the node entrypoint's contract: on USR2 it writes PREEMPT and the driver stops at a step
         # boundary (a driver killed by the signal instead would lose the step in progress)
         assert progress.get("stopped_for_preempt") is True, "attempt 1's driver did not see PREEMPT"
-    finally:
-        subprocess.run(
-            ["scancel", record.job_id], check=False, timeout=30
-        )  # never leave it running
+    finally:  # never leave it running
+        subprocess.run(["scancel", record.job_id], check=False, timeout=30)
