@@ -10,13 +10,22 @@ from pathlib import Path
 from typing import Any
 
 
-def _sharded_state(worker: Any) -> dict:
+# Optimizer buffers as they are (fully parallel, no gathers); reload needs the same TP/PP.
+# ("fully_reshardable" fails on load without Apex/TE: torch Adam keeps a per-param
+# "step" that format does not save — megatron-core 0.16.)
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
+def _sharded_state(worker: Any, is_loading: bool) -> dict:
     from megatron.core.utils import unwrap_model
 
     model_state = {}
     for index, chunk in enumerate(unwrap_model(worker.model_chunks)):
         model_state[f"model{index}"] = chunk.sharded_state_dict()
-    return {**model_state, "optimizer": worker.optimizer.sharded_state_dict(model_state)}
+    optimizer_state = worker.optimizer.sharded_state_dict(
+        model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA
+    )
+    return {**model_state, "optimizer": optimizer_state}
 
 
 def save_training_state(worker: Any, checkpoint_dir: str) -> None:
@@ -28,7 +37,7 @@ def save_training_state(worker: Any, checkpoint_dir: str) -> None:
     if dist.get_rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(worker), str(path))
+    dist_checkpointing.save(_sharded_state(worker, is_loading=False), str(path))
     if dist.get_rank() == 0:
         torch.save({"scheduler": worker.scheduler.state_dict(), "steps_done": worker.steps_done},
                    path / "scheduler.pt")
@@ -43,11 +52,27 @@ def load_training_state(worker: Any, checkpoint_dir: str) -> None:
     from hpcrl.core.backends.megatron.parallel_read import parallel_reads
 
     path = Path(checkpoint_dir) / "megatron"
+    _create_optimizer_state(worker.optimizer)
     with parallel_reads(worker.cfg.checkpoint.parallel_read_threads):
-        loaded = dist_checkpointing.load(_sharded_state(worker), str(path))
+        loaded = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(path))
     for index, chunk in enumerate(unwrap_model(worker.model_chunks)):
         chunk.load_state_dict(loaded[f"model{index}"], strict=False)
-    worker.optimizer.load_state_dict(loaded["optimizer"])
+    with torch.no_grad():  # fp32 runs: the optimizer's main params are views of the model's
+        worker.optimizer.load_state_dict(loaded["optimizer"])
     extra = torch.load(path / "scheduler.pt", weights_only=False)
     worker.scheduler.load_state_dict(extra["scheduler"])
     worker.steps_done = extra["steps_done"]
+
+
+def _create_optimizer_state(optimizer: Any) -> None:
+    """Give a never-stepped distributed optimizer its state tensors before a load.
+
+    Without Apex/TE, ``DistributedOptimizer.state_dict`` (called while building the sharded
+    state to load into) needs a ``step`` in every param state; megatron creates the dummy
+    state only later in that call. Its own helper runs one zero-gradient inner step; the
+    loaded values then replace everything in place.
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        create = getattr(inner, "_init_optimizer_states_with_dummy_values", None)
+        if create is not None and not inner.optimizer.state:
+            create()

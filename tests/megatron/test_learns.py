@@ -1,0 +1,57 @@
+"""SFT and GRPO through the driver on the real Ray worker group with the Megatron backend
+(2 CPU workers, megatron-core over gloo; the CPU patch layer installed by the test worker
+class). Same recipes and thresholds as the Automodel learning tests in tests/core."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from hpcrl.core import backends  # noqa: E402
+from hpcrl.core.driver import run_training  # noqa: E402
+from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
+from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
+from tests.megatron.cpu_worker import CPU_WORKER_PATH  # noqa: E402
+
+
+@pytest.fixture
+def megatron_on_cpu(monkeypatch, tmp_path):
+    monkeypatch.setitem(backends.WORKER_CLASS_PATHS, "megatron", CPU_WORKER_PATH)
+    # Exported by the worker before it resolves the conversion directory: keeps the
+    # conversion out of ~/.cache.
+    return [f"policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR={tmp_path / 'converted'}"]
+
+
+@pytest.mark.slow
+def test_sft_loss_falls_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:  # noqa: F811
+    overrides = [
+        *megatron_on_cpu,
+        "policy.automodel_cfg.enabled=false",
+        "policy.megatron_cfg.enabled=true",
+        "policy.megatron_cfg.apply_rope_fusion=false",
+        "policy.megatron_cfg.bias_activation_fusion=false",
+        "policy.megatron_cfg.optimizer.lr=3.0e-3",
+        "policy.megatron_cfg.optimizer.min_lr=3.0e-3",
+        "policy.megatron_cfg.optimizer.bf16=false",
+        "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
+        "policy.megatron_cfg.scheduler.lr_warmup_init=3.0e-3",
+    ]
+    run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", overrides)
+    assert run_training(str(run_dir)) == 0
+    metrics = [m for m in read_metrics(run_dir) if m["step"] > 0]
+    assert [m["step"] for m in metrics] == list(range(1, 21))
+    losses = [m["loss"] for m in metrics]
+    assert mean(losses[-5:]) < 0.6 * mean(losses[:5]), losses
+
+
+@pytest.mark.slow
+def test_grpo_learns_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:  # noqa: F811
+    overrides = [*megatron_on_cpu, "grpo.max_num_steps=12", "policy.megatron_cfg.optimizer.lr=1.0e-2",
+                 "policy.megatron_cfg.optimizer.min_lr=1.0e-2", "policy.megatron_cfg.scheduler.lr_warmup_init=1.0e-2"]
+    run_dir = write_run_dir(tmp_path / "run", "grpo-tiny-1n-cpu-megatron.yaml", overrides)
+    assert run_training(str(run_dir)) == 0
+    metrics = [m for m in read_metrics(run_dir) if m["step"] > 0]
+    assert [m["step"] for m in metrics] == list(range(1, 13))
+    rewards = [m["reward_mean"] for m in metrics]
+    assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.3, rewards
