@@ -149,7 +149,9 @@ class MegatronSchedulerCfg:
     start_weight_decay: float = 0.0
     end_weight_decay: float = 0.0
     weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
-    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = "constant"
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = (
+        "constant"
+    )
     lr_decay_iters: int | None = None
     lr_warmup_iters: int = 0
     lr_warmup_init: float = 0.0
