@@ -9,6 +9,8 @@ import pytest
 
 # Nothing comes from a model hub: the tiny models are built locally.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# vLLM logs every engine start at INFO; failures still show warnings and tracebacks.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 RUN_THEM = (
     "build .venv-vllm with `bash .ci/vllm-env`, then run "
