@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable
 
 from hpcrl.job.errors import BootstrapError, NodesMissing, OtherNodeFailed
-from hpcrl.job.markers import RAY_READY, failed_marker_name, first_failure, write_marker
+from hpcrl.job.markers import HEAD, RAY_READY, failed_marker_name, first_failure, write_marker
 from hpcrl.job.network import port_accepts, wait_until
 from hpcrl.job.processes import die_with_parent
 from hpcrl.job.ray_cluster import node_resource_name
@@ -112,6 +112,11 @@ def wait_for_all_nodes(settings: NodeSettings, table: GcsNodeTable) -> dict[int,
             f"Ray on node 0 ({settings.task.head_name}) did not register with its own GCS within "
             f"{settings.head_start_s:.0f}s; see logs/node0/attempt<r>/ray.err and ray-session-logs/"
         )
+    # Workers start `ray start` only now: joining while the head is still starting its own
+    # processes makes both slower on a busy machine, and the marker tells them it is this
+    # job's head (not another job's Ray on the same port).
+    write_marker(settings.run_dir, HEAD, settings.task.attempt_id, ip=settings.node_ip,
+                 gcs_port=settings.ray_ports.gcs_port)  # fmt: skip
     start = time.monotonic()
     if not wait_until(ranks_joined(settings.num_nodes), settings.join_timeout_s,
                       abort=other_node_failed, interval_s=NODES_POLL_INTERVAL_S):  # fmt: skip

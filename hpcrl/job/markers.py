@@ -4,7 +4,7 @@ Markers are small JSON files written atomically (temp file + rename) so a reader
 node never sees half a file. Each carries the ``attempt`` (``<job_id>.<restart_count>``):
 after a requeue the folder still holds the previous attempt's markers, and readers ignore them.
 
-- ``status/head``: node 0, once its ports were free and its Ray head started; a worker joins
+- ``status/head``: node 0, once its own Ray is up (its raylet registered); a worker joins
   only a head announced for its own attempt (never another job's head on the same port).
 - ``status/ray_ready``: node 0, once every node joined (``num_nodes``, ``node_ips``, times).
 - ``status/done``: node 0, when the driver finished (``exit_code``); workers then stop.

@@ -123,8 +123,6 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
         if settings.is_head:
             _clear_stale_preempt(settings)
             ray_node = RayNode.start(settings, environ, hold=False)
-            write_marker(settings.run_dir, HEAD, settings.task.attempt_id, ip=settings.node_ip,
-                         gcs_port=settings.ray_ports.gcs_port)  # fmt: skip
             code = _run_head(settings, ray_node, environ, logger, on_driver_start)
         else:
             ray_node = RayNode.start(settings, environ, hold=True)  # imports Ray meanwhile
