@@ -1,8 +1,9 @@
 """The node entrypoint: one call per node of the job (one srun task per node).
 
-Node 0 starts the Ray head and then the driver process (``hpcrl.job.driver_process``), which
-waits until every node has joined and runs the training driver; the job's exit code is the
-driver's. Other nodes wait for the head's GCS port, join, and stay until node 0 marks the run
+Node 0 starts the Ray head and the driver process (``hpcrl.job.driver_process``), which
+announces the head once it is up (``status/head``), waits until every node has joined and runs
+the training driver; the job's exit code is the driver's. Other nodes import Ray meanwhile,
+join once the head is announced and its GCS port answers, and stay until node 0 marks the run
 done or the head goes away. Every node stops its own Ray, and waits for it, before returning.
 
 ``main(run_dir) -> int`` is for direct use (``srun python -c "...sys.exit(main(d))"``);
