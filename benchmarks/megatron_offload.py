@@ -32,8 +32,12 @@ sys.path.insert(0, str(REPO_ROOT))
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fraction", type=float, default=0.0, help="optimizer_offload_fraction; 0 = no offload")
-    parser.add_argument("--sweep", default=None, help="comma-separated fractions, each in its own process")
+    parser.add_argument(
+        "--fraction", type=float, default=0.0, help="optimizer_offload_fraction; 0 = no offload"
+    )
+    parser.add_argument(
+        "--sweep", default=None, help="comma-separated fractions, each in its own process"
+    )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--layers", type=int, default=16)
@@ -63,7 +67,9 @@ def init_single_rank() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1)
 
@@ -85,27 +91,52 @@ def build(args: argparse.Namespace):
     parallel_state.initialize_model_parallel(1, 1)
     model_parallel_cuda_manual_seed(0)
     config = TransformerConfig(
-        num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
-        ffn_hidden_size=args.ffn, normalization="RMSNorm", gated_linear_unit=True,
-        activation_func=F.silu, add_bias_linear=False, bf16=True, params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0,
-        bias_activation_fusion=False, masked_softmax_fusion=False, persist_layer_norm=False,
-        gradient_accumulation_fusion=False, apply_rope_fusion=False,
+        num_layers=args.layers,
+        hidden_size=args.hidden,
+        num_attention_heads=args.heads,
+        ffn_hidden_size=args.ffn,
+        normalization="RMSNorm",
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
     )
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
-                     vocab_size=args.vocab, max_sequence_length=args.seq_len,
-                     position_embedding_type="rope", share_embeddings_and_output_weights=False).cuda()
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=args.vocab,
+        max_sequence_length=args.seq_len,
+        position_embedding_type="rope",
+        share_embeddings_and_output_weights=False,
+    ).cuda()
     # As megatron-bridge does for bf16: every param (norms too) in bf16, fp32 main copies in
     # the optimizer. Without it the torch norms keep fp32 params the offload path rejects.
     model = Float16Module(config, model)
     ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     chunks = [DistributedDataParallel(config=config, ddp_config=ddp, module=model)]
     offload = args.fraction > 0
-    opt_kwargs = dict(optimizer="adam", lr=1e-5, weight_decay=0.01, bf16=True, params_dtype=torch.bfloat16,
-                      use_distributed_optimizer=True, clip_grad=1.0, optimizer_cpu_offload=offload,
-                      optimizer_offload_fraction=args.fraction if offload else 0.0,
-                      overlap_cpu_optimizer_d2h_h2d=args.overlap_d2h_h2d and offload,
-                      use_precision_aware_optimizer=offload)
+    opt_kwargs = dict(
+        optimizer="adam",
+        lr=1e-5,
+        weight_decay=0.01,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        use_distributed_optimizer=True,
+        clip_grad=1.0,
+        optimizer_cpu_offload=offload,
+        optimizer_offload_fraction=args.fraction if offload else 0.0,
+        overlap_cpu_optimizer_d2h_h2d=args.overlap_d2h_h2d and offload,
+        use_precision_aware_optimizer=offload,
+    )
     optimizer = get_megatron_optimizer(OptimizerConfig(**opt_kwargs), chunks)
     connect_grad_sync(chunks, optimizer)
     return chunks, optimizer
@@ -155,18 +186,32 @@ def sweep(args: argparse.Namespace) -> None:
     for fraction in fractions:
         out = Path(f"/tmp/megatron_offload_{os.getpid()}_{fraction}.json")
         command = [sys.executable, __file__, "--fraction", str(fraction), "--json-out", str(out)]
-        for name in ("steps", "warmup", "layers", "hidden", "heads", "ffn", "vocab", "seq_len", "batch_size"):
+        for name in (
+            "steps",
+            "warmup",
+            "layers",
+            "hidden",
+            "heads",
+            "ffn",
+            "vocab",
+            "seq_len",
+            "batch_size",
+        ):
             command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         if args.overlap_d2h_h2d:
             command.append("--overlap-d2h-h2d")
         subprocess.run(command, check=True)
         results.append(json.loads(out.read_text()))
     base = results[0]
-    print(f"{'fraction':>8} {'step s':>8} {'× base':>7} {'GPU GiB':>8} {'× base':>7} {'host GiB':>9} {'loss first→last':>18}")
+    print(
+        f"{'fraction':>8} {'step s':>8} {'× base':>7} {'GPU GiB':>8} {'× base':>7} {'host GiB':>9} {'loss first→last':>18}"
+    )
     for r in results:
-        print(f"{r['fraction']:>8.2f} {r['step_time_s']:>8.3f} {r['step_time_s'] / base['step_time_s']:>7.2f} "
-              f"{r['peak_gpu_mem_gb']:>8.2f} {r['peak_gpu_mem_gb'] / base['peak_gpu_mem_gb']:>7.2f} "
-              f"{r['host_peak_rss_gb']:>9.2f} {r['first_loss']:>8.3f}→{r['last_loss']:.3f}")
+        print(
+            f"{r['fraction']:>8.2f} {r['step_time_s']:>8.3f} {r['step_time_s'] / base['step_time_s']:>7.2f} "
+            f"{r['peak_gpu_mem_gb']:>8.2f} {r['peak_gpu_mem_gb'] / base['peak_gpu_mem_gb']:>7.2f} "
+            f"{r['host_peak_rss_gb']:>9.2f} {r['first_loss']:>8.3f}→{r['last_loss']:.3f}"
+        )
 
 
 def main() -> None:

@@ -29,7 +29,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="drop the page cache before each load")
-    parser.add_argument("--dir", default=None, help="where to write the checkpoint (default: a tmp dir)")
+    parser.add_argument(
+        "--dir", default=None, help="where to write the checkpoint (default: a tmp dir)"
+    )
     return parser.parse_args()
 
 
@@ -64,8 +66,10 @@ def main() -> None:
             times[threads].append(time.perf_counter() - started)
             assert all(torch.equal(target[k], state[k]) for k in ("t0", f"t{count - 1}"))
     base = statistics.median(times[thread_counts[0]])
-    print(f"{count * numel * 4 / 2**30:.2f} GiB, {'cold' if args.cold else 'warm'} cache, "
-          f"{os.cpu_count()} CPUs, median of {args.repeats}")
+    print(
+        f"{count * numel * 4 / 2**30:.2f} GiB, {'cold' if args.cold else 'warm'} cache, "
+        f"{os.cpu_count()} CPUs, median of {args.repeats}"
+    )
     print(f"{'threads':>7} {'load s':>8} {'speed-up':>9}")
     for threads in thread_counts:
         median_s = statistics.median(times[threads])

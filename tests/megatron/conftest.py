@@ -6,7 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')")
+pytest.importorskip(
+    "megatron.core", reason="megatron-core is not installed (pip install -e '.[megatron]')"
+)
 
 
 @pytest.fixture

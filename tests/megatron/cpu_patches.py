@@ -115,7 +115,10 @@ PATCHES = (
                 "DistributedOptimizer._build_model_and_main_param_groups",
                 "model_param.type() == 'torch.cuda.FloatTensor'",
             ),
-            (f"{_CLIP}:clip_grad_by_total_norm_fp32", "param.grad.type() == 'torch.cuda.FloatTensor'"),
+            (
+                f"{_CLIP}:clip_grad_by_total_norm_fp32",
+                "param.grad.type() == 'torch.cuda.FloatTensor'",
+            ),
         ),
     ),
 )

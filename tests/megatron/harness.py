@@ -30,12 +30,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _rank_main(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results,
-               megatron: bool) -> None:
+def _rank_main(
+    rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, megatron: bool
+) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
     if megatron:
         prepare_cpu_process()
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -62,8 +68,13 @@ def run_ranks(world_size: int, fn: Callable, *args: Any, megatron: bool = True) 
     manager = mp.get_context("spawn").Manager()
     results = manager.dict()
     port = free_port()
-    context = mp.start_processes(_rank_main, args=(world_size, port, fn, args, results, megatron),
-                                 nprocs=world_size, join=False, start_method="spawn")
+    context = mp.start_processes(
+        _rank_main,
+        args=(world_size, port, fn, args, results, megatron),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
     try:
         while not context.join(timeout=600):
             pass
@@ -76,7 +87,9 @@ def run_ranks(world_size: int, fn: Callable, *args: Any, megatron: bool = True) 
 
 
 # --------------------------------------------------------------------------- conversion fakes
-def counting_converter(hf_path: str, out_dir: str, count_file: str, payload: str, sleep_s: float = 0.0) -> None:
+def counting_converter(
+    hf_path: str, out_dir: str, count_file: str, payload: str, sleep_s: float = 0.0
+) -> None:
     """A converter that records each call (one line in ``count_file``) and writes ``payload``."""
     import time
 
@@ -103,10 +116,17 @@ def ensure_in_process(root: str, converter_args: tuple, force: bool = False) -> 
 
     from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
 
-    convert = functools.partial(counting_converter, count_file=converter_args[0], payload=converter_args[1],
-                                sleep_s=converter_args[2])
-    return str(ensure_megatron_checkpoint("org/tiny", "/hf/tiny", root, force=force, convert=convert,
-                                          rank=0, poll_s=0.1))
+    convert = functools.partial(
+        counting_converter,
+        count_file=converter_args[0],
+        payload=converter_args[1],
+        sleep_s=converter_args[2],
+    )
+    return str(
+        ensure_megatron_checkpoint(
+            "org/tiny", "/hf/tiny", root, force=force, convert=convert, rank=0, poll_s=0.1
+        )
+    )
 
 
 def ensure_hanging(root: str, started_file: str) -> None:
@@ -123,9 +143,14 @@ def ensure_on_rank(rank: int, world_size: int, root: str, count_file: str) -> st
 
     from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
 
-    convert = functools.partial(counting_converter, count_file=count_file, payload="v1", sleep_s=1.0)
-    return str(ensure_megatron_checkpoint("org/tiny", "/hf/tiny", root, force=False, convert=convert,
-                                          rank=rank, poll_s=0.1))
+    convert = functools.partial(
+        counting_converter, count_file=count_file, payload="v1", sleep_s=1.0
+    )
+    return str(
+        ensure_megatron_checkpoint(
+            "org/tiny", "/hf/tiny", root, force=False, convert=convert, rank=rank, poll_s=0.1
+        )
+    )
 
 
 # --------------------------------------------------------------------------- backend runs
@@ -147,29 +172,56 @@ def fixed_batch(seed: int = 0) -> dict:
     input_ids = torch.randint(4, 100, (GLOBAL_BATCH, SEQ_LEN), generator=generator)
     token_mask = torch.ones(GLOBAL_BATCH, SEQ_LEN)
     token_mask[:, :4] = 0  # a "prompt" that does not count
-    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids),
-            "token_mask": token_mask}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "token_mask": token_mask,
+    }
 
 
-def make_recipe(model_name: str, *, tp: int = 1, pp: int = 1, dist_opt: bool = True,
-                micro_batch_size: int = 2, lr: float = 1e-3, manual_gc_interval: int = 0,
-                parallel_read_threads: int = 1, model_overrides: dict | None = None):
+def make_recipe(
+    model_name: str,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    dist_opt: bool = True,
+    micro_batch_size: int = 2,
+    lr: float = 1e-3,
+    manual_gc_interval: int = 0,
+    parallel_read_threads: int = 1,
+    model_overrides: dict | None = None,
+):
     from hpcrl.config.recipe import (
-        DataCfg, MegatronCfg, MegatronCheckpointCfg, MegatronOptimizerCfg, PolicyCfg, Recipe, SftCfg,
+        DataCfg,
+        MegatronCfg,
+        MegatronCheckpointCfg,
+        MegatronOptimizerCfg,
+        PolicyCfg,
+        Recipe,
+        SftCfg,
     )
 
     megatron_cfg = MegatronCfg(
-        enabled=True, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        optimizer=MegatronOptimizerCfg(lr=lr, use_distributed_optimizer=dist_opt, clip_grad=1.0,
-                                       weight_decay=0.01),
-        manual_gc=manual_gc_interval > 0, manual_gc_interval=manual_gc_interval,
+        enabled=True,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        optimizer=MegatronOptimizerCfg(
+            lr=lr, use_distributed_optimizer=dist_opt, clip_grad=1.0, weight_decay=0.01
+        ),
+        manual_gc=manual_gc_interval > 0,
+        manual_gc_interval=manual_gc_interval,
         checkpoint=MegatronCheckpointCfg(parallel_read_threads=parallel_read_threads),
         model_overrides=model_overrides or {},
     )
     return Recipe(
-        policy=PolicyCfg(model_name=model_name, train_global_batch_size=GLOBAL_BATCH,
-                         train_micro_batch_size=micro_batch_size, precision="float32",
-                         max_total_sequence_length=SEQ_LEN, megatron_cfg=megatron_cfg),
+        policy=PolicyCfg(
+            model_name=model_name,
+            train_global_batch_size=GLOBAL_BATCH,
+            train_micro_batch_size=micro_batch_size,
+            precision="float32",
+            max_total_sequence_length=SEQ_LEN,
+            megatron_cfg=megatron_cfg,
+        ),
         data=DataCfg(train_path="unused.jsonl"),
         sft=SftCfg(max_num_steps=10, seed=7),
     )
@@ -191,25 +243,36 @@ def setup_worker(rank: int, world_size: int, recipe, hf_path: str, ckpt_root: st
 
     os.environ["NRL_MEGATRON_CHECKPOINT_DIR"] = ckpt_root
     worker = cpu_worker_class()()
-    place = worker.setup(recipe, RankInfo(rank=rank, world_size=world_size, local_rank=rank,
-                                          local_world_size=world_size, node_rank=0,
-                                          master_addr="127.0.0.1", master_port=0, device="cpu"),
-                         hf_path)
+    place = worker.setup(
+        recipe,
+        RankInfo(
+            rank=rank,
+            world_size=world_size,
+            local_rank=rank,
+            local_world_size=world_size,
+            node_rank=0,
+            master_addr="127.0.0.1",
+            master_port=0,
+            device="cpu",
+        ),
+        hf_path,
+    )
     return worker, place
 
 
 def shard(batch: dict, place) -> dict:
     rows = batch["input_ids"].shape[0] // place.dp_size
-    return {k: v[place.dp_rank * rows:(place.dp_rank + 1) * rows] for k, v in batch.items()}
+    return {k: v[place.dp_rank * rows : (place.dp_rank + 1) * rows] for k, v in batch.items()}
 
 
 def micro_batches(batch: dict, size: int) -> list[dict]:
     rows = batch["input_ids"].shape[0]
-    return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
+    return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
 
-def train_run(rank: int, world_size: int, recipe_kwargs: dict, hf_path: str, ckpt_root: str,
-              steps: int) -> dict:
+def train_run(
+    rank: int, world_size: int, recipe_kwargs: dict, hf_path: str, ckpt_root: str, steps: int
+) -> dict:
     """Set up the real MegatronWorker, train ``steps`` steps on a fixed batch."""
     recipe = make_recipe(hf_path, **recipe_kwargs)
     worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
@@ -219,17 +282,23 @@ def train_run(rank: int, world_size: int, recipe_kwargs: dict, hf_path: str, ckp
     initial_logprobs = worker.logprobs(my_shard)
     history = []
     for _ in range(steps):
-        metrics = worker.train_step(micro_batches(my_shard, recipe.policy.train_micro_batch_size),
-                                    masked_nll, num_tokens)
+        metrics = worker.train_step(
+            micro_batches(my_shard, recipe.policy.train_micro_batch_size), masked_nll, num_tokens
+        )
         history.append(metrics)
     reference = worker.reference_logprobs(my_shard)
     worker.close()
-    return {"place": (place.dp_rank, place.dp_size, place.returns_results), "history": history,
-            "initial_logprobs": initial_logprobs if place.returns_results else None,
-            "reference_logprobs": reference if place.returns_results else None}
+    return {
+        "place": (place.dp_rank, place.dp_size, place.returns_results),
+        "history": history,
+        "initial_logprobs": initial_logprobs if place.returns_results else None,
+        "reference_logprobs": reference if place.returns_results else None,
+    }
 
 
-def manual_gc_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, interval: int, steps: int) -> dict:
+def manual_gc_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, interval: int, steps: int
+) -> dict:
     """Train with manual GC; record automatic-GC state and the full collections per step."""
     import gc
 
@@ -247,7 +316,9 @@ def manual_gc_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, inte
     gc.callbacks.append(on_gc)
     try:
         for _ in range(steps):
-            worker.train_step(micro_batches(batch, 2), masked_nll, float(fixed_batch()["token_mask"].sum()))
+            worker.train_step(
+                micro_batches(batch, 2), masked_nll, float(fixed_batch()["token_mask"].sum())
+            )
             # Garbage that an automatic collection would otherwise pick up.
             junk = [{"i": i} for i in range(20000)]
             for item in junk:
@@ -257,9 +328,13 @@ def manual_gc_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, inte
         gc.callbacks.remove(on_gc)
     child_gc = _gc_enabled_in_forked_child()
     worker.close()
-    return {"before": gc_was_enabled_before, "after_setup": enabled_after_setup,
-            "collections_at_steps": full_collections, "forked_child_gc": child_gc,
-            "after_close": gc.isenabled()}
+    return {
+        "before": gc_was_enabled_before,
+        "after_setup": enabled_after_setup,
+        "collections_at_steps": full_collections,
+        "forked_child_gc": child_gc,
+        "after_close": gc.isenabled(),
+    }
 
 
 def _gc_enabled_in_forked_child() -> bool:
@@ -284,7 +359,9 @@ def roundtrip_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: 
     return logprobs if place.returns_results else None
 
 
-def checkpoint_resume_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str) -> dict:
+def checkpoint_resume_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str
+) -> dict:
     """Train 2 steps, save, train 2 more; then a fresh worker loads (parallel reads) and
     trains the same 2 steps: both continuations must agree."""
     batch_all = fixed_batch()
@@ -292,7 +369,9 @@ def checkpoint_resume_run(rank: int, world_size: int, hf_path: str, ckpt_root: s
 
     def steps(worker, place, count):
         batch = shard(batch_all, place)
-        return [worker.train_step(micro_batches(batch, 2), masked_nll, num_tokens) for _ in range(count)]
+        return [
+            worker.train_step(micro_batches(batch, 2), masked_nll, num_tokens) for _ in range(count)
+        ]
 
     worker, place = setup_worker(rank, world_size, make_recipe(hf_path), hf_path, ckpt_root)
     steps(worker, place, 2)
@@ -300,20 +379,29 @@ def checkpoint_resume_run(rank: int, world_size: int, hf_path: str, ckpt_root: s
     continued = steps(worker, place, 2)
     worker.close()
 
-    resumed_worker, place = setup_worker(rank, world_size, make_recipe(hf_path, parallel_read_threads=2),
-                                         hf_path, ckpt_root)
+    resumed_worker, place = setup_worker(
+        rank, world_size, make_recipe(hf_path, parallel_read_threads=2), hf_path, ckpt_root
+    )
     fresh_loss = steps(resumed_worker, place, 1)[0]["loss"]
     resumed_worker.close()
-    resumed_worker, place = setup_worker(rank, world_size, make_recipe(hf_path, parallel_read_threads=2),
-                                         hf_path, ckpt_root)
+    resumed_worker, place = setup_worker(
+        rank, world_size, make_recipe(hf_path, parallel_read_threads=2), hf_path, ckpt_root
+    )
     resumed_worker.load_checkpoint(train_dir)
     resumed = steps(resumed_worker, place, 2)
     state = dict(resumed_worker.collect_state())
     resumed_worker.close()
-    return {"continued": continued, "resumed": resumed, "fresh_first_loss": fresh_loss, "state": state}
+    return {
+        "continued": continued,
+        "resumed": resumed,
+        "fresh_first_loss": fresh_loss,
+        "state": state,
+    }
 
 
-def generate_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: int, prompts: list) -> dict:
+def generate_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: int, prompts: list
+) -> dict:
     """Greedy generation on the Megatron worker (weights refitted into HF) at TP=``tp``."""
     from hpcrl.config.recipe import GenerationCfg
 
@@ -322,7 +410,9 @@ def generate_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: i
     out = worker.generate(prompts, cfg, seed=3)
     # Train one step: the next generation must see the new weights.
     batch = fixed_batch()
-    worker.train_step(micro_batches(shard(batch, place), 2), masked_nll, float(batch["token_mask"].sum()))
+    worker.train_step(
+        micro_batches(shard(batch, place), 2), masked_nll, float(batch["token_mask"].sum())
+    )
     after = worker.generate(prompts, cfg, seed=3)
     worker.close()
     return {"before": out, "after": after}

@@ -56,13 +56,25 @@ def _standin_modules() -> dict[str, types.ModuleType]:
     te_ops = types.ModuleType("transformer_engine.pytorch.ops")
     for name in ("Linear", "LayerNormLinear", "LayerNorm", "RMSNorm"):
         setattr(te_pytorch, name, type(name, (_Unavailable,), {}))
-    for name in ("Sequential", "Linear", "LayerNorm", "RMSNorm", "Quantize",
-                 "MakeExtraOutput", "Dropout", "AddExtraInput", "ConstantScale"):
+    for name in (
+        "Sequential",
+        "Linear",
+        "LayerNorm",
+        "RMSNorm",
+        "Quantize",
+        "MakeExtraOutput",
+        "Dropout",
+        "AddExtraInput",
+        "ConstantScale",
+    ):
         setattr(te_ops, name, type(name, (_Unavailable,), {}))
     te_pytorch.ops = te_ops
     te.pytorch = te_pytorch
-    return {"transformer_engine": te, "transformer_engine.pytorch": te_pytorch,
-            "transformer_engine.pytorch.ops": te_ops}
+    return {
+        "transformer_engine": te,
+        "transformer_engine.pytorch": te_pytorch,
+        "transformer_engine.pytorch.ops": te_ops,
+    }
 
 
 def import_bridge_without_te():

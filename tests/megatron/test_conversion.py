@@ -29,9 +29,18 @@ def _calls(count_file: Path) -> int:
 
 
 def _ensure(root: Path, count_file: Path, payload: str, force: bool = False) -> Path:
-    convert = functools.partial(harness.counting_converter, count_file=str(count_file), payload=payload)
-    return ensure_megatron_checkpoint("org/tiny", "/hf/tiny", str(root), force=force,
-                                      convert=convert, rank=0, progress=lambda m: None)
+    convert = functools.partial(
+        harness.counting_converter, count_file=str(count_file), payload=payload
+    )
+    return ensure_megatron_checkpoint(
+        "org/tiny",
+        "/hf/tiny",
+        str(root),
+        force=force,
+        convert=convert,
+        rank=0,
+        progress=lambda m: None,
+    )
 
 
 def test_model_key_is_a_safe_unique_directory_name():
@@ -66,8 +75,10 @@ def test_two_racing_jobs_convert_once(tmp_path):
     count_file = tmp_path / "calls"
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(2) as pool:
-        paths = pool.starmap(harness.ensure_in_process,
-                             [(str(tmp_path / "root"), (str(count_file), f"job{i}", 2.0)) for i in range(2)])
+        paths = pool.starmap(
+            harness.ensure_in_process,
+            [(str(tmp_path / "root"), (str(count_file), f"job{i}", 2.0)) for i in range(2)],
+        )
     assert paths[0] == paths[1]
     assert _calls(count_file) == 1
     assert (Path(paths[0]) / "weights.txt").read_text() in ("job0", "job1")
@@ -97,8 +108,9 @@ def test_crash_mid_conversion_leaves_nothing_that_is_used(tmp_path):
 
 def test_only_global_rank_0_converts_the_others_wait(tmp_path):
     count_file = tmp_path / "calls"
-    paths = harness.run_ranks(2, harness.ensure_on_rank, str(tmp_path / "root"), str(count_file),
-                              megatron=False)
+    paths = harness.run_ranks(
+        2, harness.ensure_on_rank, str(tmp_path / "root"), str(count_file), megatron=False
+    )
     assert paths[0] == paths[1]
     assert _calls(count_file) == 1
     assert (Path(paths[1]) / COMPLETE_MARKER).is_file()

@@ -19,17 +19,27 @@ def test_a_patch_whose_target_changed_fails_loudly(monkeypatch):
     import megatron.core
 
     moved = cpu_patches.CpuPatch(
-        name="cpu_rng_tracker", why="",
-        requires=(("megatron.core.tensor_parallel.random:CudaRNGStatesTracker.add", "torch.cuda.rng_v2()"),),
+        name="cpu_rng_tracker",
+        why="",
+        requires=(
+            (
+                "megatron.core.tensor_parallel.random:CudaRNGStatesTracker.add",
+                "torch.cuda.rng_v2()",
+            ),
+        ),
     )
     monkeypatch.setattr(cpu_patches, "PATCHES", (moved,))
-    with pytest.raises(cpu_patches.PatchNoLongerApplies,
-                       match=f"patch cpu_rng_tracker no longer applies to megatron-core {megatron.core.__version__}"):
+    with pytest.raises(
+        cpu_patches.PatchNoLongerApplies,
+        match=f"patch cpu_rng_tracker no longer applies to megatron-core {megatron.core.__version__}",
+    ):
         cpu_patches.check_patches_apply()
 
 
 def test_a_patch_whose_target_is_gone_fails_loudly(monkeypatch):
-    gone = cpu_patches.CpuPatch(name="gone", why="", requires=(("megatron.core.optimizer:NoSuchThing", "x"),))
+    gone = cpu_patches.CpuPatch(
+        name="gone", why="", requires=(("megatron.core.optimizer:NoSuchThing", "x"),)
+    )
     monkeypatch.setattr(cpu_patches, "PATCHES", (gone,))
     with pytest.raises(cpu_patches.PatchNoLongerApplies, match="NoSuchThing is gone"):
         cpu_patches.check_patches_apply()

@@ -21,9 +21,20 @@ def test_tp2_greedy_generation_equals_hf(converted):  # noqa: F811
     results = harness.run_ranks(2, harness.generate_run, hf_path, root, 2, PROMPTS)
     model = AutoModelForCausalLM.from_pretrained(hf_path, torch_dtype=torch.float32).eval()
     input_ids, attention_mask = pad_prompts(PROMPTS, 0)
-    expected = generate(model, input_ids, attention_mask, GenerationCfg(max_new_tokens=8, temperature=0.0),
-                        seed=3, eos_token_id=2, pad_token_id=0)
+    expected = generate(
+        model,
+        input_ids,
+        attention_mask,
+        GenerationCfg(max_new_tokens=8, temperature=0.0),
+        seed=3,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     for result in results:  # TP peers sample the same tokens
         assert torch.equal(result["before"]["input_ids"], expected["input_ids"])
-        assert torch.allclose(result["before"]["generation_logprobs"], expected["generation_logprobs"], atol=1e-5)
-        assert not torch.equal(result["after"]["generation_logprobs"], result["before"]["generation_logprobs"])
+        assert torch.allclose(
+            result["before"]["generation_logprobs"], expected["generation_logprobs"], atol=1e-5
+        )
+        assert not torch.equal(
+            result["after"]["generation_logprobs"], result["before"]["generation_logprobs"]
+        )

@@ -10,7 +10,7 @@ pytest.importorskip("ray")
 
 from hpcrl.core import backends  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
+from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 from tests.megatron.cpu_worker import CPU_WORKER_PATH  # noqa: E402
 
@@ -47,8 +47,13 @@ def test_sft_loss_falls_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> N
 
 @pytest.mark.slow
 def test_grpo_learns_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:  # noqa: F811
-    overrides = [*megatron_on_cpu, "grpo.max_num_steps=12", "policy.megatron_cfg.optimizer.lr=1.0e-2",
-                 "policy.megatron_cfg.optimizer.min_lr=1.0e-2", "policy.megatron_cfg.scheduler.lr_warmup_init=1.0e-2"]
+    overrides = [
+        *megatron_on_cpu,
+        "grpo.max_num_steps=12",
+        "policy.megatron_cfg.optimizer.lr=1.0e-2",
+        "policy.megatron_cfg.optimizer.min_lr=1.0e-2",
+        "policy.megatron_cfg.scheduler.lr_warmup_init=1.0e-2",
+    ]
     run_dir = write_run_dir(tmp_path / "run", "grpo-tiny-1n-cpu-megatron.yaml", overrides)
     assert run_training(str(run_dir)) == 0
     metrics = [m for m in read_metrics(run_dir) if m["step"] > 0]

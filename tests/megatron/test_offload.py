@@ -9,18 +9,26 @@ from hpcrl.core.backends.megatron.offload import requirement_problems
 
 
 def test_te_settings_without_te_name_each_key():
-    cfg = MegatronCfg(enabled=True, fine_grained_activation_offloading=True, offload_modules=("core_attn",),
-                      cuda_graph_impl="transformer_engine")
+    cfg = MegatronCfg(
+        enabled=True,
+        fine_grained_activation_offloading=True,
+        offload_modules=("core_attn",),
+        cuda_graph_impl="transformer_engine",
+    )
     problems = requirement_problems(cfg, te_available=False, cuda_available=True)
     assert len(problems) == 2
-    assert problems[0].startswith("policy.megatron_cfg.fine_grained_activation_offloading=true requires Transformer Engine")
+    assert problems[0].startswith(
+        "policy.megatron_cfg.fine_grained_activation_offloading=true requires Transformer Engine"
+    )
     assert "cuda_graph_impl=transformer_engine requires Transformer Engine" in problems[1]
     assert requirement_problems(cfg, te_available=True, cuda_available=True) == []
 
 
 def test_optimizer_cpu_offload_needs_cuda():
-    cfg = MegatronCfg(enabled=True, optimizer=MegatronOptimizerCfg(optimizer_cpu_offload=True,
-                                                                   optimizer_offload_fraction=0.5))
+    cfg = MegatronCfg(
+        enabled=True,
+        optimizer=MegatronOptimizerCfg(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5),
+    )
     assert requirement_problems(cfg, te_available=False, cuda_available=True) == []
     (problem,) = requirement_problems(cfg, te_available=False, cuda_available=False)
     assert "optimizer_cpu_offload=true requires CUDA" in problem
@@ -29,11 +37,21 @@ def test_optimizer_cpu_offload_needs_cuda():
 def test_optimizer_config_passes_offload_fields_through(megatron_cpu):
     from hpcrl.core.backends.megatron.model import optimizer_config
 
-    cfg = MegatronCfg(enabled=True, optimizer=MegatronOptimizerCfg(
-        optimizer_cpu_offload=True, optimizer_offload_fraction=0.25, overlap_cpu_optimizer_d2h_h2d=True))
+    cfg = MegatronCfg(
+        enabled=True,
+        optimizer=MegatronOptimizerCfg(
+            optimizer_cpu_offload=True,
+            optimizer_offload_fraction=0.25,
+            overlap_cpu_optimizer_d2h_h2d=True,
+        ),
+    )
     config = optimizer_config(cfg, "bfloat16")
-    assert (config.optimizer_cpu_offload, config.optimizer_offload_fraction,
-            config.overlap_cpu_optimizer_d2h_h2d, config.bf16) == (True, 0.25, True, True)
+    assert (
+        config.optimizer_cpu_offload,
+        config.optimizer_offload_fraction,
+        config.overlap_cpu_optimizer_d2h_h2d,
+        config.bf16,
+    ) == (True, 0.25, True, True)
     assert attrs.evolve(cfg).optimizer.optimizer_offload_fraction == 0.25
 
 
@@ -45,13 +63,25 @@ def test_generic_optimizer_move_is_skipped_when_megatron_owns_placement():
 
     moves: list[str] = []
     worker = MegatronWorker()
-    worker.rank_info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                                master_addr="127.0.0.1", master_port=1, device="cuda")
+    worker.rank_info = RankInfo(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=1,
+        device="cuda",
+    )
     # Records which moves the worker asks megatron's optimizer for.
-    worker.optimizer = SimpleNamespace(offload_to_cpu=lambda: moves.append("to_cpu"),
-                                       restore_from_cpu=lambda: moves.append("to_gpu"))
-    worker.cfg = MegatronCfg(enabled=True, optimizer=MegatronOptimizerCfg(
-        optimizer_cpu_offload=True, optimizer_offload_fraction=0.5))
+    worker.optimizer = SimpleNamespace(
+        offload_to_cpu=lambda: moves.append("to_cpu"),
+        restore_from_cpu=lambda: moves.append("to_gpu"),
+    )
+    worker.cfg = MegatronCfg(
+        enabled=True,
+        optimizer=MegatronOptimizerCfg(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5),
+    )
     worker.offload_optimizer()
     worker.onload_optimizer()
     assert worker.skips_generic_optimizer_offload and moves == []

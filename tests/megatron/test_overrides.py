@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import yaml
 
 from hpcrl.core.backends.megatron.provider import ModelOverrideError, apply_model_overrides
 
@@ -15,8 +14,14 @@ from hpcrl.core.backends.megatron.provider import ModelOverrideError, apply_mode
 def _tiny_provider():
     from megatron.bridge.models import GPTModelProvider
 
-    return GPTModelProvider(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128,
-                            vocab_size=128, seq_length=16)
+    return GPTModelProvider(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        vocab_size=128,
+        seq_length=16,
+    )
 
 
 @dataclasses.dataclass
@@ -38,7 +43,10 @@ def test_nested_dicts_follow_nested_config_objects():
 
 
 def test_unknown_nested_field_names_its_full_path():
-    with pytest.raises(ModelOverrideError, match=r"policy\.megatron_cfg\.model_overrides\.inner\.rat: .*did you mean rate"):
+    with pytest.raises(
+        ModelOverrideError,
+        match=r"policy\.megatron_cfg\.model_overrides\.inner\.rat: .*did you mean rate",
+    ):
         apply_model_overrides(_Outer(), {"inner": {"rat": 0.5}})
 
 
@@ -46,7 +54,9 @@ def test_real_provider_takes_overrides_and_rejects_unknown(megatron_cpu, tmp_pat
     from hpcrl.core.backends.megatron.hf_import import read_run_config, save_run_config
 
     provider = _tiny_provider()
-    apply_model_overrides(provider, {"hidden_dropout": 0.0, "attention_dropout": 0.0, "layernorm_epsilon": 1e-6})
+    apply_model_overrides(
+        provider, {"hidden_dropout": 0.0, "attention_dropout": 0.0, "layernorm_epsilon": 1e-6}
+    )
     assert (provider.hidden_dropout, provider.layernorm_epsilon) == (0.0, 1e-6)
     with pytest.raises(ModelOverrideError) as error:
         apply_model_overrides(provider, {"hiden_dropout": 0.0})

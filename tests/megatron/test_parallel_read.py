@@ -11,8 +11,9 @@ from hpcrl.core.backends.megatron import parallel_read
 
 def _state(seed: int) -> dict:
     generator = torch.Generator().manual_seed(seed)
-    return {f"layer{i}.weight": torch.randn(64 + i * 7, 33, generator=generator) for i in range(12)} | {
-        "step": torch.tensor(5), "bf16": torch.randn(10, 10, generator=generator).bfloat16()}
+    return {
+        f"layer{i}.weight": torch.randn(64 + i * 7, 33, generator=generator) for i in range(12)
+    } | {"step": torch.tensor(5), "bf16": torch.randn(10, 10, generator=generator).bfloat16()}
 
 
 def _load(path, threads: int) -> dict:

@@ -36,8 +36,14 @@ def _weights(folder) -> dict[str, torch.Tensor]:
 def test_hf_megatron_hf_roundtrip(tmp_path, model_type, tp):
     hf_path = str(build_tiny_hf_model(tmp_path / "hf", model_type))
     root = str(tmp_path / "converted")
-    ensure_megatron_checkpoint(hf_path, hf_path, root, force=False, rank=0,
-                               convert=make_converter({}, prepare=harness.prepare_cpu_process))
+    ensure_megatron_checkpoint(
+        hf_path,
+        hf_path,
+        root,
+        force=False,
+        rank=0,
+        convert=make_converter({}, prepare=harness.prepare_cpu_process),
+    )
     out_dir = tmp_path / "exported"
     results = harness.run_ranks(tp, harness.roundtrip_run, hf_path, root, tp, str(out_dir))
     (megatron_logprobs,) = [r for r in results if r is not None]

@@ -23,8 +23,11 @@ def _save_char_tokenizer(out_dir: Path) -> None:
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<|pad|>", bos_token="<|bos|>",
-        eos_token="<|eos|>", unk_token="<|unk|>",
+        tokenizer_object=tokenizer,
+        pad_token="<|pad|>",
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        unk_token="<|unk|>",
     )
     fast.save_pretrained(out_dir)
 
@@ -36,10 +39,19 @@ def build_tiny_hf_model(out_dir: Path, model_type: str, seed: int = 1234) -> Pat
 
     config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
     config = config_cls(
-        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=False, torch_dtype="float32", rms_norm_eps=1e-6,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-
 # Optimizer buffers as they are (fully parallel, no gathers); reload needs the same TP/PP.
 # ("fully_reshardable" fails on load without Apex/TE: torch Adam keeps a per-param
 # "step" that format does not save — megatron-core 0.16.)
@@ -39,8 +38,10 @@ def save_training_state(worker: Any, checkpoint_dir: str) -> None:
     dist.barrier()
     dist_checkpointing.save(_sharded_state(worker, is_loading=False), str(path))
     if dist.get_rank() == 0:
-        torch.save({"scheduler": worker.scheduler.state_dict(), "steps_done": worker.steps_done},
-                   path / "scheduler.pt")
+        torch.save(
+            {"scheduler": worker.scheduler.state_dict(), "steps_done": worker.steps_done},
+            path / "scheduler.pt",
+        )
     dist.barrier()
 
 

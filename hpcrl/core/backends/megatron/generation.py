@@ -34,7 +34,9 @@ class HfRefit:
         """Copy the current Megatron weights in (collective over all ranks); returns the model."""
         params = dict(self.model.named_parameters())
         copied = set()
-        for name, tensor in self.bridge.export_hf_weights(model_chunks, cpu=True, show_progress=False):
+        for name, tensor in self.bridge.export_hf_weights(
+            model_chunks, cpu=True, show_progress=False
+        ):
             params[name].copy_(tensor)
             copied.add(name)
         missing = set(params) - copied

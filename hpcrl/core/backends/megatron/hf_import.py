@@ -156,9 +156,16 @@ def save_run_config(provider: Any, path: Path) -> None:
     from megatron.bridge.utils.yaml_utils import dump_dataclass_to_yaml
 
     cls = type(provider)
-    fields = {f.name: getattr(provider, f.name) for f in dataclasses.fields(provider)
-              if not f.name.startswith("_")}
-    path.write_text(dump_dataclass_to_yaml({"model": {"_target_": f"{cls.__module__}.{cls.__qualname__}", **fields}}))
+    fields = {
+        f.name: getattr(provider, f.name)
+        for f in dataclasses.fields(provider)
+        if not f.name.startswith("_")
+    }
+    path.write_text(
+        dump_dataclass_to_yaml(
+            {"model": {"_target_": f"{cls.__module__}.{cls.__qualname__}", **fields}}
+        )
+    )
 
 
 def load_weights(model_chunks: list, weights_dir: Path) -> None:

@@ -63,7 +63,9 @@ def build_model(provider: Any, cfg: MegatronCfg, on_cpu: bool) -> list:
     ddp = ddp_config(cfg)
     return [
         DistributedDataParallel(
-            config=get_model_config(chunk), ddp_config=ddp, module=chunk,
+            config=get_model_config(chunk),
+            ddp_config=ddp,
+            module=chunk,
             disable_bucketing=index > 0,
         )
         for index, chunk in enumerate(chunks)

@@ -86,10 +86,12 @@ def byte_balanced_chunks(sizes: Sequence[int], parts: int) -> list[range]:
     return chunks
 
 
-def _read_items(reader: Any, items: Sequence[Any], planner: Any, planner_lock: threading.Lock) -> None:
+def _read_items(
+    reader: Any, items: Sequence[Any], planner: Any, planner_lock: threading.Lock
+) -> None:
     import torch
-    from torch.distributed.checkpoint.planner import LoadItemType
     from torch.distributed._shard._utils import narrow_tensor_by_index
+    from torch.distributed.checkpoint.planner import LoadItemType
 
     with contextlib.ExitStack() as streams:
         open_streams: dict[str, Any] = {}
@@ -134,15 +136,21 @@ def make_parallel_read_data(threads: int):
 
         items = sorted(
             plan.items,
-            key=lambda r: (self.storage_data[r.storage_index].relative_path,
-                           self.storage_data[r.storage_index].offset),
+            key=lambda r: (
+                self.storage_data[r.storage_index].relative_path,
+                self.storage_data[r.storage_index].offset,
+            ),
         )
         sizes = [max(self.storage_data[r.storage_index].length, 1) for r in items]
         chunks = byte_balanced_chunks(sizes, threads)
         planner_lock = threading.Lock()
-        with ThreadPoolExecutor(max_workers=len(chunks) or 1, thread_name_prefix="ckpt-read") as pool:
-            futures = [pool.submit(_read_items, self, [items[i] for i in chunk], planner, planner_lock)
-                       for chunk in chunks]
+        with ThreadPoolExecutor(
+            max_workers=len(chunks) or 1, thread_name_prefix="ckpt-read"
+        ) as pool:
+            futures = [
+                pool.submit(_read_items, self, [items[i] for i in chunk], planner, planner_lock)
+                for chunk in chunks
+            ]
             for future in futures:
                 future.result()  # re-raise a thread's error here
         done = Future()

@@ -57,7 +57,9 @@ def _result_rank_flags() -> tuple[bool, bool]:
     from megatron.core import parallel_state as ps
 
     last = ps.is_pipeline_last_stage(ignore_virtual=True)
-    reporter = last and ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
+    reporter = (
+        last and ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
+    )
     return last, reporter
 
 
@@ -113,7 +115,7 @@ def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
     # On the backend's device: NCCL reduces only CUDA tensors.
     values = torch.tensor(values, dtype=torch.float64, device=_device())
     dist.all_reduce(values)
-    return dict(zip(all_names, values.tolist()))
+    return dict(zip(all_names, values.tolist(), strict=True))
 
 
 def compute_logprobs(model_chunks: list, micro_batches: Sequence[Batch]) -> torch.Tensor | None:

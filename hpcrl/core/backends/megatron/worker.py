@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
-from hpcrl.core.backends.megatron import hf_import, model as mcore_model, offload, step
+from hpcrl.core.backends.megatron import hf_import, offload, step
+from hpcrl.core.backends.megatron import model as mcore_model
 
 if TYPE_CHECKING:
-    from hpcrl.config.recipe import GenerationCfg, MegatronCfg, Recipe
+    from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.policy import Batch, LossFn
 
 
@@ -47,7 +48,9 @@ class MegatronWorker:
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
         conversion_dir = self._ensure_conversion()
         self.model_chunks = self._build_model(conversion_dir)
-        self.optimizer = mcore_model.build_optimizer(self.model_chunks, cfg, recipe.policy.precision)
+        self.optimizer = mcore_model.build_optimizer(
+            self.model_chunks, cfg, recipe.policy.precision
+        )
         mcore_model.connect_grad_sync(self.model_chunks, self.optimizer)
         self.scheduler = mcore_model.build_scheduler(self.optimizer, cfg, total_train_steps(recipe))
         self._reference_weights = self._snapshot_weights()
@@ -55,8 +58,11 @@ class MegatronWorker:
         self.manual_gc = manual_gc_for(cfg)
         self.manual_gc.after_setup()
         _, reporter = step._result_rank_flags()
-        return DataParallelPlace(dp_rank=ps.get_data_parallel_rank(),
-                                 dp_size=ps.get_data_parallel_world_size(), returns_results=reporter)
+        return DataParallelPlace(
+            dp_rank=ps.get_data_parallel_rank(),
+            dp_size=ps.get_data_parallel_world_size(),
+            returns_results=reporter,
+        )
 
     @property
     def skips_generic_optimizer_offload(self) -> bool:
@@ -73,10 +79,16 @@ class MegatronWorker:
         from hpcrl.plan.checkpoint_dir import resolve_megatron_checkpoint_dir
 
         root, _source = resolve_megatron_checkpoint_dir(os.environ, os.path.expanduser("~"))
-        convert = hf_import.make_converter(self.cfg.model_overrides, prepare=type(self).converter_prepare)
+        convert = hf_import.make_converter(
+            self.cfg.model_overrides, prepare=type(self).converter_prepare
+        )
         return ensure_megatron_checkpoint(
-            self.recipe.policy.model_name, self.model_path, root,
-            force=self.cfg.force_reconvert_from_hf, convert=convert, rank=self.rank_info.rank,
+            self.recipe.policy.model_name,
+            self.model_path,
+            root,
+            force=self.cfg.force_reconvert_from_hf,
+            convert=convert,
+            rank=self.rank_info.rank,
         )
 
     def _build_model(self, conversion_dir: Path) -> list:
@@ -111,7 +123,9 @@ class MegatronWorker:
     ) -> dict[str, float]:
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad()
-        metrics = step.run_train_microbatches(self.model_chunks, micro_batches, loss_fn, num_global_tokens)
+        metrics = step.run_train_microbatches(
+            self.model_chunks, micro_batches, loss_fn, num_global_tokens
+        )
         update_successful, grad_norm, _zeros = self.optimizer.step()
         assert update_successful, "optimizer step skipped (fp16 loss-scale overflow)"
         self.scheduler.step(increment=1)
@@ -136,7 +150,7 @@ class MegatronWorker:
     def _micro_batches(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
         size = self.recipe.policy.logprob_batch_size or self.recipe.policy.train_micro_batch_size
         rows = batch["input_ids"].shape[0]
-        return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, rows, size)]
+        return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int) -> dict:
@@ -145,15 +159,22 @@ class MegatronWorker:
         hf_model = self._hf_refit().refresh(self.model_chunks)
         eos = hf_model.config.eos_token_id
         eos = eos[0] if isinstance(eos, list) else eos
-        pad = hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else (eos or 0)
+        pad = (
+            hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else (eos or 0)
+        )
         input_ids, attention_mask = pad_prompts(prompt_ids, pad)
         from megatron.core import parallel_state as ps
 
         return generate(
-            hf_model, input_ids, attention_mask, cfg,
+            hf_model,
+            input_ids,
+            attention_mask,
+            cfg,
             # TP/PP peers of one data-parallel rank must draw the same tokens.
             seed=seed * 1_000_003 + ps.get_data_parallel_rank(),
-            eos_token_id=eos, pad_token_id=pad, sync_group=None,
+            eos_token_id=eos,
+            pad_token_id=pad,
+            sync_group=None,
             tokenizer=self._tokenizer() if cfg.stop_strings else None,
         )
 
