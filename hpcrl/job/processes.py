@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-LEFTOVER_GRACE_S = 2.0
+LEFTOVER_GRACE_S = 0.5  # the leader already stopped Ray in order; what is left is stragglers
 
 
 def start_in_own_session(
