@@ -4,12 +4,16 @@ training step changes what is sampled."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.torch_sampler import generate, pad_prompts
 from tests.megatron import harness
 from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
+
+# Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
+pytestmark = pytest.mark.slow
 
 PROMPTS = [[5, 9, 14, 20], [33, 7], [50, 51, 52, 53, 54, 55], [4]]
 

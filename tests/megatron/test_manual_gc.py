@@ -13,6 +13,7 @@ from tests.megatron import harness
 from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
 
 
+@pytest.mark.slow
 def test_worker_collects_every_interval_steps(converted):  # noqa: F811
     hf_path, root = converted
     (result,) = harness.run_ranks(1, harness.manual_gc_run, hf_path, root, 2, 5)

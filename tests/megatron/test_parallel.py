@@ -8,6 +8,9 @@ import pytest
 from tests.megatron import harness
 from tests.megatron.tiny_hf import build_tiny_hf_model
 
+# Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
+pytestmark = pytest.mark.slow
+
 STEPS = 4
 
 

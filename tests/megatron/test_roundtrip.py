@@ -14,6 +14,9 @@ from hpcrl.core.backends.megatron.hf_import import make_converter
 from tests.megatron import harness
 from tests.megatron.tiny_hf import build_tiny_hf_model
 
+# Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
+pytestmark = pytest.mark.slow
+
 
 def _hf_logprobs(hf_path: str, input_ids: torch.Tensor) -> torch.Tensor:
     from transformers import AutoModelForCausalLM

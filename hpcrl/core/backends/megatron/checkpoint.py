@@ -1,7 +1,9 @@
 """Training checkpoints of the Megatron backend (model + optimizer + scheduler + step).
 
-torch_dist through megatron-core's dist_checkpointing, so a checkpoint saved at one TP/PP/DP
-layout loads at another. Loads read with ``checkpoint.parallel_read_threads`` threads.
+torch_dist through megatron-core's dist_checkpointing: model weights reshard to any layout;
+the distributed optimizer's state is saved ``dp_reshardable`` (its buffers as they are, fully
+parallel), so a resume keeps TP/PP (DP may change). Loads read with
+``checkpoint.parallel_read_threads`` threads.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def load_training_state(worker: Any, checkpoint_dir: str) -> None:
         chunk.load_state_dict(loaded[f"model{index}"], strict=False)
     with torch.no_grad():  # fp32 runs: the optimizer's main params are views of the model's
         worker.optimizer.load_state_dict(loaded["optimizer"])
+    _restore_torch_adam_steps(worker.optimizer)
     extra = torch.load(path / "scheduler.pt", weights_only=False)
     worker.scheduler.load_state_dict(extra["scheduler"])
     worker.steps_done = extra["steps_done"]
@@ -77,3 +80,25 @@ def _create_optimizer_state(optimizer: Any) -> None:
         create = getattr(inner, "_init_optimizer_states_with_dummy_values", None)
         if create is not None and not inner.optimizer.state:
             create()
+
+
+def _restore_torch_adam_steps(optimizer: Any) -> None:
+    """Per-parameter Adam ``step`` from the loaded param groups.
+
+    Without Apex/TE, megatron-core 0.16 restores exp_avg/exp_avg_sq exactly but leaves torch
+    Adam's per-parameter ``step`` at the dummy state's 1 (the loaded count sits in the param
+    groups), so Adam's bias correction after a resume would differ from the saved run.
+    """
+    import torch
+
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        if torch_optimizer is None:
+            continue
+        for group in torch_optimizer.param_groups:
+            if group.get("step") is None:
+                continue
+            for param in group["params"]:
+                state = torch_optimizer.state.get(param)
+                if state and isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = torch.full_like(state["step"], float(group["step"]))
