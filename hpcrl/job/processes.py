@@ -23,13 +23,24 @@ LEFTOVER_GRACE_S = 0.5  # the leader already stopped Ray in order; what is left 
 def start_in_own_session(
     argv: Sequence[str], *, env: Mapping[str, str], stdout_path: Path, stderr_path: Path
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` as the leader of a new session, appending its output to two files."""
+    """Start ``argv`` as the leader of a new session, appending its output to two files.
+
+    The child starts with SIGUSR2 ignored, and an ignored signal stays ignored across exec and
+    fork: Slurm's ``--signal=USR2@N`` reaches *every* process of the step, and its default
+    action would kill Ray's gcs_server, raylet and workers and the driver before anyone could
+    checkpoint. Only the entrypoint reacts (it writes the PREEMPT marker); the training loop
+    installs its own handler, which replaces the ignore in the driver.
+    """
     stdout_path.parent.mkdir(parents=True, exist_ok=True)
     with open(stdout_path, "ab") as stdout, open(stderr_path, "ab") as stderr:
         return subprocess.Popen(
             list(argv), env=dict(env), stdout=stdout, stderr=stderr,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_ignore_usr2,
         )  # fmt: skip
+
+
+def _ignore_usr2() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 
 
 def die_with_parent(signum: int = signal.SIGTERM) -> None:
