@@ -6,10 +6,11 @@ or directly). Every rank must call together: gathering sharded weights is a coll
 - Automodel (FSDP2 / HSDP / TP): the full, unsharded state dict of the HF model
   (``torch.distributed.checkpoint.state_dict.get_model_state_dict`` with
   ``full_state_dict=True``), names as Hugging Face writes them.
-- Megatron: exported through megatron-bridge by the Megatron worker. The hook is a method
-  ``export_hf_weights() -> Iterable[tuple[str, Tensor]]`` on the Megatron backend worker
-  (HF names, full tensors, on every rank that hosts an engine); until it exists, refit from
-  Megatron raises an error that says so.
+- Megatron: megatron-bridge's ``export_hf_weights`` over the worker's ``model_chunks``
+  (gathers TP/PP shards, HF names; the conversion ``export_hf`` writes to disk), with a bridge
+  built once from the worker's ``model_path`` and kept on the worker.
+- Any other backend: a method ``export_hf_weights() -> Iterable[tuple[str, Tensor]]`` (HF
+  names, full tensors, on every rank), which also takes precedence over the two above.
 """
 
 from __future__ import annotations
@@ -21,23 +22,42 @@ from hpcrl.core.generation.vllm_engine import hf_named_tensors
 if TYPE_CHECKING:
     import torch
 
-# Name of the Megatron-side hook (see the module docstring and docs/vllm.md).
-MEGATRON_EXPORT_HOOK = "export_hf_weights"
+# A backend method that exports its weights itself (see the module docstring).
+EXPORT_HOOK = "export_hf_weights"
+# Attribute of a Megatron worker that holds the megatron-bridge used for refits.
+BRIDGE_ATTR = "_hpcrl_vllm_bridge"
 
 
 def gathered_hf_weights(backend: Any, *, cpu: bool = True) -> list[tuple[str, torch.Tensor]]:
     """Full HF-named weights of ``backend``'s current model, on every rank."""
-    hook = getattr(backend, MEGATRON_EXPORT_HOOK, None)
+    hook = getattr(backend, EXPORT_HOOK, None)
     if hook is not None:
-        return [(name, t.cpu() if cpu else t) for name, t in hook()]
+        return [(name, (t.cpu() if cpu else t).detach()) for name, t in hook()]
+    if hasattr(backend, "model_chunks"):
+        return megatron_hf_weights(backend, cpu=cpu)
     model = getattr(backend, "model", None)
     if model is None or not hasattr(model, "hf"):
         raise NotImplementedError(
             f"vLLM refit has no weight export for {type(backend).__name__}: a backend worker "
-            f"needs an Automodel-style `model.hf` or a `{MEGATRON_EXPORT_HOOK}()` method "
-            "returning (HF name, full tensor) pairs"
+            "needs Automodel's `model.hf`, Megatron's `model_chunks` + `model_path`, or an "
+            f"`{EXPORT_HOOK}()` method returning (HF name, full tensor) pairs"
         )
     return automodel_hf_weights(model, cpu=cpu)
+
+
+def megatron_hf_weights(backend: Any, *, cpu: bool = True) -> list[tuple[str, torch.Tensor]]:
+    """megatron-bridge export of the worker's current ``model_chunks`` (a collective)."""
+    bridge = getattr(backend, BRIDGE_ATTR, None)
+    if bridge is None:
+        from megatron.bridge import AutoBridge
+
+        bridge = AutoBridge.from_hf_pretrained(backend.model_path)
+        setattr(backend, BRIDGE_ATTR, bridge)
+    import torch
+
+    with torch.no_grad():  # the gathered tensors would otherwise carry autograd history
+        exported = bridge.export_hf_weights(backend.model_chunks, cpu=cpu, show_progress=False)
+        return [(name, tensor.detach()) for name, tensor in exported]
 
 
 def automodel_hf_weights(model: Any, *, cpu: bool = True) -> list[tuple[str, torch.Tensor]]:
