@@ -64,11 +64,12 @@ def test_jsonl_errors_name_file_line_and_key(tmp_path: Path) -> None:
 
 
 def test_sft_example_masks_only_response_and_eos() -> None:
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from hpcrl.core.data.prompts import encode_sft_example
     from hpcrl.core.models.tiny import ensure_tiny_model
+    from hpcrl.core.models.tokenizer import load_tokenizer
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(ensure_tiny_model("tiny:qwen2"))
+    tokenizer = load_tokenizer(ensure_tiny_model("tiny:qwen2"))
     ids, mask = encode_sft_example(tokenizer, "Q: 1+1=? ", "A: 2.", 64, use_chat_template=False)
     assert tokenizer.decode(ids) == "Q: 1+1=? A: 2.<|eos|>"
     assert mask == [0.0] * 9 + [1.0] * 6

@@ -36,8 +36,10 @@ def test_concurrent_builds_share_one_folder_and_equal_weights(tmp_path) -> None:
 
 
 def test_tokenizer_round_trips_text_and_knows_its_special_tokens() -> None:
+    from hpcrl.core.models.tokenizer import load_tokenizer
+
     path = ensure_tiny_model("tiny:qwen2")
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)  # what the jobs use, on transformers 4 and 5
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
     text = "What is 12 + 30? The answer is \\boxed{42}.\nOK!"
     ids = tokenizer(text)["input_ids"]

@@ -10,9 +10,9 @@ from hpcrl.config.recipe import TokenizerCfg
 
 def load_tokenizer(model_path: str, cfg: TokenizerCfg) -> Any:
     """The tokenizer named by ``policy.tokenizer.name`` (default: the model's own)."""
-    from transformers import AutoTokenizer
+    from hpcrl.core.models.tokenizer import load_tokenizer as load_by_name
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.name or model_path)
+    tokenizer = load_by_name(cfg.name or model_path)
     if cfg.chat_template is not None:
         tokenizer.chat_template = cfg.chat_template
     return tokenizer

@@ -87,7 +87,9 @@ def export_hf(
     out_dir: str, model: torch.nn.Module, hf_config: Any, tokenizer_path: str, prefix: str
 ) -> None:
     """Gather full weights to rank 0 (on CPU) and write a HF checkpoint + tokenizer there."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from hpcrl.core.models.tokenizer import load_tokenizer
 
     full = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -99,5 +101,5 @@ def export_hf(
         hf_model.load_state_dict(weights, assign=True, strict=True)
         hf_model.tie_weights()
         hf_model.save_pretrained(out_dir)
-        AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out_dir)
+        load_tokenizer(tokenizer_path).save_pretrained(out_dir)
     dist.barrier()

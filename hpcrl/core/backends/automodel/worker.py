@@ -218,10 +218,10 @@ class AutomodelWorker:
             self.model.train()
 
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from hpcrl.core.models.tokenizer import load_tokenizer
 
         if getattr(self, "tokenizer", None) is None:
-            self.tokenizer = AutoTokenizer.from_pretrained(
+            self.tokenizer = load_tokenizer(
                 self.recipe.policy.tokenizer.name or self.model_path
             )
         return self.tokenizer

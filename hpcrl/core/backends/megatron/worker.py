@@ -186,10 +186,10 @@ class MegatronWorker:
         return self._refit
 
     def _tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
+        from hpcrl.core.models.tokenizer import load_tokenizer
 
         if getattr(self, "_hf_tokenizer", None) is None:
-            self._hf_tokenizer = AutoTokenizer.from_pretrained(
+            self._hf_tokenizer = load_tokenizer(
                 self.recipe.policy.tokenizer.name or self.model_path
             )
         return self._hf_tokenizer
