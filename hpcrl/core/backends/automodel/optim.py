@@ -73,18 +73,26 @@ def build_lr_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def _grads_by_mesh(params: Iterable[torch.nn.Parameter]) -> dict[object, list[torch.nn.Parameter]]:
+    """Parameters with gradients, grouped by the mesh of their (D)Tensor gradient: DTensor
+    ops (norms, foreach scaling) cannot mix tensors of different meshes (FSDP vs FSDP×TP)."""
+    from torch.distributed.tensor import DTensor
+
+    by_mesh: dict[object, list[torch.nn.Parameter]] = {}
+    for param in params:
+        if param.grad is not None:
+            key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+            by_mesh.setdefault(key, []).append(param)
+    return by_mesh
+
+
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
     """Global L2 norm of all gradients, whatever mesh each (D)Tensor lives on."""
     from torch.distributed.tensor import DTensor
 
-    by_mesh: dict[object, list[torch.Tensor]] = {}
-    for param in params:
-        if param.grad is not None:
-            key = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
-            by_mesh.setdefault(key, []).append(param.grad)
     total_sq = torch.zeros((), dtype=torch.float32)
-    for grads in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    for group in _grads_by_mesh(params).values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         total_sq = total_sq + norm.float().cpu() ** 2
@@ -95,7 +103,8 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> 
     """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
     norm = grad_norm(params)
     if max_norm is not None and max_norm > 0 and math.isfinite(float(norm)):
-        # One foreach kernel per device and dtype instead of a (DTensor-dispatched) mul_
-        # per parameter: the per-parameter loop was a visible CPU cost on one H200.
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        # One foreach kernel per mesh, device and dtype instead of a (DTensor-dispatched)
+        # mul_ per parameter: the per-parameter loop was a visible CPU cost on one H200.
+        for group in _grads_by_mesh(params).values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return float(norm)
