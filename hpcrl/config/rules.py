@@ -209,6 +209,22 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
                 fix="set loss_fn.use_importance_sampling_correction=true or grpo.async_grpo.enabled=false",
             )
         )
+    generation = recipe.policy.generation
+    if generation.backend != "vllm" or generation.colocated.enabled:
+        # Overlap needs an engine that samples while the trainer trains: separate workers.
+        bad_path, bad_value = (
+            ("policy.generation.backend", generation.backend)
+            if generation.backend != "vllm"
+            else ("policy.generation.colocated.enabled", True)
+        )
+        problems.append(
+            Problem(
+                path=bad_path,
+                value=bad_value,
+                message="async GRPO samples the next batches on vLLM generation workers of their own while the trainer trains",
+                fix="set policy.generation.backend=vllm and policy.generation.colocated.enabled=false (with its resources), or grpo.async_grpo.enabled=false",
+            )
+        )
     age = recipe.grpo.async_grpo.max_trajectory_age_steps
     if age < 1:
         problems.append(

@@ -83,7 +83,7 @@ def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) 
     policy = build_policy(recipe, model_path, run_dir, pad_token_id=tokenizer.pad_token_id or 0)
     print(f"workers ready in {time.monotonic() - started:.1f}s", flush=True)
     try:
-        step_fn = _make_step_fn(policy, recipe, tokenizer, env, sampler)
+        step_fn = _make_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
         validate = _make_validate_fn(policy, recipe, tokenizer, env, val_rows)
         return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps, validate)
     finally:
@@ -93,12 +93,6 @@ def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) 
 def _environment(recipe: Recipe) -> Any:
     if recipe.algorithm != "grpo":
         return None
-    assert recipe.grpo is not None
-    if recipe.grpo.async_grpo.enabled:
-        raise ValueError(
-            "grpo.async_grpo.enabled: true is not supported by hpcrl's GRPO loop yet; set "
-            "grpo.async_grpo.enabled=false"
-        )
     from hpcrl.core.environments.build import build_environment
 
     return build_environment(recipe.env)
@@ -151,8 +145,13 @@ def _rows_per_step(recipe: Recipe) -> int:
 
 
 def _make_step_fn(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
 ) -> Callable[[int], dict]:
+    if recipe.grpo is not None and recipe.grpo.async_grpo.enabled:
+        # The config rules guarantee vLLM on generation workers of their own.
+        from hpcrl.core.generation.vllm_async import make_async_grpo_step_fn
+
+        return make_async_grpo_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
     if recipe.algorithm == "grpo":
         from hpcrl.core.algorithms.grpo import make_grpo_step_fn
 

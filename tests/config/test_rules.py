@@ -383,16 +383,45 @@ def test_leave_one_out_needs_two_generations():
     assert problem.path == "grpo.num_generations_per_prompt"
 
 
+SEPARATE_VLLM = {
+    "backend": "vllm",
+    "colocated": {"enabled": False, "resources": {"num_nodes": 1, "gpus_per_node": 8}},
+}
+
+
 def test_async_grpo_needs_importance_sampling_correction():
-    problem = only(problems_for(grpo__async_grpo={"enabled": True}))
+    problem = only(
+        problems_for(grpo__async_grpo={"enabled": True}, policy__generation=SEPARATE_VLLM)
+    )
     assert problem.path == "loss_fn.use_importance_sampling_correction"
     assert "loss_fn.use_importance_sampling_correction=true" in problem.fix
     assert (
         problems_for(
-            grpo__async_grpo={"enabled": True}, loss_fn={"use_importance_sampling_correction": True}
+            grpo__async_grpo={"enabled": True},
+            loss_fn={"use_importance_sampling_correction": True},
+            policy__generation=SEPARATE_VLLM,
         )
         == []
     )
+
+
+@pytest.mark.parametrize(
+    "generation, bad_path",
+    [
+        ({"backend": "torch"}, "policy.generation.backend"),
+        ({"backend": "vllm"}, "policy.generation.colocated.enabled"),
+    ],
+)
+def test_async_grpo_needs_vllm_on_separate_workers(generation, bad_path):
+    problem = only(
+        problems_for(
+            grpo__async_grpo={"enabled": True},
+            loss_fn={"use_importance_sampling_correction": True},
+            policy__generation=generation,
+        )
+    )
+    assert problem.path == bad_path
+    assert "policy.generation.colocated.enabled=false" in problem.fix
 
 
 def test_vllm_settings_checked_only_for_vllm():

@@ -68,6 +68,16 @@ def test_async_needs_separate_generation_workers() -> None:
         AsyncGrpoStep(colocated, recipe, None, None, None, last_step=1)
 
 
+def test_driver_routes_async_recipes_to_the_async_step() -> None:
+    from hpcrl.core.driver import _make_step_fn
+
+    recipe, _ = async_recipe("unused", 1)
+    colocated = VllmPolicy(training=None, spec=None)
+    # Reaching AsyncGrpoStep's own placement check proves the driver chose the async step.
+    with pytest.raises(ValueError, match="policy.generation.colocated.enabled=false"):
+        _make_step_fn(colocated, recipe, None, None, None, 1)
+
+
 @pytest.mark.slow
 def test_async_grpo_bounded_staleness_learns(ray_cluster, tmp_path) -> None:  # noqa: F811
     model_path = build_tiny_model(tmp_path / "tiny-qwen2")
