@@ -48,12 +48,10 @@ def prompt_token_budget(recipe: Recipe) -> int:
     return budget
 
 
-def sample_rollouts(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
-) -> Rollouts:
-    """Generate ``num_generations_per_prompt`` responses per row and score them."""
-    import torch
-
+def expand_prompts(
+    recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
+) -> tuple[list[str], list[str], list[list[int]]]:
+    """``num_generations_per_prompt`` consecutive copies of each row: texts, answers, ids."""
     grpo, data = recipe.grpo, recipe.data
     assert grpo is not None
     budget = prompt_token_budget(recipe)
@@ -65,6 +63,18 @@ def sample_rollouts(
             prompts.append(str(row[data.prompt_key]))
             answers.append(str(row.get(data.answer_key, "")))
             prompt_ids.append(ids)
+    return prompts, answers, prompt_ids
+
+
+def sample_rollouts(
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
+) -> Rollouts:
+    """Generate ``num_generations_per_prompt`` responses per row and score them."""
+    import torch
+
+    grpo = recipe.grpo
+    assert grpo is not None
+    prompts, answers, prompt_ids = expand_prompts(recipe, tokenizer, rows)
     policy.prepare_for_generation()
     generation = policy.generate(
         prompt_ids, recipe.policy.generation, generation_seed(grpo.seed, step)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -33,12 +33,11 @@ from hpcrl.core.algorithms.grpo import (
     add_logprobs,
     build_train_batch,
     decode_responses,
-    prompt_token_budget,
+    expand_prompts,
     train_on_batch,
 )
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.data.jsonl import EpochSampler
-from hpcrl.core.data.prompts import encode_prompt, truncate_left
 
 
 @attrs.frozen(kw_only=True)
@@ -51,24 +50,6 @@ class InFlightBatch:
     answers: list[str]
     pending: Any  # PendingShards
     submitted_at_s: float
-
-
-def expand_prompts(
-    recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
-) -> tuple[list[str], list[str], list[list[int]]]:
-    """``num_generations_per_prompt`` consecutive copies of each row: texts, answers, ids."""
-    grpo, data = recipe.grpo, recipe.data
-    assert grpo is not None
-    budget = prompt_token_budget(recipe)
-    use_chat = recipe.policy.tokenizer.chat_template is not None
-    prompts, answers, prompt_ids = [], [], []
-    for row in rows:
-        ids = truncate_left(encode_prompt(tokenizer, str(row[data.prompt_key]), use_chat), budget)
-        for _ in range(grpo.num_generations_per_prompt):
-            prompts.append(str(row[data.prompt_key]))
-            answers.append(str(row.get(data.answer_key, "")))
-            prompt_ids.append(ids)
-    return prompts, answers, prompt_ids
 
 
 class AsyncGrpoStep:
