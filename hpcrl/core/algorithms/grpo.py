@@ -164,21 +164,27 @@ def grpo_step(
     with timer.phase("train"):
         train_metrics = train_on_batch(policy, recipe, batch)
     step_s = time.perf_counter() - started
-    generation = rollouts.generation
-    num_tokens = int(generation.attention_mask.sum())
     return {
         "step": step,
         **train_metrics,
+        **rollout_metrics(rollouts, step_s, timer.seconds["generate"]),
+        **timer.as_metrics(),
+        "sample_response": rollouts.responses[0],
+    }
+
+
+def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dict[str, float]:
+    """Reward, length and throughput figures of one step's rollouts (sync and async GRPO)."""
+    generation = rollouts.generation
+    num_tokens = int(generation.attention_mask.sum())
+    return {
         "reward_mean": float(rollouts.rewards.mean()),
         "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
         "response_length_mean": float(generation.response_lengths.float().mean()),
         "num_tokens": num_tokens,
         "tokens_per_s": num_tokens / step_s,
-        "generated_tokens_per_s": float(generation.response_lengths.sum())
-        / max(timer.seconds["generate"], 1e-9),
+        "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(generate_s, 1e-9),
         "time_step_s": step_s,
-        **timer.as_metrics(),
-        "sample_response": rollouts.responses[0],
     }
 
 

@@ -34,6 +34,7 @@ from hpcrl.core.algorithms.grpo import (
     build_train_batch,
     decode_responses,
     expand_prompts,
+    rollout_metrics,
     train_on_batch,
 )
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
@@ -162,18 +163,10 @@ def step_record(
     age: int,
 ) -> dict[str, Any]:
     """The metrics keys of ``grpo_step`` plus the async ones (see the module docstring)."""
-    generation = rollouts.generation
-    num_tokens = int(generation.attention_mask.sum())
     return {
         "step": step,
         **train_metrics,
-        "reward_mean": float(rollouts.rewards.mean()),
-        "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
-        "response_length_mean": float(generation.response_lengths.float().mean()),
-        "num_tokens": num_tokens,
-        "tokens_per_s": num_tokens / step_s,
-        "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(generate_s, 1e-9),
-        "time_step_s": step_s,
+        **rollout_metrics(rollouts, step_s, generate_s),
         **timer.as_metrics(),
         "time_generate_s": generate_s,
         "trajectory_age_steps": age,
