@@ -25,29 +25,28 @@ class ContainerCfg:
 
 
 @frozen
-class PortBandCfg:
-    """One fixed port band; every port hpcrl's Ray uses lies inside [start, end]."""
-
-    start: int
-    end: int
-
-
-@frozen
 class RayPortsCfg:
-    """Fixed Ray ports, all below the OS ephemeral range (Linux default starts at 32768)."""
+    """Ray's ports (and the training group's torch master port). A port left unset (None)
+    comes from the job's own port band (``hpcrl.config.port_bands``), so two jobs on one node
+    do not collide; a port set here is used by every job of the profile."""
 
-    gcs_port: int = 6379
-    client_server_port: int = 10001
-    dashboard_port: int = 8265
-    node_manager_port: int = 6800
-    object_manager_port: int = 6801
-    runtime_env_agent_port: int = 6802
-    metrics_export_port: int = 6803
-    dashboard_agent_grpc_port: int = 6804
-    dashboard_agent_listen_port: int = 6805
-    min_worker_port: int = 11000
-    max_worker_port: int = 12999
-    torch_master_port: int = 29500
+    gcs_port: int | None = None
+    client_server_port: int | None = None
+    dashboard_port: int | None = None
+    node_manager_port: int | None = None
+    object_manager_port: int | None = None
+    runtime_env_agent_port: int | None = None
+    metrics_export_port: int | None = None
+    dashboard_agent_grpc_port: int | None = None
+    dashboard_agent_listen_port: int | None = None
+    min_worker_port: int | None = None
+    max_worker_port: int | None = None
+    torch_master_port: int | None = None
+
+    @property
+    def named(self) -> dict[str, int]:
+        """The ports the profile sets."""
+        return {name: port for name, port in attrs.asdict(self).items() if port is not None}
 
 
 @frozen

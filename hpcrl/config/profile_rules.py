@@ -7,6 +7,7 @@ import re
 import attrs
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.port_bands import FIRST_BAND_PORT, bands_end
 from hpcrl.config.profile import ClusterProfile
 
 # Slurm's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
@@ -105,7 +106,7 @@ def rule_container_needs_slurm(profile: ClusterProfile) -> list[Problem]:
 
 
 def rule_ray_ports(profile: ClusterProfile) -> list[Problem]:
-    ports = attrs.asdict(profile.ray_ports)
+    ports = profile.ray_ports.named  # the ports the profile sets; the rest come from the job's band
     problems = [
         Problem(
             path=f"ray_ports.{name}",
@@ -116,22 +117,39 @@ def rule_ray_ports(profile: ClusterProfile) -> list[Problem]:
         for name, port in ports.items()
         if not 1024 <= port <= 65535
     ]
-    if ports["min_worker_port"] > ports["max_worker_port"]:
-        problems.append(
-            Problem(
-                path="ray_ports.min_worker_port",
-                value=ports["min_worker_port"],
-                message=f"greater than ray_ports.max_worker_port ({ports['max_worker_port']})",
-                fix="make min_worker_port <= max_worker_port",
-            )
-        )
+    problems += _worker_range_problems(ports)
     fixed = {
         name: port
         for name, port in ports.items()
         if name not in ("min_worker_port", "max_worker_port")
     }
     problems += _duplicate_ports(fixed) + _ports_in_worker_band(fixed, ports)
-    return problems
+    uses_band = len(ports) < len(attrs.fields(type(profile.ray_ports)))
+    return problems + _ports_in_job_bands(ports, uses_band)
+
+
+def _worker_range_problems(ports: dict[str, int]) -> list[Problem]:
+    low, high = ports.get("min_worker_port"), ports.get("max_worker_port")
+    if (low is None) != (high is None):
+        name = "min_worker_port" if low is not None else "max_worker_port"
+        return [
+            Problem(
+                path=f"ray_ports.{name}",
+                value=ports[name],
+                message="set without the other end of the worker port range",
+                fix="set both min_worker_port and max_worker_port, or neither (the job's band)",
+            )
+        ]
+    if low is not None and high is not None and low > high:
+        return [
+            Problem(
+                path="ray_ports.min_worker_port",
+                value=low,
+                message=f"greater than ray_ports.max_worker_port ({high})",
+                fix="make min_worker_port <= max_worker_port",
+            )
+        ]
+    return []
 
 
 def rule_no_secrets_in_env(profile: ClusterProfile) -> list[Problem]:
@@ -200,7 +218,9 @@ def _duplicate_ports(fixed: dict[str, int]) -> list[Problem]:
 
 
 def _ports_in_worker_band(fixed: dict[str, int], ports: dict[str, int]) -> list[Problem]:
-    low, high = ports["min_worker_port"], ports["max_worker_port"]
+    low, high = ports.get("min_worker_port"), ports.get("max_worker_port")
+    if low is None or high is None:
+        return []
     return [
         Problem(
             path=f"ray_ports.{name}",
@@ -215,6 +235,23 @@ def _ports_in_worker_band(fixed: dict[str, int], ports: dict[str, int]) -> list[
 
 def _positive(path: str, value: int, fix: str) -> Problem:
     return Problem(path=path, value=value, message="must be at least 1", fix=fix)
+
+
+def _ports_in_job_bands(ports: dict[str, int], uses_band: bool) -> list[Problem]:
+    # A named port inside the bands could be one of this job's own band ports.
+    if not uses_band:
+        return []
+    low, high = FIRST_BAND_PORT, bands_end()
+    return [
+        Problem(
+            path=f"ray_ports.{name}",
+            value=port,
+            message=f"inside the per-job Ray port bands {low}..{high}, which the unset ports come from",
+            fix=f"choose a port below {low}, or set every ray_ports entry (then run one job per node)",
+        )
+        for name, port in ports.items()
+        if low <= port <= high
+    ]
 
 
 PROFILE_RULES = (

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -185,6 +186,7 @@ def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: i
         num_nodes=recipe.cluster.num_nodes,
         workers_per_node=recipe.cluster.gpus_per_node,
         device=device,
+        master_port=_job_master_port(),
     )
     training = RayPolicy(
         recipe, model_path, layout, worker_class_path(recipe.backend), pad_token_id=pad_token_id
@@ -194,6 +196,13 @@ def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: i
     from hpcrl.core.generation.vllm_policy import wrap_policy
 
     return wrap_policy(training, recipe, model_path, device)
+
+
+def _job_master_port() -> int | None:
+    """The job's torch master port (hpcrl.job.node sets it from the job's port band); None
+    outside a job: a free port on rank 0's node."""
+    text = os.environ.get("HPCRL_RAY_TORCH_MASTER_PORT")
+    return int(text) if text else None
 
 
 def checkpoint_store(policy: Any, recipe: Recipe, run_dir: Path) -> CheckpointStore:

@@ -38,7 +38,7 @@ from hpcrl.job.markers import (
 from hpcrl.job.network import port_accepts, wait_until
 from hpcrl.job.processes import start_in_own_session, stop_session
 from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
-from hpcrl.job.settings import NodeSettings, read_node_settings
+from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
 
 LOGGER_NAME = "hpcrl.job"
 WORKER_POLL_INTERVAL_S = 0.5
@@ -155,6 +155,8 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
         "RAY_ADDRESS": settings.gcs_address,
         "PYTHONUNBUFFERED": "1",
         ATTEMPT_VARIABLE: str(settings.task.attempt),
+        # The training group's rendezvous port, from the job's band like Ray's ports.
+        TORCH_MASTER_PORT_VARIABLE: str(settings.ray_ports.torch_master_port),
     }
     driver = start_in_own_session(
         [sys.executable, "-u", "-m", "hpcrl.job.driver_process", str(settings.run_dir)],

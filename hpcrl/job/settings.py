@@ -4,6 +4,7 @@ Sources, later ones win: built-in defaults < ``<run_dir>/jobspec.json`` (the pla
 ``JobSpec``, unstructured: ``num_nodes``, ``ray_ports``, ``max_requeues``, ``slots_per_node``,
 ``device``) < ``HPCRL_*`` environment variables (the rendered script exports them; tests set
 them per simulated node). Slurm's own variables give the node's rank and the job's hosts.
+Ray ports the profile and the environment leave unset come from the job's port band.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.port_bands import BAND_VARIABLE, NUM_BANDS, job_key, job_ports
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
 
 DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
+# The driver process reads the training group's master port from here (an override too).
+TORCH_MASTER_PORT_VARIABLE = "HPCRL_RAY_TORCH_MASTER_PORT"
 
 # HPCRL_* variable -> (setting name, type). Ray ports: HPCRL_RAY_<FIELD>, e.g. HPCRL_RAY_GCS_PORT.
 _ENV_SETTINGS: dict[str, tuple[str, type]] = {
@@ -98,7 +102,8 @@ def read_node_settings(
     """Settings for this node from the run folder, Slurm's variables and ``HPCRL_*`` overrides."""
     task = read_slurm_task(environ, requeue_count)
     values = _jobspec_values(Path(run_dir)) | _env_values(environ)
-    ports = attrs.evolve(RayPortsCfg(**values.pop("ray_ports", {})), **_env_ports(environ))
+    named = RayPortsCfg(**values.pop("ray_ports", {})).named | _env_ports(environ)
+    ports = RayPortsCfg(**job_ports(named, port_band(environ, task)))
     num_nodes = values.pop("num_nodes", task.num_nodes)
     if num_nodes != task.num_nodes:
         raise NodeSettingsError(
@@ -114,6 +119,22 @@ def read_node_settings(
         run_dir=Path(run_dir).resolve(), task=task, num_nodes=num_nodes, node_ip=node_ip,
         head_ip=head_ip, ray_ports=ports, **values,
     )  # fmt: skip
+
+
+def port_band(environ: Mapping[str, str], task: SlurmTask) -> int:
+    """This job's Ray port band: ``HPCRL_RAY_PORT_BAND``, else from the job's ids (equal on
+    every node of the job; see hpcrl.config.port_bands)."""
+    text = environ.get(BAND_VARIABLE)
+    if text:
+        band = _parse(BAND_VARIABLE, text, int)
+        if not 0 <= band < NUM_BANDS:
+            raise NodeSettingsError(f"{BAND_VARIABLE}={band} is not in 0..{NUM_BANDS - 1}")
+        return band
+    array_job_id, array_task_id = (
+        environ.get("SLURM_ARRAY_JOB_ID"),
+        environ.get("SLURM_ARRAY_TASK_ID"),
+    )
+    return job_key(task.job_id, array_job_id, array_task_id) % NUM_BANDS
 
 
 def _jobspec_values(run_dir: Path) -> dict[str, Any]:

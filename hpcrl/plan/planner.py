@@ -12,8 +12,6 @@ import re
 import shlex
 from collections.abc import Sequence
 
-import attrs
-
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan import layout as layout_checks
@@ -240,7 +238,7 @@ def _python_argv(profile: ClusterProfile, findings: Findings) -> tuple[str, ...]
 
 def _check_ray_ports(profile: ClusterProfile, findings: Findings) -> None:
     ports = profile.ray_ports
-    named = {field.name: getattr(ports, field.name) for field in attrs.fields(type(ports))}
+    named = ports.named  # unset ports come from the job's band (hpcrl.config.port_bands)
     for name, port in named.items():
         if not isinstance(port, int) or not 1024 <= port <= 65535:
             findings.error(
@@ -249,7 +247,8 @@ def _check_ray_ports(profile: ClusterProfile, findings: Findings) -> None:
                 value=port,
                 fix="choose a free port below 32768 (the Linux ephemeral range starts there)",
             )
-    if ports.min_worker_port > ports.max_worker_port:
+    low, high = named.get("min_worker_port"), named.get("max_worker_port")
+    if low is not None and high is not None and low > high:
         findings.error(
             profile_path(profile, "ray_ports.min_worker_port"),
             "above max_worker_port",
@@ -270,7 +269,7 @@ def _check_ray_ports(profile: ClusterProfile, findings: Findings) -> None:
                 value=port,
                 fix="give every Ray port its own number",
             )
-        elif ports.min_worker_port <= port <= ports.max_worker_port:
+        elif low is not None and high is not None and low <= port <= high:
             findings.error(
                 profile_path(profile, f"ray_ports.{name}"),
                 "inside the worker port range",

@@ -50,17 +50,29 @@ def test_container_on_the_local_scheduler():
 
 def test_ports_must_not_collide_or_sit_in_the_worker_band():
     problems = problems_for(
-        ray_ports={"dashboard_port": 6379, "node_manager_port": 11500, "metrics_export_port": 80}
-    )
+        ray_ports={"gcs_port": 6379, "dashboard_port": 6379, "node_manager_port": 7500,
+                   "metrics_export_port": 80, "min_worker_port": 7000, "max_worker_port": 7999}
+    )  # fmt: skip
     assert problems["ray_ports.dashboard_port"].message == "same port as ray_ports.gcs_port"
-    assert "worker port band 11000..12999" in problems["ray_ports.node_manager_port"].message
+    assert "worker port band 7000..7999" in problems["ray_ports.node_manager_port"].message
     assert problems["ray_ports.metrics_export_port"].message == "not a TCP port"
 
 
-def test_worker_band_must_be_ordered():
+def test_worker_band_must_be_ordered_and_set_at_both_ends():
     assert "ray_ports.min_worker_port" in problems_for(
-        ray_ports={"min_worker_port": 13000, "max_worker_port": 12000}
+        ray_ports={"min_worker_port": 9000, "max_worker_port": 8000}
     )
+    problem = problems_for(ray_ports={"max_worker_port": 8000})["ray_ports.max_worker_port"]
+    assert problem.message == "set without the other end of the worker port range"
+
+
+def test_unset_ports_come_from_the_job_band_so_named_ports_stay_out_of_it():
+    assert not [p for p in problems_for().values() if p.path.startswith("ray_ports")]
+    problem = problems_for(ray_ports={"gcs_port": 20000})["ray_ports.gcs_port"]
+    assert problem.message == (
+        "inside the per-job Ray port bands 10000..32527, which the unset ports come from"
+    )
+    assert "ray_ports.gcs_port" not in problems_for(ray_ports={"gcs_port": 6379})
 
 
 def test_secrets_belong_in_pass_env():

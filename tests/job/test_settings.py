@@ -49,7 +49,7 @@ def test_environment_overrides_jobspec_which_overrides_defaults(tmp_path):
 
     assert settings.ray_ports.gcs_port == 7100  # env
     assert settings.ray_ports.node_manager_port == 7001  # jobspec
-    assert settings.ray_ports.object_manager_port == 6801  # default
+    assert settings.ray_ports.object_manager_port == 19220  # job 4242's band: 4242 % 44 = 18
     assert (settings.max_requeues, settings.num_gpus, settings.num_nodes) == (3, 8, 2)
     assert (settings.node_rank, settings.is_head) == (1, False)
     assert (settings.node_ip, settings.head_ip) == ("127.0.0.1", "127.0.0.1")
@@ -89,17 +89,18 @@ def test_ray_start_command_for_head_and_worker(tmp_path):
 
     head_argv, worker_argv = ray_start_argv(head), ray_start_argv(worker)
 
-    assert head_argv[1:6] == ["start", "--block", "--disable-usage-stats", "--head", "--port=6379"]
-    for flag in ("--include-dashboard=false", "--ray-client-server-port=10001",
-                 "--dashboard-port=8265", "--node-ip-address=127.0.0.1",
-                 "--temp-dir=/tmp/hpcrl-ray-4242-0", "--node-manager-port=6800",
-                 "--object-manager-port=6801", "--runtime-env-agent-port=6802",
-                 "--metrics-export-port=6803", "--dashboard-agent-grpc-port=6804",
-                 "--dashboard-agent-listen-port=6805", "--min-worker-port=11000",
-                 "--max-worker-port=12999", '--resources={"hpcrl_node_0": 1}',
+    # Job 4242 takes band 4242 % 44 = 18: ports 19216..19727.
+    assert head_argv[1:6] == ["start", "--block", "--disable-usage-stats", "--head", "--port=19216"]
+    for flag in ("--include-dashboard=false", "--ray-client-server-port=19217",
+                 "--dashboard-port=19218", "--node-ip-address=127.0.0.1",
+                 "--temp-dir=/tmp/hpcrl-ray-4242-0", "--node-manager-port=19219",
+                 "--object-manager-port=19220", "--runtime-env-agent-port=19221",
+                 "--metrics-export-port=19222", "--dashboard-agent-grpc-port=19223",
+                 "--dashboard-agent-listen-port=19224", "--min-worker-port=19232",
+                 "--max-worker-port=19727", '--resources={"hpcrl_node_0": 1}',
                  "--num-gpus=0", "--num-cpus=4"):  # fmt: skip
         assert flag in head_argv
-    assert "--address=127.0.0.1:6379" in worker_argv
+    assert "--address=127.0.0.1:19216" in worker_argv
     assert not any(
         arg.startswith(("--head", "--port", "--include-dashboard")) for arg in worker_argv
     )

@@ -278,7 +278,14 @@ def test_env_values_with_dollar_warn_that_they_stay_literal():
 
 def test_ray_ports_must_be_distinct_and_outside_the_worker_range():
     profile = pyxis_profile(
-        ray_ports=RayPortsCfg(gcs_port=6800, dashboard_port=11500, torch_master_port=80)
+        ray_ports=RayPortsCfg(
+            gcs_port=6800,
+            node_manager_port=6800,
+            dashboard_port=11500,
+            torch_master_port=80,
+            min_worker_port=11000,
+            max_worker_port=12999,
+        )  # fmt: skip
     )
     errors = plan_errors(automodel_recipe(num_nodes=2), profile)
     assert "same port as" in errors["profile[site].ray_ports.node_manager_port"].message
