@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from hpcrl.cli.prepare import Prepared
     from hpcrl.config.recipe import Recipe
     from hpcrl.submit.job_record import JobRecord
+    from hpcrl.submit.sweep_launch import PlannedSweep
 
 
 def register(subparsers: Any) -> None:
@@ -49,6 +50,10 @@ def register(subparsers: Any) -> None:
         "-o", "--out", metavar="DIR", help="sweep folder (default: runs/<recipe>-sweep-<hash>)"
     )
     sweep.add_argument("--wait", action="store_true", help="wait until every point has ended")
+    sweep.add_argument(
+        "--no-submit", action="store_true",
+        help="write the sweep folder (sweep.json, each point's run folder) and stop",
+    )  # fmt: skip
     sweep.set_defaults(func=run_sweep)
 
     status = subparsers.add_parser("status", help="state of runs (default: every run under ./runs)")
@@ -154,9 +159,8 @@ def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
 
 # --------------------------------------------------------------------------- sweep
 def run_sweep(args: argparse.Namespace) -> int:
-    from hpcrl.submit.submission import SubmissionRefused
     from hpcrl.submit.sweep import SweepError, build_points
-    from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep, write_and_submit_sweep
+    from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep
 
     try:
         points = build_points(args.grid, args.zip)
@@ -166,7 +170,15 @@ def run_sweep(args: argparse.Namespace) -> int:
     sweep_dir = Path(args.out).absolute() if args.out else default_sweep_dir(
         args.recipe, args.cluster, args.overrides, points, Path(DEFAULT_RUNS_DIR)
     )  # fmt: skip
+    if args.no_submit and args.wait:
+        print("hpcrl sweep: --wait needs a submitted sweep; drop --no-submit", file=sys.stderr)
+        return 2
     planned = plan_sweep(args.recipe, args.cluster, args.overrides, points, sweep_dir)
+    if args.no_submit:
+        return _write_unsubmitted(planned)
+    from hpcrl.submit.submission import SubmissionRefused
+    from hpcrl.submit.sweep_launch import write_and_submit_sweep
+
     try:
         record, job_records = write_and_submit_sweep(planned)
     except SubmissionRefused as error:
@@ -187,6 +199,22 @@ def run_sweep(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     return _wait_sweep(sweep_dir, job_records, console)
+
+
+def _write_unsubmitted(planned: PlannedSweep) -> int:
+    """``--no-submit``: the folders only, each point's path and its values."""
+    from hpcrl.submit.sweep_launch import write_sweep_folders
+
+    write_sweep_folders(planned)
+    console = _console()
+    shown = _shown(planned.sweep_dir)
+    console.print(
+        f"Wrote sweep {planned.record.name} with {len(planned.points)} points (not submitted)"
+    )
+    for point in planned.record.points:
+        console.print(f"  {shown}/{point.run_dir_name}  {point.describe()}", soft_wrap=True)
+    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+    return 0
 
 
 def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console) -> int:

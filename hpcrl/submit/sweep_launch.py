@@ -7,6 +7,10 @@ from it), ``sweep.json`` (points, array job id), and ``point-<i>/`` per point wi
 point's resolved recipe, manifest, ``job.json``, logs and metrics. ``point-<i>/job.sbatch``
 is the point alone as a single job (what ``hpcrl render`` with its overrides writes); the
 array ran ``../job.sbatch``.
+
+``hpcrl sweep --no-submit`` stops after ``write_sweep_folders``: the same folders and
+``sweep.json`` (no array job id), for points run by hand, e.g. on a GPU machine without Slurm.
+submitit is imported only when submitting, so that path runs where submitit is not installed.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.planner import plan
 from hpcrl.render.run_folder import write_run_folder
 from hpcrl.submit.job_record import JobRecord, utc_now_iso
-from hpcrl.submit.submission import submit_array, write_jobspec
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 
 
@@ -63,9 +66,10 @@ def plan_sweep(
             message=f"a sweep is one Slurm job array; profile {profile.name!r} has no Slurm",
             fix="sweep on a Slurm profile, or run the points one by one with hpcrl submit",
         )])  # fmt: skip
-    # Whole nodes per array task: hpcrl's Ray ports are fixed per node, so two tasks of one
-    # array sharing a node would join each other's Ray cluster.
-    profile = attrs.evolve(profile, slurm=attrs.evolve(profile.slurm, exclusive=True))
+    # Array tasks take neighbouring Ray port bands (hpcrl.config.port_bands), so they may share
+    # a node; a port the profile names is the same for every task, so then whole nodes each.
+    if profile.ray_ports.named:
+        profile = attrs.evolve(profile, slurm=attrs.evolve(profile.slurm, exclusive=True))
     planned, problems = [], []
     for point in points:
         try:
@@ -122,18 +126,27 @@ def _check_one_allocation_shape(planned: Sequence[PlannedPoint]) -> None:
         )])  # fmt: skip
 
 
-def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:
-    """Write every point's folder and the array script, submit one array, write sweep.json."""
+def write_sweep_folders(planned: PlannedSweep) -> Path:
+    """Write every point's folder, the array script and ``sweep.json``; the array's script."""
     for point in planned.points:
         loaded = point.loaded
         write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path)
-        write_jobspec(point.spec)  # what the point's node entrypoint reads in the job
     first = planned.points[0].loaded
     run = write_run_folder(planned.array_spec, first.resolved_dict, recipe_path=first.source_path)
-    point_dirs = planned.record.point_run_dirs(planned.sweep_dir)
     # sweep.json before submitting: the points are on record even if submission fails
     write_sweep_record(planned.sweep_dir, planned.record)
-    records = submit_array(planned.array_spec, run.script, point_dirs)
+    return run.script
+
+
+def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:
+    """Write every point's folder and the array script, submit one array, write sweep.json."""
+    from hpcrl.submit.submission import submit_array, write_jobspec
+
+    script = write_sweep_folders(planned)
+    for point in planned.points:
+        write_jobspec(point.spec)  # what the point's node entrypoint reads in the job
+    point_dirs = planned.record.point_run_dirs(planned.sweep_dir)
+    records = submit_array(planned.array_spec, script, point_dirs)
     record = attrs.evolve(
         planned.record, array_job_id=records[0].array_job_id, submitted_at=utc_now_iso()
     )
