@@ -37,6 +37,20 @@ def _free(port: int) -> bool:
     return True
 
 
+def free_port_bands(count: int) -> list[int]:
+    """``count`` per-job port bands (hpcrl.config.port_bands) whose ports are all free here."""
+    from hpcrl.config.port_bands import BAND_SIZE, FIRST_BAND_PORT, NUM_BANDS
+
+    free = []
+    for band in range(NUM_BANDS - 1, -1, -1):  # from the top: clear of other tests' bands
+        start = FIRST_BAND_PORT + band * BAND_SIZE
+        if all(_free(port) for port in range(start, start + BAND_SIZE)):
+            free.append(band)
+        if len(free) == count:
+            return free
+    raise RuntimeError(f"fewer than {count} free Ray port bands on this machine")
+
+
 def free_port_base(seed: int) -> int:
     """A base port under the ephemeral range with PORT_SPAN free ports above it."""
     for offset in range(0, 8000, PORT_SPAN):
@@ -55,6 +69,7 @@ class SimulatedJob:
     port_base: int
     job_id: str = attrs.field(factory=lambda: f"t{uuid.uuid4().hex[:8]}")
     extra_env: dict[str, str] = attrs.field(factory=dict)
+    own_port_band: bool = False  # True: no HPCRL_RAY_*_PORT variables, the job's band decides
 
     @property
     def gcs_port(self) -> int:
@@ -82,6 +97,8 @@ class SimulatedJob:
         }  # fmt: skip
         for field in NODE_PORT_FIELDS:
             env[f"HPCRL_RAY_{field.upper()}"] = str(self.node_port(rank, field))
+        if self.own_port_band:
+            env = {name: value for name, value in env.items() if not name.endswith("_PORT")}
         return env | self.extra_env
 
     def start_node(self, rank: int, entry: str = "main", **env: str) -> subprocess.Popen[str]:

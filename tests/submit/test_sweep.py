@@ -84,9 +84,8 @@ def test_flagship_sweep_plans_every_point_as_one_array(tmp_path: Path) -> None:
     assert spec.array_size == 4 and spec.run_dir == str(tmp_path / "sw")
     assert dict(spec.sbatch_directives)["array"] == "0-3%2"  # slurm-test: array_parallelism 2
     assert dict(spec.sbatch_directives)["job-name"] == "sw"
-    assert "exclusive" in dict(spec.sbatch_directives), (
-        "array tasks must not share a node's Ray ports"
-    )
+    # slurm-test leaves the Ray ports to each task's port band: tasks may share a node.
+    assert "exclusive" not in dict(spec.sbatch_directives)
     fractions = [
         p.loaded.recipe.policy.megatron_cfg.optimizer.optimizer_offload_fraction
         for p in planned.points
@@ -122,3 +121,14 @@ def test_a_sweep_needs_a_slurm_profile(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as error:
         plan_sweep(MEGATRON_RECIPE, "local", OFFLOAD_ON, points, tmp_path / "sw")
     assert "one Slurm job array" in error.value.problems[0].message
+
+
+def test_a_profile_with_named_ray_ports_gets_whole_nodes_per_task(tmp_path: Path) -> None:
+    profile_text = (REPO / "cluster_profiles" / "slurm-test.yaml").read_text()
+    profile = tmp_path / "fixed-ports.yaml"
+    profile.write_text(profile_text + "ray_ports:\n  gcs_port: 6379\n")
+    points = build_points([f"{FRACTION}=0.25,0.5"])
+    planned = plan_sweep(MEGATRON_RECIPE, str(profile), OFFLOAD_ON, points, tmp_path / "sw")
+    assert "exclusive" in dict(planned.array_spec.sbatch_directives), (
+        "tasks would share the named gcs_port on one node"
+    )
