@@ -16,8 +16,9 @@ unpatched (or needlessly patched) code. Written and checked for megatron-core 0.
 Apply with the ``megatron_cpu`` fixture (tests/megatron/conftest.py) or, in spawned worker
 processes, ``with cpu_patches(): ...``. Nothing is patched at import time.
 
-The TP=2 conversion fix of megatron-bridge lives here too (``bridge_contiguous_scatter``):
-it is a real bug, not a CPU redirection, but it only bites on gloo.
+The TP>1 load fix of megatron-bridge lives here too (``bridge_contiguous_scatter``): a real
+bug, not a CPU redirection, that only bites on gloo. Written and checked for megatron-bridge
+0.3.x. Applying the layer imports the bridge (with the TE stand-in, ``te_standin.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-SUPPORTED_CORE_PREFIX = "0.16."
+# Versions the patches were written and checked against ("0.16." matches 0.16.x).
+SUPPORTED_PREFIXES = {"megatron-core": "0.16.", "megatron-bridge": "0.3."}
+_PIP_LINES = {
+    "megatron-core": "pip install 'megatron-core==0.16.*'",
+    "megatron-bridge": "pip install --no-deps 'megatron-bridge==0.3.*'",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,14 +46,16 @@ class CpuPatch:
 
     name: str
     why: str
-    # ("module:qualname", fragment): megatron-core code that must still contain the CUDA-only
-    # fragment this patch works around, for the patch to be needed and correct.
+    # ("module:qualname", fragment): upstream code that must still contain the fragment this
+    # patch works around, for the patch to be needed and correct.
     requires: tuple[tuple[str, str], ...]
+    package: str = "megatron-core"
 
 
 _RANDOM = "megatron.core.tensor_parallel.random"
 _OPTIMIZER = "megatron.core.optimizer.optimizer"
 _CLIP = "megatron.core.optimizer.clip_grads"
+_BRIDGE_MAPPING = "megatron.bridge.models.conversion.param_mapping"
 
 PATCHES = (
     CpuPatch(
@@ -121,6 +129,22 @@ PATCHES = (
             ),
         ),
     ),
+    CpuPatch(
+        name="bridge_contiguous_scatter",
+        why="Loading HF weights at TP>1, the bridge splits each weight with torch.chunk and "
+        "scatters the pieces from TP rank 0 as they are; pieces split along dim 1 (row-parallel "
+        "weights: o_proj, down_proj) are non-contiguous views, and gloo's scatter sends such "
+        "a view's storage as if it were contiguous: those ranks silently get wrong weights "
+        "(torch 2.13). The patch hands the scatter contiguous copies; "
+        "test_bridge_tp_load.py proves both the fix and that the bug is still there.",
+        requires=(
+            (
+                f"{_BRIDGE_MAPPING}:MegatronParamMapping.scatter_to_tp_ranks",
+                "scatter_list = [s.to(device=device, dtype=dtype) for s in splits]",
+            ),
+        ),
+        package="megatron-bridge",
+    ),
 )
 
 
@@ -136,28 +160,49 @@ def _resolve(dotted: str) -> object:
     return target
 
 
-def check_patches_apply() -> None:
-    """Fail loudly if the installed megatron-core is not the code these patches were made for."""
+def installed_versions() -> dict[str, str]:
+    """megatron-core and megatron-bridge versions (importing the bridge with the TE stand-in)."""
     import megatron.core
 
-    version = megatron.core.__version__
-    if not version.startswith(SUPPORTED_CORE_PREFIX):
-        raise PatchNoLongerApplies(
-            f"tests/megatron/cpu_patches.py was written for megatron-core "
-            f"{SUPPORTED_CORE_PREFIX}x, found {version}: re-check every patch"
-        )
+    from tests.megatron import te_standin
+
+    bridge = te_standin.import_bridge_without_te()
+    return {"megatron-core": megatron.core.__version__, "megatron-bridge": bridge.__version__}
+
+
+def check_versions(versions: dict[str, str]) -> None:
+    """Only the versions the patches were checked against; the message says what to do."""
+    for package, version in versions.items():
+        prefix = SUPPORTED_PREFIXES[package]
+        if not version.startswith(prefix):
+            raise PatchNoLongerApplies(
+                f"tests/megatron/cpu_patches.py supports {package} {prefix}x only, found "
+                f"{version}. To run the Megatron CPU tests, install the supported version "
+                f"(Python 3.11: `{_PIP_LINES[package]}`; docs/megatron.md, Install). To move the "
+                f"tests to {package} {version} instead: for every patch in PATCHES with "
+                f"package={package!r}, re-read each `requires` function in the new source, "
+                f"update the patch and its fragments until check_patches_apply() passes and "
+                f"tests/megatron passes, then set SUPPORTED_PREFIXES[{package!r}] in "
+                f"tests/megatron/cpu_patches.py."
+            )
+
+
+def check_patches_apply() -> None:
+    """Fail loudly if the installed megatron-core/bridge is not the code the patches were made for."""
+    versions = installed_versions()
+    check_versions(versions)
     for patch in PATCHES:
+        version = f"{patch.package} {versions[patch.package]}"
         for consumer, fragment in patch.requires:
             try:
                 source = inspect.getsource(_resolve(consumer))
             except (AttributeError, ImportError) as err:
                 raise PatchNoLongerApplies(
-                    f"patch {patch.name} no longer applies to megatron-core {version}: "
-                    f"{consumer} is gone ({err})"
+                    f"patch {patch.name} no longer applies to {version}: {consumer} is gone ({err})"
                 ) from err
             if fragment not in source:
                 raise PatchNoLongerApplies(
-                    f"patch {patch.name} no longer applies to megatron-core {version}: "
+                    f"patch {patch.name} no longer applies to {version}: "
                     f"{consumer} no longer contains {fragment!r}"
                 )
 
@@ -208,18 +253,48 @@ def _cpu_set_rng_state(new_state, device=-1, graph_safe=False) -> None:
     torch.set_rng_state(new_state)
 
 
-def _apply() -> Callable[[], None]:
-    """Apply every patch (checked first); returns the function that undoes them."""
-    check_patches_apply()
+def _contiguous_scatter(original: Callable) -> Callable:
+    """``scatter_to_tp_ranks`` that hands gloo contiguous pieces (same values, own storage)."""
+
+    def scatter_to_tp_ranks(self, splits, *args, **kwargs):
+        if splits:
+            splits = [split.contiguous() for split in splits]
+        return original(self, splits, *args, **kwargs)
+
+    return scatter_to_tp_ranks
+
+
+def _replacements(skip: frozenset[str]) -> list[tuple[object, str, Callable]]:
+    """(owner, attribute, replacement) per patch not in ``skip``."""
+    from megatron.bridge.models.conversion import param_mapping
     from megatron.core.tensor_parallel import random as mcore_random
 
-    replacements: list[tuple[object, str, Callable]] = [
-        (mcore_random.CudaRNGStatesTracker, "add", _cpu_rng_add),
-        (mcore_random, "_get_cuda_rng_state", _cpu_get_rng_state),
-        (mcore_random, "_set_cuda_rng_state", _cpu_set_rng_state),
-        (torch.cuda, "current_device", lambda: torch.device("cpu")),
-        (torch.cuda, "synchronize", lambda device=None: None),
-    ]
+    mapping = param_mapping.MegatronParamMapping
+    by_patch: dict[str, list[tuple[object, str, Callable]]] = {
+        "cpu_rng_tracker": [
+            (mcore_random.CudaRNGStatesTracker, "add", _cpu_rng_add),
+            (mcore_random, "_get_cuda_rng_state", _cpu_get_rng_state),
+            (mcore_random, "_set_cuda_rng_state", _cpu_set_rng_state),
+        ],
+        "current_device_is_cpu": [(torch.cuda, "current_device", lambda: torch.device("cpu"))],
+        "cuda_synchronize_noop": [(torch.cuda, "synchronize", lambda device=None: None)],
+        "bridge_contiguous_scatter": [
+            (mapping, "scatter_to_tp_ranks", _contiguous_scatter(mapping.scatter_to_tp_ranks))
+        ],
+    }
+    unknown = skip - {patch.name for patch in PATCHES}
+    assert not unknown, f"no such patches: {sorted(unknown)}"
+    return [entry for name, entries in by_patch.items() if name not in skip for entry in entries]
+
+
+def _apply(skip: frozenset[str] = frozenset()) -> Callable[[], None]:
+    """Apply every patch not in ``skip`` (checked first); returns the function that undoes them.
+
+    ``skip`` exists for tests that prove a patch is still needed; the two patches served by
+    the TorchFunctionMode (cuda_device_strings, cuda_type_names) cannot be skipped."""
+    check_patches_apply()
+    assert not skip & {"cuda_device_strings", "cuda_type_names"}, "mode patches are not skippable"
+    replacements = _replacements(skip)
     originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in replacements]
     for owner, attr, new in replacements:
         setattr(owner, attr, new)
@@ -235,15 +310,15 @@ def _apply() -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def cpu_patches() -> Iterator[None]:
-    """Apply every patch for the duration of the block (checked first, undone after)."""
-    undo = _apply()
+def cpu_patches(skip: frozenset[str] = frozenset()) -> Iterator[None]:
+    """Apply every patch (but ``skip``) for the duration of the block (checked first, undone after)."""
+    undo = _apply(skip)
     try:
         yield
     finally:
         undo()
 
 
-def apply_for_process_lifetime() -> None:
-    """In a spawned child that exits after its work: apply and never undo."""
-    _apply()
+def apply_for_process_lifetime(skip: frozenset[str] = frozenset()) -> None:
+    """In a spawned child that exits after its work: apply (all but ``skip``) and never undo."""
+    _apply(skip)

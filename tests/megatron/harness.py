@@ -16,12 +16,12 @@ from typing import Any
 import torch.multiprocessing as mp
 
 
-def prepare_cpu_process() -> None:
+def prepare_cpu_process(skip_patches: frozenset[str] = frozenset()) -> None:
     """For a spawned child that lives only for one job: TE stand-in + patches until exit."""
     from tests.megatron import cpu_patches, te_standin
 
     te_standin.import_bridge_without_te()
-    cpu_patches.apply_for_process_lifetime()
+    cpu_patches.apply_for_process_lifetime(skip_patches)
 
 
 def free_port() -> int:
@@ -31,7 +31,14 @@ def free_port() -> int:
 
 
 def _rank_main(
-    rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, megatron: bool
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable,
+    args: tuple,
+    results,
+    megatron: bool,
+    skip_patches: frozenset[str],
 ) -> None:
     import torch.distributed as dist
 
@@ -43,7 +50,7 @@ def _rank_main(
         LOCAL_RANK=str(rank),
     )
     if megatron:
-        prepare_cpu_process()
+        prepare_cpu_process(skip_patches)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         results[rank] = ("ok", fn(rank, world_size, *args))
@@ -61,16 +68,23 @@ def _rank_main(
     os._exit(0)
 
 
-def run_ranks(world_size: int, fn: Callable, *args: Any, megatron: bool = True) -> list[Any]:
+def run_ranks(
+    world_size: int,
+    fn: Callable,
+    *args: Any,
+    megatron: bool = True,
+    skip_patches: frozenset[str] = frozenset(),
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; their results.
 
-    ``megatron``: install the TE stand-in and the CPU patch layer in each rank first."""
+    ``megatron``: install the TE stand-in and the CPU patch layer (all but ``skip_patches``)
+    in each rank first."""
     manager = mp.get_context("spawn").Manager()
     results = manager.dict()
     port = free_port()
     context = mp.start_processes(
         _rank_main,
-        args=(world_size, port, fn, args, results, megatron),
+        args=(world_size, port, fn, args, results, megatron, skip_patches),
         nprocs=world_size,
         join=False,
         start_method="spawn",

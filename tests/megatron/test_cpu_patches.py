@@ -4,6 +4,7 @@ and leave nothing behind."""
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 import torch
@@ -45,12 +46,46 @@ def test_a_patch_whose_target_is_gone_fails_loudly(monkeypatch):
         cpu_patches.check_patches_apply()
 
 
-def test_another_megatron_core_version_fails_loudly(monkeypatch):
+def test_another_megatron_core_version_fails_with_what_to_do(monkeypatch):
     import megatron.core
 
     monkeypatch.setattr(megatron.core, "__version__", "0.19.2")
-    with pytest.raises(cpu_patches.PatchNoLongerApplies, match="found 0.19.2"):
+    with pytest.raises(cpu_patches.PatchNoLongerApplies) as error:
         cpu_patches.check_patches_apply()
+    message = str(error.value)
+    assert "supports megatron-core 0.16.x only, found 0.19.2" in message
+    assert "`pip install 'megatron-core==0.16.*'`" in message
+    assert "set SUPPORTED_PREFIXES['megatron-core'] in tests/megatron/cpu_patches.py" in message
+
+
+def test_another_megatron_bridge_version_fails_with_what_to_do(monkeypatch):
+    bridge = te_standin.import_bridge_without_te()
+    monkeypatch.setattr(bridge, "__version__", "0.6.0")
+    with pytest.raises(cpu_patches.PatchNoLongerApplies) as error:
+        cpu_patches.check_patches_apply()
+    message = str(error.value)
+    assert "supports megatron-bridge 0.3.x only, found 0.6.0" in message
+    assert "`pip install --no-deps 'megatron-bridge==0.3.*'`" in message
+
+
+def test_bridge_scatter_patch_hands_contiguous_pieces_and_is_undone():
+    te_standin.import_bridge_without_te()
+    from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
+
+    # At tp_size 1 the bridge's scatter returns the first piece as given: what gloo would get.
+    one_rank = types.SimpleNamespace(tp_size=1)
+    pieces = list(torch.arange(12.0).reshape(3, 4).chunk(2, dim=1))
+
+    def first_piece() -> torch.Tensor:
+        return MegatronParamMapping.scatter_to_tp_ranks(
+            one_rank, pieces, pieces[0].shape, torch.float32, torch.device("cpu")
+        )
+
+    assert not first_piece().is_contiguous()
+    with cpu_patches.cpu_patches():
+        patched = first_piece()
+    assert patched.is_contiguous() and torch.equal(patched, pieces[0])
+    assert not first_piece().is_contiguous()
 
 
 def test_patches_redirect_inside_the_block_and_are_undone_after():
