@@ -15,15 +15,17 @@ import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from hpcrl.config.converter import StructureIssue, format_path, try_structure, value_at
 from hpcrl.config.errors import Problem
 from hpcrl.config.overrides import alias_warning, apply_overrides
+from hpcrl.config.plain_yaml import read_plain_yaml, resolve_references
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 DEFAULTS_KEY = "defaults"
 MAX_PRUNE_ROUNDS = 6
@@ -48,6 +50,12 @@ def load_merged(path: Path, overrides: Sequence[str], schema: type) -> MergedCon
     data, problems = _load_tree(path, chain=())
     if data is None:
         return MergedConfig(resolved=None, raw={}, problems=problems)
+    # OmegaConf is imported only when needed: it is most of a cold `hpcrl render`.
+    resolved = None if overrides else resolve_references(data)
+    if resolved is not None:
+        return MergedConfig(resolved=resolved, raw=data, problems=problems)
+    from omegaconf import OmegaConf
+
     cfg = OmegaConf.create(data)
     cfg, override_problems = apply_overrides(cfg, overrides, schema)
     raw = OmegaConf.to_container(cfg, resolve=False)
@@ -152,7 +160,11 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
     try:
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        data = read_plain_yaml(path)
+        if data is None:
+            from omegaconf import OmegaConf
+
+            data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except FileNotFoundError:
         return None, [Problem(path=str(path), message="file not found", fix="check the path")]
     except Exception as exc:  # yaml.YAMLError and OmegaConf errors: the parser's own words
@@ -232,6 +244,9 @@ def _absolute(value: str, folder: Path) -> str:
 
 # --------------------------------------------------------------------------- interpolation
 def _resolve(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[Problem]]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), []
     except OmegaConfBaseException:
@@ -265,6 +280,8 @@ def _resolve(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[Problem]]:
 
 
 def _leaf_nodes(node: Any, parts: tuple) -> list[tuple[tuple, Any]]:
+    from omegaconf import DictConfig, OmegaConf
+
     if isinstance(node, DictConfig) and not node._is_interpolation():
         children = [(key, node._get_node(key)) for key in node.keys()]
     elif OmegaConf.is_list(node) and not node._is_interpolation():

@@ -11,14 +11,15 @@ from __future__ import annotations
 import os
 import re
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import Problem
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 DOTTED_KEY = re.compile(r"[A-Za-z0-9_][\w-]*(\.[A-Za-z0-9_][\w-]*)*")
 ALIASES = {("policy", "dtensor_cfg"): ("policy", "automodel_cfg")}
@@ -41,6 +42,8 @@ def parse_override(text: str) -> tuple[Override | None, list[Problem]]:
         return None, [_bad_syntax(text, "an override must look like KEY=VALUE")]
     if not DOTTED_KEY.fullmatch(key):
         return None, [_bad_syntax(text, f"{key!r} is not a dotted key (names joined by '.')")]
+    from omegaconf import OmegaConf  # here: importing it is most of a cold `hpcrl render`
+
     try:
         # OmegaConf types the value as YAML would; a fixed key keeps its own key syntax out.
         value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw_value}"]), resolve=False)[
@@ -55,6 +58,9 @@ def apply_overrides(
     cfg: DictConfig, texts: typing.Sequence[str], schema: type
 ) -> tuple[DictConfig, list[Problem]]:
     """Apply overrides in order (later wins) to a merged config; problems for bad ones."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     problems: list[Problem] = []
     for text in texts:
         override, parse_problems = parse_override(text)
