@@ -47,6 +47,7 @@ class JobStatus:
     elapsed_s: float | None = None
     exit_code: int | None = None
     scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
+    reason: str | None = None  # sacct's Reason of a pending job (Priority, Resources, ...)
 
     @property
     def is_final(self) -> bool:
@@ -92,6 +93,7 @@ def query_status(record: JobRecord) -> JobStatus:
         attempts=len(rows),
         elapsed_s=float(last["ElapsedRaw"]) if last["ElapsedRaw"].isdigit() else None,
         exit_code=_parse_exit_code(last["ExitCode"]) if last_state in FINAL_STATES else None,
+        reason=last.get("Reason") if last.get("Reason") not in (None, "", "None") else None,
     )
 
 
@@ -116,7 +118,7 @@ def _parse_exit_code(text: str) -> int | None:
 def _sacct_rows(job_id: str) -> list[dict[str, str]] | str:
     """One row per attempt (``--duplicates``), allocation lines only (``-X``), oldest first;
     the error text when sacct fails (slurmdbd down, sacct missing)."""
-    fields = ["JobID", "State", "ExitCode", "ElapsedRaw"]
+    fields = ["JobID", "State", "ExitCode", "ElapsedRaw", "Reason"]
     command = ["sacct", "-X", "--duplicates", "--parsable2", "-j", job_id, "-o", ",".join(fields)]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=SACCT_TIMEOUT_S)

@@ -1,7 +1,9 @@
 """``hpcrl submit --wait``: follow a job to its end with one live progress line.
 
-queued → running → Ray ready (``status/ray_ready`` of the current attempt) → training step
-N/M (the last line of ``metrics.jsonl``) → done. Never hangs: the loop ends when the
+queued (with Slurm's reason) → running → Ray ready (``status/ray_ready`` of the current
+attempt) → training step N/M (the last line of ``metrics.jsonl``) → done. On a terminal the
+line updates in place; elsewhere (CI logs, pipes) one line per change of phase, plus the
+current line again every ``heartbeat_s`` (new training steps alone do not print). Never hangs: the loop ends when the
 scheduler reports a final state (or the scheduler forgot the job), and a job without a
 result is reported as failed with the tail of its logs.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ class WaitSettings:
     unknown_grace_s: float = UNKNOWN_GRACE_S
     sacct_lag_s: float = 10.0  # results written but sacct still says RUNNING: trust the results
     unreachable_grace_s: float = 300.0  # sacct failing this long: stop waiting, say so
+    heartbeat_s: float = 60.0  # without a terminal: the line again after this long unchanged
 
 
 def ray_ready(run_dir: Path, attempt: int) -> bool:
@@ -53,17 +57,24 @@ def ray_ready(run_dir: Path, attempt: int) -> bool:
 
 def describe_progress(run_dir: Path, status: JobStatus, max_steps: int | None) -> str:
     """One line: where the job is now."""
+    return progress_of(run_dir, status, max_steps)[1]
+
+
+def progress_of(run_dir: Path, status: JobStatus, max_steps: int | None) -> tuple[str, str]:
+    """(phase, line): the line says where the job is; a new phase is worth a printed line."""
     attempt = f" (attempt {status.attempts})" if status.attempts > 1 else ""
     if status.state == "PENDING" or status.state == "UNKNOWN":
-        return f"queued{attempt}"
+        reason = f" (reason: {status.reason})" if status.reason else ""
+        return "queued" + reason + attempt, f"queued{reason}{attempt}"
     if status.is_final:
-        return f"{status.state.lower()}{attempt}"
+        return status.state + attempt, f"{status.state.lower()}{attempt}"
     metrics = last_metrics(run_dir)
     if metrics is not None:
-        return f"training step {_step_text(metrics, max_steps)}{_metric_text(metrics)}{attempt}"
+        text = f"training step {_step_text(metrics, max_steps)}{_metric_text(metrics)}{attempt}"
+        return "training" + attempt, text
     if ray_ready(run_dir, status.attempts):
-        return f"Ray ready, driver starting{attempt}"
-    return f"running, starting Ray{attempt}"
+        return "ray ready" + attempt, f"Ray ready, driver starting{attempt}"
+    return "running" + attempt, f"running, starting Ray{attempt}"
 
 
 def _step_text(metrics: dict[str, Any], max_steps: int | None) -> str:
@@ -86,25 +97,26 @@ def wait_for_job(
     console: Console,
     max_steps: int | None = None,
     settings: WaitSettings = WaitSettings(),
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> JobOutcome:
     """Show progress until the job ends; return how it ended (printing the failure).
 
-    On a terminal one live line; otherwise (CI logs, pipes) one printed line per change.
+    On a terminal one live line; otherwise (CI logs, pipes) a line per phase and heartbeats.
     """
-    watch = _Watch(record, settings)
-    shown = ""
-    with _ProgressLine(console, f"job {record.job_id}: submitted") as progress:
+    watch = _Watch(record, settings, clock=clock)
+    first = f"job {record.job_id}: submitted"
+    with _ProgressLine(console, first, settings.heartbeat_s, clock) as progress:
         while True:
             status = watch.poll()
-            line = describe_progress(run_dir, status, max_steps)
+            phase, line = progress_of(run_dir, status, max_steps)
             if status.scheduler_error:
+                phase += " · scheduler not answering"
                 line += f" · scheduler not answering ({status.scheduler_error})"
-            if line != shown:
-                progress.update(f"job {record.job_id}: {line}")
-                shown = line
+            progress.update(phase, f"job {record.job_id}: {line}")
             if watch.ended(status):
                 break
-            time.sleep(settings.poll_s)
+            sleep(settings.poll_s)
     status = watch.final_status(status)
     outcome = read_outcome(record, run_dir, status)
     report_outcome(run_dir, record, status, outcome, console)
@@ -112,12 +124,18 @@ def wait_for_job(
 
 
 class _ProgressLine:
-    """A rich spinner line on a terminal; plain timestamped lines elsewhere."""
+    """A rich spinner line on a terminal; elsewhere plain lines stamped with the time waited,
+    one per new phase and one per ``heartbeat_s`` without one."""
 
-    def __init__(self, console: Console, first: str) -> None:
+    def __init__(
+        self, console: Console, first: str, heartbeat_s: float, clock: Callable[[], float]
+    ) -> None:
         self._console = console
         self._status = console.status(first) if console.is_terminal else None
-        self._started_s = time.monotonic()
+        self._clock = clock
+        self._heartbeat_s = heartbeat_s
+        self._started_s = self._printed_s = clock()
+        self._phase: str | None = None
 
     def __enter__(self) -> _ProgressLine:
         if self._status is not None:
@@ -128,14 +146,27 @@ class _ProgressLine:
         if self._status is not None:
             self._status.__exit__(*exc_info)
 
-    def update(self, text: str) -> None:
+    def update(self, phase: str, text: str) -> None:
+        now_s = self._clock()
         if self._status is not None:
-            self._status.update(text)
-        else:
-            elapsed_s = time.monotonic() - self._started_s
+            self._status.update(f"{text} · {_duration(now_s - self._started_s)}")
+        elif phase != self._phase or now_s - self._printed_s >= self._heartbeat_s:
             self._console.print(
-                f"[{elapsed_s:5.0f}s] {text}", markup=False, highlight=False, soft_wrap=True
-            )
+                f"[{_duration(now_s - self._started_s):>7}] {text}",
+                markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
+            self._printed_s = now_s
+        self._phase = phase
+
+
+def _duration(seconds: float) -> str:
+    """``42s``, ``12m05s``, ``3h07m``: short enough to scan in a log."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 @attrs.define
@@ -145,7 +176,7 @@ class _Watch:
 
     record: JobRecord
     settings: WaitSettings
-    started_s: float = attrs.field(factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic
     unknown_since_s: float | None = None
     unreachable_since_s: float | None = None
     results_since_s: float | None = None
@@ -155,7 +186,7 @@ class _Watch:
         return query_status(self.record)
 
     def ended(self, status: JobStatus) -> bool:
-        now = time.monotonic()
+        now = self.clock()
         if status.is_final:
             return True
         self.unreachable_since_s = _since(

@@ -100,3 +100,77 @@ def test_attempt_banners_split_appended_logs() -> None:
     parts = split_attempts(text)
     assert parts[1] == f"srun noise\n{first}\nstep 1\n"
     assert parts[2] == f"{second}\nstep 1 again\n"
+
+
+class _FakeClock:
+    """Time moves only when the wait loop sleeps."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+def test_long_wait_prints_each_phase_once_plus_heartbeats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Polls every 10 s: 30 s pending on Priority, 20 s on Resources, then running; Ray ready
+    at 80 s, steps 1..12 from 90 s (one per poll), completed at 210 s. Heartbeat 60 s."""
+    clock = _FakeClock()
+    metrics = tmp_path / "metrics.jsonl"
+
+    def status_now(_record: JobRecord) -> JobStatus:
+        t = clock.now_s - 1000.0
+        if t < 30:
+            return JobStatus(state="PENDING", reason="Priority")
+        if t < 50:
+            return JobStatus(state="PENDING", reason="Resources")
+        if t >= 80:
+            (tmp_path / "status").mkdir(exist_ok=True)
+            (tmp_path / "status" / "ray_ready").write_text(json.dumps({"attempt": "41.0"}))
+        if t >= 90:
+            step = int(t - 90) // 10 + 1
+            metrics.write_text(json.dumps({"step": step, "reward_mean": step / 100}) + "\n")
+        return JobStatus(state="COMPLETED" if t >= 210 else "RUNNING")
+
+    monkeypatch.setattr(waiting, "query_status", status_now)
+    monkeypatch.setattr(waiting, "read_outcome", lambda *args: _Outcome())
+    monkeypatch.setattr(waiting, "report_outcome", lambda *args: None)
+    console = _quiet_console()
+    settings = waiting.WaitSettings(poll_s=10.0, heartbeat_s=60.0)
+
+    waiting.wait_for_job(
+        tmp_path, _record(tmp_path), console, 12, settings, clock=clock, sleep=clock.sleep
+    )
+
+    assert console.file.getvalue().splitlines() == [
+        "[     0s] job 41: queued (reason: Priority)",
+        "[    30s] job 41: queued (reason: Resources)",
+        "[    50s] job 41: running, starting Ray",
+        "[  1m20s] job 41: Ray ready, driver starting",
+        "[  1m30s] job 41: training step 1/12 · reward 0.01",
+        "[  2m30s] job 41: training step 7/12 · reward 0.07",  # heartbeat: 60 s without a line
+        "[  3m30s] job 41: completed",
+    ]
+
+
+def test_sacct_pending_reason_reaches_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcrl.submit import job_state
+
+    rows = [{"JobID": "41", "State": "PENDING", "ExitCode": "0:0", "ElapsedRaw": "0",
+             "Reason": "Priority"}]  # fmt: skip
+    monkeypatch.setattr(job_state, "_sacct_rows", lambda job_id: rows)
+    monkeypatch.setattr(job_state, "rebuild_job", lambda record: _Job())
+    status = job_state.query_status(_record(Path("/nonexistent")))
+    assert (status.state, status.reason) == ("PENDING", "Priority")
+    rows[0] |= {"State": "RUNNING", "Reason": "None"}
+    assert job_state.query_status(_record(Path("/nonexistent"))).reason is None
+
+
+class _Job:
+    def get_info(self, mode: str) -> dict[str, str]:
+        return {"State": "PENDING"}
