@@ -2,7 +2,8 @@
 
 Order (same at conversion and at load, so the persisted run config is what trains):
   1. a fresh provider from the HF config (``AutoBridge.to_megatron_provider``);
-  2. settings that need Transformer Engine switched off when it is absent (local spec);
+  2. settings that need Transformer Engine switched off when it is absent (local spec, its
+     core attention swapped for torch SDPA: ``attention.py``);
   3. first-class ``policy.megatron_cfg`` fields (parallel sizes, recompute, offload, ...);
   4. ``policy.megatron_cfg.model_overrides`` (user wins over everything above);
   5. ``finalize()`` — only then is a model instantiated from it.
@@ -131,7 +132,14 @@ def _field_names(target: Any) -> set[str]:
 
 def prepare_provider(provider: Any, cfg: MegatronCfg, precision: str, seq_length: int) -> list[str]:
     """Steps 2–4 of the module docstring; returns the TE-only flags that were turned off."""
-    turned_off = [] if transformer_engine_available() else use_local_spec(provider)
+    turned_off = []
+    if not transformer_engine_available():
+        from hpcrl.core.backends.megatron.attention import apply_sdpa_core_attention
+
+        turned_off = use_local_spec(provider)
+        # Automatic, no recipe knob: same numbers as the unfused local attention (tested),
+        # without its S×S score tensor. A user-set transformer_layer_spec override wins.
+        apply_sdpa_core_attention(provider)
     apply_megatron_cfg(provider, cfg, precision, seq_length)
     apply_model_overrides(provider, cfg.model_overrides)
     return turned_off
