@@ -134,24 +134,14 @@ def transformer_config(args: argparse.Namespace):
     )  # fmt: skip
 
 
-def build(args: argparse.Namespace):
-    import torch
-    from megatron.core import parallel_state
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+def gpt_model(args: argparse.Namespace, config, layer_spec):
+    """The random-init GPTModel of ``args``' shape on ``layer_spec`` (train_throughput.py builds
+    hpcrl's Megatron path on it too), on ``args.device``, bf16."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.module import Float16Module
 
-    from hpcrl.core.backends.megatron.model import connect_grad_sync
-
-    parallel_state.initialize_model_parallel(args.tp, 1)
-    torch.manual_seed(args.seed)  # the CPU generator the initialisation draws from
-    model_parallel_cuda_manual_seed(args.seed)
-    config = transformer_config(args)
     model = GPTModel(
-        config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
+        config=config, transformer_layer_spec=layer_spec,
         vocab_size=args.vocab, max_sequence_length=args.seq_len,
         position_embedding_type="rope", share_embeddings_and_output_weights=False,
     )  # fmt: skip
@@ -159,7 +149,24 @@ def build(args: argparse.Namespace):
         model = model.cuda()
     # As megatron-bridge does for bf16: every param (norms too) in bf16, fp32 main copies in
     # the optimizer. Without it the torch norms keep fp32 params the offload path rejects.
-    model = Float16Module(config, model)
+    return Float16Module(config, model)
+
+
+def build(args: argparse.Namespace):
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    from hpcrl.core.backends.megatron.model import connect_grad_sync
+
+    parallel_state.initialize_model_parallel(args.tp, 1)
+    torch.manual_seed(args.seed)  # the CPU generator the initialisation draws from
+    model_parallel_cuda_manual_seed(args.seed)
+    config = transformer_config(args)
+    model = gpt_model(args, config, get_gpt_layer_local_spec())
     ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     chunks = [DistributedDataParallel(config=config, ddp_config=ddp, module=model)]
     offload = args.fraction > 0
