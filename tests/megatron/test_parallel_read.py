@@ -58,9 +58,63 @@ def test_guard_fires_when_the_reader_source_changed(monkeypatch):
         parallel_read.check_supported(2)
 
 
-def test_byte_balanced_chunks_cover_every_item_once():
-    sizes = [100, 1, 1, 1, 100, 50, 50, 1]
-    chunks = parallel_read.byte_balanced_chunks(sizes, 3)
-    assert [i for chunk in chunks for i in chunk] == list(range(len(sizes)))
-    totals = [sum(sizes[i] for i in chunk) for chunk in chunks]
-    assert max(totals) <= 2 * sum(sizes) / 3
+def test_split_ranges_cover_every_byte_once():
+    assert parallel_read.split_ranges(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert parallel_read.split_ranges(8, 4) == [(0, 4), (4, 8)]
+    assert parallel_read.split_ranges(0, 4) == []
+
+
+@pytest.mark.parametrize("max_inflight_bytes", [1 << 30, 1])
+def test_items_larger_than_the_range_size_are_read_as_concurrent_ranges(
+    tmp_path, monkeypatch, max_inflight_bytes
+):
+    """Range size 4 KiB (not a divisor of the items' sizes), items ~9–100 KiB: every large
+    item goes out as several positioned reads, and the result is still bit-identical.
+    max_inflight_bytes=1: one item at a time (each larger than the budget starts alone)."""
+    range_bytes = 4096
+    dcp.save(_state(0), checkpoint_id=str(tmp_path), no_dist=True)
+    reads: list[int] = []
+    original = parallel_read._pread_into
+
+    def counting(fd, view, offset):
+        reads.append(len(view))
+        return original(fd, view, offset)
+
+    monkeypatch.setattr(parallel_read, "_pread_into", counting)
+    target = {k: torch.zeros_like(v) for k, v in _state(1).items()}
+    with parallel_read.parallel_reads(
+        3, range_bytes=range_bytes, max_inflight_bytes=max_inflight_bytes
+    ):
+        dcp.load(target, checkpoint_id=str(tmp_path), no_dist=True)
+    for key, value in _state(0).items():
+        assert torch.equal(target[key], value) and target[key].dtype == value.dtype, key
+    assert max(reads) <= range_bytes
+    largest_item = (64 + 11 * 7) * 33 * 4
+    assert sum(1 for n in reads if n == range_bytes) >= largest_item // range_bytes
+
+
+def test_byte_budget_never_exceeds_its_limit_but_admits_an_oversize_item_alone():
+    import threading
+    import time
+
+    budget = parallel_read._ByteBudget(limit_bytes=10)
+    in_flight: list[int] = []
+    peaks: list[int] = []
+    lock = threading.Lock()
+
+    def hold(size: int) -> None:
+        with budget.hold(size):
+            with lock:
+                in_flight.append(size)
+                peaks.append(sum(in_flight))
+            time.sleep(0.01)
+            with lock:
+                in_flight.remove(size)
+
+    threads = [threading.Thread(target=hold, args=(size,)) for size in [4, 4, 4, 25, 3, 6, 4]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(peaks) == 7
+    assert all(peak <= 10 or peak == 25 for peak in peaks)
