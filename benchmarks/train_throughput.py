@@ -11,7 +11,19 @@ the same mixed precision + fused AdamW. Reported: tokens/s, MFU against 989 TFLO
 peak memory, and the backend/naive ratio. The two first-step losses are printed to show that
 both loops compute the same loss.
 
+Megatron rows (megatron-core only, no megatron-bridge needed; each loop in its own process):
+the same shape, batch and optimizer (bf16 with fp32 main weights, distributed optimizer,
+Adam(W) with weight decay 0.01, clip 1.0) on megatron-core's local layer spec (no Transformer
+Engine). ``megatron-raw`` is ``benchmarks/megatron_offload.py``'s build at fraction 0 (plain
+megatron-core objects). ``megatron`` is hpcrl's Megatron backend path: ``prepare_provider``
+(local spec + SDPA core attention), ``build_model`` (megatron DDP), ``build_optimizer``,
+``connect_grad_sync``, on a stand-in for the bridge's provider that builds the same random
+GPTModel. Both train through ``step.run_train_microbatches`` and start from the same weights,
+so their first losses agree. ``--megatron-attention sdpa,unfused`` adds a row with the
+local spec's own attention on hpcrl's path (the swap's effect in the same run).
+
     python benchmarks/train_throughput.py --device cuda --steps 20
+    python benchmarks/train_throughput.py --only megatron-raw          # one loop, this process
     python benchmarks/train_throughput.py --device cpu --tiny          # smoke test
 """
 
@@ -19,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 PEAK_TFLOPS_H200_BF16 = 989.0
+MEGATRON_LOOPS = ("megatron", "megatron-raw")
 
 
 def parse_args() -> argparse.Namespace:
@@ -45,8 +60,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--tiny", action="store_true", help="tiny Llama (CPU smoke test)")
     parser.add_argument("--no-compile", action="store_true", help="backend without compile")
-    parser.add_argument("--only", choices=("backend", "naive"), default=None)
+    parser.add_argument("--only", choices=("backend", "naive", *MEGATRON_LOOPS), default=None)
+    parser.add_argument("--megatron-steps", type=int, default=10, help="timed steps, megatron")
+    parser.add_argument(
+        "--megatron-attention",
+        default="sdpa",
+        help="core attention of the 'megatron' loop: sdpa (hpcrl's default without TE), "
+        "unfused (the local spec's own), or both comma-separated (one row each)",
+    )
+    parser.add_argument("--json-out", default=None, help="(megatron loops) write the result here")
     args = parser.parse_args()
+    args.megatron_attention = args.megatron_attention.split(",")
+    if not set(args.megatron_attention) <= {"sdpa", "unfused"}:
+        parser.error(f"--megatron-attention: sdpa, unfused or both, not {args.megatron_attention}")
     if args.tiny and args.seq_len == 2048:
         args.seq_len = 64
     return args
@@ -54,9 +80,9 @@ def parse_args() -> argparse.Namespace:
 
 def build_checkpoint(tiny: bool, out_dir: str) -> str:
     """A random-init HF checkpoint (bf16 on disk: half the bytes to write; loaded as fp32)."""
-    from hpcrl.core.models.tiny import TINY_SPECS, build_random_model
+    from hpcrl.core.models.tiny import build_random_model
 
-    spec = TINY_SPECS["llama" if tiny else "llama-1b"]
+    spec = model_spec(tiny)
     model = build_random_model(spec, vocab_size=spec.vocab_size or 256)
     model.to(torch.bfloat16).save_pretrained(out_dir)
     return out_dir
@@ -215,23 +241,135 @@ def run_naive(model_path: str, batch: dict, args: argparse.Namespace):
     return time_steps(step, args.device, args.warmup, args.steps)  # model dies with this frame
 
 
-def flops_per_token(model_path: str, seq_len: int) -> tuple[float, float]:
-    """(6·N_non_embedding + 12·L·H·S, the same plus the lm_head's 6·V·H)."""
-    from transformers import AutoConfig
+# --------------------------------------------------------------------------- Megatron loops
+def model_spec(tiny: bool):
+    from hpcrl.core.models.tiny import TINY_SPECS
 
-    cfg = AutoConfig.from_pretrained(model_path)
-    hidden, layers, ffn = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
-    head_dim = hidden // cfg.num_attention_heads
-    kv = cfg.num_key_value_heads * head_dim
+    return TINY_SPECS["llama" if tiny else "llama-1b"]
+
+
+def megatron_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``benchmarks/megatron_offload.py``'s settings for this shape and batch (fraction 0)."""
+    spec = model_spec(args.tiny)
+    return argparse.Namespace(
+        layers=spec.num_hidden_layers, hidden=spec.hidden_size, heads=spec.num_attention_heads,
+        ffn=spec.intermediate_size, vocab=spec.vocab_size or 256, seq_len=args.seq_len,
+        batch_size=args.batch_size, micro_batch_size=None, tp=1, dp=1, seed=1234, lr=1e-5,
+        fraction=0.0, overlap_d2h_h2d=False, device=args.device,
+    )  # fmt: skip
+
+
+class RandomGptProvider:
+    """Stands in for megatron-bridge's GPT provider (the GPU machine has no bridge wheel).
+
+    ``prepare_provider`` sets its fields on it as on the real one (layer spec, parallel sizes,
+    dtypes); ``provide_distributed_model`` builds the raw loop's random GPTModel on the layer
+    spec that ``prepare_provider`` chose. (Shape and dtypes come from ``megatron_args``.)
+    """
+
+    def __init__(self, shape: argparse.Namespace) -> None:
+        self.shape = shape
+        self.transformer_layer_spec = None
+
+    def provide_distributed_model(self, **_kwargs) -> list:
+        from benchmarks import megatron_offload
+
+        config = megatron_offload.transformer_config(self.shape)
+        return [megatron_offload.gpt_model(self.shape, config, self.transformer_layer_spec)]
+
+
+def build_hpcrl_megatron(shape: argparse.Namespace, attention: str) -> tuple[list, object]:
+    """Model chunks and optimizer through the Megatron worker's own setup functions."""
+    from hpcrl.config.recipe import DistributedDataParallelCfg, MegatronCfg, MegatronOptimizerCfg
+    from hpcrl.core.backends.megatron import model as mcore_model
+    from hpcrl.core.backends.megatron.provider import prepare_provider
+
+    overrides = {}
+    if attention == "unfused":  # a user override of the spec wins over hpcrl's SDPA swap
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        overrides["transformer_layer_spec"] = get_gpt_layer_local_spec()
+    cfg = MegatronCfg(
+        enabled=True,
+        optimizer=MegatronOptimizerCfg(
+            optimizer="adam", lr=shape.lr, weight_decay=0.01, params_dtype="bfloat16",
+            use_distributed_optimizer=True, clip_grad=1.0,
+        ),
+        distributed_data_parallel_config=DistributedDataParallelCfg(grad_reduce_in_fp32=True),
+        model_overrides=overrides,
+    )  # fmt: skip
+    mcore_model.initialize_parallel_state(cfg, seed=shape.seed)
+    provider = RandomGptProvider(shape)
+    prepare_provider(provider, cfg, "bfloat16", shape.seq_len)
+    torch.manual_seed(shape.seed)  # the CPU generator the initialisation draws from (as raw)
+    chunks = mcore_model.build_model(provider, cfg, on_cpu=shape.device == "cpu")
+    optimizer = mcore_model.build_optimizer(chunks, cfg, "bfloat16")
+    mcore_model.connect_grad_sync(chunks, optimizer)
+    return chunks, optimizer
+
+
+def run_megatron(args: argparse.Namespace, loop: str, attention: str):
+    """One Megatron loop in this process: (step times, first loss, peak GiB)."""
+    from benchmarks import megatron_offload
+    from hpcrl.core.backends.megatron.step import run_train_microbatches
+
+    shape = megatron_args(args)
+    megatron_offload.init_distributed(args.device)
+    if loop == "megatron-raw":
+        chunks, optimizer = megatron_offload.build(shape)
+    else:
+        chunks, optimizer = build_hpcrl_megatron(shape, attention)
+    kinds = {type(m).__name__ for n, m in chunks[0].named_modules() if n.endswith("core_attention")}
+    print(f"{loop}: core attention {sorted(kinds)}", flush=True)
+    batch = make_batch(shape.vocab, args.batch_size, args.seq_len)
+    num_tokens = float(batch["token_mask"].sum())
+
+    def step() -> float:
+        optimizer.zero_grad()
+        metrics = run_train_microbatches(chunks, [batch], nll_loss, num_tokens)
+        optimizer.step()
+        return metrics["loss"]
+
+    return time_steps(step, args.device, args.warmup, args.megatron_steps)
+
+
+def megatron_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(row name, loop, attention) of the Megatron loops this run asks for."""
+    rows = []
+    for attention in args.megatron_attention:
+        name = "megatron" if attention == "sdpa" else f"megatron[{attention}]"
+        rows.append((name, "megatron", attention))
+    return [*rows, ("megatron-raw", "megatron-raw", "unfused")]
+
+
+def run_megatron_subprocess(args: argparse.Namespace, loop: str, attention: str, out: Path):
+    """One Megatron loop in a fresh process (clean GPU memory, its own process group)."""
+    command = [
+        sys.executable, __file__, "--only", loop, "--megatron-attention", attention,
+        "--device", args.device, "--batch-size", str(args.batch_size),
+        "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
+        "--megatron-steps", str(args.megatron_steps), "--json-out", str(out),
+    ]  # fmt: skip
+    subprocess.run(command + (["--tiny"] if args.tiny else []), check=True)
+    result = json.loads(out.read_text())
+    return result["times"], result["first_loss"], result["peak_gib"]
+
+
+# --------------------------------------------------------------------------- report
+def flops_per_token(spec, seq_len: int) -> tuple[float, float]:
+    """(6·N_non_embedding + 12·L·H·S, the same plus the lm_head's 6·V·H)."""
+    hidden, layers, ffn = spec.hidden_size, spec.num_hidden_layers, spec.intermediate_size
+    head_dim = hidden // spec.num_attention_heads
+    kv = spec.num_key_value_heads * head_dim
     per_layer = hidden * hidden * 2 + hidden * kv * 2 + 3 * hidden * ffn + 2 * hidden
     non_embedding = layers * per_layer + hidden
     base = 6 * non_embedding + 12 * layers * hidden * seq_len
-    return float(base), float(base + 6 * cfg.vocab_size * hidden)
+    return float(base), float(base + 6 * (spec.vocab_size or 256) * hidden)
 
 
 def report(results: dict, tokens_per_step: int, flops: tuple[float, float], device: str) -> None:
     print(
-        f"\n{'loop':<10} {'tok/s':>10} {'MFU':>7} {'MFU+lm':>7} {'peak GiB':>9} {'first loss':>11}"
+        f"\n{'loop':<18} {'tok/s':>10} {'MFU':>7} {'MFU+lm':>7} {'peak GiB':>9} {'first loss':>11}"
     )
     rates = {}
     for name, (times, first_loss, peak_gib) in results.items():
@@ -241,21 +379,19 @@ def report(results: dict, tokens_per_step: int, flops: tuple[float, float], devi
             mfu_text = f"{mfu[0]:>6.1%} {mfu[1]:>6.1%}"
         else:
             mfu_text = f"{'n/a':>7} {'n/a':>7}"
-        print(f"{name:<10} {rates[name]:>10,.0f} {mfu_text} {peak_gib:>9.1f} {first_loss:>11.4f}")
-    if len(rates) == 2:
-        print(f"\nbackend / naive tokens/s: {rates['backend'] / rates['naive']:.2f}x")
+        print(f"{name:<18} {rates[name]:>10,.0f} {mfu_text} {peak_gib:>9.1f} {first_loss:>11.4f}")
+    print()
+    megatron = [name for name in rates if name.startswith("megatron") and name != "megatron-raw"]
+    for name, base in [("backend", "naive"), *((name, "megatron-raw") for name in megatron)]:
+        if name in rates and base in rates:
+            print(f"{name} / {base} tokens/s: {rates[name] / rates[base]:.2f}x")
 
 
-def main() -> None:
-    args = parse_args()
-    from hpcrl.core.models.tiny import TINY_SPECS
-
-    vocab = TINY_SPECS["llama" if args.tiny else "llama-1b"].vocab_size or 256
-    batch = make_batch(vocab, args.batch_size, args.seq_len)
+def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict:
+    """The Automodel backend and the naive loop, one after the other in this process."""
     results = {}
     with tempfile.TemporaryDirectory(prefix="hpcrl-bench-") as tmp:
         model_path = build_checkpoint(args.tiny, tmp)
-        flops = flops_per_token(model_path, args.seq_len)
         worker = start_backend(model_path, args)  # also the process group the naive loop uses
         try:
             if args.only == "naive":
@@ -268,9 +404,37 @@ def main() -> None:
                 free_memory(args.device)
         finally:
             worker.close()
+    return results
+
+
+def main() -> None:
+    args = parse_args()
+    spec = model_spec(args.tiny)
+    flops = flops_per_token(spec, args.seq_len)
+    results = {}
+    if args.only in MEGATRON_LOOPS:
+        (attention,) = args.megatron_attention
+        times, first_loss, peak_gib = run_megatron(args, args.only, attention)
+        if args.json_out:
+            Path(args.json_out).write_text(
+                json.dumps({"times": times, "first_loss": first_loss, "peak_gib": peak_gib})
+            )
+        name = megatron_rows(args)[0][0] if args.only == "megatron" else args.only
+        report({name: (times, first_loss, peak_gib)}, args.batch_size * args.seq_len, flops,
+               args.device)  # fmt: skip
+        sys.stdout.flush()
+        os._exit(0)  # skip NCCL/gloo teardown at exit (megatron keeps group references)
+    if args.only is None:  # first, while this process has not touched the GPU
+        with tempfile.TemporaryDirectory(prefix="hpcrl-bench-megatron-") as tmp:
+            for name, loop, attention in megatron_rows(args):
+                out = Path(tmp) / f"{loop}-{attention}.json"
+                results[name] = run_megatron_subprocess(args, loop, attention, out)
+    batch = make_batch(spec.vocab_size or 256, args.batch_size, args.seq_len)
+    results = {**run_hf_loops(args, batch), **results}
     print(
         f"device={args.device} batch={args.batch_size} seq={args.seq_len} steps={args.steps} "
-        f"warmup={args.warmup} compile={not args.no_compile} torch={torch.__version__}"
+        f"megatron_steps={args.megatron_steps} warmup={args.warmup} "
+        f"compile={not args.no_compile} torch={torch.__version__}"
     )
     report(results, args.batch_size * args.seq_len, flops, args.device)
 
