@@ -55,9 +55,23 @@ def megatron_hf_weights(backend: Any, *, cpu: bool = True) -> list[tuple[str, to
         setattr(backend, BRIDGE_ATTR, bridge)
     import torch
 
+    # Tensors that need no gather (norms, TP=1 weights) come back as the live parameters on
+    # a CPU model; copy those, or the next optimizer step would change an export in place.
+    live = {
+        param.untyped_storage().data_ptr()
+        for chunk in backend.model_chunks
+        for param in chunk.parameters()
+    }
     with torch.no_grad():  # the gathered tensors would otherwise carry autograd history
         exported = bridge.export_hf_weights(backend.model_chunks, cpu=cpu, show_progress=False)
-        return [(name, tensor.detach()) for name, tensor in exported]
+        return [
+            (name, tensor.detach().clone() if _storage(tensor) in live else tensor.detach())
+            for name, tensor in exported
+        ]
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
 
 
 def automodel_hf_weights(model: Any, *, cpu: bool = True) -> list[tuple[str, torch.Tensor]]:

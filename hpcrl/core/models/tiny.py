@@ -75,6 +75,16 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
         vocab_size=32000,
         max_position_embeddings=4096,
     ),
+    # vLLM's CPU attention rejects head_dim 16 (tiny:qwen2's): 2 heads of 32, otherwise the
+    # same shape. The vLLM recipes and tests use it.
+    "qwen2-vllm": TinyModelSpec(
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    ),
 }
 
 
