@@ -289,15 +289,28 @@ def rule_generation_resources(recipe: Recipe) -> list[Problem]:
     if colocated.enabled:
         return []
     path = "policy.generation.colocated.resources"
-    return [
-        Problem(
-            path=f"{path}.{name}",
-            message="required when generation is not colocated",
-            fix=f"set {path}.{name}, or policy.generation.colocated.enabled=true",
-        )
-        for name in ("num_nodes", "gpus_per_node")
-        if getattr(colocated.resources, name) is None
-    ]
+    problems = []
+    for name in ("num_nodes", "gpus_per_node"):
+        value = getattr(colocated.resources, name)
+        if value is None:
+            problems.append(
+                Problem(
+                    path=f"{path}.{name}",
+                    message="required when generation is not colocated",
+                    fix=f"set {path}.{name}, or policy.generation.colocated.enabled=true",
+                )
+            )
+        elif value < 1:
+            problems.append(
+                Problem(
+                    path=f"{path}.{name}",
+                    value=value,
+                    message="must be at least 1",
+                    fix=f"set {path}.{name}=1 or more",
+                )
+            )
+    # Whether they fit the allocation needs the cluster profile: hpcrl.plan.generation.
+    return problems
 
 
 def _round_up(value: int, multiple: int) -> int:

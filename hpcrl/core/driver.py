@@ -174,6 +174,16 @@ def job_device(run_dir: Path) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def planned_generation_node(run_dir: Path) -> int | None:
+    """The first node of separate generation workers as the planner split the job
+    (``JobSpec.generation``); None without a plan or without separate workers."""
+    jobspec = run_dir / JOBSPEC_FILE
+    if not jobspec.exists():
+        return None
+    generation = json.loads(jobspec.read_text()).get("generation")
+    return generation["first_node"] if generation else None
+
+
 def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: int) -> Any:
     """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot; GRPO with
     ``policy.generation.backend: vllm`` samples through vLLM engines around it."""
@@ -195,7 +205,7 @@ def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: i
         return training
     from hpcrl.core.generation.vllm_policy import wrap_policy
 
-    return wrap_policy(training, recipe, model_path, device)
+    return wrap_policy(training, recipe, model_path, device, planned_generation_node(run_dir))
 
 
 def _job_master_port() -> int | None:

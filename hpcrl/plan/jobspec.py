@@ -54,6 +54,49 @@ class ParallelLayout:
 
 
 @frozen
+class GenerationPlacement:
+    """Where separate (non-colocated) vLLM generation workers run among the job's nodes.
+
+    Nodes are numbered as the job orders them (node 0 is the driver's). Training always takes
+    nodes ``0 .. training_nodes-1``; generation takes ``num_nodes`` nodes from ``first_node``:
+    ``training_nodes`` when it has nodes of its own, 0 when it shares the training nodes'
+    remaining GPUs. ``slots`` are GPUs on GPU profiles, CPU worker slots on CPU profiles.
+    """
+
+    first_node: int
+    num_nodes: int
+    slots_per_node: int
+    num_engines: int
+    slots_per_engine: int  # vllm_cfg.tensor_parallel_size × pipeline_parallel_size (GPU)
+    training_nodes: int
+    training_slots_per_node: int
+
+    @property
+    def shares_nodes(self) -> bool:
+        return self.first_node < self.training_nodes
+
+    @property
+    def job_nodes(self) -> int:
+        """Nodes the job allocates for both sides."""
+        return max(self.training_nodes, self.first_node + self.num_nodes)
+
+    def describe(self, unit: str) -> str:
+        """One line for the script, e.g. ``training on nodes 0-1 (8 GPUs each); vLLM
+        generation on node 2 (8 GPUs each; 4 engine(s) of 2)``."""
+        other = "the other " if self.shares_nodes else ""
+        return (
+            f"training on {_nodes(0, self.training_nodes)} ({self.training_slots_per_node} "
+            f"{unit} each); vLLM generation on {_nodes(self.first_node, self.num_nodes)} "
+            f"({other}{self.slots_per_node} {unit} each; {self.num_engines} engine(s) of "
+            f"{self.slots_per_engine})"
+        )
+
+
+def _nodes(first: int, count: int) -> str:
+    return f"node {first}" if count == 1 else f"nodes {first}-{first + count - 1}"
+
+
+@frozen
 class ContainerSpec:
     """The pyxis container every srun task runs in; mounts are ``host:container[:flags]``."""
 
@@ -119,6 +162,7 @@ class JobSpec:
     max_requeues: int = 0
     requeue: bool = True
     checks: tuple[Check, ...] = ()
+    generation: GenerationPlacement | None = None  # separate vLLM generation workers only
 
     @property
     def world_size(self) -> int:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import AutomodelCfg, MegatronCfg, Recipe
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import ParallelLayout
+from hpcrl.plan.generation import RESOURCES as GENERATION_RESOURCES
+from hpcrl.plan.generation import has_separate_generation
+from hpcrl.plan.jobspec import GenerationPlacement, ParallelLayout
 
 AUTOMODEL = "policy.automodel_cfg"
 MEGATRON = "policy.megatron_cfg"
@@ -16,8 +18,14 @@ def profile_path(profile: ClusterProfile, key: str) -> str:
     return f"profile[{profile.name}].{key}"
 
 
-def check_allocation(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> bool:
-    """The profile's nodes must offer exactly what the recipe's ``cluster`` section asks for."""
+def check_allocation(
+    recipe: Recipe,
+    profile: ClusterProfile,
+    findings: Findings,
+    generation: GenerationPlacement | None = None,
+) -> bool:
+    """The profile's nodes must offer exactly what the recipe's ``cluster`` section asks for,
+    less the GPUs that separate generation workers take on the same nodes (``generation``)."""
     num_nodes, gpus_per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
     slots_key = "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"
     ok = True
@@ -37,14 +45,21 @@ def check_allocation(recipe: Recipe, profile: ClusterProfile, findings: Findings
             fix="set cluster.num_nodes=1, or choose a Slurm profile with --cluster",
         )
         ok = False
-    if gpus_per_node != profile.slots_per_node:
+    shares_nodes = generation is not None and generation.shares_nodes
+    if gpus_per_node != profile.slots_per_node and not shares_nodes:
         findings.error(
             "cluster.gpus_per_node",
             f"the recipe wants {gpus_per_node} training ranks per node but profile "
             f"{profile.name!r} offers {profile.slots_per_node} ({slots_key})",
             value=gpus_per_node,
             fix=f"set cluster.gpus_per_node={profile.slots_per_node}, or use a profile whose "
-            f"{slots_key} is {gpus_per_node} ({profile_path(profile, slots_key)})",
+            f"{slots_key} is {gpus_per_node} ({profile_path(profile, slots_key)})"
+            + (
+                f", or leave the rest of each node to generation (cluster.gpus_per_node + "
+                f"{GENERATION_RESOURCES}.gpus_per_node = {profile.slots_per_node})"
+                if has_separate_generation(recipe)
+                else ""
+            ),
         )
         ok = False
     if ok:
@@ -59,8 +74,9 @@ def check_allocation(recipe: Recipe, profile: ClusterProfile, findings: Findings
 def plan_layout(
     recipe: Recipe, profile: ClusterProfile, findings: Findings
 ) -> ParallelLayout | None:
-    """The backend's layout for ``num_nodes × slots_per_node`` ranks; None when it cannot factor."""
-    world_size = recipe.cluster.num_nodes * profile.slots_per_node
+    """The backend's layout for ``cluster.num_nodes × cluster.gpus_per_node`` ranks; None when
+    it cannot factor."""
+    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
     if recipe.backend == "megatron":
         layout = _megatron_layout(recipe.policy.megatron_cfg, world_size, findings)
     else:

@@ -14,11 +14,12 @@ from collections.abc import Sequence
 
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
+from hpcrl.plan import generation as generation_checks
 from hpcrl.plan import layout as layout_checks
 from hpcrl.plan import mounts as mount_checks
 from hpcrl.plan import scheduler
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import ContainerSpec, JobSpec, ParallelLayout
+from hpcrl.plan.jobspec import ContainerSpec, GenerationPlacement, JobSpec, ParallelLayout
 from hpcrl.plan.layout import profile_path
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -50,7 +51,9 @@ def plan(
     findings = Findings()
     job_name = job_name or _job_name_from(recipe_source)
     _check_run_dir(run_dir, profile, findings)
-    layout = _plan_layout(recipe, profile, findings)
+    generation = generation_checks.plan_generation(recipe, profile, findings)
+    layout = _plan_layout(recipe, profile, generation, findings)
+    num_nodes = generation.job_nodes if generation else recipe.cluster.num_nodes
     mounts = mount_checks.check_mount_syntax(profile, findings)
     container = _container_spec(profile, run_dir, mounts)
     ckpt_dir, ckpt_source = mount_checks.plan_megatron_checkpoint_dir(
@@ -64,7 +67,7 @@ def plan(
     folder, stdout, stderr = scheduler.submitit_log_paths(run_dir, array is not None)
     is_slurm = profile.scheduler == "slurm"
     directives = (
-        scheduler.sbatch_directives(recipe, profile, job_name, (stdout, stderr), array, findings)
+        scheduler.sbatch_directives(num_nodes, profile, job_name, (stdout, stderr), array, findings)
         if is_slurm
         else ()
     )
@@ -87,7 +90,7 @@ def plan(
             *overrides,
         ),
         run_dir=run_dir,
-        num_nodes=recipe.cluster.num_nodes,
+        num_nodes=num_nodes,
         slots_per_node=profile.slots_per_node,
         cpus_per_node=profile.cpus_per_node,
         layout=layout,
@@ -110,6 +113,7 @@ def plan(
         max_requeues=profile.slurm.max_requeues,
         requeue=True,
         checks=tuple(findings.checks),
+        generation=generation,
     )
 
 
@@ -131,9 +135,15 @@ def _job_name_from(recipe_source: str) -> str:
 
 
 def _plan_layout(
-    recipe: Recipe, profile: ClusterProfile, findings: Findings
+    recipe: Recipe,
+    profile: ClusterProfile,
+    generation: GenerationPlacement | None,
+    findings: Findings,
 ) -> ParallelLayout | None:
-    if not layout_checks.check_allocation(recipe, profile, findings):
+    allocated = layout_checks.check_allocation(recipe, profile, findings, generation)
+    if generation is not None:
+        allocated = generation_checks.report_placement(generation, profile, findings) and allocated
+    if not allocated:
         return None  # a layout for the wrong world size would only add noise
     layout = layout_checks.plan_layout(recipe, profile, findings)
     if layout is not None:

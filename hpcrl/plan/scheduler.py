@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.jobspec import SUBMITIT_SIGNAL, ContainerSpec
 from hpcrl.plan.layout import profile_path
@@ -20,7 +19,7 @@ _TIME_LIMIT = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+")
 #: #SBATCH keys hpcrl sets itself, and the profile field to use instead of a raw argument.
 OWNED_SBATCH_KEYS = {
     "job-name": "the recipe file name",
-    "nodes": "cluster.num_nodes in the recipe",
+    "nodes": "cluster.num_nodes (+ policy.generation.colocated.resources.num_nodes) in the recipe",
     "ntasks-per-node": "nothing (hpcrl runs one task per node)",
     "output": "nothing (submitit's log paths are fixed)",
     "error": "nothing (submitit's log paths are fixed)",
@@ -54,7 +53,7 @@ def single_line_problem(value: str) -> bool:
 
 
 def sbatch_directives(
-    recipe: Recipe,
+    num_nodes: int,
     profile: ClusterProfile,
     job_name: str,
     log_paths: tuple[str, str],
@@ -66,7 +65,7 @@ def sbatch_directives(
     stdout, stderr = log_paths
     directives: dict[str, str | None] = {
         "job-name": job_name,
-        "nodes": str(recipe.cluster.num_nodes),
+        "nodes": str(num_nodes),  # training + separate generation nodes
         "ntasks-per-node": "1",
         "time": slurm.time_limit,
         # the batch step is task 0 of no srun step: submitit names its log with task 0

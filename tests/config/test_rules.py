@@ -446,6 +446,18 @@ def test_separate_generation_needs_its_resources():
     ]
 
 
+def test_separate_generation_resources_must_be_positive():
+    problems = problems_for(
+        policy__generation={
+            "colocated": {"enabled": False, "resources": {"num_nodes": 1, "gpus_per_node": 0}}
+        }
+    )
+    assert only(problems).format() == (
+        "error: policy.generation.colocated.resources.gpus_per_node = 0: must be at least 1\n"
+        "  fix: set policy.generation.colocated.resources.gpus_per_node=1 or more"
+    )
+
+
 # --------------------------------------------------------------------------- parallel features
 def test_megatron_sequence_parallel_needs_tensor_parallel():
     problem = only(problems_for(policy__megatron_cfg__sequence_parallel=True))

@@ -20,6 +20,7 @@ def test_the_expected_recipes_ship():
         "grpo-tiny-1n-cpu",
         "grpo-tiny-2n-cpu",
         "grpo-tiny-1n-cpu-megatron",
+        "grpo-tiny-vllm-1n-cpu",
         "sft-tiny-1n-cpu",
         "grpo-qwen2-1.5b-2n8g-megatron",
         "grpo-llama3.1-8b-2n8g-automodel",

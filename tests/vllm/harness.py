@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hpcrl.config.recipe import GenerationCfg, VllmCfg
-from hpcrl.core.models.tiny import TinyModelSpec, build_char_tokenizer, build_random_model
+from hpcrl.core.models.tiny import TINY_SPECS, build_char_tokenizer, build_random_model
 
 # float32 so that greedy parity with the fp32 torch sampler is exact; 32 MiB of KV cache.
 VLLM_CFG = VllmCfg(precision="float32", kv_cache_memory_mb=32, max_model_len=256)
@@ -35,15 +35,8 @@ PROMPT_TEXTS = [
 ]
 
 
-# vLLM's CPU attention needs head_dim >= 32 (tiny:qwen2 has 16): same shape otherwise.
-TINY_VLLM_SPEC = TinyModelSpec(
-    model_type="qwen2",
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    intermediate_size=128,
-)
+# vLLM's CPU attention needs head_dim >= 32 (tiny:qwen2 has 16): the shipped tiny:qwen2-vllm.
+TINY_VLLM_SPEC = TINY_SPECS["qwen2-vllm"]
 
 
 def build_tiny_model(folder: Path) -> str:

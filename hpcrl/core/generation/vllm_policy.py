@@ -226,9 +226,12 @@ class VllmPolicy:
             self.training.shutdown()
 
 
-def wrap_policy(training: Any, recipe: Recipe, model_path: str, device: str) -> Any:
+def wrap_policy(
+    training: Any, recipe: Recipe, model_path: str, device: str, first_node: int | None = None
+) -> Any:
     """``training`` itself for the torch sampler; a ``VllmPolicy`` around it for vLLM.
-    On failure the training policy is shut down too (the caller never got a handle)."""
+    ``first_node``: the plan's first generation node (separate workers only). On failure the
+    training policy is shut down too (the caller never got a handle)."""
     generation = recipe.policy.generation
     if generation.backend != "vllm":
         return training
@@ -240,7 +243,7 @@ def wrap_policy(training: Any, recipe: Recipe, model_path: str, device: str) -> 
     group = None
     try:
         group = GenerationGroup(generation_layout(recipe, device), spec)
-        group.start(training_num_nodes=recipe.cluster.num_nodes)
+        group.start(training_num_nodes=recipe.cluster.num_nodes, first_node=first_node)
     except BaseException:
         try:
             if group is not None:

@@ -2,10 +2,11 @@
 
 ``policy.generation.colocated.resources`` names the nodes and GPUs per node of the
 generation side; each engine takes ``vllm_cfg.tensor_parallel_size`` of those GPUs (on CPU:
-one worker slot each). Generation nodes are the Ray nodes after the training nodes when the
-allocation has enough of them; otherwise they share the training nodes and Ray's GPU
-accounting keeps the two sides on different GPUs (placement fails with a clear error when
-they do not fit).
+one worker slot each). The planner decides which nodes (``JobSpec.generation.first_node``:
+nodes of their own after the training ones, or the training nodes' remaining GPUs) and the
+driver passes that here; Ray's GPU accounting keeps the two sides on different GPUs.
+Without a plan (tests), the nodes after the training ones are used when the cluster has
+enough of them, else the first ones.
 """
 
 from __future__ import annotations
@@ -107,11 +108,14 @@ class GenerationGroup:
         self._pending_updates: list[Any] = []
         self._placement_group: Any = None
 
-    def start(self, training_num_nodes: int, timeout_s: float = 600.0) -> None:
+    def start(
+        self, training_num_nodes: int, timeout_s: float = 600.0, first_node: int | None = None
+    ) -> None:
+        """``first_node``: the planner's first generation node (``JobSpec.generation``)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self._placement_group = self._reserve(training_num_nodes, timeout_s)
+        self._placement_group = self._reserve(training_num_nodes, timeout_s, first_node)
         bundle = self._bundle()
         remote_cls = ray.remote(GenerationWorker)
         env = worker_env(self.layout.device)
@@ -132,11 +136,11 @@ class GenerationGroup:
             return {"GPU": float(self.layout.gpus_per_engine), "CPU": 1.0}
         return {"CPU": self.layout.cpus_per_engine}
 
-    def _reserve(self, training_num_nodes: int, timeout_s: float) -> Any:
+    def _reserve(self, training_num_nodes: int, timeout_s: float, first_node: int | None) -> Any:
         import ray
         from ray.util.placement_group import placement_group
 
-        node_ids = generation_node_ids(training_num_nodes, self.layout.num_nodes)
+        node_ids = generation_node_ids(training_num_nodes, self.layout.num_nodes, first_node)
         per_node = self.layout.engines_per_node
         indices = range(self.layout.num_engines)
         group = placement_group(
@@ -214,11 +218,18 @@ class GenerationGroup:
                 self._placement_group = None
 
 
-def generation_node_ids(training_num_nodes: int, num_nodes: int) -> list[str]:
-    """The nodes after the training ones when there are enough, else the first ones."""
+def generation_node_ids(
+    training_num_nodes: int, num_nodes: int, first_node: int | None = None
+) -> list[str]:
+    """Nodes ``first_node ..`` in the training group's node order (the plan's split; see
+    ``hpcrl.plan.generation``). Without a plan: the nodes after the training ones when there
+    are enough, else the first ones."""
     import ray
 
     from hpcrl.core.workers.group import pick_nodes
+
+    if first_node is not None:
+        return pick_nodes(first_node + num_nodes)[first_node:]
 
     alive = [node for node in ray.nodes() if node["Alive"]]
     if len(alive) >= training_num_nodes + num_nodes:

@@ -1,0 +1,156 @@
+"""Separate vLLM generation workers vs the allocation: where they go and whether they fit.
+
+With ``policy.generation.colocated.enabled: false`` the engines get GPUs of their own,
+``colocated.resources.num_nodes × gpus_per_node`` of them (worker slots on CPU profiles).
+Two shapes fit a profile of ``S`` GPUs per node:
+
+- shared nodes: ``cluster.gpus_per_node + resources.gpus_per_node == S`` and
+  ``resources.num_nodes ≤ cluster.num_nodes``; generation takes the remaining GPUs of the
+  first training nodes and the job allocates ``cluster.num_nodes`` nodes (a warning when
+  some training nodes keep GPUs idle);
+- own nodes: otherwise; training fills ``cluster.num_nodes`` whole nodes
+  (``cluster.gpus_per_node == S``) and the job allocates ``resources.num_nodes`` more.
+
+The job records the choice (``JobSpec.generation``) and the driver places the engines on
+exactly those nodes (``hpcrl.core.generation.vllm_workers``).
+"""
+
+from __future__ import annotations
+
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.recipe import Recipe
+from hpcrl.plan.findings import Findings
+from hpcrl.plan.jobspec import GenerationPlacement
+
+RESOURCES = "policy.generation.colocated.resources"
+VLLM = "policy.generation.vllm_cfg"
+
+
+def has_separate_generation(recipe: Recipe) -> bool:
+    generation = recipe.policy.generation
+    return (
+        recipe.algorithm == "grpo"
+        and generation.backend == "vllm"
+        and not generation.colocated.enabled
+    )
+
+
+def plan_generation(
+    recipe: Recipe, profile: ClusterProfile, findings: Findings
+) -> GenerationPlacement | None:
+    """The generation side's placement; None when there is none or it cannot fit (reported)."""
+    if not has_separate_generation(recipe):
+        return None
+    resources = recipe.policy.generation.colocated.resources
+    num_nodes, per_node = resources.num_nodes, resources.gpus_per_node
+    if num_nodes is None or per_node is None:
+        return None  # the recipe rules already report the missing value
+    if not _positive(num_nodes, "num_nodes", findings) or not _positive(
+        per_node, "gpus_per_node", findings
+    ):
+        return None
+    slots = profile.slots_per_node
+    if per_node > slots:
+        findings.error(
+            f"{RESOURCES}.gpus_per_node",
+            f"the generation side wants {per_node} {_unit(profile)} per node but profile "
+            f"{profile.name!r} offers {slots} ({_slots_key(profile)})",
+            value=per_node,
+            fix=f"set {RESOURCES}.gpus_per_node to at most {slots} and raise "
+            f"{RESOURCES}.num_nodes instead",
+        )
+        return None
+    per_engine = _slots_per_engine(recipe, profile, per_node, findings)
+    if per_engine is None:
+        return None
+    training_nodes, training_per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
+    shares = num_nodes <= training_nodes and training_per_node + per_node == slots
+    return GenerationPlacement(
+        first_node=0 if shares else training_nodes,
+        num_nodes=num_nodes,
+        slots_per_node=per_node,
+        num_engines=num_nodes * per_node // per_engine,
+        slots_per_engine=per_engine,
+        training_nodes=training_nodes,
+        training_slots_per_node=training_per_node,
+    )
+
+
+def report_placement(
+    placement: GenerationPlacement, profile: ClusterProfile, findings: Findings
+) -> bool:
+    """A placement on its own nodes must be allocatable; the passed check otherwise."""
+    if profile.scheduler == "local" and placement.job_nodes > 1:
+        findings.error(
+            f"{RESOURCES}.gpus_per_node",
+            f"training takes {placement.training_slots_per_node} of the "
+            f"{profile.slots_per_node} {_unit(profile)} per node and generation wants "
+            f"{placement.slots_per_node} more, so generation needs nodes of its own "
+            f"({placement.training_nodes} + {placement.num_nodes} = {placement.job_nodes} nodes), "
+            f"but profile {profile.name!r} runs on this one machine (scheduler: local)",
+            value=placement.slots_per_node,
+            fix=f"share the node: make cluster.gpus_per_node + {RESOURCES}.gpus_per_node = "
+            f"{profile.slots_per_node} with {RESOURCES}.num_nodes=1, or choose a Slurm profile "
+            "with --cluster",
+        )
+        return False
+    idle_nodes = placement.training_nodes - placement.num_nodes
+    if placement.shares_nodes and idle_nodes:
+        findings.warn(
+            "generation_idle",
+            f"{RESOURCES}.num_nodes",
+            f"generation shares only {placement.num_nodes} of the {placement.training_nodes} "
+            f"training nodes, so {placement.slots_per_node} {_unit(profile)} on each of the "
+            f"other {idle_nodes} stay idle",
+            value=placement.num_nodes,
+            fix=f"set {RESOURCES}.num_nodes={placement.training_nodes}",
+        )
+    findings.passed("generation", placement.describe(_unit(profile)))
+    return True
+
+
+def _slots_per_engine(
+    recipe: Recipe, profile: ClusterProfile, per_node: int, findings: Findings
+) -> int | None:
+    """GPUs per vLLM engine; they must tile a generation node. CPU engines take one slot."""
+    vllm = recipe.policy.generation.vllm_cfg
+    if profile.device != "gpu":
+        return 1
+    per_engine = vllm.tensor_parallel_size * vllm.pipeline_parallel_size
+    if per_engine < 1:
+        return None  # the recipe rules report non-positive sizes
+    if per_node % per_engine:
+        multiples = [m for m in range(per_engine, profile.slots_per_node + 1, per_engine)]
+        divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
+        findings.error(
+            f"{RESOURCES}.gpus_per_node",
+            f"{per_node} GPUs per node do not split into vLLM engines of "
+            f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = "
+            f"{vllm.tensor_parallel_size} × {vllm.pipeline_parallel_size} = {per_engine} GPUs",
+            value=per_node,
+            fix=f"set {RESOURCES}.gpus_per_node to a multiple of {per_engine} "
+            + (f"(one of {multiples}) " if multiples else "")
+            + f"or {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}",
+        )
+        return None
+    return per_engine
+
+
+def _positive(value: int, key: str, findings: Findings) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return True
+    findings.error(
+        f"{RESOURCES}.{key}",
+        "must be at least 1",
+        value=value,
+        fix=f"set {RESOURCES}.{key}=1 or more",
+    )
+    return False
+
+
+def _unit(profile: ClusterProfile) -> str:
+    return "GPUs" if profile.device == "gpu" else "CPU worker slots"
+
+
+def _slots_key(profile: ClusterProfile) -> str:
+    return "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"

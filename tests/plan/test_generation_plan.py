@@ -1,0 +1,179 @@
+"""Separate vLLM generation workers in the plan: the job's nodes cover trainer + generation,
+problems that do not fit are plan-time errors with exact text, the script shows the split."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from hpcrl.config.errors import ConfigError
+from hpcrl.config.recipe import (
+    ColocatedCfg,
+    GenerationCfg,
+    GenerationResourcesCfg,
+    VllmCfg,
+)
+from hpcrl.plan.jobspec import GenerationPlacement
+from hpcrl.plan.planner import plan
+from hpcrl.render.script import render_sbatch
+from tests.plan.planning_inputs import (
+    GOLDEN_RUN_DIR,
+    automodel_recipe,
+    local_profile,
+    megatron_recipe,
+    pyxis_profile,
+    with_policy,
+)
+
+RESOURCES = "policy.generation.colocated.resources"
+
+
+def separate(recipe, num_nodes, gpus_per_node, tp=1, pp=1, colocated=False):
+    generation = GenerationCfg(
+        backend="vllm",
+        colocated=ColocatedCfg(
+            enabled=colocated,
+            resources=GenerationResourcesCfg(num_nodes=num_nodes, gpus_per_node=gpus_per_node),
+        ),
+        vllm_cfg=VllmCfg(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+    )
+    return with_policy(recipe, generation=generation)
+
+
+def make_plan(recipe, profile):
+    return plan(recipe, profile, run_dir=GOLDEN_RUN_DIR, recipe_source="grpo-test")
+
+
+def error_text(recipe, profile) -> dict[str, str]:
+    with pytest.raises(ConfigError) as caught:
+        make_plan(recipe, profile)
+    return {problem.path: problem.format() for problem in caught.value.errors}
+
+
+def test_generation_on_nodes_of_its_own_adds_them_to_the_job():
+    recipe = separate(megatron_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=2)
+    spec = make_plan(recipe, pyxis_profile())
+    assert spec.num_nodes == 3
+    assert dict(spec.sbatch_directives)["nodes"] == "3"
+    assert spec.world_size == 16  # training only
+    assert spec.generation == GenerationPlacement(
+        first_node=2,
+        num_nodes=1,
+        slots_per_node=8,
+        num_engines=4,
+        slots_per_engine=2,
+        training_nodes=2,
+        training_slots_per_node=8,
+    )
+    script = render_sbatch(spec)
+    assert (
+        "# Split: training on nodes 0-1 (8 GPUs each); vLLM generation on node 2 "
+        "(8 GPUs each; 4 engine(s) of 2).\n" in script
+    )
+    assert "#SBATCH --nodes=3\n" in script
+
+
+def test_generation_on_the_training_nodes_remaining_gpus():
+    recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=4), 2, 4, tp=2)
+    spec = make_plan(recipe, pyxis_profile())
+    assert (spec.num_nodes, spec.world_size) == (2, 8)
+    assert spec.generation.first_node == 0 and spec.generation.num_engines == 4
+    assert (
+        "# Split: training on nodes 0-1 (4 GPUs each); vLLM generation on nodes 0-1 "
+        "(the other 4 GPUs each; 4 engine(s) of 2).\n" in render_sbatch(spec)
+    )
+
+
+def test_colocated_and_torch_generation_plan_as_before():
+    colocated = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 8, colocated=True)
+    for recipe in (colocated, automodel_recipe(num_nodes=1, gpus_per_node=8)):
+        spec = make_plan(recipe, pyxis_profile())
+        assert (spec.num_nodes, spec.generation) == (1, None)
+        assert "# Split:" not in render_sbatch(spec)
+    # Training ranks short of a node are still an error when nothing else takes the rest,
+    # and so are GPUs that neither side takes.
+    errors = error_text(
+        separate(automodel_recipe(num_nodes=1, gpus_per_node=4), 1, 4, colocated=True),
+        pyxis_profile(),
+    )
+    assert "cluster.gpus_per_node" in errors
+    errors = error_text(
+        separate(automodel_recipe(num_nodes=1, gpus_per_node=4), 1, 2), pyxis_profile()
+    )
+    assert "cluster.gpus_per_node = 4" in errors["cluster.gpus_per_node"]
+
+
+def test_generation_on_fewer_training_nodes_warns_about_idle_gpus():
+    spec = make_plan(
+        separate(automodel_recipe(num_nodes=2, gpus_per_node=4), 1, 4), pyxis_profile()
+    )
+    (warning,) = spec.warnings
+    assert (warning.path, warning.message, warning.fix) == (
+        f"{RESOURCES}.num_nodes",
+        "generation shares only 1 of the 2 training nodes, so 4 GPUs on each of the other 1 "
+        "stay idle",
+        f"set {RESOURCES}.num_nodes=2",
+    )
+
+
+def test_more_generation_gpus_per_node_than_the_profile_has():
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 16)
+    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"] == (
+        f"error: {RESOURCES}.gpus_per_node = 16: the generation side wants 16 GPUs per node "
+        "but profile 'site' offers 8 (gpus_per_node)\n"
+        f"  fix: set {RESOURCES}.gpus_per_node to at most 8 and raise {RESOURCES}.num_nodes "
+        "instead"
+    )
+
+
+def test_engines_must_tile_the_generation_gpus():
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 6, tp=4)
+    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"] == (
+        f"error: {RESOURCES}.gpus_per_node = 6: 6 GPUs per node do not split into vLLM engines "
+        "of policy.generation.vllm_cfg.tensor_parallel_size × pipeline_parallel_size = "
+        "4 × 1 = 4 GPUs\n"
+        f"  fix: set {RESOURCES}.gpus_per_node to a multiple of 4 (one of [4, 8]) or "
+        "policy.generation.vllm_cfg.tensor_parallel_size × pipeline_parallel_size to one of "
+        "[1, 2, 3, 6]"
+    )
+
+
+def test_training_short_of_a_node_without_room_for_generation():
+    # 6 training + 4 generation GPUs do not fit one 8-GPU node, and 6 is not a whole node.
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=6), 1, 4)
+    assert error_text(recipe, pyxis_profile())["cluster.gpus_per_node"] == (
+        "error: cluster.gpus_per_node = 6: the recipe wants 6 training ranks per node but "
+        "profile 'site' offers 8 (gpus_per_node)\n"
+        "  fix: set cluster.gpus_per_node=8, or use a profile whose gpus_per_node is 6 "
+        "(profile[site].gpus_per_node), or leave the rest of each node to generation "
+        f"(cluster.gpus_per_node + {RESOURCES}.gpus_per_node = 8)"
+    )
+
+
+def test_local_profile_cannot_give_generation_a_node_of_its_own():
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=2), 1, 1)
+    assert error_text(recipe, local_profile())[f"{RESOURCES}.gpus_per_node"] == (
+        f"error: {RESOURCES}.gpus_per_node = 1: training takes 2 of the 2 CPU worker slots "
+        "per node and generation wants 1 more, so generation needs nodes of its own "
+        "(1 + 1 = 2 nodes), but profile 'local' runs on this one machine (scheduler: local)\n"
+        f"  fix: share the node: make cluster.gpus_per_node + {RESOURCES}.gpus_per_node = 2 "
+        f"with {RESOURCES}.num_nodes=1, or choose a Slurm profile with --cluster"
+    )
+    spec = make_plan(
+        separate(automodel_recipe(num_nodes=1, gpus_per_node=1), 1, 1), local_profile()
+    )
+    assert (spec.num_nodes, spec.world_size, spec.generation.first_node) == (1, 1, 0)
+
+
+def test_non_positive_generation_resources():
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 0, 8)
+    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.num_nodes"] == (
+        f"error: {RESOURCES}.num_nodes = 0: must be at least 1\n"
+        f"  fix: set {RESOURCES}.num_nodes=1 or more"
+    )
+
+
+def test_the_plan_reaches_the_job_as_json():
+    recipe = separate(megatron_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=2)
+    record = attrs.asdict(make_plan(recipe, pyxis_profile()))
+    assert record["num_nodes"] == 3 and record["generation"]["first_node"] == 2
