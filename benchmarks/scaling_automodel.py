@@ -397,7 +397,7 @@ def print_throughput(results: list[dict], args: argparse.Namespace, flops: tuple
 
 
 def run_parent(args: argparse.Namespace) -> int:
-    from train_throughput import build_checkpoint, flops_per_token
+    from train_throughput import build_checkpoint, flops_per_token, model_spec
 
     configs = [parse_config(name) for name in args.configs.split(",") if name]
     if args.global_batch is None:
@@ -411,7 +411,7 @@ def run_parent(args: argparse.Namespace) -> int:
         print(
             f"random-init checkpoint written in {time.perf_counter() - started:.1f} s", flush=True
         )
-        flops = flops_per_token(model_path, args.seq_len)
+        flops = flops_per_token(model_spec(args.tiny), args.seq_len)
         results = [launch(args, config, model_path, out_dir) for config in configs]
     print(
         f"\ndevice={args.device} model={'tiny llama' if args.tiny else 'llama-1b'} "
