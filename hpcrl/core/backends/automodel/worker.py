@@ -221,9 +221,7 @@ class AutomodelWorker:
         from hpcrl.core.models.tokenizer import load_tokenizer
 
         if getattr(self, "tokenizer", None) is None:
-            self.tokenizer = load_tokenizer(
-                self.recipe.policy.tokenizer.name or self.model_path
-            )
+            self.tokenizer = load_tokenizer(self.recipe.policy.tokenizer.name or self.model_path)
         return self.tokenizer
 
     def _dp_rank(self) -> int:
