@@ -55,7 +55,7 @@ CHILD_ENV = {
 }
 #: Flags passed from a driver to each point's process unchanged.
 SHARED_FLAGS = ("steps", "warmup", "layers", "hidden", "heads", "ffn", "vocab", "seq_len",
-                "batch_size", "micro_batch_size", "device", "seed", "lr")  # fmt: skip
+                "batch_size", "micro_batch_size", "device", "seed", "lr", "attention")  # fmt: skip
 OFFLOAD_KEY = "policy.megatron_cfg.optimizer"
 
 
@@ -77,6 +77,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--micro-batch-size", type=int, default=None, help="default: global/dp")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument(
+        "--attention", choices=("unfused", "sdpa"), default="unfused",
+        help="core attention: megatron's local DotProductAttention (the raw loop) or hpcrl's "
+        "SdpaCoreAttention (what the backend uses without Transformer Engine)",
+    )  # fmt: skip
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--json-out", default=None, help="write this point's result here")
     parser.add_argument("--metrics-out", default=None, help="append per-step metrics.jsonl here")
@@ -166,7 +171,12 @@ def build(args: argparse.Namespace):
     torch.manual_seed(args.seed)  # the CPU generator the initialisation draws from
     model_parallel_cuda_manual_seed(args.seed)
     config = transformer_config(args)
-    model = gpt_model(args, config, get_gpt_layer_local_spec())
+    layer_spec = get_gpt_layer_local_spec()
+    if getattr(args, "attention", "unfused") == "sdpa":
+        from hpcrl.core.backends.megatron.attention import sdpa_layer_spec
+
+        layer_spec, _ = sdpa_layer_spec(layer_spec)
+    model = gpt_model(args, config, layer_spec)
     ddp = DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True)
     chunks = [DistributedDataParallel(config=config, ddp_config=ddp, module=model)]
     offload = args.fraction > 0
