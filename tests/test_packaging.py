@@ -156,3 +156,37 @@ def test_render_imports_no_training_stack(tmp_path):
     assert "hpcrl.render.script" in imported  # the measurement saw the render path
     heavy = sorted(name for name in imported if name.split(".")[0] in HEAVY_MODULES)
     assert not heavy, f"hpcrl render imported {heavy}"
+
+
+LOGIN_PACKAGES = ("config", "plan", "render", "submit", "report", "cli")
+IMPORT_EVERY_LOGIN_MODULE = f"""
+import importlib, pkgutil, sys
+names = []
+for package in {LOGIN_PACKAGES!r}:
+    module = importlib.import_module("hpcrl." + package)
+    names.append(module.__name__)
+    names += [info.name for info in pkgutil.walk_packages(module.__path__, module.__name__ + ".")]
+for name in names:
+    importlib.import_module(name)
+print(" ".join(names))
+print(" ".join(sorted(name for name in sys.modules if name.split(".")[0] in {HEAVY_MODULES!r})))
+"""
+
+
+def test_every_login_node_module_imports_no_training_stack(tmp_path):
+    """Every module of the login-node stages, not only those `hpcrl render` reaches: a module
+    that pulled in torch (even through another module) would fail here."""
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERY_LOGIN_MODULE],
+        capture_output=True,
+        text=True,
+        env=job_environment(PYTHONPATH=str(REPO)),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    walked, heavy = (result.stdout.splitlines() + ["", ""])[:2]
+    # Modules added this round, named so that moving them out of the walk is noticed.
+    for name in ("hpcrl.config.port_bands", "hpcrl.config.plain_yaml", "hpcrl.plan.generation"):
+        assert name in walked.split(), name
+    assert heavy == "", f"login-node modules imported {heavy}"
