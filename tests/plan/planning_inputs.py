@@ -22,6 +22,14 @@ GOLDEN_RUN_DIR = "/runs/golden"
 GOLDEN_HOME = "/home/golden"
 
 
+def isolate_from_user_profiles(monkeypatch, tmp_path) -> None:
+    """$HOME fixed (the job's home when a profile sets none); no user or site profiles, so
+    ``--cluster NAME`` finds only the shipped ones whoever runs the tests."""
+    monkeypatch.setenv("HOME", GOLDEN_HOME)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
+    monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+
+
 def automodel_recipe(num_nodes: int = 1, gpus_per_node: int = 8, **automodel: object) -> Recipe:
     return Recipe(
         policy=PolicyCfg(

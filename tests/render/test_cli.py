@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
-from tests.plan.planning_inputs import GOLDEN_HOME
+from tests.plan.planning_inputs import isolate_from_user_profiles
 
 
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HOME", GOLDEN_HOME)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
-    monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
     monkeypatch.setenv("COLUMNS", "200")
 
 

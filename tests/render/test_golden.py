@@ -21,7 +21,7 @@ from hpcrl.config import ConfigError, format_problems, list_recipes, load_profil
 from hpcrl.config.locate import shipped_profiles_dir
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
-from tests.plan.planning_inputs import GOLDEN_HOME, GOLDEN_RUN_DIR
+from tests.plan.planning_inputs import GOLDEN_RUN_DIR, isolate_from_user_profiles
 from tests.render.shell import assert_bash_parses, assert_shellcheck_clean
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -38,10 +38,7 @@ PAIRS = [(recipe, profile) for recipe in list_recipes() for profile in shipped_p
 
 @pytest.fixture
 def golden_environment(monkeypatch, tmp_path):
-    """$HOME fixed (the job's home when a profile sets none); no user or site profiles."""
-    monkeypatch.setenv("HOME", GOLDEN_HOME)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
-    monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
 
 
 def render_pair(recipe_name: str, profile_name: str) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from benchmarks.megatron_offload import step_record
 from benchmarks.megatron_sweep_points import PointError, point_flags, read_resolved
 from hpcrl.cli.main import main
 from hpcrl.core.metrics import MetricsWriter
-from tests.plan.planning_inputs import GOLDEN_HOME
+from tests.plan.planning_inputs import isolate_from_user_profiles
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/grpo-llama-1b-1n1g-megatron.yaml"
@@ -33,9 +33,7 @@ SWEEP_ARGS = [
 @pytest.fixture(autouse=True)
 def isolated(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HOME", GOLDEN_HOME)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
-    monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
     (tmp_path / "recipes").symlink_to(REPO / "recipes")
 
 
