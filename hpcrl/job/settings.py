@@ -128,7 +128,10 @@ def port_band(environ: Mapping[str, str], task: SlurmTask) -> int:
     if text:
         band = _parse(BAND_VARIABLE, text, int)
         if not 0 <= band < NUM_BANDS:
-            raise NodeSettingsError(f"{BAND_VARIABLE}={band} is not in 0..{NUM_BANDS - 1}")
+            raise NodeSettingsError(
+                f"{BAND_VARIABLE}={band} is not in 0..{NUM_BANDS - 1}; set it in that range, "
+                "or unset it to take the band from the job's id"
+            )
         return band
     array_job_id, array_task_id = (
         environ.get("SLURM_ARRAY_JOB_ID"),

@@ -80,5 +80,8 @@ def test_named_ports_win_over_the_band_and_the_band_can_be_chosen(tmp_path):
     assert (ports.gcs_port, ports.dashboard_port) == (6379, 7000)  # profile, environment
     assert (ports.client_server_port, ports.torch_master_port) == (11025, 11033)  # band 2
     assert (ports.min_worker_port, ports.max_worker_port) == (11040, 11535)
-    with pytest.raises(NodeSettingsError, match="HPCRL_RAY_PORT_BAND=44 is not in 0..43"):
+    with pytest.raises(
+        NodeSettingsError,
+        match="HPCRL_RAY_PORT_BAND=44 is not in 0..43; set it in that range, or unset it",
+    ):
         read_node_settings(tmp_path, slurm_env("1", 0, HPCRL_RAY_PORT_BAND="44"))
