@@ -3,9 +3,9 @@
 queued (with Slurm's reason) → running → Ray ready (``status/ray_ready`` of the current
 attempt) → training step N/M (the last line of ``metrics.jsonl``) → done. On a terminal the
 line updates in place; elsewhere (CI logs, pipes) one line per change of phase, plus the
-current line again every ``heartbeat_s`` (new training steps alone do not print). Never hangs: the loop ends when the
-scheduler reports a final state (or the scheduler forgot the job), and a job without a
-result is reported as failed with the tail of its logs.
+current line again every ``heartbeat_s`` (new training steps alone do not print). Never
+hangs: the loop ends when the scheduler reports a final state (or the scheduler forgot the
+job), and a job without a result is reported as failed with the tail of its logs.
 """
 
 from __future__ import annotations
