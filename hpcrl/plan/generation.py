@@ -12,7 +12,8 @@ Two shapes fit a profile of ``S`` GPUs per node:
   (``cluster.gpus_per_node == S``) and the job allocates ``resources.num_nodes`` more.
 
 The job records the choice (``JobSpec.generation``) and the driver places the engines on
-exactly those nodes (``hpcrl.core.generation.vllm_workers``).
+exactly those nodes (``hpcrl.core.generation.vllm_workers``). Colocated engines (sharing the
+training GPUs) are only checked: ``check_colocated_engines``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.jobspec import GenerationPlacement
 
-RESOURCES = "policy.generation.colocated.resources"
+COLOCATED = "policy.generation.colocated"
+RESOURCES = f"{COLOCATED}.resources"
 VLLM = "policy.generation.vllm_cfg"
 
 
@@ -33,6 +35,53 @@ def has_separate_generation(recipe: Recipe) -> bool:
         and generation.backend == "vllm"
         and not generation.colocated.enabled
     )
+
+
+def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
+    """Colocated engines run on the training GPUs, so one engine must fit inside a node and
+    every node's GPUs must split into whole engines (then the job's do too: the world is
+    ``cluster.num_nodes`` such nodes). CPU engines take one worker slot: nothing to check."""
+    generation = recipe.policy.generation
+    if (
+        recipe.algorithm != "grpo"
+        or generation.backend != "vllm"
+        or not generation.colocated.enabled
+        or profile.device != "gpu"
+    ):
+        return
+    tp, pp = generation.vllm_cfg.tensor_parallel_size, generation.vllm_cfg.pipeline_parallel_size
+    per_engine, per_node = tp * pp, recipe.cluster.gpus_per_node
+    if per_engine < 1 or per_node < 1:
+        return  # the recipe rules report non-positive sizes
+    world = recipe.cluster.num_nodes * per_node
+    engine = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = {tp} × {pp} = {per_engine}"
+    divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
+    resize = f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
+    if per_engine > per_node:
+        # Blame the factor that pushes the engine past the node: tp alone, else pp on top.
+        key = "tensor_parallel_size" if tp > per_node else "pipeline_parallel_size"
+        findings.error(
+            f"{VLLM}.{key}",
+            f"a colocated vLLM engine takes {engine} GPUs, but it must fit inside one node "
+            f"of the training GPUs (cluster.gpus_per_node = {per_node})",
+            value=tp if key == "tensor_parallel_size" else pp,
+            fix=f"{resize}, or give generation nodes of its own ({COLOCATED}.enabled=false "
+            f"with {RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node)",
+        )
+    elif per_node % per_engine:
+        findings.error(
+            "cluster.gpus_per_node",
+            f"the {per_node} GPUs per node ({world} in all) that training shares with the "
+            f"colocated vLLM engines do not split into engines of {engine} GPUs",
+            value=per_node,
+            fix=resize,
+        )
+    else:
+        findings.passed(
+            "generation",
+            f"colocated: vLLM engines of {per_engine} GPU(s) tile the {per_node} training GPUs "
+            "per node",
+        )
 
 
 def plan_generation(

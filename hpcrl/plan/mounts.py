@@ -107,9 +107,15 @@ def check_visible_in_container(
 
 
 def plan_megatron_checkpoint_dir(
-    recipe: Recipe, profile: ClusterProfile, mounts: list[Mount], findings: Findings
+    recipe: Recipe,
+    profile: ClusterProfile,
+    mounts: list[Mount],
+    findings: Findings,
+    job_nodes: int | None = None,
 ) -> tuple[str | None, str | None]:
-    """Resolve the Megatron checkpoint dir from the profile's env as the job sees it."""
+    """Resolve the Megatron checkpoint dir from the profile's env as the job sees it.
+
+    ``job_nodes``: the job's nodes when separate generation nodes add to the training ones."""
     if recipe.backend != "megatron":
         return None, None
     directory, source = resolve_megatron_checkpoint_dir(profile.env, job_home(profile))
@@ -123,13 +129,21 @@ def plan_megatron_checkpoint_dir(
         )
         return directory, source
     findings.passed("megatron_checkpoint_dir", f"{directory} (from {source})")
-    if source == "home" and recipe.cluster.num_nodes > 1:
+    # Only the training ranks read the conversion (vLLM engines load the HF model and take
+    # refits in memory), so generation nodes of their own do not make it a multi-node read.
+    training_nodes = recipe.cluster.num_nodes
+    if source == "home" and training_nodes > 1:
+        spans = f"on a {training_nodes}-node job every node"
+        if job_nodes is not None and job_nodes > training_nodes:
+            spans = (
+                f"training spans {training_nodes} of the job's {job_nodes} nodes and every "
+                "training node"
+            )
         findings.warn(
             "megatron_checkpoint_dir",
             profile_path(profile, "env"),
-            f"the Megatron checkpoint dir falls back to {directory} under $HOME; on a "
-            f"{recipe.cluster.num_nodes}-node job every node must see the same conversion, "
-            f"and home is often not shared or too small",
+            f"the Megatron checkpoint dir falls back to {directory} under $HOME; {spans} "
+            f"must see the same conversion, and home is often not shared or too small",
             fix=f"set {profile_path(profile, 'env.NRL_MEGATRON_CHECKPOINT_DIR')} (or HF_HOME) "
             f"to a directory on shared storage",
         )

@@ -57,7 +57,7 @@ def plan(
     mounts = mount_checks.check_mount_syntax(profile, findings)
     container = _container_spec(profile, run_dir, mounts)
     ckpt_dir, ckpt_source = mount_checks.plan_megatron_checkpoint_dir(
-        recipe, profile, mounts, findings
+        recipe, profile, mounts, findings, num_nodes
     )
     mount_checks.check_hf_home(profile, mounts, findings)
     env = _job_env(recipe, profile, run_dir, findings)
@@ -145,6 +145,8 @@ def _plan_layout(
         allocated = generation_checks.report_placement(generation, profile, findings) and allocated
     if not allocated:
         return None  # a layout for the wrong world size would only add noise
+    # Against the allocated training GPUs, which colocated engines share.
+    generation_checks.check_colocated_engines(recipe, profile, findings)
     layout = layout_checks.plan_layout(recipe, profile, findings)
     if layout is not None:
         layout_checks.check_batch_sizes(recipe, layout, findings)

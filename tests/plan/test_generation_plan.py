@@ -7,6 +7,7 @@ import attrs
 import pytest
 
 from hpcrl.config.errors import ConfigError
+from hpcrl.config.profile import ContainerCfg
 from hpcrl.config.recipe import (
     ColocatedCfg,
     GenerationCfg,
@@ -17,6 +18,7 @@ from hpcrl.plan.jobspec import GenerationPlacement
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import (
+    GOLDEN_HOME,
     GOLDEN_RUN_DIR,
     automodel_recipe,
     local_profile,
@@ -177,3 +179,73 @@ def test_the_plan_reaches_the_job_as_json():
     recipe = separate(megatron_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=2)
     record = attrs.asdict(make_plan(recipe, pyxis_profile()))
     assert record["num_nodes"] == 3 and record["generation"]["first_node"] == 2
+
+
+# --------------------------------------------------------------------------- colocated engines
+VLLM = "policy.generation.vllm_cfg"
+ENGINE_SIZE = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size"
+
+
+def colocated(num_nodes, gpus_per_node, tp=1, pp=1):
+    recipe = automodel_recipe(num_nodes=num_nodes, gpus_per_node=gpus_per_node)
+    return separate(recipe, None, None, tp=tp, pp=pp, colocated=True)
+
+
+def test_colocated_engines_must_tile_each_nodes_training_gpus():
+    profile = pyxis_profile(gpus_per_node=6)
+    assert error_text(colocated(2, 6, tp=4), profile)["cluster.gpus_per_node"] == (
+        "error: cluster.gpus_per_node = 6: the 6 GPUs per node (12 in all) that training "
+        "shares with the colocated vLLM engines do not split into engines of "
+        f"{ENGINE_SIZE} = 4 × 1 = 4 GPUs\n"
+        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 3, 6]"
+    )
+
+
+def test_a_colocated_engine_must_fit_inside_one_node():
+    assert error_text(colocated(2, 8, tp=16), pyxis_profile())[f"{VLLM}.tensor_parallel_size"] == (
+        f"error: {VLLM}.tensor_parallel_size = 16: a colocated vLLM engine takes "
+        f"{ENGINE_SIZE} = 16 × 1 = 16 GPUs, but it must fit inside one node of the training "
+        "GPUs (cluster.gpus_per_node = 8)\n"
+        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8], or give generation nodes of its "
+        f"own (policy.generation.colocated.enabled=false with {RESOURCES}.num_nodes and "
+        f"{RESOURCES}.gpus_per_node)"
+    )
+    # tp fits a node; pp on top of it does not: pp is the key to change.
+    errors = error_text(colocated(2, 8, tp=4, pp=4), pyxis_profile())
+    assert set(errors) == {f"{VLLM}.pipeline_parallel_size"}
+    assert errors[f"{VLLM}.pipeline_parallel_size"].startswith(
+        f"error: {VLLM}.pipeline_parallel_size = 4: a colocated vLLM engine takes "
+        f"{ENGINE_SIZE} = 4 × 4 = 16 GPUs"
+    )
+
+
+def test_colocated_engines_that_tile_the_node_plan():
+    spec = make_plan(colocated(2, 8, tp=2, pp=2), pyxis_profile())
+    assert (spec.num_nodes, spec.world_size, spec.generation) == (2, 16, None)
+    assert [check.message for check in spec.checks if check.name == "generation"] == [
+        "colocated: vLLM engines of 4 GPU(s) tile the 8 training GPUs per node"
+    ]
+    # CPU engines take one worker slot whatever their tensor parallel size.
+    spec = make_plan(colocated(1, 2, tp=4), local_profile())
+    assert not [check for check in spec.checks if check.name == "generation"]
+
+
+# --------------------------------------------------------------------------- megatron home dir
+def test_home_checkpoint_warning_counts_the_training_nodes_only():
+    home = pyxis_profile(
+        env={"HOME": GOLDEN_HOME}, container=ContainerCfg(image="img", mounts=("/home:/home",))
+    )
+    # 1 training node + 1 generation node: only the training node reads the conversion.
+    spec = make_plan(separate(megatron_recipe(num_nodes=1, gpus_per_node=8), 1, 8), home)
+    assert spec.num_nodes == 2 and not spec.warnings
+    spec = make_plan(separate(megatron_recipe(num_nodes=2, gpus_per_node=8), 1, 8), home)
+    assert spec.num_nodes == 3
+    (warning,) = spec.warnings
+    assert (warning.path, warning.message, warning.fix) == (
+        "profile[site].env",
+        f"the Megatron checkpoint dir falls back to {GOLDEN_HOME}/.cache/huggingface/nemo_rl "
+        "under $HOME; training spans 2 of the job's 3 nodes and every training node must see "
+        "the same conversion, and home is often not shared or too small",
+        "set profile[site].env.NRL_MEGATRON_CHECKPOINT_DIR (or HF_HOME) to a directory on "
+        "shared storage",
+    )
