@@ -11,6 +11,7 @@ import posixpath
 import re
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
@@ -63,15 +64,9 @@ def plan(
     env = _job_env(recipe, profile, run_dir, findings)
     python_argv = _python_argv(profile, findings)
     _check_script_inputs(recipe, profile, dict(env), findings)
-    array = (array_size, profile.slurm.array_parallelism) if array_size else None
-    folder, stdout, stderr = scheduler.submitit_log_paths(run_dir, array is not None)
-    is_slurm = profile.scheduler == "slurm"
-    directives = (
-        scheduler.sbatch_directives(num_nodes, profile, job_name, (stdout, stderr), array, findings)
-        if is_slurm
-        else ()
-    )
+    launch = _launch_fields(profile, container, run_dir, num_nodes, job_name, array_size, findings)
     findings.raise_if_errors()
+    cluster = profile_source or profile.name  # as the user named it, for the re-render command
     assert layout is not None  # an unfactorable layout is always reported as an error
     return JobSpec(
         job_name=job_name,
@@ -81,21 +76,12 @@ def plan(
         recipe_source=recipe_source,
         algorithm=recipe.algorithm,  # type: ignore[arg-type]
         overrides=tuple(overrides),
-        render_argv=(
-            "hpcrl",
-            "render",
-            recipe_source,
-            "--cluster",
-            profile_source or profile.name,
-            *overrides,
-        ),
+        render_argv=("hpcrl", "render", recipe_source, "--cluster", cluster, *overrides),
         run_dir=run_dir,
         num_nodes=num_nodes,
         slots_per_node=profile.slots_per_node,
         cpus_per_node=profile.cpus_per_node,
         layout=layout,
-        sbatch_directives=directives,
-        srun_args=scheduler.srun_args(profile, container, (stdout, stderr)) if is_slurm else (),
         container=container,
         env=env,
         pass_env=tuple(profile.pass_env),
@@ -103,18 +89,44 @@ def plan(
         ray_ports=profile.ray_ports,
         megatron_checkpoint_dir=ckpt_dir,
         megatron_checkpoint_dir_source=ckpt_source,
-        task_argv=(*python_argv, "-u", "-m", "submitit.core._submit", folder),
-        submitit_folder=folder,
-        stdout_path=stdout,
-        stderr_path=stderr,
-        array_size=array_size,
-        array_parallelism=profile.slurm.array_parallelism if array_size else None,
-        signal_delay_s=profile.slurm.signal_delay_s,
-        max_requeues=profile.slurm.max_requeues,
-        requeue=True,
+        task_argv=(*python_argv, "-u", "-m", "submitit.core._submit", launch["submitit_folder"]),
         checks=tuple(findings.checks),
         generation=generation,
+        **launch,
     )
+
+
+def _launch_fields(
+    profile: ClusterProfile,
+    container: ContainerSpec | None,
+    run_dir: str,
+    num_nodes: int,
+    job_name: str,
+    array_size: int | None,
+    findings: Findings,
+) -> dict[str, Any]:
+    """The ``JobSpec`` fields of how the job is launched: sbatch directives and srun arguments
+    (Slurm profiles), submitit's folder and log paths, the array, signal and requeue."""
+    array = (array_size, profile.slurm.array_parallelism) if array_size else None
+    folder, stdout, stderr = scheduler.submitit_log_paths(run_dir, array is not None)
+    is_slurm = profile.scheduler == "slurm"
+    directives = (
+        scheduler.sbatch_directives(num_nodes, profile, job_name, (stdout, stderr), array, findings)
+        if is_slurm
+        else ()
+    )
+    return {
+        "sbatch_directives": directives,
+        "srun_args": scheduler.srun_args(profile, container, (stdout, stderr)) if is_slurm else (),
+        "submitit_folder": folder,
+        "stdout_path": stdout,
+        "stderr_path": stderr,
+        "array_size": array_size,
+        "array_parallelism": profile.slurm.array_parallelism if array_size else None,
+        "signal_delay_s": profile.slurm.signal_delay_s,
+        "max_requeues": profile.slurm.max_requeues,
+        "requeue": True,
+    }
 
 
 def _check_script_inputs(
