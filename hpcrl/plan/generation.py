@@ -38,9 +38,11 @@ def has_separate_generation(recipe: Recipe) -> bool:
 
 
 def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
-    """Colocated engines run on the training GPUs, so one engine must fit inside a node and
-    every node's GPUs must split into whole engines (then the job's do too: the world is
-    ``cluster.num_nodes`` such nodes). CPU engines take one worker slot: nothing to check."""
+    """Colocated engines live inside the training ranks, one engine per rank
+    (``hpcrl.core.generation.vllm_policy.colocated_generate``), and a GPU rank's Ray actor
+    holds exactly one GPU, so an engine there can take only that GPU: tensor_parallel_size ×
+    pipeline_parallel_size must be 1. Larger engines need generation GPUs of their own. CPU
+    engines take one worker slot: nothing to check."""
     generation = recipe.policy.generation
     if (
         recipe.algorithm != "grpo"
@@ -50,38 +52,33 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
     ):
         return
     tp, pp = generation.vllm_cfg.tensor_parallel_size, generation.vllm_cfg.pipeline_parallel_size
-    per_engine, per_node = tp * pp, recipe.cluster.gpus_per_node
-    if per_engine < 1 or per_node < 1:
+    world = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    if tp < 1 or pp < 1 or world < 1:
         return  # the recipe rules report non-positive sizes
-    world = recipe.cluster.num_nodes * per_node
-    engine = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = {tp} × {pp} = {per_engine}"
-    divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
-    resize = f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
-    if per_engine > per_node:
-        # Blame the factor that pushes the engine past the node: tp alone, else pp on top.
-        key = "tensor_parallel_size" if tp > per_node else "pipeline_parallel_size"
-        findings.error(
-            f"{VLLM}.{key}",
-            f"a colocated vLLM engine takes {engine} GPUs, but it must fit inside one node "
-            f"of the training GPUs (cluster.gpus_per_node = {per_node})",
-            value=tp if key == "tensor_parallel_size" else pp,
-            fix=f"{resize}, or give generation nodes of its own ({COLOCATED}.enabled=false "
-            f"with {RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node)",
-        )
-    elif per_node % per_engine:
-        findings.error(
-            "cluster.gpus_per_node",
-            f"the {per_node} GPUs per node ({world} in all) that training shares with the "
-            f"colocated vLLM engines do not split into engines of {engine} GPUs",
-            value=per_node,
-            fix=resize,
-        )
-    else:
+    if tp * pp == 1:
         findings.passed(
             "generation",
-            f"colocated: vLLM engines of {per_engine} GPU(s) tile the {per_node} training GPUs "
-            "per node",
+            f"colocated: one single-GPU vLLM engine inside each of the {world} training ranks",
         )
+        return
+    # Blame tp when it is the one above 1; the fix names every factor to bring down.
+    key, value = ("tensor_parallel_size", tp) if tp > 1 else ("pipeline_parallel_size", pp)
+    to_one = " and ".join(
+        f"{name}=1"
+        for name, size in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp))
+        if size > 1
+    )
+    findings.error(
+        f"{VLLM}.{key}",
+        "colocated vLLM builds one engine inside every training rank and each rank holds one "
+        f"GPU, so engines of {VLLM}.tensor_parallel_size × pipeline_parallel_size = "
+        f"{tp} × {pp} = {tp * pp} GPUs would have the {world} ranks ask for {world * tp * pp} "
+        f"of their {world} GPUs",
+        value=value,
+        fix=f"set {VLLM}.{to_one}, or give generation its own GPUs with "
+        f"{COLOCATED}.enabled=false and {RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node "
+        "(engines there may span several GPUs)",
+    )
 
 
 def plan_generation(
@@ -168,21 +165,35 @@ def _slots_per_engine(
     per_engine = vllm.tensor_parallel_size * vllm.pipeline_parallel_size
     if per_engine < 1:
         return None  # the recipe rules report non-positive sizes
-    if per_node % per_engine:
-        multiples = [m for m in range(per_engine, profile.slots_per_node + 1, per_engine)]
-        divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
+    if per_node % per_engine == 0:
+        return per_engine
+    engine = (
+        f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = "
+        f"{vllm.tensor_parallel_size} × {vllm.pipeline_parallel_size} = {per_engine} GPUs"
+    )
+    divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
+    resize = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
+    slots = profile.slots_per_node
+    if per_engine > slots:
+        # No gpus_per_node can hold the engine: an engine's GPUs are those of one node.
         findings.error(
             f"{RESOURCES}.gpus_per_node",
-            f"{per_node} GPUs per node do not split into vLLM engines of "
-            f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = "
-            f"{vllm.tensor_parallel_size} × {vllm.pipeline_parallel_size} = {per_engine} GPUs",
+            f"{per_node} GPUs per node do not split into vLLM engines of {engine}, and no "
+            f"node can hold one: an engine runs inside one node and profile {profile.name!r} "
+            f"offers {slots} GPUs per node",
             value=per_node,
-            fix=f"set {RESOURCES}.gpus_per_node to a multiple of {per_engine} "
-            + (f"(one of {multiples}) " if multiples else "")
-            + f"or {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}",
+            fix=f"set {resize}",
         )
         return None
-    return per_engine
+    multiples = list(range(per_engine, slots + 1, per_engine))
+    findings.error(
+        f"{RESOURCES}.gpus_per_node",
+        f"{per_node} GPUs per node do not split into vLLM engines of {engine}",
+        value=per_node,
+        fix=f"set {RESOURCES}.gpus_per_node to a multiple of {per_engine} (one of {multiples}) "
+        f"or {resize}",
+    )
+    return None
 
 
 def _positive(value: int, key: str, findings: Findings) -> bool:

@@ -191,43 +191,57 @@ def colocated(num_nodes, gpus_per_node, tp=1, pp=1):
     return separate(recipe, None, None, tp=tp, pp=pp, colocated=True)
 
 
-def test_colocated_engines_must_tile_each_nodes_training_gpus():
-    profile = pyxis_profile(gpus_per_node=6)
-    assert error_text(colocated(2, 6, tp=4), profile)["cluster.gpus_per_node"] == (
-        "error: cluster.gpus_per_node = 6: the 6 GPUs per node (12 in all) that training "
-        "shares with the colocated vLLM engines do not split into engines of "
-        f"{ENGINE_SIZE} = 4 × 1 = 4 GPUs\n"
-        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 3, 6]"
+def test_a_colocated_engine_takes_its_ranks_one_gpu():
+    # The shipped 8B recipe's shape before it moved to tp=1: 16 ranks × a 2-GPU engine each.
+    assert error_text(colocated(2, 8, tp=2), pyxis_profile())[f"{VLLM}.tensor_parallel_size"] == (
+        f"error: {VLLM}.tensor_parallel_size = 2: colocated vLLM builds one engine inside every "
+        "training rank and each rank holds one GPU, so engines of "
+        f"{ENGINE_SIZE} = 2 × 1 = 2 GPUs would have the 16 ranks ask for 32 of their 16 GPUs\n"
+        f"  fix: set {VLLM}.tensor_parallel_size=1, or give generation its own GPUs with "
+        f"policy.generation.colocated.enabled=false and {RESOURCES}.num_nodes and "
+        f"{RESOURCES}.gpus_per_node (engines there may span several GPUs)"
     )
 
 
-def test_a_colocated_engine_must_fit_inside_one_node():
-    assert error_text(colocated(2, 8, tp=16), pyxis_profile())[f"{VLLM}.tensor_parallel_size"] == (
-        f"error: {VLLM}.tensor_parallel_size = 16: a colocated vLLM engine takes "
-        f"{ENGINE_SIZE} = 16 × 1 = 16 GPUs, but it must fit inside one node of the training "
-        "GPUs (cluster.gpus_per_node = 8)\n"
-        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8], or give generation nodes of its "
-        f"own (policy.generation.colocated.enabled=false with {RESOURCES}.num_nodes and "
-        f"{RESOURCES}.gpus_per_node)"
-    )
-    # tp fits a node; pp on top of it does not: pp is the key to change.
-    errors = error_text(colocated(2, 8, tp=4, pp=4), pyxis_profile())
+def test_colocated_pipeline_parallel_engines_are_refused_too():
+    # pp alone is blamed when tp is 1; with both above 1 the fix brings both down.
+    errors = error_text(colocated(1, 8, pp=2), pyxis_profile())
     assert set(errors) == {f"{VLLM}.pipeline_parallel_size"}
     assert errors[f"{VLLM}.pipeline_parallel_size"].startswith(
-        f"error: {VLLM}.pipeline_parallel_size = 4: a colocated vLLM engine takes "
-        f"{ENGINE_SIZE} = 4 × 4 = 16 GPUs"
+        f"error: {VLLM}.pipeline_parallel_size = 2: colocated vLLM builds one engine"
     )
+    errors = error_text(colocated(2, 8, tp=4, pp=4), pyxis_profile())
+    assert set(errors) == {f"{VLLM}.tensor_parallel_size"}
+    assert (
+        f"= 4 × 4 = 16 GPUs would have the 16 ranks ask for 256 of their 16 GPUs\n"
+        f"  fix: set {VLLM}.tensor_parallel_size=1 and pipeline_parallel_size=1, or give"
+    ) in errors[f"{VLLM}.tensor_parallel_size"]
 
 
-def test_colocated_engines_that_tile_the_node_plan():
-    spec = make_plan(colocated(2, 8, tp=2, pp=2), pyxis_profile())
+def test_single_gpu_colocated_engines_plan():
+    spec = make_plan(colocated(2, 8), pyxis_profile())
     assert (spec.num_nodes, spec.world_size, spec.generation) == (2, 16, None)
     assert [check.message for check in spec.checks if check.name == "generation"] == [
-        "colocated: vLLM engines of 4 GPU(s) tile the 8 training GPUs per node"
+        "colocated: one single-GPU vLLM engine inside each of the 16 training ranks"
     ]
     # CPU engines take one worker slot whatever their tensor parallel size.
     spec = make_plan(colocated(1, 2, tp=4), local_profile())
     assert not [check for check in spec.checks if check.name == "generation"]
+
+
+def test_separate_engines_never_sized_past_a_node():
+    # A 16-GPU engine on 8-GPU nodes: no gpus_per_node fits it, so only engine sizes are named.
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 8, tp=16)
+    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"] == (
+        f"error: {RESOURCES}.gpus_per_node = 8: 8 GPUs per node do not split into vLLM engines "
+        f"of {ENGINE_SIZE} = 16 × 1 = 16 GPUs, and no node can hold one: an engine runs inside "
+        "one node and profile 'site' offers 8 GPUs per node\n"
+        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8]"
+    )
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 6, tp=4, pp=4)
+    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"].endswith(
+        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 3, 6]"
+    )
 
 
 # --------------------------------------------------------------------------- megatron home dir
