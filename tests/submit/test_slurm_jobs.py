@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpcrl.config.port_bands import band_ports
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.job_state import query_status, rebuild_job
 from tests.slurm.harness import NETNS_NODE_IPS, cluster_mode, sacct_states, wait_sacct_states
@@ -32,6 +33,9 @@ from tests.submit.jobs_harness import (
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
+
+#: The Ray port band the busy-port test pins its job to.
+BUSY_PORT_BAND = 7
 
 
 def test_two_node_job_runs_the_rendered_script_and_ray_spans_both_nodes(tmp_path: Path) -> None:
@@ -110,8 +114,11 @@ def test_cancel_stops_a_running_job(tmp_path: Path) -> None:
 
 @pytest.fixture
 def busy_port_on_n2() -> Iterator[int]:
-    """Hold node n2's Ray node-manager port (as a stale process on a shared node would)."""
-    port = 6800  # RayPortsCfg.node_manager_port of the slurm-test profile
+    """Hold node n2's Ray node-manager port (as a stale process on a shared node would).
+
+    The port is the one of band ``BUSY_PORT_BAND``, which the test pins the job to (the band
+    would otherwise come from the job id, unknown before submission)."""
+    port = band_ports(BUSY_PORT_BAND)["node_manager_port"]
     if cluster_mode() != "netns" or not Path("/run/netns/n2").exists():
         pytest.skip("needs the netns test cluster (a port of node n2 alone)")
     holder = subprocess.Popen(
@@ -133,7 +140,15 @@ def test_worker_that_cannot_join_fails_the_job_with_its_cause(
 ) -> None:
     run = tmp_path / "run"
     args = ["submit", TWO_NODE_RECIPE, "--cluster", "slurm-test", "-o", str(run), "--wait"]
-    result = hpcrl(args, tmp_path, job_env("hpcrl.job.probe:run_probe", HPCRL_JOIN_TIMEOUT_S="60"))
+    result = hpcrl(
+        args,
+        tmp_path,
+        job_env(
+            "hpcrl.job.probe:run_probe",
+            HPCRL_JOIN_TIMEOUT_S="60",
+            HPCRL_RAY_PORT_BAND=str(BUSY_PORT_BAND),
+        ),
+    )
     assert result.returncode != 0, output_of(result)
     assert f"port {busy_port_on_n2} already in use on node n2" in result.stdout, output_of(result)
     assert sacct_states(read_job_record(run).job_id)[-1] == "FAILED"
