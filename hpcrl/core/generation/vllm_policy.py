@@ -238,11 +238,16 @@ def wrap_policy(
     spec = engine_spec(recipe, model_path, device)
     if generation.colocated.enabled:
         return VllmPolicy(training, spec)
-    from hpcrl.core.generation.vllm_workers import GenerationGroup, generation_layout
+    from hpcrl.core.generation.vllm_workers import (
+        GenerationGroup,
+        generation_layout,
+        largest_node_gpus,
+    )
 
     group = None
     try:
-        group = GenerationGroup(generation_layout(recipe, device), spec)
+        node_gpus = largest_node_gpus() if device == "cuda" else 0
+        group = GenerationGroup(generation_layout(recipe, device, node_gpus), spec)
         group.start(training_num_nodes=recipe.cluster.num_nodes, first_node=first_node)
     except BaseException:
         try:

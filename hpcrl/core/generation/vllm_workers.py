@@ -1,8 +1,8 @@
 """Non-colocated generation: vLLM engines in Ray actors of their own placement group.
 
 ``policy.generation.colocated.resources`` names the nodes and GPUs per node of the
-generation side; each engine takes ``vllm_cfg.tensor_parallel_size`` of those GPUs (on CPU:
-one worker slot each). The planner decides which nodes (``JobSpec.generation.first_node``:
+generation side; each engine takes ``tensor_parallel_size × pipeline_parallel_size`` of
+those GPUs, within one node (on CPU: one worker slot each). The planner decides which nodes (``JobSpec.generation.first_node``:
 nodes of their own after the training ones, or the training nodes' remaining GPUs) and the
 driver passes that here; Ray's GPU accounting keeps the two sides on different GPUs.
 Without a plan (tests), the nodes after the training ones are used when the cluster has
@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from hpcrl.config.errors import ConfigError
 from hpcrl.core.workers.group import NODE_ID_LABEL, worker_env
+from hpcrl.plan.generation import engine_tiling_problem
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +41,11 @@ class GenerationLayout:
         return self.num_nodes * self.engines_per_node
 
 
-def generation_layout(recipe: Recipe, device: str) -> GenerationLayout:
-    """From ``colocated.resources``; unset fields default to the training side's shape."""
+def generation_layout(recipe: Recipe, device: str, node_gpus: int = 0) -> GenerationLayout:
+    """From ``colocated.resources``; unset fields default to the training side's shape.
+    ``node_gpus``: GPUs of the job's largest node (``largest_node_gpus``), the most one engine
+    can span. On GPUs the engines must tile each node's generation GPUs; the error is the
+    planner's (``hpcrl.plan.generation.engine_tiling_problem``), for runs without a plan."""
     generation = recipe.policy.generation
     resources = generation.colocated.resources
     num_nodes = resources.num_nodes or recipe.cluster.num_nodes
@@ -48,17 +53,27 @@ def generation_layout(recipe: Recipe, device: str) -> GenerationLayout:
     gpus_per_engine = generation.vllm_cfg.tensor_parallel_size * (
         generation.vllm_cfg.pipeline_parallel_size
     )
-    if device == "cuda" and gpus_per_node % gpus_per_engine != 0:
-        raise ValueError(
-            "policy.generation.colocated.resources.gpus_per_node "
-            f"({gpus_per_node}) is not a multiple of the GPUs per vLLM engine "
-            f"(tensor_parallel_size x pipeline_parallel_size = {gpus_per_engine})"
+    if device == "cuda":
+        problem = engine_tiling_problem(
+            generation.vllm_cfg, gpus_per_node, node_gpus, "this job's Ray cluster"
         )
+        if problem is not None:
+            raise ConfigError([problem])
     return GenerationLayout(
         num_nodes=num_nodes,
         engines_per_node=gpus_per_node // gpus_per_engine if device == "cuda" else gpus_per_node,
         gpus_per_engine=gpus_per_engine if device == "cuda" else 0,
         device=device,
+    )
+
+
+def largest_node_gpus() -> int:
+    """GPUs of the alive Ray node with the most (an engine's GPUs are those of one node)."""
+    import ray
+
+    return max(
+        (int(node["Resources"].get("GPU", 0)) for node in ray.nodes() if node["Alive"]),
+        default=0,
     )
 
 
