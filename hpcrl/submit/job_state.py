@@ -32,6 +32,7 @@ FINAL_STATES = frozenset(
 )  # fmt: skip
 SACCT_TIMEOUT_S = 30
 LOCAL_CANCEL_GRACE_S = 60.0  # local cancel: how long the tasks get to stop Ray and exit
+LOCAL_CONTROLLER_EXIT_S = 15.0  # then: how long submitit's interrupted controller gets to exit
 
 
 @attrs.frozen(kw_only=True)
@@ -221,7 +222,14 @@ def cancel_job(record: JobRecord) -> None:
     while _local_controller_alive(pid) and time.monotonic() < deadline_s:
         time.sleep(0.2)
     if _local_controller_alive(pid):
+        # Interrupted, the controller gives its tasks a second, kills them, then exits; wait
+        # for that so the status right after a cancel says CANCELLED, not RUNNING.
         os.kill(pid, signal.SIGINT)
+        deadline_s = time.monotonic() + LOCAL_CONTROLLER_EXIT_S
+        while _local_controller_alive(pid) and time.monotonic() < deadline_s:
+            time.sleep(0.2)
+    if _local_controller_alive(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _child_pids(pid: int) -> list[int]:
