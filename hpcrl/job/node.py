@@ -115,6 +115,7 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
     """Node 0: head + driver, returns the driver's code. Others: join, wait, return 0."""
     logger, handlers = _open_node_log(settings)
     restore_sigterm = _exit_on_sigterm()
+    _make_interruptible()
     ray_node: RayNode | None = None
     failed = True
     try:
@@ -261,6 +262,19 @@ def _exit_on_sigterm():
 
     signal.signal(signal.SIGTERM, exit_now)
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _make_interruptible() -> None:
+    """Let SIGINT raise KeyboardInterrupt again when it arrives ignored.
+
+    A job submitted from a background shell (``nohup hpcrl submit ... &``, a CI script)
+    inherits SIGINT ignored, and Python then never installs its handler. A local cancel
+    interrupts the tasks with SIGINT: ignored, the node would keep Ray and the driver running
+    forever. The ``finally`` in ``run_node`` stops Ray on the interrupt.
+    """
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 if __name__ == "__main__":
