@@ -7,6 +7,7 @@ stable module path.
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import socket
 import traceback
@@ -406,6 +407,7 @@ def checkpoint_resume_run(
     state = dict(resumed_worker.collect_state())
     resumed_worker.close()
     return {
+        "helper_processes_left": [child.name for child in multiprocessing.active_children()],
         "continued": continued,
         "resumed": resumed,
         "fresh_first_loss": fresh_loss,

@@ -25,3 +25,5 @@ def test_resume_continues_exactly(converted, tmp_path):  # noqa: F811
         # A fresh worker (no load) starts from the converted weights, not the trained ones.
         assert result["fresh_first_loss"] > continued[0] + 1e-3
         assert result["state"]["steps_done"] == 4
+        # megatron's writer keeps a Manager process after a save; close() must stop it.
+        assert result["helper_processes_left"] == []

@@ -47,6 +47,27 @@ def save_training_state(worker: Any, checkpoint_dir: str) -> None:
     dist.barrier()
 
 
+def release_writer_results_queue() -> None:
+    """Stop the helper process megatron-core's torch_dist writer keeps after a save.
+
+    The writer caches a spawn-context ``Manager`` (for its results queue) in a module global
+    for the rest of the process; only a normal interpreter exit stops it. Ranks that end with
+    ``os._exit`` or a kill (Ray actors, test ranks) left one such process per rank running
+    forever. Same global in megatron-core 0.16 and 0.19; absent elsewhere, this does nothing.
+    """
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:
+        return
+    queue = getattr(filesystem_async, "_results_queue", None)
+    if queue is None:
+        return
+    filesystem_async._results_queue = None
+    manager = getattr(queue, "_manager", None)
+    if manager is not None:
+        manager.shutdown()
+
+
 def load_training_state(worker: Any, checkpoint_dir: str) -> None:
     import torch
     from megatron.core import dist_checkpointing

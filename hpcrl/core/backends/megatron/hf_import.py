@@ -145,8 +145,11 @@ def build_unwrapped_model(provider: Any) -> Any:
 def save_weights(model: Any, weights_dir: Path) -> None:
     from megatron.core import dist_checkpointing
 
+    from hpcrl.core.backends.megatron.checkpoint import release_writer_results_queue
+
     weights_dir.mkdir(parents=True)
     dist_checkpointing.save(model.sharded_state_dict(), str(weights_dir))
+    release_writer_results_queue()
 
 
 def save_run_config(provider: Any, path: Path) -> None:

@@ -231,7 +231,10 @@ class MegatronWorker:
     def close(self) -> None:
         from megatron.core import parallel_state
 
+        from hpcrl.core.backends.megatron.checkpoint import release_writer_results_queue
+
         self.manual_gc.restore()
         del self.model_chunks, self.optimizer, self.scheduler, self._reference_weights
         self._refit = None
         parallel_state.destroy_model_parallel()
+        release_writer_results_queue()
