@@ -121,24 +121,15 @@ def pin_local_gpu() -> None:
 
 
 def make_recipe(args: argparse.Namespace, config: ParallelConfig, model_path: str):
-    from hpcrl.config.recipe import AutomodelCfg, DataCfg, OptimizerCfg, PolicyCfg, Recipe, SftCfg
+    from train_throughput import make_recipe as benchmark_recipe
 
-    return Recipe(
-        policy=PolicyCfg(
-            model_name=model_path,
-            train_global_batch_size=args.global_batch,
-            train_micro_batch_size=args.micro_batch,
-            precision="bfloat16" if args.device == "cuda" else "float32",
-            max_grad_norm=1.0,
-            optimizer=OptimizerCfg(name="adamw", lr=args.lr),
-            automodel_cfg=AutomodelCfg(
-                enabled=True,
-                dp_replicate_size=config.dp_replicate,
-                torch_compile=not args.no_compile,
-            ),
-        ),
-        data=DataCfg(train_path="unused.jsonl"),
-        sft=SftCfg(max_num_steps=args.steps + args.warmup),
+    return benchmark_recipe(
+        model_path,
+        args,
+        global_batch=args.global_batch,
+        micro_batch=args.micro_batch,
+        lr=args.lr,
+        dp_replicate=config.dp_replicate,
     )
 
 

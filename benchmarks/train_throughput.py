@@ -132,7 +132,17 @@ def time_steps(
     return times, first_loss, peak_gib
 
 
-def make_recipe(model_path: str, args: argparse.Namespace):
+def make_recipe(
+    model_path: str,
+    args: argparse.Namespace,
+    *,
+    global_batch: int | None = None,
+    micro_batch: int | None = None,
+    lr: float = 1e-5,
+    dp_replicate: int = 1,
+):
+    """The benchmark's SFT recipe; the batch defaults to ``--batch-size`` in one micro-batch
+    (scaling_automodel.py passes its own batch, lr and HSDP replicas)."""
     from hpcrl.config.recipe import (
         AutomodelCfg,
         DataCfg,
@@ -142,15 +152,18 @@ def make_recipe(model_path: str, args: argparse.Namespace):
         SftCfg,
     )
 
+    global_batch = args.batch_size if global_batch is None else global_batch
     return Recipe(
         policy=PolicyCfg(
             model_name=model_path,
-            train_global_batch_size=args.batch_size,
-            train_micro_batch_size=args.batch_size,
+            train_global_batch_size=global_batch,
+            train_micro_batch_size=global_batch if micro_batch is None else micro_batch,
             precision="bfloat16" if args.device == "cuda" else "float32",
             max_grad_norm=1.0,
-            optimizer=OptimizerCfg(name="adamw", lr=1e-5),
-            automodel_cfg=AutomodelCfg(enabled=True, torch_compile=not args.no_compile),
+            optimizer=OptimizerCfg(name="adamw", lr=lr),
+            automodel_cfg=AutomodelCfg(
+                enabled=True, dp_replicate_size=dp_replicate, torch_compile=not args.no_compile
+            ),
         ),
         data=DataCfg(train_path="unused.jsonl"),
         sft=SftCfg(max_num_steps=args.steps + args.warmup),
