@@ -23,7 +23,7 @@ from cattrs.errors import (
 )
 
 from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
-from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.profile import ClusterProfile, GpuCount
 from hpcrl.config.recipe import Recipe
 
 T = TypeVar("T")
@@ -77,6 +77,7 @@ def build_converter() -> cattrs.Converter:
     strict.register_structure_hook(float, _structure_float)
     strict.register_structure_hook(str, _structure_str)
     strict.register_structure_hook(typing.Any, _structure_any)
+    strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
     strict.register_structure_hook_factory(_is_literal, _literal_hook)
     strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
     strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
@@ -239,6 +240,17 @@ def _structure_int(value: Any, _: type) -> int:
         f"expected an integer, got {_type_name(value)}",
         "set {path} to a whole number, e.g. {path}: 1",
     )
+
+
+def _structure_gpu_count(value: Any, _: type) -> int | str:
+    if value == "auto":
+        return value
+    if isinstance(value, str):
+        raise BadValue(
+            f"expected a number of GPUs or auto, got the string {value!r}",
+            "set {path} to a whole number, or to auto (local profiles: count this machine's GPUs)",
+        )
+    return _structure_int(value, int)
 
 
 def _structure_float(value: Any, _: type) -> float:

@@ -67,6 +67,11 @@ class SlurmCfg:
     srun_args: tuple[str, ...] = ()  # extra srun arguments
 
 
+#: ``gpus_per_node``: a number, or ``auto`` (local profiles: the GPUs of the submitting
+#: machine, counted at plan time without importing torch; CUDA_VISIBLE_DEVICES honoured).
+GpuCount = int | Literal["auto"]
+
+
 @frozen
 class ClusterProfile:
     """One site (``cluster_profiles/<name>.yaml``)."""
@@ -74,7 +79,7 @@ class ClusterProfile:
     name: str
     scheduler: Literal["slurm", "local"] = "slurm"
     device: Literal["gpu", "cpu"] = "gpu"
-    gpus_per_node: int = 8
+    gpus_per_node: GpuCount = 8
     cpus_per_node: int | None = None
     worker_slots_per_node: int = 1  # CPU profiles: training workers per node
     slurm: SlurmCfg = attrs.field(factory=SlurmCfg)
@@ -83,9 +88,25 @@ class ClusterProfile:
     pass_env: tuple[str, ...] = ()  # names copied from the submitting shell, never values
     setup_lines: tuple[str, ...] = ()  # shell lines run before srun (module load ...)
     ray_ports: RayPortsCfg = attrs.field(factory=RayPortsCfg)
-    python: str = "python3"  # the interpreter inside the job (container or node)
+    # The interpreter of every task. Unset: the image's python3 with a container, else the
+    # interpreter that runs hpcrl (its absolute path, so a node's PATH cannot change it).
+    python: str | None = None
+    # Where the job's own code comes from. bundle: hpcrl and its pure-Python packages, copied
+    # from the submitting environment next to the run folders (the default with a container);
+    # installed: the job's Python already has them (the default without one).
+    code: Literal["bundle", "installed"] | None = None
+    bundle_packages: tuple[str, ...] = ()  # more pure-Python distributions for the bundle
 
     @property
     def slots_per_node(self) -> int:
-        """Training workers per node: GPUs on GPU profiles, worker slots on CPU profiles."""
-        return self.gpus_per_node if self.device == "gpu" else self.worker_slots_per_node
+        """Training workers per node: GPUs on GPU profiles, worker slots on CPU profiles.
+
+        ``gpus_per_node: auto`` is resolved by the planner before anything reads this."""
+        assert self.gpus_per_node != "auto" or self.device == "cpu", "resolve auto GPUs first"
+        return self.gpus_per_node if self.device == "gpu" else self.worker_slots_per_node  # type: ignore[return-value]
+
+    @property
+    def code_mode(self) -> Literal["bundle", "installed"]:
+        if self.code is not None:
+            return self.code
+        return "bundle" if self.container is not None else "installed"

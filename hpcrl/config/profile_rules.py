@@ -25,7 +25,7 @@ def check_profile(profile: ClusterProfile) -> list[Problem]:
 
 def rule_counts_positive(profile: ClusterProfile) -> list[Problem]:
     problems = []
-    if profile.device == "gpu" and profile.gpus_per_node < 1:
+    if profile.device == "gpu" and profile.gpus_per_node != "auto" and profile.gpus_per_node < 1:
         problems.append(
             _positive(
                 "gpus_per_node",
@@ -48,6 +48,45 @@ def rule_counts_positive(profile: ClusterProfile) -> list[Problem]:
     if profile.slurm.mem_gb is not None and profile.slurm.mem_gb < 1:
         problems.append(
             _positive("slurm.mem_gb", profile.slurm.mem_gb, "or remove it for Slurm's default")
+        )
+    return problems
+
+
+def rule_auto_gpus_only_here(profile: ClusterProfile) -> list[Problem]:
+    if profile.gpus_per_node != "auto" or profile.scheduler == "local":
+        return []
+    return [
+        Problem(
+            path="gpus_per_node",
+            value="auto",
+            message="auto counts the GPUs of the machine running hpcrl, which is not where a "
+            "Slurm job runs",
+            fix="set gpus_per_node to the GPUs of one compute node, e.g. gpus_per_node: 8",
+        )
+    ]
+
+
+def rule_bundle_packages(profile: ClusterProfile) -> list[Problem]:
+    problems = [
+        Problem(
+            path=f"bundle_packages[{index}]",
+            value=name,
+            message="not a distribution name",
+            fix="write the name pip knows it by, e.g. einops (no versions: the installed one is copied)",
+        )
+        for index, name in enumerate(profile.bundle_packages)
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name)
+    ]
+    if profile.bundle_packages and profile.code_mode == "installed":
+        problems.append(
+            Problem(
+                path="bundle_packages",
+                value=list(profile.bundle_packages),
+                message="only a code bundle carries extra packages, and this profile runs the "
+                "installed code (code: installed)",
+                fix="set code: bundle, or remove bundle_packages",
+                severity="warning",
+            )
         )
     return problems
 
@@ -256,6 +295,8 @@ def _ports_in_job_bands(ports: dict[str, int], uses_band: bool) -> list[Problem]
 
 PROFILE_RULES = (
     rule_counts_positive,
+    rule_auto_gpus_only_here,
+    rule_bundle_packages,
     rule_time_limit,
     rule_cpu_profile_without_gres,
     rule_gpu_profile_requests_gpus,
