@@ -242,14 +242,19 @@ def run_status(args: argparse.Namespace) -> int:
             f"No runs under {args.runs_dir}/ (submit one with: hpcrl submit RECIPE --cluster C)"
         )
         return 0
+    rows = [status_row(name, run_dir) for name, run_dir in run_dirs]
+    headers = ["run", "job", "state", "attempts", "step", "reward", "elapsed"]
+    if any(row[-1] for row in rows):
+        headers.append("cause")  # only when a failed job named its cause
     table = Table(title_justify="left")
-    for header in ("run", "job", "state", "attempts", "step", "reward", "elapsed"):
+    for header in headers:
         table.add_column(
             header,
             justify="right" if header in ("attempts", "step", "reward", "elapsed") else "left",
+            overflow="fold",
         )
-    for name, run_dir in run_dirs:
-        table.add_row(*status_row(name, run_dir))
+    for row in rows:
+        table.add_row(*row[: len(headers)])
     console.print(table)
     return 0
 

@@ -70,3 +70,8 @@ class DriverFailed(RuntimeError):
             f"driver {driver} exited with code {exit_code}; last lines of its log:\n{log_tail}"
         )
         self.exit_code = exit_code
+
+
+class PreflightFailed(BootstrapError):
+    """This node's Python cannot run the job (missing or out-of-range packages, hpcrl from the
+    wrong place); raised before Ray starts, the message lists every problem and the fix."""

@@ -19,6 +19,8 @@ frozen = attrs.frozen(kw_only=True)
 #: Slurm sends this signal ``signal_delay_s`` before the time limit; submitit's job
 #: environment handles it (checkpoint + requeue), so it must stay USR2.
 SUBMITIT_SIGNAL = "USR2"
+#: submitit's task command after the interpreter: ``<python> -u -m submitit.core._submit <folder>``.
+SUBMITIT_TASK_TAIL = ("-u", "-m", "submitit.core._submit")
 
 
 @frozen
@@ -106,6 +108,70 @@ class ContainerSpec:
     mount_home: bool
 
 
+Need = Literal["every job", "the Megatron backend", "vLLM generation"]
+
+
+@frozen
+class PackageRequirement:
+    """A package the job's Python must have (``hpcrl.plan.requirements``); checked on every
+    node before Ray starts. ``distributions``: the names it is published under, the first
+    named in messages. ``spec``: ``>=a,<b`` clauses, ``||`` between alternatives, compared on
+    release numbers. ``pure_python``: a profile's ``bundle_packages`` can supply it too."""
+
+    distributions: tuple[str, ...]
+    module: str  # what the job imports; found without its metadata: version unknown
+    spec: str
+    needed_for: Need
+    pure_python: bool
+
+
+@frozen
+class CodeBundle:
+    """hpcrl and its pure-Python packages, copied from the submitting environment into a
+    folder named by a hash of its contents (``hpcrl.plan.bundle``), shared by every run of the
+    same code. ``path`` is the same inside a container (mounted 1:1)."""
+
+    path: str
+    digest: str
+    packages: tuple[tuple[str, str], ...]  # (distribution, version) besides hpcrl, by name
+    extra_packages: tuple[str, ...]  # the profile's bundle_packages among them
+    built_from: str  # sys.prefix of the environment the files were copied from
+
+
+@frozen
+class JobCode:
+    """Which Python runs every task and where hpcrl comes from inside the job.
+
+    ``python``: the interpreter's argv as the task starts it (``/usr/bin/env python3`` in a
+    container: srun looks a bare command up on the host, before pyxis enters the image).
+    ``python_origin`` says where that choice came from, for the script's comment.
+    ``hpcrl_version``/``git_sha``: the code that planned the job (the bundle holds exactly it;
+    an installed hpcrl of another version is a preflight error). ``requirements``: what the
+    job's Python must provide, checked before Ray starts.
+    """
+
+    mode: Literal["bundle", "installed"]
+    python: tuple[str, ...]
+    python_origin: str
+    hpcrl_version: str
+    git_sha: str | None
+    bundle: CodeBundle | None
+    requirements: tuple[PackageRequirement, ...]
+
+    @property
+    def entry_argv(self) -> tuple[str, ...]:
+        """What runs a module: the interpreter, then (bundle) the bundle's entry script."""
+        if self.bundle is None:
+            return self.python
+        return (*self.python, f"{self.bundle.path}/{BUNDLE_ENTRY}")
+
+
+#: The bundle's entry script (``hpcrl/job/bundle_entry.py``, copied to the bundle's top):
+#: ``python3 <bundle>/hpcrl_entry.py -u -m MODULE ARGS`` runs MODULE with the bundle first
+#: on the import path, in this process and in every process it starts.
+BUNDLE_ENTRY = "hpcrl_entry.py"
+
+
 @frozen
 class Check:
     """One pre-flight check that did not fail: what it checked and what it found."""
@@ -152,7 +218,9 @@ class JobSpec:
     ray_ports: RayPortsCfg
     megatron_checkpoint_dir: str | None  # as the job sees it; None for automodel
     megatron_checkpoint_dir_source: str | None  # NRL_MEGATRON_CHECKPOINT_DIR | HF_HOME | home
-    task_argv: tuple[str, ...]  # `<python> -u -m submitit.core._submit <run_dir>/submitit`
+    code: JobCode  # the interpreter, where hpcrl comes from, what the job's Python must have
+    # `<python> [<bundle>/hpcrl_entry.py] -u -m submitit.core._submit <run_dir>/submitit`
+    task_argv: tuple[str, ...]
     submitit_folder: str
     stdout_path: str  # submitit's per-task pattern: %j_%t_log.out (arrays: %A_%a_%t_log.out)
     stderr_path: str
@@ -163,10 +231,17 @@ class JobSpec:
     requeue: bool = True
     checks: tuple[Check, ...] = ()
     generation: GenerationPlacement | None = None  # separate vLLM generation workers only
+    # Local GPU profiles: the GPUs of this machine the job uses (CUDA_VISIBLE_DEVICES ids).
+    visible_gpus: tuple[str, ...] | None = None
 
     @property
     def world_size(self) -> int:
         return self.layout.world_size
+
+    @property
+    def python_command(self) -> str:
+        """What submitit calls ``python``: everything of the task command before ``-u -m``."""
+        return shlex.join(self.task_argv[: -len(SUBMITIT_TASK_TAIL) - 1])
 
     @property
     def task_command(self) -> str:

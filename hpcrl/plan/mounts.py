@@ -73,10 +73,15 @@ def run_dir_mount(run_dir: str, mounts: list[Mount]) -> str | None:
     submitit hands tasks absolute paths into the run folder, so it must appear 1:1; None
     when an existing mount already maps it there.
     """
+    return same_path_mount(run_dir, mounts)
+
+
+def same_path_mount(path: str, mounts: list[Mount], flags: str | None = None) -> str | None:
+    """``path:path[:flags]`` unless a mount already shows ``path`` at the same place."""
     for mount in mounts:
-        if is_under(run_dir, mount.host_path) and mount.host_path == mount.container_path:
+        if is_under(path, mount.host_path) and mount.host_path == mount.container_path:
             return None
-    return f"{run_dir}:{run_dir}"
+    return f"{path}:{path}" + (f":{flags}" if flags else "")
 
 
 def check_visible_in_container(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,9 +18,19 @@ from hpcrl.plan import generation as generation_checks
 from hpcrl.plan import layout as layout_checks
 from hpcrl.plan import mounts as mount_checks
 from hpcrl.plan import scheduler
+from hpcrl.plan.code import plan_code
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import ContainerSpec, GenerationPlacement, JobSpec, ParallelLayout
+from hpcrl.plan.gpus import resolve_local_gpus
+from hpcrl.plan.jobspec import (
+    SUBMITIT_TASK_TAIL,
+    ContainerSpec,
+    GenerationPlacement,
+    JobSpec,
+    ParallelLayout,
+)
 from hpcrl.plan.layout import profile_path
+from hpcrl.plan.placeholders import check_placeholders
+from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -40,29 +49,38 @@ def plan(
     profile_source: str | None = None,
     job_name: str | None = None,
     array_size: int | None = None,
+    host: SubmitHost | None = None,
+    for_submission: bool = False,
 ) -> JobSpec:
     """Check ``recipe`` against ``profile`` and return the job's plan.
 
     ``run_dir`` is the absolute run folder (the same path inside a container: hpcrl mounts
     it 1:1 when no profile mount covers it). ``recipe_source`` is the recipe as the user gave
     it (path or shipped name) and ``profile_source`` the ``--cluster`` argument (default: the
-    profile's name); both go into the command that reproduces the script. Raises
-    ``ConfigError`` holding every error (and warning) found.
+    profile's name); both go into the command that reproduces the script. ``host``: the
+    submitting side (interpreter, code bundle, local GPUs); None describes this process,
+    keeping bundles beside ``run_dir``. ``for_submission``: placeholders of an example
+    profile are errors instead of warnings. Raises ``ConfigError`` holding every error (and
+    warning) found.
     """
     findings = Findings()
+    if host is None:
+        host = describe_submit_host(profile, bundles_dir_for(posixpath.dirname(run_dir)))
+    profile, visible_gpus = resolve_local_gpus(profile, host.local_gpus, findings)
+    check_placeholders(profile, findings, refuse=for_submission)
     job_name = job_name or _job_name_from(recipe_source)
     _check_run_dir(run_dir, profile, findings)
     generation = generation_checks.plan_generation(recipe, profile, findings)
     layout = _plan_layout(recipe, profile, generation, findings)
     num_nodes = generation.job_nodes if generation else recipe.cluster.num_nodes
     mounts = mount_checks.check_mount_syntax(profile, findings)
-    container = _container_spec(profile, run_dir, mounts)
+    code, bundle_mount = plan_code(recipe, profile, host, mounts, findings)
+    container = _container_spec(profile, run_dir, mounts, bundle_mount)
     ckpt_dir, ckpt_source = mount_checks.plan_megatron_checkpoint_dir(
         recipe, profile, mounts, findings, num_nodes
     )
     mount_checks.check_hf_home(profile, mounts, findings)
     env = _job_env(recipe, profile, run_dir, findings)
-    python_argv = _python_argv(profile, findings)
     _check_script_inputs(recipe, profile, dict(env), findings)
     launch = _launch_fields(profile, container, run_dir, num_nodes, job_name, array_size, findings)
     findings.raise_if_errors()
@@ -89,9 +107,11 @@ def plan(
         ray_ports=profile.ray_ports,
         megatron_checkpoint_dir=ckpt_dir,
         megatron_checkpoint_dir_source=ckpt_source,
-        task_argv=(*python_argv, "-u", "-m", "submitit.core._submit", launch["submitit_folder"]),
+        code=code,
+        task_argv=(*code.entry_argv, *SUBMITIT_TASK_TAIL, launch["submitit_folder"]),
         checks=tuple(findings.checks),
         generation=generation,
+        visible_gpus=visible_gpus,
         **launch,
     )
 
@@ -182,13 +202,15 @@ def _check_run_dir(run_dir: str, profile: ClusterProfile, findings: Findings) ->
         )
 
 
-def _container_spec(profile: ClusterProfile, run_dir: str, mounts: list) -> ContainerSpec | None:
+def _container_spec(
+    profile: ClusterProfile, run_dir: str, mounts: list, bundle_mount: str | None
+) -> ContainerSpec | None:
     if profile.container is None:
         return None
-    extra_mount = mount_checks.run_dir_mount(run_dir, mounts)
+    added = (mount_checks.run_dir_mount(run_dir, mounts), bundle_mount)
     return ContainerSpec(
         image=profile.container.image,
-        mounts=tuple(profile.container.mounts) + ((extra_mount,) if extra_mount else ()),
+        mounts=tuple(profile.container.mounts) + tuple(mount for mount in added if mount),
         workdir=profile.container.workdir,
         mount_home=profile.container.mount_home,
     )
@@ -243,21 +265,6 @@ def _check_pass_env(profile: ClusterProfile, env: dict[str, str], findings: Find
                 value=name,
                 fix=f"remove {name} from env or from pass_env",
             )
-
-
-def _python_argv(profile: ClusterProfile, findings: Findings) -> tuple[str, ...]:
-    try:
-        argv = tuple(shlex.split(profile.python))
-    except ValueError:
-        argv = ()
-    if not argv:
-        findings.error(
-            profile_path(profile, "python"),
-            "not a command",
-            value=profile.python,
-            fix='set python to the interpreter inside the job, e.g. "python3" or "/opt/venv/bin/python"',
-        )
-    return argv
 
 
 def _check_ray_ports(profile: ClusterProfile, findings: Findings) -> None:
@@ -316,7 +323,7 @@ def _check_no_nul(recipe: Recipe, profile: ClusterProfile, findings: Findings) -
         (profile_path(profile, f"slurm.srun_args[{i}]"), arg)
         for i, arg in enumerate(profile.slurm.srun_args)
     ]
-    values += [(profile_path(profile, "python"), profile.python)]
+    values += [(profile_path(profile, "python"), profile.python or "")]
     if profile.container is not None:
         values += [(profile_path(profile, "container.image"), profile.container.image)]
         values += [(profile_path(profile, "container.workdir"), profile.container.workdir or "")]

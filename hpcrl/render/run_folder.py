@@ -20,6 +20,7 @@ import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.jobspec import JobSpec
+from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.render.script import render_sbatch
 
 SCRIPT_NAME = "job.sbatch"
@@ -79,12 +80,15 @@ def write_run_folder(
     recipe_path: Path | None,
     load_warnings: Sequence[str] = (),
 ) -> RunFolder:
-    """Write ``job.sbatch`` (0755), ``recipe.resolved.yaml`` and ``manifest.json`` to ``spec.run_dir``.
+    """Write ``job.sbatch`` (0755), ``recipe.resolved.yaml`` and ``manifest.json`` to
+    ``spec.run_dir``, and the code bundle the script runs unless it exists already.
 
     Refuses a folder that already holds a submitted job: its script is the record of what ran.
     """
     folder = Path(spec.run_dir)
     _refuse_submitted(folder)
+    if spec.code.bundle is not None:
+        write_bundle(spec.code.bundle)
     folder.mkdir(parents=True, exist_ok=True)
     run = RunFolder(
         folder, folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME, folder / MANIFEST_NAME

@@ -13,13 +13,9 @@ with the same file layout submitit uses (``<A>_<a>_submitted.pkl``, ``<A>_submis
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
 import shlex
-import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +181,7 @@ class RenderedLocalExecutor(submitit.LocalExecutor):
         python: str,
         time_limit_min: int,
         max_requeues: int,
+        visible_gpus: tuple[str, ...] = (),
     ) -> None:
         check_submitit_hook()
         super().__init__(folder, max_num_timeout=max_requeues, python=python)
@@ -196,27 +193,13 @@ class RenderedLocalExecutor(submitit.LocalExecutor):
             )
         self._script_path = Path(script_path).absolute()
         self.update_parameters(timeout_min=time_limit_min, tasks_per_node=1, nodes=1)
+        # submitit sets the controller's CUDA_VISIBLE_DEVICES from these and hides every GPU
+        # without them; the script exports the same ids (UUIDs too, which submitit cannot take).
+        if visible_gpus:
+            indices = [int(gpu) for gpu in visible_gpus if gpu.isdigit()]
+            gpus = {"visible_gpus": indices} if len(indices) == len(visible_gpus) else {}
+            self.update_parameters(gpus_per_node=len(visible_gpus), **gpus)
 
     @property
     def _submitit_command_str(self) -> str:
         return shlex.join(["bash", str(self._script_path)])
-
-    def _internal_process_submissions(
-        self, delayed_submissions: list[submitit_utils.DelayedSubmission]
-    ) -> list[submitit.core.core.Job[Any]]:
-        # The script calls the profile's bare `python3`; on this machine that must be the
-        # interpreter running hpcrl (its environment holds submitit and the training stack),
-        # not whichever python3 comes first on the user's PATH. submitit's local controller
-        # inherits this process's environment when it starts.
-        with _interpreter_first_on_path():
-            return super()._internal_process_submissions(delayed_submissions)
-
-
-@contextlib.contextmanager
-def _interpreter_first_on_path() -> Iterator[None]:
-    saved = os.environ.get("PATH", "")
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), saved])
-    try:
-        yield
-    finally:
-        os.environ["PATH"] = saved

@@ -172,18 +172,35 @@ def read_outcome(record: JobRecord, run_dir: Path, status: JobStatus | None = No
     if not job.paths.result_pickle.exists():
         exit_code = status.exit_code if status and status.exit_code else 1
         state = status.state if status else "unknown"
-        return JobOutcome(exit_code=exit_code, has_result=False, detail=f"no result ({state})")
+        detail = failure_cause(run_dir) or f"no result ({state})"
+        return JobOutcome(exit_code=exit_code, has_result=False, detail=detail)
     try:
         result = job.result()
     except UncompletedJobError as error:
-        return JobOutcome(
-            exit_code=_driver_exit_code(run_dir) or 1, has_result=True, detail=_last_line(error)
-        )
+        # A node's named failure says it in one line; the exception line is the fallback.
+        detail = failure_cause(run_dir) or _last_line(error)
+        return JobOutcome(exit_code=_driver_exit_code(run_dir) or 1, has_result=True, detail=detail)
     if isinstance(result, bool) or not isinstance(result, int):
         return JobOutcome(
             exit_code=0 if result is None else 1, has_result=True, detail=repr(result)
         )
     return JobOutcome(exit_code=result, has_result=True)
+
+
+def failure_cause(run_dir: Path) -> str | None:
+    """The newest named failure a node of the job wrote (``status/node<k>.failed``: a
+    preflight or bootstrap failure), or None. One line: the first of the message."""
+    newest: tuple[float, str] | None = None
+    for path in (Path(run_dir) / "status").glob("node*.failed"):
+        try:
+            marker = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        message, written = marker.get("message"), marker.get("time")
+        if isinstance(message, str) and isinstance(written, int | float):
+            if newest is None or written > newest[0]:
+                newest = (written, message.splitlines()[0] if message else "")
+    return newest[1] if newest else None
 
 
 def _driver_exit_code(run_dir: Path) -> int | None:

@@ -55,6 +55,11 @@ class NodeTask(Checkpointable):
         banner = attempt_banner(dict(os.environ))
         for stream in (sys.stdout, sys.stderr):
             print(banner, file=stream, flush=True)
+        # Before the node entrypoint is even imported (it imports psutil, then Ray): a Python
+        # that lacks them fails here in seconds, naming each package and the fix.
+        from hpcrl.job.preflight import run_preflight
+
+        run_preflight(run_dir, os.environ, getattr(self._entrypoint, "num_requeues", 0))
         if self._entrypoint is None:
             self._entrypoint = _load_entrypoint()
         return self._entrypoint(run_dir)

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from hpcrl.report.metrics import MetricsError, last_metrics
 from hpcrl.submit.job_record import RunFolderError, read_job_record
-from hpcrl.submit.job_state import cancel_job, query_status
+from hpcrl.submit.job_state import cancel_job, failure_cause, query_status
 from hpcrl.submit.logs import LogFile, follow, list_log_files, read_log
 from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 
@@ -47,13 +47,19 @@ def format_elapsed(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
+#: States in which a job's named failure (status/node<k>.failed) is worth showing.
+_NOT_FAILED = frozenset({"PENDING", "RUNNING", "COMPLETED", "UNKNOWN", "REQUEUED", "SUSPENDED"})
+
+
 def status_row(name: str, run_dir: Path) -> tuple[str, ...]:
-    """run, job, state, attempts, step, reward, elapsed (state says what is wrong, if anything)."""
+    """run, job, state, attempts, step, reward, elapsed, cause (why a failed job failed, when
+    a node of it said so: a preflight or bootstrap failure)."""
     try:
         record = read_job_record(run_dir)
     except RunFolderError:
-        return (name, "", "not submitted", "", "", "", "")
+        return (name, "", "not submitted", "", "", "", "", "")
     status = query_status(record)
+    cause = "" if status.state in _NOT_FAILED else (failure_cause(run_dir) or "")
     try:
         metrics = last_metrics(run_dir) or {}
     except MetricsError as error:
@@ -67,6 +73,7 @@ def status_row(name: str, run_dir: Path) -> tuple[str, ...]:
         str(metrics.get("step", "")),
         f"{reward:.4g}" if isinstance(reward, int | float) else "",
         format_elapsed(status.elapsed_s),
+        cause,
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -67,22 +66,22 @@ def jobspec_time_limit_min(jobspec: JobSpec) -> int:
 
 def build_executor(jobspec: JobSpec, script_path: Path) -> submitit.Executor:
     """The executor that submits the script ``hpcrl render`` wrote at ``script_path``."""
-    python = shlex.quote(jobspec.task_argv[0])
     time_limit_min = jobspec_time_limit_min(jobspec)
     if jobspec.scheduler == "local":
         return RenderedLocalExecutor(
             jobspec.submitit_folder,
             script_path=script_path,
             task_command=jobspec.task_command,
-            python=python,
+            python=jobspec.python_command,
             time_limit_min=time_limit_min,
             max_requeues=jobspec.max_requeues,
+            visible_gpus=jobspec.visible_gpus or (),
         )
     return RenderedSlurmExecutor(
         jobspec.submitit_folder,
         script_text=Path(script_path).read_text(),
         task_command=jobspec.task_command,
-        python=python,
+        python=jobspec.python_command,
         num_nodes=jobspec.num_nodes,
         tasks_per_node=1,
         time_limit_min=time_limit_min,

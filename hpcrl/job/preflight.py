@@ -1,0 +1,196 @@
+"""Before Ray starts, on every node: can this Python run this job?
+
+Reads what the plan says the job's Python must have (``JobSpec.code.requirements``) and looks
+each package up by its metadata (``importlib.metadata``: nothing heavy is imported, so this
+takes well under a second), checks that hpcrl itself comes from where the plan says (the code
+bundle, or an installed hpcrl of the planned version), and logs which Python runs and where
+hpcrl was imported from. On any problem it writes ``status/node<k>.failed`` (other nodes stop
+at once, ``hpcrl status`` and ``submit --wait`` show the line) and raises ``PreflightFailed``
+naming every missing or out-of-range package and the fix, before a Ray timeout could hide it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import attrs
+
+import hpcrl
+from hpcrl.job.errors import PreflightFailed
+from hpcrl.job.markers import failed_marker_name, node_log_dir, write_marker
+from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
+from hpcrl.job.versions import in_range
+from hpcrl.plan.jobspec import JobCode, PackageRequirement
+
+JOBSPEC_NAME = "jobspec.json"
+BUNDLE_VARIABLE = "HPCRL_CODE_BUNDLE"  # set by the bundle's entry script
+
+
+@attrs.frozen
+class PackageCheck:
+    """One requirement as found: ``version`` None when missing; ``problem`` empty when fine."""
+
+    requirement: PackageRequirement
+    distribution: str
+    version: str | None
+    problem: str = ""
+
+    def line(self) -> str:
+        name, spec = self.requirement.distributions[0], self.requirement.spec
+        found = f"{self.distribution} {self.version}" if self.version else name
+        status = "ok" if not self.problem else self.problem.upper()
+        return f"{status:<14} {found} (needs {spec}; {self.requirement.needed_for})"
+
+
+@attrs.frozen
+class PreflightInputs:
+    """The parts of the plan the check needs: the code plan and the container image."""
+
+    code: JobCode
+    container_image: str | None
+
+
+def read_inputs(run_dir: Path) -> PreflightInputs:
+    """``code`` and the container image from ``<run_dir>/jobspec.json``, typed."""
+    from hpcrl.config.converter import converter  # cattrs: the one converter
+
+    spec = json.loads((run_dir / JOBSPEC_NAME).read_text())
+    code = converter().structure(spec["code"], JobCode)
+    container = spec.get("container") or {}
+    return PreflightInputs(code=code, container_image=container.get("image"))
+
+
+def check_package(
+    requirement: PackageRequirement, version_of: Callable[[str], str] = importlib.metadata.version
+) -> PackageCheck:
+    for name in requirement.distributions:
+        try:
+            version = version_of(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        problem = "" if in_range(version, requirement.spec) else "out of range"
+        return PackageCheck(requirement, name, version, problem)
+    name = requirement.distributions[0]
+    if _module_found(requirement.module):
+        return PackageCheck(requirement, name, None, "")  # importable, but no metadata
+    return PackageCheck(requirement, name, None, "missing")
+
+
+def _module_found(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        return False
+
+
+def check_code(code: JobCode, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    """(where hpcrl came from, problems): the bundle's hpcrl, or the planned version."""
+    imported_from = str(Path(hpcrl.__file__).parent)
+    if code.bundle is not None:
+        bundle = code.bundle.path
+        where = f"the bundle {bundle}"
+        if not imported_from.startswith(bundle.rstrip("/") + "/"):
+            return where, [
+                f"hpcrl was imported from {imported_from}, not from the bundle {bundle} "
+                f"({BUNDLE_VARIABLE}={environ.get(BUNDLE_VARIABLE, 'unset')}); the task must "
+                f"start through {bundle}/hpcrl_entry.py"
+            ]
+        return where, []
+    where = f"{imported_from} (installed)"
+    if hpcrl.__version__ != code.hpcrl_version:
+        return where, [
+            f"the job's Python has hpcrl {hpcrl.__version__} but hpcrl {code.hpcrl_version} "
+            "planned the job; fix: set code: bundle in the cluster profile (the job then runs "
+            "the planning hpcrl), or install that version for the job's Python"
+        ]
+    return where, []
+
+
+def fix_for(checks: list[PackageCheck], inputs: PreflightInputs) -> str:
+    """What to change, for the failing packages."""
+    failing = [check for check in checks if check.problem]
+    wanted = ", ".join(_wanted(check) for check in failing)
+    if inputs.container_image is not None:
+        fix = f"use a container image with {wanted} (the profile's container.image)"
+    else:
+        fix = f"install {wanted} for this Python, or set the profile's python to one that has them"
+    pure = [_wanted(check) for check in failing if check.requirement.pure_python]
+    if pure:
+        fix += (
+            f"; pure-Python {', '.join(pure)} can come with the code bundle instead: install it "
+            "where hpcrl runs and list it in the profile's bundle_packages (with code: bundle)"
+        )
+    return fix
+
+
+def _wanted(check: PackageCheck) -> str:
+    return f"{check.requirement.distributions[0]}{check.requirement.spec}"
+
+
+def summarize(checks: list[PackageCheck], code_problems: list[str], inputs: PreflightInputs) -> str:
+    """One line: every problem, then the fix."""
+    parts = [
+        f"{check.distribution} {check.version} is outside {_wanted(check)}"
+        if check.version
+        else f"{check.distribution} is missing ({check.requirement.needed_for} needs {_wanted(check)})"
+        for check in checks
+        if check.problem
+    ]
+    text = f"{sys.executable} (Python {sys.version.split()[0]}) cannot run this job: "
+    text += "; ".join(parts + code_problems)
+    if parts:
+        text += f". Fix: {fix_for(checks, inputs)}"
+    return text
+
+
+def run_preflight(run_dir: str, environ: Mapping[str, str], requeue_count: int = 0) -> None:
+    """Check this node; log the findings; on a problem mark the node failed and raise."""
+    run_path = Path(run_dir)
+    task = read_slurm_task(environ, requeue_count)
+    inputs = read_inputs(run_path)
+    checks = [check_package(requirement) for requirement in inputs.code.requirements]
+    hpcrl_from, code_problems = check_code(inputs.code, environ)
+    report = [
+        f"preflight: python {sys.executable} (Python {sys.version.split()[0]}); "
+        f"hpcrl {hpcrl.__version__} from {hpcrl_from}",
+        *(f"preflight: {check.line()}" for check in checks),
+    ]
+    failed = bool(code_problems) or any(check.problem for check in checks)
+    summary = summarize(checks, code_problems, inputs) if failed else ""
+    _log(run_path, task, report + ([f"preflight FAILED: {summary}"] if failed else []))
+    if failed:
+        write_marker(run_path, failed_marker_name(task.node_rank), task.attempt_id,
+                     message=f"preflight on node {task.node_rank} ({task.node_name}): {summary}")  # fmt: skip
+        sys.excepthook = _quiet_hook(sys.excepthook)
+        raise PreflightFailed(summary)
+
+
+def _log(run_dir: Path, task: SlurmTask, lines: list[str]) -> None:
+    """Into the node log (the node entrypoint appends to it later) and the task's stderr."""
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    text = "".join(f"{now} node{task.node_rank} INFO {line}\n" for line in lines)
+    log_dir = node_log_dir(run_dir, task.node_rank, task.attempt)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "node.log", "a") as log:
+        log.write(text)
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def _quiet_hook(previous):
+    """The failure is already logged in full: at exit print its one line, not a traceback
+    through submitit's frames (submitit re-raises it after recording it as the result)."""
+
+    def hook(kind, value, traceback):
+        if isinstance(value, PreflightFailed):
+            sys.stderr.write(f"hpcrl: preflight failed: {value}\n")
+            return
+        previous(kind, value, traceback)
+
+    return hook

@@ -1,0 +1,207 @@
+"""What goes into a job's code bundle, and the hash that names it.
+
+A container image brings the heavy, compiled packages (torch, Ray, transformers, Megatron,
+vLLM); it does not bring hpcrl, nor the submitit, cattrs and omegaconf versions hpcrl pins.
+The bundle does: hpcrl exactly as it runs here (its templates, recipes and profiles mapped
+to ``hpcrl.templates`` etc. as in a wheel, so ``importlib.resources`` works from it) and the
+pure-Python distributions the job side imports, copied file by file from this environment
+(each distribution's RECORD; hpcrl from its package folders, also when installed editable).
+Nothing is downloaded: compute nodes need no network and no pip.
+
+The folder is named by a hash of every file's path and content, so each version of the code
+is written once and every run of it reuses the folder (``hpcrl.render.bundle_writer``).
+Compiled extension files are never copied: an image's Python may be another version. The one
+package here that has one (PyYAML) falls back to pure Python without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.resources
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+
+import hpcrl
+from hpcrl.plan.jobspec import BUNDLE_ENTRY
+
+#: The job side's pure-Python dependencies: what hpcrl.job and hpcrl.core import (directly
+#: or through hpcrl.config) beside the image's packages. tests/plan/test_bundle.py imports the
+#: job side and checks that nothing else is needed.
+BASE_PACKAGES = (
+    "submitit",
+    "cloudpickle",
+    "typing_extensions",
+    "attrs",
+    "cattrs",
+    "omegaconf",
+    "antlr4-python3-runtime",
+    "PyYAML",
+)
+#: Packages mapped into hpcrl from folders at the repository root (setup.cfg package_dir).
+RESOURCE_PACKAGES = ("hpcrl.templates", "hpcrl.recipes", "hpcrl.cluster_profiles")
+#: Distributions whose compiled extension is optional: the extension is left out.
+OPTIONAL_EXTENSIONS = frozenset({"pyyaml"})
+BUNDLE_FORMAT = "hpcrl-bundle-1"
+_COMPILED = re.compile(r"\.(so|pyd|dylib)(\.\d+)*$")  # extension modules, shared libraries
+GIT_TIMEOUT_S = 2.0
+
+
+@attrs.frozen
+class BundleContents:
+    """Everything a bundle holds, before it is written.
+
+    ``files``: (path inside the bundle, absolute source file), sorted. ``generated``: (path,
+    text) written as they are. ``packages``: (distribution, version) of each copied
+    distribution. ``problems``: (requested name, why it cannot be bundled).
+    """
+
+    files: tuple[tuple[str, str], ...]
+    generated: tuple[tuple[str, str], ...]
+    digest: str
+    packages: tuple[tuple[str, str], ...]
+    extra_packages: tuple[str, ...]
+    built_from: str
+    problems: tuple[tuple[str, str], ...] = ()
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.cache  # per process: a sweep plans many points from the same files
+def collect_bundle(extra_packages: tuple[str, ...] = ()) -> BundleContents:
+    """The bundle of this environment: hpcrl, BASE_PACKAGES and ``extra_packages``."""
+    files = _hpcrl_files()
+    files.append((BUNDLE_ENTRY, str(Path(hpcrl.__file__).parent / "job" / "bundle_entry.py")))
+    packages, problems = [], []
+    wanted = list(BASE_PACKAGES) + [
+        name for name in extra_packages if normalized(name) not in _normalized(BASE_PACKAGES)
+    ]
+    for name in wanted:
+        found = _distribution_files(name)
+        if isinstance(found, str):
+            problems.append((name, found))
+            continue
+        version, dist_files = found
+        packages.append((name, version))
+        files += dist_files
+    generated = [(f"hpcrl-{hpcrl.__version__}.dist-info/METADATA", _hpcrl_metadata())]
+    files.sort()
+    return BundleContents(
+        files=tuple(files),
+        generated=tuple(generated),
+        digest=_digest(files, generated),
+        packages=tuple(sorted(packages, key=lambda item: normalized(item[0]))),
+        extra_packages=tuple(extra_packages),
+        built_from=sys.prefix,
+        problems=tuple(problems),
+    )
+
+
+def _normalized(names: tuple[str, ...]) -> set[str]:
+    return {normalized(name) for name in names}
+
+
+def _hpcrl_files() -> list[tuple[str, str]]:
+    """hpcrl's own files, the mapped resource packages inside it as in a wheel."""
+    package_dir = Path(hpcrl.__file__).parent
+    files = _tree_files(package_dir, "hpcrl")
+    for name in RESOURCE_PACKAGES:
+        root = Path(str(importlib.resources.files(name)))
+        if not root.is_relative_to(package_dir):  # editable install: mapped from the repo root
+            files += _tree_files(root, name.replace(".", "/"))
+    return files
+
+
+def _tree_files(root: Path, prefix: str) -> list[tuple[str, str]]:
+    return [
+        (f"{prefix}/{path.relative_to(root).as_posix()}", str(path))
+        for path in root.rglob("*")
+        if path.is_file() and _copied(path.relative_to(root).parts)
+    ]
+
+
+def _copied(parts: tuple[str, ...]) -> bool:
+    """Source files only: no caches, hidden files or compiled extensions."""
+    return not any(part == "__pycache__" or part.startswith(".") for part in parts) and not (
+        parts[-1].endswith(".pyc") or _COMPILED.search(parts[-1])
+    )
+
+
+def _distribution_files(name: str) -> tuple[str, list[tuple[str, str]]] | str:
+    """(version, files) of an installed distribution, or why it cannot be bundled."""
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return f"not installed in {sys.prefix} (install it there, or remove it)"
+    files, compiled = [], []
+    for record in dist.files or ():
+        parts = record.parts
+        if parts[0] == ".." or record.name.endswith(".pth"):
+            continue  # console scripts outside site-packages; path hooks
+        if parts[0].endswith(".dist-info"):
+            if record.name == "METADATA":
+                files.append((record.as_posix(), str(dist.locate_file(record))))
+            continue
+        if _COMPILED.search(record.name):
+            compiled.append(record.name)
+        elif _copied(parts) and Path(str(dist.locate_file(record))).is_file():
+            files.append((record.as_posix(), str(dist.locate_file(record))))
+    if compiled and normalized(name) not in OPTIONAL_EXTENSIONS:
+        return (
+            f"has compiled extension modules ({', '.join(sorted(compiled)[:3])}); it must "
+            "come from the job's Python (the container image)"
+        )
+    if not any(path.endswith(".py") for path, _ in files):
+        return "has no Python files to copy here (installed editable?); install it normally"
+    return dist.version, files
+
+
+def _hpcrl_metadata() -> str:
+    # So importlib.metadata reports the bundled hpcrl, not an installed one in the image.
+    return f"Metadata-Version: 2.1\nName: hpcrl\nVersion: {hpcrl.__version__}\n"
+
+
+def _digest(files: list[tuple[str, str]], generated: list[tuple[str, str]]) -> str:
+    whole = hashlib.sha256(BUNDLE_FORMAT.encode() + b"\n")
+    for path, source in files:
+        whole.update(f"{path}\0{_file_sha256(source)}\n".encode())
+    for path, text in generated:
+        whole.update(f"{path}\0{hashlib.sha256(text.encode()).hexdigest()}\n".encode())
+    return whole.hexdigest()[:16]
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+@functools.cache
+def hpcrl_git_sha() -> str | None:
+    """``<sha>``, or ``<sha>-dirty`` with uncommitted changes, when hpcrl runs from a git
+    checkout (an editable install); None otherwise."""
+    package_dir = Path(hpcrl.__file__).parent
+    if "site-packages" in package_dir.parts:
+        return None  # an installed wheel: a repository around the venv says nothing about it
+    head = _git(package_dir, "rev-parse", "HEAD")
+    if head is None or not re.fullmatch(r"[0-9a-f]{40}", head):
+        return None
+    changes = _git(package_dir, "status", "--porcelain", "--untracked-files=no")
+    return head + ("-dirty" if changes else "")
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", "-C", str(directory), *args],
+            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
