@@ -17,9 +17,39 @@ from hpcrl.config.recipe import (
     PolicyCfg,
     Recipe,
 )
+from hpcrl.plan.bundle import BundleContents
+from hpcrl.plan.gpus import LocalGpus
+from hpcrl.plan.submit_host import SubmitHost
 
 GOLDEN_RUN_DIR = "/runs/golden"
 GOLDEN_HOME = "/home/golden"
+GOLDEN_PYTHON = "/golden/venv/bin/python"
+#: The submitting side as golden files see it: fixed interpreter, bundle and GPUs, so the
+#: scripts do not change with the machine, the checkout or an installed package's version.
+GOLDEN_HOST = SubmitHost(
+    python=GOLDEN_PYTHON,
+    hpcrl_version="0.1.0",
+    git_sha=None,  # an installed wheel has none (tests/test_packaging.py renders from one)
+    bundles_dir="/runs/.hpcrl-bundles",
+    bundle=BundleContents(
+        files=(),
+        generated=(),
+        digest="0123456789abcdef",
+        packages=(
+            ("antlr4-python3-runtime", "4.9.3"),
+            ("attrs", "26.1.0"),
+            ("cattrs", "26.2.1"),
+            ("cloudpickle", "3.1.3"),
+            ("omegaconf", "2.4.0"),
+            ("PyYAML", "6.0.4"),
+            ("submitit", "1.5.4"),
+            ("typing_extensions", "4.16.0"),
+        ),  # fmt: skip
+        extra_packages=(),
+        built_from="/golden/venv",
+    ),
+    local_gpus=LocalGpus(("0",), "the golden machine"),
+)
 
 
 def isolate_from_user_profiles(monkeypatch, tmp_path) -> None:

@@ -10,6 +10,7 @@ from hpcrl.config.profile import ContainerCfg, RayPortsCfg, SlurmCfg
 from hpcrl.plan.planner import plan
 from tests.plan.planning_inputs import (
     GOLDEN_HOME,
+    GOLDEN_HOST,
     GOLDEN_RUN_DIR,
     automodel_recipe,
     local_profile,
@@ -22,6 +23,7 @@ from tests.plan.planning_inputs import (
 
 def make_plan(recipe, profile, **kwargs):
     kwargs.setdefault("run_dir", GOLDEN_RUN_DIR)
+    kwargs.setdefault("host", GOLDEN_HOST)
     kwargs.setdefault("recipe_source", "recipes/grpo-test-2n8g.yaml")
     return plan(recipe, profile, **kwargs)
 
@@ -218,10 +220,19 @@ def test_home_defaults_to_the_submitting_users(monkeypatch):
     assert spec.megatron_checkpoint_dir == "/home/submitter/.cache/huggingface/nemo_rl"
 
 
-def test_run_dir_is_mounted_one_to_one_unless_covered():
+def test_run_dir_and_code_bundle_are_mounted_one_to_one_unless_covered():
     spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile())
-    assert spec.container.mounts == ("/lustre:/lustre", f"{GOLDEN_RUN_DIR}:{GOLDEN_RUN_DIR}")
-    spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile(), run_dir="/lustre/runs/a")
+    bundle = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef"
+    assert spec.code.bundle is not None and spec.code.bundle.path == bundle
+    assert spec.container.mounts == (
+        "/lustre:/lustre",
+        f"{GOLDEN_RUN_DIR}:{GOLDEN_RUN_DIR}",
+        f"{bundle}:{bundle}:ro",  # read-only: the job never writes its code
+    )
+    on_lustre = attrs.evolve(GOLDEN_HOST, bundles_dir="/lustre/runs/.hpcrl-bundles")
+    spec = make_plan(
+        automodel_recipe(num_nodes=2), pyxis_profile(), run_dir="/lustre/runs/a", host=on_lustre
+    )
     assert spec.container.mounts == ("/lustre:/lustre",)
 
 
@@ -353,12 +364,15 @@ def test_extra_sbatch_args_are_checked():
     assert ("reservation", "r1") in ok.sbatch_directives and ("hold", None) in ok.sbatch_directives
 
 
-def test_task_command_is_submitits():
+def test_task_command_is_submitits_through_the_bundle_entry():
     spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile())
-    assert (
-        spec.task_command
-        == f"/opt/venv/bin/python -u -m submitit.core._submit {GOLDEN_RUN_DIR}/submitit"
+    entry = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef/hpcrl_entry.py"
+    # In a container through /usr/bin/env: srun resolves a command on the host first.
+    assert spec.task_command == (
+        f"/usr/bin/env /opt/venv/bin/python {entry} -u -m submitit.core._submit "
+        f"{GOLDEN_RUN_DIR}/submitit"
     )
+    assert spec.python_command == f"/usr/bin/env /opt/venv/bin/python {entry}"
     assert spec.srun_args[:5] == (
         "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",

@@ -21,7 +21,7 @@ from hpcrl.config import ConfigError, format_problems, list_recipes, load_profil
 from hpcrl.config.locate import shipped_profiles_dir
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
-from tests.plan.planning_inputs import GOLDEN_RUN_DIR, isolate_from_user_profiles
+from tests.plan.planning_inputs import GOLDEN_HOST, GOLDEN_RUN_DIR, isolate_from_user_profiles
 from tests.render.shell import assert_bash_parses, assert_shellcheck_clean
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -52,6 +52,7 @@ def render_pair(recipe_name: str, profile_name: str) -> tuple[str, str]:
             run_dir=GOLDEN_RUN_DIR,
             recipe_source=recipe_name,
             profile_source=profile_name,
+            host=GOLDEN_HOST,
         )
     except ConfigError as error:
         return ".problems", format_problems(error.problems) + "\n"

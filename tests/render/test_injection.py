@@ -220,8 +220,8 @@ def test_pyxis_script_never_runs_injected_text(
 def test_local_script_never_runs_injected_text(
     tmp_path_factory, env_value, run_dir, override, recipe_source, job_name
 ):
-    profile = local_profile(
-        env={"INJECTED": env_value, "HOME": GOLDEN_HOME}, pass_env=("HF_TOKEN",)
+    profile = local_profile(  # python3: the harness's recording stand-in
+        env={"INJECTED": env_value, "HOME": GOLDEN_HOME}, pass_env=("HF_TOKEN",), python="python3"
     )
     recipe = megatron_recipe(num_nodes=1, gpus_per_node=2)
     spec = plan(

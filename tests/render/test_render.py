@@ -6,6 +6,7 @@ import json
 import shlex
 import stat
 import subprocess
+from pathlib import Path
 
 import pytest
 from submitit.slurm.slurm import _make_sbatch_string
@@ -15,6 +16,8 @@ from hpcrl.plan.planner import plan
 from hpcrl.render.run_folder import default_run_dir, git_sha, write_run_folder
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import (
+    GOLDEN_HOST,
+    GOLDEN_PYTHON,
     GOLDEN_RUN_DIR,
     automodel_recipe,
     local_profile,
@@ -27,6 +30,7 @@ from tests.render.shell import assert_bash_parses, assert_shellcheck_clean
 
 def make_plan(recipe, profile, **kwargs):
     kwargs.setdefault("run_dir", GOLDEN_RUN_DIR)
+    kwargs.setdefault("host", GOLDEN_HOST)
     kwargs.setdefault("recipe_source", "recipes/grpo-test.yaml")
     return plan(recipe, profile, **kwargs)
 
@@ -80,7 +84,10 @@ def test_pyxis_script_shape():
     srun_block = text[text.index("\nsrun \\") :]
     assert srun_block.count("srun") == 1
     assert "  --container-image=nvcr.io/nvidia/nemo-rl:v0.4.0 \\\n" in srun_block
-    assert "  --container-mounts=/lustre:/lustre,/runs/golden:/runs/golden \\\n" in srun_block
+    bundle = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef"
+    mounts = f"/lustre:/lustre,/runs/golden:/runs/golden,{bundle}:{bundle}:ro"
+    assert f"  --container-mounts={mounts} \\\n" in srun_block
+    assert f"  /usr/bin/env /opt/venv/bin/python {bundle}/hpcrl_entry.py -u -m " in srun_block
     assert "  --container-workdir=/lustre/hpcrl \\\n" in srun_block
     assert "  --no-container-mount-home \\\n" in srun_block
     assert "# Megatron checkpoint dir: /lustre/cache/hf/nemo_rl (from HF_HOME)." in text
@@ -97,11 +104,15 @@ def test_plain_srun_without_container():
     )
     assert "--container" not in text
     assert "#SBATCH --gres" not in text
-    assert text.rstrip().endswith("python3 -u -m submitit.core._submit /runs/golden/submitit")
+    # No container: the interpreter that ran hpcrl, by its absolute path.
+    assert text.rstrip().endswith(
+        f"\n  {GOLDEN_PYTHON} -u -m submitit.core._submit /runs/golden/submitit"
+    )
 
 
 def test_local_script_runs_the_task_command_directly(tmp_path):
-    profile = local_profile(pass_env=("HF_TOKEN", "WANDB_API_KEY"))
+    # A profile that names its python gets exactly that (here: the fake below).
+    profile = local_profile(pass_env=("HF_TOKEN", "WANDB_API_KEY"), python="python3")
     spec = make_plan(automodel_recipe(num_nodes=1, gpus_per_node=2), profile, run_dir=str(tmp_path))
     text = render_sbatch(spec)
     assert "#SBATCH" not in text and "srun" not in text
@@ -135,7 +146,9 @@ def test_local_script_runs_the_task_command_directly(tmp_path):
 def test_setup_lines_run_with_nounset_relaxed(tmp_path):
     spec = make_plan(
         automodel_recipe(num_nodes=1, gpus_per_node=2),
-        local_profile(setup_lines=('echo "site ${UNSET_BY_SITE_SCRIPT}done"',), pass_env=()),
+        local_profile(
+            setup_lines=('echo "site ${UNSET_BY_SITE_SCRIPT}done"',), pass_env=(), python="python3"
+        ),
         run_dir=str(tmp_path),
     )
     script = tmp_path / "job.sh"
@@ -159,13 +172,18 @@ def test_write_run_folder(tmp_path):
     ).stdout.strip()
 
     run_dir = tmp_path / "runs" / "a"
-    spec = make_plan(
-        megatron_recipe(), pyxis_profile(), run_dir=str(run_dir), overrides=["grpo.seed=3"]
-    )
+    spec = make_plan(  # host=None: this environment, whose code bundle render writes
+        megatron_recipe(), pyxis_profile(), run_dir=str(run_dir), overrides=["grpo.seed=3"],
+        host=None,
+    )  # fmt: skip
     run = write_run_folder(
         spec, {"policy": {"model_name": "m"}, "grpo": {"seed": 3}}, recipe_path=recipe_path
     )
     assert run.script.read_text() == render_sbatch(spec)
+    bundle = spec.code.bundle
+    assert bundle.path.startswith(f"{tmp_path}/runs/.hpcrl-bundles/hpcrl-")
+    assert f"{bundle.path}/hpcrl_entry.py" in run.script.read_text()
+    assert (Path(bundle.path) / "hpcrl" / "job" / "node.py").is_file()
     assert stat.S_IMODE(run.script.stat().st_mode) == 0o755
     assert run.resolved_recipe.read_text() == "policy:\n  model_name: m\ngrpo:\n  seed: 3\n"
     manifest = json.loads(run.manifest.read_text())
