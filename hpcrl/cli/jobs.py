@@ -108,7 +108,7 @@ def _prepare_fresh(args: argparse.Namespace) -> Prepared:
     """Plan the run; without -o, a folder already holding a job gets a numbered sibling."""
     from hpcrl.cli.prepare import prepare
 
-    prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
+    prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out, for_submission=True)
     if args.out is not None:
         return prepared
     base = Path(prepared.spec.run_dir)
@@ -118,7 +118,7 @@ def _prepare_fresh(args: argparse.Namespace) -> Prepared:
         run_dir = base.with_name(f"{base.name}-{number}")
     if run_dir == base:
         return prepared
-    return prepare(args.recipe, args.cluster, args.overrides, out=str(run_dir))
+    return prepare(args.recipe, args.cluster, args.overrides, out=str(run_dir), for_submission=True)
 
 
 def run_submit(args: argparse.Namespace) -> int:
@@ -173,7 +173,10 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.no_submit and args.wait:
         print("hpcrl sweep: --wait needs a submitted sweep; drop --no-submit", file=sys.stderr)
         return 2
-    planned = plan_sweep(args.recipe, args.cluster, args.overrides, points, sweep_dir)
+    planned = plan_sweep(
+        args.recipe, args.cluster, args.overrides, points, sweep_dir,
+        for_submission=not args.no_submit,
+    )  # fmt: skip
     if args.no_submit:
         return _write_unsubmitted(planned)
     from hpcrl.submit.submission import SubmissionRefused

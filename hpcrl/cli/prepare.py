@@ -79,10 +79,14 @@ def prepare(
     overrides: list[str],
     out: str | None = None,
     runs_dir: Path | None = None,
+    for_submission: bool = False,
 ) -> Prepared:
-    """Load both inputs (reporting both one's problems together), then plan; raise ConfigError."""
+    """Load both inputs (reporting both one's problems together), then plan; raise ConfigError.
+
+    ``for_submission``: placeholders of an example profile are errors (``hpcrl submit``)."""
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
     from hpcrl.plan.planner import plan
+    from hpcrl.plan.submit_host import bundles_dir_for, describe_submit_host
     from hpcrl.render.run_folder import default_run_dir
 
     problems: list[Problem] = []
@@ -103,6 +107,8 @@ def prepare(
     else:
         base = runs_dir if runs_dir is not None else Path(DEFAULT_RUNS_DIR)
         run_dir = default_run_dir(recipe, loaded.resolved_dict, profile, base)
+    # Code bundles are kept beside the run folders and shared by every run of the same code.
+    host = describe_submit_host(profile, bundles_dir_for(run_dir.parent))
     spec = plan(
         loaded.recipe,
         profile,
@@ -110,6 +116,8 @@ def prepare(
         overrides=overrides,
         recipe_source=recipe,
         profile_source=cluster,
+        host=host,
+        for_submission=for_submission,
     )
     return Prepared(loaded=loaded, profile=profile, spec=spec, warnings=warnings)
 

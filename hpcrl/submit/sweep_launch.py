@@ -24,6 +24,7 @@ from hpcrl.config import ConfigError, LoadedRecipe, Problem, load_profile, load_
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.planner import plan
+from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 from hpcrl.render.run_folder import write_run_folder
 from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
@@ -57,8 +58,11 @@ def plan_sweep(
     overrides: Sequence[str],
     points: Sequence[SweepPoint],
     sweep_dir: Path,
+    for_submission: bool = False,
 ) -> PlannedSweep:
-    """Load and plan every point; one ConfigError naming each bad point, its values and path."""
+    """Load and plan every point; one ConfigError naming each bad point, its values and path.
+
+    ``for_submission``: placeholders of an example profile are errors."""
     profile = load_profile(cluster)
     if profile.scheduler != "slurm":
         raise ConfigError([Problem(
@@ -70,11 +74,17 @@ def plan_sweep(
     # a node; a port the profile names is the same for every task, so then whole nodes each.
     if profile.ray_ports.named:
         profile = attrs.evolve(profile, slurm=attrs.evolve(profile.slurm, exclusive=True))
+    # One submitting side for all points: the same code bundle, beside the sweep folder.
+    context = _PlanContext(
+        profile=profile,
+        host=describe_submit_host(profile, bundles_dir_for(sweep_dir.parent)),
+        for_submission=for_submission,
+    )
     planned, problems = [], []
     for point in points:
         try:
             planned.append(
-                _plan_point(recipe_source, cluster, overrides, point, profile, sweep_dir)
+                _plan_point(recipe_source, cluster, overrides, point, context, sweep_dir)
             )
         except ConfigError as error:
             problems += [_at_point(problem, point) for problem in error.problems]
@@ -85,7 +95,7 @@ def plan_sweep(
     array_spec = plan(
         first.loaded.recipe, profile, run_dir=str(sweep_dir), overrides=first.spec.overrides,
         recipe_source=recipe_source, profile_source=cluster, job_name=sweep_dir.name,
-        array_size=len(planned),
+        array_size=len(planned), host=context.host, for_submission=for_submission,
     )  # fmt: skip
     record = SweepRecord(
         name=sweep_dir.name, recipe_source=recipe_source, cluster=cluster,
@@ -96,14 +106,24 @@ def plan_sweep(
     )
 
 
+@attrs.frozen(kw_only=True)
+class _PlanContext:
+    """What every point of a sweep is planned against."""
+
+    profile: ClusterProfile
+    host: SubmitHost
+    for_submission: bool
+
+
 def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], point: SweepPoint,
-                profile: ClusterProfile, sweep_dir: Path) -> PlannedPoint:  # fmt: skip
+                context: _PlanContext, sweep_dir: Path) -> PlannedPoint:  # fmt: skip
     point_overrides = [*overrides, *point.overrides]
     loaded = load_recipe(recipe_source, point_overrides)
     spec = plan(
-        loaded.recipe, profile, run_dir=str(sweep_dir / point.run_dir_name),
+        loaded.recipe, context.profile, run_dir=str(sweep_dir / point.run_dir_name),
         overrides=point_overrides, recipe_source=recipe_source, profile_source=cluster,
-        job_name=f"{sweep_dir.name}-{point.run_dir_name}",
+        job_name=f"{sweep_dir.name}-{point.run_dir_name}", host=context.host,
+        for_submission=context.for_submission,
     )  # fmt: skip
     return PlannedPoint(point=point, loaded=loaded, spec=spec)
 
