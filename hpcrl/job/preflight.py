@@ -67,8 +67,12 @@ def read_inputs(run_dir: Path) -> PreflightInputs:
 
 
 def check_package(
-    requirement: PackageRequirement, version_of: Callable[[str], str] = importlib.metadata.version
+    requirement: PackageRequirement,
+    version_of: Callable[[str], str] = importlib.metadata.version,
+    module_found: Callable[[str], bool] | None = None,
 ) -> PackageCheck:
+    """The requirement as this Python has it (by its metadata; the module when there is none)."""
+    module_found = module_found or _module_found
     for name in requirement.distributions:
         try:
             version = version_of(name)
@@ -77,7 +81,7 @@ def check_package(
         problem = "" if in_range(version, requirement.spec) else "out of range"
         return PackageCheck(requirement, name, version, problem)
     name = requirement.distributions[0]
-    if _module_found(requirement.module):
+    if module_found(requirement.module):
         return PackageCheck(requirement, name, None, "")  # importable, but no metadata
     return PackageCheck(requirement, name, None, "missing")
 

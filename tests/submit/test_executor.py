@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import submitit
 
@@ -89,3 +91,49 @@ def test_local_executor_refuses_a_script_without_the_task_command(tmp_path: Path
             folder, script_path=script, task_command=command, python="python3",
             time_limit_min=1, max_requeues=0,
         )  # fmt: skip
+
+
+def _local_gpu_spec(run_dir: Path, gpu_ids: tuple[str, ...]):
+    from hpcrl.plan.gpus import LocalGpus
+    from hpcrl.plan.planner import plan
+    from tests.plan.planning_inputs import GOLDEN_HOST, automodel_recipe, local_profile
+
+    host = attrs.evolve(GOLDEN_HOST, local_gpus=LocalGpus(gpu_ids, "test"), python=sys.executable)
+    profile = local_profile(device="gpu", gpus_per_node="auto")
+    recipe = automodel_recipe(num_nodes=1, gpus_per_node=len(gpu_ids))
+    return plan(recipe, profile, run_dir=str(run_dir), recipe_source="r", host=host)
+
+
+@pytest.mark.parametrize(
+    ("gpu_ids", "visible"), [(("0", "1"), [0, 1]), (("2",), [2]), (("GPU-a", "GPU-b"), None)]
+)
+def test_local_gpu_jobs_tell_submitit_their_gpus(tmp_path: Path, gpu_ids, visible) -> None:
+    """submitit's LocalExecutor hides every GPU unless told; hpcrl tells it the planned ones
+    (UUIDs, which it cannot take, reach the job through the script's export alone)."""
+    from hpcrl.render.script import render_sbatch
+    from hpcrl.submit.submission import build_executor
+
+    spec = _local_gpu_spec(tmp_path, gpu_ids)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    executor = build_executor(spec, script)
+    assert executor.parameters["gpus_per_node"] == len(gpu_ids)
+    assert executor.parameters.get("visible_gpus") == visible
+    assert f"\nexport CUDA_VISIBLE_DEVICES={','.join(gpu_ids)}\n" in script.read_text()
+
+
+def test_the_executor_runs_the_bundle_entry_as_its_python(tmp_path: Path) -> None:
+    from hpcrl.plan.planner import plan
+    from hpcrl.render.script import render_sbatch
+    from hpcrl.submit.submission import build_executor
+    from tests.plan.planning_inputs import GOLDEN_HOST, automodel_recipe, local_profile
+
+    spec = plan(
+        automodel_recipe(num_nodes=1, gpus_per_node=2), local_profile(code="bundle"),
+        run_dir=str(tmp_path), recipe_source="r", host=GOLDEN_HOST,
+    )  # fmt: skip
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(spec))
+    executor = build_executor(spec, script)  # raises ScriptCommandMismatch on a difference
+    assert executor.python == spec.python_command
+    assert spec.python_command.endswith("/hpcrl_entry.py")

