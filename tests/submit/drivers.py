@@ -111,3 +111,15 @@ def resume_after_preempt(run_dir: str) -> int:
     progress["finished"] = True
     _write_atomically(state, progress)
     return 0
+
+
+def record_gpus(run_dir: str) -> int:
+    """Record the GPUs the job was given: CUDA_VISIBLE_DEVICES and Ray's GPU resource."""
+    import ray
+
+    seen = {
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "ray_gpus": ray.cluster_resources().get("GPU", 0),
+    }
+    Path(run_dir, "gpus.json").write_text(json.dumps(seen))
+    return 0
