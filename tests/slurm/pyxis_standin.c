@@ -21,6 +21,19 @@
  * inside the image, which would mean a stray directory on the host here). What was
  * actually mounted is exported as PYXIS_STANDIN_BOUND_MOUNTS=SRC:DST[:ro],...
  *
+ * An image given as a folder holding etc/environment (tests/standin_image.py builds one: a
+ * venv reaching only the heavy packages) changes the task's Python environment as entering a
+ * real image would: the host's PYTHONPATH, PYTHONHOME and VIRTUAL_ENV are dropped and every
+ * NAME=VALUE line of etc/environment is set, overriding the job's value (pyxis, too, gives a
+ * variable the image defines the image's value). Its PATH puts the image's bin first, so
+ * `/usr/bin/env python3` runs the image's Python. Any other image name changes nothing.
+ *
+ * What real pyxis/enroot do that this does not: a separate root filesystem (host paths
+ * outside the mounts vanish, the image's /usr and /lib replace the host's), user/mount
+ * namespaces and --container-remap-root, the NVIDIA hook (GPU devices, driver libraries),
+ * importing and caching images, entrypoints, --container-env. Note that srun resolves a bare
+ * command on the host before any of this (pyxis issue 104), here as there.
+ *
  * Built by tests/slurm/cluster.sh start:  gcc -shared -fPIC -o pyxis_standin.so pyxis_standin.c
  */
 #define _GNU_SOURCE
@@ -158,10 +171,47 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
     return rc;
 }
 
+/* Variables of the host that would point into the host's Python from inside an image. */
+static const char *host_python_vars[] = {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", NULL};
+
+/* An image folder's etc/environment ("NAME=VALUE" lines) over the task's environment.
+ * Returns 0 also when the image is not such a folder (a registry name: nothing to apply). */
+static int apply_image_environment(spank_t sp, const char *image)
+{
+    char path[4096];
+    if (image == NULL || image[0] != '/')
+        return 0;
+    snprintf(path, sizeof(path), "%s/etc/environment", image);
+    FILE *file = fopen(path, "r");
+    if (file == NULL)
+        return 0;
+    for (const char **name = host_python_vars; *name != NULL; name++)
+        spank_unsetenv(sp, *name);
+    char line[8192];
+    int rc = 0;
+    while (rc == 0 && fgets(line, sizeof(line), file) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        char *equals = strchr(line, '=');
+        if (line[0] == '#' || equals == NULL || equals == line)
+            continue;
+        *equals = '\0';
+        if (spank_setenv(sp, line, equals + 1, 1) != ESPANK_SUCCESS) {
+            slurm_error("pyxis_standin: cannot set %s from %s", line, path);
+            rc = -1;
+        }
+    }
+    fclose(file);
+    return rc;
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
     (void)ac;
     (void)av;
+    char *image = NULL;
+    if (spank_option_getopt(sp, find_option("container-image"), &image) == ESPANK_SUCCESS
+        && apply_image_environment(sp, image) != 0)
+        return -1;
     for (struct spank_option *opt = options; opt->name != NULL; opt++) {
         char *optarg = NULL;
         char name[128];
