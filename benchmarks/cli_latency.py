@@ -19,21 +19,29 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 RECIPE = "grpo-tiny-1n-cpu"
 PROFILE = "local"
+# A container profile ships the job's code: its first render in a runs folder writes the code
+# bundle (runs/.hpcrl-bundles/<hash>/), later renders of the same code only hash and reuse it.
+CONTAINER_RECIPE, CONTAINER_PROFILE = "grpo-tiny-2n-cpu", "slurm-test-pyxis"
 
 
-def time_command(argv: list[str], repeats: int, cwd: Path) -> tuple[list[float], list[float]]:
+def time_command(
+    argv: list[str] | Callable[[int], list[str]], repeats: int, cwd: Path
+) -> tuple[list[float], list[float]]:
     """(wall seconds, CPU seconds) per run. CPU time (user + sys of the child) barely moves
-    when other jobs share the cores; wall time is what a user waits."""
+    when other jobs share the cores; wall time is what a user waits. ``argv`` may be a
+    function of the repeat's index (a fresh folder per run)."""
     wall, cpu = [], []
-    for _ in range(repeats):
+    for index in range(repeats):
+        command = argv(index) if callable(argv) else argv
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(
-            argv, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            command, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         wall.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -111,6 +119,14 @@ def main() -> None:
         validate = time_command(
             [*hpcrl, "validate", RECIPE, "--cluster", PROFILE], args.repeats, cwd
         )
+        container = [*hpcrl, "render", CONTAINER_RECIPE, "--cluster", CONTAINER_PROFILE, "-o"]
+        new_bundle = time_command(
+            lambda index: [*container, str(cwd / f"fresh{index}" / "run")], args.repeats, cwd
+        )
+        bundle_reused = time_command(
+            lambda index: [*container, str(cwd / "shared" / f"run{index}")], args.repeats, cwd
+        )
+        bundle_mb = _folder_mb(next((cwd / "shared" / ".hpcrl-bundles").iterdir()))
         torch_times = time_command([*python, "-c", "import torch"], args.torch_repeats, cwd)
     per_point_s, per_render_s = in_process_renders(100)
     baseline = (statistics.median(bare[0]), statistics.median(bare[1]))
@@ -126,6 +142,8 @@ def main() -> None:
     print(row("hpcrl --help", help_times, baseline))
     print(row(f"hpcrl validate {RECIPE} --cluster {PROFILE}", validate, baseline))
     print(row(f"hpcrl render {RECIPE} --cluster {PROFILE}", render, baseline))
+    print(row(f"render --cluster {CONTAINER_PROFILE}, writes the bundle", new_bundle, baseline))
+    print(row(f"render --cluster {CONTAINER_PROFILE}, bundle exists", bundle_reused, baseline))
     print(row('python -c "import torch"', torch_times, baseline))
     render_wall, render_cpu = statistics.median(render[0]), statistics.median(render[1])
     print(
@@ -138,6 +156,11 @@ def main() -> None:
         f"in-process, 100 sweep points: load+plan+render {per_point_s * 1000:.1f} ms/point, "
         f"plan+render {per_render_s * 1000:.2f} ms/point"
     )
+    print(f"code bundle: {bundle_mb:.1f} MB on disk")
+
+
+def _folder_mb(folder: Path) -> float:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) / 1e6
 
 
 if __name__ == "__main__":

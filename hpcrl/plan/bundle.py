@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import importlib.resources
 import re
 import subprocess
@@ -136,6 +135,8 @@ def _copied(parts: tuple[str, ...]) -> bool:
 
 def _distribution_files(name: str) -> tuple[str, list[tuple[str, str]]] | str:
     """(version, files) of an installed distribution, or why it cannot be bundled."""
+    import importlib.metadata  # ~20 ms: only when a bundle is collected
+
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:

@@ -26,6 +26,7 @@ from hpcrl.render.script import render_sbatch
 SCRIPT_NAME = "job.sbatch"
 RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"
 MANIFEST_NAME = "manifest.json"
+CODE_LINK_NAME = "code"  # -> the code bundle the script runs (code: bundle)
 GIT_TIMEOUT_S = 2.0
 
 
@@ -87,9 +88,10 @@ def write_run_folder(
     """
     folder = Path(spec.run_dir)
     _refuse_submitted(folder)
-    if spec.code.bundle is not None:
-        write_bundle(spec.code.bundle)
     folder.mkdir(parents=True, exist_ok=True)
+    if spec.code.bundle is not None:
+        bundle = write_bundle(spec.code.bundle)
+        _link(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))
     run = RunFolder(
         folder, folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME, folder / MANIFEST_NAME
     )
@@ -135,6 +137,14 @@ def _refuse_submitted(folder: Path) -> None:
                 )
             ]
         )
+
+
+def _link(path: Path, target: str) -> None:
+    """A symlink replaced atomically (a re-render may point it at a newer bundle)."""
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.unlink(missing_ok=True)
+    partial.symlink_to(target)
+    partial.replace(path)
 
 
 def _write_text(path: Path, text: str, mode: int = 0o644) -> None:

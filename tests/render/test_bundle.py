@@ -76,6 +76,13 @@ def test_the_digest_follows_every_byte(tmp_path):
     assert _digest([("pkg/c.py", str(first)), files[1]], []) != _digest(files, [])
 
 
+def test_an_extra_pure_package_joins_the_bundle_and_changes_its_name():
+    with_einops = collect_bundle(("einops",))
+    assert "einops/__init__.py" in dict(with_einops.files)
+    assert dict(with_einops.packages)["einops"] and with_einops.extra_packages == ("einops",)
+    assert with_einops.digest != collect_bundle().digest
+
+
 def test_an_extra_compiled_or_missing_package_is_refused():
     problems = dict(collect_bundle(("psutil", "no-such-distribution-here")).problems)
     assert "compiled extension modules" in problems["psutil"]
@@ -142,8 +149,9 @@ for name in names:
         importlib.import_module(name)
     except Exception as error:
         failed[name] = getattr(error, "name", None) or repr(error)
-import hpcrl, standin_image_marker
+import hpcrl, standin_image_marker, yaml
 print(json.dumps({"failed": failed, "hpcrl": hpcrl.__file__, "path0": sys.path[0],
+                  "yaml": yaml.__file__, "libyaml": yaml.__with_libyaml__,
                   "pythonpath": os.environ["PYTHONPATH"], "executable": sys.executable}))
 """
 
@@ -173,6 +181,9 @@ def test_the_job_side_imports_from_the_bundle_in_an_image_without_hpcrl(image, t
     found = json.loads(result.stdout.splitlines()[-1])
     assert set(found["failed"].values()) <= {"megatron"}, found["failed"]
     assert found["hpcrl"] == f"{target}/hpcrl/__init__.py"
+    # PyYAML from the bundle, without its C extension (never copied: the image's Python may
+    # be another version), falls back to pure Python.
+    assert found["yaml"] == f"{target}/yaml/__init__.py" and found["libyaml"] is False
     assert found["path0"] == str(target) and found["executable"] == str(image / "bin" / "python3")
     # The image's own PYTHONPATH stays, behind the bundle (a plain export would lose one).
     assert (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import stat
 import subprocess
@@ -184,6 +185,8 @@ def test_write_run_folder(tmp_path):
     assert bundle.path.startswith(f"{tmp_path}/runs/.hpcrl-bundles/hpcrl-")
     assert f"{bundle.path}/hpcrl_entry.py" in run.script.read_text()
     assert (Path(bundle.path) / "hpcrl" / "job" / "node.py").is_file()
+    assert (run_dir / "code").resolve() == Path(bundle.path)  # the run folder points at it
+    assert os.readlink(run_dir / "code") == f"../.hpcrl-bundles/{Path(bundle.path).name}"
     assert stat.S_IMODE(run.script.stat().st_mode) == 0o755
     assert run.resolved_recipe.read_text() == "policy:\n  model_name: m\ngrpo:\n  seed: 3\n"
     manifest = json.loads(run.manifest.read_text())
