@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -187,9 +188,32 @@ def read_outcome(record: JobRecord, run_dir: Path, status: JobStatus | None = No
     return JobOutcome(exit_code=result, has_result=True)
 
 
+#: What Python prints when the task's interpreter lacks a module: before hpcrl's own code
+#: runs (e.g. ``code: installed`` with an image that has no submitit), no marker can say it.
+_IMPORT_FAILURE = re.compile(r"^(?:ModuleNotFoundError|ImportError): (.+)$", re.MULTILINE)
+
+
 def failure_cause(run_dir: Path) -> str | None:
-    """The newest named failure a node of the job wrote (``status/node<k>.failed``: a
-    preflight or bootstrap failure), or None. One line: the first of the message."""
+    """Why the job failed, in one line, when it says so: the newest ``status/node<k>.failed``
+    (a preflight or bootstrap failure), else an import failure in a task's log."""
+    return _newest_failure_marker(run_dir) or _import_failure(run_dir)
+
+
+def _import_failure(run_dir: Path) -> str | None:
+    for log in sorted((Path(run_dir) / "submitit").glob("*_log.err")):
+        try:
+            found = _IMPORT_FAILURE.findall(log.read_text(errors="replace"))
+        except OSError:
+            continue
+        if found:
+            return (
+                f"the job's Python could not import: {found[-1]} (with code: installed it "
+                "must have hpcrl and its packages; code: bundle ships them with the job)"
+            )
+    return None
+
+
+def _newest_failure_marker(run_dir: Path) -> str | None:
     newest: tuple[float, str] | None = None
     for path in (Path(run_dir) / "status").glob("node*.failed"):
         try:
