@@ -149,6 +149,8 @@ def run_render(args: argparse.Namespace) -> int:
     # Plain print, not rich: five lines do not justify rich's import time on every render.
     lines = [f"Wrote {run.path}/"]
     lines += [f"  {path.name}" for path in (run.script, run.resolved_recipe, run.manifest)]
+    if prepared.spec.code.bundle is not None:
+        lines.append(f"  code -> {prepared.spec.code.bundle.path}")
     lines.append(f"Submit with: {submit_command(prepared.spec)}")
     print("\n".join(lines))
     return 0
@@ -177,6 +179,8 @@ def submit_command(spec: JobSpec) -> str:
 
 
 def plan_table(spec: JobSpec) -> Any:
+    import shlex
+
     from rich.table import Table
 
     table = Table(
@@ -195,6 +199,7 @@ def plan_table(spec: JobSpec) -> Any:
             "megatron ckpt dir",
             f"{spec.megatron_checkpoint_dir} (from {spec.megatron_checkpoint_dir_source})",
         )
+    table.add_row("python", f"{shlex.join(spec.code.python)} ({spec.code.python_origin})")
     if spec.container is not None:
         table.add_row("container", spec.container.image)
         table.add_row("mounts", "\n".join(spec.container.mounts))
