@@ -44,6 +44,8 @@ class PackageCheck:
     def line(self) -> str:
         name, spec = self.requirement.distributions[0], self.requirement.spec
         found = f"{self.distribution} {self.version}" if self.version else name
+        if not self.problem and self.version is None:
+            found += " (imports; no package metadata, version unknown)"
         status = "ok" if not self.problem else self.problem.upper()
         return f"{status:<14} {found} (needs {spec}; {self.requirement.needed_for})"
 
