@@ -90,7 +90,8 @@ def test_a_local_job_runs_from_the_bundle_in_an_image_without_hpcrl(images, tmp_
     assert f"hpcrl 0.1.0 from the bundle {bundle}" in log
     script = (run / "job.sbatch").read_text()
     assert f"exec {image_python} {bundle}/hpcrl_entry.py -u -m submitit.core._submit" in script
-    assert f"from the bundle\n#   {bundle}" in script or f"from the bundle {bundle}" in script
+    header = " ".join(line.lstrip("#").strip() for line in script.splitlines() if line[:1] == "#")
+    assert f"from the bundle {bundle}, shared read-only" in header
 
 
 def test_an_image_without_ray_fails_in_seconds_naming_ray_and_the_fix(images, tmp_path):
