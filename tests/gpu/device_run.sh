@@ -2,7 +2,8 @@
 # The GPU end-to-end check (tests/gpu) on the H200 test machine, in one device call:
 #
 #   here:    python3 tests/gpu/make_wheelhouse.py        (fills the git-ignored .whl/)
-#   device:  command "bash tests/gpu/device_run.sh", carry [".whl"]
+#   device:  command "bash tests/gpu/device_run.sh", carry [".whl"], timeout_s 600
+#            (extra arguments go to pytest, e.g. "bash tests/gpu/device_run.sh -k automodel")
 #
 # Installs the wheels into /tmp/site (the device README's command), runs pytest tests/gpu with
 # HPCRL_REQUIRE_GPU=1 from outside the checkout's root (there the checkout's hpcrl would shadow
@@ -13,7 +14,7 @@ set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/hpcrl-gpu-out}
 RUNS=/tmp/hpcrl-gpu-runs
-PYTEST_LIMIT_S=${PYTEST_LIMIT_S:-500}
+PYTEST_LIMIT_S=${PYTEST_LIMIT_S:-530}  # + install and packing: inside 600 s
 mkdir -p "$OUT" "$RUNS"
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -30,8 +31,9 @@ for name in ("torch", "transformers", "ray", "megatron-core", "megatron-bridge",
     print(name, md.version(name))
 PY
 
-timeout -k 20 "$PYTEST_LIMIT_S" python3 -m pytest -p no:cacheprovider -rA -v --timeout=900 \
-    "$REPO/tests/gpu" 2>&1 | tee "$OUT/pytest.log"
+# -s: hpcrl's own output streams into the log as it happens (kept even if the bound hits)
+timeout -k 10 "$PYTEST_LIMIT_S" python3 -m pytest -p no:cacheprovider -s -v -rfEs --timeout=900 \
+    "$REPO/tests/gpu" "$@" 2>&1 | tee "$OUT/pytest.log"
 status=${PIPESTATUS[0]}
 
 SWEEP="$RUNS/offload-sweep"
