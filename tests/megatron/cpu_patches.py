@@ -140,6 +140,20 @@ PATCHES = (
         ),
     ),
     CpuPatch(
+        name="cuda_current_stream_null",
+        why="megatron-core 0.19's DDP grad sync first makes torch.cuda.current_stream() wait "
+        "for CUDA-graph replay events; on CPU all work is synchronous, so a stream whose "
+        "waits do nothing stands in.",
+        requires=(
+            (
+                "megatron.core.distributed.param_and_grad_buffer:"
+                "_ParamAndGradBucketGroup.start_grad_sync",
+                "current_stream = torch.cuda.current_stream()",
+            ),
+        ),
+        lines=("0.19.",),
+    ),
+    CpuPatch(
         name="bridge_contiguous_scatter",
         why="Loading HF weights at TP>1, the bridge splits each weight with torch.chunk and "
         "scatters the pieces from TP rank 0 as they are; pieces split along dim 1 (row-parallel "
@@ -273,6 +287,19 @@ def _cpu_set_rng_state(new_state, device=-1, graph_safe=False) -> None:
     torch.set_rng_state(new_state)
 
 
+class _NullStream:
+    """``torch.cuda.current_stream()`` on CPU: work is synchronous, there is nothing to wait for."""
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _contiguous_scatter(original: Callable) -> Callable:
     """``scatter_to_tp_ranks`` that hands gloo contiguous pieces (same values, own storage)."""
 
@@ -298,6 +325,9 @@ def _replacements(skip: frozenset[str]) -> list[tuple[object, str, Callable]]:
         ],
         "current_device_is_cpu": [(torch.cuda, "current_device", lambda: torch.device("cpu"))],
         "cuda_synchronize_noop": [(torch.cuda, "synchronize", lambda device=None: None)],
+        "cuda_current_stream_null": [
+            (torch.cuda, "current_stream", lambda device=None: _NullStream())
+        ],
         "bridge_contiguous_scatter": [
             (mapping, "scatter_to_tp_ranks", _contiguous_scatter(mapping.scatter_to_tp_ranks))
         ],
