@@ -13,6 +13,7 @@ time is short and tests/gpu/device_run.sh stops pytest at its limit.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,9 +49,11 @@ def env(gpu_cache: Path) -> dict[str, str]:
     return user_env(gpu_cache, megatron_dir=gpu_cache / "megatron")
 
 
-def _submit_and_check(recipe: str, run_dir: Path, model: Path, env: dict, timeout_s: float):
+def _submit_and_check(
+    recipe: str, run_dir: Path, model: Path, env: dict, timeout_s: float, *extra: str
+):
     args = ["submit", recipe, "--cluster", GPU_PROFILE, "-o", str(run_dir), "--wait",
-            f"policy.model_name={model}", f"grpo.max_num_steps={NUM_STEPS}"]  # fmt: skip
+            f"policy.model_name={model}", f"grpo.max_num_steps={NUM_STEPS}", *extra]  # fmt: skip
     result = hpcrl(args, run_dir.parent, env, timeout_s=timeout_s)
     assert result.returncode == 0, output_of(result)
     assert job_state(run_dir, run_dir.parent, env) == "COMPLETED"
@@ -60,14 +63,17 @@ def _submit_and_check(recipe: str, run_dir: Path, model: Path, env: dict, timeou
 
 
 def test_megatron_grpo_converts_the_hf_checkpoint(
-    gpu_out: Path, gpu_cache: Path, hf_checkpoint: Path, env: dict
+    gpu_out: Path, hf_checkpoint: Path, env: dict
 ) -> None:
     run_dir = gpu_out / "megatron"
-    _submit_and_check(MEGATRON_RECIPE, run_dir, hf_checkpoint, env, 540)
-    conversions = list((gpu_cache / "megatron").glob("*/hpcrl_conversion_complete.json"))
-    assert len(conversions) == 1, "the job converted the HF checkpoint into the checkpoint dir"
+    # force: a conversion left by an earlier run on the same machine must not stand in for one
+    force = "policy.megatron_cfg.force_reconvert_from_hf=true"
+    _submit_and_check(MEGATRON_RECIPE, run_dir, hf_checkpoint, env, 540, force)
     driver_log = "\n".join(p.read_text() for p in run_dir.glob("logs/node0/attempt*/driver.log"))
     assert "conversion written" in driver_log, "megatron-bridge converted in this job"
+    done = re.search(r"\[hpcrl megatron conversion\] done in [0-9.]+ s: (\S+)", driver_log)
+    assert done, "the conversion reported where it wrote"
+    assert (Path(done.group(1)) / "hpcrl_conversion_complete.json").is_file()
 
 
 def test_offload_sweep_then_report(
@@ -108,9 +114,10 @@ def _check_report_table(table: str, points: list[Path]) -> None:
 
 
 def _check_report_plots(report_out: str, plot_dir: Path) -> None:
+    plotted = [line.strip() for line in report_out.splitlines() if line.startswith("plot: ")]
     for name in ("step_time.png", "vs_optimizer_offload_fraction.png"):
         path = plot_dir / name
-        assert f"plot: {path}" in report_out.replace("\n", ""), report_out
+        assert any(line.endswith(f"report/{name}") for line in plotted), report_out
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
 
 
