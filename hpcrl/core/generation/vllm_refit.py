@@ -49,9 +49,9 @@ def megatron_hf_weights(backend: Any, *, cpu: bool = True) -> list[tuple[str, to
     """megatron-bridge export of the worker's current ``model_chunks`` (a collective)."""
     bridge = getattr(backend, BRIDGE_ATTR, None)
     if bridge is None:
-        from megatron.bridge import AutoBridge
+        from hpcrl.core.backends.megatron.bridge_compat import import_bridge
 
-        bridge = AutoBridge.from_hf_pretrained(backend.model_path)
+        bridge = import_bridge().AutoBridge.from_hf_pretrained(backend.model_path)
         setattr(backend, BRIDGE_ATTR, bridge)
     import torch
 

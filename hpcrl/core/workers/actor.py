@@ -13,6 +13,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.core.metrics import HostMemoryTracker
 from hpcrl.core.workers.manual_gc import ManualGc
 from hpcrl.core.workers.sharding import split_micro_batches
 
@@ -34,6 +35,7 @@ class TrainingWorker:
         self._manual_gc: ManualGc | None = None
         self._recipe: Recipe | None = None
         self._optimizer_steps = 0
+        self._host_memory = HostMemoryTracker()
 
     # ------------------------------------------------------------------ placement
     def node_id(self) -> str:
@@ -140,8 +142,14 @@ class TrainingWorker:
         self._backend.export_hf(out_dir)
 
     def collect_state(self) -> dict[str, Any]:
+        """The backend's state, plus this rank's optimizer steps and its peak host memory (the
+        driver sums the ranks' peaks: Ray workers are not the driver's child processes)."""
         assert self._backend is not None, "setup first"
-        return {**self._backend.collect_state(), "worker_optimizer_steps": self._optimizer_steps}
+        return {
+            **self._backend.collect_state(),
+            "worker_optimizer_steps": self._optimizer_steps,
+            "peak_host_rss_gb": self._host_memory.sample(),
+        }
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(backend, *args)`` on this rank (diagnostics and tests)."""

@@ -20,10 +20,11 @@ class HfRefit:
     """A local HF model that mirrors the Megatron weights when ``refresh`` is called."""
 
     def __init__(self, model_path: str, precision: str, device: torch.device) -> None:
-        from megatron.bridge import AutoBridge
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        self.bridge = AutoBridge.from_hf_pretrained(model_path)
+        from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+
+        self.bridge = import_bridge().AutoBridge.from_hf_pretrained(model_path)
         config = AutoConfig.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_config(config, torch_dtype=_DTYPES[precision])
         self.model.to(device).eval().requires_grad_(False)

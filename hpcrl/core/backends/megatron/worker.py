@@ -223,10 +223,19 @@ class MegatronWorker:
         load_training_state(self, checkpoint_dir)
 
     def export_hf(self, out_dir: str) -> None:
-        self._hf_refit().bridge.save_hf_pretrained(self.model_chunks, out_dir)
+        from hpcrl.core.backends.megatron.bridge_compat import save_hf_pretrained
+
+        save_hf_pretrained(self._hf_refit().bridge, self.model_chunks, out_dir)
 
     def collect_state(self) -> Mapping[str, Any]:
-        return {"steps_done": self.steps_done, "gc_enabled": __import__("gc").isenabled()}
+        peak_gb = 0.0
+        if self.rank_info.device == "cuda":
+            peak_gb = torch.cuda.max_memory_allocated() / 2**30
+        return {
+            "steps_done": self.steps_done,
+            "gc_enabled": __import__("gc").isenabled(),
+            "peak_memory_gb": peak_gb,
+        }
 
     def close(self) -> None:
         from megatron.core import parallel_state
