@@ -505,3 +505,69 @@ def test_sft_loss_is_the_masked_token_mean_and_splits_exactly() -> None:
     parts = sum(sft_loss(lp[i : i + 4], {"token_mask": mask[i : i + 4]}, n)[0] for i in (0, 4))
     assert parts.item() == pytest.approx(want, rel=1e-12)
     assert metrics["num_tokens"] == n
+
+
+# --------------------------------------------------------------------------- overlong filtering
+def _generation(rows: list[list[int]], prompt_len: int = 2):
+    """GenerationOutput-like rows: prompt [7, 7] then the given response tokens."""
+    import types
+
+    width = prompt_len + max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    response_mask = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        ids[i, :prompt_len] = 7
+        ids[i, prompt_len : prompt_len + len(row)] = torch.tensor(row)
+        response_mask[i, prompt_len : prompt_len + len(row)] = 1
+    return types.SimpleNamespace(
+        input_ids=ids,
+        attention_mask=(ids != 0).long() | (response_mask > 0).long(),
+        response_mask=response_mask,
+        generation_logprobs=-response_mask,
+        prompt_lengths=torch.full((len(rows),), prompt_len),
+        response_lengths=torch.tensor([len(r) for r in rows]),
+    )
+
+
+def test_truncated_means_cut_off_by_max_new_tokens() -> None:
+    from hpcrl.config.recipe import GenerationCfg
+    from hpcrl.core.algorithms.grpo import truncated_responses
+
+    cfg = GenerationCfg(max_new_tokens=3, stop_token_ids=(9,), stop_strings=("!",))
+    eos = 2
+    rows = [[5, 5, 5], [5, 5, 2], [5, 2], [5, 5, 9], [5, 5, 6]]
+    texts = ["aaa", "aa", "a", "aa", "a!b"]  # the last one hit a stop string
+    flags = truncated_responses(_generation(rows), cfg, eos, texts)
+    assert flags.tolist() == [True, False, False, False, False]
+
+
+def test_overlong_filtering_masks_truncated_samples_after_the_baseline() -> None:
+    from hpcrl.config.recipe import DataCfg, GrpoCfg, PolicyCfg, Recipe
+    from hpcrl.core.algorithms.grpo import Rollouts, build_train_batch, global_batch_chunks
+
+    generation = _generation([[5, 5, 5], [5, 2], [5, 5, 5], [6, 2]])
+    truncated = torch.tensor([True, False, True, False])
+    rollouts = Rollouts(
+        prompts=["p"] * 4,
+        answers=[""] * 4,
+        responses=[""] * 4,
+        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]),
+        generation=generation,
+        truncated=truncated,
+    )
+    for flag in (False, True):
+        recipe = Recipe(
+            policy=PolicyCfg(model_name="m", train_global_batch_size=2),
+            data=DataCfg(train_path="x"),
+            grpo=GrpoCfg(num_generations_per_prompt=2, overlong_filtering=flag),
+        )
+        batch = build_train_batch(recipe, rollouts)
+        # advantages from all four rewards (groups [1, 0] and [0, 1]), as NeMo RL does
+        assert batch["advantages"].tolist() == [1.0, -1.0, -1.0, 1.0]
+        kept = [0.0, 1.0, 0.0, 1.0] if flag else [1.0] * 4
+        assert batch["sample_mask"].tolist() == kept
+        assert batch["token_mask"].sum(dim=1).tolist() == [
+            n * k for n, k in zip([3, 2, 3, 2], kept, strict=True)
+        ]
+        counts = [c["num_global_sequences"][0].item() for c in global_batch_chunks(batch, 2)]
+        assert counts == ([1.0, 1.0] if flag else [2.0, 2.0])
