@@ -105,6 +105,20 @@ def _truncation_lower_bound(kind: str, high: float | None, low: float | None) ->
     return []
 
 
+def rule_sequence_level_importance_ratios(recipe: Recipe) -> list[Problem]:
+    """NeMo RL's example configs carry the key (false); hpcrl accepts it, but not GSPO."""
+    if not recipe.loss_fn.sequence_level_importance_ratios:
+        return []
+    return [
+        Problem(
+            path=f"{LOSS}.sequence_level_importance_ratios",
+            value=True,
+            message="sequence-level importance ratios (GSPO) are not implemented in hpcrl",
+            fix=f"set {LOSS}.sequence_level_importance_ratios=false (token-level ratios)",
+        )
+    ]
+
+
 def rule_grpo_sampling_temperature(recipe: Recipe) -> list[Problem]:
     """GRPO learns from differences within a group of samples; greedy decoding has none."""
     temperature = recipe.policy.generation.temperature
@@ -124,5 +138,6 @@ LOSS_RULES = (
     rule_dual_clip,
     rule_kl_clamps,
     rule_truncated_importance_sampling,
+    rule_sequence_level_importance_ratios,
     rule_grpo_sampling_temperature,
 )

@@ -296,6 +296,7 @@ class LossFnCfg:
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
     truncated_importance_sampling_ratio: float | None = None  # upper bound of the weights
     truncated_importance_sampling_ratio_min: float | None = None  # lower bound
+    sequence_level_importance_ratios: bool = False  # GSPO; only false is supported
     token_level_loss: bool = True
 
 

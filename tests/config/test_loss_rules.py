@@ -117,3 +117,9 @@ def test_per_token_loss_override_is_refused_false_is_fine():
         problems_for(policy__megatron_cfg__model_overrides={"calculate_per_token_loss": False})
         == []
     )
+
+
+def test_gspo_key_is_accepted_only_false():
+    assert problems_for(loss_fn__sequence_level_importance_ratios=False) == []
+    problem = only(problems_for(loss_fn__sequence_level_importance_ratios=True))
+    assert problem.path == "loss_fn.sequence_level_importance_ratios"
