@@ -14,7 +14,10 @@ With filtering on, a token the trainer's filter drops has log-prob −inf; the l
 such tokens out of the policy-gradient term.
 
 Every caller (the torch sampler, the Automodel and Megatron log-prob paths) goes through
-``scale_logits`` / ``filter_logits`` here, so the three cannot drift apart.
+``scale_logits`` / ``filter_logits`` here, so the three cannot drift apart. ``logits`` are
+what the HF model's forward returns, i.e. after the model's own processing
+(``LogitTransform``: Gemma soft-capping, Granite/Cohere/Falcon-H1 scaling), which a backend
+that computes logits from hidden states itself must apply first.
 """
 
 from __future__ import annotations
