@@ -86,10 +86,12 @@ def run_train_microbatches(
     micro_batches: Sequence[Batch],
     loss_fn: LossFn,
     num_global_tokens: float,
-    distribution: TokenDistribution,
+    distribution: TokenDistribution | None = None,
 ) -> dict[str, float]:
     """Forward/backward every micro-batch; returns loss and loss_fn metrics summed over the
-    global batch (same dict on every rank). Gradients are left in the DDP buffers."""
+    global batch (same dict on every rank). Gradients are left in the DDP buffers.
+    ``distribution``: what the log-probs are measured in (default: the model's own)."""
+    distribution = distribution or TokenDistribution()
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -143,11 +145,14 @@ def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
 
 
 def compute_logprobs(
-    model_chunks: list, micro_batches: Sequence[Batch], distribution: TokenDistribution
+    model_chunks: list,
+    micro_batches: Sequence[Batch],
+    distribution: TokenDistribution | None = None,
 ) -> torch.Tensor | None:
     """Token log-probs of all micro-batches (CPU, float32) on the reporting rank, else None."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    distribution = distribution or TokenDistribution()
     collected: list[torch.Tensor] = []
 
     def forward_step(data_iterator, model):
