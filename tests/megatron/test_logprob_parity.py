@@ -41,6 +41,7 @@ def test_logprobs_equal_the_hf_forward_under_the_sampling_distribution(converted
     results = harness.run_ranks(tp, logprob_parity.parity_run, hf_path, root, tp)
     reporting = [r for r in results if r["returns_results"]]
     assert len(reporting) == 1
+    print(f"TP={tp} gaps:", reporting[0]["gaps"])  # shown with -s; the report quotes them
     for name, gaps in reporting[0]["gaps"].items():
         for key in ("old_gap", "reference_gap"):
             assert gaps[key] < TOLERANCE, (name, key, gaps)
