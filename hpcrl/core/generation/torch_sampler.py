@@ -4,9 +4,10 @@ Prompts come in padded either way (the attention mask says where the tokens are)
 left-padded internally so that one decode step appends one token to every row, and the
 result comes back right-padded as ``hpcrl.core.policy.GenerationOutput`` describes.
 
-``generation_logprobs`` are the log-softmax of the model's raw logits (temperature 1, no
-top-k/top-p) at the sampled token, i.e. the same quantity ``Policy.get_logprobs`` computes
-by teacher forcing, so the two can be compared for importance-sampling corrections.
+``generation_logprobs`` are the log-probs of the sampled tokens in the distribution they were
+drawn from: ``log_softmax(filter(logits / T))`` (``hpcrl.core.token_distribution``), the
+same quantity the trainer's ``get_logprobs`` computes by teacher forcing, so the two can be
+compared for importance-sampling corrections. Greedy decoding records temperature-1 values.
 
 When the model is sharded (FSDP), every rank must run the same number of forward calls:
 with ``sync_group`` the ranks all-reduce an "any row unfinished" flag every step and keep
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from hpcrl.core.token_distribution import TokenDistribution, processed_logits
 
 if TYPE_CHECKING:
     import torch
@@ -105,6 +108,7 @@ def _decode_loop(
 
     batch = ids.shape[0]
     device = ids.device
+    distribution = TokenDistribution.of_generation(cfg)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     out = _prefill(model, ids, mask, positions)
     past, next_logits = out.past_key_values, out.logits[:, -1, :].float()
@@ -117,8 +121,9 @@ def _decode_loop(
     for step in range(cfg.max_new_tokens):
         if not _any_unfinished(finished, sync_group):
             break
-        chosen = sample_tokens(next_logits, cfg, generator)
-        chosen_logprobs = torch.log_softmax(next_logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+        processed = processed_logits(next_logits, distribution)
+        chosen = sample_tokens(processed, cfg, generator)
+        chosen_logprobs = torch.log_softmax(processed, dim=-1).gather(1, chosen[:, None])[:, 0]
         active = ~finished
         tokens.append(torch.where(active, chosen, pad_token_id))
         logprobs.append(torch.where(active, chosen_logprobs, 0.0))
@@ -174,34 +179,15 @@ def _any_unfinished(finished: torch.Tensor, sync_group: Any) -> bool:
 
 
 def sample_tokens(
-    logits: torch.Tensor, cfg: GenerationCfg, generator: torch.Generator
+    processed: torch.Tensor, cfg: GenerationCfg, generator: torch.Generator
 ) -> torch.Tensor:
-    """One token id per row: argmax when temperature == 0, else temperature/top-k/top-p."""
+    """One token id per row from ``processed_logits``: argmax when temperature == 0."""
     import torch
 
     if cfg.temperature == 0:
-        return logits.argmax(dim=-1)
-    scaled = logits / cfg.temperature
-    if cfg.top_k is not None and 0 < cfg.top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, cfg.top_k, dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        scaled = _top_p_filter(scaled, cfg.top_p)
-    probs = torch.softmax(scaled, dim=-1)
+        return processed.argmax(dim=-1)
+    probs = torch.softmax(processed, dim=-1)
     return torch.multinomial(probs, num_samples=1, generator=generator)[:, 0]
-
-
-def _top_p_filter(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
-    import torch
-
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop_sorted = mass_before >= top_p
-    drop_sorted[:, 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-    return scaled.masked_fill(drop, float("-inf"))
 
 
 def _hit_stop_string(

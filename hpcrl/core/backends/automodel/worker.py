@@ -28,6 +28,8 @@ from hpcrl.core.backends.automodel.parallelize import (
     needs_fsdp,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
+from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
+from hpcrl.core.token_distribution import TokenDistribution, training_distribution
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import GenerationCfg, Recipe
@@ -75,6 +77,7 @@ class AutomodelWorker:
         self.rank_info = rank_info
         self.model_path = model_path
         self.device = torch.device("cuda" if rank_info.device == "cuda" else "cpu")
+        self.distribution = training_distribution(recipe)
         cfg = recipe.policy.automodel_cfg
         self.shape = MeshShape.for_world(
             rank_info.world_size, cfg.dp_replicate_size, cfg.tensor_parallel_size
@@ -138,7 +141,11 @@ class AutomodelWorker:
         totals: dict[str, float] = {"loss": 0.0}
         for micro in micro_batches:
             micro = self._to_device(micro)
-            logprobs = self.model(micro["input_ids"], micro["attention_mask"])
+            logprobs, unfiltered = self.model(
+                micro["input_ids"], micro["attention_mask"], distribution=self.distribution
+            )
+            if self.distribution.filters:
+                micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
             loss, metrics = loss_fn(logprobs, micro, num_global_tokens)
             # FSDP averages gradients over data-parallel ranks; the loss is a share of a
             # global sum, so scale back up to get the gradient of that sum.
@@ -165,7 +172,9 @@ class AutomodelWorker:
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def _logprobs_with(self, model: TokenLogprobModel, batch: Batch) -> torch.Tensor:
+    def _logprobs_with(
+        self, model: TokenLogprobModel, batch: Batch, distribution: TokenDistribution
+    ) -> torch.Tensor:
         policy = self.recipe.policy
         micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
         size = batch["input_ids"].shape[0]
@@ -174,17 +183,20 @@ class AutomodelWorker:
             micro = self._to_device(
                 {k: batch[k][start : start + micro_size] for k in ("input_ids", "attention_mask")}
             )
-            pieces.append(model(micro["input_ids"], micro["attention_mask"]).float().cpu())
+            processed, _ = model(
+                micro["input_ids"], micro["attention_mask"], distribution=distribution
+            )
+            pieces.append(processed.float().cpu())
         return torch.cat(pieces)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs_with(self.model, batch)
+        return self._logprobs_with(self.model, batch, self.distribution)
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.reference is None:
             # Built on first use (all ranks call together): SFT never pays for it.
             self.reference = self._build_sharded(self.model_path, training=False)
-        return self._logprobs_with(self.reference, batch)
+        return self._logprobs_with(self.reference, batch, self.distribution.without_filters())
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
