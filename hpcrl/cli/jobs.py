@@ -177,6 +177,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
         for_submission=not args.no_submit,
     )  # fmt: skip
+    from hpcrl.cli.prepare import print_plan_warnings
+
+    print_plan_warnings(planned.array_spec)  # the profile's, e.g. ray_auth: none
     if args.no_submit:
         return _write_unsubmitted(planned)
     if planned.runs_points_one_by_one:

@@ -212,15 +212,20 @@ def plan_table(spec: JobSpec) -> Any:
 
 def print_warnings(prepared: Prepared, console: Any) -> None:
     """Loading and plan warnings, with their fixes, on stderr."""
+    print_plan_warnings(prepared.spec, prepared.warnings)
+
+
+def print_plan_warnings(spec: JobSpec, load_warnings: tuple[Problem, ...] = ()) -> None:
+    """``load_warnings`` and the plan's own warnings, with their fixes, on stderr."""
     from hpcrl.config.errors import Problem, print_problems
 
     plan_warnings = [
         Problem(
             path=check.path or check.name, message=check.message, fix=check.fix, severity="warning"
         )
-        for check in prepared.spec.warnings
+        for check in spec.warnings
     ]
-    warnings = [*prepared.warnings, *plan_warnings]
+    warnings = [*load_warnings, *plan_warnings]
     if warnings:
         print_problems(warnings)
 

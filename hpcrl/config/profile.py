@@ -96,6 +96,9 @@ class ClusterProfile:
     # installed: the job's Python already has them (the default without one).
     code: Literal["bundle", "installed"] | None = None
     bundle_packages: tuple[str, ...] = ()  # more pure-Python distributions for the bundle
+    # "token": the job's Ray cluster admits only holders of the job's own token (hpcrl creates
+    # one per run); "none" turns Ray's authentication off, with a warning at every command.
+    ray_auth: Literal["token", "none"] = "token"
 
     @property
     def slots_per_node(self) -> int:

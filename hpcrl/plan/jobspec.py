@@ -216,6 +216,7 @@ class JobSpec:
     pass_env: tuple[str, ...]
     setup_lines: tuple[str, ...]  # raw shell from the profile, run before srun (by design)
     ray_ports: RayPortsCfg
+    ray_auth: Literal["token", "none"] = "token"  # token: <run_dir>/auth/ray_token, never here
     megatron_checkpoint_dir: str | None  # as the job sees it; None for automodel
     megatron_checkpoint_dir_source: str | None  # NRL_MEGATRON_CHECKPOINT_DIR | HF_HOME | home
     code: JobCode  # the interpreter, where hpcrl comes from, what the job's Python must have
@@ -247,6 +248,13 @@ class JobSpec:
     def task_command(self) -> str:
         """The task command as one shell-quoted string (what submitit calls ``command``)."""
         return shlex.join(self.task_argv)
+
+    @property
+    def ray_token_path(self) -> str | None:
+        """The job's Ray token file (None when ``ray_auth`` is ``none``); never its content."""
+        from hpcrl.plan.ray_auth import token_path  # it imports the findings, which import us
+
+        return token_path(self.run_dir) if self.ray_auth == "token" else None
 
     @property
     def signal(self) -> str:

@@ -17,6 +17,7 @@ from hpcrl.config.recipe import Recipe
 from hpcrl.plan import generation as generation_checks
 from hpcrl.plan import layout as layout_checks
 from hpcrl.plan import mounts as mount_checks
+from hpcrl.plan import ray_auth as ray_auth_checks
 from hpcrl.plan import scheduler
 from hpcrl.plan.code import plan_code
 from hpcrl.plan.findings import Findings
@@ -105,6 +106,7 @@ def plan(
         pass_env=tuple(profile.pass_env),
         setup_lines=tuple(profile.setup_lines),
         ray_ports=profile.ray_ports,
+        ray_auth=profile.ray_auth,
         megatron_checkpoint_dir=ckpt_dir,
         megatron_checkpoint_dir_source=ckpt_source,
         code=code,
@@ -155,6 +157,7 @@ def _check_script_inputs(
     """Checks of values that only matter once they are written into the script."""
     _check_pass_env(profile, env, findings)
     _check_ray_ports(profile, findings)
+    ray_auth_checks.check_ray_auth(recipe, profile, findings)
     _check_no_nul(recipe, profile, findings)
     _warn_literal_dollars(profile, findings)
 

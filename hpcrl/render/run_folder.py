@@ -21,6 +21,7 @@ from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.render.bundle_writer import write_bundle
+from hpcrl.render.ray_token import write_job_token
 from hpcrl.render.script import render_sbatch
 
 SCRIPT_NAME = "job.sbatch"
@@ -82,13 +83,15 @@ def write_run_folder(
     load_warnings: Sequence[str] = (),
 ) -> RunFolder:
     """Write ``job.sbatch`` (0755), ``recipe.resolved.yaml`` and ``manifest.json`` to
-    ``spec.run_dir``, and the code bundle the script runs unless it exists already.
+    ``spec.run_dir``, the code bundle the script runs unless it exists already, and the job's
+    Ray token (``auth/ray_token``, 0600) unless the folder has one.
 
     Refuses a folder that already holds a submitted job: its script is the record of what ran.
     """
     folder = Path(spec.run_dir)
     _refuse_submitted(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    write_job_token(spec)  # before anything that could name it; kept when it exists
     if spec.code.bundle is not None:
         bundle = write_bundle(spec.code.bundle)
         _link(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))

@@ -1,0 +1,69 @@
+"""Pre-flight rules for the job's Ray authentication (profile key ``ray_auth``).
+
+With ``ray_auth: token`` (the default) hpcrl alone decides Ray's authentication settings in the
+job: a ``RAY_AUTH_*`` variable from the profile or the recipe would replace the job's own token
+(``RAY_AUTH_TOKEN`` wins over ``RAY_AUTH_TOKEN_PATH`` in Ray) or turn it off, so it is an error.
+``ray_auth: none`` is allowed, and warned about on every command that plans a job.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+
+from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.recipe import Recipe
+from hpcrl.plan.findings import Findings
+from hpcrl.plan.layout import profile_path
+
+#: The token file, relative to the run folder (created by hpcrl.render.ray_token).
+AUTH_DIR_NAME = "auth"
+TOKEN_FILE_NAME = "ray_token"
+RAY_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+NO_AUTH_RISK = (
+    "Ray token authentication is off: anyone who can reach the job's nodes and finds its Ray "
+    "ports (they follow from the job id) can connect to the job's Ray cluster and run code as "
+    "you, with the job's GPUs, data and passed-through credentials (pass_env)"
+)
+
+
+def token_path(run_dir: str) -> str:
+    """Where the job's token lives: read by every node and the driver, written nowhere else."""
+    return posixpath.join(run_dir, AUTH_DIR_NAME, TOKEN_FILE_NAME)
+
+
+def check_ray_auth(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
+    """Warn when authentication is off; refuse variables that would override hpcrl's choice."""
+    for path, name in _named_variables(recipe, profile):
+        if name in RAY_AUTH_VARIABLES:
+            findings.error(
+                path,
+                "hpcrl sets Ray's authentication variables itself (a job's own token, read "
+                "from its run folder)",
+                value=name,
+                fix="remove it; to turn authentication off, set ray_auth: none in the profile",
+            )
+    if profile.ray_auth == "none":
+        findings.warn(
+            "ray_auth",
+            profile_path(profile, "ray_auth"),
+            NO_AUTH_RISK,
+            value="none",
+            fix="remove `ray_auth: none` from the profile (token authentication is the default)",
+        )
+    else:
+        findings.passed(
+            "ray_auth",
+            "Ray token authentication: every node and the driver read the job's own token "
+            f"from <run_dir>/{AUTH_DIR_NAME}/{TOKEN_FILE_NAME} (mode 0600)",
+        )
+
+
+def _named_variables(recipe: Recipe, profile: ClusterProfile) -> Iterable[tuple[str, str]]:
+    for name in profile.env:
+        yield profile_path(profile, f"env.{name}"), name
+    for index, name in enumerate(profile.pass_env):
+        yield profile_path(profile, f"pass_env[{index}]"), name
+    if recipe.backend == "megatron":
+        for name in recipe.policy.megatron_cfg.env_vars:
+            yield f"policy.megatron_cfg.env_vars.{name}", name
