@@ -37,6 +37,7 @@ from hpcrl.job.markers import (
 )
 from hpcrl.job.network import port_accepts, wait_until
 from hpcrl.job.processes import start_in_own_session, stop_session
+from hpcrl.job.ray_auth import prepare_job_token
 from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
 from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
 
@@ -124,11 +125,13 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
                     settings.task.job_id, settings.task.attempt, settings.ray_temp_dir)  # fmt: skip
         if settings.is_head:
             _clear_stale_preempt(settings)
+            prepare_job_token(settings)  # created here only when the run folder has none
             ray_node = RayNode.start(settings, environ, hold=False)
             code = _run_head(settings, ray_node, environ, logger, on_driver_start)
         else:
             ray_node = RayNode.start(settings, environ, hold=True)  # imports Ray meanwhile
             _wait_for_head(settings, ray_node, logger)
+            prepare_job_token(settings)  # node 0 made sure it exists before its head started
             ray_node.release()
             code = _run_worker(settings, ray_node, logger)
         failed = code != 0
@@ -152,7 +155,7 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
     # The driver process starts together with the head (its Python and Ray imports overlap the
     # head's start-up) and waits for the GCS port itself.
     log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
-    driver_env = ray_environment(environ) | {
+    driver_env = ray_environment(environ, settings) | {
         "RAY_ADDRESS": settings.gcs_address,
         "PYTHONUNBUFFERED": "1",
         ATTEMPT_VARIABLE: str(settings.task.attempt),

@@ -1,8 +1,8 @@
 """Ray head/worker processes of one node: the ``ray start`` command, its start and its stop.
 
 Every node runs ``ray start --block`` as a child it owns, bound to the node's own IP with the
-profile's fixed ports (all below the OS ephemeral range), a per-node temp dir, no dashboard
-and no usage stats. Workers always join an explicit ``--address``, never a cluster found
+profile's fixed ports (all below the OS ephemeral range), a per-node temp dir, no dashboard,
+no usage stats, and the job's own token authentication (``hpcrl.job.ray_auth``). Workers always join an explicit ``--address``, never a cluster found
 through ``/tmp/ray/ray_current_cluster``.
 """
 
@@ -23,6 +23,7 @@ from hpcrl.job.errors import PortInUse, RayExited
 from hpcrl.job.markers import node_log_dir
 from hpcrl.job.network import first_busy_port
 from hpcrl.job.processes import start_in_own_session, stop_session
+from hpcrl.job.ray_auth import apply_ray_auth
 from hpcrl.job.settings import NodeSettings
 
 # Ports every node binds, and those only the head binds (named as in RayPortsCfg).
@@ -43,17 +44,14 @@ def node_resource_name(node_rank: int) -> str:
     return f"hpcrl_node_{node_rank}"
 
 
-def ray_environment(base: Mapping[str, str]) -> dict[str, str]:
-    """The environment for Ray's processes (and the driver): quiet, quick to stop."""
-    env = dict(base)
+def ray_environment(base: Mapping[str, str], settings: NodeSettings) -> dict[str, str]:
+    """The environment for Ray's processes (and the driver): quiet, quick to stop, and with
+    the job's own token authentication (hpcrl.job.ray_auth)."""
+    env = apply_ray_auth(base, settings)
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     # Ray otherwise drains for 30 s on SIGTERM before it stops.
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
     env.pop("RAY_ADDRESS", None)  # a stale address must not leak into `ray start`
-    # Ray 2.60 turns token auth on when a ~/.ray/auth_token exists, and then a driver without
-    # the token is refused. Nodes of a job share no such file, so be explicit; a site that
-    # wants token auth sets RAY_AUTH_MODE=token (and the token) in its profile's env.
-    env.setdefault("RAY_AUTH_MODE", "disabled")
     return env
 
 
@@ -150,7 +148,7 @@ class RayNode:
     def _launch(self, go_file: str) -> None:
         shutil.rmtree(self.settings.ray_temp_dir, ignore_errors=True)  # an earlier crash's
         self.process = start_in_own_session(
-            launch_argv(self.settings, go_file), env=ray_environment(self.environ),
+            launch_argv(self.settings, go_file), env=ray_environment(self.environ, self.settings),
             stdout_path=self.log_dir / "ray.out", stderr_path=self.log_dir / "ray.err",
         )  # fmt: skip
 

@@ -2,7 +2,7 @@
 
 Sources, later ones win: built-in defaults < ``<run_dir>/jobspec.json`` (the planner's
 ``JobSpec``, unstructured: ``num_nodes``, ``ray_ports``, ``max_requeues``, ``slots_per_node``,
-``device``) < ``HPCRL_*`` environment variables (the rendered script exports them; tests set
+``device``, ``ray_auth``) < ``HPCRL_*`` environment variables (the rendered script exports them; tests set
 them per simulated node). Slurm's own variables give the node's rank and the job's hosts.
 Ray ports the profile and the environment leave unset come from the job's port band.
 """
@@ -24,6 +24,7 @@ from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
 
 DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
+RAY_AUTH_MODES = ("token", "none")  # the profile's ray_auth; without a jobspec.json: token
 # The driver process reads the training group's master port from here (an override too).
 TORCH_MASTER_PORT_VARIABLE = "HPCRL_RAY_TORCH_MASTER_PORT"
 
@@ -66,6 +67,7 @@ class NodeSettings:
     join_timeout_s: float = 120.0  # node 0: then every other node registered within this
     stop_timeout_s: float = 20.0  # Ray's processes exit within this after SIGTERM, else SIGKILL
     preempt_grace_s: float = 60.0  # on USR2: how long the driver gets to checkpoint
+    ray_auth: str = attrs.field(default="token", validator=attrs.validators.in_(RAY_AUTH_MODES))
 
     @property
     def node_rank(self) -> int:
@@ -146,7 +148,7 @@ def _jobspec_values(run_dir: Path) -> dict[str, Any]:
         return {}
     spec = json.loads(path.read_text())
     values: dict[str, Any] = {}
-    for key in ("num_nodes", "ray_ports", "max_requeues"):
+    for key in ("num_nodes", "ray_ports", "max_requeues", "ray_auth"):
         if key in spec:
             values[key] = spec[key]
     if spec.get("device") == "gpu" and "slots_per_node" in spec:

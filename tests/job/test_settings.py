@@ -107,13 +107,14 @@ def test_ray_start_command_for_head_and_worker(tmp_path):
     assert '--resources={"hpcrl_node_1": 1}' in worker_argv
 
 
-def test_ray_environment_is_explicit_and_drops_a_stale_address():
-    env = ray_environment({"RAY_ADDRESS": "10.0.0.9:6379", "PATH": "/bin"})
+def test_ray_environment_is_explicit_and_drops_a_stale_address(tmp_path):
+    settings = read_node_settings(tmp_path, slurm_env(0))
+    env = ray_environment({"RAY_ADDRESS": "10.0.0.9:6379", "PATH": "/bin"}, settings)
     assert "RAY_ADDRESS" not in env
+    assert env["PATH"] == "/bin"
     assert env["RAY_USAGE_STATS_ENABLED"] == "0"
     assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
-    assert env["RAY_AUTH_MODE"] == "disabled"
-    assert ray_environment({"RAY_AUTH_MODE": "token"})["RAY_AUTH_MODE"] == "token"
+    assert env["RAY_AUTH_MODE"] == "token"  # tests/job/test_ray_auth.py has the rest
 
 
 def test_checkpoint_writes_preempt_and_requeues_until_the_limit(tmp_path, monkeypatch):
