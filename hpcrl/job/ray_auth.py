@@ -1,4 +1,4 @@
-"""Ray's token authentication inside the job: which token file, and how Ray finds it.
+"""Who can reach the job's Ray: its token (which file, how Ray finds it) and its private folder.
 
 With ``ray_auth: token`` (the default) every Ray process of the job runs with
 ``RAY_AUTH_MODE=token`` and ``RAY_AUTH_TOKEN_PATH=<run_dir>/auth/ray_token``: each node's
@@ -13,20 +13,36 @@ creates it when there is none (a node entrypoint run directly), before its Ray s
 other nodes read it only after node 0 announced its head. With ``ray_auth: none`` the mode is set
 to ``disabled`` explicitly: Ray 2.60 otherwise turns token auth on whenever a user's
 ``~/.ray/auth_token`` exists, which the job's nodes and driver do not share.
+
+Ray's unix sockets (raylet, object store) take no token: they sit in a folder only the job's
+user can enter (``make_private_ray_dir``).
 """
 
 from __future__ import annotations
 
+import shutil
+import stat
 from collections.abc import Mapping
+from pathlib import Path
 
 from hpcrl.job.errors import BootstrapError
 from hpcrl.job.settings import NodeSettings
 from hpcrl.plan.ray_auth import RAY_AUTH_VARIABLES, token_path
-from hpcrl.render.ray_token import TokenFileError, ensure_token_file, token_file_problem
+from hpcrl.render.ray_token import (
+    TokenFileError,
+    ensure_token_file,
+    make_private_dir,
+    private_path_problem,
+    token_file_problem,
+)
 
 
 class RayTokenUnusable(BootstrapError):
     """The job's token file is missing, not private, or cannot be created."""
+
+
+class RayDirUnusable(BootstrapError):
+    """The folder for this node's Ray files is not this user's alone."""
 
 
 def job_token_path(settings: NodeSettings) -> str | None:
@@ -63,3 +79,21 @@ def apply_ray_auth(env: Mapping[str, str], settings: NodeSettings) -> dict[str, 
     else:
         result |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": path}
     return result
+
+
+def make_private_ray_dir(settings: NodeSettings) -> None:
+    """An empty ``ray_private_dir`` that only this user can enter, for Ray's temp dir.
+
+    Ray makes every folder it creates writable by everyone (0777), the one holding its raylet
+    and object-store unix sockets included: another user of the node could replace a socket.
+    Its name is predictable, so a folder someone else made there is refused, not used.
+    """
+    path = settings.ray_private_dir
+    shutil.rmtree(path, ignore_errors=True)  # an earlier crash's (someone else's stays)
+    make_private_dir(Path(path))
+    problem = private_path_problem(Path(path), stat.S_ISDIR, "this node's Ray sockets and logs")
+    if problem is not None:
+        raise RayDirUnusable(
+            f"node {settings.task.node_name} cannot keep Ray's files private: {problem}; remove "
+            "it, or point HPCRL_RAY_TEMP_ROOT (in the profile's env) to a folder of your own"
+        )

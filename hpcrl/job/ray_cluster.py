@@ -1,7 +1,8 @@
 """Ray head/worker processes of one node: the ``ray start`` command, its start and its stop.
 
 Every node runs ``ray start --block`` as a child it owns, bound to the node's own IP with the
-profile's fixed ports (all below the OS ephemeral range), a per-node temp dir, no dashboard,
+profile's fixed ports (all below the OS ephemeral range), a per-node temp dir inside a folder
+only the job's user can enter, no dashboard,
 no usage stats, and the job's own token authentication (``hpcrl.job.ray_auth``). Workers always join an explicit ``--address``, never a cluster found
 through ``/tmp/ray/ray_current_cluster``.
 """
@@ -23,7 +24,7 @@ from hpcrl.job.errors import PortInUse, RayExited
 from hpcrl.job.markers import node_log_dir
 from hpcrl.job.network import first_busy_port
 from hpcrl.job.processes import start_in_own_session, stop_session
-from hpcrl.job.ray_auth import apply_ray_auth
+from hpcrl.job.ray_auth import apply_ray_auth, make_private_ray_dir
 from hpcrl.job.settings import NodeSettings
 
 # Ports every node binds, and those only the head binds (named as in RayPortsCfg).
@@ -89,6 +90,7 @@ def launch_argv(settings: NodeSettings, go_file: str) -> list[str]:
         "hpcrl.job.ray_launcher",
         go_file,
         str(max_wait_s),
+        settings.ray_private_dir,
         "--",
         *ray_args,
     ]
@@ -127,7 +129,6 @@ class RayNode:
             name, port = busy
             raise PortInUse(port, name, settings.task.node_name, settings.node_ip)
         node = cls(settings=settings, environ=environ)
-        node.go_file.unlink(missing_ok=True)
         node._launch(str(node.go_file) if hold else "-")
         return node
 
@@ -139,14 +140,14 @@ class RayNode:
 
     @property
     def go_file(self) -> Path:
-        return Path(f"{self.settings.ray_temp_dir}.go")
+        return Path(self.settings.ray_private_dir) / "go"
 
     def release(self) -> None:
         """Let a held ``ray start`` run."""
         self.go_file.touch()
 
     def _launch(self, go_file: str) -> None:
-        shutil.rmtree(self.settings.ray_temp_dir, ignore_errors=True)  # an earlier crash's
+        make_private_ray_dir(self.settings)  # empty: an earlier crash's files are gone
         self.process = start_in_own_session(
             launch_argv(self.settings, go_file), env=ray_environment(self.environ, self.settings),
             stdout_path=self.log_dir / "ray.out", stderr_path=self.log_dir / "ray.err",
@@ -186,8 +187,7 @@ class RayNode:
             if session_logs.is_dir():
                 shutil.copytree(session_logs, self.log_dir / "ray-session-logs", dirs_exist_ok=True,
                                 ignore_dangling_symlinks=True)  # fmt: skip
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        self.go_file.unlink(missing_ok=True)
+        shutil.rmtree(self.settings.ray_private_dir, ignore_errors=True)
         return killed
 
 

@@ -1,12 +1,13 @@
 """``ray start`` with its imports done ahead of time, released by a "go" file.
 
-    python -m hpcrl.job.ray_launcher GO_FILE MAX_WAIT_S -- <ray start arguments>
+    python -m hpcrl.job.ray_launcher GO_FILE MAX_WAIT_S NODE_DIR -- <ray start arguments>
 
 Importing Ray's command line takes a few seconds of CPU. A worker node starts this process at
 once, while it still waits for the head; once the head is there, the node entrypoint creates
 GO_FILE and ``ray start`` runs right away. ``-`` as GO_FILE starts without waiting. The process
 gives up (exit 3) when its parent is gone or MAX_WAIT_S passes without a go. When the parent dies
-(even by SIGKILL) Ray gets SIGTERM and stops, and its temp dir is removed.
+(even by SIGKILL) Ray gets SIGTERM and stops, and NODE_DIR (the node's private folder holding
+Ray's temp dir) is removed.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def wait_for_go(go_file: str, max_wait_s: float) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    go_file, max_wait_s, separator, *ray_args = argv
+    go_file, max_wait_s, node_dir, separator, *ray_args = argv
     assert separator == "--", f"usage: {__doc__}"
     die_with_parent()  # SIGTERM makes `ray start --block` stop all of this node's Ray
     from ray.scripts.scripts import main as ray_cli  # the slow part, done before the wait
@@ -47,9 +48,7 @@ def main(argv: list[str]) -> int:
         return ray_cli()
     finally:
         if os.getppid() != parent:  # orphaned: the entrypoint that would clean up is gone
-            for arg in ray_args:
-                if arg.startswith("--temp-dir="):
-                    shutil.rmtree(arg.partition("=")[2], ignore_errors=True)
+            shutil.rmtree(node_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

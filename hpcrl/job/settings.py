@@ -82,9 +82,15 @@ class NodeSettings:
         return f"{self.head_ip}:{self.ray_ports.gcs_port}"
 
     @property
-    def ray_temp_dir(self) -> str:
+    def ray_private_dir(self) -> str:
         # Per job and node: simulated nodes share /tmp, and so may two jobs on one node.
         return f"{self.ray_temp_root}/hpcrl-ray-{self.task.job_id}-{self.task.node_rank}"
+
+    @property
+    def ray_temp_dir(self) -> str:
+        # Ray makes every folder it creates writable by everyone, the one of its unix sockets
+        # included; inside ray_private_dir (0700) other users of the node cannot reach them.
+        return f"{self.ray_private_dir}/ray"
 
 
 def resolve_ip(host_name: str) -> str:

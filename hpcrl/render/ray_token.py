@@ -32,6 +32,7 @@ TOKEN_BYTES = 32
 AUTH_DIR_MODE = 0o700
 TOKEN_FILE_MODE = 0o600
 _TOKEN_TEXT = re.compile(r"[0-9a-f]{64}\n?")
+_TOKEN = "the job's Ray token"
 
 
 class TokenFileError(RuntimeError):
@@ -64,8 +65,8 @@ def ensure_token_file(path: str | os.PathLike[str]) -> Path:
     sees a half-written token and two creators never both win.
     """
     path = Path(path)
-    _make_private_dir(path.parent)
-    problem = _private_problem(path.parent, stat.S_ISDIR)  # before a token goes into it
+    make_private_dir(path.parent)
+    problem = private_path_problem(path.parent, stat.S_ISDIR, _TOKEN)  # before a token goes in
     if problem is None and not os.path.lexists(path):
         _publish_new_token(path)
     problem = problem or token_file_problem(path)
@@ -77,7 +78,9 @@ def ensure_token_file(path: str | os.PathLike[str]) -> Path:
 def token_file_problem(path: str | os.PathLike[str]) -> str | None:
     """What is wrong with an existing token file (None: private and well formed)."""
     path = Path(path)
-    problem = _private_problem(path.parent, stat.S_ISDIR) or _private_problem(path, stat.S_ISREG)
+    problem = private_path_problem(path.parent, stat.S_ISDIR, _TOKEN) or private_path_problem(
+        path, stat.S_ISREG, _TOKEN
+    )
     if problem is not None:
         return problem
     with open(path, encoding="ascii", errors="replace") as file:
@@ -86,8 +89,9 @@ def token_file_problem(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def _private_problem(item: Path, is_expected_type) -> str | None:
-    """Why ``item`` (the token's folder or file) could leak the token, if it could."""
+def private_path_problem(item: Path, is_expected_type, exposes: str) -> str | None:
+    """Why others could reach ``item`` (this user's folder or file holding what ``exposes``
+    names), if they could: not there, another type, another owner, or a mode open to others."""
     try:
         info = os.lstat(item)
     except FileNotFoundError:
@@ -98,14 +102,16 @@ def _private_problem(item: Path, is_expected_type) -> str | None:
         return f"{item} belongs to uid {info.st_uid}, not to this user ({os.getuid()})"
     if info.st_mode & 0o077:
         return (
-            f"{item} has mode {stat.S_IMODE(info.st_mode):04o}: others could read the job's Ray "
-            f"token (hpcrl creates it {AUTH_DIR_MODE:04o}/{TOKEN_FILE_MODE:04o}; a run folder on "
-            "a filesystem that does not keep these modes cannot hold it)"
+            f"{item} has mode {stat.S_IMODE(info.st_mode):04o}: others could reach {exposes} "
+            f"(hpcrl makes such folders {AUTH_DIR_MODE:04o} and files {TOKEN_FILE_MODE:04o}; a "
+            "filesystem that does not keep modes cannot hold them)"
         )
     return None
 
 
-def _make_private_dir(folder: Path) -> None:
+def make_private_dir(folder: Path) -> None:
+    """``folder`` (and its parents), made 0700 when this call creates it; an existing one is
+    left for the caller to check (``private_path_problem``)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(folder, AUTH_DIR_MODE)

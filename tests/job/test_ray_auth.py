@@ -1,6 +1,6 @@
 """The job's Ray token: its file (modes, content, one per folder, reuse) and the environment
-every Ray process and the driver get (no Ray started; the live checks are in
-test_ray_auth_live.py and test_bootstrap_slurm.py)."""
+every Ray process and the driver get; the private folder of Ray's files on each node. No Ray
+is started here: the live checks are in test_ray_auth_live.py."""
 
 from __future__ import annotations
 
@@ -8,10 +8,16 @@ import json
 import multiprocessing
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
-from hpcrl.job.ray_auth import RayTokenUnusable, prepare_job_token
+from hpcrl.job.ray_auth import (
+    RayDirUnusable,
+    RayTokenUnusable,
+    make_private_ray_dir,
+    prepare_job_token,
+)
 from hpcrl.job.ray_cluster import ray_environment
 from hpcrl.job.settings import read_node_settings
 from hpcrl.plan.ray_auth import token_path
@@ -70,8 +76,8 @@ def test_concurrent_creators_end_with_one_token(tmp_path):
 @pytest.mark.parametrize(
     ("spoil", "expected"),
     [
-        (lambda p: p.chmod(0o640), "has mode 0640: others could read"),
-        (lambda p: p.parent.chmod(0o750), "has mode 0750: others could read"),
+        (lambda p: p.chmod(0o640), "has mode 0640: others could reach the job's Ray token"),
+        (lambda p: p.parent.chmod(0o750), "has mode 0750: others could reach the job's Ray token"),
         (lambda p: p.write_text("hunter2\n"), "does not hold a token"),
         (lambda p: (p.unlink(), p.symlink_to(p.parent / "elsewhere")), "is not a plain file"),
     ],
@@ -123,3 +129,28 @@ def test_node_0_creates_a_missing_token_and_the_others_only_read_it(tmp_path):
     (tmp_path / "auth" / "ray_token").chmod(0o644)
     with pytest.raises(RayTokenUnusable, match="mode 0644"):
         prepare_job_token(worker)
+
+
+def test_rays_folder_is_private_and_emptied_before_each_start(tmp_path):
+    settings = read_node_settings(
+        tmp_path / "run", slurm_env(0) | {"HPCRL_RAY_TEMP_ROOT": str(tmp_path)}
+    )
+    private = Path(settings.ray_private_dir)
+    assert settings.ray_temp_dir == f"{private}/ray"  # Ray makes this one (and all inside) 0777
+    private.mkdir(mode=0o777)
+    (private / "stale").write_text("an earlier crash's")
+    make_private_ray_dir(settings)
+    assert (mode_of(private), list(private.iterdir())) == (0o700, [])
+
+
+def test_a_folder_planted_under_rays_predictable_name_is_refused(tmp_path):
+    settings = read_node_settings(
+        tmp_path / "run", slurm_env(0) | {"HPCRL_RAY_TEMP_ROOT": str(tmp_path)}
+    )
+    elsewhere = tmp_path / "someone-elses"
+    elsewhere.mkdir(mode=0o777)
+    Path(settings.ray_private_dir).symlink_to(elsewhere)
+    with pytest.raises(
+        RayDirUnusable, match="cannot keep Ray's files private: .* is not a plain folder"
+    ):
+        make_private_ray_dir(settings)

@@ -54,7 +54,7 @@ def test_environment_overrides_jobspec_which_overrides_defaults(tmp_path):
     assert (settings.node_rank, settings.is_head) == (1, False)
     assert (settings.node_ip, settings.head_ip) == ("127.0.0.1", "127.0.0.1")
     assert settings.task.attempt_id == "4242.2"
-    assert settings.ray_temp_dir == "/tmp/hpcrl-ray-4242-1"
+    assert settings.ray_temp_dir == "/tmp/hpcrl-ray-4242-1/ray"  # in a private folder per node
 
 
 def test_without_slurm_one_local_node(tmp_path):
@@ -62,7 +62,7 @@ def test_without_slurm_one_local_node(tmp_path):
     assert (settings.num_nodes, settings.node_rank, settings.node_ip) == (1, 0, "127.0.0.1")
     assert (settings.task.attempt_id, settings.ray_temp_dir) == (
         "local977.2",
-        "/tmp/hpcrl-ray-local977-0",
+        "/tmp/hpcrl-ray-local977-0/ray",
     )
 
 
@@ -93,7 +93,7 @@ def test_ray_start_command_for_head_and_worker(tmp_path):
     assert head_argv[1:6] == ["start", "--block", "--disable-usage-stats", "--head", "--port=19216"]
     for flag in ("--include-dashboard=false", "--ray-client-server-port=19217",
                  "--dashboard-port=19218", "--node-ip-address=127.0.0.1",
-                 "--temp-dir=/tmp/hpcrl-ray-4242-0", "--node-manager-port=19219",
+                 "--temp-dir=/tmp/hpcrl-ray-4242-0/ray", "--node-manager-port=19219",
                  "--object-manager-port=19220", "--runtime-env-agent-port=19221",
                  "--metrics-export-port=19222", "--dashboard-agent-grpc-port=19223",
                  "--dashboard-agent-listen-port=19224", "--min-worker-port=19232",

@@ -86,7 +86,7 @@ def test_a_folder_that_would_expose_the_token_is_refused_before_submission(tmp_p
     (problem,) = caught.value.problems
     assert problem.path == "run_dir"
     assert "cannot keep the job's Ray token private here" in problem.message
-    assert "has mode 0755: others could read" in problem.message
+    assert "has mode 0755: others could reach the job's Ray token" in problem.message
     assert not (tmp_path / "run" / "auth" / "ray_token").exists()
 
 
@@ -113,12 +113,16 @@ def test_every_planning_command_warns_when_auth_is_off(in_tmp, capsys, command):
 
 def test_sweep_points_each_get_their_own_token_and_opting_out_is_warned(in_tmp, capsys):
     grid = ["--grid", "grpo.seed=1,2", "--no-submit"]
-    assert main(["sweep", "recipes/grpo-tiny-2n-cpu.yaml", "-c", "slurm-test", *grid, "-o", "a"]) == 0
+    assert (
+        main(["sweep", "recipes/grpo-tiny-2n-cpu.yaml", "-c", "slurm-test", *grid, "-o", "a"]) == 0
+    )
     tokens = {(in_tmp / "a" / f"point-{i}/auth/ray_token").read_text() for i in range(2)}
     assert len(tokens) == 2
     assert not (in_tmp / "a" / "auth").exists()
     assert "ray_auth" not in capsys.readouterr().err
 
-    assert main(["sweep", "recipes/grpo-tiny-2n-cpu.yaml", "-c", "open-test", *grid, "-o", "b"]) == 0
+    assert (
+        main(["sweep", "recipes/grpo-tiny-2n-cpu.yaml", "-c", "open-test", *grid, "-o", "b"]) == 0
+    )
     assert "Ray token authentication is off" in capsys.readouterr().err
     assert not list((in_tmp / "b").rglob("auth"))
