@@ -95,5 +95,5 @@ def make_private_ray_dir(settings: NodeSettings) -> None:
     if problem is not None:
         raise RayDirUnusable(
             f"node {settings.task.node_name} cannot keep Ray's files private: {problem}; remove "
-            "it, or point HPCRL_RAY_TEMP_ROOT (in the profile's env) to a folder of your own"
+            "it, or set HPCRL_RAY_TEMP_ROOT in the job's environment to a folder of your own"
         )
