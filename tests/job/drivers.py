@@ -32,3 +32,37 @@ def checkpoint_on_preempt(run_dir: str) -> int:
     checkpoint.write_text("step 7")
     print("driver: saw PREEMPT, saved step 7", flush=True)
     return 3
+
+
+def probe_then_hold(run_dir: str) -> int:
+    """The probe driver (a task on every node), then an actor on the last node, then it holds
+    the job open until ``<run_dir>/release`` appears, so that a test can knock on the running
+    job's ports meanwhile. Returns the probe's exit code."""
+    import json
+    import time
+    from pathlib import Path
+
+    from hpcrl.job.probe import run_probe
+    from hpcrl.job.ray_cluster import node_resource_name
+
+    code = run_probe(run_dir)
+    last_node = len([node for node in ray.nodes() if node["Alive"]]) - 1
+    holder = (
+        ray.remote(num_cpus=0)(_Holder)
+        .options(resources={node_resource_name(last_node): 0.001})
+        .remote()
+    )
+    run = Path(run_dir)
+    (run / "driver_holding").write_text(
+        json.dumps({"probe_code": code, "actor": ray.get(holder.ping.remote())})
+    )
+    deadline = time.monotonic() + 280
+    while not (run / "release").exists():
+        assert time.monotonic() < deadline, "not released within 280 s"
+        time.sleep(0.2)
+    return code
+
+
+class _Holder:
+    def ping(self) -> str:
+        return "pong"

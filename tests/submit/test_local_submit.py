@@ -40,6 +40,12 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
     assert "HPCRL_RUN_DIR" in (run / "job.sbatch").read_text()
     assert len((run / "metrics.jsonl").read_text().splitlines()) == drivers.NUM_METRIC_STEPS
     assert read_json(run / "status" / "done")["exit_code"] == 0
+    # Ray ran with the job's own token (on by default); it is in its file and nowhere else.
+    assert read_json(run / "jobspec.json")["ray_auth"] == "token"
+    token_file = run / "auth" / "ray_token"
+    token = token_file.read_bytes().strip()
+    holding = [p for p in run.rglob("*") if p.is_file() and token in p.read_bytes()]
+    assert (len(token), holding) == (64, [token_file])
 
     status = hpcrl(["status", str(run)], tmp_path, job_env())
     assert status.returncode == 0, output_of(status)
