@@ -126,3 +126,18 @@ def test_sweep_points_each_get_their_own_token_and_opting_out_is_warned(in_tmp, 
     )
     assert "Ray token authentication is off" in capsys.readouterr().err
     assert not list((in_tmp / "b").rglob("auth"))
+
+
+@pytest.mark.slurm
+def test_submit_warns_before_it_submits(in_tmp, capsys):
+    """A partition Slurm does not have makes sbatch refuse at once: the warning came first."""
+    profile = NO_AUTH_PROFILE.replace("name: open-test", "name: nowhere").replace(
+        "partition: debug", "partition: no-such-partition"
+    )
+    (in_tmp / "profiles" / "nowhere.yaml").write_text(profile)
+    code = main(["submit", "grpo-tiny-2n-cpu", "--cluster", "nowhere", "-o", "run"])
+    captured = capsys.readouterr()
+    assert code == 1 and "not submitted" in captured.out
+    assert "profile[nowhere].ray_auth" in captured.err
+    assert "Ray token authentication is off" in captured.err
+    assert not (in_tmp / "run" / "auth").exists()
