@@ -5,7 +5,7 @@ loopback) run the probe driver and then hold the job open (``tests.job.drivers:p
 Meanwhile a separate process that knows the head's address but not the token tries to connect,
 and the same process with the token (as a control: the port is open and the cluster answers)
 connects and runs a task. Every port the job's Ray processes listen on is knocked on without
-the token. The 2-node Slurm variant is in test_bootstrap_slurm.py.
+the token. The last test does the same on the real 2-node Slurm test cluster.
 """
 
 from __future__ import annotations
@@ -29,6 +29,13 @@ from tests.job.simulated import (
     free_port_base,
     processes_of_job,
     wait_node,
+)
+from tests.slurm.harness import (
+    NETNS_NODE_IPS,
+    cluster_mode,
+    run_slurm,
+    wait_job_gone_from_queue,
+    wait_sacct_states,
 )
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -181,14 +188,6 @@ def test_a_running_slurm_job_refuses_a_caller_without_its_token(tmp_path):
     """Both nodes of the test cluster run the job (node entrypoints started by srun, the token
     made by node 0); this machine, outside the nodes' network namespaces, knows the head's
     address and GCS port."""
-    from tests.slurm.harness import (
-        NETNS_NODE_IPS,
-        cluster_mode,
-        run_slurm,
-        wait_job_gone_from_queue,
-        wait_sacct_states,
-    )
-
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     job_id = run_slurm(
@@ -245,8 +244,6 @@ def test_a_running_slurm_job_refuses_a_caller_without_its_token(tmp_path):
 
 def wait_for_slurm_file(path: Path, job_id: str, timeout_s: float) -> None:
     """Wait for ``path``; the job may queue behind other helpers' jobs meanwhile."""
-    from tests.slurm.harness import run_slurm
-
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         state = run_slurm("squeue", "-h", "-j", job_id, "-o", "%T", check=False).strip()
