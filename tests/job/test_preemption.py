@@ -51,6 +51,7 @@ def test_usr2_checkpoints_the_driver_and_the_requeued_attempt_resumes(
 
     submitted = executor.submit(NodeMain(), str(job.run_dir))
     wait_for(job.run_dir / "driver_started", 120)
+    token = (job.run_dir / "auth" / "ray_token").read_text()  # node 0 made it for attempt 0
     controller = psutil.Process(submitted._process.pid)
     (task,) = controller.children()
     task.send_signal(signal.SIGUSR2)  # what Slurm sends before the time limit / on preemption
@@ -66,4 +67,5 @@ def test_usr2_checkpoints_the_driver_and_the_requeued_attempt_resumes(
         in (job.run_dir / "logs/node0/attempt1/driver.log").read_text()
     )
     assert not (job.run_dir / "PREEMPT").exists()
+    assert (job.run_dir / "auth" / "ray_token").read_text() == token  # the requeue reused it
     assert processes_of_job(job) == []
