@@ -334,19 +334,56 @@ class CheckpointingCfg:
 
 @frozen
 class WandbCfg:
+    """Weights & Biases (``logger.wandb``). Offline (files under the log folder) unless the job
+    has WANDB_API_KEY or sets WANDB_MODE; the files can be synced later with ``wandb sync``."""
+
     project: str = "hpcrl"
-    name: str | None = None
+    name: str | None = None  # None: the run folder's name
+    entity: str | None = None
+
+
+@frozen
+class TensorboardCfg:
+    """TensorBoard event files (``logger.tensorboard``). log_dir None: <log_dir>/tensorboard;
+    relative: below logger.log_dir."""
+
+    log_dir: str | None = None
+
+
+@frozen
+class MlflowCfg:
+    """MLflow (``logger.mlflow``). tracking_uri None: a file store in <log_dir>/mlruns."""
+
+    experiment_name: str = "hpcrl"
+    run_name: str | None = None  # None: the run folder's name
+    tracking_uri: str | None = None
+
+
+@frozen
+class GpuMonitoringCfg:
+    """GPU utilisation and memory of every node, sampled while the job trains."""
+
+    collection_interval: float = 10.0  # seconds between samples
+    flush_interval: float = 10.0  # seconds between writes to the loggers
 
 
 @frozen
 class LoggerCfg:
-    """Where metrics go (``logger``). log_dir None: <run folder>/logs."""
+    """Where metrics go besides <run folder>/metrics.jsonl (``logger``), with NeMo RL's keys.
 
-    log_dir: str | None = None
+    log_dir: where the loggers write; relative paths are below the run folder. The loggers
+    run in the driver on node 0 and need their package in the job's Python (hpcrl[loggers]).
+    """
+
+    log_dir: str = "logs"
     wandb_enabled: bool = False
     tensorboard_enabled: bool = False
-    monitor_gpus: bool = True
+    mlflow_enabled: bool = False
+    monitor_gpus: bool = False
     wandb: WandbCfg = attrs.field(factory=WandbCfg)
+    tensorboard: TensorboardCfg = attrs.field(factory=TensorboardCfg)
+    mlflow: MlflowCfg = attrs.field(factory=MlflowCfg)
+    gpu_monitoring: GpuMonitoringCfg = attrs.field(factory=GpuMonitoringCfg)
 
 
 @frozen

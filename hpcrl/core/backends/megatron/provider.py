@@ -16,6 +16,8 @@ import difflib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.config.megatron_rules import megatron_recompute
+
 if TYPE_CHECKING:
     from hpcrl.config.recipe import MegatronCfg
 
@@ -72,15 +74,14 @@ def apply_megatron_cfg(provider: Any, cfg: MegatronCfg, precision: str, seq_leng
         "num_layers_in_first_pipeline_stage",
         "num_layers_in_last_pipeline_stage",
         "sequence_parallel",
-        "recompute_granularity",
-        "recompute_method",
-        "recompute_num_layers",
         "cpu_offloading",
         "cpu_offloading_num_layers",
         "fine_grained_activation_offloading",
         "cuda_graph_impl",
     ):
         setattr(provider, name, getattr(cfg, name))
+    for name, value in megatron_recompute(cfg).items():
+        setattr(provider, name, value)
     if cfg.recompute_modules:
         provider.recompute_modules = list(cfg.recompute_modules)
     if cfg.offload_modules:
