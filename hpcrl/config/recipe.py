@@ -208,6 +208,14 @@ class MegatronCfg:
     cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
     empty_unused_memory_level: int = 0
     freeze_moe_router: bool = False
+    # MoE provider settings, NeMo RL's names; None/False: the provider's own value
+    moe_router_dtype: Literal["fp32", "fp64"] | None = None
+    moe_router_load_balancing_type: str | None = None
+    moe_router_bias_update_rate: float | None = None
+    moe_token_dispatcher_type: str | None = None
+    moe_permute_fusion: bool = False  # Transformer Engine only (switched off without it)
+    moe_shared_expert_overlap: bool = False
+    moe_per_layer_logging: bool = False
     apply_rope_fusion: bool = False
     bias_activation_fusion: bool = False
     env_vars: dict[str, str] = attrs.field(factory=dict)
@@ -276,6 +284,9 @@ class SftCfg:
     max_num_epochs: int = 1
     val_period: int = 0
     val_at_start: bool = False
+    # validation on the first val_batches x val_global_batch_size examples (None: all)
+    val_batches: int | None = None
+    val_global_batch_size: int | None = None
     seed: int = 42
 
 
@@ -330,6 +341,10 @@ class CheckpointingCfg:
     checkpoint_dir: str | None = None
     save_period: int = 10
     keep_top_k: int | None = None
+    # keep the keep_top_k best by this step metric (NeMo RL's names: val_reward, val:val_loss,
+    # train:loss) and the newest; None: the newest keep_top_k
+    metric_name: str | None = None
+    higher_is_better: bool = True
 
 
 @frozen
