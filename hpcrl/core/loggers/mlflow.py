@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,10 @@ class MlflowLogger:
         except ImportError as error:
             raise missing_package("mlflow_enabled", "mlflow", error) from None
         self.tracking_uri = tracking_uri(cfg, log_dir)
+        if cfg.tracking_uri is None:
+            # MLflow 3 keeps its file store only on request; a file store needs no server or
+            # database on the compute nodes, which is why it is the default here.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         experiment = self.client.get_experiment_by_name(cfg.experiment_name)
         experiment_id = (

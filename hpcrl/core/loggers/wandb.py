@@ -58,4 +58,9 @@ class WandbLogger:
         self.run.log(dict(values), step=step)
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        # finish() can return before the service has written the run file; teardown waits
+        # for it, so the files are whole before the driver exits.
+        wandb.teardown()
