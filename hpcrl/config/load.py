@@ -13,8 +13,10 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.converter import unstructure
+from hpcrl.config import aliases
+from hpcrl.config.converter import format_path, unstructure
 from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
+from hpcrl.config.foreign_keys import filter_foreign_keys, find_foreign_key
 from hpcrl.config.loader import (
     MergedConfig,
     load_merged,
@@ -52,12 +54,12 @@ class LoadedRecipe:
 def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) -> LoadedRecipe:
     """Load, merge, override, resolve, structure and check a recipe; raise ConfigError."""
     source_path = find_recipe(path_or_name)
-    merged = load_merged(source_path, overrides, Recipe)
+    merged = load_merged(source_path, overrides, Recipe, known=_is_foreign_key)
     problems, resolved = list(merged.problems), merged.resolved
     if resolved is None:
         raise ConfigError(problems)
     recipe, structure_problems = _structure_and_check(merged, Recipe, check_recipe)
-    problems += structure_problems
+    problems = aliases.respell(problems + structure_problems, merged.spelled_as)
     raise_if_errors(problems)
     assert recipe is not None  # no errors means structuring succeeded
     return LoadedRecipe(
@@ -110,17 +112,41 @@ def load_profile_with_warnings(
     return profile, [problem for problem in problems if not problem.is_error]
 
 
+def _is_foreign_key(parts: tuple[str, ...]) -> bool:
+    return find_foreign_key(parts) is not None
+
+
 def _structure_and_check(merged: MergedConfig, cls: type, check: Any) -> tuple[Any, list[Problem]]:
+    """Structure and check in one round: schema, foreign-key and rule problems together, and
+    nothing said twice about a key whose interpolation already failed."""
     assert merged.resolved is not None
-    obj, issues = structure_leniently(merged.resolved, cls)
+    resolved, foreign_problems = (
+        filter_foreign_keys(merged.resolved, cls) if cls is Recipe else (merged.resolved, [])
+    )
+    obj, issues = structure_leniently(resolved, cls)
+    issues = [
+        issue for issue in issues if not any(_starts(issue.parts, p) for p in merged.unresolved)
+    ]
     issues = name_interpolation_sources(issues, merged.raw)
-    structure_problems = [issue.problem for issue in issues]
+    structure_problems = foreign_problems + [issue.problem for issue in issues]
     rule_problems = check(obj) if obj is not None else []
-    if issues:
-        # Rules saw placeholders where structuring failed: keep only what they say elsewhere.
-        rule_problems = [p for p in rule_problems if not _overlaps(p.path, structure_problems)]
+    left_out = [Problem(path=_dotted(parts), message="") for parts in merged.unresolved]
+    if issues or merged.unresolved:
+        # Rules saw placeholders or defaults there: keep only what they say elsewhere.
+        covered = [*structure_problems, *left_out]
+        rule_problems = [p for p in rule_problems if not _overlaps(p.path, covered)]
+        return None, structure_problems + rule_problems
+    if foreign_problems:
         return None, structure_problems + rule_problems
     return obj, rule_problems
+
+
+def _starts(parts: tuple, prefix: tuple) -> bool:
+    return parts[: len(prefix)] == prefix
+
+
+def _dotted(parts: tuple) -> str:
+    return format_path(parts)
 
 
 def _overlaps(path: str, problems: list[Problem]) -> bool:

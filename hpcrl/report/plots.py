@@ -34,8 +34,13 @@ def _pyplot() -> Any:
 
 def save_plots(report: Report, out_dir: Path) -> list[Path]:
     """Write the report's plots into ``out_dir``; return their paths."""
+    from hpcrl.report.training_plots import plot_training
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [plot_step_times(report, out_dir / "step_time.png")]
+    paths = [
+        plot_training(report, out_dir / "training.png"),
+        plot_step_times(report, out_dir / "step_time.png"),
+    ]
     for key in report.swept_keys:
         paths.append(plot_vs_swept_value(report, key, out_dir / f"vs_{key.rsplit('.', 1)[-1]}.png"))
     return paths

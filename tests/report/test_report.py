@@ -96,8 +96,13 @@ def test_sweep_table_rows_match_independently_computed_values(sweep_dir: Path) -
 
 def test_plots_are_pngs_of_the_expected_size(sweep_dir: Path, tmp_path: Path) -> None:
     paths = save_plots(build_report(sweep_dir), tmp_path / "out")
-    assert [p.name for p in paths] == ["step_time.png", "vs_optimizer_offload_fraction.png"]
-    for path in paths:
+    assert [p.name for p in paths] == [
+        "training.png",
+        "step_time.png",
+        "vs_optimizer_offload_fraction.png",
+    ]
+    assert _png_size(paths[0]) == (1300, 750)
+    for path in paths[1:]:
         assert _png_size(path) == (800, 500)
 
 
@@ -106,7 +111,10 @@ def test_single_run_report_has_one_row_and_no_sweep_plot(tmp_path: Path) -> None
     report = build_report(tmp_path / "run")
     assert [row.name for row in report.rows] == ["run"]
     assert report.rows[0].summary.last_step == 3
-    assert [p.name for p in save_plots(report, tmp_path / "out")] == ["step_time.png"]
+    assert [p.name for p in save_plots(report, tmp_path / "out")] == [
+        "training.png",
+        "step_time.png",
+    ]
 
 
 def test_torn_last_line_is_skipped_but_a_bad_middle_line_is_an_error(tmp_path: Path) -> None:
@@ -117,3 +125,34 @@ def test_torn_last_line_is_skipped_but_a_bad_middle_line_is_an_error(tmp_path: P
     (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
     with pytest.raises(MetricsError, match=r"metrics.jsonl:2: not JSON"):
         read_metrics(run)
+
+
+def _grpo_records(num_steps: int = 12) -> list[dict]:
+    rng = np.random.default_rng(3)
+    return [
+        {
+            "step": step,
+            "reward_mean": 0.05 * step,
+            "reward_std": 0.2,
+            "loss": 1.0 / step,
+            "kl": 0.001 * step,
+            "response_length_mean": 40.0 + step,
+            "time_generate_s": 2.0 + rng.uniform(0, 0.2),
+            "time_logprobs_s": 0.5,
+            "time_train_s": 1.0,
+            "tokens_per_s": 900.0 + step,
+        }
+        for step in range(1, num_steps + 1)
+    ]
+
+
+def test_training_series_and_stacked_split(tmp_path: Path) -> None:
+    from hpcrl.report.training_plots import PHASES, series
+
+    _write_run(tmp_path / "run", [{"step": 0, "val_reward_mean": 0.1}, *_grpo_records()])
+    (row,) = build_report(tmp_path / "run").rows
+    steps, rewards = series(row, "reward_mean")
+    assert steps[0] == 1.0 and rewards[-1] == pytest.approx(0.6)  # step 0 (validation) left out
+    assert [name for name, _ in PHASES] == ["generate", "log-probs", "train"]
+    path = save_plots(build_report(tmp_path / "run"), tmp_path / "out")[0]
+    assert path.name == "training.png" and _png_size(path) == (1300, 750)
