@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.cli.prepare import DEFAULT_RUNS_DIR, add_recipe_arguments
+from hpcrl.cli.prepare import DEFAULT_RUNS_DIR, add_recipe_arguments, folder_path
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -123,21 +123,23 @@ def _prepare_fresh(args: argparse.Namespace) -> Prepared:
 
 def run_submit(args: argparse.Namespace) -> int:
     from hpcrl.cli.prepare import print_warnings
+    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
     from hpcrl.submit.submission import SubmissionRefused, submit_job
 
     prepared = _prepare_fresh(args)
     console = _console()
     print_warnings(prepared, console)
-    run = write_run_folder(
-        prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
-        load_warnings=[warning.format() for warning in prepared.warnings],
-    )  # fmt: skip
-    try:
-        record = submit_job(prepared.spec, run.script)
-    except SubmissionRefused as error:
-        console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
-        return 1
+    with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl submit"):
+        run = write_run_folder(
+            prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
+            load_warnings=[warning.format() for warning in prepared.warnings],
+        )  # fmt: skip
+        try:
+            record = submit_job(prepared.spec, run.script)
+        except SubmissionRefused as error:
+            console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
+            return 1
     print_submitted(console, record, run.path)
     if not args.wait:
         return 0
@@ -167,7 +169,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     except SweepError as error:
         print(f"hpcrl sweep: {error}", file=sys.stderr)
         return 2
-    sweep_dir = Path(args.out).absolute() if args.out else default_sweep_dir(
+    sweep_dir = folder_path(args.out) if args.out else default_sweep_dir(
         args.recipe, args.cluster, args.overrides, points, Path(DEFAULT_RUNS_DIR)
     )  # fmt: skip
     if args.no_submit and args.wait:
@@ -177,15 +179,20 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
         for_submission=not args.no_submit,
     )  # fmt: skip
+    from hpcrl.files import run_folder_lock
+
     if args.no_submit:
-        return _write_unsubmitted(planned)
+        with run_folder_lock(sweep_dir, command="hpcrl sweep --no-submit"):
+            return _write_unsubmitted(planned)
     if planned.runs_points_one_by_one:
-        return _run_local_sweep(planned, args.wait)
+        with run_folder_lock(sweep_dir, command="hpcrl sweep (local, one point after another)"):
+            return _run_local_sweep(planned, args.wait)
     from hpcrl.submit.submission import SubmissionRefused
     from hpcrl.submit.sweep_launch import write_and_submit_sweep
 
     try:
-        record, job_records = write_and_submit_sweep(planned)
+        with run_folder_lock(sweep_dir, command="hpcrl sweep"):
+            record, job_records = write_and_submit_sweep(planned)
     except SubmissionRefused as error:
         print(f"not submitted: {error}", file=sys.stderr)
         return 1
@@ -277,7 +284,7 @@ def run_status(args: argparse.Namespace) -> int:
 
     from hpcrl.submit.run_views import collect_run_dirs, status_row
 
-    run_dirs = collect_run_dirs([Path(run) for run in args.runs], Path(args.runs_dir))
+    run_dirs = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
     console = _console()
     if not run_dirs:
         console.print(
@@ -307,7 +314,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
     try:
         return print_logs(
-            Path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow
+            folder_path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow
         )
     except BrokenPipeError:  # `hpcrl logs RUN | head`: the reader has seen enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -317,4 +324,4 @@ def run_logs(args: argparse.Namespace) -> int:
 def run_cancel(args: argparse.Namespace) -> int:
     from hpcrl.submit.run_views import cancel_run
 
-    return cancel_run(Path(args.run), _console())
+    return cancel_run(folder_path(args.run), _console())

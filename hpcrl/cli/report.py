@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 
@@ -25,12 +24,13 @@ def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from hpcrl.cli.jobs import PIPED_WIDTH
+    from hpcrl.cli.prepare import folder_path
     from hpcrl.report.plots import save_plots
     from hpcrl.report.summary import ReportError, build_report, render_table
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
     try:
-        report = build_report(Path(args.run))
+        report = build_report(folder_path(args.run))
     except ReportError as error:
         console.print(f"[red]hpcrl report:[/] {error}")
         return 2
@@ -38,7 +38,7 @@ def run_report(args: argparse.Namespace) -> int:
     if not any(row.records for row in report.rows):
         console.print("No metrics recorded yet (metrics.jsonl is empty or missing); no plots.")
         return 0
-    out_dir = Path(args.out) if args.out else Path(args.run) / "report"
+    out_dir = folder_path(args.out) if args.out else folder_path(args.run) / "report"
     for path in save_plots(report, out_dir):
         console.print(f"plot: {path}", soft_wrap=True)
     return 0

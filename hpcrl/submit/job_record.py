@@ -13,6 +13,8 @@ from typing import Literal
 
 import attrs
 
+from hpcrl.files import write_file
+
 JOB_RECORD_NAME = "job.json"
 JOB_RECORD_SCHEMA = 1
 
@@ -53,11 +55,9 @@ def utc_now_iso() -> str:
 
 
 def write_job_record(run_dir: Path, record: JobRecord) -> Path:
-    path = Path(run_dir) / JOB_RECORD_NAME
-    tmp_path = path.with_suffix(".json.tmp")
-    tmp_path.write_text(json.dumps(attrs.asdict(record), indent=2, sort_keys=True) + "\n")
-    tmp_path.replace(path)  # atomic: a concurrent `hpcrl status` never reads half a file
-    return path
+    # atomic: a concurrent `hpcrl status` never reads half a file
+    text = json.dumps(attrs.asdict(record), indent=2, sort_keys=True) + "\n"
+    return write_file(Path(run_dir) / JOB_RECORD_NAME, text)
 
 
 def read_job_record(run_dir: Path) -> JobRecord:

@@ -18,6 +18,7 @@ import attrs
 import submitit
 from submitit.core import utils as submitit_utils
 
+from hpcrl.files import write_file
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.submit.executor import (
     RenderedLocalExecutor,
@@ -38,9 +39,7 @@ def write_jobspec(spec: JobSpec) -> Path:
     write it); atomic, so a node never reads half a file."""
     path = Path(spec.run_dir) / JOBSPEC_NAME
     if not path.exists():
-        tmp_path = path.with_name(f".{JOBSPEC_NAME}.tmp")
-        tmp_path.write_text(json.dumps(attrs.asdict(spec), indent=2, sort_keys=True) + "\n")
-        tmp_path.replace(path)
+        write_file(path, json.dumps(attrs.asdict(spec), indent=2, sort_keys=True) + "\n")
     return path
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import attrs
 
+from hpcrl.files import write_file
+
 SWEEP_RECORD_NAME = "sweep.json"
 SWEEP_RECORD_SCHEMA = 1
 
@@ -139,11 +141,7 @@ def write_sweep_record(sweep_dir: Path, record: SweepRecord) -> Path:
     data["points"] = [
         {"index": p.index, "run_dir": p.run_dir_name, "values": p.values} for p in record.points
     ]
-    path = Path(sweep_dir) / SWEEP_RECORD_NAME
-    tmp_path = path.with_suffix(".json.tmp")
-    tmp_path.write_text(json.dumps(data, indent=2) + "\n")
-    tmp_path.replace(path)
-    return path
+    return write_file(Path(sweep_dir) / SWEEP_RECORD_NAME, json.dumps(data, indent=2) + "\n")
 
 
 def read_sweep_record(sweep_dir: Path) -> SweepRecord:
