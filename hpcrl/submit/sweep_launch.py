@@ -26,6 +26,8 @@ from pathlib import Path
 import attrs
 
 from hpcrl.config import ConfigError, LoadedRecipe, Problem, load_profile, load_recipe
+from hpcrl.config.errors import raise_if_errors
+from hpcrl.config.load import check_secret_references
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.planner import plan
@@ -124,6 +126,7 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
                 context: _PlanContext, sweep_dir: Path) -> PlannedPoint:  # fmt: skip
     point_overrides = [*overrides, *point.overrides]
     loaded = load_recipe(recipe_source, point_overrides)
+    raise_if_errors(check_secret_references(loaded, profile))
     spec = plan(
         loaded.recipe, context.profile, run_dir=str(sweep_dir / point.run_dir_name),
         overrides=point_overrides, recipe_source=recipe_source, profile_source=cluster,
