@@ -35,6 +35,8 @@ from hpcrl.config.secrets import find_secrets
 FILE_MODE = 0o666  # before the umask: what `touch` creates
 EXECUTABLE_MODE = 0o777
 LOCK_NAME = ".hpcrl.lock"
+#: Files that make a folder an earlier run (or sweep) folder that may be written again.
+RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.1
 _TEMP_ATTEMPTS = 16
@@ -62,7 +64,7 @@ def write_file(path: Path, content: str | bytes, *, executable: bool = False) ->
     """
     path = Path(path)
     if isinstance(content, str):
-        _refuse_secrets(path, content)
+        refuse_secrets(path, content)
     data = content.encode("utf-8") if isinstance(content, str) else content
     mode = EXECUTABLE_MODE if executable else FILE_MODE
     temp_path, fd = _open_exclusive_temp(path, mode)
@@ -83,7 +85,7 @@ class SecretInRunFile(UserError):
     """Text about to be written to a run file holds a secret."""
 
 
-def _refuse_secrets(path: Path, text: str) -> None:
+def refuse_secrets(path: Path, text: str) -> None:
     found = find_secrets(text)
     if found:
         raise SecretInRunFile(
@@ -136,6 +138,7 @@ def run_folder_lock(
     """
     folder = Path(folder)
     lock_path = folder / LOCK_NAME
+    refuse_foreign_folder(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
@@ -148,6 +151,27 @@ def run_folder_lock(
         yield folder
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def refuse_foreign_folder(folder: Path) -> None:
+    """A run folder is new, empty, or an earlier run's (it has ``manifest.json`` or
+    ``sweep.json``): never a folder holding other files (``-o /`` or ``-o ~``)."""
+    try:
+        entries = sorted(entry.name for entry in os.scandir(folder))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError as error:
+        raise unusable_folder(folder, error) from None
+    except OSError:
+        return  # unreadable: creating the lock says why
+    if not entries or RUN_FOLDER_MARKS & set(entries) or entries == [LOCK_NAME]:
+        return
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    raise UserError(
+        f"{folder}: holds files that are not a run's ({shown}); hpcrl writes only into a new or "
+        "empty folder, or an earlier run folder",
+        fix="choose a new folder with -o/--out",
+    )
 
 
 def unusable_folder(folder: Path, error: OSError) -> UserError:

@@ -172,6 +172,9 @@ def run_show(args: argparse.Namespace) -> int:
     from hpcrl.render.script import render_sbatch
 
     text = render_sbatch(prepared.spec)
+    from hpcrl.files import refuse_secrets
+
+    refuse_secrets(Path("<the script hpcrl show prints>"), text)
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.syntax import Syntax

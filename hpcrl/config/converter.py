@@ -382,6 +382,13 @@ def _dict_hook(type_: Any, converter: cattrs.Converter):
 
 
 def _dict_item(item: Any, value_type: Any, converter: cattrs.Converter) -> Any:
+    if (
+        value_type is str
+        and isinstance(item, float)
+        and (not math.isfinite(item) or "e" in repr(item))
+    ):
+        # .nan, .inf or 1e20 as text would not be what was typed ("nan", "1e+20")
+        raise BadValue(f"expected a string, got the number {item!r}", 'quote it: "..."')
     if value_type is str and isinstance(item, int | float) and not isinstance(item, bool):
         return str(item)  # environment variables: `NCCL_DEBUG_LEVEL: 1` means "1"
     if value_type is str and isinstance(item, bool):

@@ -46,17 +46,17 @@ def rule_no_secrets_in_env_vars(recipe: Recipe) -> list[Problem]:
 
 def rule_megatron_env_vars_need_megatron(recipe: Recipe) -> list[Problem]:
     """The job exports ``policy.megatron_cfg.env_vars`` only for the Megatron backend."""
-    env_vars = recipe.policy.megatron_cfg.env_vars
-    if recipe.backend == "megatron" or not env_vars:
+    if recipe.backend == "megatron":
         return []
     return [
         Problem(
-            path=POLICY_ENV_VARS,
-            value=sorted(env_vars),
+            path=f"{POLICY_ENV_VARS}.{name}",
+            value=value if not is_secret_name(name) else "<hidden>",
             message="set on a recipe that trains with the Automodel backend, which never "
-            "exports them",
-            fix="move them to the cluster profile's env (every backend), or remove them",
+            "exports policy.megatron_cfg.env_vars",
+            fix="move it to the cluster profile's env (every backend), or remove it",
         )
+        for name, value in sorted(recipe.policy.megatron_cfg.env_vars.items())
     ]
 
 

@@ -45,7 +45,7 @@ def problems_of(call) -> dict[str, object]:
         ("cluster.num_nodes=2.0", "cluster.num_nodes", "a float"),
         ("grpo.max_num_epochs=0", "grpo.max_num_epochs", "at least 1"),
         ("data.num_workers=-1", "data.num_workers", "at least 0"),
-        ("policy.megatron_cfg.env_vars.NCCL_DEBUG=INFO", "policy.megatron_cfg.env_vars", "Automodel"),
+        ("policy.megatron_cfg.env_vars.NCCL_DEBUG=INFO", "policy.megatron_cfg.env_vars.NCCL_DEBUG", "Automodel"),
     ],
 )  # fmt: skip
 def test_recipe_values_that_used_to_pass(override, path, words):
@@ -121,3 +121,34 @@ def test_good_values_still_load(tmp_path):
         RECIPE,
         ["checkpointing.keep_top_k=null", "policy.max_grad_norm=null", "cluster.num_nodes=2"],
     )
+
+
+@pytest.mark.parametrize(
+    "override, feature",
+    [("logger.wandb.name=&a x", "anchor (&)"), ("logger.wandb.name=*a", "alias (*)"),
+     ("logger.wandb.name=!!str x", "tag (!)"), ("policy.optimizer.betas=[&a 0.9, *a]", "anchor (&)")],
+)  # fmt: skip
+def test_yaml_anchors_aliases_and_tags_in_override_values_are_refused(override, feature):
+    key = override.split("=")[0]
+    problem = problems_of(lambda: load_recipe(RECIPE, [override]))[key]
+    assert feature in problem.message and "quote the value" in problem.fix
+    # quoted, the same characters are plain text
+    assert load_recipe(RECIPE, ['logger.wandb.name="&a x"']).recipe.logger.wandb.name == "&a x"
+
+
+def test_a_missing_environment_variable_says_set_the_variable(monkeypatch):
+    monkeypatch.delenv("HPCRL_TEST_NOPE", raising=False)
+    problem = problems_of(
+        lambda: load_recipe(RECIPE, ["logger.wandb.name=${oc.env:HPCRL_TEST_NOPE}"])
+    )["logger.wandb.name"]
+    assert problem.fix.startswith("set the variable in this shell (export HPCRL_TEST_NOPE=...)")
+
+
+def test_a_folder_given_as_recipe_or_profile_is_not_no_such_file(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "a.yaml").write_text("x: 1\n")
+    problem = problems_of(lambda: load_recipe(tmp_path / "recipes"))["recipe"]
+    assert problem.message == "a folder, not a file"
+    assert problem.fix == f"give one file: {tmp_path / 'recipes' / 'a.yaml'}"
+    problem = problems_of(lambda: load_profile(tmp_path))["--cluster"]
+    assert problem.message == "a folder, not a file"
