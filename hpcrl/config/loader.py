@@ -350,20 +350,6 @@ def _resolution_fix(message: str) -> str:
     return "point ${...} at an existing key (full dotted path from the top)"
 
 
-def _resolution_fix(message: str) -> str:
-    """What to do about an interpolation that failed, by what failed."""
-    missing_env = re.search(r"Environment variable '([^']+)' not found", message)
-    if missing_env:
-        name = missing_env.group(1)
-        return (
-            f"set the variable in this shell (export {name}=...), or give a default: "
-            f"${{oc.env:{name},DEFAULT}}"
-        )
-    if "Unsupported interpolation type" in message:
-        return "use ${a.b} for another key or ${oc.env:NAME} for an environment variable"
-    return "point ${...} at an existing key (full dotted path from the top)"
-
-
 def _leaf_nodes(node: Any, parts: tuple) -> list[tuple[tuple, Any]]:
     from omegaconf import DictConfig, OmegaConf
 
