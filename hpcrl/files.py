@@ -25,6 +25,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,8 @@ EXECUTABLE_MODE = 0o777
 LOCK_NAME = ".hpcrl.lock"
 #: Files that make a folder an earlier run (or sweep) folder that may be written again.
 RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
+RENDER_NAMES = frozenset({"job.sbatch", "recipe.resolved.yaml", *RUN_FOLDER_MARKS})
+TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # what _open_exclusive_temp draws
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.1
 _TEMP_ATTEMPTS = 16
@@ -164,14 +167,18 @@ def refuse_foreign_folder(folder: Path) -> None:
         raise unusable_folder(folder, error) from None
     except OSError:
         return  # unreadable: creating the lock says why
-    if not entries or RUN_FOLDER_MARKS & set(entries) or entries == [LOCK_NAME]:
-        return
+    if RUN_FOLDER_MARKS & set(entries) or all(_is_ours(entry) for entry in entries):
+        return  # (one being written now by another command counts as ours)
     shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
     raise UserError(
         f"{folder}: holds files that are not a run's ({shown}); hpcrl writes only into a new or "
         "empty folder, or an earlier run folder",
         fix="choose a new folder with -o/--out",
     )
+
+
+def _is_ours(name: str) -> bool:
+    return name in RENDER_NAMES or name == LOCK_NAME or TEMP_NAME.fullmatch(name) is not None
 
 
 def unusable_folder(folder: Path, error: OSError) -> UserError:

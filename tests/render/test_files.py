@@ -190,3 +190,40 @@ def test_why_a_folder_is_unusable(error, reason):
 
 def test_user_error_is_one_line_with_the_fix():
     assert UserError("a: b", fix="c").one_line() == "a: b (fix: c)"
+
+
+def _render_into(out: str, steps: int, results: multiprocessing.Queue) -> None:
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "-o", out,
+                     f"grpo.max_num_steps={steps}"])  # fmt: skip
+    results.put(code)
+
+
+def test_two_renders_of_one_folder_at_once_both_succeed_one_after_the_other(tmp_path, monkeypatch):
+    """What raced on a fixed ``*.tmp`` name (FileNotFoundError) now takes turns on the lock;
+    the folder ends up holding one render's files, whole."""
+    monkeypatch.chdir(tmp_path)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    renders = [
+        context.Process(target=_render_into, args=(str(tmp_path / "run"), steps, results))
+        for steps in (3, 4)
+    ]
+    for render in renders:
+        render.start()
+    for render in renders:
+        render.join(120)
+    assert sorted(results.get(timeout=5) for _ in renders) == [0, 0]
+    steps = {
+        name: next(line for line in (tmp_path / "run" / name).read_text().splitlines()
+                   if "max_num_steps" in line)
+        for name in ("recipe.resolved.yaml", "manifest.json")
+    }  # fmt: skip
+    assert steps["recipe.resolved.yaml"].strip()[-1] == steps["manifest.json"].strip()[-2]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        ".hpcrl.lock", "job.sbatch", "manifest.json", "recipe.resolved.yaml"
+    ]  # fmt: skip
