@@ -79,9 +79,7 @@ def test_plain_status_lists_every_run_and_says_which_record_is_damaged(
     assert good.is_dir()
 
 
-@pytest.mark.parametrize(
-    "command", [("logs",), ("logs", "-f"), ("cancel",), ("report",)]
-)
+@pytest.mark.parametrize("command", [("logs",), ("logs", "-f"), ("cancel",), ("report",)])
 def test_a_folder_that_does_not_exist_is_one_line(cli, command):
     code, out, err = cli(*command, "/nope/run")
     assert code == 1
