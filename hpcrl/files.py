@@ -38,7 +38,7 @@ EXECUTABLE_MODE = 0o777
 LOCK_NAME = ".hpcrl.lock"
 #: Files that make a folder an earlier run (or sweep) folder that may be written again.
 RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
-RENDER_NAMES = frozenset({"job.sbatch", "recipe.resolved.yaml", *RUN_FOLDER_MARKS})
+RENDER_NAMES = frozenset({"job.sbatch", "recipe.resolved.yaml", "code", *RUN_FOLDER_MARKS})
 TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # what _open_exclusive_temp draws
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.1
@@ -97,6 +97,13 @@ def refuse_secrets(path: Path, text: str) -> None:
             fix="remove the value from the recipe, overrides and profile, and list the variable "
             "under the cluster profile's pass_env (the job gets it from the submitting shell)",
         )
+
+
+def current_umask() -> int:
+    """The process umask (reading it means setting it; put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def replace_symlink(path: Path, target: str) -> Path:

@@ -186,8 +186,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         with run_folder_lock(sweep_dir, command="hpcrl sweep --no-submit"):
             return _write_unsubmitted(planned)
     if planned.runs_points_one_by_one:
-        with run_folder_lock(sweep_dir, command="hpcrl sweep (local, one point after another)"):
-            return _run_local_sweep(planned, args.wait)
+        return _run_local_sweep(planned, args.wait)
     from hpcrl.submit.submission import SubmissionRefused
     from hpcrl.submit.sweep_launch import write_and_submit_sweep
 
@@ -261,7 +260,10 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
         steps = max_steps(planned.points[job.array_index or 0].loaded.recipe)
         return wait_for_job(run_dir, job, console, steps).exit_code
 
-    exit_code = run_local_sweep(planned, wait=follow, announce=announce)
+    from hpcrl.files import run_folder_lock
+
+    with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
+        exit_code = run_local_sweep(planned, wait=follow, announce=announce)
     console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
     console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
     return exit_code

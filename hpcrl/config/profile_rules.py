@@ -190,8 +190,8 @@ def rule_names_and_images(profile: ClusterProfile) -> list[Problem]:
 
 def rule_python(profile: ClusterProfile) -> list[Problem]:
     """The job's interpreter: an absolute path or a command name found on the job's PATH."""
-    if PYTHON_COMMAND.fullmatch(profile.python):
-        return []
+    if profile.python is None or PYTHON_COMMAND.fullmatch(profile.python):
+        return []  # unset: the image's python3, or the interpreter running hpcrl
     return [
         Problem(
             path="python",
@@ -215,7 +215,7 @@ def rule_allocation_bounds(profile: ClusterProfile) -> list[Problem]:
             fix=f"set {path} to what one node of the site has",
         )
         for path, value, limit in counts
-        if value > limit
+        if isinstance(value, int) and value > limit  # gpus_per_node may be "auto"
     ]
 
 
@@ -352,7 +352,7 @@ def _script_texts(profile: ClusterProfile) -> list[tuple[str, str]]:
         for name, value in sorted(profile.env.items())
         if not is_secret_name(name)  # rule_no_secrets_in_env reports those
     ]
-    texts += [("python", profile.python)]
+    texts += [("python", profile.python or "")]
     for key in ("account", "partition", "qos"):
         texts += [(f"slurm.{key}", getattr(profile.slurm, key) or "")]
     if profile.container is not None:

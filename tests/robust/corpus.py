@@ -388,9 +388,19 @@ CLI_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "render-help": (("render", "--help"), ()),
     "version": (("--version",), ()),
 }  # fmt: skip
-CLI_MAY_PASS = {"help", "render-help", "version", "status-runs-dir-missing", "status-runs-dir-file",
-                "status-runs-dir-proc", "validate-secret-override", "show-secret-override",
-                "sweep-huge-grid", "report-out-proc"}  # fmt: skip
+CLI_MAY_PASS = {
+    "help",
+    "render-help",
+    "version",
+    "status-runs-dir-missing",
+    "status-runs-dir-file",
+    "status-runs-dir-proc",
+    "validate-secret-override",
+    "show-secret-override",
+    "sweep-huge-grid",
+    "report-out-proc",
+    "sweep-local-profile",
+}  # fmt: skip  (local sweeps run points in turn: a feature)
 
 
 def cli_cases() -> list[Case]:
