@@ -7,6 +7,8 @@ bundle, or an installed hpcrl of the planned version), and logs which Python run
 hpcrl was imported from. On any problem it writes ``status/node<k>.failed`` (other nodes stop
 at once, ``hpcrl status`` and ``submit --wait`` show the line) and raises ``PreflightFailed``
 naming every missing or out-of-range package and the fix, before a Ray timeout could hide it.
+With ``ray_auth: token`` it also refuses a Ray older than token authentication (2.52): such a
+Ray would ignore ``RAY_AUTH_MODE`` and run the job's cluster open to anyone who reaches it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from hpcrl.job.markers import failed_marker_name, node_log_dir, write_marker
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
 from hpcrl.job.versions import in_range
 from hpcrl.plan.jobspec import JobCode, PackageRequirement
+from hpcrl.plan.requirements import RAY_TOKEN_AUTH_SPEC
 
 JOBSPEC_NAME = "jobspec.json"
 BUNDLE_VARIABLE = "HPCRL_CODE_BUNDLE"  # set by the bundle's entry script
@@ -52,10 +55,12 @@ class PackageCheck:
 
 @attrs.frozen
 class PreflightInputs:
-    """The parts of the plan the check needs: the code plan and the container image."""
+    """The parts of the plan the check needs: the code plan, the container image and the
+    profile's ``ray_auth``."""
 
     code: JobCode
     container_image: str | None
+    ray_auth: str = "token"
 
 
 def read_inputs(run_dir: Path) -> PreflightInputs:
@@ -65,7 +70,11 @@ def read_inputs(run_dir: Path) -> PreflightInputs:
     spec = json.loads((run_dir / JOBSPEC_NAME).read_text())
     code = converter().structure(spec["code"], JobCode)
     container = spec.get("container") or {}
-    return PreflightInputs(code=code, container_image=container.get("image"))
+    return PreflightInputs(
+        code=code,
+        container_image=container.get("image"),
+        ray_auth=spec.get("ray_auth", "token"),  # what the node entrypoint assumes without it
+    )
 
 
 def check_package(
@@ -118,6 +127,31 @@ def check_code(code: JobCode, environ: Mapping[str, str]) -> tuple[str, list[str
     return where, []
 
 
+def check_ray_auth_support(
+    checks: list[PackageCheck], inputs: PreflightInputs
+) -> tuple[str, list[str]]:
+    """(log line, problems): whether the Ray found can enforce the job's token. Nothing to say
+    with ``ray_auth: none``, or when Ray is missing or its version unknown (reported above)."""
+    ray = next((c for c in checks if c.distribution == "ray" and c.version is not None), None)
+    if inputs.ray_auth != "token" or ray is None:
+        return "", []
+    wanted = f"ray{RAY_TOKEN_AUTH_SPEC}"
+    about = f"Ray token authentication (ray {ray.version}; ray_auth: token needs {wanted})"
+    if in_range(ray.version, RAY_TOKEN_AUTH_SPEC):
+        return f"ok             {about}", []
+    if inputs.container_image is not None:
+        newer = f"use a container image with {wanted} (the profile's container.image)"
+    else:
+        newer = f"install {wanted} for the job's Python"
+    problem = (
+        f"ray {ray.version} predates Ray token authentication ({wanted}), which the cluster "
+        f"profile's ray_auth: token (the default) needs; fix: {newer}, or set ray_auth: none in "
+        "the cluster profile to run the job's Ray without authentication (anyone who reaches "
+        "its ports can then run code as you)"
+    )
+    return f"TOO OLD        {about}", [problem]
+
+
 def fix_for(checks: list[PackageCheck], inputs: PreflightInputs) -> str:
     """What to change, for the failing packages."""
     failing = [check for check in checks if check.problem]
@@ -162,10 +196,13 @@ def run_preflight(run_dir: str, environ: Mapping[str, str], requeue_count: int =
     inputs = read_inputs(run_path)
     checks = [check_package(requirement) for requirement in inputs.code.requirements]
     hpcrl_from, code_problems = check_code(inputs.code, environ)
+    auth_line, auth_problems = check_ray_auth_support(checks, inputs)
+    code_problems += auth_problems
     report = [
         f"preflight: python {sys.executable} (Python {sys.version.split()[0]}); "
         f"hpcrl {hpcrl.__version__} from {hpcrl_from}",
         *(f"preflight: {check.line()}" for check in checks),
+        *([f"preflight: {auth_line}"] if auth_line else []),
     ]
     failed = bool(code_problems) or any(check.problem for check in checks)
     summary = summarize(checks, code_problems, inputs) if failed else ""

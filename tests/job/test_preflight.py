@@ -19,12 +19,13 @@ from hpcrl.job.preflight import (
     PreflightInputs,
     check_code,
     check_package,
+    check_ray_auth_support,
     run_preflight,
     summarize,
 )
 from hpcrl.job.versions import check_spec, in_range, release
 from hpcrl.plan.jobspec import CodeBundle, JobCode
-from hpcrl.plan.requirements import SUPPORTED
+from hpcrl.plan.requirements import RAY_TOKEN_AUTH_SPEC, SUPPORTED
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = next(row for row in SUPPORTED if row.distributions == ("ray",))
@@ -120,7 +121,11 @@ def test_a_module_without_metadata_is_not_called_missing():
     assert check_package(absent, versions()).problem == "missing"
 
 
-def inputs(image: str | None = "nvcr.io/nvidia/nemo-rl:v0.4.0", bundle: str | None = None):
+def inputs(
+    image: str | None = "nvcr.io/nvidia/nemo-rl:v0.4.0",
+    bundle: str | None = None,
+    ray_auth: str = "token",
+):
     code = JobCode(
         mode="bundle" if bundle else "installed",
         python=("/usr/bin/env", "python3"),
@@ -132,7 +137,7 @@ def inputs(image: str | None = "nvcr.io/nvidia/nemo-rl:v0.4.0", bundle: str | No
         else None,
         requirements=(TORCH, RAY, TRANSFORMERS, BRIDGE),
     )
-    return PreflightInputs(code=code, container_image=image)
+    return PreflightInputs(code=code, container_image=image, ray_auth=ray_auth)
 
 
 def test_summary_names_every_problem_and_the_fix_in_one_line():
@@ -168,11 +173,14 @@ def test_code_from_the_bundle_or_the_planned_installed_version():
     assert "hpcrl 9.9 planned the job" in problems[0] and "code: bundle" in problems[0]
 
 
-def write_jobspec(run_dir: Path, code: JobCode, image: str | None) -> None:
+def write_jobspec(
+    run_dir: Path, code: JobCode, image: str | None, ray_auth: str | None = None
+) -> None:
     container = {"image": image} if image else None
-    run_dir.joinpath("jobspec.json").write_text(
-        json.dumps({"code": attrs.asdict(code), "container": container})
-    )
+    spec = {"code": attrs.asdict(code), "container": container}
+    if ray_auth is not None:
+        spec["ray_auth"] = ray_auth
+    run_dir.joinpath("jobspec.json").write_text(json.dumps(spec))
 
 
 def test_a_failing_node_marks_itself_logs_and_raises(tmp_path, monkeypatch):
@@ -209,3 +217,78 @@ def _version() -> str:
     import hpcrl
 
     return hpcrl.__version__
+
+
+def test_token_auth_needs_ray_2_52_the_first_ray_with_it():
+    """NeMo RL's images pin an older Ray (2.49.x), which ignores RAY_AUTH_MODE: its cluster
+    would run open while the profile says token. The problem names the Ray found and both fixes."""
+    assert RAY_TOKEN_AUTH_SPEC == ">=2.52"
+    old = [check(RAY, ray="2.49.2")]
+    line, problems = check_ray_auth_support(old, inputs())
+    assert line.startswith("TOO OLD        Ray token authentication (ray 2.49.2;")
+    (problem,) = problems
+    assert problem.startswith("ray 2.49.2 predates Ray token authentication (ray>=2.52)")
+    assert "fix: use a container image with ray>=2.52 (the profile's container.image)" in problem
+    assert "or set ray_auth: none in the cluster profile" in problem
+    _, local = check_ray_auth_support(old, inputs(image=None))
+    assert "fix: install ray>=2.52 for the job's Python, or set ray_auth: none" in local[0]
+    assert check_ray_auth_support(old, inputs(ray_auth="none")) == ("", [])
+    first = check_ray_auth_support([check(RAY, ray="2.52.0")], inputs())
+    assert first[1] == [] and first[0].startswith("ok             Ray token authentication")
+    assert check_ray_auth_support([check(RAY, ray="2.51.2")], inputs())[1]
+    assert check_ray_auth_support([check(RAY)], inputs()) == ("", [])  # missing: said once
+
+
+def fake_distribution(site: Path, name: str, version: str) -> None:
+    """What an image's site-packages holds for an installed package, as importlib.metadata
+    reads it: found before this environment's own (the folder goes first on sys.path)."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    info.joinpath("METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
+
+
+def test_a_node_with_ray_2_49_and_ray_auth_token_fails_naming_the_version_and_fixes(
+    tmp_path, monkeypatch
+):
+    site = tmp_path / "site"
+    fake_distribution(site, "ray", "2.49.2")
+    monkeypatch.syspath_prepend(str(site))
+    assert importlib.metadata.version("ray") == "2.49.2"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    floor = attrs.evolve(RAY, spec=">=2.40")  # only the token-auth floor can fail here
+    code = attrs.evolve(inputs().code, requirements=(floor,), hpcrl_version=_version())
+    write_jobspec(run_dir, code, "nvcr.io/nvidia/nemo-rl:v0.4.0")  # no ray_auth: the default
+    hook = sys.excepthook
+    try:
+        with pytest.raises(PreflightFailed) as caught:
+            run_preflight(str(run_dir), {"SUBMITIT_LOCAL_JOB_ID": "9"})
+    finally:
+        sys.excepthook = hook
+    text = str(caught.value)
+    assert "ray 2.49.2 predates Ray token authentication (ray>=2.52)" in text
+    assert "use a container image with ray>=2.52" in text and "set ray_auth: none" in text
+    assert "Fix: " not in text  # no package is out of its own range
+    marker = json.loads((run_dir / "status" / "node0.failed").read_text())
+    assert "ray 2.49.2 predates" in marker["message"]
+    log = (run_dir / "logs" / "node0" / "attempt0" / "node.log").read_text()
+    assert "ok             ray 2.49.2 (needs >=2.40" in log
+    assert "TOO OLD        Ray token authentication (ray 2.49.2; " in log
+
+
+def test_with_ray_auth_none_an_older_ray_passes(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    fake_distribution(site, "ray", "2.49.2")
+    monkeypatch.syspath_prepend(str(site))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    code = attrs.evolve(
+        inputs().code, requirements=(attrs.evolve(RAY, spec=">=2.40"),), hpcrl_version=_version()
+    )
+    write_jobspec(run_dir, code, None, ray_auth="none")
+    run_preflight(str(run_dir), {"SUBMITIT_LOCAL_JOB_ID": "10"})
+    log = (run_dir / "logs" / "node0" / "attempt0" / "node.log").read_text()
+    assert "ok             ray 2.49.2" in log and "Ray token authentication" not in log
+    assert not (run_dir / "status").exists()
