@@ -2,8 +2,9 @@
 
 ``<run_dir>/auth/`` (mode 0700) holds ``ray_token`` (mode 0600; the path is the plan's rule,
 ``hpcrl.plan.ray_auth.token_path``): 64 hex digits (32 random bytes from ``secrets``) and a
-newline, the form Ray reads from ``RAY_AUTH_TOKEN_PATH`` (its first line, trimmed). The token is written nowhere else: not into the script, the
-manifest, ``jobspec.json``, a log or a printed command. Every node's Ray and the driver read it
+newline, the form Ray reads from ``RAY_AUTH_TOKEN_PATH`` (its first line, trimmed). The token
+is written nowhere else: not into the script, the manifest, ``jobspec.json``, a log or a
+printed command. Every node's Ray and the driver read it
 through ``RAY_AUTH_TOKEN_PATH`` (``hpcrl.job.ray_auth``), so a process listing or environment
 dump shows only the path.
 

@@ -111,6 +111,25 @@ def test_every_planning_command_warns_when_auth_is_off(in_tmp, capsys, command):
     assert "ray_auth" not in capsys.readouterr().err
 
 
+def test_a_render_stopped_after_the_token_can_be_rendered_again(in_tmp):
+    """The token is the first thing a render writes: a folder holding only it is one of
+    hpcrl's (hpcrl.files.RENDER_NAMES), not a foreign folder to refuse, and keeps its token."""
+    from hpcrl.files import RENDER_NAMES
+    from hpcrl.plan.ray_auth import AUTH_DIR_NAME
+
+    assert AUTH_DIR_NAME in RENDER_NAMES
+    run = in_tmp / "run"
+    assert main(["render", "grpo-tiny-2n-cpu", "--cluster", "slurm-test", "-o", str(run)]) == 0
+    token = (run / "auth" / "ray_token").read_text()
+    for path in run.iterdir():  # what an interrupted first render leaves: the token alone
+        if path.name != "auth":
+            path.unlink()
+    assert [path.name for path in run.iterdir()] == ["auth"]
+    assert main(["render", "grpo-tiny-2n-cpu", "--cluster", "slurm-test", "-o", str(run)]) == 0
+    assert (run / "auth" / "ray_token").read_text() == token
+    assert (run / "manifest.json").is_file()
+
+
 def test_sweep_points_each_get_their_own_token_and_opting_out_is_warned(in_tmp, capsys):
     grid = ["--grid", "grpo.seed=1,2", "--no-submit"]
     assert (
