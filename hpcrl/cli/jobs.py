@@ -183,7 +183,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     from hpcrl.cli.prepare import print_plan_warnings
     from hpcrl.files import run_folder_lock
 
-    print_plan_warnings(planned.array_spec)  # the profile's, e.g. ray_auth: none
+    # The profile's, e.g. ray_auth: none (a local sweep has no array job: its first point's).
+    print_plan_warnings(planned.array_spec or planned.points[0].spec)
     if args.no_submit:
         with run_folder_lock(sweep_dir, command="hpcrl sweep --no-submit"):
             return _write_unsubmitted(planned)

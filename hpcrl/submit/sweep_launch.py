@@ -34,6 +34,7 @@ from hpcrl.config.profile import ClusterProfile
 from hpcrl.files import LOCK_NAME
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.planner import plan
+from hpcrl.plan.ray_auth import AUTH_DIR_NAME
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 from hpcrl.render.run_folder import (
     CODE_LINK_NAME,
@@ -46,10 +47,12 @@ from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 
 POINT_DIR = re.compile(r"point-([0-9]+)")
-#: What ``write_run_folder`` (and ``write_jobspec``) leaves in a point folder.
+#: What ``write_run_folder`` (and ``write_jobspec``) leaves in a point folder; the token of a
+#: point that was never submitted admits no running job.
 RENDERED_FILES = frozenset(
-    {SCRIPT_NAME, RESOLVED_RECIPE_NAME, MANIFEST_NAME, CODE_LINK_NAME, "jobspec.json", LOCK_NAME}
-)
+    {SCRIPT_NAME, RESOLVED_RECIPE_NAME, MANIFEST_NAME, CODE_LINK_NAME, "jobspec.json", LOCK_NAME,
+     AUTH_DIR_NAME}
+)  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)

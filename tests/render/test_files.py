@@ -225,5 +225,5 @@ def test_two_renders_of_one_folder_at_once_both_succeed_one_after_the_other(tmp_
     }  # fmt: skip
     assert steps["recipe.resolved.yaml"].strip()[-1] == steps["manifest.json"].strip()[-2]
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        ".hpcrl.lock", "job.sbatch", "manifest.json", "recipe.resolved.yaml"
+        ".hpcrl.lock", "auth", "job.sbatch", "manifest.json", "recipe.resolved.yaml"
     ]  # fmt: skip
