@@ -73,6 +73,7 @@ class MegatronWorker:
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
         conversion_dir = self._ensure_conversion()
         self.model_chunks = self._build_model(conversion_dir)
+        self._say_precision_aware_optimizer_is_off(cfg)
         self.optimizer = mcore_model.build_optimizer(
             self.model_chunks, cfg, recipe.policy.precision
         )
@@ -88,6 +89,18 @@ class MegatronWorker:
             dp_size=ps.get_data_parallel_world_size(),
             returns_results=reporter,
         )
+
+    def _say_precision_aware_optimizer_is_off(self, cfg: Any) -> None:
+        requested = cfg.optimizer.use_precision_aware_optimizer
+        if requested and self.rank_info.rank == 0:
+            if not offload.precision_aware_optimizer_on(cfg, offload.te_available()):
+                print(
+                    "hpcrl: Transformer Engine is not installed and optimizer_cpu_offload is "
+                    "off: policy.megatron_cfg.optimizer.use_precision_aware_optimizer is "
+                    "switched off (fp32 master weights and moments either way)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     @property
     def skips_generic_optimizer_offload(self) -> bool:
