@@ -126,23 +126,60 @@ def hanging_converter(hf_path: str, out_dir: str, started_file: str) -> None:
     time.sleep(600)
 
 
-def ensure_in_process(root: str, converter_args: tuple, force: bool = False) -> str:
-    """Child-process entry: ensure a conversion with ``counting_converter``."""
+def record_event(log_file: str, who: str, what: str) -> None:
+    """One line ``{who, what, t, pid}`` (t: CLOCK_MONOTONIC, shared by all processes here)."""
+    import json
+    import time
+
+    with open(log_file, "a") as log:
+        log.write(json.dumps({"who": who, "what": what, "t": time.monotonic(), "pid": os.getpid()}))
+        log.write("\n")
+
+
+def lock_holding_converter(
+    hf_path: str, out_dir: str, log_file: str, who: str, release_file: str, timeout_s: float
+) -> None:
+    """Converts only once ``release_file`` exists, i.e. once the other job reported that it is
+    blocked on the lock; gives up after ``timeout_s`` (the other job never blocked)."""
+    import time
+
+    record_event(log_file, who, "convert_start")
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(release_file):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{who}: the other job never reported waiting for the lock")
+        time.sleep(0.05)
+    with open(os.path.join(out_dir, "weights.txt"), "w") as weights:
+        weights.write(who)
+    record_event(log_file, who, "convert_end")
+
+
+def racing_job(root: str, log_file: str, who: str, release_file: str, timeout_s: float) -> str:
+    """Child-process entry: one job's ``ensure_megatron_checkpoint``, every step logged."""
     import functools
+    import pathlib
 
     from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
 
+    def progress(message: str) -> None:
+        record_event(log_file, who, message)
+        if message.startswith("waiting for"):
+            pathlib.Path(release_file).touch()
+
     convert = functools.partial(
-        counting_converter,
-        count_file=converter_args[0],
-        payload=converter_args[1],
-        sleep_s=converter_args[2],
+        lock_holding_converter,
+        log_file=log_file,
+        who=who,
+        release_file=release_file,
+        timeout_s=timeout_s,
     )
-    return str(
-        ensure_megatron_checkpoint(
-            "org/tiny", "/hf/tiny", root, force=force, convert=convert, rank=0, poll_s=0.1
-        )
-    )
+    record_event(log_file, who, "enter")
+    final = ensure_megatron_checkpoint(
+        "org/tiny", "/hf/tiny", root, force=False, convert=convert, rank=0,
+        progress=progress, poll_s=0.05,
+    )  # fmt: skip
+    record_event(log_file, who, "exit")
+    return str(final)
 
 
 def ensure_hanging(root: str, started_file: str) -> None:
