@@ -9,10 +9,11 @@ them with the same reason, so a broken install can never turn into a green run o
 | `deps`  | `HPCRL_REQUIRE_DEPS=1` or `CI` is true | Python packages of the test env, shellcheck     |
 | `slurm` | `HPCRL_REQUIRE_SLURM=1` or `CI`        | the 2-node test cluster, in netns mode          |
 | `vllm`  | `HPCRL_REQUIRE_VLLM=1` or `CI`         | `.venv-vllm` (tests/vllm) and its link to .venv |
-| `gpu`   | `HPCRL_REQUIRE_GPU=1` (never implied)  | a CUDA device (tests marked `gpu`)              |
+| `gpu`   | `HPCRL_REQUIRE_GPU=1` (never implied)  | an NVIDIA GPU (the `gpu` marker, tests/gpu)     |
 
 `.ci/run` sets the first three flags; `.ci/test` sets `HPCRL_REQUIRE_VLLM=1` for its vLLM run.
-A CI machine has no GPU, so `CI` never implies `gpu`; the GPU run sets its flag itself.
+A CI machine has no GPU, so `CI` never implies `gpu`; the GPU run (tests/gpu/device_run.sh)
+sets its flag itself.
 Nothing here imports the packages it checks until asked.
 """
 

@@ -98,3 +98,16 @@ def test_ci_entry_point_sets_every_require_flag_but_gpu():
         if word.endswith("=1")
     }
     assert exported == set(require.FLAGS.values()) - {"HPCRL_REQUIRE_GPU"}
+
+
+def test_no_test_skips_around_the_gate():
+    """A skip for a missing dependency goes through tests/require.py, so CI can fail it."""
+    bypasses = ("importorskip", "pytest.skip(", "skipif(", "mark.skip")
+    found = [
+        f"{path.relative_to(REPO_ROOT)}: {word}"
+        for path in sorted((REPO_ROOT / "tests").rglob("*.py"))
+        if path.name not in ("require.py", "test_gates.py")
+        for word in bypasses
+        if word in path.read_text()
+    ]
+    assert found == [], "use require_module()/unavailable() from tests/require.py instead"

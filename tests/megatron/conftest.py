@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.require import is_required, megatron_problem
+from tests.require import is_required, megatron_problem, unavailable
 
 if megatron_problem() is not None and not is_required("deps"):
-    pytest.skip(megatron_problem(), allow_module_level=True)
+    unavailable("deps", megatron_problem(), module_level=True)
 
 
 @pytest.fixture
