@@ -469,19 +469,6 @@ def _train_steps(worker, place, count: int) -> list[dict]:
     ]
 
 
-def save_then_continue_run(
-    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, layout: dict
-) -> list[dict]:
-    """Train 2 steps in ``layout``, save, then the 2 steps a resumed run must reproduce."""
-    worker, place = setup_worker(rank, world_size, make_recipe(hf_path, **layout), hf_path,
-                                 ckpt_root)  # fmt: skip
-    _train_steps(worker, place, 2)
-    worker.save_checkpoint(train_dir)
-    continued = _train_steps(worker, place, 2)
-    worker.close()
-    return continued
-
-
 def load_then_train_run(
     rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, layout: dict
 ) -> dict:

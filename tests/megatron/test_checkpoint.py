@@ -14,11 +14,18 @@ from tests.megatron.test_parallel import converted  # noqa: F401  (module fixtur
 pytestmark = pytest.mark.slow
 
 
-def test_resume_continues_exactly(converted, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def resume_run(converted, tmp_path_factory):  # noqa: F811
+    """2 DP ranks: train 2 steps, save, train 2 more; a fresh worker loads and trains the same
+    2 steps. The checkpoint stays for the other layouts to load."""
     hf_path, root = converted
-    results = harness.run_ranks(
-        2, harness.checkpoint_resume_run, hf_path, root, str(tmp_path / "train")
-    )
+    train_dir = str(tmp_path_factory.mktemp("megatron-resume") / "train")
+    results = harness.run_ranks(2, harness.checkpoint_resume_run, hf_path, root, train_dir)
+    return train_dir, results
+
+
+def test_resume_continues_exactly(resume_run):
+    _, results = resume_run
     for result in results:
         continued = [s[key] for s in result["continued"] for key in ("loss", "grad_norm", "lr")]
         resumed = [s[key] for s in result["resumed"] for key in ("loss", "grad_norm", "lr")]
@@ -30,17 +37,11 @@ def test_resume_continues_exactly(converted, tmp_path):  # noqa: F811
         assert result["helper_processes_left"] == []
 
 
-@pytest.fixture(scope="module")
-def saved_at_dp2(converted, tmp_path_factory):  # noqa: F811
+def test_checkpoint_resumes_at_another_data_parallel_size(converted, resume_run):  # noqa: F811
+    """The DP 2 run's checkpoint, loaded by 4 DP ranks, continues like the DP 2 run did."""
     hf_path, root = converted
-    train_dir = str(tmp_path_factory.mktemp("megatron-layouts") / "train")
-    continued = harness.run_ranks(2, harness.save_then_continue_run, hf_path, root, train_dir, {})
-    return train_dir, continued[0]
-
-
-def test_checkpoint_resumes_at_another_data_parallel_size(converted, saved_at_dp2):  # noqa: F811
-    hf_path, root = converted
-    train_dir, continued = saved_at_dp2
+    train_dir, dp2_results = resume_run
+    continued = dp2_results[0]["continued"]
     results = harness.run_ranks(4, harness.load_then_train_run, hf_path, root, train_dir, {})
     assert [r["place"] for r in results] == [(rank, 4, True) for rank in range(4)]
     for result in results:  # every rank reports the global numbers
