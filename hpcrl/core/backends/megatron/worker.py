@@ -10,6 +10,7 @@ manual GC switched on last, so the first manual collection frees setup's garbage
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,7 +122,17 @@ class MegatronWorker:
 
         policy = self.recipe.policy
         provider = hf_import.build_provider(self.model_path, load_weights=False)
-        prepare_provider(provider, self.cfg, policy.precision, policy.max_total_sequence_length)
+        turned_off = prepare_provider(
+            provider, self.cfg, policy.precision, policy.max_total_sequence_length
+        )
+        if turned_off and self.rank_info.rank == 0:
+            # The recipe asked for them; without TE they would fail finalize(). Say so once.
+            print(
+                "hpcrl: Transformer Engine is not installed: building megatron-core's local "
+                f"layer spec and switching off {', '.join(sorted(turned_off))}",
+                file=sys.stderr,
+                flush=True,
+            )
         provider.finalize()
         self.provider = provider
         chunks = mcore_model.build_model(provider, self.cfg, on_cpu=self.rank_info.device == "cpu")
