@@ -85,7 +85,11 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
             format_number(steps[-1]["loss"]), format_number(steps[-1]["reward_mean"]),
         ]  # fmt: skip
     plots = sorted((tmp_path / "plots").glob("*.png"))
-    assert [p.name for p in plots] == ["step_time.png", "training.png", "vs_optimizer_offload_fraction.png"]
+    assert [p.name for p in plots] == [
+        "step_time.png",
+        "training.png",
+        "vs_optimizer_offload_fraction.png",
+    ]
     assert [_png_size(p) for p in plots] == [(800, 500), (1300, 750), (800, 500)]
     assert all(f"plot: {p}" in report.stdout for p in plots)
 
