@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.config.converter import StructureIssue, format_path, try_structure, value_at
+from hpcrl.config.data_paths import absolutize_data_files
 from hpcrl.config.errors import Problem
 from hpcrl.config.overrides import alias_warning, apply_overrides
 from hpcrl.config.plain_yaml import read_plain_yaml, resolve_references
@@ -217,6 +218,7 @@ def _normalise_file(data: dict[str, Any], path: Path) -> list[Problem]:
             value = section.get(key)
             if isinstance(value, str) and "${" not in value:
                 section[key] = _absolute(value, path.parent)
+        absolutize_data_files(section, path.parent)  # NeMo RL's prompt files and data sets
     return problems
 
 
