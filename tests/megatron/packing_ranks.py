@@ -46,7 +46,7 @@ def packing_run(rank: int, world_size: int, hf_path: str, ckpt_root: str) -> dic
     tokens = float(batch["token_mask"].sum())
     ways = {
         "fixed": BatchingSettings(rows_per_micro_batch=2),
-        "dynamic": BatchingSettings(mode="dynamic", tokens_per_micro_batch=32, round_to=4),
+        "dynamic": BatchingSettings(mode="dynamic", tokens_per_micro_batch=48, round_to=4),
         "packed": BatchingSettings(mode="packed", tokens_per_micro_batch=40, divisible_by=2),
     }
     out = {}

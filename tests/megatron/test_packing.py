@@ -22,10 +22,10 @@ def test_packed_and_dynamic_equal_fixed(converted):  # noqa: F811
     fixed = result["fixed"]
     for way in ("dynamic", "packed"):
         got = result[way]
-        assert got["num_micro_batches"] < fixed["num_micro_batches"], way
         assert (got["logprobs"] - fixed["logprobs"]).abs().max() < 1e-5, way
         assert got["loss"] == pytest.approx(fixed["loss"], rel=1e-6), way
         worst = max(
             float((got["grads"][n] - fixed["grads"][n]).abs().max()) for n in fixed["grads"]
         )
         assert worst < 1e-5, (way, worst)
+        assert got["num_micro_batches"] < fixed["num_micro_batches"], way  # rows were grouped
