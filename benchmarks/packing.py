@@ -127,7 +127,7 @@ def train_step(root, optimizer, batch, plan, device: str) -> float:
     total = 0.0
     for spec in plan:
         micro = {k: v.to(device) for k, v in materialize(batch, spec).items()}
-        loss, _ = sft_loss(forward_logprobs(root, micro), micro, num_tokens)
+        loss, _ = sft_loss(forward_logprobs(root, micro)[0], micro, num_tokens)
         loss.backward()
         total += float(loss.detach())
     optimizer.step()

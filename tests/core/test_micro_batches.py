@@ -117,6 +117,7 @@ def grpo_batch(lengths: list[int], width: int, seed: int) -> dict[str, torch.Ten
         "attention_mask": attention_mask,
         "token_mask": token_mask,
         "old_logprobs": -torch.rand(rows, width, generator=generator) * 4,
+        "ref_logprobs": -torch.rand(rows, width, generator=generator) * 4,  # KL term too
         "advantages": torch.randn(rows, generator=generator),
         "num_global_sequences": torch.full((rows,), float(rows)),
     }

@@ -60,6 +60,7 @@ def fake_rollouts(rewards: list[float], tag: str) -> Rollouts:
         answers=["a"] * n,
         responses=[f"{tag}r{i}" for i in range(n)],
         rewards=torch.tensor(rewards),
+        truncated=torch.tensor([i % 3 == 0 for i in range(n)]),
         generation=generation,
     )
 
@@ -73,6 +74,7 @@ def test_dynamic_sampling_keeps_groups_with_signal_across_batches():
     rollouts, metrics = sample_dynamically(lambda i: batches[i], 2, 2, max_batches=5)
     assert rollouts.prompts == ["x1", "x1", "y1", "y1"]
     assert rollouts.rewards.tolist() == [0.0, 1.0, 1.0, 0.0]
+    assert rollouts.truncated.tolist() == [False, True, False, True]  # rows 2, 3 of each
     assert rollouts.generation.input_ids.shape == (4, 3)
     assert metrics == {"dynamic_sampling_gen_batches": 2.0, "dynamic_sampling_kept_fraction": 2 / 6}
 

@@ -31,6 +31,7 @@ def select_groups(rollouts: Any, groups: Sequence[int], num_generations: int) ->
         answers=[rollouts.answers[r] for r in rows],
         responses=[rollouts.responses[r] for r in rows],
         rewards=rollouts.rewards.index_select(0, index),
+        truncated=rollouts.truncated.index_select(0, index),
         generation=type(generation)(**fields),
     )
 
@@ -52,6 +53,7 @@ def concat_rollouts(parts: Sequence[Any]) -> Any:
         answers=[x for p in parts for x in p.answers],
         responses=[x for p in parts for x in p.responses],
         rewards=torch.cat([p.rewards for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
         generation=generation_type(**joined),
     )
 
