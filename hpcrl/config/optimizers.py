@@ -145,6 +145,16 @@ def rule_optimizer(recipe: Recipe) -> list[Problem]:
     if recipe.policy.megatron_cfg.enabled:
         return []
     opt = recipe.policy.optimizer
+    if opt is None:
+        return [
+            Problem(
+                path=OPT,
+                value=None,
+                message="the Automodel backend trains with policy.optimizer, which is null",
+                fix=f"give {OPT}: {{name: torch.optim.AdamW, kwargs: {{lr: 5.0e-6}}}} (null is "
+                "for Megatron recipes, which use policy.megatron_cfg.optimizer)",
+            )
+        ]
     allowed = OPTIMIZER_KWARGS.get(opt.name)
     if allowed is None:
         return [_choice_problem(f"{OPT}.name", opt.name, list(OPTIMIZER_KWARGS), "an optimizer")]

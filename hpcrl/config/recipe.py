@@ -289,7 +289,8 @@ class PolicyCfg:
     max_total_sequence_length: int = 512
     precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     max_grad_norm: float | None = 1.0
-    optimizer: OptimizerCfg = attrs.field(factory=OptimizerCfg)
+    # None: NeMo RL's Megatron configs write `optimizer: null` (megatron_cfg.optimizer applies)
+    optimizer: OptimizerCfg | None = attrs.field(factory=OptimizerCfg)
     # None or empty: a constant learning rate. Stepped once per optimizer step.
     scheduler: tuple[LrSchedulerCfg, ...] | None = None
     generation: GenerationCfg = attrs.field(factory=GenerationCfg)

@@ -122,3 +122,9 @@ def test_scheduler_entry_problems_name_their_index():
 def test_megatron_recipes_do_not_read_policy_optimizer():
     bad = {"name": "torch.optim.Lamb", "kwargs": {}}
     assert problems_for("megatron", policy__optimizer=bad) == []
+
+
+def test_optimizer_null_is_for_megatron_recipes():
+    assert problems_for("megatron", policy__optimizer=None) == []
+    (problem,) = automodel(policy__optimizer=None)
+    assert problem.path == "policy.optimizer" and "null" in problem.message

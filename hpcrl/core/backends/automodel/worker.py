@@ -107,6 +107,7 @@ class AutomodelWorker:
         )
         self.mesh = build_mesh(rank_info.device, self.shape)
         self.model = self._build_sharded(model_path, training=True)
+        assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
         self.optimizer = build_optimizer(
             self.model.parameters(),
             recipe.policy.optimizer,
