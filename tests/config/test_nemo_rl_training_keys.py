@@ -112,3 +112,32 @@ def test_a_child_config_can_drop_the_schedule_and_switch_to_dynamic_batching(tmp
     policy = load_recipe(child).recipe.policy
     assert policy.scheduler is None
     assert policy.dynamic_batching.enabled and not policy.sequence_packing.enabled
+
+
+def test_megatron_child_with_the_flat_data_form_and_no_fsdp_optimizer(tmp_path):
+    nemo_rl_layout(tmp_path, BASE, "base.yaml")
+    child = tmp_path / "examples" / "configs" / "megatron.yaml"
+    child.write_text(
+        textwrap.dedent(
+            """
+            defaults: base.yaml
+            policy:
+              dtensor_cfg: {enabled: false}
+              megatron_cfg: {enabled: true}
+              optimizer: null
+            data:
+              train: null
+              default: null
+              dataset_name: OpenMathInstruct-2
+              prompt_file: examples/prompts/cot.txt
+              system_prompt_file: null
+            """
+        )
+    )
+    recipe = load_recipe(child).recipe
+    assert recipe.policy.optimizer is None and recipe.backend == "megatron"
+    from hpcrl.config.datasets import effective
+
+    train = effective(recipe, "train")
+    assert train.dataset_name == "OpenMathInstruct-2"
+    assert train.prompt_file == str((tmp_path / "examples" / "prompts" / "cot.txt").resolve())
