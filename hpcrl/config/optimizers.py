@@ -10,6 +10,7 @@ load error naming the key instead of a TypeError minutes into the job. The in-jo
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -75,8 +76,13 @@ def class_name(path: str) -> str:
     return path.rsplit(".", 1)[-1]
 
 
+def _finite_number(value: Any) -> bool:
+    # kwargs are free-form (dict[str, Any]), so the converter's NaN/inf check does not reach them
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _kind_problem(path: str, value: Any, kind: str) -> Problem | None:
-    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    is_number = _finite_number(value)
     ok = {
         "number": is_number,
         "int": isinstance(value, int) and not isinstance(value, bool),
@@ -84,18 +90,18 @@ def _kind_problem(path: str, value: Any, kind: str) -> Problem | None:
         "bool_or_null": value is None or isinstance(value, bool),
         "betas": isinstance(value, list | tuple)
         and len(value) == 2
-        and all(isinstance(b, int | float) and not isinstance(b, bool) for b in value),
+        and all(_finite_number(b) for b in value),
         "ints": isinstance(value, list | tuple)
         and all(isinstance(i, int) and not isinstance(i, bool) for i in value),
     }[kind]
     if ok:
         return None
     wanted = {
-        "number": "a number",
+        "number": "a finite number",
         "int": "a whole number",
         "bool": "true or false",
         "bool_or_null": "true, false or null",
-        "betas": "a list of two numbers, e.g. [0.9, 0.999]",
+        "betas": "a list of two finite numbers, e.g. [0.9, 0.999]",
         "ints": "a list of whole numbers",
     }[kind]
     return Problem(
