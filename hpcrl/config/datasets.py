@@ -91,6 +91,7 @@ def effective(recipe: Recipe, which: str) -> DatasetCfg | None:
             prompt_file=data.prompt_file,
             system_prompt_file=data.system_prompt_file,
             seed=data.seed,
+            output_key=data.output_key,
         )
     if section is None:
         return None

@@ -446,6 +446,7 @@ class DataCfg:
     system_prompt_file: str | None = None
     split: str | None = None
     seed: int | None = None
+    output_key: str | None = None  # the target column (OpenMathInstruct-2 SFT: generated_solution)
     add_bos: bool = True  # SFT
     add_eos: bool = True
     add_generation_prompt: bool = False

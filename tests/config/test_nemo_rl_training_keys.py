@@ -131,6 +131,7 @@ def test_megatron_child_with_the_flat_data_form_and_no_fsdp_optimizer(tmp_path):
               dataset_name: OpenMathInstruct-2
               prompt_file: examples/prompts/cot.txt
               system_prompt_file: null
+              output_key: generated_solution
             """
         )
     )
@@ -139,5 +140,5 @@ def test_megatron_child_with_the_flat_data_form_and_no_fsdp_optimizer(tmp_path):
     from hpcrl.config.datasets import effective
 
     train = effective(recipe, "train")
-    assert train.dataset_name == "OpenMathInstruct-2"
+    assert (train.dataset_name, train.output_key) == ("OpenMathInstruct-2", "generated_solution")
     assert train.prompt_file == str((tmp_path / "examples" / "prompts" / "cot.txt").resolve())

@@ -87,6 +87,16 @@ def test_openmathinstruct2_with_prompt_file_and_carved_validation(openmath, toke
     ]
 
 
+def test_flat_output_key_picks_the_sft_target_column():
+    from hpcrl.config.datasets import effective
+    from hpcrl.core.data.named import to_messages
+
+    recipe = grpo_recipe(data__dataset_name="OpenMathInstruct-2", data__output_key="alt")
+    section = effective(recipe, "train")
+    row = {"problem": "1 + 1?", "generated_solution": "two", "alt": "2"}
+    assert to_messages("openmath_solution", row, section)[-1]["content"] == "2"
+
+
 def test_dapo_and_gsm8k_row_formats(tmp_path, tokenizer):
     dapo = [{"prompt": [{"role": "user", "content": "Find x."}],
              "reward_model": {"ground_truth": "42", "style": "rule"}}]  # fmt: skip
