@@ -119,6 +119,30 @@ def test_scheduler_entry_problems_name_their_index():
     ]
 
 
+def test_kwarg_ranges_name_their_key_and_skip_values_of_the_wrong_kind():
+    optimizer = {
+        "name": "torch.optim.AdamW",
+        "kwargs": {"lr": 1e-5, "eps": 0.0, "weight_decay": -0.1, "betas": [0.9, 1.0]},
+    }
+    scheduler = [
+        {"name": "torch.optim.lr_scheduler.LinearLR", "kwargs": {"start_factor": 0, "total_iters": -1}},
+        {"name": "torch.optim.lr_scheduler.CosineAnnealingLR", "kwargs": {"T_max": 0, "eta_min": "x"}},
+        {"milestones": [5]},
+    ]  # fmt: skip
+    problems = automodel(policy__optimizer=optimizer, policy__scheduler=scheduler)
+    assert sorted(paths(problems)) == [
+        "policy.optimizer.kwargs.betas[1]",
+        "policy.optimizer.kwargs.eps",
+        "policy.optimizer.kwargs.weight_decay",
+        "policy.scheduler[0].kwargs.start_factor",
+        "policy.scheduler[0].kwargs.total_iters",
+        "policy.scheduler[1].kwargs.T_max",
+        "policy.scheduler[1].kwargs.eta_min",  # reported once, as the wrong kind
+    ]
+    eta_min = next(p for p in problems if p.path.endswith("eta_min"))
+    assert "finite number" in eta_min.message
+
+
 def test_megatron_recipes_do_not_read_policy_optimizer():
     bad = {"name": "torch.optim.Lamb", "kwargs": {}}
     assert problems_for("megatron", policy__optimizer=bad) == []
