@@ -245,7 +245,7 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
     """Reward, length and throughput figures of one step's rollouts (sync and async GRPO)."""
     generation = rollouts.generation
     num_tokens = int(generation.attention_mask.sum())
-    return {
+    metrics = {
         "truncated_fraction": float(rollouts.truncated.float().mean()),
         "reward_mean": float(rollouts.rewards.mean()),
         "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
@@ -255,6 +255,9 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
         "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(generate_s, 1e-9),
         "time_step_s": step_s,
     }
+    if generation.engine_generated_tokens is not None:  # an engine (vLLM) sampled them
+        metrics["engine_generated_tokens"] = int(generation.engine_generated_tokens.sum())
+    return metrics
 
 
 StepFn = Callable[[int], dict[str, Any]]

@@ -57,6 +57,7 @@ class GenerationResult:
     generation_logprobs: torch.Tensor
     prompt_lengths: torch.Tensor
     response_lengths: torch.Tensor
+    engine_generated_tokens: torch.Tensor | None = None
 
 
 class RayPolicy:
@@ -164,7 +165,7 @@ class RayPolicy:
         parts = self._gather(self.group.call_all("generate", self._shard_args(shards, cfg, seed)))
         joined = concat_right_padded(parts, {"input_ids": self.pad_token_id})
         fields = attrs.fields_dict(GenerationResult)
-        return GenerationResult(**{key: joined[key][:num_real] for key in fields})
+        return GenerationResult(**{key: joined[key][:num_real] for key in fields if key in joined})
 
     def prepare_for_generation(self) -> None:
         self.group.call_all("offload_optimizer")
