@@ -118,13 +118,20 @@ def plan_megatron_checkpoint_dir(
     findings: Findings,
     job_nodes: int | None = None,
 ) -> tuple[str | None, str | None]:
-    """Resolve the Megatron checkpoint dir from the profile's env as the job sees it.
+    """Resolve the Megatron checkpoint dir as the job sees it: from the profile's env and the
+    recipe's ``policy.megatron_cfg.env_vars`` (which win, as in the job's environment). The
+    job converts into exactly this directory (``JobSpec.megatron_checkpoint_dir``).
 
     ``job_nodes``: the job's nodes when separate generation nodes add to the training ones."""
     if recipe.backend != "megatron":
         return None, None
-    directory, source = resolve_megatron_checkpoint_dir(profile.env, job_home(profile))
-    source_path = profile_path(profile, f"env.{source}") if source != "home" else "$HOME"
+    recipe_env = recipe.policy.megatron_cfg.env_vars
+    job_env = {**profile.env, **recipe_env}
+    directory, source = resolve_megatron_checkpoint_dir(job_env, job_home(profile))
+    if source in recipe_env:
+        source_path = f"policy.megatron_cfg.env_vars.{source}"
+    else:
+        source_path = profile_path(profile, f"env.{source}") if source != "home" else "$HOME"
     if not directory.startswith("/"):
         findings.error(
             source_path,
