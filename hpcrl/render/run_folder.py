@@ -1,4 +1,5 @@
-"""The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, a manifest.
+"""The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, the plan
+the job reads (``jobspec.json``, see ``hpcrl.plan.jobspec_file``) and a manifest.
 
 Only the manifest records when and where it was written; the script stays deterministic.
 """
@@ -20,6 +21,7 @@ import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.render.script import render_sbatch
 
@@ -37,6 +39,7 @@ class RunFolder:
     path: Path
     script: Path
     resolved_recipe: Path
+    jobspec: Path
     manifest: Path
 
 
@@ -81,8 +84,9 @@ def write_run_folder(
     recipe_path: Path | None,
     load_warnings: Sequence[str] = (),
 ) -> RunFolder:
-    """Write ``job.sbatch`` (0755), ``recipe.resolved.yaml`` and ``manifest.json`` to
-    ``spec.run_dir``, and the code bundle the script runs unless it exists already.
+    """Write ``job.sbatch`` (0755), ``recipe.resolved.yaml``, ``jobspec.json`` and
+    ``manifest.json`` to ``spec.run_dir``, and the code bundle the script runs unless it
+    exists already.
 
     Refuses a folder that already holds a submitted job: its script is the record of what ran.
     """
@@ -92,11 +96,10 @@ def write_run_folder(
     if spec.code.bundle is not None:
         bundle = write_bundle(spec.code.bundle)
         _link(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))
-    run = RunFolder(
-        folder, folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME, folder / MANIFEST_NAME
-    )
-    _write_text(run.script, render_sbatch(spec), mode=0o755)
-    _write_text(run.resolved_recipe, _to_yaml(resolved_recipe))
+    script, resolved = folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME
+    _write_text(script, render_sbatch(spec), mode=0o755)
+    _write_text(resolved, _to_yaml(resolved_recipe))
+    run = RunFolder(folder, script, resolved, write_jobspec(spec), folder / MANIFEST_NAME)
     manifest = build_manifest(spec, recipe_path=recipe_path, load_warnings=load_warnings)
     _write_text(run.manifest, json.dumps(manifest, indent=2) + "\n")
     return run
@@ -120,7 +123,7 @@ def build_manifest(
             "warned": [check.format() for check in spec.checks if check.status == "warned"],
         },
         "load_warnings": [str(warning) for warning in load_warnings],
-        "plan": attrs.asdict(spec, recurse=True),
+        "plan": jobspec_as_dict(spec),  # a copy for readers; the job reads jobspec.json
     }
 
 

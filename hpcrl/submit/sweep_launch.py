@@ -171,13 +171,11 @@ def write_sweep_folders(planned: PlannedSweep) -> Path | None:
 
 def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:
     """Write every point's folder and the array script, submit one array, write sweep.json."""
-    from hpcrl.submit.submission import submit_array, write_jobspec
+    from hpcrl.submit.submission import submit_array
 
     assert planned.array_spec is not None, "local sweeps go through run_local_sweep"
-    script = write_sweep_folders(planned)
+    script = write_sweep_folders(planned)  # each point's folder holds the plan its job reads
     assert script is not None
-    for point in planned.points:
-        write_jobspec(point.spec)  # what the point's node entrypoint reads in the job
     point_dirs = planned.record.point_run_dirs(planned.sweep_dir)
     records = submit_array(planned.array_spec, script, point_dirs)
     record = attrs.evolve(

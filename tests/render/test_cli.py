@@ -27,6 +27,7 @@ def test_render_writes_the_run_folder_and_says_how_to_submit(tmp_path, capsys):
     assert run_dir.name.startswith("grpo-tiny-1n-cpu-local-")
     assert sorted(path.name for path in run_dir.iterdir()) == [
         "job.sbatch",
+        "jobspec.json",
         "manifest.json",
         "recipe.resolved.yaml",
     ]
