@@ -197,6 +197,32 @@ def test_a_checkpoint_dir_from_the_recipe_outside_the_mounts_names_the_recipe_ke
     )
 
 
+def test_a_shell_naming_another_checkpoint_dir_is_warned_about(monkeypatch):
+    # sbatch passes the submitting shell's environment to the job, but the job converts into
+    # the planned directory: a NeMo RL habit (HF_HOME exported in the shell) is named.
+    monkeypatch.setenv("HF_HOME", "/shared/hf")
+    spec = make_plan(megatron_recipe(num_nodes=1, gpus_per_node=2), plain_slurm_profile())
+    assert spec.megatron_checkpoint_dir == f"{GOLDEN_HOME}/.cache/huggingface/nemo_rl"
+    (warning,) = spec.warnings
+    assert (warning.name, warning.path) == (
+        "megatron_checkpoint_dir_shell",
+        "profile[plain].env.HF_HOME",
+    )
+    assert warning.message == (
+        "this shell sets HF_HOME=/shared/hf, but the job converts Megatron checkpoints into "
+        f"{GOLDEN_HOME}/.cache/huggingface/nemo_rl: the directory is planned from the "
+        "profile's env and policy.megatron_cfg.env_vars only"
+    )
+    assert warning.fix == (
+        "to convert under it, set profile[plain].env.HF_HOME (or "
+        "policy.megatron_cfg.env_vars.HF_HOME) to /shared/hf"
+    )
+    # Where the profile decides anyway (its NRL_MEGATRON_CHECKPOINT_DIR wins), nothing to say.
+    monkeypatch.setenv("NRL_MEGATRON_CHECKPOINT_DIR", "/shared/ckpt")
+    profile = plain_slurm_profile(env={"HOME": GOLDEN_HOME, "NRL_MEGATRON_CHECKPOINT_DIR": "/x"})
+    assert make_plan(megatron_recipe(num_nodes=1, gpus_per_node=2), profile).warnings == ()
+
+
 def test_checkpoint_dir_outside_the_mounts_names_the_mount_to_add():
     profile = pyxis_profile(
         env={"NRL_MEGATRON_CHECKPOINT_DIR": "/scratch/ckpt", "HF_HOME": "/lustre/hf"}
