@@ -92,7 +92,8 @@ def _structure_record(path: Path, record: Any) -> JobSpec:
         raise JobSpecError(
             f"{path} was written by {written_by}, but this job runs hpcrl {hpcrl.__version__} "
             f"(from {Path(hpcrl.__file__).parent}); a plan is only read by the hpcrl that "
-            f"made it. Fix: {fix}"
+            f"made it. Fix: {fix}; with code: bundle in the cluster profile the job always "
+            "runs the hpcrl that planned it"
         )
     if not isinstance(fields, Mapping):
         raise JobSpecError(f"{path} holds no 'jobspec' mapping. Fix: {fix}")

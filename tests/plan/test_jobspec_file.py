@@ -129,7 +129,8 @@ def test_a_file_of_another_hpcrl_version_names_both_versions_and_the_command(wri
     assert error_of(path.parent) == (
         f"{path} was written by hpcrl 0.0.9, but this job runs hpcrl {hpcrl.__version__} "
         f"(from {hpcrl.__path__[0]}); a plan is only read by the hpcrl that made it. "
-        f"Fix: {RESUBMIT}, which writes a new run folder"
+        f"Fix: {RESUBMIT}, which writes a new run folder; with code: bundle in the cluster "
+        "profile the job always runs the hpcrl that planned it"
     )
 
 
