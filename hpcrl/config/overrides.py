@@ -65,6 +65,17 @@ def parse_override(text: str) -> tuple[Override | None, list[Problem]]:
         return None, [_bad_syntax(text, f"{key!r} is not a dotted key (names joined by '.')")]
     if not sep:
         return Override(text=text, parts=tuple(key.split(".")), value=_NO_VALUE, action=action), []
+    yaml_feature = _yaml_feature(raw_value)
+    if yaml_feature:
+        return None, [
+            Problem(
+                path=key,
+                value=text,
+                message=f"the value uses a YAML {yaml_feature}, which an override cannot "
+                "carry (it would be dropped or followed silently)",
+                fix=f"quote the value if the character is meant literally: '{key}=\"{raw_value}\"'",
+            )
+        ]
     from omegaconf import OmegaConf  # here: importing it is most of a cold `hpcrl render`
 
     try:
@@ -75,6 +86,23 @@ def parse_override(text: str) -> tuple[Override | None, list[Problem]]:
     except Exception as exc:  # yaml and OmegaConf errors alike: report, don't crash
         return None, [_bad_syntax(text, " ".join(f"cannot parse the value: {exc}".split())[:200])]
     return Override(text=text, parts=tuple(key.split(".")), value=value, action=action), []
+
+
+def _yaml_feature(raw_value: str) -> str | None:
+    """The YAML anchor, alias or tag in an override's value (``name=&a x`` would become
+    ``x``), or None."""
+    if not any(mark in raw_value for mark in "&*!"):
+        return None
+    import yaml
+
+    names = {yaml.AnchorToken: "anchor (&)", yaml.AliasToken: "alias (*)", yaml.TagToken: "tag (!)"}
+    try:
+        for token in yaml.scan(raw_value):
+            if type(token) in names:
+                return names[type(token)]
+    except yaml.YAMLError:
+        return None  # not YAML at all: OmegaConf's parser says what is wrong
+    return None
 
 
 def apply_overrides(

@@ -14,6 +14,7 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 
 from __future__ import annotations
 
+from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
 from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
 from hpcrl.config.loss_rules import LOSS_RULES
@@ -23,6 +24,7 @@ from hpcrl.config.override_rules import (
     OVERRIDE_RULES,
     provider_field_problems,
 )
+from hpcrl.config.range_rules import RANGE_RULES
 from hpcrl.config.recipe import Recipe
 
 __all__ = [
@@ -364,4 +366,6 @@ RECIPE_RULES = (
     *LOSS_RULES,
     *MEGATRON_RULES,
     *OVERRIDE_RULES,
+    *RANGE_RULES,
+    *ENV_RULES,
 )

@@ -54,13 +54,14 @@ def jobspec_as_dict(spec: JobSpec) -> dict[str, Any]:
 
 
 def write_jobspec(spec: JobSpec) -> Path:
-    """Write ``<spec.run_dir>/jobspec.json`` atomically (a node never reads half a file)."""
-    path = jobspec_path(spec.run_dir)
+    """Write ``<spec.run_dir>/jobspec.json`` through ``hpcrl.files.write_file``: atomic (a
+    node never reads half a file), modes from the umask, no secrets."""
+    from hpcrl.files import write_file  # login side only: the job never writes a plan
+
     record = {"hpcrl_version": hpcrl.__version__, "jobspec": jobspec_as_dict(spec)}
-    tmp_path = path.with_name(f".{JOBSPEC_FILE}.tmp")
-    tmp_path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp_path.replace(path)
-    return path
+    return write_file(
+        jobspec_path(spec.run_dir), json.dumps(record, indent=2, sort_keys=True) + "\n"
+    )
 
 
 def read_jobspec(run_dir: str | os.PathLike[str]) -> JobSpec:

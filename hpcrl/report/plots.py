@@ -6,9 +6,12 @@ login node without a display, and importing hpcrl must not pay for matplotlib.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from hpcrl.files import write_file
+from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report
 
 FIGURE_SIZE_IN = (8.0, 5.0)
@@ -46,15 +49,21 @@ def save_plots(report: Report, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _save(figure: Any, path: Path) -> None:
+    """PNG bytes through hpcrl's one write primitive (atomic, modes from the umask)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    write_file(path, buffer.getvalue())
+
+
 def plot_step_times(report: Report, path: Path) -> Path:
     pyplot = _pyplot()
     figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     for row in report.rows:
         pairs = [
-            (record["step"], record["time_step_s"])
+            (record["step"], finite_number(record.get("time_step_s")))
             for record in row.records
-            if isinstance(record.get("step"), int | float)
-            and isinstance(record.get("time_step_s"), int | float)
+            if finite_number(record.get("time_step_s")) is not None
         ]
         if pairs:
             steps, times = zip(*pairs, strict=True)
@@ -69,7 +78,7 @@ def plot_step_times(report: Report, path: Path) -> Path:
     if axes.has_data():
         axes.legend(fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=FIGURE_DPI)
+    _save(figure, path)
     pyplot.close(figure)
     return path
 
@@ -106,6 +115,6 @@ def plot_vs_swept_value(report: Report, key: str, path: Path) -> Path:
     figure.suptitle(f"{report.title}: metrics vs {key}", fontsize="small")
     figure.supxlabel(key, fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=FIGURE_DPI)
+    _save(figure, path)
     pyplot.close(figure)
     return path

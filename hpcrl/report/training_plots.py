@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report, ReportRow
 
 FIGURE_SIZE_IN = (13.0, 7.5)
@@ -41,7 +42,7 @@ def series(row: ReportRow, key: str) -> tuple[list[float], list[float]]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return finite_number(value) is not None  # NaN/infinity left out, as in the table
 
 
 def row_label(row: ReportRow) -> str:

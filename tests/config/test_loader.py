@@ -113,6 +113,8 @@ def test_override_may_add_keys_inside_free_form_mappings(tmp_path):
     loaded = load_recipe(
         path,
         [
+            "policy.automodel_cfg.enabled=false",  # env_vars reach only a Megatron job
+            "policy.megatron_cfg.enabled=true",
             "policy.megatron_cfg.env_vars.NCCL_DEBUG=INFO",
             "policy.megatron_cfg.model_overrides.hidden_dropout=0.0",
         ],

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from hpcrl.report.metrics import MetricsError, read_metrics
+from hpcrl.report.metrics import read_metrics, read_metrics_file
 from hpcrl.report.plots import save_plots
 from hpcrl.report.summary import build_report, format_number, render_table
 from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
@@ -117,14 +117,59 @@ def test_single_run_report_has_one_row_and_no_sweep_plot(tmp_path: Path) -> None
     ]
 
 
-def test_torn_last_line_is_skipped_but_a_bad_middle_line_is_an_error(tmp_path: Path) -> None:
+def test_torn_last_line_is_skipped_quietly_a_bad_middle_line_with_a_note(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
-    (run / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 3}\n')
-    with pytest.raises(MetricsError, match=r"metrics.jsonl:2: not JSON"):
-        read_metrics(run)
+    assert read_metrics_file(run).notes == ()
+    (run / "metrics.jsonl").write_bytes(
+        b'{"step": 1}\nnot json\n{"step": 3}\n\xff\xfe\n[1]\n{"loss": 1}\n{"step": 4}\n'
+    )
+    metrics = read_metrics_file(run)
+    assert [r["step"] for r in metrics.records] == [1, 3, 4]
+    assert metrics.notes == (
+        f"{run}/metrics.jsonl: skipped 4 unreadable line(s) (line 2: not JSON; line 4: not "
+        "UTF-8; line 5: a JSON list, not an object; line 6: no step number (step = None))",
+    )
+
+
+def test_nan_and_text_are_ignored_explicitly_and_results_do_not_depend_on_line_order(
+    tmp_path: Path,
+) -> None:
+    records = [
+        {"step": 1, "time_step_s": 1.0, "peak_host_rss_gb": 5.0, "loss": 3.0},
+        {"step": 2, "time_step_s": float("nan"), "peak_host_rss_gb": float("nan"), "loss": "abc"},
+        {"step": 3, "time_step_s": 3.0, "peak_host_rss_gb": 4.0, "loss": 1.0},
+        {"step": 4, "time_step_s": 2.0, "peak_host_rss_gb": float("inf"), "loss": float("nan")},
+    ]
+    summaries = []
+    for order in (records, records[::-1], [records[1], records[3], records[0], records[2]]):
+        run = tmp_path / f"run{len(summaries)}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in order))
+        row = build_report(run).rows[0]
+        summaries.append(row.summary)
+        assert row.notes == (
+            "ignored 1 NaN/infinite time_step_s value(s) (steps 2)",
+            "ignored 2 NaN/infinite peak_host_rss_gb value(s) (steps 2, 4)",
+            "ignored 1 NaN/infinite loss value(s) (steps 4)",
+            "ignored 1 loss value(s) that are not a number (steps 2)",
+        )
+    assert summaries[0] == summaries[1] == summaries[2]
+    summary = summaries[0]
+    assert (summary.num_steps, summary.last_step) == (4, 4)
+    assert summary.median_time_step_s == 2.0 and summary.peak_host_rss_gb == 5.0
+    assert summary.final_loss == 1.0  # the last finite loss, by step
+
+
+def test_a_step_written_twice_counts_once_with_its_later_line(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}, {"step": 2, "loss": 2.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    summary = build_report(run).rows[0].summary
+    assert (summary.num_steps, summary.final_loss) == (2, 2.5)
 
 
 def _grpo_records(num_steps: int = 12) -> list[dict]:
