@@ -126,7 +126,7 @@ def train_recipe(
 
     model_path = resolve_model_path(recipe.policy.model_name)
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
-    rows = load_jsonl(_data_path(recipe.data.train_path, recipe_dir), _required_keys(recipe))
+    rows = _training_rows(recipe, recipe_dir, tokenizer)
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None  # the config rules require one algorithm section
     sampler = EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
@@ -134,7 +134,7 @@ def train_recipe(
         settings.max_num_steps,
         num_steps_in_epochs(len(rows), _rows_per_step(recipe), settings.max_num_epochs),
     )
-    val_rows = _validation_rows(recipe, recipe_dir)
+    val_rows = _validation_rows(recipe, recipe_dir, tokenizer)
     env = _environment(recipe)  # before the workers: a bad env.kwargs fails fast
     print(
         f"{recipe.algorithm} on {recipe.policy.model_name} ({recipe.backend}): {num_steps} steps, "
@@ -160,11 +160,30 @@ def _environment(recipe: Recipe) -> Any:
     return build_environment(recipe.env)
 
 
-def _validation_rows(recipe: Recipe, recipe_dir: Path | None) -> list[dict] | None:
+def _training_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> list[dict]:
+    """``data.train_path`` (JSONL) or NeMo RL's named set (``hpcrl.core.data.named``)."""
+    if recipe.data.train_path is not None:
+        return load_jsonl(_data_path(recipe.data.train_path, recipe_dir), _required_keys(recipe))
+    from hpcrl.core.data.named import load_named_rows
+
+    rows = load_named_rows(recipe, tokenizer, "train")
+    assert rows is not None, "the data rules require a training source"
+    return rows
+
+
+def _validation_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> list[dict] | None:
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     if settings.val_period <= 0 and not settings.val_at_start:
         return None
+    if recipe.data.train_path is None:
+        from hpcrl.core.data.named import load_named_rows
+
+        rows = load_named_rows(recipe, tokenizer, "validation")
+        if rows is None:
+            print("validation skipped: the data set has no validation part", flush=True)
+            return None
+        return _limit_validation(recipe, rows)
     if recipe.data.val_path is None:
         print(
             f"validation skipped: {recipe.algorithm}.val_period is {settings.val_period} but "
@@ -173,9 +192,16 @@ def _validation_rows(recipe: Recipe, recipe_dir: Path | None) -> list[dict] | No
         )
         return None
     rows = load_jsonl(_data_path(recipe.data.val_path, recipe_dir), _required_keys(recipe))
+    return _limit_validation(recipe, rows)
+
+
+def _limit_validation(recipe: Recipe, rows: list[dict]) -> list[dict]:
+    """``grpo.max_val_samples``, or ``sft.val_batches`` x ``sft.val_global_batch_size``."""
+    if recipe.grpo is not None and recipe.grpo.max_val_samples is not None:
+        return rows[: recipe.grpo.max_val_samples]
     sft = recipe.sft
     if sft is not None and sft.val_batches and sft.val_global_batch_size:
-        rows = rows[: sft.val_batches * sft.val_global_batch_size]
+        return rows[: sft.val_batches * sft.val_global_batch_size]
     return rows
 
 

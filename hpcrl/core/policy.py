@@ -47,6 +47,9 @@ class GenerationOutput(Protocol):
     generation_logprobs: torch.Tensor  # [B, T] sampler's logprobs of generated tokens, else 0
     prompt_lengths: torch.Tensor  # [B]
     response_lengths: torch.Tensor  # [B]
+    # [B] generated tokens per row as the generation engine itself counted them (vLLM's
+    # request stats); None for the torch sampler. The step reports their sum.
+    engine_generated_tokens: torch.Tensor | None
 
 
 class Policy(Protocol):

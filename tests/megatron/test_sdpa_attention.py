@@ -126,3 +126,22 @@ def test_provider_takes_nemo_rl_recompute_and_moe_settings(megatron_cpu):
     assert (moe.moe_router_dtype, moe.moe_router_load_balancing_type) == ("fp64", "none")
     assert moe.moe_router_bias_update_rate == 0.0
     assert moe.moe_permute_fusion is False  # needs Transformer Engine, absent here
+
+
+def test_recipe_fusions_are_switched_off_and_reported_without_transformer_engine(megatron_cpu):
+    """recipes/base/megatron.yaml (like NeMo RL's configs) asks for apply_rope_fusion and
+    bias_activation_fusion; without TE megatron-core's finalize() refuses the first, so the
+    backend turns both off and says so (found on the H200 machine, which has no TE)."""
+    from megatron.bridge.models import GPTModelProvider
+
+    from hpcrl.config.recipe import MegatronCfg
+    from hpcrl.core.backends.megatron.provider import prepare_provider
+
+    provider = GPTModelProvider(
+        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=128
+    )
+    cfg = MegatronCfg(enabled=True, apply_rope_fusion=True, bias_activation_fusion=True)
+    turned_off = prepare_provider(provider, cfg, "float32", 16)
+    assert {"apply_rope_fusion", "bias_activation_fusion"} <= set(turned_off)
+    assert (provider.apply_rope_fusion, provider.bias_activation_fusion) == (False, False)
+    provider.finalize()  # megatron-core accepts the provider

@@ -173,7 +173,7 @@ class VllmPolicy:
 
         joined = concat_right_padded(parts, {"input_ids": self.training.pad_token_id})
         fields = attrs.fields_dict(GenerationResult)
-        return GenerationResult(**{key: joined[key][:num_real] for key in fields})
+        return GenerationResult(**{key: joined[key][:num_real] for key in fields if key in joined})
 
     def _refit_generation_group(self) -> None:
         assert self.generation_group is not None

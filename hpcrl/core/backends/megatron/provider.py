@@ -151,6 +151,10 @@ def _field_names(target: Any) -> set[str]:
 
 def prepare_provider(provider: Any, cfg: MegatronCfg, precision: str, seq_length: int) -> list[str]:
     """Steps 2–4 of the module docstring; returns the TE-only flags that were turned off."""
+    # The recipe's fields go first so that the TE-only fusions it asks for (NeMo RL's configs
+    # set apply_rope_fusion: true) are switched off, and reported, when TE is absent;
+    # megatron-core would refuse them in finalize(). Explicit model_overrides still win.
+    apply_megatron_cfg(provider, cfg, precision, seq_length)
     turned_off = []
     if not transformer_engine_available():
         from hpcrl.core.backends.megatron.attention import apply_sdpa_core_attention
@@ -159,6 +163,5 @@ def prepare_provider(provider: Any, cfg: MegatronCfg, precision: str, seq_length
         # Automatic, no recipe knob: same numbers as the unfused local attention (tested),
         # without its S×S score tensor. A user-set transformer_layer_spec override wins.
         apply_sdpa_core_attention(provider)
-    apply_megatron_cfg(provider, cfg, precision, seq_length)
     apply_model_overrides(provider, cfg.model_overrides)
     return turned_off

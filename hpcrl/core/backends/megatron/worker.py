@@ -10,6 +10,7 @@ manual GC switched on last, so the first manual collection frees setup's garbage
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,11 @@ from hpcrl.core.token_distribution import (
     LogitTransform,
     TokenDistribution,
     training_distribution,
+)
+from hpcrl.core.workers.micro_batches import (
+    MicroBatchSpec,
+    logprob_micro_batches,
+    scatter_rows,
 )
 
 if TYPE_CHECKING:
@@ -72,6 +78,7 @@ class MegatronWorker:
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
         conversion_dir = self._ensure_conversion()
         self.model_chunks = self._build_model(conversion_dir)
+        self._say_precision_aware_optimizer_is_off(cfg)
         self.optimizer = mcore_model.build_optimizer(
             self.model_chunks, cfg, recipe.policy.precision
         )
@@ -87,6 +94,18 @@ class MegatronWorker:
             dp_size=ps.get_data_parallel_world_size(),
             returns_results=reporter,
         )
+
+    def _say_precision_aware_optimizer_is_off(self, cfg: Any) -> None:
+        requested = cfg.optimizer.use_precision_aware_optimizer
+        if requested and self.rank_info.rank == 0:
+            if not offload.precision_aware_optimizer_on(cfg, offload.te_available()):
+                print(
+                    "hpcrl: Transformer Engine is not installed and optimizer_cpu_offload is "
+                    "off: policy.megatron_cfg.optimizer.use_precision_aware_optimizer is "
+                    "switched off (fp32 master weights and moments either way)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     @property
     def skips_generic_optimizer_offload(self) -> bool:
@@ -122,7 +141,17 @@ class MegatronWorker:
 
         policy = self.recipe.policy
         provider = hf_import.build_provider(self.model_path, load_weights=False)
-        prepare_provider(provider, self.cfg, policy.precision, policy.max_total_sequence_length)
+        turned_off = prepare_provider(
+            provider, self.cfg, policy.precision, policy.max_total_sequence_length
+        )
+        if turned_off and self.rank_info.rank == 0:
+            # The recipe asked for them; without TE they would fail finalize(). Say so once.
+            print(
+                "hpcrl: Transformer Engine is not installed: building megatron-core's local "
+                f"layer spec and switching off {', '.join(sorted(turned_off))}",
+                file=sys.stderr,
+                flush=True,
+            )
         provider.finalize()
         self.provider = provider
         chunks = mcore_model.build_model(provider, self.cfg, on_cpu=self.rank_info.device == "cpu")
@@ -158,28 +187,31 @@ class MegatronWorker:
         self.manual_gc.after_optimizer_step(self.steps_done)
         return {**metrics, "grad_norm": float(grad_norm), "lr": float(lr)}
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs_under(batch, self.distribution)
+    def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
+        return self._logprobs_under(batch, self.distribution, plan)
 
-    def _logprobs_under(self, batch: Batch, distribution: TokenDistribution) -> torch.Tensor:
-        result = step.compute_logprobs(self.model_chunks, self._micro_batches(batch), distribution)
-        if result is None:  # not the reporting rank: the controller ignores this output
+    def _logprobs_under(
+        self,
+        batch: Batch,
+        distribution: TokenDistribution,
+        plan: Sequence[MicroBatchSpec] | None,
+    ) -> torch.Tensor:
+        specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
+        pieces = step.compute_logprobs(self.model_chunks, micro_batches, distribution)
+        if pieces is None:  # not the reporting rank: the controller ignores this output
             return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-        return result
+        return scatter_rows(pieces, specs, *batch["input_ids"].shape)
 
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def reference_logprobs(
+        self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None
+    ) -> torch.Tensor:
         current = self._snapshot_weights()
         self._load_weights(self._reference_weights)
         try:
             # NeMo RL scores the reference with the temperature but no top-k/top-p.
-            return self._logprobs_under(batch, self.distribution.without_filters())
+            return self._logprobs_under(batch, self.distribution.without_filters(), plan)
         finally:
             self._load_weights(current)
-
-    def _micro_batches(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
-        size = self.recipe.policy.logprob_batch_size or self.recipe.policy.train_micro_batch_size
-        rows = batch["input_ids"].shape[0]
-        return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int) -> dict:
