@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 @attrs.frozen(kw_only=True)
 class RankInfo:
-    """Where one worker sits; assigned by the controller before ``setup``."""
+    """Where one worker sits, and what the plan decided for it (device, the Megatron
+    checkpoint dir as the job sees it); assigned by the controller before ``setup``."""
 
     rank: int
     world_size: int
@@ -39,6 +40,8 @@ class RankInfo:
     master_addr: str
     master_port: int
     device: str  # "cuda" or "cpu"
+    # JobSpec.megatron_checkpoint_dir: where HF→Megatron conversions live (Megatron only).
+    megatron_checkpoint_dir: str | None = None
 
 
 @attrs.frozen(kw_only=True)

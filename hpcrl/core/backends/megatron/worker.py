@@ -119,9 +119,10 @@ class MegatronWorker:
 
     def _ensure_conversion(self) -> Path:
         from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
-        from hpcrl.plan.checkpoint_dir import resolve_megatron_checkpoint_dir
 
-        root, _source = resolve_megatron_checkpoint_dir(os.environ, os.path.expanduser("~"))
+        root = self.rank_info.megatron_checkpoint_dir
+        # The planner resolves it for every Megatron recipe; the driver passes it on.
+        assert root is not None, "RankInfo.megatron_checkpoint_dir is unset (no plan?)"
         convert = hf_import.make_converter(
             self.cfg.model_overrides, prepare=type(self).converter_prepare
         )
