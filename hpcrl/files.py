@@ -40,7 +40,9 @@ LOCK_NAME = ".hpcrl.lock"
 RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
 #: What a render writes; "auth" (the job's Ray token, hpcrl.plan.ray_auth.AUTH_DIR_NAME) comes
 #: first, so a render stopped after it leaves a folder that the next render may still take.
-RENDER_NAMES = frozenset({"job.sbatch", "recipe.resolved.yaml", "code", "auth", *RUN_FOLDER_MARKS})
+RENDER_NAMES = frozenset(
+    {"job.sbatch", "recipe.resolved.yaml", "jobspec.json", "code", "auth", *RUN_FOLDER_MARKS}
+)
 TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # what _open_exclusive_temp draws
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.1

@@ -29,6 +29,7 @@ def test_render_writes_the_run_folder_and_says_how_to_submit(tmp_path, capsys):
         ".hpcrl.lock",  # the run folder's lock (hpcrl.files.run_folder_lock)
         "auth",  # the job's Ray token (tests/render/test_ray_auth_render.py)
         "job.sbatch",
+        "jobspec.json",
         "manifest.json",
         "recipe.resolved.yaml",
     ]

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.policy import Batch, LossFn
+    from hpcrl.plan.jobspec import GenerationPlacement
 
 # Attribute of a training worker's backend object that holds its colocated engine.
 ENGINE_ATTR = "_hpcrl_vllm_engine"
@@ -227,28 +228,30 @@ class VllmPolicy:
 
 
 def wrap_policy(
-    training: Any, recipe: Recipe, model_path: str, device: str, first_node: int | None = None
+    training: Any,
+    recipe: Recipe,
+    model_path: str,
+    device: str,
+    placement: GenerationPlacement | None = None,
 ) -> Any:
     """``training`` itself for the torch sampler; a ``VllmPolicy`` around it for vLLM.
-    ``first_node``: the plan's first generation node (separate workers only). On failure the
-    training policy is shut down too (the caller never got a handle)."""
+    ``placement``: the plan's separate generation workers (``JobSpec.generation``; required
+    for them). On failure the training policy is shut down too (the caller never got a
+    handle)."""
     generation = recipe.policy.generation
     if generation.backend != "vllm":
         return training
     spec = engine_spec(recipe, model_path, device)
     if generation.colocated.enabled:
         return VllmPolicy(training, spec)
-    from hpcrl.core.generation.vllm_workers import (
-        GenerationGroup,
-        generation_layout,
-        largest_node_gpus,
-    )
+    from hpcrl.core.generation.vllm_workers import GenerationGroup, generation_layout
 
+    # The planner places every separate generation side (hpcrl.plan.generation).
+    assert placement is not None, "separate vLLM workers need the plan's JobSpec.generation"
     group = None
     try:
-        node_gpus = largest_node_gpus() if device == "cuda" else 0
-        group = GenerationGroup(generation_layout(recipe, device, node_gpus), spec)
-        group.start(training_num_nodes=recipe.cluster.num_nodes, first_node=first_node)
+        group = GenerationGroup(generation_layout(placement, device), spec)
+        group.start()
     except BaseException:
         try:
             if group is not None:

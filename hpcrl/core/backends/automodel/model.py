@@ -98,7 +98,10 @@ class TokenLogprobModel(nn.Module):
         **kwargs: Any,
     ) -> Any:
         """mode "logprobs": (processed, unfiltered) log-probs under ``distribution=`` (a
-        ``TokenDistribution``, default the model's own); mode "hf": the HF forward."""
+        ``TokenDistribution``, default the model's own); with ``position_ids=`` restarting at
+        0 per sequence and no attention mask, a packed row whose attention stops at each
+        sequence's start (transformers builds that mask from the positions). mode "hf": the
+        HF forward."""
         if self.autocast_dtype is None:
             return self._forward(input_ids, attention_mask, mode, **kwargs)
         device_type = input_ids.device.type
@@ -117,7 +120,10 @@ class TokenLogprobModel(nn.Module):
             return self.hf(input_ids=input_ids, attention_mask=attention_mask, **hf_kwargs)
         assert mode == "logprobs", f"unknown mode {mode!r}"
         decoder_out = self.hf.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=hf_kwargs.get("position_ids"),
+            use_cache=False,
         )
         weight = self.hf.get_output_embeddings().weight
         return token_logprobs(

@@ -30,6 +30,12 @@ from hpcrl.core.backends.automodel.parallelize import (
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
 from hpcrl.core.token_distribution import TokenDistribution, training_distribution
+from hpcrl.core.workers.micro_batches import (
+    MicroBatchSpec,
+    logprob_micro_batches,
+    scatter_rows,
+    unpack_logprobs,
+)
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import GenerationCfg, Recipe
@@ -67,6 +73,23 @@ def _seed_everything(recipe: Recipe, rank: int) -> None:
     torch.manual_seed(seed)
 
 
+def forward_logprobs(
+    model: TokenLogprobModel, micro: Batch, distribution: TokenDistribution | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(processed, unfiltered) token log-probs [rows, width] of one micro-batch; a pack runs
+    as one row whose positions restart per sequence, then is unpacked to the rows the loss
+    expects."""
+    if "packed_input_ids" not in micro:
+        return model(micro["input_ids"], micro["attention_mask"], distribution=distribution)
+    processed, unfiltered = model(
+        micro["packed_input_ids"],
+        None,
+        position_ids=micro["packed_position_ids"],
+        distribution=distribution,
+    )
+    return unpack_logprobs(processed, micro), unpack_logprobs(unfiltered, micro)
+
+
 class AutomodelWorker:
     """Model, reference model, optimizer and scheduler of one rank."""
 
@@ -84,13 +107,14 @@ class AutomodelWorker:
         )
         self.mesh = build_mesh(rank_info.device, self.shape)
         self.model = self._build_sharded(model_path, training=True)
+        assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
         self.optimizer = build_optimizer(
             self.model.parameters(),
             recipe.policy.optimizer,
             # With CPU offload the optimizer steps on host-side parameters.
             fused=self.device.type == "cuda" and not cfg.cpu_offload,
         )
-        self.scheduler = build_lr_scheduler(self.optimizer, recipe)
+        self.scheduler = build_lr_scheduler(self.optimizer, recipe.policy.scheduler)
         self.reference: TokenLogprobModel | None = None
         self.step = 0
         coords = self.mesh.get_coordinate()
@@ -141,9 +165,7 @@ class AutomodelWorker:
         totals: dict[str, float] = {"loss": 0.0}
         for micro in micro_batches:
             micro = self._to_device(micro)
-            logprobs, unfiltered = self.model(
-                micro["input_ids"], micro["attention_mask"], distribution=self.distribution
-            )
+            logprobs, unfiltered = forward_logprobs(self.model, micro, self.distribution)
             if self.distribution.filters:
                 micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
             loss, metrics = loss_fn(logprobs, micro, num_global_tokens)
@@ -173,30 +195,29 @@ class AutomodelWorker:
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
     def _logprobs_with(
-        self, model: TokenLogprobModel, batch: Batch, distribution: TokenDistribution
+        self,
+        model: TokenLogprobModel,
+        batch: Batch,
+        distribution: TokenDistribution,
+        plan: Sequence[MicroBatchSpec] | None,
     ) -> torch.Tensor:
-        policy = self.recipe.policy
-        micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
-        size = batch["input_ids"].shape[0]
-        pieces = []
-        for start in range(0, size, micro_size):
-            micro = self._to_device(
-                {k: batch[k][start : start + micro_size] for k in ("input_ids", "attention_mask")}
-            )
-            processed, _ = model(
-                micro["input_ids"], micro["attention_mask"], distribution=distribution
-            )
-            pieces.append(processed.float().cpu())
-        return torch.cat(pieces)
+        specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
+        pieces = [
+            forward_logprobs(model, self._to_device(micro), distribution)[0].float().cpu()
+            for micro in micro_batches
+        ]
+        return scatter_rows(pieces, specs, *batch["input_ids"].shape)
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs_with(self.model, batch, self.distribution)
+    def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
+        return self._logprobs_with(self.model, batch, self.distribution, plan)
 
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def reference_logprobs(
+        self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None
+    ) -> torch.Tensor:
         if self.reference is None:
             # Built on first use (all ranks call together): SFT never pays for it.
             self.reference = self._build_sharded(self.model_path, training=False)
-        return self._logprobs_with(self.reference, batch, self.distribution.without_filters())
+        return self._logprobs_with(self.reference, batch, self.distribution.without_filters(), plan)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
