@@ -32,9 +32,12 @@ from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
 from hpcrl.job.versions import in_range
 from hpcrl.plan.jobspec import JobCode, PackageRequirement
 from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
-from hpcrl.plan.requirements import RAY_TOKEN_AUTH_SPEC
 
 BUNDLE_VARIABLE = "HPCRL_CODE_BUNDLE"  # set by the bundle's entry script
+#: The first Ray with token authentication (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH) is 2.52.0
+#: (docs.ray.io, ray-security/token-auth). An older Ray ignores both variables, and images
+#: pinning one exist (NeMo RL's pins ray 2.49.x): with ``ray_auth: token`` it is refused.
+RAY_TOKEN_AUTH_SPEC = ">=2.52"
 
 
 @attrs.frozen

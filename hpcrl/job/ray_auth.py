@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hpcrl.job.errors import BootstrapError
 from hpcrl.job.settings import NodeSettings
-from hpcrl.plan.ray_auth import RAY_AUTH_VARIABLES, token_path
+from hpcrl.plan.jobspec import RAY_AUTH_VARIABLES, token_path
 from hpcrl.render.ray_token import (
     TokenFileError,
     ensure_token_file,

@@ -7,6 +7,7 @@ collection is a tuple in a fixed order, so two equal plans render byte-identical
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 from typing import Literal
 
@@ -96,6 +97,19 @@ class GenerationPlacement:
 
 def _nodes(first: int, count: int) -> str:
     return f"node {first}" if count == 1 else f"nodes {first}-{first + count - 1}"
+
+
+#: The job's Ray token file, relative to the run folder (created by hpcrl.render.ray_token):
+#: read by every node and the driver, written nowhere else.
+AUTH_DIR_NAME = "auth"
+TOKEN_FILE_NAME = "ray_token"
+#: Ray's authentication variables: with ``ray_auth`` hpcrl alone sets them in the job.
+RAY_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def token_path(run_dir: str) -> str:
+    """Where the job's token lives (``<run_dir>/auth/ray_token``)."""
+    return posixpath.join(run_dir, AUTH_DIR_NAME, TOKEN_FILE_NAME)
 
 
 @frozen
@@ -252,8 +266,6 @@ class JobSpec:
     @property
     def ray_token_path(self) -> str | None:
         """The job's Ray token file (None when ``ray_auth`` is ``none``); never its content."""
-        from hpcrl.plan.ray_auth import token_path  # it imports the findings, which import us
-
         return token_path(self.run_dir) if self.ray_auth == "token" else None
 
     @property

@@ -8,28 +8,19 @@ job: a ``RAY_AUTH_*`` variable from the profile or the recipe would replace the 
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Iterable
 
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
+from hpcrl.plan.jobspec import AUTH_DIR_NAME, RAY_AUTH_VARIABLES, TOKEN_FILE_NAME
 from hpcrl.plan.layout import profile_path
 
-#: The token file, relative to the run folder (created by hpcrl.render.ray_token).
-AUTH_DIR_NAME = "auth"
-TOKEN_FILE_NAME = "ray_token"
-RAY_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 NO_AUTH_RISK = (
     "Ray token authentication is off: anyone who can reach the job's nodes and finds its Ray "
     "ports (they follow from the job id) can connect to the job's Ray cluster and run code as "
     "you, with the job's GPUs, data and passed-through credentials (pass_env)"
 )
-
-
-def token_path(run_dir: str) -> str:
-    """Where the job's token lives: read by every node and the driver, written nowhere else."""
-    return posixpath.join(run_dir, AUTH_DIR_NAME, TOKEN_FILE_NAME)
 
 
 def check_ray_auth(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:

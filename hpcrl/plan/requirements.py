@@ -24,10 +24,6 @@ def _row(
 
 
 MEGATRON: Need = "the Megatron backend"
-#: The first Ray with token authentication (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH) is 2.52.0
-#: (docs.ray.io, ray-security/token-auth). Images pinning an older Ray exist (NeMo RL's pins
-#: ray 2.49.x), so with ``ray_auth: token`` the job checks this floor before Ray starts.
-RAY_TOKEN_AUTH_SPEC = ">=2.52"
 SUPPORTED: tuple[PackageRequirement, ...] = (
     _row(("torch",), "torch", ">=2.9,<2.14", "every job", pure_python=False),
     # Pinned: the job reads Ray's GCS node table through a private API (hpcrl.job.driver_process).

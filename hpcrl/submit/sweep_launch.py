@@ -32,10 +32,9 @@ from hpcrl.config.errors import raise_if_errors
 from hpcrl.config.load import check_secret_references
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.files import LOCK_NAME
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.jobspec import AUTH_DIR_NAME, JobSpec
 from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 from hpcrl.plan.planner import plan
-from hpcrl.plan.ray_auth import AUTH_DIR_NAME
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 from hpcrl.render.run_folder import (
     CODE_LINK_NAME,

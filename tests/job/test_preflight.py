@@ -16,6 +16,7 @@ import pytest
 
 from hpcrl.job.errors import PreflightFailed
 from hpcrl.job.preflight import (
+    RAY_TOKEN_AUTH_SPEC,
     PreflightInputs,
     check_code,
     check_package,
@@ -27,7 +28,7 @@ from hpcrl.job.versions import check_spec, in_range, release
 from hpcrl.plan.jobspec import CodeBundle, ContainerSpec, JobCode
 from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 from hpcrl.plan.jobspec_file import write_jobspec as write_plan_file
-from hpcrl.plan.requirements import RAY_TOKEN_AUTH_SPEC, SUPPORTED
+from hpcrl.plan.requirements import SUPPORTED
 from tests.job.plans import write_node_plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,6 @@ is started here: the live checks are in test_ray_auth_live.py."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import stat
@@ -20,8 +19,9 @@ from hpcrl.job.ray_auth import (
 )
 from hpcrl.job.ray_cluster import ray_environment
 from hpcrl.job.settings import read_node_settings
-from hpcrl.plan.ray_auth import token_path
+from hpcrl.plan.jobspec import token_path
 from hpcrl.render.ray_token import TokenFileError, ensure_token_file, token_file_problem
+from tests.job.plans import write_node_plan
 
 
 def slurm_env(rank: int) -> dict[str, str]:
@@ -95,6 +95,7 @@ def test_ray_gets_the_token_path_and_never_an_inherited_token(tmp_path):
         "PATH": "/bin", "RAY_AUTH_TOKEN": "from-the-submitting-shell",
         "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN_PATH": "/home/u/.ray/other",
     }  # fmt: skip
+    write_node_plan(tmp_path, num_nodes=2)
     env = ray_environment(inherited, read_node_settings(tmp_path, slurm_env(0)))
     assert env["RAY_AUTH_MODE"] == "token"
     assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path.resolve() / "auth" / "ray_token")
@@ -103,7 +104,7 @@ def test_ray_gets_the_token_path_and_never_an_inherited_token(tmp_path):
 
 
 def test_opting_out_turns_ray_auth_off_explicitly(tmp_path):
-    (tmp_path / "jobspec.json").write_text(json.dumps({"ray_auth": "none"}))
+    write_node_plan(tmp_path, num_nodes=2, ray_auth="none")
     settings = read_node_settings(tmp_path, slurm_env(0))
     env = ray_environment({"RAY_AUTH_TOKEN_PATH": "/x", "RAY_AUTH_TOKEN": "y"}, settings)
     # Ray 2.60 turns token auth on by itself when ~/.ray/auth_token exists, unless told not to.
@@ -114,6 +115,7 @@ def test_opting_out_turns_ray_auth_off_explicitly(tmp_path):
 
 
 def test_node_0_creates_a_missing_token_and_the_others_only_read_it(tmp_path):
+    write_node_plan(tmp_path, num_nodes=2)
     worker = read_node_settings(tmp_path, slurm_env(1))
     with pytest.raises(RayTokenUnusable, match="cannot use the job's Ray token: .* does not exist"):
         prepare_job_token(worker)
@@ -132,6 +134,7 @@ def test_node_0_creates_a_missing_token_and_the_others_only_read_it(tmp_path):
 
 
 def test_rays_folder_is_private_and_emptied_before_each_start(tmp_path):
+    write_node_plan(tmp_path / "run", num_nodes=2)
     settings = read_node_settings(
         tmp_path / "run", slurm_env(0) | {"HPCRL_RAY_TEMP_ROOT": str(tmp_path)}
     )
@@ -144,6 +147,7 @@ def test_rays_folder_is_private_and_emptied_before_each_start(tmp_path):
 
 
 def test_a_folder_planted_under_rays_predictable_name_is_refused(tmp_path):
+    write_node_plan(tmp_path / "run", num_nodes=2)
     settings = read_node_settings(
         tmp_path / "run", slurm_env(0) | {"HPCRL_RAY_TEMP_ROOT": str(tmp_path)}
     )

@@ -147,7 +147,7 @@ def test_ray_start_command_for_head_and_worker(tmp_path, two_node_plan):
     assert '--resources={"hpcrl_node_1": 1}' in worker_argv
 
 
-def test_ray_environment_is_explicit_and_drops_a_stale_address(tmp_path):
+def test_ray_environment_is_explicit_and_drops_a_stale_address(tmp_path, two_node_plan):
     settings = read_node_settings(tmp_path, slurm_env(0))
     env = ray_environment({"RAY_ADDRESS": "10.0.0.9:6379", "PATH": "/bin"}, settings)
     assert "RAY_ADDRESS" not in env

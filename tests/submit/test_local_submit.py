@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcrl.plan.jobspec_file import read_jobspec
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.job_state import cancel_job, query_status, rebuild_job
 from tests.submit import drivers
@@ -41,7 +42,7 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
     assert len((run / "metrics.jsonl").read_text().splitlines()) == drivers.NUM_METRIC_STEPS
     assert read_json(run / "status" / "done")["exit_code"] == 0
     # Ray ran with the job's own token (on by default); it is in its file and nowhere else.
-    assert read_json(run / "jobspec.json")["ray_auth"] == "token"
+    assert read_jobspec(run).ray_auth == "token"
     token_file = run / "auth" / "ray_token"
     token = token_file.read_bytes().strip()
     holding = [p for p in run.rglob("*") if p.is_file() and token in p.read_bytes()]
