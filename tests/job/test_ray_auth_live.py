@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.job import ray_listeners
+from tests.job.plans import write_node_plan
 from tests.job.simulated import (
     NODE_PORT_FIELDS,
     REPO_ROOT,
@@ -86,7 +87,7 @@ def files_holding(folder: Path, text: str) -> list[str]:
 def job(tmp_path, request):
     seed = os.getpid() + hash(request.node.name)
     simulated = SimulatedJob(run_dir=tmp_path / "run", num_nodes=2, port_base=free_port_base(seed))
-    simulated.run_dir.mkdir()
+    simulated.write_plan()  # as `hpcrl submit` leaves it, less the token: node 0 makes that
     yield simulated
     (simulated.run_dir / "release").touch()
     leftovers = processes_of_job(simulated)
@@ -189,7 +190,7 @@ def test_a_running_slurm_job_refuses_a_caller_without_its_token(tmp_path):
     made by node 0); this machine, outside the nodes' network namespaces, knows the head's
     address and GCS port."""
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
+    write_node_plan(run_dir, num_nodes=2)  # the plan only: node 0 makes the token
     job_id = run_slurm(
         "sbatch", "--parsable", f"--chdir={REPO_ROOT}", f"--output={run_dir}/slurm-%j.out",
         "--export=ALL,HPCRL_DRIVER=tests.job.drivers:probe_then_hold",
