@@ -8,8 +8,10 @@ Two shapes fit a profile of ``S`` GPUs per node:
   ``resources.num_nodes ≤ cluster.num_nodes``; generation takes the remaining GPUs of the
   first training nodes and the job allocates ``cluster.num_nodes`` nodes (a warning when
   some training nodes keep GPUs idle);
-- own nodes: otherwise; training fills ``cluster.num_nodes`` whole nodes
-  (``cluster.gpus_per_node == S``) and the job allocates ``resources.num_nodes`` more.
+- own nodes: otherwise; training takes ``cluster.gpus_per_node`` GPUs of each of
+  ``cluster.num_nodes`` nodes (``S`` of them, or fewer with a warning) and the job allocates
+  ``resources.num_nodes`` more, every node with ``max(cluster.gpus_per_node,
+  resources.gpus_per_node)`` GPUs (``hpcrl.plan.layout.requested_slots_per_node``).
 
 The job records the choice (``JobSpec.generation``) and the driver places the engines on
 exactly those nodes (``hpcrl.core.generation.vllm_workers``). Colocated engines (sharing the

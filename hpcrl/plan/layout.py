@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import AutomodelCfg, MegatronCfg, Recipe
 from hpcrl.plan.findings import Findings
@@ -24,8 +26,10 @@ def check_allocation(
     findings: Findings,
     generation: GenerationPlacement | None = None,
 ) -> bool:
-    """The profile's nodes must offer exactly what the recipe's ``cluster`` section asks for,
-    less the GPUs that separate generation workers take on the same nodes (``generation``)."""
+    """The profile's nodes must hold the GPUs (CPU worker slots) per node that the recipe's
+    ``cluster`` section asks for; fewer is valid and warned about (the job then requests only
+    those, ``requested_slots_per_node``). Separate generation workers sharing the training
+    nodes (``generation``) take the rest of each node instead."""
     num_nodes, gpus_per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
     slots_key = "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"
     ok = True
@@ -46,22 +50,19 @@ def check_allocation(
         )
         ok = False
     shares_nodes = generation is not None and generation.shares_nodes
-    if gpus_per_node != profile.slots_per_node and not shares_nodes:
+    if gpus_per_node > profile.slots_per_node and not shares_nodes:
         findings.error(
             "cluster.gpus_per_node",
             f"the recipe wants {gpus_per_node} training ranks per node but profile "
             f"{profile.name!r} offers {profile.slots_per_node} ({slots_key})",
             value=gpus_per_node,
-            fix=f"set cluster.gpus_per_node={profile.slots_per_node}, or use a profile whose "
-            f"{slots_key} is {gpus_per_node} ({profile_path(profile, slots_key)})"
-            + (
-                f", or leave the rest of each node to generation (cluster.gpus_per_node + "
-                f"{GENERATION_RESOURCES}.gpus_per_node = {profile.slots_per_node})"
-                if has_separate_generation(recipe)
-                else ""
-            ),
+            fix=f"set cluster.gpus_per_node to at most {profile.slots_per_node} and raise "
+            f"cluster.num_nodes instead, or use a profile whose {slots_key} is "
+            f"{gpus_per_node} or more ({profile_path(profile, slots_key)})",
         )
         ok = False
+    elif gpus_per_node < profile.slots_per_node and not shares_nodes:
+        _warn_partial_nodes(recipe, profile, generation, findings)
     if ok:
         unit = "GPUs" if profile.device == "gpu" else "CPU worker slots"
         findings.passed(
@@ -69,6 +70,79 @@ def check_allocation(
             f"{num_nodes} node(s) × {gpus_per_node} {unit} = {num_nodes * gpus_per_node} ranks",
         )
     return ok
+
+
+def requested_slots_per_node(
+    recipe: Recipe, profile: ClusterProfile, generation: GenerationPlacement | None
+) -> int:
+    """The GPUs (CPU worker slots) the job asks for on each node: the recipe's
+    ``cluster.gpus_per_node``, all of the node when generation shares it, and at least the
+    generation nodes' count when generation has nodes of its own (Slurm gives every node
+    of a job the same count). Never more than the profile's nodes hold."""
+    wanted = recipe.cluster.gpus_per_node
+    if generation is not None:
+        wanted = (
+            profile.slots_per_node
+            if generation.shares_nodes
+            else max(wanted, generation.slots_per_node)
+        )
+    return max(1, min(wanted, profile.slots_per_node))
+
+
+def narrow_to_request(profile: ClusterProfile, slots_per_node: int) -> ClusterProfile:
+    """The profile as the job sees its nodes: ``slots_per_node`` GPUs (worker slots) each."""
+    if profile.device == "gpu":
+        return attrs.evolve(profile, gpus_per_node=slots_per_node)
+    return attrs.evolve(profile, worker_slots_per_node=slots_per_node)
+
+
+def _warn_partial_nodes(
+    recipe: Recipe,
+    profile: ClusterProfile,
+    generation: GenerationPlacement | None,
+    findings: Findings,
+) -> None:
+    """Fewer training ranks than a node's GPUs: valid; the job asks for only what it uses."""
+    wanted, node_slots = recipe.cluster.gpus_per_node, profile.slots_per_node
+    unit = "GPUs" if profile.device == "gpu" else "CPU worker slots"
+    slots_key = "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"
+    requested = requested_slots_per_node(recipe, profile, generation)
+    message = (
+        f"the recipe trains on {wanted} of the {node_slots} {unit} per node of profile "
+        f"{profile.name!r} ({slots_key}), so the job requests {requested} per node"
+    )
+    if requested > wanted:
+        message += (
+            f" (as many as each generation node takes; Slurm gives every node of a job the "
+            f"same count), {requested - wanted} of them idle on each training node"
+        )
+    rest = node_slots - requested
+    if rest and profile.scheduler == "local":
+        message += f"; the other {rest} of this machine stay free for other work"
+    elif rest and profile.slurm.exclusive:
+        message += (
+            f"; the other {rest} of each node stay idle (slurm.exclusive: the job holds "
+            "whole nodes)"
+        )
+    elif rest:
+        message += f"; the other {rest} of each node are left to other jobs"
+    fixes = [f"set cluster.gpus_per_node={node_slots} to train on whole nodes"]
+    if has_separate_generation(recipe):
+        fixes.append(
+            f"give the rest to generation (cluster.gpus_per_node + "
+            f"{GENERATION_RESOURCES}.gpus_per_node = {node_slots})"
+        )
+    if rest and profile.scheduler == "slurm" and profile.slurm.exclusive:
+        fixes.append(
+            f"set {profile_path(profile, 'slurm.exclusive')}: false to leave them to other jobs"
+        )
+    findings.warn(
+        "allocation",
+        "cluster.gpus_per_node",
+        message,
+        value=wanted,
+        fix=", or ".join(fixes),
+    )
 
 
 def plan_layout(
@@ -83,7 +157,8 @@ def plan_layout(
         layout = _automodel_layout(recipe.policy.automodel_cfg, world_size, findings)
     if layout is None:
         return None
-    _check_tp_inside_node(recipe, layout, profile.slots_per_node, findings)
+    # Training ranks per node: fewer than the node holds when the recipe leaves some idle.
+    _check_tp_inside_node(recipe, layout, recipe.cluster.gpus_per_node, findings)
     if layout.backend == "automodel":
         _check_hsdp_groups(layout, recipe.cluster.num_nodes, findings)
     findings.passed("layout", f"{layout.backend}: {layout.describe()} = {world_size} ranks")
@@ -229,19 +304,19 @@ def _report_product(
 
 
 def _check_tp_inside_node(
-    recipe: Recipe, layout: ParallelLayout, slots_per_node: int, findings: Findings
+    recipe: Recipe, layout: ParallelLayout, ranks_per_node: int, findings: Findings
 ) -> None:
-    if layout.tp <= slots_per_node:
+    if layout.tp <= ranks_per_node:
         return
     key = "tensor_model_parallel_size" if layout.backend == "megatron" else "tensor_parallel_size"
     section = MEGATRON if layout.backend == "megatron" else AUTOMODEL
     findings.warn(
         "tp_inside_node",
         f"{section}.{key}",
-        f"tensor parallelism over {layout.tp} ranks spans nodes of {slots_per_node}; its "
-        f"all-reduces then cross the inter-node network on every layer",
+        f"tensor parallelism over {layout.tp} ranks spans nodes of {ranks_per_node} training "
+        "ranks each; its all-reduces then cross the inter-node network on every layer",
         value=layout.tp,
-        fix=f"keep {section}.{key} ≤ {slots_per_node} and use data/pipeline parallelism across nodes",
+        fix=f"keep {section}.{key} ≤ {ranks_per_node} and use data/pipeline parallelism across nodes",
     )
 
 

@@ -74,6 +74,11 @@ def plan(
     _check_run_dir(run_dir, profile, findings)
     generation = generation_checks.plan_generation(recipe, profile, findings)
     layout = _plan_layout(recipe, profile, generation, findings)
+    # The job asks Slurm (and Ray, and a local job's CUDA_VISIBLE_DEVICES) for only the GPUs
+    # it uses: a recipe may train on fewer than a node holds (check_allocation warns).
+    requested = layout_checks.requested_slots_per_node(recipe, profile, generation)
+    profile = layout_checks.narrow_to_request(profile, requested)
+    visible_gpus = visible_gpus[:requested] if visible_gpus is not None else None
     num_nodes = generation.job_nodes if generation else recipe.cluster.num_nodes
     mounts = mount_checks.check_mount_syntax(profile, findings)
     code, bundle_mount = plan_code(recipe, profile, host, mounts, findings)

@@ -153,6 +153,14 @@ def test_a_gpu_count_takes_the_first_gpus_and_too_many_is_an_error():
     assert "this machine offers 3 GPU(s)" in errors["profile[local].gpus_per_node"].message
 
 
+def test_a_recipe_on_fewer_local_gpus_exports_only_those():
+    host = attrs.evolve(GOLDEN_HOST, local_gpus=LocalGpus(("0", "1", "2", "3"), "test"))
+    spec = make_plan(automodel_recipe(num_nodes=1, gpus_per_node=1), local_gpu_profile(), host=host)
+    assert (spec.slots_per_node, spec.visible_gpus) == (1, ("0",))
+    assert "\nexport CUDA_VISIBLE_DEVICES=0\n" in render_sbatch(spec)
+    assert [warning.path for warning in spec.warnings] == ["cluster.gpus_per_node"]
+
+
 def test_no_gpu_found_names_how_it_looked():
     host = attrs.evolve(GOLDEN_HOST, local_gpus=LocalGpus((), "no /proc/driver/nvidia/gpus/"))
     errors = errors_of(

@@ -92,17 +92,37 @@ def test_colocated_and_torch_generation_plan_as_before():
         spec = make_plan(recipe, pyxis_profile())
         assert (spec.num_nodes, spec.generation) == (1, None)
         assert "# Split:" not in render_sbatch(spec)
-    # Training ranks short of a node are still an error when nothing else takes the rest,
-    # and so are GPUs that neither side takes.
-    errors = error_text(
+    # Training ranks short of a node are valid: the job requests only what it uses.
+    spec = make_plan(
         separate(automodel_recipe(num_nodes=1, gpus_per_node=4), 1, 4, colocated=True),
         pyxis_profile(),
     )
-    assert "cluster.gpus_per_node" in errors
-    errors = error_text(
-        separate(automodel_recipe(num_nodes=1, gpus_per_node=4), 1, 2), pyxis_profile()
+    assert (spec.slots_per_node, dict(spec.sbatch_directives)["gres"]) == (4, "gpu:4")
+    assert [warning.path for warning in spec.warnings] == ["cluster.gpus_per_node"]
+
+
+def test_generation_on_its_own_nodes_with_fewer_gpus_requests_the_larger_side():
+    # 4 + 2 ≠ 8: generation gets a node of its own; every node of the job gets 4 GPUs.
+    spec = make_plan(
+        separate(automodel_recipe(num_nodes=1, gpus_per_node=2), 1, 4), pyxis_profile()
     )
-    assert "cluster.gpus_per_node = 4" in errors["cluster.gpus_per_node"]
+    assert (spec.num_nodes, spec.slots_per_node, dict(spec.sbatch_directives)["gres"]) == (
+        2,
+        4,
+        "gpu:4",
+    )
+    assert (spec.generation.first_node, spec.generation.training_slots_per_node) == (1, 2)
+    (warning,) = spec.warnings
+    assert (warning.path, warning.message, warning.fix) == (
+        "cluster.gpus_per_node",
+        "the recipe trains on 2 of the 8 GPUs per node of profile 'site' (gpus_per_node), so "
+        "the job requests 4 per node (as many as each generation node takes; Slurm gives every "
+        "node of a job the same count), 2 of them idle on each training node; the other 4 of "
+        "each node stay idle (slurm.exclusive: the job holds whole nodes)",
+        "set cluster.gpus_per_node=8 to train on whole nodes, or give the rest to generation "
+        f"(cluster.gpus_per_node + {RESOURCES}.gpus_per_node = 8), or set "
+        "profile[site].slurm.exclusive: false to leave them to other jobs",
+    )
 
 
 def test_generation_on_fewer_training_nodes_warns_about_idle_gpus():
@@ -141,14 +161,25 @@ def test_engines_must_tile_the_generation_gpus():
 
 
 def test_training_short_of_a_node_without_room_for_generation():
-    # 6 training + 4 generation GPUs do not fit one 8-GPU node, and 6 is not a whole node.
-    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=6), 1, 4)
-    assert error_text(recipe, pyxis_profile())["cluster.gpus_per_node"] == (
-        "error: cluster.gpus_per_node = 6: the recipe wants 6 training ranks per node but "
-        "profile 'site' offers 8 (gpus_per_node)\n"
-        "  fix: set cluster.gpus_per_node=8, or use a profile whose gpus_per_node is 6 "
-        "(profile[site].gpus_per_node), or leave the rest of each node to generation "
-        f"(cluster.gpus_per_node + {RESOURCES}.gpus_per_node = 8)"
+    # 6 training + 4 generation GPUs do not fit one 8-GPU node: generation gets a node of
+    # its own, and every node requests the larger side's 6.
+    spec = make_plan(
+        with_policy(
+            separate(automodel_recipe(num_nodes=1, gpus_per_node=6), 1, 4),
+            train_global_batch_size=60,
+        ),
+        pyxis_profile(),
+    )
+    assert (spec.num_nodes, spec.slots_per_node, dict(spec.sbatch_directives)["gres"]) == (
+        2,
+        6,
+        "gpu:6",
+    )
+    assert (spec.generation.first_node, spec.generation.num_engines) == (1, 4)
+    (warning,) = spec.warnings
+    assert warning.message.startswith(
+        "the recipe trains on 6 of the 8 GPUs per node of profile 'site' (gpus_per_node), so "
+        "the job requests 6 per node; the other 2 of each node stay idle"
     )
 
 

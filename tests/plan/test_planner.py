@@ -8,6 +8,8 @@ import pytest
 from hpcrl.config.errors import ConfigError
 from hpcrl.config.profile import ContainerCfg, RayPortsCfg, SlurmCfg
 from hpcrl.config.recipe import DataCfg
+from hpcrl.core.driver import training_layout
+from hpcrl.job.settings import planned_settings
 from hpcrl.plan.planner import plan
 from tests.plan.planning_inputs import (
     GOLDEN_HOME,
@@ -41,12 +43,80 @@ def warnings_of(spec) -> dict[str, object]:
 
 
 # --------------------------------------------------------------------------- allocation
-def test_allocation_mismatch_names_both_keys():
-    errors = plan_errors(automodel_recipe(num_nodes=1, gpus_per_node=4), pyxis_profile())
-    problem = errors["cluster.gpus_per_node"]
-    assert problem.value == 4
-    assert "set cluster.gpus_per_node=8" in problem.fix
-    assert "profile[site].gpus_per_node" in problem.fix
+def test_more_gpus_per_node_than_the_profile_has_is_an_error():
+    errors = plan_errors(automodel_recipe(num_nodes=1, gpus_per_node=16), pyxis_profile())
+    assert errors["cluster.gpus_per_node"].format() == (
+        "error: cluster.gpus_per_node = 16: the recipe wants 16 training ranks per node but "
+        "profile 'site' offers 8 (gpus_per_node)\n"
+        "  fix: set cluster.gpus_per_node to at most 8 and raise cluster.num_nodes instead, or "
+        "use a profile whose gpus_per_node is 16 or more (profile[site].gpus_per_node)"
+    )
+
+
+def test_equal_gpus_per_node_request_the_whole_node_without_warning():
+    spec = make_plan(automodel_recipe(num_nodes=2, gpus_per_node=8), pyxis_profile())
+    assert (spec.slots_per_node, spec.world_size, dict(spec.sbatch_directives)["gres"]) == (
+        8,
+        16,
+        "gpu:8",
+    )
+    assert "cluster.gpus_per_node" not in warnings_of(spec)
+
+
+def test_fewer_gpus_per_node_request_only_those_and_warn():
+    spec = make_plan(automodel_recipe(num_nodes=2, gpus_per_node=2), pyxis_profile())
+    directives = dict(spec.sbatch_directives)
+    assert (spec.slots_per_node, spec.world_size, directives["gres"]) == (2, 4, "gpu:2")
+    assert (spec.layout.dp_shard, directives["nodes"], directives["cpus-per-task"]) == (
+        4,
+        "2",
+        "112",  # the profile's CPUs: it sets them per node, not per GPU
+    )
+    # Ray starts each node with 2 GPUs and the trainer places 2 workers on each.
+    assert planned_settings(spec)["num_gpus"] == 2
+    layout = training_layout(spec, cuda_available=lambda: True)
+    assert (layout.num_nodes, layout.workers_per_node) == (2, 2)
+    warning = warnings_of(spec)["cluster.gpus_per_node"]
+    assert (warning.name, warning.message, warning.fix) == (
+        "allocation",
+        "the recipe trains on 2 of the 8 GPUs per node of profile 'site' (gpus_per_node), so "
+        "the job requests 2 per node; the other 6 of each node stay idle (slurm.exclusive: "
+        "the job holds whole nodes)",
+        "set cluster.gpus_per_node=8 to train on whole nodes, or set "
+        "profile[site].slurm.exclusive: false to leave them to other jobs",
+    )
+
+
+def test_fewer_gpus_per_node_on_shared_nodes_leave_the_rest_to_other_jobs():
+    slurm = SlurmCfg(account="acct", gres_form="gpus_per_node", exclusive=False)
+    spec = make_plan(automodel_recipe(num_nodes=1, gpus_per_node=1), pyxis_profile(slurm=slurm))
+    directives = dict(spec.sbatch_directives)
+    assert (directives["gpus-per-node"], "gres" in directives, "exclusive" in directives) == (
+        "1",
+        False,
+        False,
+    )
+    warning = warnings_of(spec)["cluster.gpus_per_node"]
+    assert warning.message.endswith("; the other 7 of each node are left to other jobs")
+    assert warning.fix == "set cluster.gpus_per_node=8 to train on whole nodes"
+
+
+def test_fewer_worker_slots_on_a_local_cpu_profile():
+    spec = make_plan(automodel_recipe(num_nodes=1, gpus_per_node=1), local_profile())
+    assert (spec.slots_per_node, spec.world_size, spec.sbatch_directives) == (1, 1, ())
+    assert warnings_of(spec)["cluster.gpus_per_node"].message == (
+        "the recipe trains on 1 of the 2 CPU worker slots per node of profile 'local' "
+        "(worker_slots_per_node), so the job requests 1 per node; the other 1 of this machine "
+        "stay free for other work"
+    )
+
+
+def test_tp_beyond_the_training_ranks_of_a_node_warns():
+    recipe = megatron_recipe(num_nodes=2, gpus_per_node=2, tensor_model_parallel_size=4)
+    warning = warnings_of(
+        make_plan(with_policy(recipe, train_global_batch_size=8), pyxis_profile())
+    )["policy.megatron_cfg.tensor_model_parallel_size"]
+    assert "spans nodes of 2 training ranks each" in warning.message
 
 
 def test_cpu_profile_counts_worker_slots():
