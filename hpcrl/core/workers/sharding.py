@@ -93,3 +93,20 @@ def concat_right_padded(
             tensors = [F.pad(t, (0, width - t.shape[1]), value=pad) for t in tensors]
         out[key] = torch.cat(tensors, dim=0)
     return out
+
+
+def pad_sequence_dim(batch: Batch, multiple: int) -> dict[str, torch.Tensor]:
+    """Every ``[B, T, ...]`` tensor padded with zeros along dim 1 to the next multiple of
+    ``multiple`` above ``T`` (always at least one padding column). Zero is an attention mask
+    of 0 and a token mask of 0, so the padding never counts; 1-D tensors pass unchanged."""
+    import torch.nn.functional as F
+
+    length = int(batch["input_ids"].shape[1])
+    padded_length = (length // multiple + 1) * multiple
+    out = {}
+    for key, value in batch.items():
+        if value.dim() >= 2 and value.shape[1] == length:
+            widths = [0, 0] * (value.dim() - 2) + [0, padded_length - length]
+            value = F.pad(value, widths)
+        out[key] = value
+    return out

@@ -2,14 +2,12 @@
 
 ``TokenLogprobModel`` is the FSDP root. Its forward returns per-token log-probs computed in
 sequence chunks (hidden states → lm_head → logsumexp → gather, each chunk recomputed in
-backward), so the full-vocab fp32 logits of the batch never exist at once. ``mode="hf"``
-runs the plain HF forward through the same root, which the sampler needs: calling the inner
-HF module directly would skip FSDP's hooks that gather the root's parameters.
+backward), so the full-vocab fp32 logits of the batch never exist at once.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -61,29 +59,13 @@ class TokenLogprobModel(nn.Module):
         # Set by ``apply_autocast`` when FSDP's mixed precision is not in use.
         self.autocast_dtype: torch.dtype | None = None
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        mode: str = "logprobs",
-        **hf_kwargs: Any,
-    ) -> Any:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.autocast_dtype is None:
-            return self._forward(input_ids, attention_mask, mode, **hf_kwargs)
-        device_type = input_ids.device.type
-        with torch.autocast(device_type, dtype=self.autocast_dtype):
-            return self._forward(input_ids, attention_mask, mode, **hf_kwargs)
+            return self._forward(input_ids, attention_mask)
+        with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype):
+            return self._forward(input_ids, attention_mask)
 
-    def _forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        mode: str,
-        **hf_kwargs: Any,
-    ) -> Any:
-        if mode == "hf":
-            return self.hf(input_ids=input_ids, attention_mask=attention_mask, **hf_kwargs)
-        assert mode == "logprobs", f"unknown mode {mode!r}"
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         decoder_out = self.hf.get_decoder()(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False
         )
@@ -91,18 +73,14 @@ class TokenLogprobModel(nn.Module):
         return token_logprobs(decoder_out.last_hidden_state, weight, input_ids, self.chunk_tokens)
 
 
-class HfCallable:
-    """What the sampler calls: looks like the HF model, runs through the FSDP root."""
-
-    def __init__(self, root: TokenLogprobModel) -> None:
-        self._root = root
-        self.config = root.hf.config
-
-    def parameters(self) -> Any:
-        return self._root.parameters()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._root(*args, mode="hf", **kwargs)
+def hf_named_tensors(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs with Hugging Face names from a state dict of the root
+    (``hf.`` prefix); wrapper prefixes (compile, activation checkpointing) removed."""
+    pairs = []
+    for name, tensor in state_dict.items():
+        clean = name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+        pairs.append((clean.removeprefix("hf."), tensor))
+    return pairs
 
 
 def load_hf_model(model_path: str, device: str) -> nn.Module:

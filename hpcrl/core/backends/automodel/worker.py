@@ -2,6 +2,14 @@
 
 Implements ``hpcrl.core.backends.base.BackendWorker``; the process group exists before
 ``setup`` (the actor creates it).
+
+Compiled decoder blocks (GPU, ``automodel_cfg.torch_compile``) see the variable lengths of
+GRPO batches. So that nothing recompiles after the first step: blocks are compiled with
+dynamic batch and sequence sizes; every micro-batch's sequence dim is padded to a multiple of
+``SEQUENCE_BUCKET`` with at least one padding column (a batch without padding would make
+Hugging Face drop the attention mask: a second graph); log-prob micro-batches keep one row
+count (a single row would be specialised); log-prob passes always run in eval mode and
+train passes in train mode (the mode is part of what a compiled graph assumes).
 """
 
 from __future__ import annotations
@@ -14,7 +22,11 @@ import torch
 import torch.distributed as dist
 
 from hpcrl.core.backends.automodel import checkpoint
-from hpcrl.core.backends.automodel.model import HfCallable, TokenLogprobModel, load_hf_model
+from hpcrl.core.backends.automodel.model import (
+    TokenLogprobModel,
+    hf_named_tensors,
+    load_hf_model,
+)
 from hpcrl.core.backends.automodel.optim import build_lr_scheduler, build_optimizer, clip_gradients
 from hpcrl.core.backends.automodel.parallelize import (
     MeshShape,
@@ -28,12 +40,15 @@ from hpcrl.core.backends.automodel.parallelize import (
     needs_fsdp,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
+from hpcrl.core.workers.sharding import pad_rows, pad_sequence_dim
 
 if TYPE_CHECKING:
-    from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.config.recipe import Recipe
     from hpcrl.core.policy import Batch, LossFn
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Sequence lengths of compiled passes are padded to a multiple of this.
+SEQUENCE_BUCKET = 64
 
 
 def _check_supported(recipe: Recipe, device: str) -> None:
@@ -67,6 +82,11 @@ def _seed_everything(recipe: Recipe, rank: int) -> None:
 
 class AutomodelWorker:
     """Model, reference model, optimizer and scheduler of one rank."""
+
+    # torch.compile backend of the decoder blocks; tests count compilations through it on
+    # CPU (``compile_on_cpu``), where the blocks are otherwise left eager.
+    compile_backend: Any = "inductor"
+    compile_on_cpu: bool = False
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         _check_supported(recipe, rank_info.device)
@@ -107,8 +127,8 @@ class AutomodelWorker:
             apply_tp(hf_model, self.mesh["tp"])
         if training and cfg.activation_checkpointing:
             apply_activation_checkpointing(hf_model)
-        if self.device.type == "cuda" and cfg.torch_compile:
-            apply_compile(hf_model)
+        if self.compiles:
+            apply_compile(hf_model, backend=self.compile_backend)
         root = TokenLogprobModel(hf_model)
         param_dtype = None
         if self.device.type == "cuda":
@@ -127,8 +147,16 @@ class AutomodelWorker:
             root.requires_grad_(False)
         return root
 
+    @property
+    def compiles(self) -> bool:
+        on_device = self.device.type == "cuda" or self.compile_on_cpu
+        return on_device and self.recipe.policy.automodel_cfg.torch_compile
+
     # ------------------------------------------------------------------ training
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """On the device; compiled passes get their sequence dim bucketed (module docstring)."""
+        if self.compiles:
+            batch = pad_sequence_dim(batch, SEQUENCE_BUCKET)
         return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
 
     def train_step(
@@ -166,15 +194,23 @@ class AutomodelWorker:
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
     def _logprobs_with(self, model: TokenLogprobModel, batch: Batch) -> torch.Tensor:
+        """Eval mode (no dropout), whatever the last pass left: a fixed mode per pass also
+        keeps compiled blocks from recompiling on the mode flag."""
+        model.eval()
         policy = self.recipe.policy
         micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
-        size = batch["input_ids"].shape[0]
+        size, length = batch["input_ids"].shape
         pieces = []
         for start in range(0, size, micro_size):
-            micro = self._to_device(
-                {k: batch[k][start : start + micro_size] for k in ("input_ids", "attention_mask")}
-            )
-            pieces.append(model(micro["input_ids"], micro["attention_mask"]).float().cpu())
+            micro = {
+                k: batch[k][start : start + micro_size] for k in ("input_ids", "attention_mask")
+            }
+            num_rows = micro["input_ids"].shape[0]
+            if self.compiles:
+                micro, num_rows = pad_rows(micro, micro_size)
+            micro = self._to_device(micro)
+            logprobs = model(micro["input_ids"], micro["attention_mask"])
+            pieces.append(logprobs[:num_rows, :length].float().cpu())
         return torch.cat(pieces)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
@@ -186,46 +222,23 @@ class AutomodelWorker:
             self.reference = self._build_sharded(self.model_path, training=False)
         return self._logprobs_with(self.reference, batch)
 
-    # ------------------------------------------------------------------ generation
+    # ------------------------------------------------------------------ weights out
     @torch.no_grad()
-    def generate(
-        self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
-    ) -> dict[str, torch.Tensor]:
-        from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+    def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Full weights with Hugging Face names on every rank (gathering FSDP/TP shards is a
+        collective), on this rank's device. ``cpu_offload`` stays off: with it only rank 0
+        would receive tensors, and every rank feeds its own engine."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        hf_config = self.model.hf.config
-        eos = hf_config.eos_token_id
-        eos = eos[0] if isinstance(eos, list) else eos
-        pad = hf_config.pad_token_id if hf_config.pad_token_id is not None else (eos or 0)
-        input_ids, attention_mask = pad_prompts(prompt_ids, pad)
-        self.model.eval()
-        # Decode shapes change every step: compiled blocks would recompile; run them eager.
-        try:
-            with torch.compiler.set_stance("force_eager"):
-                return generate(
-                    HfCallable(self.model),
-                    input_ids,
-                    attention_mask,
-                    cfg,
-                    # TP peers of one data-parallel shard must draw the same tokens.
-                    seed=seed * 1_000_003 + self._dp_rank(),
-                    eos_token_id=eos,
-                    pad_token_id=pad,
-                    sync_group=dist.group.WORLD if dist.get_world_size() > 1 else None,
-                    tokenizer=self._tokenizer() if cfg.stop_strings else None,
-                )
-        finally:
-            self.model.train()
-
-    def _tokenizer(self) -> Any:
-        from hpcrl.core.models.tokenizer import load_tokenizer
-
-        if getattr(self, "tokenizer", None) is None:
-            self.tokenizer = load_tokenizer(self.recipe.policy.tokenizer.name or self.model_path)
-        return self.tokenizer
+        state = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
+        )
+        return [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
 
     def _dp_rank(self) -> int:
-        replicate_index, shard_index, _ = self.mesh.get_coordinate()
+        coords = self.mesh.get_coordinate()
+        assert coords is not None
+        replicate_index, shard_index, _ = coords
         return replicate_index * self.shape.dp_shard + shard_index
 
     # ------------------------------------------------------------------ memory
@@ -261,10 +274,22 @@ class AutomodelWorker:
         peak_gb = 0.0
         if self.device.type == "cuda":
             peak_gb = torch.cuda.max_memory_allocated() / 2**30
-        return {"step": self.step, "peak_memory_gb": peak_gb, "dp_rank": self._dp_rank()}
+        return {
+            "step": self.step,
+            "peak_memory_gb": peak_gb,
+            "dp_rank": self._dp_rank(),
+            "compiled_graphs": compiled_graph_count(),
+        }
 
     def close(self) -> None:
         for name in ("model", "reference", "optimizer", "scheduler", "mesh"):
             if hasattr(self, name):
                 delattr(self, name)
         gc.collect()
+
+
+def compiled_graph_count() -> int:
+    """Graphs torch.compile has built in this process so far (recompilations included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
