@@ -21,6 +21,7 @@ from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.algorithms.losses import grpo_loss
 from hpcrl.core.data.jsonl import EpochSampler
 from hpcrl.core.data.prompts import encode_prompt, truncate_left
+from hpcrl.core.policy import GenerationOutput, Policy
 
 
 @attrs.frozen(kw_only=True)
@@ -31,7 +32,7 @@ class Rollouts:
     answers: list[str]
     responses: list[str]
     rewards: Any  # torch.Tensor [N]
-    generation: Any  # GenerationOutput
+    generation: GenerationOutput
 
 
 def prompt_token_budget(recipe: Recipe) -> int:
@@ -67,7 +68,7 @@ def expand_prompts(
 
 
 def sample_rollouts(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
 ) -> Rollouts:
     """Generate ``num_generations_per_prompt`` responses per row and score them."""
     import torch
@@ -91,7 +92,7 @@ def sample_rollouts(
     )
 
 
-def decode_responses(tokenizer: Any, generation: Any) -> list[str]:
+def decode_responses(tokenizer: Any, generation: GenerationOutput) -> list[str]:
     texts = []
     for row in range(generation.input_ids.shape[0]):
         start = int(generation.prompt_lengths[row])
@@ -125,13 +126,13 @@ def build_train_batch(recipe: Recipe, rollouts: Rollouts) -> dict[str, Any]:
     }
 
 
-def add_logprobs(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> None:
+def add_logprobs(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> None:
     batch["old_logprobs"] = policy.get_logprobs(batch)
     if recipe.loss_fn.reference_policy_kl_penalty > 0:
         batch["ref_logprobs"] = policy.get_reference_logprobs(batch)
 
 
-def train_on_batch(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> dict[str, float]:
+def train_on_batch(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> dict[str, float]:
     """Optimizer steps over chunks of train_global_batch_size rollouts; metrics averaged."""
     size = batch["input_ids"].shape[0]
     chunk = recipe.policy.train_global_batch_size
@@ -149,7 +150,7 @@ def train_on_batch(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> dict[s
 
 
 def grpo_step(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
 ) -> dict[str, Any]:
     """One GRPO step; returns its metrics record."""
     assert recipe.grpo is not None
@@ -174,10 +175,12 @@ def grpo_step(
 
 
 def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dict[str, float]:
-    """Reward, length and throughput figures of one step's rollouts (sync and async GRPO)."""
+    """Reward, length and throughput figures of one step's rollouts (sync and async GRPO),
+    plus the engines' own figures (refit, prefill and decode times, decode steps, ...)."""
     generation = rollouts.generation
     num_tokens = int(generation.attention_mask.sum())
     return {
+        **{key: float(value) for key, value in generation.metrics.items()},
         "reward_mean": float(rollouts.rewards.mean()),
         "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
         "response_length_mean": float(generation.response_lengths.float().mean()),
@@ -192,6 +195,6 @@ StepFn = Callable[[int], dict[str, Any]]
 
 
 def make_grpo_step_fn(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler
 ) -> StepFn:
     return functools.partial(grpo_step, policy, recipe, tokenizer, env, sampler)

@@ -14,7 +14,10 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcrl.core.policy import Policy
 
 PREEMPT_FILE = "PREEMPT"  # same name hpcrl.job.markers writes
 PREEMPTED_EXIT_CODE = 3
@@ -47,7 +50,11 @@ class CheckpointStore:
     """Saves through the policy every ``save_period`` steps and keeps the newest ``keep``."""
 
     def __init__(
-        self, policy: Any, checkpoint_dir: str | Path, save_period: int | None, keep: int | None
+        self,
+        policy: Policy,
+        checkpoint_dir: str | Path,
+        save_period: int | None,
+        keep: int | None,
     ) -> None:
         self.policy = policy
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -55,7 +62,9 @@ class CheckpointStore:
         self.keep = keep
 
     def due(self, step: int) -> bool:
-        return bool(self.save_period) and step % self.save_period == 0
+        return (
+            self.save_period is not None and self.save_period > 0 and step % self.save_period == 0
+        )
 
     def save(self, step: int, extra_state: Mapping[str, Any]) -> Path:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)

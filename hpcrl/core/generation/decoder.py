@@ -333,9 +333,13 @@ class Decoder:
         shape, pw = self.shape, self.pointwise
         normed = pw.rms_norm(hidden, self.layers[0].input_norm, shape.rms_eps)
         for index, layer in enumerate(self.layers):
-            hidden, mlp_out = self._block(
-                layer, hidden, normed, lambda q, k, v, i=index: attend(i, q, k, v), cos, sin
-            )
+
+            def attend_here(
+                q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index: int = index
+            ) -> torch.Tensor:
+                return attend(index, q, k, v)
+
+            hidden, mlp_out = self._block(layer, hidden, normed, attend_here, cos, sin)
             next_norm = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else None
             weight = next_norm if next_norm is not None else self.final_norm
             hidden, normed = pw.add_rms_norm(hidden, mlp_out, weight, shape.rms_eps)
