@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-min", type=int, default=20)
     parser.add_argument("--prompt-max", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per hpcrl row")
-    parser.add_argument("--rows", default="hpcrl,hpcrl-unfused,hf-eager,hf-static")
+    parser.add_argument("--rows", default="hpcrl,hf-static,hpcrl-unfused,hf-eager")
     parser.add_argument("--json-out", type=Path, default=None)
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny:llama, small")
     args = parser.parse_args(argv)
@@ -204,7 +204,6 @@ def hf_row(model: Any, prompts: list[list[int]], args: argparse.Namespace, stati
         "top_k": 0,
         "top_p": 1.0,
         "max_new_tokens": args.new_tokens,
-        "min_new_tokens": args.new_tokens,
         "pad_token_id": 0,
     }
     if static:
@@ -241,6 +240,8 @@ def bounds(model: Any, batch: int, args: argparse.Namespace, bandwidth: float) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(1)  # a smoke test on shared cores: threads only spin
     dtype = getattr(torch, args.dtype)
     model = build_model(args.model, args.device, dtype)
     params = sum(p.numel() for p in model.parameters())

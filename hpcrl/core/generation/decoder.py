@@ -189,11 +189,28 @@ class Pointwise:
     @classmethod
     def fused(cls) -> Pointwise:
         """One kernel per piece (GPU). Shapes are marked dynamic so prefill and every
-        decode batch size share one compilation."""
+        decode batch size share one compilation. A piece that fails to compile (its first
+        call is in the eager prefill, never inside a graph capture) runs eagerly instead."""
         import torch
 
         def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-            return torch.compile(fn, dynamic=True, fullgraph=True)
+            chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True)}
+
+            def call(*args: Any) -> Any:
+                try:
+                    return chosen["fn"](*args)
+                except Exception as error:  # any compiler failure
+                    if chosen["fn"] is fn:
+                        raise
+                    import warnings
+
+                    warnings.warn(
+                        f"{fn.__name__}: torch.compile failed ({error}); eager", stacklevel=2
+                    )
+                    chosen["fn"] = fn
+                    return fn(*args)
+
+            return call
 
         return cls(
             rms_norm=compiled(rms_norm),

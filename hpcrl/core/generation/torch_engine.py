@@ -105,6 +105,8 @@ class TorchEngine:
 
         self.options = options or EngineOptions()
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.decoder = Decoder(config, self.device, dtype)
         on_cuda = self.device.type == "cuda"
         if on_cuda and self.options.fuse_pointwise:
@@ -299,7 +301,9 @@ class TorchEngine:
                 state.decode_forward(rows, columns)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
+        # thread_local: other threads' CUDA calls (NCCL's watchdog in a training worker)
+        # must not invalidate this capture.
+        with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
             state.decode_forward(rows, columns)
         return graph
 
