@@ -280,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"batch {batch:4d}  {name:14s} {json.dumps(row)}", flush=True)
         results["rows"].append({"batch": batch, "measured": measured,
                                 "bounds": bounds(model, batch, args, bandwidth)})  # fmt: skip
+        if args.json_out is not None:  # after every batch: a time limit keeps what is done
+            args.json_out.write_text(json.dumps(results, indent=1))
     print_table(results)
-    if args.json_out is not None:
-        args.json_out.write_text(json.dumps(results, indent=1))
     return 0 if all(c["passed"] for c in checks.values()) else 1
 
 
