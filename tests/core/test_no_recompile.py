@@ -98,3 +98,15 @@ def test_logprob_and_train_passes_compile_only_in_the_first_step(compiled_worker
     assert graphs_after_step[0] > 0, "the blocks were compiled"
     assert graphs_after_step == [graphs_after_step[0]] * len(steps), graphs_after_step
     assert worker.collect_state()["compiled_graphs"] == graphs_after_step[0]
+
+
+def test_sequence_padding_always_adds_a_zero_column_on_token_axes_only() -> None:
+    from hpcrl.core.workers.sharding import pad_sequence_dim
+
+    ones = torch.ones(2, 64, dtype=torch.long)
+    batch = {"input_ids": ones, "attention_mask": ones, "advantages": torch.ones(2)}
+    padded = pad_sequence_dim(batch, 64)
+    assert padded["input_ids"].shape == (2, 128)  # a full bucket still gets padding
+    assert int(padded["attention_mask"][:, 64:].sum()) == 0
+    assert torch.equal(padded["advantages"], batch["advantages"])
+    assert pad_sequence_dim({"input_ids": ones[:, :37]}, 64)["input_ids"].shape == (2, 64)
