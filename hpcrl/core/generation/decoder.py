@@ -369,11 +369,13 @@ class Decoder:
 
 
 def build_rotary_embedding(config: Any) -> Any:
-    """The model's own rotary module (its class found on a meta-device instance), on CPU."""
+    """The model's own rotary module (its class found on a meta-device instance), on CPU.
+    Built from ``config`` alone: transformers 4 also takes a device, 5 does not."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         meta_model = AutoModelForCausalLM.from_config(config)
     rotary_class = type(meta_model.get_decoder().rotary_emb)
-    return rotary_class(config=config, device="cpu")
+    with torch.device("cpu"):
+        return rotary_class(config=config)
