@@ -179,6 +179,8 @@ def run_sweep(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.no_submit:
         return _write_unsubmitted(planned)
+    if planned.runs_points_one_by_one:
+        return _run_local_sweep(planned, args.wait)
     from hpcrl.submit.submission import SubmissionRefused
     from hpcrl.submit.sweep_launch import write_and_submit_sweep
 
@@ -218,6 +220,43 @@ def _write_unsubmitted(planned: PlannedSweep) -> int:
         console.print(f"  {shown}/{point.run_dir_name}  {point.describe()}", soft_wrap=True)
     console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
     return 0
+
+
+def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
+    """Local profile: the points run one after another, this command starting each in turn."""
+    from hpcrl.submit.sweep_launch import run_local_sweep
+    from hpcrl.submit.waiting import wait_for_job
+
+    if not wait:
+        print(
+            f"hpcrl sweep: on the local profile {planned.points[0].spec.profile_name!r} the "
+            f"points run one after another (they would share this machine's "
+            f"{'GPUs' if planned.points[0].spec.device == 'gpu' else 'cores'}), started by this "
+            "command as each one ends: add --wait (or write the points with --no-submit)",
+            file=sys.stderr,
+        )
+        return 2
+    console = _console()
+    shown = _shown(planned.sweep_dir)
+    console.print(
+        f"Sweep {planned.record.name}: {len(planned.points)} points on "
+        f"{planned.points[0].spec.profile_name}, one after another"
+    )
+
+    def announce(point: Any, job: JobRecord) -> None:
+        console.print(
+            f"  {job.job_id:>10}  {shown}/{point.point.run_dir_name}  {point.point.describe()}",
+            soft_wrap=True,
+        )
+
+    def follow(run_dir: Path, job: JobRecord) -> int:
+        steps = max_steps(planned.points[job.array_index or 0].loaded.recipe)
+        return wait_for_job(run_dir, job, console, steps).exit_code
+
+    exit_code = run_local_sweep(planned, wait=follow, announce=announce)
+    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
+    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+    return exit_code
 
 
 def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console) -> int:

@@ -49,6 +49,26 @@ def rule_megatron_parallel_sizes(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_context_parallel(recipe: Recipe) -> list[Problem]:
+    """hpcrl's Megatron step gives every rank whole sequences and scales the loss for DP
+    and micro-batches only; under CP megatron-core expects each CP rank to hold its share
+    of every sequence and multiplies the loss by the CP size, so gradients would come out
+    CP× too large, computed on the wrong inputs."""
+    if not megatron_enabled(recipe):
+        return []
+    size = recipe.policy.megatron_cfg.context_parallel_size
+    if size <= 1:
+        return []
+    return [
+        Problem(
+            path=f"{MEGATRON}.context_parallel_size",
+            value=size,
+            message="context parallelism is not supported by hpcrl's Megatron backend yet: it does not split sequences across CP ranks nor undo megatron-core's CP loss scaling, so gradients would be wrong",
+            fix=f"set {MEGATRON}.context_parallel_size=1 (use tensor/pipeline parallelism or activation checkpointing for long sequences)",
+        )
+    ]
+
+
 def rule_parallel_read_threads(recipe: Recipe) -> list[Problem]:
     if not megatron_enabled(recipe):
         return []
@@ -334,6 +354,7 @@ def _offload_combinations(cfg: MegatronCfg, modules: set[str]) -> list[Problem]:
 
 MEGATRON_RULES = (
     rule_megatron_parallel_sizes,
+    rule_context_parallel,
     rule_sequence_parallel,
     rule_recompute,
     rule_parallel_read_threads,

@@ -73,6 +73,29 @@ def rule_model_overrides_first_class(recipe: Recipe) -> list[Problem]:
     ]
 
 
+# Provider fields that change how megatron-core scales the loss: hpcrl's step already
+# normalises by the global token count and scales for micro-batches × DP.
+LOSS_SCALING_OVERRIDES: Mapping[str, str] = {
+    "calculate_per_token_loss": "with it megatron-core skips its 1/DP gradient average, which hpcrl's loss scaling (× micro-batches × DP) relies on, so gradients would come out DP times too large",
+}
+
+
+def rule_model_overrides_loss_scaling(recipe: Recipe) -> list[Problem]:
+    if not megatron_enabled(recipe):
+        return []
+    overrides = recipe.policy.megatron_cfg.model_overrides
+    return [
+        Problem(
+            path=f"{MEGATRON}.model_overrides.{key}",
+            value=overrides[key],
+            message=f"hpcrl's losses are already per-token shares of the global batch; {reason}",
+            fix=f"remove {MEGATRON}.model_overrides.{key} (token-level loss: loss_fn.token_level_loss=true)",
+        )
+        for key, reason in LOSS_SCALING_OVERRIDES.items()
+        if key in overrides and overrides[key] not in (False, None)
+    ]
+
+
 def first_class_target(key: str) -> str | None:
     if key in FIRST_CLASS_MODEL_OVERRIDES:
         return FIRST_CLASS_MODEL_OVERRIDES[key]
@@ -156,5 +179,6 @@ def _teacher_structure_problems(
 
 OVERRIDE_RULES = (
     rule_model_overrides_first_class,
+    rule_model_overrides_loss_scaling,
     rule_teacher_overrides,
 )

@@ -260,7 +260,8 @@ class GrpoCfg:
     max_num_steps: int = 100
     max_num_epochs: int = 1
     normalize_rewards: bool = True
-    use_leave_one_out_baseline: bool = False
+    use_leave_one_out_baseline: bool = True  # NeMo RL's default (its advantage estimator's)
+    overlong_filtering: bool = False  # truncated responses (no stop) are left out of the loss
     val_period: int = 0  # 0: no validation
     val_at_start: bool = False
     seed: int = 42
@@ -280,15 +281,22 @@ class SftCfg:
 
 @frozen
 class LossFnCfg:
-    """Policy-gradient loss (``loss_fn``); SFT ignores it."""
+    """Policy-gradient loss (``loss_fn``); SFT ignores it. Names, meanings and defaults are
+    NeMo RL's (ClippedPGLossConfig); docs/algorithms.md gives every formula."""
 
-    reference_policy_kl_penalty: float = 0.0
+    reference_policy_kl_penalty: float = 0.01  # 0: no KL term, no reference log-probs
     reference_policy_kl_type: Literal["k1", "k2", "k3"] = "k3"
+    kl_input_clamp_value: float | None = 20.0  # |ref − logp| clamp; None: off
+    kl_output_clamp_value: float | None = 10.0  # |per-token KL| clamp; None: off
     ratio_clip_min: float = 0.2
     ratio_clip_max: float = 0.2
-    ratio_clip_c: float | None = None  # dual-clip; None: off
+    ratio_clip_c: float | None = None  # dual-clip, > 1; None: off
     use_on_policy_kl_approximation: bool = False
     use_importance_sampling_correction: bool = False
+    truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
+    truncated_importance_sampling_ratio: float | None = None  # upper bound of the weights
+    truncated_importance_sampling_ratio_min: float | None = None  # lower bound
+    sequence_level_importance_ratios: bool = False  # GSPO; only false is supported
     token_level_loss: bool = True
 
 

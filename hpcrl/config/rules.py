@@ -15,6 +15,7 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 from __future__ import annotations
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.loss_rules import LOSS_RULES
 from hpcrl.config.megatron_rules import MEGATRON_RULES
 from hpcrl.config.override_rules import (
     MODEL_OVERRIDES_CHECKED_IN_JOB,
@@ -93,6 +94,21 @@ def rule_automodel_parallel_sizes(recipe: Recipe) -> list[Problem]:
         )
         for name in names
         if getattr(cfg, name) < 1
+    ]
+
+
+def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
+    """The worker refuses it at setup; here it fails before the queue wait."""
+    cfg = recipe.policy.automodel_cfg
+    if not cfg.enabled or cfg.context_parallel_size <= 1:
+        return []
+    return [
+        Problem(
+            path=f"{AUTOMODEL}.context_parallel_size",
+            value=cfg.context_parallel_size,
+            message="the automodel backend has no context parallelism (sequences are not split across ranks)",
+            fix=f"set {AUTOMODEL}.context_parallel_size=1",
+        )
     ]
 
 
@@ -184,7 +200,7 @@ def rule_grpo_settings(recipe: Recipe) -> list[Problem]:
         return []
     problems = []
     grpo = recipe.grpo
-    if grpo.use_leave_one_out_baseline and grpo.num_generations_per_prompt < 2:
+    if grpo.use_leave_one_out_baseline and grpo.num_generations_per_prompt == 1:
         problems.append(
             Problem(
                 path="grpo.num_generations_per_prompt",
@@ -328,6 +344,8 @@ RECIPE_RULES = (
     rule_async_grpo,
     rule_generation,
     rule_generation_resources,
+    rule_automodel_context_parallel,
+    *LOSS_RULES,
     *MEGATRON_RULES,
     *OVERRIDE_RULES,
 )

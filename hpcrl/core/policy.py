@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 # backends slice every key along dim 0 into micro-batches and pass them through untouched.
 Batch = Mapping[str, "torch.Tensor"]
 
+# With top-k/top-p sampling the train step hands the loss the log-probs of the filtered
+# distribution (hpcrl.core.token_distribution) and adds the unfiltered ones to the
+# micro-batch under this key (NeMo RL's name): the KL term compares those to the reference.
+UNFILTERED_LOGPROBS_KEY = "curr_logprobs_unfiltered"
+
 # Computed on the workers: (logprobs [b, T] with grad, micro-batch, global normaliser) →
 # (scalar loss, metrics). Must be a picklable top-level function or functools.partial of one.
 # ``num_global_tokens`` is the loss-mask token count of the whole global batch, so that

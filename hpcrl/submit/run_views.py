@@ -128,6 +128,11 @@ def cancel_run(path: Path, console: Console) -> int:
     if is_sweep_dir(path):
         sweep = read_sweep_record(path)
         first = read_job_record(path / sweep.points[0].run_dir_name)
+        if first.executor == "local":  # a local sweep: one job per point, not an array
+            for point in sweep.points:
+                if (path / point.run_dir_name / "job.json").is_file():
+                    cancel_run(path / point.run_dir_name, console)
+            return 0
         record = attrs.evolve(first, job_id=first.array_job_id)
         cancel_job(record)
         console.print(f"Cancelled job array {record.job_id} ({len(sweep.points)} points) of {path}")

@@ -130,8 +130,10 @@ def _stdio_into(path: Path) -> Iterator[None]:
             os.close(copy)
 
 
-def submit_job(jobspec: JobSpec, script_path: Path) -> JobRecord:
-    """Submit one run (its run folder is already rendered) and write ``<run_dir>/job.json``."""
+def submit_job(jobspec: JobSpec, script_path: Path, **record_fields: Any) -> JobRecord:
+    """Submit one run (its run folder is already rendered) and write ``<run_dir>/job.json``.
+
+    ``record_fields``: more JobRecord fields (a local sweep's point: array_index, sweep_dir)."""
     assert jobspec.array_size is None, "arrays go through submit_array"
     write_jobspec(jobspec)
     executor = build_executor(jobspec, script_path)
@@ -141,7 +143,7 @@ def submit_job(jobspec: JobSpec, script_path: Path) -> JobRecord:
     else:
         with _refusal_explained(script_path):
             job = executor.submit(NodeTask(), jobspec.run_dir)
-    record = _record(jobspec, job)
+    record = _record(jobspec, job, **record_fields)
     write_job_record(Path(jobspec.run_dir), record)
     return record
 

@@ -11,11 +11,16 @@ array ran ``../job.sbatch``.
 ``hpcrl sweep --no-submit`` stops after ``write_sweep_folders``: the same folders and
 ``sweep.json`` (no array job id), for points run by hand, e.g. on a GPU machine without Slurm.
 submitit is imported only when submitting, so that path runs where submitit is not installed.
+
+On a local profile (one machine, no Slurm) there is no array: ``run_local_sweep`` submits each
+point as its own local job (``point-<i>/job.sbatch``) and starts the next when it has ended,
+because points side by side would share the machine's GPUs or cores and spoil each other's
+step times and memory peaks. The folder has no top-level ``job.sbatch`` then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -42,7 +47,11 @@ class PlannedSweep:
     sweep_dir: Path
     record: SweepRecord
     points: tuple[PlannedPoint, ...]
-    array_spec: JobSpec
+    array_spec: JobSpec | None  # None on a local profile: its points run one by one
+
+    @property
+    def runs_points_one_by_one(self) -> bool:
+        return self.array_spec is None
 
 
 def default_sweep_dir(recipe_source: str, cluster: str, overrides: Sequence[str],
@@ -64,12 +73,6 @@ def plan_sweep(
 
     ``for_submission``: placeholders of an example profile are errors."""
     profile = load_profile(cluster)
-    if profile.scheduler != "slurm":
-        raise ConfigError([Problem(
-            path="scheduler", value=profile.scheduler,
-            message=f"a sweep is one Slurm job array; profile {profile.name!r} has no Slurm",
-            fix="sweep on a Slurm profile, or run the points one by one with hpcrl submit",
-        )])  # fmt: skip
     # Array tasks take neighbouring Ray port bands (hpcrl.config.port_bands), so they may share
     # a node; a port the profile names is the same for every task, so then whole nodes each.
     if profile.ray_ports.named:
@@ -92,11 +95,13 @@ def plan_sweep(
         raise ConfigError(problems)
     _check_one_allocation_shape(planned)
     first = planned[0]
-    array_spec = plan(
-        first.loaded.recipe, profile, run_dir=str(sweep_dir), overrides=first.spec.overrides,
-        recipe_source=recipe_source, profile_source=cluster, job_name=sweep_dir.name,
-        array_size=len(planned), host=context.host, for_submission=for_submission,
-    )  # fmt: skip
+    array_spec = None
+    if profile.scheduler == "slurm":
+        array_spec = plan(
+            first.loaded.recipe, profile, run_dir=str(sweep_dir), overrides=first.spec.overrides,
+            recipe_source=recipe_source, profile_source=cluster, job_name=sweep_dir.name,
+            array_size=len(planned), host=context.host, for_submission=for_submission,
+        )  # fmt: skip
     record = SweepRecord(
         name=sweep_dir.name, recipe_source=recipe_source, cluster=cluster,
         overrides=tuple(overrides), swept_keys=tuple(points[0].values), points=tuple(points),
@@ -146,23 +151,31 @@ def _check_one_allocation_shape(planned: Sequence[PlannedPoint]) -> None:
         )])  # fmt: skip
 
 
-def write_sweep_folders(planned: PlannedSweep) -> Path:
-    """Write every point's folder, the array script and ``sweep.json``; the array's script."""
+def write_sweep_folders(planned: PlannedSweep) -> Path | None:
+    """Write every point's folder, the array script and ``sweep.json``; the array's script
+    (None for a local sweep, which has none)."""
     for point in planned.points:
         loaded = point.loaded
         write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path)
-    first = planned.points[0].loaded
-    run = write_run_folder(planned.array_spec, first.resolved_dict, recipe_path=first.source_path)
+    script = None
+    if planned.array_spec is not None:
+        first = planned.points[0].loaded
+        run = write_run_folder(
+            planned.array_spec, first.resolved_dict, recipe_path=first.source_path
+        )
+        script = run.script
     # sweep.json before submitting: the points are on record even if submission fails
     write_sweep_record(planned.sweep_dir, planned.record)
-    return run.script
+    return script
 
 
 def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:
     """Write every point's folder and the array script, submit one array, write sweep.json."""
     from hpcrl.submit.submission import submit_array, write_jobspec
 
+    assert planned.array_spec is not None, "local sweeps go through run_local_sweep"
     script = write_sweep_folders(planned)
+    assert script is not None
     for point in planned.points:
         write_jobspec(point.spec)  # what the point's node entrypoint reads in the job
     point_dirs = planned.record.point_run_dirs(planned.sweep_dir)
@@ -172,3 +185,31 @@ def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[Job
     )
     write_sweep_record(planned.sweep_dir, record)
     return record, records
+
+
+def run_local_sweep(
+    planned: PlannedSweep,
+    wait: Callable[[Path, JobRecord], int],
+    announce: Callable[[PlannedPoint, JobRecord], None],
+) -> int:
+    """A sweep on a local profile: each point a local job of its own, started when the one
+    before it has ended (``wait`` follows a job and returns its exit code). Every point runs,
+    also after one fails; returns the first non-zero exit code, else 0."""
+    from hpcrl.render.run_folder import SCRIPT_NAME
+    from hpcrl.submit.submission import submit_job
+
+    assert planned.runs_points_one_by_one, "Slurm sweeps are one job array"
+    write_sweep_folders(planned)
+    write_sweep_record(planned.sweep_dir, attrs.evolve(planned.record, submitted_at=utc_now_iso()))
+    codes = []
+    for point in planned.points:
+        run_dir = Path(point.spec.run_dir)
+        record = submit_job(
+            point.spec,
+            run_dir / SCRIPT_NAME,
+            array_index=point.point.index,
+            sweep_dir=str(planned.sweep_dir),
+        )
+        announce(point, record)
+        codes.append(wait(run_dir, record))
+    return next((code for code in codes if code != 0), 0)

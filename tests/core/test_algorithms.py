@@ -6,13 +6,16 @@ import functools
 import math
 import pickle
 
+import attrs
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from hpcrl.config.recipe import LossFnCfg  # noqa: E402
 from hpcrl.core.algorithms.advantages import group_advantages  # noqa: E402
-from hpcrl.core.algorithms.losses import grpo_loss, kl_penalty, sft_loss  # noqa: E402
+from hpcrl.core.algorithms.losses import calculate_kl, grpo_loss, sft_loss  # noqa: E402
+
+NO_KL = LossFnCfg(reference_policy_kl_penalty=0.0)
 
 
 def _batch(logprob_rows, old_rows, advantages, mask_rows, **extra):
@@ -39,9 +42,8 @@ def test_ratio_clipping_at_known_values() -> None:
         [1.0, -1.0],
         [[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]],
     )
-    loss, metrics = grpo_loss(
-        logprobs, batch, 4.0, cfg=LossFnCfg(ratio_clip_min=0.2, ratio_clip_max=0.2)
-    )
+    cfg = LossFnCfg(ratio_clip_min=0.2, ratio_clip_max=0.2, reference_policy_kl_penalty=0.0)
+    loss, metrics = grpo_loss(logprobs, batch, 4.0, cfg=cfg)
     assert loss.item() == pytest.approx(0.15, abs=1e-6)
     assert metrics["clip_fraction"] == pytest.approx(0.5)
     loss.backward()
@@ -53,10 +55,10 @@ def test_ratio_clipping_at_known_values() -> None:
 def test_dual_clip_bounds_negative_advantage_loss() -> None:
     # A = −1, ratio 5: standard clipped loss = max(5, 1.2) = 5; dual clip c=3 → min(5, 3) = 3.
     logprobs, batch = _batch([[math.log(5.0)]], [[0.0]], [-1.0], [[1.0]])
-    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=LossFnCfg(ratio_clip_c=3.0))
+    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=attrs.evolve(NO_KL, ratio_clip_c=3.0))
     assert loss.item() == pytest.approx(3.0, abs=1e-6)
     logprobs, batch = _batch([[math.log(5.0)]], [[0.0]], [-1.0], [[1.0]])
-    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=LossFnCfg())
+    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=NO_KL)
     assert loss.item() == pytest.approx(5.0, abs=1e-6)
 
 
@@ -64,10 +66,10 @@ def test_kl_estimators_match_their_formulas() -> None:
     logprobs = torch.tensor([-1.0, -2.0])
     ref = torch.tensor([-1.5, -1.0])
     # log_ratio = ref − lp = [−0.5, 1.0]
-    assert torch.allclose(kl_penalty(logprobs, ref, "k1"), torch.tensor([0.5, -1.0]))
-    assert torch.allclose(kl_penalty(logprobs, ref, "k2"), torch.tensor([0.125, 0.5]))
+    assert torch.allclose(calculate_kl(logprobs, ref, "k1"), torch.tensor([0.5, -1.0]))
+    assert torch.allclose(calculate_kl(logprobs, ref, "k2"), torch.tensor([0.125, 0.5]))
     k3 = torch.tensor([math.exp(-0.5) - 1 + 0.5, math.e - 1 - 1.0])
-    assert torch.allclose(kl_penalty(logprobs, ref, "k3"), k3)
+    assert torch.allclose(calculate_kl(logprobs, ref, "k3"), k3)
 
 
 def test_kl_penalty_adds_beta_times_mean_kl_and_masks_prompt_tokens() -> None:
@@ -114,9 +116,8 @@ def test_importance_sampling_correction_weights_by_old_over_generation_probs() -
     logprobs, batch = _batch(
         [[0.0]], [[0.0]], [1.0], [[1.0]], generation_logprobs=[[-math.log(2.0)]]
     )
-    loss, _ = grpo_loss(
-        logprobs, batch, 1.0, cfg=LossFnCfg(use_importance_sampling_correction=True)
-    )
+    cfg = attrs.evolve(NO_KL, use_importance_sampling_correction=True)
+    loss, _ = grpo_loss(logprobs, batch, 1.0, cfg=cfg)
     assert loss.item() == pytest.approx(-2.0, rel=1e-6)
 
 
@@ -130,8 +131,8 @@ def test_sequence_level_normalisation_averages_rows_first() -> None:
         [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]],
         num_global_sequences=[2.0, 2.0],
     )
-    token, _ = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg())
-    sequence, _ = grpo_loss(logprobs, batch, 4.0, cfg=LossFnCfg(token_level_loss=False))
+    token, _ = grpo_loss(logprobs, batch, 4.0, cfg=NO_KL)
+    sequence, _ = grpo_loss(logprobs, batch, 4.0, cfg=attrs.evolve(NO_KL, token_level_loss=False))
     assert token.item() == pytest.approx(-0.5)
     assert sequence.item() == pytest.approx(0.0, abs=1e-7)
 
@@ -165,10 +166,18 @@ def test_leave_one_out_baseline() -> None:
         group_advantages(rewards, 4)
 
 
-def test_on_policy_kl_approximation_weights_kl_by_current_over_old_ratio() -> None:
-    # A = 0 → only KL. lp = 0, old = −ln 2 → weight exp(0 + ln 2) = 2; ref = −1:
-    # k1 = lp − ref = 1 → weighted 2; beta 0.5 → loss 1.0.
-    logprobs, batch = _batch([[0.0]], [[-math.log(2.0)]], [0.0], [[1.0]], ref_logprobs=[[-1.0]])
+def test_on_policy_kl_approximation_weights_kl_by_current_over_generation_ratio() -> None:
+    # A = 0 → only KL. lp = 0, generation = −ln 2 → weight exp(0 + ln 2) = 2 (NeMo RL: the
+    # ratio to the sampler's log-probs, so stale async samples are reweighted); old is not
+    # used. ref = −1: k1 = lp − ref = 1 → weighted 2; beta 0.5 → loss 1.0.
+    logprobs, batch = _batch(
+        [[0.0]],
+        [[-5.0]],
+        [0.0],
+        [[1.0]],
+        ref_logprobs=[[-1.0]],
+        generation_logprobs=[[-math.log(2.0)]],
+    )
     cfg = LossFnCfg(
         reference_policy_kl_penalty=0.5,
         reference_policy_kl_type="k1",

@@ -61,7 +61,10 @@ def test_resume_gives_identical_losses(ray_cluster, tiny_model_path, tmp_path): 
     resumed = start_policy(recipe, tiny_model_path, world_size=2)
     try:
         extra_state = resumed.load_checkpoint(checkpoint_dir)
-        steps_after_load = [s["step"] for s in resumed.collect_state()]
+        states = resumed.collect_state()
+        steps_after_load = [s["step"] for s in states]
+        # each rank reports its own host memory (the driver sums them: actors are not its children)
+        assert all(s["peak_host_rss_gb"] > 0.1 for s in states), states
         after_resume = [resumed.train(batch, loss_fn) for batch in batches[3:]]
         resumed_weights = resumed.group.call_same("run", full_weights)[0]
     finally:

@@ -88,7 +88,7 @@ def test_logprob_and_train_passes_compile_only_in_the_first_step(compiled_worker
         logprobs = worker.logprobs(batch)
         assert logprobs.shape == (rows, length)
         with torch.no_grad(), torch.compiler.set_stance("force_eager"):
-            want = eager(batch["input_ids"], batch["attention_mask"])
+            want, _ = eager(batch["input_ids"], batch["attention_mask"])
         real = batch["attention_mask"].bool()
         torch.testing.assert_close(logprobs[real], want[real], atol=1e-5, rtol=0)
         micro = split_micro_batches(batch, 2)

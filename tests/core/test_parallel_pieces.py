@@ -12,20 +12,36 @@ from hpcrl.core.backends.automodel.model import token_logprobs
 from hpcrl.core.backends.automodel.optim import clip_gradients, lr_factor
 from hpcrl.core.backends.automodel.parallelize import MeshShape
 from hpcrl.core.backends.automodel.worker import _check_supported
+from hpcrl.core.token_distribution import LogitTransform, TokenDistribution
 from tests.core.parallel_harness import make_recipe, with_automodel
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 64, 10_000])
-def test_chunked_logprobs_equal_full_softmax_in_value_and_gradient(chunk_tokens):
+@pytest.mark.parametrize("temperature, softcap", [(1.0, None), (0.7, 3.0)])
+def test_chunked_logprobs_equal_full_softmax_in_value_and_gradient(
+    chunk_tokens, temperature, softcap
+):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(3, 9, 16, generator=gen, requires_grad=True)
     weight = torch.randn(50, 16, generator=gen, requires_grad=True)
     ids = torch.randint(0, 50, (3, 9), generator=gen)
 
-    got = token_logprobs(hidden, weight, ids, chunk_tokens)
-    full = torch.log_softmax(hidden @ weight.T, dim=-1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    got, unfiltered = token_logprobs(
+        hidden,
+        weight,
+        ids,
+        chunk_tokens,
+        transform=LogitTransform(softcap=softcap),
+        dist=TokenDistribution(temperature=temperature),
+    )
+    logits = hidden @ weight.T
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    full = torch.log_softmax(logits / temperature, dim=-1)[:, :-1]
+    full = full.gather(-1, ids[:, 1:, None])[..., 0]
     want = torch.cat([torch.zeros(3, 1), full], dim=1)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert unfiltered is got or torch.equal(unfiltered, got)  # no top-k/top-p: one tensor
 
     upstream = torch.randn(3, 9, generator=gen)
     got_grads = torch.autograd.grad((got * upstream).sum(), (hidden, weight))

@@ -33,6 +33,7 @@ def load_through_bridge(
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    from hpcrl.core.backends.megatron.bridge_compat import save_hf_pretrained
     from hpcrl.core.backends.megatron.provider import use_local_spec
 
     bridge = AutoBridge.from_hf_pretrained(hf_path)
@@ -48,5 +49,5 @@ def load_through_bridge(
     )
     model.eval()
     logits = _full_logits(model, input_ids)
-    bridge.save_hf_pretrained([model], export_dir)
+    save_hf_pretrained(bridge, [model], export_dir)
     return logits if rank == 0 else None

@@ -13,9 +13,10 @@ pytest.importorskip(
 
 @pytest.fixture
 def megatron_cpu() -> Iterator[None]:
-    """megatron-core on CPU in this process: TE stand-in for the bridge import + patch layer."""
-    from tests.megatron import cpu_patches, te_standin
+    """megatron-core on CPU in this process: TE placeholders for the bridge import + patch layer."""
+    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+    from tests.megatron import cpu_patches
 
-    te_standin.import_bridge_without_te()
+    import_bridge()
     with cpu_patches.cpu_patches():
         yield

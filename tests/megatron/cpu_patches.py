@@ -1,4 +1,4 @@
-"""Test-only patch layer that lets megatron-core 0.16 train on CPU with gloo.
+"""Test-only patch layer that lets megatron-core (0.16 and 0.19) train on CPU with gloo.
 
 megatron-core is written for GPUs: a handful of code paths hard-code CUDA (device strings,
 ``torch.cuda.current_device()``, CUDA RNG state, ``Tensor.type()`` names). Everything else
@@ -11,14 +11,16 @@ Each patch is a ``CpuPatch`` that names the megatron-core code that needs it and
 source fragment it works around. ``cpu_patches()`` first checks every fragment is still
 present in the installed megatron-core and stops with "patch X no longer applies to
 megatron-core <ver>" if not, so an upgrade fails loudly instead of silently running
-unpatched (or needlessly patched) code. Written and checked for megatron-core 0.16.x.
+unpatched (or needlessly patched) code. Written and checked for megatron-core 0.16.x and
+0.19.x (the lines CI and the GPU machine run; their patched code is the same).
 
 Apply with the ``megatron_cpu`` fixture (tests/megatron/conftest.py) or, in spawned worker
 processes, ``with cpu_patches(): ...``. Nothing is patched at import time.
 
 The TP>1 load fix of megatron-bridge lives here too (``bridge_contiguous_scatter``): a real
-bug, not a CPU redirection, that only bites on gloo. Written and checked for megatron-bridge
-0.3.x. Applying the layer imports the bridge (with the TE stand-in, ``te_standin.py``).
+bug, not a CPU redirection, that only bites on gloo, in megatron-bridge 0.3.x (0.6.x makes the
+pieces contiguous itself: the patch applies to 0.3.x only). Applying the layer imports the
+bridge (with hpcrl's Transformer Engine placeholders, ``bridge_compat.py``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,14 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
-# Versions the patches were written and checked against ("0.16." matches 0.16.x).
-SUPPORTED_PREFIXES = {"megatron-core": "0.16.", "megatron-bridge": "0.3."}
+# Release lines the patches were written and checked against ("0.16." matches 0.16.x):
+# 0.16/0.3 install on Python 3.11 (CI), 0.19/0.6 need 3.12 (the GPU machine's stack).
+SUPPORTED_PREFIXES = {"megatron-core": ("0.16.", "0.19."), "megatron-bridge": ("0.3.", "0.6.")}
 _PIP_LINES = {
-    "megatron-core": "pip install 'megatron-core==0.16.*'",
-    "megatron-bridge": "pip install --no-deps 'megatron-bridge==0.3.*'",
+    "megatron-core": "Python 3.11: `pip install 'megatron-core==0.16.*'`; Python 3.12: "
+    "`pip install 'megatron-core==0.19.*'`",
+    "megatron-bridge": "Python 3.11: `pip install --no-deps 'megatron-bridge==0.3.*'`; "
+    "Python 3.12: `pip install --no-deps 'megatron-bridge==0.6.*'`",
 }
 
 
@@ -50,6 +55,11 @@ class CpuPatch:
     # patch works around, for the patch to be needed and correct.
     requires: tuple[tuple[str, str], ...]
     package: str = "megatron-core"
+    # Release lines of ``package`` that need the patch (None: every supported line).
+    lines: tuple[str, ...] | None = None
+
+    def applies_to(self, versions: dict[str, str]) -> bool:
+        return self.lines is None or versions[self.package].startswith(self.lines)
 
 
 _RANDOM = "megatron.core.tensor_parallel.random"
@@ -130,6 +140,20 @@ PATCHES = (
         ),
     ),
     CpuPatch(
+        name="cuda_current_stream_null",
+        why="megatron-core 0.19's DDP grad sync first makes torch.cuda.current_stream() wait "
+        "for CUDA-graph replay events; on CPU all work is synchronous, so a stream whose "
+        "waits do nothing stands in.",
+        requires=(
+            (
+                "megatron.core.distributed.param_and_grad_buffer:"
+                "_ParamAndGradBucketGroup.start_grad_sync",
+                "current_stream = torch.cuda.current_stream()",
+            ),
+        ),
+        lines=("0.19.",),
+    ),
+    CpuPatch(
         name="bridge_contiguous_scatter",
         why="Loading HF weights at TP>1, the bridge splits each weight with torch.chunk and "
         "scatters the pieces from TP rank 0 as they are; pieces split along dim 1 (row-parallel "
@@ -144,6 +168,7 @@ PATCHES = (
             ),
         ),
         package="megatron-bridge",
+        lines=("0.3.",),
     ),
 )
 
@@ -164,21 +189,22 @@ def installed_versions() -> dict[str, str]:
     """megatron-core and megatron-bridge versions (importing the bridge with the TE stand-in)."""
     import megatron.core
 
-    from tests.megatron import te_standin
+    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
 
-    bridge = te_standin.import_bridge_without_te()
+    bridge = import_bridge()
     return {"megatron-core": megatron.core.__version__, "megatron-bridge": bridge.__version__}
 
 
 def check_versions(versions: dict[str, str]) -> None:
     """Only the versions the patches were checked against; the message says what to do."""
     for package, version in versions.items():
-        prefix = SUPPORTED_PREFIXES[package]
-        if not version.startswith(prefix):
+        prefixes = SUPPORTED_PREFIXES[package]
+        if not version.startswith(prefixes):
+            supported = " and ".join(f"{prefix}x" for prefix in prefixes)
             raise PatchNoLongerApplies(
-                f"tests/megatron/cpu_patches.py supports {package} {prefix}x only, found "
-                f"{version}. To run the Megatron CPU tests, install the supported version "
-                f"(Python 3.11: `{_PIP_LINES[package]}`; docs/megatron.md, Install). To move the "
+                f"tests/megatron/cpu_patches.py supports {package} {supported} only, found "
+                f"{version}. To run the Megatron CPU tests, install a supported version "
+                f"({_PIP_LINES[package]}; docs/megatron.md, Install). To move the "
                 f"tests to {package} {version} instead: for every patch in PATCHES with "
                 f"package={package!r}, re-read each `requires` function in the new source, "
                 f"update the patch and its fragments until check_patches_apply() passes and "
@@ -187,11 +213,19 @@ def check_versions(versions: dict[str, str]) -> None:
             )
 
 
+def bridge_needs_contiguous_scatter() -> bool:
+    """Whether the installed megatron-bridge has the TP>1 gloo scatter bug (0.3.x)."""
+    (patch,) = [p for p in PATCHES if p.name == "bridge_contiguous_scatter"]
+    return patch.applies_to(installed_versions())
+
+
 def check_patches_apply() -> None:
     """Fail loudly if the installed megatron-core/bridge is not the code the patches were made for."""
     versions = installed_versions()
     check_versions(versions)
     for patch in PATCHES:
+        if not patch.applies_to(versions):
+            continue
         version = f"{patch.package} {versions[patch.package]}"
         for consumer, fragment in patch.requires:
             try:
@@ -253,6 +287,19 @@ def _cpu_set_rng_state(new_state, device=-1, graph_safe=False) -> None:
     torch.set_rng_state(new_state)
 
 
+class _NullStream:
+    """``torch.cuda.current_stream()`` on CPU: work is synchronous, there is nothing to wait for."""
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+    def wait_stream(self, stream: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 def _contiguous_scatter(original: Callable) -> Callable:
     """``scatter_to_tp_ranks`` that hands gloo contiguous pieces (same values, own storage)."""
 
@@ -265,7 +312,7 @@ def _contiguous_scatter(original: Callable) -> Callable:
 
 
 def _replacements(skip: frozenset[str]) -> list[tuple[object, str, Callable]]:
-    """(owner, attribute, replacement) per patch not in ``skip``."""
+    """(owner, attribute, replacement) per patch not in ``skip`` that the installed lines need."""
     from megatron.bridge.models.conversion import param_mapping
     from megatron.core.tensor_parallel import random as mcore_random
 
@@ -278,13 +325,18 @@ def _replacements(skip: frozenset[str]) -> list[tuple[object, str, Callable]]:
         ],
         "current_device_is_cpu": [(torch.cuda, "current_device", lambda: torch.device("cpu"))],
         "cuda_synchronize_noop": [(torch.cuda, "synchronize", lambda device=None: None)],
+        "cuda_current_stream_null": [
+            (torch.cuda, "current_stream", lambda device=None: _NullStream())
+        ],
         "bridge_contiguous_scatter": [
             (mapping, "scatter_to_tp_ranks", _contiguous_scatter(mapping.scatter_to_tp_ranks))
         ],
     }
     unknown = skip - {patch.name for patch in PATCHES}
     assert not unknown, f"no such patches: {sorted(unknown)}"
-    return [entry for name, entries in by_patch.items() if name not in skip for entry in entries]
+    versions = installed_versions()
+    needed = {patch.name for patch in PATCHES if patch.applies_to(versions)} - skip
+    return [entry for name, entries in by_patch.items() if name in needed for entry in entries]
 
 
 def _apply(skip: frozenset[str] = frozenset()) -> Callable[[], None]:

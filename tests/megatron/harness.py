@@ -18,10 +18,11 @@ import torch.multiprocessing as mp
 
 
 def prepare_cpu_process(skip_patches: frozenset[str] = frozenset()) -> None:
-    """For a spawned child that lives only for one job: TE stand-in + patches until exit."""
-    from tests.megatron import cpu_patches, te_standin
+    """For a spawned child that lives only for one job: TE placeholders + patches until exit."""
+    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+    from tests.megatron import cpu_patches
 
-    te_standin.import_bridge_without_te()
+    import_bridge()
     cpu_patches.apply_for_process_lifetime(skip_patches)
 
 

@@ -3,13 +3,15 @@ and leave nothing behind."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 
 import pytest
 import torch
 
-from tests.megatron import cpu_patches, te_standin
+from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+from tests.megatron import cpu_patches
 
 
 def test_every_patch_applies_to_the_installed_megatron_core():
@@ -49,27 +51,34 @@ def test_a_patch_whose_target_is_gone_fails_loudly(monkeypatch):
 def test_another_megatron_core_version_fails_with_what_to_do(monkeypatch):
     import megatron.core
 
-    monkeypatch.setattr(megatron.core, "__version__", "0.19.2")
+    monkeypatch.setattr(megatron.core, "__version__", "0.20.0")
     with pytest.raises(cpu_patches.PatchNoLongerApplies) as error:
         cpu_patches.check_patches_apply()
     message = str(error.value)
-    assert "supports megatron-core 0.16.x only, found 0.19.2" in message
+    assert "supports megatron-core 0.16.x and 0.19.x only, found 0.20.0" in message
     assert "`pip install 'megatron-core==0.16.*'`" in message
+    assert "`pip install 'megatron-core==0.19.*'`" in message
     assert "set SUPPORTED_PREFIXES['megatron-core'] in tests/megatron/cpu_patches.py" in message
 
 
 def test_another_megatron_bridge_version_fails_with_what_to_do(monkeypatch):
-    bridge = te_standin.import_bridge_without_te()
-    monkeypatch.setattr(bridge, "__version__", "0.6.0")
+    bridge = import_bridge()
+    monkeypatch.setattr(bridge, "__version__", "0.7.0")
     with pytest.raises(cpu_patches.PatchNoLongerApplies) as error:
         cpu_patches.check_patches_apply()
     message = str(error.value)
-    assert "supports megatron-bridge 0.3.x only, found 0.6.0" in message
+    assert "supports megatron-bridge 0.3.x and 0.6.x only, found 0.7.0" in message
     assert "`pip install --no-deps 'megatron-bridge==0.3.*'`" in message
 
 
+def test_the_scatter_patch_is_for_bridge_0_3_only():
+    (scatter,) = [p for p in cpu_patches.PATCHES if p.name == "bridge_contiguous_scatter"]
+    assert scatter.applies_to({"megatron-bridge": "0.3.1", "megatron-core": "0.16.1"})
+    assert not scatter.applies_to({"megatron-bridge": "0.6.2", "megatron-core": "0.19.2"})
+
+
 def test_bridge_scatter_patch_hands_contiguous_pieces_and_is_undone():
-    te_standin.import_bridge_without_te()
+    import_bridge()
     from megatron.bridge.models.conversion.param_mapping import MegatronParamMapping
 
     # At tp_size 1 the bridge's scatter returns the first piece as given: what gloo would get.
@@ -82,9 +91,14 @@ def test_bridge_scatter_patch_hands_contiguous_pieces_and_is_undone():
         )
 
     assert not first_piece().is_contiguous()
+    original = MegatronParamMapping.scatter_to_tp_ranks
     with cpu_patches.cpu_patches():
         patched = first_piece()
-    assert patched.is_contiguous() and torch.equal(patched, pieces[0])
+        replaced = MegatronParamMapping.scatter_to_tp_ranks is not original
+    if cpu_patches.bridge_needs_contiguous_scatter():
+        assert replaced and patched.is_contiguous() and torch.equal(patched, pieces[0])
+    else:  # 0.6.x makes the pieces contiguous itself before its scatter: left alone
+        assert not replaced and ".contiguous() for s in splits" in inspect.getsource(original)
     assert not first_piece().is_contiguous()
 
 
@@ -103,8 +117,8 @@ def test_patches_redirect_inside_the_block_and_are_undone_after():
         torch.zeros(2, device="cuda")
 
 
-def test_te_standin_is_gone_after_the_bridge_import():
-    bridge = te_standin.import_bridge_without_te()
+def test_te_placeholder_is_gone_after_the_bridge_compat():
+    bridge = import_bridge()
     assert hasattr(bridge, "AutoBridge")
     assert "transformer_engine" not in sys.modules
     import megatron.core.extensions.transformer_engine as te_extension

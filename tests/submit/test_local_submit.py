@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.job_state import cancel_job, query_status, rebuild_job
 from tests.submit import drivers
@@ -84,3 +86,41 @@ def test_local_cancel_stops_the_job_and_its_ray(tmp_path: Path) -> None:
 
     finally:
         cancel_job(record)  # a failed assertion must not leave the sleeping job behind
+
+
+@pytest.mark.slow
+def test_local_sweep_runs_its_points_one_after_another_and_reports(tmp_path: Path) -> None:
+    sweep = tmp_path / "sw"
+    args = ["sweep", ONE_NODE_RECIPE, "--cluster", "local", "-o", str(sweep), *OFFLOAD_ON,
+            "--grid", f"{FRACTION_KEY}=0.5,1.0", "--wait"]  # fmt: skip
+    env = job_env("tests.submit.drivers:write_metrics", **own_ray_ports_env(os.getpid() % 30 + 60))
+    result = hpcrl(args, tmp_path, env, timeout_s=400)
+    assert result.returncode == 0, output_of(result)
+    assert "2 points on local, one after another" in result.stdout
+    points = [sweep / "point-0", sweep / "point-1"]
+    records = [read_job_record(point) for point in points]
+    assert [r.array_index for r in records] == [0, 1]
+    assert {r.sweep_dir for r in records} == {str(sweep)} and records[0].job_id != records[1].job_id
+    assert [query_status(r).state for r in records] == ["COMPLETED", "COMPLETED"]
+    # one after another: point 1's Ray head came up after point 0's driver had finished
+    assert (
+        read_json(points[1] / "status" / "head")["time"]
+        > read_json(points[0] / "status" / "done")["time"]
+    )
+    assert not (sweep / "job.sbatch").exists(), "a local sweep has no array script"
+
+    report = hpcrl(["report", str(sweep)], tmp_path, job_env())
+    assert report.returncode == 0, output_of(report)
+    for point, fraction in zip(points, (0.5, 1.0), strict=True):
+        row = next(line for line in report.stdout.splitlines() if point.name in line)
+        expected = drivers.expected_metrics(fraction, drivers.NUM_METRIC_STEPS)
+        assert f"{expected['peak_host_rss_gb']:.4g}" in row, row
+
+
+def test_a_local_sweep_without_wait_is_refused_with_the_fix(tmp_path: Path) -> None:
+    args = ["sweep", ONE_NODE_RECIPE, "--cluster", "local", "-o", str(tmp_path / "sw"),
+            *OFFLOAD_ON, "--grid", f"{FRACTION_KEY}=0.5,1.0"]  # fmt: skip
+    result = hpcrl(args, tmp_path, job_env())
+    assert result.returncode == 2, output_of(result)
+    assert "points run one after another" in result.stderr and "add --wait" in result.stderr
+    assert not (tmp_path / "sw").exists(), "nothing is written or submitted"

@@ -116,11 +116,16 @@ def test_points_that_change_the_allocation_cannot_share_an_array(tmp_path: Path)
     assert any("need different allocations" in m for m in messages), messages
 
 
-def test_a_sweep_needs_a_slurm_profile(tmp_path: Path) -> None:
+def test_a_local_sweep_has_no_array_its_points_run_one_by_one(tmp_path: Path) -> None:
     points = build_points([f"{FRACTION}=0.5,1.0"])
-    with pytest.raises(ConfigError) as error:
-        plan_sweep(MEGATRON_RECIPE, "local", OFFLOAD_ON, points, tmp_path / "sw")
-    assert "one Slurm job array" in error.value.problems[0].message
+    offload_on = [o for o in OFFLOAD_ON if not o.startswith("cluster.")]  # local: 2 slots
+    planned = plan_sweep(MEGATRON_RECIPE, "local", offload_on, points, tmp_path / "sw")
+    assert planned.runs_points_one_by_one and planned.array_spec is None
+    assert [p.spec.array_size for p in planned.points] == [None, None]
+    assert [p.spec.run_dir for p in planned.points] == [
+        str(tmp_path / "sw" / "point-0"),
+        str(tmp_path / "sw" / "point-1"),
+    ]
 
 
 def test_a_profile_with_named_ray_ports_gets_whole_nodes_per_task(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
+from tests.core.logprob_reference import reference_logprobs
 from tests.vllm.harness import (
     VLLM_CFG,
     build_tiny_model,
@@ -61,16 +62,23 @@ def test_greedy_equals_torch_sampler_on_16_prompts(tiny, engine) -> None:
         assert torch.equal(got[key], want[key]), key
 
 
-def test_sampled_logprobs_are_the_models_raw_logprobs(tiny, engine) -> None:
-    """temperature 0.7 + top-k: logprobs still those of the unmodified distribution, i.e.
-    what the trainer computes by teacher forcing (the importance-sampling contract)."""
+def test_sampled_logprobs_are_those_of_the_sampling_distribution(tiny, engine) -> None:
+    """temperature 0.7 + top-k: logprobs are log_softmax(top_k(logits / 0.7)) at the token
+    (vLLM's processed_logprobs, NeMo RL's choice), i.e. what the trainer computes by teacher
+    forcing under the same distribution (the importance-sampling contract)."""
     _, model, tokenizer = tiny
     prompts = [ids for ids in encode(tokenizer)[:4] for _ in range(4)]  # n=4 per prompt
     cfg = GenerationCfg(temperature=0.7, top_k=20, max_new_tokens=16)
     out = engine.generate(prompts, cfg, seed=3)
 
-    forced = teacher_forced_logprobs(model, out) * out["response_mask"]
+    with torch.no_grad():
+        logits = model(input_ids=out["input_ids"], attention_mask=out["attention_mask"]).logits
+    mask = out["response_mask"].bool()
+    # (prompt tokens may lie outside the top-k: −inf there, hence where(), not a product)
+    forced = torch.where(mask, reference_logprobs(logits, out["input_ids"], cfg), 0.0)
     torch.testing.assert_close(out["generation_logprobs"], forced, atol=2e-4, rtol=0)
+    raw = teacher_forced_logprobs(model, out)
+    assert (out["generation_logprobs"] - raw)[mask].abs().max().item() > 0.05  # not the raw
     rows = responses(out)
     assert all(1 <= len(r) <= 16 for r in rows)
     assert out["response_lengths"].tolist() == [len(r) for r in rows]

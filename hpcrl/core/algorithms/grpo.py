@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import GenerationCfg, Recipe
 from hpcrl.core.algorithms.advantages import group_advantages
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.algorithms.losses import grpo_loss
@@ -33,6 +33,7 @@ class Rollouts:
     responses: list[str]
     rewards: Any  # torch.Tensor [N]
     generation: GenerationOutput
+    truncated: Any  # torch.Tensor [N] bool: stopped by max_new_tokens, not by a stop
 
 
 def prompt_token_budget(recipe: Recipe) -> int:
@@ -89,7 +90,32 @@ def sample_rollouts(
         responses=responses,
         rewards=rewards,
         generation=generation,
+        truncated=truncated_responses(
+            generation, recipe.policy.generation, tokenizer.eos_token_id, responses
+        ),
     )
+
+
+def truncated_responses(
+    generation: GenerationOutput,
+    cfg: GenerationCfg,
+    eos_token_id: int | None,
+    responses: Sequence[str],
+) -> Any:
+    """[N] bool: the response used all max_new_tokens and does not end in a stop token id
+    (EOS, stop_token_ids) nor contain a stop string, i.e. it was cut off (NeMo RL's
+    ``truncated``, what ``grpo.overlong_filtering`` leaves out of the loss)."""
+    import torch
+
+    stop_ids = set(cfg.stop_token_ids) | ({eos_token_id} if eos_token_id is not None else set())
+    flags = []
+    for row, text in enumerate(responses):
+        length = int(generation.response_lengths[row])
+        end = int(generation.prompt_lengths[row]) + length
+        last = int(generation.input_ids[row, end - 1]) if length else None
+        stopped = last in stop_ids or any(stop in text for stop in cfg.stop_strings)
+        flags.append(length >= cfg.max_new_tokens and not stopped)
+    return torch.tensor(flags, dtype=torch.bool)
 
 
 def decode_responses(tokenizer: Any, generation: GenerationOutput) -> list[str]:
@@ -115,21 +141,38 @@ def build_train_batch(recipe: Recipe, rollouts: Rollouts) -> dict[str, Any]:
         normalize=grpo.normalize_rewards,
         leave_one_out=grpo.use_leave_one_out_baseline,
     )
-    size = generation.input_ids.shape[0]
+    sample_mask = torch.ones(generation.input_ids.shape[0], dtype=torch.float32)
+    if grpo.overlong_filtering:
+        # After the advantages: truncated responses still count in their group's baseline.
+        sample_mask = (~rollouts.truncated).to(torch.float32)
     return {
         "input_ids": generation.input_ids,
         "attention_mask": generation.attention_mask,
-        "token_mask": generation.response_mask.to(torch.float32),
+        "token_mask": generation.response_mask.to(torch.float32) * sample_mask[:, None],
+        "sample_mask": sample_mask,
         "generation_logprobs": generation.generation_logprobs.to(torch.float32),
         "advantages": advantages,
-        "num_global_sequences": torch.full((size,), float(recipe.policy.train_global_batch_size)),
     }
 
 
 def add_logprobs(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> None:
     batch["old_logprobs"] = policy.get_logprobs(batch)
-    if recipe.loss_fn.reference_policy_kl_penalty > 0:
+    if recipe.loss_fn.reference_policy_kl_penalty != 0:
         batch["ref_logprobs"] = policy.get_reference_logprobs(batch)
+
+
+def global_batch_chunks(batch: dict[str, Any], chunk: int) -> list[dict[str, Any]]:
+    """Optimizer-step batches of ``chunk`` rollouts, each with ``num_global_sequences``: the
+    number of its sequences that count (sample_mask), at least 1."""
+    import torch
+
+    chunks = []
+    for start in range(0, batch["input_ids"].shape[0], chunk):
+        part = {key: value[start : start + chunk] for key, value in batch.items()}
+        counted = max(float(part["sample_mask"].sum()), 1.0)
+        part["num_global_sequences"] = torch.full((len(part["sample_mask"]),), counted)
+        chunks.append(part)
+    return chunks
 
 
 def train_on_batch(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> dict[str, float]:
@@ -142,10 +185,7 @@ def train_on_batch(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> dic
             f"not a multiple of policy.train_global_batch_size ({chunk}); make it one"
         )
     loss_fn = functools.partial(grpo_loss, cfg=recipe.loss_fn)
-    results = [
-        policy.train({key: value[start : start + chunk] for key, value in batch.items()}, loss_fn)
-        for start in range(0, size, chunk)
-    ]
+    results = [policy.train(part, loss_fn) for part in global_batch_chunks(batch, chunk)]
     return {key: sum(r[key] for r in results) / len(results) for key in results[0]}
 
 
@@ -181,6 +221,7 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
     num_tokens = int(generation.attention_mask.sum())
     return {
         **{key: float(value) for key, value in generation.metrics.items()},
+        "truncated_fraction": float(rollouts.truncated.float().mean()),
         "reward_mean": float(rollouts.rewards.mean()),
         "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
         "response_length_mean": float(generation.response_lengths.float().mean()),

@@ -6,39 +6,69 @@ token count of the whole global batch), so that micro-batch and data-parallel sh
 to the loss of one big batch. Metrics are normalised the same way: the backend sums them
 over micro-batches and ranks, which yields global token means.
 
+The GRPO loss is NeMo RL's ``ClippedPGLossFn`` term by term (docs/algorithms.md states every
+formula with its ``loss_fn`` key): clipped surrogate with optional dual clip, importance
+weights to the sampler's distribution (optionally truncated), and a clamped KL penalty
+whose gradient is (logp − ref) per token.
+
 Batch keys read here (all [B, T] unless noted): ``token_mask`` (1 on response tokens that
 count), ``advantages`` [B], ``old_logprobs`` (policy before this step), ``ref_logprobs``
-(reference policy; only with a KL penalty), ``generation_logprobs`` (sampler's; only with
-importance-sampling correction), ``num_global_sequences`` [B] (every entry the number of
-sequences in the global batch; only for sequence-level normalisation).
+(reference policy; only with a KL penalty), ``generation_logprobs`` (sampler's),
+``num_global_sequences`` [B] (every entry the number of sequences that count in the global
+batch; for sequence-level normalisation and sequence-level metrics), and with top-k/top-p
+``curr_logprobs_unfiltered`` (``hpcrl.core.policy.UNFILTERED_LOGPROBS_KEY``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
+
 if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import LossFnCfg
 
+KL_TYPES = ("k1", "k2", "k3")
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kl_type: str) -> torch.Tensor:
+
+def calculate_kl(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    kl_type: str,
+    input_clamp: float | None = None,
+    output_clamp: float | None = None,
+    weights: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Per-token estimate of KL(policy ‖ reference) from samples of the policy.
 
-    With log_ratio = ref − logprobs: k1 = −log_ratio, k2 = log_ratio² / 2,
-    k3 = exp(log_ratio) − 1 − log_ratio (unbiased and ≥ 0; Schulman's estimator).
+    With r = ref − logprobs, clamped to ±input_clamp: k1 = −r, k2 = r²/2,
+    k3 = eʳ − 1 − r (Schulman's estimators). ``weights`` multiply the estimate before it is
+    clamped to ±output_clamp; where the input clamp bites, the weights are detached too, so
+    a clamped token passes no gradient at all.
     """
     import torch
 
     log_ratio = ref_logprobs - logprobs
+    if input_clamp is not None:
+        clamped = log_ratio.clamp(min=-input_clamp, max=input_clamp)
+        if weights is not None:
+            weights = torch.where(log_ratio == clamped, weights, weights.detach())
+        log_ratio = clamped
     if kl_type == "k1":
-        return -log_ratio
-    if kl_type == "k2":
-        return 0.5 * log_ratio.square()
-    if kl_type == "k3":
-        return torch.exp(log_ratio) - 1.0 - log_ratio
-    raise ValueError(f"loss_fn.reference_policy_kl_type: {kl_type!r} is not k1, k2 or k3")
+        kl = -log_ratio
+    elif kl_type == "k2":
+        kl = 0.5 * log_ratio.square()
+    elif kl_type == "k3":
+        kl = torch.exp(log_ratio) - 1.0 - log_ratio
+    else:
+        raise ValueError(f"loss_fn.reference_policy_kl_type: {kl_type!r} is not k1, k2 or k3")
+    if weights is not None:
+        kl = weights * kl
+    if output_clamp is not None:
+        kl = kl.clamp(min=-output_clamp, max=output_clamp)
+    return kl
 
 
 def clipped_pg_token_loss(
@@ -67,6 +97,56 @@ def clipped_pg_token_loss(
     return loss, was_clipped
 
 
+def importance_weights(
+    old_logprobs: torch.Tensor,
+    generation_logprobs: torch.Tensor,
+    batch,
+    num_global_tokens: float,
+    cfg: LossFnCfg,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """w = exp(old − generation) per token (NaN/±inf → 0), truncated as configured.
+
+    tis: clamp to [ratio_min or 0, ratio]; icepop: w outside [ratio_min, ratio] → 0;
+    seq-mask-tis: whole sequences whose geometric-mean w lies outside [ratio_min, ratio]
+    → 0, the others keep untruncated token weights. Returns (weights, metrics) where
+    ``is_oob_ratio`` is the share of tokens (sequences for seq-mask-tis) out of bounds.
+    """
+    import torch
+
+    def finite(values: torch.Tensor) -> torch.Tensor:
+        return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+
+    weights = finite(torch.exp(old_logprobs - generation_logprobs)).detach()
+    kind, high = cfg.truncated_importance_sampling_type, cfg.truncated_importance_sampling_ratio
+    if kind is None or high is None:
+        return weights, {}
+    low = cfg.truncated_importance_sampling_ratio_min
+    mask = batch["token_mask"].to(weights.dtype)
+    if kind == "tis":
+        low = 0.0 if low is None else low
+        out = (weights > high) | (weights < low)
+        share = _token_share(out, mask, num_global_tokens)
+        return weights.clamp(min=low, max=high), {"is_oob_ratio": share}
+    assert low is not None, "the rules require truncated_importance_sampling_ratio_min"
+    if kind == "icepop":
+        kept = (weights >= low) & (weights <= high)
+        share = _token_share(~kept, mask, num_global_tokens)
+        return torch.where(kept, weights, torch.zeros_like(weights)), {"is_oob_ratio": share}
+    assert kind == "seq-mask-tis", kind
+    log_w = finite(old_logprobs - generation_logprobs)
+    row_mean = (log_w * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    geo_mean = torch.exp(row_mean)
+    kept = ((geo_mean >= low) & (geo_mean <= high)).to(weights.dtype)
+    counted = (mask.sum(dim=1) > 0).to(weights.dtype)
+    sequences = batch["num_global_sequences"].to(weights.dtype)
+    share = float((((1.0 - kept) * counted) / sequences).sum())
+    return weights * kept[:, None], {"is_oob_ratio": share}
+
+
+def _token_share(flags: torch.Tensor, mask: torch.Tensor, num_global_tokens: float) -> float:
+    return float((flags.to(mask.dtype) * mask).sum() / num_global_tokens)
+
+
 def _normalise(
     per_token: torch.Tensor, batch, mask: torch.Tensor, num_global_tokens: float, token_level: bool
 ):
@@ -78,41 +158,70 @@ def _normalise(
     return (row_means / batch["num_global_sequences"].to(row_means.dtype)).sum()
 
 
+def _kl_term(logprobs: torch.Tensor, batch, cfg: LossFnCfg) -> torch.Tensor:
+    """Per-token penalty KL: the unfiltered current log-probs against the reference, weighted
+    by exp(lp − sg(lp)) (value 1; it adds the score-function gradient, so the gradient of a
+    token's k3 is lp − ref) or, with use_on_policy_kl_approximation, by exp(lp − generation)."""
+    import torch
+
+    current = batch.get(UNFILTERED_LOGPROBS_KEY, logprobs).to(logprobs.dtype)
+    if cfg.use_on_policy_kl_approximation:
+        weights = torch.exp(current - batch["generation_logprobs"].to(logprobs.dtype))
+    else:
+        weights = torch.exp(current - current.detach())
+    weights = torch.nan_to_num(weights, nan=0.0, posinf=0.0, neginf=0.0)
+    return calculate_kl(
+        current,
+        batch["ref_logprobs"].to(logprobs.dtype),
+        cfg.reference_policy_kl_type,
+        cfg.kl_input_clamp_value,
+        cfg.kl_output_clamp_value,
+        weights,
+    )
+
+
 def grpo_loss(
     logprobs: torch.Tensor, batch, num_global_tokens: float, cfg: LossFnCfg
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped policy-gradient loss + optional KL penalty to the reference policy.
 
-    Use as ``functools.partial(grpo_loss, cfg=recipe.loss_fn)``.
+    Use as ``functools.partial(grpo_loss, cfg=recipe.loss_fn)``. Tokens whose current or old
+    log-prob is −inf (top-k/top-p dropped them in the trainer's pass) are left out of the
+    policy-gradient term, as NeMo RL does; the denominators stay the global token counts.
     """
     import torch
 
     mask = batch["token_mask"].to(logprobs.dtype)
-    old = batch["old_logprobs"].to(logprobs.dtype)
+    raw_old = batch["old_logprobs"].to(logprobs.dtype)
+    usable = torch.isfinite(logprobs.detach()) & torch.isfinite(raw_old)
+    actor_mask = mask * usable.to(mask.dtype)
+    current = torch.where(usable, logprobs, torch.zeros_like(logprobs))
+    old = torch.where(usable, raw_old, torch.zeros_like(raw_old))
     advantages = batch["advantages"].to(logprobs.dtype)[:, None]
     pg, was_clipped = clipped_pg_token_loss(
-        logprobs, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
+        current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
     )
-    if cfg.use_importance_sampling_correction:
-        # Sampler and trainer numerics differ; reweight toward the trainer's old policy.
-        pg = pg * torch.exp(old - batch["generation_logprobs"].to(logprobs.dtype)).detach()
-    total = pg
     metrics: dict[str, float] = {}
-    if cfg.reference_policy_kl_penalty > 0:
-        kl = kl_penalty(
-            logprobs, batch["ref_logprobs"].to(logprobs.dtype), cfg.reference_policy_kl_type
-        )
-        if cfg.use_on_policy_kl_approximation:
-            kl = kl * torch.exp(logprobs - old).detach()
-        total = pg + cfg.reference_policy_kl_penalty * kl
-        metrics["kl"] = float((kl.detach() * mask).sum() / num_global_tokens)
-    loss = _normalise(total, batch, mask, num_global_tokens, cfg.token_level_loss)
-    ratio = torch.exp(logprobs.detach() - old)
-    metrics["pg_loss"] = float(
-        _normalise(pg.detach(), batch, mask, num_global_tokens, cfg.token_level_loss)
+    if cfg.use_importance_sampling_correction:
+        generation = batch["generation_logprobs"].to(logprobs.dtype)
+        weights, is_metrics = importance_weights(raw_old, generation, batch, num_global_tokens, cfg)
+        pg = pg * weights
+        metrics.update(is_metrics)
+        metrics["sampling_importance_ratio"] = float((weights * mask).sum() / num_global_tokens)
+    level = cfg.token_level_loss
+    pg_loss = _normalise(pg, batch, actor_mask, num_global_tokens, level)
+    loss = pg_loss
+    if cfg.reference_policy_kl_penalty != 0:
+        kl = _kl_term(logprobs, batch, cfg)
+        kl_loss = _normalise(kl, batch, mask, num_global_tokens, level)
+        loss = pg_loss + cfg.reference_policy_kl_penalty * kl_loss
+        metrics["kl"] = float(kl_loss.detach())
+    ratio = torch.exp(current.detach() - old)
+    metrics["pg_loss"] = float(pg_loss.detach())
+    metrics["clip_fraction"] = float(
+        (was_clipped.to(mask.dtype) * actor_mask).sum() / num_global_tokens
     )
-    metrics["clip_fraction"] = float((was_clipped.to(mask.dtype) * mask).sum() / num_global_tokens)
-    metrics["ratio_mean"] = float((ratio * mask).sum() / num_global_tokens)
+    metrics["ratio_mean"] = float((ratio * actor_mask).sum() / num_global_tokens)
     return loss, metrics
 
 

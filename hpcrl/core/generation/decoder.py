@@ -24,6 +24,9 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
+# None of these post-processes lm_head's output in its HF forward (no soft-cap or logit
+# scale: ``token_distribution.LogitTransform`` is the identity), so the decoder's logits are
+# the ones the log-prob contract starts from.
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # Buffers some exports carry that the engine recomputes itself.

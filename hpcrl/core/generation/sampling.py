@@ -7,20 +7,22 @@ which other rows share its batch, on batch compaction, on CUDA graph replay or o
 inverse-CDF sampling (one uniform per row, a cumulative sum and a binary search), which needs
 only ``B`` random numbers per step where Gumbel-max would need ``B × vocab``.
 
-The distribution sampled from, and the log-prob returned, is ``log_softmax(processed)`` where
-``processed`` is the logits divided by the temperature and then top-k/top-p filtered
-(``processed_logits``); greedy (temperature 0) takes the argmax of the raw logits and scores
-it at temperature 1.
+The distribution sampled from, and the log-prob returned, is the log-prob contract's
+``log_softmax(filter(logits / T))`` (``hpcrl.core.token_distribution.processed_logits``, the
+one implementation the trainer's log-prob passes use too); greedy (temperature 0) takes the
+argmax of the raw logits and scores it at temperature 1.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hpcrl.core.token_distribution import processed_logits
+
 if TYPE_CHECKING:
     import torch
 
-    from hpcrl.config.recipe import GenerationCfg
+    from hpcrl.core.token_distribution import TokenDistribution
 
 _MASK32 = 0xFFFFFFFF
 # lowbias32 (Chris Wellons' hash-prospector); the multiplications are split into 16-bit
@@ -53,38 +55,18 @@ def row_uniforms(seed: int, row_ids: torch.Tensor, token_index: int | torch.Tens
     return (mixed >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
-def processed_logits(logits: torch.Tensor, cfg: GenerationCfg) -> torch.Tensor:
-    """The logits sampling draws from: ``logits / T``, then top-k, then top-p (dropped
-    tokens get −inf). Greedy configurations are scored at temperature 1."""
-    import torch
-
-    temperature = cfg.temperature if cfg.temperature > 0 else 1.0
-    scaled = logits if temperature == 1.0 else logits / temperature
-    vocab = scaled.shape[-1]
-    keep = None
-    if cfg.top_k is not None and 0 < cfg.top_k < vocab:
-        kth = torch.topk(scaled, cfg.top_k, dim=-1).values[..., -1:]
-        keep = scaled >= kth
-    if cfg.top_p < 1.0:
-        kept = scaled if keep is None else scaled.masked_fill(~keep, float("-inf"))
-        sorted_logits, order = torch.sort(kept, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) < cfg.top_p
-        keep_sorted[..., 0] = True
-        in_top_p = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        keep = in_top_p if keep is None else keep & in_top_p
-    return scaled if keep is None else scaled.masked_fill(~keep, float("-inf"))
-
-
 def sample_tokens(
-    logits: torch.Tensor, cfg: GenerationCfg, uniforms: torch.Tensor
+    logits: torch.Tensor, distribution: TokenDistribution, uniforms: torch.Tensor, *, greedy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token ids [B], their log-probs [B]) from float logits [B, V] and uniforms [B]."""
+    """(token ids [B], their log-probs [B]) from float logits [B, V] and uniforms [B].
+
+    ``greedy`` takes the argmax (``distribution`` then scores it; ``of_generation`` gives a
+    greedy configuration temperature 1)."""
     import torch
 
-    processed = processed_logits(logits, cfg)
+    processed = processed_logits(logits, distribution)
     logprobs_all = torch.log_softmax(processed, dim=-1)
-    if cfg.temperature == 0:
+    if greedy:
         tokens = logits.argmax(dim=-1)
     else:
         tokens = inverse_cdf_sample(logprobs_all.exp(), uniforms)

@@ -25,6 +25,7 @@ import attrs
 from hpcrl.core.generation.decoder import Decoder
 from hpcrl.core.generation.kv_cache import DecodeState
 from hpcrl.core.generation.sampling import row_uniforms, sample_tokens
+from hpcrl.core.token_distribution import TokenDistribution
 
 if TYPE_CHECKING:
     import torch
@@ -328,6 +329,7 @@ class _Wave:
         import torch
 
         self.engine, self.prompts, self.cfg, self.seed = engine, prompts, cfg, seed
+        self.distribution = TokenDistribution.of_generation(cfg)
         state = engine._state
         assert state is not None
         self.state = state
@@ -392,7 +394,9 @@ class _Wave:
         slots, state = self.slots, self.state
         rows = self.slot_rows[:slots]
         uniforms = row_uniforms(self.seed, self.global_rows[rows], index)
-        chosen, chosen_logprobs = sample_tokens(state.logits[:slots], self.cfg, uniforms)
+        chosen, chosen_logprobs = sample_tokens(
+            state.logits[:slots], self.distribution, uniforms, greedy=self.cfg.temperature == 0
+        )
         active = ~self.finished[:slots]
         self.tokens[rows, index] = torch.where(active, chosen, self.engine.pad_token_id)
         self.logprobs[rows, index] = torch.where(active, chosen_logprobs, 0.0)

@@ -5,8 +5,10 @@ every engine shares.
 (``hpcrl.core.generation.torch_engine``) and samples with it; jobs keep one engine per
 worker instead (``hpcrl.core.generation.engine``). Results are right-padded as
 ``hpcrl.core.policy.GenerationOutput`` describes; ``generation_logprobs`` are the log-probs of
-the sampled tokens under the distribution they were drawn from (temperature, top-k, top-p;
-see ``hpcrl.core.generation.sampling``).
+the sampled tokens in the distribution they were drawn from, ``log_softmax(filter(logits /
+T))`` (``hpcrl.core.token_distribution``): the same quantity the trainer's ``get_logprobs``
+computes by teacher forcing, so the two can be compared for importance-sampling corrections.
+Greedy decoding records temperature-1 values.
 """
 
 from __future__ import annotations

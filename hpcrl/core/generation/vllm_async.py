@@ -36,6 +36,7 @@ from hpcrl.core.algorithms.grpo import (
     expand_prompts,
     rollout_metrics,
     train_on_batch,
+    truncated_responses,
 )
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.data.jsonl import EpochSampler
@@ -122,6 +123,12 @@ class AsyncGrpoStep:
             responses=responses,
             rewards=torch.tensor(scores, dtype=torch.float32),
             generation=generation,
+            truncated=truncated_responses(
+                generation,
+                self.recipe.policy.generation,
+                self.tokenizer.eos_token_id,
+                responses,
+            ),
         )
         return rollouts, batch
 
@@ -149,8 +156,12 @@ class AsyncGrpoStep:
 def logprob_gap(batch: dict[str, Any]) -> float:
     """Mean |trainer log-prob - sampler log-prob| over response tokens: ~0 for fresh
     samples, grows with the policy change since they were sampled."""
-    mask = batch["token_mask"]
-    diff = (batch["old_logprobs"] - batch["generation_logprobs"]).abs() * mask
+    import torch
+
+    # With top-k/top-p a token outside the trainer's kept set has log-prob -inf: not counted.
+    mask = batch["token_mask"] * torch.isfinite(batch["old_logprobs"])
+    diff = (batch["old_logprobs"] - batch["generation_logprobs"]).abs()
+    diff = torch.where(mask.bool(), diff, torch.zeros_like(diff))
     return float(diff.sum() / mask.sum().clamp(min=1.0))
 
 

@@ -3,9 +3,10 @@
 ``VllmEngine.generate`` takes the same arguments and returns the same right-padded
 ``GenerationOutput`` fields as ``hpcrl.core.generation.torch_sampler.generate``: one response
 per prompt (callers repeat prompts for n per prompt, so row order is the caller's), token ids
-and, per generated token, the log-softmax of the model's raw logits at the sampled token
-(vLLM's ``raw_logprobs`` mode: before temperature / top-k / top-p), which is what the torch
-sampler returns and what ``Policy.get_logprobs`` computes by teacher forcing.
+and, per generated token, its log-prob in the distribution it was sampled from (vLLM's
+``processed_logprobs`` mode: after temperature / top-k / top-p, as NeMo RL runs it), which is
+what the torch sampler returns and what ``Policy.get_logprobs`` computes by teacher forcing
+(``hpcrl.core.token_distribution``).
 
 Weights change in place (``update_weights``) without restarting the engine; the prefix cache
 is reset after every update, since cached prefixes were computed with the old weights.
@@ -59,8 +60,8 @@ def engine_kwargs(
         "max_model_len": cfg.max_model_len or max_model_len,
         "enforce_eager": cfg.enforce_eager or device == "cpu",
         "seed": seed,
-        # Log-probs of the unmodified distribution: the torch sampler's and the trainer's.
-        "logprobs_mode": "raw_logprobs",
+        # Log-probs of the sampling distribution: the torch sampler's and the trainer's.
+        "logprobs_mode": "processed_logprobs",
         "disable_log_stats": True,
     }
     if device == "cpu":

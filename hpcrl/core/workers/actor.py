@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.core.metrics import HostMemoryTracker
 from hpcrl.core.workers.manual_gc import ManualGc
 from hpcrl.core.workers.sharding import split_micro_batches
 
@@ -47,6 +48,7 @@ class TrainingWorker:
         self._engine_spec: EngineSpec | None = None
         self._engine: GenerationEngine | None = None
         self._weights_version = 0  # bumped whenever the backend's weights change
+        self._host_memory = HostMemoryTracker()
 
     # ------------------------------------------------------------------ placement
     def node_id(self) -> str:
@@ -202,5 +204,11 @@ class TrainingWorker:
         self._backend.export_hf(out_dir)
 
     def collect_state(self) -> dict[str, Any]:
+        """The backend's state, plus this rank's optimizer steps and its peak host memory (the
+        driver sums the ranks' peaks: Ray workers are not the driver's child processes)."""
         assert self._backend is not None, "setup first"
-        return {**self._backend.collect_state(), "worker_optimizer_steps": self._optimizer_steps}
+        return {
+            **self._backend.collect_state(),
+            "worker_optimizer_steps": self._optimizer_steps,
+            "peak_host_rss_gb": self._host_memory.sample(),
+        }

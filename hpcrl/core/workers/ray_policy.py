@@ -114,7 +114,8 @@ class RayPolicy:
 
     # ------------------------------------------------------------------ Policy
     def train(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        num_global_tokens = float(batch["token_mask"].sum())
+        # At least 1: a batch whose every token is masked (overlong filtering) gives loss 0.
+        num_global_tokens = max(float(batch["token_mask"].sum()), 1.0)
         shards = split_batch(batch, self.dp_size, "policy.train_global_batch_size")
         micro = self.recipe.policy.train_micro_batch_size
         args = self._shard_args(shards, loss_fn, num_global_tokens, micro)

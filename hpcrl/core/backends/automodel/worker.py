@@ -40,6 +40,8 @@ from hpcrl.core.backends.automodel.parallelize import (
     needs_fsdp,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
+from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
+from hpcrl.core.token_distribution import TokenDistribution, training_distribution
 from hpcrl.core.workers.sharding import pad_rows, pad_sequence_dim
 
 if TYPE_CHECKING:
@@ -95,6 +97,7 @@ class AutomodelWorker:
         self.rank_info = rank_info
         self.model_path = model_path
         self.device = torch.device("cuda" if rank_info.device == "cuda" else "cpu")
+        self.distribution = training_distribution(recipe)
         cfg = recipe.policy.automodel_cfg
         self.shape = MeshShape.for_world(
             rank_info.world_size, cfg.dp_replicate_size, cfg.tensor_parallel_size
@@ -166,7 +169,11 @@ class AutomodelWorker:
         totals: dict[str, float] = {"loss": 0.0}
         for micro in micro_batches:
             micro = self._to_device(micro)
-            logprobs = self.model(micro["input_ids"], micro["attention_mask"])
+            logprobs, unfiltered = self.model(
+                micro["input_ids"], micro["attention_mask"], distribution=self.distribution
+            )
+            if self.distribution.filters:
+                micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
             loss, metrics = loss_fn(logprobs, micro, num_global_tokens)
             # FSDP averages gradients over data-parallel ranks; the loss is a share of a
             # global sum, so scale back up to get the gradient of that sum.
@@ -193,7 +200,9 @@ class AutomodelWorker:
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def _logprobs_with(self, model: TokenLogprobModel, batch: Batch) -> torch.Tensor:
+    def _logprobs_with(
+        self, model: TokenLogprobModel, batch: Batch, distribution: TokenDistribution
+    ) -> torch.Tensor:
         """Eval mode (no dropout), whatever the last pass left: a fixed mode per pass also
         keeps compiled blocks from recompiling on the mode flag."""
         model.eval()
@@ -209,18 +218,20 @@ class AutomodelWorker:
             if self.compiles:
                 micro, num_rows = pad_rows(micro, micro_size)
             micro = self._to_device(micro)
-            logprobs = model(micro["input_ids"], micro["attention_mask"])
-            pieces.append(logprobs[:num_rows, :length].float().cpu())
+            processed, _ = model(
+                micro["input_ids"], micro["attention_mask"], distribution=distribution
+            )
+            pieces.append(processed[:num_rows, :length].float().cpu())
         return torch.cat(pieces)
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs_with(self.model, batch)
+        return self._logprobs_with(self.model, batch, self.distribution)
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor:
         if self.reference is None:
             # Built on first use (all ranks call together): SFT never pays for it.
             self.reference = self._build_sharded(self.model_path, training=False)
-        return self._logprobs_with(self.reference, batch)
+        return self._logprobs_with(self.reference, batch, self.distribution.without_filters())
 
     # ------------------------------------------------------------------ weights out
     @torch.no_grad()

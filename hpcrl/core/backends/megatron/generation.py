@@ -13,9 +13,9 @@ import torch
 
 
 def build_bridge(model_path: str) -> Any:
-    from megatron.bridge import AutoBridge
+    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
 
-    return AutoBridge.from_hf_pretrained(model_path)
+    return import_bridge().AutoBridge.from_hf_pretrained(model_path)
 
 
 def export_hf_weights(bridge: Any, model_chunks: list) -> list[tuple[str, torch.Tensor]]:

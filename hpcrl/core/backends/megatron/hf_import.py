@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcrl.core.backends.megatron.bridge_compat import import_bridge
 from hpcrl.core.backends.megatron.conversion import Converter, Progress, print_progress
 from hpcrl.core.backends.megatron.provider import (
     apply_model_overrides,
@@ -120,9 +121,7 @@ def _convert_child(hf_path: str, out_dir: str, overrides: dict, prepare: Callabl
 
 def build_provider(hf_path: str, load_weights: bool) -> Any:
     """A fresh provider from the HF config (local layer spec when TE is absent)."""
-    from megatron.bridge import AutoBridge
-
-    bridge = AutoBridge.from_hf_pretrained(hf_path)
+    bridge = import_bridge().AutoBridge.from_hf_pretrained(hf_path)
     provider = bridge.to_megatron_provider(load_weights=load_weights)
     if not transformer_engine_available():
         use_local_spec(provider)
@@ -156,6 +155,7 @@ def save_run_config(provider: Any, path: Path) -> None:
     """Persist the finalized provider (overrides included) field by field."""
     import dataclasses
 
+    import_bridge()
     from megatron.bridge.utils.yaml_utils import dump_dataclass_to_yaml
 
     cls = type(provider)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +37,9 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def transformer_engine_available() -> bool:
-    return importlib.util.find_spec("transformer_engine") is not None
+    from hpcrl.core.backends.megatron.bridge_compat import transformer_engine_installed
+
+    return transformer_engine_installed()
 
 
 class ModelOverrideError(ValueError):

@@ -15,23 +15,41 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from hpcrl.core.policy import Batch, LossFn
+from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY, Batch, LossFn
+from hpcrl.core.token_distribution import (
+    TokenDistribution,
+    scale_logits,
+    token_logprobs_from_logits,
+)
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(input_ids[:, t] | <t) from vocab-parallel logits [b, T, V/TP]; column 0 is 0.
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, distribution: TokenDistribution
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(processed, unfiltered) log p(input_ids[:, t] | <t) from vocab-parallel logits
+    [b, T, V/TP] under ``distribution`` (``hpcrl.core.token_distribution``); column 0 is 0.
 
-    megatron's ``vocab_parallel_cross_entropy`` computes the log-softmax across the TP group
-    (max and sum-exp all-reduced, the target logit taken from the rank owning it) with its
-    own backward, so no rank ever holds full-vocab logits.
+    Without top-k/top-p: the logits are divided by the temperature and megatron's
+    ``vocab_parallel_cross_entropy`` computes the log-softmax across the TP group (max and
+    sum-exp all-reduced, the target logit taken from the rank owning it) with its own
+    backward, so no rank ever holds full-vocab logits. With top-k/top-p the filter needs
+    the whole vocabulary: the TP shards are gathered (autograd-aware) first.
     """
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    from megatron.core.tensor_parallel import (
+        gather_from_tensor_model_parallel_region,
+        vocab_parallel_cross_entropy,
+    )
 
-    # A copy: the megatron function normalises its input in place.
-    shifted = logits[:, :-1].to(torch.float32, copy=True).contiguous()
     targets = input_ids[:, 1:].contiguous()
-    tail = -vocab_parallel_cross_entropy(shifted, targets)
-    return F.pad(tail, (1, 0))
+    if distribution.filters:
+        full = gather_from_tensor_model_parallel_region(logits[:, :-1].float())
+        processed, unfiltered = token_logprobs_from_logits(full, targets, distribution)
+        return F.pad(processed, (1, 0)), F.pad(unfiltered, (1, 0))
+    # A copy: the megatron function normalises its input in place.
+    shifted = logits[:, :-1].to(torch.float32, copy=True)
+    shifted = scale_logits(shifted, distribution.temperature).contiguous()
+    tail = F.pad(-vocab_parallel_cross_entropy(shifted, targets), (1, 0))
+    return tail, tail
 
 
 def _device() -> torch.device:
@@ -64,10 +82,16 @@ def _result_rank_flags() -> tuple[bool, bool]:
 
 
 def run_train_microbatches(
-    model_chunks: list, micro_batches: Sequence[Batch], loss_fn: LossFn, num_global_tokens: float
+    model_chunks: list,
+    micro_batches: Sequence[Batch],
+    loss_fn: LossFn,
+    num_global_tokens: float,
+    distribution: TokenDistribution | None = None,
 ) -> dict[str, float]:
     """Forward/backward every micro-batch; returns loss and loss_fn metrics summed over the
-    global batch (same dict on every rank). Gradients are left in the DDP buffers."""
+    global batch (same dict on every rank). Gradients are left in the DDP buffers.
+    ``distribution``: what the log-probs are measured in (default: the model's own)."""
+    distribution = distribution or TokenDistribution()
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -75,7 +99,9 @@ def run_train_microbatches(
     totals: dict[str, float] = {}
 
     def loss_func(micro_batch, output_tensor):
-        logprobs = token_logprobs(output_tensor, micro_batch["input_ids"])
+        logprobs, unfiltered = token_logprobs(output_tensor, micro_batch["input_ids"], distribution)
+        if distribution.filters:
+            micro_batch[UNFILTERED_LOGPROBS_KEY] = unfiltered
         loss, metrics = loss_fn(logprobs, micro_batch, num_global_tokens)
         totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
         for name, value in metrics.items():
@@ -118,10 +144,15 @@ def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
     return dict(zip(all_names, values.tolist(), strict=True))
 
 
-def compute_logprobs(model_chunks: list, micro_batches: Sequence[Batch]) -> torch.Tensor | None:
+def compute_logprobs(
+    model_chunks: list,
+    micro_batches: Sequence[Batch],
+    distribution: TokenDistribution | None = None,
+) -> torch.Tensor | None:
     """Token log-probs of all micro-batches (CPU, float32) on the reporting rank, else None."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    distribution = distribution or TokenDistribution()
     collected: list[torch.Tensor] = []
 
     def forward_step(data_iterator, model):
@@ -129,7 +160,7 @@ def compute_logprobs(model_chunks: list, micro_batches: Sequence[Batch]) -> torc
         output = _forward(model, micro_batch["input_ids"])
 
         def loss_func(output_tensor):
-            logprobs = token_logprobs(output_tensor, micro_batch["input_ids"])
+            logprobs, _ = token_logprobs(output_tensor, micro_batch["input_ids"], distribution)
             collected.append(logprobs.detach().float().cpu())
             return torch.zeros((), device=output_tensor.device), {}
 

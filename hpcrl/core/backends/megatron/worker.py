@@ -19,6 +19,11 @@ import torch
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.megatron import hf_import, offload, step
 from hpcrl.core.backends.megatron import model as mcore_model
+from hpcrl.core.token_distribution import (
+    LogitTransform,
+    TokenDistribution,
+    training_distribution,
+)
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
@@ -29,6 +34,23 @@ def total_train_steps(recipe: Recipe) -> int:
     section = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert section is not None  # the config rules require one algorithm section
     return max(int(section.max_num_steps), 1)
+
+
+def refuse_logit_processing(model_path: str) -> None:
+    """Models whose HF forward rescales or soft-caps lm_head's output (Gemma 2/3, Cohere,
+    Granite, Falcon-H1): the sampler (an HF model) applies it, while the Megatron log-prob
+    path scores the provider's output layer, whose handling of it hpcrl has not verified;
+    mismatched log-probs would silently skew ratios and importance weights."""
+    from transformers import AutoConfig
+
+    transform = LogitTransform.of_config(AutoConfig.from_pretrained(model_path))
+    if not transform.is_identity:
+        raise ValueError(
+            f"policy.model_name: this model post-processes its logits ({transform}); the "
+            "Megatron backend does not reproduce that in its log-prob path yet. Use the "
+            "Automodel backend (policy.automodel_cfg.enabled=true, "
+            "policy.megatron_cfg.enabled=false), which applies it"
+        )
 
 
 class MegatronWorker:
@@ -43,9 +65,11 @@ class MegatronWorker:
         from hpcrl.core.backends.megatron.manual_gc import manual_gc_for
 
         self.recipe, self.rank_info, self.model_path = recipe, rank_info, model_path
+        self.distribution = training_distribution(recipe)
         cfg = self.cfg = recipe.policy.megatron_cfg
         os.environ.update(cfg.env_vars)
         offload.check_transformer_engine_settings(cfg)
+        refuse_logit_processing(model_path)
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
         conversion_dir = self._ensure_conversion()
         self.model_chunks = self._build_model(conversion_dir)
@@ -126,7 +150,7 @@ class MegatronWorker:
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.zero_grad()
         metrics = step.run_train_microbatches(
-            self.model_chunks, micro_batches, loss_fn, num_global_tokens
+            self.model_chunks, micro_batches, loss_fn, num_global_tokens, self.distribution
         )
         update_successful, grad_norm, _zeros = self.optimizer.step()
         assert update_successful, "optimizer step skipped (fp16 loss-scale overflow)"
@@ -136,7 +160,10 @@ class MegatronWorker:
         return {**metrics, "grad_norm": float(grad_norm), "lr": float(lr)}
 
     def logprobs(self, batch: Batch) -> torch.Tensor:
-        result = step.compute_logprobs(self.model_chunks, self._micro_batches(batch))
+        return self._logprobs_under(batch, self.distribution)
+
+    def _logprobs_under(self, batch: Batch, distribution: TokenDistribution) -> torch.Tensor:
+        result = step.compute_logprobs(self.model_chunks, self._micro_batches(batch), distribution)
         if result is None:  # not the reporting rank: the controller ignores this output
             return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
         return result
@@ -145,7 +172,8 @@ class MegatronWorker:
         current = self._snapshot_weights()
         self._load_weights(self._reference_weights)
         try:
-            return self.logprobs(batch)
+            # NeMo RL scores the reference with the temperature but no top-k/top-p.
+            return self._logprobs_under(batch, self.distribution.without_filters())
         finally:
             self._load_weights(current)
 
@@ -196,10 +224,19 @@ class MegatronWorker:
         load_training_state(self, checkpoint_dir)
 
     def export_hf(self, out_dir: str) -> None:
-        self._hf_bridge().save_hf_pretrained(self.model_chunks, out_dir)
+        from hpcrl.core.backends.megatron.bridge_compat import save_hf_pretrained
+
+        save_hf_pretrained(self._hf_bridge(), self.model_chunks, out_dir)
 
     def collect_state(self) -> Mapping[str, Any]:
-        return {"steps_done": self.steps_done, "gc_enabled": __import__("gc").isenabled()}
+        peak_gb = 0.0
+        if self.rank_info.device == "cuda":
+            peak_gb = torch.cuda.max_memory_allocated() / 2**30
+        return {
+            "steps_done": self.steps_done,
+            "gc_enabled": __import__("gc").isenabled(),
+            "peak_memory_gb": peak_gb,
+        }
 
     def close(self) -> None:
         from megatron.core import parallel_state

@@ -1,0 +1,143 @@
+"""Rules for the GRPO loss and sampling settings (``loss_fn.*``, GRPO's temperature).
+
+NeMo RL asserts these inside its loss function, i.e. on the GPUs after the queue wait;
+here they fail at load time with their key paths. docs/algorithms.md explains each setting.
+"""
+
+from __future__ import annotations
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import Recipe
+
+LOSS = "loss_fn"
+TIS = f"{LOSS}.truncated_importance_sampling"
+
+
+def rule_dual_clip(recipe: Recipe) -> list[Problem]:
+    """Dual clip bounds −A·r at −c·A for A < 0; c ≤ 1 would cut below the clip window."""
+    c = recipe.loss_fn.ratio_clip_c
+    if c is None or c > 1.0:
+        return []
+    return [
+        Problem(
+            path=f"{LOSS}.ratio_clip_c",
+            value=c,
+            message="the dual-clip bound must exceed 1 (it caps the ratio of negative-advantage tokens from above; 3 is usual)",
+            fix=f"set {LOSS}.ratio_clip_c=3.0, or null to turn dual clipping off",
+        )
+    ]
+
+
+def rule_kl_clamps(recipe: Recipe) -> list[Problem]:
+    problems = []
+    for name in ("kl_input_clamp_value", "kl_output_clamp_value"):
+        value = getattr(recipe.loss_fn, name)
+        if value is not None and not value > 0:
+            problems.append(
+                Problem(
+                    path=f"{LOSS}.{name}",
+                    value=value,
+                    message="a clamp bound must be positive",
+                    fix=f"set {LOSS}.{name} to a positive number (NeMo RL: 20 for the input, 10 for the output) or null for no clamp",
+                )
+            )
+    return problems
+
+
+def rule_truncated_importance_sampling(recipe: Recipe) -> list[Problem]:
+    cfg = recipe.loss_fn
+    kind = cfg.truncated_importance_sampling_type
+    high = cfg.truncated_importance_sampling_ratio
+    low = cfg.truncated_importance_sampling_ratio_min
+    if kind is None:
+        if high is None and low is None:
+            return []
+        return [
+            Problem(
+                path=f"{TIS}_type",
+                message="truncation bounds are set but no truncation type",
+                fix=f"set {TIS}_type to tis, icepop or seq-mask-tis, or remove {TIS}_ratio/_ratio_min",
+            )
+        ]
+    problems = []
+    if not cfg.use_importance_sampling_correction:
+        problems.append(
+            Problem(
+                path=f"{LOSS}.use_importance_sampling_correction",
+                value=False,
+                message=f"{TIS}_type={kind} truncates importance weights, which are only applied with the correction on",
+                fix=f"set {LOSS}.use_importance_sampling_correction=true, or {TIS}_type=null",
+            )
+        )
+    if high is None or not high > 0:
+        problems.append(
+            Problem(
+                path=f"{TIS}_ratio",
+                value=high,
+                message=f"{kind} needs a positive upper bound for the importance weights",
+                fix=f"set {TIS}_ratio, e.g. 2.0 (tis) or 5.0 (icepop)",
+            )
+        )
+    return problems + _truncation_lower_bound(kind, high, low)
+
+
+def _truncation_lower_bound(kind: str, high: float | None, low: float | None) -> list[Problem]:
+    path = f"{TIS}_ratio_min"
+    if low is None:
+        if kind == "tis":
+            return []  # tis clamps from 0
+        return [
+            Problem(
+                path=path,
+                message=f"{kind} drops weights below a lower bound; none is set",
+                fix=f"set {path}, e.g. 0.5 for icepop or 0.999 for seq-mask-tis",
+            )
+        ]
+    if low < 0 or (high is not None and low > high):
+        return [
+            Problem(
+                path=path,
+                value=low,
+                message=f"must lie in [0, {TIS}_ratio ({high})]",
+                fix=f"set {path} between 0 and {high}",
+            )
+        ]
+    return []
+
+
+def rule_sequence_level_importance_ratios(recipe: Recipe) -> list[Problem]:
+    """NeMo RL's example configs carry the key (false); hpcrl accepts it, but not GSPO."""
+    if not recipe.loss_fn.sequence_level_importance_ratios:
+        return []
+    return [
+        Problem(
+            path=f"{LOSS}.sequence_level_importance_ratios",
+            value=True,
+            message="sequence-level importance ratios (GSPO) are not implemented in hpcrl",
+            fix=f"set {LOSS}.sequence_level_importance_ratios=false (token-level ratios)",
+        )
+    ]
+
+
+def rule_grpo_sampling_temperature(recipe: Recipe) -> list[Problem]:
+    """GRPO learns from differences within a group of samples; greedy decoding has none."""
+    temperature = recipe.policy.generation.temperature
+    if recipe.grpo is None or temperature != 0:
+        return []
+    return [
+        Problem(
+            path="policy.generation.temperature",
+            value=temperature,
+            message="GRPO needs sampled responses: at temperature 0 every response to a prompt is the same and every advantage is 0 (validation is greedy regardless)",
+            fix="set policy.generation.temperature=1.0",
+        )
+    ]
+
+
+LOSS_RULES = (
+    rule_dual_clip,
+    rule_kl_clamps,
+    rule_truncated_importance_sampling,
+    rule_sequence_level_importance_ratios,
+    rule_grpo_sampling_temperature,
+)
