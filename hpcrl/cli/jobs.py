@@ -7,12 +7,11 @@ Stages are imported inside the commands so that ``hpcrl --help`` stays light.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.cli.prepare import DEFAULT_RUNS_DIR, add_recipe_arguments
+from hpcrl.cli.prepare import DEFAULT_RUNS_DIR, add_recipe_arguments, folder_path
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -98,6 +97,12 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def max_steps(recipe: Recipe) -> int | None:
     section = recipe.grpo if recipe.grpo is not None else recipe.sft
     return section.max_num_steps if section is not None else None
@@ -123,21 +128,23 @@ def _prepare_fresh(args: argparse.Namespace) -> Prepared:
 
 def run_submit(args: argparse.Namespace) -> int:
     from hpcrl.cli.prepare import print_warnings
+    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
     from hpcrl.submit.submission import SubmissionRefused, submit_job
 
     prepared = _prepare_fresh(args)
     console = _console()
     print_warnings(prepared, console)
-    run = write_run_folder(
-        prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
-        load_warnings=[warning.format() for warning in prepared.warnings],
-    )  # fmt: skip
-    try:
-        record = submit_job(prepared.spec, run.script)
-    except SubmissionRefused as error:
-        console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
-        return 1
+    with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl submit"):
+        run = write_run_folder(
+            prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
+            load_warnings=[warning.format() for warning in prepared.warnings],
+        )  # fmt: skip
+        try:
+            record = submit_job(prepared.spec, run.script)
+        except SubmissionRefused as error:
+            console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
+            return 1
     print_submitted(console, record, run.path)
     if not args.wait:
         return 0
@@ -159,15 +166,11 @@ def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
 
 # --------------------------------------------------------------------------- sweep
 def run_sweep(args: argparse.Namespace) -> int:
-    from hpcrl.submit.sweep import SweepError, build_points
+    from hpcrl.submit.sweep import build_points
     from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep
 
-    try:
-        points = build_points(args.grid, args.zip)
-    except SweepError as error:
-        print(f"hpcrl sweep: {error}", file=sys.stderr)
-        return 2
-    sweep_dir = Path(args.out).absolute() if args.out else default_sweep_dir(
+    points = build_points(args.grid, args.zip)  # a SweepError ends as one line (main)
+    sweep_dir = folder_path(args.out) if args.out else default_sweep_dir(
         args.recipe, args.cluster, args.overrides, points, Path(DEFAULT_RUNS_DIR)
     )  # fmt: skip
     if args.no_submit and args.wait:
@@ -177,15 +180,19 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
         for_submission=not args.no_submit,
     )  # fmt: skip
+    from hpcrl.files import run_folder_lock
+
     if args.no_submit:
-        return _write_unsubmitted(planned)
+        with run_folder_lock(sweep_dir, command="hpcrl sweep --no-submit"):
+            return _write_unsubmitted(planned)
     if planned.runs_points_one_by_one:
         return _run_local_sweep(planned, args.wait)
     from hpcrl.submit.submission import SubmissionRefused
     from hpcrl.submit.sweep_launch import write_and_submit_sweep
 
     try:
-        record, job_records = write_and_submit_sweep(planned)
+        with run_folder_lock(sweep_dir, command="hpcrl sweep"):
+            record, job_records = write_and_submit_sweep(planned)
     except SubmissionRefused as error:
         print(f"not submitted: {error}", file=sys.stderr)
         return 1
@@ -253,7 +260,10 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
         steps = max_steps(planned.points[job.array_index or 0].loaded.recipe)
         return wait_for_job(run_dir, job, console, steps).exit_code
 
-    exit_code = run_local_sweep(planned, wait=follow, announce=announce)
+    from hpcrl.files import run_folder_lock
+
+    with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
+        exit_code = run_local_sweep(planned, wait=follow, announce=announce)
     console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
     console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
     return exit_code
@@ -261,30 +271,28 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
 
 def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console) -> int:
     from hpcrl.submit.sweep import read_sweep_record
-    from hpcrl.submit.waiting import wait_for_job
+    from hpcrl.submit.waiting import wait_for_jobs
 
     points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)
-    codes = [
-        wait_for_job(run_dir, job, console).exit_code
-        for run_dir, job in zip(points, job_records, strict=True)
-    ]
-    return next((code for code in codes if code != 0), 0)
+    outcomes = wait_for_jobs(list(zip(points, job_records, strict=True)), console)
+    return next((outcome.exit_code for outcome in outcomes if outcome.exit_code != 0), 0)
 
 
 # --------------------------------------------------------------------------- status
 def run_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
-    from hpcrl.submit.run_views import collect_run_dirs, status_row
+    from hpcrl.submit.run_views import collect_run_dirs, status_rows
 
-    run_dirs = collect_run_dirs([Path(run) for run in args.runs], Path(args.runs_dir))
+    run_dirs = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
     console = _console()
     if not run_dirs:
         console.print(
-            f"No runs under {args.runs_dir}/ (submit one with: hpcrl submit RECIPE --cluster C)"
+            f"No runs under {args.runs_dir}/ (submit one with: hpcrl submit RECIPE --cluster C)",
+            markup=False,
         )
         return 0
-    rows = [status_row(name, run_dir) for name, run_dir in run_dirs]
+    rows, notes = status_rows(run_dirs)
     headers = ["run", "job", "state", "attempts", "step", "reward", "elapsed"]
     if any(row[-1] for row in rows):
         headers.append("cause")  # only when a failed job named its cause
@@ -296,25 +304,24 @@ def run_status(args: argparse.Namespace) -> int:
             overflow="fold",
         )
     for row in rows:
-        table.add_row(*row[: len(headers)])
+        table.add_row(*(_escape(cell) for cell in row[: len(headers)]))
     console.print(table)
-    return 0
+    for note in notes:
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
+    return 1 if notes and args.runs else 0
 
 
 # --------------------------------------------------------------------------- logs / cancel
 def run_logs(args: argparse.Namespace) -> int:
     from hpcrl.submit.run_views import print_logs
 
-    try:
-        return print_logs(
-            Path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow
-        )
-    except BrokenPipeError:  # `hpcrl logs RUN | head`: the reader has seen enough
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    # `hpcrl logs RUN | head` (a closed pipe) ends quietly: hpcrl.cli.failures
+    return print_logs(
+        folder_path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow
+    )
 
 
 def run_cancel(args: argparse.Namespace) -> int:
     from hpcrl.submit.run_views import cancel_run
 
-    return cancel_run(Path(args.run), _console())
+    return cancel_run(folder_path(args.run), _console())

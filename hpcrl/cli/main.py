@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES = ("hpcrl.cli.prepare", "hpcrl.cli.jobs", "hpcrl.cli.report")
+DEBUG_FLAG = "--debug"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Recipe + cluster profile -> checked plan -> sbatch script -> Slurm job.",
     )
     parser.add_argument("--version", action="version", version=f"hpcrl {__version__}")
+    parser.add_argument(
+        DEBUG_FLAG,
+        action="store_true",
+        help="on an error, show Python's stack (also HPCRL_DEBUG=1)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
@@ -47,17 +54,20 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; every error ends as a message and an exit code (hpcrl.cli.failures),
+    except with ``--debug`` (anywhere on the line) or ``HPCRL_DEBUG=1``, which raise it."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv or os.environ.get("HPCRL_DEBUG") == "1"
     parser = build_parser()
-    args = parse_args(parser, argv)
-    from hpcrl.config.errors import ConfigError  # after parsing: `hpcrl --help` stays light
-
+    args = parse_args(parser, [arg for arg in argv if arg != DEBUG_FLAG])
     try:
         return int(args.func(args) or 0)
-    except ConfigError as error:
-        from hpcrl.config.errors import print_problems
+    except (Exception, KeyboardInterrupt) as error:
+        if debug:
+            raise
+        from hpcrl.cli.failures import report_failure  # after parsing: `--help` stays light
 
-        print_problems(error.problems)
-        return 2
+        return report_failure(args.command, error)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ The stages are imported inside each command so that ``hpcrl --help`` stays light
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -63,6 +64,11 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def folder_path(text: str) -> Path:
+    """A folder argument as an absolute, normalised path (``../../x`` resolves here)."""
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
 class Prepared(NamedTuple):
     """A loaded recipe and profile and the job planned from them (a NamedTuple: no attrs
     import at startup, so ``hpcrl --help`` stays light)."""
@@ -85,6 +91,8 @@ def prepare(
 
     ``for_submission``: placeholders of an example profile are errors (``hpcrl submit``)."""
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
+    from hpcrl.config.errors import raise_if_errors
+    from hpcrl.config.load import check_secret_references
     from hpcrl.plan.planner import plan
     from hpcrl.plan.submit_host import bundles_dir_for, describe_submit_host
     from hpcrl.render.run_folder import default_run_dir
@@ -101,9 +109,10 @@ def prepare(
         problems += error.problems
     if loaded is None or profile is None:
         raise ConfigError(problems)
+    raise_if_errors(check_secret_references(loaded, profile))
     warnings = tuple(loaded.warnings) + tuple(profile_warnings)
     if out is not None:
-        run_dir = Path(out).absolute()
+        run_dir = folder_path(out)
     else:
         base = runs_dir if runs_dir is not None else Path(DEFAULT_RUNS_DIR)
         run_dir = default_run_dir(recipe, loaded.resolved_dict, profile, base)
@@ -137,14 +146,16 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_render(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
+    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
 
-    run = write_run_folder(
-        prepared.spec,
-        prepared.loaded.resolved_dict,
-        recipe_path=prepared.loaded.source_path,
-        load_warnings=[warning.format() for warning in prepared.warnings],
-    )
+    with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl render"):
+        run = write_run_folder(
+            prepared.spec,
+            prepared.loaded.resolved_dict,
+            recipe_path=prepared.loaded.source_path,
+            load_warnings=[warning.format() for warning in prepared.warnings],
+        )
     print_warnings(prepared, None)
     # Plain print, not rich: five lines do not justify rich's import time on every render.
     lines = [f"Wrote {run.path}/"]
@@ -161,6 +172,9 @@ def run_show(args: argparse.Namespace) -> int:
     from hpcrl.render.script import render_sbatch
 
     text = render_sbatch(prepared.spec)
+    from hpcrl.files import refuse_secrets
+
+    refuse_secrets(Path("<the script hpcrl show prints>"), text)
     if sys.stdout.isatty():
         from rich.console import Console
         from rich.syntax import Syntax

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 
@@ -25,20 +24,28 @@ def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from hpcrl.cli.jobs import PIPED_WIDTH
+    from hpcrl.cli.prepare import folder_path
     from hpcrl.report.plots import save_plots
-    from hpcrl.report.summary import ReportError, build_report, render_table
+    from hpcrl.report.summary import build_report, render_table
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
-    try:
-        report = build_report(Path(args.run))
-    except ReportError as error:
-        console.print(f"[red]hpcrl report:[/] {error}")
-        return 2
+    report = build_report(folder_path(args.run))  # a ReportError ends as one line (main)
     console.print(render_table(report))
+    for row in report.rows:
+        for note in row.notes:
+            console.print(f"{row.name}: {note}", markup=False, highlight=False, soft_wrap=True)
     if not any(row.records for row in report.rows):
         console.print("No metrics recorded yet (metrics.jsonl is empty or missing); no plots.")
         return 0
-    out_dir = Path(args.out) if args.out else Path(args.run) / "report"
-    for path in save_plots(report, out_dir):
+    out_dir = folder_path(args.out) if args.out else folder_path(args.run) / "report"
+    try:
+        paths = save_plots(report, out_dir)
+    except OSError as error:  # a run folder one may read but not write, say
+        from hpcrl.cli.failures import describe_os_error
+
+        console.print(f"no plots: {describe_os_error(error)}; or choose a folder with --out DIR",
+                      markup=False, soft_wrap=True)  # fmt: skip
+        return 1
+    for path in paths:
         console.print(f"plot: {path}", soft_wrap=True)
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -235,7 +236,12 @@ def _structure_int(value: Any, _: type) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
+        # 2.0 or 1e20 is not silently an integer: YAML wrote a float, maybe by mistake.
+        whole = f"{int(value)}" if abs(value) < 1e15 else "a whole number"
+        raise BadValue(
+            f"expected an integer, got the number {value!r} (a float)",
+            f"write it without a decimal point or exponent, e.g. {{path}}: {whole}",
+        )
     raise BadValue(
         f"expected an integer, got {_type_name(value)}",
         "set {path} to a whole number, e.g. {path}: 1",
@@ -254,13 +260,21 @@ def _structure_gpu_count(value: Any, _: type) -> int | str:
 
 
 def _structure_float(value: Any, _: type) -> float:
+    number = None
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value.strip().lower() not in ("nan", "+nan", "-nan"):
+        number = float(value)
+    elif isinstance(value, str):
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             pass
+    if number is not None and math.isfinite(number):
+        return number
+    if number is not None:
+        raise BadValue(
+            f"expected a finite number, got {value!r}",
+            "write a finite number, e.g. 0.5 or 1.0e-5 (null where the key allows it)",
+        )
     raise BadValue(
         f"expected a number, got {_type_name(value)}", "write a number, e.g. 0.5 or 1.0e-5"
     )
@@ -368,6 +382,13 @@ def _dict_hook(type_: Any, converter: cattrs.Converter):
 
 
 def _dict_item(item: Any, value_type: Any, converter: cattrs.Converter) -> Any:
+    if (
+        value_type is str
+        and isinstance(item, float)
+        and (not math.isfinite(item) or "e" in repr(item))
+    ):
+        # .nan, .inf or 1e20 as text would not be what was typed ("nan", "1e+20")
+        raise BadValue(f"expected a string, got the number {item!r}", 'quote it: "..."')
     if value_type is str and isinstance(item, int | float) and not isinstance(item, bool):
         return str(item)  # environment variables: `NCCL_DEBUG_LEVEL: 1` means "1"
     if value_type is str and isinstance(item, bool):

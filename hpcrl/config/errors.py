@@ -47,14 +47,15 @@ class Problem:
         return self.severity == "error"
 
     def format(self) -> str:
-        """Plain text, one or two lines: for logs, exception text and tests."""
+        """Plain text, one or two lines: for logs, exception text and tests. Secret values
+        (``hpcrl.config.secrets``) are hidden."""
         head = f"{self.severity}: {self.path}"
         if self.value is not NO_VALUE:
             head += f" = {_show_value(self.value)}"
         text = f"{head}: {self.message}"
         if self.fix:
             text += f"\n  fix: {self.fix}"
-        return text
+        return _redact(text)
 
 
 class ConfigError(Exception):
@@ -71,6 +72,22 @@ class ConfigError(Exception):
     @property
     def warnings(self) -> list[Problem]:
         return [problem for problem in self.problems if not problem.is_error]
+
+
+class UserError(Exception):
+    """A mistake a user can make outside a recipe or profile: a run folder, a file, an
+    argument, a scheduler command that fails. The CLI shows it as one line (what, where)
+    plus the fix, and exits non-zero without a traceback (``--debug`` shows it)."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, fix: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+
+    def one_line(self) -> str:
+        return f"{self.message} (fix: {self.fix})" if self.fix else self.message
 
 
 def errors_only(problems: Iterable[Problem]) -> list[Problem]:
@@ -107,13 +124,13 @@ def render_problems(problems: Sequence[Problem]) -> Any:
     table.add_column()
     for problem in _ordered(problems):
         style = "bold red" if problem.is_error else "bold yellow"
-        head = Text(problem.path, style="bold")
+        head = Text(_redact(problem.path), style="bold")
         if problem.value is not NO_VALUE:
             head.append(" = ")
             head.append(_show_value(problem.value), style="magenta")
-        body = [head, Text(problem.message)]
+        body = [head, Text(_redact(problem.message))]
         if problem.fix:
-            body.append(Text.assemble(("fix: ", "green"), problem.fix))
+            body.append(Text.assemble(("fix: ", "green"), _redact(problem.fix)))
         table.add_row(Text(problem.severity, style=style), Group(*body))
     num_errors = sum(problem.is_error for problem in problems)
     summary = f"{_count(num_errors, 'error')}, {_count(len(problems) - num_errors, 'warning')}"
@@ -138,6 +155,12 @@ def _count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
+def _redact(text: str) -> str:
+    from hpcrl.config.secrets import redact
+
+    return redact(text)
+
+
 def _show_value(value: Any) -> str:
-    text = repr(value)
+    text = _redact(repr(value))  # before cutting: a cut secret would no longer be found
     return text if len(text) <= 120 else text[:117] + "..."

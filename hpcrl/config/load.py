@@ -13,8 +13,10 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.converter import unstructure
+from hpcrl.config import aliases
+from hpcrl.config.converter import format_path, unstructure
 from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
+from hpcrl.config.foreign_keys import filter_foreign_keys, find_foreign_key
 from hpcrl.config.loader import (
     MergedConfig,
     load_merged,
@@ -26,6 +28,11 @@ from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.profile_rules import check_profile
 from hpcrl.config.recipe import Recipe
 from hpcrl.config.rules import check_recipe
+from hpcrl.config.secrets import PASS_ENV_FIX, secret_references, secret_values
+
+#: Free-form mappings of environment variables (``policy.megatron_cfg.env_vars``): their
+#: values are exported in job.sbatch.
+ENV_VARS_KEY = "env_vars"
 
 
 @attrs.frozen(kw_only=True)
@@ -33,8 +40,9 @@ class LoadedRecipe:
     """A validated recipe and where it came from.
 
     resolved_dict: the plain dict after `defaults:` merging, overrides and interpolation
-    (data paths absolute): what ``recipe.resolved.yaml`` holds. warnings: problems of
-    severity "warning" (the recipe is usable).
+    (data paths absolute), except that a value holding a secret keeps its ``${oc.env:...}``
+    text: what ``recipe.resolved.yaml`` holds. warnings: problems of severity "warning"
+    (the recipe is usable).
     """
 
     recipe: Recipe
@@ -42,6 +50,9 @@ class LoadedRecipe:
     resolved_dict: dict[str, Any]
     overrides: tuple[str, ...] = ()
     warnings: list[Problem] = attrs.field(factory=list)
+    #: (key path, variable) of values that read a secret through ``${oc.env:...}``: the
+    #: resolved dict keeps their text and the job resolves them from its own environment.
+    secret_references: tuple[tuple[str, str], ...] = ()
 
     def effective_dict(self) -> dict[str, Any]:
         """Every field with the value it takes, code defaults included (resolved_dict holds
@@ -52,20 +63,78 @@ class LoadedRecipe:
 def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) -> LoadedRecipe:
     """Load, merge, override, resolve, structure and check a recipe; raise ConfigError."""
     source_path = find_recipe(path_or_name)
-    merged = load_merged(source_path, overrides, Recipe)
+    merged = load_merged(source_path, overrides, Recipe, known=_is_foreign_key)
     problems, resolved = list(merged.problems), merged.resolved
     if resolved is None:
         raise ConfigError(problems)
     recipe, structure_problems = _structure_and_check(merged, Recipe, check_recipe)
-    problems += structure_problems
+    problems = aliases.respell(problems + structure_problems, merged.spelled_as)
+    references = list(secret_references(merged.raw))
+    problems += [
+        _secret_in_script(parts, name, text) for parts, name, text in references
+        if ENV_VARS_KEY in parts
+    ]  # fmt: skip
     raise_if_errors(problems)
     assert recipe is not None  # no errors means structuring succeeded
     return LoadedRecipe(
         recipe=recipe,
         source_path=source_path,
-        resolved_dict=resolved,
+        resolved_dict=keep_secret_text(resolved, merged.raw),
         overrides=tuple(overrides),
         warnings=[problem for problem in problems if not problem.is_error],
+        secret_references=tuple((format_path(parts), name) for parts, name, _ in references),
+    )
+
+
+def keep_secret_text(resolved: Any, raw: Any) -> Any:
+    """``resolved`` with every string that holds a secret value replaced by its text as
+    written (``${oc.env:HF_TOKEN}``, or ``${a.b}`` pointing at one)."""
+    values = secret_values()
+    if not values:
+        return resolved
+    return _kept(resolved, raw, values)
+
+
+def _kept(resolved: Any, raw: Any, values: Mapping[str, str]) -> Any:
+    if isinstance(resolved, dict):
+        raw_dict = raw if isinstance(raw, dict) else {}
+        return {key: _kept(item, raw_dict.get(key), values) for key, item in resolved.items()}
+    if isinstance(resolved, list):
+        raw_list = (
+            raw if isinstance(raw, list) and len(raw) == len(resolved) else [None] * len(resolved)
+        )
+        return [
+            _kept(item, raw_item, values) for item, raw_item in zip(resolved, raw_list, strict=True)
+        ]
+    if isinstance(resolved, str) and isinstance(raw, str) and "${" in raw:
+        if any(value in resolved for value in values):
+            return raw
+    return resolved
+
+
+def check_secret_references(loaded: LoadedRecipe, profile: ClusterProfile) -> list[Problem]:
+    """A recipe value that reads a secret is resolved again in the job, from the job's own
+    environment: the profile must pass that variable."""
+    return [
+        Problem(
+            path=path,
+            value=f"${{oc.env:{name}}}",
+            message=f"reads {name}, a secret; the run folder keeps this text and the job resolves "
+            f"it from its own environment, which gets {name} only through pass_env",
+            fix=f"add {name} to the pass_env list of profile {profile.name!r}",
+        )
+        for path, name in loaded.secret_references
+        if name not in profile.pass_env
+    ]
+
+
+def _secret_in_script(parts: tuple, name: str, text: str) -> Problem:
+    path = format_path(parts)
+    return Problem(
+        path=path,
+        value=text,
+        message=f"reads {name}, a secret: environment variables are written into job.sbatch",
+        fix=PASS_ENV_FIX.format(name=name) + f"; the job can read it as ${name} (remove {path})",
     )
 
 
@@ -105,22 +174,61 @@ def load_profile_with_warnings(
     merged.resolved.setdefault("name", path.stem)
     profile, structure_problems = _structure_and_check(merged, ClusterProfile, check_profile)
     problems += structure_problems
+    # Every profile value reaches job.sbatch (or the manifest): none may read a secret.
+    problems += [
+        _secret_in_profile(parts, name, text) for parts, name, text in secret_references(merged.raw)
+    ]
     raise_if_errors(problems)
     assert profile is not None
     return profile, [problem for problem in problems if not problem.is_error]
 
 
+def _is_foreign_key(parts: tuple[str, ...]) -> bool:
+    return find_foreign_key(parts) is not None
+
+
+def _secret_in_profile(parts: tuple, name: str, text: str) -> Problem:
+    return Problem(
+        path=format_path(parts),
+        value=text,
+        message=f"reads {name}, a secret: profile values are written into job.sbatch and the "
+        "manifest",
+        fix=PASS_ENV_FIX.format(name=name)
+        + f'; a setup_lines entry may read it at run time (export OTHER="${name}")',
+    )
+
+
 def _structure_and_check(merged: MergedConfig, cls: type, check: Any) -> tuple[Any, list[Problem]]:
+    """Structure and check in one round: schema, foreign-key and rule problems together, and
+    nothing said twice about a key whose interpolation already failed."""
     assert merged.resolved is not None
-    obj, issues = structure_leniently(merged.resolved, cls)
+    resolved, foreign_problems = (
+        filter_foreign_keys(merged.resolved, cls) if cls is Recipe else (merged.resolved, [])
+    )
+    obj, issues = structure_leniently(resolved, cls)
+    issues = [
+        issue for issue in issues if not any(_starts(issue.parts, p) for p in merged.unresolved)
+    ]
     issues = name_interpolation_sources(issues, merged.raw)
-    structure_problems = [issue.problem for issue in issues]
+    structure_problems = foreign_problems + [issue.problem for issue in issues]
     rule_problems = check(obj) if obj is not None else []
-    if issues:
-        # Rules saw placeholders where structuring failed: keep only what they say elsewhere.
-        rule_problems = [p for p in rule_problems if not _overlaps(p.path, structure_problems)]
+    left_out = [Problem(path=_dotted(parts), message="") for parts in merged.unresolved]
+    if issues or merged.unresolved:
+        # Rules saw placeholders or defaults there: keep only what they say elsewhere.
+        covered = [*structure_problems, *left_out]
+        rule_problems = [p for p in rule_problems if not _overlaps(p.path, covered)]
+        return None, structure_problems + rule_problems
+    if foreign_problems:
         return None, structure_problems + rule_problems
     return obj, rule_problems
+
+
+def _starts(parts: tuple, prefix: tuple) -> bool:
+    return parts[: len(prefix)] == prefix
+
+
+def _dotted(parts: tuple) -> str:
+    return format_path(parts)
 
 
 def _overlaps(path: str, problems: list[Problem]) -> bool:

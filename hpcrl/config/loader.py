@@ -1,34 +1,48 @@
-"""YAML → merged plain dict → attrs objects, with every problem collected.
+"""YAML → merged plain dict → attrs objects, with every problem collected in one pass.
 
 A file may name base files in ``defaults:`` (one path or a list, relative to the file; later
-bases win, the file itself wins over its bases; deep merge, lists replaced whole).
-``${a.b}`` interpolation is resolved after overrides, on the login node (``${oc.env:X}``
+bases win, the file itself wins over its bases; deep merge, lists replaced whole; a section
+holding ``_override_: true`` replaces the bases' section instead of merging into it, as in
+NeMo RL). One reader for every file: OmegaConf's YAML loader, and OmegaConf's interpolation
+(``${a.b}``, ``${oc.env:X}``, NeMo RL's ``${mul:a,b}`` and the other resolvers of
+``hpcrl.config.resolvers``), resolved after overrides, on the login node (``${oc.env:X}``
 therefore reads the submitting shell). Per file, before merging: ``policy.dtensor_cfg`` is
-renamed to ``automodel_cfg`` (with a warning) and relative ``data.train_path``/``val_path``
-are made absolute against that file's folder, so a recipe that extends a shipped recipe still
-finds the shipped data.
+moved to ``automodel_cfg`` (``hpcrl.config.aliases``) and relative ``data.train_path``/
+``val_path`` are made absolute against that file's folder, so a recipe that extends a shipped
+recipe still finds the shipped data.
+
+An interpolation that cannot be resolved is reported and its key left out, so the schema and
+the rules still check everything else: all problems come in one round.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from hpcrl.config.converter import StructureIssue, format_path, try_structure, value_at
+from hpcrl.config import aliases
+from hpcrl.config.converter import (
+    PathParts,
+    StructureIssue,
+    format_path,
+    try_structure,
+    value_at,
+)
 from hpcrl.config.errors import Problem
-from hpcrl.config.overrides import alias_warning, apply_overrides
-from hpcrl.config.plain_yaml import read_plain_yaml, resolve_references
+from hpcrl.config.overrides import apply_overrides
+from hpcrl.config.resolvers import register_resolvers, resolver_names
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 DEFAULTS_KEY = "defaults"
-MAX_PRUNE_ROUNDS = 6
+REPLACE_MARKER = "_override_"  # NeMo RL's: this section replaces the bases' one
 DATA_PATH_KEYS = ("train_path", "val_path")
 
 
@@ -36,33 +50,60 @@ DATA_PATH_KEYS = ("train_path", "val_path")
 class MergedConfig:
     """A file after defaults, overrides and interpolation.
 
-    resolved: plain dict with ``${...}`` resolved (None when a problem stopped loading);
-    raw: the same before resolution, to say where an interpolated bad value came from.
+    resolved: plain dict with ``${...}`` resolved (None when a problem stopped loading), keys
+    whose interpolation failed left out; raw: the same before resolution, to say where an
+    interpolated bad value came from; unresolved: the key paths left out (already reported);
+    spelled_as: new section name -> the older name the user wrote it as (``aliases``).
     """
 
     resolved: dict[str, Any] | None
     raw: dict[str, Any]
     problems: list[Problem]
+    unresolved: tuple[PathParts, ...] = ()
+    spelled_as: dict[str, str] = attrs.field(factory=dict)
 
 
-def load_merged(path: Path, overrides: Sequence[str], schema: type) -> MergedConfig:
-    """Read ``path`` with its ``defaults:``, apply overrides, resolve interpolation."""
-    data, problems = _load_tree(path, chain=())
-    if data is None:
-        return MergedConfig(resolved=None, raw={}, problems=problems)
-    # OmegaConf is imported only when needed: it is most of a cold `hpcrl render`.
-    resolved = None if overrides else resolve_references(data)
-    if resolved is not None:
-        return MergedConfig(resolved=resolved, raw=data, problems=problems)
+def load_merged(
+    path: Path,
+    overrides: Sequence[str],
+    schema: type,
+    known: Callable[[tuple[str, ...]], bool] | None = None,
+) -> MergedConfig:
+    """Read ``path`` with its ``defaults:``, apply overrides, resolve interpolation.
+
+    ``known``: keys outside ``schema`` that overrides may still set (see apply_overrides).
+    """
     from omegaconf import OmegaConf
 
+    data, problems, spellings = _load_tree(path, chain=())
+    if data is None:
+        return MergedConfig(resolved=None, raw={}, problems=problems)
+    problems = _one_alias_warning(problems, spellings)
     cfg = OmegaConf.create(data)
-    cfg, override_problems = apply_overrides(cfg, overrides, schema)
+    cfg, override_problems, override_spellings = apply_overrides(cfg, overrides, schema, known)
+    warned = {p.path for p in problems if not p.is_error}
+    problems += [
+        p
+        for p in override_problems
+        if p.is_error or not any(aliases.spellings_of(tuple(p.path.split("."))) & warned)
+    ]
     raw = OmegaConf.to_container(cfg, resolve=False)
-    resolved, resolve_problems = _resolve(cfg)
+    aliases.add_alias_nodes(cfg)
+    resolved, resolve_problems, unresolved = _resolve(cfg)
+    aliases.drop_alias_nodes(resolved)
     return MergedConfig(
-        resolved=resolved, raw=raw, problems=problems + override_problems + resolve_problems
+        resolved=resolved,
+        raw=raw,
+        problems=problems + resolve_problems,
+        unresolved=unresolved,
+        spelled_as=aliases.spelled_as(spellings | override_spellings),
     )
+
+
+def _one_alias_warning(problems: list[Problem], spellings: set[str]) -> list[Problem]:
+    """However many files of a ``defaults:`` chain use an old name, say it once."""
+    old_used = [old for old in aliases.ALIASES if old in spellings]
+    return problems + [aliases.alias_warning(old, aliases.ALIASES[old]) for old in old_used]
 
 
 def name_interpolation_sources(
@@ -82,21 +123,17 @@ def name_interpolation_sources(
 def structure_leniently(data: dict[str, Any], cls: type) -> tuple[Any, list[StructureIssue]]:
     """Structure ``data``; on failure also return an object built from a pruned copy.
 
-    The pruned object (bad keys dropped, required ones given placeholders) lets the rules run
-    too, so a user sees structure errors and rule violations in one round. It is never used
-    for anything but checking.
+    The pruned object (bad keys dropped, required ones given complete placeholders) lets the
+    rules run too, so a user sees structure errors and rule violations in one round. It is
+    never used for anything but checking; None if even the pruned copy does not structure.
     """
     obj, issues = try_structure(data, cls)
     if obj is not None:
         return obj, []
     pruned = copy.deepcopy(data)
-    round_issues = issues
-    for _ in range(MAX_PRUNE_ROUNDS):
-        for issue in round_issues:
-            _prune(pruned, issue)
-        obj, round_issues = try_structure(pruned, cls)
-        if obj is not None:
-            break
+    for issue in issues:
+        _prune(pruned, issue)
+    obj, _ = try_structure(pruned, cls)
     return obj, issues
 
 
@@ -120,18 +157,27 @@ def _prune(data: dict[str, Any], issue: StructureIssue) -> None:
 
 
 def _placeholder(field_type: Any) -> Any:
+    """A value of ``field_type`` that structures: attrs sections with their required keys."""
     if attrs.has(field_type):
-        return {}
+        return {
+            field.name: _placeholder(field.type)
+            for field in attrs.fields(attrs.resolve_types(field_type))
+            if field.default is attrs.NOTHING
+        }
     return {str: "<missing>", int: 1, float: 1.0, bool: False}.get(field_type)
 
 
 # --------------------------------------------------------------------------- files and defaults
-def _load_tree(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any] | None, list[Problem]]:
+def _load_tree(
+    path: Path, chain: tuple[Path, ...]
+) -> tuple[dict[str, Any] | None, list[Problem], set[str]]:
+    """The file merged over its bases; its problems; the alias spellings its files used."""
     data, problems = _read_yaml(path)
     if data is None:
-        return None, problems
+        return None, problems, set()
     base_names = data.pop(DEFAULTS_KEY, None)
-    problems += _normalise_file(data, path)
+    file_problems, spellings = _normalise_file(data, path)
+    problems += file_problems
     merged: dict[str, Any] = {}
     for base_path, problem in _base_paths(base_names, path):
         if problem is not None:
@@ -141,30 +187,42 @@ def _load_tree(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any] | No
                 _defaults_problem(path, base_path, "defaults form a cycle", "remove the cycle")
             )
         else:
-            base_data, base_problems = _load_tree(base_path, chain + (path,))
+            base_data, base_problems, base_spellings = _load_tree(base_path, chain + (path,))
             problems += base_problems
+            spellings |= base_spellings
             merged = deep_merge(merged, base_data or {})
-    return deep_merge(merged, data), problems
+    return deep_merge(merged, data), problems, spellings
 
 
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """``update`` over ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    """``update`` over ``base``: mappings merge key by key, anything else (lists too) replaces;
+    a mapping holding ``_override_: true`` replaces the base's mapping whole."""
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if isinstance(value, dict) and value.get(REPLACE_MARKER) is True:
+            merged[key] = _without_markers(value)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
-            merged[key] = value
+            merged[key] = _without_markers(value)
     return merged
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
-    try:
-        data = read_plain_yaml(path)
-        if data is None:
-            from omegaconf import OmegaConf
+def _without_markers(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            key: _without_markers(item)
+            for key, item in value.items()
+            if not (key == REPLACE_MARKER and isinstance(item, bool))
+        }
+    return value
 
-            data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
+    from omegaconf import OmegaConf
+
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     except FileNotFoundError:
         return None, [Problem(path=str(path), message="file not found", fix="check the path")]
     except Exception as exc:  # yaml.YAMLError and OmegaConf errors: the parser's own words
@@ -209,32 +267,15 @@ def _defaults_problem(path: Path, value: Any, message: str, fix: str) -> Problem
     return Problem(path=f"{DEFAULTS_KEY} (in {path})", value=str(value), message=message, fix=fix)
 
 
-def _normalise_file(data: dict[str, Any], path: Path) -> list[Problem]:
-    problems = _rename_alias(data)
+def _normalise_file(data: dict[str, Any], path: Path) -> tuple[list[Problem], set[str]]:
+    problems, spellings = aliases.rename_in_file(data)
     section = data.get("data")
     if isinstance(section, dict):
         for key in DATA_PATH_KEYS:
             value = section.get(key)
             if isinstance(value, str) and "${" not in value:
                 section[key] = _absolute(value, path.parent)
-    return problems
-
-
-def _rename_alias(data: dict[str, Any]) -> list[Problem]:
-    policy = data.get("policy")
-    if not isinstance(policy, dict) or "dtensor_cfg" not in policy:
-        return []
-    if "automodel_cfg" in policy:
-        del policy["dtensor_cfg"]  # reported here; the converter must not call it unknown too
-        return [
-            Problem(
-                path="policy.dtensor_cfg",
-                message="both policy.dtensor_cfg and policy.automodel_cfg are set",
-                fix="keep only policy.automodel_cfg (dtensor_cfg is NeMo RL's older name for it)",
-            )
-        ]
-    policy["automodel_cfg"] = policy.pop("dtensor_cfg")
-    return [alias_warning("policy.dtensor_cfg", "policy.automodel_cfg")]
+    return problems, spellings
 
 
 def _absolute(value: str, folder: Path) -> str:
@@ -243,49 +284,94 @@ def _absolute(value: str, folder: Path) -> str:
 
 
 # --------------------------------------------------------------------------- interpolation
-def _resolve(cfg: DictConfig) -> tuple[dict[str, Any] | None, list[Problem]]:
+def _resolve(cfg: DictConfig) -> tuple[dict[str, Any], list[Problem], tuple[PathParts, ...]]:
+    """Every value resolved; keys that cannot be are reported and left out."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_resolvers()
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), [], ()
+    except OmegaConfBaseException:
+        pass  # find every bad interpolation and every ???, not only the first one
+    resolved = OmegaConf.to_container(cfg, resolve=False)
+    problems, unresolved = [], []
+    for parts, node in _leaf_nodes(cfg, ()):
+        if aliases.is_alias_path(parts):
+            continue  # the section it stands for is resolved (and reported) under its own name
+        value, problem = _resolve_leaf(cfg, parts, node)
+        if problem is None:
+            _set(resolved, parts, value)
+        else:
+            problems.append(problem)
+            unresolved.append(parts)
+            _remove(resolved, parts)
+    return resolved, problems, tuple(unresolved)
+
+
+def _resolve_leaf(cfg: DictConfig, parts: PathParts, node: Any) -> tuple[Any, Problem | None]:
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+    key = format_path(parts)
     try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), []
-    except OmegaConfBaseException:
-        pass  # find every bad interpolation and every ???, not only the first one
-    problems = []
-    for parts, node in _leaf_nodes(cfg, ()):
-        key = format_path(parts)
-        try:
-            OmegaConf.select(cfg, key, throw_on_missing=True)
-        except MissingMandatoryValue:
-            fix = f"set it, e.g. with the override {key}=VALUE"
-            problems.append(
-                Problem(
-                    path=key,
-                    value="???",
-                    message="must be set (the recipe leaves it as ???)",
-                    fix=fix,
-                )
-            )
-        except OmegaConfBaseException as exc:
-            message = " ".join(str(exc).split("\n")[0].split())
-            problems.append(
-                Problem(
-                    path=key,
-                    value=node._value(),
-                    message=f"cannot resolve: {message}",
-                    fix="point ${...} at an existing key (full dotted path from the top)",
-                )
-            )
-    return None, problems
+        value = OmegaConf.select(cfg, key, throw_on_missing=True)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True, throw_on_missing=True)
+        return value, None
+    except MissingMandatoryValue:
+        return None, Problem(
+            path=key,
+            value="???",
+            message="must be set (the recipe leaves it as ???)",
+            fix=f"set it, e.g. with the override {key}=VALUE",
+        )
+    except OmegaConfBaseException as exc:
+        message = " ".join(str(exc).split("\n")[0].split())
+        return None, Problem(
+            path=key,
+            value=node._value(),
+            message=f"cannot resolve: {message}",
+            fix=_resolution_fix(message),
+        )
+
+
+def _resolution_fix(message: str) -> str:
+    """What to do about an interpolation that failed, by what failed."""
+    missing_env = re.search(r"Environment variable '([^']+)' not found", message)
+    if missing_env:
+        name = missing_env.group(1)
+        return (
+            f"set the variable in this shell (export {name}=...), or give a default: "
+            f"${{oc.env:{name},DEFAULT}}"
+        )
+    if "Unsupported interpolation type" in message:
+        return f"the resolvers a recipe may use: {resolver_names()}; ${{a.b}} names another key"
+    return "point ${...} at an existing key (full dotted path from the top)"
 
 
 def _leaf_nodes(node: Any, parts: tuple) -> list[tuple[tuple, Any]]:
     from omegaconf import DictConfig, OmegaConf
 
-    if isinstance(node, DictConfig) and not node._is_interpolation():
+    if isinstance(node, DictConfig) and not node._is_interpolation() and not node._is_none():
         children = [(key, node._get_node(key)) for key in node.keys()]
-    elif OmegaConf.is_list(node) and not node._is_interpolation():
+    elif OmegaConf.is_list(node) and not node._is_interpolation() and not node._is_none():
         children = [(index, node._get_node(index)) for index in range(len(node))]
     else:
         return [(parts, node)]
     return [leaf for key, child in children for leaf in _leaf_nodes(child, parts + (key,))]
+
+
+def _set(data: Any, parts: PathParts, value: Any) -> None:
+    for part in parts[:-1]:
+        data = data[part]
+    data[parts[-1]] = value
+
+
+def _remove(data: Any, parts: PathParts) -> None:
+    for part in parts[:-1]:
+        data = data[part]
+    if isinstance(data, dict):
+        del data[parts[-1]]
+    else:
+        data[parts[-1]] = None  # a list keeps its length; the key is reported already

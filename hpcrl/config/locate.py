@@ -70,6 +70,7 @@ def find_profile(name_or_path: str | os.PathLike, environ: Mapping[str, str] | N
             candidate = folder / f"{name}{suffix}"
             if candidate.is_file():
                 return candidate
+    _refuse_non_file(Path(name_or_path).expanduser(), str(name_or_path), "--cluster")
     searched = ", ".join(str(folder) for folder in profile_search_path(environ))
     raise ConfigError(
         [_not_found("--cluster", name, list_profiles(environ), f"searched: {searched}", "profile")]
@@ -86,6 +87,7 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
         candidate = shipped_recipes_dir() / f"{name}{suffix}"
         if candidate.is_file():
             return candidate
+    _refuse_non_file(Path(os.fspath(name_or_path)).expanduser(), str(name_or_path), "recipe")
     where = f"no file {os.fspath(name_or_path)!r} here and no shipped recipe of that name in {shipped_recipes_dir()}"
     raise ConfigError([_not_found("recipe", name, list_recipes(), where, "recipe")])
 
@@ -105,8 +107,13 @@ def _as_existing_path(name_or_path: str | os.PathLike, what: str) -> Path | None
     path = Path(os.fspath(name_or_path)).expanduser()
     if path.is_file():
         return path.absolute()
+    if str(name_or_path) == "":
+        raise ConfigError(
+            [Problem(path=what, value="", message="empty", fix=f"give a {what} name or file")]
+        )
     if _is_plain_name(str(name_or_path)):
         return None  # a name: searched for by the caller
+    _refuse_non_file(path, str(name_or_path), what)
     nearby = _yaml_files(path.parent)
     guess = did_you_mean(path.stem, nearby)
     fix = (
@@ -116,6 +123,21 @@ def _as_existing_path(name_or_path: str | os.PathLike, what: str) -> Path | None
     )
     problem = Problem(path=what, value=str(name_or_path), message="no such file", fix=fix)
     raise ConfigError([problem])
+
+
+def _refuse_non_file(path: Path, given: str, what: str) -> None:
+    """A folder or a device where a YAML file was expected is said so, not "no such file"."""
+    if path.is_dir():
+        inside = ", ".join(str(p) for p in _yaml_files(path).values())
+        fix = f"give one file: {inside}" if inside else "give a YAML file"
+        raise ConfigError(
+            [Problem(path=what, value=given, message="a folder, not a file", fix=fix)]
+        )
+    if path.exists():
+        message = "not a regular file (a device, a FIFO, ...)"
+        raise ConfigError(
+            [Problem(path=what, value=given, message=message, fix="give a YAML file")]
+        )
 
 
 def _without_yaml_suffix(name: str) -> str:

@@ -116,40 +116,59 @@ def rule_sequence_parallel(recipe: Recipe) -> list[Problem]:
     return []
 
 
+RECOMPUTE_FIELDS = ("recompute_granularity", "recompute_method", "recompute_num_layers")
+
+
+def megatron_recompute(cfg: MegatronCfg) -> dict[str, Any]:
+    """The provider's recompute settings, as NeMo RL derives them: nothing unless
+    ``activation_checkpointing``; then granularity ``full`` unless set, and for full
+    recompute the method ``uniform`` and 1 layer per group unless set."""
+    if not cfg.activation_checkpointing:
+        return {}
+    granularity = cfg.recompute_granularity or "full"
+    if granularity == "selective":
+        return {"recompute_granularity": "selective"}
+    return {
+        "recompute_granularity": "full",
+        "recompute_method": cfg.recompute_method or "uniform",
+        "recompute_num_layers": 1 if cfg.recompute_num_layers is None else cfg.recompute_num_layers,
+    }
+
+
 def rule_recompute(recipe: Recipe) -> list[Problem]:
-    """Full recompute needs a method and a layer count; a method needs full recompute."""
+    """Recompute is keyed on activation_checkpointing (NeMo RL's meaning): the granularity,
+    method and layer count only matter when it is true."""
     if not megatron_enabled(recipe):
         return []
     cfg = recipe.policy.megatron_cfg
+    switch = f"{MEGATRON}.activation_checkpointing"
+    if not cfg.activation_checkpointing:
+        return [
+            _ignored(f"{MEGATRON}.{name}", getattr(cfg, name), switch)
+            for name in RECOMPUTE_FIELDS
+            if getattr(cfg, name) is not None
+        ]
     problems = []
-    if cfg.recompute_granularity == "full":
-        if cfg.recompute_method is None:
-            problems.append(
-                Problem(
-                    path=f"{MEGATRON}.recompute_method",
-                    value=None,
-                    message=f"{MEGATRON}.recompute_granularity=full needs a method",
-                    fix=f"set {MEGATRON}.recompute_method=uniform (or block)",
-                )
-            )
-        if cfg.recompute_num_layers is None or cfg.recompute_num_layers < 1:
-            problems.append(
-                Problem(
-                    path=f"{MEGATRON}.recompute_num_layers",
-                    value=cfg.recompute_num_layers,
-                    message=f"{MEGATRON}.recompute_granularity=full needs a positive layer count",
-                    fix=f"set {MEGATRON}.recompute_num_layers=1 (layers per recompute group for uniform)",
-                )
-            )
-    elif cfg.recompute_method is not None:
+    if cfg.recompute_num_layers is not None and cfg.recompute_num_layers < 1:
         problems.append(
             Problem(
-                path=f"{MEGATRON}.recompute_method",
-                value=cfg.recompute_method,
-                message=f"only used with {MEGATRON}.recompute_granularity=full (it is {cfg.recompute_granularity})",
-                fix=f"set {MEGATRON}.recompute_granularity=full or remove {MEGATRON}.recompute_method",
+                path=f"{MEGATRON}.recompute_num_layers",
+                value=cfg.recompute_num_layers,
+                message="must be a positive layer count (layers per recompute group)",
+                fix=f"set {MEGATRON}.recompute_num_layers=1, or remove it (1 is the default)",
             )
         )
+    if cfg.recompute_granularity == "selective":
+        for name in ("recompute_method", "recompute_num_layers"):
+            if getattr(cfg, name) is not None:
+                problems.append(
+                    Problem(
+                        path=f"{MEGATRON}.{name}",
+                        value=getattr(cfg, name),
+                        message=f"only used with {MEGATRON}.recompute_granularity=full (it is selective)",
+                        fix=f"set {MEGATRON}.recompute_granularity=full or remove {MEGATRON}.{name}",
+                    )
+                )
     return problems
 
 

@@ -1,9 +1,17 @@
-"""Command-line overrides ``a.b.c=value``: parsed like YAML, checked against the schema.
+"""Command-line overrides, with Hydra's meanings (NeMo RL's users type them so):
+
+- ``a.b=value`` sets a key (YAML-typed; ``a.b=null`` sets null). Unlike Hydra, the key need
+  not be in the file: recipes are sparse and hpcrl's schema knows every key.
+- ``+a.b=value`` adds a key the config does not hold yet (an error if it does);
+- ``++a.b=value`` sets a key whether or not the config holds it;
+- ``~a.b`` deletes a key (back to its default, or away for a section); ``~a.b=value`` deletes
+  it only if it holds that value. Deleting needs the key to be in the config.
 
 A key that the schema does not have is an error with "did you mean" (a typo in an override
 would otherwise silently do nothing); inside free-form mappings (``env_vars``,
 ``model_overrides``, ``megatron_cfg_overrides``, ``env.kwargs``, a profile's ``env``) new keys
-are allowed.
+are allowed, and so are NeMo RL keys that hpcrl accepts or rejects by name
+(``hpcrl.config.foreign_keys``).
 """
 
 from __future__ import annotations
@@ -11,37 +19,63 @@ from __future__ import annotations
 import os
 import re
 import typing
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from hpcrl.config.aliases import alias_warning, rename_path, spellings_of
 from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import Problem
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+#: Whether key parts outside the schema are still known to the loader (may be None).
+KnownKey = Callable[[tuple[str, ...]], bool] | None
+
 DOTTED_KEY = re.compile(r"[A-Za-z0-9_][\w-]*(\.[A-Za-z0-9_][\w-]*)*")
-ALIASES = {("policy", "dtensor_cfg"): ("policy", "automodel_cfg")}
+Action = Literal["set", "add", "force", "delete"]
+_PREFIXES: tuple[tuple[str, Action], ...] = (("++", "force"), ("+", "add"), ("~", "delete"))
+_NO_VALUE = object()  # ``~key`` without ``=value``
 
 
 @attrs.frozen
 class Override:
-    """One parsed override: dotted key parts and the YAML-typed value."""
+    """One parsed override: what to do, dotted key parts and the YAML-typed value."""
 
     text: str
     parts: tuple[str, ...]
     value: Any
+    action: Action = "set"
 
 
 def parse_override(text: str) -> tuple[Override | None, list[Problem]]:
-    """Parse ``key=value`` (a leading ``+``/``++`` as Hydra writes it is accepted)."""
+    """Parse ``key=value``, ``+key=value``, ``++key=value``, ``~key`` or ``~key=value``."""
     key, sep, raw_value = text.partition("=")
-    key = key.strip().lstrip("+")
-    if not sep or not key:
-        return None, [_bad_syntax(text, "an override must look like KEY=VALUE")]
+    key = key.strip()
+    action: Action = "set"
+    for prefix, prefix_action in _PREFIXES:
+        if key.startswith(prefix):
+            key, action = key[len(prefix) :], prefix_action
+            break
+    if not key or (not sep and action != "delete"):
+        return None, [_bad_syntax(text, "an override must look like KEY=VALUE (or ~KEY)")]
     if not DOTTED_KEY.fullmatch(key):
         return None, [_bad_syntax(text, f"{key!r} is not a dotted key (names joined by '.')")]
+    if not sep:
+        return Override(text=text, parts=tuple(key.split(".")), value=_NO_VALUE, action=action), []
+    yaml_feature = _yaml_feature(raw_value)
+    if yaml_feature:
+        return None, [
+            Problem(
+                path=key,
+                value=text,
+                message=f"the value uses a YAML {yaml_feature}, which an override cannot "
+                "carry (it would be dropped or followed silently)",
+                fix=f"quote the value if the character is meant literally: '{key}=\"{raw_value}\"'",
+            )
+        ]
     from omegaconf import OmegaConf  # here: importing it is most of a cold `hpcrl render`
 
     try:
@@ -51,34 +85,124 @@ def parse_override(text: str) -> tuple[Override | None, list[Problem]]:
         ]
     except Exception as exc:  # yaml and OmegaConf errors alike: report, don't crash
         return None, [_bad_syntax(text, " ".join(f"cannot parse the value: {exc}".split())[:200])]
-    return Override(text=text, parts=tuple(key.split(".")), value=value), []
+    return Override(text=text, parts=tuple(key.split(".")), value=value, action=action), []
+
+
+def _yaml_feature(raw_value: str) -> str | None:
+    """The YAML anchor, alias or tag in an override's value (``name=&a x`` would become
+    ``x``), or None."""
+    if not any(mark in raw_value for mark in "&*!"):
+        return None
+    import yaml
+
+    names = {yaml.AnchorToken: "anchor (&)", yaml.AliasToken: "alias (*)", yaml.TagToken: "tag (!)"}
+    try:
+        for token in yaml.scan(raw_value):
+            if type(token) in names:
+                return names[type(token)]
+    except yaml.YAMLError:
+        return None  # not YAML at all: OmegaConf's parser says what is wrong
+    return None
 
 
 def apply_overrides(
-    cfg: DictConfig, texts: typing.Sequence[str], schema: type
-) -> tuple[DictConfig, list[Problem]]:
-    """Apply overrides in order (later wins) to a merged config; problems for bad ones."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    cfg: DictConfig, texts: typing.Sequence[str], schema: type, known: KnownKey = None
+) -> tuple[DictConfig, list[Problem], set[str]]:
+    """Apply overrides in order (later wins) to a merged config.
 
+    Returns the config, problems for bad overrides and the alias spellings the overrides used
+    (see ``hpcrl.config.aliases``). ``known(parts)`` says whether a key outside the schema is
+    still one the loader knows (NeMo RL keys it accepts or rejects by name).
+    """
     problems: list[Problem] = []
+    spellings: set[str] = set()
     for text in texts:
         override, parse_problems = parse_override(text)
         problems += parse_problems
         if override is None:
             continue
-        override, alias_problems = _apply_aliases(override)
-        problems += alias_problems
-        schema_problem = check_key_in_schema(override.parts, schema, text)
+        spellings |= spellings_of(override.parts)
+        parts = rename_path(override.parts)
+        if parts != override.parts:
+            problems.append(alias_warning(".".join(override.parts), ".".join(parts)))
+        override = attrs.evolve(override, parts=parts)
+        problems += _apply_one(cfg, override, schema, known)
+    return cfg, problems, spellings
+
+
+def _apply_one(cfg: DictConfig, override: Override, schema: type, known: KnownKey) -> list[Problem]:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    key = ".".join(override.parts)
+    present = _holds(cfg, override.parts)
+    if override.action == "delete":
+        return _delete(cfg, override, present)
+    if override.action == "add" and present:
+        current = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+        return [
+            Problem(
+                path=key,
+                value=override.text,
+                message=f"+ adds a key, but the config already sets it (to {_shown(current)})",
+                fix=f"write {key}=... or ++{key}=... to change it",
+            )
+        ]
+    if known is None or not known(override.parts):
+        schema_problem = check_key_in_schema(override.parts, schema, override.text)
         if schema_problem is not None:
-            problems.append(schema_problem)
-            continue
-        value = _absolute_data_path(override)
-        try:
-            OmegaConf.update(cfg, ".".join(override.parts), value, merge=True, force_add=True)
-        except OmegaConfBaseException as exc:
-            problems.append(_bad_syntax(text, f"cannot apply it: {exc}".splitlines()[0]))
-    return cfg, problems
+            return [schema_problem]
+    try:
+        OmegaConf.update(cfg, key, _absolute_data_path(override), merge=True, force_add=True)
+    except OmegaConfBaseException as exc:
+        return [_bad_syntax(override.text, f"cannot apply it: {exc}".splitlines()[0])]
+    return []
+
+
+def _delete(cfg: DictConfig, override: Override, present: bool) -> list[Problem]:
+    from omegaconf import OmegaConf
+
+    key = ".".join(override.parts)
+    if not present:
+        return [
+            Problem(
+                path=key,
+                value=override.text,
+                message="~ deletes a key, but the config does not set it",
+                fix="check the key's spelling (the full dotted path), or drop the override",
+            )
+        ]
+    parent = OmegaConf.select(cfg, ".".join(override.parts[:-1])) if override.parts[:-1] else cfg
+    current = OmegaConf.to_container(parent, resolve=False)[override.parts[-1]]
+    if override.value is not _NO_VALUE and current != override.value:
+        return [
+            Problem(
+                path=key,
+                value=override.text,
+                message=f"~{key}=VALUE deletes the key only if it holds VALUE; it holds {_shown(current)}",
+                fix=f"write ~{key} to delete it whatever it holds",
+            )
+        ]
+    del parent[override.parts[-1]]
+    return []
+
+
+def _holds(cfg: DictConfig, parts: tuple[str, ...]) -> bool:
+    from omegaconf import OmegaConf
+
+    node: Any = cfg
+    for part in parts:
+        if not OmegaConf.is_dict(node) or part not in node:
+            return False
+        node = node._get_node(part)
+        if node._is_interpolation() and part != parts[-1]:
+            return False  # below an interpolation: not a key of the file
+    return True
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_key_in_schema(parts: tuple[str, ...], schema: type, text: str) -> Problem | None:
@@ -117,24 +241,6 @@ def _unknown_override_key(
         value=text,
         message=f"override names a key that does not exist ({parts[depth]!r} under {parent})",
         fix=fix,
-    )
-
-
-def _apply_aliases(override: Override) -> tuple[Override, list[Problem]]:
-    for old, new in ALIASES.items():
-        if override.parts[: len(old)] == old:
-            parts = new + override.parts[len(old) :]
-            warning = alias_warning(".".join(override.parts), ".".join(parts))
-            return attrs.evolve(override, parts=parts), [warning]
-    return override, []
-
-
-def alias_warning(old_path: str, new_path: str) -> Problem:
-    return Problem(
-        path=old_path,
-        message=f"{old_path.split('.')[1]} is NeMo RL's older name; read as {new_path}",
-        fix=f"rename it to {new_path}",
-        severity="warning",
     )
 
 

@@ -9,10 +9,19 @@ import attrs
 from hpcrl.config.errors import Problem
 from hpcrl.config.port_bands import FIRST_BAND_PORT, bands_end
 from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.range_rules import MAX_GPUS_PER_NODE, MAX_WORKER_SLOTS_PER_NODE
+from hpcrl.config.secrets import (
+    PASS_ENV_FIX,
+    find_secrets,
+    is_secret_name,
+    literal_secret_assignments,
+)
 
 # Slurm's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 SLURM_TIME = re.compile(r"^\d+(:\d{1,2}){0,2}$|^\d+-\d{1,2}(:\d{1,2}){0,2}$")
-SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "APIKEY")
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: An absolute path or a bare command name, without shell syntax or spaces.
+PYTHON_COMMAND = re.compile(r"/[A-Za-z0-9._+/-]+|[A-Za-z0-9._+-]+")
 
 
 def check_profile(profile: ClusterProfile) -> list[Problem]:
@@ -92,15 +101,121 @@ def rule_bundle_packages(profile: ClusterProfile) -> list[Problem]:
 
 
 def rule_time_limit(profile: ClusterProfile) -> list[Problem]:
-    if SLURM_TIME.match(profile.slurm.time_limit):
-        return []
+    seconds = time_limit_s(profile.slurm.time_limit)
+    if seconds is None or seconds == 0:
+        message = "not a Slurm time limit" if seconds is None else "a time limit of zero"
+        if seconds is None and SLURM_TIME.match(profile.slurm.time_limit):
+            message = "out of range (minutes and seconds go to 59, hours after a day to 23)"
+        return [
+            Problem(
+                path="slurm.time_limit",
+                value=profile.slurm.time_limit,
+                message=message,
+                fix='write [D-]HH:MM:SS, e.g. slurm.time_limit: "04:00:00"',
+            )
+        ]
+    if profile.slurm.signal_delay_s >= seconds:
+        return [
+            Problem(
+                path="slurm.signal_delay_s",
+                value=profile.slurm.signal_delay_s,
+                message=f"not shorter than slurm.time_limit ({profile.slurm.time_limit}): the "
+                "job would be told to stop before it starts",
+                fix="e.g. slurm.signal_delay_s: 90, or a longer slurm.time_limit",
+            )
+        ]
+    return []
+
+
+def time_limit_s(text: str) -> int | None:
+    """Seconds in a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S); None when it is
+    not one or a field is out of range."""
+    if not SLURM_TIME.match(text):
+        return None
+    days, dash, clock = text.partition("-")
+    if not dash:
+        days, clock = "0", text
+    fields = [int(field) for field in clock.split(":")]
+    if dash:
+        hours, minutes, seconds = (fields + [0, 0])[:3]
+    elif len(fields) == 3:
+        hours, minutes, seconds = fields
+    else:
+        hours, minutes, seconds = 0, fields[0], (fields[1:] or [0])[0]
+    minutes_bounded = bool(dash) or len(fields) == 3
+    if seconds > 59 or (minutes_bounded and minutes > 59) or (dash and hours > 23):
+        return None
+    return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def rule_slurm_counts(profile: ClusterProfile) -> list[Problem]:
+    """Requeues, array parallelism and the signal delay: plain ranges."""
+    slurm = profile.slurm
+    limits = (
+        ("slurm.array_parallelism", slurm.array_parallelism, 1, "at most this many sweep points run at once"),
+        ("slurm.max_requeues", slurm.max_requeues, 0, "0: never requeue on timeout or preemption"),
+        ("slurm.signal_delay_s", slurm.signal_delay_s, 0, "seconds before the time limit, e.g. 90"),
+    )  # fmt: skip
+    return [
+        Problem(path=path, value=value, message=f"must be at least {low}", fix=fix)
+        for path, value, low, fix in limits
+        if value < low
+    ]
+
+
+def rule_names_and_images(profile: ClusterProfile) -> list[Problem]:
+    """The profile's name names run folders and jobs; an empty image would run nothing."""
+    problems = []
+    if not PROFILE_NAME.fullmatch(profile.name):
+        problems.append(
+            Problem(
+                path="name",
+                value=profile.name,
+                message="a profile name is letters, digits, '.', '_' or '-' (it names run folders)",
+                fix="e.g. name: eos, or remove it to use the file name",
+            )
+        )
+    if profile.container is not None and not profile.container.image.strip():
+        problems.append(
+            Problem(
+                path="container.image",
+                value=profile.container.image,
+                message="empty",
+                fix="set the image pyxis runs (e.g. nvcr.io/nvidia/nemo-rl:v0.4.0), or remove "
+                "the container section",
+            )
+        )
+    return problems
+
+
+def rule_python(profile: ClusterProfile) -> list[Problem]:
+    """The job's interpreter: an absolute path or a command name found on the job's PATH."""
+    if profile.python is None or PYTHON_COMMAND.fullmatch(profile.python):
+        return []  # unset: the image's python3, or the interpreter running hpcrl
     return [
         Problem(
-            path="slurm.time_limit",
-            value=profile.slurm.time_limit,
-            message="not a Slurm time limit",
-            fix='write [D-]HH:MM:SS, e.g. slurm.time_limit: "04:00:00"',
+            path="python",
+            value=profile.python,
+            message="not an absolute path or a command name (one word, no shell syntax)",
+            fix="e.g. python: python3, or python: /opt/venv/bin/python",
         )
+    ]
+
+
+def rule_allocation_bounds(profile: ClusterProfile) -> list[Problem]:
+    counts = (
+        ("gpus_per_node", profile.gpus_per_node, MAX_GPUS_PER_NODE),
+        ("worker_slots_per_node", profile.worker_slots_per_node, MAX_WORKER_SLOTS_PER_NODE),
+    )
+    return [
+        Problem(
+            path=path,
+            value=value,
+            message=f"more than any node has (at most {limit})",
+            fix=f"set {path} to what one node of the site has",
+        )
+        for path, value, limit in counts
+        if isinstance(value, int) and value > limit  # gpus_per_node may be "auto"
     ]
 
 
@@ -200,8 +315,51 @@ def rule_no_secrets_in_env(profile: ClusterProfile) -> list[Problem]:
             fix=f"remove env.{name} and add {name} to pass_env (copied from the submitting shell)",
         )
         for name in sorted(profile.env)
-        if any(word in name.upper() for word in SECRET_WORDS)
+        if is_secret_name(name)
     ]
+
+
+def rule_no_secrets_in_script_text(profile: ClusterProfile) -> list[Problem]:
+    """Profile text copied into job.sbatch: no secret-shaped name given a literal value
+    (``export HF_TOKEN=...``), no well-known token."""
+    problems = []
+    for path, text in _script_texts(profile):
+        names = literal_secret_assignments(text)
+        kinds = find_secrets(text, environ={})
+        if not names and not kinds:
+            continue
+        what = ", ".join([f"{name}=<literal>" for name in names] + kinds)
+        fix = PASS_ENV_FIX.format(name=names[0] if names else "the variable")
+        if names:
+            fix += f'; a line may read it at run time: {names[0]}="${names[0]}"'
+        problems.append(
+            Problem(
+                path=path,
+                value="<hidden>",
+                message=f"holds a secret ({what}); this text is written into job.sbatch",
+                fix=fix,
+            )
+        )
+    return problems
+
+
+def _script_texts(profile: ClusterProfile) -> list[tuple[str, str]]:
+    texts = [(f"setup_lines[{i}]", line) for i, line in enumerate(profile.setup_lines)]
+    texts += [(f"slurm.sbatch_args[{i}]", arg) for i, arg in enumerate(profile.slurm.sbatch_args)]
+    texts += [(f"slurm.srun_args[{i}]", arg) for i, arg in enumerate(profile.slurm.srun_args)]
+    texts += [
+        (f"env.{name}", value)
+        for name, value in sorted(profile.env.items())
+        if not is_secret_name(name)  # rule_no_secrets_in_env reports those
+    ]
+    texts += [("python", profile.python or "")]
+    for key in ("account", "partition", "qos"):
+        texts += [(f"slurm.{key}", getattr(profile.slurm, key) or "")]
+    if profile.container is not None:
+        texts += [("container.image", profile.container.image)]
+        texts += [(f"container.mounts[{i}]", m) for i, m in enumerate(profile.container.mounts)]
+        texts += [("container.workdir", profile.container.workdir or "")]
+    return texts
 
 
 def rule_pass_env_names(profile: ClusterProfile) -> list[Problem]:
@@ -298,11 +456,16 @@ PROFILE_RULES = (
     rule_auto_gpus_only_here,
     rule_bundle_packages,
     rule_time_limit,
+    rule_slurm_counts,
+    rule_names_and_images,
+    rule_python,
+    rule_allocation_bounds,
     rule_cpu_profile_without_gres,
     rule_gpu_profile_requests_gpus,
     rule_container_needs_slurm,
     rule_ray_ports,
     rule_no_secrets_in_env,
+    rule_no_secrets_in_script_text,
     rule_pass_env_names,
     rule_container_mounts,
 )

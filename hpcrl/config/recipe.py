@@ -208,6 +208,14 @@ class MegatronCfg:
     cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
     empty_unused_memory_level: int = 0
     freeze_moe_router: bool = False
+    # MoE provider settings, NeMo RL's names; None/False: the provider's own value
+    moe_router_dtype: Literal["fp32", "fp64"] | None = None
+    moe_router_load_balancing_type: str | None = None
+    moe_router_bias_update_rate: float | None = None
+    moe_token_dispatcher_type: str | None = None
+    moe_permute_fusion: bool = False  # Transformer Engine only (switched off without it)
+    moe_shared_expert_overlap: bool = False
+    moe_per_layer_logging: bool = False
     apply_rope_fusion: bool = False
     bias_activation_fusion: bool = False
     env_vars: dict[str, str] = attrs.field(factory=dict)
@@ -276,6 +284,9 @@ class SftCfg:
     max_num_epochs: int = 1
     val_period: int = 0
     val_at_start: bool = False
+    # validation on the first val_batches x val_global_batch_size examples (None: all)
+    val_batches: int | None = None
+    val_global_batch_size: int | None = None
     seed: int = 42
 
 
@@ -330,23 +341,64 @@ class CheckpointingCfg:
     checkpoint_dir: str | None = None
     save_period: int = 10
     keep_top_k: int | None = None
+    # keep the keep_top_k best by this step metric (NeMo RL's names: val_reward, val:val_loss,
+    # train:loss) and the newest; None: the newest keep_top_k
+    metric_name: str | None = None
+    higher_is_better: bool = True
 
 
 @frozen
 class WandbCfg:
+    """Weights & Biases (``logger.wandb``). Offline (files under the log folder) unless the job
+    has WANDB_API_KEY or sets WANDB_MODE; the files can be synced later with ``wandb sync``."""
+
     project: str = "hpcrl"
-    name: str | None = None
+    name: str | None = None  # None: the run folder's name
+    entity: str | None = None
+
+
+@frozen
+class TensorboardCfg:
+    """TensorBoard event files (``logger.tensorboard``). log_dir None: <log_dir>/tensorboard;
+    relative: below logger.log_dir."""
+
+    log_dir: str | None = None
+
+
+@frozen
+class MlflowCfg:
+    """MLflow (``logger.mlflow``). tracking_uri None: a file store in <log_dir>/mlruns."""
+
+    experiment_name: str = "hpcrl"
+    run_name: str | None = None  # None: the run folder's name
+    tracking_uri: str | None = None
+
+
+@frozen
+class GpuMonitoringCfg:
+    """GPU utilisation and memory of every node, sampled while the job trains."""
+
+    collection_interval: float = 10.0  # seconds between samples
+    flush_interval: float = 10.0  # seconds between writes to the loggers
 
 
 @frozen
 class LoggerCfg:
-    """Where metrics go (``logger``). log_dir None: <run folder>/logs."""
+    """Where metrics go besides <run folder>/metrics.jsonl (``logger``), with NeMo RL's keys.
 
-    log_dir: str | None = None
+    log_dir: where the loggers write; relative paths are below the run folder. The loggers
+    run in the driver on node 0 and need their package in the job's Python (hpcrl[loggers]).
+    """
+
+    log_dir: str = "logs"
     wandb_enabled: bool = False
     tensorboard_enabled: bool = False
-    monitor_gpus: bool = True
+    mlflow_enabled: bool = False
+    monitor_gpus: bool = False
     wandb: WandbCfg = attrs.field(factory=WandbCfg)
+    tensorboard: TensorboardCfg = attrs.field(factory=TensorboardCfg)
+    mlflow: MlflowCfg = attrs.field(factory=MlflowCfg)
+    gpu_monitoring: GpuMonitoringCfg = attrs.field(factory=GpuMonitoringCfg)
 
 
 @frozen

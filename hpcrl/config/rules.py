@@ -14,7 +14,9 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 
 from __future__ import annotations
 
+from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
+from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
 from hpcrl.config.loss_rules import LOSS_RULES
 from hpcrl.config.megatron_rules import MEGATRON_RULES
 from hpcrl.config.override_rules import (
@@ -22,6 +24,7 @@ from hpcrl.config.override_rules import (
     OVERRIDE_RULES,
     provider_field_problems,
 )
+from hpcrl.config.range_rules import RANGE_RULES
 from hpcrl.config.recipe import Recipe
 
 __all__ = [
@@ -76,6 +79,20 @@ def rule_one_algorithm(recipe: Recipe) -> list[Problem]:
             message=f"{message}; a recipe trains with exactly one algorithm",
             fix="keep exactly one of the grpo: and sft: sections (a base's section can be removed with sft: null)",
         )
+    ]
+
+
+def rule_unsupported_sections(recipe: Recipe) -> list[Problem]:
+    """value/teacher are parsed and checked, but nothing trains with them yet: say so."""
+    return [
+        Problem(
+            path=section,
+            value="...",
+            message=reason,
+            fix=f"remove the {section}: section (or set {section}: null)",
+        )
+        for section, reason in UNSUPPORTED_SECTIONS.items()
+        if getattr(recipe, section) is not None
     ]
 
 
@@ -336,6 +353,7 @@ def _round_up(value: int, multiple: int) -> int:
 RECIPE_RULES = (
     rule_one_backend,
     rule_one_algorithm,
+    rule_unsupported_sections,
     rule_automodel_parallel_sizes,
     rule_automodel_sequence_parallel,
     rule_positive_counts,
@@ -348,4 +366,6 @@ RECIPE_RULES = (
     *LOSS_RULES,
     *MEGATRON_RULES,
     *OVERRIDE_RULES,
+    *RANGE_RULES,
+    *ENV_RULES,
 )

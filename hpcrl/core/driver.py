@@ -22,8 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.loop import PREEMPTED_EXIT_CODE, CheckpointStore, PreemptionWatch
+from hpcrl.core.algorithms.loop import (
+    PREEMPTED_EXIT_CODE,
+    CheckpointStore,
+    PreemptionWatch,
+    metric_key,
+)
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
+from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
 from hpcrl.core.policy import Policy
 
@@ -112,7 +118,11 @@ def _validation_rows(recipe: Recipe, recipe_dir: Path | None) -> list[dict] | No
             flush=True,
         )
         return None
-    return load_jsonl(_data_path(recipe.data.val_path, recipe_dir), _required_keys(recipe))
+    rows = load_jsonl(_data_path(recipe.data.val_path, recipe_dir), _required_keys(recipe))
+    sft = recipe.sft
+    if sft is not None and sft.val_batches and sft.val_global_batch_size:
+        rows = rows[: sft.val_batches * sft.val_global_batch_size]
+    return rows
 
 
 def _make_validate_fn(
@@ -220,7 +230,14 @@ def _job_master_port() -> int | None:
 def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> CheckpointStore:
     cfg = recipe.checkpointing
     folder = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
-    return CheckpointStore(policy, folder, cfg.save_period if cfg.enabled else None, cfg.keep_top_k)
+    return CheckpointStore(
+        policy,
+        folder,
+        cfg.save_period if cfg.enabled else None,
+        cfg.keep_top_k,
+        metric=metric_key(cfg.metric_name) if cfg.metric_name else None,
+        higher_is_better=cfg.higher_is_better,
+    )
 
 
 def run_steps(
@@ -232,21 +249,45 @@ def run_steps(
     num_steps: int,
     validate: Callable[[], dict[str, float]] | None = None,
 ) -> int:
-    """Resume, then steps until num_steps or a preemption request; returns the exit code."""
+    """Resume, then steps until num_steps or a preemption request; returns the exit code.
+
+    The loggers of ``logger.*`` start before the first step (a missing package fails here,
+    before any training) and get every record metrics.jsonl gets."""
+    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    loggers = build_loggers(recipe.logger, run_dir)
+    try:
+        return _run_logged_steps(
+            policy, recipe, step_fn, sampler, run_dir, num_steps, validate, writer, loggers
+        )
+    finally:
+        loggers.close()
+
+
+def _run_logged_steps(
+    policy: Policy,
+    recipe: Recipe,
+    step_fn: Callable[[int], dict[str, Any]],
+    sampler: EpochSampler,
+    run_dir: Path,
+    num_steps: int,
+    validate: Callable[[], dict[str, float]] | None,
+    writer: MetricsWriter,
+    loggers: MetricLoggers,
+) -> int:
+    """The step loop of run_steps; every record goes to metrics.jsonl and the loggers."""
     from hpcrl.core.algorithms.validation import validation_due
 
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
     first_step = _resume(store, sampler)
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
     memory = HostMemoryTracker()
     if (
         validate
         and first_step == 1
         and validation_due(0, settings.val_period, settings.val_at_start)
     ):
-        _validate_at_start(validate, writer)
+        loggers.log(_validate_at_start(validate, writer))
     with PreemptionWatch(run_dir).installed() as watch:
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
@@ -254,23 +295,28 @@ def run_steps(
                 record.update(validate())
             record.update(_memory_metrics(policy, memory))
             writer.write(record)
+            loggers.log(record)
             print(format_progress(step, num_steps, record), flush=True)
             extra = {"data_position": sampler.position.to_dict()}
             if watch.requested():
-                saved = store.save(step, extra)
+                saved = store.save(step, extra, record)
                 print(f"preemption requested: saved {saved} after step {step}; exiting with "
                       f"code {PREEMPTED_EXIT_CODE} to be requeued", flush=True)  # fmt: skip
                 return PREEMPTED_EXIT_CODE
             if store.due(step) or (step == num_steps and store.save_period):
-                store.save(step, extra)
+                store.save(step, extra, record)
     return 0
 
 
-def _validate_at_start(validate: Callable[[], dict[str, float]], writer: MetricsWriter) -> None:
+def _validate_at_start(
+    validate: Callable[[], dict[str, float]], writer: MetricsWriter
+) -> dict[str, Any]:
     values = validate()
-    writer.write({"step": 0, **values})
+    record = {"step": 0, **values}
+    writer.write(record)
     shown = "  ".join(f"{key} {value:.4f}" for key, value in values.items())
     print(f"validation before step 1  {shown}", flush=True)
+    return record
 
 
 def _resume(store: CheckpointStore, sampler: EpochSampler) -> int:

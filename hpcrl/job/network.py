@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import errno
 import socket
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-POLL_INTERVAL_S = 0.1
+from hpcrl.polling import wait_until  # noqa: F401 (moved; the job side imports it from here)
+
 CONNECT_TIMEOUT_S = 1.0
 
 
@@ -47,24 +47,3 @@ def first_busy_port(ip: str, ports: Iterable[tuple[str, int]]) -> tuple[str, int
         if not port_is_free(ip, port):
             return name, port
     return None
-
-
-def wait_until(
-    condition: Callable[[], bool],
-    deadline_s: float,
-    *,
-    abort: Callable[[], None] = lambda: None,
-    interval_s: float = POLL_INTERVAL_S,
-) -> bool:
-    """Poll ``condition`` until it holds (True) or ``deadline_s`` passes (False).
-
-    ``abort`` runs between polls and may raise to stop waiting early (another node failed).
-    """
-    end = time.monotonic() + deadline_s
-    while True:
-        if condition():
-            return True
-        abort()
-        if time.monotonic() >= end:
-            return False
-        time.sleep(interval_s)

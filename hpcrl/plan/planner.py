@@ -19,6 +19,7 @@ from hpcrl.plan import layout as layout_checks
 from hpcrl.plan import mounts as mount_checks
 from hpcrl.plan import scheduler
 from hpcrl.plan.code import plan_code
+from hpcrl.plan.data_files import check_data_files
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.gpus import resolve_local_gpus
 from hpcrl.plan.jobspec import (
@@ -80,6 +81,7 @@ def plan(
         recipe, profile, mounts, findings, num_nodes
     )
     mount_checks.check_hf_home(profile, mounts, findings)
+    check_data_files(recipe, profile, mounts, findings)
     env = _job_env(recipe, profile, run_dir, findings)
     _check_script_inputs(recipe, profile, dict(env), findings)
     launch = _launch_fields(profile, container, run_dir, num_nodes, job_name, array_size, findings)

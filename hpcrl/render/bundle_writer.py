@@ -3,8 +3,8 @@
 The folder is named by the hash of its contents, so an existing one already holds exactly
 these files and is reused. A new one is copied into a temporary sibling and renamed into
 place: two renders racing each write their own copy, one rename wins, the other copy is
-removed, and a reader never sees half a bundle. Files are read-only for everyone; the job
-only reads them.
+removed, and a reader never sees half a bundle. Files are read-only (as far as the umask
+lets others read them at all); the job only reads them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hpcrl.files import current_umask
 from hpcrl.plan.bundle import BundleContents, collect_bundle
 from hpcrl.plan.jobspec import CodeBundle
 
@@ -67,10 +68,11 @@ def _fill(folder: Path, contents: BundleContents, bundle: CodeBundle) -> None:
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    umask = current_umask()  # modes the umask allows, never wider (hpcrl.files)
     for directory, _, names in os.walk(folder):
-        os.chmod(directory, 0o755)  # mkdtemp made the top 0700; other users' jobs read it
+        os.chmod(directory, 0o777 & ~umask)  # mkdtemp made the top 0700
         for name in names:
-            os.chmod(os.path.join(directory, name), 0o444)
+            os.chmod(os.path.join(directory, name), 0o444 & ~umask)  # the job only reads them
 
 
 def _publish(staging: Path, target: Path) -> None:

@@ -19,6 +19,7 @@ import attrs
 import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
+from hpcrl.files import replace_symlink, unusable_folder, write_file
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.render.script import render_sbatch
@@ -81,24 +82,30 @@ def write_run_folder(
     recipe_path: Path | None,
     load_warnings: Sequence[str] = (),
 ) -> RunFolder:
-    """Write ``job.sbatch`` (0755), ``recipe.resolved.yaml`` and ``manifest.json`` to
-    ``spec.run_dir``, and the code bundle the script runs unless it exists already.
+    """Write ``job.sbatch`` (executable), ``recipe.resolved.yaml`` and ``manifest.json`` to
+    ``spec.run_dir`` (modes as the umask allows: ``hpcrl.files``), and the code bundle the
+    script runs unless it exists already.
 
-    Refuses a folder that already holds a submitted job: its script is the record of what ran.
+    The caller holds ``hpcrl.files.run_folder_lock`` of the folder (or of a sweep folder
+    above it). Refuses a folder that already holds a submitted job: its script is the record
+    of what ran.
     """
     folder = Path(spec.run_dir)
     _refuse_submitted(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise unusable_folder(folder, error) from None
     if spec.code.bundle is not None:
         bundle = write_bundle(spec.code.bundle)
-        _link(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))
+        replace_symlink(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))
     run = RunFolder(
         folder, folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME, folder / MANIFEST_NAME
     )
-    _write_text(run.script, render_sbatch(spec), mode=0o755)
-    _write_text(run.resolved_recipe, _to_yaml(resolved_recipe))
+    write_file(run.script, render_sbatch(spec), executable=True)
+    write_file(run.resolved_recipe, _to_yaml(resolved_recipe))
     manifest = build_manifest(spec, recipe_path=recipe_path, load_warnings=load_warnings)
-    _write_text(run.manifest, json.dumps(manifest, indent=2) + "\n")
+    write_file(run.manifest, json.dumps(manifest, indent=2) + "\n")
     return run
 
 
@@ -137,21 +144,6 @@ def _refuse_submitted(folder: Path) -> None:
                 )
             ]
         )
-
-
-def _link(path: Path, target: str) -> None:
-    """A symlink replaced atomically (a re-render may point it at a newer bundle)."""
-    partial = path.with_name(f".{path.name}.tmp")
-    partial.unlink(missing_ok=True)
-    partial.symlink_to(target)
-    partial.replace(path)
-
-
-def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    tmp.replace(path)
 
 
 def _plain(value: Any) -> Any:

@@ -6,9 +6,12 @@ login node without a display, and importing hpcrl must not pay for matplotlib.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
+from hpcrl.files import write_file
+from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report
 
 FIGURE_SIZE_IN = (8.0, 5.0)
@@ -34,11 +37,23 @@ def _pyplot() -> Any:
 
 def save_plots(report: Report, out_dir: Path) -> list[Path]:
     """Write the report's plots into ``out_dir``; return their paths."""
+    from hpcrl.report.training_plots import plot_training
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [plot_step_times(report, out_dir / "step_time.png")]
+    paths = [
+        plot_training(report, out_dir / "training.png"),
+        plot_step_times(report, out_dir / "step_time.png"),
+    ]
     for key in report.swept_keys:
         paths.append(plot_vs_swept_value(report, key, out_dir / f"vs_{key.rsplit('.', 1)[-1]}.png"))
     return paths
+
+
+def _save(figure: Any, path: Path) -> None:
+    """PNG bytes through hpcrl's one write primitive (atomic, modes from the umask)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    write_file(path, buffer.getvalue())
 
 
 def plot_step_times(report: Report, path: Path) -> Path:
@@ -46,10 +61,9 @@ def plot_step_times(report: Report, path: Path) -> Path:
     figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     for row in report.rows:
         pairs = [
-            (record["step"], record["time_step_s"])
+            (record["step"], finite_number(record.get("time_step_s")))
             for record in row.records
-            if isinstance(record.get("step"), int | float)
-            and isinstance(record.get("time_step_s"), int | float)
+            if finite_number(record.get("time_step_s")) is not None
         ]
         if pairs:
             steps, times = zip(*pairs, strict=True)
@@ -64,7 +78,7 @@ def plot_step_times(report: Report, path: Path) -> Path:
     if axes.has_data():
         axes.legend(fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=FIGURE_DPI)
+    _save(figure, path)
     pyplot.close(figure)
     return path
 
@@ -101,6 +115,6 @@ def plot_vs_swept_value(report: Report, key: str, path: Path) -> Path:
     figure.suptitle(f"{report.title}: metrics vs {key}", fontsize="small")
     figure.supxlabel(key, fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=FIGURE_DPI)
+    _save(figure, path)
     pyplot.close(figure)
     return path

@@ -8,11 +8,12 @@ from typing import Any
 import attrs
 from rich.table import Table
 
-from hpcrl.report.metrics import RunSummary, read_metrics, summarize
+from hpcrl.config.errors import UserError
+from hpcrl.report.metrics import RunSummary, ignored_values, read_metrics_file, summarize
 from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 
 
-class ReportError(RuntimeError):
+class ReportError(UserError):
     """Nothing to report on (not a run or sweep folder)."""
 
 
@@ -21,8 +22,9 @@ class ReportRow:
     name: str  # the run folder's name (a sweep point's "point-<i>")
     run_dir: Path
     swept_values: dict[str, str]  # empty for a single run
-    records: tuple[dict[str, Any], ...]  # metrics.jsonl, in order
+    records: tuple[dict[str, Any], ...]  # metrics.jsonl, in step order
     summary: RunSummary
+    notes: tuple[str, ...] = ()  # what reading and summarising left out, and why
 
 
 @attrs.frozen(kw_only=True)
@@ -34,13 +36,14 @@ class Report:
 
 
 def _row(run_dir: Path, swept_values: dict[str, str]) -> ReportRow:
-    records = tuple(read_metrics(run_dir))
+    metrics = read_metrics_file(run_dir)
     return ReportRow(
         name=run_dir.name,
         run_dir=run_dir,
         swept_values=swept_values,
-        records=records,
-        summary=summarize(records),
+        records=metrics.records,
+        summary=summarize(metrics.records),
+        notes=metrics.notes + tuple(ignored_values(metrics.records)),
     )
 
 
@@ -53,9 +56,15 @@ def build_report(path: Path) -> Report:
         return Report(
             title=f"sweep {sweep.name}", source_dir=path, swept_keys=sweep.swept_keys, rows=rows
         )
-    if not (path / "metrics.jsonl").is_file() and not (path / "job.json").is_file():
+    if not path.is_dir():
+        what = "not a folder" if path.exists() else "no such folder"
         raise ReportError(
-            f"{path}: neither a run folder (metrics.jsonl, job.json) nor a sweep folder (sweep.json)"
+            f"{path}: {what}", fix="give a run or sweep folder (hpcrl status lists them)"
+        )
+    if not any((path / name).exists() for name in ("metrics.jsonl", "job.json", "manifest.json")):
+        raise ReportError(
+            f"{path}: neither a run folder (metrics.jsonl, job.json) nor a sweep folder (sweep.json)",
+            fix="give a run or sweep folder (hpcrl status lists them)",
         )
     return Report(title=f"run {path.name}", source_dir=path, swept_keys=(), rows=(_row(path, {}),))
 

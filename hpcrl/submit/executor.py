@@ -23,6 +23,8 @@ import submitit
 from submitit.core import utils as submitit_utils
 from submitit.slurm.slurm import SlurmJob
 
+from hpcrl.config.errors import UserError
+
 PINNED_SUBMITIT_VERSION = "1.5.4"
 
 # (executor class, member, parameter names) this module overrides or calls; all private to
@@ -36,7 +38,7 @@ _PRIVATE_HOOKS: tuple[tuple[type, str, tuple[str, ...]], ...] = (
 )
 
 
-class SubmititHookError(RuntimeError):
+class SubmititHookError(UserError):
     """The installed submitit lacks the private hooks hpcrl overrides."""
 
 

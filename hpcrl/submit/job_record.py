@@ -8,13 +8,30 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
+import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
+from hpcrl.config.errors import UserError
+from hpcrl.files import write_file
+
 JOB_RECORD_NAME = "job.json"
 JOB_RECORD_SCHEMA = 1
+MAX_RECORD_BYTES = 1 << 20
+MAX_TASKS = 100_000
+SLURM_JOB_ID = re.compile(r"[0-9]+(_[0-9]+)?")
+LOCAL_JOB_ID = re.compile(r"[0-9]+")  # the local controller's pid
+LIST_RUNS_FIX = (
+    "give a run folder that hpcrl submit printed (hpcrl status lists those under ./runs)"
+)
+DAMAGED_FIX = (
+    "the record of the job is damaged: restore it, or remove the run folder (its job may "
+    "still run: squeue --me lists yours)"
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -44,8 +61,15 @@ class JobRecord:
         return self.job_id.split("_", 1)[0]
 
 
-class RunFolderError(RuntimeError):
-    """A folder given to status/logs/cancel/report is not a (submitted) run folder."""
+class RunFolderError(UserError):
+    """A folder given to status/logs/cancel/report is not a (submitted) run folder.
+
+    ``short``: two or three words for the status table (``not submitted``, ``bad job.json``).
+    """
+
+    def __init__(self, message: str, fix: str = "", short: str = "not a run"):
+        super().__init__(message, fix)
+        self.short = short
 
 
 def utc_now_iso() -> str:
@@ -53,28 +77,96 @@ def utc_now_iso() -> str:
 
 
 def write_job_record(run_dir: Path, record: JobRecord) -> Path:
-    path = Path(run_dir) / JOB_RECORD_NAME
-    tmp_path = path.with_suffix(".json.tmp")
-    tmp_path.write_text(json.dumps(attrs.asdict(record), indent=2, sort_keys=True) + "\n")
-    tmp_path.replace(path)  # atomic: a concurrent `hpcrl status` never reads half a file
-    return path
+    # atomic: a concurrent `hpcrl status` never reads half a file
+    text = json.dumps(attrs.asdict(record), indent=2, sort_keys=True) + "\n"
+    return write_file(Path(run_dir) / JOB_RECORD_NAME, text)
 
 
 def read_job_record(run_dir: Path) -> JobRecord:
-    """The record of ``run_dir``; RunFolderError (saying why) when there is none."""
-    path = Path(run_dir) / JOB_RECORD_NAME
-    if not Path(run_dir).is_dir():
-        raise RunFolderError(f"{run_dir}: no such run folder")
-    if not path.is_file():
+    """The record of ``run_dir``; RunFolderError (saying why, and the fix) when there is none
+    or it cannot be read."""
+    run_dir = Path(run_dir)
+    path = run_dir / JOB_RECORD_NAME
+    if not run_dir.is_dir():
+        what = "not a folder" if run_dir.exists() else "no such run folder"
+        raise RunFolderError(f"{run_dir}: {what}", fix=LIST_RUNS_FIX, short="no run folder")
+    if not path.exists() and not path.is_symlink():
         raise RunFolderError(
-            f"{run_dir}: no {JOB_RECORD_NAME} (rendered but never submitted? "
-            f"submit it with: hpcrl submit ...)"
+            f"{run_dir}: rendered but never submitted (no {JOB_RECORD_NAME})",
+            fix=submit_fix(run_dir),
+            short="not submitted",
         )
-    data = json.loads(path.read_text())
+
+    def damaged(message: str, fix: str) -> RunFolderError:
+        return RunFolderError(message, fix, short="bad job.json")
+
+    data = read_json_file(path, damaged, DAMAGED_FIX)
+    return _structure_record(path, data)
+
+
+def read_json_file(path: Path, error_class: Callable[[str, str], UserError], fix: str) -> Any:
+    """A small JSON file hpcrl wrote, or an ``error_class(message, fix)`` saying why it cannot
+    be read (never blocks on a FIFO or device, never reads a huge file whole)."""
+    if not path.is_file():
+        raise error_class(f"{path}: not a regular file", fix)
+    try:
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_RECORD_BYTES + 1)
+    except OSError as error:
+        raise error_class(f"{path}: cannot be read: {error.strerror or error}", fix) from None
+    if len(raw) > MAX_RECORD_BYTES:
+        raise error_class(f"{path}: larger than {MAX_RECORD_BYTES} bytes; not hpcrl's", fix)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise error_class(f"{path}: not UTF-8 text (damaged)", fix) from None
+    except (json.JSONDecodeError, RecursionError) as error:
+        what = "empty" if not raw.strip() else f"not valid JSON ({error})"
+        raise error_class(f"{path}: {what}", fix) from None
+
+
+def _structure_record(path: Path, data: Any) -> JobRecord:
+    def damaged(reason: str) -> RunFolderError:
+        return RunFolderError(f"{path}: {reason}", fix=DAMAGED_FIX, short="bad job.json")
+
+    if not isinstance(data, dict):
+        raise damaged("expected a JSON object of the job's fields")
     if data.get("schema") != JOB_RECORD_SCHEMA:
-        raise RunFolderError(f"{path}: schema {data.get('schema')!r}, expected {JOB_RECORD_SCHEMA}")
-    fields = {field.name for field in attrs.fields(JobRecord)}
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise RunFolderError(f"{path}: unknown keys {unknown}")
-    return JobRecord(**data)
+        raise damaged(f"schema {data.get('schema')!r}, expected {JOB_RECORD_SCHEMA}")
+    from hpcrl.config.converter import try_structure  # strict: no coercion, unknown keys named
+
+    record, issues = try_structure(data, JobRecord)
+    if record is None:
+        raise damaged("; ".join(f"{i.problem.path}: {i.problem.message}" for i in issues[:3]))
+    reason = _record_problem(record)
+    if reason:
+        raise damaged(reason)
+    return record
+
+
+def _record_problem(record: JobRecord) -> str | None:
+    job_id_form = LOCAL_JOB_ID if record.executor == "local" else SLURM_JOB_ID
+    if not job_id_form.fullmatch(record.job_id):
+        return f"job_id {record.job_id!r} is not a {record.executor} job id"
+    if not 1 <= record.num_tasks <= MAX_TASKS:
+        return f"num_tasks {record.num_tasks} is not a task count (1..{MAX_TASKS})"
+    if not record.submitit_folder:
+        return "submitit_folder is empty"
+    try:
+        datetime.datetime.fromisoformat(record.submitted_at)
+    except ValueError:
+        return f"submitted_at {record.submitted_at!r} is not an ISO 8601 time"
+    return None
+
+
+def submit_fix(run_dir: Path) -> str:
+    """The command that submits a rendered run folder, from its manifest where it can."""
+    try:
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
+        argv = ["hpcrl", "submit", manifest["recipe_source"], "--cluster", manifest["profile"]]
+        argv += [*manifest.get("overrides", []), "-o", str(run_dir)]
+        if all(isinstance(arg, str) for arg in argv):
+            return f"submit it with: {shlex.join(argv)}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return "submit it with: hpcrl submit RECIPE --cluster PROFILE -o " + shlex.quote(str(run_dir))

@@ -1,8 +1,8 @@
 """A submitted job's live state, result and cancellation, rebuilt from ``job.json`` alone.
 
-Slurm: states come from submitit's sacct watcher; exit code, elapsed time and the number of
-attempts (requeues show as extra sacct records with ``--duplicates``) from one more sacct
-call. Local: submitit's LocalJob only knows its process inside the submitting Python, so
+Slurm: state, exit code, elapsed time, pending reason and the number of attempts (requeues
+show as extra sacct records with ``--duplicates``) come from one sacct call for all the jobs
+asked about (``SacctWatcher``, submitit's shared-watcher scheme). Local: submitit's LocalJob only knows its process inside the submitting Python, so
 another process reads the controller's pid and submitit's result files instead.
 """
 
@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,10 @@ import attrs
 import submitit
 from submitit.core.utils import JobPaths, UncompletedJobError
 from submitit.local.local import LocalJob
-from submitit.slurm.slurm import SlurmJob
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 
+from hpcrl.config.errors import UserError
+from hpcrl.polling import wait_until
 from hpcrl.submit.job_record import JobRecord
 
 #: sacct states after which the job will not run again (no requeue pending).
@@ -32,6 +35,8 @@ FINAL_STATES = frozenset(
      "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST"}
 )  # fmt: skip
 SACCT_TIMEOUT_S = 30
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason")
+WATCH_DELAY_S = 30  # while waiting: at most this long between two sacct calls
 LOCAL_CANCEL_GRACE_S = 60.0  # local cancel: how long the tasks get to stop Ray and exit
 LOCAL_CONTROLLER_EXIT_S = 15.0  # then: how long submitit's interrupted controller gets to exit
 
@@ -78,25 +83,134 @@ def task_paths(record: JobRecord, task_id: int) -> JobPaths:
     return JobPaths(record.submitit_folder, job_id=record.job_id, task_id=task_id)
 
 
+class SacctWatcher(SlurmInfoWatcher):
+    """submitit's shared watcher, asking what hpcrl shows: one ``sacct`` call answers for
+    every job registered on it (array tasks and requeued attempts included), forced or on
+    submitit's backoff (2 s, 4 s, 8 s, ... after the last job was added, then every
+    ``delay_s``). Each call has a timeout; a failure is kept in ``error`` (the last answer
+    stays) instead of a warning per call.
+    """
+
+    def __init__(
+        self,
+        delay_s: int = WATCH_DELAY_S,
+        timeout_s: float = SACCT_TIMEOUT_S,
+        run: Callable[..., subprocess.CompletedProcess] | None = None,
+    ) -> None:
+        super().__init__(delay_s=delay_s)
+        self._timeout_s = timeout_s
+        self._run = run or subprocess.run
+        self.error: str | None = None
+        self.rows: dict[str, list[dict[str, str]]] = {}  # job id -> one row per attempt
+
+    def watch(self, job_id: str) -> None:
+        if job_id not in self._registered:  # registering again would restart the backoff
+            self.register_job(job_id)
+
+    def _make_command(self) -> list[str] | None:
+        to_check = sorted({job_id.split("_")[0] for job_id in self._registered - self._finished})
+        if not to_check:
+            return None
+        command = ["sacct", "-X", "--duplicates", "--parsable2", "-o", ",".join(SACCT_FIELDS)]
+        for job_id in to_check:
+            command += ["-j", job_id]
+        return command
+
+    def update(self) -> None:
+        command = self._make_command()
+        if command is None:
+            return
+        self._num_calls += 1
+        output, self.error = self._call(command)
+        if output is not None:
+            self._info_dict.update(self.read_info(output))
+        self._last_status_check = time.time()
+        for job_id in self._registered - self._finished:
+            if self.is_done(job_id, mode="cache"):
+                self._finished.add(job_id)
+
+    def _call(self, command: list[str]) -> tuple[str | None, str | None]:
+        try:
+            proc = self._run(command, capture_output=True, text=True, errors="replace",
+                             timeout=self._timeout_s, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return None, f"sacct did not answer within {self._timeout_s:.0f} s"
+        except (OSError, subprocess.SubprocessError) as error:
+            return None, f"sacct: {error}"
+        if proc.returncode != 0:
+            last = (proc.stderr or "").strip().splitlines()[-1:] or ["no message"]
+            return None, f"sacct exited {proc.returncode}: {last[0]}"
+        return proc.stdout, None
+
+    def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+        """Rows by job id (``123``, ``123_4``); the last row of a job is its current attempt."""
+        text = string.decode(errors="replace") if isinstance(string, bytes) else string
+        lines = text.splitlines()
+        names = lines[0].split("|") if lines else []
+        found: dict[str, list[dict[str, str]]] = {}
+        for line in lines[1:]:
+            row = {name: value.strip() for name, value in zip(names, line.split("|"), strict=False)}
+            for job_id in _expand_job_id(row.get("JobID", "")):
+                found.setdefault(job_id, []).append(row)
+        self.rows.update(found)
+        return {job_id: rows[-1] for job_id, rows in found.items()}
+
+    def status(self, job_id: str) -> JobStatus:
+        rows = self.rows.get(job_id)
+        if not rows:
+            return JobStatus(state="UNKNOWN", scheduler_error=self.error)
+        last = rows[-1]
+        state = _state_word(last.get("State", ""))
+        elapsed = last.get("ElapsedRaw", "")
+        reason = last.get("Reason")
+        return JobStatus(
+            state=state,
+            attempts=len(rows),
+            elapsed_s=float(elapsed) if elapsed.isdigit() else None,
+            exit_code=_parse_exit_code(last.get("ExitCode", "")) if state in FINAL_STATES else None,
+            reason=reason if reason not in (None, "", "None") else None,
+            scheduler_error=self.error,
+        )
+
+
+def _expand_job_id(text: str) -> list[str]:
+    """``123``, ``123_4``, and a pending array's ``123_[2-5%2]`` as ids; [] for a step or junk."""
+    if not text or "." in text:
+        return []
+    try:
+        parts_list = read_job_id(text)
+    except (ValueError, IndexError):
+        return []
+    ids = []
+    for parts in parts_list:
+        if not all(part.isdigit() for part in parts):
+            continue
+        if len(parts) == 3:
+            ids += [f"{parts[0]}_{index}" for index in range(int(parts[1]), int(parts[2]) + 1)]
+        else:
+            ids.append("_".join(parts))
+    return ids
+
+
+def query_statuses(
+    records: Sequence[JobRecord], watcher: SacctWatcher | None = None, force: bool = True
+) -> list[JobStatus]:
+    """The status of each record, with one sacct call for all the Slurm ones (``force``:
+    now; otherwise when the watcher's backoff says so)."""
+    watcher = watcher or SacctWatcher()
+    slurm = [record.job_id for record in records if record.executor == "slurm"]
+    for job_id in slurm:
+        watcher.watch(job_id)
+    if slurm:
+        watcher.update_if_long_enough("force" if force else "standard")
+    return [
+        _local_status(record) if record.executor == "local" else watcher.status(record.job_id)
+        for record in records
+    ]
+
+
 def query_status(record: JobRecord) -> JobStatus:
-    if record.executor == "local":
-        return _local_status(record)
-    job = rebuild_job(record)
-    state = _state_word(job.get_info(mode="force").get("State") or "UNKNOWN")
-    rows = _sacct_rows(record.job_id)
-    if isinstance(rows, str):
-        return JobStatus(state=state, scheduler_error=rows)
-    if not rows:
-        return JobStatus(state=state)
-    last = rows[-1]
-    last_state = _state_word(last["State"])
-    return JobStatus(
-        state=state if state != "UNKNOWN" else last_state,
-        attempts=len(rows),
-        elapsed_s=float(last["ElapsedRaw"]) if last["ElapsedRaw"].isdigit() else None,
-        exit_code=_parse_exit_code(last["ExitCode"]) if last_state in FINAL_STATES else None,
-        reason=last.get("Reason") if last.get("Reason") not in (None, "", "None") else None,
-    )
+    return query_statuses([record])[0]
 
 
 def results_written(record: JobRecord) -> bool:
@@ -115,22 +229,6 @@ def _parse_exit_code(text: str) -> int | None:
     if not code.isdigit():
         return None
     return 128 + int(sig) if int(code) == 0 and sig.isdigit() and int(sig) else int(code)
-
-
-def _sacct_rows(job_id: str) -> list[dict[str, str]] | str:
-    """One row per attempt (``--duplicates``), allocation lines only (``-X``), oldest first;
-    the error text when sacct fails (slurmdbd down, sacct missing)."""
-    fields = ["JobID", "State", "ExitCode", "ElapsedRaw", "Reason"]
-    command = ["sacct", "-X", "--duplicates", "--parsable2", "-j", job_id, "-o", ",".join(fields)]
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=SACCT_TIMEOUT_S)
-    except (OSError, subprocess.SubprocessError) as error:
-        return f"sacct: {error}"
-    if proc.returncode != 0:
-        return f"sacct exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
-    lines = proc.stdout.splitlines()
-    rows = [dict(zip(fields, line.split("|"), strict=False)) for line in lines[1:] if line]
-    return [row for row in rows if row.get("JobID") == job_id]
 
 
 # --------------------------------------------------------------------------- local executor
@@ -181,6 +279,11 @@ def read_outcome(record: JobRecord, run_dir: Path, status: JobStatus | None = No
         # A node's named failure says it in one line; the exception line is the fallback.
         detail = failure_cause(run_dir) or _last_line(error)
         return JobOutcome(exit_code=_driver_exit_code(run_dir) or 1, has_result=True, detail=detail)
+    except Exception as error:  # a damaged result file (pickle): say so, do not crash
+        detail = f"unreadable result {job.paths.result_pickle}: {type(error).__name__}"
+        return JobOutcome(
+            exit_code=_driver_exit_code(run_dir) or 1, has_result=False, detail=detail
+        )
     if isinstance(result, bool) or not isinstance(result, int):
         return JobOutcome(
             exit_code=0 if result is None else 1, has_result=True, detail=repr(result)
@@ -245,11 +348,16 @@ def _last_line(error: Exception) -> str:
     return raised[0].strip() if raised else (lines[0] if lines else "")
 
 
+class CancelFailed(UserError):
+    """The scheduler did not confirm a cancellation."""
+
+
 def cancel_job(record: JobRecord) -> None:
-    """Cancel through submitit (scancel) on Slurm; locally SIGINT to submitit's controller,
-    as submitit's LocalJob.cancel does (it interrupts its tasks, then kills what is left)."""
+    """Cancel with ``scancel`` on Slurm (what submitit's Job.cancel runs, here with a timeout
+    and its message kept); locally SIGINT to submitit's controller, as submitit's
+    LocalJob.cancel does (it interrupts its tasks, then kills what is left)."""
     if record.executor == "slurm":
-        rebuild_job(record).cancel(check=True)
+        _scancel(record.job_id)
         return
     pid = int(record.job_id)
     if not _local_controller_alive(pid):
@@ -259,18 +367,34 @@ def cancel_job(record: JobRecord) -> None:
     # them one second before SIGKILL, too short for the node entrypoint to stop Ray.
     for task_pid in _child_pids(pid):
         os.kill(task_pid, signal.SIGINT)
-    deadline_s = time.monotonic() + LOCAL_CANCEL_GRACE_S
-    while _local_controller_alive(pid) and time.monotonic() < deadline_s:
-        time.sleep(0.2)
-    if _local_controller_alive(pid):
+
+    def gone() -> bool:
+        return not _local_controller_alive(pid)
+
+    if not wait_until(gone, LOCAL_CANCEL_GRACE_S, interval_s=0.2):
         # Interrupted, the controller gives its tasks a second, kills them, then exits; wait
         # for that so the status right after a cancel says CANCELLED, not RUNNING.
         os.kill(pid, signal.SIGINT)
-        deadline_s = time.monotonic() + LOCAL_CONTROLLER_EXIT_S
-        while _local_controller_alive(pid) and time.monotonic() < deadline_s:
-            time.sleep(0.2)
-    if _local_controller_alive(pid):
-        os.kill(pid, signal.SIGKILL)
+        if not wait_until(gone, LOCAL_CONTROLLER_EXIT_S, interval_s=0.2):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _scancel(job_id: str) -> None:
+    fix = f"check the job with: squeue -j {job_id} (cancel it by hand with: scancel {job_id})"
+    try:
+        proc = subprocess.run(["scancel", job_id], capture_output=True, text=True,
+                              errors="replace", timeout=SACCT_TIMEOUT_S, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise CancelFailed(
+            f"scancel {job_id} did not answer within {SACCT_TIMEOUT_S} s", fix
+        ) from None
+    except OSError as error:
+        raise CancelFailed(
+            f"cannot run scancel for job {job_id}: {error.strerror or error}", fix
+        ) from None
+    if proc.returncode != 0:
+        message = " ".join(proc.stderr.split()) or f"exit code {proc.returncode}"
+        raise CancelFailed(f"scancel {job_id} failed: {message}", fix)
 
 
 def _child_pids(pid: int) -> list[int]:

@@ -18,6 +18,8 @@ import attrs
 import submitit
 from submitit.core import utils as submitit_utils
 
+from hpcrl.config.errors import UserError
+from hpcrl.files import write_file
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.submit.executor import (
     RenderedLocalExecutor,
@@ -38,14 +40,19 @@ def write_jobspec(spec: JobSpec) -> Path:
     write it); atomic, so a node never reads half a file."""
     path = Path(spec.run_dir) / JOBSPEC_NAME
     if not path.exists():
-        tmp_path = path.with_name(f".{JOBSPEC_NAME}.tmp")
-        tmp_path.write_text(json.dumps(attrs.asdict(spec), indent=2, sort_keys=True) + "\n")
-        tmp_path.replace(path)
+        write_file(path, json.dumps(attrs.asdict(spec), indent=2, sort_keys=True) + "\n")
     return path
 
 
-class SubmissionRefused(RuntimeError):
-    """The scheduler refused the job (sbatch's own message, and the script that was refused)."""
+class SubmissionRefused(UserError):
+    """The scheduler refused the job (sbatch's own message, and the script that was refused),
+    or there is no scheduler to submit to."""
+
+
+NO_SLURM_FIX = (
+    "submit from a login node of the cluster (sbatch and srun on PATH), or use a profile "
+    "with scheduler: local"
+)
 
 
 @contextlib.contextmanager
@@ -57,6 +64,15 @@ def _refusal_explained(script_path: Path) -> Iterator[None]:
             f"sbatch refused {script_path}:\n{str(error).strip()}\n"
             "Fix the cluster profile (partition, account, qos, time limit) and submit again."
         ) from None
+    except OSError as error:  # sbatch itself missing or not runnable
+        raise SubmissionRefused(
+            f"cannot run sbatch: {error.strerror or error}", NO_SLURM_FIX
+        ) from None
+    except RuntimeError as error:
+        if "srun" not in str(error):
+            raise
+        # submitit's SlurmExecutor looks for srun before anything else
+        raise SubmissionRefused("no Slurm here: srun is not on PATH", NO_SLURM_FIX) from None
 
 
 def jobspec_time_limit_min(jobspec: JobSpec) -> int:
@@ -136,7 +152,8 @@ def submit_job(jobspec: JobSpec, script_path: Path, **record_fields: Any) -> Job
     ``record_fields``: more JobRecord fields (a local sweep's point: array_index, sweep_dir)."""
     assert jobspec.array_size is None, "arrays go through submit_array"
     write_jobspec(jobspec)
-    executor = build_executor(jobspec, script_path)
+    with _refusal_explained(script_path):
+        executor = build_executor(jobspec, script_path)
     if jobspec.scheduler == "local":
         with _stdio_into(Path(jobspec.submitit_folder) / LOCAL_CONTROLLER_LOG):
             job = executor.submit(NodeTask(), jobspec.run_dir)
@@ -153,8 +170,8 @@ def submit_array(
 ) -> list[JobRecord]:
     """Submit a sweep as one job array (task i runs point i) and write each point's job.json."""
     assert jobspec.array_size == len(point_run_dirs), "one array task per point"
-    executor = build_executor(jobspec, script_path)
     with _refusal_explained(script_path):
+        executor = build_executor(jobspec, script_path)
         jobs = executor.map_array(NodeTask(), [str(run_dir) for run_dir in point_run_dirs])
     records = []
     for index, (job, run_dir) in enumerate(zip(jobs, point_run_dirs, strict=True)):

@@ -11,18 +11,26 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from hpcrl.config.errors import UserError
+from hpcrl.files import write_file
+
 SWEEP_RECORD_NAME = "sweep.json"
 SWEEP_RECORD_SCHEMA = 1
+MAX_POINTS = 1000
 
 
-class SweepError(ValueError):
-    """A malformed --grid/--zip option or a sweep with invalid points (all listed)."""
+class SweepError(UserError):
+    """A malformed --grid/--zip option, a sweep with invalid points, or an unreadable
+    ``sweep.json``."""
+
+    exit_code = 2  # like any other mistake in what the command was given
 
 
 @attrs.frozen
@@ -76,6 +84,13 @@ def build_points(grid: Sequence[str], zips: Sequence[str] = ()) -> list[SweepPoi
     for spec in grid:
         key, values = parse_axis("--grid", spec)
         _check_new_key(key, seen)
+        repeated = sorted({value for value in values if values.count(value) > 1})
+        if repeated:
+            raise SweepError(
+                f"--grid {key}: {', '.join(repeated)} listed more than once (two points would "
+                "be the same run)",
+                fix="list each value once",
+            )
         axes.append([{key: value} for value in values])
     if zips:
         zipped = [parse_axis("--zip", spec) for spec in zips]
@@ -84,14 +99,23 @@ def build_points(grid: Sequence[str], zips: Sequence[str] = ()) -> list[SweepPoi
             raise SweepError(f"--zip lists must have equal lengths, got {lengths}")
         for key, _ in zipped:
             _check_new_key(key, seen)
-        axes.append(
-            [
-                dict(zip(lengths, combo, strict=True))
-                for combo in zip(*(v for _, v in zipped), strict=True)
-            ]
-        )
+        combos = list(zip(*(v for _, v in zipped), strict=True))
+        if len(set(combos)) < len(combos):
+            raise SweepError(
+                f"--zip {', '.join(lengths)}: the same values appear twice at one position "
+                "(two points would be the same run)",
+                fix="make each position of the zipped lists differ",
+            )
+        axes.append([dict(zip(lengths, combo, strict=True)) for combo in combos])
     if not axes:
         raise SweepError("a sweep needs at least one --grid or --zip option")
+    num_points = math.prod(len(axis) for axis in axes)
+    if num_points > MAX_POINTS:
+        raise SweepError(
+            f"{num_points} points; one job array holds at most {MAX_POINTS} (Slurm's default "
+            "MaxArraySize is 1001), and each point is planned before anything is submitted",
+            fix="sweep fewer values, or split the sweep into several",
+        )
     combos = itertools.product(*axes)
     return [
         SweepPoint(index, {k: v for part in combo for k, v in part.items()})
@@ -139,21 +163,50 @@ def write_sweep_record(sweep_dir: Path, record: SweepRecord) -> Path:
     data["points"] = [
         {"index": p.index, "run_dir": p.run_dir_name, "values": p.values} for p in record.points
     ]
-    path = Path(sweep_dir) / SWEEP_RECORD_NAME
-    tmp_path = path.with_suffix(".json.tmp")
-    tmp_path.write_text(json.dumps(data, indent=2) + "\n")
-    tmp_path.replace(path)
-    return path
+    return write_file(Path(sweep_dir) / SWEEP_RECORD_NAME, json.dumps(data, indent=2) + "\n")
 
 
 def read_sweep_record(sweep_dir: Path) -> SweepRecord:
-    data = json.loads((Path(sweep_dir) / SWEEP_RECORD_NAME).read_text())
-    if data.get("schema") != SWEEP_RECORD_SCHEMA:
-        raise SweepError(f"{sweep_dir}/{SWEEP_RECORD_NAME}: unknown schema {data.get('schema')!r}")
-    points = tuple(SweepPoint(p["index"], dict(p["values"])) for p in data.pop("points"))
-    data["overrides"] = tuple(data["overrides"])
-    data["swept_keys"] = tuple(data["swept_keys"])
-    return SweepRecord(points=points, **data)
+    """``<sweep_dir>/sweep.json``; SweepError saying why when it cannot be read."""
+    from hpcrl.submit.job_record import DAMAGED_FIX, read_json_file
+
+    path = Path(sweep_dir) / SWEEP_RECORD_NAME
+    fix = DAMAGED_FIX.replace("the job", "the sweep").replace("its job", "its jobs")
+    data = read_json_file(path, SweepError, fix)
+    if not isinstance(data, dict) or data.get("schema") != SWEEP_RECORD_SCHEMA:
+        schema = data.get("schema") if isinstance(data, dict) else None
+        raise SweepError(
+            f"{path}: not a sweep record of schema {SWEEP_RECORD_SCHEMA} (schema {schema!r})", fix
+        )
+    try:
+        points = tuple(_point(entry) for entry in data.pop("points"))
+        data["overrides"] = tuple(_strings(data["overrides"]))
+        data["swept_keys"] = tuple(_strings(data["swept_keys"]))
+        record = SweepRecord(points=points, **data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise SweepError(f"{path}: damaged ({type(error).__name__}: {error})", fix) from None
+    if not all(
+        isinstance(getattr(record, name), str) for name in ("name", "recipe_source", "cluster")
+    ):
+        raise SweepError(f"{path}: damaged (name, recipe_source and cluster must be text)", fix)
+    return record
+
+
+def _point(entry: Any) -> SweepPoint:
+    index, values = entry["index"], entry["values"]
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise ValueError(f"point index {index!r} is not a number >= 0")
+    if not isinstance(values, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in values.items()
+    ):
+        raise ValueError(f"point {index}: values must map keys to text")
+    return SweepPoint(index, dict(values))
+
+
+def _strings(items: Any) -> list[str]:
+    if not isinstance(items, list | tuple | dict) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"expected a list of text, got {items!r:.60}")
+    return list(items)
 
 
 def is_sweep_dir(path: Path) -> bool:

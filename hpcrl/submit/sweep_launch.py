@@ -20,19 +20,36 @@ step times and memory peaks. The folder has no top-level ``job.sbatch`` then.
 
 from __future__ import annotations
 
+import re
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
 
 from hpcrl.config import ConfigError, LoadedRecipe, Problem, load_profile, load_recipe
+from hpcrl.config.errors import raise_if_errors
+from hpcrl.config.load import check_secret_references
 from hpcrl.config.profile import ClusterProfile
+from hpcrl.files import LOCK_NAME
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.planner import plan
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
-from hpcrl.render.run_folder import write_run_folder
+from hpcrl.render.run_folder import (
+    CODE_LINK_NAME,
+    MANIFEST_NAME,
+    RESOLVED_RECIPE_NAME,
+    SCRIPT_NAME,
+    write_run_folder,
+)
 from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
+
+POINT_DIR = re.compile(r"point-([0-9]+)")
+#: What ``write_run_folder`` (and ``write_jobspec``) leaves in a point folder.
+RENDERED_FILES = frozenset(
+    {SCRIPT_NAME, RESOLVED_RECIPE_NAME, MANIFEST_NAME, CODE_LINK_NAME, "jobspec.json", LOCK_NAME}
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -124,6 +141,7 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
                 context: _PlanContext, sweep_dir: Path) -> PlannedPoint:  # fmt: skip
     point_overrides = [*overrides, *point.overrides]
     loaded = load_recipe(recipe_source, point_overrides)
+    raise_if_errors(check_secret_references(loaded, context.profile))
     spec = plan(
         loaded.recipe, context.profile, run_dir=str(sweep_dir / point.run_dir_name),
         overrides=point_overrides, recipe_source=recipe_source, profile_source=cluster,
@@ -153,7 +171,12 @@ def _check_one_allocation_shape(planned: Sequence[PlannedPoint]) -> None:
 
 def write_sweep_folders(planned: PlannedSweep) -> Path | None:
     """Write every point's folder, the array script and ``sweep.json``; the array's script
-    (None for a local sweep, which has none)."""
+    (None for a local sweep, which has none).
+
+    Point folders an earlier, unsubmitted sweep left in the folder beyond this sweep's points
+    are removed (they hold only rendered files); one holding a job or results is refused.
+    """
+    _remove_stale_points(planned.sweep_dir, len(planned.points))
     for point in planned.points:
         loaded = point.loaded
         write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path)
@@ -167,6 +190,27 @@ def write_sweep_folders(planned: PlannedSweep) -> Path | None:
     # sweep.json before submitting: the points are on record even if submission fails
     write_sweep_record(planned.sweep_dir, planned.record)
     return script
+
+
+def _remove_stale_points(sweep_dir: Path, num_points: int) -> None:
+    stale = sorted(
+        path
+        for path in (sweep_dir.iterdir() if sweep_dir.is_dir() else ())
+        if path.is_dir()
+        and (match := POINT_DIR.fullmatch(path.name))
+        and int(match[1]) >= num_points
+    )
+    for path in stale:
+        left = {entry.name for entry in path.iterdir()}
+        if not left <= RENDERED_FILES:
+            raise ConfigError([Problem(
+                path="run_dir", value=str(sweep_dir),
+                message=f"holds {path.name} of an earlier sweep with more points, and it holds "
+                f"more than rendered files ({', '.join(sorted(left - RENDERED_FILES))})",
+                fix="sweep into a new folder with -o/--out (or move that folder away)",
+            )])  # fmt: skip
+    for path in stale:
+        shutil.rmtree(path)
 
 
 def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
     JobOutcome,
     JobStatus,
-    query_status,
+    SacctWatcher,
+    query_statuses,
     read_outcome,
     results_written,
 )
@@ -91,12 +93,16 @@ def _metric_text(metrics: dict[str, Any]) -> str:
     return (" · " + " · ".join(parts)) if parts else ""
 
 
+def default_wait_settings() -> WaitSettings:
+    return WaitSettings()
+
+
 def wait_for_job(
     run_dir: Path,
     record: JobRecord,
     console: Console,
     max_steps: int | None = None,
-    settings: WaitSettings = WaitSettings(),
+    settings: WaitSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> JobOutcome:
@@ -104,23 +110,97 @@ def wait_for_job(
 
     On a terminal one live line; otherwise (CI logs, pipes) a line per phase and heartbeats.
     """
-    watch = _Watch(record, settings, clock=clock)
-    first = f"job {record.job_id}: submitted"
+    return wait_for_jobs([(run_dir, record)], console, max_steps, settings, clock, sleep)[0]
+
+
+def wait_for_jobs(
+    runs: Sequence[tuple[Path, JobRecord]],
+    console: Console,
+    max_steps: int | None = None,
+    settings: WaitSettings | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[JobOutcome]:
+    """Follow every job at once (a sweep's points): one scheduler query per poll for all of
+    them (submitit's watcher backoff between queries, a query at once when a job's results
+    appear), one progress line; then how each ended, in order."""
+    settings = settings or default_wait_settings()
+    watcher = SacctWatcher()
+    watches = [_Watch(record, settings, clock=clock) for _, record in runs]
+    statuses: list[JobStatus] = [JobStatus(state="UNKNOWN")] * len(runs)
+    first = (
+        f"job {runs[0][1].job_id}: submitted" if len(runs) == 1 else f"{len(runs)} jobs: submitted"
+    )
     with _ProgressLine(console, first, settings.heartbeat_s, clock) as progress:
         while True:
-            status = watch.poll()
-            phase, line = progress_of(run_dir, status, max_steps)
-            if status.scheduler_error:
-                phase += " · scheduler not answering"
-                line += f" · scheduler not answering ({status.scheduler_error})"
-            progress.update(phase, f"job {record.job_id}: {line}")
-            if watch.ended(status):
+            waiting_on = [index for index, watch in enumerate(watches) if not watch.done]
+            force = all(watch.polls == 0 for watch in watches) or any(
+                results_written(watches[index].record) for index in waiting_on
+            )
+            records = [watches[index].record for index in waiting_on]
+            for index, status in zip(
+                waiting_on, query_statuses(records, watcher, force), strict=True
+            ):
+                statuses[index] = status
+                watches[index].observe(status)
+            progress.update(*_progress_text(runs, statuses, max_steps))
+            if all(watch.done for watch in watches):
                 break
             sleep(settings.poll_s)
-    status = watch.final_status(status)
-    outcome = read_outcome(record, run_dir, status)
-    report_outcome(run_dir, record, status, outcome, console)
-    return outcome
+    outcomes = []
+    for (run_dir, record), watch, status in zip(runs, watches, statuses, strict=True):
+        final = watch.final_status(status)
+        outcome = read_outcome(record, run_dir, final)
+        report_outcome(run_dir, record, final, outcome, console)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _progress_text(
+    runs: Sequence[tuple[Path, JobRecord]], statuses: Sequence[JobStatus], max_steps: int | None
+) -> tuple[str, str]:
+    """(phase, line) for one job as ``job 41: <line>``; for several, counts per phase."""
+    phases, lines = [], []
+    for (run_dir, _), status in zip(runs, statuses, strict=True):
+        phase, line = progress_of(run_dir, status, max_steps)
+        if status.scheduler_error:
+            phase += " · scheduler not answering"
+            line += f" · scheduler not answering ({status.scheduler_error})"
+        phases.append(phase)
+        lines.append(line)
+    if len(runs) == 1:
+        return phases[0], f"job {runs[0][1].job_id}: {lines[0]}"
+    kinds = Counter(phase.split(" (")[0].lower() for phase in phases)
+    summary = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+    return " | ".join(phases), f"{len(runs)} jobs: {summary}"
+
+
+def job_end_check(
+    record: JobRecord,
+    settings: WaitSettings | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Callable[[], str | None]:
+    """For ``hpcrl logs -f``: a function that says why following is over (a final state,
+    ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while the job goes on; it asks the
+    scheduler on submitit's backoff schedule, not on every call."""
+    watcher = SacctWatcher()
+    watch = _Watch(record, settings or default_wait_settings(), clock=clock)
+
+    def check() -> str | None:
+        force = watch.polls == 0 or results_written(record)
+        status = query_statuses([record], watcher, force)[0]
+        return watch.final_status(status).state if watch.observe(status) else None
+
+    return check
+
+
+def why_waiting_ended(state: str) -> str:
+    """One line for a job that stopped being followed without a final scheduler state."""
+    return {
+        "ENDED": "every task wrote its result (the scheduler has not said so yet)",
+        "LOST": "the scheduler has no record of this job (wrong cluster, or purged from sacct)",
+        "UNREACHABLE": "the scheduler has not answered for a while; the job may still run",
+    }.get(state, state.lower())
 
 
 class _ProgressLine:
@@ -181,18 +261,25 @@ class _Watch:
     unreachable_since_s: float | None = None
     results_since_s: float | None = None
     reason: str = ""
+    polls: int = 0
+    done: bool = False
 
-    def poll(self) -> JobStatus:
-        return query_status(self.record)
+    def observe(self, status: JobStatus) -> bool:
+        """Take in the latest status; True (and ``done``) once waiting is over."""
+        self.polls += 1
+        self.done = self.done or self._ended(status)
+        return self.done
 
-    def ended(self, status: JobStatus) -> bool:
+    def _ended(self, status: JobStatus) -> bool:
         now = self.clock()
         if status.is_final:
             return True
         self.unreachable_since_s = _since(
             self.unreachable_since_s, now, bool(status.scheduler_error)
         )
-        self.unknown_since_s = _since(self.unknown_since_s, now, status.state == "UNKNOWN")
+        # UNKNOWN while sacct fails is no news: only the scheduler's own answer can lose a job
+        unknown = status.state == "UNKNOWN" and not status.scheduler_error
+        self.unknown_since_s = _since(self.unknown_since_s, now, unknown)
         self.results_since_s = _since(self.results_since_s, now, results_written(self.record))
         if self._longer_than(self.results_since_s, now, self.settings.sacct_lag_s):
             self.reason = "RESULTS"

@@ -113,14 +113,19 @@ def test_override_may_add_keys_inside_free_form_mappings(tmp_path):
     loaded = load_recipe(
         path,
         [
+            "policy.automodel_cfg.enabled=false",  # env_vars reach only a Megatron job
+            "policy.megatron_cfg.enabled=true",
             "policy.megatron_cfg.env_vars.NCCL_DEBUG=INFO",
             "policy.megatron_cfg.model_overrides.hidden_dropout=0.0",
-            "teacher.megatron_cfg_overrides.tensor_model_parallel_size=2",
         ],
     )
     assert loaded.recipe.policy.megatron_cfg.env_vars == {"NCCL_DEBUG": "INFO"}
     assert loaded.recipe.policy.megatron_cfg.model_overrides == {"hidden_dropout": 0.0}
-    assert loaded.recipe.teacher.megatron_cfg_overrides == {"tensor_model_parallel_size": 2}
+    # a teacher section is parsed (its keys are checked) but rejected: nothing trains with it
+    problems = error_paths(
+        lambda: load_recipe(path, ["teacher.megatron_cfg_overrides.tensor_model_parallel_size=2"])
+    )
+    assert list(problems) == ["teacher"]
 
 
 def test_override_syntax_and_below_a_value(tmp_path):

@@ -74,7 +74,7 @@ def test_junk_anywhere_gives_a_recipe_or_config_error(mutations):
 )
 def test_arbitrary_overrides_give_problems_not_exceptions(texts):
     cfg = OmegaConf.create({"policy": {"model_name": "m", "megatron_cfg": {"env_vars": {}}}})
-    _, problems = apply_overrides(cfg, texts, Recipe)
+    _, problems, _ = apply_overrides(cfg, texts, Recipe)
     assert all(problem.path and problem.message for problem in problems)
 
 

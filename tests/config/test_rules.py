@@ -3,6 +3,7 @@
 import pytest
 
 from hpcrl.config import structure_recipe
+from hpcrl.config.megatron_rules import megatron_recompute
 from hpcrl.config.override_rules import FIRST_CLASS_MODEL_OVERRIDES
 from hpcrl.config.rules import MODEL_OVERRIDES_CHECKED_IN_JOB, check_recipe, provider_field_problems
 
@@ -165,30 +166,34 @@ def test_manual_gc_is_checked_for_automodel_too_since_its_workers_read_it():
     assert problem.path == f"{M}.manual_gc_interval"
 
 
+def section_problems(section, backend="megatron", **content):
+    """Problems of a recipe with a value/teacher section, less the section's own rejection
+    (nothing trains with them yet), which is asserted here once."""
+    problems = problems_for(backend, **{section: content})
+    rejection = [p for p in problems if p.path == section]
+    assert len(rejection) == 1 and "not supported yet" in rejection[0].message
+    return [p for p in problems if p.path != section]
+
+
 def test_value_model_takes_the_same_manual_gc_rule():
-    bad_value = {"megatron_cfg": {"manual_gc": True, "manual_gc_interval": False}}
-    problem = only(problems_for("automodel", value=bad_value))
+    bad_value = {"manual_gc": True, "manual_gc_interval": False}
+    problem = only(section_problems("value", "automodel", megatron_cfg=bad_value))
     assert problem.path == "value.megatron_cfg.manual_gc_interval"
-    good_value = {"megatron_cfg": {"manual_gc": True, "manual_gc_interval": 5}}
-    assert problems_for("automodel", value=good_value) == []
+    good_value = {"manual_gc": True, "manual_gc_interval": 5}
+    assert section_problems("value", "automodel", megatron_cfg=good_value) == []
 
 
 @pytest.mark.parametrize("key", ["manual_gc", "manual_gc_interval"])
 def test_teacher_overrides_reject_manual_gc(key):
-    problem = only(
-        problems_for(
-            teacher={"megatron_cfg_overrides": {key: 5 if key.endswith("interval") else True}}
-        )
-    )
+    overrides = {key: 5 if key.endswith("interval") else True}
+    problem = only(section_problems("teacher", megatron_cfg_overrides=overrides))
     assert problem.path == f"teacher.megatron_cfg_overrides.{key}"
     assert f"{M}.{key}" in problem.fix
 
 
 def test_teacher_overrides_keys_are_megatron_fields_with_did_you_mean():
-    teacher = {
-        "megatron_cfg_overrides": {"tensor_model_paralel_size": 2, "optimizer": {"lr": "fast"}}
-    }
-    problems = problems_for(teacher=teacher)
+    overrides = {"tensor_model_paralel_size": 2, "optimizer": {"lr": "fast"}}
+    problems = section_problems("teacher", megatron_cfg_overrides=overrides)
     assert sorted(paths(problems)) == [
         "teacher.megatron_cfg_overrides.optimizer.lr",
         "teacher.megatron_cfg_overrides.tensor_model_paralel_size",
@@ -198,15 +203,8 @@ def test_teacher_overrides_keys_are_megatron_fields_with_did_you_mean():
 
 
 def test_valid_teacher_overrides_pass():
-    assert (
-        problems_for(
-            teacher={
-                "model_name": "big",
-                "megatron_cfg_overrides": {"tensor_model_parallel_size": 4},
-            }
-        )
-        == []
-    )
+    overrides = {"tensor_model_parallel_size": 4}
+    assert section_problems("teacher", model_name="big", megatron_cfg_overrides=overrides) == []
 
 
 # --------------------------------------------------------------------------- fine-grained offload
@@ -481,20 +479,37 @@ def test_expert_and_tensor_parallel_need_sequence_parallel():
     assert problems_for(policy__megatron_cfg={**sizes, "sequence_parallel": True}) == []
 
 
-def test_full_recompute_needs_method_and_layers():
-    problems = problems_for(policy__megatron_cfg__recompute_granularity="full")
-    assert paths(problems) == [f"{M}.recompute_method", f"{M}.recompute_num_layers"]
-    full = {
-        "enabled": True,
+def test_recompute_is_keyed_on_activation_checkpointing():
+    # NeMo RL's meaning: granularity, method and layers only matter when it is true.
+    off = {"enabled": True, "recompute_granularity": "full", "recompute_method": "block"}
+    problems = problems_for(policy__megatron_cfg=off)
+    assert paths(problems) == []
+    assert paths(problems, "warning") == [f"{M}.recompute_granularity", f"{M}.recompute_method"]
+    assert "activation_checkpointing is false" in problems[0].message
+    on = {"enabled": True, "activation_checkpointing": True}
+    assert problems_for(policy__megatron_cfg=on) == []
+    assert megatron_recompute(
+        structure_recipe(with_keys(base_dict(), policy__megatron_cfg=on)).policy.megatron_cfg
+    ) == {
         "recompute_granularity": "full",
         "recompute_method": "uniform",
         "recompute_num_layers": 1,
     }
-    assert problems_for(policy__megatron_cfg=full) == []
+    block = {**on, "recompute_method": "block", "recompute_num_layers": 4}
+    cfg = structure_recipe(with_keys(base_dict(), policy__megatron_cfg=block)).policy.megatron_cfg
+    assert megatron_recompute(cfg)["recompute_method"] == "block"
+    assert megatron_recompute(cfg)["recompute_num_layers"] == 4
+    bad = {**on, "recompute_num_layers": 0}
+    assert only(problems_for(policy__megatron_cfg=bad)).path == f"{M}.recompute_num_layers"
 
 
 def test_recompute_method_needs_full_granularity():
-    selective = {"enabled": True, "recompute_granularity": "selective", "recompute_method": "block"}
+    selective = {
+        "enabled": True,
+        "activation_checkpointing": True,
+        "recompute_granularity": "selective",
+        "recompute_method": "block",
+    }
     problem = only(problems_for(policy__megatron_cfg=selective))
     assert problem.path == f"{M}.recompute_method" and "(it is selective)" in problem.message
 

@@ -55,6 +55,28 @@ def test_optimizer_config_passes_offload_fields_through(megatron_cpu):
     assert attrs.evolve(cfg).optimizer.optimizer_offload_fraction == 0.25
 
 
+def test_precision_aware_optimizer_is_switched_off_only_without_te_and_offload(megatron_cpu):
+    """megatron-core refuses use_precision_aware_optimizer without TE's FusedAdam unless the
+    HybridDeviceOptimizer (optimizer_cpu_offload) takes it; the shipped 1n1g Megatron recipe
+    sets it (found on the H200 machine, which has no TE)."""
+    from hpcrl.core.backends.megatron.model import optimizer_config
+    from hpcrl.core.backends.megatron.offload import precision_aware_optimizer_on
+
+    def cfg_with(**optimizer_fields):
+        fields = {"use_precision_aware_optimizer": True, "use_distributed_optimizer": True}
+        return MegatronCfg(
+            enabled=True, optimizer=MegatronOptimizerCfg(**{**fields, **optimizer_fields})
+        )
+
+    plain, offloaded = cfg_with(), cfg_with(optimizer_cpu_offload=True)
+    assert precision_aware_optimizer_on(plain, te_available=True)
+    assert not precision_aware_optimizer_on(plain, te_available=False)
+    assert precision_aware_optimizer_on(offloaded, te_available=False)
+    assert not precision_aware_optimizer_on(cfg_with(use_precision_aware_optimizer=False), True)
+    # No TE here: megatron-core builds the config instead of raising "requires FusedAdam"
+    assert optimizer_config(plain, "bfloat16").use_precision_aware_optimizer is False
+
+
 def test_generic_optimizer_move_is_skipped_when_megatron_owns_placement():
     from types import SimpleNamespace
 

@@ -92,3 +92,56 @@ def test_prepare_provider_uses_sdpa_without_transformer_engine(megatron_cpu, tmp
     provider.finalize()
     save_run_config(provider, tmp_path / "run_config.yaml")  # the swapped spec still persists
     assert read_run_config(tmp_path)["num_layers"] == 2
+
+
+def test_provider_takes_nemo_rl_recompute_and_moe_settings(megatron_cpu):
+    """activation_checkpointing drives recompute (NeMo RL's full/uniform/1 defaults); MoE keys
+    reach the provider under their own names; TE-only moe_permute_fusion is switched off."""
+    from megatron.bridge.models import GPTModelProvider
+
+    from hpcrl.config.recipe import MegatronCfg
+    from hpcrl.core.backends.megatron.provider import prepare_provider
+
+    def provider_for(**fields):
+        provider = GPTModelProvider(
+            num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=128
+        )
+        prepare_provider(provider, MegatronCfg(enabled=True, **fields), "float32", 16)
+        return provider
+
+    off = provider_for(recompute_granularity="full", recompute_method="block")
+    assert off.recompute_granularity is None  # activation_checkpointing is false
+    on = provider_for(activation_checkpointing=True)
+    assert (on.recompute_granularity, on.recompute_method, on.recompute_num_layers) == (
+        "full",
+        "uniform",
+        1,
+    )
+    moe = provider_for(
+        moe_router_dtype="fp64",
+        moe_router_load_balancing_type="none",
+        moe_router_bias_update_rate=0.0,
+        moe_permute_fusion=True,
+    )
+    assert (moe.moe_router_dtype, moe.moe_router_load_balancing_type) == ("fp64", "none")
+    assert moe.moe_router_bias_update_rate == 0.0
+    assert moe.moe_permute_fusion is False  # needs Transformer Engine, absent here
+
+
+def test_recipe_fusions_are_switched_off_and_reported_without_transformer_engine(megatron_cpu):
+    """recipes/base/megatron.yaml (like NeMo RL's configs) asks for apply_rope_fusion and
+    bias_activation_fusion; without TE megatron-core's finalize() refuses the first, so the
+    backend turns both off and says so (found on the H200 machine, which has no TE)."""
+    from megatron.bridge.models import GPTModelProvider
+
+    from hpcrl.config.recipe import MegatronCfg
+    from hpcrl.core.backends.megatron.provider import prepare_provider
+
+    provider = GPTModelProvider(
+        num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, vocab_size=128
+    )
+    cfg = MegatronCfg(enabled=True, apply_rope_fusion=True, bias_activation_fusion=True)
+    turned_off = prepare_provider(provider, cfg, "float32", 16)
+    assert {"apply_rope_fusion", "bias_activation_fusion"} <= set(turned_off)
+    assert (provider.apply_rope_fusion, provider.bias_activation_fusion) == (False, False)
+    provider.finalize()  # megatron-core accepts the provider

@@ -5,6 +5,8 @@ Shared by tests/plan and tests/render.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 
 from hpcrl.config.profile import ClusterProfile, ContainerCfg, SlurmCfg
@@ -52,6 +54,10 @@ GOLDEN_HOST = SubmitHost(
 )
 
 
+#: An existing data file: the planner checks that data.train_path exists.
+SHIPPED_DATA = str(Path(__file__).resolve().parents[2] / "recipes" / "data" / "toy_count.jsonl")
+
+
 def isolate_from_user_profiles(monkeypatch, tmp_path) -> None:
     """$HOME fixed (the job's home when a profile sets none); no user or site profiles, so
     ``--cluster NAME`` finds only the shipped ones whoever runs the tests."""
@@ -67,7 +73,7 @@ def automodel_recipe(num_nodes: int = 1, gpus_per_node: int = 8, **automodel: ob
             train_global_batch_size=64,
             automodel_cfg=AutomodelCfg(enabled=True, **automodel),
         ),
-        data=DataCfg(train_path="data/train.jsonl"),
+        data=DataCfg(train_path=SHIPPED_DATA),
         grpo=GrpoCfg(),
         cluster=ClusterCfg(num_nodes=num_nodes, gpus_per_node=gpus_per_node),
     )
@@ -80,7 +86,7 @@ def megatron_recipe(num_nodes: int = 2, gpus_per_node: int = 8, **megatron: obje
             train_global_batch_size=64,
             megatron_cfg=MegatronCfg(enabled=True, **megatron),
         ),
-        data=DataCfg(train_path="data/train.jsonl"),
+        data=DataCfg(train_path=SHIPPED_DATA),
         grpo=GrpoCfg(),
         cluster=ClusterCfg(num_nodes=num_nodes, gpus_per_node=gpus_per_node),
     )

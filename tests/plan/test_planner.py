@@ -7,6 +7,7 @@ import pytest
 
 from hpcrl.config.errors import ConfigError
 from hpcrl.config.profile import ContainerCfg, RayPortsCfg, SlurmCfg
+from hpcrl.config.recipe import DataCfg
 from hpcrl.plan.planner import plan
 from tests.plan.planning_inputs import (
     GOLDEN_HOME,
@@ -395,3 +396,35 @@ def test_plans_are_equal_for_equal_inputs():
     second = make_plan(megatron_recipe(), pyxis_profile(), overrides=["a=1"])
     assert first == second
     assert attrs.evolve(first, job_name="other") != second
+
+
+def test_a_missing_data_file_is_an_error_before_the_queue(tmp_path):
+    recipe = attrs.evolve(
+        automodel_recipe(num_nodes=2, gpus_per_node=1),
+        data=DataCfg(train_path=str(tmp_path / "nope.jsonl")),
+    )
+    with pytest.raises(ConfigError) as caught:
+        make_plan(recipe, plain_slurm_profile())
+    (problem,) = [p for p in caught.value.errors if p.path == "data.train_path"]
+    assert problem.message == "no such file"
+    assert "relative to the recipe's folder" in problem.fix
+    recipe = attrs.evolve(recipe, data=DataCfg(train_path=str(tmp_path)))
+    with pytest.raises(ConfigError, match="a folder, not a data file"):
+        make_plan(recipe, plain_slurm_profile())
+
+
+def test_a_data_file_in_a_container_is_checked_at_its_mount(tmp_path):
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    container = attrs.evolve(
+        pyxis_profile().container, mounts=(f"{tmp_path}:/data", "/lustre:/lustre")
+    )
+    profile = pyxis_profile(container=container)
+    ok = attrs.evolve(automodel_recipe(), data=DataCfg(train_path="/data/train.jsonl"))
+    assert any(check.name == "data_files" for check in make_plan(ok, profile).checks)
+    missing = attrs.evolve(ok, data=DataCfg(train_path="/data/nope.jsonl"))
+    with pytest.raises(
+        ConfigError, match=rf"no such file \(on this machine: {tmp_path}/nope.jsonl\)"
+    ):
+        make_plan(missing, profile)
+    in_image = attrs.evolve(ok, data=DataCfg(train_path="/opt/image/train.jsonl"))
+    make_plan(in_image, profile)  # only the job can see it

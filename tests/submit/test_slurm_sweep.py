@@ -85,8 +85,12 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
             format_number(steps[-1]["loss"]), format_number(steps[-1]["reward_mean"]),
         ]  # fmt: skip
     plots = sorted((tmp_path / "plots").glob("*.png"))
-    assert [p.name for p in plots] == ["step_time.png", "vs_optimizer_offload_fraction.png"]
-    assert all(_png_size(p) == (800, 500) for p in plots)
+    assert [p.name for p in plots] == [
+        "step_time.png",
+        "training.png",
+        "vs_optimizer_offload_fraction.png",
+    ]
+    assert [_png_size(p) for p in plots] == [(800, 500), (1300, 750), (800, 500)]
     assert all(f"plot: {p}" in report.stdout for p in plots)
 
 

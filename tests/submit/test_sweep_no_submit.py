@@ -58,7 +58,7 @@ def test_no_submit_prints_the_points_and_submits_nothing(tmp_path, capsys):
     assert sweep["array_job_id"] is None and sweep["submitted_at"] is None
     assert [p["run_dir"] for p in sweep["points"]] == [f"point-{i}" for i in range(4)]
     assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == [
-        "job.sbatch", "manifest.json", "point-0", "point-1", "point-2", "point-3",
+        ".hpcrl.lock", "job.sbatch", "manifest.json", "point-0", "point-1", "point-2", "point-3",
         "recipe.resolved.yaml", "sweep.json",
     ]  # fmt: skip
     fractions = []

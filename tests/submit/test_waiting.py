@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import time
 from pathlib import Path
 
+import attrs
 import pytest
 from rich.console import Console
 
@@ -67,7 +70,7 @@ def test_waiting_always_ends(
         for task in range(record.num_tasks):
             (tmp_path / "submitit" / f"41_{task}_result.pkl").write_bytes(b"")
     answers = iter(statuses)
-    monkeypatch.setattr(waiting, "query_status", lambda _record: next(answers))
+    monkeypatch.setattr(waiting, "query_statuses", lambda records, *_: [next(answers)])
     seen: list[JobStatus] = []
     monkeypatch.setattr(
         waiting, "read_outcome", lambda _r, _d, status: seen.append(status) or _Outcome()
@@ -123,8 +126,10 @@ def test_long_wait_prints_each_phase_once_plus_heartbeats(
     clock = _FakeClock()
     metrics = tmp_path / "metrics.jsonl"
 
-    def status_now(_record: JobRecord) -> JobStatus:
-        t = clock.now_s - 1000.0
+    def status_now(_records: list[JobRecord], *_: object) -> list[JobStatus]:
+        return [_status_at(clock.now_s - 1000.0)]
+
+    def _status_at(t: float) -> JobStatus:
         if t < 30:
             return JobStatus(state="PENDING", reason="Priority")
         if t < 50:
@@ -137,7 +142,7 @@ def test_long_wait_prints_each_phase_once_plus_heartbeats(
             metrics.write_text(json.dumps({"step": step, "reward_mean": step / 100}) + "\n")
         return JobStatus(state="COMPLETED" if t >= 210 else "RUNNING")
 
-    monkeypatch.setattr(waiting, "query_status", status_now)
+    monkeypatch.setattr(waiting, "query_statuses", status_now)
     monkeypatch.setattr(waiting, "read_outcome", lambda *args: _Outcome())
     monkeypatch.setattr(waiting, "report_outcome", lambda *args: None)
     console = _quiet_console()
@@ -158,19 +163,101 @@ def test_long_wait_prints_each_phase_once_plus_heartbeats(
     ]
 
 
-def test_sacct_pending_reason_reaches_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
+class _Sacct:
+    """Answers like sacct for the jobs asked about; counts the calls."""
+
+    def __init__(self, rows: list[str], returncode: int = 0) -> None:
+        self.rows, self.returncode, self.commands = rows, returncode, []
+
+    def __call__(self, command: list[str], **_: object) -> subprocess.CompletedProcess:
+        self.commands.append(command)
+        text = "JobID|State|ExitCode|ElapsedRaw|Reason\n" + "".join(r + "\n" for r in self.rows)
+        return subprocess.CompletedProcess(command, self.returncode, text, "sacct: down\n")
+
+
+def test_sacct_pending_reason_reaches_the_status() -> None:
     from hpcrl.submit import job_state
 
-    rows = [{"JobID": "41", "State": "PENDING", "ExitCode": "0:0", "ElapsedRaw": "0",
-             "Reason": "Priority"}]  # fmt: skip
-    monkeypatch.setattr(job_state, "_sacct_rows", lambda job_id: rows)
-    monkeypatch.setattr(job_state, "rebuild_job", lambda record: _Job())
-    status = job_state.query_status(_record(Path("/nonexistent")))
+    sacct = _Sacct(["41|PENDING|0:0|0|Priority"])
+    status = job_state.query_statuses([_record(Path("/x"))], job_state.SacctWatcher(run=sacct))[0]
     assert (status.state, status.reason) == ("PENDING", "Priority")
-    rows[0] |= {"State": "RUNNING", "Reason": "None"}
-    assert job_state.query_status(_record(Path("/nonexistent"))).reason is None
+    sacct.rows = ["41|RUNNING|0:0|3|None"]
+    assert (
+        job_state.query_statuses([_record(Path("/x"))], job_state.SacctWatcher(run=sacct))[0].reason
+        is None
+    )
 
 
-class _Job:
-    def get_info(self, mode: str) -> dict[str, str]:
-        return {"State": "PENDING"}
+def test_one_sacct_call_answers_for_every_job_arrays_and_attempts_included() -> None:
+    from hpcrl.submit import job_state
+
+    records = [
+        attrs.evolve(_record(Path("/x")), job_id=job_id)
+        for job_id in ("41", "50_0", "50_1", "50_2")
+    ]
+    sacct = _Sacct([
+        "41|PREEMPTED|0:0|30|None", "41|RUNNING|0:0|5|None",  # requeued once: two rows
+        "50_0|COMPLETED|0:0|12|None", "50_1|FAILED|1:0|9|None", "50_[2-3%2]|PENDING|0:0|0|JobArrayTaskLimit",
+    ])  # fmt: skip
+    watcher = job_state.SacctWatcher(run=sacct)
+    statuses = job_state.query_statuses(records, watcher)
+    assert [(s.state, s.attempts, s.exit_code) for s in statuses] == [
+        ("RUNNING", 2, None), ("COMPLETED", 1, 0), ("FAILED", 1, 1), ("PENDING", 1, None)
+    ]  # fmt: skip
+    assert statuses[3].reason == "JobArrayTaskLimit"
+    assert len(sacct.commands) == 1
+    assert sacct.commands[0][-4:] == ["-j", "41", "-j", "50"]
+    # Without force, the next call waits for submitit's backoff; ended jobs are not asked again.
+    job_state.query_statuses(records, watcher, force=False)
+    assert len(sacct.commands) == 1
+    sacct.rows[-1] = "50_2|COMPLETED|0:0|3|None"
+    for _ in range(2):
+        time.sleep(0.01)  # submitit ignores a forced call within 1 ms of the last
+        job_state.query_statuses(records, watcher, force=True)
+    assert sacct.commands[1][-4:] == ["-j", "41", "-j", "50"]  # 50_2 was still pending
+    assert sacct.commands[2][-2:] == ["-j", "41"] and "50" not in sacct.commands[2]
+
+
+def test_a_failing_or_missing_sacct_is_kept_as_the_reason_not_raised() -> None:
+    from hpcrl.submit import job_state
+
+    failing = job_state.SacctWatcher(run=_Sacct([], returncode=1))
+    status = job_state.query_statuses([_record(Path("/x"))], failing)[0]
+    assert (status.state, status.scheduler_error) == ("UNKNOWN", "sacct exited 1: sacct: down")
+
+    def missing(command: list[str], **_: object) -> subprocess.CompletedProcess:
+        raise FileNotFoundError(2, "No such file or directory", "sacct")
+
+    status = job_state.query_statuses([_record(Path("/x"))], job_state.SacctWatcher(run=missing))[0]
+    assert status.scheduler_error == "sacct: [Errno 2] No such file or directory: 'sacct'"
+
+
+def test_a_sweep_is_waited_for_as_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three points, one scheduler query per poll for all, one line per change of any."""
+    clock = _FakeClock()
+    calls: list[list[str]] = []
+    ends = {"41_0": 20, "41_1": 40, "41_2": 30}
+
+    def statuses(records: list[JobRecord], *_: object) -> list[JobStatus]:
+        calls.append([record.job_id for record in records])
+        t = clock.now_s - 1000.0
+        return [JobStatus(state="COMPLETED" if t >= ends[r.job_id] else "RUNNING") for r in records]
+
+    monkeypatch.setattr(waiting, "query_statuses", statuses)
+    monkeypatch.setattr(waiting, "read_outcome", lambda *args: _Outcome())
+    monkeypatch.setattr(waiting, "report_outcome", lambda *args: None)
+    runs = [
+        (tmp_path / f"point-{i}", attrs.evolve(_record(tmp_path), job_id=f"41_{i}"))
+        for i in range(3)
+    ]
+    console = _quiet_console()
+    settings = waiting.WaitSettings(poll_s=10.0, heartbeat_s=600.0)
+    outcomes = waiting.wait_for_jobs(runs, console, 12, settings, clock=clock, sleep=clock.sleep)
+    assert len(outcomes) == 3
+    assert calls == [["41_0", "41_1", "41_2"]] * 3 + [["41_1", "41_2"]] + [["41_1"]]
+    assert console.file.getvalue().splitlines() == [
+        "[     0s] 3 jobs: 3 running",
+        "[    20s] 3 jobs: 1 completed, 2 running",
+        "[    30s] 3 jobs: 2 completed, 1 running",
+        "[    40s] 3 jobs: 3 completed",
+    ]

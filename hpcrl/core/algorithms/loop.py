@@ -7,6 +7,7 @@ step folder whose name has no suffix.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import signal
@@ -46,8 +47,21 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+METRICS_INDEX = "checkpoint_metrics.json"
+
+
+def metric_key(metric_name: str) -> str:
+    """The step-record key of NeMo RL's ``checkpointing.metric_name``: ``val:val_loss`` and
+    ``train:loss`` name the record's ``val_loss`` and ``loss``; ``val_reward`` (its older,
+    unprefixed form) is hpcrl's ``val_reward_mean``."""
+    name = metric_name.split(":", 1)[1] if ":" in metric_name else metric_name
+    return {"val_reward": "val_reward_mean", "reward": "reward_mean"}.get(name, name)
+
+
 class CheckpointStore:
-    """Saves through the policy every ``save_period`` steps and keeps the newest ``keep``."""
+    """Saves through the policy every ``save_period`` steps; keeps ``keep`` of them: the
+    newest, or with ``metric`` the best by that step-record key (and always the newest, to
+    resume from)."""
 
     def __init__(
         self,
@@ -55,29 +69,65 @@ class CheckpointStore:
         checkpoint_dir: str | Path,
         save_period: int | None,
         keep: int | None,
+        metric: str | None = None,
+        higher_is_better: bool = True,
     ) -> None:
         self.policy = policy
         self.checkpoint_dir = Path(checkpoint_dir)
         self.save_period = save_period  # None: only on request (preemption, end of run)
         self.keep = keep
+        self.metric = metric
+        self.higher_is_better = higher_is_better
 
     def due(self, step: int) -> bool:
         return (
             self.save_period is not None and self.save_period > 0 and step % self.save_period == 0
         )
 
-    def save(self, step: int, extra_state: Mapping[str, Any]) -> Path:
+    def save(
+        self, step: int, extra_state: Mapping[str, Any], record: Mapping[str, Any] | None = None
+    ) -> Path:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         target = self.checkpoint_dir / step_dir_name(step)
         self.policy.save_checkpoint(str(target), {**extra_state, "step": step})
+        if self.metric is not None:
+            self._remember(step, (record or {}).get(self.metric))
         self._prune()
         return target
+
+    def _remember(self, step: int, value: Any) -> None:
+        index = self._metrics()
+        index[str(step)] = value if isinstance(value, int | float) else None
+        path = self.checkpoint_dir / METRICS_INDEX
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(index, sort_keys=True))
+        partial.replace(path)
+
+    def _metrics(self) -> dict[str, Any]:
+        path = self.checkpoint_dir / METRICS_INDEX
+        return json.loads(path.read_text()) if path.is_file() else {}
 
     def _prune(self) -> None:
         if not self.keep:
             return
-        for _, folder in complete_checkpoints(self.checkpoint_dir)[: -self.keep]:
+        found = complete_checkpoints(self.checkpoint_dir)
+        if self.metric is None:
+            doomed = found[: -self.keep]
+        else:
+            doomed = [item for item in found if item not in self._best(found)]
+        for _, folder in doomed:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def _best(self, found: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+        index = self._metrics()
+        sign = 1.0 if self.higher_is_better else -1.0
+
+        def rank(item: tuple[int, Path]) -> tuple[bool, float, int]:
+            value = index.get(str(item[0]))
+            return (value is not None, sign * value if value is not None else 0.0, item[0])
+
+        best = sorted(found, key=rank, reverse=True)[: self.keep]
+        return best + [found[-1]] if found and found[-1] not in best else best
 
     def restore_latest(self) -> dict[str, Any] | None:
         """Load the newest complete checkpoint into the policy; its extra_state, or None."""

@@ -77,6 +77,8 @@ def optimizer_config(cfg: MegatronCfg, precision: str) -> Any:
     import torch
     from megatron.core.optimizer import OptimizerConfig
 
+    from hpcrl.core.backends.megatron.offload import precision_aware_optimizer_on, te_available
+
     opt = cfg.optimizer
     return OptimizerConfig(
         optimizer=opt.optimizer,
@@ -91,7 +93,7 @@ def optimizer_config(cfg: MegatronCfg, precision: str) -> Any:
         adam_eps=opt.adam_eps,
         sgd_momentum=opt.sgd_momentum,
         use_distributed_optimizer=opt.use_distributed_optimizer,
-        use_precision_aware_optimizer=opt.use_precision_aware_optimizer,
+        use_precision_aware_optimizer=precision_aware_optimizer_on(cfg, te_available()),
         clip_grad=opt.clip_grad,
         optimizer_cpu_offload=opt.optimizer_cpu_offload,
         optimizer_offload_fraction=opt.optimizer_offload_fraction,

@@ -22,7 +22,7 @@ class UnsupportedOnThisMachine(RuntimeError):
     """A setting that needs Transformer Engine or a GPU, on a machine without it."""
 
 
-def _te_available() -> bool:
+def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
@@ -60,8 +60,20 @@ def requirement_problems(cfg: MegatronCfg, te_available: bool, cuda_available: b
     return problems
 
 
+def precision_aware_optimizer_on(cfg: MegatronCfg, te_available: bool) -> bool:
+    """Whether megatron-core gets use_precision_aware_optimizer=true.
+
+    megatron-core implements it with TE's FusedAdam, or with its HybridDeviceOptimizer when
+    optimizer_cpu_offload is on. Without either it refuses to build. hpcrl keeps master
+    weights and Adam moments in fp32 in both modes, so switching it off there changes where
+    the fp32 master copy lives, not the math; the worker says so when it does.
+    """
+    requested = cfg.optimizer.use_precision_aware_optimizer
+    return requested and (te_available or cfg.optimizer.optimizer_cpu_offload)
+
+
 def check_transformer_engine_settings(cfg: MegatronCfg) -> None:
     """Raise one error listing every setting this machine cannot run."""
-    problems = requirement_problems(cfg, _te_available(), _cuda_available())
+    problems = requirement_problems(cfg, te_available(), _cuda_available())
     if problems:
         raise UnsupportedOnThisMachine("\n".join(problems))

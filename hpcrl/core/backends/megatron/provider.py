@@ -16,6 +16,8 @@ import difflib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.config.megatron_rules import megatron_recompute
+
 if TYPE_CHECKING:
     from hpcrl.config.recipe import MegatronCfg
 
@@ -31,6 +33,17 @@ TE_ONLY_PROVIDER_FLAGS = (
     "persist_layer_norm",
     "bias_dropout_fusion",
     "cross_entropy_loss_fusion",
+    "moe_permute_fusion",
+)
+#: MoE settings passed to the provider when the recipe sets them (NeMo RL's names).
+MOE_PROVIDER_FIELDS = (
+    "moe_router_dtype",
+    "moe_router_load_balancing_type",
+    "moe_router_bias_update_rate",
+    "moe_token_dispatcher_type",
+    "moe_permute_fusion",
+    "moe_shared_expert_overlap",
+    "moe_per_layer_logging",
 )
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -72,15 +85,14 @@ def apply_megatron_cfg(provider: Any, cfg: MegatronCfg, precision: str, seq_leng
         "num_layers_in_first_pipeline_stage",
         "num_layers_in_last_pipeline_stage",
         "sequence_parallel",
-        "recompute_granularity",
-        "recompute_method",
-        "recompute_num_layers",
         "cpu_offloading",
         "cpu_offloading_num_layers",
         "fine_grained_activation_offloading",
         "cuda_graph_impl",
     ):
         setattr(provider, name, getattr(cfg, name))
+    for name, value in megatron_recompute(cfg).items():
+        setattr(provider, name, value)
     if cfg.recompute_modules:
         provider.recompute_modules = list(cfg.recompute_modules)
     if cfg.offload_modules:
@@ -91,6 +103,12 @@ def apply_megatron_cfg(provider: Any, cfg: MegatronCfg, precision: str, seq_leng
         provider.bias_activation_fusion = True
     if cfg.freeze_moe_router:
         provider.moe_router_freeze = True
+    has_te = transformer_engine_available()
+    for name in MOE_PROVIDER_FIELDS:
+        value = getattr(cfg, name)
+        if value is None or value is False or (name in TE_ONLY_PROVIDER_FLAGS and not has_te):
+            continue
+        setattr(provider, name, value)
     params_dtype = getattr(torch, _DTYPES[precision])
     provider.params_dtype = params_dtype
     provider.bf16 = precision == "bfloat16"
@@ -133,6 +151,10 @@ def _field_names(target: Any) -> set[str]:
 
 def prepare_provider(provider: Any, cfg: MegatronCfg, precision: str, seq_length: int) -> list[str]:
     """Steps 2–4 of the module docstring; returns the TE-only flags that were turned off."""
+    # The recipe's fields go first so that the TE-only fusions it asks for (NeMo RL's configs
+    # set apply_rope_fusion: true) are switched off, and reported, when TE is absent;
+    # megatron-core would refuse them in finalize(). Explicit model_overrides still win.
+    apply_megatron_cfg(provider, cfg, precision, seq_length)
     turned_off = []
     if not transformer_engine_available():
         from hpcrl.core.backends.megatron.attention import apply_sdpa_core_attention
@@ -141,6 +163,5 @@ def prepare_provider(provider: Any, cfg: MegatronCfg, precision: str, seq_length
         # Automatic, no recipe knob: same numbers as the unfused local attention (tested),
         # without its S×S score tensor. A user-set transformer_layer_spec override wins.
         apply_sdpa_core_attention(provider)
-    apply_megatron_cfg(provider, cfg, precision, seq_length)
     apply_model_overrides(provider, cfg.model_overrides)
     return turned_off

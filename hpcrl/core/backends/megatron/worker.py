@@ -10,6 +10,7 @@ manual GC switched on last, so the first manual collection frees setup's garbage
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,7 @@ class MegatronWorker:
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
         conversion_dir = self._ensure_conversion()
         self.model_chunks = self._build_model(conversion_dir)
+        self._say_precision_aware_optimizer_is_off(cfg)
         self.optimizer = mcore_model.build_optimizer(
             self.model_chunks, cfg, recipe.policy.precision
         )
@@ -88,6 +90,18 @@ class MegatronWorker:
             dp_size=ps.get_data_parallel_world_size(),
             returns_results=reporter,
         )
+
+    def _say_precision_aware_optimizer_is_off(self, cfg: Any) -> None:
+        requested = cfg.optimizer.use_precision_aware_optimizer
+        if requested and self.rank_info.rank == 0:
+            if not offload.precision_aware_optimizer_on(cfg, offload.te_available()):
+                print(
+                    "hpcrl: Transformer Engine is not installed and optimizer_cpu_offload is "
+                    "off: policy.megatron_cfg.optimizer.use_precision_aware_optimizer is "
+                    "switched off (fp32 master weights and moments either way)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     @property
     def skips_generic_optimizer_offload(self) -> bool:
@@ -123,7 +137,17 @@ class MegatronWorker:
 
         policy = self.recipe.policy
         provider = hf_import.build_provider(self.model_path, load_weights=False)
-        prepare_provider(provider, self.cfg, policy.precision, policy.max_total_sequence_length)
+        turned_off = prepare_provider(
+            provider, self.cfg, policy.precision, policy.max_total_sequence_length
+        )
+        if turned_off and self.rank_info.rank == 0:
+            # The recipe asked for them; without TE they would fail finalize(). Say so once.
+            print(
+                "hpcrl: Transformer Engine is not installed: building megatron-core's local "
+                f"layer spec and switching off {', '.join(sorted(turned_off))}",
+                file=sys.stderr,
+                flush=True,
+            )
         provider.finalize()
         self.provider = provider
         chunks = mcore_model.build_model(provider, self.cfg, on_cpu=self.rank_info.device == "cpu")

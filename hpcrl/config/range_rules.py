@@ -1,0 +1,157 @@
+"""Ranges of plain numbers in a recipe: optimizer settings, schedules, checkpointing, the
+allocation. (NaN and infinity never get this far: the converter refuses them.)
+
+Each rule returns problems naming the full key path, the value and the fix. Rules of the RL
+math (losses, sampling) live in ``hpcrl.config.rules``; Megatron's cross-field rules in
+``hpcrl.config.megatron_rules``.
+"""
+
+from __future__ import annotations
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import Recipe
+
+#: Far above any cluster (the largest have ~10,000 nodes): a count beyond it is a typo.
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 64
+MAX_WORKER_SLOTS_PER_NODE = 1024
+
+
+def _at_least(path: str, value: float | int | None, low: float, fix: str) -> list[Problem]:
+    if value is None or value >= low:
+        return []
+    must = "at least " + (f"{low:g}" if isinstance(low, float) else str(low))
+    return [Problem(path=path, value=value, message=f"must be {must}", fix=fix)]
+
+
+def _fraction(path: str, value: float, fix: str, *, open_high: bool = True) -> list[Problem]:
+    high_ok = value < 1.0 if open_high else value <= 1.0
+    if 0.0 <= value and high_ok:
+        return []
+    interval = "[0, 1)" if open_high else "[0, 1]"
+    return [Problem(path=path, value=value, message=f"must be in {interval}", fix=fix)]
+
+
+def rule_optimizer_ranges(recipe: Recipe) -> list[Problem]:
+    """``policy.optimizer`` and ``policy.scheduler`` (Automodel) and ``policy.max_grad_norm``."""
+    opt, sched, path = recipe.policy.optimizer, recipe.policy.scheduler, "policy.optimizer"
+    problems = _at_least(
+        f"{path}.lr", opt.lr, 0.0, f"set {path}.lr to a positive rate, e.g. 1.0e-5"
+    )
+    problems += _at_least(f"{path}.weight_decay", opt.weight_decay, 0.0, "e.g. 0.0 or 0.01")
+    problems += _at_least(f"{path}.momentum", opt.momentum, 0.0, "e.g. 0.0 or 0.9")
+    if opt.eps <= 0.0:
+        problems.append(
+            Problem(
+                path=f"{path}.eps", value=opt.eps, message="must be positive", fix="e.g. 1.0e-8"
+            )
+        )
+    for index, beta in enumerate(opt.betas):
+        problems += _fraction(f"{path}.betas[{index}]", beta, "e.g. betas: [0.9, 0.999]")
+    problems += _at_least("policy.scheduler.warmup_steps", sched.warmup_steps, 0, "0 for none")
+    problems += _fraction(
+        "policy.scheduler.min_lr_ratio", sched.min_lr_ratio, "e.g. 0.0 or 0.1", open_high=False
+    )
+    problems += _at_least(
+        "policy.scheduler.total_steps",
+        sched.total_steps,
+        1,
+        "or null: the algorithm's max_num_steps",
+    )
+    norm = recipe.policy.max_grad_norm
+    if norm is not None and norm <= 0.0:
+        problems.append(
+            Problem(
+                path="policy.max_grad_norm",
+                value=norm,
+                message="must be positive (gradients are clipped to this norm)",
+                fix="set policy.max_grad_norm=1.0, or null to turn clipping off",
+            )
+        )
+    return problems
+
+
+def rule_megatron_optimizer_ranges(recipe: Recipe) -> list[Problem]:
+    """``policy.megatron_cfg.optimizer`` and ``.scheduler`` numbers (any backend: a later
+    switch to Megatron must not inherit a bad value silently)."""
+    opt = recipe.policy.megatron_cfg.optimizer
+    path = "policy.megatron_cfg.optimizer"
+    problems = []
+    for name in ("lr", "min_lr", "weight_decay", "clip_grad", "sgd_momentum"):
+        problems += _at_least(f"{path}.{name}", getattr(opt, name), 0.0, "a number >= 0")
+    for name in ("adam_beta1", "adam_beta2"):
+        problems += _fraction(f"{path}.{name}", getattr(opt, name), "e.g. 0.9 and 0.999")
+    if opt.adam_eps <= 0.0:
+        problems.append(
+            Problem(path=f"{path}.adam_eps", value=opt.adam_eps, message="must be positive",
+                    fix="e.g. 1.0e-8")
+        )  # fmt: skip
+    if opt.min_lr > opt.lr >= 0.0:
+        problems.append(
+            Problem(path=f"{path}.min_lr", value=opt.min_lr, message=f"above {path}.lr ({opt.lr})",
+                    fix=f"set {path}.min_lr <= {path}.lr")
+        )  # fmt: skip
+    sched = recipe.policy.megatron_cfg.scheduler
+    spath = "policy.megatron_cfg.scheduler"
+    problems += _at_least(f"{spath}.lr_warmup_iters", sched.lr_warmup_iters, 0, "0 for none")
+    problems += _at_least(f"{spath}.lr_decay_iters", sched.lr_decay_iters, 1, "or null")
+    problems += _at_least(f"{spath}.lr_warmup_init", sched.lr_warmup_init, 0.0, "e.g. 0.0")
+    return problems
+
+
+def rule_checkpointing_ranges(recipe: Recipe) -> list[Problem]:
+    cfg = recipe.checkpointing
+    problems = _at_least(
+        "checkpointing.save_period", cfg.save_period, 1,
+        "save every N >= 1 steps (checkpointing.enabled=false to save none)",
+    )  # fmt: skip
+    problems += _at_least(
+        "checkpointing.keep_top_k", cfg.keep_top_k, 1, "keep at least one, or null to keep all"
+    )
+    return problems
+
+
+def rule_schedule_ranges(recipe: Recipe) -> list[Problem]:
+    """Epochs, validation periods, data loader workers, input length."""
+    problems = []
+    for name, section in (("grpo", recipe.grpo), ("sft", recipe.sft)):
+        if section is None:
+            continue
+        problems += _at_least(f"{name}.max_num_epochs", section.max_num_epochs, 1, "e.g. 1")
+        problems += _at_least(f"{name}.val_period", section.val_period, 0, "0: no validation")
+    problems += _at_least("data.num_workers", recipe.data.num_workers, 0, "0: load in the driver")
+    problems += _at_least(
+        "data.max_input_seq_length", recipe.data.max_input_seq_length, 1, "or null: no limit"
+    )
+    return problems
+
+
+def rule_allocation_bounds(recipe: Recipe) -> list[Problem]:
+    """Node and per-node counts no cluster has (``cluster.num_nodes=1e20``)."""
+    resources = recipe.policy.generation.colocated.resources
+    counts = (
+        ("cluster.num_nodes", recipe.cluster.num_nodes, MAX_NODES),
+        ("cluster.gpus_per_node", recipe.cluster.gpus_per_node, MAX_WORKER_SLOTS_PER_NODE),
+        ("policy.generation.colocated.resources.num_nodes", resources.num_nodes, MAX_NODES),
+        ("policy.generation.colocated.resources.gpus_per_node", resources.gpus_per_node,
+         MAX_WORKER_SLOTS_PER_NODE),
+    )  # fmt: skip
+    return [
+        Problem(
+            path=path,
+            value=value,
+            message=f"more than any cluster has (at most {limit:,})",
+            fix=f"set {path} to the allocation the recipe is written for",
+        )
+        for path, value, limit in counts
+        if value is not None and value > limit
+    ]
+
+
+RANGE_RULES = (
+    rule_optimizer_ranges,
+    rule_megatron_optimizer_ranges,
+    rule_checkpointing_ranges,
+    rule_schedule_ranges,
+    rule_allocation_bounds,
+)

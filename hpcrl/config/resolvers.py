@@ -1,0 +1,58 @@
+"""NeMo RL's arithmetic resolvers for ``${name:a,b}`` in recipes: add, sub, mul, div, max.
+
+NeMo RL's example configs compute token budgets with them, e.g.
+``train_mb_tokens: ${mul:${policy.max_total_sequence_length}, ${policy.train_micro_batch_size}}``.
+They mean what they mean there: Python's ``a + b``, ``a - b``, ``a * b``, ``a / b`` (true
+division, so always a float) and ``max(a, b)``, on the two arguments as OmegaConf types them
+(``4`` an int, ``4.0`` a float, a nested ``${...}`` the value it points at).
+
+OmegaConf keeps resolvers in one registry per process; they are registered on first use by
+the loader, never at import.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
+    "add": operator.add,
+    "sub": operator.sub,
+    "mul": operator.mul,
+    "div": operator.truediv,
+    "max": max,
+}
+#: OmegaConf's own resolvers that recipes may use, beside ARITHMETIC.
+BUILT_IN = ("oc.env",)
+
+
+def register_resolvers() -> None:
+    """Make ARITHMETIC known to OmegaConf (idempotent)."""
+    from omegaconf import OmegaConf
+
+    for name, function in ARITHMETIC.items():
+        if OmegaConf.has_resolver(name):
+            continue
+        resolver = _two_arguments(name, function)
+        if hasattr(OmegaConf, "register_resolver"):  # OmegaConf 2.4 (2.3 has only the old name)
+            OmegaConf.register_resolver(name, resolver, annotation_validation="off")
+        else:
+            OmegaConf.register_new_resolver(name, resolver)
+
+
+def _two_arguments(name: str, function: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    def resolve(*args: Any) -> Any:
+        if len(args) != 2:
+            raise ValueError(f"{name} takes two arguments, got {len(args)}: ${{{name}:a,b}}")
+        try:
+            return function(*args)
+        except (TypeError, ZeroDivisionError) as error:
+            raise ValueError(f"{name}({args[0]!r}, {args[1]!r}) failed: {error}") from None
+
+    return resolve
+
+
+def resolver_names() -> str:
+    """The resolvers a recipe may use, for error messages."""
+    return ", ".join(f"${{{name}:...}}" for name in (*ARITHMETIC, *BUILT_IN))

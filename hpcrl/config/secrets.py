@@ -1,0 +1,135 @@
+"""Secrets: which names hold them, and keeping their values out of run files and output.
+
+One rule decides what a secret is (``is_secret_name``); everything else here applies it:
+
+- a variable whose name is secret-shaped (``HF_TOKEN``, ``GITHUB_PAT``, ``AWS_ACCESS_KEY_ID``,
+  ``DB_PASSWORD``, ``CLIENT_SECRET``, ``WANDB_API_KEY``) never gets a literal value in a
+  recipe or profile: the job receives it through the profile's ``pass_env``, copied from the
+  submitting shell at submit time;
+- a name that ends in a place (``HF_TOKEN_PATH``, ``SSH_KEY_FILE``) names where a secret
+  lies, not the secret, and is an ordinary name;
+- ``${oc.env:NAME}`` with a secret-shaped NAME reads a secret: the run folder keeps that
+  text, never the value (``secret_references``);
+- as a last guard, text about to be written to a run file or shown to the user is searched
+  for the values of this shell's secret-shaped variables and for well-known token shapes
+  (``find_secrets``; ``redact`` hides them in messages).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+#: Words (split at anything but letters and digits) that make a name a secret's.
+SECRET_WORDS = frozenset(
+    {
+        "TOKEN",
+        "SECRET",
+        "SECRETS",
+        "PASSWORD",
+        "PASSWD",
+        "PASS",
+        "PASSPHRASE",
+        "PAT",
+        "KEY",
+        "APIKEY",
+    }
+)
+#: Parts that make any word containing them secret (``MYSECRET``, ``DBPASSWORD``).
+SECRET_PARTS = ("SECRET", "PASSWORD", "PASSWD", "APIKEY", "ACCESSKEY", "PRIVATEKEY")
+#: A last word that names where a secret lies, not the secret itself.
+PLACE_WORDS = frozenset({"PATH", "FILE", "DIR", "HOME"})
+#: Values shorter than this are not searched for in text (``1`` or ``true`` are everywhere).
+MIN_SECRET_LENGTH = 8
+#: Well-known token formats, found even when no variable holds them.
+TOKEN_SHAPES = (
+    ("a Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,}")),
+    ("a GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{30,})")),
+    ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("an API key (sk-...)", re.compile(r"\bsk-[A-Za-z0-9_-]{30,}")),
+    ("a Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{20,}")),
+    ("a GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),
+    ("a password in a URL", re.compile(r"://[^/\s:@'\"]+:[^/\s@'\"]+@")),
+)
+PASS_ENV_FIX = (
+    "remove the value; list {name} under the cluster profile's pass_env instead (the job then "
+    "gets it from the shell you submit from, and it is never written to disk)"
+)
+_ENV_REFERENCE = re.compile(r"\$\{\s*oc\.env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)")
+_ASSIGNMENT = re.compile(r"^-*([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_SEPARATORS = re.compile(r"[\s,;&|()]+")
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable called ``name`` would hold a secret."""
+    words = [word for word in re.split(r"[^A-Z0-9]+", str(name).upper()) if word]
+    if not words or words[-1] in PLACE_WORDS:
+        return False
+    return any(word in SECRET_WORDS or any(part in word for part in SECRET_PARTS) for word in words)
+
+
+def env_references(text: str) -> list[str]:
+    """Names read by ``${oc.env:NAME}`` (with or without a default) inside ``text``."""
+    return _ENV_REFERENCE.findall(text) if "oc.env" in text else []
+
+
+def secret_references(
+    raw: Any, parts: tuple[str | int, ...] = ()
+) -> Iterator[tuple[tuple, str, str]]:
+    """``(key path parts, variable name, text as written)`` of every value that reads a
+    secret-shaped variable through ``${oc.env:...}``, in a tree before interpolation."""
+    if isinstance(raw, Mapping):
+        for key, value in raw.items():
+            yield from secret_references(value, (*parts, key))
+    elif isinstance(raw, list | tuple):
+        for index, value in enumerate(raw):
+            yield from secret_references(value, (*parts, index))
+    elif isinstance(raw, str):
+        for name in env_references(raw):
+            if is_secret_name(name):
+                yield parts, name, raw
+
+
+def literal_secret_assignments(text: str) -> list[str]:
+    """Secret-shaped names given a literal value in shell-like text (``export HF_TOKEN=hf_x``,
+    ``--export=ALL,GITHUB_PAT=ghp_x``); ``HF_TOKEN=$HF_TOKEN`` reads it at run time and is fine."""
+    names = []
+    for token in _SEPARATORS.split(text):
+        match = _ASSIGNMENT.match(token.strip("'\""))
+        if match is None or not is_secret_name(match.group(1)):
+            continue
+        value = match.group(2).strip("'\"")
+        if value and not value.startswith("$"):
+            names.append(match.group(1))
+    return names
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """value -> name of this shell's secret-shaped variables worth searching for (long enough
+    to be specific; a path is where a secret lies, not one)."""
+    environ = os.environ if environ is None else environ
+    return {
+        value: name
+        for name, value in environ.items()
+        if is_secret_name(name)
+        and len(value) >= MIN_SECRET_LENGTH
+        and not value.startswith(("/", "~", "."))
+    }
+
+
+def find_secrets(text: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """What in ``text`` is a secret: ``$NAME`` for a variable's value, else the token kind."""
+    found = [f"${name}" for value, name in secret_values(environ).items() if value in text]
+    found += [kind for kind, shape in TOKEN_SHAPES if shape.search(text)]
+    return found
+
+
+def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """``text`` with every secret value and token replaced by a marker naming what it was."""
+    for value, name in sorted(secret_values(environ).items(), key=lambda item: -len(item[0])):
+        text = text.replace(value, f"<value of ${name} hidden>")
+    for kind, shape in TOKEN_SHAPES:
+        text = shape.sub(f"<{kind} hidden>", text)
+    return text

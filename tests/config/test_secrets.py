@@ -1,0 +1,190 @@
+"""Secrets never reach a run file or the terminal (hpcrl.config.secrets and its users)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcrl.cli.main import main
+from hpcrl.config import load_recipe
+from hpcrl.config.secrets import (
+    find_secrets,
+    is_secret_name,
+    literal_secret_assignments,
+    redact,
+)
+from tests.plan.planning_inputs import isolate_from_user_profiles
+
+TOKEN = "hf_" + "S3cr3t" * 6  # token-shaped: found even without the variable
+PAT = "ghp_" + "PatPat" * 6
+PLAIN_SECRET = "correct-horse-battery"  # no known shape: found as the variable's value
+WANDB_KEY = "staple-wandb-secret"
+SECRETS = (TOKEN, PAT, PLAIN_SECRET, WANDB_KEY)
+RECIPE = "grpo-tiny-2n-cpu"
+PROFILE = "slurm-test"  # pass_env: HF_TOKEN, WANDB_API_KEY
+
+
+@pytest.mark.parametrize(
+    "name, secret",
+    [
+        ("HF_TOKEN", True), ("GITHUB_PAT", True), ("AWS_ACCESS_KEY_ID", True),
+        ("AWS_SECRET_ACCESS_KEY", True), ("DB_PASSWORD", True), ("CLIENT_SECRET", True),
+        ("WANDB_API_KEY", True), ("OPENAI_APIKEY", True), ("MYSECRET", True), ("hf_token", True),
+        ("HF_TOKEN_PATH", False), ("SSH_KEY_FILE", False), ("TOKENIZERS_PARALLELISM", False),
+        ("HF_HOME", False), ("NCCL_DEBUG", False), ("RAY_AUTH_MODE", False), ("MAX_TOKENS", False),
+    ],
+)  # fmt: skip
+def test_one_rule_says_which_names_hold_secrets(name, secret):
+    assert is_secret_name(name) is secret
+
+
+def test_literal_assignments_and_token_shapes_are_found():
+    assert literal_secret_assignments(f"export HF_TOKEN={TOKEN}; export X=1") == ["HF_TOKEN"]
+    assert literal_secret_assignments("--export=ALL,GITHUB_PAT=abc") == ["GITHUB_PAT"]
+    assert literal_secret_assignments('export HF_TOKEN="$HF_TOKEN"') == []  # read at run time
+    assert literal_secret_assignments("export HF_TOKEN_PATH=/secrets/hf") == []
+    assert find_secrets(f"x {PAT} https://user:pw@host/x", environ={}) == [
+        "a GitHub token",
+        "a password in a URL",
+    ]
+    env = {"DB_PASSWORD": PLAIN_SECRET, "SSH_KEY": "/home/u/.ssh/id", "API_KEY": "short"}
+    assert find_secrets(f"a {PLAIN_SECRET} /home/u/.ssh/id short", env) == ["$DB_PASSWORD"]
+    assert redact(f"a {PLAIN_SECRET}", env) == "a <value of $DB_PASSWORD hidden>"
+
+
+@pytest.fixture
+def cli(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_PAT", PAT)
+    monkeypatch.setenv("DB_PASSWORD", PLAIN_SECRET)
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+
+    def run(*argv: str) -> tuple[int, str]:
+        code = main(list(argv))
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    return run
+
+
+def leaks(tmp_path: Path, output: str) -> list[str]:
+    """Where a secret value shows: the output, or any file hpcrl wrote under tmp_path."""
+    found = [f"output: {secret}" for secret in SECRETS if secret in output]
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.name != "site.yaml":  # the input itself
+            text = path.read_text(errors="replace")
+            found += [f"{path}: {s}" for s in SECRETS if s in text]
+    return found
+
+
+def profile_file(tmp_path: Path, extra: str) -> str:
+    """The test cluster's profile with ``extra`` merged over it (through ``defaults:``)."""
+    base = Path(__file__).parents[2] / "cluster_profiles" / f"{PROFILE}.yaml"
+    path = tmp_path / "site.yaml"
+    path.write_text(f"defaults: {base}\nname: site\n" + textwrap.dedent(extra))
+    return str(path)
+
+
+def test_an_interpolated_secret_stays_interpolation_text_in_the_run_folder(cli, tmp_path):
+    code, out = cli("render", RECIPE, "-c", PROFILE, "-o", "run",
+                    "logger.wandb.name=${oc.env:HF_TOKEN}",
+                    "checkpointing.checkpoint_dir=/ckpt/${oc.env:WANDB_API_KEY}")  # fmt: skip
+    assert code == 0, out
+    assert leaks(tmp_path, out) == []
+    resolved = yaml.safe_load((tmp_path / "run" / "recipe.resolved.yaml").read_text())
+    assert resolved["logger"]["wandb"]["name"] == "${oc.env:HF_TOKEN}"
+    assert resolved["checkpointing"]["checkpoint_dir"] == "/ckpt/${oc.env:WANDB_API_KEY}"
+    assert "Submit with: hpcrl submit" in out and "${oc.env:HF_TOKEN}" in out
+    # The job resolves the text from its own environment (pass_env brings the variable).
+    loaded = load_recipe(tmp_path / "run" / "recipe.resolved.yaml")
+    assert loaded.recipe.logger.wandb.name == TOKEN
+
+
+def test_a_key_pointing_at_a_secret_value_keeps_its_text_too(cli, tmp_path):
+    code, out = cli("render", RECIPE, "-c", PROFILE, "-o", "run",
+                    "logger.wandb.project=${oc.env:HF_TOKEN}", "logger.wandb.name=${logger.wandb.project}")  # fmt: skip
+    assert code == 0, out
+    assert leaks(tmp_path, out) == []
+    resolved = yaml.safe_load((tmp_path / "run" / "recipe.resolved.yaml").read_text())
+    assert resolved["logger"]["wandb"]["name"] == "${logger.wandb.project}"
+
+
+def test_a_secret_the_profile_does_not_pass_is_an_error_naming_pass_env(cli, tmp_path):
+    code, out = cli("render", RECIPE, "-c", PROFILE, "logger.wandb.name=${oc.env:GITHUB_PAT}")
+    assert code == 2
+    assert "logger.wandb.name" in out and "add GITHUB_PAT to the pass_env list" in out
+    assert leaks(tmp_path, out) == []
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        (f"policy.megatron_cfg.env_vars.HF_TOKEN={TOKEN}", "env_vars.HF_TOKEN"),
+        ("policy.megatron_cfg.env_vars.GITHUB_PAT=literal-pat-value", "env_vars.GITHUB_PAT"),
+        (
+            "policy.megatron_cfg.env_vars.AWS_ACCESS_KEY_ID=AKIAABCDEFGHIJKLMNOP",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        ("policy.megatron_cfg.env_vars.APP_SECRET=x", "env_vars.APP_SECRET"),
+        ("policy.megatron_cfg.env_vars.DB_PASSWORD=x", "env_vars.DB_PASSWORD"),
+        ("policy.megatron_cfg.env_vars.HARMLESS=${oc.env:HF_TOKEN}", "env_vars.HARMLESS"),
+        (f"policy.megatron_cfg.env_vars.HARMLESS={PAT}", "env_vars.HARMLESS"),
+    ],
+)
+def test_secrets_in_env_vars_are_errors_that_hide_the_value(cli, tmp_path, override, key):
+    code, out = cli("render", "grpo-tiny-1n-cpu-megatron", "-c", "local", override)
+    assert code == 2, out
+    assert key in out and "pass_env" in out
+    assert "literal-pat-value" not in out
+    assert leaks(tmp_path, out) == []
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ("env:\n  HARMLESS: ${oc.env:HF_TOKEN}\n", "env.HARMLESS"),
+        ("env:\n  HF_TOKEN: plain\n", "env.HF_TOKEN"),
+        ("env:\n  GITHUB_PAT: plain\n", "env.GITHUB_PAT"),
+        (f"setup_lines:\n  - export HF_TOKEN={TOKEN}\n", "setup_lines[0]"),
+        ("setup_lines:\n  - export APP_PASSWORD=hunter22\n", "setup_lines[0]"),
+        ("setup_lines:\n  - echo ${oc.env:DB_PASSWORD}\n", "setup_lines[0]"),
+        (f"slurm:\n  srun_args: ['--export=ALL,GITHUB_PAT={PAT}']\n", "slurm.srun_args[0]"),
+        (f"slurm:\n  sbatch_args: ['--comment={TOKEN}']\n", "slurm.sbatch_args[0]"),
+        ("slurm:\n  account: ${oc.env:DB_PASSWORD}\n", "slurm.account"),
+    ],
+)
+def test_secrets_in_profiles_are_errors_that_hide_the_value(cli, tmp_path, extra, key):
+    code, out = cli("render", RECIPE, "-c", profile_file(tmp_path, extra))
+    assert code == 2, out
+    assert key in out and "pass_env" in out
+    assert "hunter22" not in out
+    assert leaks(tmp_path, out) == []
+
+
+def test_a_path_to_a_secret_is_not_a_secret(cli, tmp_path):
+    extra = 'env:\n  HF_TOKEN_PATH: /lustre/secrets/hf\nsetup_lines:\n  - export HF_TOKEN="$(cat $HF_TOKEN_PATH)"\n'
+    code, out = cli("render", RECIPE, "-c", profile_file(tmp_path, extra), "-o", "run")
+    assert code == 0, out
+    assert (
+        "export HF_TOKEN_PATH=/lustre/secrets/hf" in (tmp_path / "run" / "job.sbatch").read_text()
+    )
+
+
+def test_a_secret_in_a_bad_value_is_hidden_in_the_error(cli, tmp_path):
+    code, out = cli("validate", RECIPE, "-c", PROFILE, "cluster.num_nodes=${oc.env:DB_PASSWORD}")
+    assert code == 2
+    assert "cluster.num_nodes" in out and "<value of $DB_PASSWORD hidden>" in out
+    assert leaks(tmp_path, out) == []
+
+
+def test_a_literal_token_pasted_into_any_value_never_reaches_a_file(cli, tmp_path):
+    code, out = cli("render", RECIPE, "-c", PROFILE, "-o", "run", f"logger.wandb.name={TOKEN}")
+    assert code == 1
+    assert "refusing to write" in out and "$HF_TOKEN" in out and "pass_env" in out
+    assert leaks(tmp_path, out) == []

@@ -1,0 +1,154 @@
+"""Values that used to be accepted silently are errors naming the key, the value and a fix."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hpcrl.config import ConfigError, load_profile, load_recipe
+from hpcrl.config.profile_rules import time_limit_s
+
+RECIPE = "grpo-tiny-1n-cpu"
+
+
+def problems_of(call) -> dict[str, object]:
+    with pytest.raises(ConfigError) as caught:
+        call()
+    return {problem.path: problem for problem in caught.value.errors}
+
+
+@pytest.mark.parametrize(
+    "override, path, words",
+    [
+        ("policy.optimizer.lr=.nan", "policy.optimizer.lr", "finite"),
+        ("policy.optimizer.lr=.inf", "policy.optimizer.lr", "finite"),
+        ("policy.optimizer.lr=-1e-5", "policy.optimizer.lr", "at least 0"),
+        ("policy.max_grad_norm=.nan", "policy.max_grad_norm", "finite"),
+        ("policy.max_grad_norm=-.inf", "policy.max_grad_norm", "finite"),
+        ("policy.max_grad_norm=-1.0", "policy.max_grad_norm", "must be positive"),
+        ("policy.max_grad_norm=0", "policy.max_grad_norm", "must be positive"),
+        ("policy.generation.temperature=.nan", "policy.generation.temperature", "finite"),
+        ("policy.generation.temperature=.inf", "policy.generation.temperature", "finite"),
+        ("policy.generation.temperature=-0.5", "policy.generation.temperature", "negative"),
+        ("policy.optimizer.betas=[0.9,1.5]", "policy.optimizer.betas[1]", "[0, 1)"),
+        ("policy.optimizer.eps=0", "policy.optimizer.eps", "positive"),
+        ("policy.megatron_cfg.optimizer.lr=-1", "policy.megatron_cfg.optimizer.lr", "at least"),
+        ("policy.megatron_cfg.optimizer.adam_beta2=1.0", "policy.megatron_cfg.optimizer.adam_beta2", "[0, 1)"),
+        ("checkpointing.save_period=0", "checkpointing.save_period", "at least 1"),
+        ("checkpointing.save_period=-5", "checkpointing.save_period", "at least 1"),
+        ("checkpointing.keep_top_k=-1", "checkpointing.keep_top_k", "at least 1"),
+        ("cluster.num_nodes=1e20", "cluster.num_nodes", "a float"),
+        ("cluster.num_nodes=100000000000000000000", "cluster.num_nodes", "more than any cluster"),
+        ("cluster.num_nodes=2.0", "cluster.num_nodes", "a float"),
+        ("grpo.max_num_epochs=0", "grpo.max_num_epochs", "at least 1"),
+        ("data.num_workers=-1", "data.num_workers", "at least 0"),
+        ("policy.megatron_cfg.env_vars.NCCL_DEBUG=INFO", "policy.megatron_cfg.env_vars.NCCL_DEBUG", "Automodel"),
+    ],
+)  # fmt: skip
+def test_recipe_values_that_used_to_pass(override, path, words):
+    problems = problems_of(lambda: load_recipe(RECIPE, [override]))
+    assert path in problems, problems
+    assert words in problems[path].message
+    assert problems[path].fix
+
+
+def test_a_float_for_an_integer_says_how_to_write_it():
+    problem = problems_of(lambda: load_recipe(RECIPE, ["cluster.num_nodes=2.0"]))[
+        "cluster.num_nodes"
+    ]
+    assert problem.fix == "write it without a decimal point or exponent, e.g. cluster.num_nodes: 2"
+
+
+def write_profile(tmp_path: Path, text: str) -> Path:
+    """A small CPU Slurm profile with ``text`` (YAML) merged over it."""
+    profile = {"name": "site", "scheduler": "slurm", "device": "cpu", "gpus_per_node": 0}
+    extra = yaml.safe_load(textwrap.dedent(text))
+    profile["slurm"] = {"gres_form": "none", **extra.pop("slurm", {})}
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump({**profile, **extra}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "text, path, words",
+    [
+        ("slurm: {array_parallelism: 0}", "slurm.array_parallelism", "at least 1"),
+        ("slurm: {max_requeues: -1}", "slurm.max_requeues", "at least 0"),
+        ("slurm: {signal_delay_s: -10}", "slurm.signal_delay_s", "at least 0"),
+        ('slurm: {time_limit: "99:99:99"}', "slurm.time_limit", "out of range"),
+        ('slurm: {time_limit: "1-24:00:00"}', "slurm.time_limit", "out of range"),
+        ('slurm: {time_limit: "00:00:00"}', "slurm.time_limit", "zero"),
+        ('slurm: {time_limit: "00:01:00", signal_delay_s: 90}',
+         "slurm.signal_delay_s", "not shorter than"),
+        ('name: ""', "name", "a profile name"),
+        ('name: "a b"', "name", "a profile name"),
+        ('container: {image: ""}', "container.image", "empty"),
+        ('container: {image: "   "}', "container.image", "empty"),
+        ('python: "python3; rm -rf /"', "python", "not an absolute path or a command name"),
+        ('python: "./venv/bin/python"', "python", "not an absolute path or a command name"),
+        ('python: ""', "python", "not an absolute path or a command name"),
+        ("worker_slots_per_node: 100000", "worker_slots_per_node", "more than any node"),
+    ],
+)  # fmt: skip
+def test_profile_values_that_used_to_pass(tmp_path, text, path, words):
+    problems = problems_of(lambda: load_profile(write_profile(tmp_path, text)))
+    assert path in problems, problems
+    assert words in problems[path].message
+    assert problems[path].fix
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("04:00:00", 14400), ("90", 5400), ("90:30", 5430), ("48:00:00", 172800),
+     ("1-00", 86400), ("1-23:59:59", 172799), ("2-3:04", 183840),
+     ("99:99:99", None), ("10:60", None), ("1-24", None), ("4:00:00:00", None), ("x", None)],
+)  # fmt: skip
+def test_slurm_time_limits(text, seconds):
+    assert time_limit_s(text) == seconds
+
+
+def test_good_values_still_load(tmp_path):
+    load_profile(
+        write_profile(
+            tmp_path,
+            'python: /opt/venv/bin/python3.11\nslurm: {time_limit: "2-00:00:00", max_requeues: 0}',
+        )
+    )
+    load_recipe(
+        RECIPE,
+        ["checkpointing.keep_top_k=null", "policy.max_grad_norm=null", "cluster.num_nodes=2"],
+    )
+
+
+@pytest.mark.parametrize(
+    "override, feature",
+    [("logger.wandb.name=&a x", "anchor (&)"), ("logger.wandb.name=*a", "alias (*)"),
+     ("logger.wandb.name=!!str x", "tag (!)"), ("policy.optimizer.betas=[&a 0.9, *a]", "anchor (&)")],
+)  # fmt: skip
+def test_yaml_anchors_aliases_and_tags_in_override_values_are_refused(override, feature):
+    key = override.split("=")[0]
+    problem = problems_of(lambda: load_recipe(RECIPE, [override]))[key]
+    assert feature in problem.message and "quote the value" in problem.fix
+    # quoted, the same characters are plain text
+    assert load_recipe(RECIPE, ['logger.wandb.name="&a x"']).recipe.logger.wandb.name == "&a x"
+
+
+def test_a_missing_environment_variable_says_set_the_variable(monkeypatch):
+    monkeypatch.delenv("HPCRL_TEST_NOPE", raising=False)
+    problem = problems_of(
+        lambda: load_recipe(RECIPE, ["logger.wandb.name=${oc.env:HPCRL_TEST_NOPE}"])
+    )["logger.wandb.name"]
+    assert problem.fix.startswith("set the variable in this shell (export HPCRL_TEST_NOPE=...)")
+
+
+def test_a_folder_given_as_recipe_or_profile_is_not_no_such_file(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "a.yaml").write_text("x: 1\n")
+    problem = problems_of(lambda: load_recipe(tmp_path / "recipes"))["recipe"]
+    assert problem.message == "a folder, not a file"
+    assert problem.fix == f"give one file: {tmp_path / 'recipes' / 'a.yaml'}"
+    problem = problems_of(lambda: load_profile(tmp_path))["--cluster"]
+    assert problem.message == "a folder, not a file"

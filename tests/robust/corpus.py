@@ -1,0 +1,428 @@
+"""The bad-input corpus: parametrized families of login-node inputs, generated here.
+
+Families: recipes (every key of a shipped recipe set to junk, broken files), profiles (the
+same over the test cluster's profile), overrides, run folders, metrics files, job records
+(``job.json``/``sweep.json``), and CLI arguments. ``build_corpus()`` returns every case;
+the selection is fixed (a seeded sample where a family is a cross product), so a failure
+names the same case on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.robust.corpus_runs import (
+    RECIPE,
+    SLURM_RECIPE,
+    job_record_cases,
+    metrics_cases,
+    run_folder_cases,
+)
+from tests.robust.harness import SECRET_ENV, Case
+
+REPO = Path(__file__).resolve().parents[2]
+SLURM_PROFILE = REPO / "cluster_profiles" / "slurm-test.yaml"
+SEED = 13
+TOKEN = SECRET_ENV["HF_TOKEN"]
+
+#: Values no key of a recipe or profile should take without a clear answer.
+JUNK: dict[str, Any] = {
+    "null": None,
+    "true": True,
+    "minus-one": -1,
+    "zero": 0,
+    "half": 2.5,
+    "float-huge": 1e20,
+    "int-huge": 10**20,
+    "nan": math.nan,
+    "inf": math.inf,
+    "empty-string": "",
+    "word": "junk",
+    "list": [1, 2],
+    "mapping": {"a": 1},
+    "env-missing": "${oc.env:HPCRL_CORPUS_NOPE}",
+    "env-secret": "${oc.env:HF_TOKEN}",
+    "token-literal": TOKEN,
+    "bad-reference": "${no.such.key}",
+    "mandatory": "???",
+    "nul": "a\x00b",
+    "newline": "a\nb",
+}
+#: Junk that no key accepts: the command must refuse it.
+ALWAYS_BAD = {"nan", "inf", "env-missing", "bad-reference", "mandatory"}
+
+
+def _leaves(node: Any, parts: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    if isinstance(node, dict) and node:
+        for key, value in node.items():
+            yield from _leaves(value, (*parts, key))
+    else:
+        yield parts, node
+
+
+def _set(data: dict, parts: tuple, value: Any) -> None:
+    for part in parts[:-1]:
+        data = data.setdefault(part, {})
+    data[parts[-1]] = value
+
+
+def _dotted(parts: tuple) -> str:
+    return ".".join(str(part) for part in parts)
+
+
+def _write_yaml(name: str, data: Any) -> Callable[[Path], None]:
+    def setup(folder: Path) -> None:
+        (folder / name).write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False))
+
+    return setup
+
+
+def _write_bytes(name: str, data: bytes) -> Callable[[Path], None]:
+    def setup(folder: Path) -> None:
+        (folder / name).write_bytes(data)
+
+    return setup
+
+
+def _named_keys(parts: tuple, new_paths: list[tuple]) -> tuple[str, ...]:
+    """What a rejection of ``parts`` must name: the key, or for a key the base did not have,
+    its section (the section may be what is wrong: a container without an image)."""
+    if parts in new_paths and len(parts) > 1:
+        return (_dotted(parts), _dotted(parts[:-1]))
+    return (_dotted(parts),)
+
+
+def _sample(pairs: list, count: int, rng: random.Random) -> list:
+    return pairs if len(pairs) <= count else rng.sample(pairs, count)
+
+
+# --------------------------------------------------------------------------- recipes
+def recipe_cases(resolved_recipe: dict) -> list[Case]:
+    """Every key of the shipped tiny recipe set to junk (a fixed sample), and broken files."""
+    rng = random.Random(SEED)
+    paths = [parts for parts, _ in _leaves(resolved_recipe)]
+    new_paths = [("policy", "megatron_cfg", "env_vars", "EXTRA"), ("bogus",), ("policy", "bogus")]
+    paths += new_paths
+    pairs = [(parts, junk) for parts in paths for junk in JUNK]
+    cases = []
+    for parts, junk in sorted(_sample(pairs, 260, rng)):
+        data = json.loads(json.dumps(resolved_recipe))
+        _set(data, parts, JUNK[junk])
+        key = _dotted(parts)
+        cases.append(
+            Case(
+                family="recipes",
+                name=f"{key}={junk}",
+                argv=("render", "{case}/recipe.yaml", "--cluster", "local", "-o", "{case}/run"),
+                setup=_write_yaml("recipe.yaml", data),
+                expect="reject" if junk in ALWAYS_BAD else "any",
+                keys=_named_keys(parts, new_paths),
+            )
+        )
+    return cases + broken_file_cases(
+        "recipes", "recipe.yaml", ("render", "{case}/recipe.yaml", "--cluster", "local")
+    )
+
+
+def broken_file_cases(family: str, name: str, argv: tuple[str, ...]) -> list[Case]:
+    """Files that are not YAML mappings at all, for recipes and profiles alike."""
+    files: dict[str, bytes] = {
+        "empty": b"",
+        "blank": b"\n\n   \n",
+        "non-utf8": b"policy:\n  model_name: \xff\xfe\xfa\n",
+        "binary": bytes(range(256)),
+        "truncated": b"policy:\n  model_name: tiny:qwen2\n  optimizer: {lr: 1e-3,",
+        "top-level-list": b"- a\n- b\n",
+        "top-level-scalar": b"42\n",
+        "tabs": b"policy:\n\tmodel_name: x\n",
+        "duplicate-keys": b"policy: {model_name: a}\npolicy: {model_name: b}\n",
+        "anchor-alias": b"a: &x {model_name: m}\npolicy: *x\n",
+        "merge-key": b"base: &b {lr: 1}\npolicy: {<<: *b}\n",
+        "python-tag": b"policy: !!python/object/apply:os.system ['true']\n",
+        "defaults-missing": b"defaults: nowhere/base.yaml\n",
+        "defaults-self": f"defaults: {name}\n".encode(),
+        "defaults-number": b"defaults: 3\n",
+        "defaults-list-junk": b"defaults: [1, {a: b}]\n",
+        "unterminated-string": b'policy: {model_name: "abc}\n',
+        "deep-nesting": b"a: " + b"[" * 200 + b"]" * 200 + b"\n",
+        "huge-key": b"x" * 5000 + b": 1\n",
+        "bom": "\ufeffpolicy: {model_name: m}\n".encode(),
+    }
+    cases = [
+        Case(family=family, name=f"file-{kind}", argv=argv, setup=_write_bytes(name, data),
+             expect="reject")
+        for kind, data in files.items()
+    ]  # fmt: skip
+    path_argv = tuple(arg.replace(f"{{case}}/{name}", "{case}/FILE") for arg in argv)
+
+    def directory(folder: Path) -> None:
+        (folder / "FILE").mkdir()
+
+    def fifo(folder: Path) -> None:
+        import os
+
+        os.mkfifo(folder / "FILE")
+
+    def unreadable(folder: Path) -> None:
+        (folder / "FILE").symlink_to(folder / "FILE")  # a symlink loop
+
+    for kind, setup in (("a-directory", directory), ("a-fifo", fifo), ("symlink-loop", unreadable)):
+        cases.append(Case(family=family, name=f"path-{kind}", argv=path_argv, setup=setup,
+                          expect="reject"))  # fmt: skip
+    cases.append(Case(family=family, name="path-missing", argv=path_argv, expect="reject"))
+    return cases
+
+
+# --------------------------------------------------------------------------- profiles
+def profile_cases() -> list[Case]:
+    rng = random.Random(SEED + 1)
+    base = yaml.safe_load(SLURM_PROFILE.read_text())
+    base["name"] = "corpus"
+    extra_paths = [
+        ("container", "image"), ("container", "mounts"), ("container", "workdir"),
+        ("ray_ports", "gcs_port"), ("ray_ports", "min_worker_port"), ("env", "EXTRA"),
+        ("setup_lines",), ("slurm", "sbatch_args"), ("slurm", "srun_args"), ("cpus_per_node",),
+        ("slurm", "mem_gb"), ("slurm", "qos"), ("scheduler",), ("device",), ("bogus",),
+    ]  # fmt: skip
+    paths = list(dict.fromkeys([parts for parts, _ in _leaves(base)] + extra_paths))
+    pairs = [(parts, junk) for parts in paths for junk in JUNK]
+    cases = []
+    for parts, junk in sorted(_sample(pairs, 150, rng)):
+        data = json.loads(json.dumps(base))
+        _set(data, parts, JUNK[junk])
+        key = _dotted(parts)
+        cases.append(
+            Case(
+                family="profiles",
+                name=f"{key}={junk}",
+                argv=(
+                    "render",
+                    SLURM_RECIPE,
+                    "--cluster",
+                    "{case}/profile.yaml",
+                    "-o",
+                    "{case}/run",
+                ),
+                setup=_write_yaml("profile.yaml", data),
+                expect="reject" if junk in ALWAYS_BAD else "any",
+                keys=_named_keys(parts, extra_paths),
+            )
+        )
+    cases += _profile_secret_cases(base)
+    argv = ("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml")
+    return cases + broken_file_cases("profiles", "profile.yaml", argv)
+
+
+def _profile_secret_cases(base: dict) -> list[Case]:
+    secrets = {
+        "env.HF_TOKEN": ("env", {"HF_TOKEN": "literal"}),
+        "env.AWS_ACCESS_KEY_ID": ("env", {"AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"}),
+        "env.HARMLESS": ("env", {"HARMLESS": "${oc.env:GITHUB_PAT}"}),
+        "setup_lines[0]": ("setup_lines", [f"export HF_TOKEN={TOKEN}"]),
+        "slurm.srun_args[0]": ("slurm", {**base["slurm"], "srun_args": ["--export=ALL,DB_PASSWORD=x1"]}),
+        "slurm.sbatch_args[0]": ("slurm", {**base["slurm"], "sbatch_args": ["--comment=${oc.env:DB_PASSWORD}"]}),
+    }  # fmt: skip
+    cases = []
+    for key, (section, value) in secrets.items():
+        data = {**base, section: value}
+        cases.append(
+            Case(
+                family="profiles",
+                name=f"secret-{key}",
+                argv=("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml"),
+                setup=_write_yaml("profile.yaml", data),
+                expect="reject",
+                keys=(key,),
+            )
+        )
+    return cases
+
+
+# --------------------------------------------------------------------------- overrides
+OVERRIDES: dict[str, tuple[str, str]] = {
+    # name: (override, key a rejection must name; "" when any clear line will do)
+    "no-equals": ("grpo.max_num_steps", "grpo.max_num_steps"),
+    "empty-key": ("=3", "=3"),
+    "empty": ("", ""),
+    "only-equals": ("=", ""),
+    "double-dot": ("grpo..max_num_steps=1", "grpo..max_num_steps"),
+    "leading-dot": (".grpo=1", ".grpo"),
+    "space-in-key": ("grpo.max num=1", "grpo.max num"),
+    "unknown-key": ("grpo.max_num_stpes=1", "grpo.max_num_stpes"),
+    "unknown-top": ("bogus=1", "bogus"),
+    "below-a-value": ("grpo.max_num_steps.x=1", "grpo.max_num_steps.x"),
+    "section-to-scalar": ("policy=3", "policy"),
+    "section-to-list": ("grpo=[1,2]", "grpo"),
+    "anchor": ("logger.wandb.name=&a x", "logger.wandb.name"),
+    "alias": ("logger.wandb.name=*a", "logger.wandb.name"),
+    "tag": ("logger.wandb.name=!!python/name:os.system", "logger.wandb.name"),
+    "anchor-in-list": ("policy.optimizer.betas=[&a 0.9, *a]", "policy.optimizer.betas"),
+    "unclosed-list": ("policy.optimizer.betas=[0.9,", "policy.optimizer.betas"),
+    "unclosed-map": ("policy.optimizer={lr: 1", "policy.optimizer"),
+    "unclosed-quote": ('logger.wandb.name="abc', "logger.wandb.name"),
+    "env-missing": ("logger.wandb.name=${oc.env:HPCRL_CORPUS_NOPE}", "logger.wandb.name"),
+    "env-secret-not-passed": ("logger.wandb.name=${oc.env:GITHUB_PAT}", "logger.wandb.name"),
+    "env-secret-in-env-vars": ("policy.megatron_cfg.env_vars.X=${oc.env:HF_TOKEN}", "policy.megatron_cfg.env_vars"),
+    "secret-name-literal": ("policy.megatron_cfg.env_vars.HF_TOKEN=abc", "policy.megatron_cfg.env_vars"),
+    "token-literal": (f"logger.wandb.name={TOKEN}", ""),
+    "bad-reference": ("logger.wandb.name=${nope.nope}", "logger.wandb.name"),
+    "self-reference": ("logger.wandb.name=${logger.wandb.name}", "logger.wandb.name"),
+    "unknown-resolver": ("logger.wandb.name=${nope:x}", "logger.wandb.name"),
+    "mandatory": ("logger.wandb.name=???", "logger.wandb.name"),
+    "nan-lr": ("policy.optimizer.lr=nan", "policy.optimizer.lr"),
+    "yaml-nan-lr": ("policy.optimizer.lr=.nan", "policy.optimizer.lr"),
+    "inf-grad-norm": ("policy.max_grad_norm=.inf", "policy.max_grad_norm"),
+    "negative-grad-norm": ("policy.max_grad_norm=-1", "policy.max_grad_norm"),
+    "negative-lr": ("policy.optimizer.lr=-0.1", "policy.optimizer.lr"),
+    "nan-temperature": ("policy.generation.temperature=.nan", "policy.generation.temperature"),
+    "negative-temperature": ("policy.generation.temperature=-1", "policy.generation.temperature"),
+    "save-period-zero": ("checkpointing.save_period=0", "checkpointing.save_period"),
+    "keep-top-k-negative": ("checkpointing.keep_top_k=-1", "checkpointing.keep_top_k"),
+    "nodes-1e20": ("cluster.num_nodes=1e20", "cluster.num_nodes"),
+    "nodes-huge-int": ("cluster.num_nodes=100000000000000000000", "cluster.num_nodes"),
+    "nodes-float": ("cluster.num_nodes=2.0", "cluster.num_nodes"),
+    "nodes-negative": ("cluster.num_nodes=-2", "cluster.num_nodes"),
+    "nodes-string": ("cluster.num_nodes=two", "cluster.num_nodes"),
+    "nodes-bool": ("cluster.num_nodes=true", "cluster.num_nodes"),
+    "nodes-list": ("cluster.num_nodes=[1]", "cluster.num_nodes"),
+    "nodes-null": ("cluster.num_nodes=null", "cluster.num_nodes"),
+    "batch-zero": ("policy.train_global_batch_size=0", "policy.train_global_batch_size"),
+    "steps-negative": ("grpo.max_num_steps=-5", "grpo.max_num_steps"),
+    "megatron-env-on-automodel": ("policy.megatron_cfg.env_vars.NCCL_DEBUG=INFO", "policy.megatron_cfg.env_vars"),
+    "both-backends": ("policy.megatron_cfg.enabled=true", "policy.megatron_cfg.enabled"),
+    "no-backend": ("policy.automodel_cfg.enabled=false", "policy.megatron_cfg.enabled"),
+    "literal-choice": ("policy.precision=fp64", "policy.precision"),
+    "data-missing": ("data.train_path=/nonexistent/hpcrl/train.jsonl", "data.train_path"),
+    "data-directory": ("data.train_path=/", "data.train_path"),
+    "data-relative-missing": ("data.train_path=missing.jsonl", "data.train_path"),
+    "nul-value": ("logger.wandb.name=a\x00b", ""),
+    "newline-value": ("logger.wandb.name=a\nb", ""),
+    "huge-value": ("logger.wandb.name=" + "x" * 100_000, ""),
+    "unicode-key": ("grpö.max_num_steps=1", "grpö.max_num_steps"),
+    "dtensor-alias-unknown": ("policy.dtensor_cfg.bogus=1", "policy.dtensor_cfg.bogus"),
+    "plus-plus": ("++grpo.bogus=1", "grpo.bogus"),
+    "tilde-delete": ("~grpo.max_num_steps", "~grpo.max_num_steps"),
+    "env-vars-bad-name": ("policy.megatron_cfg.env_vars.1BAD=x", "policy.megatron_cfg.env_vars"),
+    "model-overrides-junk": ("policy.megatron_cfg.model_overrides=3", "policy.megatron_cfg.model_overrides"),
+    "betas-length": ("policy.optimizer.betas=[0.9]", "policy.optimizer.betas"),
+    "top-p-zero": ("policy.generation.top_p=0", "policy.generation.top_p"),
+    "generation-resources-missing": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.resources"),
+}  # fmt: skip
+#: Overrides that are fine on their own (the command may accept them).
+OVERRIDES_MAY_PASS = {"empty", "nul-value", "newline-value", "huge-value", "self-reference",
+                      "validate-token-literal"}  # fmt: skip
+
+
+def override_cases() -> list[Case]:
+    cases = []
+    for name, (override, key) in OVERRIDES.items():
+        for command in ("validate", "render"):
+            argv = (command, RECIPE, "--cluster", "local", override)
+            if command == "render":
+                argv += ("-o", "{case}/run")
+            cases.append(
+                Case(
+                    family="overrides",
+                    name=f"{command}-{name}",
+                    argv=argv,
+                    expect="any" if {name, f"{command}-{name}"} & OVERRIDES_MAY_PASS else "reject",
+                    keys=(key,) if key else (),
+                )
+            )
+    return cases
+
+
+# --------------------------------------------------------------------------- CLI arguments
+CLI_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "no-command": ((), ()),
+    "unknown-command": (("frobnicate",), ()),
+    "render-no-recipe": (("render",), ()),
+    "render-no-cluster": (("render", RECIPE), ()),
+    "cluster-missing": (("render", RECIPE, "--cluster", "nope"), ("--cluster",)),
+    "cluster-empty": (("render", RECIPE, "--cluster", ""), ("--cluster",)),
+    "cluster-directory": (("render", RECIPE, "--cluster", "{case}"), ("--cluster",)),
+    "cluster-dev-null": (("render", RECIPE, "--cluster", "/dev/null"), ()),
+    "recipe-missing": (("render", "nope-recipe", "--cluster", "local"), ("recipe",)),
+    "recipe-empty": (("render", "", "--cluster", "local"), ("recipe",)),
+    "recipe-directory": (("render", "{case}", "--cluster", "local"), ("folder",)),
+    "recipe-dev-null": (("render", "/dev/null", "--cluster", "local"), ()),
+    "recipe-path-missing": (("render", "{case}/nope.yaml", "--cluster", "local"), ("recipe",)),
+    "recipe-is-profile": (("render", str(SLURM_PROFILE), "--cluster", "local"), ()),
+    "profile-is-recipe": (("render", RECIPE, "--cluster", str(REPO / "recipes" / f"{RECIPE}.yaml")), ()),
+    "unknown-option": (("render", RECIPE, "--cluster", "local", "--frob"), ()),
+    "stray-word": (("render", RECIPE, "--cluster", "local", "word"), ()),
+    "logs-node-negative": (("logs", "--node", "-1", "{case}"), ()),
+    "logs-node-word": (("logs", "--node", "x", "{case}"), ()),
+    "logs-attempt-zero": (("logs", "--attempt", "0", "{case}"), ()),
+    "status-runs-dir-missing": (("status", "--runs-dir", "/nope/runs"), ()),
+    "status-runs-dir-file": (("status", "--runs-dir", "/dev/null"), ()),
+    "status-runs-dir-proc": (("status", "--runs-dir", "/proc/self/fd"), ()),
+    "report-out-proc": (("report", "{case}", "--out", "/proc/hpcrl"), ()),
+    "sweep-no-grid": (("sweep", SLURM_RECIPE, "--cluster", "slurm-test", "--no-submit"), ("--grid",)),
+    "sweep-grid-no-equals": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed", "--no-submit"), ("--grid",)),
+    "sweep-grid-empty-key": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "=1,2", "--no-submit"), ("--grid",)),
+    "sweep-grid-empty-value": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,,2", "--no-submit"), ("--grid",)),
+    "sweep-grid-duplicate-points": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,1", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
+    "sweep-grid-same-key-twice": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,2", "--grid", "grpo.seed=3", "--no-submit"), ("grpo.seed",)),
+    "sweep-zip-lengths": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--zip", "grpo.seed=1,2", "--zip", "grpo.max_num_steps=1", "--no-submit"), ("--zip",)),
+    "sweep-bad-point": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,x", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
+    "sweep-unknown-key": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.sead=1,2", "--no-submit", "-o", "{case}/sw"), ("grpo.sead",)),
+    "sweep-local-profile": (("sweep", RECIPE, "-c", "local", "--grid", "grpo.seed=1,2", "--no-submit", "-o", "{case}/sw"), ("scheduler",)),
+    "sweep-wait-no-submit": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,2", "--no-submit", "--wait"), ("--no-submit",)),
+    "sweep-out-file": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,2", "--no-submit", "-o", "/dev/null"), ()),
+    "sweep-huge-grid": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=" + ",".join(map(str, range(3000))), "--no-submit", "-o", "{case}/sw"), ()),
+    "submit-sbatch-refuses": (("submit", SLURM_RECIPE, "-c", "slurm-test", "-o", "{case}/run"), ("sbatch",)),
+    "sweep-sbatch-refuses": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,2", "-o", "{case}/sw"), ("sbatch",)),
+    "submit-no-sbatch": (("submit", SLURM_RECIPE, "-c", "slurm-test", "-o", "{case}/run"), ("Slurm",)),
+    "show-bad-override": (("show", RECIPE, "-c", "local", "grpo.bogus=1"), ("grpo.bogus",)),
+    "validate-secret-override": (("validate", RECIPE, "-c", "local", f"logger.wandb.name={TOKEN}"), ()),
+    "show-secret-override": (("show", RECIPE, "-c", "local", f"logger.wandb.name={TOKEN}"), ()),
+    "help": (("--help",), ()),
+    "render-help": (("render", "--help"), ()),
+    "version": (("--version",), ()),
+}  # fmt: skip
+CLI_MAY_PASS = {
+    "help",
+    "render-help",
+    "version",
+    "status-runs-dir-missing",
+    "status-runs-dir-file",
+    "status-runs-dir-proc",
+    "validate-secret-override",
+    "show-secret-override",
+    "sweep-huge-grid",
+    "report-out-proc",
+    "sweep-local-profile",
+}  # fmt: skip  (local sweeps run points in turn: a feature)
+
+
+def cli_cases() -> list[Case]:
+    return [
+        Case(
+            family="cli-arguments",
+            name=name,
+            argv=argv,
+            expect="any" if name in CLI_MAY_PASS else "reject",
+            keys=keys,
+            sacct="missing" if name == "submit-no-sbatch" else "empty",
+            deadline_s=60.0 if name == "sweep-huge-grid" else 30.0,
+        )
+        for name, (argv, keys) in CLI_ARGS.items()
+    ]
+
+
+def build_corpus(resolved_recipe: dict) -> list[Case]:
+    cases = (
+        recipe_cases(resolved_recipe) + profile_cases() + override_cases() + run_folder_cases()
+        + metrics_cases() + job_record_cases() + cli_cases()
+    )  # fmt: skip
+    ids = [case.id for case in cases]
+    assert len(ids) == len(set(ids)), "case names must be unique"
+    return cases
