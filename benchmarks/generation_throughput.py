@@ -18,7 +18,8 @@ to the first position where HF's own top-2 logits are within 1e-3, a near-tie), 
 bf16 the engine's sampled log-probs against a teacher-forced HF forward. A failed check
 prints FAIL and the script exits 1 after the table.
 
-Needs only torch, transformers and hpcrl's model and sampler code (``PYTHONPATH=.``):
+Needs torch, transformers, attrs and cattrs (``hpcrl.config`` imports it; no Ray, OmegaConf
+or Megatron) and hpcrl's code (``PYTHONPATH=.``):
 
     python benchmarks/generation_throughput.py --json-out result.json   # GPU
     python benchmarks/generation_throughput.py --tiny                   # CPU smoke test
