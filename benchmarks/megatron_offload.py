@@ -348,13 +348,15 @@ def fraction_sweep(args: argparse.Namespace) -> None:
         results.append(run_child(args, 1, extra))
     base = results[0]
     print(f"{'fraction':>8} {'step s':>8} {'× base':>7} {'GPU GiB':>8} {'× base':>7} "
-          f"{'host GiB':>9} {'loss first→last':>18}")  # fmt: skip
+          f"{'host GiB':>9} {'loss first→last':>18} {'max|Δloss| vs first':>20}")  # fmt: skip
     for r in results:
+        diff = max(abs(a - b) for a, b in zip(r["losses"], base["losses"], strict=True))
         print(
             f"{r['fraction']:>8.2f} {r['step_time_s']:>8.3f} "
             f"{r['step_time_s'] / base['step_time_s']:>7.2f} {r['peak_gpu_mem_gb']:>8.2f} "
             f"{r['peak_gpu_mem_gb'] / base['peak_gpu_mem_gb']:>7.2f} "
-            f"{r['host_peak_rss_gb']:>9.2f} {r['first_loss']:>8.3f}→{r['last_loss']:.3f}"
+            f"{r['host_peak_rss_gb']:>9.2f} {r['first_loss']:>8.3f}→{r['last_loss']:.3f} "
+            f"{diff:>20.2e}"
         )
 
 

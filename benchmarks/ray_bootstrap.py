@@ -2,10 +2,15 @@
 
 Runs on the 2-node test Slurm cluster (``bash tests/slurm/cluster.sh start``). Alternates
 submissions of ``ray_bootstrap_hpcrl.sbatch`` (one task per node running hpcrl.job.node) and
-``ray_bootstrap_baseline.sbatch`` (``ray start`` in background steps, a fixed sleep, ``ray status``
-polled every 5 s), so machine load hits both alike. Both scripts record the batch script's start
-time; "ready" is when all nodes had joined (hpcrl: ``status/ray_ready``; baseline: the poll
-that saw both), "end" is when the batch script finished (Ray stopped on both nodes).
+``ray_bootstrap_baseline.sbatch`` (a minimal hand-written script made as fast as hpcrl where
+hpcrl has no design advantage: both ``ray start`` steps launched together, the worker polling
+the head's port every 0.1 s, no fixed sleep), so machine load hits both alike. Both scripts
+record the batch script's start time and the same "ready" event: the GCS node table lists
+every node alive, polled every 0.2 s on both sides (hpcrl: ``status/ray_ready``, read without
+connecting a driver; baseline: ``ray.init`` + ``ray.nodes()``, Ray's public API). "end" is
+when the batch script finished (Ray stopped on both nodes). What remains different is design:
+hpcrl starts the worker's Ray only once the head's raylet registered and does not connect a
+driver (whose Python worker the head would start) before every node is there.
 
     .venv/bin/python benchmarks/ray_bootstrap.py --runs 5
 """

@@ -13,8 +13,9 @@ classes, as ``train_throughput.py`` does: ``TrainingWorker`` (process group, mic
 
 Configs: ``1`` (one GPU, no FSDP), ``fsdpN`` (N GPUs, one FSDP2 shard group), ``hsdpRxS``
 (R replicas × S shards on R·S GPUs; ``hsdp2x1`` exercises the HSDP path on 2 GPUs).
-Reported per config: tokens/s total and per GPU, MFU (``train_throughput.flops_per_token``
-against 989 TFLOP/s per GPU), peak GPU memory (max over ranks), scaling efficiency
+Reported per config: tokens/s total and per GPU, MFU per GPU under both attention
+conventions (``benchmarks/mfu.py``: full and causal attention, each with and without the
+lm_head, against 989 TFLOP/s), peak GPU memory (max over ranks), scaling efficiency
 (tok/s per GPU at N / tok/s of config ``1``), and the largest relative loss difference from
 config ``1`` (within ``--rtol``: bf16 on GPU, fp32 on CPU).
 
@@ -350,9 +351,8 @@ def peak_text(peak_gib: float) -> str:
     return f"{'n/a':>8}" if peak_gib != peak_gib else f"{peak_gib:>8.1f}"  # NaN on CPU
 
 
-def throughput_row(r: dict, rate: float, single_rate: float | None, mfu: list[float] | None):
+def throughput_row(r: dict, rate: float, single_rate: float | None, mfu_text: str):
     per_gpu = rate / r["world_size"]
-    mfu_text = f"{mfu[0]:>6.1%} {mfu[1]:>7.1%}" if mfu else f"{'n/a':>6} {'n/a':>7}"
     scaling = f"{per_gpu / single_rate:>7.2f}" if single_rate else f"{'n/a':>7}"
     layout = f"{r['dp_replicate']}×{r['dp_shard']}"
     step_s = statistics.median(r["step_times_s"])
@@ -363,16 +363,16 @@ def throughput_row(r: dict, rate: float, single_rate: float | None, mfu: list[fl
     )
 
 
-def print_throughput(results: list[dict], args: argparse.Namespace, flops: tuple[float, float]):
+def print_throughput(results: list[dict], args: argparse.Namespace, flops: dict[str, float]):
     """Median-step rates; MFU per GPU; scaling = tok/s per GPU over config ``1``'s tok/s."""
-    from train_throughput import PEAK_TFLOPS_H200_BF16
+    from mfu import LEGEND, PEAK_TFLOPS_H200_BF16, mfu_cells, mfu_header
 
     tokens_per_step = args.global_batch * args.seq_len
     single = next((r for r in results if r["config"] == "1" and "step_times_s" in r), None)
     single_rate = tokens_per_step / statistics.median(single["step_times_s"]) if single else None
     print(
         f"\n{'config':<9} {'GPUs':>4} {'rep×shard':>9} {'tok/s':>10} {'tok/s/GPU':>10} "
-        f"{'MFU':>6} {'MFU+lm':>7} {'peak GiB':>8} {'scaling':>7} {'step s':>6} {'setup s':>7} "
+        f"{mfu_header()} {'peak GiB':>8} {'scaling':>7} {'step s':>6} {'setup s':>7} "
         f"{'warmup s':>8} {'wall s':>6}"
     )
     for r in results:
@@ -380,15 +380,15 @@ def print_throughput(results: list[dict], args: argparse.Namespace, flops: tuple
             print(f"{r['config']:<9} FAILED ({r['error']}, {r['wall_s']:.0f} s)")
             continue
         rate = tokens_per_step / statistics.median(r["step_times_s"])
-        mfu = None
-        if args.device == "cuda":
-            per_gpu = rate / r["world_size"]
-            mfu = [per_gpu * f / (PEAK_TFLOPS_H200_BF16 * 1e12) for f in flops]
-        print(throughput_row(r, rate, single_rate, mfu))
+        per_gpu = rate / r["world_size"]
+        mfu_text = mfu_cells(per_gpu, flops, args.device, PEAK_TFLOPS_H200_BF16)
+        print(throughput_row(r, rate, single_rate, mfu_text))
+    print(LEGEND.format(peak=PEAK_TFLOPS_H200_BF16) + " MFU is per GPU.")
 
 
 def run_parent(args: argparse.Namespace) -> int:
-    from train_throughput import build_checkpoint, flops_per_token, model_spec
+    from mfu import flops_per_token
+    from train_throughput import build_checkpoint, model_spec
 
     configs = [parse_config(name) for name in args.configs.split(",") if name]
     if args.global_batch is None:

@@ -1,45 +1,51 @@
-"""Benchmark: the Automodel backend's train step vs a naive HF + FSDP2 loop, side by side.
+"""Benchmark: the Automodel backend's train step against the strongest plain loops, side by side.
 
 Same weights (a random-init Llama-shaped ~1.1B model: 16 layers, hidden 2048, 16 heads, FFN
-5632, vocab 32000), same batch (random tokens, batch 4 × seq 2048), same optimizer (AdamW),
-one process (world 1). The backend runs through hpcrl's real worker class
-(``TrainingWorker`` → ``AutomodelWorker``: chunked log-probs without full-vocab fp32 logits,
-bf16 compute with fp32 master weights and reduction, per-block torch.compile, fused AdamW).
-The naive loop is HF ``LlamaForCausalLM(labels=...)`` + ``fully_shard`` per block and root +
-the same mixed precision + fused AdamW. Reported: tokens/s, MFU against 989 TFLOP/s counting
-6·N (non-embedding) + 12·L·H·S attention per token (and with the lm_head, 6·V·H, added),
-peak memory, and the backend/naive ratio. The two first-step losses are printed to show that
-both loops compute the same loss.
+5632, vocab 32000), same batch (random tokens, batch 4 × seq 2048), same optimizer (AdamW,
+clip 1.0), one process (world 1). Rows:
 
-Megatron rows (megatron-core only, no megatron-bridge needed; each loop in its own process):
-the same shape, batch and optimizer (bf16 with fp32 main weights, distributed optimizer,
-Adam(W) with weight decay 0.01, clip 1.0) on megatron-core's local layer spec (no Transformer
-Engine). ``megatron-raw`` is ``benchmarks/megatron_offload.py``'s build at fraction 0 (plain
-megatron-core objects). ``megatron`` is hpcrl's Megatron backend path: ``prepare_provider``
-(local spec + SDPA core attention), ``build_model`` (megatron DDP), ``build_optimizer``,
-``connect_grad_sync``, on a stand-in for the bridge's provider that builds the same random
-GPTModel. Both train through ``step.run_train_microbatches`` and start from the same weights,
-so their first losses agree. ``--megatron-attention sdpa,unfused`` adds a row with the
-local spec's own attention on hpcrl's path (the swap's effect in the same run).
+- ``backend``: hpcrl's real worker class (``TrainingWorker`` → ``AutomodelWorker``): no FSDP at
+  world 1, fp32 weights under ``torch.autocast(bf16)``, chunked log-probs without full-vocab
+  fp32 logits, per-block ``torch.compile``, fused AdamW, foreach clipping.
+- ``plain``: what a user would write for one GPU — HF ``LlamaForCausalLM(labels=...)`` with SDPA,
+  fp32 weights under ``torch.autocast(bf16)``, every decoder layer ``.compile()``d, no FSDP,
+  fused AdamW, foreach clipping, ``use_cache=False``.
+- ``naive-fsdp``: the same HF loop wrapped in FSDP2 (``fully_shard`` per block and root, bf16
+  mixed precision) at world 1, no compile: what a multi-GPU script does when run on one GPU.
 
-    python benchmarks/train_throughput.py --device cuda --steps 20
-    python benchmarks/train_throughput.py --only megatron-raw          # one loop, this process
-    python benchmarks/train_throughput.py --device cpu --tiny          # smoke test
+The HF loops are built once and stay resident together; after their warm-up (compile) the
+timing runs in ``--rounds`` rounds of ``--steps`` steps per loop, the loop order reversed every
+other round, so drift (clocks, other load) hits every loop alike. Reported per loop: tokens/s
+(median over rounds of each round's median step) with the spread over rounds, MFU under both
+attention conventions (``benchmarks/mfu.py``), peak memory of that loop alone, the first loss
+(equal weights and batch: the loops must agree), and the backend against the best plain row,
+per round (median and range).
+
+Megatron rows (``benchmarks/train_throughput_megatron.py``; each loop in its own process, its
+``--rounds`` windows timed one after the other): hpcrl's Megatron backend path against the
+best raw megatron-core row (local spec with megatron's unfused attention, with the same SDPA
+attention hpcrl uses, and the Transformer Engine spec wherever TE is installed).
+
+    python benchmarks/train_throughput.py --device cuda                 # every row
+    python benchmarks/train_throughput.py --device cuda --skip-megatron # HF rows only
+    python benchmarks/train_throughput.py --only megatron-raw --megatron-attention sdpa
+    python benchmarks/train_throughput.py --device cpu --tiny           # smoke test
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import contextlib
 import json
+import math
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -47,35 +53,58 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-PEAK_TFLOPS_H200_BF16 = 989.0
+from benchmarks.mfu import (  # noqa: E402
+    LEGEND,
+    PEAK_TFLOPS_H200_BF16,
+    flops_per_token,
+    mfu_cells,
+    mfu_header,
+)
+
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
+HF_LOOPS = ("backend", "plain", "naive-fsdp")
+PLAIN_ROWS = ("plain", "naive-fsdp")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per loop")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per loop per round")
+    parser.add_argument("--rounds", type=int, default=4, help="timing rounds (order alternates)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--tiny", action="store_true", help="tiny Llama (CPU smoke test)")
-    parser.add_argument("--no-compile", action="store_true", help="backend without compile")
-    parser.add_argument("--only", choices=("backend", "naive", *MEGATRON_LOOPS), default=None)
-    parser.add_argument("--megatron-steps", type=int, default=10, help="timed steps, megatron")
+    parser.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
+    parser.add_argument("--loops", default=",".join(HF_LOOPS), help="HF loops to run")
+    parser.add_argument("--skip-megatron", action="store_true", help="HF rows only")
+    parser.add_argument("--only", choices=MEGATRON_LOOPS, default=None, help="(child process)")
+    parser.add_argument("--megatron-steps", type=int, default=5, help="timed steps per window")
     parser.add_argument(
         "--megatron-attention",
         default="sdpa",
-        help="core attention of the 'megatron' loop: sdpa (hpcrl's default without TE), "
-        "unfused (the local spec's own), or both comma-separated (one row each)",
+        help="core attention of the 'megatron' row: sdpa (hpcrl's default without TE), "
+        "unfused (the local spec's own), or both comma-separated (one row each); with --only "
+        "megatron-raw also te",
     )
-    parser.add_argument("--json-out", default=None, help="(megatron loops) write the result here")
-    args = parser.parse_args()
+    parser.add_argument("--json-out", default=None, help="(megatron child) write the result here")
+    args = parser.parse_args(argv)
     args.megatron_attention = args.megatron_attention.split(",")
-    if not set(args.megatron_attention) <= {"sdpa", "unfused"}:
-        parser.error(f"--megatron-attention: sdpa, unfused or both, not {args.megatron_attention}")
+    allowed = {"sdpa", "unfused"} | ({"te"} if args.only == "megatron-raw" else set())
+    if not set(args.megatron_attention) <= allowed:
+        parser.error(f"--megatron-attention: {sorted(allowed)}, not {args.megatron_attention}")
+    args.loops = [name for name in args.loops.split(",") if name]
+    if not set(args.loops) <= set(HF_LOOPS):
+        parser.error(f"--loops: some of {HF_LOOPS}, not {args.loops}")
     if args.tiny and args.seq_len == 2048:
         args.seq_len = 64
     return args
+
+
+def model_spec(tiny: bool):
+    from hpcrl.core.models.tiny import TINY_SPECS
+
+    return TINY_SPECS["llama" if tiny else "llama-1b"]
 
 
 def build_checkpoint(tiny: bool, out_dir: str) -> str:
@@ -112,26 +141,73 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(
-    step: Callable[[], float], device: str, warmup: int, steps: int
-) -> tuple[list[float], float, float]:
-    """Per-step seconds of the timed steps, the first loss, peak memory GiB."""
-    first_loss = step()
+def allocated_gib(device: str) -> float:
+    return torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")
+
+
+# --------------------------------------------------------------------------- timing
+@dataclass
+class Loop:
+    """A built loop: its step (returns the loss) and what it measured so far."""
+
+    name: str
+    step: Callable[[], float]
+    close: Callable[[], None] = lambda: None
+    first_loss: float = float("nan")
+    resident_gib: float = float("nan")  # its weights, grads, optimizer state after warm-up
+    peak_gib: float = float("nan")  # resident + the most one of its steps added on top
+    windows: list[list[float]] = field(default_factory=list)  # step seconds, per round
+
+
+def warm_up(loop: Loop, device: str, warmup: int, before_gib: float) -> None:
+    loop.first_loss = loop.step()
     for _ in range(warmup - 1):
-        step()
+        loop.step()
     synchronize(device)
+    loop.resident_gib = allocated_gib(device) - before_gib
+
+
+def time_window(loop: Loop, device: str, steps: int) -> None:
+    """``steps`` timed steps; the loop's peak is its resident memory plus the largest amount
+    a step allocated above what every resident loop held at the window's start."""
+    synchronize(device)
+    base_gib = allocated_gib(device)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        step()
+        loop.step()
         synchronize(device)
         times.append(time.perf_counter() - start)
-    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
-    return times, first_loss, peak_gib
+    if device == "cuda":
+        extra_gib = torch.cuda.max_memory_allocated() / 2**30 - base_gib
+        peak_gib = loop.resident_gib + extra_gib
+        loop.peak_gib = peak_gib if math.isnan(loop.peak_gib) else max(loop.peak_gib, peak_gib)
+    loop.windows.append(times)
 
 
+def time_rounds(loops: list[Loop], device: str, rounds: int, steps: int) -> None:
+    """Round r times every loop for ``steps`` steps, in reversed order on odd rounds."""
+    for index in range(rounds):
+        for loop in loops if index % 2 == 0 else loops[::-1]:
+            time_window(loop, device, steps)
+
+
+def time_windows_here(args: argparse.Namespace, device: str):
+    """For a loop alone in its process (Megatron): warm-up, then ``--rounds`` windows."""
+
+    def run(step: Callable[[], float], steps: int) -> dict:
+        loop = Loop("megatron", step)
+        warm_up(loop, device, args.warmup, 0.0)
+        for _ in range(args.rounds):
+            time_window(loop, device, steps)
+        return {"windows": loop.windows, "first_loss": loop.first_loss, "peak_gib": loop.peak_gib}
+
+    return run
+
+
+# --------------------------------------------------------------------------- HF loops
 def make_recipe(
     model_path: str,
     args: argparse.Namespace,
@@ -166,7 +242,7 @@ def make_recipe(
             ),
         ),
         data=DataCfg(train_path="unused.jsonl"),
-        sft=SftCfg(max_num_steps=args.steps + args.warmup),
+        sft=SftCfg(max_num_steps=args.rounds * args.steps + args.warmup),
     )
 
 
@@ -199,36 +275,61 @@ def close_backend(backend: object) -> None:
     backend.close()
 
 
-def run_backend(worker, batch: dict, args: argparse.Namespace) -> tuple[list[float], float, float]:
+def backend_loop(worker, batch: dict, args: argparse.Namespace) -> Loop:
     num_tokens = float(batch["token_mask"].sum())
 
     def step() -> float:
         return worker.train(batch, nll_loss, num_tokens, args.batch_size)["loss"]
 
-    try:
-        return time_steps(step, args.device, args.warmup, args.steps)
-    finally:
-        worker.run(close_backend)
+    return Loop("backend", step, close=lambda: worker.run(close_backend))
 
 
-def free_memory(device: str) -> None:
-    """Drop what the previous loop left (compiled graphs hold on to their modules)."""
-    torch._dynamo.reset()
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        left_gib = torch.cuda.memory_allocated() / 2**30
-        print(f"GPU memory still allocated before the next loop: {left_gib:.2f} GiB")
-
-
-def run_naive(model_path: str, batch: dict, args: argparse.Namespace):
-    """HF forward with labels (full-vocab logits), FSDP2 per block + root, fused AdamW."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def hf_model(model_path: str, device: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
+    return AutoModelForCausalLM.from_pretrained(
         model_path, dtype=torch.float32, attn_implementation="sdpa"
-    ).to(args.device)
+    ).to(device)
+
+
+def hf_step(model, optimizer, batch: dict, device: str, autocast) -> Callable[[], float]:
+    """HF's own loss (``labels=``: full-vocab logits), clip 1.0, optimizer step."""
+    input_ids = batch["input_ids"].to(device)
+    mask = batch["attention_mask"].to(device)
+
+    def step() -> float:
+        with autocast():
+            loss = model(
+                input_ids=input_ids, attention_mask=mask, labels=input_ids, use_cache=False
+            ).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return step
+
+
+def plain_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
+    """The strongest plain one-GPU loop: autocast bf16, per-block compile, no FSDP, fused AdamW."""
+    model = hf_model(model_path, args.device)
+    if not args.no_compile:
+        for layer in model.model.layers:
+            layer.compile()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda" or None)
+    if args.device == "cuda":
+        autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+    else:  # the backend trains in fp32 on the CPU too
+        autocast = contextlib.nullcontext
+    return Loop("plain", hf_step(model, optimizer, batch, args.device, autocast))
+
+
+def naive_fsdp_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
+    """HF forward with labels, FSDP2 per block + root (bf16 mixed precision), fused AdamW."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = hf_model(model_path, args.device)
     mp = {}
     if args.device == "cuda":
         mp["mp_policy"] = MixedPrecisionPolicy(
@@ -238,218 +339,128 @@ def run_naive(model_path: str, batch: dict, args: argparse.Namespace):
         fully_shard(layer, **mp)
     fully_shard(model, **mp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda" or None)
-    input_ids = batch["input_ids"].to(args.device)
-    mask = batch["attention_mask"].to(args.device)
-
-    def step() -> float:
-        loss = model(
-            input_ids=input_ids, attention_mask=mask, labels=input_ids, use_cache=False
-        ).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
-
-    return time_steps(step, args.device, args.warmup, args.steps)  # model dies with this frame
+    return Loop("naive-fsdp", hf_step(model, optimizer, batch, args.device, contextlib.nullcontext))
 
 
-# --------------------------------------------------------------------------- Megatron loops
-def model_spec(tiny: bool):
-    from hpcrl.core.models.tiny import TINY_SPECS
-
-    return TINY_SPECS["llama" if tiny else "llama-1b"]
-
-
-def megatron_args(args: argparse.Namespace) -> argparse.Namespace:
-    """``benchmarks/megatron_offload.py``'s settings for this shape and batch (fraction 0)."""
-    spec = model_spec(args.tiny)
-    return argparse.Namespace(
-        layers=spec.num_hidden_layers, hidden=spec.hidden_size, heads=spec.num_attention_heads,
-        ffn=spec.intermediate_size, vocab=spec.vocab_size or 256, seq_len=args.seq_len,
-        batch_size=args.batch_size, micro_batch_size=None, tp=1, dp=1, seed=1234, lr=1e-5,
-        fraction=0.0, overlap_d2h_h2d=False, device=args.device,
-    )  # fmt: skip
-
-
-class RandomGptProvider:
-    """Stands in for megatron-bridge's GPT provider (the GPU machine has no bridge wheel).
-
-    ``prepare_provider`` sets its fields on it as on the real one (layer spec, parallel sizes,
-    dtypes); ``provide_distributed_model`` builds the raw loop's random GPTModel on the layer
-    spec that ``prepare_provider`` chose. (Shape and dtypes come from ``megatron_args``.)
-    """
-
-    def __init__(self, shape: argparse.Namespace) -> None:
-        self.shape = shape
-        self.transformer_layer_spec = None
-
-    def provide_distributed_model(self, **_kwargs) -> list:
-        from benchmarks import megatron_offload
-
-        config = megatron_offload.transformer_config(self.shape)
-        return [megatron_offload.gpt_model(self.shape, config, self.transformer_layer_spec)]
-
-
-def build_hpcrl_megatron(shape: argparse.Namespace, attention: str) -> tuple[list, object]:
-    """Model chunks and optimizer through the Megatron worker's own setup functions."""
-    from hpcrl.config.recipe import DistributedDataParallelCfg, MegatronCfg, MegatronOptimizerCfg
-    from hpcrl.core.backends.megatron import model as mcore_model
-    from hpcrl.core.backends.megatron.provider import prepare_provider
-
-    overrides = {}
-    if attention == "unfused":  # a user override of the spec wins over hpcrl's SDPA swap
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-        overrides["transformer_layer_spec"] = get_gpt_layer_local_spec()
-    cfg = MegatronCfg(
-        enabled=True,
-        optimizer=MegatronOptimizerCfg(
-            optimizer="adam", lr=shape.lr, weight_decay=0.01, params_dtype="bfloat16",
-            use_distributed_optimizer=True, clip_grad=1.0,
-        ),
-        distributed_data_parallel_config=DistributedDataParallelCfg(grad_reduce_in_fp32=True),
-        model_overrides=overrides,
-    )  # fmt: skip
-    mcore_model.initialize_parallel_state(cfg, seed=shape.seed)
-    provider = RandomGptProvider(shape)
-    prepare_provider(provider, cfg, "bfloat16", shape.seq_len)
-    torch.manual_seed(shape.seed)  # the CPU generator the initialisation draws from (as raw)
-    chunks = mcore_model.build_model(provider, cfg, on_cpu=shape.device == "cpu")
-    optimizer = mcore_model.build_optimizer(chunks, cfg, "bfloat16")
-    mcore_model.connect_grad_sync(chunks, optimizer)
-    return chunks, optimizer
-
-
-def run_megatron(args: argparse.Namespace, loop: str, attention: str):
-    """One Megatron loop in this process: (step times, first loss, peak GiB)."""
-    from benchmarks import megatron_offload
-    from hpcrl.core.backends.megatron.step import run_train_microbatches
-
-    shape = megatron_args(args)
-    megatron_offload.init_distributed(args.device)
-    if loop == "megatron-raw":
-        chunks, optimizer = megatron_offload.build(shape)
-    else:
-        chunks, optimizer = build_hpcrl_megatron(shape, attention)
-    kinds = {type(m).__name__ for n, m in chunks[0].named_modules() if n.endswith("core_attention")}
-    print(f"{loop}: core attention {sorted(kinds)}", flush=True)
-    batch = make_batch(shape.vocab, args.batch_size, args.seq_len)
-    num_tokens = float(batch["token_mask"].sum())
-
-    def step() -> float:
-        optimizer.zero_grad()
-        metrics = run_train_microbatches(chunks, [batch], nll_loss, num_tokens)
-        optimizer.step()
-        return metrics["loss"]
-
-    return time_steps(step, args.device, args.warmup, args.megatron_steps)
-
-
-def megatron_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
-    """(row name, loop, attention) of the Megatron loops this run asks for."""
-    rows = []
-    for attention in args.megatron_attention:
-        name = "megatron" if attention == "sdpa" else f"megatron[{attention}]"
-        rows.append((name, "megatron", attention))
-    return [*rows, ("megatron-raw", "megatron-raw", "unfused")]
-
-
-def run_megatron_subprocess(args: argparse.Namespace, loop: str, attention: str, out: Path):
-    """One Megatron loop in a fresh process (clean GPU memory, its own process group)."""
-    command = [
-        sys.executable, __file__, "--only", loop, "--megatron-attention", attention,
-        "--device", args.device, "--batch-size", str(args.batch_size),
-        "--seq-len", str(args.seq_len), "--warmup", str(args.warmup),
-        "--megatron-steps", str(args.megatron_steps), "--json-out", str(out),
-    ]  # fmt: skip
-    subprocess.run(command + (["--tiny"] if args.tiny else []), check=True)
-    result = json.loads(out.read_text())
-    return result["times"], result["first_loss"], result["peak_gib"]
+def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
+    """Build and warm up every HF loop (all stay resident), then the alternating rounds."""
+    loops: list[Loop] = []
+    with tempfile.TemporaryDirectory(prefix="hpcrl-bench-") as tmp:
+        model_path = build_checkpoint(args.tiny, tmp)
+        worker = start_backend(model_path, args)  # also the process group FSDP needs
+        try:
+            builders = {
+                "backend": lambda: backend_loop(worker, batch, args),
+                "plain": lambda: plain_loop(model_path, batch, args),
+                "naive-fsdp": lambda: naive_fsdp_loop(model_path, batch, args),
+            }
+            for name in args.loops:
+                before_gib = allocated_gib(args.device)
+                started = time.perf_counter()
+                loop = builders[name]()
+                warm_up(loop, args.device, args.warmup, before_gib)
+                resident = "" if args.device != "cuda" else f", {loop.resident_gib:.1f} GiB"
+                print(f"{name}: built and warmed up in {time.perf_counter() - started:.1f} s"
+                      f"{resident}", flush=True)  # fmt: skip
+                loops.append(loop)
+            time_rounds(loops, args.device, args.rounds, args.steps)
+        finally:
+            for loop in loops:
+                loop.close()
+            worker.close()
+    return {loop.name: loop for loop in loops}
 
 
 # --------------------------------------------------------------------------- report
-def flops_per_token(spec, seq_len: int) -> tuple[float, float]:
-    """(6·N_non_embedding + 12·L·H·S, the same plus the lm_head's 6·V·H)."""
-    hidden, layers, ffn = spec.hidden_size, spec.num_hidden_layers, spec.intermediate_size
-    head_dim = hidden // spec.num_attention_heads
-    kv = spec.num_key_value_heads * head_dim
-    per_layer = hidden * hidden * 2 + hidden * kv * 2 + 3 * hidden * ffn + 2 * hidden
-    non_embedding = layers * per_layer + hidden
-    base = 6 * non_embedding + 12 * layers * hidden * seq_len
-    return float(base), float(base + 6 * (spec.vocab_size or 256) * hidden)
+def round_rates(windows: list[list[float]], tokens_per_step: int) -> list[float]:
+    return [tokens_per_step / statistics.median(times) for times in windows]
 
 
-def report(results: dict, tokens_per_step: int, flops: tuple[float, float], device: str) -> None:
-    print(
-        f"\n{'loop':<18} {'tok/s':>10} {'MFU':>7} {'MFU+lm':>7} {'peak GiB':>9} {'first loss':>11}"
-    )
-    rates = {}
-    for name, (times, first_loss, peak_gib) in results.items():
-        rates[name] = tokens_per_step / statistics.median(times)
-        if device == "cuda":
-            mfu = [rates[name] * f / (PEAK_TFLOPS_H200_BF16 * 1e12) for f in flops]
-            mfu_text = f"{mfu[0]:>6.1%} {mfu[1]:>6.1%}"
-        else:
-            mfu_text = f"{'n/a':>7} {'n/a':>7}"
-        print(f"{name:<18} {rates[name]:>10,.0f} {mfu_text} {peak_gib:>9.1f} {first_loss:>11.4f}")
-    print()
-    megatron = [name for name in rates if name.startswith("megatron") and name != "megatron-raw"]
-    for name, base in [("backend", "naive"), *((name, "megatron-raw") for name in megatron)]:
-        if name in rates and base in rates:
-            print(f"{name} / {base} tokens/s: {rates[name] / rates[base]:.2f}x")
+def spread_text(values: list[float]) -> str:
+    middle = statistics.median(values)
+    return f"{(min(values) / middle - 1):+.1%}/{(max(values) / middle - 1):+.1%}"
 
 
-def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict:
-    """The Automodel backend and the naive loop, one after the other in this process."""
-    results = {}
-    with tempfile.TemporaryDirectory(prefix="hpcrl-bench-") as tmp:
-        model_path = build_checkpoint(args.tiny, tmp)
-        worker = start_backend(model_path, args)  # also the process group the naive loop uses
-        try:
-            if args.only == "naive":
-                worker.run(close_backend)
-            else:
-                results["backend"] = run_backend(worker, batch, args)
-            free_memory(args.device)
-            if args.only != "backend":
-                results["naive"] = run_naive(model_path, batch, args)
-                free_memory(args.device)
-        finally:
-            worker.close()
-    return results
+def gib_text(value: float) -> str:
+    return f"{'n/a':>9}" if math.isnan(value) else f"{value:>9.1f}"  # no peak off the GPU
 
 
-def main() -> None:
-    args = parse_args()
+def report(rows: dict[str, dict], tokens_per_step: int, flops: dict, device: str) -> None:
+    """``rows``: name → {windows, first_loss, peak_gib}."""
+    print(f"\n{'loop':<22} {'tok/s':>10} {'spread':>13} {mfu_header()} {'peak GiB':>9} "
+          f"{'first loss':>11}")  # fmt: skip
+    rates = {name: round_rates(row["windows"], tokens_per_step) for name, row in rows.items()}
+    for name, row in rows.items():
+        rate = statistics.median(rates[name])
+        print(f"{name:<22} {rate:>10,.0f} {spread_text(rates[name]):>13} "
+              f"{mfu_cells(rate, flops, device, PEAK_TFLOPS_H200_BF16)} {gib_text(row['peak_gib'])} "
+              f"{row['first_loss']:>11.4f}")  # fmt: skip
+    print(LEGEND.format(peak=PEAK_TFLOPS_H200_BF16))
+    print("spread: slowest/fastest round against the median round\n")
+    print_ratio(rates, "backend", [n for n in PLAIN_ROWS if n in rates], per_round=True)
+    raw = [name for name in rates if name.startswith("megatron-raw")]
+    for name in (n for n in rates if n.startswith("megatron") and n not in raw):
+        print_ratio(rates, name, raw, per_round=False)
+
+
+def print_ratio(rates: dict[str, list[float]], name: str, bases: list[str], per_round: bool):
+    """``name`` against the best of ``bases`` (by median tok/s); per round when the loops were
+    timed in the same rounds, else from the medians."""
+    if name not in rates or not bases:
+        return
+    best = max(bases, key=lambda base: statistics.median(rates[base]))
+    if per_round:
+        ratios = [a / b for a, b in zip(rates[name], rates[best], strict=True)]
+        print(f"{name} / best plain row ({best}): {statistics.median(ratios):.2f}x "
+              f"(rounds {min(ratios):.2f}-{max(ratios):.2f}x)")  # fmt: skip
+        return
+    ratio = statistics.median(rates[name]) / statistics.median(rates[best])
+    print(f"{name} / best raw row ({best}): {ratio:.2f}x (medians of separate processes)")
+
+
+def run_megatron_rows(args: argparse.Namespace) -> dict[str, dict]:
+    from benchmarks.train_throughput_megatron import megatron_rows, run_megatron_subprocess
+
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="hpcrl-bench-megatron-") as tmp:
+        for name, loop, attention in megatron_rows(args):
+            out = Path(tmp) / f"{loop}-{attention}.json"
+            rows[name] = run_megatron_subprocess(args, loop, attention, out)
+    return rows
+
+
+def megatron_child(args: argparse.Namespace, spec) -> None:
+    from benchmarks.train_throughput_megatron import run_megatron
+
+    (attention,) = args.megatron_attention
+    result = run_megatron(args, spec, args.only, attention, time_windows_here(args, args.device))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)  # skip NCCL/gloo teardown at exit (megatron keeps group references)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     spec = model_spec(args.tiny)
-    flops = flops_per_token(spec, args.seq_len)
-    results = {}
-    if args.only in MEGATRON_LOOPS:
-        (attention,) = args.megatron_attention
-        times, first_loss, peak_gib = run_megatron(args, args.only, attention)
-        if args.json_out:
-            Path(args.json_out).write_text(
-                json.dumps({"times": times, "first_loss": first_loss, "peak_gib": peak_gib})
-            )
-        name = megatron_rows(args)[0][0] if args.only == "megatron" else args.only
-        report({name: (times, first_loss, peak_gib)}, args.batch_size * args.seq_len, flops,
-               args.device)  # fmt: skip
-        sys.stdout.flush()
-        os._exit(0)  # skip NCCL/gloo teardown at exit (megatron keeps group references)
-    if args.only is None:  # first, while this process has not touched the GPU
-        with tempfile.TemporaryDirectory(prefix="hpcrl-bench-megatron-") as tmp:
-            for name, loop, attention in megatron_rows(args):
-                out = Path(tmp) / f"{loop}-{attention}.json"
-                results[name] = run_megatron_subprocess(args, loop, attention, out)
+    if args.only is not None:
+        megatron_child(args, spec)
+    rows: dict[str, dict] = {}
+    if not args.skip_megatron:  # first, while this process has not touched the GPU
+        rows.update(run_megatron_rows(args))
     batch = make_batch(spec.vocab_size or 256, args.batch_size, args.seq_len)
-    results = {**run_hf_loops(args, batch), **results}
+    loops = run_hf_loops(args, batch)
+    hf_rows = {
+        name: {"windows": loop.windows, "first_loss": loop.first_loss, "peak_gib": loop.peak_gib}
+        for name, loop in loops.items()
+    }
     print(
-        f"device={args.device} batch={args.batch_size} seq={args.seq_len} steps={args.steps} "
-        f"megatron_steps={args.megatron_steps} warmup={args.warmup} "
-        f"compile={not args.no_compile} torch={torch.__version__}"
+        f"device={args.device} batch={args.batch_size} seq={args.seq_len} rounds={args.rounds} "
+        f"steps/round={args.steps} megatron_steps/window={args.megatron_steps} "
+        f"warmup={args.warmup} compile={not args.no_compile} torch={torch.__version__}"
     )
-    report(results, args.batch_size * args.seq_len, flops, args.device)
+    flops = flops_per_token(spec, args.seq_len)
+    report({**hf_rows, **rows}, args.batch_size * args.seq_len, flops, args.device)
 
 
 if __name__ == "__main__":

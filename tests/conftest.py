@@ -1,15 +1,32 @@
-"""Suite-wide wiring: Slurm-marked tests need the real test cluster.
+"""Suite-wide wiring: tests that need something this machine may lack go through one gate.
 
-Locally, without the cluster, they skip with the command that starts it; in CI
-(HPCRL_REQUIRE_SLURM=1) a missing cluster fails them instead.
+``tests/require.py`` decides: locally a missing piece skips with the command that provides it;
+under CI (``HPCRL_REQUIRE_*=1`` or ``CI`` true) it fails with the same reason. Markers:
+``slurm`` needs the real test cluster; ``megatron`` (every test under tests/megatron, plus the
+few elsewhere that mark themselves) needs megatron-core and megatron-bridge installed.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
+from tests.require import require_megatron
+
+MEGATRON_DIR = Path(__file__).parent / "megatron"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if MEGATRON_DIR in Path(item.path).parents:
+            item.add_marker(pytest.mark.megatron)
+
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("slurm") is None:
-        return
-    from tests.slurm.harness import require_slurm
+    if item.get_closest_marker("slurm") is not None:
+        from tests.slurm.harness import require_slurm
 
-    require_slurm()
+        require_slurm()
+    if item.get_closest_marker("megatron") is not None:
+        require_megatron()

@@ -2,9 +2,11 @@
 
 NeMo RL's example configs compute token budgets with them, e.g.
 ``train_mb_tokens: ${mul:${policy.max_total_sequence_length}, ${policy.train_micro_batch_size}}``.
-They mean what they mean there: Python's ``a + b``, ``a - b``, ``a * b``, ``a / b`` (true
-division, so always a float) and ``max(a, b)``, on the two arguments as OmegaConf types them
-(``4`` an int, ``4.0`` a float, a nested ``${...}`` the value it points at).
+They mean what they mean there: Python's ``a + b``, ``a - b``, ``a * b``, ``a / b`` and
+``max(a, b)``, on the two arguments as OmegaConf types them (``4`` an int, ``4.0`` a float, a
+nested ``${...}`` the value it points at). One difference: ``div`` of two ints that divide
+exactly is an int (NeMo RL gets ``64.0``), because hpcrl's integer keys refuse floats; an
+inexact division stays a float and an integer key then says so with its key path.
 
 OmegaConf keeps resolvers in one registry per process; they are registered on first use by
 the loader, never at import.
@@ -16,11 +18,19 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+
+def _exact_int_division(a: Any, b: Any) -> Any:
+    both_ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (a, b))
+    if both_ints and b != 0 and a % b == 0:
+        return a // b
+    return operator.truediv(a, b)
+
+
 ARITHMETIC: dict[str, Callable[[Any, Any], Any]] = {
     "add": operator.add,
     "sub": operator.sub,
     "mul": operator.mul,
-    "div": operator.truediv,
+    "div": _exact_int_division,
     "max": max,
 }
 #: OmegaConf's own resolvers that recipes may use, beside ARITHMETIC.

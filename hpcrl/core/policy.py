@@ -70,6 +70,11 @@ class GenerationOutput(Protocol):
         """Figures of the engines' work (time_refit_s, time_sample_s, time_prefill_s, ...):
         times of the slowest shard, counts summed over shards."""
 
+    @property
+    def engine_generated_tokens(self) -> torch.Tensor | None:
+        """[B] generated tokens per row as the generation engine itself counted them (vLLM's
+        request stats); None for the torch engine. The step reports their sum."""
+
 
 class Policy(Protocol):
     """Controller-side handle on a backend's worker group."""

@@ -180,3 +180,14 @@ def test_override_marker_replaces_a_base_section(tmp_path):
     )
     loaded = load_recipe(child)
     assert loaded.resolved_dict["logger"] == {"tensorboard_enabled": False}
+
+
+def test_div_of_ints_that_divide_exactly_is_an_int():
+    """Integer keys refuse floats, so ${div:128,2} must be 64 (NeMo RL's own div gives 64.0);
+    an inexact division stays a float."""
+    from hpcrl.config.resolvers import ARITHMETIC
+
+    div = ARITHMETIC["div"]
+    assert (div(128, 2), type(div(128, 2))) == (64, int)
+    assert div(7, 2) == 3.5
+    assert (div(8.0, 2), type(div(8.0, 2))) == (4.0, float)

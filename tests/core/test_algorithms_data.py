@@ -10,6 +10,7 @@ import pytest
 from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch, latest_checkpoint
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
 from hpcrl.core.metrics import MetricsWriter, format_progress
+from tests.require import require_module
 
 ROWS = [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)]
 
@@ -64,7 +65,7 @@ def test_jsonl_errors_name_file_line_and_key(tmp_path: Path) -> None:
 
 
 def test_sft_example_masks_only_response_and_eos() -> None:
-    pytest.importorskip("transformers")
+    require_module("transformers")
     from hpcrl.core.data.prompts import encode_sft_example
     from hpcrl.core.models.tiny import ensure_tiny_model
     from hpcrl.core.models.tokenizer import load_tokenizer

@@ -1,22 +1,41 @@
-"""THE demo recipe (recipes/grpo-tiny-1n-cpu.yaml) as shipped: 2 CPU workers, reward rises.
+"""THE demo recipe (recipes/grpo-tiny-1n-cpu.yaml) reaches the reward docs/algorithms.md
+documents, for the documented seeds, and the README's Quickstart command really runs it.
 
-``hpcrl submit recipes/grpo-tiny-1n-cpu.yaml --cluster local --wait`` ends in this same
-``run_training`` call; here it runs in-process on a local Ray.
+Split, for CI time (one demo run is 2.5-3 min on the 2-core CI machine): seed 42, the recipe's
+own seed, runs through the Quickstart's command exactly as the README prints it (the ``hpcrl``
+console script of this venv, ``submit --cluster local --wait``, a shell whose PATH has no venv
+on it): local executor, rendered script, node entrypoint, Ray bootstrap, the real driver.
+Seeds 1 and 2 run the same recipe in this process through ``run_training`` (the call the
+node's driver makes), on one local Ray shared by both, so they pay for no bootstrap; the
+recipe, its 2 workers and its 20 steps are unchanged.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-pytest.importorskip("ray")
+from tests.require import require_module
+
+require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
+from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
-# The tiny random model starts near 0.1 (about one character in ten is a digit); 20 steps
-# at the recipe's settings reach ≈ 0.9. The margin leaves room for run-to-run noise.
-REWARD_MARGIN = 0.3
+RECIPE = "grpo-tiny-1n-cpu.yaml"
+NUM_STEPS = 20
+# docs/algorithms.md: first-5 → last-5 mean reward 0.16 → 0.88 (seed 42), 0.15 → 0.90
+# (seed 1), 0.13 → 0.86 (seed 2). The tests hold each seed to the documented level.
+DOCUMENTED_LAST5_REWARD = 0.7
+# The tiny random model starts near 0.1 (about one character in ten is a digit).
+MAX_FIRST5_REWARD = 0.35
+QUICKSTART_TIMEOUT_S = 850.0  # CI's per-test limit is 900 s
 METRIC_KEYS = {
     "step",
     "loss",
@@ -35,18 +54,67 @@ METRIC_KEYS = {
 }
 
 
-@pytest.mark.slow
-def test_demo_recipe_reward_rises(ray_cluster, tmp_path, capsys) -> None:  # noqa: F811
-    run_dir = write_run_dir(tmp_path / "run", "grpo-tiny-1n-cpu.yaml")
-    assert run_training(str(run_dir)) == 0
-    metrics = read_metrics(run_dir)
-    assert [m["step"] for m in metrics] == list(range(1, 21))
+def assert_documented_reward(metrics: list[dict]) -> None:
+    assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))
     rewards = [m["reward_mean"] for m in metrics]
-    assert mean(rewards[-5:]) >= mean(rewards[:5]) + REWARD_MARGIN, rewards
+    print(f"reward first-5 {mean(rewards[:5]):.2f} -> last-5 {mean(rewards[-5:]):.2f}")
+    assert mean(rewards[:5]) <= MAX_FIRST5_REWARD, rewards
+    assert mean(rewards[-5:]) >= DOCUMENTED_LAST5_REWARD, rewards
     assert METRIC_KEYS <= set(metrics[0])
+    assert "engine_generated_tokens" not in metrics[0]  # the torch sampler, not an engine
     assert metrics[-1]["peak_host_rss_gb"] > 0.1
     assert metrics[-1]["peak_gpu_mem_gb"] is None  # CPU run
+
+
+def quickstart_command() -> list[str]:
+    """The README's Quickstart line that runs the demo, as argv (the part after ``&&``)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    (line,) = [ln for ln in readme.splitlines() if "hpcrl submit" in ln and "--wait" in ln]
+    return shlex.split(line.split("&&", 1)[1])
+
+
+def user_shell_env() -> dict[str, str]:
+    """A user's shell: no venv on PATH or in the environment, nothing of pytest's."""
+    venv_bin = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p != venv_bin
+    )
+    return env
+
+
+@pytest.mark.slow
+def test_quickstart_command_runs_the_demo_to_the_documented_reward(tmp_path) -> None:
+    argv = quickstart_command()
+    assert argv == [
+        ".venv/bin/hpcrl", "submit", "recipes/grpo-tiny-1n-cpu.yaml", "--cluster", "local", "--wait"
+    ]  # fmt: skip
+    # Run from a folder of our own (the run folder lands in ./runs), where `recipes` and
+    # `.venv` are what they are in the repo root.
+    (tmp_path / "recipes").symlink_to(REPO_ROOT / "recipes")
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parents[1])
+    result = subprocess.run(
+        argv, cwd=tmp_path, env=user_shell_env(), capture_output=True, text=True,
+        timeout=QUICKSTART_TIMEOUT_S,
+    )  # fmt: skip
+    output = f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    assert result.returncode == 0, output
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/metrics.jsonl")]
+    assert run_dir.name.startswith("grpo-tiny-1n-cpu-local-")
+    metrics = read_metrics(run_dir)
+    assert_documented_reward(metrics)
+    resolved = (run_dir / "recipe.resolved.yaml").read_text()
+    assert "seed: 42" in resolved and "max_num_steps: 20" in resolved
+    assert "COMPLETED" in result.stdout, output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_demo_recipe_reaches_the_documented_reward(ray_cluster, tmp_path, capsys, seed) -> None:  # noqa: F811
+    run_dir = write_run_dir(tmp_path / "run", RECIPE, [f"grpo.seed={seed}"])
+    assert run_training(str(run_dir)) == 0
+    assert_documented_reward(read_metrics(run_dir))
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    assert len(progress) == 20
+    assert len(progress) == NUM_STEPS
     assert progress[0].startswith("step 1/20  reward ")
     assert " gen " in progress[0] and " lp " in progress[0] and " train " in progress[0]

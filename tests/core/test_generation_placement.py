@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray")
+from tests.require import require_module
+
+require_module("ray")
 
 from hpcrl.config.recipe import ColocatedCfg, GenerationCfg, GenerationResourcesCfg  # noqa: E402
 from hpcrl.core.driver import planned_generation_node  # noqa: E402

@@ -34,7 +34,9 @@ import statistics
 import attrs
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.require import require_module
+
+torch = require_module("torch")
 
 from hpcrl.config.recipe import LossFnCfg  # noqa: E402
 from hpcrl.core.algorithms.advantages import group_advantages  # noqa: E402

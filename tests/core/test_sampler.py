@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests.require import require_module
+
+torch = require_module("torch")
+transformers = require_module("transformers")
 
 from hpcrl.config.recipe import GenerationCfg  # noqa: E402
 from hpcrl.core.generation.torch_sampler import generate, pad_prompts  # noqa: E402

@@ -6,8 +6,10 @@ import threading
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests.require import require_module
+
+torch = require_module("torch")
+transformers = require_module("transformers")
 
 from hpcrl.core.models.tiny import ensure_tiny_model, resolve_model_path  # noqa: E402
 

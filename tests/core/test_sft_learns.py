@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray")
+from tests.require import require_module
+
+require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402

@@ -1,5 +1,6 @@
 """``gpu``-marked tests need an NVIDIA GPU: they skip without one, and fail instead when
-HPCRL_REQUIRE_GPU=1 (the GPU machine's run, tests/gpu/device_run.sh)."""
+HPCRL_REQUIRE_GPU=1 (the GPU machine's run, tests/gpu/device_run.sh), through the suite's one
+gate (tests/require.py, kind ``gpu``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gpu.harness import OUT_ENV, REQUIRE_GPU_ENV, gpu_count
+from tests.gpu.harness import OUT_ENV, gpu_count
+from tests.require import unavailable
 
 #: Names of the gpu tests that failed so far this session (device time is short: a test whose
 #: prerequisite failed stops at once instead of failing the same way minutes later).
@@ -20,10 +22,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     if gpu_count() > 0:
         return
-    message = "no NVIDIA GPU here (nvidia-smi -L lists none); the GPU machine runs tests/gpu/device_run.sh"
-    if os.environ.get(REQUIRE_GPU_ENV) == "1":
-        pytest.fail(f"{REQUIRE_GPU_ENV}=1 but {message}", pytrace=False)
-    pytest.skip(message)
+    unavailable(
+        "gpu",
+        "no NVIDIA GPU here (nvidia-smi -L lists none); the GPU machine runs tests/gpu/device_run.sh",
+    )
 
 
 @pytest.fixture(scope="session")

@@ -126,23 +126,60 @@ def hanging_converter(hf_path: str, out_dir: str, started_file: str) -> None:
     time.sleep(600)
 
 
-def ensure_in_process(root: str, converter_args: tuple, force: bool = False) -> str:
-    """Child-process entry: ensure a conversion with ``counting_converter``."""
+def record_event(log_file: str, who: str, what: str) -> None:
+    """One line ``{who, what, t, pid}`` (t: CLOCK_MONOTONIC, shared by all processes here)."""
+    import json
+    import time
+
+    with open(log_file, "a") as log:
+        log.write(json.dumps({"who": who, "what": what, "t": time.monotonic(), "pid": os.getpid()}))
+        log.write("\n")
+
+
+def lock_holding_converter(
+    hf_path: str, out_dir: str, log_file: str, who: str, release_file: str, timeout_s: float
+) -> None:
+    """Converts only once ``release_file`` exists, i.e. once the other job reported that it is
+    blocked on the lock; gives up after ``timeout_s`` (the other job never blocked)."""
+    import time
+
+    record_event(log_file, who, "convert_start")
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(release_file):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{who}: the other job never reported waiting for the lock")
+        time.sleep(0.05)
+    with open(os.path.join(out_dir, "weights.txt"), "w") as weights:
+        weights.write(who)
+    record_event(log_file, who, "convert_end")
+
+
+def racing_job(root: str, log_file: str, who: str, release_file: str, timeout_s: float) -> str:
+    """Child-process entry: one job's ``ensure_megatron_checkpoint``, every step logged."""
     import functools
+    import pathlib
 
     from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
 
+    def progress(message: str) -> None:
+        record_event(log_file, who, message)
+        if message.startswith("waiting for"):
+            pathlib.Path(release_file).touch()
+
     convert = functools.partial(
-        counting_converter,
-        count_file=converter_args[0],
-        payload=converter_args[1],
-        sleep_s=converter_args[2],
+        lock_holding_converter,
+        log_file=log_file,
+        who=who,
+        release_file=release_file,
+        timeout_s=timeout_s,
     )
-    return str(
-        ensure_megatron_checkpoint(
-            "org/tiny", "/hf/tiny", root, force=force, convert=convert, rank=0, poll_s=0.1
-        )
-    )
+    record_event(log_file, who, "enter")
+    final = ensure_megatron_checkpoint(
+        "org/tiny", "/hf/tiny", root, force=False, convert=convert, rank=0,
+        progress=progress, poll_s=0.05,
+    )  # fmt: skip
+    record_event(log_file, who, "exit")
+    return str(final)
 
 
 def ensure_hanging(root: str, started_file: str) -> None:
@@ -206,6 +243,8 @@ def make_recipe(
     manual_gc_interval: int = 0,
     parallel_read_threads: int = 1,
     model_overrides: dict | None = None,
+    offload_fraction: float = 0.0,
+    precision: str = "float32",
 ):
     from hpcrl.config.recipe import (
         DataCfg,
@@ -222,7 +261,12 @@ def make_recipe(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         optimizer=MegatronOptimizerCfg(
-            lr=lr, use_distributed_optimizer=dist_opt, clip_grad=1.0, weight_decay=0.01
+            lr=lr,
+            use_distributed_optimizer=dist_opt,
+            clip_grad=1.0,
+            weight_decay=0.01,
+            optimizer_cpu_offload=offload_fraction > 0,
+            optimizer_offload_fraction=offload_fraction,
         ),
         manual_gc=manual_gc_interval > 0,
         manual_gc_interval=manual_gc_interval,
@@ -234,7 +278,7 @@ def make_recipe(
             model_name=model_name,
             train_global_batch_size=GLOBAL_BATCH,
             train_micro_batch_size=micro_batch_size,
-            precision="float32",
+            precision=precision,
             max_total_sequence_length=SEQ_LEN,
             megatron_cfg=megatron_cfg,
         ),
@@ -414,6 +458,51 @@ def checkpoint_resume_run(
         "fresh_first_loss": fresh_loss,
         "state": state,
     }
+
+
+def _train_steps(worker, place, count: int) -> list[dict]:
+    batch_all = fixed_batch()
+    num_tokens = float(batch_all["token_mask"].sum())
+    batch = shard(batch_all, place)
+    return [
+        worker.train_step(micro_batches(batch, 2), masked_nll, num_tokens) for _ in range(count)
+    ]
+
+
+def load_then_train_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, layout: dict
+) -> dict:
+    """A fresh worker in ``layout`` loads ``train_dir`` and trains the same 2 steps."""
+    worker, place = setup_worker(rank, world_size, make_recipe(hf_path, **layout), hf_path,
+                                 ckpt_root)  # fmt: skip
+    worker.load_checkpoint(train_dir)
+    resumed = _train_steps(worker, place, 2)
+    state = dict(worker.collect_state())
+    worker.close()
+    return {"resumed": resumed, "state": state,
+            "place": (place.dp_rank, place.dp_size, place.returns_results)}  # fmt: skip
+
+
+def offload_fractions_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, fractions: list, steps: int
+) -> dict:
+    """Train ``steps`` steps with optimizer CPU offload at each fraction in turn (0: off),
+    through the real worker, bf16 params with fp32 main copies (offload's setting: with fp32
+    params megatron's main params are views, which HybridDeviceOptimizer cannot take), the
+    HybridDeviceOptimizer under tests/megatron/offload_standin.py; one process for all
+    fractions (one import of megatron-core). ``{fraction: {history, offload facts}}``."""
+    from tests.megatron import offload_standin
+
+    offload_standin.apply_for_process_lifetime()
+    results = {}
+    for fraction in fractions:
+        recipe = make_recipe(hf_path, offload_fraction=fraction, precision="bfloat16")
+        worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
+        history = _train_steps(worker, place, steps)
+        facts = offload_standin.offload_facts(worker.optimizer)
+        worker.close()
+        results[fraction] = {"history": history, **facts}
+    return results
 
 
 def generate_run(

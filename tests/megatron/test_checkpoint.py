@@ -1,6 +1,7 @@
 """Training checkpoints of the Megatron worker: save → load into a fresh worker (with parallel
 reads) continues exactly like the run that saved, on 2 data-parallel ranks with the
-distributed optimizer."""
+distributed optimizer; a checkpoint saved at DP 2 resumes at DP 4, and one loaded at another
+TP or PP fails at once, naming both layouts."""
 
 from __future__ import annotations
 
@@ -13,11 +14,18 @@ from tests.megatron.test_parallel import converted  # noqa: F401  (module fixtur
 pytestmark = pytest.mark.slow
 
 
-def test_resume_continues_exactly(converted, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def resume_run(converted, tmp_path_factory):  # noqa: F811
+    """2 DP ranks: train 2 steps, save, train 2 more; a fresh worker loads and trains the same
+    2 steps. The checkpoint stays for the other layouts to load."""
     hf_path, root = converted
-    results = harness.run_ranks(
-        2, harness.checkpoint_resume_run, hf_path, root, str(tmp_path / "train")
-    )
+    train_dir = str(tmp_path_factory.mktemp("megatron-resume") / "train")
+    results = harness.run_ranks(2, harness.checkpoint_resume_run, hf_path, root, train_dir)
+    return train_dir, results
+
+
+def test_resume_continues_exactly(resume_run):
+    _, results = resume_run
     for result in results:
         continued = [s[key] for s in result["continued"] for key in ("loss", "grad_norm", "lr")]
         resumed = [s[key] for s in result["resumed"] for key in ("loss", "grad_norm", "lr")]
@@ -27,3 +35,51 @@ def test_resume_continues_exactly(converted, tmp_path):  # noqa: F811
         assert result["state"]["steps_done"] == 4
         # megatron's writer keeps a Manager process after a save; close() must stop it.
         assert result["helper_processes_left"] == []
+
+
+def test_checkpoint_resumes_at_another_data_parallel_size(converted, resume_run):  # noqa: F811
+    """The DP 2 run's checkpoint, loaded by 4 DP ranks, continues like the DP 2 run did."""
+    hf_path, root = converted
+    train_dir, dp2_results = resume_run
+    continued = dp2_results[0]["continued"]
+    results = harness.run_ranks(4, harness.load_then_train_run, hf_path, root, train_dir, {})
+    assert [r["place"] for r in results] == [(rank, 4, True) for rank in range(4)]
+    for result in results:  # every rank reports the global numbers
+        assert result["state"]["steps_done"] == 4
+        for got, want in zip(result["resumed"], continued, strict=True):
+            assert got["lr"] == pytest.approx(want["lr"], rel=1e-12)
+            assert got["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)
+            assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+
+
+def layout(tp: int, pp: int, dp: int) -> dict[str, int]:
+    return {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+            "data_parallel_size": dp}  # fmt: skip
+
+
+def test_load_at_another_tensor_parallel_size_fails_before_loading(tmp_path, monkeypatch):
+    """dp_reshardable optimizer state cannot reshard across TP: megatron-core 0.16 fails deep
+    in the load ("Global shape mismatch ... bucket_idx_0.param", seen with a real DP 2 → TP 2
+    load). hpcrl's check reads the saved layout first and names both; nothing of the worker is
+    touched before it."""
+    import torch
+
+    from hpcrl.core.backends.megatron import checkpoint
+
+    (tmp_path / "megatron").mkdir()
+    torch.save({"layout": layout(1, 1, 2)}, tmp_path / "megatron" / "scheduler.pt")
+    monkeypatch.setattr(checkpoint, "model_parallel_layout", lambda: layout(2, 1, 1))
+    with pytest.raises(checkpoint.CheckpointLayoutMismatch) as failed:
+        checkpoint.load_training_state(object(), str(tmp_path))
+    message = str(failed.value)
+    assert "saved with policy.megatron_cfg.tensor_model_parallel_size=1" in message
+    assert "this run has tensor_model_parallel_size=2" in message
+
+
+def test_layout_check_allows_other_dp_and_old_checkpoints():
+    from hpcrl.core.backends.megatron.checkpoint import CheckpointLayoutMismatch, check_layout
+
+    check_layout(layout(2, 1, 2), layout(2, 1, 8), "/ckpt")  # DP reshards
+    check_layout(None, layout(4, 2, 1), "/ckpt")  # saved before layouts were recorded
+    with pytest.raises(CheckpointLayoutMismatch, match="pipeline_model_parallel_size=2"):
+        check_layout(layout(2, 2, 1), layout(2, 1, 2), "/ckpt")

@@ -7,6 +7,7 @@ conversion is exercised by test_roundtrip.py); processes and the file lock are r
 from __future__ import annotations
 
 import functools
+import json
 import multiprocessing
 import os
 import signal
@@ -22,6 +23,8 @@ from hpcrl.core.backends.megatron.conversion import (
     model_key,
 )
 from tests.megatron import harness
+
+RACE_TIMEOUT_S = 120.0
 
 
 def _calls(count_file: Path) -> int:
@@ -71,17 +74,57 @@ def test_force_reconvert_replaces_the_conversion(tmp_path):
     assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["org--tiny", "org--tiny.lock"]
 
 
-def test_two_racing_jobs_convert_once(tmp_path):
-    count_file = tmp_path / "calls"
+def _events(log_file: Path) -> dict[str, list[dict]]:
+    by_job: dict[str, list[dict]] = {"A": [], "B": []}
+    for line in log_file.read_text().splitlines():
+        event = json.loads(line)
+        by_job[event["who"]].append(event)
+    return by_job
+
+
+def _time_of(events: list[dict], prefix: str) -> float:
+    (match,) = [e["t"] for e in events if e["what"].startswith(prefix)]
+    return match
+
+
+def test_second_job_blocks_on_the_lock_while_the_first_converts(tmp_path):
+    """Job B starts while job A converts: B must report waiting for A (the lock held), reuse
+    A's result only after A finished, and never convert. A's converter does not finish until
+    B has reported that it waits, so the two really overlap; without the lock B would convert
+    too (and A's converter would time out waiting)."""
+    root, log_file, release = tmp_path / "root", tmp_path / "events.jsonl", tmp_path / "release"
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(2) as pool:
-        paths = pool.starmap(
-            harness.ensure_in_process,
-            [(str(tmp_path / "root"), (str(count_file), f"job{i}", 2.0)) for i in range(2)],
+    jobs = {
+        who: ctx.Process(
+            target=harness.racing_job,
+            args=(str(root), str(log_file), who, str(release), RACE_TIMEOUT_S),
         )
-    assert paths[0] == paths[1]
-    assert _calls(count_file) == 1
-    assert (Path(paths[0]) / "weights.txt").read_text() in ("job0", "job1")
+        for who in ("A", "B")
+    }
+    jobs["A"].start()
+    deadline = time.monotonic() + RACE_TIMEOUT_S
+    while not (log_file.exists() and "convert_start" in log_file.read_text()):
+        assert time.monotonic() < deadline and jobs["A"].is_alive(), (
+            "job A never started converting"
+        )
+        time.sleep(0.05)
+    jobs["B"].start()
+    for job in jobs.values():
+        job.join(RACE_TIMEOUT_S * 2)
+    assert [job.exitcode for job in jobs.values()] == [0, 0], log_file.read_text()
+
+    events = _events(log_file)
+    a, b = events["A"], events["B"]
+    a_start, a_end = _time_of(a, "convert_start"), _time_of(a, "convert_end")
+    b_waiting = [e for e in b if e["what"].startswith("waiting for")]
+    assert [e["what"] for e in b if e["what"].startswith("convert")] == []  # B never converted
+    assert b_waiting, f"job B never blocked on the lock: {b}"
+    assert f"pid {a[0]['pid']}" in b_waiting[0]["what"]  # B names the holder: A
+    # B blocked while A held the lock, and went on only after A's conversion was complete.
+    assert a_start < _time_of(b, "enter") < b_waiting[0]["t"] < a_end
+    assert _time_of(b, "reusing") > a_end
+    assert (root / "org--tiny" / "weights.txt").read_text() == "A"
+    assert (root / "org--tiny" / COMPLETE_MARKER).is_file()
 
 
 def test_crash_mid_conversion_leaves_nothing_that_is_used(tmp_path):

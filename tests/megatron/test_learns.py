@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray")
+from tests.require import require_module
+
+require_module("ray")
 
 from hpcrl.core import backends  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402

@@ -1,5 +1,6 @@
-"""The Megatron backend trains the same under TP=2, PP=2 and DP=2 + distributed optimizer as
-at TP=PP=DP=1 (real megatron-core on gloo, CPU patch layer from tests/megatron)."""
+"""The Megatron backend trains the same under TP=2, PP=2, DP=2 + distributed optimizer and the
+2-D TP=2 × DP=2 (4 ranks) as at TP=PP=DP=1 (real megatron-core on gloo, CPU patch layer from
+tests/megatron)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,11 @@ pytestmark = pytest.mark.slow
 STEPS = 4
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory) -> tuple[str, str]:
-    """A tiny HF Llama and its conversion (done once, here; the workers reuse it)."""
-
+def build_converted(base) -> tuple[str, str]:
+    """A tiny HF Llama under ``base`` and its conversion (the workers then reuse it)."""
     from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
     from hpcrl.core.backends.megatron.hf_import import make_converter
 
-    base = tmp_path_factory.mktemp("megatron")
     hf_path = str(build_tiny_hf_model(base / "hf", "llama"))
     root = str(base / "converted")
     ensure_megatron_checkpoint(
@@ -33,6 +31,12 @@ def converted(tmp_path_factory) -> tuple[str, str]:
         convert=make_converter({}, prepare=harness.prepare_cpu_process),
     )
     return hf_path, root
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory) -> tuple[str, str]:
+    """A tiny HF Llama and its conversion (done once, here; the workers reuse it)."""
+    return build_converted(tmp_path_factory.mktemp("megatron"))
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +60,17 @@ def test_single_rank_learns(reference_run):
 
 
 @pytest.mark.parametrize(
-    "layout",
+    ("world_size", "layout", "dp_size"),
     [
-        pytest.param({"tp": 2}, id="tp2"),
-        pytest.param({"pp": 2}, id="pp2"),
-        pytest.param({"dist_opt": True}, id="dp2-distributed-optimizer"),
+        pytest.param(2, {"tp": 2}, 1, id="tp2"),
+        pytest.param(2, {"pp": 2}, 1, id="pp2"),
+        pytest.param(2, {"dist_opt": True}, 2, id="dp2-distributed-optimizer"),
+        pytest.param(4, {"tp": 2}, 2, id="tp2-dp2-distributed-optimizer"),
     ],
 )
-def test_parallel_layout_matches_single_rank(converted, reference_run, layout):
+def test_parallel_layout_matches_single_rank(converted, reference_run, world_size, layout, dp_size):
     hf_path, root = converted
-    results = harness.run_ranks(2, harness.train_run, layout, hf_path, root, STEPS)
+    results = harness.run_ranks(world_size, harness.train_run, layout, hf_path, root, STEPS)
     expected = _losses(reference_run)
     for result in results:  # every rank reports the same global numbers
         assert _losses(result) == pytest.approx(expected, rel=1e-4, abs=1e-5)
@@ -74,6 +79,5 @@ def test_parallel_layout_matches_single_rank(converted, reference_run, layout):
             [s["grad_norm"] for s in reference_run["history"]], rel=1e-3
         )
     reporters = [r for r in results if r["place"][2]]
-    dp_sizes = {r["place"][1] for r in results}
-    assert dp_sizes == ({2} if layout.get("dist_opt") else {1})
-    assert len(reporters) == (2 if dp_sizes == {2} else 1)
+    assert {r["place"][1] for r in results} == {dp_size}
+    assert sorted(r["place"][0] for r in reporters) == list(range(dp_size))  # one per DP rank

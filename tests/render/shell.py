@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 
-import pytest
+from tests.require import unavailable
 
 SHELLCHECK_TIMEOUT_S = 60
 
@@ -17,13 +16,10 @@ def assert_bash_parses(text: str) -> None:
 
 
 def assert_shellcheck_clean(text: str) -> None:
-    """shellcheck with no findings; fails (not skips) in CI when shellcheck is missing."""
+    """shellcheck with no findings; fails (not skips) under CI when shellcheck is missing."""
     executable = shutil.which("shellcheck")
     if executable is None:
-        message = "shellcheck is not installed: apt-get install -y shellcheck"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("deps", "shellcheck is not installed: apt-get install -y shellcheck")
     result = subprocess.run(
         [executable, "--shell=bash", "--severity=style", "-"],
         input=text,

@@ -23,6 +23,7 @@ from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import GOLDEN_HOST, GOLDEN_RUN_DIR, isolate_from_user_profiles
 from tests.render.shell import assert_bash_parses, assert_shellcheck_clean
+from tests.require import under_ci
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 UPDATE_COMMAND = "HPCRL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/render -k golden"
@@ -68,6 +69,12 @@ def test_golden(recipe_name, profile_name, golden_environment):
     expected_path = GOLDEN_DIR / f"{stem}{suffix}"
     other_path = GOLDEN_DIR / f"{stem}{SUFFIXES[1 - SUFFIXES.index(suffix)]}"
     if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
+        if under_ci():
+            pytest.fail(
+                "HPCRL_UPDATE_GOLDEN=1 is refused under CI: it would rewrite the expected files "
+                f"and pass. Run `{UPDATE_COMMAND}` locally, review the diff, commit it.",
+                pytrace=False,
+            )
         expected_path.write_text(text)
         other_path.unlink(missing_ok=True)
     if other_path.exists():
@@ -108,3 +115,22 @@ def test_every_shipped_profile_renders_at_least_one_recipe():
         path.name.split("__")[1].removesuffix(".sbatch") for path in GOLDEN_DIR.glob("*.sbatch")
     }
     assert planned == set(shipped_profiles())
+
+
+@pytest.mark.parametrize("ci_setting", [("CI", "true"), ("HPCRL_REQUIRE_SLURM", "1")])
+def test_golden_update_is_refused_under_ci(monkeypatch, golden_environment, tmp_path, ci_setting):
+    recipe_name, profile_name = PAIRS[0]
+    suffix, text = render_pair(recipe_name, profile_name)
+    stale = tmp_path / f"{recipe_name}__{profile_name}{suffix}"
+    stale.write_text(text + "# a line an update would remove\n")
+    monkeypatch.setitem(globals(), "GOLDEN_DIR", tmp_path)
+    for flag in ("CI", "HPCRL_REQUIRE_DEPS", "HPCRL_REQUIRE_SLURM", "HPCRL_REQUIRE_VLLM"):
+        monkeypatch.delenv(flag, raising=False)
+    monkeypatch.setenv(*ci_setting)
+    monkeypatch.setenv("HPCRL_UPDATE_GOLDEN", "1")
+    with pytest.raises(pytest.fail.Exception, match="HPCRL_UPDATE_GOLDEN=1 is refused under CI"):
+        test_golden(recipe_name, profile_name, None)
+    assert stale.read_text() == text + "# a line an update would remove\n"
+    monkeypatch.delenv(ci_setting[0])  # the same call updates the file outside CI
+    test_golden(recipe_name, profile_name, None)
+    assert stale.read_text() == text

@@ -29,6 +29,7 @@ from hpcrl.config.profile import ContainerCfg, SlurmCfg
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import GOLDEN_HOME, local_profile, megatron_recipe, pyxis_profile
+from tests.render.fuzz_injection import count_example, injection_examples
 from tests.render.sbatch_parser import parse_sbatch_argument
 from tests.render.shell import assert_bash_parses
 
@@ -59,9 +60,9 @@ PAYLOADS = [
 ]
 # No shrinking: every example runs bash three times, and the hostile strings are already short.
 SETTINGS = settings(
-    max_examples=25,
+    max_examples=injection_examples(),
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 
@@ -177,6 +178,7 @@ def test_pyxis_script_never_runs_injected_text(
     override,
     recipe_source,
 ):
+    count_example("pyxis")
     profile = pyxis_profile(
         slurm=SlurmCfg(
             account=account,
@@ -220,6 +222,7 @@ def test_pyxis_script_never_runs_injected_text(
 def test_local_script_never_runs_injected_text(
     tmp_path_factory, env_value, run_dir, override, recipe_source, job_name
 ):
+    count_example("local")
     profile = local_profile(  # python3: the harness's recording stand-in
         env={"INJECTED": env_value, "HOME": GOLDEN_HOME}, pass_env=("HF_TOKEN",), python="python3"
     )
@@ -240,9 +243,10 @@ def test_local_script_never_runs_injected_text(
     assert_env_passed(spec, env)
 
 
-@settings(max_examples=60, deadline=None)
+@SETTINGS
 @given(name=hostile)
 def test_names_that_are_not_identifiers_are_rejected(name):
+    count_example("names")
     is_identifier = re.fullmatch(
         r"[A-Za-z_][A-Za-z0-9_]*", name
     ) is not None and not name.startswith(("HPCRL_", "SUBMITIT_", "SLURM_"))

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
+from tests.require import is_required, unavailable
 
 NODE_NAMES = ("n1", "n2")
 NETNS_NODE_IPS = {"n1": "10.77.0.11", "n2": "10.77.0.12"}
@@ -60,17 +60,31 @@ def _cluster_problem() -> str | None:
 
 
 def require_slurm() -> None:
-    """Skip (locally) or fail (CI: HPCRL_REQUIRE_SLURM=1) unless the test cluster is up."""
+    """Skip (locally) or fail (under CI, tests/require.py) unless the test cluster is up.
+
+    Under CI the loopback fallback (network namespaces refused) counts as missing: in it the
+    two nodes share one IP and hostname, so the tests that need distinct nodes cannot run and
+    a multi-node bug could pass unseen."""
     problem = _cluster_problem()
-    if problem is None:
-        return
-    if os.environ.get("HPCRL_REQUIRE_SLURM") == "1":
-        pytest.fail(
-            f"HPCRL_REQUIRE_SLURM=1 but the Slurm test cluster is missing ({problem}); "
-            f"run `{START_COMMAND}` as root before the tests",
-            pytrace=False,
+    if problem is None and is_required("slurm") and cluster_mode() != "netns":
+        problem = (
+            f"it runs in {cluster_mode()!r} mode, not 'netns' (network namespaces refused? see "
+            f"{cluster_root() / 'log'}); CI needs nodes with their own IPs"
         )
-    pytest.skip(f"no Slurm cluster: run `{START_COMMAND}` as root ({problem})")
+    if problem is not None:
+        unavailable(
+            "slurm",
+            f"the Slurm test cluster is not usable ({problem}); run `{START_COMMAND}` as root",
+        )
+
+
+def require_netns_cluster(why: str) -> None:
+    """For a test that needs distinct node IPs: skip in loopback mode (only reachable locally:
+    under CI ``require_slurm`` already failed a loopback cluster)."""
+    if cluster_mode() != "netns":
+        unavailable(
+            "slurm", f"{why} needs the netns test cluster; it runs in {cluster_mode()!r} mode"
+        )
 
 
 def sacct_states(job_id: str) -> list[str]:

@@ -11,6 +11,7 @@ from tests.slurm.harness import (
     NETNS_NODE_IPS,
     NODE_NAMES,
     cluster_mode,
+    require_netns_cluster,
     run_slurm,
     wait_job_gone_from_queue,
     wait_sacct_states,
@@ -55,8 +56,8 @@ def test_srun_spans_two_nodes_with_own_name_hostname_and_ip() -> None:
     assert seen == expected_nodes()
 
 
-@pytest.mark.skipif(cluster_mode() != "netns", reason="loopback mode maps n1/n2 to 127.0.0.1")
 def test_node_names_resolve_to_node_ips() -> None:
+    require_netns_cluster("resolving n1/n2 to their own IPs (loopback mode maps both to 127.0.0.1)")
     # Ray and getent on one node find the other through /etc/hosts.
     assert {n: socket.gethostbyname(n) for n in NODE_NAMES} == NETNS_NODE_IPS
 

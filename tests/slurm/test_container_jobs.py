@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.submit.job_record import read_job_record
+from tests.require import unavailable
 from tests.slurm.harness import run_slurm, wait_sacct_states
 from tests.standin_image import build_image
 from tests.submit.jobs_harness import TWO_NODE_RECIPE, output_of
@@ -79,10 +80,7 @@ def image_standin(images) -> None:
     """The running cluster's stand-in must know image folders (pyxis_standin.c, this round)."""
     if task_python(images["full"]).startswith(str(images["full"])):
         return
-    message = f"the running pyxis stand-in predates image folders; as root: {REBUILD}"
-    if os.environ.get("HPCRL_REQUIRE_SLURM") == "1":
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+    unavailable("slurm", f"the running pyxis stand-in predates image folders; as root: {REBUILD}")
 
 
 def test_a_task_in_an_image_runs_the_images_python_with_its_environment(images, image_standin):

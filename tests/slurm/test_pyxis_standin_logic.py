@@ -4,13 +4,13 @@ working tree, also before the running cluster has rebuilt its plugin from it."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.require import unavailable
 from tests.standin_image import build_image
 
 HERE = Path(__file__).parent
@@ -19,10 +19,9 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def fake_step(tmp_path_factory) -> Path:
     if shutil.which("gcc") is None or not Path("/usr/include/slurm/spank.h").exists():
-        message = "gcc and libslurm-dev are needed (bash tests/slurm/cluster.sh install)"
-        if os.environ.get("HPCRL_REQUIRE_SLURM") == "1":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(
+            "slurm", "gcc and libslurm-dev are needed (bash tests/slurm/cluster.sh install)"
+        )
     program = tmp_path_factory.mktemp("fake-step") / "fake-step"
     subprocess.run(
         ["gcc", "-Wall", "-Wextra", "-Werror", "-o", str(program),

@@ -20,6 +20,7 @@ from hpcrl.submit.executor import (
     check_submitit_hook,
     time_limit_to_min,
 )
+from tests.require import unavailable
 
 
 def test_installed_submitit_has_the_private_hooks() -> None:
@@ -66,10 +67,9 @@ def test_bad_time_limits(text: str) -> None:
         time_limit_to_min(text)
 
 
-@pytest.mark.skipif(
-    shutil.which("srun") is None, reason="submitit's SlurmExecutor needs srun on PATH"
-)
 def test_slurm_executor_refuses_a_script_for_another_folder(tmp_path: Path) -> None:
+    if shutil.which("srun") is None:
+        unavailable("slurm", "submitit's SlurmExecutor needs srun on PATH (Slurm's client tools)")
     folder = tmp_path / "submitit"
     other = f"python3 -u -m submitit.core._submit {shlex.quote(str(tmp_path / 'other'))}"
     executor = RenderedSlurmExecutor(

@@ -18,7 +18,13 @@ import yaml
 from hpcrl.config.port_bands import band_ports
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.job_state import query_status, rebuild_job
-from tests.slurm.harness import NETNS_NODE_IPS, cluster_mode, sacct_states, wait_sacct_states
+from tests.slurm.harness import (
+    NETNS_NODE_IPS,
+    cluster_mode,
+    require_netns_cluster,
+    sacct_states,
+    wait_sacct_states,
+)
 from tests.submit import drivers
 from tests.submit.jobs_harness import (
     ONE_NODE_OVERRIDES,
@@ -119,8 +125,7 @@ def busy_port_on_n2() -> Iterator[int]:
     The port is the one of band ``BUSY_PORT_BAND``, which the test pins the job to (the band
     would otherwise come from the job id, unknown before submission)."""
     port = band_ports(BUSY_PORT_BAND)["node_manager_port"]
-    if cluster_mode() != "netns" or not Path("/run/netns/n2").exists():
-        pytest.skip("needs the netns test cluster (a port of node n2 alone)")
+    require_netns_cluster("holding a port of node n2 alone")
     holder = subprocess.Popen(
         ["nsenter", "--net=/run/netns/n2", sys.executable, "-c",
          "import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"

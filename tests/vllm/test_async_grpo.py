@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray")
+from tests.require import VLLM_HINT, require_module
+
+require_module("ray", kind="vllm", hint=VLLM_HINT)
 
 from hpcrl.core.generation.vllm_async import AsyncGrpoStep  # noqa: E402
 from hpcrl.core.generation.vllm_policy import wrap_policy  # noqa: E402
@@ -91,3 +93,7 @@ def test_async_grpo_bounded_staleness_learns(ray_cluster, tmp_path) -> None:  # 
     rewards = [m["reward_mean"] for m in metrics]
     assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.3, rewards
     assert all(m["time_generate_wait_s"] >= 0 and m["time_generate_s"] > 0 for m in metrics)
+    # Every batch came from the vLLM engine: its own request stats counted the tokens trained on.
+    assert all(
+        m["engine_generated_tokens"] == round(m["response_length_mean"] * 32) > 0 for m in metrics
+    )

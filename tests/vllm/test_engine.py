@@ -60,6 +60,9 @@ def test_greedy_equals_torch_sampler_on_16_prompts(tiny, engine) -> None:
         "response_lengths",
     ):
         assert torch.equal(got[key], want[key]), key
+    # The engine's own count of what it generated (vLLM request stats); the torch sampler has none.
+    assert got["engine_generated_tokens"].tolist() == got["response_lengths"].tolist()
+    assert "engine_generated_tokens" not in want
 
 
 def test_sampled_logprobs_are_those_of_the_sampling_distribution(tiny, engine) -> None:

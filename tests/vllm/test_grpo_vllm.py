@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray")
+from tests.require import VLLM_HINT, require_module
+
+require_module("ray", kind="vllm", hint=VLLM_HINT)
 
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
@@ -53,6 +55,12 @@ def test_grpo_with_vllm_generation_learns(
     assert run_training(str(run_dir)) == 0
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))
+    # vLLM's own request stats counted exactly the tokens each step trained on: the engine,
+    # not a fallback sampler, produced every rollout (the torch sampler emits no such count).
+    rollouts_per_step = 8 * 4  # the recipe's prompts x generations
+    for m in metrics:
+        assert m["engine_generated_tokens"] == round(m["response_length_mean"] * rollouts_per_step)
+        assert m["engine_generated_tokens"] > 0
     rewards = [m["reward_mean"] for m in metrics]
     # margin: a random char is a digit ~1/10 of the time; the torch sampler's run of the same
     # recipe climbs by well over 0.3 in these steps (tests/core/test_grpo_learns.py)

@@ -9,7 +9,7 @@ three training steps. Here, a running engine is refitted with those tensors thro
 forward greedy on them) and come back bit-identical when the exported originals return.
 
 The main env's interpreter is ``$HPCRL_MAIN_PYTHON`` (set by ``.ci/test``), else
-``<repo>/.venv/bin/python``. Without it the test skips, or fails under HPCRL_REQUIRE_VLLM=1.
+``<repo>/.venv/bin/python``. Without it the test skips, or fails under CI (tests/require.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
+from tests.require import unavailable
 from tests.vllm.harness import VLLM_CFG, encode, responses, torch_sampler_generate
 
 MAIN_PYTHON_VAR = "HPCRL_MAIN_PYTHON"
@@ -82,9 +83,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = main_python()
     problem = _main_env_problem(python)
     if problem is not None:
-        if os.environ.get("HPCRL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"HPCRL_REQUIRE_VLLM=1: {problem}")
-        pytest.skip(problem)
+        unavailable("vllm", problem)
     out_dir = tmp_path_factory.mktemp("megatron-export")
     _run_export(python, out_dir)
     return out_dir

@@ -8,7 +8,9 @@ from __future__ import annotations
 import attrs
 import pytest
 
-pytest.importorskip("ray")
+from tests.require import VLLM_HINT, require_module
+
+require_module("ray", kind="vllm", hint=VLLM_HINT)
 
 from hpcrl.config.recipe import (  # noqa: E402
     ColocatedCfg,

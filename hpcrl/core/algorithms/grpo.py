@@ -219,7 +219,7 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
     plus the engines' own figures (refit, prefill and decode times, decode steps, ...)."""
     generation = rollouts.generation
     num_tokens = int(generation.attention_mask.sum())
-    return {
+    metrics = {
         **{key: float(value) for key, value in generation.metrics.items()},
         "truncated_fraction": float(rollouts.truncated.float().mean()),
         "reward_mean": float(rollouts.rewards.mean()),
@@ -230,6 +230,9 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
         "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(generate_s, 1e-9),
         "time_step_s": step_s,
     }
+    if generation.engine_generated_tokens is not None:  # an engine (vLLM) sampled them
+        metrics["engine_generated_tokens"] = int(generation.engine_generated_tokens.sum())
+    return metrics
 
 
 StepFn = Callable[[int], dict[str, Any]]

@@ -62,7 +62,9 @@ def engine_kwargs(
         "seed": seed,
         # Log-probs of the sampling distribution: the torch sampler's and the trainer's.
         "logprobs_mode": "processed_logprobs",
-        "disable_log_stats": True,
+        # vLLM's per-request stats: each step reports the engine's own count of generated
+        # tokens (engine_generated_tokens), evidence that the engine produced the rollouts.
+        "disable_log_stats": False,
     }
     if device == "cpu":
         kv_mb = cfg.kv_cache_memory_mb or DEFAULT_CPU_KV_CACHE_MB
@@ -131,6 +133,7 @@ class VllmEngine:
         self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
     ) -> dict[str, torch.Tensor]:
         """One response per prompt, in prompt order; ``GenerationOutput``'s fields."""
+        import torch
         from vllm.inputs import TokensPrompt
 
         from hpcrl.core.generation.torch_sampler import pad_prompts
@@ -141,7 +144,11 @@ class VllmEngine:
         responses = [_response_of(out) for out in outputs]
         pad = self.pad_token_id()
         input_ids, attention_mask = pad_prompts(prompt_ids, pad)
-        return _assemble(input_ids, attention_mask, responses, pad)
+        result = _assemble(input_ids, attention_mask, responses, pad)
+        result["engine_generated_tokens"] = torch.tensor(
+            [_engine_token_count(out) for out in outputs], dtype=torch.long
+        )
+        return result
 
     def pad_token_id(self) -> int:
         hf_config = self.llm.llm_engine.model_config.hf_config
@@ -203,6 +210,16 @@ def _response_of(request_output: Any) -> tuple[list[int], list[float]]:
         float(step[token].logprob) for token, step in zip(tokens, completion.logprobs, strict=True)
     ]
     return tokens, logprobs
+
+
+def _engine_token_count(request_output: Any) -> int:
+    """Tokens vLLM's engine counted for this request (its request stats, not our list)."""
+    stats = request_output.metrics
+    if stats is None:
+        raise RuntimeError(
+            "vLLM returned no request stats: the engine was built with disable_log_stats=True"
+        )
+    return int(stats.num_generation_tokens)
 
 
 def _assemble(

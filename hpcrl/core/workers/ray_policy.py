@@ -43,6 +43,8 @@ class GenerationResult:
     generation_logprobs: torch.Tensor
     prompt_lengths: torch.Tensor
     response_lengths: torch.Tensor
+    # [B] vLLM's own count per row (its request stats); None for the torch engine.
+    engine_generated_tokens: torch.Tensor | None = None
     metrics: dict[str, float] = attrs.field(factory=dict)
 
 
@@ -54,6 +56,8 @@ TENSOR_FIELDS = (
     "prompt_lengths",
     "response_lengths",
 )
+# Fields only some engines return (vLLM's own token counts).
+OPTIONAL_TENSOR_FIELDS = ("engine_generated_tokens",)
 
 
 def join_shards(
@@ -65,6 +69,7 @@ def join_shards(
     joined = concat_right_padded([s.fields for s in shards], {"input_ids": pad_token_id})
     return GenerationResult(
         **{key: joined[key][:num_real] for key in TENSOR_FIELDS},
+        **{key: joined[key][:num_real] for key in OPTIONAL_TENSOR_FIELDS if key in joined},
         metrics=combine_shard_metrics([s.metrics for s in shards]),
     )
 

@@ -63,13 +63,14 @@ def save(
 def load(
     checkpoint_dir: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> int:
-    """Restore in place; returns the optimizer step count saved."""
-    local_path = rank_file(checkpoint_dir, dist.get_rank())
-    if not os.path.exists(local_path):
-        raise FileNotFoundError(
-            f"{local_path} missing: the checkpoint was written by a different number of "
-            f"workers than the {dist.get_world_size()} running now"
-        )
+    """Restore in place; returns the optimizer step count saved.
+
+    The layout may differ from the one that saved (world size, FSDP/HSDP/TP mesh): DCP reshards
+    model and optimizer state to this run's placements. Scheduler and step are the same on
+    every saved rank; each rank takes them, with its RNG states, from saved rank
+    ``rank % saved_world_size`` (its own file when the world size is unchanged).
+    """
+    saved_world_size = len(_saved_rank_files(checkpoint_dir))
     # get_state_dict on a fresh optimizer creates its state, which dcp.load then fills.
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
@@ -77,10 +78,32 @@ def load(
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
-    local = torch.load(local_path, weights_only=False)
+    rank = dist.get_rank()
+    local = torch.load(rank_file(checkpoint_dir, rank % saved_world_size), weights_only=False)
     scheduler.load_state_dict(local["scheduler"])
     set_rng_state(local["rng"])
+    if rank == 0 and saved_world_size != dist.get_world_size():
+        print(
+            f"[hpcrl checkpoint] {checkpoint_dir} was written by {saved_world_size} workers, "
+            f"loaded by {dist.get_world_size()}: model and optimizer resharded; rank r takes "
+            f"the RNG states of saved rank r % {saved_world_size}",
+            flush=True,
+        )
     return int(local["step"])
+
+
+def _saved_rank_files(checkpoint_dir: str) -> list[str]:
+    """rank_00000.pt .. rank_<N-1>.pt, checked to be complete (one per saved rank)."""
+    names = sorted(
+        n for n in os.listdir(checkpoint_dir) if n.startswith("rank_") and n.endswith(".pt")
+    )
+    expected = [os.path.basename(rank_file(checkpoint_dir, r)) for r in range(len(names))]
+    if not names or names != expected:
+        raise FileNotFoundError(
+            f"{checkpoint_dir}: per-rank files {names or 'missing'}, expected rank_00000.pt "
+            "onwards, one per saved worker; point at a folder written by save_checkpoint"
+        )
+    return names
 
 
 def export_hf(

@@ -2,7 +2,9 @@
 
 torch_dist through megatron-core's dist_checkpointing: model weights reshard to any layout;
 the distributed optimizer's state is saved ``dp_reshardable`` (its buffers as they are, fully
-parallel), so a resume keeps TP/PP (DP may change). Loads read with
+parallel), so a resume keeps TP/PP (DP may change: tested from DP 2 to DP 4). The layout is
+saved beside the state, and a load at another TP or PP fails first with both layouts and what
+to do, instead of megatron-core's shape mismatch deep in the load. Loads read with
 ``checkpoint.parallel_read_threads`` threads.
 """
 
@@ -13,7 +15,8 @@ from typing import Any
 
 # Optimizer buffers as they are (fully parallel, no gathers); reload needs the same TP/PP.
 # ("fully_reshardable" fails on load without Apex/TE: torch Adam keeps a per-param
-# "step" that format does not save — megatron-core 0.16.)
+# "step" that format does not save; "fully_sharded_model_space" fails on save: "ShardedTensor.
+# flattened_range is not supported" — megatron-core 0.16.)
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 
 
@@ -41,10 +44,47 @@ def save_training_state(worker: Any, checkpoint_dir: str) -> None:
     dist_checkpointing.save(_sharded_state(worker, is_loading=False), str(path))
     if dist.get_rank() == 0:
         torch.save(
-            {"scheduler": worker.scheduler.state_dict(), "steps_done": worker.steps_done},
+            {
+                "scheduler": worker.scheduler.state_dict(),
+                "steps_done": worker.steps_done,
+                "layout": model_parallel_layout(),
+            },
             path / "scheduler.pt",
         )
     dist.barrier()
+
+
+def model_parallel_layout() -> dict[str, int]:
+    """This run's TP/PP/DP sizes (megatron's parallel state)."""
+    from megatron.core import parallel_state
+
+    return {
+        "tensor_model_parallel_size": parallel_state.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": parallel_state.get_pipeline_model_parallel_world_size(),
+        "data_parallel_size": parallel_state.get_data_parallel_world_size(),
+    }
+
+
+class CheckpointLayoutMismatch(ValueError):
+    """A checkpoint saved at one TP/PP loaded at another (its optimizer state cannot reshard)."""
+
+
+def check_layout(
+    saved: dict[str, int] | None, current: dict[str, int], checkpoint_dir: str
+) -> None:
+    """Raise when TP or PP differ (DP may); checkpoints without a saved layout pass."""
+    keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
+    if saved is None or all(saved[key] == current[key] for key in keys):
+        return
+    saved_text = ", ".join(f"policy.megatron_cfg.{key}={saved[key]}" for key in keys)
+    current_text = ", ".join(f"{key}={current[key]}" for key in keys)
+    raise CheckpointLayoutMismatch(
+        f"{checkpoint_dir} was saved with {saved_text}; this run has "
+        f"{current_text}. The distributed optimizer's state is saved dp_reshardable: it "
+        "reloads at any data-parallel size but only at the same TP and PP. Resume with the "
+        "saved TP and PP (change the number of nodes or GPUs to change DP), or start a new run "
+        "from the model weights (export_hf) at the new layout."
+    )
 
 
 def release_writer_results_queue() -> None:
@@ -76,6 +116,8 @@ def load_training_state(worker: Any, checkpoint_dir: str) -> None:
     from hpcrl.core.backends.megatron.parallel_read import parallel_reads
 
     path = Path(checkpoint_dir) / "megatron"
+    extra = torch.load(path / "scheduler.pt", weights_only=False)
+    check_layout(extra.get("layout"), model_parallel_layout(), checkpoint_dir)
     _create_optimizer_state(worker.optimizer)
     with parallel_reads(worker.cfg.checkpoint.parallel_read_threads):
         loaded = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(path))
@@ -84,7 +126,6 @@ def load_training_state(worker: Any, checkpoint_dir: str) -> None:
     with torch.no_grad():  # fp32 runs: the optimizer's main params are views of the model's
         worker.optimizer.load_state_dict(loaded["optimizer"])
     _restore_torch_adam_steps(worker.optimizer)
-    extra = torch.load(path / "scheduler.pt", weights_only=False)
     worker.scheduler.load_state_dict(extra["scheduler"])
     worker.steps_done = extra["steps_done"]
 

@@ -1,0 +1,166 @@
+"""The Megatron rows of ``train_throughput.py``: each loop in its own process.
+
+megatron-core only (no megatron-bridge needed). The same shape, batch and optimizer as the HF
+rows (bf16 with fp32 main weights, distributed optimizer, Adam(W) with weight decay 0.01,
+clip 1.0), trained through ``step.run_train_microbatches``; every loop starts from the same
+weights, so the first losses agree.
+
+- ``megatron``: hpcrl's Megatron backend path — ``prepare_provider`` (without Transformer
+  Engine: the local spec with hpcrl's SDPA core attention; with TE: the TE spec), ``build_model``
+  (megatron DDP), ``build_optimizer``, ``connect_grad_sync`` — on a stand-in for the bridge's
+  provider that builds the same random GPTModel. ``megatron[unfused]`` (``--megatron-attention
+  sdpa,unfused``) is the same path with the local spec's own attention.
+- ``megatron-raw[<attention>]``: plain megatron-core objects (``megatron_offload.build``) on
+  the local spec with megatron's unfused ``DotProductAttention`` (``unfused``), with the same
+  SDPA core attention hpcrl uses (``sdpa``: the strongest raw loop without TE), and on the TE
+  spec (``te``) wherever Transformer Engine is installed. The backend is reported against the
+  best raw row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def transformer_engine_installed() -> bool:
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # ImportError, or a broken CUDA library behind it
+        return False
+    return True
+
+
+def megatron_args(args: argparse.Namespace, spec, attention: str) -> argparse.Namespace:
+    """``benchmarks/megatron_offload.py``'s settings for this shape and batch (fraction 0)."""
+    return argparse.Namespace(
+        layers=spec.num_hidden_layers, hidden=spec.hidden_size, heads=spec.num_attention_heads,
+        ffn=spec.intermediate_size, vocab=spec.vocab_size or 256, seq_len=args.seq_len,
+        batch_size=args.batch_size, micro_batch_size=None, tp=1, dp=1, seed=1234, lr=1e-5,
+        fraction=0.0, overlap_d2h_h2d=False, device=args.device, attention=attention,
+    )  # fmt: skip
+
+
+def te_layer_spec():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    return get_gpt_layer_with_transformer_engine_spec()
+
+
+class RandomGptProvider:
+    """Stands in for megatron-bridge's GPT provider (the GPU machine has no bridge wheel).
+
+    Starts with the spec the bridge's provider would choose (TE's when TE is installed);
+    ``prepare_provider`` sets its fields on it as on the real one (layer spec, parallel sizes,
+    dtypes); ``provide_distributed_model`` builds the raw loop's random GPTModel on the layer
+    spec that ``prepare_provider`` chose. (Shape and dtypes come from ``megatron_args``.)
+    """
+
+    def __init__(self, shape: argparse.Namespace) -> None:
+        self.shape = shape
+        self.transformer_layer_spec = te_layer_spec() if transformer_engine_installed() else None
+
+    def provide_distributed_model(self, **_kwargs) -> list:
+        from benchmarks import megatron_offload
+
+        config = megatron_offload.transformer_config(self.shape)
+        return [megatron_offload.gpt_model(self.shape, config, self.transformer_layer_spec)]
+
+
+def build_hpcrl_megatron(shape: argparse.Namespace, attention: str) -> tuple[list, object]:
+    """Model chunks and optimizer through the Megatron worker's own setup functions."""
+    from hpcrl.config.recipe import DistributedDataParallelCfg, MegatronCfg, MegatronOptimizerCfg
+    from hpcrl.core.backends.megatron import model as mcore_model
+    from hpcrl.core.backends.megatron.provider import prepare_provider
+
+    overrides = {}
+    if attention == "unfused":  # a user override of the spec wins over hpcrl's SDPA swap
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        overrides["transformer_layer_spec"] = get_gpt_layer_local_spec()
+    cfg = MegatronCfg(
+        enabled=True,
+        optimizer=MegatronOptimizerCfg(
+            optimizer="adam", lr=shape.lr, weight_decay=0.01, params_dtype="bfloat16",
+            use_distributed_optimizer=True, clip_grad=1.0,
+        ),
+        distributed_data_parallel_config=DistributedDataParallelCfg(grad_reduce_in_fp32=True),
+        model_overrides=overrides,
+    )  # fmt: skip
+    mcore_model.initialize_parallel_state(cfg, seed=shape.seed)
+    provider = RandomGptProvider(shape)
+    prepare_provider(provider, cfg, "bfloat16", shape.seq_len)
+    torch.manual_seed(shape.seed)  # the CPU generator the initialisation draws from (as raw)
+    chunks = mcore_model.build_model(provider, cfg, on_cpu=shape.device == "cpu")
+    optimizer = mcore_model.build_optimizer(chunks, cfg, "bfloat16")
+    mcore_model.connect_grad_sync(chunks, optimizer)
+    return chunks, optimizer
+
+
+def build_raw_megatron(shape: argparse.Namespace) -> tuple[list, object]:
+    from benchmarks import megatron_offload
+
+    if shape.attention != "te":
+        return megatron_offload.build(shape)
+    # megatron_offload.build on the TE spec: same objects, TE's layers and fused attention.
+    original = megatron_offload.gpt_model
+    megatron_offload.gpt_model = lambda args, config, _spec: original(args, config, te_layer_spec())
+    try:
+        return megatron_offload.build(shape)
+    finally:
+        megatron_offload.gpt_model = original
+
+
+def megatron_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(row name, loop, attention) of the Megatron loops this run asks for."""
+    rows = []
+    for attention in args.megatron_attention:
+        rows.append(("megatron" if attention == "sdpa" else f"megatron[{attention}]", "megatron",
+                     attention))  # fmt: skip
+    raw = ["unfused", "sdpa"] + (["te"] if transformer_engine_installed() else [])
+    return rows + [(f"megatron-raw[{attention}]", "megatron-raw", attention) for attention in raw]
+
+
+def run_megatron(args: argparse.Namespace, spec, loop: str, attention: str, time_windows) -> dict:
+    """One Megatron loop in this process: per-window step times, first loss, peak GiB."""
+    from benchmarks import megatron_offload
+    from hpcrl.core.backends.megatron.step import run_train_microbatches
+
+    shape = megatron_args(args, spec, attention)
+    megatron_offload.init_distributed(args.device)
+    if loop == "megatron-raw":
+        chunks, optimizer = build_raw_megatron(shape)
+    else:
+        chunks, optimizer = build_hpcrl_megatron(shape, attention)
+    kinds = {type(m).__name__ for n, m in chunks[0].named_modules() if n.endswith("core_attention")}
+    print(f"{loop}[{attention}]: core attention {sorted(kinds)}", flush=True)
+    from benchmarks.train_throughput import make_batch, nll_loss
+
+    batch = make_batch(shape.vocab, args.batch_size, args.seq_len)
+    num_tokens = float(batch["token_mask"].sum())
+
+    def step() -> float:
+        optimizer.zero_grad()
+        metrics = run_train_microbatches(chunks, [batch], nll_loss, num_tokens)
+        optimizer.step()
+        return metrics["loss"]
+
+    return time_windows(step, args.megatron_steps)
+
+
+def run_megatron_subprocess(args: argparse.Namespace, loop: str, attention: str, out: Path):
+    """One Megatron loop in a fresh process (clean GPU memory, its own process group)."""
+    command = [
+        sys.executable, str(Path(__file__).with_name("train_throughput.py")), "--only", loop,
+        "--megatron-attention", attention, "--device", args.device,
+        "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len),
+        "--warmup", str(args.warmup), "--rounds", str(args.rounds),
+        "--megatron-steps", str(args.megatron_steps), "--json-out", str(out),
+    ]  # fmt: skip
+    subprocess.run(command + (["--tiny"] if args.tiny else []), check=True)
+    return json.loads(out.read_text())
