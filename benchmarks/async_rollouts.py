@@ -58,7 +58,7 @@ def overrides(model_path: str, args: argparse.Namespace, asynchronous: bool) -> 
 
 
 def run(model_path: str, args: argparse.Namespace, asynchronous: bool) -> list[dict]:
-    from hpcrl.config import load_recipe
+    from hpcrl.config import load_profile, load_recipe
     from hpcrl.core.algorithms.grpo import make_grpo_step_fn
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.data.jsonl import EpochSampler, load_jsonl
@@ -68,16 +68,20 @@ def run(model_path: str, args: argparse.Namespace, asynchronous: bool) -> list[d
     from hpcrl.core.generation.vllm_policy import wrap_policy
     from hpcrl.core.workers.group import GroupLayout
     from hpcrl.core.workers.ray_policy import RayPolicy
+    from hpcrl.plan.planner import plan
 
     loaded = load_recipe(RECIPE, overrides(model_path, args, asynchronous))
     recipe = loaded.recipe
+    # The generation worker's place as the planner decides it: local, 2 training + 1 slot.
+    profile = load_profile("local", ["worker_slots_per_node=3"])
+    placement = plan(recipe, profile, run_dir=str(Path.cwd()), recipe_source=str(RECIPE)).generation
     rows = load_jsonl(loaded.source_path.parent / recipe.data.train_path, ["prompt", "answer"])
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
     env = build_environment(recipe.env)
     sampler = EpochSampler(rows, seed=recipe.grpo.seed)
     layout = GroupLayout(num_nodes=1, workers_per_node=2, device="cpu")
     training = RayPolicy(recipe, model_path, layout, worker_class_path(recipe.backend))
-    policy = wrap_policy(training, recipe, model_path, "cpu")
+    policy = wrap_policy(training, recipe, model_path, "cpu", placement)
     total = args.steps + args.warmup
     try:
         if asynchronous:

@@ -52,7 +52,7 @@ def time_command(
 def sweep_overrides(count: int) -> list[list[str]]:
     grid = itertools.product([1, 2, 3, 4, 5], [1e-5, 2e-5, 5e-5, 1e-4], [8, 16, 32, 64, 128])
     return [
-        [f"grpo.seed={seed}", f"policy.optimizer.lr={lr}", f"grpo.max_num_steps={steps}"]
+        [f"grpo.seed={seed}", f"policy.optimizer.kwargs.lr={lr}", f"grpo.max_num_steps={steps}"]
         for seed, lr, steps in itertools.islice(itertools.cycle(grid), count)
     ]
 

@@ -37,9 +37,24 @@ SCRIPTS = {
 JOB_TIMEOUT_S = 180
 
 
+def write_plan(out_dir: Path) -> None:
+    """The job's plan, as `hpcrl submit` leaves it: the shipped 2-node CPU recipe on the
+    test cluster's profile (the node entrypoint reads its node count and ports from it)."""
+    from hpcrl.config import load_profile, load_recipe
+    from hpcrl.plan.jobspec_file import write_jobspec
+    from hpcrl.plan.planner import plan
+
+    recipe = load_recipe("grpo-tiny-2n-cpu").recipe
+    spec = plan(recipe, load_profile("slurm-test"), run_dir=str(out_dir.absolute()),
+                recipe_source="grpo-tiny-2n-cpu", profile_source="slurm-test")  # fmt: skip
+    write_jobspec(spec)
+
+
 def submit_and_wait(kind: str, out_dir: Path, python: str) -> dict[str, float] | str:
     """Run one job; seconds from batch start to ready and to end, or why it failed."""
     out_dir.mkdir(parents=True)
+    if kind == "hpcrl":
+        write_plan(out_dir)
     job_id = subprocess.run(
         ["sbatch", "--parsable", f"--chdir={REPO_ROOT}", f"--output={out_dir}/slurm-%j.out",
          str(SCRIPTS[kind]), str(out_dir), python],

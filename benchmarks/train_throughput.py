@@ -236,7 +236,7 @@ def make_recipe(
             train_micro_batch_size=global_batch if micro_batch is None else micro_batch,
             precision="bfloat16" if args.device == "cuda" else "float32",
             max_grad_norm=1.0,
-            optimizer=OptimizerCfg(name="adamw", lr=lr),
+            optimizer=OptimizerCfg(name="torch.optim.AdamW", kwargs={"lr": lr}),
             automodel_cfg=AutomodelCfg(
                 enabled=True, dp_replicate_size=dp_replicate, torch_compile=not args.no_compile
             ),

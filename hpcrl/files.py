@@ -38,7 +38,9 @@ EXECUTABLE_MODE = 0o777
 LOCK_NAME = ".hpcrl.lock"
 #: Files that make a folder an earlier run (or sweep) folder that may be written again.
 RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
-RENDER_NAMES = frozenset({"job.sbatch", "recipe.resolved.yaml", "code", *RUN_FOLDER_MARKS})
+RENDER_NAMES = frozenset(
+    {"job.sbatch", "recipe.resolved.yaml", "jobspec.json", "code", *RUN_FOLDER_MARKS}
+)
 TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # what _open_exclusive_temp draws
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.1

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
 
     render = subparsers.add_parser(
         "render",
-        help="write the run folder (job.sbatch, resolved recipe, manifest)",
+        help="write the run folder (job.sbatch, resolved recipe, plan, manifest)",
         description="Plan the job and write its run folder; submits nothing.",
     )
     add_recipe_arguments(render)
@@ -159,7 +159,9 @@ def run_render(args: argparse.Namespace) -> int:
     print_warnings(prepared, None)
     # Plain print, not rich: five lines do not justify rich's import time on every render.
     lines = [f"Wrote {run.path}/"]
-    lines += [f"  {path.name}" for path in (run.script, run.resolved_recipe, run.manifest)]
+    lines += [
+        f"  {path.name}" for path in (run.script, run.resolved_recipe, run.jobspec, run.manifest)
+    ]
     if prepared.spec.code.bundle is not None:
         lines.append(f"  code -> {prepared.spec.code.bundle.path}")
     lines.append(f"Submit with: {submit_command(prepared.spec)}")

@@ -333,6 +333,10 @@ def _tuple_hook(type_: Any, converter: cattrs.Converter):
     variadic = len(args) == 2 and args[1] is Ellipsis
 
     def structure(value: Any, _: type) -> tuple:
+        if value is None and variadic:
+            return ()  # NeMo RL writes null for "none" (stop_token_ids: null, ...)
+        if variadic and isinstance(value, Mapping) and _single_mapping_ok(args[0]):
+            value = [value]
         if not isinstance(value, list | tuple):
             raise BadValue(
                 f"expected a list, got {_type_name(value)}", "write a YAML list: {path}: [a, b]"
@@ -354,6 +358,12 @@ def _tuple_hook(type_: Any, converter: cattrs.Converter):
     return structure
 
 
+def _single_mapping_ok(item_type: Any) -> bool:
+    """Lists whose items declare ``ACCEPTS_SINGLE_MAPPING`` (NeMo RL's ``policy.scheduler``)
+    also take one mapping for a list of one."""
+    return bool(getattr(item_type, "ACCEPTS_SINGLE_MAPPING", False))
+
+
 def _is_dict(type_: Any) -> bool:
     return typing.get_origin(type_) is dict
 
@@ -362,6 +372,8 @@ def _dict_hook(type_: Any, converter: cattrs.Converter):
     _, value_type = typing.get_args(type_) or (str, Any)
 
     def structure(value: Any, _: type) -> dict:
+        if value is None:
+            return {}  # NeMo RL writes null for "none" (env_vars: null, ...)
         if not isinstance(value, Mapping):
             raise BadValue(
                 f"expected a mapping (key: value), got {_type_name(value)}",

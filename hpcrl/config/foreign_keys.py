@@ -75,11 +75,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only("distillation", f"distillation is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("rm", f"reward-model training is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("ppo", f"PPO is {NOT_YET}: hpcrl trains GRPO and SFT", None),
-    off_only(
-        "grpo.max_rollout_turns",
-        f"multi-turn rollouts are {NOT_YET}: hpcrl's environments answer in one turn",
-        1,
-    ),
     # ---------------------------------------------------------------- policy, both backends
     inert(
         "policy.generation_batch_size",

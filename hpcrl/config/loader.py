@@ -34,6 +34,7 @@ from hpcrl.config.converter import (
     try_structure,
     value_at,
 )
+from hpcrl.config.data_paths import absolutize_data_files
 from hpcrl.config.errors import Problem
 from hpcrl.config.overrides import apply_overrides
 from hpcrl.config.resolvers import register_resolvers, resolver_names
@@ -275,6 +276,7 @@ def _normalise_file(data: dict[str, Any], path: Path) -> tuple[list[Problem], se
             value = section.get(key)
             if isinstance(value, str) and "${" not in value:
                 section[key] = _absolute(value, path.parent)
+        absolutize_data_files(section, path.parent)  # NeMo RL's prompt files and data sets
     return problems, spellings
 
 

@@ -8,6 +8,8 @@ math (losses, sampling) live in ``hpcrl.config.rules``; Megatron's cross-field r
 
 from __future__ import annotations
 
+import math
+
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
 
@@ -32,32 +34,16 @@ def _fraction(path: str, value: float, fix: str, *, open_high: bool = True) -> l
     return [Problem(path=path, value=value, message=f"must be in {interval}", fix=fix)]
 
 
+def _number(value: object) -> bool:
+    """A finite number (anything else in kwargs is reported by hpcrl.config.optimizers)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def rule_optimizer_ranges(recipe: Recipe) -> list[Problem]:
-    """``policy.optimizer`` and ``policy.scheduler`` (Automodel) and ``policy.max_grad_norm``."""
-    opt, sched, path = recipe.policy.optimizer, recipe.policy.scheduler, "policy.optimizer"
-    problems = _at_least(
-        f"{path}.lr", opt.lr, 0.0, f"set {path}.lr to a positive rate, e.g. 1.0e-5"
-    )
-    problems += _at_least(f"{path}.weight_decay", opt.weight_decay, 0.0, "e.g. 0.0 or 0.01")
-    problems += _at_least(f"{path}.momentum", opt.momentum, 0.0, "e.g. 0.0 or 0.9")
-    if opt.eps <= 0.0:
-        problems.append(
-            Problem(
-                path=f"{path}.eps", value=opt.eps, message="must be positive", fix="e.g. 1.0e-8"
-            )
-        )
-    for index, beta in enumerate(opt.betas):
-        problems += _fraction(f"{path}.betas[{index}]", beta, "e.g. betas: [0.9, 0.999]")
-    problems += _at_least("policy.scheduler.warmup_steps", sched.warmup_steps, 0, "0 for none")
-    problems += _fraction(
-        "policy.scheduler.min_lr_ratio", sched.min_lr_ratio, "e.g. 0.0 or 0.1", open_high=False
-    )
-    problems += _at_least(
-        "policy.scheduler.total_steps",
-        sched.total_steps,
-        1,
-        "or null: the algorithm's max_num_steps",
-    )
+    """``policy.optimizer.kwargs`` and ``policy.scheduler`` kwargs (Automodel) and
+    ``policy.max_grad_norm``. Kinds and names are ``hpcrl.config.optimizers``' rules: a value of
+    the wrong kind is reported there and skipped here. (``kwargs.lr`` > 0 is checked there too.)"""
+    problems = _optimizer_kwarg_ranges(recipe) + _scheduler_kwarg_ranges(recipe)
     norm = recipe.policy.max_grad_norm
     if norm is not None and norm <= 0.0:
         problems.append(
@@ -68,6 +54,60 @@ def rule_optimizer_ranges(recipe: Recipe) -> list[Problem]:
                 fix="set policy.max_grad_norm=1.0, or null to turn clipping off",
             )
         )
+    return problems
+
+
+def _optimizer_kwarg_ranges(recipe: Recipe) -> list[Problem]:
+    opt = recipe.policy.optimizer
+    if opt is None:
+        return []
+    kwargs, path = opt.kwargs, "policy.optimizer.kwargs"
+    problems = []
+    for name, fix in (("weight_decay", "e.g. 0.0 or 0.01"), ("momentum", "e.g. 0.0 or 0.9")):
+        if _number(kwargs.get(name)):
+            problems += _at_least(f"{path}.{name}", kwargs[name], 0.0, fix)
+    eps = kwargs.get("eps")
+    if _number(eps) and eps <= 0.0:
+        problems.append(
+            Problem(path=f"{path}.eps", value=eps, message="must be positive", fix="e.g. 1.0e-8")
+        )
+    betas = kwargs.get("betas")
+    if isinstance(betas, list | tuple) and all(_number(beta) for beta in betas):
+        for index, beta in enumerate(betas):
+            problems += _fraction(f"{path}.betas[{index}]", beta, "e.g. betas: [0.9, 0.999]")
+    return problems
+
+
+# scheduler kwarg -> (lowest allowed value, fix); factors are checked as fractions below.
+_SCHEDULER_LOWS = {
+    "total_iters": (0, "0 or more optimizer steps"),
+    "T_max": (1, "the optimizer steps of one cosine half-period, e.g. 1000"),
+    "step_size": (1, "optimizer steps between decays, e.g. 100"),
+    "eta_min": (0.0, "the lowest learning rate, e.g. 0.0"),
+    "gamma": (0.0, "the decay factor, e.g. 0.1"),
+}
+
+
+def _scheduler_kwarg_ranges(recipe: Recipe) -> list[Problem]:
+    problems = []
+    for index, entry in enumerate(recipe.policy.scheduler or ()):
+        path = f"policy.scheduler[{index}].kwargs"
+        for name, value in entry.kwargs.items():
+            if not _number(value):
+                continue
+            if name in _SCHEDULER_LOWS:
+                low, fix = _SCHEDULER_LOWS[name]
+                problems += _at_least(f"{path}.{name}", value, low, fix)
+            elif name == "start_factor" and value == 0:  # torch's LinearLR refuses 0
+                problems.append(
+                    Problem(path=f"{path}.{name}", value=value, message="must be above 0",
+                            fix="a factor in (0, 1], e.g. 0.1")
+                )  # fmt: skip
+            elif name in ("start_factor", "end_factor", "factor"):
+                problems += _fraction(
+                    f"{path}.{name}", value, "a factor of the learning rate in [0, 1]",
+                    open_high=False,
+                )  # fmt: skip
     return problems
 
 

@@ -7,7 +7,7 @@ say what each field holds (type, default, unit).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import attrs
 
@@ -36,24 +36,49 @@ class TokenizerCfg:
 
 @frozen
 class OptimizerCfg:
-    """Optimizer of the Automodel backend (``policy.optimizer``)."""
+    """``policy.optimizer`` of the Automodel backend, as NeMo RL writes it: a torch optimizer
+    class path and its keyword arguments (``hpcrl.config.optimizers`` lists the classes and
+    arguments accepted; the rules check them)."""
 
-    name: Literal["adamw", "adam", "sgd"] = "adamw"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    momentum: float = 0.0  # sgd only
+    name: str = "torch.optim.AdamW"
+    kwargs: dict[str, Any] = attrs.field(factory=lambda: {"lr": 1.0e-5})
+
+    # Read-only views with torch's defaults, for rules, metrics and tests.
+    @property
+    def lr(self) -> float:
+        return float(self.kwargs.get("lr", 1.0e-3))
+
+    @property
+    def weight_decay(self) -> float:
+        default = 0.01 if self.name.endswith("AdamW") else 0.0
+        return float(self.kwargs.get("weight_decay", default))
+
+    @property
+    def betas(self) -> tuple[float, ...]:
+        return tuple(self.kwargs.get("betas", (0.9, 0.999)))
+
+    @property
+    def eps(self) -> float:
+        return float(self.kwargs.get("eps", 1.0e-8))
+
+    @property
+    def momentum(self) -> float:
+        return float(self.kwargs.get("momentum", 0.0))
 
 
 @frozen
-class SchedulerCfg:
-    """LR schedule of the Automodel backend (``policy.scheduler``), stepped per optimizer step."""
+class LrSchedulerCfg:
+    """One entry of NeMo RL's ``policy.scheduler`` list: a torch LR scheduler class path and
+    its kwargs, or (one entry, when there are several schedulers) the ``milestones`` at which
+    ``SequentialLR`` hands over from one to the next. A single mapping means a one-entry list."""
 
-    name: Literal["constant", "linear", "cosine"] = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    total_steps: int | None = None  # None: the algorithm's max_num_steps
+    ACCEPTS_SINGLE_MAPPING: ClassVar[bool] = (
+        True  # read by the converter: `scheduler: {name: ...}` is a list of one
+    )
+
+    name: str | None = None
+    kwargs: dict[str, Any] = attrs.field(factory=dict)
+    milestones: tuple[int, ...] | None = None
 
 
 @frozen
@@ -98,6 +123,35 @@ class GenerationCfg:
     stop_strings: tuple[str, ...] = ()
     colocated: ColocatedCfg = attrs.field(factory=ColocatedCfg)
     vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
+
+
+# --------------------------------------------------------------------------- micro-batching
+@frozen
+class DynamicBatchingCfg:
+    """NeMo RL's ``policy.dynamic_batching``: micro-batches of similar-length rows within a
+    token budget, each cut to its longest row (``hpcrl.core.workers.micro_batches``)."""
+
+    enabled: bool = False
+    train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
+    logprob_mb_tokens: int | None = None
+    sequence_length_round: int = 64
+
+
+@frozen
+class SequencePackingCfg:
+    """NeMo RL's ``policy.sequence_packing``: rows bin-packed into one long row per
+    micro-batch, attention and positions restarting at each sequence."""
+
+    enabled: bool = False
+    train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
+    logprob_mb_tokens: int | None = None
+    algorithm: Literal[
+        "modified_first_fit_decreasing",
+        "first_fit_decreasing",
+        "first_fit_shuffle",
+        "concatenative",
+    ] = "modified_first_fit_decreasing"
+    sequence_length_round: int = 64
 
 
 # --------------------------------------------------------------------------- automodel_cfg
@@ -243,9 +297,14 @@ class PolicyCfg:
     max_total_sequence_length: int = 512
     precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     max_grad_norm: float | None = 1.0
-    optimizer: OptimizerCfg = attrs.field(factory=OptimizerCfg)
-    scheduler: SchedulerCfg = attrs.field(factory=SchedulerCfg)
+    # None: NeMo RL's Megatron configs write `optimizer: null` (megatron_cfg.optimizer applies)
+    optimizer: OptimizerCfg | None = attrs.field(factory=OptimizerCfg)
+    # None or empty: a constant learning rate. Stepped once per optimizer step.
+    scheduler: tuple[LrSchedulerCfg, ...] | None = None
     generation: GenerationCfg = attrs.field(factory=GenerationCfg)
+    dynamic_batching: DynamicBatchingCfg = attrs.field(factory=DynamicBatchingCfg)
+    sequence_packing: SequencePackingCfg = attrs.field(factory=SequencePackingCfg)
+    make_sequence_length_divisible_by: int | None = 1  # None: 1
     automodel_cfg: AutomodelCfg = attrs.field(factory=AutomodelCfg)
     megatron_cfg: MegatronCfg = attrs.field(factory=MegatronCfg)
 
@@ -257,6 +316,30 @@ class AsyncGrpoCfg:
 
     enabled: bool = False
     max_trajectory_age_steps: int = 1
+
+
+@frozen
+class RewardShapingCfg:
+    """DAPO's overlong penalty (``grpo.reward_shaping``): a response longer than
+    max_response_length − overlong_buffer_length loses up to overlong_buffer_penalty,
+    linearly over the buffer."""
+
+    enabled: bool = False
+    overlong_buffer_length: int = 128
+    overlong_buffer_penalty: float = 1.0
+    max_response_length: int | None = None  # None: policy.generation.max_new_tokens
+
+
+@frozen
+class RewardScalingCfg:
+    """``grpo.reward_scaling``: rewards clamped to [source_min, source_max] and mapped
+    linearly onto [target_min, target_max] before advantages."""
+
+    enabled: bool = False
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
 
 
 @frozen
@@ -274,6 +357,15 @@ class GrpoCfg:
     val_at_start: bool = False
     seed: int = 42
     async_grpo: AsyncGrpoCfg = attrs.field(factory=AsyncGrpoCfg)
+    # NeMo RL's options (hpcrl.core.algorithms.reward_terms, dynamic sampling in grpo.py)
+    max_rollout_turns: int = 1  # single-turn only; the rules refuse more
+    use_dynamic_sampling: bool = False
+    dynamic_sampling_max_gen_batches: int = 10
+    batch_multiplier: int = 1  # prompts generated per step = num_prompts_per_step x this
+    reward_shaping: RewardShapingCfg = attrs.field(factory=RewardShapingCfg)
+    reward_scaling: RewardScalingCfg = attrs.field(factory=RewardScalingCfg)
+    max_val_samples: int | None = None  # None: the whole validation set
+    val_batch_size: int | None = None
 
 
 @frozen
@@ -312,10 +404,32 @@ class LossFnCfg:
 
 
 @frozen
-class DataCfg:
-    """Local JSONL data (``data``). Relative paths resolve against the recipe's folder."""
+class DatasetCfg:
+    """One of NeMo RL's ``data.train`` / ``data.validation`` / ``data.default`` sections
+    (``hpcrl.config.datasets`` lists the names; ``default`` fills what the others leave
+    unset). Named sets load through Hugging Face ``datasets`` from ``data_path`` (a local
+    folder or file in the hub set's own format) or else the HF cache (jobs run offline)."""
 
-    train_path: str
+    dataset_name: str | None = None
+    data_path: str | None = None
+    split: str | None = None
+    split_validation_size: float | None = None  # carve validation out of train (0: none)
+    seed: int | None = None
+    input_key: str | None = None  # ResponseDataset columns
+    output_key: str | None = None
+    prompt_file: str | None = None  # a template with one {} for the problem
+    system_prompt_file: str | None = None
+    processor: str | None = None  # math_hf_data_processor | math_data_processor | sft_processor
+    env_name: str | None = None
+
+
+@frozen
+class DataCfg:
+    """Training data (``data``): a local JSONL file (``train_path``, hpcrl's own form; relative
+    paths resolve against the recipe's folder) or NeMo RL's data sets by name (``train`` /
+    ``validation`` / ``default``, or the older flat ``dataset_name`` + ``prompt_file``)."""
+
+    train_path: str | None = None
     val_path: str | None = None
     prompt_key: str = "prompt"
     response_key: str = "response"  # SFT targets
@@ -323,6 +437,29 @@ class DataCfg:
     max_input_seq_length: int | None = None
     shuffle: bool = True
     num_workers: int = 0
+    # NeMo RL's named data sets
+    train: DatasetCfg | None = None
+    validation: DatasetCfg | None = None
+    default: DatasetCfg | None = None
+    dataset_name: str | None = None  # older NeMo RL configs: one set for train and validation
+    prompt_file: str | None = None
+    system_prompt_file: str | None = None
+    split: str | None = None
+    seed: int | None = None
+    output_key: str | None = None  # the target column (OpenMathInstruct-2 SFT: generated_solution)
+    add_bos: bool = True  # SFT
+    add_eos: bool = True
+    add_generation_prompt: bool = False
+
+
+@frozen
+class MathEnvCfg:
+    """NeMo RL's ``env.math``: how responses are checked against the ground truth."""
+
+    num_workers: int = 1  # accepted: scoring runs in one process (same rewards)
+    # hf_math_verify: Hugging Face math-verify (symbolic; needs the math-verify package);
+    # hpcrl_numeric: hpcrl's numeric comparison of the last \boxed{} / stated / last number.
+    math_verify_impl: Literal["hf_math_verify", "hpcrl_numeric"] = "hf_math_verify"
 
 
 @frozen
@@ -331,6 +468,7 @@ class EnvCfg:
 
     name: Literal["math", "toy_count"] = "math"
     kwargs: dict[str, Any] = attrs.field(factory=dict)
+    math: MathEnvCfg | None = None  # NeMo RL's form; None: hpcrl's numeric check
 
 
 @frozen
@@ -433,7 +571,7 @@ class Recipe:
     """A whole recipe after `defaults:` merging and overrides."""
 
     policy: PolicyCfg
-    data: DataCfg
+    data: DataCfg = attrs.field(factory=DataCfg)
     grpo: GrpoCfg | None = None
     sft: SftCfg | None = None
     loss_fn: LossFnCfg = attrs.field(factory=LossFnCfg)

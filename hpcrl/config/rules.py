@@ -14,11 +14,15 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 
 from __future__ import annotations
 
+from hpcrl.config.batching_rules import BATCHING_RULES
+from hpcrl.config.datasets import DATA_RULES
 from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
 from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
+from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.loss_rules import LOSS_RULES
 from hpcrl.config.megatron_rules import MEGATRON_RULES
+from hpcrl.config.optimizers import OPTIMIZER_RULES
 from hpcrl.config.override_rules import (
     MODEL_OVERRIDES_CHECKED_IN_JOB,
     OVERRIDE_RULES,
@@ -366,6 +370,10 @@ RECIPE_RULES = (
     *LOSS_RULES,
     *MEGATRON_RULES,
     *OVERRIDE_RULES,
+    *OPTIMIZER_RULES,
+    *BATCHING_RULES,
+    *GRPO_OPTION_RULES,
+    *DATA_RULES,
     *RANGE_RULES,
     *ENV_RULES,
 )

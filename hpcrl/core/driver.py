@@ -2,18 +2,22 @@
 
 Called on node 0 by ``hpcrl.job.driver_process`` with Ray already connected (a local Ray is
 started when none is, e.g. ``python -m hpcrl.core.driver RUN_DIR``). It reads
-``<run_dir>/recipe.resolved.yaml``, builds the policy's worker group, resumes from the newest
-checkpoint in the checkpoint folder if there is one, and runs GRPO or SFT, writing one line
-per step to ``<run_dir>/metrics.jsonl`` and one progress line to stdout.
+``<run_dir>/recipe.resolved.yaml`` and the plan (``<run_dir>/jobspec.json``, the typed
+``JobSpec``; a folder without one, as tests and benchmarks write, is planned with the
+``local`` profile and the log says so), builds the policy's worker group as planned (device,
+nodes, Megatron checkpoint dir, generation placement), resumes from the newest checkpoint in
+the checkpoint folder if there is one, and runs GRPO or SFT, writing one line per step to
+``<run_dir>/metrics.jsonl`` and one progress line to stdout.
 
-Exit codes: 0 done; 3 preempted (``<run_dir>/PREEMPT`` appeared or SIGUSR2 arrived: a
-checkpoint was saved at the step boundary and the job should be requeued).
+Exit codes: 0 done; 2 the plan cannot be used (a bad jobspec.json, one for another recipe,
+or a GPU plan where CUDA is not usable: one line on stderr says which and the fix); 3
+preempted (``<run_dir>/PREEMPT`` appeared or SIGUSR2 arrived: a checkpoint was saved at the
+step boundary and the job should be requeued).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
@@ -32,9 +36,22 @@ from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_st
 from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
 from hpcrl.core.policy import Policy
+from hpcrl.core.workers.group import GroupLayout
+from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.jobspec_file import (
+    JOBSPEC_FILE,
+    JobSpecError,
+    JobSpecMissing,
+    plan_with_local_profile,
+    read_jobspec,
+)
 
 RESOLVED_RECIPE = "recipe.resolved.yaml"
-JOBSPEC_FILE = "jobspec.json"
+PLAN_ERROR_EXIT_CODE = 2
+
+
+class PlanMismatch(RuntimeError):
+    """The run folder's plan does not fit its recipe or this node; the message says why."""
 
 
 def run_training(run_dir: str) -> int:
@@ -44,9 +61,15 @@ def run_training(run_dir: str) -> int:
     run_path = Path(run_dir)
     loaded = load_recipe(run_path / RESOLVED_RECIPE)
     recipe = loaded.recipe
+    try:
+        jobspec = job_plan(run_path, recipe)
+        job_device(jobspec)  # a GPU plan on a node without CUDA stops before Ray starts
+    except (JobSpecError, PlanMismatch) as error:
+        print(f"hpcrl: {error}", file=sys.stderr, flush=True)
+        return PLAN_ERROR_EXIT_CODE
     started_ray = _ensure_ray()
     try:
-        return train_recipe(recipe, run_path, recipe_dir=loaded.source_path.parent)
+        return train_recipe(recipe, jobspec, run_path, recipe_dir=loaded.source_path.parent)
     finally:
         if started_ray:
             import ray
@@ -64,14 +87,47 @@ def _ensure_ray() -> bool:
     return True
 
 
-def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) -> int:
+def job_plan(run_dir: Path, recipe: Recipe) -> JobSpec:
+    """The run folder's ``JobSpec``; a folder without jobspec.json is planned with the
+    ``local`` profile through the real planner, and the log says so."""
+    try:
+        jobspec = read_jobspec(run_dir)
+    except JobSpecMissing:
+        jobspec = plan_with_local_profile(recipe, run_dir)
+        unit = "GPUs" if jobspec.device == "gpu" else "CPU worker slots"
+        print(
+            f"no {JOBSPEC_FILE} in {run_dir}: planned with the {jobspec.profile_name!r} profile "
+            f"({jobspec.num_nodes} node(s) × {jobspec.slots_per_node} {unit}, "
+            f"{jobspec.layout.describe()})",
+            flush=True,
+        )
+    check_plan_fits_recipe(jobspec, recipe)
+    return jobspec
+
+
+def check_plan_fits_recipe(jobspec: JobSpec, recipe: Recipe) -> None:
+    """A jobspec.json planned for another recipe (the resolved recipe edited after render)
+    would lay out another number of ranks than the recipe's batches were checked against."""
+    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    if jobspec.world_size != world_size or jobspec.layout.backend != recipe.backend:
+        raise PlanMismatch(
+            f"{JOBSPEC_FILE} plans {jobspec.world_size} {jobspec.layout.backend} ranks but "
+            f"{RESOLVED_RECIPE} asks for {world_size} {recipe.backend} ranks "
+            "(cluster.num_nodes × cluster.gpus_per_node): the two files are from different "
+            "plans. Fix: submit the recipe again with hpcrl submit, which writes both"
+        )
+
+
+def train_recipe(
+    recipe: Recipe, jobspec: JobSpec, run_dir: Path, recipe_dir: Path | None = None
+) -> int:
     """Build everything the recipe needs, run its algorithm, always shut the workers down."""
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.models.tiny import resolve_model_path
 
     model_path = resolve_model_path(recipe.policy.model_name)
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
-    rows = load_jsonl(_data_path(recipe.data.train_path, recipe_dir), _required_keys(recipe))
+    rows = _training_rows(recipe, recipe_dir, tokenizer)
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None  # the config rules require one algorithm section
     sampler = EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
@@ -79,16 +135,15 @@ def train_recipe(recipe: Recipe, run_dir: Path, recipe_dir: Path | None = None) 
         settings.max_num_steps,
         num_steps_in_epochs(len(rows), _rows_per_step(recipe), settings.max_num_epochs),
     )
-    val_rows = _validation_rows(recipe, recipe_dir)
+    val_rows = _validation_rows(recipe, recipe_dir, tokenizer)
     env = _environment(recipe)  # before the workers: a bad env.kwargs fails fast
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
     print(
         f"{recipe.algorithm} on {recipe.policy.model_name} ({recipe.backend}): {num_steps} steps, "
-        f"{len(rows)} data rows, {world_size} workers; starting workers",
+        f"{len(rows)} data rows, {jobspec.world_size} workers; starting workers",
         flush=True,
     )
     started = time.monotonic()
-    policy = build_policy(recipe, model_path, run_dir, pad_token_id=tokenizer.pad_token_id or 0)
+    policy = build_policy(recipe, jobspec, model_path, pad_token_id=tokenizer.pad_token_id or 0)
     print(f"workers ready in {time.monotonic() - started:.1f}s", flush=True)
     try:
         step_fn = _make_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
@@ -106,11 +161,30 @@ def _environment(recipe: Recipe) -> Any:
     return build_environment(recipe.env)
 
 
-def _validation_rows(recipe: Recipe, recipe_dir: Path | None) -> list[dict] | None:
+def _training_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> list[dict]:
+    """``data.train_path`` (JSONL) or NeMo RL's named set (``hpcrl.core.data.named``)."""
+    if recipe.data.train_path is not None:
+        return load_jsonl(_data_path(recipe.data.train_path, recipe_dir), _required_keys(recipe))
+    from hpcrl.core.data.named import load_named_rows
+
+    rows = load_named_rows(recipe, tokenizer, "train")
+    assert rows is not None, "the data rules require a training source"
+    return rows
+
+
+def _validation_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> list[dict] | None:
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     if settings.val_period <= 0 and not settings.val_at_start:
         return None
+    if recipe.data.train_path is None:
+        from hpcrl.core.data.named import load_named_rows
+
+        rows = load_named_rows(recipe, tokenizer, "validation")
+        if rows is None:
+            print("validation skipped: the data set has no validation part", flush=True)
+            return None
+        return _limit_validation(recipe, rows)
     if recipe.data.val_path is None:
         print(
             f"validation skipped: {recipe.algorithm}.val_period is {settings.val_period} but "
@@ -119,9 +193,16 @@ def _validation_rows(recipe: Recipe, recipe_dir: Path | None) -> list[dict] | No
         )
         return None
     rows = load_jsonl(_data_path(recipe.data.val_path, recipe_dir), _required_keys(recipe))
+    return _limit_validation(recipe, rows)
+
+
+def _limit_validation(recipe: Recipe, rows: list[dict]) -> list[dict]:
+    """``grpo.max_val_samples``, or ``sft.val_batches`` x ``sft.val_global_batch_size``."""
+    if recipe.grpo is not None and recipe.grpo.max_val_samples is not None:
+        return rows[: recipe.grpo.max_val_samples]
     sft = recipe.sft
     if sft is not None and sft.val_batches and sft.val_global_batch_size:
-        rows = rows[: sft.val_batches * sft.val_global_batch_size]
+        return rows[: sft.val_batches * sft.val_global_batch_size]
     return rows
 
 
@@ -173,42 +254,56 @@ def _make_step_fn(
     return make_sft_step_fn(policy, recipe, tokenizer, sampler)
 
 
-def job_device(run_dir: Path) -> str:
-    """ "cuda" or "cpu": the planner's device in jobspec.json, else what this node has."""
-    jobspec = run_dir / JOBSPEC_FILE
-    if jobspec.exists():
-        device = json.loads(jobspec.read_text()).get("device")
-        if device in ("gpu", "cpu"):
-            return "cuda" if device == "gpu" else "cpu"
+def cuda_is_available() -> bool:
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.cuda.is_available()
 
 
-def planned_generation_node(run_dir: Path) -> int | None:
-    """The first node of separate generation workers as the planner split the job
-    (``JobSpec.generation``); None without a plan or without separate workers."""
-    jobspec = run_dir / JOBSPEC_FILE
-    if not jobspec.exists():
-        return None
-    generation = json.loads(jobspec.read_text()).get("generation")
-    return generation["first_node"] if generation else None
+def job_device(jobspec: JobSpec, cuda_available: Callable[[], bool] = cuda_is_available) -> str:
+    """``"cuda"`` or ``"cpu"``: the planned device (``JobSpec.device``), whatever this node
+    has. ``cuda_available`` only guards a GPU plan: on a node where CUDA is not usable it
+    fails here, naming the cause, instead of inside every worker."""
+    if jobspec.device == "cpu":
+        return "cpu"
+    if not cuda_available():
+        raise PlanMismatch(
+            f"the plan (profile {jobspec.profile_name!r}, device: gpu) runs on GPUs but CUDA is "
+            "not usable on this node (torch.cuda.is_available() is False: a CPU build of "
+            "torch, no driver, or CUDA_VISIBLE_DEVICES empty). Fix: run in an image with "
+            "CUDA-enabled torch on GPU nodes, or submit with a device: cpu profile"
+        )
+    return "cuda"
 
 
-def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: int) -> Policy:
-    """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot; GRPO with
-    ``policy.generation.backend: vllm`` on separate workers samples through engines of its own."""
+def training_layout(
+    jobspec: JobSpec, cuda_available: Callable[[], bool] = cuda_is_available
+) -> GroupLayout:
+    """The training group as planned: its nodes and ranks per node (fewer than the node's
+    slots when separate generation workers share the node), device, and the Megatron
+    checkpoint dir every rank converts into."""
+    if jobspec.generation is not None:
+        num_nodes = jobspec.generation.training_nodes
+        workers_per_node = jobspec.generation.training_slots_per_node
+    else:
+        num_nodes, workers_per_node = jobspec.num_nodes, jobspec.slots_per_node
+    return GroupLayout(
+        num_nodes=num_nodes,
+        workers_per_node=workers_per_node,
+        device=job_device(jobspec, cuda_available),
+        master_port=_job_master_port(),
+        megatron_checkpoint_dir=jobspec.megatron_checkpoint_dir,
+    )
+
+
+def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id: int) -> Policy:
+    """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot, as the
+    plan lays it out; GRPO with ``policy.generation.backend: vllm`` on separate workers
+    samples through engines of its own (on the planned nodes)."""
     from hpcrl.core.backends import worker_class_path
-    from hpcrl.core.workers.group import GroupLayout
     from hpcrl.core.workers.ray_policy import RayPolicy
 
-    device = job_device(run_dir)
-    layout = GroupLayout(
-        num_nodes=recipe.cluster.num_nodes,
-        workers_per_node=recipe.cluster.gpus_per_node,
-        device=device,
-        master_port=_job_master_port(),
-    )
+    layout = training_layout(jobspec)
     training = RayPolicy(
         recipe, model_path, layout, worker_class_path(recipe.backend), pad_token_id=pad_token_id
     )
@@ -217,7 +312,7 @@ def build_policy(recipe: Recipe, model_path: str, run_dir: Path, pad_token_id: i
         return training
     from hpcrl.core.generation.vllm_policy import wrap_policy
 
-    return wrap_policy(training, recipe, model_path, device, planned_generation_node(run_dir))
+    return wrap_policy(training, recipe, model_path, layout.device, jobspec.generation)
 
 
 def _job_master_port() -> int | None:

@@ -1,6 +1,8 @@
 """Before Ray starts, on every node: can this Python run this job?
 
-Reads what the plan says the job's Python must have (``JobSpec.code.requirements``) and looks
+Reads what the plan (the typed ``JobSpec`` of jobspec.json; a missing or unreadable plan, or
+one another hpcrl wrote, fails here too) says the job's Python must have
+(``JobSpec.code.requirements``) and looks
 each package up by its metadata (``importlib.metadata``: nothing heavy is imported, so this
 takes well under a second), checks that hpcrl itself comes from where the plan says (the code
 bundle, or an installed hpcrl of the planned version), and logs which Python runs and where
@@ -14,10 +16,10 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import importlib.util
-import json
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NoReturn
 
 import attrs
 
@@ -27,8 +29,8 @@ from hpcrl.job.markers import failed_marker_name, node_log_dir, write_marker
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
 from hpcrl.job.versions import in_range
 from hpcrl.plan.jobspec import JobCode, PackageRequirement
+from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
 
-JOBSPEC_NAME = "jobspec.json"
 BUNDLE_VARIABLE = "HPCRL_CODE_BUNDLE"  # set by the bundle's entry script
 
 
@@ -59,13 +61,10 @@ class PreflightInputs:
 
 
 def read_inputs(run_dir: Path) -> PreflightInputs:
-    """``code`` and the container image from ``<run_dir>/jobspec.json``, typed."""
-    from hpcrl.config.converter import converter  # cattrs: the one converter
-
-    spec = json.loads((run_dir / JOBSPEC_NAME).read_text())
-    code = converter().structure(spec["code"], JobCode)
-    container = spec.get("container") or {}
-    return PreflightInputs(code=code, container_image=container.get("image"))
+    """``code`` and the container image of the run folder's typed ``JobSpec``."""
+    spec = read_jobspec(run_dir)
+    image = spec.container.image if spec.container is not None else None
+    return PreflightInputs(code=spec.code, container_image=image)
 
 
 def check_package(
@@ -159,22 +158,29 @@ def run_preflight(run_dir: str, environ: Mapping[str, str], requeue_count: int =
     """Check this node; log the findings; on a problem mark the node failed and raise."""
     run_path = Path(run_dir)
     task = read_slurm_task(environ, requeue_count)
-    inputs = read_inputs(run_path)
+    python = f"preflight: python {sys.executable} (Python {sys.version.split()[0]})"
+    try:
+        inputs = read_inputs(run_path)
+    except JobSpecError as error:  # no plan, or one this hpcrl cannot read: nothing to check
+        _fail(run_path, task, [f"{python}; hpcrl {hpcrl.__version__}"], str(error))
     checks = [check_package(requirement) for requirement in inputs.code.requirements]
     hpcrl_from, code_problems = check_code(inputs.code, environ)
     report = [
-        f"preflight: python {sys.executable} (Python {sys.version.split()[0]}); "
-        f"hpcrl {hpcrl.__version__} from {hpcrl_from}",
+        f"{python}; hpcrl {hpcrl.__version__} from {hpcrl_from}",
         *(f"preflight: {check.line()}" for check in checks),
     ]
-    failed = bool(code_problems) or any(check.problem for check in checks)
-    summary = summarize(checks, code_problems, inputs) if failed else ""
-    _log(run_path, task, report + ([f"preflight FAILED: {summary}"] if failed else []))
-    if failed:
-        write_marker(run_path, failed_marker_name(task.node_rank), task.attempt_id,
-                     message=f"preflight on node {task.node_rank} ({task.node_name}): {summary}")  # fmt: skip
-        sys.excepthook = _quiet_hook(sys.excepthook)
-        raise PreflightFailed(summary)
+    if code_problems or any(check.problem for check in checks):
+        _fail(run_path, task, report, summarize(checks, code_problems, inputs))
+    _log(run_path, task, report)
+
+
+def _fail(run_dir: Path, task: SlurmTask, report: list[str], summary: str) -> NoReturn:
+    """Log, mark the node failed (other nodes and ``hpcrl status`` see the line) and raise."""
+    _log(run_dir, task, [*report, f"preflight FAILED: {summary}"])
+    write_marker(run_dir, failed_marker_name(task.node_rank), task.attempt_id,
+                 message=f"preflight on node {task.node_rank} ({task.node_name}): {summary}")  # fmt: skip
+    sys.excepthook = _quiet_hook(sys.excepthook)
+    raise PreflightFailed(summary)
 
 
 def _log(run_dir: Path, task: SlurmTask, lines: list[str]) -> None:

@@ -1,15 +1,16 @@
 """``NodeSettings``: everything one node's bootstrap needs, read in one place.
 
-Sources, later ones win: built-in defaults < ``<run_dir>/jobspec.json`` (the planner's
-``JobSpec``, unstructured: ``num_nodes``, ``ray_ports``, ``max_requeues``, ``slots_per_node``,
-``device``) < ``HPCRL_*`` environment variables (the rendered script exports them; tests set
-them per simulated node). Slurm's own variables give the node's rank and the job's hosts.
-Ray ports the profile and the environment leave unset come from the job's port band.
+Sources, later ones win: built-in defaults < the planner's typed ``JobSpec`` (read from
+``<run_dir>/jobspec.json`` by ``hpcrl.plan.jobspec_file.read_jobspec``: node count, Ray
+ports, requeues, GPUs or CPUs per node) < ``HPCRL_*`` environment variables (tests set them
+per simulated node; a site may set them in the profile's env). A job without a usable
+jobspec.json stops here with the file and the fix. Slurm's own variables give the node's
+rank and the job's hosts. Ray ports the plan and the environment leave unset come from the
+job's port band.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ from hpcrl.config.port_bands import BAND_VARIABLE, NUM_BANDS, job_key, job_ports
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
+from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
 
 DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
 # The driver process reads the training group's master port from here (an override too).
@@ -101,10 +104,11 @@ def read_node_settings(
 ) -> NodeSettings:
     """Settings for this node from the run folder, Slurm's variables and ``HPCRL_*`` overrides."""
     task = read_slurm_task(environ, requeue_count)
-    values = _jobspec_values(Path(run_dir)) | _env_values(environ)
-    named = RayPortsCfg(**values.pop("ray_ports", {})).named | _env_ports(environ)
+    jobspec = _read_plan(run_dir)
+    values = planned_settings(jobspec) | _env_values(environ)
+    named = jobspec.ray_ports.named | _env_ports(environ)
     ports = RayPortsCfg(**job_ports(named, port_band(environ, task)))
-    num_nodes = values.pop("num_nodes", task.num_nodes)
+    num_nodes = values.pop("num_nodes")
     if num_nodes != task.num_nodes:
         raise NodeSettingsError(
             f"the plan expects {num_nodes} nodes but Slurm started {task.num_nodes} "
@@ -140,20 +144,21 @@ def port_band(environ: Mapping[str, str], task: SlurmTask) -> int:
     return job_key(task.job_id, array_job_id, array_task_id) % NUM_BANDS
 
 
-def _jobspec_values(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "jobspec.json"
-    if not path.exists():
-        return {}
-    spec = json.loads(path.read_text())
-    values: dict[str, Any] = {}
-    for key in ("num_nodes", "ray_ports", "max_requeues"):
-        if key in spec:
-            values[key] = spec[key]
-    if spec.get("device") == "gpu" and "slots_per_node" in spec:
-        values["num_gpus"] = spec["slots_per_node"]
-    if spec.get("cpus_per_node"):
-        values["num_cpus"] = spec["cpus_per_node"]
-    return values
+def planned_settings(jobspec: JobSpec) -> dict[str, Any]:
+    """The node settings the plan decided, by ``NodeSettings`` field name."""
+    return {
+        "num_nodes": jobspec.num_nodes,
+        "max_requeues": jobspec.max_requeues,
+        "num_gpus": jobspec.slots_per_node if jobspec.device == "gpu" else 0,
+        "num_cpus": jobspec.cpus_per_node,  # None: Ray counts the node's CPUs
+    }
+
+
+def _read_plan(run_dir: str | os.PathLike[str]) -> JobSpec:
+    try:
+        return read_jobspec(run_dir)
+    except JobSpecError as error:
+        raise NodeSettingsError(str(error)) from None
 
 
 def _env_values(environ: Mapping[str, str]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Where the Megatron backend keeps its one-time HF→Megatron conversions.
 
-One function, used both by the planner (with the profile's env, i.e. as the job will see it)
-and inside the job (with ``os.environ``), so the two can never disagree.
+Decided once, at plan time, from the job's environment as the script sets it (the profile's
+env and the recipe's ``policy.megatron_cfg.env_vars``); the job converts into the planned
+``JobSpec.megatron_checkpoint_dir`` and never resolves it again, so the directory the plan
+checked against the container mounts is the one the job uses.
 """
 
 from __future__ import annotations

@@ -201,10 +201,9 @@ def engine_tiling_problem(
 ) -> Problem | None:
     """The error when engines of ``vllm``'s tp × pp GPUs do not tile ``per_node`` generation
     GPUs per node, None when they do. An engine's GPUs are those of one node, so an engine
-    bigger than ``node_gpus`` (what ``nodes`` offers per node: the profile at plan time,
-    the job's Ray nodes at run time) gets only engine sizes that fit as its fix. Shared with
-    the runtime (``hpcrl.core.generation.vllm_workers.generation_layout``) so both say the
-    same."""
+    bigger than ``node_gpus`` (what ``nodes`` offers per node) gets only engine sizes that
+    fit as its fix. Plan time only: the job lays engines out from ``JobSpec.generation``
+    (``hpcrl.core.generation.vllm_workers.generation_layout``) and checks nothing again."""
     tp, pp = vllm.tensor_parallel_size, vllm.pipeline_parallel_size
     per_engine = tp * pp
     if per_engine < 1 or per_node % per_engine == 0:

@@ -18,6 +18,9 @@ from hpcrl.plan.checkpoint_dir import resolve_megatron_checkpoint_dir
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.layout import profile_path
 
+#: Variables of the Megatron checkpoint-dir rule that users often export in their shell.
+SHELL_CHECKPOINT_VARIABLES = ("NRL_MEGATRON_CHECKPOINT_DIR", "HF_HOME")
+
 
 @attrs.frozen
 class Mount:
@@ -118,13 +121,20 @@ def plan_megatron_checkpoint_dir(
     findings: Findings,
     job_nodes: int | None = None,
 ) -> tuple[str | None, str | None]:
-    """Resolve the Megatron checkpoint dir from the profile's env as the job sees it.
+    """Resolve the Megatron checkpoint dir as the job sees it: from the profile's env and the
+    recipe's ``policy.megatron_cfg.env_vars`` (which win, as in the job's environment). The
+    job converts into exactly this directory (``JobSpec.megatron_checkpoint_dir``).
 
     ``job_nodes``: the job's nodes when separate generation nodes add to the training ones."""
     if recipe.backend != "megatron":
         return None, None
-    directory, source = resolve_megatron_checkpoint_dir(profile.env, job_home(profile))
-    source_path = profile_path(profile, f"env.{source}") if source != "home" else "$HOME"
+    recipe_env = recipe.policy.megatron_cfg.env_vars
+    job_env = {**profile.env, **recipe_env}
+    directory, source = resolve_megatron_checkpoint_dir(job_env, job_home(profile))
+    if source in recipe_env:
+        source_path = f"policy.megatron_cfg.env_vars.{source}"
+    else:
+        source_path = profile_path(profile, f"env.{source}") if source != "home" else "$HOME"
     if not directory.startswith("/"):
         findings.error(
             source_path,
@@ -134,28 +144,65 @@ def plan_megatron_checkpoint_dir(
         )
         return directory, source
     findings.passed("megatron_checkpoint_dir", f"{directory} (from {source})")
-    # Only the training ranks read the conversion (vLLM engines load the HF model and take
-    # refits in memory), so generation nodes of their own do not make it a multi-node read.
-    training_nodes = recipe.cluster.num_nodes
-    if source == "home" and training_nodes > 1:
-        spans = f"on a {training_nodes}-node job every node"
-        if job_nodes is not None and job_nodes > training_nodes:
-            spans = (
-                f"training spans {training_nodes} of the job's {job_nodes} nodes and every "
-                "training node"
-            )
-        findings.warn(
-            "megatron_checkpoint_dir",
-            profile_path(profile, "env"),
-            f"the Megatron checkpoint dir falls back to {directory} under $HOME; {spans} "
-            f"must see the same conversion, and home is often not shared or too small",
-            fix=f"set {profile_path(profile, 'env.NRL_MEGATRON_CHECKPOINT_DIR')} (or HF_HOME) "
-            f"to a directory on shared storage",
-        )
+    if source == "home":
+        _warn_home_on_many_nodes(directory, recipe, profile, findings, job_nodes)
+    _warn_shell_disagrees(directory, job_env, profile, findings)
     check_visible_in_container(
         profile, mounts, "the Megatron checkpoint dir", directory, source_path, findings
     )
     return directory, source
+
+
+def _warn_home_on_many_nodes(
+    directory: str,
+    recipe: Recipe,
+    profile: ClusterProfile,
+    findings: Findings,
+    job_nodes: int | None,
+) -> None:
+    # Only the training ranks read the conversion (vLLM engines load the HF model and take
+    # refits in memory), so generation nodes of their own do not make it a multi-node read.
+    training_nodes = recipe.cluster.num_nodes
+    if training_nodes <= 1:
+        return
+    spans = f"on a {training_nodes}-node job every node"
+    if job_nodes is not None and job_nodes > training_nodes:
+        spans = (
+            f"training spans {training_nodes} of the job's {job_nodes} nodes and every "
+            "training node"
+        )
+    findings.warn(
+        "megatron_checkpoint_dir",
+        profile_path(profile, "env"),
+        f"the Megatron checkpoint dir falls back to {directory} under $HOME; {spans} "
+        f"must see the same conversion, and home is often not shared or too small",
+        fix=f"set {profile_path(profile, 'env.NRL_MEGATRON_CHECKPOINT_DIR')} (or HF_HOME) "
+        f"to a directory on shared storage",
+    )
+
+
+def _warn_shell_disagrees(
+    directory: str, job_env: dict[str, str], profile: ClusterProfile, findings: Findings
+) -> None:
+    """The job inherits the submitting shell's environment (sbatch exports it, the local
+    executor passes it on), and NeMo RL users often export these two variables there. The job
+    converts into the planned directory whatever the shell says, so a shell value that would
+    have resolved elsewhere is named here instead of being silently not followed."""
+    shell = {name: os.environ[name] for name in SHELL_CHECKPOINT_VARIABLES if os.environ.get(name)}
+    if not shell:
+        return
+    shell_directory, name = resolve_megatron_checkpoint_dir({**shell, **job_env}, "/")
+    if shell_directory == directory:
+        return
+    findings.warn(
+        "megatron_checkpoint_dir_shell",
+        profile_path(profile, f"env.{name}"),
+        f"this shell sets {name}={shell[name]}, but the job converts Megatron checkpoints "
+        f"into {directory}: the directory is planned from the profile's env and "
+        "policy.megatron_cfg.env_vars only",
+        fix=f"to convert under it, set {profile_path(profile, f'env.{name}')} (or "
+        f"policy.megatron_cfg.env_vars.{name}) to {shell[name]}",
+    )
 
 
 def check_hf_home(profile: ClusterProfile, mounts: list[Mount], findings: Findings) -> None:

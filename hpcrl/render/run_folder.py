@@ -1,4 +1,5 @@
-"""The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, a manifest.
+"""The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, the plan
+the job reads (``jobspec.json``, see ``hpcrl.plan.jobspec_file``) and a manifest.
 
 Only the manifest records when and where it was written; the script stays deterministic.
 """
@@ -21,6 +22,7 @@ from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.files import replace_symlink, unusable_folder, write_file
 from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.render.script import render_sbatch
 
@@ -38,6 +40,7 @@ class RunFolder:
     path: Path
     script: Path
     resolved_recipe: Path
+    jobspec: Path
     manifest: Path
 
 
@@ -82,9 +85,9 @@ def write_run_folder(
     recipe_path: Path | None,
     load_warnings: Sequence[str] = (),
 ) -> RunFolder:
-    """Write ``job.sbatch`` (executable), ``recipe.resolved.yaml`` and ``manifest.json`` to
-    ``spec.run_dir`` (modes as the umask allows: ``hpcrl.files``), and the code bundle the
-    script runs unless it exists already.
+    """Write ``job.sbatch`` (executable), ``recipe.resolved.yaml``, ``jobspec.json`` and
+    ``manifest.json`` to ``spec.run_dir`` (modes as the umask allows: ``hpcrl.files``), and
+    the code bundle the script runs unless it exists already.
 
     The caller holds ``hpcrl.files.run_folder_lock`` of the folder (or of a sweep folder
     above it). Refuses a folder that already holds a submitted job: its script is the record
@@ -99,11 +102,10 @@ def write_run_folder(
     if spec.code.bundle is not None:
         bundle = write_bundle(spec.code.bundle)
         replace_symlink(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))
-    run = RunFolder(
-        folder, folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME, folder / MANIFEST_NAME
-    )
-    write_file(run.script, render_sbatch(spec), executable=True)
-    write_file(run.resolved_recipe, _to_yaml(resolved_recipe))
+    script, resolved = folder / SCRIPT_NAME, folder / RESOLVED_RECIPE_NAME
+    write_file(script, render_sbatch(spec), executable=True)
+    write_file(resolved, _to_yaml(resolved_recipe))
+    run = RunFolder(folder, script, resolved, write_jobspec(spec), folder / MANIFEST_NAME)
     manifest = build_manifest(spec, recipe_path=recipe_path, load_warnings=load_warnings)
     write_file(run.manifest, json.dumps(manifest, indent=2) + "\n")
     return run
@@ -127,7 +129,7 @@ def build_manifest(
             "warned": [check.format() for check in spec.checks if check.status == "warned"],
         },
         "load_warnings": [str(warning) for warning in load_warnings],
-        "plan": attrs.asdict(spec, recurse=True),
+        "plan": jobspec_as_dict(spec),  # a copy for readers; the job reads jobspec.json
     }
 
 

@@ -7,19 +7,16 @@ and refuses when the script's task command is not the one submitit would run.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import submitit
 from submitit.core import utils as submitit_utils
 
 from hpcrl.config.errors import UserError
-from hpcrl.files import write_file
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.submit.executor import (
     RenderedLocalExecutor,
@@ -30,18 +27,6 @@ from hpcrl.submit.job_record import JobRecord, utc_now_iso, write_job_record
 from hpcrl.submit.node_task import NodeTask
 
 DEFAULT_LOCAL_TIME_LIMIT = "01:00:00"
-#: The plan as the node entrypoint reads it in the job (hpcrl.job.settings): node count,
-#: Ray ports, max_requeues, slots.
-JOBSPEC_NAME = "jobspec.json"
-
-
-def write_jobspec(spec: JobSpec) -> Path:
-    """``<run_dir>/jobspec.json`` unless the run folder already has one (the renderer may
-    write it); atomic, so a node never reads half a file."""
-    path = Path(spec.run_dir) / JOBSPEC_NAME
-    if not path.exists():
-        write_file(path, json.dumps(attrs.asdict(spec), indent=2, sort_keys=True) + "\n")
-    return path
 
 
 class SubmissionRefused(UserError):
@@ -151,7 +136,6 @@ def submit_job(jobspec: JobSpec, script_path: Path, **record_fields: Any) -> Job
 
     ``record_fields``: more JobRecord fields (a local sweep's point: array_index, sweep_dir)."""
     assert jobspec.array_size is None, "arrays go through submit_array"
-    write_jobspec(jobspec)
     with _refusal_explained(script_path):
         executor = build_executor(jobspec, script_path)
     if jobspec.scheduler == "local":

@@ -33,6 +33,7 @@ from hpcrl.config.load import check_secret_references
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.files import LOCK_NAME
 from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 from hpcrl.plan.planner import plan
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 from hpcrl.render.run_folder import (
@@ -46,9 +47,9 @@ from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 
 POINT_DIR = re.compile(r"point-([0-9]+)")
-#: What ``write_run_folder`` (and ``write_jobspec``) leaves in a point folder.
+#: What ``write_run_folder`` leaves in a point folder.
 RENDERED_FILES = frozenset(
-    {SCRIPT_NAME, RESOLVED_RECIPE_NAME, MANIFEST_NAME, CODE_LINK_NAME, "jobspec.json", LOCK_NAME}
+    {SCRIPT_NAME, RESOLVED_RECIPE_NAME, MANIFEST_NAME, CODE_LINK_NAME, JOBSPEC_FILE, LOCK_NAME}
 )
 
 
@@ -215,13 +216,11 @@ def _remove_stale_points(sweep_dir: Path, num_points: int) -> None:
 
 def write_and_submit_sweep(planned: PlannedSweep) -> tuple[SweepRecord, list[JobRecord]]:
     """Write every point's folder and the array script, submit one array, write sweep.json."""
-    from hpcrl.submit.submission import submit_array, write_jobspec
+    from hpcrl.submit.submission import submit_array
 
     assert planned.array_spec is not None, "local sweeps go through run_local_sweep"
-    script = write_sweep_folders(planned)
+    script = write_sweep_folders(planned)  # each point's folder holds the plan its job reads
     assert script is not None
-    for point in planned.points:
-        write_jobspec(point.spec)  # what the point's node entrypoint reads in the job
     point_dirs = planned.record.point_run_dirs(planned.sweep_dir)
     records = submit_array(planned.array_spec, script, point_dirs)
     record = attrs.evolve(

@@ -23,9 +23,9 @@ def problems_of(call) -> dict[str, object]:
 @pytest.mark.parametrize(
     "override, path, words",
     [
-        ("policy.optimizer.lr=.nan", "policy.optimizer.lr", "finite"),
-        ("policy.optimizer.lr=.inf", "policy.optimizer.lr", "finite"),
-        ("policy.optimizer.lr=-1e-5", "policy.optimizer.lr", "at least 0"),
+        ("policy.optimizer.kwargs.lr=.nan", "policy.optimizer.kwargs.lr", "finite"),
+        ("policy.optimizer.kwargs.lr=.inf", "policy.optimizer.kwargs.lr", "finite"),
+        ("policy.optimizer.kwargs.lr=-1e-5", "policy.optimizer.kwargs.lr", "must be positive"),
         ("policy.max_grad_norm=.nan", "policy.max_grad_norm", "finite"),
         ("policy.max_grad_norm=-.inf", "policy.max_grad_norm", "finite"),
         ("policy.max_grad_norm=-1.0", "policy.max_grad_norm", "must be positive"),
@@ -33,8 +33,8 @@ def problems_of(call) -> dict[str, object]:
         ("policy.generation.temperature=.nan", "policy.generation.temperature", "finite"),
         ("policy.generation.temperature=.inf", "policy.generation.temperature", "finite"),
         ("policy.generation.temperature=-0.5", "policy.generation.temperature", "negative"),
-        ("policy.optimizer.betas=[0.9,1.5]", "policy.optimizer.betas[1]", "[0, 1)"),
-        ("policy.optimizer.eps=0", "policy.optimizer.eps", "positive"),
+        ("policy.optimizer.kwargs.betas=[0.9,1.5]", "policy.optimizer.kwargs.betas[1]", "[0, 1)"),
+        ("policy.optimizer.kwargs.eps=0", "policy.optimizer.kwargs.eps", "positive"),
         ("policy.megatron_cfg.optimizer.lr=-1", "policy.megatron_cfg.optimizer.lr", "at least"),
         ("policy.megatron_cfg.optimizer.adam_beta2=1.0", "policy.megatron_cfg.optimizer.adam_beta2", "[0, 1)"),
         ("checkpointing.save_period=0", "checkpointing.save_period", "at least 1"),

@@ -1,6 +1,8 @@
 """Run folders for driver tests: a shipped recipe (plus overrides) resolved the way
 ``hpcrl submit`` resolves it, then ``run_training`` on it in this process (Ray from the
-caller's fixture). Also reads metrics.jsonl back."""
+caller's fixture). Without a jobspec.json the driver plans the folder with the ``local``
+profile; ``write_local_plan`` writes one planned on a changed local profile (e.g. more worker
+slots) instead. Also reads metrics.jsonl back."""
 
 from __future__ import annotations
 
@@ -19,6 +21,28 @@ def write_run_dir(run_dir: Path, recipe: str, overrides: list[str] | tuple[str, 
     loaded = load_recipe(REPO_ROOT / "recipes" / recipe, list(overrides))
     (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(loaded.resolved_dict))
     return run_dir
+
+
+def local_plan(recipe, run_dir: Path, *profile_overrides: str):
+    """``recipe`` planned by the real planner on the shipped ``local`` profile with
+    ``profile_overrides`` (``key=value``, e.g. ``worker_slots_per_node=3``)."""
+    from hpcrl.config import load_profile
+    from hpcrl.plan.planner import plan
+
+    profile = load_profile("local", list(profile_overrides))
+    folder = str(run_dir.absolute())
+    return plan(recipe, profile, run_dir=folder, recipe_source=folder)
+
+
+def write_local_plan(run_dir: Path, *profile_overrides: str):
+    """Plan the run folder's resolved recipe (``local_plan``) and write its jobspec.json."""
+    from hpcrl.config import load_recipe
+    from hpcrl.plan.jobspec_file import write_jobspec
+
+    recipe = load_recipe(run_dir / "recipe.resolved.yaml").recipe
+    spec = local_plan(recipe, run_dir, *profile_overrides)
+    write_jobspec(spec)
+    return spec
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

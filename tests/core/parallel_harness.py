@@ -76,7 +76,9 @@ def make_recipe(
             train_micro_batch_size=micro_batch_size,
             precision="float32",
             max_grad_norm=1.0,
-            optimizer=OptimizerCfg(name="adamw", lr=lr, weight_decay=0.01),
+            optimizer=OptimizerCfg(
+                name="torch.optim.AdamW", kwargs={"lr": lr, "weight_decay": 0.01}
+            ),
             automodel_cfg=AutomodelCfg(
                 enabled=True,
                 dp_replicate_size=dp_replicate,

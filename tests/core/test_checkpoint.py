@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hpcrl.config.recipe import SchedulerCfg
+from hpcrl.config.recipe import LrSchedulerCfg
 from tests.core.parallel_harness import (
     full_weights,
     make_batch,
@@ -38,7 +38,18 @@ def dropout_nll_loss(
 
 def scheduled_recipe():
     recipe = make_recipe()
-    scheduler = SchedulerCfg(name="cosine", warmup_steps=2, total_steps=8, min_lr_ratio=0.1)
+    # NeMo RL's form: 2 linear warm-up steps, then cosine decay over the rest.
+    scheduler = (
+        LrSchedulerCfg(
+            name="torch.optim.lr_scheduler.LinearLR",
+            kwargs={"start_factor": 0.5, "end_factor": 1.0, "total_iters": 2},
+        ),
+        LrSchedulerCfg(
+            name="torch.optim.lr_scheduler.CosineAnnealingLR",
+            kwargs={"T_max": 6, "eta_min": 1.0e-4},
+        ),
+        LrSchedulerCfg(milestones=(2,)),
+    )
     return attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, scheduler=scheduler))
 
 

@@ -1,5 +1,6 @@
 """The driver places separate vLLM generation workers where the planner put them: the plan's
-``generation.first_node`` reaches the job through jobspec.json and selects the nodes."""
+``generation`` reaches the job through jobspec.json (the typed ``JobSpec``) and becomes the
+engines' layout and nodes, with nothing re-decided in the job."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ from tests.require import require_module
 
 require_module("ray")
 
-from hpcrl.config.recipe import ColocatedCfg, GenerationCfg, GenerationResourcesCfg  # noqa: E402
-from hpcrl.core.driver import planned_generation_node  # noqa: E402
+from hpcrl.config.recipe import (  # noqa: E402
+    ColocatedCfg,
+    GenerationCfg,
+    GenerationResourcesCfg,
+    VllmCfg,
+)
 from hpcrl.core.generation import vllm_workers  # noqa: E402
+from hpcrl.plan.jobspec_file import read_jobspec, write_jobspec  # noqa: E402
 from hpcrl.plan.planner import plan  # noqa: E402
-from hpcrl.submit.submission import write_jobspec  # noqa: E402
 from tests.plan.planning_inputs import automodel_recipe, pyxis_profile, with_policy  # noqa: E402
 
 NODES = ["driver-node", "node-b", "node-c", "node-d"]  # the training group's node order
@@ -26,9 +31,12 @@ def four_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(group, "pick_nodes", lambda count: NODES[:count])
 
 
-def _planned_first_node(tmp_path, training_per_node: int, generation_per_node: int) -> int | None:
+def _planned_layout(
+    tmp_path, training_per_node: int, generation_per_node: int, tp: int = 1
+) -> vllm_workers.GenerationLayout:
     generation = GenerationCfg(
         backend="vllm",
+        vllm_cfg=VllmCfg(tensor_parallel_size=tp),
         colocated=ColocatedCfg(
             enabled=False,
             resources=GenerationResourcesCfg(num_nodes=1, gpus_per_node=generation_per_node),
@@ -37,20 +45,30 @@ def _planned_first_node(tmp_path, training_per_node: int, generation_per_node: i
     recipe = with_policy(automodel_recipe(2, training_per_node), generation=generation)
     spec = plan(recipe, pyxis_profile(), run_dir=str(tmp_path), recipe_source="grpo-test")
     write_jobspec(spec)
-    return planned_generation_node(tmp_path)
+    placement = read_jobspec(tmp_path).generation
+    assert placement == spec.generation
+    return vllm_workers.generation_layout(placement, "cuda")
 
 
 def test_own_nodes_follow_the_training_nodes(tmp_path, four_nodes) -> None:
-    first = _planned_first_node(tmp_path, training_per_node=8, generation_per_node=8)
-    assert first == 2
-    assert vllm_workers.generation_node_ids(2, 1, first) == ["node-c"]
+    layout = _planned_layout(tmp_path, training_per_node=8, generation_per_node=8, tp=2)
+    assert (layout.first_node, layout.num_nodes) == (2, 1)
+    assert (layout.engines_per_node, layout.gpus_per_engine) == (4, 2)
+    assert vllm_workers.generation_node_ids(layout.first_node, layout.num_nodes) == ["node-c"]
 
 
 def test_shared_nodes_are_the_first_training_nodes(tmp_path, four_nodes) -> None:
-    first = _planned_first_node(tmp_path, training_per_node=4, generation_per_node=4)
-    assert first == 0
-    assert vllm_workers.generation_node_ids(2, 1, first) == ["driver-node"]
+    layout = _planned_layout(tmp_path, training_per_node=4, generation_per_node=4)
+    assert (layout.first_node, layout.engines_per_node, layout.gpus_per_engine) == (0, 4, 1)
+    assert vllm_workers.generation_node_ids(layout.first_node, 1) == ["driver-node"]
 
 
-def test_no_plan_means_no_planned_node(tmp_path) -> None:
-    assert planned_generation_node(tmp_path) is None
+def test_cpu_engines_take_one_worker_slot_each() -> None:
+    from hpcrl.plan.jobspec import GenerationPlacement
+
+    placement = GenerationPlacement(
+        first_node=0, num_nodes=1, slots_per_node=1, num_engines=1, slots_per_engine=1,
+        training_nodes=1, training_slots_per_node=1,
+    )  # fmt: skip
+    layout = vllm_workers.generation_layout(placement, "cpu")
+    assert (layout.engines_per_node, layout.gpus_per_engine, layout.num_engines) == (1, 0, 1)

@@ -24,7 +24,7 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
             "grpo.max_num_steps=12",
             "grpo.use_leave_one_out_baseline=true",
             "loss_fn.reference_policy_kl_penalty=0.01",
-            "policy.optimizer.lr=1.0e-2",
+            "policy.optimizer.kwargs.lr=1.0e-2",
             f"data.val_path={REPO_ROOT / 'recipes' / 'data' / 'toy_count.jsonl'}",
             "grpo.val_period=6",
             "grpo.val_at_start=true",

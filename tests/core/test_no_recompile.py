@@ -110,3 +110,40 @@ def test_sequence_padding_always_adds_a_zero_column_on_token_axes_only() -> None
     assert int(padded["attention_mask"][:, 64:].sum()) == 0
     assert torch.equal(padded["advantages"], batch["advantages"])
     assert pad_sequence_dim({"input_ids": ones[:, :37]}, 64)["input_ids"].shape == (2, 64)
+
+
+@pytest.mark.slow
+def test_packed_and_dynamic_micro_batches_compile_only_in_the_first_step(compiled_worker) -> None:
+    """Sequence packing and dynamic batching pick their own widths per micro-batch; they go
+    through the same buckets, so later steps with new lengths build no new graph."""
+    from hpcrl.core.workers.micro_batches import (
+        BatchingSettings,
+        materialize,
+        plan_shards,
+        row_lengths,
+    )
+
+    worker, backend = compiled_worker
+    eager = TokenLogprobModel(worker.model.hf)
+    packed = BatchingSettings(mode="packed", tokens_per_micro_batch=256, divisible_by=4)
+    dynamic = BatchingSettings(mode="dynamic", tokens_per_micro_batch=256, round_to=16)
+    # Packs of one sequence each: without a fill of their own their positions never restart.
+    single = BatchingSettings(mode="packed", tokens_per_micro_batch=120)
+    graphs_after_step = []
+    for step, length in enumerate([37, 53, 71, 120]):
+        batch = _grpo_like_batch(step, 8, length, full=False)
+        lengths = row_lengths(batch)
+        real = batch["attention_mask"].bool()
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+            want, _ = eager(batch["input_ids"], batch["attention_mask"])
+        for settings in (packed, dynamic, single):
+            plan = plan_shards([lengths], length, settings)[0]
+            logprobs = worker.logprobs(batch, plan)
+            torch.testing.assert_close(logprobs[real], want[real], atol=1e-5, rtol=0)
+        plan = plan_shards([lengths], length, packed)[0]
+        micro = [materialize(batch, spec) for spec in plan]
+        metrics = worker.train_step(micro, masked_nll_loss, float(batch["token_mask"].sum()))
+        assert metrics["loss"] > 0
+        graphs_after_step.append(backend.graphs)
+    assert graphs_after_step[0] > 0, "the blocks were compiled"
+    assert graphs_after_step == [graphs_after_step[0]] * len(graphs_after_step), graphs_after_step

@@ -9,7 +9,7 @@ import attrs
 import pytest
 import torch
 
-from hpcrl.config.recipe import SchedulerCfg
+from hpcrl.config.recipe import LrSchedulerCfg
 from tests.core.parallel_harness import (
     full_weights,
     make_batch,
@@ -57,7 +57,19 @@ def test_tp2_fsdp2_mesh_matches_single_process(ray_cluster, tiny_model_path):  #
 
 
 def scheduled(recipe):
-    scheduler = SchedulerCfg(name="cosine", warmup_steps=2, total_steps=8, min_lr_ratio=0.1)
+    # Linear warm-up over 2 steps, then cosine to a tenth over the remaining 6 (NeMo RL's form).
+    lr = recipe.policy.optimizer.kwargs["lr"]
+    scheduler = (
+        LrSchedulerCfg(
+            name="torch.optim.lr_scheduler.LinearLR",
+            kwargs={"start_factor": 0.5, "end_factor": 1.0, "total_iters": 2},
+        ),
+        LrSchedulerCfg(
+            name="torch.optim.lr_scheduler.CosineAnnealingLR",
+            kwargs={"T_max": 6, "eta_min": 0.1 * lr},
+        ),
+        LrSchedulerCfg(milestones=(2,)),
+    )
     return attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, scheduler=scheduler))
 
 

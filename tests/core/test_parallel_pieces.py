@@ -3,13 +3,11 @@ gradient clipping, and the setup errors for layouts and options it cannot run.""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from hpcrl.core.backends.automodel.model import token_logprobs
-from hpcrl.core.backends.automodel.optim import clip_gradients, lr_factor
+from hpcrl.core.backends.automodel.optim import clip_gradients
 from hpcrl.core.backends.automodel.parallelize import MeshShape
 from hpcrl.core.backends.automodel.worker import _check_supported
 from hpcrl.core.token_distribution import LogitTransform, TokenDistribution
@@ -50,19 +48,7 @@ def test_chunked_logprobs_equal_full_softmax_in_value_and_gradient(
         torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
 
 
-def schedule(name: str, steps: int, **kw) -> list[float]:
-    kw = {"warmup_steps": 2, "total_steps": 6, "min_lr_ratio": 0.1, **kw}
-    return [lr_factor(step, name=name, **kw) for step in range(steps)]
-
-
-def test_lr_schedules_warm_up_then_follow_their_shape():
-    assert schedule("constant", 4) == [0.5, 1.0, 1.0, 1.0]
-    # Peak at the first step after warm-up, min_lr_ratio at total_steps and after.
-    assert schedule("linear", 8) == pytest.approx([0.5, 1.0, 1.0, 0.775, 0.55, 0.325, 0.1, 0.1])
-    cosine = schedule("cosine", 8)
-    assert cosine[:3] == [0.5, 1.0, 1.0]
-    assert cosine[4] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
-    assert cosine[6:] == pytest.approx([0.1, 0.1])
+# LR schedules (NeMo RL's torch scheduler list): tests/core/test_optim.py.
 
 
 def test_clip_gradients_matches_torch_and_reports_norm_before_clipping():

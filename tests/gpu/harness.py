@@ -39,9 +39,10 @@ def gpu_count() -> int:
     return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
 
 
-def user_env(cache_dir: Path, megatron_dir: Path) -> dict[str, str]:
+def user_env(cache_dir: Path) -> dict[str, str]:
     """The submitting shell: no repository on PYTHONPATH, offline, one cache per test session
-    (the tiny 1B model and its Megatron conversion are built once and reused)."""
+    (the tiny 1B model is built once and reused; the Megatron conversion's directory is the
+    recipe's to say, see test_end_to_end.in_megatron_dir)."""
     env = dict(os.environ)
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     paths = [p for p in paths if Path(p).resolve() != REPO]
@@ -50,7 +51,6 @@ def user_env(cache_dir: Path, megatron_dir: Path) -> dict[str, str]:
     env.update(
         HF_HUB_OFFLINE="1",
         HPCRL_CACHE=str(cache_dir),
-        NRL_MEGATRON_CHECKPOINT_DIR=str(megatron_dir),
         PYTHONUNBUFFERED="1",
     )
     env.pop("HPCRL_DRIVER", None)  # the real training core, never a test driver

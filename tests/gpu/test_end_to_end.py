@@ -46,7 +46,18 @@ SWEEP_AXIS = [
 
 @pytest.fixture
 def env(gpu_cache: Path) -> dict[str, str]:
-    return user_env(gpu_cache, megatron_dir=gpu_cache / "megatron")
+    return user_env(gpu_cache)
+
+
+@pytest.fixture
+def megatron_dir(gpu_cache: Path) -> Path:
+    """Where the Megatron jobs convert: the plan resolves it from the recipe's env_vars (set
+    below) and the job converts exactly there, whatever its shell environment says."""
+    return gpu_cache / "megatron"
+
+
+def in_megatron_dir(megatron_dir: Path) -> str:
+    return f"policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR={megatron_dir}"
 
 
 def _submit_and_check(
@@ -63,28 +74,32 @@ def _submit_and_check(
 
 
 def test_megatron_grpo_converts_the_hf_checkpoint(
-    gpu_out: Path, hf_checkpoint: Path, env: dict
+    gpu_out: Path, hf_checkpoint: Path, env: dict, megatron_dir: Path
 ) -> None:
     run_dir = gpu_out / "megatron"
     # force: a conversion left by an earlier run on the same machine must not stand in for one
     force = "policy.megatron_cfg.force_reconvert_from_hf=true"
-    _submit_and_check(MEGATRON_RECIPE, run_dir, hf_checkpoint, env, 540, force)
+    _submit_and_check(
+        MEGATRON_RECIPE, run_dir, hf_checkpoint, env, 540, force, in_megatron_dir(megatron_dir)
+    )
     driver_log = "\n".join(p.read_text() for p in run_dir.glob("logs/node0/attempt*/driver.log"))
     assert "conversion written" in driver_log, "megatron-bridge converted in this job"
     done = re.search(r"\[hpcrl megatron conversion\] done in [0-9.]+ s: (\S+)", driver_log)
     assert done, "the conversion reported where it wrote"
     assert (Path(done.group(1)) / "hpcrl_conversion_complete.json").is_file()
+    # The planned directory (JobSpec.megatron_checkpoint_dir) reached the GPU worker.
+    assert Path(done.group(1)).parent == megatron_dir, done.group(1)
 
 
 def test_offload_sweep_then_report(
-    gpu_out: Path, hf_checkpoint: Path, env: dict, failed_gpu_tests: set
+    gpu_out: Path, hf_checkpoint: Path, env: dict, megatron_dir: Path, failed_gpu_tests: set
 ) -> None:
     if "test_megatron_grpo_converts_the_hf_checkpoint" in failed_gpu_tests:
         pytest.fail("the single Megatron job failed above; every sweep point would fail alike")
     sweep_dir = gpu_out / "offload-sweep"
     args = ["sweep", MEGATRON_RECIPE, "--cluster", GPU_PROFILE, "-o", str(sweep_dir), *SWEEP_AXIS,
             f"policy.model_name={hf_checkpoint}", f"grpo.max_num_steps={SWEEP_STEPS}",
-            "--wait"]  # fmt: skip
+            in_megatron_dir(megatron_dir), "--wait"]  # fmt: skip
     result = hpcrl(args, gpu_out, env, timeout_s=900)
     assert result.returncode == 0, output_of(result)
     points = [sweep_dir / f"point-{index}" for index in range(len(FRACTIONS))]

@@ -75,6 +75,12 @@ class SimulatedJob:
     def gcs_port(self) -> int:
         return self.port_base
 
+    def write_plan(self) -> None:
+        """The run folder with the job's plan (jobspec.json), as `hpcrl submit` leaves it."""
+        from tests.job.plans import write_node_plan
+
+        write_node_plan(self.run_dir, self.num_nodes)
+
     def node_port(self, rank: int, field: str) -> int:
         return self.port_base + 10 + 10 * rank + NODE_PORT_FIELDS.index(field)
 

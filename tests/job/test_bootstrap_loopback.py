@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 def job(tmp_path, request) -> SimulatedJob:
     seed = os.getpid() + hash(request.node.name)
     simulated = SimulatedJob(run_dir=tmp_path / "run", num_nodes=2, port_base=free_port_base(seed))
-    simulated.run_dir.mkdir()
+    simulated.write_plan()
     yield simulated
     leftovers = processes_of_job(simulated)
     assert leftovers == [], "Ray processes left behind:\n" + "\n".join(leftovers)
@@ -74,6 +74,7 @@ def test_failing_driver_exit_code_reaches_the_job(job):
 
 def test_submitit_entrypoint_raises_with_the_driver_exit_code(job):
     job.num_nodes = 1
+    job.write_plan()  # a one-node job
     started = time.monotonic()
     head = wait_node(
         job.start_node(0, entry="NodeMain", HPCRL_DRIVER="tests.job.drivers:exit_with_7"), started
@@ -140,6 +141,7 @@ def test_missing_node_is_named_after_the_join_deadline(job):
 def test_ray_and_driver_end_when_the_entrypoint_is_killed(job):
     """SIGKILL leaves no chance to clean up; local runs have no Slurm step to reap children."""
     job.num_nodes = 1
+    job.write_plan()  # a one-node job
     node = job.start_node(0, HPCRL_DRIVER="tests.job.drivers:checkpoint_on_preempt")
     deadline = time.monotonic() + 120
     while not (job.run_dir / "driver_started").exists():

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.job.plans import write_node_plan
 from tests.slurm.harness import NETNS_NODE_IPS, cluster_mode, run_slurm, wait_sacct_states
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -23,7 +24,9 @@ SCRIPT = Path(__file__).with_name("two_node_probe.sbatch")
 
 
 def run_probe_job(run_dir: Path, **env: str) -> str:
-    """Submit the probe script, wait until it left the queue, return the job id."""
+    """Plan a 2-node job into ``run_dir``, submit the probe script, wait until it left the
+    queue, return the job id."""
+    write_node_plan(run_dir, num_nodes=2)
     job_id = run_slurm(
         "sbatch", "--parsable", f"--chdir={REPO_ROOT}", f"--output={run_dir}/slurm-%j.out",
         "--export=ALL," + ",".join(f"{k}={v}" for k, v in env.items()) if env else "--export=ALL",

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import json
-
 import attrs
 import pytest
 
 from hpcrl.config.port_bands import NUM_BANDS, band_ports, job_key
+from hpcrl.config.profile import RayPortsCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.settings import read_node_settings
+from tests.job.plans import write_node_plan
+
+
+@pytest.fixture
+def two_node_plan(tmp_path):
+    """A 2-node plan whose profile names no Ray port: every port comes from the band."""
+    return write_node_plan(tmp_path, num_nodes=2)
 
 
 def slurm_env(job_id: str, rank: int, **extra: str) -> dict[str, str]:
@@ -36,7 +42,7 @@ def test_every_band_is_disjoint_from_every_other_and_below_the_ephemeral_range()
         band_ports(NUM_BANDS)
 
 
-def test_two_jobs_on_one_node_get_disjoint_ports(tmp_path):
+def test_two_jobs_on_one_node_get_disjoint_ports(tmp_path, two_node_plan):
     first = read_node_settings(tmp_path, slurm_env("4242", 0)).ray_ports
     second = read_node_settings(tmp_path, slurm_env("4243", 0)).ray_ports
 
@@ -44,14 +50,14 @@ def test_two_jobs_on_one_node_get_disjoint_ports(tmp_path):
     assert not port_set(attrs.asdict(first)) & port_set(attrs.asdict(second))
 
 
-def test_every_node_of_a_job_and_every_attempt_get_the_same_ports(tmp_path):
+def test_every_node_of_a_job_and_every_attempt_get_the_same_ports(tmp_path, two_node_plan):
     head = read_node_settings(tmp_path, slurm_env("977001", 0)).ray_ports
     worker = read_node_settings(tmp_path, slurm_env("977001", 1)).ray_ports
     requeued = read_node_settings(tmp_path, slurm_env("977001", 1, SLURM_RESTART_COUNT="1"))
     assert head == worker == requeued.ray_ports
 
 
-def test_tasks_of_one_array_get_neighbouring_bands(tmp_path):
+def test_tasks_of_one_array_get_neighbouring_bands(tmp_path, two_node_plan):
     # Array tasks' own job ids need not be consecutive; the array id plus the task id are.
     bands = [
         read_node_settings(
@@ -65,14 +71,14 @@ def test_tasks_of_one_array_get_neighbouring_bands(tmp_path):
 
 
 def test_local_runs_take_the_band_of_their_run_id(tmp_path):
+    write_node_plan(tmp_path, num_nodes=1)
     local = read_node_settings(tmp_path, {"SUBMITIT_LOCAL_JOB_ID": "90"}).ray_ports
     assert local.gcs_port == 10000 + (90 % NUM_BANDS) * 512
     assert job_key("t3f9a") == job_key("t3f9a") != job_key("t3f9b")  # ids that are not numbers
 
 
 def test_named_ports_win_over_the_band_and_the_band_can_be_chosen(tmp_path):
-    jobspec = {"ray_ports": {"gcs_port": 6379, "torch_master_port": None}}
-    (tmp_path / "jobspec.json").write_text(json.dumps(jobspec))
+    write_node_plan(tmp_path, num_nodes=2, ray_ports=RayPortsCfg(gcs_port=6379))
     env = slurm_env("4242", 0, HPCRL_RAY_DASHBOARD_PORT="7000", HPCRL_RAY_PORT_BAND="2")
 
     ports = read_node_settings(tmp_path, env).ray_ports

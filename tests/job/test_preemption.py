@@ -34,7 +34,7 @@ def test_usr2_checkpoints_the_driver_and_the_requeued_attempt_resumes(
 ):
     request_cleanup = request.addfinalizer
     job = SimulatedJob(run_dir=tmp_path / "run", num_nodes=1, port_base=free_port_base(os.getpid()))
-    job.run_dir.mkdir()
+    job.write_plan()
     env = job.node_env(0) | {"HPCRL_DRIVER": "tests.job.drivers:checkpoint_on_preempt",
                              "HPCRL_MAX_REQUEUES": "1",
                              # Ray's temp dirs named after the job, to find its processes.

@@ -23,8 +23,11 @@ from hpcrl.job.preflight import (
     summarize,
 )
 from hpcrl.job.versions import check_spec, in_range, release
-from hpcrl.plan.jobspec import CodeBundle, JobCode
+from hpcrl.plan.jobspec import CodeBundle, ContainerSpec, JobCode
+from hpcrl.plan.jobspec_file import JOBSPEC_FILE
+from hpcrl.plan.jobspec_file import write_jobspec as write_plan_file
 from hpcrl.plan.requirements import SUPPORTED
+from tests.job.plans import write_node_plan
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = next(row for row in SUPPORTED if row.distributions == ("ray",))
@@ -169,10 +172,12 @@ def test_code_from_the_bundle_or_the_planned_installed_version():
 
 
 def write_jobspec(run_dir: Path, code: JobCode, image: str | None) -> None:
-    container = {"image": image} if image else None
-    run_dir.joinpath("jobspec.json").write_text(
-        json.dumps({"code": attrs.asdict(code), "container": container})
+    """A real plan with this ``code`` and container image, written by the one writer."""
+    spec = write_node_plan(run_dir)
+    container = (
+        ContainerSpec(image=image, mounts=(), workdir=None, mount_home=False) if image else None
     )
+    write_plan_file(attrs.evolve(spec, code=code, container=container))
 
 
 def test_a_failing_node_marks_itself_logs_and_raises(tmp_path, monkeypatch):
@@ -209,3 +214,25 @@ def _version() -> str:
     import hpcrl
 
     return hpcrl.__version__
+
+
+@pytest.mark.parametrize("damage", ["missing", "another hpcrl"])
+def test_a_plan_this_hpcrl_cannot_read_fails_the_node_in_one_line(tmp_path, damage):
+    if damage == "another hpcrl":
+        write_node_plan(tmp_path)
+        path = tmp_path / JOBSPEC_FILE
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"hpcrl_version": "0.0.1"}))
+        cause = f"{tmp_path / JOBSPEC_FILE} was written by hpcrl 0.0.1, but this job runs hpcrl"
+    else:
+        cause = f"{tmp_path / JOBSPEC_FILE} does not exist, so this job has no plan"
+    hook = sys.excepthook
+    try:
+        with pytest.raises(PreflightFailed) as caught:
+            run_preflight(str(tmp_path), {"SUBMITIT_LOCAL_JOB_ID": "78"})
+    finally:
+        sys.excepthook = hook
+    assert str(caught.value).startswith(cause) and "\n" not in str(caught.value)
+    marker = json.loads((tmp_path / "status" / "node0.failed").read_text())
+    assert marker["message"].startswith("preflight on node 0 (") and cause in marker["message"]
+    log = (tmp_path / "logs" / "node0" / "attempt0" / "node.log").read_text()
+    assert f"preflight FAILED: {cause}" in log

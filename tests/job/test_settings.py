@@ -8,12 +8,16 @@ import pickle
 import pytest
 from submitit.helpers import DelayedSubmission
 
+import hpcrl
+from hpcrl.config.profile import RayPortsCfg, SlurmCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.markers import PREEMPT_FILE
 from hpcrl.job.node import NodeMain
 from hpcrl.job.ray_cluster import ray_environment, ray_start_argv
 from hpcrl.job.settings import read_node_settings
 from hpcrl.job.slurm_env import expand_hostlist
+from hpcrl.plan.jobspec_file import JOBSPEC_FILE
+from tests.job.plans import write_node_plan
 
 
 @pytest.mark.parametrize(
@@ -38,26 +42,41 @@ def slurm_env(rank: int, **extra: str) -> dict[str, str]:
     }  # fmt: skip
 
 
-def test_environment_overrides_jobspec_which_overrides_defaults(tmp_path):
-    jobspec = {"num_nodes": 2, "max_requeues": 3, "device": "gpu", "slots_per_node": 8,
-               "ray_ports": {"gcs_port": 7000, "node_manager_port": 7001}}  # fmt: skip
-    (tmp_path / "jobspec.json").write_text(json.dumps(jobspec))
+@pytest.fixture
+def two_node_plan(tmp_path):
+    """A 2-node CPU plan in tmp_path, as `hpcrl submit` leaves it for the job."""
+    return write_node_plan(tmp_path, num_nodes=2)
+
+
+def test_environment_overrides_the_plan_which_overrides_defaults(tmp_path):
+    slurm = SlurmCfg(account="acct", partition="batch", max_requeues=3)
+    ports = RayPortsCfg(gcs_port=7000, node_manager_port=7001)
+    write_node_plan(tmp_path, num_nodes=2, gpu=True, slurm=slurm, ray_ports=ports)
 
     settings = read_node_settings(
         tmp_path, slurm_env(1, HPCRL_RAY_GCS_PORT="7100", SLURM_RESTART_COUNT="2")
     )
 
     assert settings.ray_ports.gcs_port == 7100  # env
-    assert settings.ray_ports.node_manager_port == 7001  # jobspec
+    assert settings.ray_ports.node_manager_port == 7001  # the plan
     assert settings.ray_ports.object_manager_port == 19220  # job 4242's band: 4242 % 44 = 18
-    assert (settings.max_requeues, settings.num_gpus, settings.num_nodes) == (3, 8, 2)
+    # The plan's requeues, GPUs (device gpu: 8 per node), CPUs and node count.
+    assert (settings.max_requeues, settings.num_gpus, settings.num_cpus) == (3, 8, 112)
+    assert settings.num_nodes == 2
     assert (settings.node_rank, settings.is_head) == (1, False)
     assert (settings.node_ip, settings.head_ip) == ("127.0.0.1", "127.0.0.1")
     assert settings.task.attempt_id == "4242.2"
     assert settings.ray_temp_dir == "/tmp/hpcrl-ray-4242-1"
 
 
+def test_a_cpu_plan_gives_ray_no_gpus_and_the_environment_can_override(tmp_path):
+    write_node_plan(tmp_path, num_nodes=2)
+    assert read_node_settings(tmp_path, slurm_env(0)).num_gpus == 0
+    assert read_node_settings(tmp_path, slurm_env(0, HPCRL_RAY_NUM_GPUS="1")).num_gpus == 1
+
+
 def test_without_slurm_one_local_node(tmp_path):
+    write_node_plan(tmp_path, num_nodes=1)
     settings = read_node_settings(tmp_path, {"SUBMITIT_LOCAL_JOB_ID": "977"}, requeue_count=2)
     assert (settings.num_nodes, settings.node_rank, settings.node_ip) == (1, 0, "127.0.0.1")
     assert (settings.task.attempt_id, settings.ray_temp_dir) == (
@@ -67,23 +86,44 @@ def test_without_slurm_one_local_node(tmp_path):
 
 
 def test_node_count_mismatch_names_both_counts(tmp_path):
-    (tmp_path / "jobspec.json").write_text(json.dumps({"num_nodes": 4}))
+    write_node_plan(tmp_path, num_nodes=4)
     with pytest.raises(NodeSettingsError, match="the plan expects 4 nodes but Slurm started 2"):
         read_node_settings(tmp_path, slurm_env(0))
 
 
-def test_distinct_hosts_on_loopback_are_refused(tmp_path):
+def test_a_job_without_its_plan_stops_with_the_file_and_the_fix(tmp_path):
+    with pytest.raises(NodeSettingsError) as caught:
+        read_node_settings(tmp_path, slurm_env(0))
+    assert str(caught.value).startswith(f"{tmp_path / JOBSPEC_FILE} does not exist")
+    assert "submit the recipe again with this hpcrl" in str(caught.value)
+
+
+def test_a_plan_from_another_hpcrl_stops_the_job_with_the_resubmit_command(tmp_path):
+    spec = write_node_plan(tmp_path, num_nodes=2)
+    path = tmp_path / JOBSPEC_FILE
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps(record | {"hpcrl_version": "0.0.1"}))
+    with pytest.raises(NodeSettingsError) as caught:
+        read_node_settings(tmp_path, slurm_env(0))
+    message = str(caught.value)
+    assert message.startswith(
+        f"{path} was written by hpcrl 0.0.1, but this job runs hpcrl {hpcrl.__version__}"
+    )
+    assert f"hpcrl submit {spec.recipe_source} --cluster plain" in message
+
+
+def test_distinct_hosts_on_loopback_are_refused(tmp_path, two_node_plan):
     env = slurm_env(0, SLURM_JOB_NODELIST="n1,n2", SLURMD_NODENAME="n1", HPCRL_NODE_IP="127.0.1.1")
     with pytest.raises(NodeSettingsError, match="resolves to the loopback address 127.0.1.1"):
         read_node_settings(tmp_path, env)
 
 
-def test_bad_env_value_names_the_variable(tmp_path):
+def test_bad_env_value_names_the_variable(tmp_path, two_node_plan):
     with pytest.raises(NodeSettingsError, match="HPCRL_JOIN_TIMEOUT_S='soon' is not a valid float"):
         read_node_settings(tmp_path, slurm_env(0, HPCRL_JOIN_TIMEOUT_S="soon"))
 
 
-def test_ray_start_command_for_head_and_worker(tmp_path):
+def test_ray_start_command_for_head_and_worker(tmp_path, two_node_plan):
     head = read_node_settings(tmp_path, slurm_env(0, HPCRL_RAY_NUM_CPUS="4"))
     worker = read_node_settings(tmp_path, slurm_env(1))
 
@@ -116,7 +156,9 @@ def test_ray_environment_is_explicit_and_drops_a_stale_address():
     assert ray_environment({"RAY_AUTH_MODE": "token"})["RAY_AUTH_MODE"] == "token"
 
 
-def test_checkpoint_writes_preempt_and_requeues_until_the_limit(tmp_path, monkeypatch):
+def test_checkpoint_writes_preempt_and_requeues_until_the_limit(
+    tmp_path, monkeypatch, two_node_plan
+):
     for name, value in slurm_env(0, HPCRL_MAX_REQUEUES="2", SLURM_RESTART_COUNT="1").items():
         monkeypatch.setenv(name, value)
     entry = NodeMain()
@@ -132,7 +174,7 @@ def test_checkpoint_writes_preempt_and_requeues_until_the_limit(tmp_path, monkey
     assert requeued.checkpoint(str(tmp_path)) is None  # 2 of 2 used: submitit stops requeueing
 
 
-def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch):
+def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch, two_node_plan):
     """`ray start` is replaced by a stand-in that fails the way an overloaded raylet does."""
     import hpcrl.job.ray_cluster as ray_cluster
     from hpcrl.job.errors import RayExited

@@ -21,7 +21,7 @@ def test_two_jobs_on_one_node_run_side_by_side_on_their_own_bands(tmp_path):
         for band in free_port_bands(2)
     ]  # fmt: skip
     for job in jobs:
-        job.run_dir.mkdir()
+        job.write_plan()
     started = time.monotonic()
     nodes = [job.start_node(0) for job in jobs]  # both heads start at once
     results = [wait_node(node, started) for node in nodes]

@@ -298,10 +298,14 @@ def cpu_worker_class():
     return CpuMegatronWorker
 
 
+UNPLANNED_SUFFIX = ".from-the-environment"
+
+
 def setup_worker(rank: int, world_size: int, recipe, hf_path: str, ckpt_root: str):
     from hpcrl.core.backends.base import RankInfo
 
-    os.environ["NRL_MEGATRON_CHECKPOINT_DIR"] = ckpt_root
+    # A job's environment may name another conversion dir; the plan's (RankInfo) must win.
+    os.environ["NRL_MEGATRON_CHECKPOINT_DIR"] = ckpt_root + UNPLANNED_SUFFIX
     worker = cpu_worker_class()()
     place = worker.setup(
         recipe,
@@ -314,6 +318,7 @@ def setup_worker(rank: int, world_size: int, recipe, hf_path: str, ckpt_root: st
             master_addr="127.0.0.1",
             master_port=0,
             device="cpu",
+            megatron_checkpoint_dir=ckpt_root,  # as the driver passes JobSpec's
         ),
         hf_path,
     )

@@ -5,6 +5,8 @@ resharding, never through the bridge's gloo scatter; see docs/megatron.md)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -50,6 +52,8 @@ def test_hf_megatron_hf_roundtrip(tmp_path, model_type, tp):
     out_dir = tmp_path / "exported"
     results = harness.run_ranks(tp, harness.roundtrip_run, hf_path, root, tp, str(out_dir))
     (megatron_logprobs,) = [r for r in results if r is not None]
+    # The workers loaded the planned conversion, not one under the environment's dir.
+    assert not Path(root + harness.UNPLANNED_SUFFIX).exists()
 
     expected = _hf_logprobs(hf_path, harness.fixed_batch()["input_ids"])
     assert (megatron_logprobs - expected).abs().max().item() < 1e-5

@@ -64,6 +64,16 @@ def isolate_from_user_profiles(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("HOME", GOLDEN_HOME)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
     monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+    clear_shell_checkpoint_dir(monkeypatch)
+
+
+def clear_shell_checkpoint_dir(monkeypatch) -> None:
+    """The planner warns when the submitting shell names another Megatron checkpoint dir
+    (hpcrl.plan.mounts); a developer's own HF_HOME must not change the plans under test."""
+    from hpcrl.plan.mounts import SHELL_CHECKPOINT_VARIABLES
+
+    for name in SHELL_CHECKPOINT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
 
 
 def automodel_recipe(num_nodes: int = 1, gpus_per_node: int = 8, **automodel: object) -> Recipe:

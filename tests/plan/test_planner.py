@@ -174,6 +174,56 @@ def test_megatron_checkpoint_dir_follows_the_profile_env():
     assert make_plan(automodel_recipe(num_nodes=2), pyxis_profile()).megatron_checkpoint_dir is None
 
 
+def test_the_recipes_env_vars_win_over_the_profile_env_as_in_the_job():
+    # The job exports policy.megatron_cfg.env_vars after the profile's env (and the Megatron
+    # worker once more): the planned dir must be the one they name.
+    recipe = megatron_recipe(env_vars={"NRL_MEGATRON_CHECKPOINT_DIR": "/lustre/mine"})
+    spec = make_plan(recipe, pyxis_profile(env={"NRL_MEGATRON_CHECKPOINT_DIR": "/lustre/site"}))
+    assert (spec.megatron_checkpoint_dir, spec.megatron_checkpoint_dir_source) == (
+        "/lustre/mine",
+        "NRL_MEGATRON_CHECKPOINT_DIR",
+    )
+    assert ("NRL_MEGATRON_CHECKPOINT_DIR", "/lustre/mine") in spec.env
+    recipe = megatron_recipe(env_vars={"HF_HOME": "/lustre/my_hf"})
+    spec = make_plan(recipe, pyxis_profile())
+    assert spec.megatron_checkpoint_dir == "/lustre/my_hf/nemo_rl"
+
+
+def test_a_checkpoint_dir_from_the_recipe_outside_the_mounts_names_the_recipe_key():
+    recipe = megatron_recipe(env_vars={"NRL_MEGATRON_CHECKPOINT_DIR": "/scratch/mine"})
+    problem = plan_errors(recipe, pyxis_profile())["profile[site].container.mounts"]
+    assert problem.message.startswith(
+        "the Megatron checkpoint dir /scratch/mine (from "
+        "policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR) is not under any container mount"
+    )
+
+
+def test_a_shell_naming_another_checkpoint_dir_is_warned_about(monkeypatch):
+    # sbatch passes the submitting shell's environment to the job, but the job converts into
+    # the planned directory: a NeMo RL habit (HF_HOME exported in the shell) is named.
+    monkeypatch.setenv("HF_HOME", "/shared/hf")
+    spec = make_plan(megatron_recipe(num_nodes=1, gpus_per_node=2), plain_slurm_profile())
+    assert spec.megatron_checkpoint_dir == f"{GOLDEN_HOME}/.cache/huggingface/nemo_rl"
+    (warning,) = spec.warnings
+    assert (warning.name, warning.path) == (
+        "megatron_checkpoint_dir_shell",
+        "profile[plain].env.HF_HOME",
+    )
+    assert warning.message == (
+        "this shell sets HF_HOME=/shared/hf, but the job converts Megatron checkpoints into "
+        f"{GOLDEN_HOME}/.cache/huggingface/nemo_rl: the directory is planned from the "
+        "profile's env and policy.megatron_cfg.env_vars only"
+    )
+    assert warning.fix == (
+        "to convert under it, set profile[plain].env.HF_HOME (or "
+        "policy.megatron_cfg.env_vars.HF_HOME) to /shared/hf"
+    )
+    # Where the profile decides anyway (its NRL_MEGATRON_CHECKPOINT_DIR wins), nothing to say.
+    monkeypatch.setenv("NRL_MEGATRON_CHECKPOINT_DIR", "/shared/ckpt")
+    profile = plain_slurm_profile(env={"HOME": GOLDEN_HOME, "NRL_MEGATRON_CHECKPOINT_DIR": "/x"})
+    assert make_plan(megatron_recipe(num_nodes=1, gpus_per_node=2), profile).warnings == ()
+
+
 def test_checkpoint_dir_outside_the_mounts_names_the_mount_to_add():
     profile = pyxis_profile(
         env={"NRL_MEGATRON_CHECKPOINT_DIR": "/scratch/ckpt", "HF_HOME": "/lustre/hf"}

@@ -28,6 +28,7 @@ def test_render_writes_the_run_folder_and_says_how_to_submit(tmp_path, capsys):
     assert sorted(path.name for path in run_dir.iterdir()) == [
         ".hpcrl.lock",  # the run folder's lock (hpcrl.files.run_folder_lock)
         "job.sbatch",
+        "jobspec.json",
         "manifest.json",
         "recipe.resolved.yaml",
     ]

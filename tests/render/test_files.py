@@ -21,6 +21,7 @@ from hpcrl.files import (
     unusable_folder,
     write_file,
 )
+from hpcrl.plan.jobspec_file import read_jobspec
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 
@@ -224,6 +225,8 @@ def test_two_renders_of_one_folder_at_once_both_succeed_one_after_the_other(tmp_
         for name in ("recipe.resolved.yaml", "manifest.json")
     }  # fmt: skip
     assert steps["recipe.resolved.yaml"].strip()[-1] == steps["manifest.json"].strip()[-2]
+    plan = read_jobspec(tmp_path / "run")  # the plan is that same render's, and whole
+    assert f"grpo.max_num_steps={steps['recipe.resolved.yaml'].strip()[-1]}" in plan.render_argv
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
-        ".hpcrl.lock", "job.sbatch", "manifest.json", "recipe.resolved.yaml"
+        ".hpcrl.lock", "job.sbatch", "jobspec.json", "manifest.json", "recipe.resolved.yaml"
     ]  # fmt: skip

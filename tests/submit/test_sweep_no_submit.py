@@ -15,6 +15,7 @@ from benchmarks.megatron_offload import step_record
 from benchmarks.megatron_sweep_points import PointError, point_flags, read_resolved
 from hpcrl.cli.main import main
 from hpcrl.core.metrics import MetricsWriter
+from hpcrl.plan.jobspec_file import read_jobspec
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,13 +59,15 @@ def test_no_submit_prints_the_points_and_submits_nothing(tmp_path, capsys):
     assert sweep["array_job_id"] is None and sweep["submitted_at"] is None
     assert [p["run_dir"] for p in sweep["points"]] == [f"point-{i}" for i in range(4)]
     assert sorted(p.name for p in (tmp_path / "sw").iterdir()) == [
-        ".hpcrl.lock", "job.sbatch", "manifest.json", "point-0", "point-1", "point-2", "point-3",
-        "recipe.resolved.yaml", "sweep.json",
+        ".hpcrl.lock", "job.sbatch", "jobspec.json", "manifest.json", "point-0", "point-1",
+        "point-2", "point-3", "recipe.resolved.yaml", "sweep.json",
     ]  # fmt: skip
     fractions = []
     for index in range(4):
         point = tmp_path / "sw" / f"point-{index}"
         assert not (point / "job.json").exists() and not (point / "submitit").exists()
+        # The plan the point's job would read, ready for a run by hand.
+        assert read_jobspec(point).run_dir == str(point.absolute())
         optimizer = yaml.safe_load((point / "recipe.resolved.yaml").read_text())["policy"]
         optimizer = optimizer["megatron_cfg"]["optimizer"]
         fractions.append(

@@ -16,10 +16,15 @@ require_module("ray", kind="vllm", hint=VLLM_HINT)
 from hpcrl.core.generation.vllm_async import AsyncGrpoStep  # noqa: E402
 from hpcrl.core.generation.vllm_policy import wrap_policy  # noqa: E402
 from hpcrl.core.workers.ray_policy import RayPolicy  # noqa: E402
-from tests.core._driver_harness import REPO_ROOT, mean  # noqa: E402
+from tests.core._driver_harness import REPO_ROOT, local_plan, mean  # noqa: E402
 from tests.core.parallel_harness import ray_cluster, start_policy  # noqa: E402,F401
 from tests.vllm.harness import build_tiny_model  # noqa: E402
-from tests.vllm.test_grpo_vllm import PLACEMENTS, RECIPE, VLLM_OVERRIDES  # noqa: E402
+from tests.vllm.test_grpo_vllm import (  # noqa: E402
+    PLACEMENTS,
+    RECIPE,
+    SEPARATE_SLOTS,
+    VLLM_OVERRIDES,
+)
 
 NUM_STEPS = 16
 
@@ -40,7 +45,7 @@ def async_recipe(model_path: str, max_age: int):
     return loaded.recipe, loaded.source_path.parent
 
 
-def run_async_grpo(model_path: str, max_age: int, num_steps: int) -> list[dict]:
+def run_async_grpo(model_path: str, max_age: int, num_steps: int, run_dir: Path) -> list[dict]:
     from hpcrl.core.data.jsonl import EpochSampler, load_jsonl
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.environments.build import build_environment
@@ -49,7 +54,8 @@ def run_async_grpo(model_path: str, max_age: int, num_steps: int) -> list[dict]:
     rows = load_jsonl(recipe_dir / Path(recipe.data.train_path), ["prompt", "answer"])
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
     training = start_policy(recipe, model_path, world_size=2)
-    policy = wrap_policy(training, recipe, model_path, device="cpu")
+    placement = local_plan(recipe, run_dir, f"worker_slots_per_node={SEPARATE_SLOTS}").generation
+    policy = wrap_policy(training, recipe, model_path, "cpu", placement)
     try:
         step_fn = AsyncGrpoStep(
             policy,
@@ -84,7 +90,7 @@ def test_driver_routes_async_recipes_to_the_async_step() -> None:
 @pytest.mark.slow
 def test_async_grpo_bounded_staleness_learns(ray_cluster, tmp_path) -> None:  # noqa: F811
     model_path = build_tiny_model(tmp_path / "tiny-qwen2")
-    metrics = run_async_grpo(model_path, max_age=1, num_steps=NUM_STEPS)
+    metrics = run_async_grpo(model_path, max_age=1, num_steps=NUM_STEPS, run_dir=tmp_path / "run")
 
     assert [m["trajectory_age_steps"] for m in metrics] == [0] + [1] * (NUM_STEPS - 1)
     gaps = [m["generation_logprob_gap"] for m in metrics]

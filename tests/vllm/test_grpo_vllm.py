@@ -11,7 +11,12 @@ from tests.require import VLLM_HINT, require_module
 require_module("ray", kind="vllm", hint=VLLM_HINT)
 
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
+from tests.core._driver_harness import (  # noqa: E402
+    mean,
+    read_metrics,
+    write_local_plan,
+    write_run_dir,
+)
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 from tests.vllm.harness import build_tiny_model  # noqa: E402
 
@@ -30,6 +35,10 @@ PLACEMENTS = {
         "policy.generation.colocated.resources.gpus_per_node=1",
     ],
 }
+
+
+# The separate placement's slots: the recipe's 2 training ranks + 1 generation worker.
+SEPARATE_SLOTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +61,8 @@ def test_grpo_with_vllm_generation_learns(
         *PLACEMENTS[placement],
     ]
     run_dir = write_run_dir(tmp_path / "run", RECIPE, overrides)
+    if placement == "separate":  # 2 training ranks + 1 generation worker on the one node
+        write_local_plan(run_dir, f"worker_slots_per_node={SEPARATE_SLOTS}")
     assert run_training(str(run_dir)) == 0
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))

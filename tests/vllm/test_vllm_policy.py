@@ -19,6 +19,7 @@ from hpcrl.config.recipe import (  # noqa: E402
     Recipe,
 )
 from hpcrl.core.generation.vllm_policy import VllmPolicy, wrap_policy  # noqa: E402
+from hpcrl.plan.jobspec import GenerationPlacement  # noqa: E402
 from tests.core.parallel_harness import (  # noqa: E402
     make_batch,
     make_recipe,
@@ -35,6 +36,12 @@ from tests.vllm.harness import (  # noqa: E402
 )
 
 PROMPTS = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34], [40], [50, 51, 52], [60, 61]]
+# Where the planner puts a one-slot generation worker beside 2 training ranks on one node
+# (the SFT recipe below is no GRPO plan; tests/core/test_generation_placement.py plans one).
+SEPARATE_PLACEMENT = GenerationPlacement(
+    first_node=0, num_nodes=1, slots_per_node=1, num_engines=1, slots_per_engine=1,
+    training_nodes=1, training_slots_per_node=2,
+)  # fmt: skip
 
 
 def vllm_recipe(colocated: bool) -> Recipe:
@@ -83,7 +90,7 @@ def test_vllm_follows_training_steps_and_matches_torch_sampler(
 ) -> None:
     recipe = vllm_recipe(colocated)
     training = start_policy(recipe, vllm_model_path, world_size=2)
-    policy = wrap_policy(training, recipe, vllm_model_path, device="cpu")
+    policy = wrap_policy(training, recipe, vllm_model_path, "cpu", SEPARATE_PLACEMENT)
     pids = []
     try:
         pids = _engine_side_pids(policy) + training.group.call_same("pid")

@@ -19,6 +19,7 @@ from hpcrl.config.recipe import GenerationCfg, Recipe
 from hpcrl.core.algorithms.advantages import group_advantages
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.algorithms.losses import grpo_loss
+from hpcrl.core.algorithms.reward_terms import shape_rewards
 from hpcrl.core.data.jsonl import EpochSampler
 from hpcrl.core.data.prompts import encode_prompt, truncate_left
 from hpcrl.core.policy import GenerationOutput, Policy
@@ -60,7 +61,11 @@ def expand_prompts(
     use_chat = recipe.policy.tokenizer.chat_template is not None
     prompts, answers, prompt_ids = [], [], []
     for row in rows:
-        ids = truncate_left(encode_prompt(tokenizer, str(row[data.prompt_key]), use_chat), budget)
+        # Rows of NeMo RL's named sets arrive tokenized by their processor.
+        encoded = row.get("prompt_ids") or encode_prompt(
+            tokenizer, str(row[data.prompt_key]), use_chat
+        )
+        ids = truncate_left(encoded, budget)
         for _ in range(grpo.num_generations_per_prompt):
             prompts.append(str(row[data.prompt_key]))
             answers.append(str(row.get(data.answer_key, "")))
@@ -84,6 +89,7 @@ def sample_rollouts(
     policy.prepare_for_training()
     responses = decode_responses(tokenizer, generation)
     rewards = torch.tensor(env.score(prompts, responses, answers), dtype=torch.float32)
+    rewards = shape_rewards(recipe, rewards, generation.response_lengths)
     return Rollouts(
         prompts=prompts,
         answers=answers,
@@ -196,9 +202,8 @@ def grpo_step(
     assert recipe.grpo is not None
     timer = StepTimer()
     started = time.perf_counter()
-    rows = sampler.next_batch(recipe.grpo.num_prompts_per_step)
     with timer.phase("generate"):
-        rollouts = sample_rollouts(policy, recipe, tokenizer, env, rows, step)
+        rollouts, sampling_metrics = step_rollouts(policy, recipe, tokenizer, env, sampler, step)
     batch = build_train_batch(recipe, rollouts)
     with timer.phase("logprobs"):
         add_logprobs(policy, recipe, batch)
@@ -210,8 +215,34 @@ def grpo_step(
         **train_metrics,
         **rollout_metrics(rollouts, step_s, timer.seconds["generate"]),
         **timer.as_metrics(),
+        **sampling_metrics,
         "sample_response": rollouts.responses[0],
     }
+
+
+def step_rollouts(
+    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
+) -> tuple[Rollouts, dict[str, float]]:
+    """One step's rollouts: one generation batch, or with ``grpo.use_dynamic_sampling`` as
+    many as it takes to gather num_prompts_per_step groups whose rewards differ."""
+    grpo = recipe.grpo
+    assert grpo is not None
+    if not grpo.use_dynamic_sampling:
+        rows = sampler.next_batch(grpo.num_prompts_per_step)
+        return sample_rollouts(policy, recipe, tokenizer, env, rows, step), {}
+    from hpcrl.core.algorithms.dynamic_sampling import sample_dynamically
+
+    def one_batch(batch_index: int) -> Rollouts:
+        rows = sampler.next_batch(grpo.num_prompts_per_step * grpo.batch_multiplier)
+        # A distinct seed per extra batch, still a pure function of (seed, step, batch).
+        return sample_rollouts(policy, recipe, tokenizer, env, rows, step + 1_000_000 * batch_index)
+
+    return sample_dynamically(
+        one_batch,
+        grpo.num_prompts_per_step,
+        grpo.num_generations_per_prompt,
+        grpo.dynamic_sampling_max_gen_batches,
+    )
 
 
 def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dict[str, float]:

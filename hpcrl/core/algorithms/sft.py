@@ -22,7 +22,10 @@ def build_sft_batch(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> dic
     data = recipe.data
     use_chat = recipe.policy.tokenizer.chat_template is not None
     examples = [
-        encode_sft_example(
+        # Rows of NeMo RL's named sets arrive tokenized by the SFT processor.
+        (row["input_ids"], row["token_mask"])
+        if "input_ids" in row
+        else encode_sft_example(
             tokenizer,
             str(row[data.prompt_key]),
             str(row[data.response_key]),

@@ -38,7 +38,10 @@ def grpo_validation(
     budget = prompt_token_budget(recipe)
     use_chat = recipe.policy.tokenizer.chat_template is not None
     prompts = [str(row[data.prompt_key]) for row in rows]
-    prompt_ids = [truncate_left(encode_prompt(tokenizer, p, use_chat), budget) for p in prompts]
+    prompt_ids = [
+        truncate_left(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat), budget)
+        for row, p in zip(rows, prompts, strict=True)
+    ]
     # The recipe's classes use an aliased attrs decorator that type checkers do not follow.
     greedy = attrs.evolve(recipe.policy.generation, temperature=0.0)  # type: ignore[misc]
     policy.prepare_for_generation()

@@ -24,11 +24,13 @@ if TYPE_CHECKING:
 
     from hpcrl.config.recipe import Recipe
     from hpcrl.core.policy import Batch, LossFn
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
 
 @attrs.frozen(kw_only=True)
 class RankInfo:
-    """Where one worker sits; assigned by the controller before ``setup``."""
+    """Where one worker sits, and what the plan decided for it (device, the Megatron
+    checkpoint dir as the job sees it); assigned by the controller before ``setup``."""
 
     rank: int
     world_size: int
@@ -38,6 +40,8 @@ class RankInfo:
     master_addr: str
     master_port: int
     device: str  # "cuda" or "cpu"
+    # JobSpec.megatron_checkpoint_dir: where HF→Megatron conversions live (Megatron only).
+    megatron_checkpoint_dir: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -66,17 +70,22 @@ class BackendWorker(Protocol):
         self, micro_batches: Sequence[Batch], loss_fn: LossFn, num_global_tokens: float
     ) -> dict[str, float]:
         """Forward/backward every micro-batch of this rank's shard (all ranks get the same
-        number of micro-batches), then clip gradients and take one optimizer and scheduler
+        number of micro-batches; a micro-batch holding ``packed_input_ids`` is a pack of
+        ``hpcrl.core.workers.micro_batches``, whose log-probs the backend unpacks to the
+        micro-batch's rows before ``loss_fn``), then clip gradients and take one optimizer and scheduler
         step. ``loss_fn`` returns a loss already normalised by ``num_global_tokens``; the
         backend makes gradients equal those of the sum over all data-parallel shards.
         Returns the same dict on every rank: ``loss`` (summed over micro-batches and
         data-parallel ranks, i.e. the global-batch loss), ``grad_norm`` (before clipping),
         ``lr`` (used for this step), and each ``loss_fn`` metric summed the same way."""
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        """Token log-probs [b, T] (float32, CPU) of this rank's shard, current weights."""
+    def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
+        """Token log-probs [b, T] (float32, CPU) of this rank's shard, current weights, in
+        the micro-batches of ``plan`` (the controller's; None: logprob_batch_size rows)."""
 
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def reference_logprobs(
+        self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None
+    ) -> torch.Tensor:
         """As ``logprobs`` but under the frozen initial weights of ``model_path``."""
 
     def export_hf_weights(self) -> Sequence[tuple[str, torch.Tensor]]:

@@ -20,6 +20,8 @@ def build_environment(cfg: EnvCfg) -> Environment:
     from hpcrl.core.environments.math_env import MathEnvironment
     from hpcrl.core.environments.toy_count import ToyCountEnvironment
 
+    if cfg.math is not None and cfg.name == "math":
+        return _nemo_rl_math(cfg)
     classes: dict[str, Any] = {"math": MathEnvironment, "toy_count": ToyCountEnvironment}
     if cfg.name not in classes:
         raise ValueError(f"env.name: {cfg.name!r} is not one of {', '.join(sorted(classes))}")
@@ -29,3 +31,15 @@ def build_environment(cfg: EnvCfg) -> Environment:
         raise ValueError(
             f"env.kwargs: {dict(cfg.kwargs)!r} do not fit env {cfg.name!r}: {error}"
         ) from None
+
+
+def _nemo_rl_math(cfg: EnvCfg) -> Environment:
+    """NeMo RL's ``env.math``: ``math_verify_impl`` picks the checker."""
+    from hpcrl.core.environments.math_env import MathEnvironment
+
+    assert cfg.math is not None
+    if cfg.math.math_verify_impl == "hpcrl_numeric":
+        return MathEnvironment(**cfg.kwargs)
+    from hpcrl.core.environments.math_verify_env import MathVerifyEnvironment
+
+    return MathVerifyEnvironment()

@@ -23,7 +23,6 @@ from hpcrl.core.generation.vllm_workers import (
     GenerationGroup,
     PendingShards,
     generation_layout,
-    largest_node_gpus,
 )
 from hpcrl.core.workers.ray_policy import GenerationResult, RayPolicy, join_shards
 
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
 
     from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.policy import Batch, LossFn, Policy
+    from hpcrl.plan.jobspec import GenerationPlacement
 
 
 class VllmPolicy:
@@ -109,20 +109,22 @@ def wrap_policy(
     recipe: Recipe,
     model_path: str,
     device: str,
-    first_node: int | None = None,
+    placement: GenerationPlacement | None = None,
 ) -> Policy:
     """``training`` itself when its workers sample (torch engine, colocated vLLM); else a
-    ``VllmPolicy`` with separate engines. ``first_node``: the plan's first generation node.
-    On failure the training policy is shut down too (the caller never got a handle)."""
+    ``VllmPolicy`` with separate engines. ``placement``: the plan's separate generation
+    workers (``JobSpec.generation``; required for them). On failure the training policy is
+    shut down too (the caller never got a handle)."""
     generation = recipe.policy.generation
     if generation.backend != "vllm" or generation.colocated.enabled:
         return training
+    # The planner places every separate generation side (hpcrl.plan.generation).
+    assert placement is not None, "separate vLLM workers need the plan's JobSpec.generation"
     group = None
     try:
-        node_gpus = largest_node_gpus() if device == "cuda" else 0
         spec = engine_spec(recipe, model_path, device)
-        group = GenerationGroup(generation_layout(recipe, device, node_gpus), spec)
-        group.start(training_num_nodes=recipe.cluster.num_nodes, first_node=first_node)
+        group = GenerationGroup(generation_layout(placement, device), spec)
+        group.start()
     except BaseException:
         try:
             if group is not None:

@@ -2,11 +2,11 @@
 
 ``policy.generation.colocated.resources`` names the nodes and GPUs per node of the
 generation side; each engine takes ``tensor_parallel_size × pipeline_parallel_size`` of
-those GPUs, within one node (on CPU: one worker slot each). The planner decides which nodes (``JobSpec.generation.first_node``:
-nodes of their own after the training ones, or the training nodes' remaining GPUs) and the
-driver passes that here; Ray's GPU accounting keeps the two sides on different GPUs.
-Without a plan (tests), the nodes after the training ones are used when the cluster has
-enough of them, else the first ones.
+those GPUs, within one node (on CPU: one worker slot each). The planner decides all of it
+(``JobSpec.generation``: which nodes, from ``first_node`` — nodes of their own after the
+training ones, or the training nodes' remaining GPUs — and how many engines of how many
+GPUs; ``hpcrl.plan.generation`` checks that they tile the nodes) and the driver passes that
+placement here; Ray's GPU accounting keeps the two sides on different GPUs.
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from hpcrl.config.errors import ConfigError
 from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration, shard_seed
 from hpcrl.core.workers.group import NODE_ID_LABEL, worker_env
-from hpcrl.plan.generation import engine_tiling_problem
 
 if TYPE_CHECKING:
     import torch
 
-    from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.config.recipe import GenerationCfg
+    from hpcrl.plan.jobspec import GenerationPlacement
 
 
 @attrs.frozen(kw_only=True)
 class GenerationLayout:
+    first_node: int  # the job's node order: node 0 is the driver's
     num_nodes: int
     engines_per_node: int
     gpus_per_engine: int  # 0 on CPU
@@ -42,39 +42,15 @@ class GenerationLayout:
         return self.num_nodes * self.engines_per_node
 
 
-def generation_layout(recipe: Recipe, device: str, node_gpus: int = 0) -> GenerationLayout:
-    """From ``colocated.resources``; unset fields default to the training side's shape.
-    ``node_gpus``: GPUs of the job's largest node (``largest_node_gpus``), the most one engine
-    can span. On GPUs the engines must tile each node's generation GPUs; the error is the
-    planner's (``hpcrl.plan.generation.engine_tiling_problem``), for runs without a plan."""
-    generation = recipe.policy.generation
-    resources = generation.colocated.resources
-    num_nodes = resources.num_nodes or recipe.cluster.num_nodes
-    gpus_per_node = resources.gpus_per_node or recipe.cluster.gpus_per_node
-    gpus_per_engine = generation.vllm_cfg.tensor_parallel_size * (
-        generation.vllm_cfg.pipeline_parallel_size
-    )
-    if device == "cuda":
-        problem = engine_tiling_problem(
-            generation.vllm_cfg, gpus_per_node, node_gpus, "this job's Ray cluster"
-        )
-        if problem is not None:
-            raise ConfigError([problem])
+def generation_layout(placement: GenerationPlacement, device: str) -> GenerationLayout:
+    """The engines as planned (``JobSpec.generation``); the planner already checked that
+    engines of ``slots_per_engine`` tile ``slots_per_node`` (CPU engines take one slot)."""
     return GenerationLayout(
-        num_nodes=num_nodes,
-        engines_per_node=gpus_per_node // gpus_per_engine if device == "cuda" else gpus_per_node,
-        gpus_per_engine=gpus_per_engine if device == "cuda" else 0,
+        first_node=placement.first_node,
+        num_nodes=placement.num_nodes,
+        engines_per_node=placement.slots_per_node // placement.slots_per_engine,
+        gpus_per_engine=placement.slots_per_engine if device == "cuda" else 0,
         device=device,
-    )
-
-
-def largest_node_gpus() -> int:
-    """GPUs of the alive Ray node with the most (an engine's GPUs are those of one node)."""
-    import ray
-
-    return max(
-        (int(node["Resources"].get("GPU", 0)) for node in ray.nodes() if node["Alive"]),
-        default=0,
     )
 
 
@@ -132,14 +108,11 @@ class GenerationGroup:
         self._pending_updates: list[Any] = []
         self._placement_group: Any = None
 
-    def start(
-        self, training_num_nodes: int, timeout_s: float = 600.0, first_node: int | None = None
-    ) -> None:
-        """``first_node``: the planner's first generation node (``JobSpec.generation``)."""
+    def start(self, timeout_s: float = 600.0) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self._placement_group = self._reserve(training_num_nodes, timeout_s, first_node)
+        self._placement_group = self._reserve(timeout_s)
         bundle = self._bundle()
         remote_cls = ray.remote(GenerationWorker)
         env = worker_env(self.layout.device)
@@ -160,11 +133,11 @@ class GenerationGroup:
             return {"GPU": float(self.layout.gpus_per_engine), "CPU": 1.0}
         return {"CPU": self.layout.cpus_per_engine}
 
-    def _reserve(self, training_num_nodes: int, timeout_s: float, first_node: int | None) -> Any:
+    def _reserve(self, timeout_s: float) -> Any:
         import ray
         from ray.util.placement_group import placement_group
 
-        node_ids = generation_node_ids(training_num_nodes, self.layout.num_nodes, first_node)
+        node_ids = generation_node_ids(self.layout.first_node, self.layout.num_nodes)
         per_node = self.layout.engines_per_node
         indices = range(self.layout.num_engines)
         group = placement_group(
@@ -241,21 +214,9 @@ class GenerationGroup:
                 self._placement_group = None
 
 
-def generation_node_ids(
-    training_num_nodes: int, num_nodes: int, first_node: int | None = None
-) -> list[str]:
-    """Nodes ``first_node ..`` in the training group's node order (the plan's split; see
-    ``hpcrl.plan.generation``). Without a plan: the nodes after the training ones when there
-    are enough, else the first ones."""
-    import ray
-
+def generation_node_ids(first_node: int, num_nodes: int) -> list[str]:
+    """Nodes ``first_node .. first_node + num_nodes - 1`` in the training group's node order
+    (the plan's split; see ``hpcrl.plan.generation``)."""
     from hpcrl.core.workers.group import pick_nodes
 
-    if first_node is not None:
-        return pick_nodes(first_node + num_nodes)[first_node:]
-
-    alive = [node for node in ray.nodes() if node["Alive"]]
-    if len(alive) >= training_num_nodes + num_nodes:
-        ordered = pick_nodes(training_num_nodes + num_nodes)
-        return ordered[training_num_nodes:]
-    return pick_nodes(num_nodes)
+    return pick_nodes(first_node + num_nodes)[first_node:]

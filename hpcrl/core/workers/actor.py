@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.metrics import HostMemoryTracker
 from hpcrl.core.workers.manual_gc import ManualGc
-from hpcrl.core.workers.sharding import split_micro_batches
+from hpcrl.core.workers.micro_batches import materialize
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from hpcrl.core.backends.base import BackendWorker, DataParallelPlace, RankInfo
     from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration
     from hpcrl.core.policy import Batch, LossFn
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
 
 class TrainingWorker:
@@ -116,23 +117,29 @@ class TrainingWorker:
 
     # ------------------------------------------------------------------ work
     def train(
-        self, shard: Batch, loss_fn: LossFn, num_global_tokens: float, micro_batch_size: int
+        self,
+        shard: Batch,
+        loss_fn: LossFn,
+        num_global_tokens: float,
+        plan: Sequence[MicroBatchSpec],
     ) -> dict[str, float]:
+        """One optimizer step over ``shard``, cut into micro-batches as the controller
+        planned them (``hpcrl.core.workers.micro_batches``: fixed, dynamic or packed)."""
         assert self._backend is not None and self._manual_gc is not None, "setup first"
-        micro_batches = split_micro_batches(shard, micro_batch_size)
+        micro_batches = [materialize(shard, spec) for spec in plan]
         metrics = self._backend.train_step(micro_batches, loss_fn, num_global_tokens)
         self._weights_version += 1
         self._optimizer_steps += 1
         self._manual_gc.after_optimizer_step(self._optimizer_steps)
         return metrics
 
-    def logprobs(self, shard: Batch) -> torch.Tensor:
+    def logprobs(self, shard: Batch, plan: Sequence[MicroBatchSpec]) -> torch.Tensor:
         assert self._backend is not None, "setup first"
-        return self._backend.logprobs(shard)
+        return self._backend.logprobs(shard, plan)
 
-    def reference_logprobs(self, shard: Batch) -> torch.Tensor:
+    def reference_logprobs(self, shard: Batch, plan: Sequence[MicroBatchSpec]) -> torch.Tensor:
         assert self._backend is not None, "setup first"
-        return self._backend.reference_logprobs(shard)
+        return self._backend.reference_logprobs(shard, plan)
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int

@@ -26,7 +26,7 @@ def _quiet(message: str) -> None:
 
 @attrs.frozen(kw_only=True)
 class GroupLayout:
-    """How many workers, where, on what device."""
+    """How many workers, where, on what device; and the planned paths every rank gets."""
 
     num_nodes: int
     workers_per_node: int
@@ -34,6 +34,7 @@ class GroupLayout:
     cpus_per_worker: float = 0.25  # CPU path: fractional so several actors share few cores
     threads_per_worker: int = 1  # torch intra-op threads on the CPU path
     master_port: int | None = None  # None: a free port on rank 0's node
+    megatron_checkpoint_dir: str | None = None  # JobSpec.megatron_checkpoint_dir (Megatron)
 
     @property
     def world_size(self) -> int:
@@ -211,6 +212,7 @@ class RayWorkerGroup:
                 master_addr=master_addr,
                 master_port=master_port,
                 device=self.layout.device,
+                megatron_checkpoint_dir=self.layout.megatron_checkpoint_dir,
             )
             for rank in range(self.layout.world_size)
         ]

@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.core.workers.group import GroupLayout, RayWorkerGroup
+from hpcrl.core.workers.micro_batches import (
+    BatchingSettings,
+    Purpose,
+    balanced_order,
+    plan_shards,
+    row_lengths,
+    row_lengths_or_full,
+)
 from hpcrl.core.workers.sharding import (
+    batch_size_of,
     concat_right_padded,
     pad_prompts_evenly,
     pad_rows,
@@ -31,6 +40,12 @@ if TYPE_CHECKING:
     from hpcrl.core.policy import Batch, LossFn
 
 EXTRA_STATE_FILE = "extra_state.json"
+
+
+def torch_index(order: list[int]) -> torch.Tensor:
+    import torch
+
+    return torch.tensor(order, dtype=torch.long)
 
 
 @attrs.frozen(kw_only=True)
@@ -99,6 +114,10 @@ class RayPolicy:
             self.group.shutdown()
             raise
         self.dp_size = self.group.places[0].dp_size
+        self._batching: dict[Purpose, BatchingSettings] = {
+            purpose: BatchingSettings.from_recipe(recipe, purpose)
+            for purpose in ("train", "logprobs")
+        }
         self._result_ranks = self._pick_result_ranks()
 
     def _pick_result_ranks(self) -> list[int]:
@@ -114,6 +133,31 @@ class RayPolicy:
         rest_refs = tuple(ray.put(r) for r in rest)
         return [(shard_refs[p.dp_rank], *rest_refs) for p in self.group.places]
 
+    def _planned_args(
+        self, batch: Batch, purpose: Purpose, what: str, *rest: Any
+    ) -> tuple[list[tuple[Any, ...]], list[int]]:
+        """Per-rank (shard, plan, *rest) and the row order the shards were cut from: packing
+        and dynamic batching deal rows to shards by length (similar work per rank)."""
+        import ray
+
+        settings = self._batching[purpose]
+        order = list(range(batch_size_of(batch)))
+        if settings.mode != "fixed":
+            order = balanced_order(row_lengths(batch), self.dp_size)
+            index = torch_index(order)
+            batch = {key: value.index_select(0, index) for key, value in batch.items()}
+        shards = split_batch(batch, self.dp_size, what)
+        plans = plan_shards(
+            [row_lengths_or_full(s) for s in shards], batch["input_ids"].shape[1], settings
+        )
+        shard_refs = [ray.put(s) for s in shards]
+        plan_refs = [ray.put(p) for p in plans]
+        rest_refs = tuple(ray.put(r) for r in rest)
+        args = [
+            (shard_refs[p.dp_rank], plan_refs[p.dp_rank], *rest_refs) for p in self.group.places
+        ]
+        return args, order
+
     def _gather(self, per_rank: list[Any]) -> list[Any]:
         return [per_rank[r] for r in self._result_ranks]
 
@@ -121,9 +165,11 @@ class RayPolicy:
     def train(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         # At least 1: a batch whose every token is masked (overlong filtering) gives loss 0.
         num_global_tokens = max(float(batch["token_mask"].sum()), 1.0)
-        shards = split_batch(batch, self.dp_size, "policy.train_global_batch_size")
-        micro = self.recipe.policy.train_micro_batch_size
-        args = self._shard_args(shards, loss_fn, num_global_tokens, micro)
+        args, _ = self._planned_args(
+            batch, "train", "policy.train_global_batch_size", loss_fn, num_global_tokens
+        )
+        # The actor's signature is (shard, loss_fn, num_global_tokens, plan).
+        args = [(shard, fn, tokens, plan) for shard, plan, fn, tokens in args]
         return self.group.call_all("train", args)[0]
 
     def _logprobs(self, method: str, batch: Batch) -> torch.Tensor:
@@ -131,9 +177,11 @@ class RayPolicy:
 
         # Any batch size: ranks must run equally many forwards, so pad and trim afterwards.
         padded, num_real = pad_rows(batch, self.dp_size)
-        shards = split_batch(padded, self.dp_size, "log-prob batch")
-        parts = self._gather(self.group.call_all(method, self._shard_args(shards)))
-        return torch.cat(parts)[:num_real]
+        args, order = self._planned_args(padded, "logprobs", "log-prob batch")
+        joined = torch.cat(self._gather(self.group.call_all(method, args)))
+        restored = torch.empty_like(joined)
+        restored[torch_index(order)] = joined
+        return restored[:num_real]
 
     def get_logprobs(self, batch: Batch) -> torch.Tensor:
         return self._logprobs("logprobs", batch)

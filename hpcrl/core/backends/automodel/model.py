@@ -90,24 +90,31 @@ class TokenLogprobModel(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         distribution: TokenDistribution | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(processed, unfiltered) log-probs under ``distribution`` (a ``TokenDistribution``,
-        default the model's own), as ``token_logprobs`` defines them."""
+        default the model's own), as ``token_logprobs`` defines them. With ``position_ids``
+        restarting at 0 per sequence and no attention mask: a packed row whose attention
+        stops at each sequence's start (transformers builds that mask from the positions)."""
         if self.autocast_dtype is None:
-            return self._forward(input_ids, attention_mask, distribution)
+            return self._forward(input_ids, attention_mask, distribution, position_ids)
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype):
-            return self._forward(input_ids, attention_mask, distribution)
+            return self._forward(input_ids, attention_mask, distribution, position_ids)
 
     def _forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         distribution: TokenDistribution | None,
+        position_ids: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         decoder_out = self.hf.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
         )
         weight = self.hf.get_output_embeddings().weight
         return token_logprobs(

@@ -2,75 +2,60 @@
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from hpcrl.config.recipe import OptimizerCfg, Recipe, SchedulerCfg
+    from hpcrl.config.recipe import LrSchedulerCfg, OptimizerCfg
 
 
 def build_optimizer(
     params: Iterable[torch.nn.Parameter], cfg: OptimizerCfg, *, fused: bool = False
 ) -> torch.optim.Optimizer:
-    """Call right after ``fully_shard`` so the optimizer holds the sharded parameters.
-    ``fused``: one kernel per step for Adam(W) (GPU only)."""
+    """The torch class ``cfg.name`` with ``cfg.kwargs`` (NeMo RL's form; the config rules
+    checked both against ``hpcrl.config.optimizers``). Call right after ``fully_shard`` so
+    the optimizer holds the sharded parameters. ``fused``: one kernel per step (GPU only),
+    used unless the recipe sets ``fused`` or ``foreach`` itself."""
+    from hpcrl.config.optimizers import OPTIMIZER_KWARGS, class_name
+
+    assert cfg.name in OPTIMIZER_KWARGS, f"the config rules admit no optimizer {cfg.name!r}"
     params = [p for p in params if p.requires_grad]
-    if cfg.name == "sgd":
-        return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        )
-    optimizer_cls = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    return optimizer_cls(
-        params,
-        lr=cfg.lr,
-        betas=tuple(cfg.betas),
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        fused=fused or None,
-    )
-
-
-def lr_factor(
-    step: int, *, name: str, warmup_steps: int, total_steps: int, min_lr_ratio: float
-) -> float:
-    """Multiplier of the base LR for optimizer step ``step`` (0-based)."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if name == "constant":
-        return 1.0
-    decay_steps = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
-    if name == "linear":
-        shape = 1.0 - progress
-    else:  # cosine
-        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return min_lr_ratio + (1.0 - min_lr_ratio) * shape
-
-
-def total_steps_of(recipe: Recipe, cfg: SchedulerCfg) -> int:
-    if cfg.total_steps is not None:
-        return cfg.total_steps
-    algorithm_cfg = recipe.grpo if recipe.grpo is not None else recipe.sft
-    return algorithm_cfg.max_num_steps if algorithm_cfg is not None else 1
+    kwargs = dict(cfg.kwargs)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if fused and "fused" not in kwargs and "foreach" not in kwargs:
+        kwargs["fused"] = True
+    return getattr(torch.optim, class_name(cfg.name))(params, **kwargs)
 
 
 def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, recipe: Recipe
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Stepped once per optimizer step."""
-    cfg = recipe.policy.scheduler
-    factor = functools.partial(
-        lr_factor,
-        name=cfg.name,
-        warmup_steps=cfg.warmup_steps,
-        total_steps=total_steps_of(recipe, cfg),
-        min_lr_ratio=cfg.min_lr_ratio,
-    )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    optimizer: torch.optim.Optimizer, entries: Sequence[LrSchedulerCfg] | None
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """NeMo RL's ``policy.scheduler``: nothing → constant LR; one entry → that scheduler;
+    several → ``SequentialLR`` over them with the ``milestones`` entry. Stepped once per
+    optimizer step."""
+    from hpcrl.config.optimizers import class_name
+
+    named = [entry for entry in entries or () if entry.name is not None]
+    if not named:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, _constant_factor)
+    schedulers = [
+        getattr(torch.optim.lr_scheduler, class_name(entry.name))(optimizer, **entry.kwargs)
+        for entry in named
+        if entry.name is not None
+    ]
+    if len(schedulers) == 1:
+        return schedulers[0]
+    milestones = next(e.milestones for e in entries or () if e.milestones is not None)
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, schedulers, list(milestones))
+
+
+def _constant_factor(step: int) -> float:
+    del step
+    return 1.0
 
 
 def _grads_by_mesh(params: Iterable[torch.nn.Parameter]) -> dict[object, list[torch.nn.Parameter]]:

@@ -10,6 +10,13 @@ dynamic batch and sequence sizes; every micro-batch's sequence dim is padded to 
 Hugging Face drop the attention mask: a second graph); log-prob micro-batches keep one row
 count (a single row would be specialised); log-prob passes always run in eval mode and
 train passes in train mode (the mode is part of what a compiled graph assumes).
+
+Dynamic batching and sequence packing (``hpcrl.core.workers.micro_batches``) choose their own
+widths; they go through the same buckets: a dynamic micro-batch's width is padded like any
+other, a pack's row is padded to the next bucket with one more sequence (``pad_pack``). A pack
+is always one row without attention mask: its graph is a second one, built in the first step.
+One case still recompiles: a dynamic *train* micro-batch of a single row (one long sequence)
+gets a graph specialised to one row, once, in the first step that has one (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -42,7 +49,13 @@ from hpcrl.core.backends.automodel.parallelize import (
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
 from hpcrl.core.token_distribution import TokenDistribution, training_distribution
-from hpcrl.core.workers.sharding import pad_rows, pad_sequence_dim
+from hpcrl.core.workers.micro_batches import (
+    MicroBatchSpec,
+    logprob_micro_batches,
+    scatter_rows,
+    unpack_logprobs,
+)
+from hpcrl.core.workers.sharding import pad_pack, pad_rows, pad_sequence_dim
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
@@ -82,6 +95,23 @@ def _seed_everything(recipe: Recipe, rank: int) -> None:
     torch.manual_seed(seed)
 
 
+def forward_logprobs(
+    model: TokenLogprobModel, micro: Batch, distribution: TokenDistribution | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(processed, unfiltered) token log-probs [rows, width] of one micro-batch; a pack runs
+    as one row whose positions restart per sequence, then is unpacked to the rows the loss
+    expects."""
+    if "packed_input_ids" not in micro:
+        return model(micro["input_ids"], micro["attention_mask"], distribution=distribution)
+    processed, unfiltered = model(
+        micro["packed_input_ids"],
+        None,
+        position_ids=micro["packed_position_ids"],
+        distribution=distribution,
+    )
+    return unpack_logprobs(processed, micro), unpack_logprobs(unfiltered, micro)
+
+
 class AutomodelWorker:
     """Model, reference model, optimizer and scheduler of one rank."""
 
@@ -104,13 +134,14 @@ class AutomodelWorker:
         )
         self.mesh = build_mesh(rank_info.device, self.shape)
         self.model = self._build_sharded(model_path, training=True)
+        assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
         self.optimizer = build_optimizer(
             self.model.parameters(),
             recipe.policy.optimizer,
             # With CPU offload the optimizer steps on host-side parameters.
             fused=self.device.type == "cuda" and not cfg.cpu_offload,
         )
-        self.scheduler = build_lr_scheduler(self.optimizer, recipe)
+        self.scheduler = build_lr_scheduler(self.optimizer, recipe.policy.scheduler)
         self.reference: TokenLogprobModel | None = None
         self.step = 0
         coords = self.mesh.get_coordinate()
@@ -159,6 +190,8 @@ class AutomodelWorker:
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
         """On the device; compiled passes get their sequence dim bucketed (module docstring)."""
         if self.compiles:
+            if "packed_input_ids" in batch:
+                batch = pad_pack(batch, SEQUENCE_BUCKET)
             batch = pad_sequence_dim(batch, SEQUENCE_BUCKET)
         return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
 
@@ -169,9 +202,7 @@ class AutomodelWorker:
         totals: dict[str, float] = {"loss": 0.0}
         for micro in micro_batches:
             micro = self._to_device(micro)
-            logprobs, unfiltered = self.model(
-                micro["input_ids"], micro["attention_mask"], distribution=self.distribution
-            )
+            logprobs, unfiltered = forward_logprobs(self.model, micro, self.distribution)
             if self.distribution.filters:
                 micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
             loss, metrics = loss_fn(logprobs, micro, num_global_tokens)
@@ -201,37 +232,38 @@ class AutomodelWorker:
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
     def _logprobs_with(
-        self, model: TokenLogprobModel, batch: Batch, distribution: TokenDistribution
+        self,
+        model: TokenLogprobModel,
+        batch: Batch,
+        distribution: TokenDistribution,
+        plan: Sequence[MicroBatchSpec] | None,
     ) -> torch.Tensor:
         """Eval mode (no dropout), whatever the last pass left: a fixed mode per pass also
-        keeps compiled blocks from recompiling on the mode flag."""
+        keeps compiled blocks from recompiling on the mode flag. Compiled passes pad every
+        unpacked micro-batch's rows to a multiple of ``logprob_batch_size`` (at least 2;
+        repeated rows, trimmed after): a single row would be specialised."""
         model.eval()
         policy = self.recipe.policy
         micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
-        size, length = batch["input_ids"].shape
+        specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
         pieces = []
-        for start in range(0, size, micro_size):
-            micro = {
-                k: batch[k][start : start + micro_size] for k in ("input_ids", "attention_mask")
-            }
-            num_rows = micro["input_ids"].shape[0]
-            if self.compiles:
-                micro, num_rows = pad_rows(micro, micro_size)
-            micro = self._to_device(micro)
-            processed, _ = model(
-                micro["input_ids"], micro["attention_mask"], distribution=distribution
-            )
-            pieces.append(processed[:num_rows, :length].float().cpu())
-        return torch.cat(pieces)
+        for spec, micro in zip(specs, micro_batches, strict=True):
+            if self.compiles and "packed_input_ids" not in micro:
+                micro, _ = pad_rows(micro, max(micro_size, 2))
+            processed, _ = forward_logprobs(model, self._to_device(micro), distribution)
+            pieces.append(processed[: len(spec.rows)].float().cpu())
+        return scatter_rows(pieces, specs, *batch["input_ids"].shape)
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs_with(self.model, batch, self.distribution)
+    def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
+        return self._logprobs_with(self.model, batch, self.distribution, plan)
 
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def reference_logprobs(
+        self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None
+    ) -> torch.Tensor:
         if self.reference is None:
             # Built on first use (all ranks call together): SFT never pays for it.
             self.reference = self._build_sharded(self.model_path, training=False)
-        return self._logprobs_with(self.reference, batch, self.distribution.without_filters())
+        return self._logprobs_with(self.reference, batch, self.distribution.without_filters(), plan)
 
     # ------------------------------------------------------------------ weights out
     @torch.no_grad()

@@ -9,8 +9,9 @@ subclass that computes the same thing with ``torch.nn.functional.scaled_dot_prod
 Being a subclass keeps megatron's constructor (both 0.16 and 0.19 call it with the same
 keywords), its per-partition head counts, softmax scale and (empty) sharded state dict, so
 checkpoints are unchanged. Cases SDPA does not express the same way (sliding-window layers,
-softmax offsets, attention bias, packed sequences, causal masks with sq ≠ sk > 1) run the
-parent's forward unchanged.
+softmax offsets, attention bias, causal masks with sq ≠ sk > 1) run the parent's forward
+unchanged. Packed sequences (THD layout, ``PackedSeqParams``), which the parent refuses, run
+as one SDPA call with a block-diagonal causal mask built from ``cu_seqlens``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class SdpaCoreAttention(DotProductAttention):
         packed_seq_params: Any | None = None,
     ) -> torch.Tensor:
         # attn_mask_type is ignored, as the parent does: the mask type is the constructor's.
+        if packed_seq_params is not None and self._packs_supported(attention_bias):
+            return self._packed_forward(query, key, value, packed_seq_params)
         mask_args = self._sdpa_mask(attention_mask, query.size(0), key.size(0))
         if mask_args is None or attention_bias is not None or packed_seq_params is not None:
             return super().forward(
@@ -68,6 +71,41 @@ class SdpaCoreAttention(DotProductAttention):
             )
         # [b, np, sq, hn] -> [sq, b, np·hn]
         return context.permute(2, 0, 1, 3).reshape(seq_q, batch, self.hidden_size_per_partition)
+
+    def _packs_supported(self, attention_bias: torch.Tensor | None) -> bool:
+        return (
+            attention_bias is None
+            and self.softmax_offset is None
+            and self.scale_mask_softmax.window_size is None
+            and self.attn_mask_type == AttnMaskType.causal
+        )
+
+    def _packed_forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed_seq_params: Any
+    ) -> torch.Tensor:
+        """THD layout (sequence packing): query [t, np, hn], key/value [t, ng, hn], sequences
+        delimited by ``cu_seqlens``. One SDPA call over the pack with a block-diagonal causal
+        mask: no token sees another sequence's. Output [t, np·hn]."""
+        assert packed_seq_params.qkv_format == "thd", "only THD packs reach core attention"
+        bounds = packed_seq_params.cu_seqlens_q_padded
+        if bounds is None:
+            bounds = packed_seq_params.cu_seqlens_q
+        total = query.size(0)
+        segment = torch.bucketize(
+            torch.arange(total, device=query.device), bounds.to(query.device)[1:], right=True
+        )
+        same = segment[:, None] == segment[None, :]
+        allowed = same & torch.ones_like(same).tril()
+        q, k, v = (t.permute(1, 0, 2).unsqueeze(0) for t in (query, key, value))
+        dropout_p = self.attention_dropout.p if self.training else 0.0
+        kwargs = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
+        with self._dropout_rng(dropout_p):
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=dropout_p,
+                scale=self._effective_scale(), **kwargs,
+            )  # fmt: skip
+        # [1, np, t, hn] -> [t, np·hn]
+        return context[0].permute(1, 0, 2).reshape(total, self.hidden_size_per_partition)
 
     def _sdpa_mask(
         self, attention_mask: torch.Tensor | None, seq_q: int, seq_k: int

@@ -1,7 +1,8 @@
 """One-time HF → Megatron conversion into the resolved Megatron checkpoint directory.
 
-Layout under the directory from ``resolve_megatron_checkpoint_dir`` (``NRL_MEGATRON_CHECKPOINT_DIR``
-> ``$HF_HOME/nemo_rl`` > ``~/.cache/huggingface/nemo_rl``)::
+Layout under the planned directory (``JobSpec.megatron_checkpoint_dir``, resolved by the planner
+from the job's environment: ``NRL_MEGATRON_CHECKPOINT_DIR`` > ``$HF_HOME/nemo_rl`` >
+``~/.cache/huggingface/nemo_rl``; the worker gets it in ``RankInfo``)::
 
     <root>/<model key>/            a finished conversion (has COMPLETE_MARKER)
     <root>/<model key>.lock        flock: one converter at a time, across jobs and nodes

@@ -21,6 +21,7 @@ from hpcrl.core.token_distribution import (
     scale_logits,
     token_logprobs_from_logits,
 )
+from hpcrl.core.workers.micro_batches import unpack_logprobs
 
 
 def token_logprobs(
@@ -63,11 +64,54 @@ def _to_device(micro_batch: Batch) -> dict[str, torch.Tensor]:
     return {key: value.to(device, non_blocking=True) for key, value in micro_batch.items()}
 
 
-def _forward(model: Any, input_ids: torch.Tensor) -> torch.Tensor:
+def _forward(model: Any, micro_batch: Batch) -> torch.Tensor:
+    """Logits of one micro-batch. A pack (``hpcrl.core.workers.micro_batches``) runs as one
+    [1, L] row in megatron's THD layout: ``PackedSeqParams`` restarts RoPE and confines
+    attention at every ``cu_seqlens`` boundary."""
+    if "packed_input_ids" in micro_batch:
+        return model(
+            micro_batch["packed_input_ids"],
+            micro_batch["packed_position_ids"],
+            None,
+            packed_seq_params=packed_seq_params(micro_batch["cu_seqlens"]),
+        )
+    input_ids = micro_batch["input_ids"]
     # Right-padded sequences under a causal mask: padding never influences earlier tokens,
     # so no attention mask is needed (local spec builds the causal one).
     positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
     return model(input_ids, positions.expand_as(input_ids), None)
+
+
+def packed_seq_params(cu_seqlens: torch.Tensor) -> Any:
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu_seqlens,
+        cu_seqlens_kv=cu_seqlens,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
+
+
+def micro_batch_logprobs(
+    output: torch.Tensor, micro_batch: Batch, distribution: TokenDistribution
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(processed, unfiltered) [rows, width] token log-probs from a micro-batch's logits,
+    unpacked to its rows if it is a pack."""
+    if "packed_input_ids" not in micro_batch:
+        return token_logprobs(output, micro_batch["input_ids"], distribution)
+    processed, unfiltered = token_logprobs(output, micro_batch["packed_input_ids"], distribution)
+    return unpack_logprobs(processed, micro_batch), unpack_logprobs(unfiltered, micro_batch)
+
+
+def _shape_of(micro_batches: Sequence[Batch]) -> tuple[int, int]:
+    """(seq_length, micro_batch_size) megatron's schedules size pipeline buffers with."""
+    first = micro_batches[0]
+    if "packed_input_ids" in first:
+        return first["packed_input_ids"].shape[1], 1
+    return first["input_ids"].shape[1], first["input_ids"].shape[0]
 
 
 def _result_rank_flags() -> tuple[bool, bool]:
@@ -99,7 +143,7 @@ def run_train_microbatches(
     totals: dict[str, float] = {}
 
     def loss_func(micro_batch, output_tensor):
-        logprobs, unfiltered = token_logprobs(output_tensor, micro_batch["input_ids"], distribution)
+        logprobs, unfiltered = micro_batch_logprobs(output_tensor, micro_batch, distribution)
         if distribution.filters:
             micro_batch[UNFILTERED_LOGPROBS_KEY] = unfiltered
         loss, metrics = loss_fn(logprobs, micro_batch, num_global_tokens)
@@ -110,18 +154,19 @@ def run_train_microbatches(
 
     def forward_step(data_iterator, model):
         micro_batch = _to_device(next(data_iterator))
-        output = _forward(model, micro_batch["input_ids"])
+        output = _forward(model, micro_batch)
         return output, lambda output_tensor: loss_func(micro_batch, output_tensor)
 
     for chunk in model_chunks:
         chunk.zero_grad_buffer()
+    seq_length, micro_batch_size = _shape_of(micro_batches)
     get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=iter(micro_batches),
         model=model_chunks,
         num_microbatches=len(micro_batches),
-        seq_length=micro_batches[0]["input_ids"].shape[1],
-        micro_batch_size=micro_batches[0]["input_ids"].shape[0],
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
         forward_only=False,
     )
     return _sum_over_reporters(totals)
@@ -148,8 +193,9 @@ def compute_logprobs(
     model_chunks: list,
     micro_batches: Sequence[Batch],
     distribution: TokenDistribution | None = None,
-) -> torch.Tensor | None:
-    """Token log-probs of all micro-batches (CPU, float32) on the reporting rank, else None."""
+) -> list[torch.Tensor] | None:
+    """Token log-probs of each micro-batch ([rows, width], CPU, float32) on the reporting
+    rank, else None."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     distribution = distribution or TokenDistribution()
@@ -157,24 +203,25 @@ def compute_logprobs(
 
     def forward_step(data_iterator, model):
         micro_batch = _to_device(next(data_iterator))
-        output = _forward(model, micro_batch["input_ids"])
+        output = _forward(model, micro_batch)
 
         def loss_func(output_tensor):
-            logprobs, _ = token_logprobs(output_tensor, micro_batch["input_ids"], distribution)
+            logprobs, _ = micro_batch_logprobs(output_tensor, micro_batch, distribution)
             collected.append(logprobs.detach().float().cpu())
             return torch.zeros((), device=output_tensor.device), {}
 
         return output, loss_func
 
+    seq_length, micro_batch_size = _shape_of(micro_batches)
     with torch.no_grad():
         get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=iter(micro_batches),
             model=model_chunks,
             num_microbatches=len(micro_batches),
-            seq_length=micro_batches[0]["input_ids"].shape[1],
-            micro_batch_size=micro_batches[0]["input_ids"].shape[0],
+            seq_length=seq_length,
+            micro_batch_size=micro_batch_size,
             forward_only=True,
         )
     _, reporter = _result_rank_flags()
-    return torch.cat(collected) if reporter else None
+    return collected if reporter else None

@@ -25,6 +25,11 @@ from hpcrl.core.token_distribution import (
     TokenDistribution,
     training_distribution,
 )
+from hpcrl.core.workers.micro_batches import (
+    MicroBatchSpec,
+    logprob_micro_batches,
+    scatter_rows,
+)
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
@@ -116,9 +121,10 @@ class MegatronWorker:
 
     def _ensure_conversion(self) -> Path:
         from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
-        from hpcrl.plan.checkpoint_dir import resolve_megatron_checkpoint_dir
 
-        root, _source = resolve_megatron_checkpoint_dir(os.environ, os.path.expanduser("~"))
+        root = self.rank_info.megatron_checkpoint_dir
+        # The planner resolves it for every Megatron recipe; the driver passes it on.
+        assert root is not None, "RankInfo.megatron_checkpoint_dir is unset (no plan?)"
         convert = hf_import.make_converter(
             self.cfg.model_overrides, prepare=type(self).converter_prepare
         )
@@ -183,28 +189,31 @@ class MegatronWorker:
         self.manual_gc.after_optimizer_step(self.steps_done)
         return {**metrics, "grad_norm": float(grad_norm), "lr": float(lr)}
 
-    def logprobs(self, batch: Batch) -> torch.Tensor:
-        return self._logprobs_under(batch, self.distribution)
+    def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
+        return self._logprobs_under(batch, self.distribution, plan)
 
-    def _logprobs_under(self, batch: Batch, distribution: TokenDistribution) -> torch.Tensor:
-        result = step.compute_logprobs(self.model_chunks, self._micro_batches(batch), distribution)
-        if result is None:  # not the reporting rank: the controller ignores this output
+    def _logprobs_under(
+        self,
+        batch: Batch,
+        distribution: TokenDistribution,
+        plan: Sequence[MicroBatchSpec] | None,
+    ) -> torch.Tensor:
+        specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
+        pieces = step.compute_logprobs(self.model_chunks, micro_batches, distribution)
+        if pieces is None:  # not the reporting rank: the controller ignores this output
             return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-        return result
+        return scatter_rows(pieces, specs, *batch["input_ids"].shape)
 
-    def reference_logprobs(self, batch: Batch) -> torch.Tensor:
+    def reference_logprobs(
+        self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None
+    ) -> torch.Tensor:
         current = self._snapshot_weights()
         self._load_weights(self._reference_weights)
         try:
             # NeMo RL scores the reference with the temperature but no top-k/top-p.
-            return self._logprobs_under(batch, self.distribution.without_filters())
+            return self._logprobs_under(batch, self.distribution.without_filters(), plan)
         finally:
             self._load_weights(current)
-
-    def _micro_batches(self, batch: Batch) -> list[dict[str, torch.Tensor]]:
-        size = self.recipe.policy.logprob_batch_size or self.recipe.policy.train_micro_batch_size
-        rows = batch["input_ids"].shape[0]
-        return [{k: v[i : i + size] for k, v in batch.items()} for i in range(0, rows, size)]
 
     # ------------------------------------------------------------------ weights out
     def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:

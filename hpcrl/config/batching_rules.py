@@ -1,0 +1,102 @@
+"""Load-time rules of NeMo RL's micro-batching keys: ``policy.dynamic_batching``,
+``policy.sequence_packing`` and ``policy.make_sequence_length_divisible_by``."""
+
+from __future__ import annotations
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import Recipe
+
+DYN = "policy.dynamic_batching"
+PACK = "policy.sequence_packing"
+
+
+def rule_one_batching_mode(recipe: Recipe) -> list[Problem]:
+    policy = recipe.policy
+    if not (policy.dynamic_batching.enabled and policy.sequence_packing.enabled):
+        return []
+    return [
+        Problem(
+            path=f"{DYN}.enabled",
+            value=True,
+            message=f"dynamic batching and sequence packing exclude each other ({PACK}.enabled "
+            "is true too)",
+            fix=f"set {DYN}.enabled=false (packing removes more padding) or {PACK}.enabled=false",
+        )
+    ]
+
+
+def rule_token_budgets(recipe: Recipe) -> list[Problem]:
+    """Every sequence must fit a micro-batch: budgets of at least max_total_sequence_length."""
+    policy = recipe.policy
+    longest = policy.max_total_sequence_length
+    problems = []
+    for path, cfg in ((DYN, policy.dynamic_batching), (PACK, policy.sequence_packing)):
+        if not cfg.enabled:
+            continue
+        for key in ("train_mb_tokens", "logprob_mb_tokens"):
+            budget = getattr(cfg, key)
+            if budget is not None and budget < longest:
+                problems.append(
+                    Problem(
+                        path=f"{path}.{key}",
+                        value=budget,
+                        message=f"smaller than policy.max_total_sequence_length ({longest}): the "
+                        "longest sequence would fit no micro-batch",
+                        fix=f"set {path}.{key} to at least {longest} (NeMo RL writes "
+                        "max_total_sequence_length x micro-batch size)",
+                    )
+                )
+        if cfg.sequence_length_round < 1:
+            problems.append(
+                Problem(
+                    path=f"{path}.sequence_length_round",
+                    value=cfg.sequence_length_round,
+                    message="must be at least 1",
+                    fix=f"set {path}.sequence_length_round=64 (or 1 for no rounding)",
+                )
+            )
+    return problems
+
+
+def rule_divisible_by(recipe: Recipe) -> list[Problem]:
+    value = recipe.policy.make_sequence_length_divisible_by
+    if value is None or value >= 1:
+        return []
+    return [
+        Problem(
+            path="policy.make_sequence_length_divisible_by",
+            value=value,
+            message="must be at least 1",
+            fix="set it to the tensor-parallel size (NeMo RL's default), or 1",
+        )
+    ]
+
+
+def rule_dynamic_batching_pipeline(recipe: Recipe) -> list[Problem]:
+    """Pipeline stages exchange buffers of one shape: dynamic widths cannot pass them."""
+    mcfg = recipe.policy.megatron_cfg
+    if not (
+        recipe.policy.dynamic_batching.enabled
+        and mcfg.enabled
+        and mcfg.pipeline_model_parallel_size > 1
+    ):
+        return []
+    return [
+        Problem(
+            path=f"{DYN}.enabled",
+            value=True,
+            message="dynamic batching gives micro-batches of different shapes, which pipeline "
+            f"parallelism cannot pass between stages (pipeline_model_parallel_size="
+            f"{mcfg.pipeline_model_parallel_size})",
+            fix=f"use {PACK}.enabled=true instead (packs are padded to one length), or "
+            "pipeline_model_parallel_size=1",
+        )
+    ]
+
+
+BATCHING_RULES = (
+    rule_one_batching_mode,
+    rule_token_budgets,
+    rule_divisible_by,
+    rule_dynamic_batching_pipeline,
+)

@@ -1,0 +1,213 @@
+"""NeMo RL's data sets by name: where each lives on the Hugging Face hub, how its rows become
+hpcrl rows, and the load-time rules of ``data``.
+
+The table is plain data (the login node imports no ``datasets``); the in-job loader is
+``hpcrl.core.data.named``. Every set becomes NeMo RL's row form, a list of chat
+``messages`` whose last message is the target (the ground truth for GRPO, the response for
+SFT); ``fields`` says which columns make them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import attrs
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import DatasetCfg, Recipe
+
+
+@attrs.frozen(kw_only=True)
+class NamedDataset:
+    hub_id: str
+    config_name: str | None = None
+    train_split: str = "train"
+    validation_split: str | None = None  # a split of the same set
+    validation_set: str | None = None  # another named set (NeMo RL's pairing)
+    carve_validation: float = 0.0  # or a fraction of train held out (seeded)
+    fields: str = "problem_answer"  # how rows become messages (hpcrl.core.data.named)
+    repeat_validation: int = 1
+    algorithm: str = "grpo"  # what the set is made for
+
+
+NAMED_DATASETS: dict[str, NamedDataset] = {
+    "OpenMathInstruct-2": NamedDataset(
+        hub_id="nvidia/OpenMathInstruct-2",
+        train_split="train_1M",
+        carve_validation=0.05,
+        fields="openmath_answer",
+    ),
+    "openmathinstruct2": NamedDataset(
+        hub_id="nvidia/OpenMathInstruct-2",
+        train_split="train_1M",
+        carve_validation=0.05,
+        fields="openmath_solution",
+        algorithm="sft",
+    ),
+    "DeepScaler": NamedDataset(
+        hub_id="agentica-org/DeepScaleR-Preview-Dataset", validation_set="AIME2024"
+    ),
+    "DAPOMath17K": NamedDataset(
+        hub_id="BytedTsinghua-SIA/DAPO-Math-17k",
+        validation_set="DAPOMathAIME2024",
+        fields="dapo",
+    ),
+    "DAPOMathAIME2024": NamedDataset(hub_id="BytedTsinghua-SIA/AIME-2024", fields="dapo"),
+    "AIME2024": NamedDataset(hub_id="HuggingFaceH4/aime_2024", repeat_validation=16),
+    "gsm8k": NamedDataset(
+        hub_id="openai/gsm8k", config_name="main", validation_split="test", fields="gsm8k"
+    ),
+    "squad": NamedDataset(
+        hub_id="rajpurkar/squad", validation_split="validation", fields="squad", algorithm="sft"
+    ),
+    "tulu3_sft_mixture": NamedDataset(
+        hub_id="allenai/tulu-3-sft-mixture",
+        carve_validation=0.05,
+        fields="messages",
+        algorithm="sft",
+    ),
+    # A local JSONL/JSON/parquet file or folder with input_key/output_key columns.
+    "ResponseDataset": NamedDataset(hub_id="", fields="input_output", algorithm="any"),
+}
+
+PROCESSORS = {
+    "default": "grpo",
+    "math_hf_data_processor": "grpo",
+    "math_data_processor": "grpo",
+    "sft_processor": "sft",
+}
+
+
+def effective(recipe: Recipe, which: str) -> DatasetCfg | None:
+    """``data.train`` / ``data.validation`` with ``data.default`` filling unset keys; the
+    older flat form (``data.dataset_name``) as a train section. None: no named set."""
+    data = recipe.data
+    section = getattr(data, which)
+    if section is None and which == "train" and data.dataset_name is not None:
+        section = DatasetCfg(
+            dataset_name=data.dataset_name,
+            split=data.split,
+            prompt_file=data.prompt_file,
+            system_prompt_file=data.system_prompt_file,
+            seed=data.seed,
+            output_key=data.output_key,
+        )
+    if section is None:
+        return None
+    default = data.default or DatasetCfg()
+    merged = {
+        field.name: getattr(section, field.name)
+        if getattr(section, field.name) is not None
+        else getattr(default, field.name)
+        for field in attrs.fields(DatasetCfg)
+    }
+    return DatasetCfg(**merged)
+
+
+def rule_data_source(recipe: Recipe) -> list[Problem]:
+    """Exactly one training source: ``data.train_path`` or a named/local NeMo RL set."""
+    train = effective(recipe, "train")
+    if (recipe.data.train_path is None) != (train is None):
+        return []
+    both = recipe.data.train_path is not None
+    return [
+        Problem(
+            path="data.train_path" if both else "data",
+            message="both data.train_path and a NeMo RL data set (data.train / "
+            "data.dataset_name) are given"
+            if both
+            else "no training data is given",
+            fix="keep one: data.train_path: <file.jsonl>, or data.train.dataset_name: <name> "
+            f"(one of {', '.join(NAMED_DATASETS)})",
+        )
+    ]
+
+
+def rule_named_sets(recipe: Recipe) -> list[Problem]:
+    problems = []
+    for which in ("train", "validation"):
+        section = effective(recipe, which)
+        if section is None:
+            continue
+        path = f"data.{which}" if getattr(recipe.data, which) is not None else "data"
+        problems += _section_problems(recipe, section, path)
+    return problems
+
+
+def _section_problems(recipe: Recipe, section: DatasetCfg, path: str) -> list[Problem]:
+    name = section.dataset_name or ("ResponseDataset" if section.data_path else None)
+    if name not in NAMED_DATASETS:
+        close = difflib.get_close_matches(str(name), list(NAMED_DATASETS), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return [
+            Problem(
+                path=f"{path}.dataset_name",
+                value=name,
+                message="not a data set hpcrl loads",
+                fix=f"{hint}use one of: {', '.join(NAMED_DATASETS)} (ResponseDataset: a local "
+                "file given as data_path)",
+            )
+        ]
+    problems = []
+    if name == "ResponseDataset" and section.data_path is None:
+        problems.append(
+            Problem(
+                path=f"{path}.data_path",
+                message="ResponseDataset reads a local file",
+                fix=f"set {path}.data_path to a .jsonl/.json/.parquet file or folder",
+            )
+        )
+    problems += _processor_problems(recipe, section, path, NAMED_DATASETS[name])
+    for key in ("prompt_file", "system_prompt_file", "data_path"):
+        value = getattr(section, key)
+        if value is not None and not Path(value).exists():
+            problems.append(
+                Problem(
+                    path=f"{path}.{key}",
+                    value=value,
+                    message="no such file (looked beside the recipe, in the folders above it "
+                    "and in the current directory)",
+                    fix="give an absolute path, or one relative to the recipe's folder",
+                )
+            )
+    return problems
+
+
+def _processor_problems(
+    recipe: Recipe, section: DatasetCfg, path: str, named: NamedDataset
+) -> list[Problem]:
+    problems = []
+    processor = section.processor
+    if processor is not None and processor not in PROCESSORS:
+        problems.append(
+            Problem(
+                path=f"{path}.processor",
+                value=processor,
+                message="not a processor hpcrl implements",
+                fix=f"use one of: {', '.join(PROCESSORS)}",
+            )
+        )
+    if named.algorithm not in ("any", recipe.algorithm):
+        problems.append(
+            Problem(
+                path=f"{path}.dataset_name",
+                value=section.dataset_name,
+                message=f"a data set for {named.algorithm.upper()}, but this recipe trains "
+                f"{recipe.algorithm.upper()}",
+                fix="pick a data set of this algorithm (see docs/algorithms.md, data sets)",
+            )
+        )
+    if section.env_name not in (None, "math"):
+        problems.append(
+            Problem(
+                path=f"{path}.env_name",
+                value=section.env_name,
+                message="hpcrl has the math environment only",
+                fix=f"set {path}.env_name: math",
+            )
+        )
+    return problems
+
+
+DATA_RULES = (rule_data_source, rule_named_sets)

@@ -1,0 +1,82 @@
+"""Load-time rules of NeMo RL's GRPO options that hpcrl implements: single-turn rollouts,
+dynamic sampling, reward shaping and scaling."""
+
+from __future__ import annotations
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import Recipe
+
+G = "grpo"
+
+
+def rule_single_turn(recipe: Recipe) -> list[Problem]:
+    grpo = recipe.grpo
+    if grpo is None or grpo.max_rollout_turns == 1:
+        return []
+    return [
+        Problem(
+            path=f"{G}.max_rollout_turns",
+            value=grpo.max_rollout_turns,
+            message="multi-turn rollouts (environments that answer back) are not supported "
+            "by hpcrl yet",
+            fix=f"set {G}.max_rollout_turns=1 (the math environment answers once)",
+        )
+    ]
+
+
+def rule_dynamic_sampling(recipe: Recipe) -> list[Problem]:
+    grpo = recipe.grpo
+    if grpo is None:
+        return []
+    problems = []
+    if grpo.batch_multiplier < 1 or (grpo.batch_multiplier > 1 and not grpo.use_dynamic_sampling):
+        problems.append(
+            Problem(
+                path=f"{G}.batch_multiplier",
+                value=grpo.batch_multiplier,
+                message="generates extra prompts for dynamic sampling to choose from; it must "
+                "be at least 1, and more than 1 only with use_dynamic_sampling",
+                fix=f"set {G}.batch_multiplier=1, or {G}.use_dynamic_sampling=true",
+            )
+        )
+    if grpo.use_dynamic_sampling and grpo.dynamic_sampling_max_gen_batches < 1:
+        problems.append(
+            Problem(
+                path=f"{G}.dynamic_sampling_max_gen_batches",
+                value=grpo.dynamic_sampling_max_gen_batches,
+                message="must be at least 1",
+                fix=f"set {G}.dynamic_sampling_max_gen_batches=10",
+            )
+        )
+    return problems
+
+
+def rule_reward_terms(recipe: Recipe) -> list[Problem]:
+    grpo = recipe.grpo
+    if grpo is None:
+        return []
+    problems = []
+    scaling, shaping = grpo.reward_scaling, grpo.reward_shaping
+    if scaling.enabled and scaling.source_max <= scaling.source_min:
+        problems.append(
+            Problem(
+                path=f"{G}.reward_scaling.source_max",
+                value=scaling.source_max,
+                message=f"must be larger than source_min ({scaling.source_min})",
+                fix="give the range the environment's rewards fall in, e.g. 0.0 to 1.0",
+            )
+        )
+    limit = shaping.max_response_length or recipe.policy.generation.max_new_tokens
+    if shaping.enabled and not 0 < shaping.overlong_buffer_length <= limit:
+        problems.append(
+            Problem(
+                path=f"{G}.reward_shaping.overlong_buffer_length",
+                value=shaping.overlong_buffer_length,
+                message=f"must be in (0, max_response_length = {limit}]",
+                fix="e.g. 128: the last 128 tokens before the limit are penalised linearly",
+            )
+        )
+    return problems
+
+
+GRPO_OPTION_RULES = (rule_single_turn, rule_dynamic_sampling, rule_reward_terms)

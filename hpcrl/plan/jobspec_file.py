@@ -1,0 +1,143 @@
+"""``<run_dir>/jobspec.json``: the plan as the job reads it, written and read in one place.
+
+The login node writes it (``write_jobspec``, with the run folder); the job reads it back
+(``read_jobspec``) through the one strict converter into the same typed ``JobSpec``. So
+the job side never reads plan values out of dicts and never re-decides them. The file
+records the hpcrl version that planned it: a missing or unreadable file, one written by
+another hpcrl, or one that does not structure into this hpcrl's ``JobSpec`` raises one
+``JobSpecError`` that names the file and the fix.
+
+A run folder with no plan at all (the driver run by hand, tests, benchmarks) is planned
+with the ``local`` profile by the real planner (``plan_with_local_profile``), never filled
+in with defaults.
+
+Stage boundary: the job side (``hpcrl.job``, ``hpcrl.core``) imports from ``hpcrl.plan``
+only this module and ``hpcrl.plan.jobspec`` (tests/test_stage_boundaries.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import hpcrl
+from hpcrl.plan.jobspec import JobSpec
+
+if TYPE_CHECKING:
+    from hpcrl.config.recipe import Recipe
+
+JOBSPEC_FILE = "jobspec.json"
+LOCAL_PROFILE = "local"
+
+
+class JobSpecError(RuntimeError):
+    """The run folder's jobspec.json cannot be used; ``str(error)`` names the file and the fix."""
+
+
+class JobSpecMissing(JobSpecError):
+    """The run folder has no jobspec.json."""
+
+
+def jobspec_path(run_dir: str | os.PathLike[str]) -> Path:
+    return Path(run_dir) / JOBSPEC_FILE
+
+
+def jobspec_as_dict(spec: JobSpec) -> dict[str, Any]:
+    """The plan as plain JSON values (lists for tuples), as the file and the manifest hold it."""
+    from hpcrl.config.converter import unstructure
+
+    return unstructure(spec)
+
+
+def write_jobspec(spec: JobSpec) -> Path:
+    """Write ``<spec.run_dir>/jobspec.json`` through ``hpcrl.files.write_file``: atomic (a
+    node never reads half a file), modes from the umask, no secrets."""
+    from hpcrl.files import write_file  # login side only: the job never writes a plan
+
+    record = {"hpcrl_version": hpcrl.__version__, "jobspec": jobspec_as_dict(spec)}
+    return write_file(
+        jobspec_path(spec.run_dir), json.dumps(record, indent=2, sort_keys=True) + "\n"
+    )
+
+
+def read_jobspec(run_dir: str | os.PathLike[str]) -> JobSpec:
+    """The typed ``JobSpec`` of a run folder; ``JobSpecError`` when it cannot be used."""
+    path = jobspec_path(run_dir)
+    if not path.is_file():
+        raise JobSpecMissing(
+            f"{path} does not exist, so this job has no plan: the run folder was not written "
+            "by `hpcrl render`/`hpcrl submit`, or the file was removed. "
+            f"Fix: {_resubmit_fix(None)}"
+        )
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise JobSpecError(
+            f"{path} cannot be read as JSON ({error}). Fix: {_resubmit_fix(None)}"
+        ) from None
+    return _structure_record(path, record)
+
+
+def _structure_record(path: Path, record: Any) -> JobSpec:
+    from hpcrl.config.converter import try_structure
+
+    fields = record.get("jobspec") if isinstance(record, Mapping) else None
+    version = record.get("hpcrl_version") if isinstance(record, Mapping) else None
+    fix = _resubmit_fix(fields)
+    if version != hpcrl.__version__:
+        written_by = f"hpcrl {version}" if isinstance(version, str) else "an unknown hpcrl"
+        raise JobSpecError(
+            f"{path} was written by {written_by}, but this job runs hpcrl {hpcrl.__version__} "
+            f"(from {Path(hpcrl.__file__).parent}); a plan is only read by the hpcrl that "
+            f"made it. Fix: {fix}; with code: bundle in the cluster profile the job always "
+            "runs the hpcrl that planned it"
+        )
+    if not isinstance(fields, Mapping):
+        raise JobSpecError(f"{path} holds no 'jobspec' mapping. Fix: {fix}")
+    spec, issues = try_structure(fields, JobSpec)
+    if spec is None:
+        problems = "; ".join(f"{issue.problem.path}: {issue.problem.message}" for issue in issues)
+        raise JobSpecError(
+            f"{path} does not match the JobSpec of this hpcrl {hpcrl.__version__} ({problems}). "
+            f"Fix: {fix}"
+        )
+    return spec
+
+
+def _resubmit_fix(fields: Any) -> str:
+    """Plan, render and submit again with the hpcrl the job runs; the exact command when the
+    file still names how it was rendered."""
+    argv = fields.get("render_argv") if isinstance(fields, Mapping) else None
+    if isinstance(argv, list) and len(argv) > 2 and all(isinstance(a, str) for a in argv):
+        command = shlex.join(["hpcrl", "submit", *argv[2:]])
+        return f"submit it again with this hpcrl ({command}), which writes a new run folder"
+    return "submit the recipe again with this hpcrl (hpcrl submit RECIPE --cluster PROFILE)"
+
+
+def plan_with_local_profile(recipe: Recipe, run_dir: str | os.PathLike[str]) -> JobSpec:
+    """Plan ``recipe`` for ``run_dir`` with the ``local`` profile (as ``--cluster local``
+    finds it) through the real planner: what a run folder without a plan runs as.
+    ``JobSpecError`` when the recipe does not fit that profile, with the planner's problems."""
+    from hpcrl.config import ConfigError, load_profile
+    from hpcrl.plan.planner import plan
+
+    folder = Path(run_dir).absolute()
+    try:
+        return plan(
+            recipe,
+            load_profile(LOCAL_PROFILE),
+            run_dir=str(folder),
+            recipe_source=str(folder),
+            profile_source=LOCAL_PROFILE,
+        )
+    except ConfigError as error:
+        raise JobSpecError(
+            f"{jobspec_path(folder)} does not exist and the recipe does not plan on the "
+            f"{LOCAL_PROFILE!r} profile:\n{error}\nFix: submit the recipe with `hpcrl submit "
+            "RECIPE --cluster PROFILE` (it writes the plan), or change the recipe to fit "
+            f"--cluster {LOCAL_PROFILE}"
+        ) from None
