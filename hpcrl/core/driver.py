@@ -35,6 +35,7 @@ from hpcrl.core.algorithms.loop import (
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
 from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
+from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.jobspec_file import (
@@ -206,7 +207,7 @@ def _limit_validation(recipe: Recipe, rows: list[dict]) -> list[dict]:
 
 
 def _make_validate_fn(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: list[dict] | None
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, rows: list[dict] | None
 ) -> Callable[[], dict[str, float]] | None:
     if rows is None:
         return None
@@ -237,7 +238,7 @@ def _rows_per_step(recipe: Recipe) -> int:
 
 
 def _make_step_fn(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
 ) -> Callable[[int], dict]:
     if recipe.grpo is not None and recipe.grpo.async_grpo.enabled:
         # The config rules guarantee vLLM on generation workers of their own.
@@ -295,10 +296,10 @@ def training_layout(
     )
 
 
-def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id: int) -> Any:
+def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id: int) -> Policy:
     """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot, as the
-    plan lays it out; GRPO with ``policy.generation.backend: vllm`` samples through vLLM
-    engines around it (on the planned nodes when they are separate workers)."""
+    plan lays it out; GRPO with ``policy.generation.backend: vllm`` on separate workers
+    samples through engines of its own (on the planned nodes)."""
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.workers.ray_policy import RayPolicy
 
@@ -306,7 +307,8 @@ def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id
     training = RayPolicy(
         recipe, model_path, layout, worker_class_path(recipe.backend), pad_token_id=pad_token_id
     )
-    if recipe.algorithm != "grpo" or recipe.policy.generation.backend != "vllm":
+    generation = recipe.policy.generation
+    if recipe.algorithm != "grpo" or generation.backend != "vllm" or generation.colocated.enabled:
         return training
     from hpcrl.core.generation.vllm_policy import wrap_policy
 
@@ -320,7 +322,7 @@ def _job_master_port() -> int | None:
     return int(text) if text else None
 
 
-def checkpoint_store(policy: Any, recipe: Recipe, run_dir: Path) -> CheckpointStore:
+def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> CheckpointStore:
     cfg = recipe.checkpointing
     folder = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
     return CheckpointStore(
@@ -334,7 +336,7 @@ def checkpoint_store(policy: Any, recipe: Recipe, run_dir: Path) -> CheckpointSt
 
 
 def run_steps(
-    policy: Any,
+    policy: Policy,
     recipe: Recipe,
     step_fn: Callable[[int], dict[str, Any]],
     sampler: EpochSampler,
@@ -357,7 +359,7 @@ def run_steps(
 
 
 def _run_logged_steps(
-    policy: Any,
+    policy: Policy,
     recipe: Recipe,
     step_fn: Callable[[int], dict[str, Any]],
     sampler: EpochSampler,
@@ -422,21 +424,20 @@ def _resume(store: CheckpointStore, sampler: EpochSampler) -> int:
     return int(extra["step"]) + 1
 
 
-def _memory_metrics(policy: Any, memory: HostMemoryTracker) -> dict[str, float | None]:
-    peak_gpu_gb = None
-    collect = getattr(policy, "collect_state", None)
-    if collect is not None:
-        states = collect()
-        peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
-        peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
-        worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
-    else:
-        worker_rss = []
+def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, float | None]:
+    """Memory peaks, and torch.compile's graph count so far (a rise after the first steps
+    is a recompilation stall)."""
+    states = policy.collect_state()
+    peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
+    peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
+    worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
+    graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
     driver_gb = memory.sample()
     return {
         "peak_gpu_mem_gb": peak_gpu_gb,
         "peak_host_rss_gb": driver_gb + sum(worker_rss),
         "peak_host_rss_driver_gb": driver_gb,
+        "compiled_graphs": max(graphs) if graphs else None,
     }
 
 

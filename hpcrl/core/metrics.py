@@ -93,6 +93,8 @@ def format_progress(step: int, num_steps: int, record: Mapping[str, Any]) -> str
     ):
         if key in record:
             parts.append(f"{label} {record[key]:.1f}s")
+    if "generated_tokens_per_s" in record:
+        parts.append(f"{record['generated_tokens_per_s']:.0f} gen tok/s")
     parts.append(f"{record['tokens_per_s']:.0f} tok/s")
     for key in ("val_reward_mean", "val_loss"):
         if key in record:

@@ -13,7 +13,7 @@ Tensors cross this interface on CPU, batch-first. Token axis conventions:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -41,15 +41,39 @@ LossFn = Callable[["torch.Tensor", Batch, float], tuple["torch.Tensor", dict[str
 class GenerationOutput(Protocol):
     """What ``Policy.generate`` returns (all CPU tensors, batch-first, right-padded)."""
 
-    input_ids: torch.Tensor  # [B, T] prompt followed by response
-    attention_mask: torch.Tensor  # [B, T]
-    response_mask: torch.Tensor  # [B, T] 1 on generated tokens (excl. padding after stop)
-    generation_logprobs: torch.Tensor  # [B, T] sampler's logprobs of generated tokens, else 0
-    prompt_lengths: torch.Tensor  # [B]
-    response_lengths: torch.Tensor  # [B]
-    # [B] generated tokens per row as the generation engine itself counted them (vLLM's
-    # request stats); None for the torch sampler. The step reports their sum.
-    engine_generated_tokens: torch.Tensor | None
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """[B, T] prompt followed by response."""
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """[B, T]."""
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """[B, T] 1 on generated tokens (excluding padding after a stop)."""
+
+    @property
+    def generation_logprobs(self) -> torch.Tensor:
+        """[B, T] the sampler's log-probs of generated tokens, else 0."""
+
+    @property
+    def prompt_lengths(self) -> torch.Tensor:
+        """[B]."""
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        """[B]."""
+
+    @property
+    def metrics(self) -> Mapping[str, float]:
+        """Figures of the engines' work (time_refit_s, time_sample_s, time_prefill_s, ...):
+        times of the slowest shard, counts summed over shards."""
+
+    @property
+    def engine_generated_tokens(self) -> torch.Tensor | None:
+        """[B] generated tokens per row as the generation engine itself counted them (vLLM's
+        request stats); None for the torch engine. The step reports their sum."""
 
 
 class Policy(Protocol):
@@ -68,7 +92,8 @@ class Policy(Protocol):
     def generate(
         self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
     ) -> GenerationOutput:
-        """Sample one response per prompt (repeat prompts for n per prompt)."""
+        """Sample one response per prompt (repeat prompts for n per prompt) with the latest
+        weights (engines are refitted first when training changed them)."""
 
     def prepare_for_generation(self) -> None:
         """Move what training needs out of the way (e.g. optimizer state off GPU)."""
@@ -85,5 +110,22 @@ class Policy(Protocol):
     def export_hf(self, out_dir: str) -> None:
         """Write a consolidated Hugging Face checkpoint of the current weights."""
 
+    def collect_state(self) -> list[Mapping[str, Any]]:
+        """Per-rank facts in rank order (``BackendWorker.collect_state``): step, peak memory."""
+
     def shutdown(self) -> None:
         """Stop workers cleanly (no gloo exit abort, no processes left behind)."""
+
+
+@runtime_checkable
+class AsyncGenerationPolicy(Policy, Protocol):
+    """A policy whose generation runs on engines of their own, so it can overlap training:
+    ``submit_generation`` refits the engines if needed, starts sampling and returns at once;
+    ``collect_generation`` waits for that submission's output. Submissions are sampled in
+    order, each with the weights the policy had when it was submitted."""
+
+    def submit_generation(self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int) -> Any:
+        """Start sampling; returns a handle for ``collect_generation``."""
+
+    def collect_generation(self, pending: Any) -> GenerationOutput:
+        """The output of one ``submit_generation`` (waits for it)."""

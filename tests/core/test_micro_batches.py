@@ -185,3 +185,26 @@ def test_packed_logprobs_equal_unpacked(tiny_root):
         got = forward_logprobs(tiny_root, materialize(batch, spec))[0]
     rows = list(spec.rows)
     assert torch.allclose(got, want[rows, : got.shape[1]], atol=1e-5)
+
+
+def test_pack_padded_to_a_bucket_keeps_its_logprobs(tiny_root):
+    """Compiled Automodel passes pad a pack to the next sequence bucket (``pad_pack``); the
+    fill is a sequence of its own, so no real token's log-prob changes."""
+    from hpcrl.core.backends.automodel.worker import forward_logprobs
+    from hpcrl.core.workers.sharding import pad_pack, pad_sequence_dim
+
+    lengths = grpo_shaped_lengths(6, seed=9, longest=64)
+    batch = grpo_batch(lengths, 64, seed=9)
+    settings = BatchingSettings(mode="packed", tokens_per_micro_batch=512, divisible_by=4)
+    (spec,) = plan_shards([lengths], 64, settings)[0]
+    micro = materialize(batch, spec)
+    padded = pad_sequence_dim(pad_pack(micro, 64), 64)
+    pack_length = micro["packed_input_ids"].shape[1]
+    assert padded["packed_input_ids"].shape[1] == (pack_length // 64 + 1) * 64
+    assert int(padded["cu_seqlens"][-1]) == padded["packed_input_ids"].shape[1]
+    with torch.no_grad():
+        want = forward_logprobs(tiny_root, micro)[0]
+        got = forward_logprobs(tiny_root, padded)[0]
+    assert got.shape[1] > want.shape[1]  # the rows' own bucket padding, all zeros
+    assert torch.allclose(got[:, : want.shape[1]], want, atol=1e-5)
+    assert not got[:, want.shape[1] :].any()

@@ -57,7 +57,8 @@ def test_tp2_fsdp2_mesh_matches_single_process(ray_cluster, tiny_model_path):  #
 
 
 def scheduled(recipe):
-    # NeMo RL's scheduler list: 2 linear warm-up steps, then cosine decay to a tenth.
+    # Linear warm-up over 2 steps, then cosine to a tenth over the remaining 6 (NeMo RL's form).
+    lr = recipe.policy.optimizer.kwargs["lr"]
     scheduler = (
         LrSchedulerCfg(
             name="torch.optim.lr_scheduler.LinearLR",
@@ -65,7 +66,7 @@ def scheduled(recipe):
         ),
         LrSchedulerCfg(
             name="torch.optim.lr_scheduler.CosineAnnealingLR",
-            kwargs={"T_max": 6, "eta_min": 0.1 * recipe.policy.optimizer.kwargs["lr"]},
+            kwargs={"T_max": 6, "eta_min": 0.1 * lr},
         ),
         LrSchedulerCfg(milestones=(2,)),
     )

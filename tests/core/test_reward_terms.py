@@ -119,3 +119,17 @@ def test_env_math_picks_the_checker():
             1.0,
             0.0,
         ]
+
+
+def test_dynamic_sampling_keeps_engine_counts_and_sums_engine_figures():
+    batches = [fake_rollouts([1, 0, 1, 1], "x"), fake_rollouts([0, 1, 0, 0], "y")]
+    for index, rollouts in enumerate(batches):
+        generation = attrs.evolve(
+            rollouts.generation,
+            engine_generated_tokens=torch.tensor([10, 11, 12, 13]) + 10 * index,
+            metrics={"time_sample_s": 1.0 + index, "generation_decode_steps": 5.0},
+        )
+        batches[index] = attrs.evolve(rollouts, generation=generation)
+    rollouts, _ = sample_dynamically(lambda i: batches[i], 2, 2, max_batches=5)
+    assert rollouts.generation.engine_generated_tokens.tolist() == [10, 11, 20, 21]
+    assert rollouts.generation.metrics == {"time_sample_s": 3.0, "generation_decode_steps": 10.0}

@@ -21,6 +21,7 @@ from hpcrl.core.workers.sharding import (
 from tests.core.parallel_harness import (
     make_batch,
     make_recipe,
+    masked_nll_loss,
     ray_cluster,  # noqa: F401  (fixture)
     start_policy,
     tiny_model_path,  # noqa: F401  (fixture)
@@ -51,17 +52,25 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_group_wires_ranks_generates_in_order_and_leaves_nothing(ray_cluster, tiny_model_path):  # noqa: F811
+def test_group_wires_ranks_generates_in_order_and_leaves_nothing(
+    ray_cluster,  # noqa: F811
+    tiny_model_path,  # noqa: F811
+    tmp_path,
+):
     import ray
 
     from hpcrl.core.generation.torch_sampler import generate, pad_prompts
 
     prompts = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34]]  # 3 prompts over 2 ranks: padded
     cfg = GenerationCfg(max_new_tokens=6, temperature=0.0)
-    policy = start_policy(make_recipe(), tiny_model_path, world_size=2)
+    policy = start_policy(make_recipe(lr=3e-2), tiny_model_path, world_size=2)
     try:
         facts = policy.group.call_same("run", rank_facts)
         out = policy.generate(prompts, cfg, seed=5)
+        # A training step: the workers' engines are refitted before the next generation.
+        policy.train(make_batch(0), masked_nll_loss)
+        after = policy.generate(prompts, cfg, seed=5)
+        policy.export_hf(str(tmp_path / "after"))
     finally:
         policy.shutdown()
     pids = [f["pid"] for f in facts]
@@ -92,6 +101,13 @@ def test_group_wires_ranks_generates_in_order_and_leaves_nothing(ray_cluster, ti
     torch.testing.assert_close(
         out.generation_logprobs[:, :width], want["generation_logprobs"], atol=1e-5, rtol=0
     )
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "after", dtype=torch.float32)
+    want_after = generate(trained, ids, mask, cfg, seed=0, eos_token_id=2, pad_token_id=0)
+    width = want_after["input_ids"].shape[1]
+    assert torch.equal(after.input_ids[:, :width], want_after["input_ids"])
+    assert not torch.equal(after.generation_logprobs, out.generation_logprobs)
+    assert out.metrics["time_refit_s"] > 0 and out.metrics["time_sample_s"] > 0
+    assert out.metrics["generation_decode_steps"] > 0
 
     deadline = time.monotonic() + 15
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:

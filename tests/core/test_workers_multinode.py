@@ -10,6 +10,7 @@ import pytest
 
 from tests.core.parallel_harness import (
     REPO_ROOT,
+    DiagnosticWorker,
     make_batch,
     make_recipe,
     masked_nll_loss,
@@ -60,7 +61,12 @@ def test_ranks_land_on_their_nodes_and_train_together(two_node_cluster, tiny_mod
     messages: list[str] = []
     layout = GroupLayout(num_nodes=2, workers_per_node=1, device="cpu")
     policy = RayPolicy(
-        recipe, tiny_model_path, layout, worker_class_path("automodel"), progress=messages.append
+        recipe,
+        tiny_model_path,
+        layout,
+        worker_class_path("automodel"),
+        progress=messages.append,
+        actor_class=DiagnosticWorker,
     )
     try:
         placed = policy.group.call_same("run", node_of_rank)

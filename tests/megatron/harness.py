@@ -513,17 +513,25 @@ def offload_fractions_run(
 def generate_run(
     rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: int, prompts: list
 ) -> dict:
-    """Greedy generation on the Megatron worker (weights refitted into HF) at TP=``tp``."""
+    """Greedy generation at TP=``tp`` as a training worker does it: the torch engine refitted
+    from the Megatron worker's ``export_hf_weights`` (TP shards gathered by megatron-bridge)."""
+    import torch
+    from transformers import AutoConfig
+
     from hpcrl.config.recipe import GenerationCfg
+    from hpcrl.core.generation.torch_engine import TorchEngine
 
     worker, place = setup_worker(rank, world_size, make_recipe(hf_path, tp=tp), hf_path, ckpt_root)
+    engine = TorchEngine(AutoConfig.from_pretrained(hf_path), device="cpu", dtype=torch.float32)
     cfg = GenerationCfg(max_new_tokens=8, temperature=0.0)
-    out = worker.generate(prompts, cfg, seed=3)
+    engine.update_weights(worker.export_hf_weights())
+    out = engine.generate(prompts, cfg, seed=3)
     # Train one step: the next generation must see the new weights.
     batch = fixed_batch()
     worker.train_step(
         micro_batches(shard(batch, place), 2), masked_nll, float(batch["token_mask"].sum())
     )
-    after = worker.generate(prompts, cfg, seed=3)
+    engine.update_weights(worker.export_hf_weights())
+    after = engine.generate(prompts, cfg, seed=3)
     worker.close()
     return {"before": out, "after": after}

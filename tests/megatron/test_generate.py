@@ -1,6 +1,6 @@
-"""Generation on the Megatron worker: weights refitted into a local HF model (TP shards
-gathered by megatron-bridge) sample exactly what HF samples from the same weights, and a
-training step changes what is sampled."""
+"""Generation from the Megatron worker's weights: the torch engine refitted from
+``export_hf_weights`` (TP shards gathered by megatron-bridge) samples exactly what the
+sampler samples from the HF checkpoint, and a training step changes what is sampled."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ writes what the trainer would hand to the engines; the test in ``.venv-vllm`` lo
 It builds ``tiny:qwen2-vllm`` (the vLLM-compatible tiny model) into ``DIR/hf``, sets up the
 real ``MegatronWorker`` (CPU patch layer and TE stand-in of tests/megatron) at the given TP,
 and writes ``DIR/before.safetensors`` (the weights as loaded) and ``DIR/after.safetensors``
-(after ``STEPS`` training steps), both through ``gathered_hf_weights`` — the function the
-vLLM policy calls on every worker for a refit.
+(after ``STEPS`` training steps), both through ``MegatronWorker.export_hf_weights`` — what
+every training worker hands its engine for a refit.
 """
 
 from __future__ import annotations
@@ -29,18 +29,17 @@ def export_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, out_dir
     """One rank: set up the worker, export, train, export again (rank 0 writes the files)."""
     from safetensors.torch import save_file
 
-    from hpcrl.core.generation.vllm_refit import gathered_hf_weights
     from tests.megatron import harness
 
     recipe = harness.make_recipe(hf_path, tp=world_size, lr=LR)
     worker, place = harness.setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
-    before = gathered_hf_weights(worker)
+    before = [(name, t.clone()) for name, t in worker.export_hf_weights()]
     batch = harness.fixed_batch()
     num_tokens = float(batch["token_mask"].sum())
     micro = harness.micro_batches(harness.shard(batch, place), recipe.policy.train_micro_batch_size)
     for _ in range(STEPS):
         worker.train_step(micro, harness.masked_nll, num_tokens)
-    after = gathered_hf_weights(worker)
+    after = worker.export_hf_weights()
     worker.close()
     if rank == 0:
         for name, pairs in (("before", before), ("after", after)):

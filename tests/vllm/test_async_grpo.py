@@ -14,7 +14,8 @@ from tests.require import VLLM_HINT, require_module
 require_module("ray", kind="vllm", hint=VLLM_HINT)
 
 from hpcrl.core.generation.vllm_async import AsyncGrpoStep  # noqa: E402
-from hpcrl.core.generation.vllm_policy import VllmPolicy, wrap_policy  # noqa: E402
+from hpcrl.core.generation.vllm_policy import wrap_policy  # noqa: E402
+from hpcrl.core.workers.ray_policy import RayPolicy  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, local_plan, mean  # noqa: E402
 from tests.core.parallel_harness import ray_cluster, start_policy  # noqa: E402,F401
 from tests.vllm.harness import build_tiny_model  # noqa: E402
@@ -71,7 +72,7 @@ def run_async_grpo(model_path: str, max_age: int, num_steps: int, run_dir: Path)
 
 def test_async_needs_separate_generation_workers() -> None:
     recipe, _ = async_recipe("unused", 1)
-    colocated = VllmPolicy(training=None, spec=None)
+    colocated = RayPolicy.__new__(RayPolicy)  # workers that sample themselves (not started)
     with pytest.raises(ValueError, match="policy.generation.colocated.enabled=false"):
         AsyncGrpoStep(colocated, recipe, None, None, None, last_step=1)
 
@@ -80,7 +81,7 @@ def test_driver_routes_async_recipes_to_the_async_step() -> None:
     from hpcrl.core.driver import _make_step_fn
 
     recipe, _ = async_recipe("unused", 1)
-    colocated = VllmPolicy(training=None, spec=None)
+    colocated = RayPolicy.__new__(RayPolicy)
     # Reaching AsyncGrpoStep's own placement check proves the driver chose the async step.
     with pytest.raises(ValueError, match="policy.generation.colocated.enabled=false"):
         _make_step_fn(colocated, recipe, None, None, None, 1)

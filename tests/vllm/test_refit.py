@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpcrl.config.recipe import GenerationCfg
-from hpcrl.core.generation.vllm_engine import VllmEngine, hf_named_tensors
+from hpcrl.core.generation.vllm_engine import VllmEngine
 from tests.vllm.harness import VLLM_CFG, build_tiny_model, encode, responses, torch_sampler_generate
 
 GREEDY = GenerationCfg(temperature=0.0, max_new_tokens=16)
@@ -41,8 +41,7 @@ def test_refit_follows_new_weights_and_restores_exactly(tiny, in_process: bool) 
     try:
         before = engine.generate(prompts, GREEDY, seed=0)
         new_weights = _perturbed(model)
-        # Automodel's gathered state dict carries the root's "hf." prefix: the refit strips it.
-        engine.update_weights(hf_named_tensors({f"hf.{k}": v for k, v in new_weights.items()}))
+        engine.update_weights(new_weights.items())
         after = engine.generate(prompts, GREEDY, seed=0)
         engine.update_weights(list(original.items()))
         restored = engine.generate(prompts, GREEDY, seed=0)

@@ -11,7 +11,7 @@ import torch
 
 from hpcrl.config import ConfigError, list_recipes, load_profile, load_recipe
 from hpcrl.config.locate import shipped_profiles_dir
-from hpcrl.core.generation.vllm_policy import engine_spec
+from hpcrl.core.generation.engine import engine_spec
 from hpcrl.core.models.tiny import resolve_model_path
 from hpcrl.plan.planner import plan
 from tests.vllm.harness import encode, responses, torch_sampler_generate

@@ -18,7 +18,7 @@ from hpcrl.config.recipe import (  # noqa: E402
     GenerationResourcesCfg,
     Recipe,
 )
-from hpcrl.core.generation.vllm_policy import wrap_policy  # noqa: E402
+from hpcrl.core.generation.vllm_policy import VllmPolicy, wrap_policy  # noqa: E402
 from hpcrl.plan.jobspec import GenerationPlacement  # noqa: E402
 from tests.core.parallel_harness import (  # noqa: E402
     make_batch,
@@ -27,7 +27,13 @@ from tests.core.parallel_harness import (  # noqa: E402
     ray_cluster,  # noqa: F401  (fixture)
     start_policy,
 )
-from tests.vllm.harness import VLLM_CFG, build_tiny_model, responses, wait_until_gone  # noqa: E402
+from tests.vllm.harness import (  # noqa: E402
+    VLLM_CFG,
+    build_tiny_model,
+    responses,
+    torch_sampler_generate,
+    wait_until_gone,
+)
 
 PROMPTS = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34], [40], [50, 51, 52], [60, 61]]
 # Where the planner puts a one-slot generation worker beside 2 training ranks on one node
@@ -61,9 +67,17 @@ def _greedy(max_new_tokens: int = 12) -> GenerationCfg:
 
 
 def _engine_side_pids(policy) -> list[int]:
-    if policy.generation_group is not None:
+    if isinstance(policy, VllmPolicy):
         return list(policy.generation_group.pids)
-    return policy.training.group.call_same("pid")
+    return []  # colocated: the in-process engines live in the training workers
+
+
+def _torch_sampler_on(hf_dir: str, cfg: GenerationCfg) -> dict:
+    """The torch sampler on a consolidated export of the trainer's weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    return torch_sampler_generate(model, AutoTokenizer.from_pretrained(hf_dir), PROMPTS, cfg)
 
 
 @pytest.mark.slow
@@ -72,6 +86,7 @@ def test_vllm_follows_training_steps_and_matches_torch_sampler(
     ray_cluster,  # noqa: F811
     vllm_model_path: str,
     colocated: bool,
+    tmp_path,
 ) -> None:
     recipe = vllm_recipe(colocated)
     training = start_policy(recipe, vllm_model_path, world_size=2)
@@ -80,11 +95,11 @@ def test_vllm_follows_training_steps_and_matches_torch_sampler(
     try:
         pids = _engine_side_pids(policy) + training.group.call_same("pid")
         before = policy.generate(PROMPTS, _greedy(), seed=0)
-        torch_before = training.generate(PROMPTS, _greedy(), seed=0)
+        policy.export_hf(str(tmp_path / "before"))
         for step in range(2):
             policy.train(make_batch(step), masked_nll_loss)
         after = policy.generate(PROMPTS, _greedy(), seed=0)
-        torch_after = training.generate(PROMPTS, _greedy(), seed=0)
+        policy.export_hf(str(tmp_path / "after"))
         sampled = policy.generate(
             PROMPTS, GenerationCfg(backend="vllm", temperature=1.0, max_new_tokens=12), seed=1
         )
@@ -94,9 +109,12 @@ def test_vllm_follows_training_steps_and_matches_torch_sampler(
     finally:
         policy.shutdown()
 
-    assert policy.colocated is colocated
-    assert responses(attrs.asdict(before)) == responses(attrs.asdict(torch_before))
-    assert responses(attrs.asdict(after)) == responses(attrs.asdict(torch_after))
+    assert isinstance(policy, VllmPolicy) is not colocated
+    torch_before = _torch_sampler_on(str(tmp_path / "before"), _greedy())
+    torch_after = _torch_sampler_on(str(tmp_path / "after"), _greedy())
+    assert responses(attrs.asdict(before)) == responses(torch_before)
+    assert responses(attrs.asdict(after)) == responses(torch_after)
+    assert after.metrics["time_sample_s"] > 0
     changed = sum(
         a != b
         for a, b in zip(

@@ -22,7 +22,7 @@ def select_groups(rollouts: Any, groups: Sequence[int], num_generations: int) ->
     index = torch.tensor(rows, dtype=torch.long)
     generation = rollouts.generation
     fields = {
-        field.name: getattr(generation, field.name).index_select(0, index)
+        field.name: _rows_of(getattr(generation, field.name), index)
         for field in attrs.fields(type(generation))
     }
     return attrs.evolve(
@@ -36,17 +36,47 @@ def select_groups(rollouts: Any, groups: Sequence[int], num_generations: int) ->
     )
 
 
-def concat_rollouts(parts: Sequence[Any]) -> Any:
-    """Rollouts of several generation batches as one (token tensors right-padded)."""
+def _rows_of(value: Any, index: Any) -> Any:
+    """Per-row tensors are cut to the rows; optional fields (None) and the batch's engine
+    figures (``metrics``) stay as they are."""
+    import torch
+
+    return value.index_select(0, index) if isinstance(value, torch.Tensor) else value
+
+
+def _joined_fields(generations: Sequence[Any]) -> dict[str, Any]:
+    """Tensor fields concatenated (right-padded); an optional field only when every batch
+    has it; engine figures (``metrics``) summed: the batches ran one after another."""
     import torch
 
     from hpcrl.core.workers.sharding import concat_right_padded
 
+    tensors: dict[str, list[Any]] = {}
+    others: dict[str, Any] = {}
+    for field in attrs.fields(type(generations[0])):
+        values = [getattr(g, field.name) for g in generations]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            tensors[field.name] = values
+        elif all(isinstance(v, dict) for v in values):
+            summed: dict[str, float] = {}
+            for figures in values:
+                for key, number in figures.items():
+                    summed[key] = summed.get(key, 0.0) + number
+            others[field.name] = summed
+        else:
+            others[field.name] = None
+    parts = [{name: values[i] for name, values in tensors.items()} for i in range(len(generations))]
+    return {**concat_right_padded(parts, {}), **others}
+
+
+def concat_rollouts(parts: Sequence[Any]) -> Any:
+    """Rollouts of several generation batches as one (token tensors right-padded)."""
+    import torch
+
     if len(parts) == 1:
         return parts[0]
     generation_type = type(parts[0].generation)
-    names = [field.name for field in attrs.fields(generation_type)]
-    joined = concat_right_padded([{n: getattr(p.generation, n) for n in names} for p in parts], {})
+    joined = _joined_fields([p.generation for p in parts])
     return attrs.evolve(
         parts[0],
         prompts=[x for p in parts for x in p.prompts],

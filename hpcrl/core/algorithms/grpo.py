@@ -22,6 +22,7 @@ from hpcrl.core.algorithms.losses import grpo_loss
 from hpcrl.core.algorithms.reward_terms import shape_rewards
 from hpcrl.core.data.jsonl import EpochSampler
 from hpcrl.core.data.prompts import encode_prompt, truncate_left
+from hpcrl.core.policy import GenerationOutput, Policy
 
 
 @attrs.frozen(kw_only=True)
@@ -32,7 +33,7 @@ class Rollouts:
     answers: list[str]
     responses: list[str]
     rewards: Any  # torch.Tensor [N]
-    generation: Any  # GenerationOutput
+    generation: GenerationOutput
     truncated: Any  # torch.Tensor [N] bool: stopped by max_new_tokens, not by a stop
 
 
@@ -73,7 +74,7 @@ def expand_prompts(
 
 
 def sample_rollouts(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
 ) -> Rollouts:
     """Generate ``num_generations_per_prompt`` responses per row and score them."""
     import torch
@@ -102,7 +103,10 @@ def sample_rollouts(
 
 
 def truncated_responses(
-    generation: Any, cfg: GenerationCfg, eos_token_id: int | None, responses: Sequence[str]
+    generation: GenerationOutput,
+    cfg: GenerationCfg,
+    eos_token_id: int | None,
+    responses: Sequence[str],
 ) -> Any:
     """[N] bool: the response used all max_new_tokens and does not end in a stop token id
     (EOS, stop_token_ids) nor contain a stop string, i.e. it was cut off (NeMo RL's
@@ -120,7 +124,7 @@ def truncated_responses(
     return torch.tensor(flags, dtype=torch.bool)
 
 
-def decode_responses(tokenizer: Any, generation: Any) -> list[str]:
+def decode_responses(tokenizer: Any, generation: GenerationOutput) -> list[str]:
     texts = []
     for row in range(generation.input_ids.shape[0]):
         start = int(generation.prompt_lengths[row])
@@ -157,7 +161,7 @@ def build_train_batch(recipe: Recipe, rollouts: Rollouts) -> dict[str, Any]:
     }
 
 
-def add_logprobs(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> None:
+def add_logprobs(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> None:
     batch["old_logprobs"] = policy.get_logprobs(batch)
     if recipe.loss_fn.reference_policy_kl_penalty != 0:
         batch["ref_logprobs"] = policy.get_reference_logprobs(batch)
@@ -177,7 +181,7 @@ def global_batch_chunks(batch: dict[str, Any], chunk: int) -> list[dict[str, Any
     return chunks
 
 
-def train_on_batch(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> dict[str, float]:
+def train_on_batch(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> dict[str, float]:
     """Optimizer steps over chunks of train_global_batch_size rollouts; metrics averaged."""
     size = batch["input_ids"].shape[0]
     chunk = recipe.policy.train_global_batch_size
@@ -192,7 +196,7 @@ def train_on_batch(policy: Any, recipe: Recipe, batch: dict[str, Any]) -> dict[s
 
 
 def grpo_step(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
 ) -> dict[str, Any]:
     """One GRPO step; returns its metrics record."""
     assert recipe.grpo is not None
@@ -242,10 +246,12 @@ def step_rollouts(
 
 
 def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dict[str, float]:
-    """Reward, length and throughput figures of one step's rollouts (sync and async GRPO)."""
+    """Reward, length and throughput figures of one step's rollouts (sync and async GRPO),
+    plus the engines' own figures (refit, prefill and decode times, decode steps, ...)."""
     generation = rollouts.generation
     num_tokens = int(generation.attention_mask.sum())
     metrics = {
+        **{key: float(value) for key, value in generation.metrics.items()},
         "truncated_fraction": float(rollouts.truncated.float().mean()),
         "reward_mean": float(rollouts.rewards.mean()),
         "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
@@ -264,6 +270,6 @@ StepFn = Callable[[int], dict[str, Any]]
 
 
 def make_grpo_step_fn(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler
 ) -> StepFn:
     return functools.partial(grpo_step, policy, recipe, tokenizer, env, sampler)

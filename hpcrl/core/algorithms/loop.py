@@ -15,7 +15,10 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcrl.core.policy import Policy
 
 PREEMPT_FILE = "PREEMPT"  # same name hpcrl.job.markers writes
 PREEMPTED_EXIT_CODE = 3
@@ -62,7 +65,7 @@ class CheckpointStore:
 
     def __init__(
         self,
-        policy: Any,
+        policy: Policy,
         checkpoint_dir: str | Path,
         save_period: int | None,
         keep: int | None,
@@ -77,7 +80,9 @@ class CheckpointStore:
         self.higher_is_better = higher_is_better
 
     def due(self, step: int) -> bool:
-        return bool(self.save_period) and step % self.save_period == 0
+        return (
+            self.save_period is not None and self.save_period > 0 and step % self.save_period == 0
+        )
 
     def save(
         self, step: int, extra_state: Mapping[str, Any], record: Mapping[str, Any] | None = None

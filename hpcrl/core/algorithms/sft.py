@@ -12,6 +12,7 @@ from hpcrl.core.algorithms.loop import StepTimer
 from hpcrl.core.algorithms.losses import sft_loss
 from hpcrl.core.data.jsonl import EpochSampler
 from hpcrl.core.data.prompts import encode_sft_example
+from hpcrl.core.policy import Policy
 
 
 def build_sft_batch(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> dict[str, Any]:
@@ -46,7 +47,7 @@ def build_sft_batch(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> dic
 
 
 def sft_step(
-    policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler, step: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, sampler: EpochSampler, step: int
 ) -> dict[str, Any]:
     """One optimizer step on the next ``train_global_batch_size`` examples."""
     timer = StepTimer()
@@ -68,5 +69,5 @@ def sft_step(
     }
 
 
-def make_sft_step_fn(policy: Any, recipe: Recipe, tokenizer: Any, sampler: EpochSampler):
+def make_sft_step_fn(policy: Policy, recipe: Recipe, tokenizer: Any, sampler: EpochSampler):
     return functools.partial(sft_step, policy, recipe, tokenizer, sampler)

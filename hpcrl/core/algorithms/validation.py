@@ -16,6 +16,7 @@ from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.grpo import decode_responses, prompt_token_budget
 from hpcrl.core.algorithms.sft import build_sft_batch
 from hpcrl.core.data.prompts import encode_prompt, truncate_left
+from hpcrl.core.policy import Policy
 
 ValidateFn = Callable[[], dict[str, float]]
 
@@ -28,7 +29,7 @@ def validation_due(step: int, val_period: int, val_at_start: bool) -> bool:
 
 
 def grpo_validation(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict]
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict]
 ) -> dict[str, float]:
     """Greedy responses to every validation prompt, mean reward."""
     import torch
@@ -41,7 +42,8 @@ def grpo_validation(
         truncate_left(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat), budget)
         for row, p in zip(rows, prompts, strict=True)
     ]
-    greedy = attrs.evolve(recipe.policy.generation, temperature=0.0)
+    # The recipe's classes use an aliased attrs decorator that type checkers do not follow.
+    greedy = attrs.evolve(recipe.policy.generation, temperature=0.0)  # type: ignore[misc]
     policy.prepare_for_generation()
     generation = policy.generate(prompt_ids, greedy, 0)
     policy.prepare_for_training()
@@ -51,7 +53,7 @@ def grpo_validation(
 
 
 def sft_validation(
-    policy: Any, recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
+    policy: Policy, recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
 ) -> dict[str, float]:
     """Token-mean negative log-likelihood of the validation responses."""
     # Pad to a multiple of the world size (every data-parallel size divides it) with

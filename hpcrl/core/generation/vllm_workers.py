@@ -12,18 +12,19 @@ placement here; Ray's GPU accounting keeps the two sides on different GPUs.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration, shard_seed
 from hpcrl.core.workers.group import NODE_ID_LABEL, worker_env
 
 if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg
-    from hpcrl.core.generation.vllm_policy import EngineSpec
     from hpcrl.plan.jobspec import GenerationPlacement
 
 
@@ -67,7 +68,7 @@ class GenerationWorker:
 
     def __init__(self, env: dict[str, str]) -> None:
         os.environ.update(env)
-        self.engine: Any = None
+        self.engine: GenerationEngine | None = None
 
     def setup(self, spec: EngineSpec) -> int:
         self.engine = spec.build()
@@ -75,10 +76,18 @@ class GenerationWorker:
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
-    ) -> dict[str, torch.Tensor]:
-        return self.engine.generate(prompt_ids, cfg, seed)
+    ) -> ShardGeneration:
+        assert self.engine is not None, "setup first"
+        started = time.perf_counter()
+        fields = self.engine.generate(prompt_ids, cfg, seed)
+        metrics = {
+            **self.engine.generation_metrics(),
+            "time_sample_s": time.perf_counter() - started,
+        }
+        return ShardGeneration(fields=fields, metrics=metrics)
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        assert self.engine is not None, "setup first"
         self.engine.update_weights(named_tensors)
 
     def close(self) -> None:
@@ -154,7 +163,6 @@ class GenerationGroup:
         changes the weights under a generation submitted before it."""
         import ray
 
-        from hpcrl.core.generation.vllm_policy import shard_seed
         from hpcrl.core.workers.sharding import pad_prompts_evenly
 
         shards, num_real = pad_prompts_evenly(prompt_ids, len(self.actors))
@@ -165,7 +173,7 @@ class GenerationGroup:
         ]
         return PendingShards(refs=refs, num_real=num_real, weights_version=self.weights_version)
 
-    def collect(self, pending: PendingShards) -> list[dict[str, torch.Tensor]]:
+    def collect(self, pending: PendingShards) -> list[ShardGeneration]:
         """The engines' outputs of ``pending``, in prompt order (waits for them)."""
         import ray
 
@@ -173,7 +181,7 @@ class GenerationGroup:
 
     def generate(
         self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
-    ) -> tuple[list[dict[str, torch.Tensor]], int]:
+    ) -> tuple[list[ShardGeneration], int]:
         pending = self.submit(prompt_ids, cfg, seed)
         return self.collect(pending), pending.num_real
 

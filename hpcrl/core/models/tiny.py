@@ -75,6 +75,24 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
         vocab_size=32000,
         max_position_embeddings=4096,
     ),
+    # The torch engine's other variants: q/k norms + tied embeddings; a Mistral config.
+    "qwen3": TinyModelSpec(
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        tie_word_embeddings=True,
+    ),
+    "mistral": TinyModelSpec(
+        model_type="mistral",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        intermediate_size=128,
+    ),
     # vLLM's CPU attention rejects head_dim 16 (tiny:qwen2's): 2 heads of 32, otherwise the
     # same shape. The vLLM recipes and tests use it.
     "qwen2-vllm": TinyModelSpec(

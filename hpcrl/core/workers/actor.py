@@ -1,8 +1,15 @@
-"""The Ray actor that hosts one rank: process group, one backend worker, manual GC.
+"""The Ray actor that hosts one rank: process group, one backend worker, manual GC, and the
+rank's colocated generation engine.
 
 Wrapped with ``ray.remote`` by ``hpcrl.core.workers.group`` (this module imports no Ray, so
 it can also be driven directly in a plain process). The actor owns the torch.distributed
 group; the backend owns model, optimizer and meshes.
+
+The engine slot (``hpcrl.core.generation.engine``): built on the first ``generate`` from the
+recipe's spec (the torch engine, or colocated vLLM), and refitted from the backend's
+``export_hf_weights()`` whenever the weights changed since its last refit (every optimizer
+step and checkpoint load bumps the worker's weights version). Every rank refits together
+(gathering sharded weights is a collective), then samples its own shard independently.
 """
 
 from __future__ import annotations
@@ -10,7 +17,8 @@ from __future__ import annotations
 import gc
 import os
 import socket
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.metrics import HostMemoryTracker
@@ -22,6 +30,7 @@ if TYPE_CHECKING:
 
     from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.backends.base import BackendWorker, DataParallelPlace, RankInfo
+    from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration
     from hpcrl.core.policy import Batch, LossFn
     from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
@@ -35,7 +44,11 @@ class TrainingWorker:
         self._backend: BackendWorker | None = None
         self._manual_gc: ManualGc | None = None
         self._recipe: Recipe | None = None
+        self._place: DataParallelPlace | None = None
         self._optimizer_steps = 0
+        self._engine_spec: EngineSpec | None = None
+        self._engine: GenerationEngine | None = None
+        self._weights_version = 0  # bumped whenever the backend's weights change
         self._host_memory = HostMemoryTracker()
 
     # ------------------------------------------------------------------ placement
@@ -61,6 +74,7 @@ class TrainingWorker:
         import torch.distributed as dist
 
         from hpcrl.core.backends import load_worker_class
+        from hpcrl.core.generation.engine import colocated_engine_spec
 
         os.environ.update(
             RANK=str(rank_info.rank),
@@ -79,6 +93,8 @@ class TrainingWorker:
         self._recipe = recipe
         self._backend = load_worker_class(self._worker_class_path)()
         place = self._backend.setup(recipe, rank_info, model_path)
+        self._place = place
+        self._engine_spec = colocated_engine_spec(recipe, model_path, rank_info.device)
         self._manual_gc = ManualGc.from_recipe(recipe)
         self._manual_gc.after_setup()
         return place
@@ -87,6 +103,9 @@ class TrainingWorker:
         """Free everything, then the process group (order avoids gloo's exit abort)."""
         import torch.distributed as dist
 
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
         if self._backend is not None:
             self._backend.close()
         self._backend = None
@@ -109,6 +128,7 @@ class TrainingWorker:
         assert self._backend is not None and self._manual_gc is not None, "setup first"
         micro_batches = [materialize(shard, spec) for spec in plan]
         metrics = self._backend.train_step(micro_batches, loss_fn, num_global_tokens)
+        self._weights_version += 1
         self._optimizer_steps += 1
         self._manual_gc.after_optimizer_step(self._optimizer_steps)
         return metrics
@@ -123,9 +143,50 @@ class TrainingWorker:
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
-    ) -> dict[str, torch.Tensor]:
+    ) -> ShardGeneration:
+        """Sample this rank's shard with the colocated engine (all ranks call together)."""
+        from hpcrl.core.generation.engine import ShardGeneration, shard_seed
+
+        assert self._place is not None, "setup first"
+        started = time.perf_counter()
+        engine = self._current_engine()
+        refit_s = time.perf_counter() - started
+        started = time.perf_counter()
+        fields = engine.generate(prompt_ids, cfg, shard_seed(seed, self._place.dp_rank))
+        sample_s = time.perf_counter() - started
+        metrics = {
+            **engine.generation_metrics(),
+            "time_refit_s": refit_s,
+            "time_sample_s": sample_s,
+        }
+        return ShardGeneration(fields=fields, metrics=metrics)
+
+    def _current_engine(self) -> GenerationEngine:
+        """The engine, built on first use and holding the backend's current weights."""
         assert self._backend is not None, "setup first"
-        return self._backend.generate(prompt_ids, cfg, seed)
+        if self._engine is None:
+            if self._engine_spec is None:
+                raise RuntimeError(
+                    "this run samples on separate generation workers "
+                    "(policy.generation.colocated.enabled: false); training workers hold no engine"
+                )
+            self._engine = self._engine_spec.build()
+        if self._engine.weights_version != self._weights_version:
+            self._engine.update_weights(self._backend.export_hf_weights())
+            self._engine.weights_version = self._weights_version
+        return self._engine
+
+    def put_hf_weights(self) -> Any:
+        """For separate generation workers: every rank gathers (a collective); rank 0 puts
+        the weights into Ray's object store once and returns the reference, others None."""
+        import ray
+        import torch.distributed as dist
+
+        assert self._backend is not None, "setup first"
+        weights = [(name, t.detach().cpu()) for name, t in self._backend.export_hf_weights()]
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return None
+        return ray.put(weights)
 
     def offload_optimizer(self) -> None:
         assert self._backend is not None, "setup first"
@@ -142,6 +203,7 @@ class TrainingWorker:
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         assert self._backend is not None, "setup first"
         self._backend.load_checkpoint(checkpoint_dir)
+        self._weights_version += 1
         self._optimizer_steps = int(self._backend.collect_state()["step"])
 
     def export_hf(self, out_dir: str) -> None:
@@ -157,7 +219,3 @@ class TrainingWorker:
             "worker_optimizer_steps": self._optimizer_steps,
             "peak_host_rss_gb": self._host_memory.sample(),
         }
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(backend, *args)`` on this rank (diagnostics and tests)."""
-        return fn(self._backend, *args)

@@ -85,9 +85,11 @@ class RayWorkerGroup:
         layout: GroupLayout,
         worker_class_path: str,
         progress: Callable[[str], None] | None = None,
+        actor_class: type | None = None,
     ) -> None:
         self.layout = layout
         self._worker_class_path = worker_class_path
+        self._actor_class = actor_class
         self._progress = progress or _quiet
         self._placement_group: Any = None
         self.actors: list[Any] = []
@@ -184,7 +186,7 @@ class RayWorkerGroup:
         from hpcrl.core.workers.actor import TrainingWorker
 
         bundle = self._bundle()
-        remote_cls = ray.remote(TrainingWorker)
+        remote_cls = ray.remote(self._actor_class or TrainingWorker)
         return remote_cls.options(
             num_cpus=bundle["CPU"],
             num_gpus=bundle.get("GPU", 0),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
@@ -63,16 +63,17 @@ class BatchingSettings:
         rows = policy.train_micro_batch_size
         if purpose == "logprobs":
             rows = policy.logprob_batch_size or policy.train_micro_batch_size
-        common = {
+        common: dict[str, Any] = {
             "rows_per_micro_batch": rows,
             "divisible_by": max(1, policy.make_sequence_length_divisible_by or 1),
             "same_width": recipe.backend == "megatron"
             and policy.megatron_cfg.pipeline_model_parallel_size > 1,
         }
-        for mode, cfg in (
+        modes: tuple[tuple[Mode, Any], ...] = (
             ("packed", policy.sequence_packing),
             ("dynamic", policy.dynamic_batching),
-        ):
+        )
+        for mode, cfg in modes:
             if cfg.enabled:
                 budget = cfg.train_mb_tokens if purpose == "train" else cfg.logprob_mb_tokens
                 algorithm = getattr(cfg, "algorithm", "modified_first_fit_decreasing")

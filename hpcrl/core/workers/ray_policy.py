@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.core.generation.engine import ShardGeneration
     from hpcrl.core.policy import Batch, LossFn
 
 EXTRA_STATE_FILE = "extra_state.json"
@@ -57,7 +58,35 @@ class GenerationResult:
     generation_logprobs: torch.Tensor
     prompt_lengths: torch.Tensor
     response_lengths: torch.Tensor
+    # [B] vLLM's own count per row (its request stats); None for the torch engine.
     engine_generated_tokens: torch.Tensor | None = None
+    metrics: dict[str, float] = attrs.field(factory=dict)
+
+
+TENSOR_FIELDS = (
+    "input_ids",
+    "attention_mask",
+    "response_mask",
+    "generation_logprobs",
+    "prompt_lengths",
+    "response_lengths",
+)
+# Fields only some engines return (vLLM's own token counts).
+OPTIONAL_TENSOR_FIELDS = ("engine_generated_tokens",)
+
+
+def join_shards(
+    shards: Sequence[ShardGeneration], num_real: int, pad_token_id: int
+) -> GenerationResult:
+    """Shards in prompt order → one result without the rows added to even out the shards."""
+    from hpcrl.core.generation.engine import combine_shard_metrics
+
+    joined = concat_right_padded([s.fields for s in shards], {"input_ids": pad_token_id})
+    return GenerationResult(
+        **{key: joined[key][:num_real] for key in TENSOR_FIELDS},
+        **{key: joined[key][:num_real] for key in OPTIONAL_TENSOR_FIELDS if key in joined},
+        metrics=combine_shard_metrics([s.metrics for s in shards]),
+    )
 
 
 class RayPolicy:
@@ -73,10 +102,12 @@ class RayPolicy:
         pad_token_id: int = 0,
         setup_timeout_s: float = 900.0,
         progress: Callable[[str], None] | None = None,
+        actor_class: type | None = None,
     ) -> None:
+        """``actor_class``: the Ray actor class (``TrainingWorker`` or a test subclass)."""
         self.recipe = recipe
         self.pad_token_id = pad_token_id
-        self.group = RayWorkerGroup(layout, worker_class_path, progress)
+        self.group = RayWorkerGroup(layout, worker_class_path, progress, actor_class)
         try:
             self.group.start(recipe, model_path, timeout_s=setup_timeout_s)
         except BaseException:
@@ -161,11 +192,16 @@ class RayPolicy:
     def generate(
         self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
     ) -> GenerationResult:
+        """Every rank samples its data-parallel shard with its colocated engine."""
         shards, num_real = pad_prompts_evenly(prompt_ids, self.dp_size)
         parts = self._gather(self.group.call_all("generate", self._shard_args(shards, cfg, seed)))
-        joined = concat_right_padded(parts, {"input_ids": self.pad_token_id})
-        fields = attrs.fields_dict(GenerationResult)
-        return GenerationResult(**{key: joined[key][:num_real] for key in fields if key in joined})
+        return join_shards(parts, num_real, self.pad_token_id)
+
+    def put_hf_weights(self) -> Any:
+        """The current weights in Ray's object store, put once (for separate engines)."""
+        refs = [ref for ref in self.group.call_all("put_hf_weights") if ref is not None]
+        assert len(refs) == 1, "exactly rank 0 puts the weights"
+        return refs[0]
 
     def prepare_for_generation(self) -> None:
         self.group.call_all("offload_optimizer")
@@ -197,7 +233,7 @@ class RayPolicy:
     def export_hf(self, out_dir: str) -> None:
         self.group.call_same("export_hf", out_dir)
 
-    def collect_state(self) -> list[dict[str, Any]]:
+    def collect_state(self) -> list[Mapping[str, Any]]:
         """Per-rank facts (step, peak memory), rank order."""
         return self.group.call_all("collect_state")
 

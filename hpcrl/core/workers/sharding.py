@@ -93,3 +93,43 @@ def concat_right_padded(
             tensors = [F.pad(t, (0, width - t.shape[1]), value=pad) for t in tensors]
         out[key] = torch.cat(tensors, dim=0)
     return out
+
+
+def pad_sequence_dim(batch: Batch, multiple: int) -> dict[str, torch.Tensor]:
+    """Every ``[B, T, ...]`` tensor padded with zeros along dim 1 to the next multiple of
+    ``multiple`` above ``T`` (always at least one padding column). Zero is an attention mask
+    of 0 and a token mask of 0, so the padding never counts; 1-D tensors pass unchanged, and so
+    do a pack's ``packed_*`` tensors."""
+    import torch.nn.functional as F
+
+    length = int(batch["input_ids"].shape[1])
+    padded_length = (length // multiple + 1) * multiple
+    out = {}
+    for key, value in batch.items():
+        # A pack's [1, L] tensors have their own length (``pad_pack``).
+        if value.dim() >= 2 and value.shape[1] == length and not key.startswith("packed_"):
+            widths = [0, 0] * (value.dim() - 2) + [0, padded_length - length]
+            value = F.pad(value, widths)
+        out[key] = value
+    return out
+
+
+def pad_pack(micro: Batch, multiple: int, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """A packed micro-batch (``hpcrl.core.workers.micro_batches``) whose pack row is padded to
+    the next multiple of ``multiple`` above its length (always at least one token): the fill
+    is one more sequence (positions restart at 0, one more ``cu_seqlens`` boundary) that no
+    row's ``pack_index`` points into, so no real token attends to it or reads it back."""
+    import torch
+
+    ids, positions = micro["packed_input_ids"], micro["packed_position_ids"]
+    length = int(ids.shape[1])
+    fill = (length // multiple + 1) * multiple - length
+    out = dict(micro)
+    out["packed_input_ids"] = torch.cat([ids, ids.new_full((1, fill), pad_token_id)], dim=1)
+    out["packed_position_ids"] = torch.cat(
+        [positions, torch.arange(fill, dtype=positions.dtype)[None, :]], dim=1
+    )
+    if "cu_seqlens" in micro:
+        boundaries = micro["cu_seqlens"]
+        out["cu_seqlens"] = torch.cat([boundaries, boundaries.new_tensor([length + fill])])
+    return out

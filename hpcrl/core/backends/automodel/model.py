@@ -4,14 +4,11 @@
 sequence chunks (hidden states → lm_head → the model's own logit processing → temperature
 and top-k/top-p of ``hpcrl.core.token_distribution`` → logsumexp → gather, each chunk
 recomputed in backward), so the full-vocab fp32 logits of the batch never exist at once.
-``mode="hf"`` runs the plain HF forward through the same root, which the sampler needs:
-calling the inner HF module directly would skip FSDP's hooks that gather the root's
-parameters.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -93,36 +90,30 @@ class TokenLogprobModel(nn.Module):
     def forward(
         self,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        mode: str = "logprobs",
-        **kwargs: Any,
-    ) -> Any:
-        """mode "logprobs": (processed, unfiltered) log-probs under ``distribution=`` (a
-        ``TokenDistribution``, default the model's own); with ``position_ids=`` restarting at
-        0 per sequence and no attention mask, a packed row whose attention stops at each
-        sequence's start (transformers builds that mask from the positions). mode "hf": the
-        HF forward."""
+        attention_mask: torch.Tensor | None,
+        distribution: TokenDistribution | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(processed, unfiltered) log-probs under ``distribution`` (a ``TokenDistribution``,
+        default the model's own), as ``token_logprobs`` defines them. With ``position_ids``
+        restarting at 0 per sequence and no attention mask: a packed row whose attention
+        stops at each sequence's start (transformers builds that mask from the positions)."""
         if self.autocast_dtype is None:
-            return self._forward(input_ids, attention_mask, mode, **kwargs)
-        device_type = input_ids.device.type
-        with torch.autocast(device_type, dtype=self.autocast_dtype):
-            return self._forward(input_ids, attention_mask, mode, **kwargs)
+            return self._forward(input_ids, attention_mask, distribution, position_ids)
+        with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype):
+            return self._forward(input_ids, attention_mask, distribution, position_ids)
 
     def _forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        mode: str,
-        distribution: TokenDistribution | None = None,
-        **hf_kwargs: Any,
-    ) -> Any:
-        if mode == "hf":
-            return self.hf(input_ids=input_ids, attention_mask=attention_mask, **hf_kwargs)
-        assert mode == "logprobs", f"unknown mode {mode!r}"
+        distribution: TokenDistribution | None,
+        position_ids: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         decoder_out = self.hf.get_decoder()(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            position_ids=hf_kwargs.get("position_ids"),
+            position_ids=position_ids,
             use_cache=False,
         )
         weight = self.hf.get_output_embeddings().weight
@@ -136,18 +127,14 @@ class TokenLogprobModel(nn.Module):
         )
 
 
-class HfCallable:
-    """What the sampler calls: looks like the HF model, runs through the FSDP root."""
-
-    def __init__(self, root: TokenLogprobModel) -> None:
-        self._root = root
-        self.config = root.hf.config
-
-    def parameters(self) -> Any:
-        return self._root.parameters()
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._root(*args, mode="hf", **kwargs)
+def hf_named_tensors(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` pairs with Hugging Face names from a state dict of the root
+    (``hf.`` prefix); wrapper prefixes (compile, activation checkpointing) removed."""
+    pairs = []
+    for name, tensor in state_dict.items():
+        clean = name.replace("_orig_mod.", "").replace("_checkpoint_wrapped_module.", "")
+        pairs.append((clean.removeprefix("hf."), tensor))
+    return pairs
 
 
 def load_hf_model(model_path: str, device: str) -> nn.Module:

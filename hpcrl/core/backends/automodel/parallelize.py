@@ -113,20 +113,28 @@ def apply_activation_checkpointing(hf_model: Any) -> None:
         layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
 
 
-def apply_compile(hf_model: Any) -> None:
-    """``torch.compile`` each decoder block (GPU only).
+def apply_compile(hf_model: Any, backend: Any = "inductor") -> None:
+    """``torch.compile`` each decoder block, batch and sequence sizes dynamic from the start.
 
-    Blocks share their code, but dynamo may specialise on per-block attributes (HF's
-    ``layer_idx``): allow one compile per block so none silently falls back to eager.
+    Static sizes would recompile on the first new length (automatic dynamic shapes then make
+    them dynamic: a multi-second stall in a later GRPO step). Duck shaping is switched off
+    for this process: it gives equal sizes one symbol, so a sequence length that happens to
+    equal the head dim (128) or hidden size would be specialised to that constant and the
+    next length would recompile. Blocks share their code, but dynamo may specialise on
+    per-block attributes (HF's ``layer_idx``): allow one compile per block so none silently
+    falls back to eager.
     """
     import torch._dynamo
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = False
 
     layers = decoder_layers(hf_model)
     needed = len(layers) + 8
     if torch._dynamo.config.recompile_limit < needed:
         torch._dynamo.config.recompile_limit = needed
     for layer in layers:
-        layer.compile(fullgraph=False)
+        layer.compile(fullgraph=False, dynamic=True, backend=backend)
 
 
 def needs_fsdp(shape: MeshShape, cpu_offload: bool) -> bool:

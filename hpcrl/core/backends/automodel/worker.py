@@ -2,6 +2,21 @@
 
 Implements ``hpcrl.core.backends.base.BackendWorker``; the process group exists before
 ``setup`` (the actor creates it).
+
+Compiled decoder blocks (GPU, ``automodel_cfg.torch_compile``) see the variable lengths of
+GRPO batches. So that nothing recompiles after the first step: blocks are compiled with
+dynamic batch and sequence sizes; every micro-batch's sequence dim is padded to a multiple of
+``SEQUENCE_BUCKET`` with at least one padding column (a batch without padding would make
+Hugging Face drop the attention mask: a second graph); log-prob micro-batches keep one row
+count (a single row would be specialised); log-prob passes always run in eval mode and
+train passes in train mode (the mode is part of what a compiled graph assumes).
+
+Dynamic batching and sequence packing (``hpcrl.core.workers.micro_batches``) choose their own
+widths; they go through the same buckets: a dynamic micro-batch's width is padded like any
+other, a pack's row is padded to the next bucket with one more sequence (``pad_pack``). A pack
+is always one row without attention mask: its graph is a second one, built in the first step.
+One case still recompiles: a dynamic *train* micro-batch of a single row (one long sequence)
+gets a graph specialised to one row, once, in the first step that has one (docs/algorithms.md).
 """
 
 from __future__ import annotations
@@ -14,7 +29,11 @@ import torch
 import torch.distributed as dist
 
 from hpcrl.core.backends.automodel import checkpoint
-from hpcrl.core.backends.automodel.model import HfCallable, TokenLogprobModel, load_hf_model
+from hpcrl.core.backends.automodel.model import (
+    TokenLogprobModel,
+    hf_named_tensors,
+    load_hf_model,
+)
 from hpcrl.core.backends.automodel.optim import build_lr_scheduler, build_optimizer, clip_gradients
 from hpcrl.core.backends.automodel.parallelize import (
     MeshShape,
@@ -36,12 +55,15 @@ from hpcrl.core.workers.micro_batches import (
     scatter_rows,
     unpack_logprobs,
 )
+from hpcrl.core.workers.sharding import pad_pack, pad_rows, pad_sequence_dim
 
 if TYPE_CHECKING:
-    from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.config.recipe import Recipe
     from hpcrl.core.policy import Batch, LossFn
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Sequence lengths of compiled passes are padded to a multiple of this.
+SEQUENCE_BUCKET = 64
 
 
 def _check_supported(recipe: Recipe, device: str) -> None:
@@ -93,6 +115,11 @@ def forward_logprobs(
 class AutomodelWorker:
     """Model, reference model, optimizer and scheduler of one rank."""
 
+    # torch.compile backend of the decoder blocks; tests count compilations through it on
+    # CPU (``compile_on_cpu``), where the blocks are otherwise left eager.
+    compile_backend: Any = "inductor"
+    compile_on_cpu: bool = False
+
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         _check_supported(recipe, rank_info.device)
         _seed_everything(recipe, rank_info.rank)
@@ -134,8 +161,8 @@ class AutomodelWorker:
             apply_tp(hf_model, self.mesh["tp"])
         if training and cfg.activation_checkpointing:
             apply_activation_checkpointing(hf_model)
-        if self.device.type == "cuda" and cfg.torch_compile:
-            apply_compile(hf_model)
+        if self.compiles:
+            apply_compile(hf_model, backend=self.compile_backend)
         root = TokenLogprobModel(hf_model)
         param_dtype = None
         if self.device.type == "cuda":
@@ -154,8 +181,18 @@ class AutomodelWorker:
             root.requires_grad_(False)
         return root
 
+    @property
+    def compiles(self) -> bool:
+        on_device = self.device.type == "cuda" or self.compile_on_cpu
+        return on_device and self.recipe.policy.automodel_cfg.torch_compile
+
     # ------------------------------------------------------------------ training
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """On the device; compiled passes get their sequence dim bucketed (module docstring)."""
+        if self.compiles:
+            if "packed_input_ids" in batch:
+                batch = pad_pack(batch, SEQUENCE_BUCKET)
+            batch = pad_sequence_dim(batch, SEQUENCE_BUCKET)
         return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
 
     def train_step(
@@ -201,11 +238,20 @@ class AutomodelWorker:
         distribution: TokenDistribution,
         plan: Sequence[MicroBatchSpec] | None,
     ) -> torch.Tensor:
+        """Eval mode (no dropout), whatever the last pass left: a fixed mode per pass also
+        keeps compiled blocks from recompiling on the mode flag. Compiled passes pad every
+        unpacked micro-batch's rows to a multiple of ``logprob_batch_size`` (at least 2;
+        repeated rows, trimmed after): a single row would be specialised."""
+        model.eval()
+        policy = self.recipe.policy
+        micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
         specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
-        pieces = [
-            forward_logprobs(model, self._to_device(micro), distribution)[0].float().cpu()
-            for micro in micro_batches
-        ]
+        pieces = []
+        for spec, micro in zip(specs, micro_batches, strict=True):
+            if self.compiles and "packed_input_ids" not in micro:
+                micro, _ = pad_rows(micro, max(micro_size, 2))
+            processed, _ = forward_logprobs(model, self._to_device(micro), distribution)
+            pieces.append(processed[: len(spec.rows)].float().cpu())
         return scatter_rows(pieces, specs, *batch["input_ids"].shape)
 
     def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
@@ -219,46 +265,23 @@ class AutomodelWorker:
             self.reference = self._build_sharded(self.model_path, training=False)
         return self._logprobs_with(self.reference, batch, self.distribution.without_filters(), plan)
 
-    # ------------------------------------------------------------------ generation
+    # ------------------------------------------------------------------ weights out
     @torch.no_grad()
-    def generate(
-        self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
-    ) -> dict[str, torch.Tensor]:
-        from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+    def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Full weights with Hugging Face names on every rank (gathering FSDP/TP shards is a
+        collective), on this rank's device. ``cpu_offload`` stays off: with it only rank 0
+        would receive tensors, and every rank feeds its own engine."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        hf_config = self.model.hf.config
-        eos = hf_config.eos_token_id
-        eos = eos[0] if isinstance(eos, list) else eos
-        pad = hf_config.pad_token_id if hf_config.pad_token_id is not None else (eos or 0)
-        input_ids, attention_mask = pad_prompts(prompt_ids, pad)
-        self.model.eval()
-        # Decode shapes change every step: compiled blocks would recompile; run them eager.
-        try:
-            with torch.compiler.set_stance("force_eager"):
-                return generate(
-                    HfCallable(self.model),
-                    input_ids,
-                    attention_mask,
-                    cfg,
-                    # TP peers of one data-parallel shard must draw the same tokens.
-                    seed=seed * 1_000_003 + self._dp_rank(),
-                    eos_token_id=eos,
-                    pad_token_id=pad,
-                    sync_group=dist.group.WORLD if dist.get_world_size() > 1 else None,
-                    tokenizer=self._tokenizer() if cfg.stop_strings else None,
-                )
-        finally:
-            self.model.train()
-
-    def _tokenizer(self) -> Any:
-        from hpcrl.core.models.tokenizer import load_tokenizer
-
-        if getattr(self, "tokenizer", None) is None:
-            self.tokenizer = load_tokenizer(self.recipe.policy.tokenizer.name or self.model_path)
-        return self.tokenizer
+        state = get_model_state_dict(
+            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
+        )
+        return [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
 
     def _dp_rank(self) -> int:
-        replicate_index, shard_index, _ = self.mesh.get_coordinate()
+        coords = self.mesh.get_coordinate()
+        assert coords is not None
+        replicate_index, shard_index, _ = coords
         return replicate_index * self.shape.dp_shard + shard_index
 
     # ------------------------------------------------------------------ memory
@@ -294,10 +317,22 @@ class AutomodelWorker:
         peak_gb = 0.0
         if self.device.type == "cuda":
             peak_gb = torch.cuda.max_memory_allocated() / 2**30
-        return {"step": self.step, "peak_memory_gb": peak_gb, "dp_rank": self._dp_rank()}
+        return {
+            "step": self.step,
+            "peak_memory_gb": peak_gb,
+            "dp_rank": self._dp_rank(),
+            "compiled_graphs": compiled_graph_count(),
+        }
 
     def close(self) -> None:
         for name in ("model", "reference", "optimizer", "scheduler", "mesh"):
             if hasattr(self, name):
                 delattr(self, name)
         gc.collect()
+
+
+def compiled_graph_count() -> int:
+    """Graphs torch.compile has built in this process so far (recompilations included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -90,9 +90,10 @@ def transformer_engine_installed() -> bool:
 
 
 def _placeholder_modules() -> dict[str, types.ModuleType]:
-    te = types.ModuleType("transformer_engine")
+    # Any: the placeholders get attributes a plain ModuleType does not declare.
+    te: Any = types.ModuleType("transformer_engine")
     te.__doc__ = "Placeholder (hpcrl bridge_compat.py): Transformer Engine is not installed."
-    te_pytorch = types.ModuleType("transformer_engine.pytorch")
+    te_pytorch: Any = types.ModuleType("transformer_engine.pytorch")
     te_ops = types.ModuleType("transformer_engine.pytorch.ops")
     for name in ("Linear", "LayerNormLinear", "LayerNorm", "RMSNorm"):
         setattr(te_pytorch, name, type(name, (_Unavailable,), {}))
@@ -178,7 +179,7 @@ def _nothing_is_quantized_without_modelopt() -> Iterator[None]:
         return
     names = ("modelopt", "modelopt.torch", "modelopt.torch.quantization")
     modules = {name: types.ModuleType(name) for name in names}
-    utils = types.ModuleType("modelopt.torch.quantization.utils")
+    utils: Any = types.ModuleType("modelopt.torch.quantization.utils")
     utils.__doc__ = "Placeholder (hpcrl bridge_compat.py): NVIDIA ModelOpt is not installed."
     utils.is_quantized = lambda model: False
     modules[utils.__name__] = utils

@@ -1,10 +1,8 @@
-"""Sampling on the Megatron backend: the current Megatron weights refitted into a local
-Hugging Face model, then hpcrl's torch sampler (``hpcrl.core.generation.torch_sampler``).
+"""The Megatron backend's weights with Hugging Face names, for generation engines.
 
-The refit is megatron-bridge's ``export_hf_weights`` (gathers TP/PP shards; every rank takes
-part), the same conversion ``export_hf`` writes to disk, streamed into an HF model built once
-from the checkpoint's config. Each data-parallel rank then samples its own prompts without
-collectives; TP/PP peers of a rank draw the same tokens (same seed, same weights).
+megatron-bridge's ``export_hf_weights`` gathers TP/PP shards (every rank takes part) and
+converts names and layouts: the same conversion ``export_hf`` writes to disk. The bridge is
+built once from the worker's HF checkpoint.
 """
 
 from __future__ import annotations
@@ -13,35 +11,27 @@ from typing import Any
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+def build_bridge(model_path: str) -> Any:
+    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+
+    return import_bridge().AutoBridge.from_hf_pretrained(model_path)
 
 
-class HfRefit:
-    """A local HF model that mirrors the Megatron weights when ``refresh`` is called."""
+def export_hf_weights(bridge: Any, model_chunks: list) -> list[tuple[str, torch.Tensor]]:
+    """Full HF-named tensors of ``model_chunks`` on every rank (host memory)."""
+    # Tensors that need no gather (norms, TP=1 weights) come back as the live parameters on
+    # a CPU model; copy those, or the next optimizer step would change an export in place.
+    live = {
+        param.untyped_storage().data_ptr() for chunk in model_chunks for param in chunk.parameters()
+    }
+    with torch.no_grad():  # the gathered tensors would otherwise carry autograd history
+        exported = bridge.export_hf_weights(model_chunks, cpu=True, show_progress=False)
+        return [
+            (name, tensor.detach().clone() if _storage(tensor) in live else tensor.detach())
+            for name, tensor in exported
+        ]
 
-    def __init__(self, model_path: str, precision: str, device: torch.device) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM
 
-        from hpcrl.core.backends.megatron.bridge_compat import import_bridge
-
-        self.bridge = import_bridge().AutoBridge.from_hf_pretrained(model_path)
-        config = AutoConfig.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_config(config, torch_dtype=_DTYPES[precision])
-        self.model.to(device).eval().requires_grad_(False)
-        self._tied = bool(getattr(config, "tie_word_embeddings", False))
-
-    @torch.no_grad()
-    def refresh(self, model_chunks: list) -> Any:
-        """Copy the current Megatron weights in (collective over all ranks); returns the model."""
-        params = dict(self.model.named_parameters())
-        copied = set()
-        for name, tensor in self.bridge.export_hf_weights(
-            model_chunks, cpu=True, show_progress=False
-        ):
-            params[name].copy_(tensor)
-            copied.add(name)
-        missing = set(params) - copied
-        if self._tied:
-            missing.discard("lm_head.weight")
-        assert not missing, f"refit left HF parameters unset: {sorted(missing)}"
-        return self.model
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()

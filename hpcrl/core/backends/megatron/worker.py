@@ -32,12 +32,13 @@ from hpcrl.core.workers.micro_batches import (
 )
 
 if TYPE_CHECKING:
-    from hpcrl.config.recipe import GenerationCfg, Recipe
+    from hpcrl.config.recipe import Recipe
     from hpcrl.core.policy import Batch, LossFn
 
 
 def total_train_steps(recipe: Recipe) -> int:
     section = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert section is not None  # the config rules require one algorithm section
     return max(int(section.max_num_steps), 1)
 
 
@@ -115,6 +116,7 @@ class MegatronWorker:
 
     def _seed(self) -> int:
         section = self.recipe.grpo if self.recipe.grpo is not None else self.recipe.sft
+        assert section is not None
         return int(section.seed)
 
     def _ensure_conversion(self) -> Path:
@@ -213,47 +215,18 @@ class MegatronWorker:
         finally:
             self._load_weights(current)
 
-    @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int) -> dict:
-        from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+    # ------------------------------------------------------------------ weights out
+    def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:
+        from hpcrl.core.backends.megatron.generation import export_hf_weights
 
-        hf_model = self._hf_refit().refresh(self.model_chunks)
-        eos = hf_model.config.eos_token_id
-        eos = eos[0] if isinstance(eos, list) else eos
-        pad = (
-            hf_model.config.pad_token_id if hf_model.config.pad_token_id is not None else (eos or 0)
-        )
-        input_ids, attention_mask = pad_prompts(prompt_ids, pad)
-        from megatron.core import parallel_state as ps
+        return export_hf_weights(self._hf_bridge(), self.model_chunks)
 
-        return generate(
-            hf_model,
-            input_ids,
-            attention_mask,
-            cfg,
-            # TP/PP peers of one data-parallel rank must draw the same tokens.
-            seed=seed * 1_000_003 + ps.get_data_parallel_rank(),
-            eos_token_id=eos,
-            pad_token_id=pad,
-            sync_group=None,
-            tokenizer=self._tokenizer() if cfg.stop_strings else None,
-        )
+    def _hf_bridge(self) -> Any:
+        if getattr(self, "_bridge", None) is None:
+            from hpcrl.core.backends.megatron.generation import build_bridge
 
-    def _hf_refit(self):
-        from hpcrl.core.backends.megatron.generation import HfRefit
-
-        if getattr(self, "_refit", None) is None:
-            self._refit = HfRefit(self.model_path, self.recipe.policy.precision, step._device())
-        return self._refit
-
-    def _tokenizer(self) -> Any:
-        from hpcrl.core.models.tokenizer import load_tokenizer
-
-        if getattr(self, "_hf_tokenizer", None) is None:
-            self._hf_tokenizer = load_tokenizer(
-                self.recipe.policy.tokenizer.name or self.model_path
-            )
-        return self._hf_tokenizer
+            self._bridge = build_bridge(self.model_path)
+        return self._bridge
 
     # ------------------------------------------------------------------ optimizer placement
     def offload_optimizer(self) -> None:
@@ -286,7 +259,7 @@ class MegatronWorker:
     def export_hf(self, out_dir: str) -> None:
         from hpcrl.core.backends.megatron.bridge_compat import save_hf_pretrained
 
-        save_hf_pretrained(self._hf_refit().bridge, self.model_chunks, out_dir)
+        save_hf_pretrained(self._hf_bridge(), self.model_chunks, out_dir)
 
     def collect_state(self) -> Mapping[str, Any]:
         peak_gb = 0.0
@@ -305,6 +278,6 @@ class MegatronWorker:
 
         self.manual_gc.restore()
         del self.model_chunks, self.optimizer, self.scheduler, self._reference_weights
-        self._refit = None
+        self._bridge = None
         parallel_state.destroy_model_parallel()
         release_writer_results_queue()

@@ -1,0 +1,125 @@
+"""Benchmark: GRPO steps of the one-GPU recipe through the real driver, phase by phase.
+
+``recipes/grpo-llama-1b-1n1g-automodel.yaml`` (the ~1.1B Llama-shaped model, 64 rollouts ×
+128 new tokens per step, Automodel backend, hpcrl's torch engine) runs through
+``hpcrl.core.driver.run_training`` exactly as a job does (a local Ray, one GPU worker).
+Printed per step from its ``metrics.jsonl``: generate (with its refit, prefill and decode
+parts), log-probs, train and step seconds, generated tokens/s, torch.compile's graph count
+and the engine's new CUDA graph captures. Then the steady state (median step from step 3 on)
+against issue 12's goals: median step ≤ 1.2 s, and no step after the second above 1.5× the
+median (a recompilation or capture stall shows there).
+
+    python benchmarks/grpo_step.py --steps 12 --out-dir /tmp/grpo-bench
+    python benchmarks/grpo_step.py --tiny        # CPU smoke: the demo recipe, 3 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+GOAL_STEP_S = 1.2
+GOAL_WORST_OVER_MEDIAN = 1.5
+COLUMNS = (
+    ("time_generate_s", "gen"),
+    ("time_refit_s", "refit"),
+    ("time_prefill_s", "prefill"),
+    ("time_decode_s", "decode"),
+    ("time_logprobs_s", "logprobs"),
+    ("time_train_s", "train"),
+    ("time_step_s", "step"),
+    ("generated_tokens_per_s", "gen tok/s"),
+    ("compiled_graphs", "compiled"),
+    ("generation_graph_captures", "captures"),
+    ("reward_mean", "reward"),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", default="grpo-llama-1b-1n1g-automodel.yaml")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="run folder (default: a temp one)"
+    )
+    parser.add_argument("--override", action="append", default=[], help="extra key=value")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke: the demo recipe")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        args.recipe, args.steps = "grpo-tiny-1n-cpu.yaml", 3
+    return args
+
+
+def write_run_dir(run_dir: Path, recipe: str, overrides: list[str]) -> None:
+    """The resolved recipe, as ``hpcrl submit`` writes it into a run folder."""
+    import yaml
+
+    from hpcrl.config import load_recipe
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    loaded = load_recipe(REPO_ROOT / "recipes" / recipe, overrides)
+    (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(loaded.resolved_dict))
+
+
+def summarize(records: list[dict]) -> dict:
+    steps = [r for r in records if r.get("step", 0) >= 1]
+    times = [r["time_step_s"] for r in steps]
+    steady = times[2:] or times
+    median = statistics.median(steady)
+    worst_late = max(times[2:], default=median)
+    return {
+        "steps": len(steps),
+        "median_step_s_from_step_3": median,
+        "worst_step_after_second_s": worst_late,
+        "worst_over_median": worst_late / median,
+        "median_generated_tokens_per_s": statistics.median(
+            r["generated_tokens_per_s"] for r in steps[2:] or steps
+        ),
+        "goal_step_s_met": median <= GOAL_STEP_S,
+        "goal_no_stall_met": worst_late <= GOAL_WORST_OVER_MEDIAN * median,
+    }
+
+
+def print_steps(records: list[dict]) -> None:
+    print("step  " + "  ".join(f"{label:>9s}" for _, label in COLUMNS))
+    for record in records:
+        if record.get("step", 0) < 1:
+            continue
+        cells = []
+        for key, _ in COLUMNS:
+            value = record.get(key)
+            cells.append(f"{value:9.3f}" if isinstance(value, float) else f"{value!s:>9s}")
+        print(f"{record['step']:4d}  " + "  ".join(cells))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    run_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="hpcrl-grpo-bench-"))
+    overrides = [f"grpo.max_num_steps={args.steps}", *args.override]
+    write_run_dir(run_dir, args.recipe, overrides)
+    from hpcrl.core.driver import run_training
+
+    code = run_training(str(run_dir))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    print(f"\n{args.recipe}, {args.steps} steps, run folder {run_dir}")
+    print_steps(records)
+    summary = summarize(records)
+    print(json.dumps(summary, indent=1))
+    (run_dir / "grpo_step_summary.json").write_text(json.dumps(summary, indent=1))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The one generation seam: what a worker's engine does, and the spec every engine is built from.
+
+A training worker (``hpcrl.core.workers.actor.TrainingWorker``) holds at most one colocated
+engine; separate vLLM workers (``hpcrl.core.generation.vllm_workers``) hold one each. Both
+kinds of engine, hpcrl's ``TorchEngine`` and ``VllmEngine``, take the same calls:
+
+- ``generate(prompt_ids, cfg, seed)`` → ``GenerationOutput``'s fields for one shard;
+- ``update_weights(named_tensors)`` with Hugging Face-named full tensors, which is what
+  every backend's ``export_hf_weights()`` returns (the refit);
+- ``weights_version``: the owner's label of the weights loaded (refit when it lags);
+- ``generation_metrics()``: figures of the last ``generate`` (may be empty);
+- ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.config.recipe import GenerationCfg, Recipe, VllmCfg
+
+# Sampling precision of the torch engine on GPUs (CPU engines run in float32).
+_TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class GenerationEngine(Protocol):
+    """One sampling engine (see the module docstring)."""
+
+    weights_version: int
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
+    ) -> dict[str, torch.Tensor]: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
+
+    def generation_metrics(self) -> dict[str, float]: ...
+
+    def shutdown(self) -> None: ...
+
+
+@attrs.frozen(kw_only=True)
+class ShardGeneration:
+    """A worker's answer to ``generate``: the fields of its shard and its figures."""
+
+    fields: dict[str, Any]  # GenerationOutput's fields, CPU tensors
+    metrics: dict[str, float]
+
+
+@attrs.frozen(kw_only=True)
+class EngineSpec:
+    """What an engine of a run is built from (picklable: crosses Ray)."""
+
+    backend: Literal["torch", "vllm"]
+    model_path: str
+    tokenizer_path: str
+    device: str  # "cuda" | "cpu"
+    precision: str  # torch engine on GPUs; vLLM reads vllm_cfg.precision
+    seed: int
+    max_model_len: int | None
+    vllm_cfg: Any = None  # VllmCfg (vLLM only)
+
+    def build(self) -> GenerationEngine:
+        if self.backend == "vllm":
+            from hpcrl.core.generation.vllm_engine import VllmEngine
+
+            return VllmEngine(
+                self.model_path,
+                self.vllm_cfg,
+                device=self.device,
+                seed=self.seed,
+                max_model_len=self.max_model_len,
+            )
+        return self._build_torch()
+
+    def _build_torch(self) -> GenerationEngine:
+        import torch
+        from transformers import AutoConfig
+
+        from hpcrl.core.generation.torch_engine import TorchEngine
+
+        assert self.precision in _TORCH_DTYPES, self.precision
+        dtype = getattr(torch, self.precision) if self.device == "cuda" else torch.float32
+        return TorchEngine(
+            AutoConfig.from_pretrained(self.model_path),
+            device=self.device,
+            dtype=dtype,
+            max_model_len=self.max_model_len,
+            tokenizer_path=self.tokenizer_path,
+        )
+
+
+def engine_spec(recipe: Recipe, model_path: str, device: str) -> EngineSpec:
+    """The engine ``recipe`` samples with (vLLM's whether colocated or not)."""
+    generation = recipe.policy.generation
+    algorithm = recipe.grpo if recipe.grpo is not None else recipe.sft
+    vllm_cfg: VllmCfg | None = generation.vllm_cfg if generation.backend == "vllm" else None
+    return EngineSpec(
+        backend=generation.backend,
+        model_path=model_path,
+        tokenizer_path=recipe.policy.tokenizer.name or model_path,
+        device=device,
+        precision=recipe.policy.precision,
+        seed=algorithm.seed if algorithm is not None else 0,
+        max_model_len=recipe.policy.max_total_sequence_length,
+        vllm_cfg=vllm_cfg,
+    )
+
+
+def colocated_engine_spec(recipe: Recipe, model_path: str, device: str) -> EngineSpec | None:
+    """The spec of the engine each training worker holds; None when generation runs on
+    separate vLLM workers."""
+    generation = recipe.policy.generation
+    if generation.backend == "vllm" and not generation.colocated.enabled:
+        return None
+    return engine_spec(recipe, model_path, device)
+
+
+def shard_seed(seed: int, shard_index: int) -> int:
+    """Different shards draw different samples; the same shard the same ones."""
+    return (seed * 1_000_003 + shard_index) % (2**31 - 1)
+
+
+def combine_shard_metrics(per_shard: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Shards run side by side: times are the slowest shard's, counts add up."""
+    combined: dict[str, float] = {}
+    for metrics in per_shard:
+        for key, value in metrics.items():
+            if key.startswith("time_"):
+                combined[key] = max(combined.get(key, 0.0), value)
+            else:
+                combined[key] = combined.get(key, 0.0) + value
+    return combined

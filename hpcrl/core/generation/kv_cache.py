@@ -1,0 +1,185 @@
+"""The torch engine's device state: a static KV cache, per-row decode inputs, and the two
+forwards of ``hpcrl.core.generation.decoder`` wired to them.
+
+Everything is allocated once for a capacity of ``rows × columns`` and reused by every call
+that fits, so captured CUDA graphs keep pointing at the same memory. Cache row ``s`` is a
+*slot*: the engine maps slots to response rows and may move live rows to lower slots
+(``compact``) when others finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.core.generation.decoder import Decoder
+
+# Masked attention scores: finite, so rows with nothing visible stay NaN-free.
+_MASKED_SCORE = -3.0e38
+
+
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query per row over ``l`` cached columns, grouped-query without repeating k/v.
+
+    q [b, H, D]; k, v [b, Hkv, l, D] (views into the cache); bias [b, 1, 1, l] float32.
+    Returns [b, H*D]. Scores and softmax in float32, as Hugging Face's eager attention.
+    """
+    import torch
+
+    b, num_heads, head_dim = q.shape
+    num_kv, columns = k.shape[1], k.shape[2]
+    group = num_heads // num_kv
+    grouped_q = q.reshape(b * num_kv, group, head_dim)
+    keys = k.reshape(b * num_kv, columns, head_dim)
+    scores = torch.bmm(grouped_q, keys.transpose(1, 2)) * scale
+    scores = scores.view(b, num_kv, group, columns).float() + bias
+    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(b * num_kv, group, columns)
+    out = torch.bmm(probs, v.reshape(b * num_kv, columns, head_dim))
+    return out.view(b, num_heads * head_dim)
+
+
+class DecodeState:
+    """Cache, masks and per-slot inputs for up to ``rows`` slots and ``columns`` positions."""
+
+    def __init__(self, decoder: Decoder, rows: int, columns: int) -> None:
+        import torch
+
+        shape = decoder.shape
+        device = decoder.device
+        self.decoder, self.rows, self.columns = decoder, rows, columns
+        self.cache = torch.zeros(
+            (shape.num_layers, 2, rows, shape.num_kv_heads, columns, shape.head_dim),
+            device=device,
+            dtype=decoder.dtype,
+        )
+        self.valid = torch.zeros((rows, columns), device=device, dtype=torch.bool)
+        self.tokens = torch.zeros(rows, device=device, dtype=torch.long)
+        self.positions = torch.zeros(rows, device=device, dtype=torch.long)
+        self.column = torch.zeros(1, device=device, dtype=torch.long)
+        self.logits = torch.zeros((rows, shape.vocab), device=device, dtype=torch.float32)
+        self.scale = shape.head_dim**-0.5
+        decoder.ensure_rotary_tables(columns)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size()
+            for t in (self.cache, self.valid, self.tokens, self.positions, self.logits)
+        )
+
+    # ------------------------------------------------------------------ decode
+    def decode_forward(self, rows: int, columns: int) -> None:
+        """Slots ``:rows`` consume ``tokens`` at ``positions``, write k/v at ``column`` and
+        attend to cache columns ``:columns``; next-token logits land in ``logits[:rows]``. Fixed shapes,
+        no host synchronisation: safe to capture as a CUDA graph."""
+        import torch
+        import torch.nn.functional as F
+
+        decoder = self.decoder
+        assert decoder.cos is not None and decoder.sin is not None
+        b, width = rows, columns
+        positions = self.positions[:b]
+        hidden = F.embedding(self.tokens[:b], decoder.embed)
+        cos = decoder.cos.index_select(0, positions)[:, None]
+        sin = decoder.sin.index_select(0, positions)[:, None]
+        valid = self.valid[:b]
+        valid.index_fill_(1, self.column, True)
+        bias = torch.where(valid[:, :width], 0.0, _MASKED_SCORE).view(b, 1, 1, width)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys, values = self.cache[layer, 0, :b], self.cache[layer, 1, :b]
+            keys.index_copy_(2, self.column, k.unsqueeze(2))
+            values.index_copy_(2, self.column, v.unsqueeze(2))
+            return decode_attention(q, keys[:, :, :width], values[:, :, :width], bias, self.scale)
+
+        normed = decoder.forward_rows(hidden, cos, sin, attend)
+        self.logits[:b].copy_(decoder.logits(normed))
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, prompts: Sequence[Sequence[int]], end_column: int, tokens_per_chunk: int):
+        """Slots ``0..len(prompts)-1`` get their prompt (longest first expected), ending at
+        ``end_column``; sets their positions, masks and first-token logits."""
+        self.valid[: len(prompts)].zero_()
+        start = 0
+        while start < len(prompts):
+            width = len(prompts[start])
+            count = max(1, min(len(prompts) - start, tokens_per_chunk // max(width, 1)))
+            self._prefill_chunk(prompts[start : start + count], start, end_column)
+            start += count
+
+    def _prefill_chunk(self, prompts: Sequence[Sequence[int]], first_slot: int, end: int):
+        import torch
+
+        decoder, device = self.decoder, self.decoder.device
+        assert decoder.cos is not None and decoder.sin is not None
+        lengths = [len(p) for p in prompts]
+        width = max(lengths)
+        flat = [token for prompt in prompts for token in prompt]
+        local_slot = [s for s, n in enumerate(lengths) for _ in range(n)]
+        local_col = [width - n + t for n in lengths for t in range(n)]
+        position = [t for n in lengths for t in range(n)]
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        ids, slots, cols, pos = map(as_tensor, (flat, local_slot, local_col, position))
+        key_valid = (
+            torch.arange(width, device=device)[None] >= (width - as_tensor(lengths))[:, None]
+        )
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        mask = (causal[None] & key_valid[:, None, :]) | torch.eye(
+            width, dtype=torch.bool, device=device
+        )
+        rows = slice(first_slot, first_slot + len(prompts))
+        window = slice(end - width, end)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys, values = self.cache[layer, 0], self.cache[layer, 1]
+            keys[slots + first_slot, :, cols + window.start] = k
+            values[slots + first_slot, :, cols + window.start] = v
+            return _padded_attention(
+                q, keys[rows, :, window], values[rows, :, window], mask, slots, cols
+            )
+
+        hidden = decoder.embed[ids]
+        cos, sin = decoder.cos[pos][:, None], decoder.sin[pos][:, None]
+        normed = decoder.forward_rows(hidden, cos, sin, attend)
+        last = torch.cumsum(as_tensor(lengths), dim=0) - 1
+        self.logits[rows].copy_(decoder.logits(normed[last]))
+        self.valid[rows, window] = key_valid
+        self.positions[rows] = as_tensor(lengths)
+
+    # ------------------------------------------------------------------ compaction
+    def compact(self, keep_slots: torch.Tensor, columns: int) -> None:
+        """Move slots ``keep_slots`` (in order) to slots ``0..len-1``; columns ``:columns``."""
+        count = keep_slots.shape[0]
+        moved = self.cache[:, :, :, :, :columns].index_select(2, keep_slots)
+        self.cache[:, :, :count, :, :columns].copy_(moved)
+        for buffer in (self.valid, self.tokens, self.positions, self.logits):
+            buffer[:count].copy_(buffer.index_select(0, keep_slots))
+
+
+def _padded_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    slots: torch.Tensor,
+    cols: torch.Tensor,
+) -> torch.Tensor:
+    """Packed queries [n, H, D] over one chunk's padded window of the cache; [n, H*D]."""
+    import torch
+    import torch.nn.functional as F
+
+    rows, num_kv, width, head_dim = keys.shape
+    num_heads = q.shape[1]
+    group = num_heads // num_kv
+    if group > 1:
+        keys = keys.repeat_interleave(group, dim=1)
+        values = values.repeat_interleave(group, dim=1)
+    padded_q = torch.zeros((rows, num_heads, width, head_dim), dtype=q.dtype, device=q.device)
+    padded_q[slots, :, cols] = q
+    out = F.scaled_dot_product_attention(padded_q, keys, values, attn_mask=mask[:, None])
+    return out[slots, :, cols].reshape(q.shape[0], num_heads * head_dim)

@@ -1,0 +1,86 @@
+"""Drawing one token per row from logits, on the device, without host synchronisation.
+
+Randomness is counter-based: the uniform number behind row ``r``'s token ``t`` is a hash of
+(seed, r, t), not a draw from a stateful generator. So a row's sample does not depend on
+which other rows share its batch, on batch compaction, on CUDA graph replay or on the device
+(CPU and GPU hash alike), and nothing has to be seeded globally. A token is then picked by
+inverse-CDF sampling (one uniform per row, a cumulative sum and a binary search), which needs
+only ``B`` random numbers per step where Gumbel-max would need ``B × vocab``.
+
+The distribution sampled from, and the log-prob returned, is the log-prob contract's
+``log_softmax(filter(logits / T))`` (``hpcrl.core.token_distribution.processed_logits``, the
+one implementation the trainer's log-prob passes use too); greedy (temperature 0) takes the
+argmax of the raw logits and scores it at temperature 1.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hpcrl.core.token_distribution import processed_logits
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.core.token_distribution import TokenDistribution
+
+_MASK32 = 0xFFFFFFFF
+# lowbias32 (Chris Wellons' hash-prospector); the multiplications are split into 16-bit
+# halves so every intermediate fits a signed 64-bit integer exactly on any device.
+_MUL_A = 0x7FEB352D
+_MUL_B = 0x846CA68B
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """``(x * constant) mod 2**32`` for int64 tensors holding values below 2**32."""
+    low, high = constant & 0xFFFF, constant >> 16
+    return ((x * low) + (((x * high) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, _MUL_A)
+    x = x ^ (x >> 15)
+    x = _mul32(x, _MUL_B)
+    return x ^ (x >> 16)
+
+
+def row_uniforms(seed: int, row_ids: torch.Tensor, token_index: int | torch.Tensor) -> torch.Tensor:
+    """Uniform floats in [0, 1), one per row: a pure function of (seed, row id, token index)."""
+    import torch
+
+    seeded = _mix32(torch.full_like(row_ids, seed & _MASK32, dtype=torch.int64))
+    mixed = _mix32((seeded + row_ids.to(torch.int64)) & _MASK32)
+    mixed = _mix32((mixed + token_index) & _MASK32)
+    return (mixed >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def sample_tokens(
+    logits: torch.Tensor, distribution: TokenDistribution, uniforms: torch.Tensor, *, greedy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids [B], their log-probs [B]) from float logits [B, V] and uniforms [B].
+
+    ``greedy`` takes the argmax (``distribution`` then scores it; ``of_generation`` gives a
+    greedy configuration temperature 1)."""
+    import torch
+
+    processed = processed_logits(logits, distribution)
+    logprobs_all = torch.log_softmax(processed, dim=-1)
+    if greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        tokens = inverse_cdf_sample(logprobs_all.exp(), uniforms)
+    return tokens, logprobs_all.gather(-1, tokens[:, None])[:, 0]
+
+
+def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Index ``i`` with probability ``probs[:, i]`` (rows need not sum to exactly 1)."""
+    import torch
+
+    cdf = probs.cumsum(dim=-1)
+    targets = uniforms[:, None] * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, targets, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
+    # Rounding can only land past the last positive-probability token at the very top of the
+    # CDF; fall back to the most likely token there instead of a filtered one.
+    positive = probs.gather(-1, picked[:, None])[:, 0] > 0
+    return torch.where(positive, picked, probs.argmax(dim=-1))

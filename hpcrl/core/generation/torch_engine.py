@@ -1,0 +1,465 @@
+"""``TorchEngine``: hpcrl's own decode engine behind the generation seam
+(``hpcrl.core.generation.engine.GenerationEngine``).
+
+One ``generate`` call: prompts sorted longest first (less padding), split into waves that
+fit the cache, each wave prefilled over packed tokens, then decoded one token per step for
+every live row. On CUDA each ``(rows, columns)`` bucket of the decode step is captured once
+as a CUDA graph and replayed; sampling runs on the device with counter-based randomness, so
+the host never waits for the device between tokens. Every ``check_every_tokens`` steps the
+host reads how many rows are still running: it stops when none are, applies stop strings,
+and moves the live rows into a smaller row bucket (``compact``) so finished rows stop
+costing work. On CPU the same code runs without graphs or fused kernels.
+
+Weights are the engine's own copy (in the sampling dtype), refreshed in place by
+``update_weights`` from Hugging Face-named tensors (``BackendWorker.export_hf_weights``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from hpcrl.core.generation.decoder import Decoder
+from hpcrl.core.generation.kv_cache import DecodeState
+from hpcrl.core.generation.sampling import row_uniforms, sample_tokens
+from hpcrl.core.token_distribution import TokenDistribution
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.config.recipe import GenerationCfg
+
+# Share of free accelerator memory the cache of one wave may take.
+CACHE_MEMORY_FRACTION = 0.5
+
+
+@attrs.frozen(kw_only=True)
+class EngineOptions:
+    """How the engine runs; the defaults are the fast path on each device."""
+
+    cuda_graphs: bool = True  # CUDA only
+    fuse_pointwise: bool = True  # CUDA only: torch.compile the norm / rotary / SiLU pieces
+    check_every_tokens: int = 16  # host looks at the finished count this often
+    compact: bool = True
+    max_rows: int | None = None  # None: as many as CACHE_MEMORY_FRACTION of free memory holds
+    prefill_tokens_per_chunk: int = 16384  # padded tokens per prefill attention chunk
+    column_bucket: int = 64
+
+
+@attrs.define
+class GenerationStats:
+    """What one ``generate`` call did (also summed into ``lifetime``)."""
+
+    waves: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    decode_steps: int = 0
+    row_steps: int = 0  # sum over decode steps of the rows computed (the work done)
+    compactions: int = 0
+    graph_captures: int = 0
+    generated_tokens: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "time_prefill_s": self.prefill_s,
+            "time_decode_s": self.decode_s,
+            "generation_waves": float(self.waves),
+            "generation_decode_steps": float(self.decode_steps),
+            "generation_row_steps": float(self.row_steps),
+            "generation_compactions": float(self.compactions),
+            "generation_graph_captures": float(self.graph_captures),
+        }
+
+
+def row_bucket(count: int) -> int:
+    """Smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, … (2^k and 1.5·2^k) holding ``count``."""
+    size = 1
+    while size < count:
+        if size >= 2 and size * 3 // 2 >= count:
+            return size * 3 // 2
+        size *= 2
+    return size
+
+
+def column_bucket(columns: int, step: int, capacity: int) -> int:
+    return min(capacity, -(-columns // step) * step)
+
+
+class TorchEngine:
+    """A decode engine for Llama/Qwen2/Qwen3/Mistral-style models (see ``decoder``)."""
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        device: str | torch.device,
+        dtype: torch.dtype,
+        max_model_len: int | None = None,
+        options: EngineOptions | None = None,
+        tokenizer_path: str | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        import torch
+
+        self.options = options or EngineOptions()
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.decoder = Decoder(config, self.device, dtype)
+        on_cuda = self.device.type == "cuda"
+        if on_cuda and self.options.fuse_pointwise:
+            from hpcrl.core.generation.decoder import Pointwise
+
+            self.decoder.pointwise = Pointwise.fused()
+        self.use_graphs = on_cuda and self.options.cuda_graphs
+        self.max_model_len = max_model_len
+        self.tokenizer_path = tokenizer_path
+        self._tokenizer: Any = tokenizer
+        eos = getattr(config, "eos_token_id", None)
+        self.eos_token_ids: tuple[int, ...] = tuple(
+            eos if isinstance(eos, list) else [] if eos is None else [eos]
+        )
+        pad = getattr(config, "pad_token_id", None)
+        self.pad_token_id: int = pad if pad is not None else (self.eos_token_ids or (0,))[0]
+        self.weights_version = -1  # nothing loaded yet
+        self.last_stats = GenerationStats()
+        self.lifetime = GenerationStats()
+        self._state: DecodeState | None = None
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._graph_pool: Any = None
+
+    @classmethod
+    def from_hf_model(cls, model: Any, **kwargs: Any) -> TorchEngine:
+        """An engine with ``model``'s config, device, dtype and (copied) weights."""
+        parameter = next(model.parameters())
+        kwargs.setdefault("device", parameter.device)
+        kwargs.setdefault("dtype", parameter.dtype)
+        engine = cls(model.config, **kwargs)
+        engine.update_weights(model.state_dict().items())
+        return engine
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the engine's weights (in place; graphs stay valid)."""
+        self.decoder.load(named_tensors)
+        self.weights_version += 1
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        cfg: GenerationCfg,
+        seed: int,
+        *,
+        stop_token_ids: Sequence[int] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """One response per prompt, in prompt order; ``GenerationOutput``'s fields (CPU).
+
+        ``stop_token_ids`` None: the config's EOS ids plus ``cfg.stop_token_ids``."""
+        import torch
+
+        from hpcrl.core.generation.torch_sampler import assemble_right_padded, pad_prompts
+
+        if self.weights_version < 0:
+            raise RuntimeError("TorchEngine.generate before update_weights: no weights loaded")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("every prompt needs at least one token")
+        stops = tuple(self.eos_token_ids) if stop_token_ids is None else tuple(stop_token_ids)
+        stops = tuple(sorted(set(stops) | set(cfg.stop_token_ids)))
+        self.last_stats = stats = GenerationStats()
+        num_rows, max_new = len(prompt_ids), cfg.max_new_tokens
+        tokens = torch.full((num_rows, max_new), self.pad_token_id, dtype=torch.long)
+        logprobs = torch.zeros((num_rows, max_new), dtype=torch.float32)
+        lengths = torch.zeros(num_rows, dtype=torch.long)
+        order = sorted(range(num_rows), key=lambda row: -len(prompt_ids[row]))
+        if num_rows and max_new:
+            wave_rows = self._prepare_capacity(order, prompt_ids, max_new)
+            for start in range(0, num_rows, wave_rows):
+                rows = order[start : start + wave_rows]
+                wave = _Wave(self, [prompt_ids[r] for r in rows], rows, cfg, seed, stops)
+                wave_tokens, wave_logprobs, wave_lengths = wave.run()
+                index = torch.tensor(rows, dtype=torch.long)
+                tokens[index], logprobs[index], lengths[index] = (
+                    wave_tokens.cpu(),
+                    wave_logprobs.cpu(),
+                    wave_lengths.cpu(),
+                )
+                stats.waves += 1
+        stats.generated_tokens = int(lengths.sum())
+        self._add_to_lifetime(stats)
+        input_ids, attention_mask = pad_prompts(prompt_ids, self.pad_token_id)
+        prompt_lengths = attention_mask.sum(dim=1).to(torch.long)
+        return assemble_right_padded(
+            input_ids, attention_mask, prompt_lengths, tokens, logprobs, lengths, self.pad_token_id
+        )
+
+    def generation_metrics(self) -> dict[str, float]:
+        return self.last_stats.as_metrics()
+
+    def _add_to_lifetime(self, stats: GenerationStats) -> None:
+        for field in attrs.fields(GenerationStats):
+            total = getattr(self.lifetime, field.name) + getattr(stats, field.name)
+            setattr(self.lifetime, field.name, total)
+
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if self.tokenizer_path is None:
+                raise ValueError(
+                    "policy.generation.stop_strings needs a tokenizer: build the engine with "
+                    "tokenizer_path"
+                )
+            from hpcrl.core.models.tokenizer import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.tokenizer_path)
+        return self._tokenizer
+
+    # ------------------------------------------------------------------ capacity
+    def _prepare_capacity(
+        self, order: Sequence[int], prompt_ids: Sequence[Sequence[int]], max_new: int
+    ) -> int:
+        """Make sure the cache fits a wave; returns the rows per wave."""
+        columns_needed = len(prompt_ids[order[0]]) + max_new
+        if self.max_model_len is not None and columns_needed > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {columns_needed - max_new} tokens plus max_new_tokens={max_new} "
+                f"exceeds the engine's max_model_len={self.max_model_len} "
+                "(policy.max_total_sequence_length)"
+            )
+        window = self.decoder.shape.sliding_window
+        if window is not None and columns_needed > window:
+            from hpcrl.core.generation.decoder import UnsupportedModelError
+
+            raise UnsupportedModelError(
+                f"sequences of {columns_needed} tokens exceed the model's sliding_window={window}; "
+                "the torch sampler has no sliding-window attention: set "
+                "policy.generation.backend=vllm or shorten policy.max_total_sequence_length"
+            )
+        step = self.options.column_bucket
+        columns = column_bucket(max(columns_needed, self.max_model_len or 0), step, 1 << 30)
+        wanted_rows = row_bucket(len(order))
+        max_rows = self.options.max_rows or self._rows_that_fit(columns)
+        rows = min(wanted_rows, max_rows)
+        state = self._state
+        if state is None or state.rows < rows or state.columns < columns:
+            rows = max(rows, state.rows if state else 0)
+            columns = max(columns, state.columns if state else 0)
+            self._state = None
+            self._graphs.clear()  # they point at the old buffers
+            self._state = DecodeState(self.decoder, rows, columns)
+        return rows
+
+    def _rows_that_fit(self, columns: int) -> int:
+        import torch
+
+        if self.device.type != "cuda":
+            return 1 << 30
+        shape = self.decoder.shape
+        per_row = (
+            (shape.num_layers * 2 * shape.num_kv_heads * columns * shape.head_dim)
+            * self.decoder.embed.element_size()
+            + shape.vocab * 4
+            + columns
+        )
+        free, _total = torch.cuda.mem_get_info(self.device)
+        held = self._state.num_bytes if self._state is not None else 0
+        rows = int(CACHE_MEMORY_FRACTION * (free + held) // per_row)
+        size = 1
+        while size * 2 <= rows:
+            size *= 2
+        return size
+
+    # ------------------------------------------------------------------ decode steps
+    def decode_step(self, rows: int, columns: int) -> None:
+        """Run (or replay) the decode step of bucket ``(rows, columns)``."""
+        state = self._state
+        assert state is not None
+        if not self.use_graphs:
+            state.decode_forward(rows, columns)
+            return
+        graph = self._graphs.get((rows, columns))
+        if graph is None:
+            graph = self._capture(rows, columns)
+            self._graphs[(rows, columns)] = graph
+            self.last_stats.graph_captures += 1
+        graph.replay()
+
+    def _capture(self, rows: int, columns: int) -> Any:
+        """Warm up on a side stream (the step is idempotent: same inputs, same writes), then
+        capture; all graphs share one memory pool (they never run concurrently)."""
+        import torch
+
+        state = self._state
+        assert state is not None
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                state.decode_forward(rows, columns)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads' CUDA calls (NCCL's watchdog in a training worker)
+        # must not invalidate this capture.
+        with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
+            state.decode_forward(rows, columns)
+        return graph
+
+    def shutdown(self) -> None:
+        self._graphs.clear()
+        self._state = None
+        self._graph_pool = None
+
+
+class _Wave:
+    """One batch of rows from prefill to the last token."""
+
+    def __init__(
+        self,
+        engine: TorchEngine,
+        prompts: list[Sequence[int]],
+        row_ids: list[int],
+        cfg: GenerationCfg,
+        seed: int,
+        stops: tuple[int, ...],
+    ) -> None:
+        import torch
+
+        self.engine, self.prompts, self.cfg, self.seed = engine, prompts, cfg, seed
+        self.distribution = TokenDistribution.of_generation(cfg)
+        state = engine._state
+        assert state is not None
+        self.state = state
+        device = engine.device
+        count = len(prompts)
+        self.count = count
+        self.slots = row_bucket(count)  # slots in use; ≥ count (the rest are idle)
+        self.end_column = len(prompts[0])  # prompts come longest first
+        # Slot -> wave row (count = the scratch row that idle slots write to).
+        self.slot_rows = torch.full((state.rows,), count, dtype=torch.long, device=device)
+        self.slot_rows[:count] = torch.arange(count, device=device)
+        self.global_rows = torch.tensor([*row_ids, 0], dtype=torch.long, device=device)
+        self.finished = torch.ones(state.rows, dtype=torch.bool, device=device)
+        self.finished[:count] = False
+        # Idle slots compute garbage that nobody reads; keep their indices in range.
+        state.tokens[count:].fill_(engine.pad_token_id)
+        state.positions[count:].zero_()
+        max_new = cfg.max_new_tokens
+        self.tokens = torch.full((count + 1, max_new), engine.pad_token_id, device=device)
+        self.logprobs = torch.zeros((count + 1, max_new), dtype=torch.float32, device=device)
+        self.lengths = torch.zeros(count + 1, dtype=torch.long, device=device)
+        self.stops = torch.tensor(stops, dtype=torch.long, device=device) if stops else None
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        stats = self.engine.last_stats
+        options = self.engine.options
+        started = time.perf_counter()
+        self.state.prefill(self.prompts, self.end_column, options.prefill_tokens_per_chunk)
+        stats.prefill_s += _synchronized_elapsed(self.engine.device, started)
+        started = time.perf_counter()
+        max_new = self.cfg.max_new_tokens
+        for index in range(max_new):
+            if index > 0:
+                self._decode(index)
+            self._sample(index)
+            last = index + 1 == max_new
+            if (
+                not last
+                and (index + 1) % options.check_every_tokens == 0
+                and not self._check(index)
+            ):
+                break
+        self._apply_stop_strings(max_new - 1)
+        stats.decode_s += _synchronized_elapsed(self.engine.device, started)
+        count = self.count
+        return self.tokens[:count], self.logprobs[:count], self.lengths[:count]
+
+    def _decode(self, index: int) -> None:
+        """Token ``index`` for every slot: feed token ``index - 1`` at its column."""
+        column = self.end_column + index - 1
+        engine, state = self.engine, self.state
+        state.column.fill_(column)
+        columns = column_bucket(column + 1, engine.options.column_bucket, state.columns)
+        engine.decode_step(self.slots, columns)
+        state.positions[: self.slots] += 1
+        engine.last_stats.decode_steps += 1
+        engine.last_stats.row_steps += self.slots
+
+    def _sample(self, index: int) -> None:
+        import torch
+
+        slots, state = self.slots, self.state
+        rows = self.slot_rows[:slots]
+        uniforms = row_uniforms(self.seed, self.global_rows[rows], index)
+        chosen, chosen_logprobs = sample_tokens(
+            state.logits[:slots], self.distribution, uniforms, greedy=self.cfg.temperature == 0
+        )
+        active = ~self.finished[:slots]
+        self.tokens[rows, index] = torch.where(active, chosen, self.engine.pad_token_id)
+        self.logprobs[rows, index] = torch.where(active, chosen_logprobs, 0.0)
+        self.lengths.index_add_(0, rows, active.long())
+        if self.stops is not None:
+            self.finished[:slots] |= active & torch.isin(chosen, self.stops)
+        state.tokens[:slots].copy_(chosen)
+
+    def _check(self, index: int) -> bool:
+        """Host look (one synchronisation): stop strings, then compaction. False: all done."""
+        self._apply_stop_strings(index)
+        live = (~self.finished[: self.slots]).nonzero()[:, 0]
+        if live.numel() == 0:
+            return False
+        target = row_bucket(live.numel())
+        if self.engine.options.compact and target < self.slots:
+            self._compact(live, target, self.end_column + index)
+        return True
+
+    def _compact(self, live: torch.Tensor, target: int, columns: int) -> None:
+        import torch
+
+        filler = live[:1].expand(target - live.numel())
+        keep = torch.cat([live, filler])
+        self.state.compact(keep, columns)
+        self.slot_rows[:target] = self.slot_rows.index_select(0, keep)
+        self.slot_rows[live.numel() : target] = self.count
+        self.finished[:target] = True
+        self.finished[: live.numel()] = False
+        self.slots = target
+        self.engine.last_stats.compactions += 1
+
+    def _apply_stop_strings(self, index: int) -> None:
+        """Cut rows at the first token that completes a stop string (checked on the host)."""
+        if not self.cfg.stop_strings:
+            return
+        tokenizer = self.engine.tokenizer()
+        lengths = self.lengths[: self.count].tolist()
+        tokens = self.tokens[: self.count, : index + 1].tolist()
+        slot_of_row = {row: slot for slot, row in enumerate(self.slot_rows[: self.slots].tolist())}
+        for row, (row_tokens, length) in enumerate(zip(tokens, lengths, strict=True)):
+            cut = _stop_string_cut(tokenizer, row_tokens[:length], self.cfg.stop_strings)
+            if cut is None:
+                continue
+            self.lengths[row] = cut
+            if row in slot_of_row:
+                self.finished[slot_of_row[row]] = True
+
+
+def _stop_string_cut(tokenizer: Any, tokens: list[int], stop_strings: Sequence[str]) -> int | None:
+    """Shortest prefix length whose text contains a stop string, or None."""
+    if not tokens or not any(s in tokenizer.decode(tokens) for s in stop_strings):
+        return None
+    for length in range(1, len(tokens) + 1):
+        text = tokenizer.decode(tokens[:length])
+        if any(stop in text for stop in stop_strings):
+            return length
+    return len(tokens)
+
+
+def _synchronized_elapsed(device: torch.device, started: float) -> float:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started

@@ -1,0 +1,149 @@
+"""The Automodel backend's compiled log-prob and train passes compile once, in the first step,
+and never again for the new lengths and batch shapes of later GRPO steps.
+
+torch.compile runs only on GPUs in jobs; here the real ``AutomodelWorker`` (one gloo rank)
+compiles its decoder blocks on CPU through a backend that counts compilations and runs the
+captured graphs eagerly: what recompiles is decided by dynamo's guards, before any backend.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hpcrl.core.backends.automodel.model import TokenLogprobModel  # noqa: E402
+from hpcrl.core.backends.automodel.worker import AutomodelWorker  # noqa: E402
+from hpcrl.core.backends.base import RankInfo  # noqa: E402
+from hpcrl.core.workers.sharding import split_micro_batches  # noqa: E402
+from tests.core.parallel_harness import (  # noqa: E402
+    make_batch,
+    make_recipe,
+    masked_nll_loss,
+    tiny_model_path,  # noqa: F401  (fixture)
+)
+
+
+class CountingBackend:
+    """A torch.compile backend that counts the graphs it is handed and runs them as is."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs += 1
+        return graph_module.forward
+
+
+@pytest.fixture
+def compiled_worker(tiny_model_path):  # noqa: F811
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    backend = CountingBackend()
+    worker_class = type(
+        "CountingWorker", (AutomodelWorker,), {"compile_on_cpu": True, "compile_backend": backend}
+    )
+    worker = worker_class()
+    info = RankInfo(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=port,
+        device="cpu",
+    )
+    torch._dynamo.reset()
+    worker.setup(make_recipe(micro_batch_size=2), info, tiny_model_path)
+    try:
+        yield worker, backend
+    finally:
+        worker.close()
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+
+
+def _grpo_like_batch(seed: int, rows: int, length: int, full: bool) -> dict:
+    batch = make_batch(seed, batch_size=rows, seq_len=length)
+    if full:  # every row as long as the batch: no padding at all
+        batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    return batch
+
+
+@pytest.mark.slow
+def test_logprob_and_train_passes_compile_only_in_the_first_step(compiled_worker) -> None:
+    worker, backend = compiled_worker
+    eager = TokenLogprobModel(worker.model.hf)  # same weights, called outside compiled code
+    steps = [(8, 37, False), (8, 53, False), (6, 71, False), (8, 64, True), (8, 120, False)]
+    graphs_after_step = []
+    for step, (rows, length, full) in enumerate(steps):
+        batch = _grpo_like_batch(step, rows, length, full)
+        logprobs = worker.logprobs(batch)
+        assert logprobs.shape == (rows, length)
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+            want, _ = eager(batch["input_ids"], batch["attention_mask"])
+        real = batch["attention_mask"].bool()
+        torch.testing.assert_close(logprobs[real], want[real], atol=1e-5, rtol=0)
+        micro = split_micro_batches(batch, 2)
+        metrics = worker.train_step(micro, masked_nll_loss, float(batch["token_mask"].sum()))
+        assert metrics["loss"] > 0
+        graphs_after_step.append(backend.graphs)
+    assert graphs_after_step[0] > 0, "the blocks were compiled"
+    assert graphs_after_step == [graphs_after_step[0]] * len(steps), graphs_after_step
+    assert worker.collect_state()["compiled_graphs"] == graphs_after_step[0]
+
+
+def test_sequence_padding_always_adds_a_zero_column_on_token_axes_only() -> None:
+    from hpcrl.core.workers.sharding import pad_sequence_dim
+
+    ones = torch.ones(2, 64, dtype=torch.long)
+    batch = {"input_ids": ones, "attention_mask": ones, "advantages": torch.ones(2)}
+    padded = pad_sequence_dim(batch, 64)
+    assert padded["input_ids"].shape == (2, 128)  # a full bucket still gets padding
+    assert int(padded["attention_mask"][:, 64:].sum()) == 0
+    assert torch.equal(padded["advantages"], batch["advantages"])
+    assert pad_sequence_dim({"input_ids": ones[:, :37]}, 64)["input_ids"].shape == (2, 64)
+
+
+@pytest.mark.slow
+def test_packed_and_dynamic_micro_batches_compile_only_in_the_first_step(compiled_worker) -> None:
+    """Sequence packing and dynamic batching pick their own widths per micro-batch; they go
+    through the same buckets, so later steps with new lengths build no new graph."""
+    from hpcrl.core.workers.micro_batches import (
+        BatchingSettings,
+        materialize,
+        plan_shards,
+        row_lengths,
+    )
+
+    worker, backend = compiled_worker
+    eager = TokenLogprobModel(worker.model.hf)
+    packed = BatchingSettings(mode="packed", tokens_per_micro_batch=256, divisible_by=4)
+    dynamic = BatchingSettings(mode="dynamic", tokens_per_micro_batch=256, round_to=16)
+    # Packs of one sequence each: without a fill of their own their positions never restart.
+    single = BatchingSettings(mode="packed", tokens_per_micro_batch=120)
+    graphs_after_step = []
+    for step, length in enumerate([37, 53, 71, 120]):
+        batch = _grpo_like_batch(step, 8, length, full=False)
+        lengths = row_lengths(batch)
+        real = batch["attention_mask"].bool()
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):
+            want, _ = eager(batch["input_ids"], batch["attention_mask"])
+        for settings in (packed, dynamic, single):
+            plan = plan_shards([lengths], length, settings)[0]
+            logprobs = worker.logprobs(batch, plan)
+            torch.testing.assert_close(logprobs[real], want[real], atol=1e-5, rtol=0)
+        plan = plan_shards([lengths], length, packed)[0]
+        micro = [materialize(batch, spec) for spec in plan]
+        metrics = worker.train_step(micro, masked_nll_loss, float(batch["token_mask"].sum()))
+        assert metrics["loss"] > 0
+        graphs_after_step.append(backend.graphs)
+    assert graphs_after_step[0] > 0, "the blocks were compiled"
+    assert graphs_after_step == [graphs_after_step[0]] * len(graphs_after_step), graphs_after_step
