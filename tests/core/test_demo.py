@@ -111,10 +111,26 @@ def test_quickstart_command_runs_the_demo_to_the_documented_reward(tmp_path) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_demo_recipe_reaches_the_documented_reward(ray_cluster, tmp_path, capsys, seed) -> None:  # noqa: F811
-    run_dir = write_run_dir(tmp_path / "run", RECIPE, [f"grpo.seed={seed}"])
+    # Seed 2 also turns a NeMo RL logger on: the driver feeds it every step record.
+    tensorboard = ["logger.tensorboard_enabled=true"] if seed == 2 else []
+    run_dir = write_run_dir(tmp_path / "run", RECIPE, [f"grpo.seed={seed}", *tensorboard])
     assert run_training(str(run_dir)) == 0
-    assert_documented_reward(read_metrics(run_dir))
+    metrics = read_metrics(run_dir)
+    assert_documented_reward(metrics)
+    if tensorboard:
+        assert_tensorboard_holds_the_losses(run_dir / "logs" / "tensorboard", metrics)
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert len(progress) == NUM_STEPS
     assert progress[0].startswith("step 1/20  reward ")
     assert " gen " in progress[0] and " lp " in progress[0] and " train " in progress[0]
+
+
+def assert_tensorboard_holds_the_losses(event_dir: Path, metrics: list[dict]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(event_dir))
+    events.Reload()
+    logged = [(event.step, event.value) for event in events.Scalars("train/loss")]
+    expected = [(record["step"], record["loss"]) for record in metrics]
+    assert [step for step, _ in logged] == [step for step, _ in expected]
+    assert [value for _, value in logged] == pytest.approx([v for _, v in expected], rel=1e-6)
