@@ -239,6 +239,16 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
                 fix="write key: value lines",
             )
         ]
+    if not data:
+        # An empty file would stand for "every default", which is never what was meant
+        # (a profile of defaults is a GPU Slurm cluster nobody described).
+        return None, [
+            Problem(
+                path=str(path),
+                message="the file is empty",
+                fix="write its keys, or start from a shipped file with defaults: <name>.yaml",
+            )
+        ]
     return data, []
 
 
