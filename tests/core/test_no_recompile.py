@@ -12,7 +12,9 @@ import socket
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.require import require_module
+
+torch = require_module("torch")
 
 from hpcrl.core.backends.automodel.model import TokenLogprobModel  # noqa: E402
 from hpcrl.core.backends.automodel.worker import AutomodelWorker  # noqa: E402

@@ -11,8 +11,10 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from tests.require import require_module
+
+torch = require_module("torch")
+transformers = require_module("transformers")
 
 from hpcrl.config.recipe import GenerationCfg  # noqa: E402
 from hpcrl.core.generation.decoder import UnsupportedModelError  # noqa: E402
