@@ -122,7 +122,9 @@ class ContainerSpec:
     mount_home: bool
 
 
-Need = Literal["every job", "the Megatron backend", "vLLM generation"]
+Need = Literal[
+    "every job", "the Megatron backend", "the Megatron backend on CPU", "vLLM generation"
+]
 
 
 @frozen
