@@ -167,7 +167,7 @@ def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
 # --------------------------------------------------------------------------- sweep
 def run_sweep(args: argparse.Namespace) -> int:
     from hpcrl.submit.sweep import build_points
-    from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep
+    from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep, sweep_argv
 
     points = build_points(args.grid, args.zip)  # a SweepError ends as one line (main)
     sweep_dir = folder_path(args.out) if args.out else default_sweep_dir(
@@ -176,9 +176,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.no_submit and args.wait:
         print("hpcrl sweep: --wait needs a submitted sweep; drop --no-submit", file=sys.stderr)
         return 2
+    written_by = sweep_argv(
+        args.recipe, args.cluster, args.overrides, args.grid, args.zip,
+        sweep_dir if args.out else None,
+    )  # fmt: skip
     planned = plan_sweep(
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
-        for_submission=not args.no_submit,
+        for_submission=not args.no_submit, written_by=written_by,
     )  # fmt: skip
     from hpcrl.cli.prepare import print_plan_warnings
     from hpcrl.files import run_folder_lock

@@ -93,7 +93,7 @@ def prepare(
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
     from hpcrl.config.errors import raise_if_errors
     from hpcrl.config.load import check_secret_references
-    from hpcrl.plan.planner import plan
+    from hpcrl.plan.planner import plan, render_argv
     from hpcrl.plan.submit_host import bundles_dir_for, describe_submit_host
     from hpcrl.render.run_folder import default_run_dir
 
@@ -127,6 +127,8 @@ def prepare(
         profile_source=cluster,
         host=host,
         for_submission=for_submission,
+        # -o is part of the command that reproduces the script: the folder is in it
+        written_by=render_argv(recipe, cluster, overrides, None if out is None else str(run_dir)),
     )
     return Prepared(loaded=loaded, profile=profile, spec=spec, warnings=warnings)
 
@@ -191,7 +193,7 @@ def run_show(args: argparse.Namespace) -> int:
 def submit_command(spec: JobSpec) -> str:
     import shlex
 
-    return shlex.join(["hpcrl", "submit", *spec.render_argv[2:]])
+    return shlex.join(["hpcrl", "submit", *spec.written_by[2:]])
 
 
 def plan_table(spec: JobSpec) -> Any:

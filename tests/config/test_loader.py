@@ -330,7 +330,11 @@ def test_a_site_profile_extends_a_shipped_one_by_name_and_keeps_its_own_name(tmp
     write(site, "mysite.yaml", "defaults: slurm-test.yaml\nslurm: {partition: batch}\n")
     profile = load_profile("mysite", environ=site_environ(tmp_path, site))
     # slurm-test.yaml (shipped) says `name: slurm-test`; a base's name is not inherited.
-    assert (profile.name, profile.slurm.partition, profile.scheduler) == ("mysite", "batch", "slurm")
+    assert (profile.name, profile.slurm.partition, profile.scheduler) == (
+        "mysite",
+        "batch",
+        "slurm",
+    )
     assert profile.slurm.time_limit == "00:10:00"  # from the shipped base
 
 
@@ -373,7 +377,9 @@ def test_a_missing_base_says_where_it_was_looked_for(tmp_path):
 
 
 def test_a_user_recipe_extends_a_shipped_recipe_by_name(tmp_path):
-    path = write(tmp_path, "mine.yaml", "defaults: grpo-tiny-1n-cpu.yaml\ngrpo: {max_num_steps: 3}\n")
+    path = write(
+        tmp_path, "mine.yaml", "defaults: grpo-tiny-1n-cpu.yaml\ngrpo: {max_num_steps: 3}\n"
+    )
     loaded = load_recipe(path)
     assert loaded.recipe.grpo.max_num_steps == 3
     assert loaded.recipe.data.train_path.endswith("recipes/data/toy_count.jsonl")  # shipped data
