@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,12 +110,11 @@ def max_steps(recipe: Recipe) -> int | None:
 
 
 # --------------------------------------------------------------------------- submit
-def _prepare_fresh(args: argparse.Namespace) -> Prepared:
-    """Plan the run; without -o, a folder already holding a job gets a numbered sibling."""
-    from hpcrl.cli.prepare import prepare
-
-    prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out, for_submission=True)
-    if args.out is not None:
+def prepare_fresh(prepare_into: Callable[[str | None], Prepared], out: str | None) -> Prepared:
+    """Plan the run (``prepare_into(out)``); without -o, a folder already holding a job gets a
+    numbered sibling."""
+    prepared = prepare_into(out)
+    if out is not None:
         return prepared
     base = Path(prepared.spec.run_dir)
     number, run_dir = 1, base
@@ -123,22 +123,33 @@ def _prepare_fresh(args: argparse.Namespace) -> Prepared:
         run_dir = base.with_name(f"{base.name}-{number}")
     if run_dir == base:
         return prepared
-    return prepare(args.recipe, args.cluster, args.overrides, out=str(run_dir), for_submission=True)
+    return prepare_into(str(run_dir))
 
 
 def run_submit(args: argparse.Namespace) -> int:
+    from hpcrl.cli.prepare import prepare
+
+    def prepare_into(out: str | None) -> Prepared:
+        return prepare(args.recipe, args.cluster, args.overrides, out=out, for_submission=True)
+
+    return submit_prepared(prepare_fresh(prepare_into, args.out), args.wait, "hpcrl submit")
+
+
+def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
+    """Write the planned run folder, submit it, say how to follow it; with ``wait``, follow it
+    and return its exit code."""
     from hpcrl.cli.prepare import print_warnings
     from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
     from hpcrl.submit.submission import SubmissionRefused, submit_job
 
-    prepared = _prepare_fresh(args)
     console = _console()
     print_warnings(prepared, console)
-    with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl submit"):
+    with run_folder_lock(Path(prepared.spec.run_dir), command=command):
         run = write_run_folder(
             prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
             load_warnings=[warning.format() for warning in prepared.warnings],
+            provenance=prepared.provenance,
         )  # fmt: skip
         try:
             record = submit_job(prepared.spec, run.script)
@@ -146,7 +157,7 @@ def run_submit(args: argparse.Namespace) -> int:
             console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
             return 1
     print_submitted(console, record, run.path)
-    if not args.wait:
+    if not wait:
         return 0
     from hpcrl.submit.waiting import wait_for_job
 

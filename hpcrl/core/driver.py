@@ -30,6 +30,7 @@ from hpcrl.core.algorithms.loop import (
     PREEMPTED_EXIT_CODE,
     CheckpointStore,
     PreemptionWatch,
+    checkpoint_folder,
     metric_key,
 )
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
@@ -324,7 +325,7 @@ def _job_master_port() -> int | None:
 
 def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> CheckpointStore:
     cfg = recipe.checkpointing
-    folder = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    folder = checkpoint_folder(cfg.checkpoint_dir, run_dir)
     return CheckpointStore(
         policy,
         folder,
@@ -376,6 +377,10 @@ def _run_logged_steps(
     assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
     first_step = _resume(store, sampler)
+    superseded = writer.supersede_from(first_step)
+    if superseded:
+        print(f"metrics.jsonl: step(s) {_ranges(superseded)} of an earlier attempt, run "
+              "again now, moved to metrics.superseded.jsonl", flush=True)  # fmt: skip
     memory = HostMemoryTracker()
     if (
         validate
@@ -422,6 +427,17 @@ def _resume(store: CheckpointStore, sampler: EpochSampler) -> int:
     sampler.restore(DataPosition.from_dict(extra["data_position"]))
     print(f"resumed from {store.checkpoint_dir} at step {extra['step']}", flush=True)
     return int(extra["step"]) + 1
+
+
+def _ranges(steps: list[int]) -> str:
+    """``[3, 4, 5, 9]`` → ``3-5, 9``."""
+    parts: list[str] = []
+    for step in sorted(set(steps)):
+        if parts and parts[-1].split("-")[-1] == str(step - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{step}"
+        else:
+            parts.append(str(step))
+    return ", ".join(parts)
 
 
 def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, float | None]:

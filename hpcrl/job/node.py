@@ -64,7 +64,7 @@ class NodeMain(Checkpointable):
         self._settings = settings
         code = run_node(settings, os.environ, on_driver_start=self._remember_driver)
         if code != 0:
-            log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
+            log_dir = node_log_dir(settings.run_dir, 0, settings.task.run_attempt)
             raise DriverFailed(code, settings.driver, tail(log_dir / "driver.log"))
         return code
 
@@ -154,7 +154,7 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
 def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
     # The driver process starts together with the head (its Python and Ray imports overlap the
     # head's start-up) and waits for the GCS port itself.
-    log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
+    log_dir = node_log_dir(settings.run_dir, 0, settings.task.run_attempt)
     driver_env = ray_environment(environ, settings) | {
         "RAY_ADDRESS": settings.gcs_address,
         "PYTHONUNBUFFERED": "1",
@@ -235,7 +235,7 @@ def _clear_stale_preempt(settings: NodeSettings) -> None:
 
 def _open_node_log(settings: NodeSettings) -> tuple[logging.Logger, list[logging.Handler]]:
     """Timestamped lines into logs/node<k>/attempt<r>/node.log and the task's stderr."""
-    log_dir = node_log_dir(settings.run_dir, settings.node_rank, settings.task.attempt)
+    log_dir = node_log_dir(settings.run_dir, settings.node_rank, settings.task.run_attempt)
     log_dir.mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(
         f"%(asctime)s.%(msecs)03d node{settings.node_rank} %(levelname)s %(message)s",

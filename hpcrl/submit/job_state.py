@@ -4,6 +4,13 @@ Slurm: state, exit code, elapsed time, pending reason and the number of attempts
 show as extra sacct records with ``--duplicates``) come from one sacct call for all the jobs
 asked about (``SacctWatcher``, submitit's shared-watcher scheme). Local: submitit's LocalJob only knows its process inside the submitting Python, so
 another process reads the controller's pid and submitit's result files instead.
+
+Job ids repeat (a cluster whose ids began again at 1 keeps the old records in its database;
+pids are reused), so a record is matched by id *and* time: the sacct rows of a job are the
+one submitted within ``SUBMIT_SLACK_S`` of ``JobRecord.submitted_at`` on the recorded
+cluster and the requeued attempts that follow it. Rows of that id that do not match are
+another job's: the status is ``STALE`` (final), saying whose they are. A local job's pid
+counts as running only while that pid's process started when the job was submitted.
 """
 
 from __future__ import annotations
@@ -32,10 +39,22 @@ from hpcrl.submit.job_record import JobRecord
 #: sacct states after which the job will not run again (no requeue pending).
 FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST"}
+     "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST", "STALE"}
 )  # fmt: skip
 SACCT_TIMEOUT_S = 30
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason")
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason", "Submit", "Cluster")
+#: sacct prints times in epoch seconds with this (no time zone to guess).
+SACCT_ENV = {"SLURM_TIME_FORMAT": "%s"}
+#: How far the scheduler's submit time (or a local controller's start) may lie from the
+#: record's: the login node's and the controller's clocks, and sbatch's own time.
+SUBMIT_SLACK_S = 300.0
+#: Right after submission sacct may not list the new job yet but still list an older job of
+#: the same id: only a record older than this is called STALE (until then: UNKNOWN).
+STALE_AFTER_S = 60.0
+#: A job's attempt that ended so: the next row of its id is not a requeue of it.
+_ENDED_FOR_GOOD = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+)
 WATCH_DELAY_S = 30  # while waiting: at most this long between two sacct calls
 LOCAL_CANCEL_GRACE_S = 60.0  # local cancel: how long the tasks get to stop Ray and exit
 LOCAL_CONTROLLER_EXIT_S = 15.0  # then: how long submitit's interrupted controller gets to exit
@@ -55,6 +74,7 @@ class JobStatus:
     exit_code: int | None = None
     scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
     reason: str | None = None  # sacct's Reason of a pending job (Priority, Resources, ...)
+    stale: str | None = None  # state STALE: whose the scheduler's records of this id are
 
     @property
     def is_final(self) -> bool:
@@ -132,7 +152,8 @@ class SacctWatcher(SlurmInfoWatcher):
     def _call(self, command: list[str]) -> tuple[str | None, str | None]:
         try:
             proc = self._run(command, capture_output=True, text=True, errors="replace",
-                             timeout=self._timeout_s, check=False)  # fmt: skip
+                             timeout=self._timeout_s, check=False,
+                             env={**os.environ, **SACCT_ENV})  # fmt: skip
         except subprocess.TimeoutExpired:
             return None, f"sacct did not answer within {self._timeout_s:.0f} s"
         except (OSError, subprocess.SubprocessError) as error:
@@ -155,10 +176,17 @@ class SacctWatcher(SlurmInfoWatcher):
         self.rows.update(found)
         return {job_id: rows[-1] for job_id, rows in found.items()}
 
-    def status(self, job_id: str) -> JobStatus:
+    def status(self, job_id: str, record: JobRecord | None = None) -> JobStatus:
+        """The job's status from its rows (with ``record``: only the rows of that job)."""
         rows = self.rows.get(job_id)
         if not rows:
             return JobStatus(state="UNKNOWN", scheduler_error=self.error)
+        if record is not None:
+            rows, stale = rows_of_record(rows, record)
+            if not rows and time.time() - _record_time(record) < STALE_AFTER_S:
+                return JobStatus(state="UNKNOWN", scheduler_error=self.error)
+            if not rows:
+                return JobStatus(state="STALE", stale=stale, scheduler_error=self.error)
         last = rows[-1]
         state = _state_word(last.get("State", ""))
         elapsed = last.get("ElapsedRaw", "")
@@ -171,6 +199,57 @@ class SacctWatcher(SlurmInfoWatcher):
             reason=reason if reason not in (None, "", "None") else None,
             scheduler_error=self.error,
         )
+
+
+def rows_of_record(
+    rows: Sequence[dict[str, str]], record: JobRecord, slack_s: float = SUBMIT_SLACK_S
+) -> tuple[list[dict[str, str]], str | None]:
+    """The rows (attempts) of ``record``'s own job among sacct's rows of its id: the row
+    submitted within ``slack_s`` of the record (on its cluster, when both are known), then
+    every row requeued from it. None matching: ([], why); rows without a Submit time are
+    taken as they come."""
+    if not rows or "Submit" not in rows[0]:
+        return list(rows), None
+    submitted = _record_time(record)
+    for start, row in enumerate(rows):
+        if _same_job(row, record, submitted, slack_s):
+            own = [row]
+            for later in rows[start + 1 :]:
+                if _state_word(own[-1].get("State", "")) in _ENDED_FOR_GOOD:
+                    break
+                own.append(later)
+            return own, None
+    return [], _stale_reason(rows[-1], record)
+
+
+def _same_job(row: dict[str, str], record: JobRecord, submitted: float, slack_s: float) -> bool:
+    cluster = row.get("Cluster", "")
+    if record.slurm_cluster and cluster and cluster != record.slurm_cluster:
+        return False
+    text = row.get("Submit", "")
+    # No submit time (sacct always prints one; a stand-in may not): nothing to tell it by.
+    return not text.isdigit() or abs(int(text) - submitted) <= slack_s
+
+
+def _record_time(record: JobRecord) -> float:
+    return datetime.datetime.fromisoformat(record.submitted_at).timestamp()
+
+
+def _stale_reason(row: dict[str, str], record: JobRecord) -> str:
+    text = row.get("Submit", "")
+    when = (
+        datetime.datetime.fromtimestamp(int(text), datetime.UTC).isoformat(timespec="seconds")
+        if text.isdigit()
+        else "at an unknown time"
+    )
+    cluster = row.get("Cluster") or "?"
+    mine = f" on {record.slurm_cluster}" if record.slurm_cluster else ""
+    return (
+        f"the scheduler's job {record.job_id} is another job (submitted {when} on cluster "
+        f"{cluster}, {_state_word(row.get('State', ''))}); this run's job {record.job_id} was "
+        f"submitted {record.submitted_at}{mine} and is no longer on record (job ids began "
+        "again, e.g. after the cluster was reinstalled)"
+    )
 
 
 def _expand_job_id(text: str) -> list[str]:
@@ -204,7 +283,9 @@ def query_statuses(
     if slurm:
         watcher.update_if_long_enough("force" if force else "standard")
     return [
-        _local_status(record) if record.executor == "local" else watcher.status(record.job_id)
+        _local_status(record)
+        if record.executor == "local"
+        else watcher.status(record.job_id, record)
         for record in records
     ]
 
@@ -234,7 +315,7 @@ def _parse_exit_code(text: str) -> int | None:
 # --------------------------------------------------------------------------- local executor
 def _local_status(record: JobRecord) -> JobStatus:
     submitted = datetime.datetime.fromisoformat(record.submitted_at).timestamp()
-    if _local_controller_alive(int(record.job_id)):
+    if _local_controller_alive(int(record.job_id), submitted):
         return JobStatus(state="RUNNING", elapsed_s=time.time() - submitted)
     result_path = task_paths(record, 0).result_pickle
     if not result_path.exists():
@@ -248,16 +329,33 @@ def _local_status(record: JobRecord) -> JobStatus:
     )
 
 
-def _local_controller_alive(pid: int) -> bool:
-    """True while submitit's local controller with this pid runs (not a zombie, not reused)."""
+def _local_controller_alive(pid: int, submitted: float | None = None) -> bool:
+    """True while submitit's local controller with this pid runs (not a zombie, not reused:
+    with ``submitted``, the process must have started within SUBMIT_SLACK_S of it)."""
     proc = Path(f"/proc/{pid}")
     try:
         cmdline = (proc / "cmdline").read_bytes()
         stat = (proc / "stat").read_text()
     except OSError:
         return False
-    state_letter = stat.rpartition(")")[2].split()[0]
-    return b"submitit.local._local" in cmdline and state_letter != "Z"
+    fields = stat.rpartition(")")[2].split()
+    if b"submitit.local._local" not in cmdline or fields[0] == "Z":
+        return False
+    started = _process_start_time(int(fields[19]))  # stat field 22: start, in clock ticks
+    return submitted is None or started is None or abs(started - submitted) <= SUBMIT_SLACK_S
+
+
+def _process_start_time(start_ticks: int) -> float | None:
+    """Wall time a process started, from its start in clock ticks since boot."""
+    try:
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, StopIteration, ValueError):
+        return None
+    return boot + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- result / cancel
@@ -359,8 +457,8 @@ def cancel_job(record: JobRecord) -> None:
     if record.executor == "slurm":
         _scancel(record.job_id)
         return
-    pid = int(record.job_id)
-    if not _local_controller_alive(pid):
+    pid, submitted = int(record.job_id), _record_time(record)
+    if not _local_controller_alive(pid, submitted):  # never another run's reused pid
         return
     _local_cancel_marker(record).touch()  # no scheduler remembers it for us
     # Interrupt the tasks themselves first: submitit's controller, when interrupted, gives
@@ -369,7 +467,7 @@ def cancel_job(record: JobRecord) -> None:
         os.kill(task_pid, signal.SIGINT)
 
     def gone() -> bool:
-        return not _local_controller_alive(pid)
+        return not _local_controller_alive(pid, submitted)
 
     if not wait_until(gone, LOCAL_CANCEL_GRACE_S, interval_s=0.2):
         # Interrupted, the controller gives its tasks a second, kills them, then exits; wait

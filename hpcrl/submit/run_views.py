@@ -76,12 +76,15 @@ def status_rows(run_dirs: Sequence[tuple[str, Path]]) -> tuple[list[tuple[str, .
             rows.append((name, "", problems[index], "", "", "", "", ""))
             continue
         record, status = records[index], statuses[index]
+        if status.stale:
+            notes.append(f"{name}: {status.stale}")
         metrics = last_metrics(run_dir) or {}
         reward = metrics.get("reward_mean")
         state = status.state + (" (scheduler not answering)" if status.scheduler_error else "")
         cause = "" if status.state in _NOT_FAILED else (failure_cause(run_dir) or "")
         rows.append((
-            name, record.job_id, state, str(status.attempts), str(metrics.get("step", "")),
+            name, record.job_id, state, str(record.attempt_offset + status.attempts),
+            str(metrics.get("step", "")),
             f"{reward:.4g}" if isinstance(reward, int | float) else "",
             format_elapsed(status.elapsed_s), cause,
         ))  # fmt: skip
@@ -121,7 +124,7 @@ def print_logs(run_dir: Path, node: int | None, attempt: int | None, follow_job:
     if follow_job:
         return _follow_logs(run_dir, record, node, attempt)
     printed = False
-    for log in _select(list_log_files(run_dir, record, node), attempt):
+    for log in _select(list_log_files(run_dir, record, node, earlier_jobs=True), attempt):
         text = read_log(log.path, attempt if log.label in ("stdout", "stderr") else None)
         if text:
             print(f"==> node {log.node} {log.label}: {log.path} <==")
@@ -178,6 +181,8 @@ def cancel_run(path: Path, console: Console) -> int:
     status = query_status(record)
     if status.is_final:
         console.print(f"Job {record.job_id} already ended ({status.state}); nothing to cancel")
+        if status.stale:
+            console.print(status.stale, markup=False, soft_wrap=True)
         return 0
     cancel_job(record)
     console.print(f"Cancelled job {record.job_id} ({path})")

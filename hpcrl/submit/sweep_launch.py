@@ -210,15 +210,18 @@ def write_sweep_folders(planned: PlannedSweep) -> Path | None:
     are removed (they hold only rendered files); one holding a job or results is refused.
     """
     _remove_stale_points(planned.sweep_dir, len(planned.points))
+    provenance = {"profile_source": planned.record.cluster}
     for point in planned.points:
         loaded = point.loaded
-        write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path)
+        write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path,
+                         provenance=provenance)  # fmt: skip
     script = None
     if planned.array_spec is not None:
         first = planned.points[0].loaded
         run = write_run_folder(
-            planned.array_spec, first.resolved_dict, recipe_path=first.source_path
-        )
+            planned.array_spec, first.resolved_dict, recipe_path=first.source_path,
+            provenance=provenance,
+        )  # fmt: skip
         script = run.script
     # sweep.json before submitting: the points are on record even if submission fails
     write_sweep_record(planned.sweep_dir, planned.record)
