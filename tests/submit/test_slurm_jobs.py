@@ -18,6 +18,7 @@ import yaml
 from hpcrl.config.port_bands import band_ports
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.job_state import query_status, rebuild_job
+from hpcrl.submit.submission import slurm_cluster_name
 from tests.slurm.harness import (
     NETNS_NODE_IPS,
     cluster_mode,
@@ -51,6 +52,8 @@ def test_two_node_job_runs_the_rendered_script_and_ray_spans_both_nodes(tmp_path
     assert result.returncode == 0, output_of(result)
     record = read_job_record(run)
     assert (record.executor, record.num_tasks) == ("slurm", 2)
+    # kept with the job id: a record is matched to its own job (tests/submit/test_job_identity.py)
+    assert record.slurm_cluster is not None and record.slurm_cluster == slurm_cluster_name()
     # submitit's private hook still applies: the script it submitted IS the rendered one
     submitted = Path(record.submitit_folder) / f"{record.job_id}_submission.sh"
     assert submitted.read_bytes() == (run / "job.sbatch").read_bytes()

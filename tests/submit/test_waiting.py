@@ -261,3 +261,20 @@ def test_a_sweep_is_waited_for_as_one(tmp_path: Path, monkeypatch: pytest.Monkey
         "[    30s] 3 jobs: 2 completed, 1 running",
         "[    40s] 3 jobs: 3 completed",
     ]
+
+
+def test_a_resumed_runs_job_numbers_its_attempts_after_the_earlier_jobs() -> None:
+    from hpcrl.job.slurm_env import read_slurm_task
+
+    env = {"SLURM_RESTART_COUNT": "1", "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
+    banner = attempt_banner(env, attempt_offset=2)  # the run's jobs before made 2 attempts
+    assert banner.startswith("===== hpcrl attempt 4 · job 77 · node 0 (")
+    # submitit's own start lines come before the first banner: they are that attempt's
+    parts = split_attempts(f"submitit INFO starting\n{banner}\nstep 5\n")
+    assert list(parts) == [4] and parts[4].startswith("submitit INFO starting\n")
+    task = read_slurm_task(
+        {**env, "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1", "HPCRL_ATTEMPT_OFFSET": "2"}
+    )
+    # logs/node0/attempt3/ (the run's 4th attempt); markers stay keyed by this job's attempt
+    assert (task.run_attempt, task.attempt_id) == (3, "77.1")
+    assert read_slurm_task({"SUBMITIT_LOCAL_JOB_ID": "9"}, requeue_count=0).run_attempt == 0
