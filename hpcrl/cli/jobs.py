@@ -60,9 +60,16 @@ def register(subparsers: Any) -> None:
     status.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where to look without RUN")
     status.set_defaults(func=run_status)
 
-    logs = subparsers.add_parser("logs", help="print (or follow) a run's logs")
-    logs.add_argument("run", metavar="RUN", help="run folder (a sweep's point-<i> folder)")
+    logs = subparsers.add_parser(
+        "logs", help="print (or follow) a run's logs (a sweep folder: every point's)",
+        description="Every log line once, prefixed [node<k> <file>] ([point-<i> ...] in sweeps).",
+    )  # fmt: skip
+    logs.add_argument("run", metavar="RUN", help="run folder, sweep point or sweep folder")
     logs.add_argument("--node", type=int, metavar="N", help="only node N (0 = head)")
+    logs.add_argument("--point", type=int, metavar="N", help="a sweep folder: only point N")
+    logs.add_argument(
+        "--driver", action="store_true", help="only the training driver's log (node 0)"
+    )
     logs.add_argument(
         "--attempt", type=int, metavar="K", help="only attempt K (1 = first run; requeues add more)"
     )
@@ -316,12 +323,16 @@ def run_status(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- logs / cancel
 def run_logs(args: argparse.Namespace) -> int:
-    from hpcrl.submit.run_views import print_logs
+    from hpcrl.config.errors import UserError
+    from hpcrl.submit.log_view import LogSelection
+    from hpcrl.submit.run_views import show_logs
 
+    if args.driver and args.node not in (None, 0):
+        raise UserError(f"--driver with --node {args.node}: the driver runs on node 0",
+                        fix="drop --node, or --driver")  # fmt: skip
+    selection = LogSelection(node=args.node, attempt=args.attempt, driver_only=args.driver)
     # `hpcrl logs RUN | head` (a closed pipe) ends quietly: hpcrl.cli.failures
-    return print_logs(
-        folder_path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow
-    )
+    return show_logs(folder_path(args.run), selection, args.point, follow_job=args.follow)
 
 
 def run_cancel(args: argparse.Namespace) -> int:

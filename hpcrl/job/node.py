@@ -65,7 +65,8 @@ class NodeMain(Checkpointable):
         code = run_node(settings, os.environ, on_driver_start=self._remember_driver)
         if code != 0:
             log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
-            raise DriverFailed(code, settings.driver, tail(log_dir / "driver.log"))
+            log_path = log_dir / "driver.log"
+            raise DriverFailed(code, settings.driver, tail(log_path), log_path=str(log_path))
         return code
 
     def _remember_driver(self, driver: subprocess.Popen[bytes]) -> None:

@@ -12,8 +12,22 @@ from rich.console import Console
 from hpcrl.config.errors import UserError
 from hpcrl.report.metrics import last_metrics
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
-from hpcrl.submit.job_state import cancel_job, failure_cause, query_status, query_statuses
-from hpcrl.submit.logs import LogFile, follow, list_log_files, read_log
+from hpcrl.submit.job_state import (
+    SacctWatcher,
+    cancel_job,
+    failure_cause,
+    query_status,
+    query_statuses,
+)
+from hpcrl.submit.log_view import (
+    LoggedRun,
+    LogSelection,
+    check_attempt,
+    follow_logs,
+    no_output_line,
+    print_logs,
+    runs_to_show,
+)
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.waiting import default_wait_settings, job_end_check, why_waiting_ended
 
@@ -94,67 +108,42 @@ def status_row(name: str, run_dir: Path) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------- logs
-def _select(logs: list[LogFile], attempt: int | None) -> list[LogFile]:
-    """Node logs live under logs/node<k>/attempt<r>/ with r = attempt - 1 (Slurm's restart count)."""
-    if attempt is None:
-        return logs
-    submitit_labels = ("stdout", "stderr")
-    return [
-        log
-        for log in logs
-        if log.label in submitit_labels or log.label.startswith(f"attempt{attempt - 1}/")
-    ]
-
-
-def print_logs(run_dir: Path, node: int | None, attempt: int | None, follow_job: bool) -> int:
-    if is_sweep_dir(run_dir):
-        points = ", ".join(p.run_dir_name for p in read_sweep_record(run_dir).points)
-        raise RunFolderError(f"{run_dir} is a sweep", fix=f"give one point folder ({points})")
-    record = read_job_record(run_dir)
-    if node is not None and not 0 <= node < record.num_tasks:
-        raise UserError(
-            f"--node {node}: job {record.job_id} has nodes 0..{record.num_tasks - 1}",
-            fix="give one of those, or leave --node out for every node",
-        )
-    if attempt is not None and attempt < 1:
-        raise UserError(f"--attempt {attempt}: attempts count from 1", fix="e.g. --attempt 1")
+def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job: bool) -> int:
+    """``hpcrl logs``: print (or follow) the logs of a run, or of a sweep's points."""
+    runs = runs_to_show(path, point)
+    for run in runs:
+        if selection.node is not None and not 0 <= selection.node < run.record.num_tasks:
+            raise UserError(
+                f"--node {selection.node}: job {run.record.job_id} has nodes "
+                f"0..{run.record.num_tasks - 1}",
+                fix="give one of those, or leave --node out for every node",
+            )
+    check_attempt(runs, selection)
     if follow_job:
-        return _follow_logs(run_dir, record, node, attempt)
-    printed = False
-    for log in _select(list_log_files(run_dir, record, node), attempt):
-        text = read_log(log.path, attempt if log.label in ("stdout", "stderr") else None)
-        if text:
-            print(f"==> node {log.node} {log.label}: {log.path} <==")
-            sys.stdout.write(text if text.endswith("\n") else text + "\n")
-            printed = True
-    if not printed:
-        where = f"attempt {attempt} of " if attempt else ""
-        print(f"hpcrl logs: no output yet from {where}job {record.job_id} (queued, or just "
-              f"started: hpcrl logs -f {run_dir} waits for it)", file=sys.stderr)  # fmt: skip
+        return _follow(runs, selection)
+    if not print_logs(runs, selection, sys.stdout):
+        print(no_output_line(runs, selection, str(path)), file=sys.stderr)
     return 0
 
 
-def _follow_logs(run_dir: Path, record: JobRecord, node: int | None, attempt: int | None) -> int:
-    end = job_end_check(record)
-    ended: list[str] = []
+def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
+    watcher = SacctWatcher()
+    checks = [job_end_check(run.record, watcher=watcher) for run in runs]
+    ended: dict[int, str] = {}
 
     def is_over() -> bool:
-        state = end()
-        if state is not None:
-            ended.append(state)
-        return state is not None
+        for index, check in enumerate(checks):
+            if index not in ended and (state := check()) is not None:
+                ended[index] = state
+        return len(ended) == len(runs)
 
-    settings = default_wait_settings()
-    chunks = follow(
-        lambda: _select(list_log_files(run_dir, record, node), attempt), is_over, settings.poll_s
-    )
-    for log, text in chunks:
-        prefix = f"[node{log.node} {log.label}] "
-        sys.stdout.write("".join(prefix + line for line in text.splitlines(keepends=True)))
-        sys.stdout.flush()
-    state = ended[-1] if ended else "UNKNOWN"
-    print(f"hpcrl logs: job {record.job_id} {why_waiting_ended(state)}", file=sys.stderr)
-    return 0 if state not in ("LOST", "UNREACHABLE") else 1
+    follow_logs(runs, selection, is_over, default_wait_settings().poll_s, sys.stdout)
+    for index, run in enumerate(runs):
+        state = ended.get(index, "UNKNOWN")
+        where = f"{run.point}: " if run.point else ""
+        print(f"hpcrl logs: {where}job {run.record.job_id} {why_waiting_ended(state)}",
+              file=sys.stderr)  # fmt: skip
+    return 1 if any(state in ("LOST", "UNREACHABLE") for state in ended.values()) else 0
 
 
 # --------------------------------------------------------------------------- cancel

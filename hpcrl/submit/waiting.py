@@ -30,7 +30,8 @@ from hpcrl.submit.job_state import (
     read_outcome,
     results_written,
 )
-from hpcrl.submit.logs import list_log_files, read_log, tail_lines
+from hpcrl.submit.log_view import LoggedRun, LogSelection, prefixed_lines, shown_files, strip_ansi
+from hpcrl.submit.logs import read_log, tail_lines
 
 #: A job the scheduler has never heard of for this long after submission is lost.
 UNKNOWN_GRACE_S = 60.0
@@ -179,11 +180,13 @@ def job_end_check(
     record: JobRecord,
     settings: WaitSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
+    watcher: SacctWatcher | None = None,
 ) -> Callable[[], str | None]:
     """For ``hpcrl logs -f``: a function that says why following is over (a final state,
     ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while the job goes on; it asks the
-    scheduler on submitit's backoff schedule, not on every call."""
-    watcher = SacctWatcher()
+    scheduler on submitit's backoff schedule, not on every call. ``watcher``: one shared by
+    several jobs (a sweep's points), so one sacct call answers for all of them."""
+    watcher = watcher or SacctWatcher()
     watch = _Watch(record, settings or default_wait_settings(), clock=clock)
 
     def check() -> str | None:
@@ -328,11 +331,14 @@ def report_outcome(
 
 
 def print_log_tails(run_dir: Path, record: JobRecord, console: Console) -> None:
-    """The last lines of each node's error stream, node log and driver log."""
-    for log in list_log_files(run_dir, record):
+    """The last lines of each node's error stream and driver log (node.log only for a node
+    without an error stream: the node entrypoint writes its lines to both), prefixed as
+    ``hpcrl logs`` prints them."""
+    run = LoggedRun(run_dir=run_dir, record=record)
+    for log in shown_files(run, LogSelection()):
         if log.label != "stderr" and Path(log.label).name not in TAILED_NODE_LOGS:
             continue
-        text = tail_lines(read_log(log.path), LOG_TAIL_LINES)
+        text = tail_lines(strip_ansi(read_log(log.path)), LOG_TAIL_LINES)
         if text.strip():
-            console.rule(f"node {log.node} {log.label}: {log.path}", style="dim")
-            console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+            console.print("".join(prefixed_lines(run, log, text, keep_banner=True)).rstrip("\n"),
+                          markup=False, highlight=False, soft_wrap=True)  # fmt: skip

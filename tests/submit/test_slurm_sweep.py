@@ -140,7 +140,7 @@ def test_timeout_signal_requeues_once_and_the_run_resumes(tmp_path: Path) -> Non
             assert f"===== hpcrl attempt {3 - attempt} " not in logs.stdout, (
                 "attempts are kept apart"
             )
-            assert f"logs/node0/attempt{attempt - 1}/node.log" in logs.stdout
+            assert f"\n[node0 attempt{attempt} driver.log] " in logs.stdout
         # the node entrypoint's contract: on USR2 it writes PREEMPT and the driver stops at a step
         # boundary (a driver killed by the signal instead would lose the step in progress)
         assert progress.get("stopped_for_preempt") is True, "attempt 1's driver did not see PREEMPT"
