@@ -58,6 +58,13 @@ def register(subparsers: Any) -> None:
     status = subparsers.add_parser("status", help="state of runs (default: every run under ./runs)")
     status.add_argument("runs", nargs="*", metavar="RUN", help="run or sweep folders")
     status.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where to look without RUN")
+    status.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
+                        help="only runs in these states (RUNNING, PENDING, FAILED, COMPLETED, "
+                        "CANCELLED, NOT_SUBMITTED, ...; any case)")  # fmt: skip
+    status.add_argument("--recipe", metavar="TEXT", help="only runs whose recipe contains TEXT")
+    status.add_argument("--since", metavar="AGE",
+                        help="only runs submitted (or rendered) within AGE: 30m, 2h, 1d, 1w")  # fmt: skip
+    status.add_argument("--json", action="store_true", help="a JSON list instead of the table")
     status.set_defaults(func=run_status)
 
     logs = subparsers.add_parser(
@@ -79,9 +86,11 @@ def register(subparsers: Any) -> None:
     logs.set_defaults(func=run_logs)
 
     cancel = subparsers.add_parser(
-        "cancel", help="cancel a run's job (a sweep folder: the whole array)"
+        "cancel", help="cancel runs' jobs (a sweep folder: the whole array)"
     )
-    cancel.add_argument("run", metavar="RUN", help="run, sweep point or sweep folder")
+    cancel.add_argument(
+        "runs", nargs="+", metavar="RUN", help="runs, sweep points or sweep folders"
+    )
     cancel.set_defaults(func=run_cancel)
 
 
@@ -289,36 +298,60 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
 
 
 # --------------------------------------------------------------------------- status
+def _status_filter(args: argparse.Namespace) -> Any:
+    from hpcrl.config.errors import UserError
+    from hpcrl.submit.status_view import StatusFilter, parse_age
+
+    states = {
+        word.strip().upper() for text in args.state for word in text.split(",") if word.strip()
+    }
+    try:
+        max_age_s = parse_age(args.since) if args.since is not None else None
+    except ValueError as error:
+        raise UserError(f"--since: {error}", fix="e.g. --since 2h") from None
+    return StatusFilter(states=frozenset(states), recipe=args.recipe, max_age_s=max_age_s)
+
+
 def run_status(args: argparse.Namespace) -> int:
+    import datetime
+
     from rich.table import Table
 
-    from hpcrl.submit.run_views import collect_run_dirs, status_rows
+    from hpcrl.submit.status_view import (
+        as_json,
+        collect_run_dirs,
+        run_statuses,
+        table_cells,
+        table_columns,
+    )
 
-    run_dirs = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
-    console = _console()
-    if not run_dirs:
-        console.print(
-            f"No runs under {args.runs_dir}/ (submit one with: hpcrl submit RECIPE --cluster C)",
-            markup=False,
-        )
+    keep = _status_filter(args)
+    listed = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
+    now = datetime.datetime.now(datetime.UTC)
+    runs = [run for run in run_statuses(listed) if keep.keeps(run, now)]
+    if args.json:
+        print(as_json(runs))
         return 0
-    rows, notes = status_rows(run_dirs)
-    headers = ["run", "job", "state", "attempts", "step", "reward", "elapsed"]
-    if any(row[-1] for row in rows):
-        headers.append("cause")  # only when a failed job named its cause
+    console = _console()
+    if not runs:
+        where = "matching the filters" if listed else f"under {args.runs_dir}/"
+        console.print(f"No runs {where} (submit one with: hpcrl submit RECIPE --cluster C)",
+                      markup=False)  # fmt: skip
+        return 0
+    columns = table_columns(runs)
     table = Table(title_justify="left")
-    for header in headers:
-        table.add_column(
-            header,
-            justify="right" if header in ("attempts", "step", "reward", "elapsed") else "left",
-            overflow="fold",
-        )
-    for row in rows:
-        table.add_row(*(_escape(cell) for cell in row[: len(headers)]))
+    for header in columns:
+        numeric = header in ("exit", "attempts", "step", "reward", "loss", "elapsed")
+        table.add_column(header, justify="right" if numeric else "left", overflow="fold")
+    for run in runs:
+        cells = table_cells(run)
+        table.add_row(*(_escape(cells[header]) for header in columns))
     console.print(table)
-    for note in notes:
-        console.print(note, markup=False, highlight=False, soft_wrap=True)
-    return 1 if notes and args.runs else 0
+    for run in runs:
+        if run.problem:
+            console.print(f"{run.name}: {run.problem}", markup=False, highlight=False,
+                          soft_wrap=True)  # fmt: skip
+    return 1 if args.runs and any(run.problem for run in runs) else 0
 
 
 # --------------------------------------------------------------------------- logs / cancel
@@ -336,6 +369,19 @@ def run_logs(args: argparse.Namespace) -> int:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
+    """Every folder given; one that cannot be cancelled is said and the rest still are."""
+    from hpcrl.cli.failures import report_failure
+    from hpcrl.config.errors import UserError
     from hpcrl.submit.run_views import cancel_run
 
-    return cancel_run(folder_path(args.run), _console())
+    console = _console()
+    paths = [folder_path(run) for run in args.runs]
+    if len(paths) == 1:
+        return cancel_run(paths[0], console)
+    codes = []
+    for path in paths:
+        try:
+            codes.append(cancel_run(path, console))
+        except UserError as error:
+            codes.append(report_failure("cancel", error))
+    return next((code for code in codes if code != 0), 0)
