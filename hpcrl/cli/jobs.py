@@ -251,7 +251,7 @@ def _write_unsubmitted(planned: PlannedSweep) -> int:
 def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
     """Local profile: the points run one after another, this command starting each in turn."""
     from hpcrl.submit.sweep_launch import run_local_sweep
-    from hpcrl.submit.waiting import wait_for_job
+    from hpcrl.submit.waiting import DETACHED_EXIT_CODE, wait_for_job
 
     if not wait:
         print(
@@ -283,6 +283,8 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
 
     with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
         exit_code = run_local_sweep(planned, wait=follow, announce=announce)
+    if exit_code != DETACHED_EXIT_CODE:
+        print_sweep_summary(planned.sweep_dir, console)
     console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
     console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
     return exit_code
@@ -294,6 +296,8 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
 
     points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)
     outcomes = wait_for_jobs(list(zip(points, job_records, strict=True)), console)
+    if not any(outcome.detail == "detached" for outcome in outcomes):
+        print_sweep_summary(sweep_dir, console)
     return next((outcome.exit_code for outcome in outcomes if outcome.exit_code != 0), 0)
 
 
@@ -312,17 +316,38 @@ def _status_filter(args: argparse.Namespace) -> Any:
     return StatusFilter(states=frozenset(states), recipe=args.recipe, max_age_s=max_age_s)
 
 
+def status_table(runs: list[Any], title: str | None = None) -> Any:
+    """The status table of ``runs`` (``hpcrl status``; the end of ``sweep --wait``)."""
+    from rich.table import Table
+
+    from hpcrl.submit.status_view import table_cells, table_columns
+
+    columns = table_columns(runs)
+    table = Table(title=title, title_justify="left")
+    for header in columns:
+        numeric = header in ("exit", "attempts", "step", "reward", "loss", "elapsed")
+        table.add_column(header, justify="right" if numeric else "left", overflow="fold")
+    for run in runs:
+        cells = table_cells(run)
+        table.add_row(*(_escape(cells[header]) for header in columns))
+    return table
+
+
+def print_sweep_summary(sweep_dir: Path, console: Console) -> None:
+    """After ``sweep --wait``: every point's state, exit code, values, steps, reward, loss."""
+    from hpcrl.submit.status_view import collect_run_dirs, run_statuses
+
+    runs = run_statuses(collect_run_dirs([sweep_dir], sweep_dir.parent))
+    console.print(status_table(runs, title=f"sweep {sweep_dir.name}"))
+
+
 def run_status(args: argparse.Namespace) -> int:
     import datetime
-
-    from rich.table import Table
 
     from hpcrl.submit.status_view import (
         as_json,
         collect_run_dirs,
         run_statuses,
-        table_cells,
-        table_columns,
     )
 
     keep = _status_filter(args)
@@ -338,15 +363,7 @@ def run_status(args: argparse.Namespace) -> int:
         console.print(f"No runs {where} (submit one with: hpcrl submit RECIPE --cluster C)",
                       markup=False)  # fmt: skip
         return 0
-    columns = table_columns(runs)
-    table = Table(title_justify="left")
-    for header in columns:
-        numeric = header in ("exit", "attempts", "step", "reward", "loss", "elapsed")
-        table.add_column(header, justify="right" if numeric else "left", overflow="fold")
-    for run in runs:
-        cells = table_cells(run)
-        table.add_row(*(_escape(cells[header]) for header in columns))
-    console.print(table)
+    console.print(status_table(runs))
     for run in runs:
         if run.problem:
             console.print(f"{run.name}: {run.problem}", markup=False, highlight=False,

@@ -26,9 +26,9 @@ def parse_reasons(text: str) -> dict[str, str]:
     """``20_3|Priority`` lines as {job id: reason}; lines of any other shape are skipped."""
     reasons = {}
     for line in text.splitlines():
-        job_id, bar, reason = line.strip().partition("|")
-        if bar and job_id and reason.strip() not in NO_REASON:
-            reasons[job_id] = reason.strip()
+        fields = line.strip().split("|")
+        if len(fields) == 2 and fields[0] and fields[1].strip() not in NO_REASON:
+            reasons[fields[0]] = fields[1].strip()
     return reasons
 
 

@@ -239,9 +239,11 @@ def run_local_sweep(
 ) -> int:
     """A sweep on a local profile: each point a local job of its own, started when the one
     before it has ended (``wait`` follows a job and returns its exit code). Every point runs,
-    also after one fails; returns the first non-zero exit code, else 0."""
+    also after one fails; returns the first non-zero exit code, else 0. A wait left with
+    Ctrl-C (``DETACHED_EXIT_CODE``) starts no further point."""
     from hpcrl.render.run_folder import SCRIPT_NAME
     from hpcrl.submit.submission import submit_job
+    from hpcrl.submit.waiting import DETACHED_EXIT_CODE
 
     assert planned.runs_points_one_by_one, "Slurm sweeps are one job array"
     write_sweep_folders(planned)
@@ -257,4 +259,6 @@ def run_local_sweep(
         )
         announce(point, record)
         codes.append(wait(run_dir, record))
+        if codes[-1] == DETACHED_EXIT_CODE:
+            break
     return next((code for code in codes if code != 0), 0)

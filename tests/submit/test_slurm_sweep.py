@@ -56,6 +56,15 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
     assert (sweep_dir / "submitit" / f"{array_id}_submission.sh").read_text() == script
     assert "#SBATCH --array=0-3%2" in script
     assert all(sacct_states(r.job_id) == ["COMPLETED"] for r in records)
+    # --wait followed every point at once, then a summary row per point with its value
+    assert f"{len(FRACTIONS)} jobs: {len(FRACTIONS)}/{len(FRACTIONS)} done · " in result.stdout
+    summary = result.stdout.split(f"sweep {sweep_dir.name}")[-1]
+    for point, fraction in zip(sweep.points, FRACTIONS, strict=True):
+        row = next(line for line in summary.splitlines() if f"/{point.run_dir_name} " in line)
+        assert f"optimizer_offload_fraction={fraction}" in row and "COMPLETED" in row, row
+    # each point's banner names its array task, not Slurm's own id for the task
+    logs = hpcrl(["logs", str(sweep_dir), "--point", "1", "--node", "0"], tmp_path, job_env())
+    assert f"[point-1 node0 stderr] ===== hpcrl attempt 1 · job {array_id}_1 · " in logs.stdout
     for point, fraction in zip(sweep.points, FRACTIONS, strict=True):
         resolved = yaml.safe_load(
             (sweep_dir / point.run_dir_name / "recipe.resolved.yaml").read_text()
