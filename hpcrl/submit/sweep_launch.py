@@ -20,6 +20,7 @@ step times and memory peaks. The folder has no top-level ``job.sbatch`` then.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Callable, Sequence
@@ -151,6 +152,9 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
         job_name=f"{sweep_dir.name}-{point.run_dir_name}", host=context.host,
         for_submission=context.for_submission,
     )  # fmt: skip
+    from hpcrl.plan.hf_cache import check_models_cached
+
+    raise_if_errors([p for p in check_models_cached(loaded.recipe, spec, os.environ) if p.is_error])
     return PlannedPoint(point=point, loaded=loaded, spec=spec)
 
 

@@ -52,7 +52,7 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
     assert status.returncode == 0, output_of(status)
     row = next(line for line in status.stdout.splitlines() if "run" in line and "COMPLETED" in line)
     expected_reward = drivers.expected_metrics(0.5, drivers.NUM_METRIC_STEPS)["reward_mean"]
-    assert f"{expected_reward:.4g}" in row and f" {drivers.NUM_METRIC_STEPS} " in row
+    assert f"{expected_reward:.4g}" in row and f" {drivers.NUM_METRIC_STEPS}/20 " in row
 
     logs = hpcrl(["logs", str(run), "--attempt", "1"], tmp_path, job_env())
     assert "===== hpcrl attempt 1 · job " in logs.stdout, output_of(logs)
