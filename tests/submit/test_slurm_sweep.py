@@ -87,8 +87,11 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
         ]
         times = [m["time_step_s"] for m in steps]
         cells = [cell.strip() for cell in rows[f"point-{index}"].split("│")[1:-1]]
-        assert cells == [
-            f"point-{index}", fraction, str(drivers.NUM_METRIC_STEPS),
+        # two tasks at once on two nodes may land on one node: then a "shared node" column
+        shared = cells[11:]
+        assert shared in ([], [""], ["yes"]), cells
+        assert cells[:11] == [
+            f"point-{index}", fraction, "COMPLETED", str(drivers.NUM_METRIC_STEPS),
             format_number(float(np.median(times))), format_number(float(np.percentile(times, 95))),
             format_number(steps[0]["tokens_per_s"]), "—", format_number(steps[0]["peak_host_rss_gb"]),
             format_number(steps[-1]["loss"]), format_number(steps[-1]["reward_mean"]),
