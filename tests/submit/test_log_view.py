@@ -158,3 +158,22 @@ def test_array_tasks_are_named_by_array_and_index() -> None:
     assert job_id_of(array_env) == "20_3"
     assert job_id_of({"SLURM_JOB_ID": "23"}) == "23"
     assert attempt_banner(array_env).startswith("===== hpcrl attempt 1 · job 20_3 · node 0 (")
+
+
+def test_a_failure_shows_each_nodes_stderr_and_driver_tail_once(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from hpcrl.submit.waiting import print_log_tails
+
+    run = make_run(tmp_path / "run")
+    console = Console(file=io.StringIO(), width=200)
+    print_log_tails(run, _record(run), console)
+    assert console.file.getvalue() == (
+        f"[node0 stderr] {BANNER_1}"
+        f"[node0 stderr] {NODE_LINE_1}"
+        f"[node0 stderr] {BANNER_2}"
+        f"[node0 stderr] {NODE_LINE_2}"
+        "[node0 stderr] hpcrl: job failed: driver d exited with code 7\n"
+        "[node0 attempt1 driver.log] driver step 1\n"
+        "[node0 attempt2 driver.log] driver step 2\n"
+    )
