@@ -176,7 +176,8 @@ def test_an_image_without_ray_fails_on_slurm_before_ray_naming_ray(images, image
     shell = user_shell(profiles)
     result = submit([TWO_NODE_RECIPE, "--cluster", "pyxis-noray", "-o", str(run), "--wait"],
                     tmp_path, shell)  # fmt: skip
-    assert result.returncode == 1, output_of(result)
+    # 1, or 15 when node 1 fails first and srun terminates node 0 (sacct's batch exit code).
+    assert result.returncode in (1, 15), output_of(result)
     flat = result.stdout.replace("\n", " ")
     assert "ray is missing (every job needs ray>=2.49,<2.61)" in flat, output_of(result)
     assert "Fix: use a container image with ray>=2.49,<2.61 (the profile's container.image)" in flat
@@ -202,7 +203,8 @@ def test_an_image_with_ray_older_than_token_auth_is_refused_on_every_node_naming
     shell = user_shell(profiles)
     result = submit([TWO_NODE_RECIPE, "--cluster", "pyxis-nemo", "-o", str(run), "--wait"],
                     tmp_path, shell)  # fmt: skip
-    assert result.returncode == 1, output_of(result)
+    # 1, or 15 when node 1 fails first and srun terminates node 0 (sacct's batch exit code).
+    assert result.returncode in (1, 15), output_of(result)
     flat = " ".join(result.stdout.split())
     assert (
         f"ray {version} predates Ray token authentication (ray>=2.52), which the cluster "
