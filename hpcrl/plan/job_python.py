@@ -15,7 +15,7 @@ import json
 import subprocess
 
 from hpcrl.config.errors import Problem
-from hpcrl.plan.jobspec import JobSpec, PackageRequirement
+from hpcrl.plan.jobspec import RAY_TOKEN_AUTH_SPEC, JobSpec, PackageRequirement
 
 PROBE_TIMEOUT_S = 30
 #: Run by the job's Python: {distribution or module: version, "" (no metadata), or null}.
@@ -89,4 +89,21 @@ def check_job_python(spec: JobSpec) -> list[Problem]:
             path="python", value=python, message=message,
             fix=f"install {wanted} for that Python, or set the profile's python to one that has it",
         ))  # fmt: skip
-    return problems
+    return problems + _token_auth_problems(spec, found.get("ray"), python)
+
+
+def _token_auth_problems(spec: JobSpec, ray_version: str | None, python: str) -> list[Problem]:
+    """The preflight's token-auth refusal, said before the job runs: a Ray older than 2.52
+    with ``ray_auth: token`` (a Ray without metadata is left to the preflight's file check)."""
+    from hpcrl.job.versions import in_range
+
+    needs = spec.ray_auth_needs
+    if needs is None or not ray_version or in_range(ray_version, RAY_TOKEN_AUTH_SPEC):
+        return []
+    return [Problem(
+        path="python", value=python,
+        message=f"the job's Python has ray {ray_version}, older than Ray token authentication "
+        f"({needs}), which the profile's ray_auth: token (the default) needs",
+        fix=f"install {needs} for that Python, or set ray_auth: none in the profile (the "
+        "job's Ray then admits anyone who reaches its ports)",
+    )]  # fmt: skip

@@ -111,8 +111,31 @@ def test_a_local_jobs_python_is_asked_for_its_packages(tmp_path):
                                 requirements=(*spec.code.requirements, vllm)),
     )  # fmt: skip
     messages = [problem.message for problem in check_job_python(lacking)]
-    assert "the job's Python lacks ray (every job needs ray==2.60.0)" in messages
+    assert "the job's Python lacks ray (every job needs ray>=2.49,<2.61)" in messages
     assert messages[-1] == "the job's Python lacks vllm (vLLM generation needs vllm>=0.32,<0.33)"
+
+
+def test_a_local_jobs_python_with_ray_older_than_token_auth_is_refused_unless_ray_auth_none(
+    tmp_path,
+):
+    recipe = automodel_recipe(1, 2)
+    spec = plan(recipe, local_profile(), run_dir="/r", recipe_source="r", host=GOLDEN_HOST)
+    old = tmp_path / "old"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(old)], check=True)
+    (site,) = old.glob("lib/python3*/site-packages")
+    info = site / "ray-2.49.2.dist-info"  # what NeMo RL's Ray looks like to the probe
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ray\nVersion: 2.49.2\n")
+    ray_row = next(row for row in SUPPORTED if row.module == "ray")
+    code = attrs.evolve(spec.code, python=(str(old / "bin" / "python"),), requirements=(ray_row,))
+    (problem,) = check_job_python(attrs.evolve(spec, code=code))
+    assert problem.is_error and problem.path == "python"
+    assert problem.message == (
+        "the job's Python has ray 2.49.2, older than Ray token authentication (ray>=2.52), "
+        "which the profile's ray_auth: token (the default) needs"
+    )
+    assert problem.fix.startswith("install ray>=2.52 for that Python, or set ray_auth: none")
+    assert check_job_python(attrs.evolve(spec, code=code, ray_auth="none")) == []
 
 
 def test_validate_refuses_a_vllm_recipe_whose_local_python_lacks_vllm(validate):
