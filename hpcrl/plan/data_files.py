@@ -73,8 +73,8 @@ def check_data_lasts(recipe: Recipe, path: Path, findings: Findings) -> None:
         "data_steps", f"{name}.max_num_steps",
         f"asks for {section.max_num_steps} steps, but the data gives {steps}: {path.name} holds "
         f"{rows} rows, at {per_step} per step ({per_step_key}) over {section.max_num_epochs} "
-        f"epoch(s) ({name}.max_num_epochs) that is {steps} steps; the run stops after step "
-        f"{steps}",
+        f"epoch(s) ({name}.max_num_epochs) that is {steps} step{'' if steps == 1 else 's'}; "
+        f"the run stops after step {steps}",
         value=section.max_num_steps,
         fix=f"set {name}.max_num_epochs="
         f"{epochs_needed(section.max_num_steps, per_step, rows)} to pass over the data that "
