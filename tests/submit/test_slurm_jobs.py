@@ -7,6 +7,7 @@ job's nodes, and a test driver (tests/submit/drivers.py) stands in for training.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -86,7 +87,27 @@ def test_failing_driver_propagates_its_exit_code_and_shows_the_logs(tmp_path: Pa
         in result.stdout
     )
     assert "failing on purpose" in result.stdout, "the driver log's tail is shown"
-    wait_sacct_states(read_job_record(run).job_id, ["FAILED"])
+    first = read_job_record(run)
+    wait_sacct_states(first.job_id, ["FAILED"])
+
+    # hpcrl resume submits the same run folder again as its next attempt. The test driver saves
+    # no checkpoints: a folder named as the real driver's stands in for one it would have left
+    # (the real driver's resume: tests/submit/test_resume_rerun.py).
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    resumed = hpcrl(["resume", str(run), "--wait"], tmp_path,
+                    job_env("tests.submit.drivers:write_metrics"))  # fmt: skip
+    assert resumed.returncode == 0, output_of(resumed)
+    assert f"as attempt 2; job {first.job_id} had ended FAILED" in resumed.stdout
+    record = read_job_record(run)
+    assert record.job_id != first.job_id and record.earlier_job_ids == (first.job_id,)
+    wait_sacct_states(record.job_id, ["COMPLETED"])
+    # Its own submitit files, its attempt numbered after the first job's, logs apart.
+    banner = f"===== hpcrl attempt 2 · job {record.job_id} · node 0 ("
+    assert banner in (run / "submitit" / f"{record.job_id}_0_log.out").read_text()
+    assert sorted(p.name for p in (run / "logs" / "node0").iterdir()) == ["attempt0", "attempt1"]
+    status = hpcrl(["status", str(run), "--json"], tmp_path, job_env())
+    (row,) = json.loads(status.stdout)
+    assert (row["state"], row["attempts"]) == ("COMPLETED", 2), status.stdout
 
 
 def test_cancel_stops_a_running_job(tmp_path: Path) -> None:
