@@ -5,12 +5,9 @@ show as extra sacct records with ``--duplicates``) come from one sacct call for 
 asked about (``SacctWatcher``, submitit's shared-watcher scheme). Local: submitit's LocalJob only knows its process inside the submitting Python, so
 another process reads the controller's pid and submitit's result files instead.
 
-Job ids repeat (a cluster whose ids began again at 1 keeps the old records in its database;
-pids are reused), so a record is matched by id *and* time: the sacct rows of a job are the
-one submitted within ``SUBMIT_SLACK_S`` of ``JobRecord.submitted_at`` on the recorded
-cluster and the requeued attempts that follow it. Rows of that id that do not match are
-another job's: the status is ``STALE`` (final), saying whose they are. A local job's pid
-counts as running only while that pid's process started when the job was submitted.
+Job ids repeat, so a record is matched by id *and* submit time and cluster
+(``hpcrl.submit.job_identity``): rows of its id from another job make the status ``STALE``
+(final), saying whose they are; a reused local pid is not the record's controller.
 """
 
 from __future__ import annotations
@@ -34,6 +31,14 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 
 from hpcrl.config.errors import UserError
 from hpcrl.polling import wait_until
+from hpcrl.submit.job_identity import (
+    STALE_AFTER_S,
+    SUBMIT_SLACK_S,
+    process_start_time,
+    record_time,
+    rows_of_record,
+    state_word,
+)
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.pending_reasons import pending_reasons
 
@@ -46,16 +51,6 @@ SACCT_TIMEOUT_S = 30
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason", "Submit", "Cluster")
 #: sacct prints times in epoch seconds with this (no time zone to guess).
 SACCT_ENV = {"SLURM_TIME_FORMAT": "%s"}
-#: How far the scheduler's submit time (or a local controller's start) may lie from the
-#: record's: the login node's and the controller's clocks, and sbatch's own time.
-SUBMIT_SLACK_S = 300.0
-#: Right after submission sacct may not list the new job yet but still list an older job of
-#: the same id: only a record older than this is called STALE (until then: UNKNOWN).
-STALE_AFTER_S = 60.0
-#: A job's attempt that ended so: the next row of its id is not a requeue of it.
-_ENDED_FOR_GOOD = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-)
 WATCH_DELAY_S = 30  # while waiting: at most this long between two sacct calls
 LOCAL_CANCEL_GRACE_S = 60.0  # local cancel: how long the tasks get to stop Ray and exit
 LOCAL_CONTROLLER_EXIT_S = 15.0  # then: how long submitit's interrupted controller gets to exit
@@ -157,7 +152,7 @@ class SacctWatcher(SlurmInfoWatcher):
             job_id
             for job_id in self._registered - self._finished
             if self.rows.get(job_id)
-            and _state_word(self.rows[job_id][-1].get("State", "")) == "PENDING"
+            and state_word(self.rows[job_id][-1].get("State", "")) == "PENDING"
         ]
         self.reasons = pending_reasons(pending, self._run) if pending else {}
 
@@ -195,12 +190,12 @@ class SacctWatcher(SlurmInfoWatcher):
             return JobStatus(state="UNKNOWN", scheduler_error=self.error)
         if record is not None:
             rows, stale = rows_of_record(rows, record)
-            if not rows and time.time() - _record_time(record) < STALE_AFTER_S:
+            if not rows and time.time() - record_time(record) < STALE_AFTER_S:
                 return JobStatus(state="UNKNOWN", scheduler_error=self.error)
             if not rows:
                 return JobStatus(state="STALE", stale=stale, scheduler_error=self.error)
         last = rows[-1]
-        state = _state_word(last.get("State", ""))
+        state = state_word(last.get("State", ""))
         elapsed = last.get("ElapsedRaw", "")
         reason = self.reasons.get(job_id) if state == "PENDING" else None
         reason = reason or last.get("Reason")
@@ -212,57 +207,6 @@ class SacctWatcher(SlurmInfoWatcher):
             reason=reason if reason not in (None, "", "None") else None,
             scheduler_error=self.error,
         )
-
-
-def rows_of_record(
-    rows: Sequence[dict[str, str]], record: JobRecord, slack_s: float = SUBMIT_SLACK_S
-) -> tuple[list[dict[str, str]], str | None]:
-    """The rows (attempts) of ``record``'s own job among sacct's rows of its id: the row
-    submitted within ``slack_s`` of the record (on its cluster, when both are known), then
-    every row requeued from it. None matching: ([], why); rows without a Submit time are
-    taken as they come."""
-    if not rows or "Submit" not in rows[0]:
-        return list(rows), None
-    submitted = _record_time(record)
-    for start, row in enumerate(rows):
-        if _same_job(row, record, submitted, slack_s):
-            own = [row]
-            for later in rows[start + 1 :]:
-                if _state_word(own[-1].get("State", "")) in _ENDED_FOR_GOOD:
-                    break
-                own.append(later)
-            return own, None
-    return [], _stale_reason(rows[-1], record)
-
-
-def _same_job(row: dict[str, str], record: JobRecord, submitted: float, slack_s: float) -> bool:
-    cluster = row.get("Cluster", "")
-    if record.slurm_cluster and cluster and cluster != record.slurm_cluster:
-        return False
-    text = row.get("Submit", "")
-    # No submit time (sacct always prints one; a stand-in may not): nothing to tell it by.
-    return not text.isdigit() or abs(int(text) - submitted) <= slack_s
-
-
-def _record_time(record: JobRecord) -> float:
-    return datetime.datetime.fromisoformat(record.submitted_at).timestamp()
-
-
-def _stale_reason(row: dict[str, str], record: JobRecord) -> str:
-    text = row.get("Submit", "")
-    when = (
-        datetime.datetime.fromtimestamp(int(text), datetime.UTC).isoformat(timespec="seconds")
-        if text.isdigit()
-        else "at an unknown time"
-    )
-    cluster = row.get("Cluster") or "?"
-    mine = f" on {record.slurm_cluster}" if record.slurm_cluster else ""
-    return (
-        f"the scheduler's job {record.job_id} is another job (submitted {when} on cluster "
-        f"{cluster}, {_state_word(row.get('State', ''))}); this run's job {record.job_id} was "
-        f"submitted {record.submitted_at}{mine} and is no longer on record (job ids began "
-        "again, e.g. after the cluster was reinstalled)"
-    )
 
 
 def _expand_job_id(text: str) -> list[str]:
@@ -312,11 +256,6 @@ def results_written(record: JobRecord) -> bool:
     return all(task_paths(record, task).result_pickle.exists() for task in range(record.num_tasks))
 
 
-def _state_word(state: str) -> str:
-    # sacct writes "CANCELLED by 0"; the first word is the state.
-    return state.split()[0].upper() if state.strip() else "UNKNOWN"
-
-
 def _parse_exit_code(text: str) -> int | None:
     """sacct's ``code:signal``; a job killed by a signal gets the shell's 128 + signal."""
     code, _, sig = text.partition(":")
@@ -354,21 +293,8 @@ def _local_controller_alive(pid: int, submitted: float | None = None) -> bool:
     fields = stat.rpartition(")")[2].split()
     if b"submitit.local._local" not in cmdline or fields[0] == "Z":
         return False
-    started = _process_start_time(int(fields[19]))  # stat field 22: start, in clock ticks
+    started = process_start_time(int(fields[19]))  # stat field 22: start, in clock ticks
     return submitted is None or started is None or abs(started - submitted) <= SUBMIT_SLACK_S
-
-
-def _process_start_time(start_ticks: int) -> float | None:
-    """Wall time a process started, from its start in clock ticks since boot."""
-    try:
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime ")
-        )
-    except (OSError, StopIteration, ValueError):
-        return None
-    return boot + start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- result / cancel
@@ -470,7 +396,7 @@ def cancel_job(record: JobRecord) -> None:
     if record.executor == "slurm":
         _scancel(record.job_id)
         return
-    pid, submitted = int(record.job_id), _record_time(record)
+    pid, submitted = int(record.job_id), record_time(record)
     if not _local_controller_alive(pid, submitted):  # never another run's reused pid
         return
     _local_cancel_marker(record).touch()  # no scheduler remembers it for us
