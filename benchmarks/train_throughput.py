@@ -271,17 +271,25 @@ def start_backend(model_path: str, args: argparse.Namespace):
     return worker
 
 
-def close_backend(backend: object) -> None:
-    backend.close()
+def fixed_plan(rows: int, rows_per_micro_batch: int, width: int) -> list:
+    """The controller's plan for fixed micro-batches: consecutive rows at full width."""
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
+
+    return [
+        MicroBatchSpec(rows=tuple(range(start, min(start + rows_per_micro_batch, rows))),
+                       width=width)
+        for start in range(0, rows, rows_per_micro_batch)
+    ]  # fmt: skip
 
 
 def backend_loop(worker, batch: dict, args: argparse.Namespace) -> Loop:
     num_tokens = float(batch["token_mask"].sum())
+    plan = fixed_plan(args.batch_size, args.batch_size, args.seq_len)  # one micro-batch
 
     def step() -> float:
-        return worker.train(batch, nll_loss, num_tokens, args.batch_size)["loss"]
+        return worker.train(batch, nll_loss, num_tokens, plan)["loss"]
 
-    return Loop("backend", step, close=lambda: worker.run(close_backend))
+    return Loop("backend", step)  # run_hf_loops closes the worker last (it owns the group)
 
 
 def hf_model(model_path: str, device: str):
@@ -398,24 +406,67 @@ def report(rows: dict[str, dict], tokens_per_step: int, flops: dict, device: str
     print(LEGEND.format(peak=PEAK_TFLOPS_H200_BF16))
     print("spread: slowest/fastest round against the median round\n")
     print_ratio(rates, "backend", [n for n in PLAIN_ROWS if n in rates], per_round=True)
-    raw = [name for name in rates if name.startswith("megatron-raw")]
-    for name in (n for n in rates if n.startswith("megatron") and n not in raw):
-        print_ratio(rates, name, raw, per_round=False)
+    for name in megatron_backend_rows(rates):
+        print_ratio(rates, name, megatron_raw_rows(rates), per_round=False)
+    print_summary(rates)
+
+
+def megatron_raw_rows(rates: dict) -> list[str]:
+    return [name for name in rates if name.startswith("megatron-raw")]
+
+
+def megatron_backend_rows(rates: dict) -> list[str]:
+    return [n for n in rates if n.startswith("megatron") and n not in megatron_raw_rows(rates)]
+
+
+def best_row(rates: dict[str, list[float]], bases: list[str]) -> str:
+    return max(bases, key=lambda base: statistics.median(rates[base]))
+
+
+def ratio_to(rates: dict[str, list[float]], name: str, base: str, per_round: bool) -> list[float]:
+    """``name`` / ``base``: one ratio per round when the loops were timed in the same rounds
+    (HF rows), else the one ratio of their medians (separate processes: Megatron rows)."""
+    if per_round:
+        return [a / b for a, b in zip(rates[name], rates[base], strict=True)]
+    return [statistics.median(rates[name]) / statistics.median(rates[base])]
 
 
 def print_ratio(rates: dict[str, list[float]], name: str, bases: list[str], per_round: bool):
-    """``name`` against the best of ``bases`` (by median tok/s); per round when the loops were
-    timed in the same rounds, else from the medians."""
+    """``name`` against the best of ``bases`` (by median tok/s)."""
     if name not in rates or not bases:
         return
-    best = max(bases, key=lambda base: statistics.median(rates[base]))
+    best = best_row(rates, bases)
+    ratios = ratio_to(rates, name, best, per_round)
     if per_round:
-        ratios = [a / b for a, b in zip(rates[name], rates[best], strict=True)]
         print(f"{name} / best plain row ({best}): {statistics.median(ratios):.2f}x "
               f"(rounds {min(ratios):.2f}-{max(ratios):.2f}x)")  # fmt: skip
         return
-    ratio = statistics.median(rates[name]) / statistics.median(rates[best])
-    print(f"{name} / best raw row ({best}): {ratio:.2f}x (medians of separate processes)")
+    print(f"{name} / best raw row ({best}): {ratios[0]:.2f}x (medians of separate processes)")
+
+
+def print_summary(rates: dict[str, list[float]]) -> None:
+    """One line per row: tok/s, spread over rounds, and the ratio to the best baseline of its
+    group — HF rows against the best of plain / naive-fsdp (median of per-round ratios, with
+    their range), Megatron rows against the best megatron-raw row (ratio of medians)."""
+    groups = [
+        (["backend", *PLAIN_ROWS], [n for n in PLAIN_ROWS if n in rates], True),
+        (megatron_backend_rows(rates) + megatron_raw_rows(rates), megatron_raw_rows(rates), False),
+    ]
+    print(f"\nsummary {'row':<22} {'tok/s':>10} {'spread':>15}  against the best baseline")
+    for names, bases, per_round in groups:
+        present = [name for name in names if name in rates]
+        best = best_row(rates, bases) if bases else None
+        for name in present:
+            versus = ""
+            if best is not None:
+                ratios = ratio_to(rates, name, best, per_round)
+                versus = f"{statistics.median(ratios):.2f}x {best}"
+                if name == best:
+                    versus += " (the best baseline)"
+                elif per_round:
+                    versus += f" (rounds {min(ratios):.2f}-{max(ratios):.2f}x)"
+            print(f"summary {name:<22} {statistics.median(rates[name]):>10,.0f} "
+                  f"{spread_text(rates[name]):>15}  {versus}")  # fmt: skip
 
 
 def run_megatron_rows(args: argparse.Namespace) -> dict[str, dict]:
@@ -445,11 +496,14 @@ def main(argv: list[str] | None = None) -> None:
     spec = model_spec(args.tiny)
     if args.only is not None:
         megatron_child(args, spec)
+    started_s = time.perf_counter()
     rows: dict[str, dict] = {}
     if not args.skip_megatron:  # first, while this process has not touched the GPU
         rows.update(run_megatron_rows(args))
+    megatron_s = time.perf_counter() - started_s
     batch = make_batch(spec.vocab_size or 256, args.batch_size, args.seq_len)
     loops = run_hf_loops(args, batch)
+    hf_s = time.perf_counter() - started_s - megatron_s
     hf_rows = {
         name: {"windows": loop.windows, "first_loss": loop.first_loss, "peak_gib": loop.peak_gib}
         for name, loop in loops.items()
@@ -461,6 +515,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     flops = flops_per_token(spec, args.seq_len)
     report({**hf_rows, **rows}, args.batch_size * args.seq_len, flops, args.device)
+    print(f"wall time {time.perf_counter() - started_s:.0f} s (Megatron rows {megatron_s:.0f} s, "
+          f"HF rows {hf_s:.0f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":
