@@ -131,6 +131,7 @@ def make_recipe(args: argparse.Namespace, config: ParallelConfig, model_path: st
         micro_batch=args.micro_batch,
         lr=args.lr,
         dp_replicate=config.dp_replicate,
+        num_steps=args.steps + args.warmup,
     )
 
 

@@ -210,9 +210,11 @@ def make_recipe(
     micro_batch: int | None = None,
     lr: float = 1e-5,
     dp_replicate: int = 1,
+    num_steps: int | None = None,
 ):
     """The benchmark's SFT recipe; the batch defaults to ``--batch-size`` in one micro-batch
-    (scaling_automodel.py passes its own batch, lr and HSDP replicas)."""
+    and the steps to every round's (scaling_automodel.py passes its own batch, lr, HSDP
+    replicas and step count)."""
     from hpcrl.config.recipe import (
         AutomodelCfg,
         DataCfg,
@@ -236,7 +238,11 @@ def make_recipe(
             ),
         ),
         data=DataCfg(train_path="unused.jsonl"),
-        sft=SftCfg(max_num_steps=args.rounds * args.steps + args.warmup),
+        sft=SftCfg(
+            max_num_steps=num_steps
+            if num_steps is not None
+            else args.rounds * args.steps + args.warmup
+        ),
     )
 
 
