@@ -6,8 +6,8 @@ end), batches 64 and 256. Rows:
 
 - ``hpcrl``: ``TorchEngine`` as jobs run it (CUDA graph per bucket, fused pointwise kernels);
   ``hpcrl-unfused``: the same without the fused kernels (what torch.compile adds);
-  ``hpcrl-bucket64``: decode attention read in 64-column buckets (the default until issue 12's
-  second session; 32 now); ``hpcrl-sdpa``: decode attention through
+  ``hpcrl-bucket64`` / ``hpcrl-bucket16``: decode attention read in 64-column buckets (the
+  default until issue 12's second session; 32 now) / 16-column ones; ``hpcrl-sdpa``: decode attention through
   ``scaled_dot_product_attention`` instead of two batched matmuls (a variant under test;
   each variant row also reports its sampled log-probs against a teacher-forced forward);
 - ``hf-eager``: ``generate`` with its dynamic cache, eager;
@@ -132,6 +132,7 @@ ENGINE_VARIANTS = {
     "hpcrl": EngineOptions(),
     "hpcrl-unfused": EngineOptions(fuse_pointwise=False),
     "hpcrl-bucket64": EngineOptions(column_bucket=64),
+    "hpcrl-bucket16": EngineOptions(column_bucket=16),
     "hpcrl-sdpa": EngineOptions(decode_attention="sdpa"),
 }
 

@@ -16,9 +16,10 @@
 #   3. grpo-old-mb.log     the same GRPO run with the previous micro-batch settings
 #                          (train_micro_batch_size=4, logprob_batch_size=8), 8 steps: the A/B
 #                          of the recipe change on the same code                  (~70 s)
-#   4. generation-variants.log  the engine with SDPA decode attention and without fused
-#                          kernels (own process: a variant under test must not take the
-#                          main rows down with it), ratios against generation.json (~40 s)
+#   4. generation-variants.log  the engine with SDPA decode attention, with 16-column
+#                          attention buckets and without fused kernels (own process: a variant
+#                          under test must not take the main rows down with it), ratios
+#                          against generation.json                                (~50 s)
 # plus summary.txt (every GOAL / BOUND / breakdown line and the tables), versions.txt and
 # nvidia-smi.txt in $OUT. Run from the repository root: the benchmarks put the checkout first
 # on sys.path (its hpcrl is the one measured); the wheels bring ray, cattrs, omegaconf, ...
@@ -115,7 +116,7 @@ cp /tmp/grpo-old-mb/metrics.jsonl "$OUT/grpo-old-mb.metrics.jsonl" 2>/dev/null
 
 # 4. Engine variants under test, against the main rows of piece 2
 bounded "$(at_most 90)" "$OUT/generation-variants.log" "$PYTHON" \
-    benchmarks/generation_throughput.py --no-self-checks --rows hpcrl-sdpa,hpcrl-unfused \
+    benchmarks/generation_throughput.py --no-self-checks --rows hpcrl-sdpa,hpcrl-bucket16,hpcrl-unfused \
     --baseline-json "$OUT/generation.json" --json-out "$OUT/generation-variants.json" "${TINY[@]}"
 
 {
