@@ -65,11 +65,15 @@ class RayExited(BootstrapError):
 class DriverFailed(RuntimeError):
     """The training driver on node 0 exited nonzero; raised so submitit marks the job failed."""
 
-    def __init__(self, exit_code: int, driver: str, log_tail: str):
+    def __init__(self, exit_code: int, driver: str, log_tail: str, log_path: str = ""):
         super().__init__(
             f"driver {driver} exited with code {exit_code}; last lines of its log:\n{log_tail}"
         )
         self.exit_code = exit_code
+        #: One line for the task's stderr (the traceback, if any, is in the driver's log).
+        self.summary = f"driver {driver} exited with code {exit_code}" + (
+            f" (its log: {log_path})" if log_path else ""
+        )
 
 
 class PreflightFailed(BootstrapError):

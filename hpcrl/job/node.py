@@ -25,7 +25,13 @@ from collections.abc import Mapping
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from hpcrl.job.driver_process import ATTEMPT_VARIABLE
-from hpcrl.job.errors import BootstrapError, DriverFailed, HeadUnreachable, OtherNodeFailed
+from hpcrl.job.errors import (
+    BootstrapError,
+    DriverFailed,
+    HeadUnreachable,
+    OtherNodeFailed,
+    RayExited,
+)
 from hpcrl.job.markers import (
     DONE,
     HEAD,
@@ -65,7 +71,8 @@ class NodeMain(Checkpointable):
         code = run_node(settings, os.environ, on_driver_start=self._remember_driver)
         if code != 0:
             log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
-            raise DriverFailed(code, settings.driver, tail(log_dir / "driver.log"))
+            log_path = log_dir / "driver.log"
+            raise DriverFailed(code, settings.driver, tail(log_path), log_path=str(log_path))
         return code
 
     def _remember_driver(self, driver: subprocess.Popen[bytes]) -> None:
@@ -210,10 +217,26 @@ def _raise_if_head_failed(settings: NodeSettings) -> None:
         raise OtherNodeFailed(f"node 0 ({settings.task.head_name}) failed: {failure['message']}")
 
 
+def _run_is_ending(settings: NodeSettings) -> bool:
+    """Node 0 marked the attempt done, a preemption/timeout requeue is under way, or the
+    head's GCS port is closed: a worker's Ray that exits now went down with the head, which
+    is no failure of this node (and leaves no ``node<k>.failed`` quoting Ray's last line)."""
+    done = read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None
+    if done or (settings.run_dir / PREEMPT_FILE).exists():
+        return True
+    return not port_accepts(settings.head_ip, settings.ray_ports.gcs_port)
+
+
 def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> int:
     failed_connects = 0
     while True:
-        ray_node.check_alive()
+        try:
+            ray_node.check_alive()
+        except RayExited:
+            if not _run_is_ending(settings):
+                raise
+            logger.info("Ray stopped with the head (the run ended or is being requeued)")
+            return 0
         _raise_if_head_failed(settings)
         if read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None:
             logger.info("node 0 marked the run done; stopping")
