@@ -107,6 +107,9 @@ def print_phase(parts: dict[str, Any], phase: str) -> None:
         return
     kinds = [k for k, _ in PASSES if (k in ("logprobs", "reference")) == (phase == "logprobs")]
     worker = sum(get(f"time_{k}_worker_s", 0.0) for k in kinds)
+    if not worker:  # a backend that keeps no pass figures (Megatron so far)
+        print(f"  {phase} {total:.3f} s (no pass figures from this backend)")
+        return
     print(f"  {phase} {total:.3f} s = worker passes {worker:.3f} + controller + Ray "
           f"{total - worker:.3f}")  # fmt: skip
     for kind, name in PASSES:
