@@ -60,6 +60,10 @@ for name in ("torch", "transformers", "triton", "ray", "cattrs", "omegaconf"):
         print(name, "MISSING")
 PY
 
+# PIECES="grpo-tuned grpo-old-mb" runs only those pieces (default: all four, in order).
+PIECES=${PIECES:-grpo-tuned generation grpo-old-mb generation-variants}
+wanted() { [[ " $PIECES " == *" $1 "* ]]; }
+
 left_s() { echo $((BUDGET_S - (SECONDS - START_S))); }
 # at_most CAP [RESERVE]: what is left minus RESERVE (for later pieces), at most CAP
 at_most() {
@@ -103,22 +107,22 @@ bounded() {
 }
 
 # 1. GRPO steps, the shipped recipe (step 1 builds the 1.1B model, compiles and captures)
-bounded "$(at_most 200 150)" "$OUT/grpo-tuned.log" "$PYTHON" benchmarks/grpo_step.py \
+wanted grpo-tuned && bounded "$(at_most 200 150)" "$OUT/grpo-tuned.log" "$PYTHON" benchmarks/grpo_step.py \
     --steps 10 --count-syncs --label tuned --out-dir /tmp/grpo-tuned "${TINY[@]}"
 cp /tmp/grpo-tuned/metrics.jsonl "$OUT/grpo-tuned.metrics.jsonl" 2>/dev/null
 
 # 2. Generation throughput, the main rows (HF static + compile compiles once per batch size)
-bounded "$(at_most 300 110)" "$OUT/generation.log" "$PYTHON" benchmarks/generation_throughput.py \
+wanted generation && bounded "$(at_most 300 110)" "$OUT/generation.log" "$PYTHON" benchmarks/generation_throughput.py \
     --rows hpcrl,hf-static,hf-eager,hpcrl-bucket64 --json-out "$OUT/generation.json" "${TINY[@]}"
 
 # 3. A/B: the previous micro-batch settings, same code
-bounded "$(at_most 120 40)" "$OUT/grpo-old-mb.log" "$PYTHON" benchmarks/grpo_step.py \
+wanted grpo-old-mb && bounded "$(at_most 120 40)" "$OUT/grpo-old-mb.log" "$PYTHON" benchmarks/grpo_step.py \
     --steps 8 --count-syncs --label old-micro-batches --out-dir /tmp/grpo-old-mb \
     --override policy.train_micro_batch_size=4 --override policy.logprob_batch_size=8 "${TINY[@]}"
 cp /tmp/grpo-old-mb/metrics.jsonl "$OUT/grpo-old-mb.metrics.jsonl" 2>/dev/null
 
 # 4. Engine variants under test, against the main rows of piece 2
-bounded "$(at_most 90)" "$OUT/generation-variants.log" "$PYTHON" \
+wanted generation-variants && bounded "$(at_most 90)" "$OUT/generation-variants.log" "$PYTHON" \
     benchmarks/generation_throughput.py --no-self-checks --rows hpcrl-sdpa,hpcrl-bucket16,hpcrl-unfused \
     --baseline-json "$OUT/generation.json" --json-out "$OUT/generation-variants.json" "${TINY[@]}"
 
