@@ -69,21 +69,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--count-syncs", action="store_true", help="count host syncs per pass (CUDA workers)"
     )
     parser.add_argument("--label", default="", help="name printed with the summary (A/B runs)")
+    parser.add_argument(
+        "--cluster", default="local-gpu", help="profile the run is planned on (--tiny: local)"
+    )
     args = parser.parse_args(argv)
     if args.tiny:
-        args.recipe, args.steps = "grpo-tiny-1n-cpu.yaml", 3
+        args.recipe, args.steps, args.cluster = "grpo-tiny-1n-cpu.yaml", 3, "local"
     return args
 
 
-def write_run_dir(run_dir: Path, recipe: str, overrides: list[str]) -> Any:
-    """The resolved recipe, as ``hpcrl submit`` writes it into a run folder; returns it."""
+def write_run_dir(run_dir: Path, recipe: str, overrides: list[str], cluster: str) -> Any:
+    """The resolved recipe and the plan (``jobspec.json``, planned on ``cluster`` by the real
+    planner), as ``hpcrl submit`` writes them into a run folder; returns the recipe. Without
+    a plan the driver would plan on the CPU ``local`` profile."""
     import yaml
 
-    from hpcrl.config import load_recipe
+    from hpcrl.config import load_profile, load_recipe
+    from hpcrl.plan.jobspec_file import write_jobspec
+    from hpcrl.plan.planner import plan
 
     run_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_recipe(REPO_ROOT / "recipes" / recipe, overrides)
     (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(loaded.resolved_dict))
+    spec = plan(
+        loaded.recipe, load_profile(cluster), run_dir=str(run_dir.absolute()),
+        recipe_source=recipe, profile_source=cluster,
+    )  # fmt: skip
+    write_jobspec(spec)
+    print(f"planned on {cluster}: device {spec.device}, {spec.slots_per_node} slot(s)", flush=True)
     return loaded.recipe
 
 
@@ -128,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[COUNT_SYNCS_ENV] = "1"  # the Ray workers inherit it
     run_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="hpcrl-grpo-bench-"))
     overrides = [f"grpo.max_num_steps={args.steps}", *args.override]
-    recipe = write_run_dir(run_dir, args.recipe, overrides)
+    recipe = write_run_dir(run_dir, args.recipe, overrides, args.cluster)
     from hpcrl.core.driver import run_training
 
     code = run_training(str(run_dir))
