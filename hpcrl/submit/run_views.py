@@ -9,11 +9,18 @@ from pathlib import Path
 import attrs
 from rich.console import Console
 
+from hpcrl.causes import latest_cause, read_causes
 from hpcrl.config.errors import UserError
 from hpcrl.report.metrics import last_metrics
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
-from hpcrl.submit.job_state import cancel_job, failure_cause, query_status, query_statuses
-from hpcrl.submit.logs import LogFile, follow, list_log_files, read_log
+from hpcrl.submit.job_state import (
+    JobStatus,
+    cancel_job,
+    failure_cause,
+    query_status,
+    query_statuses,
+)
+from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, read_log
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.waiting import default_wait_settings, job_end_check, why_waiting_ended
 
@@ -79,7 +86,7 @@ def status_rows(run_dirs: Sequence[tuple[str, Path]]) -> tuple[list[tuple[str, .
         metrics = last_metrics(run_dir) or {}
         reward = metrics.get("reward_mean")
         state = status.state + (" (scheduler not answering)" if status.scheduler_error else "")
-        cause = "" if status.state in _NOT_FAILED else (failure_cause(run_dir) or "")
+        cause = status_cause(run_dir, status)
         rows.append((
             name, record.job_id, state, str(status.attempts), str(metrics.get("step", "")),
             f"{reward:.4g}" if isinstance(reward, int | float) else "",
@@ -88,12 +95,34 @@ def status_rows(run_dirs: Sequence[tuple[str, Path]]) -> tuple[list[tuple[str, .
     return rows, notes
 
 
+def status_cause(run_dir: Path, status: JobStatus) -> str:
+    """The cause cell: why a failed job failed (its newest attempt, ``failure_cause``); for a
+    job that goes on or completed after a requeue, why its previous attempt ended."""
+    if status.state not in _NOT_FAILED:
+        line = failure_cause(run_dir) or ""
+        return f"attempt {status.attempts}: {line}" if line and status.attempts > 1 else line
+    cause = latest_cause(run_dir)
+    if cause is None or cause.attempt >= status.attempts - 1 + int(status.state == "REQUEUED"):
+        return ""  # none, or the current attempt's own (a stale reading)
+    return cause.titled_line()
+
+
 def status_row(name: str, run_dir: Path) -> tuple[str, ...]:
     """run, job, state, attempts, step, reward, elapsed, cause (see ``status_rows``)."""
     return status_rows([(name, run_dir)])[0][0]
 
 
 # --------------------------------------------------------------------------- logs
+def attempt_cause_lines(run_dir: Path, attempt: int | None = None) -> list[str]:
+    """``attempt 1: <cause>`` for every attempt that ended early (only ``attempt``, counted
+    from 1, when given)."""
+    return [
+        cause.titled_line()
+        for cause in read_causes(run_dir)
+        if attempt is None or cause.attempt == attempt - 1
+    ]
+
+
 def _select(logs: list[LogFile], attempt: int | None) -> list[LogFile]:
     """Node logs live under logs/node<k>/attempt<r>/ with r = attempt - 1 (Slurm's restart count)."""
     if attempt is None:
@@ -125,8 +154,11 @@ def print_logs(run_dir: Path, node: int | None, attempt: int | None, follow_job:
         text = read_log(log.path, attempt if log.label in ("stdout", "stderr") else None)
         if text:
             print(f"==> node {log.node} {log.label}: {log.path} <==")
+            text = fold_state_dumps(text, log.path)
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
             printed = True
+    for line in attempt_cause_lines(run_dir, attempt):
+        print(f"==> hpcrl: {line} <==")
     if not printed:
         where = f"attempt {attempt} of " if attempt else ""
         print(f"hpcrl logs: no output yet from {where}job {record.job_id} (queued, or just "
@@ -150,8 +182,11 @@ def _follow_logs(run_dir: Path, record: JobRecord, node: int | None, attempt: in
     )
     for log, text in chunks:
         prefix = f"[node{log.node} {log.label}] "
+        text = fold_state_dumps(text, log.path)
         sys.stdout.write("".join(prefix + line for line in text.splitlines(keepends=True)))
         sys.stdout.flush()
+    for line in attempt_cause_lines(run_dir, attempt):
+        print(f"hpcrl logs: {line}", file=sys.stderr)
     state = ended[-1] if ended else "UNKNOWN"
     print(f"hpcrl logs: job {record.job_id} {why_waiting_ended(state)}", file=sys.stderr)
     return 0 if state not in ("LOST", "UNREACHABLE") else 1

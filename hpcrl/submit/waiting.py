@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 from rich.console import Console
 
+from hpcrl.causes import read_causes
 from hpcrl.report.metrics import last_metrics
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
@@ -131,6 +132,7 @@ def wait_for_jobs(
     first = (
         f"job {runs[0][1].job_id}: submitted" if len(runs) == 1 else f"{len(runs)} jobs: submitted"
     )
+    announced: set[tuple[int, int]] = set()
     with _ProgressLine(console, first, settings.heartbeat_s, clock) as progress:
         while True:
             waiting_on = [index for index, watch in enumerate(watches) if not watch.done]
@@ -144,6 +146,7 @@ def wait_for_jobs(
                 statuses[index] = status
                 watches[index].observe(status)
             progress.update(*_progress_text(runs, statuses, max_steps))
+            _announce_requeues(runs, announced, console)
             if all(watch.done for watch in watches):
                 break
             sleep(settings.poll_s)
@@ -154,6 +157,21 @@ def wait_for_jobs(
         report_outcome(run_dir, record, final, outcome, console)
         outcomes.append(outcome)
     return outcomes
+
+
+def _announce_requeues(
+    runs: Sequence[tuple[Path, JobRecord]], announced: set[tuple[int, int]], console: Console
+) -> None:
+    """One line for each attempt that ended early and was requeued, once, as it appears (an
+    attempt that ended the job is reported with the job's end)."""
+    for index, (run_dir, record) in enumerate(runs):
+        for cause in read_causes(run_dir):
+            if cause.requeued and (index, cause.attempt) not in announced:
+                announced.add((index, cause.attempt))
+                console.print(
+                    f"job {record.job_id} {cause.titled_line()}",
+                    markup=False, highlight=False, soft_wrap=True,
+                )  # fmt: skip
 
 
 def _progress_text(
