@@ -63,7 +63,7 @@ class AttemptCause:
             text += f" after step {self.after_step}"
         if self.detail:
             text += f": {self.detail}"
-        if self.kind != PREEMPTED:
+        if self.kind not in (PREEMPTED, DRIVER_EXITED):  # (that one says its code already)
             text += f"; exit code {self.exit_code}"
         if self.requeued:
             text += "; requeued, the next attempt resumes from the last checkpoint"

@@ -206,7 +206,7 @@ def ray_exit_detail(log_dir: Path) -> str:
     """Which of Ray's processes ended ``ray start --block`` and how (``raylet killed by signal
     9``), from what it printed to ray.out before exiting; '' when it said nothing."""
     # Ray prints its report, then up to a few hundred lines of the process's own log.
-    text = _ANSI_ESCAPE.sub("", tail(log_dir / "ray.out", num_lines=2000, max_bytes=1 << 20))
+    text = _ANSI_ESCAPE.sub("", tail(log_dir / "ray.out", num_lines=1 << 20, max_bytes=1 << 20))
     _, header, after = text.rpartition(_EXITED_HEADER)
     if not header:
         return ""

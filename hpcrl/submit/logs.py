@@ -66,7 +66,10 @@ def read_log(path: Path, attempt: int | None = None) -> str:
 
 #: Ray's raylet, when it dies, has its last log lines printed by every process that saw it
 #: go: its periodic state dump, a few hundred lines of event-loop counters per copy.
-_STATE_DUMP = re.compile(r"^\s*(?:\x1b\[[0-9;]*m)*(?:\(raylet[^)]*\)\s*)?\[state-dump\]")
+#: A line of it, once colours are taken out: ``    [state-dump] ...``, or with the
+#: ``(raylet)`` prefix Ray gives lines it forwards to the driver.
+_STATE_DUMP = re.compile(r"^\s*(?:\([^)]*\)\s*)?\[state-dump\]")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def fold_state_dumps(text: str, path: Path) -> str:
@@ -75,7 +78,7 @@ def fold_state_dumps(text: str, path: Path) -> str:
     out: list[str] = []
     folded = 0
     for line in text.splitlines(keepends=True):
-        if _STATE_DUMP.match(line):
+        if _STATE_DUMP.match(_COLOUR.sub("", line)):
             folded += 1
             continue
         if folded:

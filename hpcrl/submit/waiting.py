@@ -31,7 +31,7 @@ from hpcrl.submit.job_state import (
     read_outcome,
     results_written,
 )
-from hpcrl.submit.logs import list_log_files, read_log, tail_lines
+from hpcrl.submit.logs import fold_state_dumps, list_log_files, read_log, tail_lines
 
 #: A job the scheduler has never heard of for this long after submission is lost.
 UNKNOWN_GRACE_S = 60.0
@@ -342,15 +342,24 @@ def report_outcome(
         f"[bold red]FAILED[/]: job {record.job_id} {status.state}, exit code {outcome.exit_code}"
         + (f" ({outcome.detail.splitlines()[0]})" if outcome.detail else "")
     )
-    print_log_tails(run_dir, record, console)
+    print_log_tails(run_dir, record, console, attempt=status.attempts)
 
 
-def print_log_tails(run_dir: Path, record: JobRecord, console: Console) -> None:
-    """The last lines of each node's error stream, node log and driver log."""
+def print_log_tails(
+    run_dir: Path, record: JobRecord, console: Console, attempt: int | None = None
+) -> None:
+    """The last lines of each node's error stream, node log and driver log (of ``attempt``,
+    counted from 1, when given: the one that ended the job); Ray's state dumps folded."""
     for log in list_log_files(run_dir, record):
         if log.label != "stderr" and Path(log.label).name not in TAILED_NODE_LOGS:
             continue
-        text = tail_lines(read_log(log.path), LOG_TAIL_LINES)
+        if (
+            attempt is not None
+            and log.label != "stderr"
+            and not log.label.startswith(f"attempt{attempt - 1}/")
+        ):
+            continue
+        text = tail_lines(fold_state_dumps(read_log(log.path), log.path), LOG_TAIL_LINES)
         if text.strip():
             console.rule(f"node {log.node} {log.label}: {log.path}", style="dim")
             console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)

@@ -107,6 +107,7 @@ class RayWorkerGroup:
         self.actors: list[Any] = []
         self.places: list[DataParallelPlace] = []
         self.rank_node_ips: list[str] = []  # the Ray node IP of each rank, for failures
+        self.failed = False  # a call failed on some rank: the others may be stuck in it
 
     def start(self, recipe: Any, model_path: str, timeout_s: float = 600.0) -> None:
         """Place the actors, then set up every rank (process group + backend)."""
@@ -146,14 +147,21 @@ class RayWorkerGroup:
                 pending, num_returns=1, timeout=min(PROGRESS_EVERY_S, timeout_s - waited_s)
             )
             if ready and _holds_error(ready):
-                break  # get_all below raises WorkerFailed for it
+                break  # _gather below raises WorkerFailed for it
             if pending and time.monotonic() - last_progress_s >= PROGRESS_EVERY_S:
                 last_progress_s = time.monotonic()
                 self._progress(
                     f"{what}: {len(refs) - len(pending)}/{len(refs)} workers done "
                     f"({last_progress_s - started:.0f} s)"
                 )
-        return get_all(refs, what, self.rank_node_ips)
+        return self._gather(refs, what)
+
+    def _gather(self, refs: list[Any], method: str, timeout_s: float | None = None) -> list[Any]:
+        try:
+            return get_all(refs, method, self.rank_node_ips, timeout_s=timeout_s)
+        except WorkerFailed:
+            self.failed = True
+            raise
 
     def _reserve(self, timeout_s: float) -> Any:
         import ray
@@ -249,7 +257,7 @@ class RayWorkerGroup:
         refs = [
             getattr(actor, method).remote(*a) for actor, a in zip(self.actors, args, strict=True)
         ]
-        return get_all(refs, method, self.rank_node_ips, timeout_s=timeout_s)
+        return self._gather(refs, method, timeout_s)
 
     def call_same(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
         """The same arguments to every rank (put once into the object store)."""
@@ -261,13 +269,14 @@ class RayWorkerGroup:
     def shutdown(self, timeout_s: float = 120.0) -> None:
         """Workers free model/optimizer and destroy the process group, then are killed.
 
-        Workers that cannot close (one died: this is the cleanup after that failure) are
-        killed all the same; their error is printed, never raised over the one that brought
-        the driver here."""
+        After a failed call they are only killed: the ranks that did not fail may be blocked
+        in a collective with the one that did, and a ``close`` would queue behind it. Workers
+        that cannot close are killed all the same; their error is printed, never raised over
+        the one that brought the driver here."""
         import ray
 
         try:
-            if self.actors and self.places:
+            if self.actors and self.places and not self.failed:
                 self.call_all("close", timeout_s=timeout_s)
         except (WorkerFailed, ray.exceptions.GetTimeoutError) as error:
             print(f"workers did not close cleanly ({error}); killing them", flush=True)
