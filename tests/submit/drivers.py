@@ -3,7 +3,7 @@ tests.submit.drivers:<name>`` (the node entrypoint's documented driver switch).
 
 Test stand-ins for hpcrl's training core: these tests are about submission, job management
 and reporting, so the driver only has to produce what the real one leaves behind (metrics
-lines, an exit code, honouring PREEMPT). Each returns the job's exit code.
+lines, an exit code). Each returns the job's exit code.
 """
 
 from __future__ import annotations
