@@ -69,7 +69,9 @@ class AttemptCause:
             text += "; requeued, the next attempt resumes from the last checkpoint"
         if self.log:
             text += f" (log: {self.log})"
-        return " ".join(text.split())
+        from hpcrl.config.secrets import redact  # the record is a file: it may hold anything
+
+        return redact(" ".join(text.split()))
 
     def titled_line(self) -> str:
         """``attempt 1: <line>`` (attempts counted from 1, as ``hpcrl logs --attempt``)."""

@@ -45,11 +45,14 @@ def describe_driver_error(error: BaseException) -> dict[str, Any]:
     """The fields of ``status/driver.error`` for an exception the driver raised; a worker
     failure (``hpcrl.core.workers.failures.WorkerFailed``, read by its attributes so this
     module needs no training code) names the rank."""
+    from hpcrl.config.secrets import redact  # an exception may quote a secret's value
+
     if all(hasattr(error, name) for name in _WORKER_FIELDS):
         fields = {name: getattr(error, name) for name in _WORKER_FIELDS}
-        return fields | {"error_type": error.error_type, "message": error.message}  # type: ignore[attr-defined]
+        message = str(error.message)  # type: ignore[attr-defined]
+        return fields | {"error_type": error.error_type, "message": redact(message)}  # type: ignore[attr-defined]
     lines = str(error).strip().splitlines()
-    return {"error_type": type(error).__name__, "message": lines[0] if lines else ""}
+    return {"error_type": type(error).__name__, "message": redact(lines[0] if lines else "")}
 
 
 def diagnose(

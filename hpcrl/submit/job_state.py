@@ -302,11 +302,14 @@ def failure_cause(run_dir: Path) -> str | None:
     (``status/cause.<r>.json``, node 0's account of the attempt: ``hpcrl.causes``), else the
     newest ``status/node<k>.failed`` of a later attempt or of one without a record (a preflight
     or bootstrap failure), else an import failure in a task's log."""
+    from hpcrl.config.secrets import redact  # what a job wrote may quote a secret
+
     cause = latest_cause(Path(run_dir))
     marker = _newest_failure_marker(run_dir)
     if cause is not None and (marker is None or marker[0] <= cause.attempt):
         return cause.line()
-    return (marker[1] if marker else None) or _import_failure(run_dir)
+    line = (marker[1] if marker else None) or _import_failure(run_dir)
+    return redact(line) if line else None
 
 
 def _import_failure(run_dir: Path) -> str | None:

@@ -206,3 +206,17 @@ def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch,
     node.stop(keep_ray_logs=False)
     ray_err = (tmp_path / "logs/node1/attempt0/ray.err").read_text()
     assert ray_err.count("timed out during startup") == 2
+
+
+def test_the_ray_launcher_waits_for_go_and_gives_up_without_it(tmp_path, monkeypatch):
+    import threading
+
+    from hpcrl.job import ray_launcher
+
+    go = tmp_path / "go"
+    threading.Timer(0.2, go.touch).start()
+    assert ray_launcher.wait_for_go(str(go), 30) is True
+    assert ray_launcher.wait_for_go(str(tmp_path / "never"), 0.2) is False
+    parents = iter([41, 1])  # the parent dies: the process is re-parented
+    monkeypatch.setattr(ray_launcher.os, "getppid", lambda: next(parents, 1))
+    assert ray_launcher.wait_for_go(str(tmp_path / "never"), 30) is False

@@ -136,6 +136,7 @@ def test_logs_follow_always_ends_and_says_why(cli, tmp_path, monkeypatch, sacct,
     assert exit_code == code
     assert "[node0 stdout] hello from node 0" in out
     assert says in err
+    assert err.count("\n") == 1, err  # one line saying why, no warning per sacct call
 
 
 def test_status_asks_the_scheduler_once_for_all_runs(cli, tmp_path, monkeypatch):
