@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
+from hpcrl.plan.jobspec_file import read_jobspec
 from hpcrl.submit import waiting
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.robust.harness import write_scheduler_standins
@@ -85,6 +86,17 @@ def test_a_folder_that_does_not_exist_is_one_line(cli, command):
     assert code == 1
     assert err.count("\n") == 1 and "Traceback" not in out + err
     assert "/nope/run: no such" in err and "fix:" in err
+
+
+def test_folder_arguments_are_normalised(cli, tmp_path, monkeypatch):
+    """``../../x`` names the folder it is, in messages and in what hpcrl writes."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")
+    code, _, err = cli("logs", "../../nope")
+    assert code == 1 and f"{tmp_path / 'nope'}: no such" in err and ".." not in err
+    code, _, err = cli("render", "grpo-tiny-1n-cpu", "--cluster", "local", "-o", "../../run")
+    assert code == 0, err
+    assert read_jobspec(tmp_path / "run").run_dir == str(tmp_path / "run")
 
 
 def test_status_of_a_folder_that_does_not_exist_says_so_below_the_table(cli):
