@@ -58,11 +58,25 @@ def register(subparsers: Any) -> None:
     status = subparsers.add_parser("status", help="state of runs (default: every run under ./runs)")
     status.add_argument("runs", nargs="*", metavar="RUN", help="run or sweep folders")
     status.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where to look without RUN")
+    status.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
+                        help="only runs in these states (RUNNING, PENDING, FAILED, COMPLETED, "
+                        "CANCELLED, NOT_SUBMITTED, ...; any case)")  # fmt: skip
+    status.add_argument("--recipe", metavar="TEXT", help="only runs whose recipe contains TEXT")
+    status.add_argument("--since", metavar="AGE",
+                        help="only runs submitted (or rendered) within AGE: 30m, 2h, 1d, 1w")  # fmt: skip
+    status.add_argument("--json", action="store_true", help="a JSON list instead of the table")
     status.set_defaults(func=run_status)
 
-    logs = subparsers.add_parser("logs", help="print (or follow) a run's logs")
-    logs.add_argument("run", metavar="RUN", help="run folder (a sweep's point-<i> folder)")
+    logs = subparsers.add_parser(
+        "logs", help="print (or follow) a run's logs (a sweep folder: every point's)",
+        description="Every log line once, prefixed [node<k> <file>] ([point-<i> ...] in sweeps).",
+    )  # fmt: skip
+    logs.add_argument("run", metavar="RUN", help="run folder, sweep point or sweep folder")
     logs.add_argument("--node", type=int, metavar="N", help="only node N (0 = head)")
+    logs.add_argument("--point", type=int, metavar="N", help="a sweep folder: only point N")
+    logs.add_argument(
+        "--driver", action="store_true", help="only the training driver's log (node 0)"
+    )
     logs.add_argument(
         "--attempt", type=int, metavar="K", help="only attempt K (1 = first run; requeues add more)"
     )
@@ -72,9 +86,11 @@ def register(subparsers: Any) -> None:
     logs.set_defaults(func=run_logs)
 
     cancel = subparsers.add_parser(
-        "cancel", help="cancel a run's job (a sweep folder: the whole array)"
+        "cancel", help="cancel runs' jobs (a sweep folder: the whole array)"
     )
-    cancel.add_argument("run", metavar="RUN", help="run, sweep point or sweep folder")
+    cancel.add_argument(
+        "runs", nargs="+", metavar="RUN", help="runs, sweep points or sweep folders"
+    )
     cancel.set_defaults(func=run_cancel)
 
 
@@ -235,7 +251,7 @@ def _write_unsubmitted(planned: PlannedSweep) -> int:
 def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
     """Local profile: the points run one after another, this command starting each in turn."""
     from hpcrl.submit.sweep_launch import run_local_sweep
-    from hpcrl.submit.waiting import wait_for_job
+    from hpcrl.submit.waiting import DETACHED_EXIT_CODE, wait_for_job
 
     if not wait:
         print(
@@ -267,6 +283,8 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
 
     with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
         exit_code = run_local_sweep(planned, wait=follow, announce=announce)
+    if exit_code != DETACHED_EXIT_CODE:
+        print_sweep_summary(planned.sweep_dir, console)
     console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
     console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
     return exit_code
@@ -278,53 +296,109 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
 
     points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)
     outcomes = wait_for_jobs(list(zip(points, job_records, strict=True)), console)
+    if not any(outcome.detail == "detached" for outcome in outcomes):
+        print_sweep_summary(sweep_dir, console)
     return next((outcome.exit_code for outcome in outcomes if outcome.exit_code != 0), 0)
 
 
 # --------------------------------------------------------------------------- status
-def run_status(args: argparse.Namespace) -> int:
+def _status_filter(args: argparse.Namespace) -> Any:
+    from hpcrl.config.errors import UserError
+    from hpcrl.submit.status_view import StatusFilter, parse_age
+
+    states = {
+        word.strip().upper() for text in args.state for word in text.split(",") if word.strip()
+    }
+    try:
+        max_age_s = parse_age(args.since) if args.since is not None else None
+    except ValueError as error:
+        raise UserError(f"--since: {error}", fix="e.g. --since 2h") from None
+    return StatusFilter(states=frozenset(states), recipe=args.recipe, max_age_s=max_age_s)
+
+
+def status_table(runs: list[Any], title: str | None = None) -> Any:
+    """The status table of ``runs`` (``hpcrl status``; the end of ``sweep --wait``)."""
     from rich.table import Table
 
-    from hpcrl.submit.run_views import collect_run_dirs, status_rows
+    from hpcrl.submit.status_view import table_cells, table_columns
 
-    run_dirs = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
-    console = _console()
-    if not run_dirs:
-        console.print(
-            f"No runs under {args.runs_dir}/ (submit one with: hpcrl submit RECIPE --cluster C)",
-            markup=False,
-        )
+    columns = table_columns(runs)
+    table = Table(title=title, title_justify="left")
+    for header in columns:
+        numeric = header in ("exit", "attempts", "step", "reward", "loss", "elapsed")
+        table.add_column(header, justify="right" if numeric else "left", overflow="fold")
+    for run in runs:
+        cells = table_cells(run)
+        table.add_row(*(_escape(cells[header]) for header in columns))
+    return table
+
+
+def print_sweep_summary(sweep_dir: Path, console: Console) -> None:
+    """After ``sweep --wait``: every point's state, exit code, values, steps, reward, loss."""
+    from hpcrl.submit.status_view import collect_run_dirs, run_statuses
+
+    runs = run_statuses(collect_run_dirs([sweep_dir], sweep_dir.parent))
+    console.print(status_table(runs, title=f"sweep {sweep_dir.name}"))
+
+
+def run_status(args: argparse.Namespace) -> int:
+    import datetime
+
+    from hpcrl.submit.status_view import (
+        as_json,
+        collect_run_dirs,
+        run_statuses,
+    )
+
+    keep = _status_filter(args)
+    listed = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
+    now = datetime.datetime.now(datetime.UTC)
+    runs = [run for run in run_statuses(listed) if keep.keeps(run, now)]
+    if args.json:
+        print(as_json(runs))
         return 0
-    rows, notes = status_rows(run_dirs)
-    headers = ["run", "job", "state", "attempts", "step", "reward", "elapsed"]
-    if any(row[-1] for row in rows):
-        headers.append("cause")  # only when a failed job named its cause
-    table = Table(title_justify="left")
-    for header in headers:
-        table.add_column(
-            header,
-            justify="right" if header in ("attempts", "step", "reward", "elapsed") else "left",
-            overflow="fold",
-        )
-    for row in rows:
-        table.add_row(*(_escape(cell) for cell in row[: len(headers)]))
-    console.print(table)
-    for note in notes:
-        console.print(note, markup=False, highlight=False, soft_wrap=True)
-    return 1 if notes and args.runs else 0
+    console = _console()
+    if not runs:
+        where = "matching the filters" if listed else f"under {args.runs_dir}/"
+        console.print(f"No runs {where} (submit one with: hpcrl submit RECIPE --cluster C)",
+                      markup=False)  # fmt: skip
+        return 0
+    console.print(status_table(runs))
+    for run in runs:
+        if run.problem:
+            console.print(f"{run.name}: {run.problem}", markup=False, highlight=False,
+                          soft_wrap=True)  # fmt: skip
+    return 1 if args.runs and any(run.problem for run in runs) else 0
 
 
 # --------------------------------------------------------------------------- logs / cancel
 def run_logs(args: argparse.Namespace) -> int:
-    from hpcrl.submit.run_views import print_logs
+    from hpcrl.config.errors import UserError
+    from hpcrl.submit.log_view import LogSelection
+    from hpcrl.submit.run_views import show_logs
 
+    if args.driver and args.node not in (None, 0):
+        raise UserError(f"--driver with --node {args.node}: the driver runs on node 0",
+                        fix="drop --node, or --driver")  # fmt: skip
+    selection = LogSelection(node=args.node, attempt=args.attempt, driver_only=args.driver)
     # `hpcrl logs RUN | head` (a closed pipe) ends quietly: hpcrl.cli.failures
-    return print_logs(
-        folder_path(args.run), node=args.node, attempt=args.attempt, follow_job=args.follow
-    )
+    return show_logs(folder_path(args.run), selection, args.point, follow_job=args.follow)
 
 
 def run_cancel(args: argparse.Namespace) -> int:
+    """Every folder given; one that cannot be cancelled is said and the rest still are."""
+    from hpcrl.cli.failures import report_failure
+    from hpcrl.config.errors import UserError
     from hpcrl.submit.run_views import cancel_run
 
-    return cancel_run(folder_path(args.run), _console())
+    console = _console()
+    paths = [folder_path(run) for run in args.runs]
+    if len(paths) == 1:
+        return cancel_run(paths[0], console)
+    codes = []
+    for path in paths:
+        try:
+            codes.append(cancel_run(path, console))
+        except UserError as error:
+            codes.append(report_failure("cancel", error))
+    return next((code for code in codes if code != 0), 0)

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("hpcrl.cli.prepare", "hpcrl.cli.jobs", "hpcrl.cli.report")
+COMMAND_MODULES = ("hpcrl.cli.prepare", "hpcrl.cli.jobs", "hpcrl.cli.report", "hpcrl.cli.scripting")
 DEBUG_FLAG = "--debug"
 
 

@@ -86,10 +86,13 @@ def prepare(
     out: str | None = None,
     runs_dir: Path | None = None,
     for_submission: bool = False,
+    ask_job_python: bool = False,
 ) -> Prepared:
-    """Load both inputs (reporting both one's problems together), then plan; raise ConfigError.
+    """Load both inputs (reporting both one's problems together), then plan, then look at what
+    the job will find (``environment_problems``); raise ConfigError.
 
-    ``for_submission``: placeholders of an example profile are errors (``hpcrl submit``)."""
+    ``for_submission``: placeholders of an example profile are errors (``hpcrl submit``).
+    ``ask_job_python``: also ask a local job's Python for its packages (``hpcrl validate``)."""
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
     from hpcrl.config.errors import raise_if_errors
     from hpcrl.config.load import check_secret_references
@@ -128,11 +131,28 @@ def prepare(
         host=host,
         for_submission=for_submission,
     )
+    found = environment_problems(loaded.recipe, spec, ask_job_python=ask_job_python)
+    raise_if_errors([*warnings, *found])
+    warnings += tuple(found)
     return Prepared(loaded=loaded, profile=profile, spec=spec, warnings=warnings)
 
 
+def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) -> list[Problem]:
+    """What would fail minutes into the job, seen from here: a model an offline job cannot
+    find in its Hugging Face cache (hpcrl.plan.hf_cache); with ``ask_job_python``, packages a
+    local job's Python lacks (hpcrl.plan.job_python)."""
+    from hpcrl.plan.hf_cache import check_models_cached
+
+    problems = check_models_cached(recipe, spec, os.environ)
+    if ask_job_python:
+        from hpcrl.plan.job_python import check_job_python
+
+        problems += check_job_python(spec)
+    return problems
+
+
 def run_validate(args: argparse.Namespace) -> int:
-    prepared = prepare(args.recipe, args.cluster, args.overrides)
+    prepared = prepare(args.recipe, args.cluster, args.overrides, ask_job_python=True)
     from rich.console import Console
 
     console = Console(highlight=False)

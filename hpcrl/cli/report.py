@@ -17,6 +17,9 @@ def register(subparsers: Any) -> None:
     report.add_argument(
         "--out", metavar="DIR", help="where to save plots (default: <folder>/report)"
     )
+    report.add_argument(
+        "--json", action="store_true", help="print the rows as JSON for scripts (no plots)"
+    )
     report.set_defaults(func=run_report)
 
 
@@ -26,10 +29,13 @@ def run_report(args: argparse.Namespace) -> int:
     from hpcrl.cli.jobs import PIPED_WIDTH
     from hpcrl.cli.prepare import folder_path
     from hpcrl.report.plots import save_plots
-    from hpcrl.report.summary import build_report, render_table
+    from hpcrl.report.summary import build_report, render_table, report_json
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
     report = build_report(folder_path(args.run))  # a ReportError ends as one line (main)
+    if args.json:
+        print(report_json(report))
+        return 0
     console.print(render_table(report))
     for row in report.rows:
         for note in row.notes:

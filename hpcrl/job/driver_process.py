@@ -58,18 +58,28 @@ class GcsNodeTable:
     Waiting as a connected driver (``ray.init`` then ``ray.nodes()``) makes the head's raylet
     start a Python worker for the new job while the other nodes are still starting: CPU taken
     from the bootstrap. The GCS client below is what Ray itself uses to read the table on a
-    joining node (``ray._private.node``); private API, hence ray==2.60.0 is pinned.
+    joining node (``ray._private.node``): a private API, the same from Ray 2.49 (NeMo RL's
+    images) to 2.60, hence the bounded range in hpcrl.plan.requirements. A Ray where it moved
+    fails here by name, not with an AttributeError deep in the wait.
     """
 
     def __init__(self, gcs_address: str) -> None:
-        from ray._private.state import GlobalState
-        from ray._raylet import GcsClientOptions
+        import ray
 
-        options = GcsClientOptions.create(
-            gcs_address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False
-        )
-        self._state = GlobalState()
-        self._state._initialize_global_state(options)
+        try:
+            from ray._private.state import GlobalState
+            from ray._raylet import GcsClientOptions
+
+            options = GcsClientOptions.create(
+                gcs_address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False
+            )
+            self._state = GlobalState()
+            self._state._initialize_global_state(options)
+        except (ImportError, AttributeError, TypeError) as error:
+            raise BootstrapError(
+                f"ray {ray.__version__} lacks the GCS client hpcrl reads Ray's node table with "
+                f"({error}); use a Ray that hpcrl supports (hpcrl/plan/requirements.py)"
+            ) from None
 
     def alive_ranks(self, num_nodes: int) -> dict[int, str]:
         """``{rank: node IP}`` of the job's nodes that the GCS lists as alive now."""

@@ -76,13 +76,19 @@ class DriverFailed(RuntimeError):
     """The training driver on node 0 exited nonzero; raised so submitit marks the job failed.
     ``cause``: the attempt's one-line cause (``status/cause.<r>.json``), when named."""
 
-    def __init__(self, exit_code: int, driver: str, log_tail: str, cause: str = ""):
+    def __init__(
+        self, exit_code: int, driver: str, log_tail: str, log_path: str = "", cause: str = ""
+    ):
         because = f" ({cause})" if cause else ""
         super().__init__(
             f"driver {driver} exited with code {exit_code}{because}; last lines of its log:\n"
             f"{log_tail}"
         )
         self.exit_code = exit_code
+        #: One line for the task's stderr (the traceback, if any, is in the driver's log).
+        self.summary = f"driver {driver} exited with code {exit_code}{because}" + (
+            f" (its log: {log_path})" if log_path else ""
+        )
 
 
 class RequeueRequested(RuntimeError):

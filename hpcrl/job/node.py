@@ -89,9 +89,9 @@ class NodeMain(Checkpointable):
         cause = read_cause(settings.run_dir, settings.task.attempt)
         if cause is not None and cause.requeued:
             raise RequeueRequested(self._resubmission(), cause.line())
-        log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
-        raise DriverFailed(code, settings.driver, tail(log_dir / "driver.log"),
-                           cause.line() if cause else "")  # fmt: skip
+        log_path = node_log_dir(settings.run_dir, 0, settings.task.attempt) / "driver.log"
+        raise DriverFailed(code, settings.driver, tail(log_path), log_path=str(log_path),
+                           cause=cause.line() if cause else "")  # fmt: skip
 
     def _resubmission(self) -> NodeMain:
         resubmitted = NodeMain()
@@ -309,6 +309,16 @@ def _raise_if_head_failed(settings: NodeSettings) -> None:
         raise OtherNodeFailed(f"node 0 ({settings.task.head_name}) failed: {failure['message']}")
 
 
+def _run_is_ending(settings: NodeSettings) -> bool:
+    """Node 0 marked the attempt done, a preemption/timeout requeue is under way, or the
+    head's GCS port is closed: a worker's Ray that exits now went down with the head, which
+    is no failure of this node (and leaves no ``node<k>.failed`` quoting Ray's last line)."""
+    done = read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None
+    if done or (settings.run_dir / PREEMPT_FILE).exists():
+        return True
+    return not port_accepts(settings.head_ip, settings.ray_ports.gcs_port)
+
+
 def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> int:
     failed_connects = 0
     while True:
@@ -319,6 +329,9 @@ def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logge
         try:
             ray_node.check_alive()
         except RayExited as error:
+            if _run_is_ending(settings):
+                logger.info("Ray stopped with the head (the run ended or is being requeued)")
+                return 0
             return _report_and_wait_for_head(settings, ray_node, error, logger)
         if port_accepts(settings.head_ip, settings.ray_ports.gcs_port):
             failed_connects = 0

@@ -10,12 +10,15 @@ hpcrl was imported from. On any problem it writes ``status/node<k>.failed`` (oth
 at once, ``hpcrl status`` and ``submit --wait`` show the line) and raises ``PreflightFailed``
 naming every missing or out-of-range package and the fix, before a Ray timeout could hide it.
 With ``ray_auth: token`` it also refuses a Ray older than token authentication (2.52): such a
-Ray would ignore ``RAY_AUTH_MODE`` and run the job's cluster open to anyone who reaches it.
+Ray would ignore ``RAY_AUTH_MODE`` and run the job's cluster open to anyone who reaches it. A
+Ray without package metadata (version unknown) must show the token-authentication package in
+its files instead.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.machinery
 import importlib.metadata
 import importlib.util
 import sys
@@ -30,14 +33,13 @@ from hpcrl.job.errors import PreflightFailed
 from hpcrl.job.markers import failed_marker_name, node_log_dir, write_marker
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
 from hpcrl.job.versions import in_range
-from hpcrl.plan.jobspec import JobCode, PackageRequirement
+from hpcrl.plan.jobspec import RAY_TOKEN_AUTH_SPEC, JobCode, PackageRequirement
 from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
 
 BUNDLE_VARIABLE = "HPCRL_CODE_BUNDLE"  # set by the bundle's entry script
-#: The first Ray with token authentication (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH) is 2.52.0
-#: (docs.ray.io, ray-security/token-auth). An older Ray ignores both variables, and images
-#: pinning one exist (NeMo RL's pins ray 2.49.x): with ``ray_auth: token`` it is refused.
-RAY_TOKEN_AUTH_SPEC = ">=2.52"
+#: Where Ray keeps its token authentication (Ray 2.60; absent from 2.49): the evidence for a Ray
+#: without package metadata, whose version cannot be compared.
+TOKEN_AUTH_PACKAGE = "ray._private.authentication"
 
 
 @attrs.frozen
@@ -126,28 +128,57 @@ def check_code(code: JobCode, environ: Mapping[str, str]) -> tuple[str, list[str
 
 
 def check_ray_auth_support(
-    checks: list[PackageCheck], inputs: PreflightInputs
+    checks: list[PackageCheck],
+    inputs: PreflightInputs,
+    has_token_auth: Callable[[], bool] | None = None,
 ) -> tuple[str, list[str]]:
     """(log line, problems): whether the Ray found can enforce the job's token. Nothing to say
-    with ``ray_auth: none``, or when Ray is missing or its version unknown (reported above)."""
-    ray = next((c for c in checks if c.distribution == "ray" and c.version is not None), None)
+    with ``ray_auth: none`` or when Ray is missing (reported above). A Ray without package
+    metadata is judged by its files (``has_token_auth``), never let through unchecked."""
+    ray = next((c for c in checks if c.distribution == "ray" and c.problem != "missing"), None)
     if inputs.ray_auth != "token" or ray is None:
         return "", []
     wanted = f"ray{RAY_TOKEN_AUTH_SPEC}"
-    about = f"Ray token authentication (ray {ray.version}; ray_auth: token needs {wanted})"
-    if in_range(ray.version, RAY_TOKEN_AUTH_SPEC):
-        return f"ok             {about}", []
+    if ray.version is not None:
+        about = f"Ray token authentication (ray {ray.version}; ray_auth: token needs {wanted})"
+        if in_range(ray.version, RAY_TOKEN_AUTH_SPEC):
+            return f"ok             {about}", []
+        status, finding = "TOO OLD", f"ray {ray.version} predates Ray token authentication"
+    else:
+        about = f"Ray token authentication (ray version unknown; its {TOKEN_AUTH_PACKAGE})"
+        if (has_token_auth or ray_has_token_auth)():
+            return f"ok             {about}", []
+        status = "NOT FOUND"
+        finding = (
+            f"this ray (no package metadata) has no {TOKEN_AUTH_PACKAGE}, so no token "
+            "authentication"
+        )
     if inputs.container_image is not None:
         newer = f"use a container image with {wanted} (the profile's container.image)"
     else:
         newer = f"install {wanted} for the job's Python"
     problem = (
-        f"ray {ray.version} predates Ray token authentication ({wanted}), which the cluster "
-        f"profile's ray_auth: token (the default) needs; fix: {newer}, or set ray_auth: none in "
-        "the cluster profile to run the job's Ray without authentication (anyone who reaches "
-        "its ports can then run code as you)"
+        f"{finding} ({wanted}), which the cluster profile's ray_auth: token (the default) "
+        f"needs; fix: {newer}, or set ray_auth: none in the cluster profile to run the job's "
+        "Ray without authentication (anyone who reaches its ports can then run code as you)"
     )
-    return f"TOO OLD        {about}", [problem]
+    return f"{status:<14} {about}", [problem]
+
+
+def ray_has_token_auth(search_path: list[str] | None = None) -> bool:
+    """Whether the ``ray`` package holds its token-authentication code (``TOKEN_AUTH_PACKAGE``),
+    read from its files: the package is located, not imported. ``search_path``: the folders to
+    look in instead of this Python's import path."""
+    try:
+        if search_path is None:
+            spec = importlib.util.find_spec("ray")
+        else:
+            spec = importlib.machinery.PathFinder.find_spec("ray", search_path)
+    except (ImportError, ValueError):
+        return False
+    folders = (spec.submodule_search_locations or []) if spec is not None else []
+    relative = Path(*TOKEN_AUTH_PACKAGE.split(".")[1:], "__init__.py")
+    return any((Path(folder) / relative).is_file() for folder in folders)
 
 
 def fix_for(checks: list[PackageCheck], inputs: PreflightInputs) -> str:

@@ -105,6 +105,11 @@ AUTH_DIR_NAME = "auth"
 TOKEN_FILE_NAME = "ray_token"
 #: Ray's authentication variables: with ``ray_auth`` hpcrl alone sets them in the job.
 RAY_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+#: The first Ray with token authentication (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH) is 2.52.0
+#: (docs.ray.io, ray-security/token-auth). An older Ray ignores both variables, and images
+#: pinning one exist (NeMo RL's pin ray 2.49.2): with ``ray_auth: token`` the job's preflight
+#: refuses it (hpcrl.job.preflight).
+RAY_TOKEN_AUTH_SPEC = ">=2.52"
 
 
 def token_path(run_dir: str) -> str:
@@ -267,6 +272,11 @@ class JobSpec:
     def ray_token_path(self) -> str | None:
         """The job's Ray token file (None when ``ray_auth`` is ``none``); never its content."""
         return token_path(self.run_dir) if self.ray_auth == "token" else None
+
+    @property
+    def ray_auth_needs(self) -> str | None:
+        """The Ray that ``ray_auth`` needs beyond the package table (None with ``none``)."""
+        return f"ray{RAY_TOKEN_AUTH_SPEC}" if self.ray_auth == "token" else None
 
     @property
     def signal(self) -> str:

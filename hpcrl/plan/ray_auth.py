@@ -13,7 +13,12 @@ from collections.abc import Iterable
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import AUTH_DIR_NAME, RAY_AUTH_VARIABLES, TOKEN_FILE_NAME
+from hpcrl.plan.jobspec import (
+    AUTH_DIR_NAME,
+    RAY_AUTH_VARIABLES,
+    RAY_TOKEN_AUTH_SPEC,
+    TOKEN_FILE_NAME,
+)
 from hpcrl.plan.layout import profile_path
 
 NO_AUTH_RISK = (
@@ -40,13 +45,15 @@ def check_ray_auth(recipe: Recipe, profile: ClusterProfile, findings: Findings) 
             profile_path(profile, "ray_auth"),
             NO_AUTH_RISK,
             value="none",
-            fix="remove `ray_auth: none` from the profile (token authentication is the default)",
+            fix="remove `ray_auth: none` from the profile (token authentication is the "
+            f"default; it needs ray{RAY_TOKEN_AUTH_SPEC} in the job's Python or image)",
         )
     else:
         findings.passed(
             "ray_auth",
             "Ray token authentication: every node and the driver read the job's own token "
-            f"from <run_dir>/{AUTH_DIR_NAME}/{TOKEN_FILE_NAME} (mode 0600)",
+            f"from <run_dir>/{AUTH_DIR_NAME}/{TOKEN_FILE_NAME} (mode 0600); it needs "
+            f"ray{RAY_TOKEN_AUTH_SPEC}, which each node checks before Ray starts",
         )
 
 

@@ -26,8 +26,10 @@ def _row(
 MEGATRON: Need = "the Megatron backend"
 SUPPORTED: tuple[PackageRequirement, ...] = (
     _row(("torch",), "torch", ">=2.9,<2.14", "every job", pure_python=False),
-    # Pinned: the job reads Ray's GCS node table through a private API (hpcrl.job.driver_process).
-    _row(("ray",), "ray", "==2.60.0", "every job", pure_python=False),
+    # Tested: 2.60.0 (.venv) and 2.49.2, the Ray of NeMo RL images (a CI stand-in image runs a
+    # two-node job on it). Bounded above: the job reads Ray's GCS node table through a private
+    # API (hpcrl.job.driver_process). Token authentication needs >=2.52 (hpcrl.job.preflight).
+    _row(("ray",), "ray", ">=2.49,<2.61", "every job", pure_python=False),
     _row(("transformers",), "transformers", ">=4.51,<6", "every job", pure_python=True),
     _row(("tokenizers",), "tokenizers", ">=0.21", "every job", pure_python=False),
     _row(("safetensors",), "safetensors", ">=0.4", "every job", pure_python=False),

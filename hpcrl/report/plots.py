@@ -11,18 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.files import write_file
+from hpcrl.report.axes import integer_ticks, point_style, swept_axis, value_axis
 from hpcrl.report.metrics import finite_number
-from hpcrl.report.summary import Report
+from hpcrl.report.summary import Report, ReportRow
 
 FIGURE_SIZE_IN = (8.0, 5.0)
 FIGURE_DPI = 100  # 800 x 500 pixels
 
 #: (title, RunSummary attribute) of the panels in the "vs swept value" figure.
 SWEEP_PANELS: tuple[tuple[str, str], ...] = (
+    ("final reward", "final_reward"),
+    ("final loss", "final_loss"),
     ("median step time (s)", "median_time_step_s"),
+    ("median tokens/s", "median_tokens_per_s"),
     ("peak GPU memory (GB)", "peak_gpu_mem_gb"),
     ("peak host RSS (GB)", "peak_host_rss_gb"),
-    ("final loss", "final_loss"),
 )
 
 
@@ -67,14 +70,17 @@ def plot_step_times(report: Report, path: Path) -> Path:
         ]
         if pairs:
             steps, times = zip(*pairs, strict=True)
-            label = (
-                ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.swept_values.items())
-                or row.name
-            )
-            axes.plot(steps, times, marker="o", markersize=3, label=label)
+            axes.plot(steps, times, marker="o", markersize=3, label=_label(row),
+                      linestyle="--" if _marked(row) else "-")  # fmt: skip
     axes.set_xlabel("step")
     axes.set_ylabel("step time (s)")
-    axes.set_title(f"step time — {report.title}")
+    integer_ticks(axes.xaxis)
+    every_time = [y for line in axes.get_lines() for y in line.get_ydata()]
+    y_axis = value_axis(every_time)
+    if y_axis.limits is not None:
+        axes.set_ylim(*y_axis.limits)
+    note = f" ({y_axis.note})" if y_axis.note else ""
+    axes.set_title(f"step time — {report.title}{note}")
     if axes.has_data():
         axes.legend(fontsize="small")
     figure.tight_layout()
@@ -83,38 +89,56 @@ def plot_step_times(report: Report, path: Path) -> Path:
     return path
 
 
-def _as_number(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
+def _label(row: ReportRow) -> str:
+    label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.swept_values.items())
+    label = label or row.name
+    style = point_style(row.state, row.shared_node, "C0")
+    return f"{label} ({style.why})" if style.why else label
+
+
+def _marked(row: ReportRow) -> bool:
+    return bool(point_style(row.state, row.shared_node, "C0").why)
 
 
 def plot_vs_swept_value(report: Report, key: str, path: Path) -> Path:
-    """One panel per summary metric; x is the swept value (categorical when not numeric)."""
+    """One panel per summary metric against the swept value: a log axis for values spanning
+    decades, categories for text; failed points crossed, points that shared a node hollow."""
     pyplot = _pyplot()
-    figure, panels = pyplot.subplots(2, 2, figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
-    labels = [row.swept_values.get(key, "") for row in report.rows]
-    numeric = [_as_number(label) for label in labels]
-    xs = numeric if all(x is not None for x in numeric) else list(range(len(labels)))
+    figure, panels = pyplot.subplots(2, 3, figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    axis = swept_axis([row.swept_values.get(key, "") for row in report.rows])
     for panel, (title, attribute) in zip(panels.flat, SWEEP_PANELS, strict=True):
-        points = [
-            (x, getattr(row.summary, attribute))
-            for x, row in zip(xs, report.rows, strict=True)
-            if getattr(row.summary, attribute) is not None
-        ]
-        if points:
-            panel.plot(*zip(*sorted(points), strict=True), marker="o")
-        else:
-            panel.text(
-                0.5, 0.5, "not recorded", ha="center", va="center", transform=panel.transAxes
-            )
-        panel.set_title(title, fontsize="small")
-        if xs is not numeric:
-            panel.set_xticks(xs, labels, fontsize="x-small")
-    figure.suptitle(f"{report.title}: metrics vs {key}", fontsize="small")
-    figure.supxlabel(key, fontsize="small")
+        _sweep_panel(panel, report, axis, title, attribute)
+    why = sorted({point_style(r.state, r.shared_node, "C0").why for r in report.rows} - {""})
+    legend = f" (× or hollow: {', '.join(why)})" if why else ""
+    figure.suptitle(f"{report.title}: metrics vs {key}{legend}", fontsize="small")
+    figure.supxlabel(key + (" (log scale)" if axis.scale == "log" else ""), fontsize="small")
     figure.tight_layout()
     _save(figure, path)
     pyplot.close(figure)
     return path
+
+
+def _sweep_panel(panel: Any, report: Report, axis: Any, title: str, attribute: str) -> None:
+    points = sorted(
+        (x, value, row)
+        for x, row in zip(axis.xs, report.rows, strict=True)
+        if (value := getattr(row.summary, attribute)) is not None
+    )
+    if axis.scale == "log":
+        panel.set_xscale("log")
+    if axis.scale == "category":
+        panel.set_xticks(axis.xs, axis.labels, fontsize="x-small")
+    if not points:
+        panel.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=panel.transAxes)
+        panel.set_title(title, fontsize="small")
+        return
+    panel.plot([x for x, _, _ in points], [v for _, v, _ in points], color="C0", zorder=1)
+    for x, value, row in points:
+        style = point_style(row.state, row.shared_node, "C0")
+        panel.scatter([x], [value], marker=style.marker, facecolors=style.facecolor,
+                      edgecolors=style.edgecolor, s=40, zorder=2)  # fmt: skip
+    y_axis = value_axis([value for _, value, _ in points])
+    if y_axis.limits is not None:
+        panel.set_ylim(*y_axis.limits)
+    panel.set_title(title + (f" ({y_axis.note})" if y_axis.note else ""), fontsize="small")
+    panel.tick_params(labelsize="x-small")

@@ -25,6 +25,8 @@ class ReportRow:
     records: tuple[dict[str, Any], ...]  # metrics.jsonl, in step order
     summary: RunSummary
     notes: tuple[str, ...] = ()  # what reading and summarising left out, and why
+    state: str = ""  # how the run ended (COMPLETED, FAILED, ...); '' never submitted
+    shared_node: bool = False  # ran on a node at the same time as another point
 
 
 @attrs.frozen(kw_only=True)
@@ -47,6 +49,17 @@ def _row(run_dir: Path, swept_values: dict[str, str]) -> ReportRow:
     )
 
 
+def _with_states(rows: tuple[ReportRow, ...]) -> tuple[ReportRow, ...]:
+    from hpcrl.report.placement import placement_of, run_states, shared_nodes
+
+    states = run_states([row.run_dir for row in rows])
+    shared = shared_nodes([placement_of(row.run_dir) for row in rows])
+    return tuple(
+        attrs.evolve(row, state=state, shared_node=is_shared)
+        for row, state, is_shared in zip(rows, states, shared, strict=True)
+    )
+
+
 def build_report(path: Path) -> Report:
     """The report of a run folder or of a sweep folder (every point)."""
     path = Path(path)
@@ -54,8 +67,9 @@ def build_report(path: Path) -> Report:
         sweep = read_sweep_record(path)
         rows = tuple(_row(path / point.run_dir_name, point.values) for point in sweep.points)
         return Report(
-            title=f"sweep {sweep.name}", source_dir=path, swept_keys=sweep.swept_keys, rows=rows
-        )
+            title=f"sweep {sweep.name}", source_dir=path, swept_keys=sweep.swept_keys,
+            rows=_with_states(rows),
+        )  # fmt: skip
     if not path.is_dir():
         what = "not a folder" if path.exists() else "no such folder"
         raise ReportError(
@@ -66,7 +80,8 @@ def build_report(path: Path) -> Report:
             f"{path}: neither a run folder (metrics.jsonl, job.json) nor a sweep folder (sweep.json)",
             fix="give a run or sweep folder (hpcrl status lists them)",
         )
-    return Report(title=f"run {path.name}", source_dir=path, swept_keys=(), rows=(_row(path, {}),))
+    rows = _with_states((_row(path, {}),))
+    return Report(title=f"run {path.name}", source_dir=path, swept_keys=(), rows=rows)
 
 
 def format_number(value: float | int | None) -> str:
@@ -88,14 +103,42 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 
 
 def render_table(report: Report) -> Table:
+    """One row per run; ``state`` when any run has one, ``shared node`` when any shared."""
+    with_state = any(row.state for row in report.rows)
+    with_shared = any(row.shared_node for row in report.rows)
     table = Table(title=report.title, title_justify="left")
     table.add_column("run")
     for key in report.swept_keys:
         table.add_column(key.rsplit(".", 1)[-1], overflow="fold")
+    if with_state:
+        table.add_column("state")
     for header, _ in SUMMARY_COLUMNS:
         table.add_column(header, justify="right")
+    if with_shared:
+        table.add_column("shared node")
     for row in report.rows:
         swept = [row.swept_values.get(key, "") for key in report.swept_keys]
         numbers = [format_number(getattr(row.summary, attr)) for _, attr in SUMMARY_COLUMNS]
-        table.add_row(row.name, *swept, *numbers)
+        cells = [row.name, *swept, *([row.state] if with_state else []), *numbers]
+        table.add_row(*cells, *(["yes" if row.shared_node else ""] if with_shared else []))
     return table
+
+
+def report_json(report: Report) -> str:
+    """The report as JSON for scripts: every row's values, state, summary and notes."""
+    import json
+
+    rows = [
+        {
+            "name": row.name,
+            "run_dir": str(row.run_dir),
+            "swept_values": row.swept_values,
+            "state": row.state,
+            "shared_node": row.shared_node,
+            "summary": attrs.asdict(row.summary),
+            "notes": list(row.notes),
+        }  # fmt: skip
+        for row in report.rows
+    ]
+    return json.dumps({"title": report.title, "swept_keys": list(report.swept_keys),
+                       "rows": rows}, indent=2)  # fmt: skip

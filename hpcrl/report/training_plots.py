@@ -46,7 +46,18 @@ def _number(value: Any) -> bool:
 
 
 def row_label(row: ReportRow) -> str:
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.swept_values.items()) or row.name
+    """The point's values (or name), and why it is marked: failed, cancelled, shared a node."""
+    from hpcrl.report.axes import point_style
+
+    label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.swept_values.items())
+    why = point_style(row.state, row.shared_node, "C0").why
+    return (label or row.name) + (f" ({why})" if why else "")
+
+
+def _linestyle(row: ReportRow) -> str:
+    from hpcrl.report.axes import FINE_STATES
+
+    return "-" if row.state.upper() in FINE_STATES else "--"  # a failed point: dashed
 
 
 def plot_training(report: Report, path: Path) -> Path:
@@ -77,7 +88,8 @@ def _reward_panel(panel: Any, report: Report) -> None:
         if not steps:
             continue
         drew = True
-        line = panel.plot(steps, means, marker="o", markersize=3, label=row_label(row))[0]
+        line = panel.plot(steps, means, marker="o", markersize=3, label=row_label(row),
+                          linestyle=_linestyle(row))[0]  # fmt: skip
         std_steps, stds = series(row, "reward_std")
         if std_steps == steps:
             low = [m - s for m, s in zip(means, stds, strict=True)]
@@ -92,7 +104,8 @@ def _line_panel(panel: Any, report: Report, title: str, key: str) -> None:
         steps, values = series(row, key)
         if steps:
             drew = True
-            panel.plot(steps, values, marker="o", markersize=3, label=row_label(row))
+            panel.plot(steps, values, marker="o", markersize=3, label=row_label(row),
+                       linestyle=_linestyle(row))  # fmt: skip
     _finish(panel, title, drew, legend=False)
 
 
@@ -131,9 +144,12 @@ def _split_bars(panel: Any, report: Report) -> None:
 
 
 def _finish(panel: Any, title: str, drew: bool, legend: bool) -> None:
+    from hpcrl.report.axes import integer_ticks
+
     panel.set_title(title, fontsize="small")
     panel.set_xlabel("step", fontsize="x-small")
     panel.tick_params(labelsize="x-small")
+    integer_ticks(panel.xaxis)
     if not drew:
         _not_recorded(panel)
     elif legend:

@@ -29,6 +29,7 @@ from hpcrl.causes import latest_cause
 from hpcrl.config.errors import UserError
 from hpcrl.polling import wait_until
 from hpcrl.submit.job_record import JobRecord
+from hpcrl.submit.pending_reasons import pending_reasons
 
 #: sacct states after which the job will not run again (no requeue pending).
 FINAL_STATES = frozenset(
@@ -55,7 +56,7 @@ class JobStatus:
     elapsed_s: float | None = None
     exit_code: int | None = None
     scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
-    reason: str | None = None  # sacct's Reason of a pending job (Priority, Resources, ...)
+    reason: str | None = None  # why a pending job waits (Priority, Resources, ...): squeue's
 
     @property
     def is_final(self) -> bool:
@@ -103,6 +104,7 @@ class SacctWatcher(SlurmInfoWatcher):
         self._run = run or subprocess.run
         self.error: str | None = None
         self.rows: dict[str, list[dict[str, str]]] = {}  # job id -> one row per attempt
+        self.reasons: dict[str, str] = {}  # pending jobs: squeue's reason (sacct's is empty)
 
     def watch(self, job_id: str) -> None:
         if job_id not in self._registered:  # registering again would restart the backoff
@@ -125,10 +127,20 @@ class SacctWatcher(SlurmInfoWatcher):
         output, self.error = self._call(command)
         if output is not None:
             self._info_dict.update(self.read_info(output))
+            self._ask_why_pending()
         self._last_status_check = time.time()
         for job_id in self._registered - self._finished:
             if self.is_done(job_id, mode="cache"):
                 self._finished.add(job_id)
+
+    def _ask_why_pending(self) -> None:
+        pending = [
+            job_id
+            for job_id in self._registered - self._finished
+            if self.rows.get(job_id)
+            and _state_word(self.rows[job_id][-1].get("State", "")) == "PENDING"
+        ]
+        self.reasons = pending_reasons(pending, self._run) if pending else {}
 
     def _call(self, command: list[str]) -> tuple[str | None, str | None]:
         try:
@@ -163,7 +175,8 @@ class SacctWatcher(SlurmInfoWatcher):
         last = rows[-1]
         state = _state_word(last.get("State", ""))
         elapsed = last.get("ElapsedRaw", "")
-        reason = last.get("Reason")
+        reason = self.reasons.get(job_id) if state == "PENDING" else None
+        reason = reason or last.get("Reason")
         return JobStatus(
             state=state,
             attempts=len(rows),

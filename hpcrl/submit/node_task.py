@@ -25,9 +25,18 @@ from submitit.helpers import Checkpointable
 ATTEMPT_BANNER_RE = re.compile(r"^===== hpcrl attempt (?P<attempt>\d+) · ")
 
 
+def job_id_of(env: dict[str, str]) -> str:
+    """The job's id as hpcrl shows it: ``20_3`` for array task 3 of array 20 (Slurm gives each
+    task an id of its own, e.g. 23, that no hpcrl command shows), else the job id."""
+    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and array_task:
+        return f"{array_job}_{array_task}"
+    return env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID", "?")
+
+
 def attempt_banner(env: dict[str, str]) -> str:
     attempt = int(env.get("SLURM_RESTART_COUNT", "0")) + 1
-    job_id = env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID", "?")
+    job_id = job_id_of(env)
     node = env.get("SLURM_NODEID", "0")
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     return f"===== hpcrl attempt {attempt} · job {job_id} · node {node} ({socket.gethostname()}) · {now} ====="
@@ -86,6 +95,24 @@ def _requeue_refused(run_dir: str, why: str) -> None:
         write_cause(Path(run_dir), attrs.evolve(cause, requeued=False, detail=detail))
 
 
+def one_line_for_explained_failures(fallback: Any) -> Any:
+    """An excepthook for the task's process: a failure hpcrl already explained (a bootstrap or
+    preflight failure, a driver that exited non-zero: the driver's own traceback is in its
+    ``driver.log``) ends the task's stderr as one line instead of a second traceback. submitit
+    re-raises the task's exception at the top of its process; anything else keeps its stack."""
+
+    def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        from hpcrl.job.errors import BootstrapError, DriverFailed
+
+        if isinstance(error, DriverFailed | BootstrapError):
+            summary = getattr(error, "summary", None) or str(error).splitlines()[0]
+            print(f"hpcrl: job failed: {summary}", file=sys.stderr, flush=True)
+            return
+        fallback(kind, error, trace)
+
+    return hook
+
+
 class NodeTask(Checkpointable):
     """``NodeTask()(run_dir)`` runs the node entrypoint for ``run_dir`` and returns its exit
     code (task 0's is the driver's).
@@ -98,6 +125,7 @@ class NodeTask(Checkpointable):
         self._entrypoint = entrypoint
 
     def __call__(self, run_dir: str) -> int:
+        sys.excepthook = one_line_for_explained_failures(sys.excepthook)
         banner = attempt_banner(dict(os.environ))
         for stream in (sys.stdout, sys.stderr):
             print(banner, file=stream, flush=True)

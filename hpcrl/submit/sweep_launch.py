@@ -20,6 +20,7 @@ step times and memory peaks. The folder has no top-level ``job.sbatch`` then.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Callable, Sequence
@@ -151,6 +152,9 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
         job_name=f"{sweep_dir.name}-{point.run_dir_name}", host=context.host,
         for_submission=context.for_submission,
     )  # fmt: skip
+    from hpcrl.plan.hf_cache import check_models_cached
+
+    raise_if_errors([p for p in check_models_cached(loaded.recipe, spec, os.environ) if p.is_error])
     return PlannedPoint(point=point, loaded=loaded, spec=spec)
 
 
@@ -239,9 +243,11 @@ def run_local_sweep(
 ) -> int:
     """A sweep on a local profile: each point a local job of its own, started when the one
     before it has ended (``wait`` follows a job and returns its exit code). Every point runs,
-    also after one fails; returns the first non-zero exit code, else 0."""
+    also after one fails; returns the first non-zero exit code, else 0. A wait left with
+    Ctrl-C (``DETACHED_EXIT_CODE``) starts no further point."""
     from hpcrl.render.run_folder import SCRIPT_NAME
     from hpcrl.submit.submission import submit_job
+    from hpcrl.submit.waiting import DETACHED_EXIT_CODE
 
     assert planned.runs_points_one_by_one, "Slurm sweeps are one job array"
     write_sweep_folders(planned)
@@ -257,4 +263,6 @@ def run_local_sweep(
         )
         announce(point, record)
         codes.append(wait(run_dir, record))
+        if codes[-1] == DETACHED_EXIT_CODE:
+            break
     return next((code for code in codes if code != 0), 0)

@@ -2,8 +2,9 @@
 
 queued (with Slurm's reason) → running → Ray ready (``status/ray_ready`` of the current
 attempt) → training step N/M (the last line of ``metrics.jsonl``) → done. On a terminal the
-line updates in place; elsewhere (CI logs, pipes) one line per change of phase, plus the
-current line again every ``heartbeat_s`` (new training steps alone do not print). Never
+line updates in place; elsewhere (CI logs, pipes) one line per change of phase and per new
+training step (at most one per ``step_line_s``), and ``still <phase> (for <time>)`` after
+``heartbeat_s`` without one. Never
 hangs: the loop ends when the scheduler reports a final state (or the scheduler forgot the
 job), and a job without a result is reported as failed with the tail of its logs.
 """
@@ -31,7 +32,9 @@ from hpcrl.submit.job_state import (
     read_outcome,
     results_written,
 )
-from hpcrl.submit.logs import fold_state_dumps, list_log_files, read_log, tail_lines
+from hpcrl.submit.log_view import LoggedRun, LogSelection, prefixed_lines, shown_files, strip_ansi
+from hpcrl.submit.logs import fold_state_dumps, read_log, tail_lines
+from hpcrl.submit.status_view import planned_max_steps
 
 #: A job the scheduler has never heard of for this long after submission is lost.
 UNKNOWN_GRACE_S = 60.0
@@ -45,7 +48,8 @@ class WaitSettings:
     unknown_grace_s: float = UNKNOWN_GRACE_S
     sacct_lag_s: float = 10.0  # results written but sacct still says RUNNING: trust the results
     unreachable_grace_s: float = 300.0  # sacct failing this long: stop waiting, say so
-    heartbeat_s: float = 60.0  # without a terminal: the line again after this long unchanged
+    heartbeat_s: float = 60.0  # without a terminal: "still <phase> (for ...)" after this long
+    step_line_s: float = 10.0  # without a terminal: at most one line per new step this often
 
 
 def ray_ready(run_dir: Path, attempt: int) -> bool:
@@ -124,8 +128,11 @@ def wait_for_jobs(
 ) -> list[JobOutcome]:
     """Follow every job at once (a sweep's points): one scheduler query per poll for all of
     them (submitit's watcher backoff between queries, a query at once when a job's results
-    appear), one progress line; then how each ended, in order."""
+    appear), one progress line; then how each ended, in order. ``max_steps``: None reads each
+    run's own from its resolved recipe. Ctrl-C stops following (exit code 130 for the jobs
+    still running), saying how to follow them again; it cancels nothing."""
     settings = settings or default_wait_settings()
+    steps = [max_steps if max_steps is not None else planned_max_steps(d) for d, _ in runs]
     watcher = SacctWatcher()
     watches = [_Watch(record, settings, clock=clock) for _, record in runs]
     statuses: list[JobStatus] = [JobStatus(state="UNKNOWN")] * len(runs)
@@ -133,28 +140,24 @@ def wait_for_jobs(
         f"job {runs[0][1].job_id}: submitted" if len(runs) == 1 else f"{len(runs)} jobs: submitted"
     )
     announced: set[tuple[int, int]] = set()
-    with _ProgressLine(console, first, settings.heartbeat_s, clock) as progress:
-        while True:
-            waiting_on = [index for index, watch in enumerate(watches) if not watch.done]
-            force = all(watch.polls == 0 for watch in watches) or any(
-                results_written(watches[index].record) for index in waiting_on
-            )
-            records = [watches[index].record for index in waiting_on]
-            for index, status in zip(
-                waiting_on, query_statuses(records, watcher, force), strict=True
-            ):
-                statuses[index] = status
-                watches[index].observe(status)
-            progress.update(*_progress_text(runs, statuses, max_steps))
-            _announce_requeues(runs, announced, console)
-            if all(watch.done for watch in watches):
-                break
-            sleep(settings.poll_s)
+    try:
+        with _ProgressLine(console, first, settings, clock) as progress:
+            while True:
+                _poll(watches, watcher, statuses)
+                progress.update(*_progress_text(runs, statuses, steps, watches))
+                _announce_requeues(runs, announced, console)
+                if all(watch.done for watch in watches):
+                    break
+                sleep(settings.poll_s)
+    except KeyboardInterrupt:
+        return _detached(runs, watches, console)
     outcomes = []
-    for (run_dir, record), watch, status in zip(runs, watches, statuses, strict=True):
+    for (run_dir, record), watch, status, run_steps in zip(
+        runs, watches, statuses, steps, strict=True
+    ):
         final = watch.final_status(status)
         outcome = read_outcome(record, run_dir, final)
-        report_outcome(run_dir, record, final, outcome, console)
+        report_outcome(run_dir, record, final, outcome, console, run_steps)
         outcomes.append(outcome)
     return outcomes
 
@@ -174,13 +177,67 @@ def _announce_requeues(
                 )  # fmt: skip
 
 
+def _poll(watches: list[_Watch], watcher: SacctWatcher, statuses: list[JobStatus]) -> None:
+    waiting_on = [index for index, watch in enumerate(watches) if not watch.done]
+    force = all(watch.polls == 0 for watch in watches) or any(
+        results_written(watches[index].record) for index in waiting_on
+    )
+    records = [watches[index].record for index in waiting_on]
+    for index, status in zip(waiting_on, query_statuses(records, watcher, force), strict=True):
+        statuses[index] = status
+        watches[index].observe(status)
+
+
+#: The exit code of a wait left with Ctrl-C (the shell's 128 + SIGINT).
+DETACHED_EXIT_CODE = 130
+
+
+def _detached(
+    runs: Sequence[tuple[Path, JobRecord]], watches: Sequence[_Watch], console: Console
+) -> list[JobOutcome]:
+    """Ctrl-C: say which jobs go on and how to follow them again; no traceback."""
+    open_runs = [(d, r) for (d, r), watch in zip(runs, watches, strict=True) if not watch.done]
+    console.print()
+    for run_dir, record in open_runs:
+        shown = _shown(run_dir)
+        local = (
+            " (a local job got this terminal's Ctrl-C too: hpcrl status says whether it still runs)"
+            if record.executor == "local"
+            else ""
+        )
+        console.print(
+            f"detached: job {record.job_id} is still running{local}; follow with: hpcrl logs "
+            f"{shown} -f (or hpcrl status {shown})",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    return [
+        JobOutcome(
+            exit_code=DETACHED_EXIT_CODE if not watch.done else 0,
+            has_result=False,
+            detail="detached",
+        )  # fmt: skip
+        for watch in watches
+    ]
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(Path(path).absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def _progress_text(
-    runs: Sequence[tuple[Path, JobRecord]], statuses: Sequence[JobStatus], max_steps: int | None
+    runs: Sequence[tuple[Path, JobRecord]],
+    statuses: Sequence[JobStatus],
+    steps: Sequence[int | None],
+    watches: Sequence[_Watch],
 ) -> tuple[str, str]:
-    """(phase, line) for one job as ``job 41: <line>``; for several, counts per phase."""
+    """(phase, line) for one job as ``job 41: <line>``; for several, ``x/y done`` and counts
+    per phase."""
     phases, lines = [], []
-    for (run_dir, _), status in zip(runs, statuses, strict=True):
-        phase, line = progress_of(run_dir, status, max_steps)
+    for (run_dir, _), status, run_steps in zip(runs, statuses, steps, strict=True):
+        phase, line = progress_of(run_dir, status, run_steps)
         if status.scheduler_error:
             phase += " · scheduler not answering"
             line += f" · scheduler not answering ({status.scheduler_error})"
@@ -190,18 +247,21 @@ def _progress_text(
         return phases[0], f"job {runs[0][1].job_id}: {lines[0]}"
     kinds = Counter(phase.split(" (")[0].lower() for phase in phases)
     summary = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
-    return " | ".join(phases), f"{len(runs)} jobs: {summary}"
+    done = sum(watch.done for watch in watches)
+    return " | ".join(phases), f"{len(runs)} jobs: {done}/{len(runs)} done · {summary}"
 
 
 def job_end_check(
     record: JobRecord,
     settings: WaitSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
+    watcher: SacctWatcher | None = None,
 ) -> Callable[[], str | None]:
     """For ``hpcrl logs -f``: a function that says why following is over (a final state,
     ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while the job goes on; it asks the
-    scheduler on submitit's backoff schedule, not on every call."""
-    watcher = SacctWatcher()
+    scheduler on submitit's backoff schedule, not on every call. ``watcher``: one shared by
+    several jobs (a sweep's points), so one sacct call answers for all of them."""
+    watcher = watcher or SacctWatcher()
     watch = _Watch(record, settings or default_wait_settings(), clock=clock)
 
     def check() -> str | None:
@@ -222,18 +282,20 @@ def why_waiting_ended(state: str) -> str:
 
 
 class _ProgressLine:
-    """A rich spinner line on a terminal; elsewhere plain lines stamped with the time waited,
-    one per new phase and one per ``heartbeat_s`` without one."""
+    """A rich spinner line on a terminal. Elsewhere plain lines stamped with the time waited:
+    one per new phase, one per new training step (at most one per ``step_line_s``), and
+    ``still <phase> (for <time>)`` after ``heartbeat_s`` without a line."""
 
     def __init__(
-        self, console: Console, first: str, heartbeat_s: float, clock: Callable[[], float]
+        self, console: Console, first: str, settings: WaitSettings, clock: Callable[[], float]
     ) -> None:
         self._console = console
         self._status = console.status(first) if console.is_terminal else None
         self._clock = clock
-        self._heartbeat_s = heartbeat_s
-        self._started_s = self._printed_s = clock()
+        self._settings = settings
+        self._started_s = self._printed_s = self._phase_since_s = clock()
         self._phase: str | None = None
+        self._printed_text = ""
 
     def __enter__(self) -> _ProgressLine:
         if self._status is not None:
@@ -246,15 +308,34 @@ class _ProgressLine:
 
     def update(self, phase: str, text: str) -> None:
         now_s = self._clock()
+        if phase != self._phase:
+            self._phase_since_s = now_s
         if self._status is not None:
             self._status.update(f"{text} · {_duration(now_s - self._started_s)}")
-        elif phase != self._phase or now_s - self._printed_s >= self._heartbeat_s:
-            self._console.print(
-                f"[{_duration(now_s - self._started_s):>7}] {text}",
-                markup=False, highlight=False, soft_wrap=True,
-            )  # fmt: skip
-            self._printed_s = now_s
+        elif phase != self._phase:
+            self._print(now_s, text)
+        elif text != self._printed_text and now_s - self._printed_s >= self._settings.step_line_s:
+            self._print(now_s, text)  # a new step in the same phase
+        elif now_s - self._printed_s >= self._settings.heartbeat_s:
+            who, _, where = text.partition(": ")
+            since = _duration(now_s - self._phase_since_s)
+            self._print(now_s, f"{who}: still {where} (for {since})", remember=False)
         self._phase = phase
+
+    def _print(self, now_s: float, text: str, remember: bool = True) -> None:
+        self._console.print(
+            f"[{_duration(now_s - self._started_s):>7}] {text}",
+            markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+        self._printed_s = now_s
+        if remember:
+            self._printed_text = text
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _duration(seconds: float) -> str:
@@ -324,11 +405,21 @@ def _since(since_s: float | None, now: float, condition: bool) -> float | None:
     return now if since_s is None else since_s
 
 
+def last_step_text(run_dir: Path, max_steps: int | None) -> str:
+    """`` · step 12/12 · reward 0.5 · loss 0.1`` from the run's last metrics line ('' if none)."""
+    metrics = last_metrics(run_dir)
+    if metrics is None:
+        return ""
+    return f" · step {_step_text(metrics, max_steps)}{_metric_text(metrics)}"
+
+
 def report_outcome(
-    run_dir: Path, record: JobRecord, status: JobStatus, outcome: JobOutcome, console: Console
-) -> None:
+    run_dir: Path, record: JobRecord, status: JobStatus, outcome: JobOutcome, console: Console,
+    max_steps: int | None = None,
+) -> None:  # fmt: skip
+    last = _escape(last_step_text(run_dir, max_steps))
     if outcome.exit_code == 0:
-        console.print(f"[green]done[/]: job {record.job_id} {status.state}, exit code 0")
+        console.print(f"[green]done[/]: job {record.job_id} {status.state}, exit code 0{last}")
         return
     if status.state == "UNREACHABLE":
         console.print(
@@ -340,7 +431,8 @@ def report_outcome(
         return
     console.print(
         f"[bold red]FAILED[/]: job {record.job_id} {status.state}, exit code {outcome.exit_code}"
-        + (f" ({outcome.detail.splitlines()[0]})" if outcome.detail else "")
+        + (f" ({_escape(outcome.detail.splitlines()[0])})" if outcome.detail else "")
+        + last
     )
     print_log_tails(run_dir, record, console, attempt=status.attempts)
 
@@ -348,18 +440,16 @@ def report_outcome(
 def print_log_tails(
     run_dir: Path, record: JobRecord, console: Console, attempt: int | None = None
 ) -> None:
-    """The last lines of each node's error stream, node log and driver log (of ``attempt``,
-    counted from 1, when given: the one that ended the job); Ray's state dumps folded."""
-    for log in list_log_files(run_dir, record):
+    """The last lines of each node's error stream and driver log (node.log only for a node
+    without an error stream: the node entrypoint writes its lines to both), prefixed as
+    ``hpcrl logs`` prints them; of ``attempt`` (counted from 1: the one that ended the job)
+    when given, Ray's state dumps folded."""
+    run = LoggedRun(run_dir=run_dir, record=record)
+    for log in shown_files(run, LogSelection(attempt=attempt)):
         if log.label != "stderr" and Path(log.label).name not in TAILED_NODE_LOGS:
             continue
-        if (
-            attempt is not None
-            and log.label != "stderr"
-            and not log.label.startswith(f"attempt{attempt - 1}/")
-        ):
-            continue
-        text = tail_lines(fold_state_dumps(read_log(log.path), log.path), LOG_TAIL_LINES)
+        text = fold_state_dumps(strip_ansi(read_log(log.path)), log.path)
+        text = tail_lines(text, LOG_TAIL_LINES)
         if text.strip():
-            console.rule(f"node {log.node} {log.label}: {log.path}", style="dim")
-            console.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
+            console.print("".join(prefixed_lines(run, log, text, keep_banner=True)).rstrip("\n"),
+                          markup=False, highlight=False, soft_wrap=True)  # fmt: skip

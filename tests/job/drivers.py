@@ -66,3 +66,33 @@ def probe_then_hold(run_dir: str) -> int:
 class _Holder:
     def ping(self) -> str:
         return "pong"
+
+
+def probe_then_train(run_dir: str) -> int:
+    """The probe driver, then the real training driver (hpcrl.core.driver.run_training) with the
+    node of each training rank's actor recorded in ``<run_dir>/placement.json`` (rank order:
+    node id and IP), so that a test sees where the placement by node label really put them on
+    the Ray at hand. Returns the probe's code if it failed, else the training driver's."""
+    import json
+    from pathlib import Path
+
+    from hpcrl.core.driver import run_training
+    from hpcrl.core.workers.group import RayWorkerGroup, node_ip
+    from hpcrl.job.probe import run_probe
+
+    code = run_probe(run_dir)
+    if code != 0:
+        return code
+    start = RayWorkerGroup.start
+
+    def start_and_record(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        node_ids = ray.get([actor.node_id.remote() for actor in self.actors])
+        placement = [{"node_id": node, "node_ip": node_ip(node)} for node in node_ids]
+        Path(run_dir, "placement.json").write_text(json.dumps(placement))
+
+    RayWorkerGroup.start = start_and_record
+    try:
+        return run_training(run_dir)
+    finally:
+        RayWorkerGroup.start = start

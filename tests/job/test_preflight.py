@@ -17,10 +17,12 @@ import pytest
 from hpcrl.job.errors import PreflightFailed
 from hpcrl.job.preflight import (
     RAY_TOKEN_AUTH_SPEC,
+    PackageCheck,
     PreflightInputs,
     check_code,
     check_package,
     check_ray_auth_support,
+    ray_has_token_auth,
     run_preflight,
     summarize,
 )
@@ -48,6 +50,9 @@ TRANSFORMERS = next(row for row in SUPPORTED if row.distributions == ("transform
         ("2.60.0", "==2.60.0", True),
         ("2.60", "==2.60.0", True),
         ("2.61.0", "==2.60.0", False),
+        ("2.49.2", ">=2.49,<2.61", True),  # the Ray of NeMo RL images
+        ("2.48.1", ">=2.49,<2.61", False),
+        ("2.61.0", ">=2.49,<2.61", False),
         ("0.3.1", ">=0.3,<0.4 || >=0.6,<0.7", True),
         ("0.6.2", ">=0.3,<0.4 || >=0.6,<0.7", True),
         ("0.5.0", ">=0.3,<0.4 || >=0.6,<0.7", False),
@@ -154,11 +159,11 @@ def test_summary_names_every_problem_and_the_fix_in_one_line():
     text = summarize(checks, [], inputs())
     assert "\n" not in text
     assert "torch 2.5.1 is outside torch>=2.9,<2.14" in text
-    assert "ray is missing (every job needs ray==2.60.0)" in text
+    assert "ray is missing (every job needs ray>=2.49,<2.61)" in text
     assert "megatron-bridge is missing (the Megatron backend needs megatron-bridge" in text
     assert "transformers" not in text.split("Fix:")[0]
     fix = text.split("Fix: ")[1]
-    assert fix.startswith("use a container image with torch>=2.9,<2.14, ray==2.60.0, megatron")
+    assert fix.startswith("use a container image with torch>=2.9,<2.14, ray>=2.49,<2.61, megatron")
     assert "pure-Python megatron-bridge" in fix and "bundle_packages" in fix
     local = summarize(checks, [], inputs(image=None))
     assert "set the profile's python to one that has them" in local
@@ -245,6 +250,13 @@ def test_a_plan_this_hpcrl_cannot_read_fails_the_node_in_one_line(tmp_path, dama
     assert f"preflight FAILED: {cause}" in log
 
 
+def test_the_supported_ray_range_is_the_tested_one_nemo_rl_images_included():
+    """2.49.2 (NeMo RL's pin; the CI stand-in image runs jobs on it) through 2.60.x (.venv)."""
+    assert RAY.spec == ">=2.49,<2.61"
+    assert [check(RAY, ray=v).problem for v in ("2.49.2", "2.52.0", "2.60.0")] == ["", "", ""]
+    assert [check(RAY, ray=v).problem for v in ("2.48.0", "2.61.0")] == ["out of range"] * 2
+
+
 def test_token_auth_needs_ray_2_52_the_first_ray_with_it():
     """NeMo RL's images pin an older Ray (2.49.x), which ignores RAY_AUTH_MODE: its cluster
     would run open while the profile says token. The problem names the Ray found and both fixes."""
@@ -263,6 +275,38 @@ def test_token_auth_needs_ray_2_52_the_first_ray_with_it():
     assert first[1] == [] and first[0].startswith("ok             Ray token authentication")
     assert check_ray_auth_support([check(RAY, ray="2.51.2")], inputs())[1]
     assert check_ray_auth_support([check(RAY)], inputs()) == ("", [])  # missing: said once
+
+
+def test_a_ray_without_metadata_is_judged_by_its_token_auth_package_never_let_through():
+    unknown = [PackageCheck(RAY, "ray", None, "")]  # importable, version unknown
+    line, problems = check_ray_auth_support(unknown, inputs(), has_token_auth=lambda: True)
+    assert line == (
+        "ok             Ray token authentication (ray version unknown; its "
+        "ray._private.authentication)"
+    )
+    assert problems == []
+    line, (problem,) = check_ray_auth_support(unknown, inputs(), has_token_auth=lambda: False)
+    assert line.startswith("NOT FOUND      Ray token authentication (ray version unknown;")
+    assert problem.startswith(
+        "this ray (no package metadata) has no ray._private.authentication, so no token "
+        "authentication (ray>=2.52), which the cluster profile's ray_auth: token (the default) "
+        "needs; fix: use a container image with ray>=2.52"
+    )
+    assert "or set ray_auth: none in the cluster profile" in problem
+
+
+def test_the_token_auth_package_is_found_in_rays_files_without_importing_ray(tmp_path):
+    """This environment's Ray (2.60) has it; a Ray tree without it (2.49's layout; the real
+    2.49.2 is checked in tests/slurm/test_container_jobs.py) has not."""
+    assert ray_has_token_auth()
+    old = tmp_path / "old"
+    (old / "ray" / "_private").mkdir(parents=True)
+    (old / "ray" / "__init__.py").write_text("raise AssertionError('imported')\n")
+    assert not ray_has_token_auth([str(old)])
+    (old / "ray" / "_private" / "authentication").mkdir()
+    (old / "ray" / "_private" / "authentication" / "__init__.py").write_text("")
+    assert ray_has_token_auth([str(old)])
+    assert not ray_has_token_auth([str(tmp_path / "nothing")])
 
 
 def fake_distribution(site: Path, name: str, version: str) -> None:
@@ -284,8 +328,8 @@ def test_a_node_with_ray_2_49_and_ray_auth_token_fails_naming_the_version_and_fi
     assert importlib.metadata.version("ray") == "2.49.2"
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    floor = attrs.evolve(RAY, spec=">=2.40")  # only the token-auth floor can fail here
-    code = attrs.evolve(inputs().code, requirements=(floor,), hpcrl_version=_version())
+    # The supported range admits NeMo RL's Ray: only the token-auth floor can fail here.
+    code = attrs.evolve(inputs().code, requirements=(RAY,), hpcrl_version=_version())
     write_jobspec(run_dir, code, "nvcr.io/nvidia/nemo-rl:v0.4.0")  # no ray_auth: the default
     hook = sys.excepthook
     try:
@@ -300,7 +344,7 @@ def test_a_node_with_ray_2_49_and_ray_auth_token_fails_naming_the_version_and_fi
     marker = json.loads((run_dir / "status" / "node0.failed").read_text())
     assert "ray 2.49.2 predates" in marker["message"]
     log = (run_dir / "logs" / "node0" / "attempt0" / "node.log").read_text()
-    assert "ok             ray 2.49.2 (needs >=2.40" in log
+    assert "ok             ray 2.49.2 (needs >=2.49,<2.61; every job)" in log
     assert "TOO OLD        Ray token authentication (ray 2.49.2; " in log
 
 
@@ -310,9 +354,7 @@ def test_with_ray_auth_none_an_older_ray_passes(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(site))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    code = attrs.evolve(
-        inputs().code, requirements=(attrs.evolve(RAY, spec=">=2.40"),), hpcrl_version=_version()
-    )
+    code = attrs.evolve(inputs().code, requirements=(RAY,), hpcrl_version=_version())
     write_jobspec(run_dir, code, None, ray_auth="none")
     run_preflight(str(run_dir), {"SUBMITIT_LOCAL_JOB_ID": "10"})
     log = (run_dir / "logs" / "node0" / "attempt0" / "node.log").read_text()

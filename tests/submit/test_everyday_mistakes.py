@@ -80,7 +80,9 @@ def test_plain_status_lists_every_run_and_says_which_record_is_damaged(
     assert good.is_dir()
 
 
-@pytest.mark.parametrize("command", [("logs",), ("logs", "-f"), ("cancel",), ("report",)])
+@pytest.mark.parametrize(
+    "command", [("logs",), ("logs", "-f"), ("cancel",), ("report",), ("status",)]
+)
 def test_a_folder_that_does_not_exist_is_one_line(cli, command):
     code, out, err = cli(*command, "/nope/run")
     assert code == 1
@@ -97,12 +99,6 @@ def test_folder_arguments_are_normalised(cli, tmp_path, monkeypatch):
     code, _, err = cli("render", "grpo-tiny-1n-cpu", "--cluster", "local", "-o", "../../run")
     assert code == 0, err
     assert read_jobspec(tmp_path / "run").run_dir == str(tmp_path / "run")
-
-
-def test_status_of_a_folder_that_does_not_exist_says_so_below_the_table(cli):
-    code, out, _ = cli("status", "/nope/run")
-    assert code == 1
-    assert "/nope/run: no such run folder (fix: give a run folder" in out
 
 
 def test_logs_of_a_rendered_run_says_how_to_submit_it(cli, tmp_path):

@@ -14,8 +14,9 @@ from rich.console import Console
 from hpcrl.causes import AttemptCause, last_step, latest_cause, read_cause, read_causes, write_cause
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import JobStatus, failure_cause
+from hpcrl.submit.log_view import attempt_cause_lines
 from hpcrl.submit.logs import fold_state_dumps
-from hpcrl.submit.run_views import attempt_cause_lines, status_cause
+from hpcrl.submit.status_view import status_cause
 from hpcrl.submit.waiting import _announce_requeues
 
 LOST = AttemptCause(
@@ -101,7 +102,7 @@ def test_node_0s_record_wins_over_its_attempts_node_reports_not_over_a_later_one
     [
         (JobStatus(state="FAILED", attempts=2), f"attempt 2: {KILLED.line()}"),
         (JobStatus(state="FAILED", attempts=1), KILLED.line()),
-        (JobStatus(state="RUNNING", attempts=2), ""),  # attempt 2's own record: not ended yet
+        (JobStatus(state="RUNNING", attempts=2), None),  # attempt 2's own: not ended yet
         (JobStatus(state="COMPLETED", attempts=3), KILLED.titled_line()),
     ],
 )
@@ -109,7 +110,7 @@ def test_the_status_cause_cell(tmp_path: Path, status: JobStatus, shown: str) ->
     write_cause(tmp_path, LOST)
     write_cause(tmp_path, KILLED)
     assert status_cause(tmp_path, status) == shown
-    assert status_cause(tmp_path / "none", JobStatus(state="RUNNING", attempts=2)) == ""
+    assert status_cause(tmp_path / "none", JobStatus(state="RUNNING", attempts=2)) is None
 
 
 def test_logs_and_wait_name_each_attempts_end(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
     assert status.returncode == 0, output_of(status)
     row = next(line for line in status.stdout.splitlines() if "run" in line and "COMPLETED" in line)
     expected_reward = drivers.expected_metrics(0.5, drivers.NUM_METRIC_STEPS)["reward_mean"]
-    assert f"{expected_reward:.4g}" in row and f" {drivers.NUM_METRIC_STEPS} " in row
+    assert f"{expected_reward:.4g}" in row and f" {drivers.NUM_METRIC_STEPS}/20 " in row
 
     logs = hpcrl(["logs", str(run), "--attempt", "1"], tmp_path, job_env())
     assert "===== hpcrl attempt 1 · job " in logs.stdout, output_of(logs)
@@ -104,6 +104,10 @@ def test_local_sweep_runs_its_points_one_after_another_and_reports(tmp_path: Pat
     result = hpcrl(args, tmp_path, env, timeout_s=400)
     assert result.returncode == 0, output_of(result)
     assert "2 points on local, one after another" in result.stdout
+    summary = result.stdout.split("sweep sw")[-1]  # the table after the last point ended
+    for index, fraction in enumerate(("0.5", "1.0")):
+        row = next(line for line in summary.splitlines() if f"sw/point-{index} " in line)
+        assert f"optimizer_offload_fraction={fraction}" in row and "COMPLETED" in row, row
     points = [sweep / "point-0", sweep / "point-1"]
     records = [read_job_record(point) for point in points]
     assert [r.array_index for r in records] == [0, 1]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpcrl.submit.job_record import JobRecord, write_job_record
 from hpcrl.submit.logs import LogFile, follow, list_log_files
-from hpcrl.submit.run_views import collect_run_dirs, format_elapsed
+from hpcrl.submit.status_view import ListedRun, collect_run_dirs, format_elapsed
 from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
 
 
@@ -79,9 +79,9 @@ def test_runs_under_the_runs_dir_and_sweep_points_are_found(tmp_path: Path) -> N
                                           overrides=(), swept_keys=("x",), points=points))  # fmt: skip
     found = collect_run_dirs([], tmp_path / "runs")
     assert found == [
-        ("a-run", run),
-        ("s-sweep-1234/point-0", sweep / "point-0"),
-        ("s-sweep-1234/point-1", sweep / "point-1"),
+        ListedRun(name="a-run", path=run),
+        ListedRun(name="s-sweep-1234/point-0", path=sweep / "point-0", swept={"x": "1"}),
+        ListedRun(name="s-sweep-1234/point-1", path=sweep / "point-1", swept={"x": "2"}),
     ]
     assert collect_run_dirs([], tmp_path / "missing") == []
     assert format_elapsed(3725.9) == "1:02:05" and format_elapsed(None) == ""

@@ -28,7 +28,7 @@ import yaml
 
 from hpcrl.causes import read_causes
 from hpcrl.submit.job_record import read_job_record
-from hpcrl.submit.run_views import status_rows
+from hpcrl.submit.status_view import ListedRun, run_statuses
 from tests.slurm.harness import wait_no_job_processes, wait_sacct_states
 from tests.submit import failing_workers
 from tests.submit.jobs_harness import (
@@ -174,14 +174,15 @@ def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupt
     # a little less for 12)
     rewards = [m["reward_mean"] for m in got]
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.2, rewards
-    rows, _ = status_rows([("run", run)])
-    assert rows[0][2:5] == ("COMPLETED", "3", str(NUM_STEPS)) and rows[0][-1] == lost.titled_line()
+    (shown,) = run_statuses([ListedRun(name="run", path=run)])
+    assert (shown.state, shown.attempts, shown.step) == ("COMPLETED", 3, NUM_STEPS)
+    assert shown.cause == lost.titled_line()
     for attempt in (1, 2, 3):  # each attempt's logs apart
         logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
         assert f"===== hpcrl attempt {attempt} · job {job_id}" in logs.stdout, output_of(logs)
         assert all(f"===== hpcrl attempt {other} " not in logs.stdout
                    for other in {1, 2, 3} - {attempt})  # fmt: skip
-        assert f"logs/node0/attempt{attempt - 1}/node.log" in logs.stdout
+        assert f"\n[node0 attempt{attempt} driver.log] " in logs.stdout
     assert not (run / "PREEMPT").exists()
     assert (run / "auth" / "ray_token").read_text() == token  # every attempt used the same
     wait_no_job_processes(job_id)
@@ -208,8 +209,8 @@ def test_a_worker_exception_on_node_2_is_named_by_rank_and_nothing_is_left(tmp_p
         in (run / "logs/node0/attempt0/driver.log").read_text()
     )
     wait_sacct_states(record.job_id, ["FAILED"])
-    rows, _ = status_rows([("run", run)])
-    assert rows[0][2] == "FAILED" and rows[0][-1] == cause
+    (shown,) = run_statuses([ListedRun(name="run", path=run)])
+    assert (shown.state, shown.exit_code, shown.cause) == ("FAILED", 1, cause)
     logs = hpcrl(["logs", str(run)], tmp_path, job_env())
-    assert logs.stdout.rstrip().endswith(f"==> hpcrl: attempt 1: {cause} <=="), output_of(logs)
+    assert logs.stdout.rstrip().endswith(f"\n[hpcrl] attempt 1: {cause}"), output_of(logs)
     wait_no_job_processes(record.job_id)

@@ -52,6 +52,15 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
     assert (sweep_dir / "submitit" / f"{array_id}_submission.sh").read_text() == script
     assert "#SBATCH --array=0-3%2" in script
     assert all(sacct_states(r.job_id) == ["COMPLETED"] for r in records)
+    # --wait followed every point at once, then a summary row per point with its value
+    assert f"{len(FRACTIONS)} jobs: {len(FRACTIONS)}/{len(FRACTIONS)} done · " in result.stdout
+    summary = result.stdout.split(f"sweep {sweep_dir.name}")[-1]
+    for point, fraction in zip(sweep.points, FRACTIONS, strict=True):
+        row = next(line for line in summary.splitlines() if f"/{point.run_dir_name} " in line)
+        assert f"optimizer_offload_fraction={fraction}" in row and "COMPLETED" in row, row
+    # each point's banner names its array task, not Slurm's own id for the task
+    logs = hpcrl(["logs", str(sweep_dir), "--point", "1", "--node", "0"], tmp_path, job_env())
+    assert f"[point-1 node0 stderr] ===== hpcrl attempt 1 · job {array_id}_1 · " in logs.stdout
     for point, fraction in zip(sweep.points, FRACTIONS, strict=True):
         resolved = yaml.safe_load(
             (sweep_dir / point.run_dir_name / "recipe.resolved.yaml").read_text()
@@ -74,8 +83,11 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
         ]
         times = [m["time_step_s"] for m in steps]
         cells = [cell.strip() for cell in rows[f"point-{index}"].split("│")[1:-1]]
-        assert cells == [
-            f"point-{index}", fraction, str(drivers.NUM_METRIC_STEPS),
+        # two tasks at once on two nodes may land on one node: then a "shared node" column
+        shared = cells[11:]
+        assert shared in ([], [""], ["yes"]), cells
+        assert cells[:11] == [
+            f"point-{index}", fraction, "COMPLETED", str(drivers.NUM_METRIC_STEPS),
             format_number(float(np.median(times))), format_number(float(np.percentile(times, 95))),
             format_number(steps[0]["tokens_per_s"]), "—", format_number(steps[0]["peak_host_rss_gb"]),
             format_number(steps[-1]["loss"]), format_number(steps[-1]["reward_mean"]),

@@ -118,11 +118,12 @@ class _FakeClock:
         self.now_s += seconds
 
 
-def test_long_wait_prints_each_phase_once_plus_heartbeats(
+def test_long_wait_prints_each_phase_steps_and_heartbeats(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Polls every 10 s: 30 s pending on Priority, 20 s on Resources, then running; Ray ready
-    at 80 s, steps 1..12 from 90 s (one per poll), completed at 210 s. Heartbeat 60 s."""
+    at 80 s, steps 1..12 from 160 s (one per poll), completed at 280 s. Heartbeat 60 s, a
+    step line at most every 30 s."""
     clock = _FakeClock()
     metrics = tmp_path / "metrics.jsonl"
 
@@ -137,16 +138,16 @@ def test_long_wait_prints_each_phase_once_plus_heartbeats(
         if t >= 80:
             (tmp_path / "status").mkdir(exist_ok=True)
             (tmp_path / "status" / "ray_ready").write_text(json.dumps({"attempt": "41.0"}))
-        if t >= 90:
-            step = int(t - 90) // 10 + 1
+        if t >= 160:
+            step = int(t - 160) // 10 + 1
             metrics.write_text(json.dumps({"step": step, "reward_mean": step / 100}) + "\n")
-        return JobStatus(state="COMPLETED" if t >= 210 else "RUNNING")
+        return JobStatus(state="COMPLETED" if t >= 280 else "RUNNING")
 
     monkeypatch.setattr(waiting, "query_statuses", status_now)
     monkeypatch.setattr(waiting, "read_outcome", lambda *args: _Outcome())
     monkeypatch.setattr(waiting, "report_outcome", lambda *args: None)
     console = _quiet_console()
-    settings = waiting.WaitSettings(poll_s=10.0, heartbeat_s=60.0)
+    settings = waiting.WaitSettings(poll_s=10.0, heartbeat_s=60.0, step_line_s=30.0)
 
     waiting.wait_for_job(
         tmp_path, _record(tmp_path), console, 12, settings, clock=clock, sleep=clock.sleep
@@ -157,9 +158,25 @@ def test_long_wait_prints_each_phase_once_plus_heartbeats(
         "[    30s] job 41: queued (reason: Resources)",
         "[    50s] job 41: running, starting Ray",
         "[  1m20s] job 41: Ray ready, driver starting",
-        "[  1m30s] job 41: training step 1/12 · reward 0.01",
-        "[  2m30s] job 41: training step 7/12 · reward 0.07",  # heartbeat: 60 s without a line
-        "[  3m30s] job 41: completed",
+        "[  2m20s] job 41: still Ray ready, driver starting (for 1m00s)",  # a heartbeat
+        "[  2m40s] job 41: training step 1/12 · reward 0.01",
+        "[  3m10s] job 41: training step 4/12 · reward 0.04",
+        "[  3m40s] job 41: training step 7/12 · reward 0.07",
+        "[  4m10s] job 41: training step 10/12 · reward 0.1",
+        "[  4m40s] job 41: completed",
+    ]
+    # with a line per step allowed on every poll, each step has its line
+    clock.now_s = 1000.0
+    metrics.unlink()
+    (tmp_path / "status" / "ray_ready").unlink()
+    console = _quiet_console()
+    settings = waiting.WaitSettings(poll_s=10.0, heartbeat_s=600.0, step_line_s=10.0)
+    waiting.wait_for_job(
+        tmp_path, _record(tmp_path), console, 12, settings, clock=clock, sleep=clock.sleep
+    )
+    steps = [line for line in console.file.getvalue().splitlines() if "training step" in line]
+    assert [line.split("step ")[1].split("/")[0] for line in steps] == [
+        str(s) for s in range(1, 13)
     ]
 
 
@@ -170,6 +187,8 @@ class _Sacct:
         self.rows, self.returncode, self.commands = rows, returncode, []
 
     def __call__(self, command: list[str], **_: object) -> subprocess.CompletedProcess:
+        if command[0] == "squeue":  # asked while a job is pending; knows nothing here
+            return subprocess.CompletedProcess(command, 0, "", "")
         self.commands.append(command)
         text = "JobID|State|ExitCode|ElapsedRaw|Reason\n" + "".join(r + "\n" for r in self.rows)
         return subprocess.CompletedProcess(command, self.returncode, text, "sacct: down\n")
@@ -256,8 +275,41 @@ def test_a_sweep_is_waited_for_as_one(tmp_path: Path, monkeypatch: pytest.Monkey
     assert len(outcomes) == 3
     assert calls == [["41_0", "41_1", "41_2"]] * 3 + [["41_1", "41_2"]] + [["41_1"]]
     assert console.file.getvalue().splitlines() == [
-        "[     0s] 3 jobs: 3 running",
-        "[    20s] 3 jobs: 1 completed, 2 running",
-        "[    30s] 3 jobs: 2 completed, 1 running",
-        "[    40s] 3 jobs: 3 completed",
+        "[     0s] 3 jobs: 0/3 done · 3 running",
+        "[    20s] 3 jobs: 1/3 done · 1 completed, 2 running",
+        "[    30s] 3 jobs: 2/3 done · 2 completed, 1 running",
+        "[    40s] 3 jobs: 3/3 done · 3 completed",
     ]
+
+
+def test_ctrl_c_detaches_saying_how_to_follow_and_cancels_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "runs" / "r"
+    monkeypatch.setattr(waiting, "query_statuses", lambda records, *_: [JobStatus(state="RUNNING")])
+
+    def interrupted(_seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    console = _quiet_console()
+    outcome = waiting.wait_for_job(run_dir, _record(tmp_path), console, settings=_fast(),
+                                   sleep=interrupted)  # fmt: skip
+    assert outcome.exit_code == waiting.DETACHED_EXIT_CODE == 130
+    assert console.file.getvalue().splitlines()[-1] == (
+        "detached: job 41 is still running; follow with: hpcrl logs runs/r -f (or hpcrl status "
+        "runs/r)"
+    )
+
+
+def test_the_final_line_repeats_the_last_step_reward_and_loss(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 11, "reward_mean": 0.4, "loss": 0.5}\n{"step": 12, "reward_mean": 0.5, "loss": 0.25}\n'
+    )
+    console = _quiet_console()
+    done = waiting.JobOutcome(exit_code=0, has_result=True)
+    status = JobStatus(state="COMPLETED", exit_code=0)
+    waiting.report_outcome(tmp_path, _record(tmp_path), status, done, console, 12)
+    assert console.file.getvalue() == (
+        "done: job 41 COMPLETED, exit code 0 · step 12/12 · reward 0.5 · loss 0.25\n"
+    )

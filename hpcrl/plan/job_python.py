@@ -1,0 +1,109 @@
+"""``hpcrl validate`` on a local profile without a container: does the job's Python have what
+the job needs (``JobSpec.code.requirements``, the table of ``hpcrl.plan.requirements``: vLLM
+for vLLM generation, megatron-core/bridge for the Megatron backend, torch and Ray always)?
+
+The job's own preflight checks the same on every node before Ray starts; this asks that
+Python before anything runs, in one subprocess that reads package metadata and, for a package
+without metadata, ``importlib.util.find_spec``: nothing is imported, in it or here. With a
+container (or a Slurm profile, whose nodes may differ from this machine) the job's preflight
+is the check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from hpcrl.config.errors import Problem
+from hpcrl.plan.jobspec import RAY_TOKEN_AUTH_SPEC, JobSpec, PackageRequirement
+
+PROBE_TIMEOUT_S = 30
+#: Run by the job's Python: {distribution or module: version, "" (no metadata), or null}.
+PROBE = """
+import importlib.metadata, importlib.util, json, sys
+found = {}
+for names, module in json.loads(sys.argv[1]):
+    version = None
+    for name in names:
+        try:
+            version = importlib.metadata.version(name)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if version is None:
+        try:
+            version = "" if importlib.util.find_spec(module) is not None else None
+        except (ImportError, ValueError):
+            version = None
+    found[module] = version
+print(json.dumps(found))
+"""
+
+
+def checkable(spec: JobSpec) -> bool:
+    return spec.scheduler == "local" and spec.container is None
+
+
+def probe_versions(
+    python: tuple[str, ...], requirements: tuple[PackageRequirement, ...]
+) -> dict[str, str | None] | str:
+    """{module: version} as the job's Python has them, or why it could not be asked."""
+    rows = [[list(r.distributions), r.module] for r in requirements]
+    try:
+        proc = subprocess.run([*python, "-c", PROBE, json.dumps(rows)], capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"cannot run {' '.join(python)}: {error}"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"{' '.join(python)} exited {proc.returncode}: {last}"
+    try:
+        return dict(json.loads(proc.stdout))
+    except (ValueError, TypeError):
+        return f"{' '.join(python)} answered {proc.stdout[:80]!r}"
+
+
+def check_job_python(spec: JobSpec) -> list[Problem]:
+    """An error per package the job's Python lacks or has out of range (local profiles)."""
+    if not checkable(spec) or not spec.code.requirements:
+        return []
+    from hpcrl.job.versions import in_range  # the preflight's own comparison (pure Python)
+
+    python = " ".join(spec.code.python)
+    found = probe_versions(spec.code.python, spec.code.requirements)
+    if isinstance(found, str):
+        return [Problem(path="python", value=python, severity="warning",
+                        message=f"could not check the job's Python: {found}",
+                        fix="set the profile's python to an interpreter that runs")]  # fmt: skip
+    problems = []
+    for requirement in spec.code.requirements:
+        version = found.get(requirement.module)
+        wanted = f"{requirement.distributions[0]}{requirement.spec}"
+        if version is None:
+            message = f"the job's Python lacks {requirement.distributions[0]} ({requirement.needed_for} needs {wanted})"
+        elif version and not in_range(version, requirement.spec):
+            message = f"the job's Python has {requirement.distributions[0]} {version}, outside {wanted} ({requirement.needed_for})"
+        else:
+            continue
+        problems.append(Problem(
+            path="python", value=python, message=message,
+            fix=f"install {wanted} for that Python, or set the profile's python to one that has it",
+        ))  # fmt: skip
+    return problems + _token_auth_problems(spec, found.get("ray"), python)
+
+
+def _token_auth_problems(spec: JobSpec, ray_version: str | None, python: str) -> list[Problem]:
+    """The preflight's token-auth refusal, said before the job runs: a Ray older than 2.52
+    with ``ray_auth: token`` (a Ray without metadata is left to the preflight's file check)."""
+    from hpcrl.job.versions import in_range
+
+    needs = spec.ray_auth_needs
+    if needs is None or not ray_version or in_range(ray_version, RAY_TOKEN_AUTH_SPEC):
+        return []
+    return [Problem(
+        path="python", value=python,
+        message=f"the job's Python has ray {ray_version}, older than Ray token authentication "
+        f"({needs}), which the profile's ray_auth: token (the default) needs",
+        fix=f"install {needs} for that Python, or set ray_auth: none in the profile (the "
+        "job's Ray then admits anyone who reaches its ports)",
+    )]  # fmt: skip

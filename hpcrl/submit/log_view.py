@@ -1,0 +1,254 @@
+"""``hpcrl logs``: what a run's (or a sweep's) log files say, once each, one line style.
+
+Every line is printed with one prefix, the same with ``-f`` and without:
+``[node0 stderr] ...``, ``[node0 attempt1 driver.log] ...``, and for a sweep
+``[point-1 node0 stderr] ...``. What each node's files hold twice is shown once:
+
+- the attempt banner goes to the task's stdout and stderr (both must be split into
+  attempts); it is shown from stderr only;
+- the node entrypoint logs every line to ``node.log`` and to the task's stderr; when the
+  task's stderr is shown, ``node.log`` is not (it stays on disk for grep).
+
+Escape sequences (Ray's colours) are removed unless stdout is a terminal. Ray's state dumps
+(printed by every process that saw a raylet die) are folded into one line saying where they
+are. The view ends with each attempt's cause when one ended early (``hpcrl.causes``):
+``[hpcrl] attempt 1: node 1 (n2) lost after step 3: ...``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
+
+import attrs
+
+from hpcrl.causes import read_causes
+from hpcrl.config.errors import UserError
+from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
+from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
+from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
+from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
+
+#: CSI sequences (colours, cursor moves) and OSC sequences (titles, links).
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+SUBMITIT_LABELS = ("stdout", "stderr")
+ATTEMPT_DIR = re.compile(r"attempt(?P<index>[0-9]+)/(?P<name>.+)")
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI_ESCAPE.sub("", text)
+
+
+@attrs.frozen(kw_only=True)
+class LogSelection:
+    """What to show: one node (None: all), one attempt (None: all), only the driver's log."""
+
+    node: int | None = None
+    attempt: int | None = None
+    driver_only: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class LoggedRun:
+    """One run whose logs are shown; ``point``: its sweep point folder name, or ''."""
+
+    run_dir: Path
+    record: JobRecord
+    point: str = ""
+
+
+def runs_to_show(path: Path, point: int | None) -> list[LoggedRun]:
+    """The run folder itself, or a sweep's points (all, or ``--point N``) that were submitted."""
+    if not is_sweep_dir(path):
+        if point is not None:
+            raise UserError(f"--point {point}: {path} is not a sweep folder",
+                            fix="leave --point out for a single run")  # fmt: skip
+        return [LoggedRun(run_dir=path, record=read_job_record(path))]
+    points = read_sweep_record(path).points
+    if point is not None:
+        chosen = [p for p in points if p.index == point]
+        if not chosen:
+            raise UserError(
+                f"--point {point}: the sweep {path.name} has points 0..{len(points) - 1}",
+                fix="give one of those, or leave --point out for every point",
+            )
+        points = tuple(chosen)
+    runs = []
+    for entry in points:
+        run_dir = path / entry.run_dir_name
+        try:
+            runs.append(LoggedRun(run_dir=run_dir, record=read_job_record(run_dir),
+                                  point=entry.run_dir_name))  # fmt: skip
+        except RunFolderError:
+            if point is not None:
+                raise
+    if not runs:
+        raise RunFolderError(f"{path}: no point of the sweep was submitted",
+                             fix="submit it with hpcrl sweep (without --no-submit)")  # fmt: skip
+    return runs
+
+
+def label_of(log: LogFile) -> str:
+    """``stdout``/``stderr``, or ``attempt<K> <file>`` with K counted from 1 like --attempt."""
+    match = ATTEMPT_DIR.fullmatch(log.label)
+    if match is None:
+        return log.label
+    return f"attempt{int(match['index']) + 1} {match['name']}"
+
+
+def attempts_logged(files: Sequence[LogFile]) -> int:
+    """How many attempts the files show (banners in submitit's files, attempt<r>/ folders)."""
+    highest = 0
+    for log in files:
+        if log.label in SUBMITIT_LABELS:
+            text = log.path.read_text(errors="replace")
+            highest = max([highest, *split_attempts(text)]) if text else highest
+        elif (match := ATTEMPT_DIR.fullmatch(log.label)) is not None:
+            highest = max(highest, int(match["index"]) + 1)
+    return highest
+
+
+def shown_files(run: LoggedRun, selection: LogSelection) -> list[LogFile]:
+    """The files of ``run`` that the view prints, in order (see the module docstring)."""
+    files = list_log_files(run.run_dir, run.record, selection.node)
+    if selection.driver_only:
+        files = [log for log in files if log.node == 0 and log.label.endswith("/driver.log")]
+    # stderr exists from the task's start, before node.log: the choice never flips while following
+    with_stderr = {log.node for log in files if log.label == "stderr"}
+    kept = []
+    for log in files:
+        match = ATTEMPT_DIR.fullmatch(log.label)
+        if match is not None and match["name"] == "node.log" and log.node in with_stderr:
+            continue
+        if match is not None and selection.attempt is not None:
+            if int(match["index"]) + 1 != selection.attempt:
+                continue
+        kept.append(log)
+    return kept
+
+
+def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
+    """``--attempt K`` beyond what every run's logs show is an error naming the ones there."""
+    if selection.attempt is None:
+        return
+    if selection.attempt < 1:
+        raise UserError(f"--attempt {selection.attempt}: attempts count from 1",
+                        fix="e.g. --attempt 1")  # fmt: skip
+    for run in runs:
+        logged = attempts_logged(list_log_files(run.run_dir, run.record, selection.node))
+        if logged and selection.attempt > logged:
+            where = (
+                f"{run.point} (job {run.record.job_id})"
+                if run.point
+                else f"job {run.record.job_id}"
+            )
+            raise UserError(
+                f"--attempt {selection.attempt}: {where} has "
+                + (f"attempts 1..{logged}" if logged > 1 else "one attempt so far"),
+                fix=f"give --attempt 1..{logged}, or leave --attempt out for all",
+            )
+
+
+def prefixed_lines(run: LoggedRun, log: LogFile, text: str, keep_banner: bool) -> Iterator[str]:
+    """The lines of ``text`` with the view's prefix; stdout's attempt banners left out."""
+    prefix = f"[{run.point + ' ' if run.point else ''}node{log.node} {label_of(log)}] "
+    for line in text.splitlines(keepends=True):
+        if not keep_banner and log.label == "stdout" and ATTEMPT_BANNER_RE.match(line):
+            continue
+        yield prefix + (line if line.endswith("\n") else line + "\n")
+
+
+def _cleaner(stream: TextIO) -> Callable[[str], str]:
+    return (lambda text: text) if stream.isatty() else strip_ansi
+
+
+def print_logs(runs: Sequence[LoggedRun], selection: LogSelection, stream: TextIO) -> bool:
+    """Print what the files hold now; False when none of them holds anything yet."""
+    clean = _cleaner(stream)
+    printed = False
+    for run in runs:
+        for log in shown_files(run, selection):
+            text = log.path.read_text(errors="replace")
+            if log.label in SUBMITIT_LABELS and selection.attempt is not None:
+                text = split_attempts(text).get(selection.attempt, "")
+            text = fold_state_dumps(clean(text), log.path)
+            for line in prefixed_lines(run, log, text, keep_banner=False):
+                stream.write(line)
+                printed = True
+    write_causes(runs, selection, stream)
+    return printed
+
+
+def attempt_cause_lines(run_dir: Path, attempt: int | None = None) -> list[str]:
+    """``attempt 1: <cause>`` for every attempt that ended early (only ``attempt``, counted
+    from 1, when given)."""
+    return [
+        cause.titled_line()
+        for cause in read_causes(run_dir)
+        if attempt is None or cause.attempt == attempt - 1
+    ]
+
+
+def write_causes(runs: Sequence[LoggedRun], selection: LogSelection, stream: TextIO) -> None:
+    for run in runs:
+        for line in attempt_cause_lines(run.run_dir, selection.attempt):
+            stream.write(f"[{run.point + ' ' if run.point else ''}hpcrl] {line}\n")
+
+
+def follow_logs(
+    runs: Sequence[LoggedRun], selection: LogSelection, is_over: Callable[[], bool],
+    poll_s: float, stream: TextIO,
+) -> None:  # fmt: skip
+    """Print every file as it grows until ``is_over()``. With ``--attempt`` a submitit file is
+    shown from that attempt's banner on, and no more after the next attempt's banner."""
+    clean = _cleaner(stream)
+    owners: dict[Path, LoggedRun] = {}
+
+    def files() -> list[LogFile]:
+        found = []
+        for run in runs:
+            for log in shown_files(run, selection):
+                owners[log.path] = run
+                found.append(log)
+        return found
+
+    attempt_now: dict[Path, int] = {}
+    for log, text in follow(files, is_over, poll_s):
+        lines = text.splitlines(keepends=True)
+        if log.label in SUBMITIT_LABELS and selection.attempt is not None:
+            lines = _lines_of_attempt(lines, log.path, attempt_now, selection.attempt)
+        text = fold_state_dumps(clean("".join(lines)), log.path)
+        for line in prefixed_lines(owners[log.path], log, text, False):
+            stream.write(line)
+        stream.flush()
+    write_causes(runs, selection, stream)
+
+
+def _lines_of_attempt(
+    lines: list[str], path: Path, attempt_now: dict[Path, int], wanted: int
+) -> list[str]:
+    kept = []
+    for line in lines:
+        match = ATTEMPT_BANNER_RE.match(line)
+        if match is not None:
+            attempt_now[path] = int(match["attempt"])
+        if attempt_now.get(path, 1) == wanted:
+            kept.append(line)
+    return kept
+
+
+def no_output_line(runs: Sequence[LoggedRun], selection: LogSelection, shown: str) -> str:
+    what = "the driver of " if selection.driver_only else ""
+    where = f"attempt {selection.attempt} of " if selection.attempt else ""
+    jobs = ", ".join(run.record.job_id for run in runs)
+    return (
+        f"hpcrl logs: no output yet from {what}{where}job {jobs} (queued, or just started: "
+        f"hpcrl logs -f {shown} waits for it)"
+    )
+
+
+def default_stream() -> TextIO:
+    return sys.stdout
