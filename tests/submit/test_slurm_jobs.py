@@ -94,8 +94,9 @@ def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_l
         "(log: logs/node0/attempt0/driver.log)"
     )
     assert f"FAILED: job {record.job_id} FAILED, exit code 137 ({cause})" in output, output
-    assert f"node 0 attempt0/driver.log: {run}/logs/node0/attempt0/driver.log" in output
-    assert "running driver tests.submit.drivers:sleep_forever" in output, "the log tails are shown"
+    # the log tails are shown, as hpcrl logs prints them
+    assert "[node0 attempt1 driver.log] [hpcrl " in output
+    assert "running driver tests.submit.drivers:sleep_forever" in output
     wait_sacct_states(record.job_id, ["FAILED"])
     status = hpcrl(["status", str(run)], tmp_path, job_env())
     assert "driver killed by signal 9 (SIGKILL: out of memory?)" in status.stdout, output_of(status)
