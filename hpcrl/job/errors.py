@@ -67,7 +67,7 @@ class OtherNodeFailed(BootstrapError):
 class RayExited(BootstrapError):
     """This node's own ``ray start --block`` process ended while it was still needed."""
 
-    def __init__(self, message: str, detail: str, log: str) -> None:
+    def __init__(self, message: str, detail: str = "", log: str | None = None) -> None:
         super().__init__(message)
         self.detail, self.log = detail, log
 
