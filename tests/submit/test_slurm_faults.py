@@ -112,6 +112,29 @@ def training_again(run: Path, attempt: int) -> Callable[[], bool]:
     return check
 
 
+def assert_matches_the_uninterrupted_run(got: list[dict], want: list[dict]) -> None:
+    """No step lost, none done twice, each as in the run without interruptions."""
+    assert [m["step"] for m in got] == list(range(1, NUM_STEPS + 1)) == [m["step"] for m in want]
+    for resumed, straight in zip(got, want, strict=True):
+        assert resumed["sample_response"] == straight["sample_response"], resumed["step"]
+        assert resumed["reward_mean"] == pytest.approx(straight["reward_mean"], abs=1e-6)
+        assert resumed["loss"] == pytest.approx(straight["loss"], abs=1e-5)
+    # GRPO across the two nodes learns (the margin of tests/core/test_demo.py's 20 steps,
+    # a little less for 12)
+    rewards = [m["reward_mean"] for m in got]
+    assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.2, rewards
+
+
+def assert_each_attempts_logs_apart(run: Path, cwd: Path, job_id: str, num_attempts: int) -> None:
+    attempts = set(range(1, num_attempts + 1))
+    for attempt in attempts:
+        logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], cwd, job_env())
+        assert f"===== hpcrl attempt {attempt} · job {job_id}" in logs.stdout, output_of(logs)
+        assert all(f"===== hpcrl attempt {other} " not in logs.stdout
+                   for other in attempts - {attempt})  # fmt: skip
+        assert f"\n[node0 attempt{attempt} driver.log] " in logs.stdout
+
+
 def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupted_run(
     tmp_path: Path,
 ) -> None:
@@ -163,26 +186,11 @@ def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupt
         assert f"job {job_id} {cause.titled_line()}" in output, output
     assert f"done: job {job_id} COMPLETED, exit code 0" in output
     assert "training step" in output  # --wait showed the progress it saw
-    # no step lost, none done twice, and each as in the run without interruptions
-    got, want = metrics(run), metrics(tmp_path / "straight")
-    assert [m["step"] for m in got] == list(range(1, NUM_STEPS + 1)) == [m["step"] for m in want]
-    for resumed, straight in zip(got, want, strict=True):
-        assert resumed["sample_response"] == straight["sample_response"], resumed["step"]
-        assert resumed["reward_mean"] == pytest.approx(straight["reward_mean"], abs=1e-6)
-        assert resumed["loss"] == pytest.approx(straight["loss"], abs=1e-5)
-    # GRPO across the two nodes learns (the margin of tests/core/test_demo.py's 20 steps,
-    # a little less for 12)
-    rewards = [m["reward_mean"] for m in got]
-    assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.2, rewards
+    assert_matches_the_uninterrupted_run(metrics(run), metrics(tmp_path / "straight"))
     (shown,) = run_statuses([ListedRun(name="run", path=run)])
     assert (shown.state, shown.attempts, shown.step) == ("COMPLETED", 3, NUM_STEPS)
     assert shown.cause == lost.titled_line()
-    for attempt in (1, 2, 3):  # each attempt's logs apart
-        logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
-        assert f"===== hpcrl attempt {attempt} · job {job_id}" in logs.stdout, output_of(logs)
-        assert all(f"===== hpcrl attempt {other} " not in logs.stdout
-                   for other in {1, 2, 3} - {attempt})  # fmt: skip
-        assert f"\n[node0 attempt{attempt} driver.log] " in logs.stdout
+    assert_each_attempts_logs_apart(run, tmp_path, job_id, 3)
     assert not (run / "PREEMPT").exists()
     assert (run / "auth" / "ray_token").read_text() == token  # every attempt used the same
     wait_no_job_processes(job_id)
