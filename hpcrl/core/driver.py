@@ -376,6 +376,11 @@ def _run_logged_steps(
     assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
     first_step = _resume(store, sampler)
+    # A step 0 line (validation before step 1) runs again only when the run starts over.
+    dropped = writer.drop_steps_from(first_step if first_step > 1 else 0)
+    if dropped:
+        print(f"{writer.path.name}: dropped {dropped} line(s) of steps from {first_step} on "
+              "(an earlier attempt ran them after the checkpoint; they run again)", flush=True)  # fmt: skip
     memory = HostMemoryTracker()
     if (
         validate

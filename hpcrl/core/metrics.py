@@ -17,11 +17,28 @@ BYTES_PER_GB = 2**30
 
 
 class MetricsWriter:
-    """Appends one JSON object per step; a resumed run appends to the same file."""
+    """Appends one JSON object per step; a resumed run appends to the same file, after
+    ``drop_steps_from`` removed what it is about to run again."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def drop_steps_from(self, first_step: int) -> int:
+        """Remove the records of steps ``>= first_step`` (an earlier attempt ran them after
+        the checkpoint this run resumes from, and they run again: none is written twice), and
+        any line that is not a record (one cut short when a job died). Returns how many."""
+        from hpcrl.files import write_file
+
+        try:
+            lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return 0
+        steps = [(line, _step_of(line)) for line in lines]
+        kept = [line for line, step in steps if step is not None and step < first_step]
+        if len(kept) < len(lines):
+            write_file(self.path, "".join(line + "\n" for line in kept))
+        return len(lines) - len(kept)
 
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps({key: _plain(value) for key, value in record.items()}, sort_keys=False)
@@ -29,6 +46,15 @@ class MetricsWriter:
             handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def _plain(value: Any) -> Any:

@@ -125,6 +125,22 @@ def test_preemption_marker_file_and_signal(tmp_path: Path) -> None:
     assert other.requested()
 
 
+def test_a_resumed_run_drops_the_steps_it_runs_again(tmp_path: Path) -> None:
+    """An attempt that died after its last checkpoint (step 2) wrote steps 3 and 4, and half
+    a line; the next attempt resumes at step 3: none of them may stay (none done twice)."""
+    writer = MetricsWriter(tmp_path / "metrics.jsonl")
+    assert writer.drop_steps_from(3) == 0  # no file yet
+    for step in range(5):  # step 0: the validation before step 1
+        writer.write({"step": step, "loss": 0.1 * step})
+    with (tmp_path / "metrics.jsonl").open("a") as stream:
+        stream.write('{"step": 5, "lo')
+    assert writer.drop_steps_from(3) == 3
+    assert [json.loads(line)["step"] for line in writer.path.read_text().splitlines()] == [0, 1, 2]
+    writer.write({"step": 3, "loss": 0.3})
+    assert writer.drop_steps_from(0) == 4  # a run starting over keeps nothing
+    assert writer.path.read_text() == ""
+
+
 def test_metrics_lines_and_progress_text(tmp_path: Path) -> None:
     writer = MetricsWriter(tmp_path / "metrics.jsonl")
     writer.write({"step": 1, "loss": float("nan"), "reward_mean": 0.5})
