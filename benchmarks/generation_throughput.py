@@ -6,6 +6,10 @@ end), batches 64 and 256. Rows:
 
 - ``hpcrl``: ``TorchEngine`` as jobs run it (CUDA graph per bucket, fused pointwise kernels);
   ``hpcrl-unfused``: the same without the fused kernels (what torch.compile adds);
+  ``hpcrl-bucket64`` / ``hpcrl-bucket16``: decode attention read in 64-column buckets (the
+  default until issue 12's second session; 32 now) / 16-column ones; ``hpcrl-sdpa``: decode attention through
+  ``scaled_dot_product_attention`` instead of two batched matmuls (a variant under test;
+  each variant row also reports its sampled log-probs against a teacher-forced forward);
 - ``hf-eager``: ``generate`` with its dynamic cache, eager;
 - ``hf-static``: ``generate(cache_implementation="static")``, which compiles the forward
   (torch.compile, CUDA graphs) itself: the strongest plain thing a user writes;
@@ -28,6 +32,7 @@ or Megatron) and hpcrl's code (``PYTHONPATH=.``):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -58,8 +63,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt-min", type=int, default=20)
     parser.add_argument("--prompt-max", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=2, help="timed calls per hpcrl row")
-    parser.add_argument("--rows", default="hpcrl,hf-static,hpcrl-unfused,hf-eager")
+    parser.add_argument("--rows", default="hpcrl,hf-static,hpcrl-unfused,hf-eager")  # or variants
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument(
+        "--baseline-json",
+        type=Path,
+        default=None,
+        help="an earlier run's --json-out: its hpcrl / hf-static rows for the variants' ratios",
+    )
+    parser.add_argument(
+        "--no-self-checks",
+        action="store_true",
+        help="skip the greedy / log-prob checks of the shipped engine (a run of variants only: "
+        "each variant row checks its own log-probs)",
+    )
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny:llama, small")
     args = parser.parse_args(argv)
     if args.tiny:
@@ -111,11 +128,18 @@ def timed(fn: Callable[[], Any], device: str) -> float:
     return time.perf_counter() - started
 
 
-def build_engine(model: Any, args: argparse.Namespace, fuse: bool) -> TorchEngine:
+ENGINE_VARIANTS = {
+    "hpcrl": EngineOptions(),
+    "hpcrl-unfused": EngineOptions(fuse_pointwise=False),
+    "hpcrl-bucket64": EngineOptions(column_bucket=64),
+    "hpcrl-bucket16": EngineOptions(column_bucket=16),
+    "hpcrl-sdpa": EngineOptions(decode_attention="sdpa"),
+}
+
+
+def build_engine(model: Any, args: argparse.Namespace, options: EngineOptions) -> TorchEngine:
     return TorchEngine.from_hf_model(
-        model,
-        max_model_len=args.prompt_max + args.new_tokens,
-        options=EngineOptions(fuse_pointwise=fuse),
+        model, max_model_len=args.prompt_max + args.new_tokens, options=options
     )
 
 
@@ -166,10 +190,12 @@ def greedy_check(model: Any, args: argparse.Namespace) -> dict[str, Any]:
             "mismatches": mismatches, "passed": mismatches == 0}  # fmt: skip
 
 
-def logprob_check(model: Any, args: argparse.Namespace) -> dict[str, Any]:
+def logprob_check(
+    model: Any, args: argparse.Namespace, options: EngineOptions | None = None
+) -> dict[str, Any]:
     """Engine's sampled log-probs (model dtype) vs a teacher-forced HF forward."""
     prompts = random_prompts(8, args.prompt_min, args.prompt_max, model.config.vocab_size, 12)
-    engine = build_engine(model, args, fuse=True)
+    engine = build_engine(model, args, options or EngineOptions())
     cfg = GenerationCfg(temperature=1.0, max_new_tokens=min(64, args.new_tokens))
     out = engine.generate(prompts, cfg, seed=5, stop_token_ids=())
     ids = out["input_ids"].to(args.device)
@@ -185,16 +211,21 @@ def logprob_check(model: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- throughput
-def hpcrl_row(model: Any, prompts: list[list[int]], args: argparse.Namespace, fuse: bool) -> dict:
-    engine = build_engine(model, args, fuse)
+def hpcrl_row(model: Any, prompts: list[list[int]], args: argparse.Namespace, variant: str) -> dict:
+    options = ENGINE_VARIANTS[variant]
+    engine = build_engine(model, args, options)
     cfg = GenerationCfg(temperature=1.0, max_new_tokens=args.new_tokens)
     run = lambda: engine.generate(prompts, cfg, seed=1, stop_token_ids=())  # noqa: E731
     warmup_s = timed(run, args.device)  # captures the graphs of every bucket met
     seconds = min(timed(run, args.device) for _ in range(args.repeats))
     stats = engine.last_stats
     engine.shutdown()
-    return {"seconds": seconds, "warmup_s": warmup_s, "decode_s": stats.decode_s,
-            "prefill_s": stats.prefill_s, "graph_captures_timed": stats.graph_captures}  # fmt: skip
+    row = {"seconds": seconds, "warmup_s": warmup_s, "decode_s": stats.decode_s,
+           "prefill_s": stats.prefill_s, "graph_captures_timed": stats.graph_captures,
+           "decode_ms_per_step": 1e3 * stats.decode_s / max(stats.decode_steps, 1)}  # fmt: skip
+    if variant not in ("hpcrl", "hpcrl-unfused"):  # the self-checks covered those kernels
+        row["logprob_check"] = logprob_check(model, args, options)
+    return row
 
 
 def hf_row(model: Any, prompts: list[list[int]], args: argparse.Namespace, static: bool) -> dict:
@@ -248,14 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"model {args.model}: {params / 1e9:.2f}B params, {args.dtype}, {args.device}; "
           f"prompts {args.prompt_min}-{args.prompt_max}, {args.new_tokens} new tokens, T=1, no EOS")  # fmt: skip
-    checks = {"greedy": greedy_check(model, args), "logprobs": logprob_check(model, args)}
+    checks = {}
+    if not args.no_self_checks:
+        checks = {"greedy": greedy_check(model, args), "logprobs": logprob_check(model, args)}
     for name, check in checks.items():
         verdict = "PASS" if check["passed"] else "FAIL"
         print(f"self-check {name}: {verdict} {json.dumps(check)}", flush=True)
     bandwidth = copy_bandwidth(args.device)
     if bandwidth:
         print(f"measured copy bandwidth: {bandwidth / 1e12:.2f} TB/s", flush=True)
-    results: dict[str, Any] = {"args": vars(args) | {"json_out": str(args.json_out)},
+    results: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                                "checks": checks, "bandwidth_bytes_per_s": bandwidth, "rows": []}  # fmt: skip
     wanted = args.rows.split(",")
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -265,11 +298,11 @@ def main(argv: list[str] | None = None) -> int:
         tokens = batch * args.new_tokens
         measured: dict[str, dict] = {}
         runners = {
-            "hpcrl": lambda p=prompts: hpcrl_row(model, p, args, fuse=True),
-            "hpcrl-unfused": lambda p=prompts: hpcrl_row(model, p, args, fuse=False),
-            "hf-eager": lambda p=prompts: hf_row(model, p, args, static=False),
-            "hf-static": lambda p=prompts: hf_row(model, p, args, static=True),
-        }
+            **{name: functools.partial(hpcrl_row, model, prompts, args, name)
+               for name in ENGINE_VARIANTS},
+            "hf-eager": functools.partial(hf_row, model, prompts, args, static=False),
+            "hf-static": functools.partial(hf_row, model, prompts, args, static=True),
+        }  # fmt: skip
         for name in wanted:
             try:
                 measured[name] = runners[name]()
@@ -283,12 +316,18 @@ def main(argv: list[str] | None = None) -> int:
                                 "bounds": bounds(model, batch, args, bandwidth)})  # fmt: skip
         if args.json_out is not None:  # after every batch: a time limit keeps what is done
             args.json_out.write_text(json.dumps(results, indent=1))
-    print_table(results)
-    return 0 if all(c["passed"] for c in checks.values()) else 1
+    print_table(results, args.baseline_json)
+    variant_checks = [row["logprob_check"] for entry in results["rows"]
+                      for row in entry["measured"].values() if "logprob_check" in row]  # fmt: skip
+    return 0 if all(c["passed"] for c in [*checks.values(), *variant_checks]) else 1
 
 
-def print_table(results: dict[str, Any]) -> None:
-    print("\nbatch  sampler          tok/s   vs hf-static   of weights-only bound   of weights+KV")
+GOAL_OVER_HF_STATIC = 1.5  # issue 12: the engine at >= 1.5x HF static + compile, every batch
+
+
+def print_table(results: dict[str, Any], baseline: Path | None = None) -> None:
+    print("\nbatch  sampler          tok/s   vs hf-static   of weights-only bound   of weights+KV"
+          "   prefill ms   decode ms/step")  # fmt: skip
     for entry in results["rows"]:
         measured, bound = entry["measured"], entry["bounds"]
         static = measured.get("hf-static", {}).get("tokens_per_s")
@@ -300,10 +339,42 @@ def print_table(results: dict[str, Any]) -> None:
             ratio = f"{rate / static:6.2f}x" if static else "   n/a"
             fractions = [f"{rate / bound[k]:7.1%}" if k in bound else "    n/a"
                          for k in ("weights_only", "weights_and_kv")]  # fmt: skip
+            parts = ""
+            if "decode_ms_per_step" in row:
+                parts = f"   {1e3 * row['prefill_s']:10.1f}   {row['decode_ms_per_step']:14.3f}"
+            check = row.get("logprob_check")
+            if check is not None:
+                parts += f"   log-prob check {'PASS' if check['passed'] else 'FAIL'}"
             print(f"{entry['batch']:5d}  {name:14s} {rate:9.0f}   {ratio}       "
-                  f"{fractions[0]}                 {fractions[1]}")  # fmt: skip
+                  f"{fractions[0]}                 {fractions[1]}{parts}")  # fmt: skip
         for key, value in bound.items():
             print(f"{entry['batch']:5d}  bound {key:14s} {value:9.0f}")
+    print_goals(results, baseline)
+
+
+def print_goals(results: dict[str, Any], baseline: Path | None = None) -> None:
+    """One line per batch: the shipped engine against the goal (what the lead reads first);
+    then each variant against the same rows (of ``baseline``, an earlier run's JSON, where
+    this run did not measure them)."""
+    earlier = {}
+    if baseline is not None and baseline.exists():
+        earlier = {e["batch"]: e["measured"] for e in json.loads(baseline.read_text())["rows"]}
+    print()
+    for entry in results["rows"]:
+        measured = entry["measured"]
+        reference = {**earlier.get(entry["batch"], {}), **measured}
+        static = reference.get("hf-static", {}).get("tokens_per_s")
+        ours = reference.get("hpcrl", {}).get("tokens_per_s")
+        if "hpcrl" in measured and static and ours:
+            ratio = ours / static
+            verdict = "MET" if ratio >= GOAL_OVER_HF_STATIC else "NOT MET"
+            print(f"GOAL batch {entry['batch']}: hpcrl {ours:,.0f} tok/s / hf-static "
+                  f"{static:,.0f} = {ratio:.2f}x (goal >= {GOAL_OVER_HF_STATIC}x) {verdict}")  # fmt: skip
+        for name, row in measured.items():
+            rate = row.get("tokens_per_s")
+            if name.startswith("hpcrl-") and rate and static and ours:
+                print(f"  variant {name} at batch {entry['batch']}: {rate / static:.2f}x "
+                      f"hf-static, {rate / ours:.3f}x hpcrl")  # fmt: skip
 
 
 if __name__ == "__main__":

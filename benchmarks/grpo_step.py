@@ -7,9 +7,16 @@ Printed per step from its ``metrics.jsonl``: generate (with its refit, prefill a
 parts), log-probs, train and step seconds, generated tokens/s, torch.compile's graph count
 and the engine's new CUDA graph captures. Then the steady state (median step from step 3 on)
 against issue 12's goals: median step ≤ 1.2 s, and no step after the second above 1.5× the
-median (a recompilation or capture stall shows there).
+median (a recompilation or capture stall shows there); the decode rate against the bound of
+reading the bf16 weights once per decode step (``--bandwidth-tbps``, the H200's measured
+copy bandwidth by default); and where the steady step's time goes (``breakdown``): the
+generate phase's refit / prefill / decode / the rest, and per log-prob and train pass the
+worker's seconds (train: forward/backward against optimizer), micro-batches, token slots
+computed against real tokens, what the controller and Ray add, and with ``--count-syncs``
+the host synchronisations per pass (``hpcrl.core.backends.pass_stats``).
 
     python benchmarks/grpo_step.py --steps 12 --out-dir /tmp/grpo-bench
+    python benchmarks/grpo_step.py --steps 10 --override policy.train_micro_batch_size=4
     python benchmarks/grpo_step.py --tiny        # CPU smoke: the demo recipe, 3 steps
 """
 
@@ -22,12 +29,17 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from benchmarks import grpo_breakdown  # noqa: E402
+from hpcrl.core.backends.pass_stats import COUNT_SYNCS_ENV  # noqa: E402
+
 GOAL_STEP_S = 1.2
 GOAL_WORST_OVER_MEDIAN = 1.5
+H200_COPY_TBPS = 4.15  # device-to-device copy bandwidth measured on the H200 (docs/performance.md)
 COLUMNS = (
     ("time_generate_s", "gen"),
     ("time_refit_s", "refit"),
@@ -52,21 +64,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--override", action="append", default=[], help="extra key=value")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke: the demo recipe")
+    parser.add_argument("--bandwidth-tbps", type=float, default=H200_COPY_TBPS)
+    parser.add_argument(
+        "--count-syncs", action="store_true", help="count host syncs per pass (CUDA workers)"
+    )
+    parser.add_argument("--label", default="", help="name printed with the summary (A/B runs)")
+    parser.add_argument(
+        "--cluster", default="local-gpu", help="profile the run is planned on (--tiny: local)"
+    )
     args = parser.parse_args(argv)
     if args.tiny:
-        args.recipe, args.steps = "grpo-tiny-1n-cpu.yaml", 3
+        args.recipe, args.steps, args.cluster = "grpo-tiny-1n-cpu.yaml", 3, "local"
     return args
 
 
-def write_run_dir(run_dir: Path, recipe: str, overrides: list[str]) -> None:
-    """The resolved recipe, as ``hpcrl submit`` writes it into a run folder."""
+def write_run_dir(run_dir: Path, recipe: str, overrides: list[str], cluster: str) -> Any:
+    """The resolved recipe and the plan (``jobspec.json``, planned on ``cluster`` by the real
+    planner), as ``hpcrl submit`` writes them into a run folder; returns the recipe. Without
+    a plan the driver would plan on the CPU ``local`` profile."""
     import yaml
 
-    from hpcrl.config import load_recipe
+    from hpcrl.config import load_profile, load_recipe
+    from hpcrl.plan.jobspec_file import write_jobspec
+    from hpcrl.plan.planner import plan
 
     run_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_recipe(REPO_ROOT / "recipes" / recipe, overrides)
     (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(loaded.resolved_dict))
+    spec = plan(
+        loaded.recipe, load_profile(cluster), run_dir=str(run_dir.absolute()),
+        recipe_source=recipe, profile_source=cluster,
+    )  # fmt: skip
+    write_jobspec(spec)
+    print(f"planned on {cluster}: device {spec.device}, {spec.slots_per_node} slot(s)", flush=True)
+    return loaded.recipe
 
 
 def summarize(records: list[dict]) -> dict:
@@ -106,19 +137,46 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
     )
+    if args.count_syncs:
+        os.environ[COUNT_SYNCS_ENV] = "1"  # the Ray workers inherit it
     run_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="hpcrl-grpo-bench-"))
     overrides = [f"grpo.max_num_steps={args.steps}", *args.override]
-    write_run_dir(run_dir, args.recipe, overrides)
+    recipe = write_run_dir(run_dir, args.recipe, overrides, args.cluster)
     from hpcrl.core.driver import run_training
 
     code = run_training(str(run_dir))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    print(f"\n{args.recipe}, {args.steps} steps, run folder {run_dir}")
+    print(f"\n{args.label or args.recipe}: {args.recipe} {' '.join(args.override)}, "
+          f"{args.steps} steps, run folder {run_dir}")  # fmt: skip
     print_steps(records)
     summary = summarize(records)
+    rows = recipe.grpo.num_prompts_per_step * recipe.grpo.num_generations_per_prompt
+    weights = grpo_breakdown.weights_bytes(recipe.policy.model_name)
+    bound = grpo_breakdown.decode_bound(
+        grpo_breakdown.steady(records), rows, weights, args.bandwidth_tbps
+    )
+    parts = grpo_breakdown.breakdown(records)
+    grpo_breakdown.print_breakdown(parts, bound, args.label)
+    summary |= {"label": args.label, "overrides": args.override, "decode": bound,
+                "breakdown": parts}  # fmt: skip
     print(json.dumps(summary, indent=1))
+    print_goals(summary, args.label)
     (run_dir / "grpo_step_summary.json").write_text(json.dumps(summary, indent=1))
     return code
+
+
+def print_goals(summary: dict, label: str) -> None:
+    """One line per goal of issue 12 (what the lead reads first)."""
+    name = f" [{label}]" if label else ""
+    median, worst = summary["median_step_s_from_step_3"], summary["worst_over_median"]
+    verdict = {True: "MET", False: "NOT MET"}
+    print(f"GOAL{name} steady step <= {GOAL_STEP_S} s: median {median:.3f} s "
+          f"{verdict[summary['goal_step_s_met']]}")  # fmt: skip
+    print(f"GOAL{name} no step after the second > {GOAL_WORST_OVER_MEDIAN}x median: worst "
+          f"{worst:.2f}x {verdict[summary['goal_no_stall_met']]}")  # fmt: skip
+    fraction = summary["decode"].get("fraction_of_bound")
+    if fraction is not None:
+        print(f"BOUND{name} decode at {fraction:.1%} of the weights-read bound")
 
 
 if __name__ == "__main__":

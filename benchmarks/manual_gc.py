@@ -1,22 +1,31 @@
-"""Benchmark: what ``policy.megatron_cfg.manual_gc`` is for — step-time spikes of 2 ranks.
+"""Benchmark: what ``policy.megatron_cfg.manual_gc`` is for — full collections of 2 ranks.
 
 Two gloo ranks (spawned processes) each run hpcrl's real ``TrainingWorker`` on the tiny Qwen2
 model (FSDP2 over the two ranks, so every step ends in collectives that make one rank wait for
 the other). Each step also leaves what a training loop leaves behind: cyclic garbage (objects
 only the cycle collector frees) and retained small objects (log records, metrics dicts), which
 grow the oldest generation until Python runs a full collection. With torch and transformers
-loaded a full collection walks ~350k objects (~0.2 s here), at a different step on each rank,
-and the other rank waits for it in the next collective.
+loaded, an automatic full collection walks the ~350k objects of setup too. When the ranks
+allocate alike they collect at the same steps; when they do not (``--retaining-ranks 0``: only
+rank 0 keeps records, as a job's logging rank does) each rank's collections stall the other in
+the next collective.
 
 Modes (each in its own pair of processes, alternating order, ``--repeats`` times):
 - ``auto``: Python's automatic GC, as without the setting.
 - ``manual``: ``manual_gc: true, manual_gc_interval: N`` — hpcrl's ``ManualGc`` freezes what
   setup allocated, switches automatic GC off and collects on every rank at steps N, 2N, ...
+  (what survives a periodic collection is not frozen: each one walks everything kept since
+  setup, so its cost grows with what the loop keeps).
 
-Printed per mode (rank 0's step times, which include waiting for rank 1): median, p99 and max
-step, steps slower than 3× the median, and the full (generation-2) collections per rank.
+Printed per run (rank 0's step times after ``--warmup`` steps, which include waiting for rank
+1): median, p99 and max step, steps slower than 3× the median; the full (generation-2)
+collections per rank, whether both ranks ran them at the same steps, and what one costs (CPU
+time of the collecting thread, which the machine's other load does not inflate much, and wall
+time); the load average. Step times on a loaded machine are mostly scheduling noise: read the
+GC columns there.
 
     .venv/bin/python benchmarks/manual_gc.py                    # 400 steps, interval 100
+    .venv/bin/python benchmarks/manual_gc.py --retaining-ranks 0
     .venv/bin/python benchmarks/manual_gc.py --steps 60 --repeats 1 --interval 20   # smoke
 """
 
@@ -46,6 +55,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2, help="runs per mode")
     parser.add_argument("--cycles-per-step", type=int, default=500, help="cyclic garbage")
     parser.add_argument("--retained-per-step", type=int, default=2000, help="kept dicts")
+    parser.add_argument(
+        "--retaining-ranks", choices=("all", "0"), default="all",
+        help="which ranks keep the records: all, or rank 0 only (the logging rank of a real "
+        "job: the ranks' allocations then differ, as do their automatic collections)",
+    )  # fmt: skip
+    parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the figures")
     return parser.parse_args(argv)
 
 
@@ -67,7 +82,7 @@ def make_recipe(model_path: str, manual_interval: int):
             train_micro_batch_size=4,
             precision="float32",
             max_grad_norm=1.0,
-            optimizer=OptimizerCfg(name="adamw", lr=1e-4),
+            optimizer=OptimizerCfg(name="torch.optim.AdamW", kwargs={"lr": 1e-4}),
             automodel_cfg=AutomodelCfg(enabled=True),
             megatron_cfg=MegatronCfg(
                 manual_gc=manual_interval > 0, manual_gc_interval=manual_interval
@@ -90,6 +105,28 @@ def nll(logprobs, batch, num_global_tokens):
     return -(logprobs * batch["token_mask"]).sum() / num_global_tokens, {}
 
 
+class FullCollections:
+    """Every full (generation-2) collection of this process: the step it fell in, its wall
+    time and its CPU time on the collecting thread (``time.thread_time``: what the collection
+    itself costs, whatever else the machine runs)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+        self.records: list[dict[str, float]] = []
+        self._started: tuple[float, float] | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = (time.perf_counter(), time.thread_time())
+        elif self._started is not None:
+            wall_s, cpu_s = time.perf_counter(), time.thread_time()
+            self.records.append({"step": self.step, "wall_ms": (wall_s - self._started[0]) * 1e3,
+                                 "cpu_ms": (cpu_s - self._started[1]) * 1e3})  # fmt: skip
+            self._started = None
+
+
 def rank_main(rank: int, args: argparse.Namespace, mode: str, model_path: str, port: int,
               out_dir: str) -> None:  # fmt: skip
     import torch
@@ -98,6 +135,7 @@ def rank_main(rank: int, args: argparse.Namespace, mode: str, model_path: str, p
     from hpcrl.core.backends.base import RankInfo
     from hpcrl.core.workers.actor import TrainingWorker
     from hpcrl.core.workers.group import worker_env
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
     from tests.core.parallel_harness import make_batch
 
     worker = TrainingWorker(worker_class_path("automodel"), worker_env("cpu"))
@@ -108,20 +146,20 @@ def rank_main(rank: int, args: argparse.Namespace, mode: str, model_path: str, p
     batch = make_batch(seed=0, batch_size=8)
     shard = {key: value[rank * 4 : (rank + 1) * 4] for key, value in batch.items()}
     num_tokens = float(batch["token_mask"].sum())
-    full_collections = []
-    gc.callbacks.append(
-        lambda phase, info: (
-            full_collections.append(phase) if phase == "start" and info["generation"] == 2 else None
-        )
-    )
+    one_micro_batch = [MicroBatchSpec(rows=(0, 1, 2, 3), width=shard["input_ids"].shape[1])]
+    collections = FullCollections()
+    gc.callbacks.append(collections)
     log: list = []
     times = []
-    for _ in range(args.steps):
+    retained = args.retained_per_step if args.retaining_ranks == "all" or rank == 0 else 0
+    for step in range(args.steps):
+        collections.step = step
         started = time.perf_counter()
-        worker.train(shard, nll, num_tokens, 4)
-        leave_garbage(args.cycles_per_step, args.retained_per_step, log)
+        worker.train(shard, nll, num_tokens, one_micro_batch)
+        leave_garbage(args.cycles_per_step, retained, log)
         times.append(time.perf_counter() - started)
-    result = {"times": times, "full_collections": len(full_collections),
+    gc.callbacks.remove(collections)
+    result = {"times": times, "collections": collections.records,
               "torch_threads": torch.get_num_threads()}  # fmt: skip
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     worker.close()
@@ -138,7 +176,7 @@ def run_mode(args: argparse.Namespace, mode: str, model_path: str) -> dict:
         mp.start_processes(rank_main, args=(args, mode, model_path, port, out_dir), nprocs=2,
                            start_method="spawn")  # fmt: skip
         ranks = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(2)]
-    return {"times": ranks[0]["times"], "full_collections": [r["full_collections"] for r in ranks]}
+    return {"times": ranks[0]["times"], "collections": [r["collections"] for r in ranks]}
 
 
 def summary(times: list[float]) -> dict[str, float]:
@@ -152,6 +190,54 @@ def summary(times: list[float]) -> dict[str, float]:
     }
 
 
+def collection_stats(per_rank: list[list[dict]], warmup: int) -> dict:
+    """Full collections after warm-up: how many per rank, at which steps, their cost."""
+    kept = [[c for c in rank if c["step"] >= warmup] for rank in per_rank]
+    every = [c for rank in kept for c in rank]
+    steps = [[int(c["step"]) for c in rank] for rank in kept]
+    return {
+        "full_collections": [len(rank) for rank in kept],
+        "same_steps": steps[0] == steps[1],
+        "steps": steps,
+        "cpu_ms": [median_of(c["cpu_ms"] for c in rank) for rank in kept],
+        "max_cpu_ms": max((c["cpu_ms"] for c in every), default=0.0),
+        "wall_ms": median_of(c["wall_ms"] for c in every),
+    }
+
+
+def median_of(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else 0.0
+
+
+def cpu_text(per_rank: list[float]) -> str:
+    return "[" + ", ".join(f"{value:.0f}" for value in per_rank) + "]"
+
+
+def print_tables(args: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
+    print(f"\n{args.steps} steps ({args.warmup} warm-up left out), 2 ranks, "
+          f"{args.cycles_per_step} cycles + {args.retained_per_step} kept dicts per step "
+          f"(kept on ranks: {args.retaining_ranks}); "
+          f"manual_gc_interval={args.interval}")  # fmt: skip
+    print(f"{'mode':<8} {'median ms':>10} {'p99 ms':>8} {'max ms':>8} {'>3x median':>11} "
+          f"{'full GCs/rank':>14} {'same steps':>10} {'GC cpu ms/rank':>14} {'GC max cpu':>10} "
+          f"{'GC wall ms':>10} {'load':>5}")  # fmt: skip
+    for mode, results in runs.items():
+        for r in results:
+            print(f"{mode:<8} {r['median_ms']:>10.1f} {r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} "
+                  f"{r['slow_steps']:>11d} {str(r['full_collections']):>14} "
+                  f"{str(r['same_steps']):>10} {cpu_text(r['cpu_ms']):>14} {r['max_cpu_ms']:>10.1f} "
+                  f"{r['wall_ms']:>10.1f} {r['load']:>5.1f}")  # fmt: skip
+    for mode, results in runs.items():
+        print(f"{mode} full collections at steps (rank 0 | rank 1, last run): "
+              f"{results[-1]['steps'][0]} | {results[-1]['steps'][1]}")  # fmt: skip
+    medians = {mode: [r["max_ms"] for r in results] for mode, results in runs.items()}
+    auto_max, manual_max = (statistics.median(medians[mode]) for mode in ("auto", "manual"))
+    print(f"max step auto / manual: {auto_max / manual_max:.2f}x (medians over runs; spread "
+          f"auto {min(medians['auto']):.0f}-{max(medians['auto']):.0f} ms, manual "
+          f"{min(medians['manual']):.0f}-{max(medians['manual']):.0f} ms)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     from hpcrl.core.models.tiny import ensure_tiny_model
@@ -161,22 +247,15 @@ def main(argv: list[str] | None = None) -> None:
     for repeat in range(args.repeats):
         for mode in ("auto", "manual") if repeat % 2 == 0 else ("manual", "auto"):
             result = run_mode(args, mode, model_path)
-            stats = summary(result["times"])
-            runs[mode].append({**stats, "full_collections": result["full_collections"]})
+            stats = summary(result["times"][args.warmup :])
+            stats.update(collection_stats(result["collections"], args.warmup))
+            stats["load"] = os.getloadavg()[0]
+            runs[mode].append(stats)
             print(f"run {repeat} {mode:6s} median {stats['median_ms']:6.1f} ms  max "
-                  f"{stats['max_ms']:6.1f} ms  full GCs per rank {result['full_collections']}  "
-                  f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
-    print(f"\n{args.steps} steps, 2 ranks, {args.cycles_per_step} cycles + "
-          f"{args.retained_per_step} kept dicts per step; manual_gc_interval={args.interval}")  # fmt: skip
-    print(f"{'mode':<8} {'median ms':>10} {'p99 ms':>8} {'max ms':>8} {'>3x median':>11} "
-          f"{'full GCs/rank':>14}")  # fmt: skip
-    for mode, results in runs.items():
-        for r in results:
-            print(f"{mode:<8} {r['median_ms']:>10.1f} {r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} "
-                  f"{r['slow_steps']:>11d} {str(r['full_collections']):>14}")  # fmt: skip
-    auto_max = statistics.median(r["max_ms"] for r in runs["auto"])
-    manual_max = statistics.median(r["max_ms"] for r in runs["manual"])
-    print(f"max step auto / manual: {auto_max / manual_max:.2f}x (medians over runs)")
+                  f"{stats['max_ms']:6.1f} ms  full GCs per rank {stats['full_collections']} "
+                  f"(median CPU ms per rank {cpu_text(stats['cpu_ms'])})  (load {stats['load']:.1f})",
+                  flush=True)  # fmt: skip
+    print_tables(args, runs)
 
 
 if __name__ == "__main__":

@@ -131,6 +131,7 @@ def make_recipe(args: argparse.Namespace, config: ParallelConfig, model_path: st
         micro_batch=args.micro_batch,
         lr=args.lr,
         dp_replicate=config.dp_replicate,
+        num_steps=args.steps + args.warmup,
     )
 
 
@@ -179,9 +180,11 @@ def my_shard(args: argparse.Namespace, place) -> dict:
 def timed_training(args: argparse.Namespace, worker, place) -> dict:
     """Losses of every step (warmup included) and seconds of the timed steps."""
     import torch
-    from train_throughput import nll_loss, synchronize
+    from train_throughput import fixed_plan, nll_loss, synchronize
 
     data = my_shard(args, place)
+    shard_rows, width = data["shard"]["input_ids"].shape
+    plan = fixed_plan(shard_rows, args.micro_batch, width)
     losses, step_times_s = [], []
     warmup_started = time.perf_counter()
     for step in range(args.warmup + args.steps):
@@ -192,7 +195,7 @@ def timed_training(args: argparse.Namespace, worker, place) -> dict:
                 torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         # The metrics come back after an all-reduce, so every rank has finished the step.
-        metrics = worker.train(data["shard"], nll_loss, data["num_tokens"], args.micro_batch)
+        metrics = worker.train(data["shard"], nll_loss, data["num_tokens"], plan)
         synchronize(args.device)
         step_times_s.append(time.perf_counter() - started)
         losses.append(metrics["loss"])

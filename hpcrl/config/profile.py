@@ -60,7 +60,7 @@ class SlurmCfg:
     exclusive: bool = True
     gres_form: Literal["gres", "gpus_per_node", "none"] = "gres"
     mem_gb: int | None = None  # None: Slurm's default (exclusive nodes get all of it)
-    max_requeues: int = 2
+    max_requeues: int = 2  # after a preemption, the time limit or a lost node, together
     signal_delay_s: int = 90  # USR2 this many seconds before the time limit
     array_parallelism: int = 4  # sweeps: at most this many array tasks run at once
     sbatch_args: tuple[str, ...] = ()  # extra "#SBATCH" arguments, e.g. "--reservation=x"

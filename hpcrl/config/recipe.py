@@ -234,6 +234,11 @@ class MegatronCheckpointCfg:
     fully_parallel_load: bool = True
     async_save: bool = False
     parallel_read_threads: int = 1  # 1 = PyTorch's own FileSystemReader
+    # The distributed optimizer's state on disk (megatron-core's names): "dp_reshardable" keeps
+    # its buffers as they are (no gathers) and resumes at another DP size only;
+    # "fully_reshardable" gathers it over DP into model-space tensors at save and resumes at
+    # any TP/PP/DP (docs/megatron.md, "Training checkpoints").
+    optimizer_format: Literal["dp_reshardable", "fully_reshardable"] = "dp_reshardable"
 
 
 @frozen

@@ -377,10 +377,11 @@ def _run_logged_steps(
     assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
     first_step = _resume(store, sampler)
-    superseded = writer.supersede_from(first_step)
-    if superseded:
-        print(f"metrics.jsonl: step(s) {_ranges(superseded)} of an earlier attempt, run "
-              "again now, moved to metrics.superseded.jsonl", flush=True)  # fmt: skip
+    # A step 0 line (validation before step 1) runs again only when the run starts over.
+    dropped = writer.drop_steps_from(first_step if first_step > 1 else 0)
+    if dropped:
+        print(f"{writer.path.name}: dropped {dropped} line(s) of steps from {first_step} on "
+              "(an earlier attempt ran them after the checkpoint; they run again)", flush=True)  # fmt: skip
     memory = HostMemoryTracker()
     if (
         validate
@@ -429,31 +430,23 @@ def _resume(store: CheckpointStore, sampler: EpochSampler) -> int:
     return int(extra["step"]) + 1
 
 
-def _ranges(steps: list[int]) -> str:
-    """``[3, 4, 5, 9]`` → ``3-5, 9``."""
-    parts: list[str] = []
-    for step in sorted(set(steps)):
-        if parts and parts[-1].split("-")[-1] == str(step - 1):
-            parts[-1] = f"{parts[-1].split('-')[0]}-{step}"
-        else:
-            parts.append(str(step))
-    return ", ".join(parts)
-
-
 def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, float | None]:
-    """Memory peaks, and torch.compile's graph count so far (a rise after the first steps
-    is a recompilation stall)."""
+    """Memory peaks, torch.compile's graph count so far (a rise after the first steps is a
+    recompilation stall), and rank 0's figures of this step's train and log-prob passes
+    (``hpcrl.core.backends.pass_stats``)."""
     states = policy.collect_state()
     peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
     peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
     worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
     graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
     driver_gb = memory.sample()
+    passes = dict(states[0].get("pass_metrics") or {}) if states else {}
     return {
         "peak_gpu_mem_gb": peak_gpu_gb,
         "peak_host_rss_gb": driver_gb + sum(worker_rss),
         "peak_host_rss_driver_gb": driver_gb,
         "compiled_graphs": max(graphs) if graphs else None,
+        **passes,
     }
 
 

@@ -16,40 +16,29 @@ from typing import Any
 BYTES_PER_GB = 2**30
 
 
-#: Where ``MetricsWriter.supersede_from`` moves the lines a resumed attempt runs again.
-SUPERSEDED_NAME = "metrics.superseded.jsonl"
-
-
 class MetricsWriter:
-    """Appends one JSON object per step; a resumed run appends to the same file."""
+    """Appends one JSON object per step; a resumed run appends to the same file, after
+    ``drop_steps_from`` removed what it is about to run again."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def supersede_from(self, first_step: int) -> list[int]:
-        """Before an attempt that starts at ``first_step`` (resumed from the checkpoint of the
-        step before, or from scratch at 1): move every line it will write again (steps from
-        ``first_step`` on; from scratch, the step-0 validation too), and any torn line, to
-        ``metrics.superseded.jsonl`` beside it, so metrics.jsonl holds each step once, from
-        the attempt whose weights carry on. Returns the steps moved."""
-        if not self.path.is_file():
-            return []
-        kept, moved, steps = [], [], []
-        for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True):
-            step = _step_of(line)
-            if step is not None and (step < first_step and (step > 0 or first_step > 1)):
-                kept.append(line)
-                continue
-            moved.append(line if line.endswith("\n") else line + "\n")
-            steps += [step] if step is not None else []
-        if moved:
-            with open(self.path.with_name(SUPERSEDED_NAME), "a", encoding="utf-8") as handle:
-                handle.writelines(moved)
-            partial = self.path.with_name(self.path.name + ".partial")
-            partial.write_text("".join(kept), encoding="utf-8")
-            partial.replace(self.path)
-        return steps
+    def drop_steps_from(self, first_step: int) -> int:
+        """Remove the records of steps ``>= first_step`` (an earlier attempt ran them after
+        the checkpoint this run resumes from, and they run again: none is written twice), and
+        any line that is not a record (one cut short when a job died). Returns how many."""
+        from hpcrl.files import write_file
+
+        try:
+            lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return 0
+        steps = [(line, _step_of(line)) for line in lines]
+        kept = [line for line, step in steps if step is not None and step < first_step]
+        if len(kept) < len(lines):
+            write_file(self.path, "".join(line + "\n" for line in kept))
+        return len(lines) - len(kept)
 
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps({key: _plain(value) for key, value in record.items()}, sort_keys=False)
@@ -62,7 +51,7 @@ class MetricsWriter:
 def _step_of(line: str) -> int | None:
     try:
         record = json.loads(line)
-    except json.JSONDecodeError:
+    except ValueError:
         return None
     step = record.get("step") if isinstance(record, dict) else None
     return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -34,8 +34,12 @@ UNFILTERED_LOGPROBS_KEY = "curr_logprobs_unfiltered"
 # Computed on the workers: (logprobs [b, T] with grad, micro-batch, global normaliser) →
 # (scalar loss, metrics). Must be a picklable top-level function or functools.partial of one.
 # ``num_global_tokens`` is the loss-mask token count of the whole global batch, so that
-# micro-batch and data-parallel splits sum to the same loss as one big batch.
-LossFn = Callable[["torch.Tensor", Batch, float], tuple["torch.Tensor", dict[str, float]]]
+# micro-batch and data-parallel splits sum to the same loss as one big batch. Metric values
+# are floats or (preferably) detached 0-dim tensors: backends sum tensors on the device and
+# read them once per step instead of waiting for the device after every micro-batch.
+LossFn = Callable[
+    ["torch.Tensor", Batch, float], tuple["torch.Tensor", Mapping[str, "float | torch.Tensor"]]
+]
 
 
 class GenerationOutput(Protocol):

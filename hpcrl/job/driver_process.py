@@ -9,6 +9,8 @@ Contract for the driver callable (``HPCRL_DRIVER=module:function``, default
 connected (do not call ``ray.init`` again), every node alive and each node marked by the custom
 resource ``hpcrl_node_<rank>``; returns the job's exit code (``None`` counts as 0). When the file
 ``<run_dir>/PREEMPT`` appears it should save a checkpoint at the next step boundary and return 3.
+An exception it raises is written to ``status/driver.error`` (a ``WorkerFailed`` names the
+rank) for the attempt's one-line cause, and the job's exit code is 1.
 """
 
 from __future__ import annotations
@@ -20,8 +22,16 @@ import time
 import traceback
 from collections.abc import Callable
 
+from hpcrl.job.diagnosis import describe_driver_error
 from hpcrl.job.errors import BootstrapError, NodesMissing, OtherNodeFailed
-from hpcrl.job.markers import HEAD, RAY_READY, failed_marker_name, first_failure, write_marker
+from hpcrl.job.markers import (
+    DRIVER_ERROR,
+    HEAD,
+    RAY_READY,
+    failed_marker_name,
+    first_failure,
+    write_marker,
+)
 from hpcrl.job.network import port_accepts, wait_until
 from hpcrl.job.processes import die_with_parent
 from hpcrl.job.ray_cluster import node_resource_name
@@ -193,8 +203,11 @@ def run(run_dir: str) -> int:
     log(f"running driver {settings.driver}", started)
     try:
         code = driver(str(settings.run_dir))
-    except Exception:
+    except Exception as error:
         traceback.print_exc()
+        # What node 0's entrypoint names as the attempt's cause (hpcrl.job.diagnosis).
+        write_marker(settings.run_dir, DRIVER_ERROR, settings.task.attempt_id,
+                     **describe_driver_error(error))  # fmt: skip
         return 1
     return 0 if code is None else int(code)
 

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 
 class BootstrapError(RuntimeError):
-    """The per-node Ray bootstrap failed; ``str(error)`` is the full message for the user."""
+    """The per-node Ray bootstrap failed; ``str(error)`` is the full message for the user.
+
+    ``detail``: what happened in a few words, for the attempt's one-line cause (empty: the
+    message's first line serves); ``log``: the file that tells more."""
+
+    detail: str = ""
+    log: str | None = None
 
 
 class NodeSettingsError(BootstrapError):
@@ -61,19 +67,37 @@ class OtherNodeFailed(BootstrapError):
 class RayExited(BootstrapError):
     """This node's own ``ray start --block`` process ended while it was still needed."""
 
+    def __init__(self, message: str, detail: str = "", log: str | None = None) -> None:
+        super().__init__(message)
+        self.detail, self.log = detail, log
+
 
 class DriverFailed(RuntimeError):
-    """The training driver on node 0 exited nonzero; raised so submitit marks the job failed."""
+    """The training driver on node 0 exited nonzero; raised so submitit marks the job failed.
+    ``cause``: the attempt's one-line cause (``status/cause.<r>.json``), when named."""
 
-    def __init__(self, exit_code: int, driver: str, log_tail: str, log_path: str = ""):
+    def __init__(
+        self, exit_code: int, driver: str, log_tail: str, log_path: str = "", cause: str = ""
+    ):
+        because = f" ({cause})" if cause else ""
         super().__init__(
-            f"driver {driver} exited with code {exit_code}; last lines of its log:\n{log_tail}"
+            f"driver {driver} exited with code {exit_code}{because}; last lines of its log:\n"
+            f"{log_tail}"
         )
         self.exit_code = exit_code
         #: One line for the task's stderr (the traceback, if any, is in the driver's log).
-        self.summary = f"driver {driver} exited with code {exit_code}" + (
+        self.summary = f"driver {driver} exited with code {exit_code}{because}" + (
             f" (its log: {log_path})" if log_path else ""
         )
+
+
+class RequeueRequested(RuntimeError):
+    """The attempt failed in a way another attempt may not (a node was lost) and requeues are
+    left: ``hpcrl.submit.node_task.NodeTask`` requeues the job with ``resubmission``."""
+
+    def __init__(self, resubmission: object, cause: str) -> None:
+        super().__init__(f"requeueing the job: {cause}")
+        self.resubmission, self.cause = resubmission, cause
 
 
 class PreflightFailed(BootstrapError):

@@ -8,7 +8,10 @@ after a requeue the folder still holds the previous attempt's markers, and reade
   only a head announced for its own attempt (never another job's head on the same port).
 - ``status/ray_ready``: node 0, once every node joined (``num_nodes``, ``node_ips``, times).
 - ``status/done``: node 0, when the driver finished (``exit_code``); workers then stop.
-- ``status/node<k>.failed``: node k's bootstrap failure (``message``).
+- ``status/node<k>.failed``: node k's failure (``message``; ``detail`` and ``log`` when known).
+- ``status/driver.error``: node 0's driver raised (``error_type``, ``message``; ``rank``,
+  ``node_ip``, ``died``, ``method``, ``role`` when a worker failed: hpcrl.job.diagnosis).
+- ``status/cause.<r>.json``: why attempt r ended early, in one line (``hpcrl.causes``).
 - ``PREEMPT`` (run folder root): asks the training driver to checkpoint and exit with code 3.
 - ``logs/node<k>/attempt<r>/``: ``node.log`` (this entrypoint), ``ray.out``/``ray.err``,
   ``driver.log`` (node 0).
@@ -25,6 +28,7 @@ from typing import Any
 HEAD = "head"
 RAY_READY = "ray_ready"
 DONE = "done"
+DRIVER_ERROR = "driver.error"
 PREEMPT_FILE = "PREEMPT"
 #: The driver's exit code after it saved a checkpoint because PREEMPT appeared.
 PREEMPTED_EXIT_CODE = 3
@@ -60,6 +64,16 @@ def read_marker(run_dir: Path, name: str, attempt_id: str) -> dict[str, Any] | N
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return content if content.get("attempt") == attempt_id else None
+
+
+def node_failures(run_dir: Path, attempt_id: str, ranks: range) -> list[tuple[int, dict[str, Any]]]:
+    """``(rank, marker)`` of every node among ``ranks`` that reported a failure, first first."""
+    found = []
+    for rank in ranks:
+        marker = read_marker(run_dir, failed_marker_name(rank), attempt_id)
+        if marker is not None:
+            found.append((rank, marker))
+    return sorted(found, key=lambda item: (item[1].get("time", 0.0), item[0]))
 
 
 def first_failure(run_dir: Path, attempt_id: str, ranks: range) -> tuple[int, str] | None:

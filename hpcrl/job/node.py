@@ -22,8 +22,11 @@ import threading
 import time
 from collections.abc import Mapping
 
+import attrs
 from submitit.helpers import Checkpointable, DelayedSubmission
 
+from hpcrl.causes import PREEMPTED, AttemptCause, exit_code_of, last_step, read_cause, write_cause
+from hpcrl.job.diagnosis import diagnose, head_lost
 from hpcrl.job.driver_process import ATTEMPT_VARIABLE
 from hpcrl.job.errors import (
     BootstrapError,
@@ -31,12 +34,15 @@ from hpcrl.job.errors import (
     HeadUnreachable,
     OtherNodeFailed,
     RayExited,
+    RequeueRequested,
 )
 from hpcrl.job.markers import (
     DONE,
     HEAD,
     PREEMPT_FILE,
+    PREEMPTED_EXIT_CODE,
     failed_marker_name,
+    node_failures,
     node_log_dir,
     read_marker,
     write_marker,
@@ -50,6 +56,10 @@ from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_no
 LOGGER_NAME = "hpcrl.job"
 WORKER_POLL_INTERVAL_S = 0.5
 HEAD_GONE_AFTER_FAILED_CONNECTS = 2  # one refused connect on a loaded node is not "gone"
+NODE_FAILURES_POLL_S = 1.0  # node 0 looks for other nodes' failure reports this often
+#: After another node reported a failure, how long the driver gets to fail by itself (its
+#: own error names the rank) before node 0 stops it; a collective may otherwise wait forever.
+NODE_FAILURE_GRACE_S = 15.0
 
 
 class NodeMain(Checkpointable):
@@ -58,6 +68,11 @@ class NodeMain(Checkpointable):
     On USR2 submitit calls ``checkpoint(run_dir)`` on node 0: it writes ``PREEMPT``, gives the
     driver up to ``preempt_grace_s`` to save a checkpoint and exit, and returns a resubmission of
     itself (submitit requeues the job) until ``max_requeues`` is used up.
+
+    When the attempt failed because a node was lost and requeues are left (its cause record
+    says ``requeued``), it raises ``RequeueRequested`` with that resubmission instead of
+    ``DriverFailed``; ``hpcrl.submit.node_task.NodeTask`` requeues the job, and the next
+    attempt's driver resumes from the last checkpoint.
     """
 
     def __init__(self) -> None:
@@ -69,11 +84,19 @@ class NodeMain(Checkpointable):
         settings = read_node_settings(run_dir, os.environ, self.num_requeues)
         self._settings = settings
         code = run_node(settings, os.environ, on_driver_start=self._remember_driver)
-        if code != 0:
-            log_dir = node_log_dir(settings.run_dir, 0, settings.task.run_attempt)
-            log_path = log_dir / "driver.log"
-            raise DriverFailed(code, settings.driver, tail(log_path), log_path=str(log_path))
-        return code
+        if code == 0 or not settings.is_head:
+            return code
+        cause = read_cause(settings.run_dir, settings.task.run_attempt)
+        if cause is not None and cause.requeued:
+            raise RequeueRequested(self._resubmission(), cause.line())
+        log_path = node_log_dir(settings.run_dir, 0, settings.task.run_attempt) / "driver.log"
+        raise DriverFailed(code, settings.driver, tail(log_path), log_path=str(log_path),
+                           cause=cause.line() if cause else "")  # fmt: skip
+
+    def _resubmission(self) -> NodeMain:
+        resubmitted = NodeMain()
+        resubmitted.num_requeues = self.num_requeues + 1
+        return resubmitted
 
     def _remember_driver(self, driver: subprocess.Popen[bytes]) -> None:
         self._driver = driver
@@ -84,22 +107,23 @@ class NodeMain(Checkpointable):
         preempt_path = settings.run_dir / PREEMPT_FILE
         preempt_path.write_text(settings.task.attempt_id)
         logger.warning("preemption/timeout signal: wrote %s, waiting for the driver", preempt_path)
+        saved = False
         if self._driver is not None:
             try:
                 code = self._driver.wait(timeout=settings.preempt_grace_s)
                 logger.warning("driver exited with code %s after the preemption signal", code)
+                saved = code == PREEMPTED_EXIT_CODE
             except subprocess.TimeoutExpired:
                 logger.warning(
                     "driver still running after %.0fs; requeueing anyway", settings.preempt_grace_s
                 )
-        if self.num_requeues >= settings.max_requeues:
+        requeue = self.num_requeues < settings.max_requeues
+        if not requeue:
             logger.warning(
                 "not requeueing: %d of %d requeues used", self.num_requeues, settings.max_requeues
             )
-            return None
-        resubmitted = NodeMain()
-        resubmitted.num_requeues = self.num_requeues + 1
-        return DelayedSubmission(resubmitted, run_dir)
+        _record_preemption(settings, saved, requeue)
+        return DelayedSubmission(self._resubmission(), run_dir) if requeue else None
 
     def __getstate__(self) -> dict[str, int]:
         return {"num_requeues": self.num_requeues}  # processes and settings are per attempt
@@ -145,12 +169,11 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
         return code
     except BootstrapError as error:
         logger.error("%s", error)
-        write_marker(settings.run_dir, failed_marker_name(settings.node_rank),
-                     settings.task.attempt_id, message=str(error))  # fmt: skip
+        report_failure(settings, error)
         raise
     finally:
         if ray_node is not None:
-            killed = ray_node.stop(keep_ray_logs=failed)
+            killed = ray_node.stop(keep_ray_logs=failed or ray_node.failed)
             logger.info("Ray stopped%s", f" (had to kill {', '.join(killed)})" if killed else "")
         restore_sigterm()
         for handler in handlers:
@@ -176,19 +199,88 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
     logger.info("started Ray head and driver %s (log: %s)", settings.driver, log_dir / "driver.log")
     if on_driver_start is not None:
         on_driver_start(driver)
+    own_failure: RayExited | None = None
     try:
-        while driver.poll() is None:
-            ray_node.check_alive()
-            time.sleep(0.2)  # short polls keep submitit's USR2 handler responsive
+        _watch_driver(settings, driver, ray_node, logger)
+    except RayExited as error:  # this node's Ray: the attempt cannot go on
+        logger.error("%s", error)
+        ray_node.failed, own_failure = True, error
     finally:
         stop_session(driver, settings.stop_timeout_s)  # whatever the driver left running
-    code = driver.returncode
-    write_marker(settings.run_dir, DONE, settings.task.attempt_id, exit_code=code)
+    code = 1 if own_failure else exit_code_of(driver.returncode)
     failure = read_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id)
-    if failure is not None:
+    if failure is not None:  # the driver's bootstrap failed (it wrote why)
+        write_marker(settings.run_dir, DONE, settings.task.attempt_id, exit_code=code)
         raise BootstrapError(failure["message"])
+    if code != 0 and not _stopped_for_preemption(settings, code):
+        _record_failure(settings, driver.returncode, own_failure, logger)
+    write_marker(settings.run_dir, DONE, settings.task.attempt_id, exit_code=code)
     logger.info("driver exited with code %d", code)
     return code
+
+
+def _watch_driver(settings, driver, ray_node: RayNode, logger: logging.Logger) -> None:
+    """Until the driver exits: this node's Ray must live (RayExited), and when another node
+    reports a failure the driver gets NODE_FAILURE_GRACE_S to fail on its own, then it is
+    stopped (a collective with a dead peer can wait far longer)."""
+    next_look_s = failed_since_s = None
+    while driver.poll() is None:
+        ray_node.check_alive()
+        now_s = time.monotonic()
+        if failed_since_s is None and (next_look_s is None or now_s >= next_look_s):
+            next_look_s = now_s + NODE_FAILURES_POLL_S
+            reports = node_failures(settings.run_dir, settings.task.attempt_id,
+                                    range(1, settings.num_nodes))  # fmt: skip
+            if reports:
+                failed_since_s = now_s
+                logger.error("node %d reported a failure: %s", reports[0][0],
+                             reports[0][1].get("message", "").splitlines()[:1])  # fmt: skip
+        if failed_since_s is not None and now_s - failed_since_s >= NODE_FAILURE_GRACE_S:
+            logger.error("driver still running %.0fs after a node failed; stopping it",
+                         NODE_FAILURE_GRACE_S)  # fmt: skip
+            return
+        time.sleep(0.2)  # short polls keep submitit's USR2 handler responsive
+
+
+def _stopped_for_preemption(settings: NodeSettings, code: int) -> bool:
+    return code == PREEMPTED_EXIT_CODE and (settings.run_dir / PREEMPT_FILE).exists()
+
+
+def _record_failure(settings, returncode: int, own_failure: RayExited | None, logger) -> None:
+    """Name the attempt's cause (status/cause.<r>.json) and whether the job is requeued."""
+    if own_failure is not None:
+        cause = head_lost(settings, own_failure, returncode)
+    else:
+        cause = diagnose(settings, returncode)
+    requeue = (
+        cause.retryable
+        and settings.task.in_slurm
+        and (settings.task.attempt < settings.max_requeues)
+    )
+    cause = attrs.evolve(cause, requeued=requeue)
+    write_cause(settings.run_dir, cause)
+    logger.error("attempt %d failed: %s", settings.task.run_attempt + 1, cause.line())
+
+
+def _record_preemption(settings: NodeSettings, saved: bool, requeued: bool) -> None:
+    log_dir = node_log_dir(settings.run_dir, 0, settings.task.run_attempt)
+    cause = AttemptCause(
+        attempt=settings.task.run_attempt,
+        kind=PREEMPTED,
+        what="preempted (USR2: time limit or preemption)",
+        detail="the driver saved a checkpoint" if saved else "no checkpoint confirmed",
+        after_step=last_step(settings.run_dir),
+        exit_code=PREEMPTED_EXIT_CODE,
+        requeued=requeued,
+        log=str((log_dir / "node.log").relative_to(settings.run_dir)),
+    )
+    write_cause(settings.run_dir, cause)
+
+
+def report_failure(settings: NodeSettings, error: BootstrapError) -> None:
+    """``status/node<k>.failed`` for this node (the other nodes and node 0's diagnosis read it)."""
+    write_marker(settings.run_dir, failed_marker_name(settings.node_rank), settings.task.attempt_id,
+                 message=str(error), detail=error.detail, log=error.log)  # fmt: skip
 
 
 def _wait_for_head(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> None:
@@ -230,17 +322,17 @@ def _run_is_ending(settings: NodeSettings) -> bool:
 def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> int:
     failed_connects = 0
     while True:
-        try:
-            ray_node.check_alive()
-        except RayExited:
-            if not _run_is_ending(settings):
-                raise
-            logger.info("Ray stopped with the head (the run ended or is being requeued)")
-            return 0
-        _raise_if_head_failed(settings)
         if read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None:
             logger.info("node 0 marked the run done; stopping")
             return 0
+        _raise_if_head_failed(settings)
+        try:
+            ray_node.check_alive()
+        except RayExited as error:
+            if _run_is_ending(settings):
+                logger.info("Ray stopped with the head (the run ended or is being requeued)")
+                return 0
+            return _report_and_wait_for_head(settings, ray_node, error, logger)
         if port_accepts(settings.head_ip, settings.ray_ports.gcs_port):
             failed_connects = 0
         else:
@@ -249,6 +341,29 @@ def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logge
                 logger.info("head's GCS port %s closed; stopping", settings.gcs_address)
                 return 0
         time.sleep(WORKER_POLL_INTERVAL_S)
+
+
+def _report_and_wait_for_head(
+    settings: NodeSettings, ray_node: RayNode, error: RayExited, logger: logging.Logger
+) -> int:
+    """This node's Ray died mid-run: report it, then leave the attempt's end to node 0.
+
+    Exiting nonzero now would make srun (``--kill-on-bad-exit``) end node 0's task too,
+    before it could name the cause and requeue; node 0 stops its driver once it sees the
+    report. If node 0 does not end the attempt within ``head_wait_s``, fail after all.
+    """
+    logger.error("%s", error)
+    ray_node.failed = True
+    report_failure(settings, error)
+
+    def attempt_over() -> bool:
+        done = read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None
+        return done or not port_accepts(settings.head_ip, settings.ray_ports.gcs_port)
+
+    if not wait_until(attempt_over, settings.head_wait_s, interval_s=WORKER_POLL_INTERVAL_S):
+        raise error
+    logger.info("node 0 ended the attempt (it reports this node's failure)")
+    return 0
 
 
 def _clear_stale_preempt(settings: NodeSettings) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,7 @@ class RayNode:
     environ: Mapping[str, str]
     process: subprocess.Popen[bytes] | None = None
     startup_retries: int = 0
+    failed: bool = False  # set when this node reported a failure: keep Ray's logs
 
     @classmethod
     def start(cls, settings: NodeSettings, environ: Mapping[str, str], *, hold: bool) -> RayNode:
@@ -171,9 +173,13 @@ class RayNode:
             self.startup_retries += 1
             self._launch("-")
             return
+        detail = f"its Ray exited ({ray_exit_detail(self.log_dir) or f'code {code}'})"
         raise RayExited(
             f"Ray on node {self.settings.task.node_name} exited with code {code} while the "
-            f"job still needed it; see {self.log_dir}/ray.err:\n{error_tail}"
+            f"job still needed it ({detail}); see {self.log_dir}/ray.out and ray.err:\n"
+            f"{error_tail}",
+            detail=detail,
+            log=str((self.log_dir / "ray.out").relative_to(self.settings.run_dir)),
         )
 
     def stop(self, keep_ray_logs: bool) -> list[str]:
@@ -191,12 +197,36 @@ class RayNode:
         return killed
 
 
-def tail(path: Path, num_lines: int = 20) -> str:
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+_EXITED_PROCESS = re.compile(r"(?P<name>[\w.-]+) \[exit code=(?P<code>-?\d+)\]")
+_EXITED_HEADER = "Some Ray subprocesses exited unexpectedly:"
+
+
+def ray_exit_detail(log_dir: Path) -> str:
+    """Which of Ray's processes ended ``ray start --block`` and how (``raylet killed by signal
+    9``), from what it printed to ray.out before exiting; '' when it said nothing."""
+    # Ray prints its report, then up to a few hundred lines of the process's own log.
+    text = _ANSI_ESCAPE.sub("", tail(log_dir / "ray.out", num_lines=1 << 20, max_bytes=1 << 20))
+    _, header, after = text.rpartition(_EXITED_HEADER)
+    if not header:
+        return ""
+    exited = []
+    for line in after.splitlines()[1:]:
+        match = _EXITED_PROCESS.search(line)
+        if match is None:
+            break
+        code = int(match["code"])
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        exited.append(f"{match['name']} {how}")
+    return ", ".join(exited)
+
+
+def tail(path: Path, num_lines: int = 20, max_bytes: int = 16384) -> str:
     """The last lines of a text file ('' when it does not exist)."""
     try:
         with open(path, "rb") as file:
             file.seek(0, os.SEEK_END)
-            file.seek(max(0, file.tell() - 16384))
+            file.seek(max(0, file.tell() - max_bytes))
             lines = file.read().decode(errors="replace").splitlines()
     except FileNotFoundError:
         return ""

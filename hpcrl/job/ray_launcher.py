@@ -15,23 +15,31 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 
 from hpcrl.job.processes import die_with_parent
+from hpcrl.polling import wait_until
 
 GO_POLL_INTERVAL_S = 0.05
 NO_GO_EXIT_CODE = 3
 
 
+class _ParentGone(Exception):
+    pass
+
+
 def wait_for_go(go_file: str, max_wait_s: float) -> bool:
     """True once ``go_file`` exists; False when the parent died or the wait timed out."""
     parent = os.getppid()
-    deadline = time.monotonic() + max_wait_s
-    while not os.path.exists(go_file):
-        if os.getppid() != parent or time.monotonic() > deadline:
-            return False
-        time.sleep(GO_POLL_INTERVAL_S)
-    return True
+
+    def parent_alive() -> None:
+        if os.getppid() != parent:
+            raise _ParentGone
+
+    try:
+        return wait_until(lambda: os.path.exists(go_file), max_wait_s, abort=parent_alive,
+                          interval_s=GO_POLL_INTERVAL_S)  # fmt: skip
+    except _ParentGone:
+        return False
 
 
 def main(argv: list[str]) -> int:

@@ -11,11 +11,12 @@ The only unquoted text is hpcrl's own template text, numbers and names hpcrl com
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import shlex
 from collections.abc import Iterable
 
 import jinja2
+
+from hpcrl.config.locate import shipped_templates_dir
 
 
 def quote(value: object) -> str:
@@ -48,7 +49,7 @@ def raw_shell(line: str) -> str:
 
 @functools.cache  # one environment per process: templates are loaded and compiled once
 def environment() -> jinja2.Environment:
-    templates = importlib.resources.files("hpcrl.templates")
+    templates = shipped_templates_dir()
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
         undefined=jinja2.StrictUndefined,

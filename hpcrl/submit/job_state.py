@@ -29,6 +29,7 @@ from submitit.core.utils import JobPaths, UncompletedJobError
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 
+from hpcrl.causes import latest_cause
 from hpcrl.config.errors import UserError
 from hpcrl.polling import wait_until
 from hpcrl.submit.job_identity import (
@@ -334,9 +335,18 @@ _IMPORT_FAILURE = re.compile(r"^(?:ModuleNotFoundError|ImportError): (.+)$", re.
 
 
 def failure_cause(run_dir: Path) -> str | None:
-    """Why the job failed, in one line, when it says so: the newest ``status/node<k>.failed``
-    (a preflight or bootstrap failure), else an import failure in a task's log."""
-    return _newest_failure_marker(run_dir) or _import_failure(run_dir)
+    """Why the job failed, in one line, when it says so: the newest attempt's cause record
+    (``status/cause.<r>.json``, node 0's account of the attempt: ``hpcrl.causes``), else the
+    newest ``status/node<k>.failed`` of a later attempt or of one without a record (a preflight
+    or bootstrap failure), else an import failure in a task's log."""
+    from hpcrl.config.secrets import redact  # what a job wrote may quote a secret
+
+    cause = latest_cause(Path(run_dir))
+    marker = _newest_failure_marker(run_dir)
+    if cause is not None and (marker is None or marker[0] <= cause.attempt):
+        return cause.line()
+    line = (marker[1] if marker else None) or _import_failure(run_dir)
+    return redact(line) if line else None
 
 
 def _import_failure(run_dir: Path) -> str | None:
@@ -353,18 +363,23 @@ def _import_failure(run_dir: Path) -> str | None:
     return None
 
 
-def _newest_failure_marker(run_dir: Path) -> str | None:
-    newest: tuple[float, str] | None = None
+def _newest_failure_marker(run_dir: Path) -> tuple[int, str] | None:
+    """``(attempt's restart count, first line)`` of the newest node failure report."""
+    newest: tuple[float, int, str] | None = None
     for path in (Path(run_dir) / "status").glob("node*.failed"):
         try:
             marker = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):
+            continue
+        if not isinstance(marker, dict):
             continue
         message, written = marker.get("message"), marker.get("time")
         if isinstance(message, str) and isinstance(written, int | float):
             if newest is None or written > newest[0]:
-                newest = (written, message.splitlines()[0] if message else "")
-    return newest[1] if newest else None
+                restart = str(marker.get("attempt", "")).rpartition(".")[2]
+                line = message.splitlines()[0] if message else ""
+                newest = (written, int(restart) if restart.isdigit() else 0, line)
+    return newest[1:] if newest else None
 
 
 def _driver_exit_code(run_dir: Path) -> int | None:

@@ -9,7 +9,10 @@ Every line is printed with one prefix, the same with ``-f`` and without:
 - the node entrypoint logs every line to ``node.log`` and to the task's stderr; when the
   task's stderr is shown, ``node.log`` is not (it stays on disk for grep).
 
-Escape sequences (Ray's colours) are removed unless stdout is a terminal.
+Escape sequences (Ray's colours) are removed unless stdout is a terminal. Ray's state dumps
+(printed by every process that saw a raylet die) are folded into one line saying where they
+are. The view ends with each attempt's cause when one ended early (``hpcrl.causes``):
+``[hpcrl] attempt 1: node 1 (n2) lost after step 3: ...``.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import TextIO
 
 import attrs
 
+from hpcrl.causes import read_causes
 from hpcrl.config.errors import UserError
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
-from hpcrl.submit.logs import LogFile, follow, list_log_files, split_attempts
+from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
 from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
 from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 
@@ -107,10 +111,13 @@ def attempts_logged(files: Sequence[LogFile]) -> int:
     return highest
 
 
-def shown_files(run: LoggedRun, selection: LogSelection) -> list[LogFile]:
-    """The files of ``run`` that the view prints, in order (see the module docstring)."""
-    # a resumed run's earlier jobs' submitit files too: their attempts are the run's
-    files = list_log_files(run.run_dir, run.record, selection.node, earlier_jobs=True)
+def shown_files(
+    run: LoggedRun, selection: LogSelection, earlier_jobs: bool = True
+) -> list[LogFile]:
+    """The files of ``run`` that the view prints, in order (see the module docstring); with
+    ``earlier_jobs``, a resumed run's earlier jobs' submitit files too (their attempts are the
+    run's)."""
+    files = list_log_files(run.run_dir, run.record, selection.node, earlier_jobs=earlier_jobs)
     if selection.driver_only:
         files = [log for log in files if log.node == 0 and log.label.endswith("/driver.log")]
     # stderr exists from the task's start, before node.log: the choice never flips while following
@@ -172,10 +179,28 @@ def print_logs(runs: Sequence[LoggedRun], selection: LogSelection, stream: TextI
             text = log.path.read_text(errors="replace")
             if log.label in SUBMITIT_LABELS and selection.attempt is not None:
                 text = split_attempts(text).get(selection.attempt, "")
-            for line in prefixed_lines(run, log, clean(text), keep_banner=False):
+            text = fold_state_dumps(clean(text), log.path)
+            for line in prefixed_lines(run, log, text, keep_banner=False):
                 stream.write(line)
                 printed = True
+    write_causes(runs, selection, stream)
     return printed
+
+
+def attempt_cause_lines(run_dir: Path, attempt: int | None = None) -> list[str]:
+    """``attempt 1: <cause>`` for every attempt that ended early (only ``attempt``, counted
+    from 1, when given)."""
+    return [
+        cause.titled_line()
+        for cause in read_causes(run_dir)
+        if attempt is None or cause.attempt == attempt - 1
+    ]
+
+
+def write_causes(runs: Sequence[LoggedRun], selection: LogSelection, stream: TextIO) -> None:
+    for run in runs:
+        for line in attempt_cause_lines(run.run_dir, selection.attempt):
+            stream.write(f"[{run.point + ' ' if run.point else ''}hpcrl] {line}\n")
 
 
 def follow_logs(
@@ -200,9 +225,11 @@ def follow_logs(
         lines = text.splitlines(keepends=True)
         if log.label in SUBMITIT_LABELS and selection.attempt is not None:
             lines = _lines_of_attempt(lines, log.path, attempt_now, selection.attempt)
-        for line in prefixed_lines(owners[log.path], log, clean("".join(lines)), False):
+        text = fold_state_dumps(clean("".join(lines)), log.path)
+        for line in prefixed_lines(owners[log.path], log, text, False):
             stream.write(line)
         stream.flush()
+    write_causes(runs, selection, stream)
 
 
 def _lines_of_attempt(

@@ -8,6 +8,7 @@ under ``<run_dir>/logs/node<k>/`` (Ray, driver).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -72,6 +73,36 @@ def split_attempts(text: str) -> dict[int, str]:
 def read_log(path: Path, attempt: int | None = None) -> str:
     text = path.read_text(errors="replace")
     return text if attempt is None else split_attempts(text).get(attempt, "")
+
+
+#: Ray's raylet, when it dies, has its last log lines printed by every process that saw it
+#: go: its periodic state dump, a few hundred lines of event-loop counters per copy.
+#: A line of it, once colours are taken out: ``    [state-dump] ...``, or with the
+#: ``(raylet)`` prefix Ray gives lines it forwards to the driver.
+_STATE_DUMP = re.compile(r"^\s*(?:\([^)]*\)\s*)?\[state-dump\]")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def fold_state_dumps(text: str, path: Path) -> str:
+    """``text`` with each run of Ray state-dump lines replaced by one line saying how many
+    were left out and where they are."""
+    out: list[str] = []
+    folded = 0
+    for line in text.splitlines(keepends=True):
+        if _STATE_DUMP.match(_COLOUR.sub("", line)):
+            folded += 1
+            continue
+        if folded:
+            out.append(_folded_note(folded, path))
+            folded = 0
+        out.append(line)
+    if folded:
+        out.append(_folded_note(folded, path))
+    return "".join(out)
+
+
+def _folded_note(count: int, path: Path) -> str:
+    return f"    [hpcrl: {count} lines of Ray's state dump left out; they are in {path}]\n"
 
 
 def tail_lines(text: str, num_lines: int) -> str:

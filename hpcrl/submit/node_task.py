@@ -5,7 +5,8 @@ attempts in one file; ``hpcrl logs --attempt K`` splits on these lines), numberi
 through the run (``attempt_offset``: the attempts of the run's earlier jobs, when ``hpcrl
 resume`` submitted this one into the same folder), and forwards
 submitit's timeout/preemption ``checkpoint`` to the node entrypoint, so the driver can stop
-cleanly before Slurm requeues the job. Imports nothing heavy: the node entrypoint is imported
+cleanly before Slurm requeues the job. When the node entrypoint asks for a requeue after a
+failure (a lost node), it requeues the job the way submitit does after a preemption. Imports nothing heavy: the node entrypoint is imported
 only inside the job.
 """
 
@@ -16,6 +17,7 @@ import os
 import re
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from submitit.core.utils import DelayedSubmission
@@ -51,6 +53,50 @@ def _load_entrypoint() -> Any:
 
     node_main_class = getattr(node, "NodeMain", None)
     return node_main_class() if node_main_class is not None else node.main
+
+
+#: What task 0 exits with once it requeued the job (submitit's own requeue exits -1 too):
+#: it leaves no result file, so nothing reads this attempt as the job's end.
+REQUEUED_EXIT_CODE = -1
+SCONTROL_TIMEOUT_S = 60
+
+
+def requeue_after_failure(task: NodeTask, run_dir: str, cause: str) -> None:
+    """Requeue the running job with ``task`` as what the next attempt runs: submitit's own
+    steps after a preemption (the next attempt's pickle, then ``scontrol requeue``), for an
+    attempt that failed in a way the next may not (``hpcrl.job.node.NodeMain``).
+
+    When Slurm refuses, the attempt's cause record says so and the job fails as it is."""
+    import subprocess
+
+    import submitit
+    from submitit.core.utils import temporary_save_path
+
+    environment = submitit.JobEnvironment()
+    pickle_path = environment.paths.submitted_pickle
+    current = DelayedSubmission.load(pickle_path)
+    delayed = DelayedSubmission(task, run_dir)
+    delayed.set_timeout(current._timeout_min, current._timeout_countdown)
+    with temporary_save_path(pickle_path) as partial:
+        delayed.dump(partial)
+    command = ["scontrol", "requeue", environment.job_id]
+    try:
+        subprocess.run(command, check=True, timeout=SCONTROL_TIMEOUT_S, capture_output=True)
+    except (OSError, subprocess.SubprocessError) as error:
+        _requeue_refused(run_dir, f"{' '.join(command)} failed: {error}")
+        raise RuntimeError(f"{cause}; the requeue failed: {error}") from None
+    print(f"hpcrl: requeued job {environment.job_id}: {cause}", file=sys.stderr, flush=True)
+
+
+def _requeue_refused(run_dir: str, why: str) -> None:
+    import attrs
+
+    from hpcrl.causes import latest_cause, write_cause
+
+    cause = latest_cause(Path(run_dir))
+    if cause is not None:
+        detail = f"{cause.detail}; not requeued: {why}".lstrip("; ")
+        write_cause(Path(run_dir), attrs.evolve(cause, requeued=False, detail=detail))
 
 
 def one_line_for_explained_failures(fallback: Any) -> Any:
@@ -99,7 +145,15 @@ class NodeTask(Checkpointable):
         run_preflight(run_dir, os.environ, getattr(self._entrypoint, "num_requeues", 0))
         if self._entrypoint is None:
             self._entrypoint = _load_entrypoint()
-        return self._entrypoint(run_dir)
+        from hpcrl.job.errors import RequeueRequested
+
+        try:
+            return self._entrypoint(run_dir)
+        except RequeueRequested as request:
+            requeue_after_failure(
+                NodeTask(request.resubmission, self._attempt_offset), run_dir, request.cause
+            )
+            raise SystemExit(REQUEUED_EXIT_CODE) from None  # as submitit after its own requeue
 
     def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
         """Called by submitit on task 0 when USR2 arrives; None means "do not requeue"."""

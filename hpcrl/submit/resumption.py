@@ -4,7 +4,7 @@ The run folder is the record of what ran, so nothing is rendered again: its ``jo
 and ``jobspec.json`` are submitted as a new job. That job numbers its attempts after the
 earlier jobs' (``logs/node<k>/attempt<r>/`` and the attempt banners of ``hpcrl logs``), so
 each attempt's logs stay apart; its driver restores the newest complete checkpoint, as
-after a requeue, and moves the metrics lines it runs again to ``metrics.superseded.jsonl``.
+after a requeue, and drops the metrics lines of the steps it runs again.
 ``job.json`` then names the new job, with the earlier ones in ``earlier_job_ids``.
 
 A run is resumed only when its job has ended without finishing (failed, cancelled, timed

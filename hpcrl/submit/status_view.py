@@ -16,13 +16,14 @@ from typing import Any
 
 import attrs
 
+from hpcrl.causes import latest_cause
 from hpcrl.report.metrics import finite_number, last_metrics
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.job_state import JobStatus, failure_cause, query_statuses
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
-#: States in which a job's named failure (status/node<k>.failed) is worth showing.
+#: States in which a job's named failure (its cause record, a node's report) is worth showing.
 _NOT_FAILED = frozenset({"PENDING", "RUNNING", "COMPLETED", "UNKNOWN", "REQUEUED", "SUSPENDED"})
 AGE = re.compile(r"(?P<number>[0-9]+)(?P<unit>[smhdw])")
 AGE_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -56,7 +57,7 @@ class RunStatus:
     recipe: str | None = None
     submitted_at: str | None = None
     swept: dict[str, str] = attrs.field(factory=dict)
-    cause: str | None = None  # why a failed job failed, when a node of it said so
+    cause: str | None = None  # why it failed, or why an earlier attempt ended (status_cause)
     scheduler_error: str | None = None
     problem: str | None = None  # why the folder could not be read, with the fix
 
@@ -175,9 +176,27 @@ def _base_status(run: ListedRun) -> RunStatus:
     )  # fmt: skip
 
 
+def status_cause(run_dir: Path, status: JobStatus, attempt_offset: int = 0) -> str | None:
+    """The cause cell: why a failed job failed (its newest attempt, ``failure_cause``); for a
+    job that goes on or completed after a requeue, why its previous attempt ended
+    (``hpcrl.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
+    ``attempt_offset``: attempts of the run's jobs before ``hpcrl resume`` (attempts are
+    counted through the run); a STALE record has no cause of its own (its problem line)."""
+    if status.stale is not None:
+        return None
+    attempts = attempt_offset + status.attempts
+    if status.state not in _NOT_FAILED:
+        line = failure_cause(run_dir)
+        return f"attempt {attempts}: {line}" if line and attempts > 1 else line
+    cause = latest_cause(run_dir)
+    current = attempts - 1 + int(status.state == "REQUEUED")
+    if cause is None or cause.attempt >= current:
+        return None  # none, or the current attempt's own (sacct has not caught up)
+    return cause.titled_line()
+
+
 def _job_status(run: ListedRun, record: JobRecord, status: JobStatus) -> RunStatus:
-    failed = status.state not in _NOT_FAILED and status.stale is None
-    cause = failure_cause(run.path) if failed else None
+    cause = status_cause(run.path, status, record.attempt_offset)
     return attrs.evolve(
         _base_status(run), state=status.state, job_id=record.job_id, exit_code=status.exit_code,
         # a resumed run's earlier jobs' attempts count (job.json's attempt_offset)

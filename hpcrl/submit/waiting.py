@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 from rich.console import Console
 
+from hpcrl.causes import read_causes
 from hpcrl.report.metrics import last_metrics
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
@@ -32,7 +33,7 @@ from hpcrl.submit.job_state import (
     results_written,
 )
 from hpcrl.submit.log_view import LoggedRun, LogSelection, prefixed_lines, shown_files, strip_ansi
-from hpcrl.submit.logs import read_log, tail_lines
+from hpcrl.submit.logs import fold_state_dumps, read_log, tail_lines
 from hpcrl.submit.status_view import planned_max_steps
 
 #: A job the scheduler has never heard of for this long after submission is lost.
@@ -138,11 +139,13 @@ def wait_for_jobs(
     first = (
         f"job {runs[0][1].job_id}: submitted" if len(runs) == 1 else f"{len(runs)} jobs: submitted"
     )
+    announced: set[tuple[int, int]] = set()
     try:
         with _ProgressLine(console, first, settings, clock) as progress:
             while True:
                 _poll(watches, watcher, statuses)
                 progress.update(*_progress_text(runs, statuses, steps, watches))
+                _announce_requeues(runs, announced, console)
                 if all(watch.done for watch in watches):
                     break
                 sleep(settings.poll_s)
@@ -157,6 +160,21 @@ def wait_for_jobs(
         report_outcome(run_dir, record, final, outcome, console, run_steps)
         outcomes.append(outcome)
     return outcomes
+
+
+def _announce_requeues(
+    runs: Sequence[tuple[Path, JobRecord]], announced: set[tuple[int, int]], console: Console
+) -> None:
+    """One line for each attempt that ended early and was requeued, once, as it appears (an
+    attempt that ended the job is reported with the job's end)."""
+    for index, (run_dir, record) in enumerate(runs):
+        for cause in read_causes(run_dir):
+            if cause.requeued and (index, cause.attempt) not in announced:
+                announced.add((index, cause.attempt))
+                console.print(
+                    f"job {record.job_id} {cause.titled_line()}",
+                    markup=False, highlight=False, soft_wrap=True,
+                )  # fmt: skip
 
 
 def _poll(watches: list[_Watch], watcher: SacctWatcher, statuses: list[JobStatus]) -> None:
@@ -416,18 +434,23 @@ def report_outcome(
         + (f" ({_escape(outcome.detail.splitlines()[0])})" if outcome.detail else "")
         + last
     )
-    print_log_tails(run_dir, record, console)
+    # attempts are counted through the run (a resumed run's earlier jobs' first)
+    print_log_tails(run_dir, record, console, attempt=record.attempt_offset + status.attempts)
 
 
-def print_log_tails(run_dir: Path, record: JobRecord, console: Console) -> None:
+def print_log_tails(
+    run_dir: Path, record: JobRecord, console: Console, attempt: int | None = None
+) -> None:
     """The last lines of each node's error stream and driver log (node.log only for a node
     without an error stream: the node entrypoint writes its lines to both), prefixed as
-    ``hpcrl logs`` prints them."""
+    ``hpcrl logs`` prints them; of ``attempt`` (counted from 1: the one that ended the job)
+    when given, Ray's state dumps folded."""
     run = LoggedRun(run_dir=run_dir, record=record)
-    for log in shown_files(run, LogSelection()):
+    for log in shown_files(run, LogSelection(attempt=attempt), earlier_jobs=False):
         if log.label != "stderr" and Path(log.label).name not in TAILED_NODE_LOGS:
             continue
-        text = tail_lines(strip_ansi(read_log(log.path)), LOG_TAIL_LINES)
+        text = fold_state_dumps(strip_ansi(read_log(log.path)), log.path)
+        text = tail_lines(text, LOG_TAIL_LINES)
         if text.strip():
             console.print("".join(prefixed_lines(run, log, text, keep_banner=True)).rstrip("\n"),
                           markup=False, highlight=False, soft_wrap=True)  # fmt: skip

@@ -1,5 +1,7 @@
 """YAML loading: defaults, interpolation, overrides, aliases, data paths, search paths."""
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -318,6 +320,36 @@ def test_missing_recipe_path_suggests_a_nearby_file(tmp_path):
     (problem,) = caught.value.problems
     assert (problem.path, problem.message) == ("recipe", "no such file")
     assert problem.fix == f"did you mean {tmp_path / 'grpo-mine-1n-cpu.yaml'}?"
+
+
+def test_a_bare_checkout_on_sys_path_finds_its_shipped_folders(tmp_path: Path) -> None:
+    """``PYTHONPATH=checkout`` (or ``python`` run from the checkout's root, as the benchmarks
+    do on the GPU machine) imports hpcrl without the install's package mapping: recipes,
+    profiles and templates are then the checkout's own folders. ``-S`` keeps the editable
+    install's finder out (its .pth file is not processed); the site-packages folder is added
+    by hand for the dependencies."""
+    import sysconfig
+
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys; sys.path += [sys.argv[1], sys.argv[2]]\n"
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('hpcrl.cluster_profiles') is None, 'mapping present'\n"
+        "from hpcrl.config.load import load_profile\n"
+        "from hpcrl.config.locate import shipped_recipes_dir, shipped_templates_dir\n"
+        "from hpcrl.render.environment import environment\n"
+        "print(load_profile('local').name, shipped_recipes_dir(), shipped_templates_dir())\n"
+        "print(sorted(environment().list_templates())[-1])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(repo), sysconfig.get_paths()["purelib"]],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == [
+        f"local {repo / 'recipes'} {repo / 'templates'}",
+        "job.sbatch.sh.j2",
+    ]
 
 
 # --------------------------------------------------------------------------- bases by name

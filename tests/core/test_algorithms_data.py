@@ -126,6 +126,22 @@ def test_preemption_marker_file_and_signal(tmp_path: Path) -> None:
     assert other.requested()
 
 
+def test_a_resumed_run_drops_the_steps_it_runs_again(tmp_path: Path) -> None:
+    """An attempt that died after its last checkpoint (step 2) wrote steps 3 and 4, and half
+    a line; the next attempt resumes at step 3: none of them may stay (none done twice)."""
+    writer = MetricsWriter(tmp_path / "metrics.jsonl")
+    assert writer.drop_steps_from(3) == 0  # no file yet
+    for step in range(5):  # step 0: the validation before step 1
+        writer.write({"step": step, "loss": 0.1 * step})
+    with (tmp_path / "metrics.jsonl").open("a") as stream:
+        stream.write('{"step": 5, "lo')
+    assert writer.drop_steps_from(3) == 3
+    assert [json.loads(line)["step"] for line in writer.path.read_text().splitlines()] == [0, 1, 2]
+    writer.write({"step": 3, "loss": 0.3})
+    assert writer.drop_steps_from(0) == 4  # a run starting over keeps nothing
+    assert writer.path.read_text() == ""
+
+
 def test_metrics_lines_and_progress_text(tmp_path: Path) -> None:
     writer = MetricsWriter(tmp_path / "metrics.jsonl")
     writer.write({"step": 1, "loss": float("nan"), "reward_mean": 0.5})
@@ -149,31 +165,3 @@ def test_metrics_lines_and_progress_text(tmp_path: Path) -> None:
         "step 3/20  reward 0.410±0.120  loss 0.0123  gnorm 0.500  gen 1.2s  lp 0.3s  "
         "train 0.8s  412 tok/s"
     )
-
-
-def _steps(path: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
-
-
-def test_a_resumed_attempt_supersedes_the_steps_it_runs_again(tmp_path: Path) -> None:
-    writer = MetricsWriter(tmp_path / "metrics.jsonl")
-    for step in (0, 1, 2, 3, 4, 5):
-        writer.write({"step": step, "loss": 1.0 / (step + 1)})
-    with writer.path.open("a") as stream:
-        stream.write('{"step": 6, "lo')  # torn: the attempt died while writing it
-    # Resumed from the checkpoint of step 3: steps 4 and 5 (and the torn line) run again.
-    assert writer.supersede_from(4) == [4, 5]
-    assert _steps(writer.path) == [0, 1, 2, 3]
-    superseded = tmp_path / "metrics.superseded.jsonl"
-    assert superseded.read_text().splitlines()[:2] == [
-        '{"step": 4, "loss": 0.2}', '{"step": 5, "loss": 0.16666666666666666}'
-    ]  # fmt: skip
-    assert superseded.read_text().splitlines()[2] == '{"step": 6, "lo'
-    writer.write({"step": 4, "loss": 0.5})
-    assert _steps(writer.path) == [0, 1, 2, 3, 4]
-    assert writer.supersede_from(5) == []  # nothing beyond: the file is left as it is
-    # From scratch (no checkpoint): every line goes, the step-0 validation included.
-    assert writer.supersede_from(1) == [0, 1, 2, 3, 4]
-    assert writer.path.read_text() == ""
-    last_five = superseded.read_text().splitlines()[-5:]
-    assert [json.loads(line)["step"] for line in last_five] == [0, 1, 2, 3, 4]

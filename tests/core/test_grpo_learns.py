@@ -43,6 +43,18 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
     # the policy equals the reference at step 1; it drifts away as it learns
     assert metrics[0]["kl"] < 1e-4
     assert max(m["kl"] for m in metrics[1:]) > 1e-3
+    # rank 0's pass figures (32 rollouts over 2 ranks: 16 rows, train micro-batches of 4,
+    # log-prob micro-batches of 8, each cut to its own last real column)
+    for m in metrics:
+        assert m["train_passes"] == m["logprobs_passes"] == m["reference_passes"] == 1
+        assert m["train_micro_batches"] == 4
+        assert m["logprobs_micro_batches"] == m["reference_micro_batches"] == 2
+        for kind in ("train", "logprobs", "reference"):
+            assert 0 < m[f"{kind}_real_tokens"] <= m[f"{kind}_token_slots"]
+            assert m[f"{kind}_real_tokens"] < m["num_tokens"]  # rank 0 holds half the rows
+            assert m[f"time_{kind}_worker_s"] > 0
+        assert m["logprobs_real_tokens"] == m["train_real_tokens"]
+        assert m["time_train_worker_s"] <= m["time_train_s"]
 
 
 @pytest.mark.slow

@@ -2,9 +2,10 @@
 budgets and cover every row once, and the Automodel forward over packed or dynamic
 micro-batches gives the unpacked path's losses and gradients.
 
-Tolerance stated: float32 tiny Qwen2, GRPO loss summed over micro-batches — packed and
-dynamic losses equal the fixed path's to 1e-6 relative, gradients to 1e-5 (max abs, over
-every parameter). Different summation orders (attention over a longer row, other
+Tolerance stated: float32 tiny Qwen2, GRPO loss summed over micro-batches — packed,
+dynamic and full-width fixed (NeMo RL's) losses equal those of fixed micro-batches cut to
+their own width (hpcrl's default) to 1e-6 relative, gradients to 1e-5 (max abs, over every
+parameter). Different summation orders (attention over a longer row, other
 micro-batch sums) are the only difference.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import random
 
+import attrs
 import pytest
 import torch
 
@@ -24,6 +26,7 @@ from hpcrl.core.workers.micro_batches import (
     materialize,
     pack_bins,
     plan_shards,
+    row_extents,
     row_lengths,
 )
 
@@ -84,6 +87,23 @@ def test_packing_cuts_padded_tokens_on_grpo_shaped_rows():
         [lengths], 128, BatchingSettings(mode="packed", tokens_per_micro_batch=512)
     )[0]
     assert sum(s.tokens for s in packed) < 0.6 * sum(s.tokens for s in fixed)
+
+
+def test_fixed_micro_batches_are_cut_to_their_own_last_real_column():
+    lengths = [5, 9, 3, 4, 12, 2, 7]
+    settings = BatchingSettings(rows_per_micro_batch=2, divisible_by=4)
+    plan = plan_shards([lengths], 16, settings)[0]
+    assert [(spec.rows, spec.width) for spec in plan] == [
+        ((0, 1), 12), ((2, 3), 4), ((4, 5), 12), ((6,), 8)
+    ]  # fmt: skip
+    # pipeline parallelism exchanges fixed-shape buffers: the batch's width everywhere
+    same = plan_shards([lengths], 16, attrs.evolve(settings, same_width=True))[0]
+    assert {spec.width for spec in same} == {16}
+
+
+def test_row_extents_reach_the_last_real_column_whatever_the_padding():
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    assert row_extents({"attention_mask": mask}) == [2, 3, 0, 4]
 
 
 def test_balanced_order_deals_tokens_evenly():
@@ -156,8 +176,10 @@ def loss_and_grads(root, batch, settings):
         BatchingSettings(mode="dynamic", tokens_per_micro_batch=192, round_to=16, divisible_by=2),
         BatchingSettings(mode="packed", tokens_per_micro_batch=192, round_to=16, divisible_by=2),
         BatchingSettings(mode="packed", tokens_per_micro_batch=128, algorithm="concatenative"),
+        # NeMo RL's fixed micro-batches at the batch's full width
+        BatchingSettings(rows_per_micro_batch=3, same_width=True),
     ],
-    ids=["dynamic", "packed-mffd", "packed-concat"],
+    ids=["dynamic", "packed-mffd", "packed-concat", "fixed-full-width"],
 )
 def test_automodel_losses_and_grads_equal_the_unpacked_path(tiny_root, settings):
     lengths = grpo_shaped_lengths(12, seed=4, longest=64)

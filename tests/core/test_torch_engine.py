@@ -72,10 +72,12 @@ def _hf_greedy(model, tokenizer, prompts: list[str], max_new: int, eos: int | No
     return cut
 
 
+@pytest.mark.parametrize("attention", ["bmm", "sdpa"])
 @pytest.mark.parametrize("name", ARCHITECTURES)
-def test_greedy_equals_hf_generate_on_each_architecture(name: str) -> None:
+def test_greedy_equals_hf_generate_on_each_architecture(name: str, attention: str) -> None:
+    """Both decode attentions (two batched matmuls; scaled_dot_product_attention)."""
     model, tokenizer = _load(name)
-    engine = TorchEngine.from_hf_model(model)
+    engine = TorchEngine.from_hf_model(model, options=EngineOptions(decode_attention=attention))
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     out = engine.generate(ids, GenerationCfg(temperature=0.0, max_new_tokens=16), seed=0)
     eos = tokenizer.eos_token_id
@@ -196,7 +198,8 @@ def test_decoding_stops_when_every_row_has_finished(qwen2) -> None:
 
 
 def test_waves_checks_and_compaction_leave_samples_unchanged(qwen2) -> None:
-    """Counter-based randomness: a row's sample depends on (seed, row, token) only."""
+    """Counter-based randomness: a row's sample depends on (seed, row, token) only; masked
+    cache columns beyond a row's context change nothing either."""
     model, tokenizer = qwen2
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS * 2]
     cfg = GenerationCfg(temperature=1.0, max_new_tokens=20, stop_token_ids=(5, 17))
@@ -205,6 +208,8 @@ def test_waves_checks_and_compaction_leave_samples_unchanged(qwen2) -> None:
         EngineOptions(),
         EngineOptions(max_rows=4, check_every_tokens=1),
         EngineOptions(check_every_tokens=3, compact=False),
+        EngineOptions(column_bucket=8),  # attention over other column buckets
+        EngineOptions(column_bucket=64),
     ):
         engine = TorchEngine.from_hf_model(model, options=options)
         outputs.append(engine.generate(ids, cfg, seed=9))

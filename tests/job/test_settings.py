@@ -9,6 +9,7 @@ import pytest
 from submitit.helpers import DelayedSubmission
 
 import hpcrl
+from hpcrl.causes import read_cause
 from hpcrl.config.profile import RayPortsCfg, SlurmCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.markers import PREEMPT_FILE
@@ -172,7 +173,14 @@ def test_checkpoint_writes_preempt_and_requeues_until_the_limit(
     assert resubmission.args == (str(tmp_path),)
     requeued = pickle.loads(pickle.dumps(resubmission.function))
     assert isinstance(requeued, NodeMain) and requeued.num_requeues == 2
+    # the attempt's end is recorded for status and --wait (no driver ran here to save)
+    assert read_cause(tmp_path, 1).titled_line() == (
+        "attempt 2: preempted (USR2: time limit or preemption): no checkpoint confirmed; "
+        "requeued, the next attempt resumes from the last checkpoint "
+        "(log: logs/node0/attempt1/node.log)"
+    )
     assert requeued.checkpoint(str(tmp_path)) is None  # 2 of 2 used: submitit stops requeueing
+    assert not read_cause(tmp_path, 1).requeued
 
 
 def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch, two_node_plan):
@@ -198,3 +206,17 @@ def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch,
     node.stop(keep_ray_logs=False)
     ray_err = (tmp_path / "logs/node1/attempt0/ray.err").read_text()
     assert ray_err.count("timed out during startup") == 2
+
+
+def test_the_ray_launcher_waits_for_go_and_gives_up_without_it(tmp_path, monkeypatch):
+    import threading
+
+    from hpcrl.job import ray_launcher
+
+    go = tmp_path / "go"
+    threading.Timer(0.2, go.touch).start()
+    assert ray_launcher.wait_for_go(str(go), 30) is True
+    assert ray_launcher.wait_for_go(str(tmp_path / "never"), 0.2) is False
+    parents = iter([41, 1])  # the parent dies: the process is re-parented
+    monkeypatch.setattr(ray_launcher.os, "getppid", lambda: next(parents, 1))
+    assert ray_launcher.wait_for_go(str(tmp_path / "never"), 30) is False

@@ -8,7 +8,6 @@ stable module path.
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 import socket
 import traceback
@@ -245,6 +244,7 @@ def make_recipe(
     model_overrides: dict | None = None,
     offload_fraction: float = 0.0,
     precision: str = "float32",
+    optimizer_format: str = "dp_reshardable",
 ):
     from hpcrl.config.recipe import (
         DataCfg,
@@ -270,7 +270,9 @@ def make_recipe(
         ),
         manual_gc=manual_gc_interval > 0,
         manual_gc_interval=manual_gc_interval,
-        checkpoint=MegatronCheckpointCfg(parallel_read_threads=parallel_read_threads),
+        checkpoint=MegatronCheckpointCfg(
+            parallel_read_threads=parallel_read_threads, optimizer_format=optimizer_format
+        ),
         model_overrides=model_overrides or {},
     )
     return Recipe(
@@ -415,68 +417,14 @@ def roundtrip_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: 
     return logprobs if place.returns_results else None
 
 
-def checkpoint_resume_run(
-    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str
-) -> dict:
-    """Train 2 steps, save, train 2 more; then a fresh worker loads (parallel reads) and
-    trains the same 2 steps: both continuations must agree."""
-    batch_all = fixed_batch()
-    num_tokens = float(batch_all["token_mask"].sum())
-
-    def steps(worker, place, count):
-        batch = shard(batch_all, place)
-        return [
-            worker.train_step(micro_batches(batch, 2), masked_nll, num_tokens) for _ in range(count)
-        ]
-
-    worker, place = setup_worker(rank, world_size, make_recipe(hf_path), hf_path, ckpt_root)
-    steps(worker, place, 2)
-    worker.save_checkpoint(train_dir)
-    continued = steps(worker, place, 2)
-    worker.close()
-
-    resumed_worker, place = setup_worker(
-        rank, world_size, make_recipe(hf_path, parallel_read_threads=2), hf_path, ckpt_root
-    )
-    fresh_loss = steps(resumed_worker, place, 1)[0]["loss"]
-    resumed_worker.close()
-    resumed_worker, place = setup_worker(
-        rank, world_size, make_recipe(hf_path, parallel_read_threads=2), hf_path, ckpt_root
-    )
-    resumed_worker.load_checkpoint(train_dir)
-    resumed = steps(resumed_worker, place, 2)
-    state = dict(resumed_worker.collect_state())
-    resumed_worker.close()
-    return {
-        "helper_processes_left": [child.name for child in multiprocessing.active_children()],
-        "continued": continued,
-        "resumed": resumed,
-        "fresh_first_loss": fresh_loss,
-        "state": state,
-    }
-
-
-def _train_steps(worker, place, count: int) -> list[dict]:
+def train_steps(worker, place, count: int) -> list[dict]:
+    """``count`` steps on this rank's shard of ``fixed_batch()`` (micro-batches of 2)."""
     batch_all = fixed_batch()
     num_tokens = float(batch_all["token_mask"].sum())
     batch = shard(batch_all, place)
     return [
         worker.train_step(micro_batches(batch, 2), masked_nll, num_tokens) for _ in range(count)
     ]
-
-
-def load_then_train_run(
-    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, layout: dict
-) -> dict:
-    """A fresh worker in ``layout`` loads ``train_dir`` and trains the same 2 steps."""
-    worker, place = setup_worker(rank, world_size, make_recipe(hf_path, **layout), hf_path,
-                                 ckpt_root)  # fmt: skip
-    worker.load_checkpoint(train_dir)
-    resumed = _train_steps(worker, place, 2)
-    state = dict(worker.collect_state())
-    worker.close()
-    return {"resumed": resumed, "state": state,
-            "place": (place.dp_rank, place.dp_size, place.returns_results)}  # fmt: skip
 
 
 def offload_fractions_run(
@@ -494,7 +442,7 @@ def offload_fractions_run(
     for fraction in fractions:
         recipe = make_recipe(hf_path, offload_fraction=fraction, precision="bfloat16")
         worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
-        history = _train_steps(worker, place, steps)
+        history = train_steps(worker, place, steps)
         facts = offload_standin.offload_facts(worker.optimizer)
         worker.close()
         results[fraction] = {"history": history, **facts}

@@ -6,6 +6,7 @@ import errno
 import multiprocessing
 import os
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from hpcrl.files import (
 )
 from hpcrl.plan.jobspec_file import read_jobspec
 from tests.plan.planning_inputs import isolate_from_user_profiles
+from tests.require import unavailable
 
 
 def mode_of(path: Path) -> int:
@@ -55,6 +57,18 @@ def test_modes_follow_the_umask_and_are_never_widened(tmp_path, umask077):
     wide.chmod(0o666)
     write_file(wide, "y")
     assert mode_of(wide) == 0o600
+
+
+def test_a_umask_077_user_gets_a_run_folder_no_one_else_can_read(
+    tmp_path, monkeypatch, capsys, umask077
+):
+    monkeypatch.chdir(tmp_path)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
+    assert main(["render", "grpo-tiny-2n-cpu", "--cluster", "slurm-test", "-o", "run"]) == 0
+    written = [path for path in (tmp_path / "run").rglob("*") if not path.is_symlink()]
+    assert {path.name for path in written} >= {"job.sbatch", "recipe.resolved.yaml",
+                                                "manifest.json", "jobspec.json", "ray_token"}  # fmt: skip
+    assert [str(p) for p in written + [tmp_path / "run"] if mode_of(p) & 0o077] == []
 
 
 def test_default_umask_gives_the_usual_modes(tmp_path):
@@ -170,6 +184,25 @@ def test_render_onto_an_unusable_folder_is_one_line(
     assert err.count("\n") == 1, err
     assert f"hpcrl render: error: {out}: cannot be used as a run folder" in err
     assert reason in err and "fix: choose a writable folder with -o/--out" in err
+
+
+def test_render_into_an_immutable_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    """``chattr +i``: a folder that not even root may write into."""
+    monkeypatch.chdir(tmp_path)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
+    folder = tmp_path / "immutable"
+    folder.mkdir()
+    made = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+    if made.returncode != 0:
+        unavailable("deps", f"chattr +i is refused here ({made.stderr.strip()}): e2fsprogs on ext4")
+    try:
+        code = main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "-o", str(folder / "run")])
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"{folder / 'run'}: cannot be used as a run folder: Operation not permitted" in err
+    assert list(folder.iterdir()) == []
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.robust.harness import Case
+from tests.robust.harness import SECRET_ENV, Case
 
 RECIPE = "grpo-tiny-1n-cpu"
 SLURM_RECIPE = "grpo-tiny-2n-cpu"
@@ -314,7 +314,46 @@ def job_record_cases() -> list[Case]:
             cases.append(Case(family="job-records", name=f"{command}-sacct-{sacct}", argv=argv,
                               setup=_job_record_setup(JOB_RECORDS["good-slurm"], with_good_run=False),
                               sacct=sacct))  # fmt: skip
-    return cases + sweep_record_cases()
+    return cases + sweep_record_cases() + status_file_cases()
+
+
+#: What a job leaves under ``status/`` (markers, driver error, cause records), damaged:
+#: hpcrl status/logs/--wait read them to name a failure.
+STATUS_FILES = ("node0.failed", "node1.failed", "driver.error", "done", "cause.0.json")
+STATUS_CONTENTS: dict[str, bytes] = {
+    "empty": b"",
+    "list": b"[1, 2]",
+    "non-utf8": b"\xff\xfe{",
+    "wrong-types": json.dumps({"attempt": 3, "time": "x", "message": 5, "what": [],
+                               "kind": None, "exit_code": "1"}).encode(),
+    "huge-step": json.dumps({"attempt": 0, "kind": "node_lost", "what": "node 1 lost",
+                             "after_step": 10**30, "requeued": True}).encode(),
+    "secret": json.dumps({"attempt": 0, "kind": "driver_raised", "what": "driver raised KeyError",
+                          "detail": SECRET_ENV["HF_TOKEN"], "time": 1.0, "attempt_id": "4242.0",
+                          "message": f"token {SECRET_ENV['DB_PASSWORD']}"}).encode(),
+}  # fmt: skip
+
+
+def status_file_cases() -> list[Case]:
+    cases = []
+    for file_name in STATUS_FILES:
+        for content_name, content in STATUS_CONTENTS.items():
+
+            def setup(folder: Path, file_name: str = file_name, content: bytes = content) -> None:
+                _job_record_setup(JOB_RECORDS["good-slurm"], with_good_run=False)(folder)
+                status = folder / "runs" / "bad-run" / "status"
+                status.mkdir()
+                (status / file_name).write_bytes(content)
+
+            for command, argv, sacct in (
+                ("status", ("status", "{case}/runs/bad-run"), "failed"),
+                ("status-completed", ("status", "{case}/runs/bad-run"), "completed"),
+                ("logs", ("logs", "{case}/runs/bad-run"), "failed"),
+                ("logs-follow", ("logs", "-f", "{case}/runs/bad-run"), "failed"),
+            ):  # fmt: skip
+                cases.append(Case(family="job-records", argv=argv, setup=setup, sacct=sacct,
+                                  name=f"status-file-{command}-{file_name}-{content_name}"))  # fmt: skip
+    return cases
 
 
 def sweep_record_cases() -> list[Case]:

@@ -34,7 +34,7 @@ SECRET_ENV = {
 }
 SECRET_VALUES = tuple(SECRET_ENV.values())
 DEFAULT_DEADLINE_S = 30.0
-SACCT_MODES = ("empty", "fail", "garbage", "missing", "completed", "running")
+SACCT_MODES = ("empty", "fail", "garbage", "missing", "completed", "running", "failed")
 
 
 class Hang(BaseException):

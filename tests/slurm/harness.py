@@ -109,3 +109,35 @@ def wait_job_gone_from_queue(job_id: str, timeout_s: float) -> None:
     while run_slurm("squeue", "-h", "-j", job_id, "-o", "%i", check=False).strip():
         assert time.monotonic() < deadline, f"job {job_id} still queued after {timeout_s} s"
         time.sleep(0.25)
+
+
+def job_processes(job_id: str) -> list[str]:
+    """Every process still alive that belongs to the job, on any node of this one-machine
+    cluster: Slurm gives each task ``SLURM_JOB_ID``, and everything the task starts inherits
+    it (Ray's raylet, its workers whatever their process title, a driver, vLLM engines), or
+    names the job's Ray folder (``hpcrl-ray-<job>-<node>``) on its command line."""
+    import psutil
+
+    folder = f"hpcrl-ray-{job_id}-"
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        cmdline = " ".join(process.info["cmdline"] or [])
+        try:
+            in_job = process.environ().get("SLURM_JOB_ID") == job_id
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            in_job = False
+        if in_job or folder in cmdline:
+            found.append(f"{process.info['pid']}: {cmdline[:120]}")
+    return found
+
+
+def wait_no_job_processes(job_id: str, timeout_s: float = 15.0) -> None:
+    """Fail unless every process of the job is gone within ``timeout_s`` after it ended."""
+    deadline = time.monotonic() + timeout_s
+    left = job_processes(job_id)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = job_processes(job_id)
+    assert left == [], f"processes of job {job_id} still running: {left}"

@@ -3,7 +3,7 @@ tests.submit.drivers:<name>`` (the node entrypoint's documented driver switch).
 
 Test stand-ins for hpcrl's training core: these tests are about submission, job management
 and reporting, so the driver only has to produce what the real one leaves behind (metrics
-lines, an exit code, honouring PREEMPT). Each returns the job's exit code.
+lines, an exit code). Each returns the job's exit code.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 
 NUM_METRIC_STEPS = 4
-FAIL_EXIT_CODE = 7
-PREEMPT_EXIT_CODE = 3  # hpcrl.job.markers.PREEMPTED_EXIT_CODE
 
 
 def _resolved_recipe(run_dir: str) -> dict:
@@ -50,11 +48,6 @@ def write_metrics(run_dir: str) -> int:
     return 0
 
 
-def fail(run_dir: str) -> int:
-    print(f"test driver: failing on purpose with exit code {FAIL_EXIT_CODE}", flush=True)
-    return FAIL_EXIT_CODE
-
-
 def sleep_forever(run_dir: str) -> int:
     Path(run_dir, "sleeping").write_text(str(os.getpid()))
     while True:
@@ -83,33 +76,6 @@ def container_env(run_dir: str) -> int:
         remote.options(resources={node_resource_name(r): 0.001}).remote(r) for r in range(num_nodes)
     ]
     Path(run_dir, "container_env.json").write_text(json.dumps(ray.get(futures, timeout=60)))
-    return 0
-
-
-def _write_atomically(path: Path, data: dict) -> None:
-    """The test polls this file while the driver writes it: never show it half written."""
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(data))
-    partial.replace(path)
-
-
-def resume_after_preempt(run_dir: str) -> int:
-    """Attempt 1: count steps until PREEMPT appears, then stop as a checkpointing driver does.
-    Later attempts: resume from the saved step count and finish a few more steps."""
-    state = Path(run_dir, "probe_state.json")
-    progress = json.loads(state.read_text()) if state.exists() else {"steps": 0, "attempts": []}
-    progress["attempts"].append(int(os.environ.get("SLURM_RESTART_COUNT", "0")))
-    resumed = progress["steps"] > 0
-    for _ in range(5 if resumed else 10_000):
-        if Path(run_dir, "PREEMPT").exists() and not resumed:
-            progress["stopped_for_preempt"] = True
-            _write_atomically(state, progress)
-            return PREEMPT_EXIT_CODE
-        progress["steps"] += 1
-        _write_atomically(state, progress)
-        time.sleep(0.5)
-    progress["finished"] = True
-    _write_atomically(state, progress)
     return 0
 
 

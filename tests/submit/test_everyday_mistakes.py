@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
+from hpcrl.plan.jobspec_file import read_jobspec
 from hpcrl.submit import waiting
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.robust.harness import write_scheduler_standins
@@ -89,6 +90,17 @@ def test_a_folder_that_does_not_exist_is_one_line(cli, command):
     assert "/nope/run: no such" in err and "fix:" in err
 
 
+def test_folder_arguments_are_normalised(cli, tmp_path, monkeypatch):
+    """``../../x`` names the folder it is, in messages and in what hpcrl writes."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "a" / "b")
+    code, _, err = cli("logs", "../../nope")
+    assert code == 1 and f"{tmp_path / 'nope'}: no such" in err and ".." not in err
+    code, _, err = cli("render", "grpo-tiny-1n-cpu", "--cluster", "local", "-o", "../../run")
+    assert code == 0, err
+    assert read_jobspec(tmp_path / "run").run_dir == str(tmp_path / "run")
+
+
 def test_logs_of_a_rendered_run_says_how_to_submit_it(cli, tmp_path):
     assert cli("render", "grpo-tiny-1n-cpu", "--cluster", "local", "-o", "run")[0] == 0
     code, _, err = cli("logs", "run")
@@ -132,6 +144,7 @@ def test_logs_follow_always_ends_and_says_why(cli, tmp_path, monkeypatch, sacct,
     assert exit_code == code
     assert "[node0 stdout] hello from node 0" in out
     assert says in err
+    assert err.count("\n") == 1, err  # one line saying why, no warning per sacct call
 
 
 def test_status_asks_the_scheduler_once_for_all_runs(cli, tmp_path, monkeypatch):

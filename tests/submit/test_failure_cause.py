@@ -1,17 +1,149 @@
-"""One line for ``hpcrl status`` and ``submit --wait``: why a job failed, when it says so."""
+"""One line for ``hpcrl status``, ``submit --wait`` and ``logs``: why a job failed (or an
+attempt ended early), when it says so: the cause records node 0 writes (hpcrl.causes), the
+nodes' failure reports, the task logs."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
-from hpcrl.submit.job_state import failure_cause
+import pytest
+from rich.console import Console
+
+from hpcrl.causes import AttemptCause, last_step, latest_cause, read_cause, read_causes, write_cause
+from hpcrl.submit.job_record import JobRecord
+from hpcrl.submit.job_state import JobStatus, failure_cause
+from hpcrl.submit.log_view import attempt_cause_lines
+from hpcrl.submit.logs import fold_state_dumps
+from hpcrl.submit.status_view import status_cause
+from hpcrl.submit.waiting import _announce_requeues
+
+LOST = AttemptCause(
+    attempt=0, kind="node_lost", what="node 1 (n2) lost", detail="its Ray exited (raylet killed "
+    "by signal 9)", after_step=3, exit_code=1, requeued=True, log="logs/node1/attempt0/ray.out",
+)  # fmt: skip
+KILLED = AttemptCause(
+    attempt=1, kind="driver_killed", what="driver killed by signal 9 (SIGKILL: out of memory?)",
+    after_step=5, exit_code=137, log="logs/node0/attempt1/driver.log",
+)  # fmt: skip
 
 
-def write_marker(run_dir: Path, node: int, written: float, message: str) -> None:
+def write_marker(
+    run_dir: Path, node: int, written: float, message: str, attempt: str = "7.0"
+) -> None:
     (run_dir / "status").mkdir(exist_ok=True)
     (run_dir / "status" / f"node{node}.failed").write_text(
-        json.dumps({"attempt": "7.0", "time": written, "message": message})
+        json.dumps({"attempt": attempt, "time": written, "message": message})
+    )
+
+
+def test_one_line_per_cause() -> None:
+    assert LOST.titled_line() == (
+        "attempt 1: node 1 (n2) lost after step 3: its Ray exited (raylet killed by signal 9); "
+        "exit code 1; requeued, the next attempt resumes from the last checkpoint "
+        "(log: logs/node1/attempt0/ray.out)"
+    )
+    assert KILLED.line() == (
+        "driver killed by signal 9 (SIGKILL: out of memory?) after step 5; exit code 137 "
+        "(log: logs/node0/attempt1/driver.log)"
+    )
+    assert LOST.retryable and not KILLED.retryable
+
+
+def test_records_round_trip_and_unreadable_ones_are_left_out(tmp_path: Path) -> None:
+    assert read_causes(tmp_path) == [] and latest_cause(tmp_path) is None
+    write_cause(tmp_path, KILLED)
+    write_cause(tmp_path, LOST)
+    assert read_causes(tmp_path) == [LOST, KILLED] and latest_cause(tmp_path) == KILLED
+    assert read_cause(tmp_path, 0) == LOST and read_cause(tmp_path, 2) is None
+    status = tmp_path / "status"
+    for name, text in [
+        ("cause.2.json", "{not json"), ("cause.3.json", "[1, 2]"), ("cause.4.json", b"\xff\xfe"),
+        ("cause.5.json", json.dumps({"attempt": "5", "kind": "x", "what": "y"})),
+        ("cause.6.json", json.dumps({"attempt": 6, "kind": "x", "what": "y", "requeued": 1})),
+        ("cause.7.json", json.dumps({"attempt": -1, "kind": "x", "what": "y"})),
+    ]:  # fmt: skip
+        (status / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert read_causes(tmp_path) == [LOST, KILLED]
+
+
+def test_a_secret_in_a_cause_is_hidden_before_it_is_written(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz123456")
+    leaky = AttemptCause(attempt=0, kind="driver_raised", what="driver raised KeyError",
+                         detail="hf_abcdefghijklmnopqrstuvwxyz123456")  # fmt: skip
+    write_cause(tmp_path, leaky)
+    text = (tmp_path / "status" / "cause.0.json").read_text()
+    assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in text and "hidden" in text
+
+
+def test_the_last_step_a_run_recorded(tmp_path: Path) -> None:
+    assert last_step(tmp_path) is None
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "val_loss": 1.0}\n')
+    assert last_step(tmp_path) is None  # the validation before step 1 is no step
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 1}\n{"step": 2}\nnot json\n{"step": true}\n{"step": 3, "lo'
+    )
+    assert last_step(tmp_path) == 2  # a line cut short is still being written
+
+
+def test_node_0s_record_wins_over_its_attempts_node_reports_not_over_a_later_one(tmp_path):
+    write_marker(tmp_path, 1, 100.0, "Ray on node n2 exited ...", attempt="7.0")
+    write_cause(tmp_path, LOST)
+    assert failure_cause(tmp_path) == LOST.line()
+    write_marker(tmp_path, 0, 200.0, "preflight on node 0 (n1): ray is missing", attempt="7.1")
+    assert failure_cause(tmp_path) == "preflight on node 0 (n1): ray is missing"
+    write_cause(tmp_path, KILLED)
+    assert failure_cause(tmp_path) == KILLED.line()
+
+
+@pytest.mark.parametrize(
+    ("status", "shown"),
+    [
+        (JobStatus(state="FAILED", attempts=2), f"attempt 2: {KILLED.line()}"),
+        (JobStatus(state="FAILED", attempts=1), KILLED.line()),
+        (JobStatus(state="RUNNING", attempts=2), None),  # attempt 2's own: not ended yet
+        (JobStatus(state="COMPLETED", attempts=3), KILLED.titled_line()),
+    ],
+)
+def test_the_status_cause_cell(tmp_path: Path, status: JobStatus, shown: str) -> None:
+    write_cause(tmp_path, LOST)
+    write_cause(tmp_path, KILLED)
+    assert status_cause(tmp_path, status) == shown
+    assert status_cause(tmp_path / "none", JobStatus(state="RUNNING", attempts=2)) is None
+
+
+def test_logs_and_wait_name_each_attempts_end(tmp_path: Path) -> None:
+    write_cause(tmp_path, LOST)
+    write_cause(tmp_path, KILLED)
+    assert attempt_cause_lines(tmp_path) == [LOST.titled_line(), KILLED.titled_line()]
+    assert attempt_cause_lines(tmp_path, attempt=2) == [KILLED.titled_line()]
+    record = JobRecord(
+        executor="slurm", job_id="41", job_name="j", cluster="c", submitit_folder="x",
+        num_tasks=2, submitted_at="2026-11-29T10:00:00+00:00", max_requeues=1,
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=400)
+    announced: set[tuple[int, int]] = set()
+    for _ in range(2):  # each poll of --wait
+        _announce_requeues([(tmp_path, record)], announced, console)
+    # once, and only the requeued one: the job's end is reported with its outcome
+    assert console.file.getvalue().splitlines() == [f"job 41 {LOST.titled_line()}"]
+
+
+def test_rays_state_dumps_are_folded_into_one_line() -> None:
+    text = (
+        "step 3/8  reward 0.1\n"
+        "(raylet) Raylet is terminated. Last 20 lines of the Raylet logs:\n"
+        + "    [state-dump] \tNodeManager.deadline_timer - 1 total\n" * 30
+        + "    [2026-12-01 20:37:26,893 I 23661 23661] (raylet) accessor.cc:475: notification\n"
+        + "\x1b[33m(raylet)\x1b[0m [state-dump] DebugString() time ms: 0\n"
+    )
+    assert fold_state_dumps(text, Path("logs/driver.log")) == (
+        "step 3/8  reward 0.1\n"
+        "(raylet) Raylet is terminated. Last 20 lines of the Raylet logs:\n"
+        "    [hpcrl: 30 lines of Ray's state dump left out; they are in logs/driver.log]\n"
+        "    [2026-12-01 20:37:26,893 I 23661 23661] (raylet) accessor.cc:475: notification\n"
+        "    [hpcrl: 1 lines of Ray's state dump left out; they are in logs/driver.log]\n"
     )
 
 

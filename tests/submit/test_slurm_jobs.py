@@ -8,6 +8,8 @@ job's nodes, and a test driver (tests/submit/drivers.py) stands in for training.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from hpcrl.config.port_bands import band_ports
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.submit.job_record import JobRecord, read_job_record
 from hpcrl.submit.job_state import query_status, rebuild_job
 from hpcrl.submit.submission import slurm_cluster_name
 from tests.slurm.harness import (
@@ -25,9 +27,9 @@ from tests.slurm.harness import (
     cluster_mode,
     require_netns_cluster,
     sacct_states,
+    wait_no_job_processes,
     wait_sacct_states,
 )
-from tests.submit import drivers
 from tests.submit.jobs_harness import (
     ONE_NODE_OVERRIDES,
     ONE_NODE_RECIPE,
@@ -68,31 +70,48 @@ def test_two_node_job_runs_the_rendered_script_and_ray_spans_both_nodes(tmp_path
         assert probe["alive_node_ips"] == sorted(NETNS_NODE_IPS.values())
 
 
-def test_failing_driver_propagates_its_exit_code_and_shows_the_logs(tmp_path: Path) -> None:
+def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_logs(
+    tmp_path: Path,
+) -> None:
+    """The kernel's OOM killer sends SIGKILL; this test sends it to the driver itself."""
     run = tmp_path / "run"
-    args = [
-        "submit",
-        ONE_NODE_RECIPE,
-        *ONE_NODE_OVERRIDES,
-        "--cluster",
-        "slurm-test",
-        "-o",
-        str(run),
-        "--wait",
-    ]
-    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:fail"))
-    assert result.returncode == drivers.FAIL_EXIT_CODE, output_of(result)
-    assert (
-        f"FAILED: job {read_job_record(run).job_id} FAILED, exit code {drivers.FAIL_EXIT_CODE}"
-        in result.stdout
+    args = ["submit", ONE_NODE_RECIPE, *ONE_NODE_OVERRIDES, "--cluster", "slurm-test",
+            "-o", str(run), "--wait"]  # fmt: skip
+    out_path = tmp_path / "wait.out"
+    with out_path.open("w") as out:
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "hpcrl.cli.main", *args], cwd=tmp_path,
+            env=job_env("tests.submit.drivers:sleep_forever"), stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: (run / "sleeping").exists(), 180, "the driver to start")
+        os.kill(int((run / "sleeping").read_text()), signal.SIGKILL)
+        assert waiting.wait(timeout=120) == 137, out_path.read_text()
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+        if (run / "job.json").exists():
+            subprocess.run(["scancel", read_job_record(run).job_id], check=False, timeout=30)
+    record, output = read_job_record(run), out_path.read_text()
+    cause = (
+        "driver killed by signal 9 (SIGKILL: out of memory?); exit code 137 "
+        "(log: logs/node0/attempt0/driver.log)"
     )
-    assert "failing on purpose" in result.stdout, "the driver log's tail is shown"
-    first = read_job_record(run)
-    wait_sacct_states(first.job_id, ["FAILED"])
+    assert f"FAILED: job {record.job_id} FAILED, exit code 137 ({cause})" in output, output
+    # the log tails are shown, as hpcrl logs prints them
+    assert "[node0 attempt1 driver.log] [hpcrl " in output
+    assert "running driver tests.submit.drivers:sleep_forever" in output
+    wait_sacct_states(record.job_id, ["FAILED"])
+    status = hpcrl(["status", str(run)], tmp_path, job_env())
+    assert "driver killed by signal 9 (SIGKILL: out of memory?)" in status.stdout, output_of(status)
+    wait_no_job_processes(record.job_id)
+    assert_resume_runs_the_next_attempt(run, record, tmp_path)
 
-    # hpcrl resume submits the same run folder again as its next attempt. The test driver saves
-    # no checkpoints: a folder named as the real driver's stands in for one it would have left
-    # (the real driver's resume: tests/submit/test_resume_rerun.py).
+
+def assert_resume_runs_the_next_attempt(run: Path, first: JobRecord, tmp_path: Path) -> None:
+    """hpcrl resume submits the same run folder again as its next attempt. The test driver
+    saves no checkpoints: a folder named as the real driver's stands in for one it would
+    have left (the real driver's resume: tests/submit/test_resume_rerun.py)."""
     (run / "checkpoints" / "step_000002").mkdir(parents=True)
     resumed = hpcrl(["resume", str(run), "--wait"], tmp_path,
                     job_env("tests.submit.drivers:write_metrics"))  # fmt: skip
@@ -108,6 +127,8 @@ def test_failing_driver_propagates_its_exit_code_and_shows_the_logs(tmp_path: Pa
     status = hpcrl(["status", str(run), "--json"], tmp_path, job_env())
     (row,) = json.loads(status.stdout)
     assert (row["state"], row["attempts"]) == ("COMPLETED", 2), status.stdout
+    # the first attempt's cause is still there, under its own number
+    assert row["cause"] is None or row["cause"].startswith("attempt 1: driver killed")
 
 
 def test_cancel_stops_a_running_job(tmp_path: Path) -> None:

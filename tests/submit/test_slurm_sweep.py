@@ -1,10 +1,9 @@
 """hpcrl sweep (one job array) and hpcrl report on the real test Slurm cluster, plus the
-pyxis profile and requeue on timeout."""
+pyxis profile. (Requeue after USR2 with the real driver: tests/submit/test_slurm_faults.py.)"""
 
 from __future__ import annotations
 
 import struct
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,6 @@ import yaml
 
 from hpcrl.report.summary import format_number
 from hpcrl.submit.job_record import read_job_record
-from hpcrl.submit.job_state import query_status
 from hpcrl.submit.sweep import read_sweep_record
 from tests.slurm.harness import sacct_states
 from tests.submit import drivers
@@ -22,13 +20,11 @@ from tests.submit.jobs_harness import (
     OFFLOAD_ON,
     ONE_NODE_OVERRIDES,
     ONE_NODE_RECIPE,
-    REPO,
     TWO_NODE_RECIPE,
     hpcrl,
     job_env,
     output_of,
     read_json,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -117,44 +113,3 @@ def test_pyxis_profile_options_reach_every_node(tmp_path: Path) -> None:
         assert node["env"]["PYXIS_STANDIN_CONTAINER_IMAGE"] == "hpcrl-test:latest"
         assert "/tmp:/tmp" in node["env"]["PYXIS_STANDIN_CONTAINER_MOUNTS"].split(",")
         assert node["env"]["PYXIS_STANDIN_CONTAINER_WORKDIR"] == "/tmp"
-
-
-def test_timeout_signal_requeues_once_and_the_run_resumes(tmp_path: Path) -> None:
-    """Slurm's time-limit warning (USR2, sent here with scancel as submitit's own tests do:
-    Slurm may send ``--signal`` up to 60 s early, too coarse for a test-sized limit) makes
-    the job checkpoint, requeue once, and resume where it stopped; each attempt's logs apart."""
-    profile = yaml.safe_load((REPO / "cluster_profiles" / "slurm-test.yaml").read_text())
-    profile["name"] = "slurm-test-requeue"
-    profile["slurm"].update(time_limit="00:05:00", signal_delay_s=30, max_requeues=1)
-    (tmp_path / "requeue.yaml").write_text(yaml.safe_dump(profile))
-    run = tmp_path / "run"
-    args = ["submit", ONE_NODE_RECIPE, *ONE_NODE_OVERRIDES, "--cluster", str(tmp_path / "requeue.yaml"),
-            "-o", str(run)]  # fmt: skip
-    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:resume_after_preempt"))
-    assert result.returncode == 0, output_of(result)
-    record = read_job_record(run)
-    try:
-        state = run / "probe_state.json"
-        wait_for(
-            lambda: state.exists() and read_json(state)["steps"] >= 3, 120, "the driver to run"
-        )
-        subprocess.run(["scancel", "--signal=USR2", record.job_id], check=True, timeout=30)
-        # Slurm starts a requeued job on its next scheduling pass (up to a minute here)
-        wait_for(lambda: query_status(record).is_final, 200, "the requeued job to end")
-        assert sacct_states(record.job_id) == ["REQUEUED", "COMPLETED"]
-        progress = read_json(state)
-        assert progress["attempts"] == [0, 1] and progress["finished"] is True
-        for attempt in (1, 2):
-            logs = hpcrl(["logs", str(run), "--attempt", str(attempt)], tmp_path, job_env())
-            assert f"===== hpcrl attempt {attempt} · job {record.job_id}" in logs.stdout, output_of(
-                logs
-            )
-            assert f"===== hpcrl attempt {3 - attempt} " not in logs.stdout, (
-                "attempts are kept apart"
-            )
-            assert f"\n[node0 attempt{attempt} driver.log] " in logs.stdout
-        # the node entrypoint's contract: on USR2 it writes PREEMPT and the driver stops at a step
-        # boundary (a driver killed by the signal instead would lose the step in progress)
-        assert progress.get("stopped_for_preempt") is True, "attempt 1's driver did not see PREEMPT"
-    finally:  # never leave it running
-        subprocess.run(["scancel", record.job_id], check=False, timeout=30)

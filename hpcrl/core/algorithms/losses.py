@@ -4,7 +4,9 @@ Every function here is top-level (picklable) and returns a loss that is this mic
 share of the global-batch loss: token sums divided by ``num_global_tokens`` (the loss-mask
 token count of the whole global batch), so that micro-batch and data-parallel shares add up
 to the loss of one big batch. Metrics are normalised the same way: the backend sums them
-over micro-batches and ranks, which yields global token means.
+over micro-batches and ranks, which yields global token means. Metric values are detached
+0-dim tensors on the loss's device, not Python floats: a float would make the host wait for
+the device after every micro-batch; the backends add them up and read them once per step.
 
 The GRPO loss is NeMo RL's ``ClippedPGLossFn`` term by term (docs/algorithms.md states every
 formula with its ``loss_fn`` key): clipped surrogate with optional dual clip, importance
@@ -103,7 +105,7 @@ def importance_weights(
     batch,
     num_global_tokens: float,
     cfg: LossFnCfg,
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """w = exp(old − generation) per token (NaN/±inf → 0), truncated as configured.
 
     tis: clamp to [ratio_min or 0, ratio]; icepop: w outside [ratio_min, ratio] → 0;
@@ -139,12 +141,12 @@ def importance_weights(
     kept = ((geo_mean >= low) & (geo_mean <= high)).to(weights.dtype)
     counted = (mask.sum(dim=1) > 0).to(weights.dtype)
     sequences = batch["num_global_sequences"].to(weights.dtype)
-    share = float((((1.0 - kept) * counted) / sequences).sum())
+    share = (((1.0 - kept) * counted) / sequences).sum()
     return weights * kept[:, None], {"is_oob_ratio": share}
 
 
-def _token_share(flags: torch.Tensor, mask: torch.Tensor, num_global_tokens: float) -> float:
-    return float((flags.to(mask.dtype) * mask).sum() / num_global_tokens)
+def _token_share(flags: torch.Tensor, mask: torch.Tensor, num_global_tokens: float) -> torch.Tensor:
+    return (flags.to(mask.dtype) * mask).sum() / num_global_tokens
 
 
 def _normalise(
@@ -182,7 +184,7 @@ def _kl_term(logprobs: torch.Tensor, batch, cfg: LossFnCfg) -> torch.Tensor:
 
 def grpo_loss(
     logprobs: torch.Tensor, batch, num_global_tokens: float, cfg: LossFnCfg
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss + optional KL penalty to the reference policy.
 
     Use as ``functools.partial(grpo_loss, cfg=recipe.loss_fn)``. Tokens whose current or old
@@ -201,13 +203,13 @@ def grpo_loss(
     pg, was_clipped = clipped_pg_token_loss(
         current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
     )
-    metrics: dict[str, float] = {}
+    metrics: dict[str, torch.Tensor] = {}
     if cfg.use_importance_sampling_correction:
         generation = batch["generation_logprobs"].to(logprobs.dtype)
         weights, is_metrics = importance_weights(raw_old, generation, batch, num_global_tokens, cfg)
         pg = pg * weights
         metrics.update(is_metrics)
-        metrics["sampling_importance_ratio"] = float((weights * mask).sum() / num_global_tokens)
+        metrics["sampling_importance_ratio"] = (weights * mask).sum() / num_global_tokens
     level = cfg.token_level_loss
     pg_loss = _normalise(pg, batch, actor_mask, num_global_tokens, level)
     loss = pg_loss
@@ -215,20 +217,18 @@ def grpo_loss(
         kl = _kl_term(logprobs, batch, cfg)
         kl_loss = _normalise(kl, batch, mask, num_global_tokens, level)
         loss = pg_loss + cfg.reference_policy_kl_penalty * kl_loss
-        metrics["kl"] = float(kl_loss.detach())
+        metrics["kl"] = kl_loss.detach()
     ratio = torch.exp(current.detach() - old)
-    metrics["pg_loss"] = float(pg_loss.detach())
-    metrics["clip_fraction"] = float(
-        (was_clipped.to(mask.dtype) * actor_mask).sum() / num_global_tokens
-    )
-    metrics["ratio_mean"] = float((ratio * actor_mask).sum() / num_global_tokens)
+    metrics["pg_loss"] = pg_loss.detach()
+    metrics["clip_fraction"] = (was_clipped.to(mask.dtype) * actor_mask).sum() / num_global_tokens
+    metrics["ratio_mean"] = (ratio * actor_mask).sum() / num_global_tokens
     return loss, metrics
 
 
 def sft_loss(
     logprobs: torch.Tensor, batch, num_global_tokens: float
-) -> tuple[torch.Tensor, dict[str, float]]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Masked cross-entropy: −Σ token_mask·logprobs / num_global_tokens."""
     mask = batch["token_mask"].to(logprobs.dtype)
     loss = -(logprobs * mask).sum() / num_global_tokens
-    return loss, {"num_tokens": float(mask.sum())}
+    return loss, {"num_tokens": mask.sum().detach()}

@@ -116,5 +116,10 @@ class BackendWorker(Protocol):
         taken, restored by ``load_checkpoint``: manual GC counts from it) and
         ``peak_memory_gb`` (accelerator peak, 0 on CPU)."""
 
+    def take_pass_metrics(self) -> Mapping[str, float]:
+        """Figures of the train and log-prob passes since the last call, as per-step metrics
+        (``hpcrl.core.backends.pass_stats``: micro-batches, token slots against real tokens,
+        worker seconds); empty where a backend keeps none."""
+
     def close(self) -> None:
         """Free model, optimizer and meshes (the actor then destroys the process group)."""

@@ -173,11 +173,33 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (x * cos) + (rotated * sin)
 
 
+def rotate_pair(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotate`` of queries and keys: one piece, so that fused it is one kernel, not two."""
+    return rotate(q, cos, sin), rotate(k, cos, sin)
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     import torch.nn.functional as F
 
     half = gate_up.shape[-1] // 2
     return F.silu(gate_up[..., :half]) * gate_up[..., half:]
+
+
+def masked_softmax(scores: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention probabilities from raw decode scores ``[b·Hkv, group, l]``, in the scores'
+    dtype: scaled in that dtype, then ``bias [b, 1, 1, l]`` (0 or a large negative number)
+    and softmax in float32, as Hugging Face's eager attention computes them. Eager this is
+    four kernels per layer, fused one. (The scores come in as the matmul's own output, not a
+    view of it: compiled, a view would be guarded on its base's sizes, and a base size that
+    happens to equal ``l`` would recompile.)"""
+    import torch
+
+    rows, group, columns = bias.shape[0], scores.shape[1], scores.shape[2]
+    per_row = scores.view(rows, scores.shape[0] // rows, group, columns)
+    scaled = (per_row * scale).float() + bias
+    return torch.softmax(scaled, dim=-1).to(scores.dtype).view(scores.shape)
 
 
 @attrs.define
@@ -186,22 +208,29 @@ class Pointwise:
 
     rms_norm: Callable[..., Any] = rms_norm
     add_rms_norm: Callable[..., Any] = add_rms_norm
-    rotate: Callable[..., Any] = rotate
+    rotate_pair: Callable[..., Any] = rotate_pair
     silu_mul: Callable[..., Any] = silu_mul
+    masked_softmax: Callable[..., Any] = masked_softmax
 
     @classmethod
     def fused(cls) -> Pointwise:
         """One kernel per piece (GPU). Shapes are marked dynamic so prefill and every
-        decode batch size share one compilation. A piece that fails to compile (its first
-        call is in the eager prefill, never inside a graph capture) runs eagerly instead."""
+        decode batch size share one compilation; duck shaping is off while they compile
+        (two sizes equal at the first call, rows × heads and columns say, would otherwise
+        become one symbol and the first unequal pair would recompile). A piece that fails to
+        compile runs eagerly instead; no piece is first called inside a graph capture (the
+        norms, rotary and MLP pieces first run in the eager prefill, ``masked_softmax`` in
+        the eager warm-up steps that precede every capture)."""
         import torch
+        import torch.fx.experimental._config as fx_config
 
         def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
             chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True)}
 
             def call(*args: Any) -> Any:
                 try:
-                    return chosen["fn"](*args)
+                    with fx_config.patch(use_duck_shape=False):
+                        return chosen["fn"](*args)
                 except Exception as error:  # any compiler failure
                     if chosen["fn"] is fn:
                         raise
@@ -218,8 +247,9 @@ class Pointwise:
         return cls(
             rms_norm=compiled(rms_norm),
             add_rms_norm=compiled(add_rms_norm),
-            rotate=compiled(rotate),
+            rotate_pair=compiled(rotate_pair),
             silu_mul=compiled(silu_mul),
+            masked_softmax=compiled(masked_softmax),
         )
 
 
@@ -316,7 +346,8 @@ class Decoder:
         if layer.q_norm is not None:
             q = pw.rms_norm(q, layer.q_norm, shape.rms_eps)
             k = pw.rms_norm(k, layer.k_norm, shape.rms_eps)
-        return pw.rotate(q, cos, sin), pw.rotate(k, cos, sin), v
+        q, k = pw.rotate_pair(q, k, cos, sin)
+        return q, k, v
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
@@ -369,6 +400,12 @@ class Decoder:
         import torch.nn.functional as F
 
         return F.linear(normed, self.lm_head).float()
+
+    def logits_into(self, normed: torch.Tensor, out: torch.Tensor) -> None:
+        """``out.copy_(logits(normed))`` without the float32 temporary (the copy casts)."""
+        import torch.nn.functional as F
+
+        out.copy_(F.linear(normed, self.lm_head))
 
 
 def build_rotary_embedding(config: Any) -> Any:

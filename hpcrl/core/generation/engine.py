@@ -65,6 +65,19 @@ class EngineSpec:
     max_model_len: int | None
     vllm_cfg: Any = None  # VllmCfg (vLLM only)
 
+    @property
+    def needs_optimizer_memory(self) -> bool:
+        """Whether a colocated engine needs the optimizer state off the GPU while it samples.
+
+        Colocated vLLM claims ``gpu_memory_utilization`` of the device for itself (NeMo RL
+        moves the optimizer state to the host before its refit, too). The torch engine
+        sizes its cache from the memory that is free when it is built (in the first step,
+        before the optimizer has state) and keeps it: moving twice the parameters' worth of
+        Adam state off the GPU and back around every generation would only cost time (on
+        one H200, two 8.8 GB copies per step for the 1.1B model). Should a later step need
+        a larger cache than fits, the engine samples in waves instead."""
+        return self.backend == "vllm" and self.device == "cuda"
+
     def build(self) -> GenerationEngine:
         if self.backend == "vllm":
             from hpcrl.core.generation.vllm_engine import VllmEngine

@@ -9,25 +9,35 @@ that fits, so captured CUDA graphs keep pointing at the same memory. Cache row `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
+
+from hpcrl.core.generation.decoder import masked_softmax
 
 if TYPE_CHECKING:
     import torch
 
     from hpcrl.core.generation.decoder import Decoder
 
+DecodeAttention = Literal["bmm", "sdpa"]
+
 # Masked attention scores: finite, so rows with nothing visible stay NaN-free.
 _MASKED_SCORE = -3.0e38
 
 
 def decode_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    scale: float,
+    softmax: Callable[..., torch.Tensor] = masked_softmax,
 ) -> torch.Tensor:
     """One query per row over ``l`` cached columns, grouped-query without repeating k/v.
 
     q [b, H, D]; k, v [b, Hkv, l, D] (views into the cache); bias [b, 1, 1, l] float32.
-    Returns [b, H*D]. Scores and softmax in float32, as Hugging Face's eager attention.
+    Returns [b, H*D]. Softmax in float32, as Hugging Face's eager attention
+    (``decoder.masked_softmax``; the engine passes its fused version on GPUs).
     """
     import torch
 
@@ -36,22 +46,43 @@ def decode_attention(
     group = num_heads // num_kv
     grouped_q = q.reshape(b * num_kv, group, head_dim)
     keys = k.reshape(b * num_kv, columns, head_dim)
-    scores = torch.bmm(grouped_q, keys.transpose(1, 2)) * scale
-    scores = scores.view(b, num_kv, group, columns).float() + bias
-    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(b * num_kv, group, columns)
+    scores = torch.bmm(grouped_q, keys.transpose(1, 2))  # [b·Hkv, group, l]
+    probs = softmax(scores, bias, scale)
     out = torch.bmm(probs, v.reshape(b * num_kv, columns, head_dim))
     return out.view(b, num_heads * head_dim)
+
+
+def decode_attention_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The same attention through ``scaled_dot_product_attention`` (one fused kernel where
+    the device has one for a boolean mask); ``visible`` [b, 1, 1, l] bool. Returns [b, H*D]."""
+    import torch.nn.functional as F
+
+    b, num_heads, head_dim = q.shape
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),
+        k,
+        v,
+        attn_mask=visible,
+        scale=scale,
+        enable_gqa=num_heads != k.shape[1],
+    )
+    return out.reshape(b, num_heads * head_dim)
 
 
 class DecodeState:
     """Cache, masks and per-slot inputs for up to ``rows`` slots and ``columns`` positions."""
 
-    def __init__(self, decoder: Decoder, rows: int, columns: int) -> None:
+    def __init__(
+        self, decoder: Decoder, rows: int, columns: int, attention: DecodeAttention = "bmm"
+    ) -> None:
         import torch
 
         shape = decoder.shape
         device = decoder.device
         self.decoder, self.rows, self.columns = decoder, rows, columns
+        self.attention = attention
         self.cache = torch.zeros(
             (shape.num_layers, 2, rows, shape.num_kv_heads, columns, shape.head_dim),
             device=device,
@@ -89,16 +120,22 @@ class DecodeState:
         sin = decoder.sin.index_select(0, positions)[:, None]
         valid = self.valid[:b]
         valid.index_fill_(1, self.column, True)
-        bias = torch.where(valid[:, :width], 0.0, _MASKED_SCORE).view(b, 1, 1, width)
+        visible = valid[:, :width].view(b, 1, 1, width)
+        sdpa = self.attention == "sdpa"
+        bias = None if sdpa else torch.where(visible, 0.0, _MASKED_SCORE)
+        softmax = decoder.pointwise.masked_softmax
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = self.cache[layer, 0, :b], self.cache[layer, 1, :b]
             keys.index_copy_(2, self.column, k.unsqueeze(2))
             values.index_copy_(2, self.column, v.unsqueeze(2))
-            return decode_attention(q, keys[:, :, :width], values[:, :, :width], bias, self.scale)
+            keys, values = keys[:, :, :width], values[:, :, :width]
+            if bias is None:
+                return decode_attention_sdpa(q, keys, values, visible, self.scale)
+            return decode_attention(q, keys, values, bias, self.scale, softmax)
 
         normed = decoder.forward_rows(hidden, cos, sin, attend)
-        self.logits[:b].copy_(decoder.logits(normed))
+        decoder.logits_into(normed, self.logits[:b])
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, prompts: Sequence[Sequence[int]], end_column: int, tokens_per_chunk: int):

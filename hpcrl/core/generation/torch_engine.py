@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.core.generation.decoder import Decoder
-from hpcrl.core.generation.kv_cache import DecodeState
+from hpcrl.core.generation.kv_cache import DecodeAttention, DecodeState
 from hpcrl.core.generation.sampling import row_uniforms, sample_tokens
 from hpcrl.core.token_distribution import TokenDistribution
 
@@ -46,7 +46,10 @@ class EngineOptions:
     compact: bool = True
     max_rows: int | None = None  # None: as many as CACHE_MEMORY_FRACTION of free memory holds
     prefill_tokens_per_chunk: int = 16384  # padded tokens per prefill attention chunk
-    column_bucket: int = 64
+    # Decode attention reads the cache up to the next multiple of this: finer buckets read
+    # fewer unused columns, at one more CUDA graph per bucket (captured once, when first met).
+    column_bucket: int = 32
+    decode_attention: DecodeAttention = "bmm"  # "sdpa": scaled_dot_product_attention
 
 
 @attrs.define
@@ -248,7 +251,7 @@ class TorchEngine:
             columns = max(columns, state.columns if state else 0)
             self._state = None
             self._graphs.clear()  # they point at the old buffers
-            self._state = DecodeState(self.decoder, rows, columns)
+            self._state = DecodeState(self.decoder, rows, columns, self.options.decode_attention)
         return rows
 
     def _rows_that_fit(self, columns: int) -> int:
@@ -352,6 +355,11 @@ class _Wave:
         self.logprobs = torch.zeros((count + 1, max_new), dtype=torch.float32, device=device)
         self.lengths = torch.zeros(count + 1, dtype=torch.long, device=device)
         self.stops = torch.tensor(stops, dtype=torch.long, device=device) if stops else None
+        # Every uniform the wave can draw, [wave row, token index], hashed once: the same
+        # values a per-token ``row_uniforms`` call gives (a pure function of seed, row and
+        # index), without its ~60 tiny kernels per token.
+        token_index = torch.arange(max_new, dtype=torch.long, device=device)[None, :]
+        self.uniforms = row_uniforms(seed, self.global_rows[:, None], token_index)
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         stats = self.engine.last_stats
@@ -393,7 +401,7 @@ class _Wave:
 
         slots, state = self.slots, self.state
         rows = self.slot_rows[:slots]
-        uniforms = row_uniforms(self.seed, self.global_rows[rows], index)
+        uniforms = self.uniforms[:, index].index_select(0, rows)
         chosen, chosen_logprobs = sample_tokens(
             state.logits[:slots], self.distribution, uniforms, greedy=self.cfg.temperature == 0
         )

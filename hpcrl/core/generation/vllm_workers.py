@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration, shard_seed
+from hpcrl.core.workers.failures import get_all
 from hpcrl.core.workers.group import NODE_ID_LABEL, worker_env
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
     from hpcrl.config.recipe import GenerationCfg
     from hpcrl.plan.jobspec import GenerationPlacement
+
+ENGINE_ROLE = "generation engine"  # how a failure names one (WorkerFailed)
 
 
 @attrs.frozen(kw_only=True)
@@ -126,7 +129,10 @@ class GenerationGroup:
             ).remote(env)
             for index in range(self.layout.num_engines)
         ]
-        self.pids = ray.get([a.setup.remote(self.spec) for a in self.actors], timeout=timeout_s)
+        self.pids = get_all(
+            [a.setup.remote(self.spec) for a in self.actors], "setup", timeout_s=timeout_s,
+            role=ENGINE_ROLE,
+        )  # fmt: skip
 
     def _bundle(self) -> dict[str, float]:
         if self.layout.device == "cuda":
@@ -175,9 +181,7 @@ class GenerationGroup:
 
     def collect(self, pending: PendingShards) -> list[ShardGeneration]:
         """The engines' outputs of ``pending``, in prompt order (waits for them)."""
-        import ray
-
-        return ray.get(pending.refs)
+        return get_all(pending.refs, "generate", role=ENGINE_ROLE)
 
     def generate(
         self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
@@ -194,10 +198,8 @@ class GenerationGroup:
         self.weights_version = version
 
     def wait_for_updates(self) -> None:
-        import ray
-
         pending, self._pending_updates = self._pending_updates, []
-        ray.get(pending)
+        get_all(pending, "update_weights", role=ENGINE_ROLE)
 
     def shutdown(self) -> None:
         import ray
@@ -205,6 +207,8 @@ class GenerationGroup:
         try:
             if self.actors and self.pids:
                 ray.get([actor.close.remote() for actor in self.actors], timeout=120)
+        except ray.exceptions.RayError as error:  # never raised over the failure that got here
+            print(f"generation engines did not close cleanly ({error}); killing them", flush=True)
         finally:
             for actor in self.actors:
                 ray.kill(actor)

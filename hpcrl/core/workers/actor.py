@@ -189,12 +189,19 @@ class TrainingWorker:
         return ray.put(weights)
 
     def offload_optimizer(self) -> None:
+        """Before generation: optimizer state off the GPU, when the engine needs the room."""
         assert self._backend is not None, "setup first"
-        self._backend.offload_optimizer()
+        if self._engine_needs_optimizer_memory():
+            self._backend.offload_optimizer()
 
     def onload_optimizer(self) -> None:
         assert self._backend is not None, "setup first"
-        self._backend.onload_optimizer()
+        if self._engine_needs_optimizer_memory():
+            self._backend.onload_optimizer()
+
+    def _engine_needs_optimizer_memory(self) -> bool:
+        spec = self._engine_spec
+        return spec is None or spec.needs_optimizer_memory
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         assert self._backend is not None, "setup first"
@@ -211,11 +218,14 @@ class TrainingWorker:
         self._backend.export_hf(out_dir)
 
     def collect_state(self) -> dict[str, Any]:
-        """The backend's state, plus this rank's optimizer steps and its peak host memory (the
-        driver sums the ranks' peaks: Ray workers are not the driver's child processes)."""
+        """The backend's state, plus this rank's optimizer steps, its peak host memory (the
+        driver sums the ranks' peaks: Ray workers are not the driver's child processes) and
+        its pass figures since the last call (``pass_metrics``; the driver calls once per
+        step)."""
         assert self._backend is not None, "setup first"
         return {
             **self._backend.collect_state(),
             "worker_optimizer_steps": self._optimizer_steps,
             "peak_host_rss_gb": self._host_memory.sample(),
+            "pass_metrics": dict(self._backend.take_pass_metrics()),
         }

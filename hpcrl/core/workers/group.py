@@ -3,7 +3,8 @@
 Placement: one placement group whose bundle ``r`` is pinned (node-id label selector) to node
 ``r // workers_per_node``; node 0 is the driver's node, the others follow in IP order. Rank
 0's node IP is MASTER_ADDR. Every call fans out to all actors and waits for all of them, so
-a failure on any rank surfaces at the controller with that rank's traceback.
+a failure on any rank surfaces at the controller as ``WorkerFailed`` naming that rank (its
+traceback is in the driver's log).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import attrs
 
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
+from hpcrl.core.workers.failures import WorkerFailed, get_all
 
 NODE_ID_LABEL = "ray.io/node-id"
 PROGRESS_EVERY_S = 30.0
@@ -77,6 +79,16 @@ def node_ip(node_id: str) -> str:
     raise AssertionError(f"node {node_id} is not in the Ray cluster")
 
 
+def _holds_error(ready: list[Any]) -> bool:
+    import ray
+
+    try:
+        ray.get(ready, timeout=0)
+    except ray.exceptions.RayError:
+        return True
+    return False
+
+
 class RayWorkerGroup:
     """Start, call and stop the actors of one backend."""
 
@@ -94,6 +106,8 @@ class RayWorkerGroup:
         self._placement_group: Any = None
         self.actors: list[Any] = []
         self.places: list[DataParallelPlace] = []
+        self.rank_node_ips: list[str] = []  # the Ray node IP of each rank, for failures
+        self.failed = False  # a call failed on some rank: the others may be stuck in it
 
     def start(self, recipe: Any, model_path: str, timeout_s: float = 600.0) -> None:
         """Place the actors, then set up every rank (process group + backend)."""
@@ -109,17 +123,19 @@ class RayWorkerGroup:
             actor.setup.remote(recipe, info, model_path, self.layout.threads_per_worker)
             for actor, info in zip(self.actors, rank_infos, strict=True)
         ]
-        self.places = self._wait(refs, "worker setup", timeout_s)
+        self.places = self._wait(refs, "setup", timeout_s)
         self._progress(
             f"{self.layout.world_size} workers ready in {time.monotonic() - started:.0f} s"
         )
 
     def _wait(self, refs: list[Any], what: str, timeout_s: float) -> list[Any]:
-        """All results, with a progress line every PROGRESS_EVERY_S and a clear timeout."""
+        """All results, with a progress line every PROGRESS_EVERY_S and a clear timeout; a
+        rank that fails ends the wait at once (the others may wait for it in a collective)."""
         import ray
 
         started = time.monotonic()
         pending = list(refs)
+        last_progress_s = started
         while pending:
             waited_s = time.monotonic() - started
             if waited_s >= timeout_s:
@@ -127,17 +143,25 @@ class RayWorkerGroup:
                     f"{what}: {len(pending)} of {len(refs)} workers not done after "
                     f"{timeout_s:.0f} s; see the worker logs (Ray's logs/worker-*.err)"
                 )
-            _, pending = ray.wait(
-                pending,
-                num_returns=len(pending),
-                timeout=min(PROGRESS_EVERY_S, timeout_s - waited_s),
+            ready, pending = ray.wait(
+                pending, num_returns=1, timeout=min(PROGRESS_EVERY_S, timeout_s - waited_s)
             )
-            if pending:
+            if ready and _holds_error(ready):
+                break  # _gather below raises WorkerFailed for it
+            if pending and time.monotonic() - last_progress_s >= PROGRESS_EVERY_S:
+                last_progress_s = time.monotonic()
                 self._progress(
                     f"{what}: {len(refs) - len(pending)}/{len(refs)} workers done "
-                    f"({time.monotonic() - started:.0f} s)"
+                    f"({last_progress_s - started:.0f} s)"
                 )
-        return ray.get(refs)
+        return self._gather(refs, what)
+
+    def _gather(self, refs: list[Any], method: str, timeout_s: float | None = None) -> list[Any]:
+        try:
+            return get_all(refs, method, self.rank_node_ips, timeout_s=timeout_s)
+        except WorkerFailed:
+            self.failed = True
+            raise
 
     def _reserve(self, timeout_s: float) -> Any:
         import ray
@@ -146,6 +170,8 @@ class RayWorkerGroup:
         node_ids = pick_nodes(self.layout.num_nodes)
         bundle = self._bundle()
         ranks = range(self.layout.world_size)
+        ips = {node_id: node_ip(node_id) for node_id in node_ids}
+        self.rank_node_ips = [ips[node_ids[rank // self.layout.workers_per_node]] for rank in ranks]
         self._progress(
             f"placing {self.layout.world_size} workers ({self.layout.workers_per_node} per node "
             f"on {self.layout.num_nodes} nodes, {bundle} each)"
@@ -226,14 +252,12 @@ class RayWorkerGroup:
         timeout_s: float | None = None,
     ) -> list[Any]:
         """``method(*per_rank_args[rank])`` on every actor; results in rank order."""
-        import ray
-
         args = per_rank_args or [()] * len(self.actors)
         assert len(args) == len(self.actors), "one argument tuple per rank"
         refs = [
             getattr(actor, method).remote(*a) for actor, a in zip(self.actors, args, strict=True)
         ]
-        return ray.get(refs, timeout=timeout_s)
+        return self._gather(refs, method, timeout_s)
 
     def call_same(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
         """The same arguments to every rank (put once into the object store)."""
@@ -243,12 +267,19 @@ class RayWorkerGroup:
         return self.call_all(method, [arg_refs] * len(self.actors), timeout_s=timeout_s)
 
     def shutdown(self, timeout_s: float = 120.0) -> None:
-        """Workers free model/optimizer and destroy the process group, then are killed."""
+        """Workers free model/optimizer and destroy the process group, then are killed.
+
+        After a failed call they are only killed: the ranks that did not fail may be blocked
+        in a collective with the one that did, and a ``close`` would queue behind it. Workers
+        that cannot close are killed all the same; their error is printed, never raised over
+        the one that brought the driver here."""
         import ray
 
         try:
-            if self.actors and self.places:
+            if self.actors and self.places and not self.failed:
                 self.call_all("close", timeout_s=timeout_s)
+        except (WorkerFailed, ray.exceptions.GetTimeoutError) as error:
+            print(f"workers did not close cleanly ({error}); killing them", flush=True)
         finally:
             for actor in self.actors:
                 ray.kill(actor)

@@ -3,7 +3,9 @@
 NeMo RL's three ways, chosen once from the recipe (``BatchingSettings.from_recipe``):
 
 - **fixed** (default): ``train_micro_batch_size`` / ``logprob_batch_size`` consecutive rows,
-  at the batch's full width.
+  each micro-batch cut to its own last real column (NeMo RL pads every micro-batch to the
+  batch's longest row; with right-padded rows and causal attention the cut columns change
+  no value, they only cost work). Pipeline parallelism keeps the batch's full width.
 - **dynamic** (``policy.dynamic_batching``): rows sorted by length and grouped so that rows ×
   width stays within ``train_mb_tokens`` / ``logprob_mb_tokens``; each micro-batch is cut to
   its own longest row, rounded up to ``sequence_length_round``.
@@ -136,14 +138,20 @@ def balanced_order(lengths: Sequence[int], num_shards: int) -> list[int]:
 
 def _plan_one(lengths: Sequence[int], full_width: int, s: BatchingSettings) -> list[MicroBatchSpec]:
     if s.mode == "fixed":
-        width = round_up(full_width, s.divisible_by)
-        rows = list(range(len(lengths)))
         step = s.rows_per_micro_batch
-        return [MicroBatchSpec(rows=tuple(rows[i : i + step]), width=width)
-                for i in range(0, len(rows), step)]  # fmt: skip
+        groups = [
+            tuple(range(i, min(i + step, len(lengths)))) for i in range(0, len(lengths), step)
+        ]
+        full = round_up(full_width, s.divisible_by)
+        return [MicroBatchSpec(rows=g, width=full if s.same_width else _fixed_width(lengths, g, s))
+                for g in groups]  # fmt: skip
     if s.mode == "dynamic":
         return _plan_dynamic(lengths, s)
     return _plan_packed(lengths, s)
+
+
+def _fixed_width(lengths: Sequence[int], rows: Sequence[int], s: BatchingSettings) -> int:
+    return round_up(max(max(lengths[r] for r in rows), 1), s.divisible_by)
 
 
 def _dynamic_width(lengths: Sequence[int], rows: Sequence[int], s: BatchingSettings) -> int:
@@ -391,13 +399,17 @@ def unpack_logprobs(packed: torch.Tensor, micro: Batch) -> torch.Tensor:
 def scatter_rows(
     pieces: Sequence[torch.Tensor], specs: Sequence[MicroBatchSpec], num_rows: int, width: int
 ) -> torch.Tensor:
-    """Per-micro-batch [n_i, w_i] results → one [num_rows, width] tensor in shard row order."""
+    """Per-micro-batch [n_i, w_i] results → one float32 [num_rows, width] tensor in shard row
+    order, on the pieces' device (no host round trip per piece); zero where no piece wrote."""
     import torch
 
-    out = torch.zeros((num_rows, width), dtype=torch.float32)
+    device = pieces[0].device if pieces else torch.device("cpu")
+    out = torch.zeros((num_rows, width), dtype=torch.float32, device=device)
     for piece, spec in zip(pieces, specs, strict=True):
         used = min(width, piece.shape[1])
-        out[list(spec.rows), :used] = piece[:, :used].float().cpu()
+        # non_blocking: a blocking host-to-device copy would wait for the queued forwards.
+        rows = torch.tensor(spec.rows, dtype=torch.long).to(device, non_blocking=True)
+        out[rows, :used] = piece[:, :used].to(device=device, dtype=torch.float32)
     return out
 
 
@@ -408,12 +420,17 @@ def logprob_micro_batches(
     driven directly, e.g. by tests) fixed ``logprob_batch_size`` rows."""
     if plan is None:
         settings = attrs.evolve(BatchingSettings.from_recipe(recipe, "logprobs"), mode="fixed")
-        plan = plan_shards([row_lengths_or_full(batch)], batch["input_ids"].shape[1], settings)[0]
+        plan = plan_shards([row_extents(batch)], batch["input_ids"].shape[1], settings)[0]
     keys = ("input_ids", "attention_mask")
     inputs = {key: batch[key] for key in keys}
     return list(plan), [materialize(inputs, spec) for spec in plan]
 
 
-def row_lengths_or_full(batch: Batch) -> list[int]:
-    """Row lengths from the attention mask (any padding), for fixed plans."""
-    return [int(n) for n in batch["attention_mask"].sum(dim=1).tolist()]
+def row_extents(batch: Batch) -> list[int]:
+    """Per row, one past its last real column (0 for an empty row): the width a micro-batch
+    of it needs whatever its padding; for right-padded rows, the row's length."""
+    import torch
+
+    mask = batch["attention_mask"].bool()
+    columns = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return [int(n) for n in torch.where(mask, columns, 0).amax(dim=1).tolist()]

@@ -21,8 +21,8 @@ from hpcrl.core.workers.micro_batches import (
     Purpose,
     balanced_order,
     plan_shards,
+    row_extents,
     row_lengths,
-    row_lengths_or_full,
 )
 from hpcrl.core.workers.sharding import (
     batch_size_of,
@@ -147,9 +147,7 @@ class RayPolicy:
             index = torch_index(order)
             batch = {key: value.index_select(0, index) for key, value in batch.items()}
         shards = split_batch(batch, self.dp_size, what)
-        plans = plan_shards(
-            [row_lengths_or_full(s) for s in shards], batch["input_ids"].shape[1], settings
-        )
+        plans = plan_shards([row_extents(s) for s in shards], batch["input_ids"].shape[1], settings)
         shard_refs = [ray.put(s) for s in shards]
         plan_refs = [ray.put(p) for p in plans]
         rest_refs = tuple(ray.put(r) for r in rest)

@@ -22,6 +22,7 @@ gets a graph specialised to one row, once, in the first step that has one (docs/
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,7 @@ from hpcrl.core.backends.automodel.parallelize import (
     needs_fsdp,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
+from hpcrl.core.backends.pass_stats import PassRecorder, PassStats
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
 from hpcrl.core.token_distribution import TokenDistribution, training_distribution
 from hpcrl.core.workers.micro_batches import (
@@ -144,6 +146,7 @@ class AutomodelWorker:
         self.scheduler = build_lr_scheduler(self.optimizer, recipe.policy.scheduler)
         self.reference: TokenLogprobModel | None = None
         self.step = 0
+        self.passes = PassRecorder(self.device)
         coords = self.mesh.get_coordinate()
         assert coords is not None
         replicate_index, shard_index, tp_index = coords
@@ -198,10 +201,39 @@ class AutomodelWorker:
     def train_step(
         self, micro_batches: Sequence[Batch], loss_fn: LossFn, num_global_tokens: float
     ) -> dict[str, float]:
+        """Loss and metrics stay on the device until the step's one read-back (after the
+        all-reduce): the host never waits for a micro-batch to finish."""
         self.model.train()
-        totals: dict[str, float] = {"loss": 0.0}
+        real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
+        with self.passes.measure("train", real_tokens) as stats:
+            started = time.perf_counter()
+            totals = self._forward_backward(micro_batches, loss_fn, num_global_tokens, stats)
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            norm = clip_gradients(params, self.recipe.policy.max_grad_norm)  # reads the norm
+            stats.forward_backward_s += time.perf_counter() - started
+            started = time.perf_counter()
+            lr = self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            summed = self._sum_over_data_parallel(totals)
+            stats.optimizer_s += time.perf_counter() - started
+        return {**summed, "grad_norm": norm, "lr": lr}
+
+    def _forward_backward(
+        self,
+        micro_batches: Sequence[Batch],
+        loss_fn: LossFn,
+        num_global_tokens: float,
+        stats: PassStats,
+    ) -> dict[str, Any]:
+        """Gradients of every micro-batch; returns the summed loss and loss metrics (device
+        tensors, or floats where the loss function gives floats)."""
+        totals: dict[str, Any] = {"loss": 0.0}
         for micro in micro_batches:
             micro = self._to_device(micro)
+            stats.add_micro_batch(micro)
             logprobs, unfiltered = forward_logprobs(self.model, micro, self.distribution)
             if self.distribution.filters:
                 micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
@@ -209,22 +241,21 @@ class AutomodelWorker:
             # FSDP averages gradients over data-parallel ranks; the loss is a share of a
             # global sum, so scale back up to get the gradient of that sum.
             (loss * self.shape.dp_size).backward()
-            totals["loss"] += float(loss.detach())
+            totals["loss"] = totals["loss"] + loss.detach()
             for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = clip_gradients(params, self.recipe.policy.max_grad_norm)
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        summed = self._sum_over_data_parallel(totals)
-        return {**summed, "grad_norm": norm, "lr": lr}
+                detached = value.detach() if isinstance(value, torch.Tensor) else value
+                totals[key] = totals.get(key, 0.0) + detached
+        return totals
 
-    def _sum_over_data_parallel(self, values: Mapping[str, float]) -> dict[str, float]:
+    def _sum_over_data_parallel(self, values: Mapping[str, Any]) -> dict[str, float]:
+        """Sum over data-parallel ranks; floats and device tensors alike, one read-back."""
         keys = sorted(values)
-        packed = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        packed = torch.stack(
+            [
+                torch.as_tensor(values[k], dtype=torch.float64, device=self.device).reshape(())
+                for k in keys
+            ]
+        )
         dist.all_reduce(packed)
         packed /= self.shape.tp  # TP peers hold the same numbers
         return dict(zip(keys, packed.tolist(), strict=True))
@@ -233,6 +264,7 @@ class AutomodelWorker:
     @torch.no_grad()
     def _logprobs_with(
         self,
+        kind: str,
         model: TokenLogprobModel,
         batch: Batch,
         distribution: TokenDistribution,
@@ -241,21 +273,25 @@ class AutomodelWorker:
         """Eval mode (no dropout), whatever the last pass left: a fixed mode per pass also
         keeps compiled blocks from recompiling on the mode flag. Compiled passes pad every
         unpacked micro-batch's rows to a multiple of ``logprob_batch_size`` (at least 2;
-        repeated rows, trimmed after): a single row would be specialised."""
+        repeated rows, trimmed after): a single row would be specialised. The pieces are
+        assembled on the device and read back once, not once per micro-batch."""
         model.eval()
         policy = self.recipe.policy
         micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
         specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
-        pieces = []
-        for spec, micro in zip(specs, micro_batches, strict=True):
-            if self.compiles and "packed_input_ids" not in micro:
-                micro, _ = pad_rows(micro, max(micro_size, 2))
-            processed, _ = forward_logprobs(model, self._to_device(micro), distribution)
-            pieces.append(processed[: len(spec.rows)].float().cpu())
-        return scatter_rows(pieces, specs, *batch["input_ids"].shape)
+        with self.passes.measure(kind, int(batch["attention_mask"].sum())) as stats:
+            pieces = []
+            for spec, micro in zip(specs, micro_batches, strict=True):
+                if self.compiles and "packed_input_ids" not in micro:
+                    micro, _ = pad_rows(micro, max(micro_size, 2))
+                micro = self._to_device(micro)
+                stats.add_micro_batch(micro)
+                processed, _ = forward_logprobs(model, micro, distribution)
+                pieces.append(processed[: len(spec.rows)])
+            return scatter_rows(pieces, specs, *batch["input_ids"].shape).cpu()
 
     def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
-        return self._logprobs_with(self.model, batch, self.distribution, plan)
+        return self._logprobs_with("logprobs", self.model, batch, self.distribution, plan)
 
     def reference_logprobs(
         self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None
@@ -263,7 +299,9 @@ class AutomodelWorker:
         if self.reference is None:
             # Built on first use (all ranks call together): SFT never pays for it.
             self.reference = self._build_sharded(self.model_path, training=False)
-        return self._logprobs_with(self.reference, batch, self.distribution.without_filters(), plan)
+        return self._logprobs_with(
+            "reference", self.reference, batch, self.distribution.without_filters(), plan
+        )
 
     # ------------------------------------------------------------------ weights out
     @torch.no_grad()
@@ -323,6 +361,9 @@ class AutomodelWorker:
             "dp_rank": self._dp_rank(),
             "compiled_graphs": compiled_graph_count(),
         }
+
+    def take_pass_metrics(self) -> dict[str, float]:
+        return self.passes.take()
 
     def close(self) -> None:
         for name in ("model", "reference", "optimizer", "scheduler", "mesh"):

@@ -1,33 +1,54 @@
 """Training checkpoints of the Megatron backend (model + optimizer + scheduler + step).
 
-torch_dist through megatron-core's dist_checkpointing: model weights reshard to any layout;
-the distributed optimizer's state is saved ``dp_reshardable`` (its buffers as they are, fully
-parallel), so a resume keeps TP/PP (DP may change: tested from DP 2 to DP 4). The layout is
-saved beside the state, and a load at another TP or PP fails first with both layouts and what
-to do, instead of megatron-core's shape mismatch deep in the load. Loads read with
+torch_dist through megatron-core's dist_checkpointing: model weights reshard to any layout.
+The distributed optimizer's state is saved in ``checkpoint.optimizer_format``:
+
+- ``dp_reshardable`` (default): its buffers as they are, fully parallel, no gathers; a resume
+  may change DP only (tested from DP 2 to DP 4);
+- ``fully_reshardable``: gathered over DP into one tensor per parameter and state (model
+  space) at save; a resume may change TP, PP and DP (tested from TP 1 x DP 2 to TP 2 and to
+  TP 2 x PP 2).
+
+The format and the layout are saved beside the state; a load builds its sharded state in the
+saved format, and a ``dp_reshardable`` checkpoint loaded at another TP or PP fails first with
+both layouts and what to do, instead of megatron-core's shape mismatch deep in the load.
+(megatron-core's third format, ``fully_sharded_model_space``, cannot save in 0.16 nor 0.19:
+"ShardedTensor.flattened_range is not supported".) Loads read with
 ``checkpoint.parallel_read_threads`` threads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# Optimizer buffers as they are (fully parallel, no gathers); reload needs the same TP/PP.
-# ("fully_reshardable" fails on load without Apex/TE: torch Adam keeps a per-param
-# "step" that format does not save; "fully_sharded_model_space" fails on save: "ShardedTensor.
-# flattened_range is not supported" — megatron-core 0.16.)
-OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+DP_RESHARDABLE = "dp_reshardable"
+FULLY_RESHARDABLE = "fully_reshardable"
+# Not a megatron format name: what a run without the distributed optimizer records (its
+# state is saved per parameter, like the model's, and reshards with it).
+PER_PARAMETER = "per_parameter"
+LAYOUT_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
 
 
-def _sharded_state(worker: Any, is_loading: bool) -> dict:
+def optimizer_format(worker: Any) -> str:
+    """The optimizer-state format this worker saves in."""
+    if not worker.cfg.optimizer.use_distributed_optimizer:
+        return PER_PARAMETER
+    return str(worker.cfg.checkpoint.optimizer_format)
+
+
+def _sharded_state(worker: Any, is_loading: bool, state_format: str) -> dict:
     from megatron.core.utils import unwrap_model
 
     model_state = {}
     for index, chunk in enumerate(unwrap_model(worker.model_chunks)):
         model_state[f"model{index}"] = chunk.sharded_state_dict()
+    # The distributed optimizer reads the format from here; the others ignore it.
+    format_name = DP_RESHARDABLE if state_format == PER_PARAMETER else state_format
     optimizer_state = worker.optimizer.sharded_state_dict(
-        model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA
+        model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": format_name}
     )
     return {**model_state, "optimizer": optimizer_state}
 
@@ -41,13 +62,15 @@ def save_training_state(worker: Any, checkpoint_dir: str) -> None:
     if dist.get_rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(worker, is_loading=False), str(path))
+    state_format = optimizer_format(worker)
+    dist_checkpointing.save(_sharded_state(worker, False, state_format), str(path))
     if dist.get_rank() == 0:
         torch.save(
             {
                 "scheduler": worker.scheduler.state_dict(),
                 "steps_done": worker.steps_done,
                 "layout": model_parallel_layout(),
+                "optimizer_format": state_format,
             },
             path / "scheduler.pt",
         )
@@ -66,24 +89,30 @@ def model_parallel_layout() -> dict[str, int]:
 
 
 class CheckpointLayoutMismatch(ValueError):
-    """A checkpoint saved at one TP/PP loaded at another (its optimizer state cannot reshard)."""
+    """A dp_reshardable checkpoint loaded at another TP/PP (its optimizer state cannot reshard)."""
 
 
 def check_layout(
-    saved: dict[str, int] | None, current: dict[str, int], checkpoint_dir: str
+    saved: dict[str, int] | None,
+    current: dict[str, int],
+    checkpoint_dir: str,
+    state_format: str = DP_RESHARDABLE,
 ) -> None:
-    """Raise when TP or PP differ (DP may); checkpoints without a saved layout pass."""
-    keys = ("tensor_model_parallel_size", "pipeline_model_parallel_size")
-    if saved is None or all(saved[key] == current[key] for key in keys):
+    """Raise when a dp_reshardable checkpoint meets another TP or PP (DP may change; the
+    other formats reshard on every axis); checkpoints without a saved layout pass."""
+    if state_format != DP_RESHARDABLE or saved is None:
         return
-    saved_text = ", ".join(f"policy.megatron_cfg.{key}={saved[key]}" for key in keys)
-    current_text = ", ".join(f"{key}={current[key]}" for key in keys)
+    if all(saved[key] == current[key] for key in LAYOUT_KEYS):
+        return
+    saved_text = ", ".join(f"policy.megatron_cfg.{key}={saved[key]}" for key in LAYOUT_KEYS)
+    current_text = ", ".join(f"{key}={current[key]}" for key in LAYOUT_KEYS)
     raise CheckpointLayoutMismatch(
-        f"{checkpoint_dir} was saved with {saved_text}; this run has "
-        f"{current_text}. The distributed optimizer's state is saved dp_reshardable: it "
-        "reloads at any data-parallel size but only at the same TP and PP. Resume with the "
-        "saved TP and PP (change the number of nodes or GPUs to change DP), or start a new run "
-        "from the model weights (export_hf) at the new layout."
+        f"{checkpoint_dir} was saved with {saved_text}; this run has {current_text}. Its "
+        "distributed optimizer state is dp_reshardable: it reloads at any data-parallel size "
+        "but only at the same TP and PP. Resume with the saved TP and PP (change the number "
+        "of nodes or GPUs to change DP); to change TP/PP, save from the old layout with "
+        "policy.megatron_cfg.checkpoint.optimizer_format=fully_reshardable, or start a new "
+        "run from the model weights (export_hf) at the new layout."
     )
 
 
@@ -117,17 +146,69 @@ def load_training_state(worker: Any, checkpoint_dir: str) -> None:
 
     path = Path(checkpoint_dir) / "megatron"
     extra = torch.load(path / "scheduler.pt", weights_only=False)
-    check_layout(extra.get("layout"), model_parallel_layout(), checkpoint_dir)
+    # Saved before the format was recorded: dp_reshardable, the only format then.
+    state_format = extra.get("optimizer_format", DP_RESHARDABLE)
+    check_layout(extra.get("layout"), model_parallel_layout(), checkpoint_dir, state_format)
+    check_optimizer_kind(state_format, optimizer_format(worker), checkpoint_dir)
     _create_optimizer_state(worker.optimizer)
     with parallel_reads(worker.cfg.checkpoint.parallel_read_threads):
-        loaded = dist_checkpointing.load(_sharded_state(worker, is_loading=True), str(path))
+        loaded = dist_checkpointing.load(_sharded_state(worker, True, state_format), str(path))
     for index, chunk in enumerate(unwrap_model(worker.model_chunks)):
         chunk.load_state_dict(loaded[f"model{index}"], strict=False)
-    with torch.no_grad():  # fp32 runs: the optimizer's main params are views of the model's
+    # fp32 runs: the optimizer's main params are views of the model's (hence no_grad).
+    with torch.no_grad(), _torch_adam_steps_set_aside(worker.optimizer, state_format):
         worker.optimizer.load_state_dict(loaded["optimizer"])
     _restore_torch_adam_steps(worker.optimizer)
     worker.scheduler.load_state_dict(extra["scheduler"])
     worker.steps_done = extra["steps_done"]
+
+
+def check_optimizer_kind(saved_format: str, current_format: str, checkpoint_dir: str) -> None:
+    """The distributed optimizer and the plain one save different state structures."""
+    if (saved_format == PER_PARAMETER) == (current_format == PER_PARAMETER):
+        return
+    saved = "without" if saved_format == PER_PARAMETER else "with"
+    raise CheckpointLayoutMismatch(
+        f"{checkpoint_dir} was saved {saved} the distributed optimizer; this run has "
+        f"policy.megatron_cfg.optimizer.use_distributed_optimizer="
+        f"{str(saved_format == PER_PARAMETER).lower()}. Resume with the saved setting."
+    )
+
+
+@contextmanager
+def _torch_adam_steps_set_aside(optimizer: Any, state_format: str) -> Iterator[None]:
+    """Take torch Adam's per-parameter ``step`` out of the way of a fully_reshardable load.
+
+    Without Apex/TE the distributed optimizer runs torch's Adam, whose state holds a ``step``
+    tensor per parameter; ``fully_reshardable`` does not save it (the count is in the param
+    groups), yet megatron-core's loader (0.16 and 0.19, ``_set_main_param_and_optimizer_states``)
+    copies into every tensor of the state and fails with ``KeyError: 'step'``. A post-hook of
+    torch's own ``load_state_dict`` (which megatron calls just before that copy) sets the step
+    tensors aside; they go back afterwards, and ``_restore_torch_adam_steps`` gives them the
+    loaded count. With Apex/TE (no per-parameter step) this sets nothing aside.
+    """
+    if state_format != FULLY_RESHARDABLE:
+        yield
+        return
+    aside: list[tuple[dict, Any]] = []
+
+    def set_aside(torch_optimizer: Any) -> None:
+        for state in torch_optimizer.state.values():
+            if "step" in state:
+                aside.append((state, state.pop("step")))
+
+    handles = [
+        inner.optimizer.register_load_state_dict_post_hook(set_aside)
+        for inner in getattr(optimizer, "chained_optimizers", [optimizer])
+        if hasattr(getattr(inner, "optimizer", None), "register_load_state_dict_post_hook")
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        for state, step_tensor in aside:
+            state.setdefault("step", step_tensor)
 
 
 def _create_optimizer_state(optimizer: Any) -> None:

@@ -261,6 +261,9 @@ class MegatronWorker:
 
         save_hf_pretrained(self._hf_bridge(), self.model_chunks, out_dir)
 
+    def take_pass_metrics(self) -> Mapping[str, float]:
+        return {}  # not measured on this backend yet
+
     def collect_state(self) -> Mapping[str, Any]:
         peak_gb = 0.0
         if self.rank_info.device == "cuda":

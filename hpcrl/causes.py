@@ -1,0 +1,174 @@
+"""Why an attempt of a job ended early: one small record per attempt, ``status/cause.<r>.json``.
+
+Node 0's entrypoint writes it (``hpcrl.job.diagnosis``) when the driver exits nonzero, and
+when a preemption signal stops it; ``r`` is the attempt's number in the run (0 for the first
+attempt, as in ``logs/node<k>/attempt<r>/``: a job ``hpcrl resume`` submitted counts on after
+the earlier jobs' attempts). The login side (``hpcrl status``, ``submit
+--wait``, ``logs``) reads it back and shows ``AttemptCause.line()``: what died or raised,
+where, after which step, whether the job was requeued, and which log to read. Shared by both
+sides, so standard library and attrs only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+STATUS_DIR = "status"
+METRICS_FILE = "metrics.jsonl"  # hpcrl.report.metrics.METRICS_FILE (the driver writes it)
+#: How a driver killed by a signal ends, as a shell reports it (and Slurm's 0:9 becomes).
+SIGNAL_EXIT_BASE = 128
+_METRICS_TAIL_BYTES = 65536
+
+#: ``kind`` values. Only a lost node is worth another attempt: the same code on the same data
+#: would raise or run out of memory again.
+NODE_LOST = "node_lost"
+WORKER_RAISED = "worker_raised"
+WORKER_DIED = "worker_died"
+DRIVER_RAISED = "driver_raised"
+DRIVER_KILLED = "driver_killed"
+DRIVER_EXITED = "driver_exited"
+HEAD_RAY_EXITED = "head_ray_exited"
+PREEMPTED = "preempted"
+RETRYABLE_KINDS = frozenset({NODE_LOST})
+
+
+@attrs.frozen(kw_only=True)
+class AttemptCause:
+    """One attempt's end. ``what`` names the failure and its place ("node 1 (n2) lost",
+    "worker rank 1 on node 1 (n2) raised ValueError: bad"); ``detail`` says more about it
+    ("its Ray exited: raylet killed by signal 9"); ``log`` is relative to the run folder."""
+
+    attempt: int  # the attempt in the run: 0 for the first (SlurmTask.run_attempt)
+    kind: str
+    what: str
+    detail: str = ""
+    after_step: int | None = None  # the last step metrics.jsonl recorded, None if none
+    exit_code: int = 1
+    requeued: bool = False
+    log: str | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE_KINDS
+
+    def line(self) -> str:
+        """One line: ``node 1 (n2) lost after step 3: its Ray exited (raylet killed by signal
+        9); exit code 1; requeued (log: logs/node1/attempt0/node.log)``."""
+        text = self.what
+        if self.after_step is not None:
+            text += f" after step {self.after_step}"
+        if self.detail:
+            text += f": {self.detail}"
+        if self.kind not in (PREEMPTED, DRIVER_EXITED):  # (that one says its code already)
+            text += f"; exit code {self.exit_code}"
+        if self.requeued:
+            text += "; requeued, the next attempt resumes from the last checkpoint"
+        if self.log:
+            text += f" (log: {self.log})"
+        from hpcrl.config.secrets import redact  # the record is a file: it may hold anything
+
+        return redact(" ".join(text.split()))
+
+    def titled_line(self) -> str:
+        """``attempt 1: <line>`` (attempts counted from 1, as ``hpcrl logs --attempt``)."""
+        return f"attempt {self.attempt + 1}: {self.line()}"
+
+
+def cause_path(run_dir: Path, attempt: int) -> Path:
+    return Path(run_dir) / STATUS_DIR / f"cause.{attempt}.json"
+
+
+def write_cause(run_dir: Path, cause: AttemptCause) -> Path:
+    """Write the record atomically; secret values in the text are hidden first (an exception
+    message may quote an environment variable)."""
+    from hpcrl.config.secrets import redact
+    from hpcrl.files import write_file
+
+    path = cause_path(run_dir, cause.attempt)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_file(path, redact(json.dumps(attrs.asdict(cause), indent=1)) + "\n")
+
+
+def read_causes(run_dir: Path) -> list[AttemptCause]:
+    """Every readable record, by attempt; a damaged or foreign file is left out."""
+    found = []
+    for path in (Path(run_dir) / STATUS_DIR).glob("cause.*.json"):
+        cause = _read(path)
+        if cause is not None:
+            found.append(cause)
+    return sorted(found, key=lambda cause: cause.attempt)
+
+
+def read_cause(run_dir: Path, attempt: int) -> AttemptCause | None:
+    """The record of one attempt (its number in the run), None when it has none or it is
+    unreadable."""
+    cause = _read(cause_path(run_dir, attempt))
+    return cause if cause is not None and cause.attempt == attempt else None
+
+
+def latest_cause(run_dir: Path) -> AttemptCause | None:
+    causes = read_causes(run_dir)
+    return causes[-1] if causes else None
+
+
+def _read(path: Path) -> AttemptCause | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not _well_typed(data):
+        return None
+    names = {field.name for field in attrs.fields(AttemptCause)}
+    return AttemptCause(**{key: value for key, value in data.items() if key in names})
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "attempt": (int,), "kind": (str,), "what": (str,), "detail": (str,),
+    "after_step": (int, type(None)), "exit_code": (int,), "requeued": (bool,),
+    "log": (str, type(None)),
+}  # fmt: skip
+_REQUIRED = ("attempt", "kind", "what")
+
+
+def _well_typed(data: dict[str, Any]) -> bool:
+    if any(name not in data for name in _REQUIRED):
+        return False
+    for name, kinds in _TYPES.items():
+        value = data.get(name)
+        if name not in data:
+            continue
+        if isinstance(value, bool) and bool not in kinds:
+            return False
+        if not isinstance(value, kinds):
+            return False
+    return data["attempt"] >= 0
+
+
+def last_step(run_dir: Path) -> int | None:
+    """The ``step`` of the last complete line of ``metrics.jsonl`` (None without one)."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, stream.tell() - _METRICS_TAIL_BYTES))
+            lines = stream.read().decode("utf-8", errors="replace").split("\n")
+    except OSError:
+        return None
+    for line in reversed(lines[:-1]):  # the part after the last newline may be half written
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step if step >= 1 else None  # step 0: the validation before step 1
+    return None
+
+
+def exit_code_of(returncode: int) -> int:
+    """A process's exit status as the job reports it: a signal ``n`` becomes 128 + n."""
+    return SIGNAL_EXIT_BASE - returncode if returncode < 0 else returncode

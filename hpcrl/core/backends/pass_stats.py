@@ -1,0 +1,120 @@
+"""What a backend worker's train and log-prob passes did, for the per-step metrics.
+
+Per kind of pass (``train``, ``logprobs``, ``reference``), summed over the passes of a step:
+micro-batches, token slots (positions the forwards computed, padding included) against real
+tokens (attention-mask ones), and seconds on the worker. A train pass also splits its time
+into forward/backward (with the gradient norm) and the optimizer part (clipping, the
+optimizer and scheduler step, the metrics' all-reduce); both end where the host waits for
+the device anyway, so the split adds no synchronisation.
+
+Host synchronisations are counted on request (``HPCRL_COUNT_HOST_SYNCS=1`` in the workers'
+environment, CUDA only): torch's sync debug mode warns at every operation that makes the
+host wait for the device (``.item()``, ``.cpu()``, ``.tolist()``, ``nonzero``, a blocking
+copy); the warnings are counted, not shown. A diagnostic: it slows the passes a little.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+COUNT_SYNCS_ENV = "HPCRL_COUNT_HOST_SYNCS"
+
+
+@attrs.define
+class PassStats:
+    """One kind of pass, summed until ``PassRecorder.take``."""
+
+    passes: int = 0
+    micro_batches: int = 0
+    token_slots: int = 0
+    real_tokens: int = 0
+    seconds: float = 0.0
+    forward_backward_s: float = 0.0  # train passes only
+    optimizer_s: float = 0.0  # train passes only
+    host_syncs: int | None = None  # None: not counted
+
+    def add_micro_batch(self, micro: dict[str, torch.Tensor]) -> None:
+        """A micro-batch as the forward gets it (on the device, padded to its bucket)."""
+        ids = micro.get("packed_input_ids", micro["input_ids"])
+        self.micro_batches += 1
+        self.token_slots += int(ids.numel())
+
+    def as_metrics(self, kind: str) -> dict[str, float]:
+        metrics = {
+            f"{kind}_passes": float(self.passes),
+            f"{kind}_micro_batches": float(self.micro_batches),
+            f"{kind}_token_slots": float(self.token_slots),
+            f"{kind}_real_tokens": float(self.real_tokens),
+            f"time_{kind}_worker_s": self.seconds,
+        }
+        if kind == "train":
+            metrics["time_train_forward_backward_s"] = self.forward_backward_s
+            metrics["time_train_optimizer_s"] = self.optimizer_s
+        if self.host_syncs is not None:
+            metrics[f"{kind}_host_syncs"] = float(self.host_syncs)
+        return metrics
+
+
+class PassRecorder:
+    """A worker's ``PassStats`` per kind of pass."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.count_syncs = device.type == "cuda" and os.environ.get(COUNT_SYNCS_ENV) == "1"
+        self._stats: dict[str, PassStats] = {}
+
+    @contextlib.contextmanager
+    def measure(self, kind: str, real_tokens: int) -> Iterator[PassStats]:
+        """Time one pass (the body must end with the device done, e.g. a read-back)."""
+        stats = self._stats.setdefault(kind, PassStats())
+        started = time.perf_counter()
+        with self._counting_syncs(stats):
+            yield stats
+        stats.seconds += time.perf_counter() - started
+        stats.passes += 1
+        stats.real_tokens += real_tokens
+
+    @contextlib.contextmanager
+    def _counting_syncs(self, stats: PassStats) -> Iterator[None]:
+        if not self.count_syncs:
+            yield
+            return
+        import torch
+
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+        syncs = 0
+        for caught_warning in caught:
+            if "synchroniz" in str(caught_warning.message):
+                syncs += 1
+            else:  # not ours to swallow
+                warnings.warn_explicit(
+                    caught_warning.message,
+                    caught_warning.category,
+                    caught_warning.filename,
+                    caught_warning.lineno,
+                )
+        stats.host_syncs = (stats.host_syncs or 0) + syncs
+
+    def take(self) -> dict[str, float]:
+        """Every kind's figures since the last call, as metrics; then start again."""
+        metrics: dict[str, float] = {}
+        for kind, stats in sorted(self._stats.items()):
+            metrics.update(stats.as_metrics(kind))
+        self._stats = {}
+        return metrics

@@ -1,0 +1,68 @@
+"""Rank functions of the Megatron checkpoint tests (spawned ranks import them by module path):
+train, save in both optimizer-state formats, go on; fresh workers load and go on the same way."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import attrs
+
+from tests.megatron.harness import make_recipe, setup_worker, train_steps
+
+
+def save_in_format(worker, checkpoint_dir: str, optimizer_format: str) -> None:
+    """``worker.save_checkpoint`` as a run with ``checkpoint.optimizer_format`` set saves."""
+    recipe_cfg = worker.cfg
+    worker.cfg = attrs.evolve(
+        recipe_cfg,
+        checkpoint=attrs.evolve(recipe_cfg.checkpoint, optimizer_format=optimizer_format),
+    )
+    try:
+        worker.save_checkpoint(checkpoint_dir)
+    finally:
+        worker.cfg = recipe_cfg
+
+
+def checkpoint_resume_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, reshardable_dir: str
+) -> dict:
+    """Train 2 steps, save (``train_dir``: dp_reshardable, the default; ``reshardable_dir``:
+    fully_reshardable), train 2 more; then a fresh worker loads ``train_dir`` (parallel reads)
+    and trains the same 2 steps: both continuations must agree."""
+    worker, place = setup_worker(rank, world_size, make_recipe(hf_path), hf_path, ckpt_root)
+    train_steps(worker, place, 2)
+    worker.save_checkpoint(train_dir)
+    save_in_format(worker, reshardable_dir, "fully_reshardable")
+    continued = train_steps(worker, place, 2)
+    worker.close()
+
+    read_in_parallel = make_recipe(hf_path, parallel_read_threads=2)
+    resumed_worker, place = setup_worker(rank, world_size, read_in_parallel, hf_path, ckpt_root)
+    fresh_loss = train_steps(resumed_worker, place, 1)[0]["loss"]
+    resumed_worker.close()
+    resumed_worker, place = setup_worker(rank, world_size, read_in_parallel, hf_path, ckpt_root)
+    resumed_worker.load_checkpoint(train_dir)
+    resumed = train_steps(resumed_worker, place, 2)
+    state = dict(resumed_worker.collect_state())
+    resumed_worker.close()
+    return {
+        "helper_processes_left": [child.name for child in multiprocessing.active_children()],
+        "continued": continued,
+        "resumed": resumed,
+        "fresh_first_loss": fresh_loss,
+        "state": state,
+    }
+
+
+def load_then_train_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, layout: dict
+) -> dict:
+    """A fresh worker in ``layout`` loads ``train_dir`` and trains the same 2 steps."""
+    recipe = make_recipe(hf_path, **layout)
+    worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
+    worker.load_checkpoint(train_dir)
+    resumed = train_steps(worker, place, 2)
+    state = dict(worker.collect_state())
+    worker.close()
+    return {"resumed": resumed, "state": state,
+            "place": (place.dp_rank, place.dp_size, place.returns_results)}  # fmt: skip
