@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
     parser.add_argument("--loops", default=",".join(HF_LOOPS), help="HF loops to run")
     parser.add_argument("--skip-megatron", action="store_true", help="HF rows only")
+    parser.add_argument(
+        "--backend-compile", choices=("dynamic", "static"), default="dynamic",
+        help="static: an experiment, the backend's blocks compiled with static sizes (the "
+        "product compiles them dynamic so GRPO's new lengths never recompile)",
+    )  # fmt: skip
     parser.add_argument("--only", choices=MEGATRON_LOOPS, default=None, help="(child process)")
     parser.add_argument("--megatron-steps", type=int, default=5, help="timed steps per window")
     parser.add_argument(
@@ -256,6 +261,8 @@ def start_backend(model_path: str, args: argparse.Namespace):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    if args.backend_compile == "static":
+        compile_blocks_statically()
     worker = TrainingWorker(worker_class_path("automodel"), worker_env(args.device))
     rank_info = RankInfo(
         rank=0,
@@ -269,6 +276,27 @@ def start_backend(model_path: str, args: argparse.Namespace):
     )
     worker.setup(make_recipe(model_path, args), rank_info, model_path, os.cpu_count() or 1)
     return worker
+
+
+def compile_blocks_statically() -> None:
+    """The experiment of ``--backend-compile static``: the worker's ``apply_compile`` swapped
+    for one that compiles each decoder block with static sizes, to measure what the product's
+    dynamic-size compile costs on fixed-length batches."""
+    import torch._dynamo
+
+    from hpcrl.core.backends.automodel import parallelize
+    from hpcrl.core.backends.automodel import worker as automodel_worker
+
+    def apply_static_compile(hf_model, backend="inductor") -> None:
+        layers = parallelize.decoder_layers(hf_model)
+        torch._dynamo.config.recompile_limit = max(
+            torch._dynamo.config.recompile_limit, len(layers) + 8
+        )
+        for layer in layers:
+            layer.compile(fullgraph=False, dynamic=False, backend=backend)
+
+    automodel_worker.apply_compile = apply_static_compile
+    print("backend compile: static sizes (experiment, --backend-compile static)", flush=True)
 
 
 def fixed_plan(rows: int, rows_per_micro_batch: int, width: int) -> list:

@@ -103,7 +103,7 @@ def test_benchmark_flags_follow_each_point_recipe(sweep_dir):
         assert ranks == 1
         assert point == [
             "--tp", "1", "--dp", "1", "--fraction", fraction, "--lr", "5e-06",
-            "--seq-len", "512", "--batch-size", "64", "--micro-batch-size", "4", *model,
+            "--seq-len", "512", "--batch-size", "64", "--micro-batch-size", "32", *model,
         ]  # fmt: skip
 
 
