@@ -26,7 +26,7 @@ the CPU from one seeded generator (same draws in the same order on every rank) a
 rank's slice (SwiGLU fc1 with stride 2), so TP=1 and TP=2 start from the same model.
 
 Works with megatron-core 0.16 (Python 3.11) and 0.19 (Python 3.12, torch 2.11); no
-megatron-bridge. ``--device cpu`` (gloo, the test-only CPU patch layer of tests/megatron,
+megatron-bridge. ``--device cpu`` (gloo, hpcrl's CPU compatibility layer,
 megatron-core 0.16) is a smoke run of the same code with a tiny model; offload needs CUDA.
 """
 
@@ -115,9 +115,10 @@ def init_distributed(device: str) -> None:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("nccl")
         return
-    from tests.megatron import cpu_patches  # megatron-core's CUDA-only calls, redirected
+    # megatron-core's CUDA-only calls, redirected (what a CPU job's worker does)
+    from hpcrl.core.backends.megatron.cpu_compat import apply_for_process
 
-    cpu_patches.apply_for_process_lifetime()
+    apply_for_process()
     dist.init_process_group("gloo")
 
 

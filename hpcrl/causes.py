@@ -1,8 +1,9 @@
 """Why an attempt of a job ended early: one small record per attempt, ``status/cause.<r>.json``.
 
 Node 0's entrypoint writes it (``hpcrl.job.diagnosis``) when the driver exits nonzero, and
-when a preemption signal stops it; ``r`` is the attempt's restart count (0 for the first
-attempt, as in ``logs/node<k>/attempt<r>/``). The login side (``hpcrl status``, ``submit
+when a preemption signal stops it; ``r`` is the attempt's number in the run (0 for the first
+attempt, as in ``logs/node<k>/attempt<r>/``: a job ``hpcrl resume`` submitted counts on after
+the earlier jobs' attempts). The login side (``hpcrl status``, ``submit
 --wait``, ``logs``) reads it back and shows ``AttemptCause.line()``: what died or raised,
 where, after which step, whether the job was requeued, and which log to read. Shared by both
 sides, so standard library and attrs only.
@@ -42,7 +43,7 @@ class AttemptCause:
     "worker rank 1 on node 1 (n2) raised ValueError: bad"); ``detail`` says more about it
     ("its Ray exited: raylet killed by signal 9"); ``log`` is relative to the run folder."""
 
-    attempt: int  # restart count: 0 for the first attempt
+    attempt: int  # the attempt in the run: 0 for the first (SlurmTask.run_attempt)
     kind: str
     what: str
     detail: str = ""
@@ -104,7 +105,8 @@ def read_causes(run_dir: Path) -> list[AttemptCause]:
 
 
 def read_cause(run_dir: Path, attempt: int) -> AttemptCause | None:
-    """The record of one attempt (restart count), None when it has none or it is unreadable."""
+    """The record of one attempt (its number in the run), None when it has none or it is
+    unreadable."""
     cause = _read(cause_path(run_dir, attempt))
     return cause if cause is not None and cause.attempt == attempt else None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -125,12 +126,11 @@ def max_steps(recipe: Recipe) -> int | None:
 
 
 # --------------------------------------------------------------------------- submit
-def _prepare_fresh(args: argparse.Namespace) -> Prepared:
-    """Plan the run; without -o, a folder already holding a job gets a numbered sibling."""
-    from hpcrl.cli.prepare import prepare
-
-    prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out, for_submission=True)
-    if args.out is not None:
+def prepare_fresh(prepare_into: Callable[[str | None], Prepared], out: str | None) -> Prepared:
+    """Plan the run (``prepare_into(out)``); without -o, a folder already holding a job gets a
+    numbered sibling."""
+    prepared = prepare_into(out)
+    if out is not None:
         return prepared
     base = Path(prepared.spec.run_dir)
     number, run_dir = 1, base
@@ -139,22 +139,33 @@ def _prepare_fresh(args: argparse.Namespace) -> Prepared:
         run_dir = base.with_name(f"{base.name}-{number}")
     if run_dir == base:
         return prepared
-    return prepare(args.recipe, args.cluster, args.overrides, out=str(run_dir), for_submission=True)
+    return prepare_into(str(run_dir))
 
 
 def run_submit(args: argparse.Namespace) -> int:
+    from hpcrl.cli.prepare import prepare
+
+    def prepare_into(out: str | None) -> Prepared:
+        return prepare(args.recipe, args.cluster, args.overrides, out=out, for_submission=True)
+
+    return submit_prepared(prepare_fresh(prepare_into, args.out), args.wait, "hpcrl submit")
+
+
+def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
+    """Write the planned run folder, submit it, say how to follow it; with ``wait``, follow it
+    and return its exit code."""
     from hpcrl.cli.prepare import print_warnings
     from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
     from hpcrl.submit.submission import SubmissionRefused, submit_job
 
-    prepared = _prepare_fresh(args)
     console = _console()
     print_warnings(prepared, console)
-    with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl submit"):
+    with run_folder_lock(Path(prepared.spec.run_dir), command=command):
         run = write_run_folder(
             prepared.spec, prepared.loaded.resolved_dict, recipe_path=prepared.loaded.source_path,
             load_warnings=[warning.format() for warning in prepared.warnings],
+            provenance=prepared.provenance,
         )  # fmt: skip
         try:
             record = submit_job(prepared.spec, run.script)
@@ -162,7 +173,7 @@ def run_submit(args: argparse.Namespace) -> int:
             console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
             return 1
     print_submitted(console, record, run.path)
-    if not args.wait:
+    if not wait:
         return 0
     from hpcrl.submit.waiting import wait_for_job
 
@@ -183,7 +194,7 @@ def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
 # --------------------------------------------------------------------------- sweep
 def run_sweep(args: argparse.Namespace) -> int:
     from hpcrl.submit.sweep import build_points
-    from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep
+    from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep, sweep_argv
 
     points = build_points(args.grid, args.zip)  # a SweepError ends as one line (main)
     sweep_dir = folder_path(args.out) if args.out else default_sweep_dir(
@@ -192,9 +203,13 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.no_submit and args.wait:
         print("hpcrl sweep: --wait needs a submitted sweep; drop --no-submit", file=sys.stderr)
         return 2
+    written_by = sweep_argv(
+        args.recipe, args.cluster, args.overrides, args.grid, args.zip,
+        sweep_dir if args.out else None,
+    )  # fmt: skip
     planned = plan_sweep(
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
-        for_submission=not args.no_submit,
+        for_submission=not args.no_submit, written_by=written_by,
     )  # fmt: skip
     from hpcrl.cli.prepare import print_plan_warnings
     from hpcrl.files import run_folder_lock

@@ -13,7 +13,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-COMMAND_MODULES = ("hpcrl.cli.prepare", "hpcrl.cli.jobs", "hpcrl.cli.report", "hpcrl.cli.scripting")
+COMMAND_MODULES = (
+    "hpcrl.cli.prepare",
+    "hpcrl.cli.jobs",
+    "hpcrl.cli.again",
+    "hpcrl.cli.report",
+    "hpcrl.cli.scripting",
+)
 DEBUG_FLAG = "--debug"
 
 

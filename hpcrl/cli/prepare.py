@@ -77,6 +77,7 @@ class Prepared(NamedTuple):
     profile: ClusterProfile
     spec: JobSpec
     warnings: tuple[Problem, ...]  # from loading (the plan's own are in spec.checks)
+    provenance: dict[str, str]  # for the manifest (hpcrl.render.run_folder.build_manifest)
 
 
 def prepare(
@@ -86,17 +87,24 @@ def prepare(
     out: str | None = None,
     runs_dir: Path | None = None,
     for_submission: bool = False,
+    recipe_source: str | None = None,
+    written_by: tuple[str, ...] | None = None,
+    provenance: dict[str, str] | None = None,
     ask_job_python: bool = False,
 ) -> Prepared:
     """Load both inputs (reporting both one's problems together), then plan, then look at what
     the job will find (``environment_problems``); raise ConfigError.
 
     ``for_submission``: placeholders of an example profile are errors (``hpcrl submit``).
-    ``ask_job_python``: also ask a local job's Python for its packages (``hpcrl validate``)."""
+    ``recipe_source``: the recipe as the run should name it (job name, default folder,
+    manifest) when ``recipe`` is another file holding it (``hpcrl rerun``: a run's resolved
+    recipe); ``written_by``: the command for the script (default ``hpcrl render ...``);
+    ``provenance``: more manifest entries (``hpcrl rerun``'s). ``ask_job_python``: also ask a
+    local job's Python for its packages (``hpcrl validate``)."""
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
     from hpcrl.config.errors import raise_if_errors
     from hpcrl.config.load import check_secret_references
-    from hpcrl.plan.planner import plan
+    from hpcrl.plan.planner import plan, render_argv
     from hpcrl.plan.submit_host import bundles_dir_for, describe_submit_host
     from hpcrl.render.run_folder import default_run_dir
 
@@ -118,7 +126,7 @@ def prepare(
         run_dir = folder_path(out)
     else:
         base = runs_dir if runs_dir is not None else Path(DEFAULT_RUNS_DIR)
-        run_dir = default_run_dir(recipe, loaded.resolved_dict, profile, base)
+        run_dir = default_run_dir(recipe_source or recipe, loaded.resolved_dict, profile, base)
     # Code bundles are kept beside the run folders and shared by every run of the same code.
     host = describe_submit_host(profile, bundles_dir_for(run_dir.parent))
     spec = plan(
@@ -126,15 +134,29 @@ def prepare(
         profile,
         run_dir=str(run_dir),
         overrides=overrides,
-        recipe_source=recipe,
+        recipe_source=recipe_source or recipe,
         profile_source=cluster,
         host=host,
         for_submission=for_submission,
+        # -o is part of the command that reproduces the script: the folder is in it
+        written_by=written_by
+        or render_argv(recipe, cluster, overrides, None if out is None else str(run_dir)),
     )
     found = environment_problems(loaded.recipe, spec, ask_job_python=ask_job_python)
     raise_if_errors([*warnings, *found])
     warnings += tuple(found)
-    return Prepared(loaded=loaded, profile=profile, spec=spec, warnings=warnings)
+    return Prepared(
+        loaded=loaded, profile=profile, spec=spec, warnings=warnings,
+        provenance={"profile_source": _as_source(cluster), **(provenance or {})},
+    )  # fmt: skip
+
+
+def _as_source(name_or_path: str) -> str:
+    """A --cluster argument as a later command can use it from any folder: a file's absolute
+    path, else the name as given (found on the search path)."""
+    path = Path(name_or_path).expanduser()
+    is_path = "/" in name_or_path or os.sep in name_or_path
+    return str(path.absolute()) if is_path and path.is_file() else name_or_path
 
 
 def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) -> list[Problem]:
@@ -175,6 +197,7 @@ def run_render(args: argparse.Namespace) -> int:
             prepared.loaded.resolved_dict,
             recipe_path=prepared.loaded.source_path,
             load_warnings=[warning.format() for warning in prepared.warnings],
+            provenance=prepared.provenance,
         )
     print_warnings(prepared, None)
     # Plain print, not rich: five lines do not justify rich's import time on every render.
@@ -211,7 +234,7 @@ def run_show(args: argparse.Namespace) -> int:
 def submit_command(spec: JobSpec) -> str:
     import shlex
 
-    return shlex.join(["hpcrl", "submit", *spec.render_argv[2:]])
+    return shlex.join(["hpcrl", "submit", *spec.written_by[2:]])
 
 
 def plan_table(spec: JobSpec) -> Any:

@@ -18,12 +18,18 @@ from hpcrl.config.converter import format_path, unstructure
 from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
 from hpcrl.config.foreign_keys import filter_foreign_keys, find_foreign_key
 from hpcrl.config.loader import (
+    BaseSearch,
     MergedConfig,
     load_merged,
     name_interpolation_sources,
     structure_leniently,
 )
-from hpcrl.config.locate import find_profile, find_recipe
+from hpcrl.config.locate import (
+    find_profile,
+    find_recipe,
+    profile_search_path,
+    shipped_recipes_dir,
+)
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.profile_rules import check_profile
 from hpcrl.config.recipe import Recipe
@@ -63,7 +69,8 @@ class LoadedRecipe:
 def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) -> LoadedRecipe:
     """Load, merge, override, resolve, structure and check a recipe; raise ConfigError."""
     source_path = find_recipe(path_or_name)
-    merged = load_merged(source_path, overrides, Recipe, known=_is_foreign_key)
+    search = BaseSearch(folders=(shipped_recipes_dir(),), what="recipe")
+    merged = load_merged(source_path, overrides, Recipe, known=_is_foreign_key, search=search)
     problems, resolved = list(merged.problems), merged.resolved
     if resolved is None:
         raise ConfigError(problems)
@@ -155,7 +162,9 @@ def load_profile(
 ) -> ClusterProfile:
     """Find a cluster profile on the search path (or by path), structure and check it.
 
-    ``name`` defaults to the file name without ``.yaml``. Warnings are dropped here; use
+    ``name`` defaults to the file name without ``.yaml`` (a base's ``name`` is not inherited);
+    ``defaults:`` names are found beside the file, then on the profile search path (so a site
+    profile may extend a shipped one by name). Warnings are dropped here; use
     ``load_profile_with_warnings`` to show them.
     """
     return load_profile_with_warnings(name_or_path, overrides, environ)[0]
@@ -167,7 +176,11 @@ def load_profile_with_warnings(
     environ: Mapping[str, str] | None = None,
 ) -> tuple[ClusterProfile, list[Problem]]:
     path = find_profile(name_or_path, environ)
-    merged = load_merged(path, overrides, ClusterProfile)
+    # A profile's name is its own (its file's name unless it sets one), never its base's.
+    search = BaseSearch(
+        folders=tuple(profile_search_path(environ)), own_keys=("name",), what="profile"
+    )
+    merged = load_merged(path, overrides, ClusterProfile, search=search)
     problems = list(merged.problems)
     if merged.resolved is None:
         raise ConfigError(problems)

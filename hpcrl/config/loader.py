@@ -1,9 +1,13 @@
 """YAML → merged plain dict → attrs objects, with every problem collected in one pass.
 
-A file may name base files in ``defaults:`` (one path or a list, relative to the file; later
-bases win, the file itself wins over its bases; deep merge, lists replaced whole; a section
-holding ``_override_: true`` replaces the bases' section instead of merging into it, as in
-NeMo RL). One reader for every file: OmegaConf's YAML loader, and OmegaConf's interpolation
+A file may name base files in ``defaults:`` (one path or a list; later bases win, the file
+itself wins over its bases; deep merge, lists replaced whole; a section holding
+``_override_: true`` replaces the bases' section instead of merging into it, as in NeMo RL).
+A base name is looked up in the file's own folder first, then in the caller's search folders
+(``BaseSearch``: for a profile the profile search path, which ends with the shipped profiles;
+for a recipe the shipped recipes), skipping the file itself, so ``eos.yaml`` on the search
+path may extend the shipped ``eos.yaml``. Keys in ``BaseSearch.own_keys`` (a profile's
+``name``) are never inherited from a base. One reader for every file: OmegaConf's YAML loader, and OmegaConf's interpolation
 (``${a.b}``, ``${oc.env:X}``, NeMo RL's ``${mul:a,b}`` and the other resolvers of
 ``hpcrl.config.resolvers``), resolved after overrides, on the login node (``${oc.env:X}``
 therefore reads the submitting shell). Per file, before merging: ``policy.dtensor_cfg`` is
@@ -48,6 +52,16 @@ DATA_PATH_KEYS = ("train_path", "val_path")
 
 
 @attrs.frozen
+class BaseSearch:
+    """Where ``defaults:`` names are looked up after the file's own folder, and the keys
+    each file keeps to itself (a base never hands them down)."""
+
+    folders: tuple[Path, ...] = ()
+    own_keys: tuple[str, ...] = ()
+    what: str = "file"  # "profile", "recipe": for messages
+
+
+@attrs.frozen
 class MergedConfig:
     """A file after defaults, overrides and interpolation.
 
@@ -69,14 +83,16 @@ def load_merged(
     overrides: Sequence[str],
     schema: type,
     known: Callable[[tuple[str, ...]], bool] | None = None,
+    search: BaseSearch = BaseSearch(),
 ) -> MergedConfig:
     """Read ``path`` with its ``defaults:``, apply overrides, resolve interpolation.
 
     ``known``: keys outside ``schema`` that overrides may still set (see apply_overrides).
+    ``search``: where base names are found besides the file's folder (``BaseSearch``).
     """
     from omegaconf import OmegaConf
 
-    data, problems, spellings = _load_tree(path, chain=())
+    data, problems, spellings = _load_tree(path, chain=(), search=search)
     if data is None:
         return MergedConfig(resolved=None, raw={}, problems=problems)
     problems = _one_alias_warning(problems, spellings)
@@ -170,7 +186,7 @@ def _placeholder(field_type: Any) -> Any:
 
 # --------------------------------------------------------------------------- files and defaults
 def _load_tree(
-    path: Path, chain: tuple[Path, ...]
+    path: Path, chain: tuple[Path, ...], search: BaseSearch
 ) -> tuple[dict[str, Any] | None, list[Problem], set[str]]:
     """The file merged over its bases; its problems; the alias spellings its files used."""
     data, problems = _read_yaml(path)
@@ -180,7 +196,7 @@ def _load_tree(
     file_problems, spellings = _normalise_file(data, path)
     problems += file_problems
     merged: dict[str, Any] = {}
-    for base_path, problem in _base_paths(base_names, path):
+    for base_path, problem in _base_paths(base_names, path, search):
         if problem is not None:
             problems.append(problem)
         elif base_path in chain or base_path == path:
@@ -188,10 +204,13 @@ def _load_tree(
                 _defaults_problem(path, base_path, "defaults form a cycle", "remove the cycle")
             )
         else:
-            base_data, base_problems, base_spellings = _load_tree(base_path, chain + (path,))
+            base_data, base_problems, base_spellings = _load_tree(
+                base_path, chain + (path,), search
+            )
             problems += base_problems
             spellings |= base_spellings
-            merged = deep_merge(merged, base_data or {})
+            inherited = {k: v for k, v in (base_data or {}).items() if k not in search.own_keys}
+            merged = deep_merge(merged, inherited)
     return deep_merge(merged, data), problems, spellings
 
 
@@ -252,7 +271,9 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
     return data, []
 
 
-def _base_paths(base_names: Any, path: Path) -> list[tuple[Path | None, Problem | None]]:
+def _base_paths(
+    base_names: Any, path: Path, search: BaseSearch
+) -> list[tuple[Path | None, Problem | None]]:
     if base_names is None:
         return []
     names = [base_names] if isinstance(base_names, str) else base_names
@@ -261,17 +282,39 @@ def _base_paths(base_names: Any, path: Path) -> list[tuple[Path | None, Problem 
         return [
             (None, _defaults_problem(path, base_names, message, "write defaults: base/grpo.yaml"))
         ]
-    return [_base_path(name, path) for name in names]
+    return [_base_path(name, path, search) for name in names]
 
 
-def _base_path(name: str, path: Path) -> tuple[Path | None, Problem | None]:
-    base_path = Path(os.path.normpath(path.parent / Path(name).expanduser()))
-    if not base_path.suffix:
-        base_path = base_path.with_suffix(".yaml")
-    if base_path.is_file():
-        return base_path, None
-    fix = "base names are relative to the file that lists them"
-    return None, _defaults_problem(path, name, f"base file not found: {base_path}", fix)
+def _base_path(name: str, path: Path, search: BaseSearch) -> tuple[Path | None, Problem | None]:
+    """The first existing candidate: the file's own folder, then the search folders (for a
+    relative name that stays below them); never the file itself."""
+    relative = Path(name).expanduser()
+    folders = [path.parent]
+    if not relative.is_absolute() and ".." not in relative.parts:
+        folders += [folder for folder in search.folders if folder != path.parent]
+    tried = []
+    for folder in folders:
+        candidate = Path(os.path.normpath(folder / relative))
+        if not candidate.suffix:
+            candidate = candidate.with_suffix(".yaml")
+        tried.append(candidate)
+        if candidate.is_file() and not _same_file(candidate, path):
+            return candidate, None
+    where = ", ".join(str(candidate) for candidate in tried)
+    fix = (
+        f"a base name is looked up beside the file that lists it, then on the {search.what} "
+        "search path; give an existing file (or an absolute path)"
+        if search.folders
+        else "base names are relative to the file that lists them"
+    )
+    return None, _defaults_problem(path, name, f"base file not found (looked for {where})", fix)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def _defaults_problem(path: Path, value: Any, message: str, fix: str) -> Problem:

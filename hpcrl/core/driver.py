@@ -25,14 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.loop import (
     PREEMPTED_EXIT_CODE,
     CheckpointStore,
     PreemptionWatch,
+    checkpoint_folder,
     metric_key,
 )
-from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
+from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
 from hpcrl.core.policy import Policy
@@ -133,8 +135,13 @@ def train_recipe(
     sampler = EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
     num_steps = min(
         settings.max_num_steps,
-        num_steps_in_epochs(len(rows), _rows_per_step(recipe), settings.max_num_epochs),
+        num_steps_in_epochs(len(rows), rows_per_step(recipe), settings.max_num_epochs),
     )
+    if num_steps < settings.max_num_steps:
+        print(f"{recipe.algorithm}.max_num_steps is {settings.max_num_steps}, but {len(rows)} data "
+              f"rows at {rows_per_step(recipe)} per step give {num_steps} step(s) in "
+              f"{settings.max_num_epochs} epoch(s) ({recipe.algorithm}.max_num_epochs): the run "
+              f"stops after step {num_steps}", flush=True)  # fmt: skip
     val_rows = _validation_rows(recipe, recipe_dir, tokenizer)
     env = _environment(recipe)  # before the workers: a bad env.kwargs fails fast
     print(
@@ -231,12 +238,6 @@ def _required_keys(recipe: Recipe) -> list[str]:
     return [recipe.data.prompt_key, recipe.data.answer_key]
 
 
-def _rows_per_step(recipe: Recipe) -> int:
-    if recipe.grpo is not None:
-        return recipe.grpo.num_prompts_per_step
-    return recipe.policy.train_global_batch_size
-
-
 def _make_step_fn(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
 ) -> Callable[[int], dict]:
@@ -324,7 +325,7 @@ def _job_master_port() -> int | None:
 
 def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> CheckpointStore:
     cfg = recipe.checkpointing
-    folder = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
+    folder = checkpoint_folder(cfg.checkpoint_dir, run_dir)
     return CheckpointStore(
         policy,
         folder,

@@ -64,15 +64,15 @@ def diagnose(
     driver_error = read_marker(settings.run_dir, DRIVER_ERROR, attempt_id)
     failures = _node_failures(settings, wait_s if _may_follow_a_node(driver_error) else 0.0)
     base = {
-        "attempt": settings.task.attempt,
+        "attempt": settings.task.run_attempt,
         "after_step": last_step(settings.run_dir),
         "exit_code": exit_code_of(returncode),
-        "log": _relative(settings, node_log_dir(settings.run_dir, 0, settings.task.attempt) / "driver.log"),
+        "log": _relative(settings, node_log_dir(settings.run_dir, 0, settings.task.run_attempt) / "driver.log"),
     }  # fmt: skip
     if failures:
         rank, marker = failures[0]
         log = marker.get("log") or _relative(
-            settings, node_log_dir(settings.run_dir, rank, settings.task.attempt) / "node.log"
+            settings, node_log_dir(settings.run_dir, rank, settings.task.run_attempt) / "node.log"
         )
         return AttemptCause(
             **base | {"log": log}, kind=NODE_LOST, what=f"node {_node(settings, rank)} lost",
@@ -96,7 +96,7 @@ def head_lost(
     """Node 0's own Ray exited while its driver ran: node 0 is lost for this attempt."""
     del returncode  # the driver was stopped because of it; its code says nothing more
     return AttemptCause(
-        attempt=settings.task.attempt, kind=NODE_LOST, what=f"node {_node(settings, 0)} lost",
+        attempt=settings.task.run_attempt, kind=NODE_LOST, what=f"node {_node(settings, 0)} lost",
         detail=error.detail or _first_line(str(error)), after_step=last_step(settings.run_dir),
         exit_code=1, log=error.log,
     )  # fmt: skip

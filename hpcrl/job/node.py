@@ -86,10 +86,10 @@ class NodeMain(Checkpointable):
         code = run_node(settings, os.environ, on_driver_start=self._remember_driver)
         if code == 0 or not settings.is_head:
             return code
-        cause = read_cause(settings.run_dir, settings.task.attempt)
+        cause = read_cause(settings.run_dir, settings.task.run_attempt)
         if cause is not None and cause.requeued:
             raise RequeueRequested(self._resubmission(), cause.line())
-        log_path = node_log_dir(settings.run_dir, 0, settings.task.attempt) / "driver.log"
+        log_path = node_log_dir(settings.run_dir, 0, settings.task.run_attempt) / "driver.log"
         raise DriverFailed(code, settings.driver, tail(log_path), log_path=str(log_path),
                            cause=cause.line() if cause else "")  # fmt: skip
 
@@ -184,7 +184,7 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
 def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
     # The driver process starts together with the head (its Python and Ray imports overlap the
     # head's start-up) and waits for the GCS port itself.
-    log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
+    log_dir = node_log_dir(settings.run_dir, 0, settings.task.run_attempt)
     driver_env = ray_environment(environ, settings) | {
         "RAY_ADDRESS": settings.gcs_address,
         "PYTHONUNBUFFERED": "1",
@@ -259,13 +259,13 @@ def _record_failure(settings, returncode: int, own_failure: RayExited | None, lo
     )
     cause = attrs.evolve(cause, requeued=requeue)
     write_cause(settings.run_dir, cause)
-    logger.error("attempt %d failed: %s", settings.task.attempt + 1, cause.line())
+    logger.error("attempt %d failed: %s", settings.task.run_attempt + 1, cause.line())
 
 
 def _record_preemption(settings: NodeSettings, saved: bool, requeued: bool) -> None:
-    log_dir = node_log_dir(settings.run_dir, 0, settings.task.attempt)
+    log_dir = node_log_dir(settings.run_dir, 0, settings.task.run_attempt)
     cause = AttemptCause(
-        attempt=settings.task.attempt,
+        attempt=settings.task.run_attempt,
         kind=PREEMPTED,
         what="preempted (USR2: time limit or preemption)",
         detail="the driver saved a checkpoint" if saved else "no checkpoint confirmed",
@@ -373,7 +373,7 @@ def _clear_stale_preempt(settings: NodeSettings) -> None:
 
 def _open_node_log(settings: NodeSettings) -> tuple[logging.Logger, list[logging.Handler]]:
     """Timestamped lines into logs/node<k>/attempt<r>/node.log and the task's stderr."""
-    log_dir = node_log_dir(settings.run_dir, settings.node_rank, settings.task.attempt)
+    log_dir = node_log_dir(settings.run_dir, settings.node_rank, settings.task.run_attempt)
     log_dir.mkdir(parents=True, exist_ok=True)
     formatter = logging.Formatter(
         f"%(asctime)s.%(msecs)03d node{settings.node_rank} %(levelname)s %(message)s",

@@ -254,7 +254,7 @@ def _log(run_dir: Path, task: SlurmTask, lines: list[str]) -> None:
     """Into the node log (the node entrypoint appends to it later) and the task's stderr."""
     now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     text = "".join(f"{now} node{task.node_rank} INFO {line}\n" for line in lines)
-    log_dir = node_log_dir(run_dir, task.node_rank, task.attempt)
+    log_dir = node_log_dir(run_dir, task.node_rank, task.run_attempt)
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / "node.log", "a") as log:
         log.write(text)

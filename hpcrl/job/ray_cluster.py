@@ -137,7 +137,7 @@ class RayNode:
     @property
     def log_dir(self) -> Path:
         return node_log_dir(
-            self.settings.run_dir, self.settings.node_rank, self.settings.task.attempt
+            self.settings.run_dir, self.settings.node_rank, self.settings.task.run_attempt
         )
 
     @property

@@ -15,6 +15,9 @@ import attrs
 from hpcrl.job.errors import NodeSettingsError
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
+#: Set by the task (``hpcrl.submit.node_task.NodeTask``) from its submission: how many
+#: attempts the run's earlier jobs made (``hpcrl resume`` submits a new job into the folder).
+ATTEMPT_OFFSET_VARIABLE = "HPCRL_ATTEMPT_OFFSET"
 
 
 def expand_hostlist(hostlist: str) -> list[str]:
@@ -68,6 +71,13 @@ class SlurmTask:
     node_name: str
     node_names: tuple[str, ...]
     in_slurm: bool = True
+    attempt_offset: int = 0  # attempts of the run's earlier jobs (hpcrl resume)
+
+    @property
+    def run_attempt(self) -> int:
+        """This attempt's number in the run, from 0 (``logs/node<k>/attempt<r>/``): the
+        run's earlier jobs' attempts come first."""
+        return self.attempt_offset + self.attempt
 
     @property
     def head_name(self) -> str:
@@ -91,6 +101,7 @@ def read_slurm_task(environ: Mapping[str, str], requeue_count: int = 0) -> Slurm
         return SlurmTask(
             job_id=f"local{job_id}", attempt=requeue_count, node_rank=0, num_nodes=1,
             node_name=name, node_names=(name,), in_slurm=False,
+            attempt_offset=_attempt_offset(environ),
         )  # fmt: skip
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
     node_names = tuple(expand_hostlist(nodelist))
@@ -108,4 +119,10 @@ def read_slurm_task(environ: Mapping[str, str], requeue_count: int = 0) -> Slurm
         num_nodes=num_nodes,
         node_name=environ.get("SLURMD_NODENAME") or node_names[node_rank],
         node_names=node_names,
+        attempt_offset=_attempt_offset(environ),
     )
+
+
+def _attempt_offset(environ: Mapping[str, str]) -> int:
+    text = environ.get(ATTEMPT_OFFSET_VARIABLE, "")
+    return int(text) if text.isdigit() else 0

@@ -49,7 +49,7 @@ def plan_code(
         hpcrl_version=host.hpcrl_version,
         git_sha=host.git_sha,
         bundle=bundle,
-        requirements=requirements_of(recipe),
+        requirements=requirements_of(recipe, profile.device),
     )
     return code, extra_mount
 

@@ -1,4 +1,5 @@
-"""The recipe's data files must exist before the job waits in a queue.
+"""The recipe's data files must exist before the job waits in a queue, and hold enough rows
+for the steps asked.
 
 ``data.train_path`` and ``data.val_path`` are absolute after loading (a relative path in a
 recipe resolves against the recipe's folder, so a shipped recipe finds its shipped data; an
@@ -6,6 +7,10 @@ override resolves against the working directory). They are checked on this machi
 cluster's shared filesystems look the same from the login node. In a container a path
 under a mount's container side is checked at its host side; a path under no mount can only
 come from the image, which only the job sees.
+
+A training file with fewer rows than ``max_num_steps`` steps take in ``max_num_epochs``
+passes is a warning, with the numbers and the fix: the run would stop early (as NeMo RL's
+does; ``hpcrl.config.data_steps``). Only as many lines are read as that takes.
 """
 
 from __future__ import annotations
@@ -13,12 +18,20 @@ from __future__ import annotations
 import posixpath
 from pathlib import Path
 
+from hpcrl.config.data_steps import (
+    epochs_needed,
+    num_steps_in_epochs,
+    rows_needed,
+    rows_per_step,
+)
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.mounts import Mount, is_under
 
 DATA_KEYS = ("train_path", "val_path")
+#: Counting stops here (a file this large holds enough rows for any sensible run).
+MAX_COUNTED_BYTES = 1 << 30
 
 
 def check_data_files(
@@ -39,8 +52,52 @@ def check_data_files(
                            "current folder)")  # fmt: skip
         else:
             found.append(f"data.{key}")
+            if key == "train_path":
+                check_data_lasts(recipe, Path(host_path), findings)
     if found:
         findings.passed("data_files", f"{' and '.join(found)} found")
+
+
+def check_data_lasts(recipe: Recipe, path: Path, findings: Findings) -> None:
+    """Warn when the training file gives fewer steps than ``max_num_steps``."""
+    section = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert section is not None  # the config rules require one algorithm section
+    name, per_step = recipe.algorithm, rows_per_step(recipe)
+    wanted = rows_needed(section.max_num_steps, per_step, section.max_num_epochs)
+    rows = count_rows(path, stop_at=wanted)
+    if rows is None or rows >= wanted:
+        return
+    steps = num_steps_in_epochs(rows, per_step, section.max_num_epochs)
+    per_step_key = "grpo.num_prompts_per_step" if recipe.grpo else "policy.train_global_batch_size"
+    findings.warn(
+        "data_steps", f"{name}.max_num_steps",
+        f"asks for {section.max_num_steps} steps, but the data gives {steps}: {path.name} holds "
+        f"{rows} rows, at {per_step} per step ({per_step_key}) over {section.max_num_epochs} "
+        f"epoch(s) ({name}.max_num_epochs) that is {steps} step{'' if steps == 1 else 's'}; "
+        f"the run stops after step {steps}",
+        value=section.max_num_steps,
+        fix=f"set {name}.max_num_epochs="
+        f"{epochs_needed(section.max_num_steps, per_step, rows)} to pass over the data that "
+        f"often (the run stops when either limit is reached, as in NeMo RL), or "
+        f"{name}.max_num_steps={steps}, or give more data",
+    )  # fmt: skip
+
+
+def count_rows(path: Path, stop_at: int) -> int | None:
+    """Non-empty lines of ``path`` (what the job's JSONL reader takes), counting no further
+    than ``stop_at``; None when it cannot be read or is too large to count."""
+    rows = 0
+    try:
+        with path.open("rb") as stream:
+            for line in stream:
+                rows += bool(line.strip())
+                if rows >= stop_at:
+                    return rows
+                if stream.tell() > MAX_COUNTED_BYTES:
+                    return None
+    except OSError:
+        return None
+    return rows
 
 
 def _host_side(path: str, mounts: list[Mount]) -> str | None:

@@ -127,7 +127,9 @@ class ContainerSpec:
     mount_home: bool
 
 
-Need = Literal["every job", "the Megatron backend", "vLLM generation"]
+Need = Literal[
+    "every job", "the Megatron backend", "the Megatron backend on CPU", "vLLM generation"
+]
 
 
 @frozen
@@ -222,7 +224,10 @@ class JobSpec:
     recipe_source: str
     algorithm: Literal["grpo", "sft"]
     overrides: tuple[str, ...]
-    render_argv: tuple[str, ...]  # the `hpcrl render ...` command that reproduces this script
+    # The hpcrl command that wrote this script and reproduces it: `hpcrl render ... [-o DIR]`
+    # for a single run (hpcrl submit runs it), `hpcrl sweep ...` for a sweep's scripts,
+    # `hpcrl rerun RUN ...` for a rerun.
+    written_by: tuple[str, ...]
     run_dir: str  # absolute; also the container-side path (it is always mounted 1:1)
     num_nodes: int
     slots_per_node: int  # GPUs per node, or CPU worker slots on CPU profiles
@@ -257,6 +262,13 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.layout.world_size
+
+    @property
+    def run_it_with(self) -> str:
+        """The command that submits this script: ``hpcrl submit`` for a rendered run, else the
+        command that wrote it (``hpcrl sweep``, ``hpcrl rerun``)."""
+        verb = self.written_by[1] if len(self.written_by) > 1 else "render"
+        return f"hpcrl {'submit' if verb == 'render' else verb}"
 
     @property
     def python_command(self) -> str:

@@ -111,9 +111,10 @@ def _structure_record(path: Path, record: Any) -> JobSpec:
 def _resubmit_fix(fields: Any) -> str:
     """Plan, render and submit again with the hpcrl the job runs; the exact command when the
     file still names how it was rendered."""
-    argv = fields.get("render_argv") if isinstance(fields, Mapping) else None
+    argv = fields.get("written_by") if isinstance(fields, Mapping) else None
     if isinstance(argv, list) and len(argv) > 2 and all(isinstance(a, str) for a in argv):
-        command = shlex.join(["hpcrl", "submit", *argv[2:]])
+        verb = "submit" if argv[1] == "render" else argv[1]
+        command = shlex.join(["hpcrl", verb, *argv[2:]])
         return f"submit it again with this hpcrl ({command}), which writes a new run folder"
     return "submit the recipe again with this hpcrl (hpcrl submit RECIPE --cluster PROFILE)"
 

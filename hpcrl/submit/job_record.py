@@ -1,7 +1,10 @@
 """``<run_dir>/job.json``: what ``hpcrl status/logs/cancel`` need to find a submitted job again.
 
-Written once at submission. Everything else (state, attempts, exit code) is read live from
-the scheduler (sacct) or from submitit's files, so this record never goes stale.
+Written at submission (``hpcrl resume`` replaces it with the new job's, naming the earlier
+ones). Everything else (state, attempts, exit code) is read live from the scheduler (sacct)
+or from submitit's files. Job ids repeat (a Slurm cluster whose ids began again at 1, a
+reused pid), so a job is known by its id *and* its submit time and cluster
+(``hpcrl.submit.job_state``): a scheduler record that does not match is another job's.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ class JobRecord:
 
     job_id: the scheduler's id as submitit spells it: ``123``, ``123_4`` (array task 4), or
     the controller's pid for the local executor. submitit_folder: submitit's folder (pickles,
-    results, per-task logs). num_tasks: tasks of the job (one per node).
+    results, per-task logs). num_tasks: tasks of the job (one per node). slurm_cluster:
+    Slurm's ClusterName at submission (None: unknown, or local). attempt_offset: attempts the
+    run's earlier jobs made; earlier_job_ids: those jobs (``hpcrl resume``), oldest first.
     """
 
     executor: Literal["slurm", "local"]
@@ -53,6 +58,9 @@ class JobRecord:
     max_requeues: int
     array_index: int | None = None  # sweeps: this point's array index
     sweep_dir: str | None = None
+    slurm_cluster: str | None = None
+    attempt_offset: int = 0
+    earlier_job_ids: tuple[str, ...] = ()
     schema: int = JOB_RECORD_SCHEMA
 
     @property
@@ -152,6 +160,11 @@ def _record_problem(record: JobRecord) -> str | None:
         return f"num_tasks {record.num_tasks} is not a task count (1..{MAX_TASKS})"
     if not record.submitit_folder:
         return "submitit_folder is empty"
+    if record.attempt_offset < 0:
+        return f"attempt_offset {record.attempt_offset} is negative"
+    for job_id in record.earlier_job_ids:
+        if not job_id_form.fullmatch(job_id):
+            return f"earlier_job_ids: {job_id!r} is not a {record.executor} job id"
     try:
         datetime.datetime.fromisoformat(record.submitted_at)
     except ValueError:
@@ -163,7 +176,13 @@ def submit_fix(run_dir: Path) -> str:
     """The command that submits a rendered run folder, from its manifest where it can."""
     try:
         manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
-        argv = ["hpcrl", "submit", manifest["recipe_source"], "--cluster", manifest["profile"]]
+        written_by = manifest.get("plan", {}).get("written_by") or []
+        if written_by[1:2] == ["rerun"]:  # its recipe is the earlier run's: rerun it here
+            argv = [*written_by, *([] if "-o" in written_by else ["-o", str(run_dir)])]
+            if all(isinstance(arg, str) for arg in argv):
+                return f"submit it with: {shlex.join(argv)}"
+        cluster = manifest.get("profile_source") or manifest["profile"]
+        argv = ["hpcrl", "submit", manifest["recipe_source"], "--cluster", cluster]
         argv += [*manifest.get("overrides", []), "-o", str(run_dir)]
         if all(isinstance(arg, str) for arg in argv):
             return f"submit it with: {shlex.join(argv)}"

@@ -4,6 +4,10 @@ Slurm: state, exit code, elapsed time, pending reason and the number of attempts
 show as extra sacct records with ``--duplicates``) come from one sacct call for all the jobs
 asked about (``SacctWatcher``, submitit's shared-watcher scheme). Local: submitit's LocalJob only knows its process inside the submitting Python, so
 another process reads the controller's pid and submitit's result files instead.
+
+Job ids repeat, so a record is matched by id *and* submit time and cluster
+(``hpcrl.submit.job_identity``): rows of its id from another job make the status ``STALE``
+(final), saying whose they are; a reused local pid is not the record's controller.
 """
 
 from __future__ import annotations
@@ -28,16 +32,26 @@ from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 from hpcrl.causes import latest_cause
 from hpcrl.config.errors import UserError
 from hpcrl.polling import wait_until
+from hpcrl.submit.job_identity import (
+    STALE_AFTER_S,
+    SUBMIT_SLACK_S,
+    process_start_time,
+    record_time,
+    rows_of_record,
+    state_word,
+)
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.pending_reasons import pending_reasons
 
 #: sacct states after which the job will not run again (no requeue pending).
 FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST"}
+     "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST", "STALE"}
 )  # fmt: skip
 SACCT_TIMEOUT_S = 30
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason")
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason", "Submit", "Cluster")
+#: sacct prints times in epoch seconds with this (no time zone to guess).
+SACCT_ENV = {"SLURM_TIME_FORMAT": "%s"}
 WATCH_DELAY_S = 30  # while waiting: at most this long between two sacct calls
 LOCAL_CANCEL_GRACE_S = 60.0  # local cancel: how long the tasks get to stop Ray and exit
 LOCAL_CONTROLLER_EXIT_S = 15.0  # then: how long submitit's interrupted controller gets to exit
@@ -57,6 +71,7 @@ class JobStatus:
     exit_code: int | None = None
     scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
     reason: str | None = None  # why a pending job waits (Priority, Resources, ...): squeue's
+    stale: str | None = None  # state STALE: whose the scheduler's records of this id are
 
     @property
     def is_final(self) -> bool:
@@ -138,14 +153,15 @@ class SacctWatcher(SlurmInfoWatcher):
             job_id
             for job_id in self._registered - self._finished
             if self.rows.get(job_id)
-            and _state_word(self.rows[job_id][-1].get("State", "")) == "PENDING"
+            and state_word(self.rows[job_id][-1].get("State", "")) == "PENDING"
         ]
         self.reasons = pending_reasons(pending, self._run) if pending else {}
 
     def _call(self, command: list[str]) -> tuple[str | None, str | None]:
         try:
             proc = self._run(command, capture_output=True, text=True, errors="replace",
-                             timeout=self._timeout_s, check=False)  # fmt: skip
+                             timeout=self._timeout_s, check=False,
+                             env={**os.environ, **SACCT_ENV})  # fmt: skip
         except subprocess.TimeoutExpired:
             return None, f"sacct did not answer within {self._timeout_s:.0f} s"
         except (OSError, subprocess.SubprocessError) as error:
@@ -168,12 +184,19 @@ class SacctWatcher(SlurmInfoWatcher):
         self.rows.update(found)
         return {job_id: rows[-1] for job_id, rows in found.items()}
 
-    def status(self, job_id: str) -> JobStatus:
+    def status(self, job_id: str, record: JobRecord | None = None) -> JobStatus:
+        """The job's status from its rows (with ``record``: only the rows of that job)."""
         rows = self.rows.get(job_id)
         if not rows:
             return JobStatus(state="UNKNOWN", scheduler_error=self.error)
+        if record is not None:
+            rows, stale = rows_of_record(rows, record)
+            if not rows and time.time() - record_time(record) < STALE_AFTER_S:
+                return JobStatus(state="UNKNOWN", scheduler_error=self.error)
+            if not rows:
+                return JobStatus(state="STALE", stale=stale, scheduler_error=self.error)
         last = rows[-1]
-        state = _state_word(last.get("State", ""))
+        state = state_word(last.get("State", ""))
         elapsed = last.get("ElapsedRaw", "")
         reason = self.reasons.get(job_id) if state == "PENDING" else None
         reason = reason or last.get("Reason")
@@ -218,7 +241,9 @@ def query_statuses(
     if slurm:
         watcher.update_if_long_enough("force" if force else "standard")
     return [
-        _local_status(record) if record.executor == "local" else watcher.status(record.job_id)
+        _local_status(record)
+        if record.executor == "local"
+        else watcher.status(record.job_id, record)
         for record in records
     ]
 
@@ -232,11 +257,6 @@ def results_written(record: JobRecord) -> bool:
     return all(task_paths(record, task).result_pickle.exists() for task in range(record.num_tasks))
 
 
-def _state_word(state: str) -> str:
-    # sacct writes "CANCELLED by 0"; the first word is the state.
-    return state.split()[0].upper() if state.strip() else "UNKNOWN"
-
-
 def _parse_exit_code(text: str) -> int | None:
     """sacct's ``code:signal``; a job killed by a signal gets the shell's 128 + signal."""
     code, _, sig = text.partition(":")
@@ -248,7 +268,7 @@ def _parse_exit_code(text: str) -> int | None:
 # --------------------------------------------------------------------------- local executor
 def _local_status(record: JobRecord) -> JobStatus:
     submitted = datetime.datetime.fromisoformat(record.submitted_at).timestamp()
-    if _local_controller_alive(int(record.job_id)):
+    if _local_controller_alive(int(record.job_id), submitted):
         return JobStatus(state="RUNNING", elapsed_s=time.time() - submitted)
     result_path = task_paths(record, 0).result_pickle
     if not result_path.exists():
@@ -262,16 +282,20 @@ def _local_status(record: JobRecord) -> JobStatus:
     )
 
 
-def _local_controller_alive(pid: int) -> bool:
-    """True while submitit's local controller with this pid runs (not a zombie, not reused)."""
+def _local_controller_alive(pid: int, submitted: float | None = None) -> bool:
+    """True while submitit's local controller with this pid runs (not a zombie, not reused:
+    with ``submitted``, the process must have started within SUBMIT_SLACK_S of it)."""
     proc = Path(f"/proc/{pid}")
     try:
         cmdline = (proc / "cmdline").read_bytes()
         stat = (proc / "stat").read_text()
     except OSError:
         return False
-    state_letter = stat.rpartition(")")[2].split()[0]
-    return b"submitit.local._local" in cmdline and state_letter != "Z"
+    fields = stat.rpartition(")")[2].split()
+    if b"submitit.local._local" not in cmdline or fields[0] == "Z":
+        return False
+    started = process_start_time(int(fields[19]))  # stat field 22: start, in clock ticks
+    return submitted is None or started is None or abs(started - submitted) <= SUBMIT_SLACK_S
 
 
 # --------------------------------------------------------------------------- result / cancel
@@ -387,8 +411,8 @@ def cancel_job(record: JobRecord) -> None:
     if record.executor == "slurm":
         _scancel(record.job_id)
         return
-    pid = int(record.job_id)
-    if not _local_controller_alive(pid):
+    pid, submitted = int(record.job_id), record_time(record)
+    if not _local_controller_alive(pid, submitted):  # never another run's reused pid
         return
     _local_cancel_marker(record).touch()  # no scheduler remembers it for us
     # Interrupt the tasks themselves first: submitit's controller, when interrupted, gives
@@ -397,7 +421,7 @@ def cancel_job(record: JobRecord) -> None:
         os.kill(task_pid, signal.SIGINT)
 
     def gone() -> bool:
-        return not _local_controller_alive(pid)
+        return not _local_controller_alive(pid, submitted)
 
     if not wait_until(gone, LOCAL_CANCEL_GRACE_S, interval_s=0.2):
         # Interrupted, the controller gives its tasks a second, kills them, then exits; wait

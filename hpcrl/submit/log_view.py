@@ -111,9 +111,13 @@ def attempts_logged(files: Sequence[LogFile]) -> int:
     return highest
 
 
-def shown_files(run: LoggedRun, selection: LogSelection) -> list[LogFile]:
-    """The files of ``run`` that the view prints, in order (see the module docstring)."""
-    files = list_log_files(run.run_dir, run.record, selection.node)
+def shown_files(
+    run: LoggedRun, selection: LogSelection, earlier_jobs: bool = True
+) -> list[LogFile]:
+    """The files of ``run`` that the view prints, in order (see the module docstring); with
+    ``earlier_jobs``, a resumed run's earlier jobs' submitit files too (their attempts are the
+    run's)."""
+    files = list_log_files(run.run_dir, run.record, selection.node, earlier_jobs=earlier_jobs)
     if selection.driver_only:
         files = [log for log in files if log.node == 0 and log.label.endswith("/driver.log")]
     # stderr exists from the task's start, before node.log: the choice never flips while following
@@ -138,7 +142,8 @@ def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
         raise UserError(f"--attempt {selection.attempt}: attempts count from 1",
                         fix="e.g. --attempt 1")  # fmt: skip
     for run in runs:
-        logged = attempts_logged(list_log_files(run.run_dir, run.record, selection.node))
+        files = list_log_files(run.run_dir, run.record, selection.node, earlier_jobs=True)
+        logged = attempts_logged(files)
         if logged and selection.attempt > logged:
             where = (
                 f"{run.point} (job {run.record.job_id})"

@@ -27,13 +27,20 @@ class LogFile:
     path: Path
 
 
-def list_log_files(run_dir: Path, record: JobRecord, node: int | None = None) -> list[LogFile]:
-    """Every log file of the run that exists now, node by node (submitit's first)."""
+def list_log_files(
+    run_dir: Path, record: JobRecord, node: int | None = None, earlier_jobs: bool = False
+) -> list[LogFile]:
+    """Every log file of the run that exists now, node by node (submitit's first; with
+    ``earlier_jobs``, those of the run's jobs before a ``hpcrl resume`` too, oldest first)."""
     nodes = range(record.num_tasks) if node is None else [node]
+    job_ids = (*record.earlier_job_ids, record.job_id) if earlier_jobs else (record.job_id,)
     files = []
     for index in nodes:
-        paths = task_paths(record, index)
-        files += [LogFile(index, "stdout", paths.stdout), LogFile(index, "stderr", paths.stderr)]
+        for job_id in job_ids:
+            paths = task_paths(attrs.evolve(record, job_id=job_id), index)
+            files += [
+                LogFile(index, "stdout", paths.stdout), LogFile(index, "stderr", paths.stderr)
+            ]  # fmt: skip
         node_dir = Path(run_dir) / "logs" / f"node{index}"
         if node_dir.is_dir():
             # attempt<r>/{node.log,ray.out,ray.err,driver.log}; Ray's own session logs, kept
@@ -48,9 +55,13 @@ def list_log_files(run_dir: Path, record: JobRecord, node: int | None = None) ->
 
 def split_attempts(text: str) -> dict[int, str]:
     """Log text by attempt number (1-based), cut at the attempt banners. Text before the
-    first banner (e.g. a job that died before Python started) counts as attempt 1."""
+    first banner (submitit's own start lines) belongs to the first banner's attempt (a
+    resumed run's job starts at a later one); without any banner (a job that died before
+    Python started) it counts as attempt 1."""
     attempts: dict[int, list[str]] = {}
-    current = 1
+    first = next((ATTEMPT_BANNER_RE.match(line) for line in text.splitlines()
+                  if ATTEMPT_BANNER_RE.match(line)), None)  # fmt: skip
+    current = int(first.group("attempt")) if first else 1
     for line in text.splitlines(keepends=True):
         match = ATTEMPT_BANNER_RE.match(line)
         if match:

@@ -1,7 +1,9 @@
 """The callable submitit pickles and runs on every task of a job: hpcrl's node entrypoint.
 
 It marks the start of every attempt in the task's logs (``--open-mode=append`` keeps all
-attempts in one file; ``hpcrl logs --attempt K`` splits on these lines) and forwards
+attempts in one file; ``hpcrl logs --attempt K`` splits on these lines), numbering attempts
+through the run (``attempt_offset``: the attempts of the run's earlier jobs, when ``hpcrl
+resume`` submitted this one into the same folder), and forwards
 submitit's timeout/preemption ``checkpoint`` to the node entrypoint, so the driver can stop
 cleanly before Slurm requeues the job. When the node entrypoint asks for a requeue after a
 failure (a lost node), it requeues the job the way submitit does after a preemption. Imports nothing heavy: the node entrypoint is imported
@@ -21,6 +23,8 @@ from typing import Any
 from submitit.core.utils import DelayedSubmission
 from submitit.helpers import Checkpointable
 
+from hpcrl.job.slurm_env import ATTEMPT_OFFSET_VARIABLE  # light: attrs only
+
 #: ``===== hpcrl attempt 2 · job 41 · node 0 (n1) · 2026-11-29T10:40:00+00:00 =====``
 ATTEMPT_BANNER_RE = re.compile(r"^===== hpcrl attempt (?P<attempt>\d+) · ")
 
@@ -34,8 +38,8 @@ def job_id_of(env: dict[str, str]) -> str:
     return env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID", "?")
 
 
-def attempt_banner(env: dict[str, str]) -> str:
-    attempt = int(env.get("SLURM_RESTART_COUNT", "0")) + 1
+def attempt_banner(env: dict[str, str], attempt_offset: int = 0) -> str:
+    attempt = attempt_offset + int(env.get("SLURM_RESTART_COUNT", "0")) + 1
     job_id = job_id_of(env)
     node = env.get("SLURM_NODEID", "0")
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
@@ -119,14 +123,19 @@ class NodeTask(Checkpointable):
 
     ``entrypoint``: the node entrypoint to call; None loads it in the job. After a
     preemption it is the entrypoint's own resubmission (which counts its requeues).
+    ``attempt_offset``: attempts the run's earlier jobs made (0 for a run's first job).
     """
 
-    def __init__(self, entrypoint: Any = None) -> None:
+    def __init__(self, entrypoint: Any = None, attempt_offset: int = 0) -> None:
         self._entrypoint = entrypoint
+        self._attempt_offset = attempt_offset
 
     def __call__(self, run_dir: str) -> int:
         sys.excepthook = one_line_for_explained_failures(sys.excepthook)
-        banner = attempt_banner(dict(os.environ))
+        # Everything of the job after this (preflight, node entrypoint, driver) numbers its
+        # attempt folders from here.
+        os.environ[ATTEMPT_OFFSET_VARIABLE] = str(self._attempt_offset)
+        banner = attempt_banner(dict(os.environ), self._attempt_offset)
         for stream in (sys.stdout, sys.stderr):
             print(banner, file=stream, flush=True)
         # Before the node entrypoint is even imported (it imports psutil, then Ray): a Python
@@ -141,15 +150,17 @@ class NodeTask(Checkpointable):
         try:
             return self._entrypoint(run_dir)
         except RequeueRequested as request:
-            requeue_after_failure(NodeTask(request.resubmission), run_dir, request.cause)
+            requeue_after_failure(
+                NodeTask(request.resubmission, self._attempt_offset), run_dir, request.cause
+            )
             raise SystemExit(REQUEUED_EXIT_CODE) from None  # as submitit after its own requeue
 
     def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
         """Called by submitit on task 0 when USR2 arrives; None means "do not requeue"."""
         entry_checkpoint = getattr(self._entrypoint, "checkpoint", None)
         if entry_checkpoint is None:
-            return DelayedSubmission(NodeTask(self._entrypoint), run_dir)
+            return DelayedSubmission(NodeTask(self._entrypoint, self._attempt_offset), run_dir)
         resubmission = entry_checkpoint(run_dir)
         if resubmission is None:
             return None
-        return DelayedSubmission(NodeTask(resubmission.function), run_dir)
+        return DelayedSubmission(NodeTask(resubmission.function, self._attempt_offset), run_dir)

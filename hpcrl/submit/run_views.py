@@ -88,6 +88,8 @@ def cancel_run(path: Path, console: Console) -> int:
     status = query_status(record)
     if status.is_final:
         console.print(f"Job {record.job_id} already ended ({status.state}); nothing to cancel")
+        if status.stale:
+            console.print(status.stale, markup=False, soft_wrap=True)
         return 0
     cancel_job(record)
     console.print(f"Cancelled job {record.job_id} ({path})")

@@ -176,25 +176,32 @@ def _base_status(run: ListedRun) -> RunStatus:
     )  # fmt: skip
 
 
-def status_cause(run_dir: Path, status: JobStatus) -> str | None:
+def status_cause(run_dir: Path, status: JobStatus, attempt_offset: int = 0) -> str | None:
     """The cause cell: why a failed job failed (its newest attempt, ``failure_cause``); for a
     job that goes on or completed after a requeue, why its previous attempt ended
-    (``hpcrl.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``)."""
+    (``hpcrl.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
+    ``attempt_offset``: attempts of the run's jobs before ``hpcrl resume`` (attempts are
+    counted through the run); a STALE record has no cause of its own (its problem line)."""
+    if status.stale is not None:
+        return None
+    attempts = attempt_offset + status.attempts
     if status.state not in _NOT_FAILED:
         line = failure_cause(run_dir)
-        return f"attempt {status.attempts}: {line}" if line and status.attempts > 1 else line
+        return f"attempt {attempts}: {line}" if line and attempts > 1 else line
     cause = latest_cause(run_dir)
-    current = status.attempts - 1 + int(status.state == "REQUEUED")
+    current = attempts - 1 + int(status.state == "REQUEUED")
     if cause is None or cause.attempt >= current:
         return None  # none, or the current attempt's own (sacct has not caught up)
     return cause.titled_line()
 
 
 def _job_status(run: ListedRun, record: JobRecord, status: JobStatus) -> RunStatus:
-    cause = status_cause(run.path, status)
+    cause = status_cause(run.path, status, record.attempt_offset)
     return attrs.evolve(
         _base_status(run), state=status.state, job_id=record.job_id, exit_code=status.exit_code,
-        attempts=status.attempts, pending_reason=status.reason, elapsed_s=status.elapsed_s,
+        # a resumed run's earlier jobs' attempts count (job.json's attempt_offset)
+        attempts=record.attempt_offset + status.attempts, pending_reason=status.reason,
+        elapsed_s=status.elapsed_s, problem=status.stale,
         submitted_at=record.submitted_at, cause=cause, scheduler_error=status.scheduler_error,
         **_metrics_fields(run.path),
     )  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from hpcrl.submit.job_record import JobRecord, utc_now_iso, write_job_record
 from hpcrl.submit.node_task import NodeTask
 
 DEFAULT_LOCAL_TIME_LIMIT = "01:00:00"
+SCONTROL_TIMEOUT_S = 10.0
 
 
 class SubmissionRefused(UserError):
@@ -91,6 +93,21 @@ def build_executor(jobspec: JobSpec, script_path: Path) -> submitit.Executor:
     )
 
 
+def slurm_cluster_name(timeout_s: float = SCONTROL_TIMEOUT_S) -> str | None:
+    """Slurm's ClusterName (``scontrol show config``), recorded with each job so that a record
+    is never matched to a job of another cluster; None when scontrol cannot say."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                              errors="replace", timeout=timeout_s, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "ClusterName" and value.strip():
+            return value.strip()
+    return None
+
+
 def _record(jobspec: JobSpec, job: submitit.Job[Any], **extra: Any) -> JobRecord:
     return JobRecord(
         executor="local" if jobspec.scheduler == "local" else "slurm",
@@ -131,20 +148,26 @@ def _stdio_into(path: Path) -> Iterator[None]:
             os.close(copy)
 
 
-def submit_job(jobspec: JobSpec, script_path: Path, **record_fields: Any) -> JobRecord:
+def submit_job(
+    jobspec: JobSpec, script_path: Path, attempt_offset: int = 0, **record_fields: Any
+) -> JobRecord:
     """Submit one run (its run folder is already rendered) and write ``<run_dir>/job.json``.
 
-    ``record_fields``: more JobRecord fields (a local sweep's point: array_index, sweep_dir)."""
+    ``attempt_offset``: attempts of the run's earlier jobs (``hpcrl resume``): the job numbers
+    its attempts after them. ``record_fields``: more JobRecord fields (a local sweep's point:
+    array_index, sweep_dir; a resumed run: earlier_job_ids)."""
     assert jobspec.array_size is None, "arrays go through submit_array"
+    task = NodeTask(attempt_offset=attempt_offset)
     with _refusal_explained(script_path):
         executor = build_executor(jobspec, script_path)
     if jobspec.scheduler == "local":
         with _stdio_into(Path(jobspec.submitit_folder) / LOCAL_CONTROLLER_LOG):
-            job = executor.submit(NodeTask(), jobspec.run_dir)
+            job = executor.submit(task, jobspec.run_dir)
     else:
         with _refusal_explained(script_path):
-            job = executor.submit(NodeTask(), jobspec.run_dir)
-    record = _record(jobspec, job, **record_fields)
+            job = executor.submit(task, jobspec.run_dir)
+        record_fields.setdefault("slurm_cluster", slurm_cluster_name())
+    record = _record(jobspec, job, attempt_offset=attempt_offset, **record_fields)
     write_job_record(Path(jobspec.run_dir), record)
     return record
 
@@ -158,8 +181,11 @@ def submit_array(
         executor = build_executor(jobspec, script_path)
         jobs = executor.map_array(NodeTask(), [str(run_dir) for run_dir in point_run_dirs])
     records = []
+    cluster = slurm_cluster_name()
     for index, (job, run_dir) in enumerate(zip(jobs, point_run_dirs, strict=True)):
-        record = _record(jobspec, job, array_index=index, sweep_dir=jobspec.run_dir)
+        record = _record(
+            jobspec, job, array_index=index, sweep_dir=jobspec.run_dir, slurm_cluster=cluster
+        )
         write_job_record(Path(run_dir), record)
         records.append(record)
     return records

@@ -75,11 +75,16 @@ class PlannedSweep:
         return self.array_spec is None
 
 
+def sweep_name(recipe_source: str, cluster: str, overrides: Sequence[str],
+               points: Sequence[SweepPoint]) -> str:  # fmt: skip
+    """``<recipe>-sweep-<hash>``: the sweep's job name, and its folder's name unless -o."""
+    stem = Path(recipe_source).name.removesuffix(".yaml").removesuffix(".yml")
+    return f"{stem}-sweep-{sweep_hash(recipe_source, cluster, overrides, points)}"
+
+
 def default_sweep_dir(recipe_source: str, cluster: str, overrides: Sequence[str],
                       points: Sequence[SweepPoint], runs_dir: Path) -> Path:  # fmt: skip
-    stem = Path(recipe_source).name.removesuffix(".yaml").removesuffix(".yml")
-    digest = sweep_hash(recipe_source, cluster, overrides, points)
-    return (runs_dir / f"{stem}-sweep-{digest}").absolute()
+    return (runs_dir / sweep_name(recipe_source, cluster, overrides, points)).absolute()
 
 
 def plan_sweep(
@@ -89,10 +94,14 @@ def plan_sweep(
     points: Sequence[SweepPoint],
     sweep_dir: Path,
     for_submission: bool = False,
+    written_by: Sequence[str] | None = None,
 ) -> PlannedSweep:
     """Load and plan every point; one ConfigError naming each bad point, its values and path.
 
-    ``for_submission``: placeholders of an example profile are errors."""
+    ``for_submission``: placeholders of an example profile are errors. ``written_by``: the
+    ``hpcrl sweep ...`` command, written into every script of the sweep (default: built from
+    the arguments, without -o). The array job is named ``<recipe>-sweep-<hash>`` (its points
+    ``...-point-<i>``) wherever the folder is."""
     profile = load_profile(cluster)
     # Array tasks take neighbouring Ray port bands (hpcrl.config.port_bands), so they may share
     # a node; a port the profile names is the same for every task, so then whole nodes each.
@@ -103,6 +112,8 @@ def plan_sweep(
         profile=profile,
         host=describe_submit_host(profile, bundles_dir_for(sweep_dir.parent)),
         for_submission=for_submission,
+        name=sweep_name(recipe_source, cluster, overrides, points),
+        written_by=tuple(written_by or _points_argv(recipe_source, cluster, overrides, points)),
     )
     planned, problems = [], []
     for point in points:
@@ -120,8 +131,9 @@ def plan_sweep(
     if profile.scheduler == "slurm":
         array_spec = plan(
             first.loaded.recipe, profile, run_dir=str(sweep_dir), overrides=first.spec.overrides,
-            recipe_source=recipe_source, profile_source=cluster, job_name=sweep_dir.name,
+            recipe_source=recipe_source, profile_source=cluster, job_name=context.name,
             array_size=len(planned), host=context.host, for_submission=for_submission,
+            written_by=context.written_by,
         )  # fmt: skip
     record = SweepRecord(
         name=sweep_dir.name, recipe_source=recipe_source, cluster=cluster,
@@ -139,6 +151,24 @@ class _PlanContext:
     profile: ClusterProfile
     host: SubmitHost
     for_submission: bool
+    name: str  # <recipe>-sweep-<hash>
+    written_by: tuple[str, ...]
+
+
+def sweep_argv(recipe_source: str, cluster: str, overrides: Sequence[str], grid: Sequence[str],
+               zips: Sequence[str], sweep_dir: Path | None = None) -> tuple[str, ...]:  # fmt: skip
+    """``hpcrl sweep RECIPE --cluster C OVERRIDES --grid ... --zip ... [-o DIR]``."""
+    axes = [*(("--grid", axis) for axis in grid), *(("--zip", axis) for axis in zips)]
+    out = ("-o", str(sweep_dir)) if sweep_dir is not None else ()
+    flat = [word for axis in axes for word in axis]
+    return ("hpcrl", "sweep", recipe_source, "--cluster", cluster, *overrides, *flat, *out)
+
+
+def _points_argv(recipe_source: str, cluster: str, overrides: Sequence[str],
+                 points: Sequence[SweepPoint]) -> tuple[str, ...]:  # fmt: skip
+    """Without the command line: one --zip per key over every point's value (the same points)."""
+    zips = [f"{key}={','.join(p.values[key] for p in points)}" for key in points[0].values]
+    return sweep_argv(recipe_source, cluster, overrides, (), zips)
 
 
 def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], point: SweepPoint,
@@ -149,8 +179,8 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
     spec = plan(
         loaded.recipe, context.profile, run_dir=str(sweep_dir / point.run_dir_name),
         overrides=point_overrides, recipe_source=recipe_source, profile_source=cluster,
-        job_name=f"{sweep_dir.name}-{point.run_dir_name}", host=context.host,
-        for_submission=context.for_submission,
+        job_name=f"{context.name}-{point.run_dir_name}", host=context.host,
+        for_submission=context.for_submission, written_by=context.written_by,
     )  # fmt: skip
     from hpcrl.plan.hf_cache import check_models_cached
 
@@ -184,15 +214,18 @@ def write_sweep_folders(planned: PlannedSweep) -> Path | None:
     are removed (they hold only rendered files); one holding a job or results is refused.
     """
     _remove_stale_points(planned.sweep_dir, len(planned.points))
+    provenance = {"profile_source": planned.record.cluster}
     for point in planned.points:
         loaded = point.loaded
-        write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path)
+        write_run_folder(point.spec, loaded.resolved_dict, recipe_path=loaded.source_path,
+                         provenance=provenance)  # fmt: skip
     script = None
     if planned.array_spec is not None:
         first = planned.points[0].loaded
         run = write_run_folder(
-            planned.array_spec, first.resolved_dict, recipe_path=first.source_path
-        )
+            planned.array_spec, first.resolved_dict, recipe_path=first.source_path,
+            provenance=provenance,
+        )  # fmt: skip
         script = run.script
     # sweep.json before submitting: the points are on record even if submission fails
     write_sweep_record(planned.sweep_dir, planned.record)

@@ -434,7 +434,8 @@ def report_outcome(
         + (f" ({_escape(outcome.detail.splitlines()[0])})" if outcome.detail else "")
         + last
     )
-    print_log_tails(run_dir, record, console, attempt=status.attempts)
+    # attempts are counted through the run (a resumed run's earlier jobs' first)
+    print_log_tails(run_dir, record, console, attempt=record.attempt_offset + status.attempts)
 
 
 def print_log_tails(
@@ -445,7 +446,7 @@ def print_log_tails(
     ``hpcrl logs`` prints them; of ``attempt`` (counted from 1: the one that ended the job)
     when given, Ray's state dumps folded."""
     run = LoggedRun(run_dir=run_dir, record=record)
-    for log in shown_files(run, LogSelection(attempt=attempt)):
+    for log in shown_files(run, LogSelection(attempt=attempt), earlier_jobs=False):
         if log.label != "stderr" and Path(log.label).name not in TAILED_NODE_LOGS:
             continue
         text = fold_state_dumps(strip_ansi(read_log(log.path)), log.path)

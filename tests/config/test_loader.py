@@ -350,3 +350,69 @@ def test_a_bare_checkout_on_sys_path_finds_its_shipped_folders(tmp_path: Path) -
         f"local {repo / 'recipes'} {repo / 'templates'}",
         "job.sbatch.sh.j2",
     ]
+
+
+# --------------------------------------------------------------------------- bases by name
+def site_environ(tmp_path: Path, site: Path) -> dict[str, str]:
+    return {"HPCRL_CLUSTER_PROFILES": str(site), "XDG_CONFIG_HOME": str(tmp_path / "no-user")}
+
+
+def test_a_site_profile_extends_a_shipped_one_by_name_and_keeps_its_own_name(tmp_path):
+    site = tmp_path / "site"
+    write(site, "mysite.yaml", "defaults: slurm-test.yaml\nslurm: {partition: batch}\n")
+    profile = load_profile("mysite", environ=site_environ(tmp_path, site))
+    # slurm-test.yaml (shipped) says `name: slurm-test`; a base's name is not inherited.
+    assert (profile.name, profile.slurm.partition, profile.scheduler) == (
+        "mysite",
+        "batch",
+        "slurm",
+    )
+    assert profile.slurm.time_limit == "00:10:00"  # from the shipped base
+
+
+def test_a_profile_given_by_absolute_path_is_named_after_its_file(tmp_path):
+    path = write(tmp_path / "elsewhere", "gpu-box.yaml", "defaults: local.yaml\n")
+    profile = load_profile(str(path), environ=site_environ(tmp_path, tmp_path / "none"))
+    assert (profile.name, profile.scheduler, profile.slots_per_node) == ("gpu-box", "local", 2)
+    named = write(tmp_path / "elsewhere", "named.yaml", "defaults: local.yaml\nname: box7\n")
+    assert load_profile(str(named), environ={}).name == "box7"  # its own name: wins
+
+
+def test_a_site_profile_of_a_shipped_name_extends_the_shipped_one(tmp_path):
+    site = tmp_path / "site"
+    write(site, "eos.yaml", "defaults: eos.yaml\nslurm: {account: site_acct}\n")
+    profile = load_profile("eos", environ=site_environ(tmp_path, site))
+    assert (profile.name, profile.slurm.account) == ("eos", "site_acct")
+    assert profile.gpus_per_node == 8  # the shipped eos below it
+
+
+def test_a_base_beside_the_profile_wins_over_the_search_path(tmp_path):
+    site, mine = tmp_path / "site", tmp_path / "mine"
+    write(site, "base.yaml", "device: gpu\n")
+    write(mine, "base.yaml", "defaults: local.yaml\nworker_slots_per_node: 1\n")
+    path = write(mine, "p.yaml", "defaults: base.yaml\n")
+    profile = load_profile(str(path), environ=site_environ(tmp_path, site))
+    assert (profile.name, profile.device, profile.slots_per_node) == ("p", "cpu", 1)
+
+
+def test_a_missing_base_says_where_it_was_looked_for(tmp_path):
+    site = tmp_path / "site"
+    path = write(site, "p.yaml", "defaults: nothere.yaml\ndevice: cpu\n")
+    environ = site_environ(tmp_path, site)
+    problems = error_paths(lambda: load_profile(str(path), environ=environ))
+    problem = problems[f"defaults (in {path})"]
+    assert problem.message.startswith(f"base file not found (looked for {site / 'nothere.yaml'}, ")
+    assert str(tmp_path / "no-user" / "hpcrl" / "cluster_profiles" / "nothere.yaml") in (
+        problem.message
+    )
+    assert "then on the profile search path" in problem.fix
+
+
+def test_a_user_recipe_extends_a_shipped_recipe_by_name(tmp_path):
+    path = write(
+        tmp_path, "mine.yaml", "defaults: grpo-tiny-1n-cpu.yaml\ngrpo: {max_num_steps: 3}\n"
+    )
+    loaded = load_recipe(path)
+    assert loaded.recipe.grpo.max_num_steps == 3
+    assert loaded.recipe.data.train_path.endswith("recipes/data/toy_count.jsonl")  # shipped data
+    assert Path(loaded.recipe.data.train_path).is_file()

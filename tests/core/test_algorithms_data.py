@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcrl.config.data_steps import num_steps_in_epochs
 from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch, latest_checkpoint
-from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl, num_steps_in_epochs
+from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.metrics import MetricsWriter, format_progress
 from tests.require import require_module
 

@@ -5,6 +5,7 @@ Split, for CI time (one demo run is 2.5-3 min on the 2-core CI machine): seed 42
 own seed, runs through the Quickstart's command exactly as the README prints it (the ``hpcrl``
 console script of this venv, ``submit --cluster local --wait``, a shell whose PATH has no venv
 on it): local executor, rendered script, node entrypoint, Ray bootstrap, the real driver.
+That run is also the demo recipe's shipped-CPU-recipe test (tests/shipped_cpu_recipes.py).
 Seeds 1 and 2 run the same recipe in this process through ``run_training`` (the call the
 node's driver makes), on one local Ray shared by both, so they pay for no bootstrap; the
 recipe, its 2 workers and its 20 steps are unchanged.
@@ -13,7 +14,6 @@ recipe, its 2 workers and its 20 steps are unchanged.
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +27,7 @@ require_module("ray")
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
+from tests.shipped_cpu_recipes import assert_finite_steps, quickstart_argv  # noqa: E402
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
 NUM_STEPS = 20
@@ -66,13 +67,6 @@ def assert_documented_reward(metrics: list[dict]) -> None:
     assert metrics[-1]["peak_gpu_mem_gb"] is None  # CPU run
 
 
-def quickstart_command() -> list[str]:
-    """The README's Quickstart line that runs the demo, as argv (the part after ``&&``)."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    (line,) = [ln for ln in readme.splitlines() if "hpcrl submit" in ln and "--wait" in ln]
-    return shlex.split(line.split("&&", 1)[1])
-
-
 def user_shell_env() -> dict[str, str]:
     """A user's shell: no venv on PATH or in the environment, nothing of pytest's."""
     venv_bin = str(Path(sys.executable).parent)
@@ -85,7 +79,7 @@ def user_shell_env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_quickstart_command_runs_the_demo_to_the_documented_reward(tmp_path) -> None:
-    argv = quickstart_command()
+    argv = quickstart_argv()
     assert argv == [
         ".venv/bin/hpcrl", "submit", "recipes/grpo-tiny-1n-cpu.yaml", "--cluster", "local", "--wait"
     ]  # fmt: skip
@@ -103,6 +97,8 @@ def test_quickstart_command_runs_the_demo_to_the_documented_reward(tmp_path) -> 
     assert run_dir.name.startswith("grpo-tiny-1n-cpu-local-")
     metrics = read_metrics(run_dir)
     assert_documented_reward(metrics)
+    # It is also the shipped CPU recipes' test for this recipe (tests/shipped_cpu_recipes.py).
+    assert_finite_steps(metrics, NUM_STEPS, "grpo")
     resolved = (run_dir / "recipe.resolved.yaml").read_text()
     assert "seed: 42" in resolved and "max_num_steps: 20" in resolved
     assert "COMPLETED" in result.stdout, output

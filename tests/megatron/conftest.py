@@ -1,4 +1,4 @@
-"""Fixtures of the Megatron tests: the CPU patch layer.
+"""Fixtures of the Megatron tests: hpcrl's CPU compatibility layer in the test process.
 
 Every test here carries the ``megatron`` marker (added by tests/conftest.py), whose gate fails
 it under CI when megatron-core/bridge are missing. Locally, without them, the whole folder
@@ -19,10 +19,11 @@ if megatron_problem() is not None and not is_required("deps"):
 
 @pytest.fixture
 def megatron_cpu() -> Iterator[None]:
-    """megatron-core on CPU in this process: TE placeholders for the bridge import + patch layer."""
+    """megatron-core on CPU in this process: TE placeholders for the bridge import + the
+    product's CPU layer (hpcrl/core/backends/megatron/cpu_compat.py), left after the test."""
     from hpcrl.core.backends.megatron.bridge_compat import import_bridge
-    from tests.megatron import cpu_patches
+    from hpcrl.core.backends.megatron.cpu_compat import cpu_compat
 
     import_bridge()
-    with cpu_patches.cpu_patches():
+    with cpu_compat():
         yield

@@ -1,4 +1,5 @@
-"""Process-level helpers of the Megatron tests: spawned gloo ranks with the CPU patch layer.
+"""Process-level helpers of the Megatron tests: spawned gloo ranks with hpcrl's CPU
+compatibility layer (hpcrl/core/backends/megatron/cpu_compat.py).
 
 Worker functions live here (not in test modules) so that spawned children import them by a
 stable module path.
@@ -17,12 +18,11 @@ import torch.multiprocessing as mp
 
 
 def prepare_cpu_process(skip_patches: frozenset[str] = frozenset()) -> None:
-    """For a spawned child that lives only for one job: TE placeholders + patches until exit."""
-    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
-    from tests.megatron import cpu_patches
+    """For a spawned rank that lives only for one test: the product's CPU layer until exit
+    (ranks that go on to set up the real worker nest it again there, as a CPU job does)."""
+    from hpcrl.core.backends.megatron.cpu_compat import apply_for_process
 
-    import_bridge()
-    cpu_patches.apply_for_process_lifetime(skip_patches)
+    apply_for_process(skip_patches)
 
 
 def free_port() -> int:
@@ -78,7 +78,7 @@ def run_ranks(
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; their results.
 
-    ``megatron``: install the TE stand-in and the CPU patch layer (all but ``skip_patches``)
+    ``megatron``: install the TE placeholders and the CPU compatibility layer (all but ``skip_patches``)
     in each rank first."""
     manager = mp.get_context("spawn").Manager()
     results = manager.dict()
@@ -289,17 +289,6 @@ def make_recipe(
     )
 
 
-def cpu_worker_class():
-    from hpcrl.core.backends.megatron.worker import MegatronWorker
-
-    class CpuMegatronWorker(MegatronWorker):
-        """The real worker; its spawned converter gets the test CPU patch layer."""
-
-        converter_prepare = staticmethod(prepare_cpu_process)
-
-    return CpuMegatronWorker
-
-
 UNPLANNED_SUFFIX = ".from-the-environment"
 
 
@@ -308,7 +297,9 @@ def setup_worker(rank: int, world_size: int, recipe, hf_path: str, ckpt_root: st
 
     # A job's environment may name another conversion dir; the plan's (RankInfo) must win.
     os.environ["NRL_MEGATRON_CHECKPOINT_DIR"] = ckpt_root + UNPLANNED_SUFFIX
-    worker = cpu_worker_class()()
+    from hpcrl.core.backends.megatron.worker import MegatronWorker
+
+    worker = MegatronWorker()  # device "cpu" below: it enters the CPU layer itself
     place = worker.setup(
         recipe,
         RankInfo(

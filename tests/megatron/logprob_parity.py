@@ -1,6 +1,6 @@
 """Rank function of the Megatron log-prob parity test (spawned children import it by path).
 
-One MegatronWorker per rank (real megatron-core on gloo, CPU patch layer) scores a fixed
+One MegatronWorker per rank (real megatron-core on gloo, CPU compatibility layer) scores a fixed
 batch under several sampling distributions through all three of its log-prob paths: the
 log-prob pass (``logprobs``: old log-probs), the reference pass (``reference_logprobs``:
 temperature, no top-k/top-p) and the training forward (a probe loss sees what ``loss_fn``

@@ -18,7 +18,8 @@ What runs unchanged: megatron-core's split by fraction, the separate host copies
 sub-optimizers (the CPU one on the copies, the "GPU" one in place), the gradient copies to the
 host copies, the copy back after the CPU step, and the syncing of state and param groups (lr
 from the scheduler). Every upstream fragment this relies on is checked first, as in
-``cpu_patches.py``; apply in a spawned test rank only (``apply_for_process_lifetime``).
+``hpcrl/core/backends/megatron/cpu_compat.py``; apply in a spawned test rank only
+(``apply_for_process_lifetime``).
 """
 
 from __future__ import annotations
@@ -76,11 +77,11 @@ class _DeviceResidentMode(TorchFunctionMode):
 
 
 def check_fragments() -> None:
-    from tests.megatron.cpu_patches import PatchNoLongerApplies, _resolve
+    from hpcrl.core.backends.megatron.cpu_compat import CpuCompatError, _resolve
 
     for consumer, fragment in REQUIRES:
         if fragment not in inspect.getsource(_resolve(consumer)):
-            raise PatchNoLongerApplies(
+            raise CpuCompatError(
                 f"offload stand-in no longer applies: {consumer} no longer contains {fragment!r}"
             )
 

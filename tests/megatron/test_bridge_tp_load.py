@@ -66,7 +66,7 @@ def test_bridge_tp2_load_matches_hf(tmp_path, model_type):
 
 
 def test_without_the_patch_tp2_weights_are_silently_wrong_on_bridge_0_3(tmp_path):
-    from tests.megatron.cpu_patches import bridge_needs_contiguous_scatter
+    from hpcrl.core.backends.megatron.cpu_compat import bridge_needs_contiguous_scatter
 
     hf_dir, _, _, export_dir = _load_at_tp2(
         tmp_path, "llama", skip_patches=frozenset({"bridge_contiguous_scatter"})

@@ -1,6 +1,7 @@
 """SFT and GRPO through the driver on the real Ray worker group with the Megatron backend
-(2 CPU workers, megatron-core over gloo; the CPU patch layer installed by the test worker
-class). Same recipes and thresholds as the Automodel learning tests in tests/core."""
+(2 CPU workers, megatron-core over gloo; the real worker enters hpcrl's CPU compatibility
+layer itself, the plan's device being CPU). Same recipes and thresholds as the Automodel
+learning tests in tests/core."""
 
 from __future__ import annotations
 
@@ -10,16 +11,13 @@ from tests.require import require_module
 
 require_module("ray")
 
-from hpcrl.core import backends  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
-from tests.megatron.cpu_worker import CPU_WORKER_PATH  # noqa: E402
 
 
 @pytest.fixture
-def megatron_on_cpu(monkeypatch, tmp_path):
-    monkeypatch.setitem(backends.WORKER_CLASS_PATHS, "megatron", CPU_WORKER_PATH)
+def megatron_on_cpu(tmp_path):
     # Exported by the worker before it resolves the conversion directory: keeps the
     # conversion out of ~/.cache.
     return [f"policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR={tmp_path / 'converted'}"]

@@ -1,6 +1,6 @@
 """Sequence packing (THD layout, ``PackedSeqParams``) and dynamic batching on the Megatron
 backend give the fixed micro-batches' log-probs, loss and gradients (real megatron-core,
-local spec with hpcrl's SDPA core attention, gloo, CPU patch layer).
+local spec with hpcrl's SDPA core attention, gloo, hpcrl's CPU compatibility layer).
 
 Tolerance stated: float32 — log-probs within 1e-5, loss within 1e-6 relative, every
 gradient within 1e-5 (max abs)."""

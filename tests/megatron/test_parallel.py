@@ -1,6 +1,5 @@
 """The Megatron backend trains the same under TP=2, PP=2, DP=2 + distributed optimizer and the
-2-D TP=2 × DP=2 (4 ranks) as at TP=PP=DP=1 (real megatron-core on gloo, CPU patch layer from
-tests/megatron)."""
+2-D TP=2 × DP=2 (4 ranks) as at TP=PP=DP=1 (real megatron-core on gloo, hpcrl's CPU compatibility layer)."""
 
 from __future__ import annotations
 

@@ -54,8 +54,10 @@ GOLDEN_HOST = SubmitHost(
 )
 
 
-#: An existing data file: the planner checks that data.train_path exists.
+#: An existing data file: the planner checks that data.train_path exists (and lasts: its
+#: 256 rows give GRPO's default 100 steps of 8 prompts in GRPO_EPOCHS epochs).
 SHIPPED_DATA = str(Path(__file__).resolve().parents[2] / "recipes" / "data" / "toy_count.jsonl")
+GRPO_EPOCHS = 4
 
 
 def isolate_from_user_profiles(monkeypatch, tmp_path) -> None:
@@ -84,7 +86,7 @@ def automodel_recipe(num_nodes: int = 1, gpus_per_node: int = 8, **automodel: ob
             automodel_cfg=AutomodelCfg(enabled=True, **automodel),
         ),
         data=DataCfg(train_path=SHIPPED_DATA),
-        grpo=GrpoCfg(),
+        grpo=GrpoCfg(max_num_epochs=GRPO_EPOCHS),
         cluster=ClusterCfg(num_nodes=num_nodes, gpus_per_node=gpus_per_node),
     )
 
@@ -97,7 +99,7 @@ def megatron_recipe(num_nodes: int = 2, gpus_per_node: int = 8, **megatron: obje
             megatron_cfg=MegatronCfg(enabled=True, **megatron),
         ),
         data=DataCfg(train_path=SHIPPED_DATA),
-        grpo=GrpoCfg(),
+        grpo=GrpoCfg(max_num_epochs=GRPO_EPOCHS),
         cluster=ClusterCfg(num_nodes=num_nodes, gpus_per_node=gpus_per_node),
     )
 

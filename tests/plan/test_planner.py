@@ -548,3 +548,24 @@ def test_a_data_file_in_a_container_is_checked_at_its_mount(tmp_path):
         make_plan(missing, profile)
     in_image = attrs.evolve(ok, data=DataCfg(train_path="/opt/image/train.jsonl"))
     make_plan(in_image, profile)  # only the job can see it
+
+
+def test_data_that_runs_out_before_max_num_steps_is_a_warning_with_the_numbers(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"prompt": "p{i}", "answer": "{i}"}}\n' for i in range(20)) + "\n")
+    recipe = attrs.evolve(
+        automodel_recipe(),
+        data=DataCfg(train_path=str(data)),
+        grpo=attrs.evolve(automodel_recipe().grpo, max_num_steps=12, max_num_epochs=1),
+    )
+    warning = warnings_of(make_plan(recipe, pyxis_profile(container=None)))["grpo.max_num_steps"]
+    assert warning.message == (
+        "asks for 12 steps, but the data gives 2: train.jsonl holds 20 rows, at 8 per step "
+        "(grpo.num_prompts_per_step) over 1 epoch(s) (grpo.max_num_epochs) that is 2 steps; "
+        "the run stops after step 2"
+    )
+    assert warning.fix.startswith("set grpo.max_num_epochs=5 to pass over the data that often")
+    assert "or grpo.max_num_steps=2, or give more data" in warning.fix
+    # The fix it names is enough: no warning then (5 epochs of 20 rows = 12 steps of 8).
+    enough = attrs.evolve(recipe, grpo=attrs.evolve(recipe.grpo, max_num_epochs=5))
+    assert "grpo.max_num_steps" not in warnings_of(make_plan(enough, pyxis_profile(container=None)))

@@ -52,7 +52,12 @@ def test_show_prints_exactly_what_render_writes(tmp_path, capsys):
     assert main(["render", "grpo-tiny-2n-cpu", "-c", "slurm-test"]) == 0
     (default_dir,) = (tmp_path / "runs").iterdir()
     assert shown == (default_dir / "job.sbatch").read_text()
-    assert shown.replace(str(default_dir), "X") == written.replace(str(tmp_path / "out"), "X")
+    # The one other difference: the -o folder is part of the command that wrote it.
+    written_by = "# Written by: hpcrl render grpo-tiny-2n-cpu --cluster slurm-test"
+    assert f"{written_by}\n" in shown
+    assert f"{written_by} -o {tmp_path / 'out'}\n" in written
+    assert shown.replace(str(default_dir), "X") == written.replace(str(tmp_path / "out"), "X")\
+        .replace(f"{written_by} -o X\n", f"{written_by}\n")  # fmt: skip
     assert "\x1b[" not in shown  # not a TTY: no colour codes
 
 
@@ -110,3 +115,22 @@ def test_console_script_is_installed():
     hpcrl = Path(sys.executable).parent / "hpcrl"
     result = subprocess.run([str(hpcrl), "--version"], capture_output=True, text=True, timeout=60)
     assert result.stdout.startswith("hpcrl ")
+
+
+def test_render_into_a_folder_writes_the_command_with_its_folder(tmp_path, capsys):
+    assert main(["render", "grpo-tiny-1n-cpu", "-c", "local", "-o", "mine", "grpo.seed=3"]) == 0
+    out = capsys.readouterr().out
+    folder = tmp_path / "mine"
+    command = f"grpo-tiny-1n-cpu --cluster local grpo.seed=3 -o {folder}"
+    assert f"# Written by: hpcrl render {command}\n" in (folder / "job.sbatch").read_text()
+    assert f"Submit with: hpcrl submit {command}\n" in out
+
+
+def test_a_profile_given_by_path_plans_on_its_file_name(tmp_path, capsys):
+    profile = tmp_path / "site" / "mybox.yaml"
+    profile.parent.mkdir()
+    profile.write_text("defaults: local.yaml\n")  # the shipped local, found by name
+    assert main(["validate", "grpo-tiny-1n-cpu", "--cluster", str(profile)]) == 0
+    out = capsys.readouterr().out
+    assert "grpo-tiny-1n-cpu on mybox" in out
+    assert "OK: grpo-tiny-1n-cpu plans on mybox; nothing was written." in out

@@ -259,7 +259,7 @@ def test_two_renders_of_one_folder_at_once_both_succeed_one_after_the_other(tmp_
     }  # fmt: skip
     assert steps["recipe.resolved.yaml"].strip()[-1] == steps["manifest.json"].strip()[-2]
     plan = read_jobspec(tmp_path / "run")  # the plan is that same render's, and whole
-    assert f"grpo.max_num_steps={steps['recipe.resolved.yaml'].strip()[-1]}" in plan.render_argv
+    assert f"grpo.max_num_steps={steps['recipe.resolved.yaml'].strip()[-1]}" in plan.written_by
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
         ".hpcrl.lock", "auth", "job.sbatch", "jobspec.json", "manifest.json",
         "recipe.resolved.yaml",

@@ -7,7 +7,8 @@ is REQUEUED again; the third attempt resumes from the last checkpoint and COMPLE
 attempt's end is named in one line (what, where, after which step, which log), and the
 metrics equal those of an uninterrupted run of the same seed, step for step.
 
-The same job is the suite's real two-node training run: GRPO across the nodes learns.
+The same job is the suite's real two-node training run: GRPO across the nodes learns (and the
+shipped 2-node CPU recipe's submit test, tests/shipped_cpu_recipes.py).
 
 A Python exception in a worker (a Ray actor) on node 2 is named by rank, node and exception.
 (The driver killed by SIGKILL, as the OOM killer does: tests/submit/test_slurm_jobs.py.)
@@ -29,6 +30,7 @@ import yaml
 from hpcrl.causes import read_causes
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.status_view import ListedRun, run_statuses
+from tests.shipped_cpu_recipes import assert_finite_steps
 from tests.slurm.harness import wait_no_job_processes, wait_sacct_states
 from tests.submit import failing_workers
 from tests.submit.jobs_harness import (
@@ -187,6 +189,7 @@ def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupt
     assert f"done: job {job_id} COMPLETED, exit code 0" in output
     assert "training step" in output  # --wait showed the progress it saw
     assert_matches_the_uninterrupted_run(metrics(run), metrics(tmp_path / "straight"))
+    assert_finite_steps(metrics(run), NUM_STEPS, "grpo")  # the shipped 2-node recipe's check
     (shown,) = run_statuses([ListedRun(name="run", path=run)])
     assert (shown.state, shown.attempts, shown.step) == ("COMPLETED", 3, NUM_STEPS)
     assert shown.cause == lost.titled_line()

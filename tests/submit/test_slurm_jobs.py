@@ -7,6 +7,7 @@ job's nodes, and a test driver (tests/submit/drivers.py) stands in for training.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +19,9 @@ import pytest
 import yaml
 
 from hpcrl.config.port_bands import band_ports
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.submit.job_record import JobRecord, read_job_record
 from hpcrl.submit.job_state import query_status, rebuild_job
+from hpcrl.submit.submission import slurm_cluster_name
 from tests.slurm.harness import (
     NETNS_NODE_IPS,
     cluster_mode,
@@ -53,6 +55,8 @@ def test_two_node_job_runs_the_rendered_script_and_ray_spans_both_nodes(tmp_path
     assert result.returncode == 0, output_of(result)
     record = read_job_record(run)
     assert (record.executor, record.num_tasks) == ("slurm", 2)
+    # kept with the job id: a record is matched to its own job (tests/submit/test_job_identity.py)
+    assert record.slurm_cluster is not None and record.slurm_cluster == slurm_cluster_name()
     # submitit's private hook still applies: the script it submitted IS the rendered one
     submitted = Path(record.submitit_folder) / f"{record.job_id}_submission.sh"
     assert submitted.read_bytes() == (run / "job.sbatch").read_bytes()
@@ -101,6 +105,30 @@ def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_l
     status = hpcrl(["status", str(run)], tmp_path, job_env())
     assert "driver killed by signal 9 (SIGKILL: out of memory?)" in status.stdout, output_of(status)
     wait_no_job_processes(record.job_id)
+    assert_resume_runs_the_next_attempt(run, record, tmp_path)
+
+
+def assert_resume_runs_the_next_attempt(run: Path, first: JobRecord, tmp_path: Path) -> None:
+    """hpcrl resume submits the same run folder again as its next attempt. The test driver
+    saves no checkpoints: a folder named as the real driver's stands in for one it would
+    have left (the real driver's resume: tests/submit/test_resume_rerun.py)."""
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    resumed = hpcrl(["resume", str(run), "--wait"], tmp_path,
+                    job_env("tests.submit.drivers:write_metrics"))  # fmt: skip
+    assert resumed.returncode == 0, output_of(resumed)
+    assert f"as attempt 2; job {first.job_id} had ended FAILED" in resumed.stdout
+    record = read_job_record(run)
+    assert record.job_id != first.job_id and record.earlier_job_ids == (first.job_id,)
+    wait_sacct_states(record.job_id, ["COMPLETED"])
+    # Its own submitit files, its attempt numbered after the first job's, logs apart.
+    banner = f"===== hpcrl attempt 2 · job {record.job_id} · node 0 ("
+    assert banner in (run / "submitit" / f"{record.job_id}_0_log.out").read_text()
+    assert sorted(p.name for p in (run / "logs" / "node0").iterdir()) == ["attempt0", "attempt1"]
+    status = hpcrl(["status", str(run), "--json"], tmp_path, job_env())
+    (row,) = json.loads(status.stdout)
+    assert (row["state"], row["attempts"]) == ("COMPLETED", 2), status.stdout
+    # the first attempt's cause is still there, under its own number
+    assert row["cause"] is None or row["cause"].startswith("attempt 1: driver killed")
 
 
 def test_cancel_stops_a_running_job(tmp_path: Path) -> None:

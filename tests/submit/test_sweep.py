@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.config import ConfigError
+from hpcrl.render.script import render_sbatch
 from hpcrl.submit.sweep import (
     SweepError,
     SweepRecord,
@@ -16,7 +17,7 @@ from hpcrl.submit.sweep import (
     sweep_hash,
     write_sweep_record,
 )
-from hpcrl.submit.sweep_launch import plan_sweep
+from hpcrl.submit.sweep_launch import plan_sweep, sweep_argv, sweep_name
 
 REPO = Path(__file__).resolve().parents[2]
 MEGATRON_RECIPE = str(REPO / "recipes" / "grpo-tiny-1n-cpu-megatron.yaml")
@@ -83,7 +84,9 @@ def test_flagship_sweep_plans_every_point_as_one_array(tmp_path: Path) -> None:
     spec = planned.array_spec
     assert spec.array_size == 4 and spec.run_dir == str(tmp_path / "sw")
     assert dict(spec.sbatch_directives)["array"] == "0-3%2"  # slurm-test: array_parallelism 2
-    assert dict(spec.sbatch_directives)["job-name"] == "sw"
+    assert dict(spec.sbatch_directives)["job-name"] == sweep_name(
+        MEGATRON_RECIPE, "slurm-test", OFFLOAD_ON, points
+    )
     # slurm-test leaves the Ray ports to each task's port band: tasks may share a node.
     assert "exclusive" not in dict(spec.sbatch_directives)
     fractions = [
@@ -137,3 +140,37 @@ def test_a_profile_with_named_ray_ports_gets_whole_nodes_per_task(tmp_path: Path
     assert "exclusive" in dict(planned.array_spec.sbatch_directives), (
         "tasks would share the named gcs_port on one node"
     )
+
+
+def test_a_sweep_is_named_after_its_recipe_and_its_scripts_after_the_sweep_command(tmp_path):
+    grid = [f"{FRACTION}=0.5,1.0"]
+    points = build_points(grid)
+    name = sweep_name(MEGATRON_RECIPE, "slurm-test", OFFLOAD_ON, points)
+    assert (
+        name
+        == f"grpo-tiny-1n-cpu-megatron-sweep-{sweep_hash(MEGATRON_RECIPE, 'slurm-test', OFFLOAD_ON, points)}"
+    )
+    out = tmp_path / "my-folder"  # -o: the folder's name is not the job's
+    argv = sweep_argv(MEGATRON_RECIPE, "slurm-test", OFFLOAD_ON, grid, [], out)
+    planned = plan_sweep(MEGATRON_RECIPE, "slurm-test", OFFLOAD_ON, points, out, written_by=argv)
+    assert dict(planned.array_spec.sbatch_directives)["job-name"] == name
+    assert [dict(p.spec.sbatch_directives)["job-name"] for p in planned.points] == [
+        f"{name}-point-0",
+        f"{name}-point-1",
+    ]
+    written_by = (
+        f"# Written by: hpcrl sweep {MEGATRON_RECIPE} --cluster slurm-test {' '.join(OFFLOAD_ON)} "
+        f"--grid {grid[0]} -o {out}\n# Run it with `hpcrl sweep` (same arguments)"
+    )
+    # The array script and every point's script name the sweep command, not point 0's render.
+    for spec in (planned.array_spec, *(p.spec for p in planned.points)):
+        assert written_by in render_sbatch(spec)
+
+
+def test_without_its_command_line_a_sweep_names_its_points_values():
+    points = build_points(["a=1,2", "b=x,y"])
+    planned_argv = sweep_argv("r.yaml", "c", ["k=v"], [], ["a=1,1,2,2", "b=x,y,x,y"])
+    from hpcrl.submit.sweep_launch import _points_argv
+
+    assert _points_argv("r.yaml", "c", ["k=v"], points) == planned_argv
+    assert build_points([], ["a=1,1,2,2", "b=x,y,x,y"]) == points

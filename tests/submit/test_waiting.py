@@ -313,3 +313,20 @@ def test_the_final_line_repeats_the_last_step_reward_and_loss(tmp_path: Path) ->
     assert console.file.getvalue() == (
         "done: job 41 COMPLETED, exit code 0 · step 12/12 · reward 0.5 · loss 0.25\n"
     )
+
+
+def test_a_resumed_runs_job_numbers_its_attempts_after_the_earlier_jobs() -> None:
+    from hpcrl.job.slurm_env import read_slurm_task
+
+    env = {"SLURM_RESTART_COUNT": "1", "SLURM_JOB_ID": "77", "SLURM_NODEID": "0"}
+    banner = attempt_banner(env, attempt_offset=2)  # the run's jobs before made 2 attempts
+    assert banner.startswith("===== hpcrl attempt 4 · job 77 · node 0 (")
+    # submitit's own start lines come before the first banner: they are that attempt's
+    parts = split_attempts(f"submitit INFO starting\n{banner}\nstep 5\n")
+    assert list(parts) == [4] and parts[4].startswith("submitit INFO starting\n")
+    task = read_slurm_task(
+        {**env, "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1", "HPCRL_ATTEMPT_OFFSET": "2"}
+    )
+    # logs/node0/attempt3/ (the run's 4th attempt); markers stay keyed by this job's attempt
+    assert (task.run_attempt, task.attempt_id) == (3, "77.1")
+    assert read_slurm_task({"SUBMITIT_LOCAL_JOB_ID": "9"}, requeue_count=0).run_attempt == 0

@@ -7,7 +7,7 @@ writes what the trainer would hand to the engines; the test in ``.venv-vllm`` lo
     python -m tests.vllm.megatron_export --out DIR [--tp 2]
 
 It builds ``tiny:qwen2-vllm`` (the vLLM-compatible tiny model) into ``DIR/hf``, sets up the
-real ``MegatronWorker`` (CPU patch layer and TE stand-in of tests/megatron) at the given TP,
+real ``MegatronWorker`` (hpcrl's CPU compatibility layer and TE placeholders) at the given TP,
 and writes ``DIR/before.safetensors`` (the weights as loaded) and ``DIR/after.safetensors``
 (after ``STEPS`` training steps), both through ``MegatronWorker.export_hf_weights`` — what
 every training worker hands its engine for a refit.

@@ -25,6 +25,12 @@ PREEMPTED_EXIT_CODE = 3
 _STEP_DIR_RE = re.compile(r"^step_(\d+)$")
 
 
+def checkpoint_folder(checkpoint_dir: str | None, run_dir: str | Path) -> Path:
+    """Where a run's checkpoints live: ``checkpointing.checkpoint_dir``, else
+    ``<run_dir>/checkpoints`` (the driver saves there; ``hpcrl resume`` looks there)."""
+    return Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / "checkpoints"
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
 

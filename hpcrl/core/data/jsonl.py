@@ -87,8 +87,3 @@ class EpochSampler:
 
     def restore(self, position: DataPosition) -> None:
         self.position = position
-
-
-def num_steps_in_epochs(num_rows: int, rows_per_step: int, num_epochs: int) -> int:
-    """Whole steps that fit in ``num_epochs`` passes over the data (at least 1)."""
-    return max(1, (num_rows * num_epochs) // rows_per_step)

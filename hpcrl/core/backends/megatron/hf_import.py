@@ -38,7 +38,8 @@ def make_converter(
     heartbeat_s: float = 30.0,
 ) -> Converter:
     """The converter ``ensure_megatron_checkpoint`` calls. ``prepare`` runs first in the
-    child (tests use it to install their CPU patch layer); production passes None."""
+    child: a CPU job's worker passes the CPU compatibility layer
+    (``cpu_compat.apply_for_process``), a GPU job None."""
     return functools.partial(
         convert_in_subprocess,
         model_overrides=dict(model_overrides),

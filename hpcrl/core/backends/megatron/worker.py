@@ -1,6 +1,7 @@
 """``MegatronWorker``: one rank of the Megatron backend (``hpcrl.core.backends.base``).
 
-Setup order (the contract's): env_vars exported → Transformer-Engine-only settings refused
+Setup order (the contract's): on a CPU job, the CPU compatibility layer entered (it is left
+in ``close``; ``cpu_compat.py``) → env_vars exported → Transformer-Engine-only settings refused
 where TE is absent → parallel state → one-time HF→Megatron conversion (rank 0; the others
 wait) → provider with recipe fields and ``model_overrides`` → model (megatron DDP) →
 weights loaded from the conversion (parallel reads if asked) → optimizer and scheduler →
@@ -9,6 +10,7 @@ manual GC switched on last, so the first manual collection frees setup's garbage
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -62,15 +64,13 @@ def refuse_logit_processing(model_path: str) -> None:
 class MegatronWorker:
     """One rank of the Megatron backend; every method is called on all ranks together."""
 
-    # Runs first in the spawned HF→Megatron converter; tests set their CPU patch layer here.
-    converter_prepare: Callable[[], None] | None = None
-
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         from megatron.core import parallel_state as ps
 
         from hpcrl.core.backends.megatron.manual_gc import manual_gc_for
 
         self.recipe, self.rank_info, self.model_path = recipe, rank_info, model_path
+        self._cpu_compat = _enter_cpu_compat(rank_info.device)
         self.distribution = training_distribution(recipe)
         cfg = self.cfg = recipe.policy.megatron_cfg
         os.environ.update(cfg.env_vars)
@@ -126,7 +126,7 @@ class MegatronWorker:
         # The planner resolves it for every Megatron recipe; the driver passes it on.
         assert root is not None, "RankInfo.megatron_checkpoint_dir is unset (no plan?)"
         convert = hf_import.make_converter(
-            self.cfg.model_overrides, prepare=type(self).converter_prepare
+            self.cfg.model_overrides, prepare=_converter_prepare(self.rank_info.device)
         )
         return ensure_megatron_checkpoint(
             self.recipe.policy.model_name,
@@ -284,3 +284,26 @@ class MegatronWorker:
         self._bridge = None
         parallel_state.destroy_model_parallel()
         release_writer_results_queue()
+        self._cpu_compat.close()  # last: the teardown above still runs megatron-core code
+
+
+def _enter_cpu_compat(device: str) -> contextlib.ExitStack:
+    """The CPU compatibility layer for this worker's life when the plan's device is CPU
+    (megatron-core hard-codes CUDA in a few places); nothing on GPUs. ``close`` leaves it."""
+    stack = contextlib.ExitStack()
+    if device == "cpu":
+        from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+        from hpcrl.core.backends.megatron.cpu_compat import cpu_compat
+
+        import_bridge()
+        stack.enter_context(cpu_compat())
+    return stack
+
+
+def _converter_prepare(device: str) -> Callable[[], None] | None:
+    """What the spawned HF→Megatron converter runs first: the CPU layer on a CPU job."""
+    if device != "cpu":
+        return None
+    from hpcrl.core.backends.megatron.cpu_compat import apply_for_process
+
+    return apply_for_process

@@ -1,25 +1,27 @@
-"""Test-only patch layer that lets megatron-core (0.16 and 0.19) train on CPU with gloo.
+"""The Megatron backend on CPU: a scoped compatibility layer for megatron-core over gloo.
 
 megatron-core is written for GPUs: a handful of code paths hard-code CUDA (device strings,
 ``torch.cuda.current_device()``, CUDA RNG state, ``Tensor.type()`` names). Everything else
 (process groups, TP/PP/DP layers, DDP grad buffers, the distributed optimizer, the pipeline
 schedules, dist_checkpointing) runs on CPU tensors over gloo once those few calls are
-redirected. This module is the smallest such redirection; it lives in tests only, production
-code never imports it.
+redirected. This module is the smallest such redirection. It is used only where the job's
+device is CPU (``JobSpec.device``, handed to every rank as ``RankInfo.device``): the
+Megatron worker enters it in ``setup`` and leaves it in ``close`` (``cpu_compat()``), and
+the spawned HF→Megatron converter of a CPU job applies it for its short life
+(``apply_for_process``). GPU jobs never touch it, and importing this module changes nothing.
 
 Each patch is a ``CpuPatch`` that names the megatron-core code that needs it and the exact
-source fragment it works around. ``cpu_patches()`` first checks every fragment is still
-present in the installed megatron-core and stops with "patch X no longer applies to
-megatron-core <ver>" if not, so an upgrade fails loudly instead of silently running
-unpatched (or needlessly patched) code. Written and checked for megatron-core 0.16.x and
-0.19.x (the lines CI and the GPU machine run; their patched code is the same).
-
-Apply with the ``megatron_cpu`` fixture (tests/megatron/conftest.py) or, in spawned worker
-processes, ``with cpu_patches(): ...``. Nothing is patched at import time.
+source fragment it works around. Entering the layer first checks the installed versions
+against ``SUPPORTED_PREFIXES`` and every fragment against the installed source, and stops
+with ``CpuCompatError`` (what was found, what is supported, the fix) otherwise, so an
+upgrade fails loudly instead of silently running unpatched (or needlessly patched) code.
+Written and checked for megatron-core 0.16.x and 0.19.x (the lines CI and the GPU machine
+run; their patched code is the same). The job's preflight refuses other versions for CPU
+Megatron jobs before Ray starts (``hpcrl/plan/requirements.py``, same lines).
 
 The TP>1 load fix of megatron-bridge lives here too (``bridge_contiguous_scatter``): a real
 bug, not a CPU redirection, that only bites on gloo, in megatron-bridge 0.3.x (0.6.x makes the
-pieces contiguous itself: the patch applies to 0.3.x only). Applying the layer imports the
+pieces contiguous itself: the patch applies to 0.3.x only). Entering the layer imports the
 bridge (with hpcrl's Transformer Engine placeholders, ``bridge_compat.py``).
 """
 
@@ -30,12 +32,14 @@ import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 # Release lines the patches were written and checked against ("0.16." matches 0.16.x):
 # 0.16/0.3 install on Python 3.11 (CI), 0.19/0.6 need 3.12 (the GPU machine's stack).
+# hpcrl/plan/requirements.py states the same lines for the preflight (a test holds them equal).
 SUPPORTED_PREFIXES = {"megatron-core": ("0.16.", "0.19."), "megatron-bridge": ("0.3.", "0.6.")}
 _PIP_LINES = {
     "megatron-core": "Python 3.11: `pip install 'megatron-core==0.16.*'`; Python 3.12: "
@@ -173,13 +177,14 @@ PATCHES = (
 )
 
 
-class PatchNoLongerApplies(RuntimeError):
-    """megatron-core changed under a patch: review the patch before running tests."""
+class CpuCompatError(RuntimeError):
+    """The installed megatron-core/bridge is not what the layer was written for: the message
+    says what was found, what is supported, and the fix."""
 
 
-def _resolve(dotted: str) -> object:
+def _resolve(dotted: str) -> Any:
     module_name, _, qualname = dotted.partition(":")
-    target: object = importlib.import_module(module_name)
+    target: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
     return target
@@ -201,15 +206,19 @@ def check_versions(versions: dict[str, str]) -> None:
         prefixes = SUPPORTED_PREFIXES[package]
         if not version.startswith(prefixes):
             supported = " and ".join(f"{prefix}x" for prefix in prefixes)
-            raise PatchNoLongerApplies(
-                f"tests/megatron/cpu_patches.py supports {package} {supported} only, found "
-                f"{version}. To run the Megatron CPU tests, install a supported version "
-                f"({_PIP_LINES[package]}; docs/megatron.md, Install). To move the "
-                f"tests to {package} {version} instead: for every patch in PATCHES with "
-                f"package={package!r}, re-read each `requires` function in the new source, "
-                f"update the patch and its fragments until check_patches_apply() passes and "
-                f"tests/megatron passes, then set SUPPORTED_PREFIXES[{package!r}] in "
-                f"tests/megatron/cpu_patches.py."
+            raise CpuCompatError(
+                f"the Megatron backend runs on CPU through hpcrl's compatibility layer "
+                f"(hpcrl/core/backends/megatron/cpu_compat.py), which supports {package} "
+                f"{supported} only; this Python has {package} {version}. Fix: install a "
+                f"supported version in the job's environment ({_PIP_LINES[package]}; "
+                f"docs/megatron.md, Install), or run the job on GPUs (a profile with "
+                f"device: gpu), where the layer is not used. To move the layer to {package} "
+                f"{version} instead: for every patch in PATCHES with package={package!r}, "
+                f"re-read each `requires` function in the new source, update the patch and "
+                f"its fragments until check_patches_apply() passes and tests/megatron "
+                f"passes, then set SUPPORTED_PREFIXES[{package!r}] in "
+                f"hpcrl/core/backends/megatron/cpu_compat.py and the matching row of "
+                f"hpcrl/plan/requirements.py."
             )
 
 
@@ -231,11 +240,11 @@ def check_patches_apply() -> None:
             try:
                 source = inspect.getsource(_resolve(consumer))
             except (AttributeError, ImportError) as err:
-                raise PatchNoLongerApplies(
+                raise CpuCompatError(
                     f"patch {patch.name} no longer applies to {version}: {consumer} is gone ({err})"
                 ) from err
             if fragment not in source:
-                raise PatchNoLongerApplies(
+                raise CpuCompatError(
                     f"patch {patch.name} no longer applies to {version}: "
                     f"{consumer} no longer contains {fragment!r}"
                 )
@@ -264,6 +273,12 @@ class _CudaOnCpuMode(TorchFunctionMode):
             name = func(*args)
             return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
         return func(*args, **kwargs)
+
+
+def _active_on_this_thread() -> bool:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return any(isinstance(mode, _CudaOnCpuMode) for mode in _get_current_function_mode_stack())
 
 
 def _cpu_rng_add(self, name: str, seed: int) -> None:
@@ -343,7 +358,12 @@ def _apply(skip: frozenset[str] = frozenset()) -> Callable[[], None]:
     """Apply every patch not in ``skip`` (checked first); returns the function that undoes them.
 
     ``skip`` exists for tests that prove a patch is still needed; the two patches served by
-    the TorchFunctionMode (cuda_device_strings, cuda_type_names) cannot be skipped."""
+    the TorchFunctionMode (cuda_device_strings, cuda_type_names) cannot be skipped. Where the
+    layer is already on (its mode is on this thread's stack: a worker set up inside a test
+    rank that applied it, or a second worker in one process) nothing more is applied and the
+    outer application, with its ``skip``, stays in charge."""
+    if _active_on_this_thread():
+        return lambda: None
     check_patches_apply()
     assert not skip & {"cuda_device_strings", "cuda_type_names"}, "mode patches are not skippable"
     replacements = _replacements(skip)
@@ -362,8 +382,10 @@ def _apply(skip: frozenset[str] = frozenset()) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def cpu_patches(skip: frozenset[str] = frozenset()) -> Iterator[None]:
-    """Apply every patch (but ``skip``) for the duration of the block (checked first, undone after)."""
+def cpu_compat(skip: frozenset[str] = frozenset()) -> Iterator[None]:
+    """megatron-core on CPU for the duration of the block: every patch but ``skip`` (checked
+    first, undone after). Enter and leave it on one thread: the TorchFunctionMode is the
+    thread's."""
     undo = _apply(skip)
     try:
         yield
@@ -371,6 +393,10 @@ def cpu_patches(skip: frozenset[str] = frozenset()) -> Iterator[None]:
         undo()
 
 
-def apply_for_process_lifetime(skip: frozenset[str] = frozenset()) -> None:
-    """In a spawned child that exits after its work: apply (all but ``skip``) and never undo."""
+def apply_for_process(skip: frozenset[str] = frozenset()) -> None:
+    """In a spawned child of a CPU job that exits after its work (the HF→Megatron converter, a
+    test rank): imports the bridge, applies every patch but ``skip``, never undoes them."""
+    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+
+    import_bridge()
     _apply(skip)

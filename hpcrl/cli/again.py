@@ -1,0 +1,119 @@
+"""``hpcrl resume`` and ``hpcrl rerun``: a run again.
+
+``resume RUN``: the same run folder, its next attempt, from its last checkpoint
+(``hpcrl.submit.resumption``). ``rerun RUN [KEY=VALUE ...]``: a new run from the run's
+resolved recipe (``recipe.resolved.yaml``: what it ran, whatever happened to the recipe file
+since), with overrides on top, on the same profile unless ``--cluster`` names another.
+Stages are imported inside the commands so that ``hpcrl --help`` stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcrl.cli.prepare import folder_path
+
+if TYPE_CHECKING:
+    from hpcrl.cli.prepare import Prepared
+
+
+def register(subparsers: Any) -> None:
+    resume = subparsers.add_parser(
+        "resume", help="continue a run in its folder from its last checkpoint (next attempt)",
+        description="Submit a run's job again, in the same run folder, as its next attempt: "
+        "the driver restores the newest checkpoint; each attempt's logs stay apart.",
+    )  # fmt: skip
+    resume.add_argument("run", metavar="RUN", help="run folder (a sweep's point-<i> folder)")
+    resume.add_argument(
+        "--wait", action="store_true", help="follow the job and exit with its exit code"
+    )
+    resume.set_defaults(func=run_resume)
+
+    rerun = subparsers.add_parser(
+        "rerun", help="a new run from a run's resolved recipe (+ overrides)",
+        description="Plan and submit a new run from RUN/recipe.resolved.yaml with the overrides "
+        "given, on RUN's cluster profile unless --cluster names another.",
+    )  # fmt: skip
+    rerun.add_argument("run", metavar="RUN", help="run folder (a sweep's point-<i> folder)")
+    rerun.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help="overrides on top of RUN's recipe"
+    )
+    rerun.add_argument(
+        "-c", "--cluster", metavar="PROFILE", help="cluster profile (default: RUN's profile)"
+    )
+    rerun.add_argument(
+        "-o", "--out", metavar="DIR", help="run folder (default: beside RUN, named as submit does)"
+    )
+    rerun.add_argument(
+        "--wait", action="store_true", help="follow the job and exit with its exit code"
+    )
+    rerun.set_defaults(func=run_rerun)
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    from hpcrl.cli.jobs import _console, _shown, max_steps, print_submitted
+    from hpcrl.config import load_recipe
+    from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
+    from hpcrl.submit.resumption import resume_run
+    from hpcrl.submit.sweep import is_sweep_dir
+
+    run_dir = folder_path(args.run)
+    _refuse_sweep(run_dir, is_sweep_dir(run_dir), "resume")
+    point, record = resume_run(run_dir)
+    console = _console()
+    console.print(
+        f"Resuming {_shown(run_dir)} from its checkpoint of step {point.checkpoint_step} "
+        f"({point.checkpoint}) as attempt {point.attempt_offset + 1}; job "
+        f"{point.previous.job_id} had ended {point.previous_status.state}",
+        markup=False, soft_wrap=True,
+    )  # fmt: skip
+    print_submitted(console, record, run_dir)
+    if not args.wait:
+        return 0
+    from hpcrl.submit.waiting import wait_for_job
+
+    recipe = load_recipe(run_dir / RESOLVED_RECIPE_NAME).recipe
+    return wait_for_job(run_dir, record, console, max_steps(recipe)).exit_code
+
+
+def run_rerun(args: argparse.Namespace) -> int:
+    from hpcrl.cli.jobs import prepare_fresh, submit_prepared
+    from hpcrl.cli.prepare import prepare
+    from hpcrl.submit.run_source import read_run_source
+    from hpcrl.submit.sweep import is_sweep_dir
+
+    run_dir = folder_path(args.run)
+    _refuse_sweep(run_dir, is_sweep_dir(run_dir), "rerun")
+    source = read_run_source(run_dir)
+    cluster = args.cluster or source.profile_source
+    # Beside the run; a sweep point's reruns go beside the sweep, not into it.
+    runs_dir = run_dir.parent.parent if is_sweep_dir(run_dir.parent) else run_dir.parent
+
+    def prepare_into(out: str | None) -> Prepared:
+        written_by = (
+            "hpcrl", "rerun", str(run_dir), *args.overrides,
+            *(("--cluster", args.cluster) if args.cluster else ()),
+            *(("-o", str(folder_path(out))) if out is not None else ()),
+        )  # fmt: skip
+        return prepare(
+            str(source.resolved_recipe), cluster, args.overrides, out=out, runs_dir=runs_dir,
+            for_submission=True, recipe_source=source.recipe_source, written_by=written_by,
+            provenance={"rerun_of": str(run_dir)},
+        )  # fmt: skip
+
+    prepared = prepare_fresh(prepare_into, args.out)
+    return submit_prepared(prepared, args.wait, "hpcrl rerun")
+
+
+def _refuse_sweep(path: Path, is_sweep: bool, command: str) -> None:
+    if is_sweep:
+        from hpcrl.submit.job_record import RunFolderError
+        from hpcrl.submit.sweep import read_sweep_record
+
+        points = ", ".join(p.run_dir_name for p in read_sweep_record(path).points)
+        raise RunFolderError(
+            f"{path} is a sweep; hpcrl {command} takes one run",
+            fix=f"give one point folder ({points})",
+        )

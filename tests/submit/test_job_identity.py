@@ -1,0 +1,123 @@
+"""A job record is matched to the scheduler's job by id *and* submit time (and cluster):
+job ids repeat, so a record of the same id from another job is STALE, never another job's
+state; requeued attempts of the job still count as its own. Local pids repeat too.
+
+sacct's answers here are given as text in sacct's own format (``SLURM_TIME_FORMAT=%s``);
+the real cluster's are in tests/submit/test_slurm_job_identity.py."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import pytest
+
+from hpcrl.submit import job_state
+from hpcrl.submit.job_record import JobRecord
+
+SUBMITTED = "2026-11-29T10:00:00+00:00"
+T0 = int(datetime.datetime.fromisoformat(SUBMITTED).timestamp())
+HEADER = "|".join(job_state.SACCT_FIELDS)
+
+
+def record(**changes: object) -> JobRecord:
+    fields: dict = dict(
+        executor="slurm", job_id="41", job_name="j", cluster="c", submitit_folder="/x/submitit",
+        num_tasks=1, submitted_at=SUBMITTED, max_requeues=1, slurm_cluster="hpcrl",
+    )  # fmt: skip
+    return JobRecord(**{**fields, **changes})
+
+
+class Sacct:
+    def __init__(self, rows: list[str]) -> None:
+        self.rows, self.envs = rows, []
+
+    def __call__(self, command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        self.envs.append(kwargs.get("env"))
+        text = HEADER + "\n" + "".join(row + "\n" for row in self.rows)
+        return subprocess.CompletedProcess(command, 0, text, "")
+
+
+def status_of(rec: JobRecord, rows: list[str]) -> job_state.JobStatus:
+    sacct = Sacct(rows)
+    (status,) = job_state.query_statuses([rec], job_state.SacctWatcher(run=sacct))
+    assert sacct.envs[0]["SLURM_TIME_FORMAT"] == "%s"  # epoch seconds: no time zone to guess
+    return status
+
+
+def row(state: str, submit: int, cluster: str = "hpcrl", exit_code: str = "0:0") -> str:
+    return f"41|{state}|{exit_code}|10|None|{submit}|{cluster}"
+
+
+def test_the_rows_of_an_older_job_of_the_same_id_are_not_this_ones() -> None:
+    older = row("COMPLETED", T0 - 86_400)  # job 41 of the cluster's life before
+    assert status_of(record(), [older, row("RUNNING", T0 + 2)]).state == "RUNNING"
+    status = status_of(record(), [older])
+    assert status.state == "STALE" and status.is_final
+    assert status.stale == (
+        "the scheduler's job 41 is another job (submitted 2026-11-28T10:00:00+00:00 on cluster "
+        "hpcrl, COMPLETED); this run's job 41 was submitted 2026-11-29T10:00:00+00:00 on hpcrl "
+        "and is no longer on record (job ids began again, e.g. after the cluster was "
+        "reinstalled)"
+    )
+
+
+def test_a_newer_job_of_the_same_id_does_not_lend_this_run_its_state() -> None:
+    # This run's job never ran (the cluster was reset); a new job 41 completed since.
+    status = status_of(record(), [row("COMPLETED", T0 + 3 * 86_400)])
+    assert (status.state, status.exit_code) == ("STALE", None)
+
+
+def test_requeued_attempts_count_as_the_job_and_a_later_job_after_its_end_does_not() -> None:
+    rows = [row("REQUEUED", T0 + 1), row("PREEMPTED", T0 + 400), row("RUNNING", T0 + 900)]
+    status = status_of(record(), rows)
+    assert (status.state, status.attempts) == ("RUNNING", 3)
+    rows = [row("FAILED", T0 + 1, exit_code="1:0"), row("COMPLETED", T0 + 5000)]
+    status = status_of(record(), rows)
+    assert (status.state, status.attempts, status.exit_code) == ("FAILED", 1, 1)
+
+
+def test_a_job_of_another_cluster_is_not_this_one() -> None:
+    assert status_of(record(), [row("COMPLETED", T0, cluster="other")]).state == "STALE"
+    # No cluster on record (written before hpcrl kept it): the submit time alone decides.
+    assert status_of(record(slurm_cluster=None), [row("COMPLETED", T0, "other")]).state == (
+        "COMPLETED"
+    )
+
+
+def test_right_after_submission_an_older_row_is_no_news_yet() -> None:
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    # sacct lags the controller: the new job 41 is not listed yet, the old one is
+    status = status_of(record(submitted_at=now), [row("COMPLETED", T0)])
+    assert (status.state, status.stale) == ("UNKNOWN", None)
+
+
+@pytest.fixture
+def fake_controller():
+    """A process whose command line reads like submitit's local controller (the check reads
+    /proc: cmdline and start time), started now."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "submitit.local._local"]
+    )
+    time.sleep(0.2)
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_a_reused_pid_is_not_this_local_jobs_controller(fake_controller, tmp_path: Path) -> None:
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    local = record(executor="local", job_id=str(fake_controller), slurm_cluster=None,
+                   submitit_folder=str(tmp_path / "submitit"), submitted_at=now)  # fmt: skip
+    assert job_state.query_status(local).state == "RUNNING"
+    # A record from a day ago whose pid now belongs to another controller: not running, and
+    # cancelling it must leave that other process alone.
+    old = attrs.evolve(local, submitted_at=SUBMITTED)
+    assert job_state.query_status(old).state == "FAILED"  # no result of its own, no controller
+    job_state.cancel_job(old)
+    os.kill(fake_controller, 0)  # still there
