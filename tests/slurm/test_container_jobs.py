@@ -187,9 +187,11 @@ def test_an_image_without_ray_fails_on_slurm_before_ray_naming_ray(images, image
     print(f"preflight failure: job {job_id} ran {elapsed} s (sacct ElapsedRaw)")
     # Failed before Ray: no node started it.
     assert not list((run / "logs").glob("node*/attempt0/ray.out"))
-    status = subprocess.run([str(HPCRL), "status", str(run)], env=shell, capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
-    assert "FAILED" in status.stdout and "ray is missing" in status.stdout, output_of(status)
+    # (--json: the table folds a long cause at a width that depends on the run's path)
+    status = subprocess.run([str(HPCRL), "status", "--json", str(run)], env=shell,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    (shown,) = json.loads(status.stdout)
+    assert shown["state"] == "FAILED" and "ray is missing" in shown["cause"], output_of(status)
 
 
 def test_an_image_with_ray_older_than_token_auth_is_refused_on_every_node_naming_the_fixes(

@@ -102,8 +102,10 @@ def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_l
     assert "[node0 attempt1 driver.log] [hpcrl " in output
     assert "running driver tests.submit.drivers:sleep_forever" in output
     wait_sacct_states(record.job_id, ["FAILED"])
-    status = hpcrl(["status", str(run)], tmp_path, job_env())
-    assert "driver killed by signal 9 (SIGKILL: out of memory?)" in status.stdout, output_of(status)
+    # (--json: the table folds a long cause at a width that depends on the run's path)
+    status = hpcrl(["status", "--json", str(run)], tmp_path, job_env())
+    (shown,) = json.loads(status.stdout)
+    assert "driver killed by signal 9 (SIGKILL: out of memory?)" in shown["cause"], output_of(status)
     wait_no_job_processes(record.job_id)
     assert_resume_runs_the_next_attempt(run, record, tmp_path)
 
