@@ -105,7 +105,8 @@ def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_l
     # (--json: the table folds a long cause at a width that depends on the run's path)
     status = hpcrl(["status", "--json", str(run)], tmp_path, job_env())
     (shown,) = json.loads(status.stdout)
-    assert "driver killed by signal 9 (SIGKILL: out of memory?)" in shown["cause"], output_of(status)
+    killed = "driver killed by signal 9 (SIGKILL: out of memory?)"
+    assert killed in shown["cause"], output_of(status)
     wait_no_job_processes(record.job_id)
     assert_resume_runs_the_next_attempt(run, record, tmp_path)
 
