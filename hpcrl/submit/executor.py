@@ -13,14 +13,19 @@ with the same file layout submitit uses (``<A>_<a>_submitted.pkl``, ``<A>_submis
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import shlex
+import types
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import submitit
 from submitit.core import utils as submitit_utils
+from submitit.local import local as submitit_local
 from submitit.slurm.slurm import SlurmJob
 
 from hpcrl.config.errors import UserError
@@ -35,6 +40,7 @@ _PRIVATE_HOOKS: tuple[tuple[type, str, tuple[str, ...]], ...] = (
     (submitit.SlurmExecutor, "_submit_command", ("self", "command")),
     (submitit.SlurmExecutor, "_submitit_command_str", ()),
     (submitit.LocalExecutor, "_submitit_command_str", ()),
+    (submitit.LocalExecutor, "_submit_command", ("self", "command")),
 )
 
 
@@ -205,3 +211,33 @@ class RenderedLocalExecutor(submitit.LocalExecutor):
     @property
     def _submitit_command_str(self) -> str:
         return shlex.join(["bash", str(self._script_path)])
+
+    def _submit_command(self, command: str) -> Any:
+        """submitit's own start of the job's controller, in a session of its own: a local
+        job outlives its terminal as a Slurm job does, so Ctrl-C on ``--wait`` (the
+        terminal's SIGINT reaches its whole foreground process group) detaches from the job
+        instead of interrupting it; ``hpcrl cancel`` signals the controller by pid."""
+        with _popen_in_new_session(submitit_local):
+            return super()._submit_command(command)
+
+
+@contextlib.contextmanager
+def _popen_in_new_session(module: Any) -> Iterator[None]:
+    """``module.subprocess.Popen`` starts its process in a new session while inside. submitit
+    starts the local controller through ``subprocess.Popen`` (``submitit.local.local``'s
+    ``start_controller``, no option for it): only that module's name is swapped, never the
+    ``subprocess`` module itself."""
+    real = module.subprocess
+    if not hasattr(real, "Popen"):
+        raise SubmititHookError(
+            f"hpcrl needs submitit=={PINNED_SUBMITIT_VERSION}: submitit.local.local no longer "
+            f"starts its controller through subprocess.Popen. Fix: pip install "
+            f"submitit=={PINNED_SUBMITIT_VERSION}"
+        )
+    members = {name: getattr(real, name) for name in dir(real) if not name.startswith("__")}
+    members["Popen"] = functools.partial(real.Popen, start_new_session=True)
+    module.subprocess = types.SimpleNamespace(**members)
+    try:
+        yield
+    finally:
+        module.subprocess = real

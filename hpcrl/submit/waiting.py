@@ -200,13 +200,8 @@ def _detached(
     console.print()
     for run_dir, record in open_runs:
         shown = _shown(run_dir)
-        local = (
-            " (a local job got this terminal's Ctrl-C too: hpcrl status says whether it still runs)"
-            if record.executor == "local"
-            else ""
-        )
         console.print(
-            f"detached: job {record.job_id} is still running{local}; follow with: hpcrl logs "
+            f"detached: job {record.job_id} is still running; follow with: hpcrl logs "
             f"{shown} -f (or hpcrl status {shown})",
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip

@@ -4,6 +4,9 @@ entrypoint and Ray (one local node); a test driver writes the metrics."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,19 +72,35 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_local_cancel_stops_the_job_and_its_ray(tmp_path: Path) -> None:
+def test_ctrl_c_detaches_from_a_local_job_and_cancel_stops_it_and_its_ray(tmp_path: Path) -> None:
+    """``submit --wait`` in a terminal of its own (a new session: its process group is the
+    foreground group that a terminal's Ctrl-C signals as a whole), Ctrl-C once the driver
+    runs: hpcrl detaches (130, no traceback) and the job, in a session of its own, runs on;
+    then ``hpcrl cancel`` stops it and its Ray."""
     run = tmp_path / "run"
-    args = ["submit", ONE_NODE_RECIPE, "--cluster", "local", "-o", str(run)]
+    args = ["submit", ONE_NODE_RECIPE, "--cluster", "local", "-o", str(run), "--wait"]
     env = job_env("tests.submit.drivers:sleep_forever", **own_ray_ports_env(os.getpid() % 30 + 30))
-    result = hpcrl(args, tmp_path, env)
-    assert result.returncode == 0, output_of(result)
-    record = read_job_record(run)
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "hpcrl.cli.main", *args], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    record = None
     try:
+        job_json = run / "job.json"
+        wait_for(lambda: job_json.exists() or waiting.poll() is not None, 120, "the submission")
+        record = read_job_record(run)
         sleeping = run / "sleeping"
         wait_for(
             lambda: sleeping.exists() or query_status(record).is_final, 180, "the driver to start"
         )
         assert sleeping.exists(), output_of(hpcrl(["logs", str(run)], tmp_path, job_env()))
+        controller = int(record.job_id)
+        assert os.getsid(controller) == controller != os.getsid(waiting.pid), "own session"
+        os.killpg(waiting.pid, signal.SIGINT)  # the terminal's Ctrl-C
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 130, f"{out}\n{err}"
+        assert f"detached: job {record.job_id} is still running" in out and "Traceback" not in err
+        assert query_status(record).state == "RUNNING", "Ctrl-C reached the job"
         ray_temp_dir = f"hpcrl-ray-local{record.job_id}"
         assert _processes_mentioning(ray_temp_dir), "Ray runs for the job"
         cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
@@ -92,7 +111,9 @@ def test_local_cancel_stops_the_job_and_its_ray(tmp_path: Path) -> None:
         assert _processes_mentioning(ray_temp_dir) == [], "cancel left Ray processes behind"
 
     finally:
-        cancel_job(record)  # a failed assertion must not leave the sleeping job behind
+        waiting.kill()
+        if record is not None:
+            cancel_job(record)  # a failed assertion must not leave the sleeping job behind
 
 
 @pytest.mark.slow
