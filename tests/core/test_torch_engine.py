@@ -272,3 +272,33 @@ def test_row_buckets_are_powers_of_two_and_their_halves_between() -> None:
         96,
         128,
     ]
+
+
+def test_prefill_pads_its_packed_tokens_to_one_multiple(qwen2) -> None:
+    """The per-token pieces of a prefill see a packed count rounded up to
+    PREFILL_TOKEN_MULTIPLE (one Triton specialisation for every GRPO length), while the
+    samples stay those of the unpadded prefill (greedy: the model's own continuation)."""
+    from hpcrl.core.generation import kv_cache
+
+    model, tokenizer = qwen2
+    ids = [tokenizer(p)["input_ids"] for p in ("What is 2+3? ", "Count: a b", "x")]
+    greedy = GenerationCfg(temperature=0.0, max_new_tokens=6)
+    engine = TorchEngine.from_hf_model(model)
+    seen: list[int] = []
+    pointwise = engine.decoder.pointwise
+    norm = pointwise.rms_norm
+    pointwise.rms_norm = lambda x, *rest: seen.append(x.shape[0]) or norm(x, *rest)
+    padded = _responses(engine.generate(ids, greedy, 0, stop_token_ids=()))
+    prefill_counts = [count for count in seen if count > 4]  # decode steps: 4 slots at most
+    assert prefill_counts and {c % kv_cache.PREFILL_TOKEN_MULTIPLE for c in prefill_counts} == {0}
+    assert sum(map(len, ids)) % kv_cache.PREFILL_TOKEN_MULTIPLE != 0, "the case pads"
+
+    original = kv_cache.PREFILL_TOKEN_MULTIPLE
+    try:
+        kv_cache.PREFILL_TOKEN_MULTIPLE = 1
+        unpadded = _responses(
+            TorchEngine.from_hf_model(model).generate(ids, greedy, 0, stop_token_ids=())
+        )
+    finally:
+        kv_cache.PREFILL_TOKEN_MULTIPLE = original
+    assert padded == unpadded

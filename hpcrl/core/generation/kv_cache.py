@@ -23,6 +23,11 @@ DecodeAttention = Literal["bmm", "sdpa"]
 
 # Masked attention scores: finite, so rows with nothing visible stay NaN-free.
 _MASKED_SCORE = -3.0e38
+#: A prefill chunk's packed token count is padded up to a multiple of this. The compiled
+#: pointwise pieces take that count as a dynamic size, and Triton specialises a kernel again
+#: when an integer argument's divisibility by 16 changes: on the H200 GRPO steps 3 and 4
+#: prefilled in 0.8-1.0 s against 0.03 s, with no new torch.compile graph (2026-12-01).
+PREFILL_TOKEN_MULTIPLE = 64
 
 
 def decode_attention(
@@ -161,7 +166,11 @@ class DecodeState:
         local_col = [width - n + t for n in lengths for t in range(n)]
         position = [t for n in lengths for t in range(n)]
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-        ids, slots, cols, pos = map(as_tensor, (flat, local_slot, local_col, position))
+        real = len(flat)
+        # Pad tokens (id 0 at position 0) only pass through the per-token pieces: attention
+        # and the cache see the real ones, and the logits read real rows only.
+        pad = [0] * (-real % PREFILL_TOKEN_MULTIPLE)
+        ids, slots, cols, pos = map(as_tensor, (flat + pad, local_slot, local_col, position + pad))
         key_valid = (
             torch.arange(width, device=device)[None] >= (width - as_tensor(lengths))[:, None]
         )
@@ -174,11 +183,12 @@ class DecodeState:
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = self.cache[layer, 0], self.cache[layer, 1]
-            keys[slots + first_slot, :, cols + window.start] = k
-            values[slots + first_slot, :, cols + window.start] = v
-            return _padded_attention(
-                q, keys[rows, :, window], values[rows, :, window], mask, slots, cols
+            keys[slots + first_slot, :, cols + window.start] = k[:real]
+            values[slots + first_slot, :, cols + window.start] = v[:real]
+            out = _padded_attention(
+                q[:real], keys[rows, :, window], values[rows, :, window], mask, slots, cols
             )
+            return torch.nn.functional.pad(out, (0, 0, 0, len(pad)))
 
         hidden = decoder.embed[ids]
         cos, sin = decoder.cos[pos][:, None], decoder.sin[pos][:, None]
