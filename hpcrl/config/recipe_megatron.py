@@ -1,0 +1,141 @@
+"""The recipe schema's Megatron section (``policy.megatron_cfg``): megatron-core's option
+names, as NeMo RL spells them. Part of ``hpcrl.config.recipe`` (which re-exports every name);
+frozen and keyword-only like the rest, cross-field rules in ``hpcrl.config.megatron_rules``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+frozen = attrs.frozen(kw_only=True)
+
+OffloadModule = Literal[
+    "attn_norm",
+    "qkv_linear",
+    "core_attn",
+    "attn_proj",
+    "mlp_norm",
+    "expert_fc1",
+    "moe_act",
+    "fused_group_mlp",
+]
+
+
+# --------------------------------------------------------------------------- megatron_cfg
+@frozen
+class MegatronOptimizerCfg:
+    """megatron-core OptimizerConfig subset (``policy.megatron_cfg.optimizer``)."""
+
+    optimizer: str = "adam"  # adam | sgd; a str so the rule can report a bad value with its fix
+    lr: float = 1e-5
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    bf16: bool = False
+    fp16: bool = False
+    params_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    sgd_momentum: float = 0.9
+    use_distributed_optimizer: bool = True
+    use_precision_aware_optimizer: bool = False
+    clip_grad: float = 1.0
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 0.0
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+
+
+@frozen
+class MegatronSchedulerCfg:
+    """megatron-core OptimizerParamScheduler settings (``policy.megatron_cfg.scheduler``)."""
+
+    start_weight_decay: float = 0.0
+    end_weight_decay: float = 0.0
+    weight_decay_incr_style: Literal["constant", "linear", "cosine"] = "constant"
+    lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = (
+        "constant"
+    )
+    lr_decay_iters: int | None = None
+    lr_warmup_iters: int = 0
+    lr_warmup_init: float = 0.0
+
+
+@frozen
+class DistributedDataParallelCfg:
+    """megatron-core DistributedDataParallelConfig subset."""
+
+    grad_reduce_in_fp32: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    average_in_collective: bool = False
+    use_custom_fsdp: bool = False
+    data_parallel_sharding_strategy: Literal[
+        "no_shard", "optim", "optim_grads", "optim_grads_params"
+    ] = "no_shard"
+
+
+@frozen
+class MegatronCheckpointCfg:
+    """How Megatron checkpoints are read and written (``policy.megatron_cfg.checkpoint``)."""
+
+    save_format: Literal["torch_dist"] = "torch_dist"
+    fully_parallel_save: bool = True
+    fully_parallel_load: bool = True
+    async_save: bool = False
+    parallel_read_threads: int = 1  # 1 = PyTorch's own FileSystemReader
+    # The distributed optimizer's state on disk (megatron-core's names): "dp_reshardable" keeps
+    # its buffers as they are (no gathers) and resumes at another DP size only;
+    # "fully_reshardable" gathers it over DP into model-space tensors at save and resumes at
+    # any TP/PP/DP (docs/megatron.md, "Training checkpoints").
+    optimizer_format: Literal["dp_reshardable", "fully_reshardable"] = "dp_reshardable"
+
+
+@frozen
+class MegatronCfg:
+    """Megatron backend: megatron-core through megatron-bridge (``policy.megatron_cfg``)."""
+
+    enabled: bool = False
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int = 1
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    sequence_parallel: bool = False
+    activation_checkpointing: bool = False
+    recompute_granularity: Literal["full", "selective"] | None = None
+    recompute_method: Literal["uniform", "block"] | None = None
+    recompute_num_layers: int | None = None
+    recompute_modules: tuple[str, ...] = ()
+    cpu_offloading: bool = False
+    cpu_offloading_num_layers: int = 0
+    fine_grained_activation_offloading: bool = False
+    offload_modules: tuple[str, ...] = ()  # names checked by rules (see OffloadModule)
+    cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
+    empty_unused_memory_level: int = 0
+    freeze_moe_router: bool = False
+    # MoE provider settings, NeMo RL's names; None/False: the provider's own value
+    moe_router_dtype: Literal["fp32", "fp64"] | None = None
+    moe_router_load_balancing_type: str | None = None
+    moe_router_bias_update_rate: float | None = None
+    moe_token_dispatcher_type: str | None = None
+    moe_permute_fusion: bool = False  # Transformer Engine only (switched off without it)
+    moe_shared_expert_overlap: bool = False
+    moe_per_layer_logging: bool = False
+    apply_rope_fusion: bool = False
+    bias_activation_fusion: bool = False
+    env_vars: dict[str, str] = attrs.field(factory=dict)
+    model_overrides: dict[str, Any] = attrs.field(factory=dict)  # provider fields; checked in-job
+    force_reconvert_from_hf: bool = False
+    manual_gc: bool = False
+    manual_gc_interval: Any = 0  # Any: the rule rejects bools and non-ints with a clear message
+    checkpoint: MegatronCheckpointCfg = attrs.field(factory=MegatronCheckpointCfg)
+    optimizer: MegatronOptimizerCfg = attrs.field(factory=MegatronOptimizerCfg)
+    scheduler: MegatronSchedulerCfg = attrs.field(factory=MegatronSchedulerCfg)
+    distributed_data_parallel_config: DistributedDataParallelCfg = attrs.field(
+        factory=DistributedDataParallelCfg
+    )
