@@ -6,19 +6,24 @@ problems the planner must report. Regenerate after an intended change with:
 
     HPCRL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/render -k golden
 
-and review the diff. Run folder and $HOME are fixed so the files are deterministic.
+and review the diff. Run folder and $HOME are fixed so the files are deterministic, and so is
+where the recipes lie: the planner checks a data file only where a container mount covers it
+(``slurm-test-pyxis`` mounts /tmp), so a checkout under /tmp and one elsewhere gave different
+problems. The recipes are read from a copy under /tmp, whatever the checkout's path.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from hpcrl.config import ConfigError, format_problems, list_recipes, load_profile, load_recipe
-from hpcrl.config.locate import shipped_profiles_dir
+from hpcrl.config.locate import shipped_profiles_dir, shipped_recipes_dir
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import GOLDEN_HOST, GOLDEN_RUN_DIR, isolate_from_user_profiles
@@ -37,14 +42,25 @@ def shipped_profiles() -> dict[str, Path]:
 PAIRS = [(recipe, profile) for recipe in list_recipes() for profile in shipped_profiles()]
 
 
+@pytest.fixture(scope="module")
+def recipes_copy():
+    """The shipped recipes (and their data) copied under /tmp itself, not $TMPDIR."""
+    root = Path(tempfile.mkdtemp(prefix="hpcrl-golden-", dir="/tmp"))
+    copy = root / "recipes"
+    shutil.copytree(shipped_recipes_dir(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    yield copy
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture
-def golden_environment(monkeypatch, tmp_path):
+def golden_environment(monkeypatch, tmp_path, recipes_copy):
     isolate_from_user_profiles(monkeypatch, tmp_path)
+    return recipes_copy
 
 
-def render_pair(recipe_name: str, profile_name: str) -> tuple[str, str]:
+def render_pair(recipe_name: str, profile_name: str, recipes_dir: Path) -> tuple[str, str]:
     """(suffix, text): the script, or the problems when the pair does not plan."""
-    loaded = load_recipe(recipe_name)
+    loaded = load_recipe(recipes_dir / f"{recipe_name}.yaml")
     profile = load_profile(shipped_profiles()[profile_name])
     try:
         spec = plan(
@@ -64,7 +80,7 @@ def render_pair(recipe_name: str, profile_name: str) -> tuple[str, str]:
     ("recipe_name", "profile_name"), PAIRS, ids=[f"{r}__{p}" for r, p in PAIRS]
 )
 def test_golden(recipe_name, profile_name, golden_environment):
-    suffix, text = render_pair(recipe_name, profile_name)
+    suffix, text = render_pair(recipe_name, profile_name, golden_environment)
     stem = f"{recipe_name}__{profile_name}"
     expected_path = GOLDEN_DIR / f"{stem}{suffix}"
     other_path = GOLDEN_DIR / f"{stem}{SUFFIXES[1 - SUFFIXES.index(suffix)]}"
@@ -120,7 +136,7 @@ def test_every_shipped_profile_renders_at_least_one_recipe():
 @pytest.mark.parametrize("ci_setting", [("CI", "true"), ("HPCRL_REQUIRE_SLURM", "1")])
 def test_golden_update_is_refused_under_ci(monkeypatch, golden_environment, tmp_path, ci_setting):
     recipe_name, profile_name = PAIRS[0]
-    suffix, text = render_pair(recipe_name, profile_name)
+    suffix, text = render_pair(recipe_name, profile_name, golden_environment)
     stale = tmp_path / f"{recipe_name}__{profile_name}{suffix}"
     stale.write_text(text + "# a line an update would remove\n")
     monkeypatch.setitem(globals(), "GOLDEN_DIR", tmp_path)
@@ -129,8 +145,8 @@ def test_golden_update_is_refused_under_ci(monkeypatch, golden_environment, tmp_
     monkeypatch.setenv(*ci_setting)
     monkeypatch.setenv("HPCRL_UPDATE_GOLDEN", "1")
     with pytest.raises(pytest.fail.Exception, match="HPCRL_UPDATE_GOLDEN=1 is refused under CI"):
-        test_golden(recipe_name, profile_name, None)
+        test_golden(recipe_name, profile_name, golden_environment)
     assert stale.read_text() == text + "# a line an update would remove\n"
     monkeypatch.delenv(ci_setting[0])  # the same call updates the file outside CI
-    test_golden(recipe_name, profile_name, None)
+    test_golden(recipe_name, profile_name, golden_environment)
     assert stale.read_text() == text
