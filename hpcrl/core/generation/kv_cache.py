@@ -219,7 +219,11 @@ def _padded_attention(
     """Packed queries [n, H, D] over one chunk's padded window of the cache; [n, H*D]."""
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    no_cudnn = [
+        SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH
+    ]  # fmt: skip
     rows, num_kv, width, head_dim = keys.shape
     num_heads = q.shape[1]
     group = num_heads // num_kv
@@ -228,5 +232,8 @@ def _padded_attention(
         values = values.repeat_interleave(group, dim=1)
     padded_q = torch.zeros((rows, num_heads, width, head_dim), dtype=q.dtype, device=q.device)
     padded_q[slots, :, cols] = q
-    out = F.scaled_dot_product_attention(padded_q, keys, values, attn_mask=mask[:, None])
+    # Not cuDNN's attention: it builds a graph per shape (hundreds of ms), and every GRPO
+    # step prefills at a new prompt width (benchmarks/prefill_attention_shapes.py).
+    with sdpa_kernel(no_cudnn):
+        out = F.scaled_dot_product_attention(padded_q, keys, values, attn_mask=mask[:, None])
     return out[slots, :, cols].reshape(q.shape[0], num_heads * head_dim)
