@@ -25,8 +25,9 @@ DecodeAttention = Literal["bmm", "sdpa"]
 _MASKED_SCORE = -3.0e38
 #: A prefill chunk's packed token count is padded up to a multiple of this. The compiled
 #: pointwise pieces take that count as a dynamic size, and Triton specialises a kernel again
-#: when an integer argument's divisibility by 16 changes: on the H200 GRPO steps 3 and 4
-#: prefilled in 0.8-1.0 s against 0.03 s, with no new torch.compile graph (2026-12-01).
+#: when an integer argument's divisibility by 16 changes. (Added for the H200's 0.8-1.3 s
+#: prefills at GRPO steps 3-4; those were cuDNN's attention building a graph per new width,
+#: see ``_padded_attention``, 2026-12-02.)
 PREFILL_TOKEN_MULTIPLE = 64
 
 
