@@ -152,8 +152,8 @@ def test_cancel_stops_a_running_job_and_a_sweep_with_its_resumed_point(tmp_path:
         wait_for(lambda: (point1 / "sleeping").exists(), 180, "point 1's driver to start")
         assert query_status(task1).state == "RUNNING"
         cancel = hpcrl(["cancel", str(point1)], tmp_path, job_env())
-        assert cancel.returncode == 0 and f"Cancelled job {array_id}_1" in cancel.stdout, (
-            output_of(cancel)
+        assert cancel.returncode == 0 and f"Cancelled job {array_id}_1" in cancel.stdout, output_of(
+            cancel
         )
         wait_for(lambda: query_status(task1).state == "CANCELLED", 30, "sacct to say CANCELLED")
         status = hpcrl(["status", str(point1), "--json"], tmp_path, job_env())

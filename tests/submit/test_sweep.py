@@ -176,8 +176,7 @@ def test_without_its_command_line_a_sweep_names_its_points_values():
     assert build_points([], ["a=1,1,2,2", "b=x,y,x,y"]) == points
 
 
-def test_a_sweep_warns_as_submitting_each_point_would_each_text_once(tmp_path, monkeypatch,
-                                                                     capfd):
+def test_a_sweep_warns_as_submitting_each_point_would_each_text_once(tmp_path, monkeypatch, capfd):
     """Every point's warnings (not only point 0's): the data running out at points 0 and 1
     only, named by point; the offline cache, the same for every point, once and unnamed; on
     Slurm (an array) and on the local profile (points one by one) alike."""
