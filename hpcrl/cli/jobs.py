@@ -211,11 +211,9 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
         for_submission=not args.no_submit, written_by=written_by,
     )  # fmt: skip
-    from hpcrl.cli.prepare import print_plan_warnings
     from hpcrl.files import run_folder_lock
 
-    # The profile's, e.g. ray_auth: none (a local sweep has no array job: its first point's).
-    print_plan_warnings(planned.array_spec or planned.points[0].spec)
+    _print_sweep_warnings(planned)
     if args.no_submit:
         with run_folder_lock(sweep_dir, command="hpcrl sweep --no-submit"):
             return _write_unsubmitted(planned)
@@ -245,6 +243,16 @@ def run_sweep(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     return _wait_sweep(sweep_dir, job_records, console)
+
+
+def _print_sweep_warnings(planned: PlannedSweep) -> None:
+    """What submitting each point alone would warn about, each text once (on stderr)."""
+    from hpcrl.config.errors import print_problems
+    from hpcrl.submit.sweep_launch import sweep_warnings
+
+    warnings = sweep_warnings(planned)
+    if warnings:
+        print_problems(warnings)
 
 
 def _write_unsubmitted(planned: PlannedSweep) -> int:

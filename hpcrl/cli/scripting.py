@@ -60,7 +60,7 @@ def mark_completions(parser: argparse.ArgumentParser) -> None:
                 mark_completions(subparser)
         elif action.dest in FOLDER_ARGS or action.dest in ("out", "runs_dir"):
             action.complete = FOLDER  # type: ignore[attr-defined]
-        elif action.dest in FILE_ARGS:
+        elif action.dest in FILE_ARGS and not action.option_strings:  # status --recipe: text
             action.complete = FILE  # type: ignore[attr-defined]
 
 

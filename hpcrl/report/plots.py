@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.files import write_file
-from hpcrl.report.axes import integer_ticks, point_style, swept_axis, value_axis
+from hpcrl.report.axes import PointStyle, integer_ticks, point_style, swept_axis, value_axis
 from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report, ReportRow
 
@@ -100,6 +100,16 @@ def _marked(row: ReportRow) -> bool:
     return bool(point_style(row.state, row.shared_node, "C0").why)
 
 
+def marks_legend(styles: list[PointStyle]) -> str:
+    """What the title says of the marks drawn: `` (red ×: failed, cancelled; hollow: shared a
+    node)``, each part only when a point has that mark; '' when none has."""
+    crossed = sorted({style.why for style in styles if style.why and style.marker == "X"})
+    hollow = any(style.why and style.facecolor == "none" for style in styles)
+    parts = [f"red ×: {', '.join(crossed)}"] if crossed else []
+    parts += ["hollow: shared a node"] if hollow else []
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def plot_vs_swept_value(report: Report, key: str, path: Path) -> Path:
     """One panel per summary metric against the swept value: a log axis for values spanning
     decades, categories for text; failed points crossed, points that shared a node hollow."""
@@ -108,8 +118,7 @@ def plot_vs_swept_value(report: Report, key: str, path: Path) -> Path:
     axis = swept_axis([row.swept_values.get(key, "") for row in report.rows])
     for panel, (title, attribute) in zip(panels.flat, SWEEP_PANELS, strict=True):
         _sweep_panel(panel, report, axis, title, attribute)
-    why = sorted({point_style(r.state, r.shared_node, "C0").why for r in report.rows} - {""})
-    legend = f" (× or hollow: {', '.join(why)})" if why else ""
+    legend = marks_legend([point_style(r.state, r.shared_node, "C0") for r in report.rows])
     figure.suptitle(f"{report.title}: metrics vs {key}{legend}", fontsize="small")
     figure.supxlabel(key + (" (log scale)" if axis.scale == "log" else ""), fontsize="small")
     figure.tight_layout()

@@ -6,6 +6,9 @@ Every line is printed with one prefix, the same with ``-f`` and without:
 
 - the attempt banner goes to the task's stdout and stderr (both must be split into
   attempts); it is shown from stderr only;
+- submitit's logger writes every record to stdout and, from WARNING up, to stderr too
+  (``submitit ERROR (...) - Submitted job triggered an exception``); those are shown from
+  stderr only;
 - the node entrypoint logs every line to ``node.log`` and to the task's stderr; when the
   task's stderr is shown, ``node.log`` is not (it stays on disk for grep).
 
@@ -36,6 +39,8 @@ from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 SUBMITIT_LABELS = ("stdout", "stderr")
 ATTEMPT_DIR = re.compile(r"attempt(?P<index>[0-9]+)/(?P<name>.+)")
+#: submitit's records that its logger also writes to stderr (its handler there: WARNING up).
+SUBMITIT_ON_BOTH = re.compile(r"submitit (?:WARNING|ERROR|CRITICAL) \(")
 
 
 def strip_ansi(text: str) -> str:
@@ -158,10 +163,13 @@ def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
 
 
 def prefixed_lines(run: LoggedRun, log: LogFile, text: str, keep_banner: bool) -> Iterator[str]:
-    """The lines of ``text`` with the view's prefix; stdout's attempt banners left out."""
+    """The lines of ``text`` with the view's prefix; what stdout shares with stderr (attempt
+    banners, submitit's warnings and errors) left out."""
     prefix = f"[{run.point + ' ' if run.point else ''}node{log.node} {label_of(log)}] "
     for line in text.splitlines(keepends=True):
-        if not keep_banner and log.label == "stdout" and ATTEMPT_BANNER_RE.match(line):
+        if log.label == "stdout" and (
+            (not keep_banner and ATTEMPT_BANNER_RE.match(line)) or SUBMITIT_ON_BOTH.match(line)
+        ):
             continue
         yield prefix + (line if line.endswith("\n") else line + "\n")
 

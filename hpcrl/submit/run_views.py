@@ -69,21 +69,9 @@ def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
 
 # --------------------------------------------------------------------------- cancel
 def cancel_run(path: Path, console: Console) -> int:
-    """Cancel a run's job; for a sweep folder, the whole array."""
+    """Cancel a run's job; for a sweep folder, the whole array and every point's own job."""
     if is_sweep_dir(path):
-        sweep = read_sweep_record(path)
-        if not sweep.points:
-            raise SweepError(f"{path}: the sweep has no points", fix="nothing to cancel")
-        first = read_job_record(path / sweep.points[0].run_dir_name)
-        if first.executor == "local":  # a local sweep: one job per point, not an array
-            for point in sweep.points:
-                if (path / point.run_dir_name / "job.json").is_file():
-                    cancel_run(path / point.run_dir_name, console)
-            return 0
-        record = attrs.evolve(first, job_id=first.array_job_id)
-        cancel_job(record)
-        console.print(f"Cancelled job array {record.job_id} ({len(sweep.points)} points) of {path}")
-        return 0
+        return _cancel_sweep(path, console)
     record = read_job_record(path)
     status = query_status(record)
     if status.is_final:
@@ -93,4 +81,25 @@ def cancel_run(path: Path, console: Console) -> int:
         return 0
     cancel_job(record)
     console.print(f"Cancelled job {record.job_id} ({path})")
+    return 0
+
+
+def _cancel_sweep(path: Path, console: Console) -> int:
+    """The array job, then each point whose job is no task of it: one ``hpcrl resume``
+    submitted as a job of its own (a local sweep's points are all such jobs)."""
+    sweep = read_sweep_record(path)
+    if not sweep.points:
+        raise SweepError(f"{path}: the sweep has no points", fix="nothing to cancel")
+    points = [path / point.run_dir_name for point in sweep.points]
+    records = {point: read_job_record(point) for point in points if (point / "job.json").is_file()}
+    if not records:
+        raise SweepError(f"{path}: no point of the sweep was submitted", fix="nothing to cancel")
+    array_id = sweep.array_job_id
+    if array_id is not None:
+        first = next(iter(records.values()))
+        cancel_job(attrs.evolve(first, job_id=array_id))
+        console.print(f"Cancelled job array {array_id} ({len(sweep.points)} points) of {path}")
+    for point, record in records.items():
+        if array_id is None or record.array_job_id != array_id:
+            cancel_run(point, console)
     return 0

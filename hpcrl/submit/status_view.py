@@ -73,7 +73,8 @@ def parse_age(text: str) -> float:
 
 def collect_run_dirs(paths: Sequence[Path], runs_dir: Path) -> list[ListedRun]:
     """The given folders, or every run under ``runs_dir``; a sweep folder stands for its
-    points (an unreadable sweep for itself: its row says why). A given folder that does not
+    points (an unreadable sweep for itself: its row says why), a folder of runs for the runs
+    in it. A given folder that does not
     exist is an error (RunFolderError), not a row."""
     for path in paths:
         if not path.exists():
@@ -81,14 +82,9 @@ def collect_run_dirs(paths: Sequence[Path], runs_dir: Path) -> list[ListedRun]:
                                  fix="give a run folder that hpcrl submit printed (hpcrl status "
                                  "without folders lists those under ./runs)")  # fmt: skip
     if not paths:
-        if not runs_dir.is_dir():
-            return []
-        paths = sorted(
-            path
-            for path in runs_dir.iterdir()
-            if any((path / name).exists() for name in ("job.json", "manifest.json"))
-            or is_sweep_dir(path)
-        )
+        paths = _runs_in(runs_dir)
+    else:  # a folder of runs given (hpcrl status runs/, ~/old-runs) stands for its runs
+        paths = [run for path in paths for run in (_runs_in(path) if _holds_runs(path) else [path])]
     found = []
     for path in paths:
         try:
@@ -107,6 +103,22 @@ def collect_run_dirs(paths: Sequence[Path], runs_dir: Path) -> list[ListedRun]:
                 for p in points
             ]
     return found
+
+
+def _is_run(path: Path) -> bool:
+    return any((path / name).exists() for name in ("job.json", "manifest.json"))
+
+
+def _runs_in(folder: Path) -> list[Path]:
+    """The run and sweep folders directly inside ``folder``, by name."""
+    if not folder.is_dir():
+        return []
+    return sorted(path for path in folder.iterdir() if _is_run(path) or is_sweep_dir(path))
+
+
+def _holds_runs(path: Path) -> bool:
+    """A folder that is no run or sweep itself but has some inside."""
+    return not _is_run(path) and not is_sweep_dir(path) and bool(_runs_in(path))
 
 
 def _manifest(run_dir: Path) -> dict[str, Any]:

@@ -28,7 +28,13 @@ from pathlib import Path
 
 import attrs
 
-from hpcrl.config import ConfigError, LoadedRecipe, Problem, load_profile, load_recipe
+from hpcrl.config import (
+    ConfigError,
+    LoadedRecipe,
+    Problem,
+    load_profile_with_warnings,
+    load_recipe,
+)
 from hpcrl.config.errors import raise_if_errors
 from hpcrl.config.load import check_secret_references
 from hpcrl.config.profile import ClusterProfile
@@ -61,6 +67,9 @@ class PlannedPoint:
     point: SweepPoint
     loaded: LoadedRecipe
     spec: JobSpec
+    #: what ``hpcrl submit`` of this point alone would warn about: loading (the recipe's and
+    #: the profile's), the plan's checks, the job's Hugging Face cache
+    warnings: tuple[Problem, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -102,7 +111,7 @@ def plan_sweep(
     ``hpcrl sweep ...`` command, written into every script of the sweep (default: built from
     the arguments, without -o). The array job is named ``<recipe>-sweep-<hash>`` (its points
     ``...-point-<i>``) wherever the folder is."""
-    profile = load_profile(cluster)
+    profile, profile_warnings = load_profile_with_warnings(cluster)
     # Array tasks take neighbouring Ray port bands (hpcrl.config.port_bands), so they may share
     # a node; a port the profile names is the same for every task, so then whole nodes each.
     if profile.ray_ports.named:
@@ -110,6 +119,7 @@ def plan_sweep(
     # One submitting side for all points: the same code bundle, beside the sweep folder.
     context = _PlanContext(
         profile=profile,
+        profile_warnings=tuple(profile_warnings),
         host=describe_submit_host(profile, bundles_dir_for(sweep_dir.parent)),
         for_submission=for_submission,
         name=sweep_name(recipe_source, cluster, overrides, points),
@@ -149,6 +159,7 @@ class _PlanContext:
     """What every point of a sweep is planned against."""
 
     profile: ClusterProfile
+    profile_warnings: tuple[Problem, ...]
     host: SubmitHost
     for_submission: bool
     name: str  # <recipe>-sweep-<hash>
@@ -184,8 +195,43 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
     )  # fmt: skip
     from hpcrl.plan.hf_cache import check_models_cached
 
-    raise_if_errors([p for p in check_models_cached(loaded.recipe, spec, os.environ) if p.is_error])
-    return PlannedPoint(point=point, loaded=loaded, spec=spec)
+    cache_problems = check_models_cached(loaded.recipe, spec, os.environ)
+    raise_if_errors([p for p in cache_problems if p.is_error])
+    warnings = (*loaded.warnings, *context.profile_warnings, *plan_warnings(spec), *cache_problems)
+    return PlannedPoint(point=point, loaded=loaded, spec=spec, warnings=warnings)
+
+
+def plan_warnings(spec: JobSpec) -> list[Problem]:
+    """The plan's warned checks as Problems (what ``print_problems`` shows)."""
+    return [
+        Problem(path=check.path or check.name, message=check.message, fix=check.fix,
+                severity="warning")
+        for check in spec.warnings
+    ]  # fmt: skip
+
+
+def sweep_warnings(planned: PlannedSweep) -> list[Problem]:
+    """Every point's warnings, each text once: one that every point has is shown as is, one
+    that only some have names them (``[sweep point 1: grpo.max_num_steps=300]``, or ``[sweep
+    points 0, 2]``). The array script's own (planned from point 0) count for every point."""
+    by_text: dict[str, tuple[Problem, list[int]]] = {}
+    for point in planned.points:
+        for warning in point.warnings:
+            by_text.setdefault(warning.format(), (warning, []))[1].append(point.point.index)
+    every = [point.point.index for point in planned.points]
+    if planned.array_spec is not None:
+        for warning in plan_warnings(planned.array_spec):
+            by_text.setdefault(warning.format(), (warning, every))
+    shown = []
+    for warning, indices in by_text.values():
+        if indices == every:
+            shown.append(warning)
+        elif len(indices) == 1:
+            shown.append(_at_point(warning, planned.points[indices[0]].point))
+        else:
+            where = ", ".join(str(index) for index in indices)
+            shown.append(attrs.evolve(warning, message=f"[sweep points {where}] {warning.message}"))
+    return shown
 
 
 def _at_point(problem: Problem, point: SweepPoint) -> Problem:

@@ -53,6 +53,17 @@ def test_points_that_did_not_complete_or_shared_a_node_are_marked() -> None:
     assert (plain.facecolor, plain.why) == ("C1", "")
 
 
+def test_the_title_says_what_each_mark_means() -> None:
+    from hpcrl.report.plots import marks_legend
+
+    styles = [point_style(state, shared, "C0") for state, shared in
+              (("FAILED", False), ("CANCELLED", True), ("COMPLETED", True), ("COMPLETED", False))]  # fmt: skip
+    assert marks_legend(styles) == " (red ×: cancelled, failed; hollow: shared a node)"
+    assert marks_legend(styles[2:]) == " (hollow: shared a node)"
+    assert marks_legend(styles[:1]) == " (red ×: failed)"
+    assert marks_legend(styles[3:]) == ""
+
+
 def test_step_axes_tick_whole_numbers_only() -> None:
     from hpcrl.report.plots import _pyplot
 

@@ -21,6 +21,8 @@ BANNER_1 = "===== hpcrl attempt 1 · job 41 · node 0 (n1) · 2026-11-29T10:00:0
 BANNER_2 = "===== hpcrl attempt 2 · job 41 · node 0 (n1) · 2026-11-29T10:05:00+00:00 =====\n"
 NODE_LINE_1 = "2026-11-29 10:00:01.000 node0 INFO node 0 of 1\n"
 NODE_LINE_2 = "2026-11-29 10:05:01.000 node0 INFO node 0 of 1\n"
+#: submitit's logger writes WARNING and up to both stdout and stderr (submitit/core/logger.py)
+SUBMITIT_ERROR = "submitit ERROR (2026-11-29 10:05:09,883) - Submitted job triggered an exception\n"
 
 
 def _record(run_dir: Path, job_id: str = "41") -> JobRecord:
@@ -38,9 +40,11 @@ def make_run(run_dir: Path, job_id: str = "41") -> Path:
     write_job_record(run_dir, _record(run_dir, job_id))
     (run_dir / "submitit" / f"{job_id}_0_log.out").write_text(
         f"{BANNER_1}submitit INFO starting\n{BANNER_2}submitit INFO starting again\n"
+        f"{SUBMITIT_ERROR}"
     )
     (run_dir / "submitit" / f"{job_id}_0_log.err").write_text(
-        f"{BANNER_1}{NODE_LINE_1}{BANNER_2}{NODE_LINE_2}hpcrl: job failed: driver d exited with code 7\n"
+        f"{BANNER_1}{NODE_LINE_1}{BANNER_2}{NODE_LINE_2}{SUBMITIT_ERROR}"
+        "hpcrl: job failed: driver d exited with code 7\n"
     )
     for attempt, node_line in ((0, NODE_LINE_1), (1, NODE_LINE_2)):
         folder = run_dir / "logs" / "node0" / f"attempt{attempt}"
@@ -67,6 +71,7 @@ def test_every_line_once_with_one_prefix_and_no_colour_codes(tmp_path: Path) -> 
         f"[node0 stderr] {NODE_LINE_1}"
         f"[node0 stderr] {BANNER_2}"
         f"[node0 stderr] {NODE_LINE_2}"
+        f"[node0 stderr] {SUBMITIT_ERROR}"  # once: from stderr, not stdout too
         "[node0 stderr] hpcrl: job failed: driver d exited with code 7\n"
         "[node0 attempt1 driver.log] driver step 1\n"
         "[node0 attempt1 ray.out] Ray runtime started.\n"
@@ -91,6 +96,7 @@ def test_one_attempt_the_driver_alone_and_a_missing_attempt(tmp_path: Path) -> N
         "[node0 stdout] submitit INFO starting again\n"
         f"[node0 stderr] {BANNER_2}"
         f"[node0 stderr] {NODE_LINE_2}"
+        f"[node0 stderr] {SUBMITIT_ERROR}"
         "[node0 stderr] hpcrl: job failed: driver d exited with code 7\n"
         "[node0 attempt2 driver.log] driver step 2\n"
         "[node0 attempt2 ray.out] Ray runtime started.\n"
@@ -173,6 +179,7 @@ def test_a_failure_shows_each_nodes_stderr_and_driver_tail_once(tmp_path: Path) 
         f"[node0 stderr] {NODE_LINE_1}"
         f"[node0 stderr] {BANNER_2}"
         f"[node0 stderr] {NODE_LINE_2}"
+        f"[node0 stderr] {SUBMITIT_ERROR}"
         "[node0 stderr] hpcrl: job failed: driver d exited with code 7\n"
         "[node0 attempt1 driver.log] driver step 1\n"
         "[node0 attempt2 driver.log] driver step 2\n"

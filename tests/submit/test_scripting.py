@@ -66,12 +66,40 @@ def test_completion_scripts_know_every_command_and_complete_folders(cli, shell):
     assert code == 0
     for command in ("validate", "submit", "sweep", "status", "logs", "cancel", "report", "diff"):
         assert command in script
-    if shell != "tcsh":  # shtab's tcsh script completes commands and positionals only
+    if shell != "tcsh":  # tcsh's spells options without their dashes
         assert "--attempt" in script and "--since" in script
+    if shell == "tcsh":
+        # shtab's tcsh script offers one option list for every command (tcsh's `complete`
+        # has no per-command option sets); status --recipe is text, not a file
+        assert (
+            "'c/--/(attempt cluster debug driver follow grid help json no-submit node out point "
+            "recipe runs-dir since state version wait zip)/'"
+        ) in script
+        assert "'n/--recipe/f/'" not in script and "'n/submit/f/'" in script
+        assert "'n/completion/(bash zsh tcsh)/'" in script
     if shell == "bash":
         assert "_shtab_compgen_dirs" in script
         checked = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
         assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        (["status", "--s"], ["--state", "--since"]),
+        (["logs", "--at"], ["--attempt"]),
+        (["completion", ""], ["bash", "zsh", "tcsh"]),
+        (["sub"], ["submit"]),
+    ],
+)
+def test_bash_completes_options_per_command(cli, words, expected):
+    """The bash script, sourced, completes as a shell would (COMP_WORDS at the cursor)."""
+    _, script, _ = cli("completion", "bash")
+    words_text = " ".join(f"'{word}'" for word in ["hpcrl", *words])
+    probe = (f"source /dev/stdin; COMP_WORDS=({words_text}); COMP_CWORD={len(words)}; "
+             "_shtab_hpcrl; printf '%s\\n' \"${COMPREPLY[@]}\"")  # fmt: skip
+    done = subprocess.run(["bash", "-c", probe], input=script, text=True, capture_output=True)
+    assert done.stdout.splitlines() == expected, done.stderr
 
 
 def test_the_parser_is_built_without_shtab() -> None:

@@ -134,36 +134,52 @@ def assert_resume_runs_the_next_attempt(run: Path, first: JobRecord, tmp_path: P
     assert row["cause"] is None or row["cause"].startswith("attempt 1: driver killed")
 
 
-def test_cancel_stops_a_running_job(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    args = [
-        "submit",
-        ONE_NODE_RECIPE,
-        *ONE_NODE_OVERRIDES,
-        "--cluster",
-        "slurm-test",
-        "-o",
-        str(run),
-    ]
-    result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:sleep_forever"))
+def test_cancel_stops_a_running_job_and_a_sweep_with_its_resumed_point(tmp_path: Path) -> None:
+    """A sweep of two sleeping points (one node each, side by side): cancelling point 1 stops
+    its array task; resumed, point 1 runs as a job of its own, which ``hpcrl cancel SWEEP``
+    must stop as well as the array (point 0)."""
+    sweep_dir = tmp_path / "sweep"
+    args = ["sweep", ONE_NODE_RECIPE, *ONE_NODE_OVERRIDES, "--cluster", "slurm-test",
+            "--grid", "grpo.seed=1,2", "-o", str(sweep_dir)]  # fmt: skip
+    env = job_env("tests.submit.drivers:sleep_forever")
+    result = hpcrl(args, tmp_path, env)
     assert result.returncode == 0, output_of(result)
-    record = read_job_record(run)
+    point0, point1 = sweep_dir / "point-0", sweep_dir / "point-1"
+    task0, task1 = read_job_record(point0), read_job_record(point1)
+    array_id = task0.array_job_id
+    resumed: JobRecord | None = None
     try:
-        wait_for(lambda: (run / "sleeping").exists(), 180, "the driver to start")
-        assert query_status(record).state == "RUNNING"
-        cancel = hpcrl(["cancel", str(run)], tmp_path, job_env())
-        assert cancel.returncode == 0 and f"Cancelled job {record.job_id}" in cancel.stdout, (
-            output_of(cancel)
+        wait_for(lambda: (point1 / "sleeping").exists(), 180, "point 1's driver to start")
+        assert query_status(task1).state == "RUNNING"
+        cancel = hpcrl(["cancel", str(point1)], tmp_path, job_env())
+        assert cancel.returncode == 0 and f"Cancelled job {array_id}_1" in cancel.stdout, output_of(
+            cancel
         )
-        wait_for(lambda: query_status(record).state == "CANCELLED", 30, "sacct to say CANCELLED")
-        status = hpcrl(["status", str(run)], tmp_path, job_env())
-        assert "CANCELLED" in status.stdout, output_of(status)
-        again = hpcrl(["cancel", str(run)], tmp_path, job_env())
-        assert "already ended (CANCELLED)" in again.stdout, output_of(again)
-    finally:
-        subprocess.run(
-            ["scancel", record.job_id], check=False, timeout=30
-        )  # never leave it running
+        wait_for(lambda: query_status(task1).state == "CANCELLED", 30, "sacct to say CANCELLED")
+        status = hpcrl(["status", str(point1), "--json"], tmp_path, job_env())
+        assert json.loads(status.stdout)[0]["state"] == "CANCELLED", output_of(status)
+        again = hpcrl(["cancel", str(point1)], tmp_path, job_env())
+        assert f"Job {array_id}_1 already ended (CANCELLED)" in again.stdout, output_of(again)
+
+        # A stand-in checkpoint (the sleeping driver reads none) makes point 1 resumable.
+        (point1 / "checkpoints" / "step_000001").mkdir(parents=True)
+        (point1 / "sleeping").unlink()
+        resume = hpcrl(["resume", str(point1)], tmp_path, env)
+        assert resume.returncode == 0, output_of(resume)
+        resumed = read_job_record(point1)
+        assert "_" not in resumed.job_id and resumed.earlier_job_ids == (f"{array_id}_1",)
+        wait_for(lambda: (point1 / "sleeping").exists(), 180, "the resumed job's driver")
+
+        cancel = hpcrl(["cancel", str(sweep_dir)], tmp_path, job_env())
+        assert cancel.returncode == 0, output_of(cancel)
+        said = " ".join(cancel.stdout.split())  # rich folds long lines
+        assert f"Cancelled job array {array_id} (2 points) of {sweep_dir}" in said, said
+        assert f"Cancelled job {resumed.job_id} ({point1})" in said, said
+        for record in (task0, resumed):
+            wait_for(lambda r=record: query_status(r).state == "CANCELLED", 30, f"{record.job_id}")
+    finally:  # never leave them running
+        for job_id in (array_id, *([resumed.job_id] if resumed else [])):
+            subprocess.run(["scancel", job_id], check=False, timeout=30)
 
 
 @pytest.fixture

@@ -150,6 +150,20 @@ def test_json_has_every_field_for_scripts(cli, tmp_path):
     assert runs[2]["pending_reason"] == "JobArrayTaskLimit"
 
 
+def test_a_folder_of_runs_given_stands_for_the_runs_in_it(cli, tmp_path):
+    """``hpcrl status runs --recipe sft`` listed one row, ``runs`` itself, as not submitted."""
+    _runs(tmp_path)
+    code, out, _ = cli("status", "--json", "runs", "--recipe", "sft-")
+    assert code == 0 and [run["name"] for run in json.loads(out)] == ["a-sft"]
+    code, out, _ = cli("status", "--json", str(tmp_path / "runs"))
+    assert [run["name"] for run in json.loads(out)] == [
+        "a-sft", "b-grpo", "c-failed", "d-rendered", "s/point-0", "s/point-1",
+    ]  # fmt: skip
+    (tmp_path / "empty").mkdir()  # a folder with no run in it is still a row that says so
+    code, out, _ = cli("status", "--json", "empty")
+    assert [(run["name"], run["state"]) for run in json.loads(out)] == [("empty", "NOT_SUBMITTED")]
+
+
 @pytest.mark.parametrize(
     "filters, names",
     [

@@ -174,3 +174,45 @@ def test_without_its_command_line_a_sweep_names_its_points_values():
 
     assert _points_argv("r.yaml", "c", ["k=v"], points) == planned_argv
     assert build_points([], ["a=1,1,2,2", "b=x,y,x,y"]) == points
+
+
+def test_a_sweep_warns_as_submitting_each_point_would_each_text_once(tmp_path, monkeypatch, capfd):
+    """Every point's warnings (not only point 0's): the data running out at points 0 and 1
+    only, named by point; the offline cache, the same for every point, once and unnamed; on
+    Slurm (an array) and on the local profile (points one by one) alike."""
+    from hpcrl.submit.sweep_launch import sweep_warnings
+
+    cache = tmp_path / "no-cache"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    points = build_points(["grpo.max_num_steps=200,300,20"])
+    model = "policy.model_name=Qwen/Qwen2.5-0.5B"
+    for recipe, cluster in (("grpo-tiny-2n-cpu", "slurm-test"), ("grpo-tiny-1n-cpu", "local")):
+        recipe_path = str(REPO / "recipes" / f"{recipe}.yaml")
+        planned = plan_sweep(recipe_path, cluster, [model], points, tmp_path / cluster)
+        shown = [(w.path, w.message) for w in sweep_warnings(planned)]
+        assert shown == [
+            ("grpo.max_num_steps", "[sweep point 0: grpo.max_num_steps=200] asks for 200 steps, "
+             "but the data gives 32: toy_count.jsonl holds 256 rows, at 8 per step "
+             "(grpo.num_prompts_per_step) over 1 epoch(s) (grpo.max_num_epochs) that is 32 "
+             "steps; the run stops after step 32"),
+            ("policy.model_name", "the job runs with HF_HUB_OFFLINE=1 and its Hugging Face cache "
+             f"{cache} does not exist on this machine, so nothing there holds it"),
+            ("grpo.max_num_steps", "[sweep point 1: grpo.max_num_steps=300] asks for 300 steps, "
+             "but the data gives 32: toy_count.jsonl holds 256 rows, at 8 per step "
+             "(grpo.num_prompts_per_step) over 1 epoch(s) (grpo.max_num_epochs) that is 32 "
+             "steps; the run stops after step 32"),
+        ], cluster  # fmt: skip
+    from hpcrl.cli.main import main
+
+    capfd.readouterr()
+    # The CLI prints them on stderr, point 1's too (it used to show point 0's only).
+    args = ["sweep", str(REPO / "recipes" / "grpo-tiny-1n-cpu.yaml"), "--cluster", "local",
+            model, "--grid", "grpo.max_num_steps=20,300", "--no-submit", "-o", str(tmp_path / "cli")]  # fmt: skip
+    assert main(args) == 0
+    err = " ".join(capfd.readouterr().err.split())
+    assert err.startswith(
+        "warning policy.model_name = 'Qwen/Qwen2.5-0.5B' the job runs with HF_HUB_OFFLINE=1"
+    ), err
+    assert "warning grpo.max_num_steps [sweep point 1: grpo.max_num_steps=300] asks for 300" in err
+    assert err.endswith("0 errors, 2 warnings"), err
