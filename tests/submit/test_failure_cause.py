@@ -226,3 +226,24 @@ def test_an_attempt_slurm_ended_node_fail_is_named_from_srun_before_any_record(t
     err_log = tmp_path / "submitit" / "41_0_log.err"
     err_log.write_text(err_log.read_text().replace("Node failure on n2", "Job step aborted"))
     assert attempt_causes(tmp_path, record, pending) == []
+
+
+def test_a_node_that_failed_first_gives_its_exit_code_not_sruns_15(tmp_path):
+    """Node 1's preflight fails first and srun ends node 0's task (no result of it): sacct
+    says 15 (the batch step's), the job's code is the failing node's 1, with its line."""
+    from hpcrl.submit.job_state import read_outcome
+    from hpcrl.submit.status_view import _cause_and_exit_code
+
+    line = "preflight on node 1 (n2): ray is missing (every job needs ray>=2.49,<2.61)"
+    write_marker(tmp_path, 1, 100.0, line, attempt="41.0")
+    record = JobRecord(
+        executor="slurm", job_id="41", job_name="j", cluster="c",
+        submitit_folder=str(tmp_path / "submitit"), num_tasks=2,
+        submitted_at="2026-12-02T00:00:00+00:00", max_requeues=1,
+    )  # fmt: skip
+    failed = JobStatus(state="FAILED", attempts=1, exit_code=15, states=("FAILED",))
+    outcome = read_outcome(record, tmp_path, failed)
+    assert (outcome.exit_code, outcome.detail, outcome.has_result) == (1, line, False)
+    assert _cause_and_exit_code(tmp_path, failed, 0, record) == (line, 1)
+    # nothing named: sacct's code stands
+    assert read_outcome(record, tmp_path / "none", failed).exit_code == 15
