@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,19 @@ DRIVER_KILLED = "driver_killed"
 DRIVER_EXITED = "driver_exited"
 HEAD_RAY_EXITED = "head_ray_exited"
 PREEMPTED = "preempted"
-RETRYABLE_KINDS = frozenset({NODE_LOST})
+#: Slurm ended the attempt NODE_FAIL: a node's slurmd stopped answering (``slurm_node_failure``).
+NODE_FAIL = "node_fail"
+RETRYABLE_KINDS = frozenset({NODE_LOST, NODE_FAIL})
+#: What srun prints into the batch step's stderr (task 0's ``submitit/<job>_0_log.err``) when
+#: slurmctld declares a node of the step DOWN.
+_SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)", re.MULTILINE)
+#: ``hpcrl.submit.node_task.attempt_banner``: where each attempt starts in a task's log.
+_ATTEMPT_BANNER = re.compile(r"^===== hpcrl attempt (\d+) · ", re.MULTILINE)
+#: The first line of ``logs/node<k>/attempt<r>/node.log`` (``hpcrl.job.node.run_node``).
+_NODE_LOG_PLACE = re.compile(r" node (\d+) of \d+ \((\S+?), ")
+NODE_FAIL_DETAIL = (
+    "its slurmd stopped answering (Slurm marked the node DOWN and ended the attempt NODE_FAIL)"
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -64,7 +77,8 @@ class AttemptCause:
             text += f" after step {self.after_step}"
         if self.detail:
             text += f": {self.detail}"
-        if self.kind not in (PREEMPTED, DRIVER_EXITED):  # (that one says its code already)
+        # (a driver's exit says its code already; Slurm's NODE_FAIL ends the job without one)
+        if self.kind not in (PREEMPTED, DRIVER_EXITED, NODE_FAIL):
             text += f"; exit code {self.exit_code}"
         if self.requeued:
             text += "; requeued, the next attempt resumes from the last checkpoint"
@@ -147,6 +161,63 @@ def _well_typed(data: dict[str, Any]) -> bool:
         if not isinstance(value, kinds):
             return False
     return data["attempt"] >= 0
+
+
+def slurm_node_failure(
+    run_dir: Path, attempt: int, task0_err_log: Path, requeued: bool
+) -> AttemptCause | None:
+    """The cause of an attempt that Slurm ended NODE_FAIL, from srun's ``Node failure on
+    <node>`` in task 0's stderr (that attempt's part of it); None when srun said no such thing.
+    Node 0 could not say it itself: the whole step was killed. The next attempt's node 0
+    writes it (``hpcrl.job.node``); until then, or when no attempt follows, the login side
+    reads it the same way (``hpcrl.submit.job_state``). The step is the last one recorded:
+    right while no later attempt trains."""
+    try:
+        text = Path(task0_err_log).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    nodes = _SRUN_NODE_FAILURE.findall(_attempt_part(text, attempt))
+    if not nodes:
+        return None
+    log = Path(task0_err_log)
+    try:
+        log = log.relative_to(run_dir)
+    except ValueError:
+        pass
+    return AttemptCause(
+        attempt=attempt, kind=NODE_FAIL, what=f"node {_node_place(run_dir, attempt, nodes[0])} lost",
+        detail=NODE_FAIL_DETAIL, after_step=last_step(run_dir), exit_code=1, requeued=requeued,
+        log=str(log),
+    )  # fmt: skip
+
+
+def _attempt_part(text: str, attempt: int) -> str:
+    """The lines of a task log from ``attempt``'s banner (attempts counted from 1 in it) to the
+    next banner; all of it when it has no banners."""
+    banners = list(_ATTEMPT_BANNER.finditer(text))
+    if not banners:
+        return text
+    starts = [match.start() for match in banners] + [len(text)]
+    parts = [
+        text[start:end]
+        for match, start, end in zip(banners, starts, starts[1:], strict=False)
+        if int(match.group(1)) == attempt + 1
+    ]
+    return "".join(parts)
+
+
+def _node_place(run_dir: Path, attempt: int, name: str) -> str:
+    """``1 (n2)``: the node's rank in that attempt, from the node logs' first lines."""
+    for log in sorted(Path(run_dir).glob(f"logs/node*/attempt{attempt}/node.log")):
+        try:
+            with open(log, encoding="utf-8", errors="replace") as stream:
+                head = stream.read(4096)
+        except OSError:
+            continue
+        match = _NODE_LOG_PLACE.search(head)
+        if match and match.group(2) == name:
+            return f"{match.group(1)} ({name})"
+    return name
 
 
 def last_step(run_dir: Path) -> int | None:

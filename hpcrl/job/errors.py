@@ -100,6 +100,16 @@ class RequeueRequested(RuntimeError):
         self.resubmission, self.cause = resubmission, cause
 
 
+class SlurmRequeues(RuntimeError):
+    """Slurm ended the attempt NODE_FAIL (a node's slurmd stopped answering) and requeues the
+    job itself: task 0 leaves no result (a waiting ``--wait`` would take it for the job's end)
+    and asks for no requeue of its own."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"Slurm requeues the job: {cause}")
+        self.cause = cause
+
+
 class PreflightFailed(BootstrapError):
     """This node's Python cannot run the job (missing or out-of-range packages, hpcrl from the
     wrong place); raised before Ray starts, the message lists every problem and the fix."""

@@ -25,7 +25,16 @@ from collections.abc import Mapping
 import attrs
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from hpcrl.causes import PREEMPTED, AttemptCause, exit_code_of, last_step, read_cause, write_cause
+from hpcrl.causes import (
+    NODE_FAIL,
+    PREEMPTED,
+    AttemptCause,
+    exit_code_of,
+    last_step,
+    read_cause,
+    slurm_node_failure,
+    write_cause,
+)
 from hpcrl.job.diagnosis import diagnose, head_lost
 from hpcrl.job.driver_process import ATTEMPT_VARIABLE
 from hpcrl.job.errors import (
@@ -35,6 +44,7 @@ from hpcrl.job.errors import (
     OtherNodeFailed,
     RayExited,
     RequeueRequested,
+    SlurmRequeues,
 )
 from hpcrl.job.markers import (
     DONE,
@@ -51,6 +61,11 @@ from hpcrl.job.network import port_accepts, wait_until
 from hpcrl.job.processes import start_in_own_session, stop_session
 from hpcrl.job.ray_auth import prepare_job_token
 from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
+from hpcrl.job.requeues import (
+    name_slurm_ended_attempt,
+    stop_slurm_requeues_when_used_up,
+    task0_err_log,
+)
 from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
 
 LOGGER_NAME = "hpcrl.job"
@@ -60,6 +75,9 @@ NODE_FAILURES_POLL_S = 1.0  # node 0 looks for other nodes' failure reports this
 #: After another node reported a failure, how long the driver gets to fail by itself (its
 #: own error names the rank) before node 0 stops it; a collective may otherwise wait forever.
 NODE_FAILURE_GRACE_S = 15.0
+#: How long a failing node 0 looks for srun's "Node failure" line (Slurm's KillWait, 30 s by
+#: default, is the time it has before SIGKILL).
+SRUN_NODE_FAILURE_WAIT_S = 2.0
 
 
 class NodeMain(Checkpointable):
@@ -87,6 +105,8 @@ class NodeMain(Checkpointable):
         if code == 0 or not settings.is_head:
             return code
         cause = read_cause(settings.run_dir, settings.task.run_attempt)
+        if cause is not None and cause.requeued and cause.kind == NODE_FAIL:
+            raise SlurmRequeues(cause.line())
         if cause is not None and cause.requeued:
             raise RequeueRequested(self._resubmission(), cause.line())
         log_path = node_log_dir(settings.run_dir, 0, settings.task.run_attempt) / "driver.log"
@@ -117,11 +137,11 @@ class NodeMain(Checkpointable):
                 logger.warning(
                     "driver still running after %.0fs; requeueing anyway", settings.preempt_grace_s
                 )
-        requeue = self.num_requeues < settings.max_requeues
+        # Slurm's own requeues (after a node failure) count: SLURM_RESTART_COUNT has them
+        used = max(self.num_requeues, settings.task.attempt)
+        requeue = used < settings.max_requeues
         if not requeue:
-            logger.warning(
-                "not requeueing: %d of %d requeues used", self.num_requeues, settings.max_requeues
-            )
+            logger.warning("not requeueing: %d of %d requeues used", used, settings.max_requeues)
         _record_preemption(settings, saved, requeue)
         return DelayedSubmission(self._resubmission(), run_dir) if requeue else None
 
@@ -156,6 +176,9 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
                     settings.task.job_id, settings.task.attempt, settings.ray_temp_dir)  # fmt: skip
         if settings.is_head:
             _clear_stale_preempt(settings)
+            if settings.task.in_slurm:
+                name_slurm_ended_attempt(settings, task0_err_log())
+                stop_slurm_requeues_when_used_up(settings, logger)
             prepare_job_token(settings)  # created here only when the run folder has none
             ray_node = RayNode.start(settings, environ, hold=False)
             code = _run_head(settings, ray_node, environ, logger, on_driver_start)
@@ -248,6 +271,13 @@ def _stopped_for_preemption(settings: NodeSettings, code: int) -> bool:
 
 def _record_failure(settings, returncode: int, own_failure: RayExited | None, logger) -> None:
     """Name the attempt's cause (status/cause.<r>.json) and whether the job is requeued."""
+    # Slurm kills a NODE_FAIL step with signals: this node's Ray or the driver goes first
+    signalled = own_failure is not None or returncode < 0
+    cause = _slurm_node_failure(settings, SRUN_NODE_FAILURE_WAIT_S if signalled else 0.0)
+    if cause is not None:
+        write_cause(settings.run_dir, cause)
+        logger.error("attempt %d failed: %s", settings.task.run_attempt + 1, cause.line())
+        return
     if own_failure is not None:
         cause = head_lost(settings, own_failure, returncode)
     else:
@@ -260,6 +290,27 @@ def _record_failure(settings, returncode: int, own_failure: RayExited | None, lo
     cause = attrs.evolve(cause, requeued=requeue)
     write_cause(settings.run_dir, cause)
     logger.error("attempt %d failed: %s", settings.task.run_attempt + 1, cause.line())
+
+
+def _slurm_node_failure(settings: NodeSettings, wait_s: float) -> AttemptCause | None:
+    """srun's ``Node failure on <node>`` in this task's stderr: Slurm declared a node of the
+    job DOWN and kills the step (srun says so a moment before the signals arrive). Slurm
+    requeues the job itself unless no requeues are left (then the job is not requeueable:
+    ``hpcrl.job.requeues``)."""
+    err_log = task0_err_log() if settings.task.in_slurm else None
+    if err_log is None:
+        return None
+    found: list[AttemptCause] = []
+
+    def said() -> bool:
+        requeued = settings.task.attempt < settings.max_requeues
+        cause = slurm_node_failure(settings.run_dir, settings.task.run_attempt, err_log, requeued)
+        found[:] = [cause] if cause is not None else []
+        return bool(found)
+
+    if not said() and wait_s > 0:
+        wait_until(said, wait_s, interval_s=0.2)
+    return found[0] if found else None
 
 
 def _record_preemption(settings: NodeSettings, saved: bool, requeued: bool) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -29,9 +28,9 @@ from submitit.core.utils import JobPaths, UncompletedJobError
 from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 
-from hpcrl.causes import latest_cause
 from hpcrl.config.errors import UserError
 from hpcrl.polling import wait_until
+from hpcrl.submit.failure_causes import failure_account, failure_cause
 from hpcrl.submit.job_identity import (
     STALE_AFTER_S,
     SUBMIT_SLACK_S,
@@ -41,7 +40,7 @@ from hpcrl.submit.job_identity import (
     state_word,
 )
 from hpcrl.submit.job_record import JobRecord
-from hpcrl.submit.pending_reasons import pending_reasons
+from hpcrl.submit.pending_reasons import pending_reasons, queued_states
 
 #: sacct states after which the job will not run again (no requeue pending).
 FINAL_STATES = frozenset(
@@ -71,6 +70,7 @@ class JobStatus:
     exit_code: int | None = None
     scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
     reason: str | None = None  # why a pending job waits (Priority, Resources, ...): squeue's
+    states: tuple[str, ...] = ()  # each attempt's state word, oldest first (sacct's rows)
     stale: str | None = None  # state STALE: whose the scheduler's records of this id are
 
     @property
@@ -120,6 +120,9 @@ class SacctWatcher(SlurmInfoWatcher):
         self.error: str | None = None
         self.rows: dict[str, list[dict[str, str]]] = {}  # job id -> one row per attempt
         self.reasons: dict[str, str] = {}  # pending jobs: squeue's reason (sacct's is empty)
+        #: jobs whose last attempt ended NODE_FAIL but that Slurm still queues (a requeue):
+        #: squeue's state. sacct adds the next attempt's row only once it is eligible.
+        self.requeued: dict[str, str] = {}
 
     def watch(self, job_id: str) -> None:
         if job_id not in self._registered:  # registering again would restart the backoff
@@ -145,17 +148,23 @@ class SacctWatcher(SlurmInfoWatcher):
             self._ask_why_pending()
         self._last_status_check = time.time()
         for job_id in self._registered - self._finished:
-            if self.is_done(job_id, mode="cache"):
+            if self.is_done(job_id, mode="cache") and job_id not in self.requeued:
                 self._finished.add(job_id)
 
     def _ask_why_pending(self) -> None:
-        pending = [
+        pending = self._last_state_is("PENDING")
+        self.reasons = pending_reasons(pending, self._run) if pending else {}
+        node_failed = self._last_state_is("NODE_FAIL")
+        self.requeued = queued_states(node_failed, self._run) if node_failed else {}
+        if any(state == "PENDING" for state in self.requeued.values()):
+            self.reasons |= pending_reasons(list(self.requeued), self._run)
+
+    def _last_state_is(self, word: str) -> list[str]:
+        return [
             job_id
             for job_id in self._registered - self._finished
-            if self.rows.get(job_id)
-            and state_word(self.rows[job_id][-1].get("State", "")) == "PENDING"
+            if self.rows.get(job_id) and state_word(self.rows[job_id][-1].get("State", "")) == word
         ]
-        self.reasons = pending_reasons(pending, self._run) if pending else {}
 
     def _call(self, command: list[str]) -> tuple[str | None, str | None]:
         try:
@@ -197,15 +206,22 @@ class SacctWatcher(SlurmInfoWatcher):
                 return JobStatus(state="STALE", stale=stale, scheduler_error=self.error)
         last = rows[-1]
         state = state_word(last.get("State", ""))
+        states = tuple(state_word(row.get("State", "")) for row in rows)
+        queued = self.requeued.get(job_id) if state == "NODE_FAIL" else None
+        if queued is not None:  # Slurm requeued it: the next attempt waits (or is starting)
+            state = "REQUEUED" if queued == "COMPLETING" else queued
+            if state != "REQUEUED":
+                states += (state,)
         elapsed = last.get("ElapsedRaw", "")
         reason = self.reasons.get(job_id) if state == "PENDING" else None
-        reason = reason or last.get("Reason")
+        reason = None if state in FINAL_STATES else reason or last.get("Reason")
         return JobStatus(
             state=state,
-            attempts=len(rows),
+            attempts=len(states),
             elapsed_s=float(elapsed) if elapsed.isdigit() else None,
             exit_code=_parse_exit_code(last.get("ExitCode", "")) if state in FINAL_STATES else None,
             reason=reason if reason not in (None, "", "None") else None,
+            states=states,
             scheduler_error=self.error,
         )
 
@@ -307,15 +323,19 @@ def read_outcome(record: JobRecord, run_dir: Path, status: JobStatus | None = No
     """
     job = rebuild_job(record).task(0)
     if not job.paths.result_pickle.exists():
+        # hpcrl's own account first: when node 1 failed first, srun ended the batch step
+        # and sacct's exit code is that (15), not the failing node's.
+        account = failure_account(run_dir, record, status)
         exit_code = status.exit_code if status and status.exit_code else 1
         state = status.state if status else "unknown"
-        detail = failure_cause(run_dir) or f"no result ({state})"
-        return JobOutcome(exit_code=exit_code, has_result=False, detail=detail)
+        if account is not None:
+            return JobOutcome(exit_code=account[1], has_result=False, detail=account[0])
+        return JobOutcome(exit_code=exit_code, has_result=False, detail=f"no result ({state})")
     try:
         result = job.result()
     except UncompletedJobError as error:
         # A node's named failure says it in one line; the exception line is the fallback.
-        detail = failure_cause(run_dir) or _last_line(error)
+        detail = failure_cause(run_dir, record, status) or _last_line(error)
         return JobOutcome(exit_code=_driver_exit_code(run_dir) or 1, has_result=True, detail=detail)
     except Exception as error:  # a damaged result file (pickle): say so, do not crash
         detail = f"unreadable result {job.paths.result_pickle}: {type(error).__name__}"
@@ -327,59 +347,6 @@ def read_outcome(record: JobRecord, run_dir: Path, status: JobStatus | None = No
             exit_code=0 if result is None else 1, has_result=True, detail=repr(result)
         )
     return JobOutcome(exit_code=result, has_result=True)
-
-
-#: What Python prints when the task's interpreter lacks a module: before hpcrl's own code
-#: runs (e.g. ``code: installed`` with an image that has no submitit), no marker can say it.
-_IMPORT_FAILURE = re.compile(r"^(?:ModuleNotFoundError|ImportError): (.+)$", re.MULTILINE)
-
-
-def failure_cause(run_dir: Path) -> str | None:
-    """Why the job failed, in one line, when it says so: the newest attempt's cause record
-    (``status/cause.<r>.json``, node 0's account of the attempt: ``hpcrl.causes``), else the
-    newest ``status/node<k>.failed`` of a later attempt or of one without a record (a preflight
-    or bootstrap failure), else an import failure in a task's log."""
-    from hpcrl.config.secrets import redact  # what a job wrote may quote a secret
-
-    cause = latest_cause(Path(run_dir))
-    marker = _newest_failure_marker(run_dir)
-    if cause is not None and (marker is None or marker[0] <= cause.attempt):
-        return cause.line()
-    line = (marker[1] if marker else None) or _import_failure(run_dir)
-    return redact(line) if line else None
-
-
-def _import_failure(run_dir: Path) -> str | None:
-    for log in sorted((Path(run_dir) / "submitit").glob("*_log.err")):
-        try:
-            found = _IMPORT_FAILURE.findall(log.read_text(errors="replace"))
-        except OSError:
-            continue
-        if found:
-            return (
-                f"the job's Python could not import: {found[-1]} (with code: installed it "
-                "must have hpcrl and its packages; code: bundle ships them with the job)"
-            )
-    return None
-
-
-def _newest_failure_marker(run_dir: Path) -> tuple[int, str] | None:
-    """``(attempt's restart count, first line)`` of the newest node failure report."""
-    newest: tuple[float, int, str] | None = None
-    for path in (Path(run_dir) / "status").glob("node*.failed"):
-        try:
-            marker = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(marker, dict):
-            continue
-        message, written = marker.get("message"), marker.get("time")
-        if isinstance(message, str) and isinstance(written, int | float):
-            if newest is None or written > newest[0]:
-                restart = str(marker.get("attempt", "")).rpartition(".")[2]
-                line = message.splitlines()[0] if message else ""
-                newest = (written, int(restart) if restart.isdigit() else 0, line)
-    return newest[1:] if newest else None
 
 
 def _driver_exit_code(run_dir: Path) -> int | None:

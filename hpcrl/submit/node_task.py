@@ -145,10 +145,13 @@ class NodeTask(Checkpointable):
         run_preflight(run_dir, os.environ, getattr(self._entrypoint, "num_requeues", 0))
         if self._entrypoint is None:
             self._entrypoint = _load_entrypoint()
-        from hpcrl.job.errors import RequeueRequested
+        from hpcrl.job.errors import RequeueRequested, SlurmRequeues
 
         try:
             return self._entrypoint(run_dir)
+        except SlurmRequeues as requeued:
+            print(f"hpcrl: {requeued}", file=sys.stderr, flush=True)
+            raise SystemExit(REQUEUED_EXIT_CODE) from None
         except RequeueRequested as request:
             requeue_after_failure(
                 NodeTask(request.resubmission, self._attempt_offset), run_dir, request.cause

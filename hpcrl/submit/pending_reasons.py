@@ -44,3 +44,19 @@ def pending_reasons(
     except (OSError, subprocess.SubprocessError):
         return {}
     return parse_reasons(proc.stdout or "") if proc.returncode == 0 else {}
+
+
+def queued_states(
+    job_ids: Sequence[str], run: Callable[..., subprocess.CompletedProcess] = subprocess.run
+) -> dict[str, str]:
+    """squeue's state word (``PENDING``, ``RUNNING``, ``COMPLETING``, ...) of each job in
+    ``job_ids`` still in the controller's queue ({} when squeue cannot say)."""
+    if not job_ids:
+        return {}
+    command = [*squeue_command(job_ids)[:-2], "--format=%i|%T", squeue_command(job_ids)[-1]]
+    try:
+        proc = run(command, capture_output=True, text=True, errors="replace",
+                   timeout=SQUEUE_TIMEOUT_S, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return parse_reasons(proc.stdout or "") if proc.returncode == 0 else {}

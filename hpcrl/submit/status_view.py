@@ -16,10 +16,10 @@ from typing import Any
 
 import attrs
 
-from hpcrl.causes import latest_cause
 from hpcrl.report.metrics import finite_number, last_metrics
+from hpcrl.submit.failure_causes import attempt_causes, failure_account
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
-from hpcrl.submit.job_state import JobStatus, failure_cause, query_statuses
+from hpcrl.submit.job_state import JobStatus, query_statuses
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
@@ -188,29 +188,44 @@ def _base_status(run: ListedRun) -> RunStatus:
     )  # fmt: skip
 
 
-def status_cause(run_dir: Path, status: JobStatus, attempt_offset: int = 0) -> str | None:
-    """The cause cell: why a failed job failed (its newest attempt, ``failure_cause``); for a
+def status_cause(
+    run_dir: Path, status: JobStatus, attempt_offset: int = 0, record: JobRecord | None = None
+) -> str | None:
+    """The cause cell: why a failed job failed (its newest attempt, ``failure_account``); for a
     job that goes on or completed after a requeue, why its previous attempt ended
     (``hpcrl.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
     ``attempt_offset``: attempts of the run's jobs before ``hpcrl resume`` (attempts are
-    counted through the run); a STALE record has no cause of its own (its problem line)."""
+    counted through the run); a STALE record has no cause of its own (its problem line).
+    With ``record``, an attempt Slurm ended NODE_FAIL is named before any node wrote why."""
+    return _cause_and_exit_code(run_dir, status, attempt_offset, record)[0]
+
+
+def _cause_and_exit_code(
+    run_dir: Path, status: JobStatus, attempt_offset: int, record: JobRecord | None
+) -> tuple[str | None, int | None]:
+    """The cause cell and the exit code to show: a failed job's named failure's own code
+    (sacct's is srun's 15 when another node failed first), else sacct's."""
     if status.stale is not None:
-        return None
+        return None, status.exit_code
     attempts = attempt_offset + status.attempts
     if status.state not in _NOT_FAILED:
-        line = failure_cause(run_dir)
-        return f"attempt {attempts}: {line}" if line and attempts > 1 else line
-    cause = latest_cause(run_dir)
+        account = failure_account(run_dir, record, status)
+        if account is None:
+            return None, status.exit_code
+        line, exit_code = account
+        return (f"attempt {attempts}: {line}" if attempts > 1 else line), exit_code
+    causes = attempt_causes(run_dir, record, status)
+    cause = causes[-1] if causes else None
     current = attempts - 1 + int(status.state == "REQUEUED")
     if cause is None or cause.attempt >= current:
-        return None  # none, or the current attempt's own (sacct has not caught up)
-    return cause.titled_line()
+        return None, status.exit_code  # none, or the current attempt's own (sacct lags)
+    return cause.titled_line(), status.exit_code
 
 
 def _job_status(run: ListedRun, record: JobRecord, status: JobStatus) -> RunStatus:
-    cause = status_cause(run.path, status, record.attempt_offset)
+    cause, exit_code = _cause_and_exit_code(run.path, status, record.attempt_offset, record)
     return attrs.evolve(
-        _base_status(run), state=status.state, job_id=record.job_id, exit_code=status.exit_code,
+        _base_status(run), state=status.state, job_id=record.job_id, exit_code=exit_code,
         # a resumed run's earlier jobs' attempts count (job.json's attempt_offset)
         attempts=record.attempt_offset + status.attempts, pending_reason=status.reason,
         elapsed_s=status.elapsed_s, problem=status.stale,

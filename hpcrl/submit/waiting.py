@@ -21,8 +21,8 @@ from typing import Any
 import attrs
 from rich.console import Console
 
-from hpcrl.causes import read_causes
 from hpcrl.report.metrics import last_metrics
+from hpcrl.submit.failure_causes import attempt_causes
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
     JobOutcome,
@@ -145,7 +145,7 @@ def wait_for_jobs(
             while True:
                 _poll(watches, watcher, statuses)
                 progress.update(*_progress_text(runs, statuses, steps, watches))
-                _announce_requeues(runs, announced, console)
+                _announce_requeues(runs, announced, console, statuses)
                 if all(watch.done for watch in watches):
                     break
                 sleep(settings.poll_s)
@@ -163,12 +163,17 @@ def wait_for_jobs(
 
 
 def _announce_requeues(
-    runs: Sequence[tuple[Path, JobRecord]], announced: set[tuple[int, int]], console: Console
+    runs: Sequence[tuple[Path, JobRecord]],
+    announced: set[tuple[int, int]],
+    console: Console,
+    statuses: Sequence[JobStatus | None] | None = None,
 ) -> None:
     """One line for each attempt that ended early and was requeued, once, as it appears (an
-    attempt that ended the job is reported with the job's end)."""
+    attempt that ended the job is reported with the job's end; one Slurm ended NODE_FAIL is
+    named from the job's sacct rows in ``statuses`` before the next attempt writes it)."""
     for index, (run_dir, record) in enumerate(runs):
-        for cause in read_causes(run_dir):
+        status = statuses[index] if statuses is not None else None
+        for cause in attempt_causes(run_dir, record, status):
             if cause.requeued and (index, cause.attempt) not in announced:
                 announced.add((index, cause.attempt))
                 console.print(
@@ -374,7 +379,10 @@ class _Watch:
         # UNKNOWN while sacct fails is no news: only the scheduler's own answer can lose a job
         unknown = status.state == "UNKNOWN" and not status.scheduler_error
         self.unknown_since_s = _since(self.unknown_since_s, now, unknown)
-        self.results_since_s = _since(self.results_since_s, now, results_written(self.record))
+        # (a job waiting for its next attempt may hold an earlier attempt's results)
+        waits_again = status.state in ("PENDING", "REQUEUED") and status.attempts > 1
+        written = not waits_again and results_written(self.record)
+        self.results_since_s = _since(self.results_since_s, now, written)
         if self._longer_than(self.results_since_s, now, self.settings.sacct_lag_s):
             self.reason = "RESULTS"
         elif self._longer_than(self.unknown_since_s, now, self.settings.unknown_grace_s):

@@ -6,6 +6,8 @@
 #   bash tests/slurm/cluster.sh status
 #   bash tests/slurm/cluster.sh env       # eval "$(bash tests/slurm/cluster.sh env)"
 #   bash tests/slurm/cluster.sh stop      # idempotent; leaves no netns, veth, daemon
+#   bash tests/slurm/cluster.sh node-stop n2   # stop one node's slurmd (a node-failure test)
+#   bash tests/slurm/cluster.sh node-start n2  # start it again and return the node to service
 #
 # Everything the cluster writes lives under $HPCRL_SLURM_ROOT (default /tmp/hpcrl-slurm),
 # except: /etc/slurm/{slurm.conf,slurmdbd.conf,plugstack.conf.d/pyxis-standin.conf} (so plain
@@ -202,7 +204,9 @@ db_password() {
 # Tag every file we write in /etc/slurm so stop removes ours and never someone else's.
 CONF_TAG="# written by hpcrl tests/slurm/cluster.sh"
 
-write_slurm_conf() {
+write_slurm_conf() { slurm_conf_text >"$ETC/slurm.conf"; }
+
+slurm_conf_text() {
   local ctl_host mem n
   ctl_host=$(hostname -s)
   mem=$(node_mem_mb)
@@ -242,6 +246,9 @@ JobCompType=jobcomp/none
 JobRequeue=1
 AuthInfo=cred_expire=10
 MinJobAge=30
+# A node whose slurmd stops answering is marked DOWN (its jobs end NODE_FAIL, requeued ones
+# run again) after this long; with the default 300 s the lost-slurmd test would wait 5 min.
+SlurmdTimeout=20
 # Default main loop runs every 60 s: an eligible job (e.g. requeued) would idle that long.
 SchedulerParameters=sched_interval=2,bf_interval=2
 InactiveLimit=0
@@ -258,7 +265,7 @@ EOF
         echo "NodeName=$n NodeAddr=127.0.0.1 NodeHostname=$ctl_host Port=$(node_port "$n") CPUs=2 RealMemory=$mem State=UNKNOWN"
       fi
     done
-  } >"$ETC/slurm.conf"
+  }
 }
 
 write_slurmdbd_conf() {
@@ -362,6 +369,12 @@ cmd_start() {
   if healthy 2>/dev/null; then
     # slurmstepd loads plugstack plugins per step, so a rebuilt stand-in applies at once.
     if [[ $HERE/pyxis_standin.c -nt $ROOT/pyxis_standin.so ]]; then build_spank_plugin; fi
+    # A settings change in this script reaches a running cluster without disturbing its jobs.
+    if [[ $(slurm_conf_text) != "$(cat "$ETC/slurm.conf")" ]]; then
+      write_slurm_conf
+      scontrol reconfigure
+      log "start: slurm.conf changed, applied with scontrol reconfigure"
+    fi
     log "start: already running ($(mode) mode), nothing else to do"
     return
   fi
@@ -433,6 +446,32 @@ cmd_stop() {
   [[ ${1:-} == quiet ]] || log "stop: daemons stopped, netns/bridge removed, /etc/hosts restored"
 }
 
+# One node's slurmd stops; its job steps (slurmstepd, tasks) run on, as on a real node.
+cmd_node_stop() {
+  need_root
+  local n=${1:?node name}
+  stop_pidfiles "$ROOT/run/slurmd-$n.pid"
+}
+
+node_state() { sinfo -h -N -n "$1" -o '%t' | head -n1; }
+node_registered() { [[ $(node_state "$1") != *'*' ]]; }
+node_usable() { [[ $(node_state "$1") =~ ^(idle|alloc|mix)$ ]]; }
+
+# Drained while its slurmd registers (slurmctld then ends any stale step of a job that has
+# moved on: a requeued job starting there at once would have its new step killed with it),
+# then returned to service as an admin does.
+cmd_node_start() {
+  need_root
+  local n=${1:?node name}
+  if ! pid_alive "$ROOT/run/slurmd-$n.pid"; then
+    scontrol update nodename="$n" state=drain reason="hpcrl test: slurmd restarting" || true
+    slurmd_up "$n"
+    wait_for "slurmd $n registered" 60 node_registered "$n"
+  fi
+  if ! node_usable "$n"; then scontrol update nodename="$n" state=resume; fi
+  wait_for "node $n usable" 60 node_usable "$n"
+}
+
 cmd_status() {
   local d
   echo "root: $ROOT  mode: $(mode)"
@@ -458,7 +497,9 @@ main() {
     stop) cmd_stop ;;
     status) cmd_status && return ;;
     env) cmd_env && return ;;
-    *) echo "usage: $0 {install|start|stop|status|env}" >&2; exit 2 ;;
+    node-stop) cmd_node_stop "${2:-}" ;;
+    node-start) cmd_node_start "${2:-}" ;;
+    *) echo "usage: $0 {install|start|stop|status|env|node-stop NODE|node-start NODE}" >&2; exit 2 ;;
   esac
   log "$cmd finished"
 }

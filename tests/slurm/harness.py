@@ -111,11 +111,12 @@ def wait_job_gone_from_queue(job_id: str, timeout_s: float) -> None:
         time.sleep(0.25)
 
 
-def job_processes(job_id: str) -> list[str]:
+def job_processes(job_id: str, variable: str = "SLURM_JOB_ID") -> list[str]:
     """Every process still alive that belongs to the job, on any node of this one-machine
-    cluster: Slurm gives each task ``SLURM_JOB_ID``, and everything the task starts inherits
-    it (Ray's raylet, its workers whatever their process title, a driver, vLLM engines), or
-    names the job's Ray folder (``hpcrl-ray-<job>-<node>``) on its command line."""
+    cluster: Slurm gives each task ``SLURM_JOB_ID`` (submitit's local executor
+    ``SUBMITIT_LOCAL_JOB_ID``: pass that as ``variable``), and everything the task starts
+    inherits it (Ray's raylet, its workers whatever their process title, a driver, vLLM
+    engines), or names the job's Ray folder (``hpcrl-ray-<job>-<node>``) on its command line."""
     import psutil
 
     folder = f"hpcrl-ray-{job_id}-"
@@ -125,7 +126,7 @@ def job_processes(job_id: str) -> list[str]:
             continue
         cmdline = " ".join(process.info["cmdline"] or [])
         try:
-            in_job = process.environ().get("SLURM_JOB_ID") == job_id
+            in_job = process.environ().get(variable) == job_id
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             in_job = False
         if in_job or folder in cmdline:
@@ -133,11 +134,13 @@ def job_processes(job_id: str) -> list[str]:
     return found
 
 
-def wait_no_job_processes(job_id: str, timeout_s: float = 15.0) -> None:
+def wait_no_job_processes(
+    job_id: str, timeout_s: float = 15.0, variable: str = "SLURM_JOB_ID"
+) -> None:
     """Fail unless every process of the job is gone within ``timeout_s`` after it ended."""
     deadline = time.monotonic() + timeout_s
-    left = job_processes(job_id)
+    left = job_processes(job_id, variable)
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = job_processes(job_id)
+        left = job_processes(job_id, variable)
     assert left == [], f"processes of job {job_id} still running: {left}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,8 +177,10 @@ def test_an_image_without_ray_fails_on_slurm_before_ray_naming_ray(images, image
     shell = user_shell(profiles)
     result = submit([TWO_NODE_RECIPE, "--cluster", "pyxis-noray", "-o", str(run), "--wait"],
                     tmp_path, shell)  # fmt: skip
-    # 1, or 15 when node 1 fails first and srun terminates node 0 (sacct's batch exit code).
-    assert result.returncode in (1, 15), output_of(result)
+    # The failing node's 1, also when node 1 fails first and srun ends node 0 (sacct's 15).
+    assert result.returncode == 1, output_of(result)
+    assert re.search(r"FAILED: job \d+ FAILED, exit code 1 \(preflight on node [01] \(n[12]\): ",
+                     " ".join(result.stdout.split())), output_of(result)  # fmt: skip
     flat = result.stdout.replace("\n", " ")
     assert "ray is missing (every job needs ray>=2.49,<2.61)" in flat, output_of(result)
     assert "Fix: use a container image with ray>=2.49,<2.61 (the profile's container.image)" in flat
@@ -192,6 +195,7 @@ def test_an_image_without_ray_fails_on_slurm_before_ray_naming_ray(images, image
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     (shown,) = json.loads(status.stdout)
     assert shown["state"] == "FAILED" and "ray is missing" in shown["cause"], output_of(status)
+    assert shown["exit_code"] == 1 and shown["cause"].startswith("preflight on node ")
 
 
 def test_an_image_with_ray_older_than_token_auth_is_refused_on_every_node_naming_the_fixes(
@@ -205,8 +209,10 @@ def test_an_image_with_ray_older_than_token_auth_is_refused_on_every_node_naming
     shell = user_shell(profiles)
     result = submit([TWO_NODE_RECIPE, "--cluster", "pyxis-nemo", "-o", str(run), "--wait"],
                     tmp_path, shell)  # fmt: skip
-    # 1, or 15 when node 1 fails first and srun terminates node 0 (sacct's batch exit code).
-    assert result.returncode in (1, 15), output_of(result)
+    # The failing node's 1, also when node 1 fails first and srun ends node 0 (sacct's 15).
+    assert result.returncode == 1, output_of(result)
+    assert re.search(r"FAILED: job \d+ FAILED, exit code 1 \(preflight on node [01] \(n[12]\): ",
+                     " ".join(result.stdout.split())), output_of(result)  # fmt: skip
     flat = " ".join(result.stdout.split())
     assert (
         f"ray {version} predates Ray token authentication (ray>=2.52), which the cluster "

@@ -64,11 +64,13 @@ def output_of(result: subprocess.CompletedProcess[str]) -> str:
     )
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+def wait_for(
+    condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.5
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(0.5)
+        time.sleep(interval_s)
 
 
 def read_json(path: Path) -> dict:

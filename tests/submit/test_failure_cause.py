@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 from rich.console import Console
 
@@ -169,3 +170,80 @@ def test_an_import_failure_before_hpcrl_ran(tmp_path):
     assert "code: bundle" in cause
     write_marker(tmp_path, 0, 1.0, "preflight on node 0 (n1): torch is missing")
     assert failure_cause(tmp_path) == "preflight on node 0 (n1): torch is missing"
+
+
+def _node_failed_run(run: Path) -> JobRecord:
+    """Task 0's log and node logs as a job leaves them when Slurm ended attempt 2 NODE_FAIL
+    (tests/submit/test_slurm_faults.py makes the real one)."""
+    (run / "submitit").mkdir(parents=True)
+    (run / "submitit" / "41_0_log.err").write_text(
+        "===== hpcrl attempt 1 · job 41 · node 0 (n1) · 2026-12-02T00:00:00+00:00 =====\n"
+        "srun: error: Node failure on n1\n"  # (not this attempt's)
+        "===== hpcrl attempt 2 · job 41 · node 0 (n1) · 2026-12-02T00:01:00+00:00 =====\n"
+        "srun: error: Node failure on n2\n"
+        "slurmstepd-n1: error: *** STEP 41.0 ON n1 CANCELLED AT 2026-12-02T00:01:40 DUE TO "
+        "NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n"
+    )
+    for rank, name in enumerate(("n1", "n2")):
+        log = run / "logs" / f"node{rank}" / "attempt1" / "node.log"
+        log.parent.mkdir(parents=True)
+        log.write_text(f"2026-12-02 00:01:01.000 node{rank} INFO node {rank} of 2 ({name}, "
+                       f"10.77.0.1{rank + 1}), job 41 attempt 1, Ray temp dir /tmp/r\n")  # fmt: skip
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')
+    return JobRecord(
+        executor="slurm", job_id="41", job_name="j", cluster="c",
+        submitit_folder=str(run / "submitit"), num_tasks=2,
+        submitted_at="2026-12-02T00:00:00+00:00", max_requeues=3,
+    )  # fmt: skip
+
+
+NODE_FAIL_LINE = (
+    "node 1 (n2) lost after step 3: its slurmd stopped answering (Slurm marked the node DOWN "
+    "and ended the attempt NODE_FAIL){}(log: submitit/41_0_log.err)"
+)
+
+
+def test_an_attempt_slurm_ended_node_fail_is_named_from_srun_before_any_record(tmp_path):
+    from hpcrl.submit.failure_causes import attempt_causes, failure_account
+
+    record = _node_failed_run(tmp_path)
+    pending = JobStatus(state="PENDING", attempts=3, states=("REQUEUED", "NODE_FAIL", "PENDING"))
+    (cause,) = attempt_causes(tmp_path, record, pending)
+    requeued = NODE_FAIL_LINE.format(
+        "; requeued, the next attempt resumes from the last checkpoint "
+    )
+    assert cause.titled_line() == f"attempt 2: {requeued}"
+    assert status_cause(tmp_path, pending, record=record) == f"attempt 2: {requeued}"
+    # not requeued (no requeues left): the job's end, exit code 1
+    ended = JobStatus(state="NODE_FAIL", attempts=2, exit_code=0, states=("REQUEUED", "NODE_FAIL"))
+    assert failure_account(tmp_path, record, ended) == (NODE_FAIL_LINE.format(" "), 1)
+    # the next attempt's node 0 wrote the record: it wins
+    write_cause(tmp_path, attrs.evolve(cause, after_step=2))
+    (recorded,) = attempt_causes(tmp_path, record, pending)
+    assert recorded.after_step == 2
+    # an attempt whose part of the task log names no node failure: no invented cause
+    (tmp_path / "status" / "cause.1.json").unlink()
+    err_log = tmp_path / "submitit" / "41_0_log.err"
+    err_log.write_text(err_log.read_text().replace("Node failure on n2", "Job step aborted"))
+    assert attempt_causes(tmp_path, record, pending) == []
+
+
+def test_a_node_that_failed_first_gives_its_exit_code_not_sruns_15(tmp_path):
+    """Node 1's preflight fails first and srun ends node 0's task (no result of it): sacct
+    says 15 (the batch step's), the job's code is the failing node's 1, with its line."""
+    from hpcrl.submit.job_state import read_outcome
+    from hpcrl.submit.status_view import _cause_and_exit_code
+
+    line = "preflight on node 1 (n2): ray is missing (every job needs ray>=2.49,<2.61)"
+    write_marker(tmp_path, 1, 100.0, line, attempt="41.0")
+    record = JobRecord(
+        executor="slurm", job_id="41", job_name="j", cluster="c",
+        submitit_folder=str(tmp_path / "submitit"), num_tasks=2,
+        submitted_at="2026-12-02T00:00:00+00:00", max_requeues=1,
+    )  # fmt: skip
+    failed = JobStatus(state="FAILED", attempts=1, exit_code=15, states=("FAILED",))
+    outcome = read_outcome(record, tmp_path, failed)
+    assert (outcome.exit_code, outcome.detail, outcome.has_result) == (1, line, False)
+    assert _cause_and_exit_code(tmp_path, failed, 0, record) == (line, 1)
+    # nothing named: sacct's code stands
+    assert read_outcome(record, tmp_path / "none", failed).exit_code == 15

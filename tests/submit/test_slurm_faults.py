@@ -1,11 +1,19 @@
 """Faults inside a running job, on the real two-node test Slurm cluster, with the real driver.
 
-One two-node GRPO job meets two faults: ``scancel --signal=USR2`` (what Slurm sends before
+One two-node GRPO job meets three faults: ``scancel --signal=USR2`` (what Slurm sends before
 the time limit or on preemption) makes the training driver checkpoint at a step boundary
 and the job is REQUEUED; in the next attempt node 2 is lost (its raylet killed) and the job
-is REQUEUED again; the third attempt resumes from the last checkpoint and COMPLETES. Each
-attempt's end is named in one line (what, where, after which step, which log), and the
-metrics equal those of an uninterrupted run of the same seed, step for step.
+is REQUEUED again; in the third node 2's slurmd stops, Slurm marks n2 DOWN and ends the
+attempt NODE_FAIL and requeues the job itself; the fourth attempt resumes from the last
+checkpoint and COMPLETES. Each attempt's end is named in one line (what, where, after which
+step, which log), Slurm's requeue counts against max_requeues like hpcrl's, no process of
+the job outlives an attempt, and the metrics equal those of an uninterrupted run of the same
+seed, step for step.
+
+While n2's slurmd is stopped the test holds the driver (SIGSTOP) at an odd step: Slurm takes
+SlurmdTimeout (20 s on the test cluster, tests/slurm/cluster.sh) and its next ping to call
+the node DOWN, longer than the rest of the training; held after an odd step, no checkpoint
+save is under way and the next attempt resumes from the step before, exactly.
 
 The same job is the suite's real two-node training run: GRPO across the nodes learns (and the
 shipped 2-node CPU recipe's submit test, tests/shipped_cpu_recipes.py).
@@ -43,7 +51,7 @@ from tests.submit.jobs_harness import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 # checkpoints every 2 steps, and when preempted
 RUN = ("grpo.max_num_steps=12", "checkpointing.enabled=true", "checkpointing.save_period=2")
@@ -76,10 +84,14 @@ def uninterrupted_run(run_dir: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+CLUSTER_SH = str(REPO / "tests" / "slurm" / "cluster.sh")
+MAX_REQUEUES = 3
+
+
 def requeueing_profile(tmp_path: Path) -> Path:
     profile = yaml.safe_load((REPO / "cluster_profiles" / "slurm-test.yaml").read_text())
-    profile["name"] = "slurm-test-requeue-twice"
-    profile["slurm"]["max_requeues"] = 2
+    profile["name"] = "slurm-test-requeue-thrice"
+    profile["slurm"]["max_requeues"] = MAX_REQUEUES
     path = tmp_path / "requeue.yaml"
     path.write_text(yaml.safe_dump(profile))
     return path
@@ -114,6 +126,23 @@ def training_again(run: Path, attempt: int) -> Callable[[], bool]:
     return check
 
 
+def hold_the_driver_after_an_odd_step(run: Path) -> tuple[psutil.Process, int]:
+    """SIGSTOP the driver right after an odd step (a save follows only even ones)."""
+    driver = _process("hpcrl.job.driver_process", str(run))
+    while True:
+        wait_for(lambda: last_step(run) % 2 == 1, 120, "an odd training step", interval_s=0.05)
+        driver.suspend()
+        step = last_step(run)
+        if step % 2 == 1:
+            return driver, step
+        driver.resume()
+
+
+def node_fail_seen(run: Path) -> bool:
+    (shown,) = run_statuses([ListedRun(name="run", path=run)])
+    return shown.state == "PENDING" and "NODE_FAIL" in (shown.cause or "")
+
+
 def assert_matches_the_uninterrupted_run(got: list[dict], want: list[dict]) -> None:
     """No step lost, none done twice, each as in the run without interruptions."""
     assert [m["step"] for m in got] == list(range(1, NUM_STEPS + 1)) == [m["step"] for m in want]
@@ -137,7 +166,7 @@ def assert_each_attempts_logs_apart(run: Path, cwd: Path, job_id: str, num_attem
         assert f"\n[node0 attempt{attempt} driver.log] " in logs.stdout
 
 
-def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupted_run(
+def test_preempted_then_two_lost_nodes_each_requeue_resume_and_match_an_uninterrupted_run(
     tmp_path: Path,
 ) -> None:
     run = tmp_path / "run"
@@ -147,7 +176,7 @@ def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupt
     with out_path.open("w") as out:
         waiting = subprocess.Popen([sys.executable, "-m", "hpcrl.cli.main", *args], cwd=tmp_path,
                                    env=job_env(), stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-    job_id, reference = None, None
+    job_id, reference, slurmd_stopped = None, None, False
     try:
         wait_for(lambda: (run / "job.json").exists(), 60, "the submission")
         job_id = read_job_record(run).job_id
@@ -160,18 +189,30 @@ def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupt
         # node 2 lost: its raylet killed (the simulated node's Ray dies with it)
         _process("raylet/raylet", f"hpcrl-ray-{job_id}-1").kill()
         wait_for(training_again(run, 3), 240, "attempt 3 to train")
+        # node 2 lost: its slurmd stopped
+        _, held_at = hold_the_driver_after_an_odd_step(run)
+        subprocess.run(["bash", CLUSTER_SH, "node-stop", "n2"], check=True, timeout=60)
+        slurmd_stopped = True
+        wait_for(lambda: node_fail_seen(run), 120, "Slurm to end attempt 3 NODE_FAIL")
+        # Slurm killed node 0's step; node 1's (slurmd gone, slurmstepd lives) stops on its own
+        wait_no_job_processes(job_id, timeout_s=30)
+        subprocess.run(["bash", CLUSTER_SH, "node-start", "n2"], check=True, timeout=150)
+        slurmd_stopped = False
+        wait_for(training_again(run, 4), 240, "attempt 4 to train")
         assert waiting.wait(timeout=240) == 0, out_path.read_text()
         assert reference.wait(timeout=240) == 0, reference.stdout.read() if reference.stdout else ""
-    finally:  # never leave anything running
+    finally:  # never leave anything running, n2 back in service for the tests after this
         for process in (waiting, reference):
             if process is not None and process.poll() is None:
                 process.kill()
         if job_id is not None:
             subprocess.run(["scancel", job_id], check=False, timeout=30)
+        if slurmd_stopped:
+            subprocess.run(["bash", CLUSTER_SH, "node-start", "n2"], check=False, timeout=150)
     output = out_path.read_text()
-    wait_sacct_states(job_id, ["REQUEUED", "REQUEUED", "COMPLETED"])
+    wait_sacct_states(job_id, ["REQUEUED", "REQUEUED", "NODE_FAIL", "COMPLETED"])
 
-    preempted, lost = read_causes(run)
+    preempted, lost, node_failed = read_causes(run)
     assert resumed_at(run, 2) == preempted.after_step  # the checkpoint saved when preempted
     assert resumed_at(run, 3) == max(preempted.after_step, lost.after_step // 2 * 2)
     assert preempted.titled_line() == (
@@ -184,16 +225,27 @@ def test_preempted_then_a_lost_node_each_requeue_resume_and_match_an_uninterrupt
         "killed by signal 9); exit code 1; requeued, the next attempt resumes from the last "
         "checkpoint (log: logs/node1/attempt1/ray.out)"
     )
-    for cause in (preempted, lost):  # --wait said so as it happened
+    assert node_failed.titled_line() == (
+        f"attempt 3: node 1 (n2) lost after step {held_at}: its slurmd stopped answering (Slurm "
+        "marked the node DOWN and ended the attempt NODE_FAIL); requeued, the next attempt "
+        f"resumes from the last checkpoint (log: submitit/{job_id}_0_log.err)"
+    )
+    assert resumed_at(run, 4) == held_at - 1
+    # Slurm's requeue counted: the last allowed attempt made the job non-requeueable
+    assert (
+        f"{MAX_REQUEUES} of {MAX_REQUEUES} requeues used: Slurm will not requeue the job again "
+        "(Requeue=0)" in (run / "logs/node0/attempt3/node.log").read_text()
+    )
+    for cause in (preempted, lost, node_failed):  # --wait said so as it happened
         assert f"job {job_id} {cause.titled_line()}" in output, output
     assert f"done: job {job_id} COMPLETED, exit code 0" in output
     assert "training step" in output  # --wait showed the progress it saw
     assert_matches_the_uninterrupted_run(metrics(run), metrics(tmp_path / "straight"))
     assert_finite_steps(metrics(run), NUM_STEPS, "grpo")  # the shipped 2-node recipe's check
     (shown,) = run_statuses([ListedRun(name="run", path=run)])
-    assert (shown.state, shown.attempts, shown.step) == ("COMPLETED", 3, NUM_STEPS)
-    assert shown.cause == lost.titled_line()
-    assert_each_attempts_logs_apart(run, tmp_path, job_id, 3)
+    assert (shown.state, shown.attempts, shown.step) == ("COMPLETED", 4, NUM_STEPS)
+    assert shown.cause == node_failed.titled_line()
+    assert_each_attempts_logs_apart(run, tmp_path, job_id, 4)
     assert not (run / "PREEMPT").exists()
     assert (run / "auth" / "ray_token").read_text() == token  # every attempt used the same
     wait_no_job_processes(job_id)

@@ -330,3 +330,29 @@ def test_a_resumed_runs_job_numbers_its_attempts_after_the_earlier_jobs() -> Non
     # logs/node0/attempt3/ (the run's 4th attempt); markers stay keyed by this job's attempt
     assert (task.run_attempt, task.attempt_id) == (3, "77.1")
     assert read_slurm_task({"SUBMITIT_LOCAL_JOB_ID": "9"}, requeue_count=0).run_attempt == 0
+
+
+def test_a_job_slurm_requeued_after_node_fail_waits_on_and_is_not_final() -> None:
+    """sacct shows the NODE_FAIL attempt alone until the requeued job is eligible again; the
+    controller's queue still has it, so the job is PENDING in its next attempt, not over."""
+    from hpcrl.submit import job_state
+
+    class Queue(_Sacct):
+        def __call__(self, command: list[str], **_: object) -> subprocess.CompletedProcess:
+            if command[0] == "squeue":
+                text = "41|PENDING\n" if "--format=%i|%T" in command else "41|BeginTime\n"
+                return subprocess.CompletedProcess(command, 0, text if self.queued else "", "")
+            return super().__call__(command)
+
+    sacct = Queue(["41|REQUEUED|0:0|9|None", "41|NODE_FAIL|0:0|30|None"])
+    sacct.queued = True
+    watcher = job_state.SacctWatcher(run=sacct)
+    (status,) = job_state.query_statuses([_record(Path("/x"))], watcher)
+    assert (status.state, status.attempts, status.reason, status.is_final) == (
+        "PENDING", 3, "BeginTime", False,
+    )  # fmt: skip
+    assert status.states == ("REQUEUED", "NODE_FAIL", "PENDING")
+    sacct.queued = False  # Slurm did not requeue it: the job ended NODE_FAIL
+    watcher = job_state.SacctWatcher(run=sacct)
+    (status,) = job_state.query_statuses([_record(Path("/x"))], watcher)
+    assert (status.state, status.attempts, status.is_final) == ("NODE_FAIL", 2, True)

@@ -17,6 +17,7 @@ from hpcrl.config.locate import shipped_profiles_dir
 from hpcrl.core.generation.engine import engine_spec
 from hpcrl.core.models.tiny import resolve_model_path
 from hpcrl.plan.planner import plan
+from hpcrl.submit.job_record import read_job_record
 from tests.shipped_cpu_recipes import (
     assert_finite_steps,
     few_steps,
@@ -24,6 +25,7 @@ from tests.shipped_cpu_recipes import (
     recipes_routed,
     submit_and_wait,
 )
+from tests.slurm.harness import wait_no_job_processes
 from tests.submit.jobs_harness import job_env, output_of, own_ray_ports_env
 from tests.vllm.harness import encode, responses, torch_sampler_generate
 
@@ -89,3 +91,6 @@ def test_shipped_vllm_cpu_recipe_runs_through_hpcrl_submit(name: str, tmp_path) 
     records = read_metrics(run)
     assert_finite_steps(records, 2, "grpo")
     assert all(record["engine_generated_tokens"] > 0 for record in records)  # vLLM sampled
+    # No Ray worker, driver or vLLM engine process (EngineCore and its workers inherit the
+    # local job's id from the task) outlives the job.
+    wait_no_job_processes(read_job_record(run).job_id, variable="SUBMITIT_LOCAL_JOB_ID")
