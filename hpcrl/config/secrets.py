@@ -93,17 +93,26 @@ def secret_references(
 
 
 def literal_secret_assignments(text: str) -> list[str]:
-    """Secret-shaped names given a literal value in shell-like text (``export HF_TOKEN=hf_x``,
-    ``--export=ALL,GITHUB_PAT=ghp_x``); ``HF_TOKEN=$HF_TOKEN`` reads it at run time and is fine."""
+    """Secret-shaped names given a literal value in shell-like text or a scheduler option:
+    ``export HF_TOKEN=hf_x``, ``--export=ALL,GITHUB_PAT=ghp_x``, ``--export=DB_PASSWORD=x``,
+    ``--export GITHUB_PAT=x,ALL``, any ``--opt=NAME=value``. ``HF_TOKEN=$HF_TOKEN`` reads the
+    variable at run time and ``--export=HF_TOKEN`` passes it on: both are fine."""
     names = []
     for token in _SEPARATORS.split(text):
-        match = _ASSIGNMENT.match(token.strip("'\""))
-        if match is None or not is_secret_name(match.group(1)):
-            continue
-        value = match.group(2).strip("'\"")
-        if value and not value.startswith("$"):
-            names.append(match.group(1))
+        for name, value in _assignments(token):
+            if is_secret_name(name) and value and not value.startswith("$"):
+                names.append(name)
     return names
+
+
+def _assignments(token: str) -> Iterator[tuple[str, str]]:
+    """``(name, value)`` of a ``NAME=value`` token and of every assignment its value holds in
+    turn (``--export=DB_PASSWORD=x``: ``export`` = ``DB_PASSWORD=x``, ``DB_PASSWORD`` = ``x``)."""
+    match = _ASSIGNMENT.match(token.strip("'\""))
+    while match is not None:
+        name, value = match.group(1), match.group(2).strip("'\"")
+        yield name, value
+        match = _ASSIGNMENT.match(value)
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:

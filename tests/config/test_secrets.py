@@ -44,6 +44,8 @@ def test_one_rule_says_which_names_hold_secrets(name, secret):
 def test_literal_assignments_and_token_shapes_are_found():
     assert literal_secret_assignments(f"export HF_TOKEN={TOKEN}; export X=1") == ["HF_TOKEN"]
     assert literal_secret_assignments("--export=ALL,GITHUB_PAT=abc") == ["GITHUB_PAT"]
+    assert literal_secret_assignments("--export=HF_TOKEN") == []  # passes it on: fine
+    assert literal_secret_assignments("--export=ALL,NONE,NIL") == []
     assert literal_secret_assignments('export HF_TOKEN="$HF_TOKEN"') == []  # read at run time
     assert literal_secret_assignments("export HF_TOKEN_PATH=/secrets/hf") == []
     assert find_secrets(f"x {PAT} https://user:pw@host/x", environ={}) == [
@@ -122,6 +124,22 @@ def test_a_secret_the_profile_does_not_pass_is_an_error_naming_pass_env(cli, tmp
 
 
 @pytest.mark.parametrize(
+    "option, name",
+    [
+        ("--export=DB_PASSWORD=hunter22xyz", "DB_PASSWORD"),  # the name first, no ALL,
+        ("--export=GITHUB_PAT=abc,ALL", "GITHUB_PAT"),
+        ("--export GITHUB_PAT=abc,ALL", "GITHUB_PAT"),
+        ("--export=NONE,APP_SECRET=hunter22xyz", "APP_SECRET"),
+        ('--export="DB_PASSWORD=hunter22xyz"', "DB_PASSWORD"),
+        ("--comment=HF_TOKEN=hunter22xyz", "HF_TOKEN"),  # any --opt=NAME=value
+        ("--export=ALL,AWS_SECRET_ACCESS_KEY='hunter22xyz'", "AWS_SECRET_ACCESS_KEY"),
+    ],
+)
+def test_secret_assignments_in_scheduler_options_are_found(option, name):
+    assert literal_secret_assignments(option) == [name]
+
+
+@pytest.mark.parametrize(
     "override, key",
     [
         (f"policy.megatron_cfg.env_vars.HF_TOKEN={TOKEN}", "env_vars.HF_TOKEN"),
@@ -157,6 +175,9 @@ def test_secrets_in_env_vars_are_errors_that_hide_the_value(cli, tmp_path, overr
         (f"slurm:\n  srun_args: ['--export=ALL,GITHUB_PAT={PAT}']\n", "slurm.srun_args[0]"),
         (f"slurm:\n  sbatch_args: ['--comment={TOKEN}']\n", "slurm.sbatch_args[0]"),
         ("slurm:\n  account: ${oc.env:DB_PASSWORD}\n", "slurm.account"),
+        ("slurm:\n  sbatch_args: ['--export=DB_PASSWORD=hunter22xyz']\n", "slurm.sbatch_args[0]"),
+        ("slurm:\n  srun_args: ['--export=GITHUB_PAT=hunter22,ALL']\n", "slurm.srun_args[0]"),
+        ("slurm:\n  srun_args: ['--export', 'ALL,DB_PASSWORD=hunter22']\n", "slurm.srun_args[1]"),
     ],
 )
 def test_secrets_in_profiles_are_errors_that_hide_the_value(cli, tmp_path, extra, key):

@@ -221,21 +221,27 @@ def profile_cases() -> list[Case]:
 
 
 def _profile_secret_cases(base: dict) -> list[Case]:
+    slurm = base["slurm"]
     secrets = {
-        "env.HF_TOKEN": ("env", {"HF_TOKEN": "literal"}),
-        "env.AWS_ACCESS_KEY_ID": ("env", {"AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"}),
-        "env.HARMLESS": ("env", {"HARMLESS": "${oc.env:GITHUB_PAT}"}),
-        "setup_lines[0]": ("setup_lines", [f"export HF_TOKEN={TOKEN}"]),
-        "slurm.srun_args[0]": ("slurm", {**base["slurm"], "srun_args": ["--export=ALL,DB_PASSWORD=x1"]}),
-        "slurm.sbatch_args[0]": ("slurm", {**base["slurm"], "sbatch_args": ["--comment=${oc.env:DB_PASSWORD}"]}),
+        # case name: (key the rejection names, section, its value)
+        "env.HF_TOKEN": ("env.HF_TOKEN", "env", {"HF_TOKEN": "literal"}),
+        "env.AWS_ACCESS_KEY_ID": ("env.AWS_ACCESS_KEY_ID", "env", {"AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"}),
+        "env.HARMLESS": ("env.HARMLESS", "env", {"HARMLESS": "${oc.env:GITHUB_PAT}"}),
+        "setup_lines[0]": ("setup_lines[0]", "setup_lines", [f"export HF_TOKEN={TOKEN}"]),
+        "slurm.srun_args[0]": ("slurm.srun_args[0]", "slurm", {**slurm, "srun_args": ["--export=ALL,DB_PASSWORD=x1"]}),
+        "slurm.srun_args-name-first": ("slurm.srun_args[0]", "slurm", {**slurm, "srun_args": ["--export=GITHUB_PAT=abc,ALL"]}),
+        "slurm.srun_args-split": ("slurm.srun_args[1]", "slurm", {**slurm, "srun_args": ["--export", "NONE,APP_SECRET=abc"]}),
+        "slurm.sbatch_args[0]": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ["--comment=${oc.env:DB_PASSWORD}"]}),
+        "slurm.sbatch_args-name-first": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ["--export=DB_PASSWORD=hunter22xyz"]}),
+        "slurm.sbatch_args-quoted": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ['--export="HF_TOKEN=abc"']}),
     }  # fmt: skip
     cases = []
-    for key, (section, value) in secrets.items():
+    for name, (key, section, value) in secrets.items():
         data = {**base, section: value}
         cases.append(
             Case(
                 family="profiles",
-                name=f"secret-{key}",
+                name=f"secret-{name}",
                 argv=("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml"),
                 setup=_write_yaml("profile.yaml", data),
                 expect="reject",
