@@ -111,6 +111,10 @@ SHORT = "Sh0rt7"  # too short to search text for: only knowing what was read kee
         (["cluster.num_nodes=${oc.env:SHORT_TOKEN}"], ["cluster.num_nodes"]),  # a bad value too
         (["grpo.max_num_steps=${div:${oc.env:SHORT_TOKEN},2}"], ["grpo.max_num_steps"]),
         (["logger.wandb.name=${oc.env:GITHUB_PAT}"], ["logger.wandb.name"]),  # not in pass_env
+        (["logger.wandb.entity=oc.env", "logger.wandb.name=${${logger.wandb.entity}:SHORT_TOKEN}"],
+         ["logger.wandb.name"]),  # the resolver's name built by interpolation
+        (["logger.wandb.name=${oc.env:SHORT_TOKEN}", "+logger.wandb.name=x"],
+         ["logger.wandb.name"]),  # "+ adds a key, but ... already sets it (to ...)"
     ],
 )  # fmt: skip
 def test_a_recipe_value_read_from_a_secret_is_refused(cli, tmp_path, monkeypatch, overrides, keys):
