@@ -16,7 +16,9 @@ moved to ``automodel_cfg`` (``hpcrl.config.aliases``) and relative ``data.train_
 recipe still finds the shipped data.
 
 An interpolation that cannot be resolved is reported and its key left out, so the schema and
-the rules still check everything else: all problems come in one round.
+the rules still check everything else: all problems come in one round. So is a key whose
+resolution reads a secret-named variable (``MergedConfig.secret_reads``: what ``oc.env``
+really read, however the text names it), its value never seen past this module.
 """
 
 from __future__ import annotations
