@@ -330,7 +330,9 @@ def rule_no_secrets_in_script_text(profile: ClusterProfile) -> list[Problem]:
             continue
         what = ", ".join([f"{name}=<literal>" for name in names] + kinds)
         fix = PASS_ENV_FIX.format(name=names[0] if names else "the variable")
-        if names:
+        if names and path.startswith("slurm."):
+            fix += f"; an --export list may name it without a value (--export=ALL,{names[0]})"
+        elif names:
             fix += f'; a line may read it at run time: {names[0]}="${names[0]}"'
         problems.append(
             Problem(

@@ -36,7 +36,6 @@ from hpcrl.config import (
     load_recipe,
 )
 from hpcrl.config.errors import raise_if_errors
-from hpcrl.config.load import check_secret_references
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.files import LOCK_NAME
 from hpcrl.plan.jobspec import AUTH_DIR_NAME, JobSpec
@@ -186,7 +185,6 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
                 context: _PlanContext, sweep_dir: Path) -> PlannedPoint:  # fmt: skip
     point_overrides = [*overrides, *point.overrides]
     loaded = load_recipe(recipe_source, point_overrides)
-    raise_if_errors(check_secret_references(loaded, context.profile))
     spec = plan(
         loaded.recipe, context.profile, run_dir=str(sweep_dir / point.run_dir_name),
         overrides=point_overrides, recipe_source=recipe_source, profile_source=cluster,

@@ -55,8 +55,8 @@ JUNK: dict[str, Any] = {
     "nul": "a\x00b",
     "newline": "a\nb",
 }
-#: Junk that no key accepts: the command must refuse it.
-ALWAYS_BAD = {"nan", "inf", "env-missing", "bad-reference", "mandatory"}
+#: Junk that no key accepts: the command must refuse it (no value may come from a secret).
+ALWAYS_BAD = {"nan", "inf", "env-missing", "bad-reference", "mandatory", "env-secret"}
 
 
 def _leaves(node: Any, parts: tuple = ()) -> Iterator[tuple[tuple, Any]]:
@@ -221,21 +221,29 @@ def profile_cases() -> list[Case]:
 
 
 def _profile_secret_cases(base: dict) -> list[Case]:
+    slurm = base["slurm"]
     secrets = {
-        "env.HF_TOKEN": ("env", {"HF_TOKEN": "literal"}),
-        "env.AWS_ACCESS_KEY_ID": ("env", {"AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"}),
-        "env.HARMLESS": ("env", {"HARMLESS": "${oc.env:GITHUB_PAT}"}),
-        "setup_lines[0]": ("setup_lines", [f"export HF_TOKEN={TOKEN}"]),
-        "slurm.srun_args[0]": ("slurm", {**base["slurm"], "srun_args": ["--export=ALL,DB_PASSWORD=x1"]}),
-        "slurm.sbatch_args[0]": ("slurm", {**base["slurm"], "sbatch_args": ["--comment=${oc.env:DB_PASSWORD}"]}),
+        # case name: (key the rejection names, section, its value)
+        "env.HF_TOKEN": ("env.HF_TOKEN", "env", {"HF_TOKEN": "literal"}),
+        "env.AWS_ACCESS_KEY_ID": ("env.AWS_ACCESS_KEY_ID", "env", {"AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"}),
+        "env.HARMLESS": ("env.HARMLESS", "env", {"HARMLESS": "${oc.env:GITHUB_PAT}"}),
+        "env.HARMLESS-quoted-name": ("env.HARMLESS", "env", {"HARMLESS": '${oc.env:"DB_PASSWORD"}'}),
+        "env.HARMLESS-indirect": ("env.HARMLESS", "env", {"A": "${oc.env:WANDB_API_KEY}", "HARMLESS": "x${env.A}"}),
+        "setup_lines[0]": ("setup_lines[0]", "setup_lines", [f"export HF_TOKEN={TOKEN}"]),
+        "slurm.srun_args[0]": ("slurm.srun_args[0]", "slurm", {**slurm, "srun_args": ["--export=ALL,DB_PASSWORD=x1"]}),
+        "slurm.srun_args-name-first": ("slurm.srun_args[0]", "slurm", {**slurm, "srun_args": ["--export=GITHUB_PAT=abc,ALL"]}),
+        "slurm.srun_args-split": ("slurm.srun_args[1]", "slurm", {**slurm, "srun_args": ["--export", "NONE,APP_SECRET=abc"]}),
+        "slurm.sbatch_args[0]": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ["--comment=${oc.env:DB_PASSWORD}"]}),
+        "slurm.sbatch_args-name-first": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ["--export=DB_PASSWORD=hunter22xyz"]}),
+        "slurm.sbatch_args-quoted": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ['--export="HF_TOKEN=abc"']}),
     }  # fmt: skip
     cases = []
-    for key, (section, value) in secrets.items():
+    for name, (key, section, value) in secrets.items():
         data = {**base, section: value}
         cases.append(
             Case(
                 family="profiles",
-                name=f"secret-{key}",
+                name=f"secret-{name}",
                 argv=("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml"),
                 setup=_write_yaml("profile.yaml", data),
                 expect="reject",
@@ -269,6 +277,13 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "unclosed-quote": ('logger.wandb.name="abc', "logger.wandb.name"),
     "env-missing": ("logger.wandb.name=${oc.env:HPCRL_CORPUS_NOPE}", "logger.wandb.name"),
     "env-secret-not-passed": ("logger.wandb.name=${oc.env:GITHUB_PAT}", "logger.wandb.name"),
+    "env-secret-passed": ("logger.wandb.name=${oc.env:HF_TOKEN}", "logger.wandb.name"),
+    "env-secret-quoted": ('logger.wandb.name=${oc.env:"WANDB_API_KEY"}', "logger.wandb.name"),
+    "env-secret-short": ("logger.wandb.name=${oc.env:SHORT_PASS}", "logger.wandb.name"),
+    "env-secret-in-path": ("checkpointing.checkpoint_dir=/ckpt/${oc.env:SHORT_PASS}", "checkpointing.checkpoint_dir"),
+    "env-secret-arithmetic": ("grpo.max_num_steps=${mul:${oc.env:SHORT_PASS},2}", "grpo.max_num_steps"),
+    "env-secret-in-default": ("logger.wandb.name=${oc.env:HPCRL_CORPUS_NOPE,${oc.env:SHORT_PASS}}", "logger.wandb.name"),
+    "env-secret-bad-type": ("cluster.num_nodes=${oc.env:SHORT_PASS}", "cluster.num_nodes"),
     "env-secret-in-env-vars": ("policy.megatron_cfg.env_vars.X=${oc.env:HF_TOKEN}", "policy.megatron_cfg.env_vars"),
     "secret-name-literal": ("policy.megatron_cfg.env_vars.HF_TOKEN=abc", "policy.megatron_cfg.env_vars"),
     "token-literal": (f"logger.wandb.name={TOKEN}", ""),

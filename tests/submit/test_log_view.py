@@ -184,3 +184,32 @@ def test_a_failure_shows_each_nodes_stderr_and_driver_tail_once(tmp_path: Path) 
         "[node0 attempt1 driver.log] driver step 1\n"
         "[node0 attempt2 driver.log] driver step 2\n"
     )
+
+
+def test_secrets_a_job_printed_are_hidden_in_every_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``logs``, ``logs -f`` and ``--wait``'s tails show what a job printed with the values of
+    this shell's secret-named variables and token shapes hidden, as error messages do."""
+    from rich.console import Console
+
+    from hpcrl.submit.waiting import print_log_tails
+
+    plain, token = "correct-horse-battery", "hf_" + "S3cr3t" * 6
+    monkeypatch.setenv("DB_PASSWORD", plain)
+    run = make_run(tmp_path / "run")
+    with (run / "submitit" / "41_0_log.err").open("a") as stream:
+        stream.write(f"env: DB_PASSWORD={plain} HF_TOKEN={token}\n")
+    with (run / "logs" / "node0" / "attempt1" / "driver.log").open("a") as stream:
+        stream.write(f"login with {token}\n")
+    runs = log_view.runs_to_show(run, point=None)
+    followed = io.StringIO()
+    log_view.follow_logs(runs, LogSelection(), lambda: True, 0.01, followed)
+    console = Console(file=io.StringIO(), width=200)
+    print_log_tails(run, _record(run), console)
+    for shown in (_shown(runs), followed.getvalue(), console.file.getvalue()):
+        assert plain not in shown and token not in shown
+        assert (
+            "[node0 stderr] env: DB_PASSWORD=<value of $DB_PASSWORD hidden> HF_TOKEN=<a " in shown
+        )
+        assert "[node0 attempt2 driver.log] login with <a Hugging Face token hidden>" in shown
