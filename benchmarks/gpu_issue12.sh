@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 12's measurements on one H200 in one device call: ~7.5 minutes expected, 500 s hard cap
-# (BUDGET_S, the install included) + a few seconds of packing:
+# Issue 12's measurements on one H200 in one device call: ~7 minutes expected for the default
+# pieces, 500 s cap (BUDGET_S, the install included) + a few seconds of packing:
 #
 #   here:    python3 tests/gpu/make_wheelhouse.py        (fills the git-ignored .whl/)
 #   device:  command "bash benchmarks/gpu_issue12.sh", carry [".whl"], timeout_s 540
+#            or 'PIECES="grpo-tuned generation grpo-early-stop" bash ...' (~6.5 minutes)
 #
 # Five pieces in this order, each bounded by what is left of the budget less what the later
 # pieces asked for need (NEEDS_S); a piece cut short still leaves its log, later pieces are
@@ -14,21 +15,22 @@
 #                          where a steady step goes (breakdown)                   (~100 s)
 #   2. generation.log      benchmarks/generation_throughput.py, batches 64 and 256: self-checks,
 #      generation.json     hpcrl engine, HF static + compile, HF eager, the engine with the
-#                          previous 64-column attention buckets, bounds; GOAL lines (~200 s)
+#                          previous 64-column attention buckets, bounds; SYNC, GOAL   (~175 s)
 #   3. grpo-old-mb.log     the same GRPO run with the previous micro-batch settings
 #                          (train_micro_batch_size=4, logprob_batch_size=8), 8 steps: the A/B
 #                          of the recipe change on the same code                  (~70 s)
 #   4. generation-variants.log  the engine with SDPA decode attention, with 16-column
 #                          attention buckets and without fused kernels (own process: a variant
 #                          under test must not take the main rows down with it), ratios
-#                          against generation.json                                (~50 s)
+#                          against generation.json                                (~60 s)
 #   5. grpo-early-stop.log (not in the default list: ask for it in PIECES) the shipped recipe
 #                          with 512 token ids made stop tokens (grpo_step.py --stop-tokens), so
 #                          rows end at varied lengths: compactions and row-bucket captures
 #                          per step, the stall goal on them, the EARLY-STOP line  (~90 s)
 # plus summary.txt (every GOAL / SYNC / BOUND / EARLY-STOP / breakdown line and the tables),
-# versions.txt and nvidia-smi.txt in $OUT. Run from the repository root: the benchmarks put the checkout first
-# on sys.path (its hpcrl is the one measured); the wheels bring ray, cattrs, omegaconf, ...
+# versions.txt and nvidia-smi.txt in $OUT. Run from the repository root: the benchmarks put
+# the checkout first on sys.path (its hpcrl is the one measured); the wheels bring ray,
+# cattrs, omegaconf, ...
 #
 # SMOKE=1 PYTHON=.venv/bin/python bash benchmarks/gpu_issue12.sh   checks this script on a CPU
 # machine: no install, every benchmark with --tiny (CPU timings mean nothing).
