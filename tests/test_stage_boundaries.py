@@ -87,7 +87,7 @@ def test_the_scan_sees_plan_imports_in_any_form(tmp_path):
 # of the generation seam) never reach back into the policy that drives them. The one cycle
 # left among hpcrl/core/generation's modules goes through function-level imports only:
 # ``TorchEngine.generate`` uses torch_sampler's padding helpers and torch_sampler builds a
-# ``TorchEngine``. Known, harmless at import time; a new one fails here.
+# ``TorchEngine``. Known, harmless at import time (and may go); a new one fails here.
 GENERATION = HPCRL / "core" / "generation"
 KNOWN_LAZY_GENERATION_CYCLES = [
     ["hpcrl.core.generation.torch_engine", "hpcrl.core.generation.torch_sampler"]
@@ -162,7 +162,8 @@ def test_no_module_of_hpcrl_imports_itself_back_at_import_time():
 def test_generation_modules_form_no_new_import_cycle():
     graph = import_graph(GENERATION, import_time_only=False)
     assert "hpcrl.core.generation.vllm_policy" not in graph["hpcrl.core.generation.vllm_workers"]
-    assert cycles(graph) == KNOWN_LAZY_GENERATION_CYCLES
+    new = [cycle for cycle in cycles(graph) if cycle not in KNOWN_LAZY_GENERATION_CYCLES]
+    assert not new, f"import cycles among hpcrl/core/generation's modules: {new}"
 
 
 def test_the_cycle_scan_sees_function_level_and_type_checking_imports(tmp_path):
