@@ -12,6 +12,7 @@ import pytest
 from hpcrl.cli.main import main
 from hpcrl.plan.jobspec_file import read_jobspec
 from hpcrl.submit import waiting
+from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.robust.harness import write_scheduler_standins
 
@@ -163,6 +164,29 @@ def test_status_asks_the_scheduler_once_for_all_runs(cli, tmp_path, monkeypatch)
     assert code == 0 and out.count("COMPLETED") == 5
     (call,) = calls
     assert call[-10:] == ["-j", "100", "-j", "101", "-j", "102", "-j", "103", "-j", "104"]
+
+
+def test_logs_follow_of_a_sweep_asks_the_scheduler_once_for_all_points(cli, tmp_path, monkeypatch):
+    sweep = tmp_path / "sw"
+    sweep.mkdir()
+    points = tuple(build_points(["grpo.seed=1,2,3"]))
+    write_sweep_record(sweep, SweepRecord(name="sw", recipe_source="r", cluster="c",
+                                          overrides=(), swept_keys=("grpo.seed",), points=points))  # fmt: skip
+    for index in range(3):  # resumed points: each its own job
+        make_run(sweep / f"point-{index}", record(sweep / f"point-{index}", job_id=f"30{index}"))
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(command, **kwargs):
+        calls.append(command)
+        return real_run(command, **kwargs)
+
+    monkeypatch.setattr("hpcrl.submit.job_state.subprocess.run", counting_run)
+    code, _, err = cli("logs", "-f", str(sweep), sacct="completed")
+    assert code == 0
+    assert err.count("completed") == 3, err
+    (call,) = calls
+    assert call[0] == "sacct" and call[-6:] == ["-j", "300", "-j", "301", "-j", "302"]
 
 
 def test_duplicate_sweep_points_are_refused(cli):
