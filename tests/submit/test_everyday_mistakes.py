@@ -200,6 +200,31 @@ def test_duplicate_sweep_points_are_refused(cli):
     assert code == 2 and "the same values appear twice" in err
 
 
+@pytest.mark.parametrize(
+    "grid, key, says",
+    [
+        (("grpo.seed=1,01,2",), "grpo.seed",
+         "sweep points 0 (grpo.seed=1) and 1 (grpo.seed=01) resolve to the same recipe"),
+        (("policy.optimizer.kwargs.lr=1e-3,0.001", "grpo.seed=7,8"), "policy.optimizer.kwargs.lr",
+         "sweep points 1 (policy.optimizer.kwargs.lr=1e-3, grpo.seed=8) and 3 "
+         "(policy.optimizer.kwargs.lr=0.001, grpo.seed=8) resolve to the same recipe"),
+    ],
+)  # fmt: skip
+def test_points_that_resolve_to_the_same_recipe_are_refused(cli, tmp_path, grid, key, says):
+    """Values that differ only as text: compared as the typed recipe takes them, every pair
+    reported together, nothing written."""
+    grids = [word for axis in grid for word in ("--grid", axis)]
+    code, _, err = cli("sweep", "grpo-tiny-2n-cpu", "-c", "slurm-test", *grids, "--no-submit",
+                       "-o", "sw")  # fmt: skip
+    assert code == 2
+    flat = " ".join(err.split())
+    assert f"error {key} = " in flat and says in flat, err
+    assert "fix: list each value once (" in flat
+    if len(grid) == 2:  # both seeds' pairs at once
+        assert "2 errors" in flat and "sweep points 0 (" in flat
+    assert not (tmp_path / "sw").exists()
+
+
 def test_a_smaller_resweep_leaves_no_stale_point_folders(cli, tmp_path):
     grid = ("sweep", "grpo-tiny-2n-cpu", "-c", "slurm-test", "--no-submit", "-o", "sw", "--grid")
     assert cli(*grid, "grpo.seed=1,2,3,4")[0] == 0
