@@ -22,7 +22,7 @@ from hpcrl.submit.log_view import (
     runs_to_show,
 )
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
-from hpcrl.submit.waiting import default_wait_settings, job_end_check, why_waiting_ended
+from hpcrl.submit.waiting import default_wait_settings, jobs_end_check, why_waiting_ended
 
 
 # --------------------------------------------------------------------------- logs
@@ -45,14 +45,13 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
 
 
 def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
-    watcher = SacctWatcher()
-    checks = [job_end_check(run.record, watcher=watcher) for run in runs]
+    check = jobs_end_check([run.record for run in runs])
     ended: dict[int, str] = {}
 
     def is_over() -> bool:
-        for index, check in enumerate(checks):
-            if index not in ended and (state := check()) is not None:
-                ended[index] = state
+        for index, state in enumerate(check()):
+            if state is not None:
+                ended.setdefault(index, state)
         return len(ended) == len(runs)
 
     follow_logs(runs, selection, is_over, default_wait_settings().poll_s, sys.stdout)

@@ -260,23 +260,28 @@ def _point_step_text(run_dir: Path, max_steps: int | None) -> str:
     return f"{Path(run_dir).name} {_step_text(metrics, max_steps)}"
 
 
-def job_end_check(
-    record: JobRecord,
+def jobs_end_check(
+    records: Sequence[JobRecord],
     settings: WaitSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     watcher: SacctWatcher | None = None,
-) -> Callable[[], str | None]:
-    """For ``hpcrl logs -f``: a function that says why following is over (a final state,
-    ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while the job goes on; it asks the
-    scheduler on submitit's backoff schedule, not on every call. ``watcher``: one shared by
-    several jobs (a sweep's points), so one sacct call answers for all of them."""
+) -> Callable[[], list[str | None]]:
+    """For ``hpcrl logs -f``: a function that says, for each job (a sweep's points), why
+    following it is over (a final state, ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while it
+    goes on. Each call is one poll of all the jobs still followed: one sacct call answers for
+    all of them (on submitit's backoff schedule; at once on the first poll and when a job's
+    results appear), as for ``--wait``."""
+    settings = settings or default_wait_settings()
     watcher = watcher or SacctWatcher()
-    watch = _Watch(record, settings or default_wait_settings(), clock=clock)
+    watches = [_Watch(record, settings, clock=clock) for record in records]
+    statuses: list[JobStatus] = [JobStatus(state="UNKNOWN")] * len(records)
 
-    def check() -> str | None:
-        force = watch.polls == 0 or results_written(record)
-        status = query_statuses([record], watcher, force)[0]
-        return watch.final_status(status).state if watch.observe(status) else None
+    def check() -> list[str | None]:
+        _poll(watches, watcher, statuses)
+        return [
+            watch.final_status(status).state if watch.done else None
+            for watch, status in zip(watches, statuses, strict=True)
+        ]
 
     return check
 

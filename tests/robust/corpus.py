@@ -215,7 +215,7 @@ def profile_cases() -> list[Case]:
                 keys=_named_keys(parts, extra_paths),
             )
         )
-    cases += _profile_secret_cases(base)
+    cases += _profile_secret_cases(base) + _profile_bound_cases(base)
     argv = ("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml")
     return cases + broken_file_cases("profiles", "profile.yaml", argv)
 
@@ -251,6 +251,27 @@ def _profile_secret_cases(base: dict) -> list[Case]:
             )
         )
     return cases
+
+
+def _profile_bound_cases(base: dict) -> list[Case]:
+    """Per-node sizes no node has (rendered as ``--cpus-per-task``/``--mem`` until refused)."""
+    bounds = {
+        "cpus_per_node": {"cpus_per_node": 10**20},
+        "slurm.mem_gb": {"slurm": {**base["slurm"], "mem_gb": 10**20}},
+        "cpus_per_node+slurm.mem_gb": {"cpus_per_node": 5000, "slurm": {**base["slurm"], "mem_gb": 10**6}},
+    }  # fmt: skip
+    return [
+        Case(
+            family="profiles",
+            name=f"bound-{name}",
+            argv=("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml", "-o", "{case}/run"),
+            setup=_write_yaml("profile.yaml", {**base, **changes}),
+            expect="reject",
+            keys=tuple(name.split("+")),
+            says=tuple(f"error {key} = " for key in name.split("+")),
+        )
+        for name, changes in bounds.items()
+    ]
 
 
 # --------------------------------------------------------------------------- overrides
@@ -328,6 +349,11 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "model-overrides-junk": ("policy.megatron_cfg.model_overrides=3", "policy.megatron_cfg.model_overrides"),
     "betas-length": ("policy.optimizer.betas=[0.9]", "policy.optimizer.betas"),
     "top-p-zero": ("policy.generation.top_p=0", "policy.generation.top_p"),
+    "ratio-clip-min-negative": ("loss_fn.ratio_clip_min=-1", "loss_fn.ratio_clip_min"),
+    "ratio-clip-max-negative": ("loss_fn.ratio_clip_max=-0.2", "loss_fn.ratio_clip_max"),
+    "prompts-per-step-huge": ("grpo.num_prompts_per_step=100000000000000000000", "grpo.num_prompts_per_step"),
+    "prompts-per-step-1e20": ("grpo.num_prompts_per_step=1e20", "grpo.num_prompts_per_step"),
+    "generations-huge": ("grpo.num_generations_per_prompt=100000000000000000000", "grpo.num_generations_per_prompt"),
     "generation-resources-missing": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.resources"),
 }  # fmt: skip
 #: Overrides that are fine on their own (the command may accept them).
@@ -385,6 +411,9 @@ CLI_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sweep-grid-empty-key": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "=1,2", "--no-submit"), ("--grid",)),
     "sweep-grid-empty-value": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,,2", "--no-submit"), ("--grid",)),
     "sweep-grid-duplicate-points": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,1", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
+    "sweep-grid-same-resolved-seed": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,01", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
+    "sweep-grid-same-resolved-lr": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "policy.optimizer.kwargs.lr=1e-3,0.001", "--no-submit", "-o", "{case}/sw"), ("policy.optimizer.kwargs.lr",)),
+    "sweep-zip-same-resolved": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--zip", "grpo.seed=1,+1", "--zip", "grpo.max_num_steps=2,2", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
     "sweep-grid-same-key-twice": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,2", "--grid", "grpo.seed=3", "--no-submit"), ("grpo.seed",)),
     "sweep-zip-lengths": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--zip", "grpo.seed=1,2", "--zip", "grpo.max_num_steps=1", "--no-submit"), ("--zip",)),
     "sweep-bad-point": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,x", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),

@@ -143,8 +143,10 @@ def test_a_sweep_shows_every_point_or_one(tmp_path: Path) -> None:
 
 
 def test_a_task_ends_an_explained_failure_with_one_line(capsys: pytest.CaptureFixture) -> None:
-    fallback_calls = []
-    hook = one_line_for_explained_failures(lambda *args: fallback_calls.append(args))
+    fallback_calls, exits = [], []
+    hook = one_line_for_explained_failures(
+        lambda *args: fallback_calls.append(args), exit_with=exits.append
+    )
     failed = DriverFailed(7, "pkg:drive", "Traceback (most recent call last):\n  ...\nValueError",
                           log_path="/r/logs/node0/attempt0/driver.log")  # fmt: skip
     hook(DriverFailed, failed, None)
@@ -153,6 +155,12 @@ def test_a_task_ends_an_explained_failure_with_one_line(capsys: pytest.CaptureFi
         "hpcrl: job failed: driver pkg:drive exited with code 7 (its log: "
         "/r/logs/node0/attempt0/driver.log)\nhpcrl: job failed: ray is missing\n"
     )
+    # the driver's exit code becomes the task's (Python's 1 stays for the rest); submitit's
+    # local requeue code is never one
+    for code in (1, 137, 144, 255):
+        hook(DriverFailed, DriverFailed(code, "pkg:drive", ""), None)
+    capsys.readouterr()
+    assert exits == [7, 137, 1, 255]
     error = ValueError("a bug")
     hook(ValueError, error, None)  # not explained: the full stack, as Python prints it
     assert fallback_calls == [(ValueError, error, None)]
