@@ -3,6 +3,8 @@ architecture, the sampled distribution, finished rows leaving the batch, waves, 
 
 The CUDA-only parts (graph capture, fused pointwise kernels) are exercised by
 ``benchmarks/generation_throughput.py`` on a GPU; here the same step functions run eagerly.
+The fused sampler, compiled with Inductor's CPU backend, also draws the statistical test's
+samples (and tests/core/test_fused_sampler.py checks it against the eager one).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ transformers = require_module("transformers")
 
 from hpcrl.config.recipe import GenerationCfg  # noqa: E402
 from hpcrl.core.generation.decoder import UnsupportedModelError  # noqa: E402
-from hpcrl.core.generation.sampling import row_uniforms  # noqa: E402
+from hpcrl.core.generation.sampling import fused_sampler, row_uniforms  # noqa: E402
 from hpcrl.core.generation.torch_engine import EngineOptions, TorchEngine, row_bucket  # noqa: E402
 from hpcrl.core.models.tiny import ensure_tiny_model  # noqa: E402
 
@@ -106,8 +108,12 @@ def _chi_square_upper(degrees: int, z: float) -> float:
     ],
     ids=["t1", "t0.7-topk8", "t1.3-topp0.6"],
 )
-def test_sampled_first_tokens_follow_the_processed_softmax(qwen2, cfg: GenerationCfg) -> None:
-    """Chi-square goodness of fit of 20,000 draws against softmax(filter(logits / T)).
+@pytest.mark.parametrize("sampler", ["eager", pytest.param("fused", marks=pytest.mark.slow)])
+def test_sampled_first_tokens_follow_the_processed_softmax(
+    qwen2, cfg: GenerationCfg, sampler: str
+) -> None:
+    """Chi-square goodness of fit of 20,000 draws against softmax(filter(logits / T)), with
+    the eager sampler (CPU's) and the fused one (CUDA's, here compiled for the CPU).
 
     The bound is the 1 - 1e-4 quantile: with a random seed this test would fail wrongly once
     in 10,000 runs; the seed is fixed, so it is deterministic."""
@@ -115,6 +121,8 @@ def test_sampled_first_tokens_follow_the_processed_softmax(qwen2, cfg: Generatio
     prompt = tokenizer("x = ")["input_ids"]
     num_draws = 20_000
     engine = TorchEngine.from_hf_model(model, options=EngineOptions(max_rows=2048))
+    if sampler == "fused":
+        engine.sample_tokens = fused_sampler()
     out = engine.generate([prompt] * num_draws, cfg, seed=123)
     drawn = out["input_ids"][:, len(prompt)]
     with torch.no_grad():

@@ -1,0 +1,133 @@
+"""The torch engine's fused sampler (``sampling.fused_sampler``, its CUDA path) against the
+eager one (``sampling.sample_tokens``, its CPU path and reference): the same tokens and
+log-probs from the same uniforms, one compilation for every batch size.
+
+Real torch.compile with Inductor's CPU backend (a C++ compiler builds the kernels): the
+graph Inductor is handed is the one it lowers for CUDA; only the kernels' code differs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from tests.require import require_module
+
+torch = require_module("torch")
+
+from hpcrl.core.generation.sampling import (  # noqa: E402
+    fused_sampler,
+    row_uniforms,
+    sample_tokens,
+)
+from hpcrl.core.token_distribution import TokenDistribution  # noqa: E402
+
+VOCAB = 48
+BATCH_SIZES = (7, 2, 1, 64)  # the first call compiles; the others must not
+
+CASES = {
+    "t1": (TokenDistribution(), False),
+    "t0.7-topk5": (TokenDistribution(temperature=0.7, top_k=5), False),
+    "t1.3-topp0.6": (TokenDistribution(temperature=1.3, top_p=0.6), False),
+    "greedy": (TokenDistribution(), True),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def fused():
+    return fused_sampler()
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _logits(batch: int, seed: int, integer: bool = False) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, VOCAB, generator=gen) * 3
+    # integer logits: many exact ties, at the k-th value and across the top-p boundary
+    return logits.round() if integer else logits
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_sampler_equals_the_eager_one_without_recompiling(fused, case: str) -> None:
+    distribution, greedy = CASES[case]
+    graphs_after_first = None
+    for index, batch in enumerate(BATCH_SIZES):
+        for integer in (False, True):
+            logits = _logits(batch, seed=index, integer=integer)
+            uniforms = row_uniforms(5, torch.arange(batch), index)
+            with warnings.catch_warnings():
+                # the eager fallback says so
+                warnings.filterwarnings("error", message=".*torch.compile failed")
+                tokens, logprobs = fused(logits, distribution, uniforms, greedy=greedy)
+            want_tokens, want_logprobs = sample_tokens(
+                logits, distribution, uniforms, greedy=greedy
+            )
+            assert tokens.dtype == want_tokens.dtype and tokens.shape == (batch,)
+            assert torch.equal(tokens, want_tokens), (batch, integer)
+            torch.testing.assert_close(logprobs, want_logprobs, atol=1e-5, rtol=0)
+            assert bool(torch.isfinite(logprobs).all()), "a filtered token was drawn"
+            if graphs_after_first is None:
+                graphs_after_first = _graphs()
+    assert _graphs() == graphs_after_first, "a batch size recompiled"
+
+
+@pytest.mark.slow
+def test_fused_sampler_keeps_the_contracts_kept_set(fused) -> None:
+    """Over many draws from one row with ties at the k-th value: every token the filter
+    keeps is drawn, none it drops, under both samplers alike."""
+    row = torch.tensor([[4.0, 4.0, 4.0, 3.0, 1.0, 0.0] + [-2.0] * (VOCAB - 6)])
+    distribution = TokenDistribution(temperature=0.7, top_k=2)  # ties: k=2 keeps 3
+    draws = 4096
+    logits = row.expand(draws, VOCAB).contiguous()
+    uniforms = row_uniforms(11, torch.arange(draws), 0)
+    tokens, logprobs = fused(logits, distribution, uniforms, greedy=False)
+    want, _ = sample_tokens(logits, distribution, uniforms, greedy=False)
+    assert torch.equal(tokens, want)
+    assert set(tokens.tolist()) == {0, 1, 2}
+    torch.testing.assert_close(logprobs, torch.full((draws,), -torch.log(torch.tensor(3.0))))
+
+
+def test_another_temperature_or_top_k_reuses_the_compilation() -> None:
+    """Scalars are symbols in the compiled sampler: only the kind of distribution (here
+    top-k at a temperature other than 1, then top-p) compiles anew. Counted by a backend
+    that runs dynamo's graphs as they are (what recompiles is decided before any backend)."""
+
+    class CountingBackend:
+        def __init__(self) -> None:
+            self.graphs = 0
+
+        def __call__(self, graph_module, example_inputs):
+            self.graphs += 1
+            return graph_module.forward
+
+    backend = CountingBackend()
+    sample = fused_sampler(backend=backend)
+    graphs = []
+    for distribution in (
+        TokenDistribution(temperature=0.7, top_k=5),
+        TokenDistribution(temperature=0.9, top_k=7),
+        TokenDistribution(temperature=1.3, top_p=0.6),
+        TokenDistribution(temperature=0.5, top_p=0.9),
+    ):
+        for batch in (3, 1, 9):
+            logits = _logits(batch, seed=batch)
+            uniforms = row_uniforms(2, torch.arange(batch), 0)
+            tokens, _ = sample(logits, distribution, uniforms, greedy=False)
+            want, _ = sample_tokens(logits, distribution, uniforms, greedy=False)
+            assert torch.equal(tokens, want)
+        graphs.append(backend.graphs)
+    assert graphs == [1, 1, 2, 2]
