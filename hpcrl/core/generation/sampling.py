@@ -112,8 +112,8 @@ def pick_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``sample_tokens`` written for torch.compile: the same tokens and log-probs (up to
     float rounding at a CDF boundary), without the ``[B, V]`` log-softmax and probability
-    tensors in between. Scalars instead of a ``TokenDistribution``: compiled, they are
-    symbols, so another temperature or top-k reuses the compilation."""
+    tensors in between. Plain scalars instead of a ``TokenDistribution``: what a
+    compilation holds for is decided by dynamo's guards on them."""
     import torch
 
     processed = scale_logits(logits, temperature)
@@ -136,11 +136,13 @@ def pick_tokens(
 def fused_sampler(backend: Any = "inductor") -> SampleTokens:
     """``sample_tokens`` through one compiled ``pick_tokens`` (``compiled.compiled_piece``).
 
-    Every batch size shares one compilation per kind of distribution (temperature 1 or not;
-    unfiltered, top-k, top-p or both; greedy): the batch dimension is unbacked, so a batch
-    of one row (the last live row after compaction) compiles nothing new either. Past
-    torch._dynamo's ``recompile_limit`` kinds in one process (8; a run samples from one or
-    two) the sampler runs eagerly, with a warning. ``backend``: torch.compile's."""
+    Every batch size shares one compilation per distribution: the batch dimension is
+    unbacked, so a batch of one row (the last live row after compaction) compiles nothing
+    new either. Another distribution compiles once more (another kind — unfiltered, top-k,
+    top-p, both, greedy — always; another temperature or top-p value of the same kind may,
+    as dynamo decides to specialise a float or not). Past torch._dynamo's ``recompile_limit``
+    (8 compilations of ``pick_tokens`` in one process; a run samples from one distribution
+    or two) the sampler runs eagerly, with a warning. ``backend``: torch.compile's."""
     from torch._dynamo.decorators import mark_unbacked
 
     from hpcrl.core.generation.compiled import compiled_piece
