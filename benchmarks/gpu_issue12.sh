@@ -21,6 +21,9 @@
 #                          attention buckets and without fused kernels (own process: a variant
 #                          under test must not take the main rows down with it), ratios
 #                          against generation.json                                (~50 s)
+#   sampler.log (only when PIECES names "sampler")  benchmarks/sampler_throughput.py: the
+#                          engine's sampler eager against fused, batches 64 and 256, kernels
+#                          per call, self-check                                   (~30 s)
 # plus summary.txt (every GOAL / BOUND / breakdown line and the tables), versions.txt and
 # nvidia-smi.txt in $OUT. Run from the repository root: the benchmarks put the checkout first
 # on sys.path (its hpcrl is the one measured); the wheels bring ray, cattrs, omegaconf, ...
@@ -60,7 +63,8 @@ for name in ("torch", "transformers", "triton", "ray", "cattrs", "omegaconf"):
         print(name, "MISSING")
 PY
 
-# PIECES="grpo-tuned grpo-old-mb" runs only those pieces (default: all four, in order).
+# PIECES="grpo-tuned grpo-old-mb" runs only those pieces (default: all four, in order;
+# "sampler" runs only when named).
 PIECES=${PIECES:-grpo-tuned generation grpo-old-mb generation-variants}
 wanted() { [[ " $PIECES " == *" $1 "* ]]; }
 
@@ -126,13 +130,18 @@ wanted generation-variants && bounded "$(at_most 90)" "$OUT/generation-variants.
     benchmarks/generation_throughput.py --no-self-checks --rows hpcrl-sdpa,hpcrl-bucket16,hpcrl-unfused \
     --baseline-json "$OUT/generation.json" --json-out "$OUT/generation-variants.json" "${TINY[@]}"
 
+# 5. The sampler alone, eager against fused (opt-in)
+wanted sampler && bounded "$(at_most 90)" "$OUT/sampler.log" "$PYTHON" \
+    benchmarks/sampler_throughput.py "${TINY[@]}"
+
 {
-    for log in grpo-tuned generation grpo-old-mb generation-variants; do
+    for log in grpo-tuned generation grpo-old-mb generation-variants sampler; do
         echo "===== $log"
         grep -E "^(GOAL|BOUND|self-check|measured copy|where a steady|== (exit|stopped|skipped))|^  (variant|generate|logprobs|train) |^    (decode|policy|reference|train)|Traceback|Error" \
             "$OUT/$log.log" 2>/dev/null | head -60
         sed -n '/^batch  sampler/,/^$/p' "$OUT/$log.log" 2>/dev/null
         sed -n '/^step  /,/^$/p' "$OUT/$log.log" 2>/dev/null
+        sed -n '/^batch  distribution/,/^$/p' "$OUT/$log.log" 2>/dev/null
     done
     echo "total ${SECONDS}s"
 } > "$OUT/summary.txt"
