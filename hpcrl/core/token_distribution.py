@@ -129,8 +129,7 @@ def filter_logits(scaled: torch.Tensor, top_k: int | None, top_p: float) -> torc
     vocab = scaled.shape[-1]
     keep = torch.ones_like(scaled, dtype=torch.bool)
     if top_k is not None and 0 < top_k < vocab:
-        # an index, not a slice: compiled with a symbolic k, a slice [-1:] is not provably 1 wide
-        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1, None]
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
         keep = scaled >= kth
     if top_p < 1.0:
         kept_logits = scaled.detach().masked_fill(~keep, float("-inf"))

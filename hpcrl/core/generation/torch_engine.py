@@ -10,8 +10,8 @@ the host never waits for the device between tokens. On CUDA the sampler is compi
 and the chosen token's log-prob in a few fused kernels, right after the graph's replay.
 Every ``check_every_tokens`` steps the host reads how many rows are still running: it stops
 when none are, applies stop strings, and moves the live rows into a smaller row bucket
-(``compact``) so finished rows stop costing work. On CPU the same code runs without graphs or fused kernels (the eager
-``sampling.sample_tokens``).
+(``compact``) so finished rows stop costing work. On CPU the same code runs without graphs
+or fused kernels (the eager ``sampling.sample_tokens``).
 
 Weights are the engine's own copy (in the sampling dtype), refreshed in place by
 ``update_weights`` from Hugging Face-named tensors (``BackendWorker.export_hf_weights``).
