@@ -17,7 +17,18 @@ the host synchronisations per pass (``hpcrl.core.backends.pass_stats``).
 
     python benchmarks/grpo_step.py --steps 12 --out-dir /tmp/grpo-bench
     python benchmarks/grpo_step.py --steps 10 --override policy.train_micro_batch_size=4
+    python benchmarks/grpo_step.py --steps 8 --stop-tokens 512 --label early-stop
     python benchmarks/grpo_step.py --tiny        # CPU smoke: the demo recipe, 3 steps
+
+The random-init model never samples its EOS on purpose, so every row runs to
+``max_new_tokens`` and the engine's early-finish path (compaction into smaller row buckets,
+whose CUDA graphs are captured when first met) never runs. ``--stop-tokens N`` makes N token
+ids, spread evenly over the vocabulary, stop tokens (``policy.generation.stop_token_ids``):
+with a near-uniform random model each sampled token ends its row with probability ≈ N /
+vocab, so rows finish at varied lengths (512 of 32,000: ≈ 1.6% per token, median response
+≈ 43 tokens, ≈ 13% of rows to 128). Then the per-step table's ``compact`` and ``captures``
+columns show compactions and new row-bucket graphs, ``resp len`` / ``trunc`` the lengths,
+and the stall goal is judged on those steps (``EARLY-STOP`` line: was the path exercised).
 """
 
 from __future__ import annotations
@@ -51,6 +62,9 @@ COLUMNS = (
     ("generated_tokens_per_s", "gen tok/s"),
     ("compiled_graphs", "compiled"),
     ("generation_graph_captures", "captures"),
+    ("generation_compactions", "compact"),
+    ("response_length_mean", "resp len"),
+    ("truncated_fraction", "trunc"),
     ("reward_mean", "reward"),
 )
 
@@ -69,6 +83,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--count-syncs", action="store_true", help="count host syncs per pass (CUDA workers)"
     )
     parser.add_argument("--label", default="", help="name printed with the summary (A/B runs)")
+    parser.add_argument(
+        "--stop-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="make N token ids (spread over the vocabulary) stop tokens, so that rows of the "
+        "random-init model finish early at varied lengths (compaction, row buckets)",
+    )
     parser.add_argument(
         "--cluster", default="local-gpu", help="profile the run is planned on (--tiny: local)"
     )
@@ -141,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[COUNT_SYNCS_ENV] = "1"  # the Ray workers inherit it
     run_dir = args.out_dir or Path(tempfile.mkdtemp(prefix="hpcrl-grpo-bench-"))
     overrides = [f"grpo.max_num_steps={args.steps}", *args.override]
+    if args.stop_tokens:
+        overrides.append(stop_tokens_override(args.recipe, args.stop_tokens))
     recipe = write_run_dir(run_dir, args.recipe, overrides, args.cluster)
     from hpcrl.core.driver import run_training
 
@@ -159,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     grpo_breakdown.print_breakdown(parts, bound, args.label)
     summary |= {"label": args.label, "overrides": args.override, "decode": bound,
                 "breakdown": parts}  # fmt: skip
+    if args.stop_tokens:
+        summary["early_stop"] = early_stop_summary(records, args.stop_tokens)
     print(json.dumps(summary, indent=1))
     print_goals(summary, args.label)
     (run_dir / "grpo_step_summary.json").write_text(json.dumps(summary, indent=1))
@@ -177,6 +203,58 @@ def print_goals(summary: dict, label: str) -> None:
     fraction = summary["decode"].get("fraction_of_bound")
     if fraction is not None:
         print(f"BOUND{name} decode at {fraction:.1%} of the weights-read bound")
+    early = summary.get("early_stop")
+    if early is not None:
+        print(f"EARLY-STOP{name} {early['stop_tokens']} stop ids: rows ended by a stop "
+              f"{early['stopped_fraction_min']:.0%}-{early['stopped_fraction_max']:.0%} per step, "
+              f"mean response {early['response_length_min']:.0f}-"
+              f"{early['response_length_max']:.0f} tokens; compactions per step "
+              f"{early['compactions_per_step']}; graph captures per step "
+              f"{early['captures_per_step']}: early-finish path "
+              f"{'EXERCISED' if early['exercised'] else 'NOT EXERCISED'}")  # fmt: skip
+
+
+def vocab_size(model_name: str) -> int:
+    """The vocabulary of a ``tiny:`` model, from its spec (no build)."""
+    from hpcrl.core.models.tiny import SPECIAL_TOKENS, TINY_PREFIX, TINY_SPECS, tokenizer_alphabet
+
+    if not model_name.startswith(TINY_PREFIX):
+        raise SystemExit(f"--stop-tokens needs a tiny: model (random init), not {model_name}")
+    spec = TINY_SPECS[model_name.removeprefix(TINY_PREFIX)]
+    return spec.vocab_size or len(SPECIAL_TOKENS) + len(tokenizer_alphabet())
+
+
+def stop_token_ids(vocab: int, count: int, first: int) -> list[int]:
+    """``count`` ids spread evenly over ``[first, vocab)`` (the ids below ``first`` are the
+    special tokens)."""
+    if not 0 < count <= vocab - first:
+        raise SystemExit(f"--stop-tokens {count}: needs 1 to {vocab - first} (vocabulary {vocab})")
+    return sorted({first + (index * (vocab - first)) // count for index in range(count)})
+
+
+def stop_tokens_override(recipe_name: str, count: int) -> str:
+    from hpcrl.config import load_recipe
+    from hpcrl.core.models.tiny import SPECIAL_TOKENS
+
+    model_name = load_recipe(REPO_ROOT / "recipes" / recipe_name, []).recipe.policy.model_name
+    ids = stop_token_ids(vocab_size(model_name), count, len(SPECIAL_TOKENS))
+    return f"policy.generation.stop_token_ids=[{','.join(map(str, ids))}]"
+
+
+def early_stop_summary(records: list[dict], stop_tokens: int) -> dict:
+    """Did rows finish early, and did the engine compact them (every step from step 1)?"""
+    steps = [r for r in records if r.get("step", 0) >= 1]
+    stopped = [1.0 - r.get("truncated_fraction", 1.0) for r in steps]
+    lengths = [r.get("response_length_mean", 0.0) for r in steps]
+    compactions = [int(r.get("generation_compactions", 0)) for r in steps]
+    captures = [int(r.get("generation_graph_captures", 0)) for r in steps]
+    return {"stop_tokens": stop_tokens,
+            "stopped_fraction_min": min(stopped, default=0.0),
+            "stopped_fraction_max": max(stopped, default=0.0),
+            "response_length_min": min(lengths, default=0.0),
+            "response_length_max": max(lengths, default=0.0),
+            "compactions_per_step": compactions, "captures_per_step": captures,
+            "exercised": sum(compactions[2:]) > 0}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -23,9 +23,11 @@ per round (median and range). It ends with one ``summary`` line per row (tok/s, 
 to the best baseline of its group: ``benchmarks/throughput_report.py``) and the wall time.
 
 Megatron rows (``benchmarks/train_throughput_megatron.py``; each loop in its own process, its
-``--rounds`` windows timed one after the other): hpcrl's Megatron backend path against the
-best raw megatron-core row (local spec with megatron's unfused attention, with the same SDPA
-attention hpcrl uses, and the Transformer Engine spec wherever TE is installed).
+``--rounds`` windows timed one after the other; every row run ``--megatron-repeats`` times, the
+row order reversed on every other pass): hpcrl's Megatron backend (its setup functions and
+``MegatronWorker.train_step``) against the best raw megatron-core row (megatron-core's own
+``forward_backward_func`` and model loss; local spec with megatron's unfused attention, with the
+same SDPA attention hpcrl uses, and the Transformer Engine spec wherever TE is installed).
 
     python benchmarks/train_throughput.py --device cuda                 # every row, one H200
     python benchmarks/train_throughput.py --device cuda --skip-megatron # HF rows only
@@ -79,6 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--only", choices=MEGATRON_LOOPS, default=None, help="(child process)")
     parser.add_argument("--megatron-steps", type=int, default=5, help="timed steps per window")
+    parser.add_argument(
+        "--megatron-repeats", type=int, default=2,
+        help="processes per Megatron row, row order reversed on every other pass",
+    )  # fmt: skip
     parser.add_argument(
         "--megatron-attention",
         default="sdpa",
@@ -408,13 +414,26 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
 
 
 def run_megatron_rows(args: argparse.Namespace) -> dict[str, dict]:
+    """Every Megatron row ``--megatron-repeats`` times, each time in a fresh process, the row
+    order reversed on every other pass (drift hits every row alike); a row's windows are
+    those of all its processes."""
     from benchmarks.train_throughput_megatron import megatron_rows, run_megatron_subprocess
 
-    rows = {}
+    rows: dict[str, dict] = {}
+    order = megatron_rows(args)
     with tempfile.TemporaryDirectory(prefix="hpcrl-bench-megatron-") as tmp:
-        for name, loop, attention in megatron_rows(args):
-            out = Path(tmp) / f"{loop}-{attention}.json"
-            rows[name] = run_megatron_subprocess(args, loop, attention, out)
+        for repeat in range(args.megatron_repeats):
+            for name, loop, attention in order if repeat % 2 == 0 else order[::-1]:
+                out = Path(tmp) / f"{loop}-{attention}-{repeat}.json"
+                result = run_megatron_subprocess(args, loop, attention, out)
+                if name not in rows:
+                    rows[name] = result
+                    continue
+                if result["first_loss"] != rows[name]["first_loss"]:
+                    print(f"{name}: first loss {result['first_loss']:.6f} in pass {repeat + 1}, "
+                          f"{rows[name]['first_loss']:.6f} in pass 1", flush=True)  # fmt: skip
+                rows[name]["windows"] += result["windows"]
+                rows[name]["peak_gib"] = max(rows[name]["peak_gib"], result["peak_gib"])
     return rows
 
 
@@ -449,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"device={args.device} batch={args.batch_size} seq={args.seq_len} rounds={args.rounds} "
         f"steps/round={args.steps} megatron_steps/window={args.megatron_steps} "
+        f"megatron_repeats={args.megatron_repeats} "
         f"warmup={args.warmup} compile={not args.no_compile} torch={torch.__version__}"
     )
     flops = flops_per_token(spec, args.seq_len)

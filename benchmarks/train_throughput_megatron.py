@@ -2,19 +2,27 @@
 
 megatron-core only (no megatron-bridge needed). The same shape, batch and optimizer as the HF
 rows (bf16 with fp32 main weights, distributed optimizer, Adam(W) with weight decay 0.01,
-clip 1.0), trained through ``step.run_train_microbatches``; every loop starts from the same
-weights, so the first losses agree.
+clip 1.0); every loop starts from the same weights, so the first losses agree.
 
-- ``megatron``: hpcrl's Megatron backend path — ``prepare_provider`` (without Transformer
-  Engine: the local spec with hpcrl's SDPA core attention; with TE: the TE spec), ``build_model``
-  (megatron DDP), ``build_optimizer``, ``connect_grad_sync`` — on a stand-in for the bridge's
-  provider that builds the same random GPTModel. ``megatron[unfused]`` (``--megatron-attention
-  sdpa,unfused``) is the same path with the local spec's own attention.
-- ``megatron-raw[<attention>]``: plain megatron-core objects (``megatron_offload.build``) on
-  the local spec with megatron's unfused ``DotProductAttention`` (``unfused``), with the same
-  SDPA core attention hpcrl uses (``sdpa``: the strongest raw loop without TE), and on the TE
-  spec (``te``) wherever Transformer Engine is installed. The backend is reported against the
-  best raw row.
+- ``megatron``: hpcrl's Megatron backend — the model and optimizer built by the worker's own
+  setup functions (``prepare_provider``: without Transformer Engine the local spec with
+  hpcrl's SDPA core attention, with TE the TE spec; ``build_model`` (megatron DDP),
+  ``build_optimizer``, ``connect_grad_sync``, ``build_scheduler``) on a stand-in for the
+  bridge's provider that builds the same random GPTModel, and every step through
+  ``MegatronWorker.train_step`` itself (zero_grad, ``step.run_train_microbatches`` with its
+  vocab-parallel log-probs and metric all-reduce, optimizer step, scheduler, manual-GC hook).
+  Not included: the worker's HF→Megatron conversion and weight loading (setup only).
+  ``megatron[unfused]`` (``--megatron-attention sdpa,unfused``) is the same path with the
+  local spec's own attention.
+- ``megatron-raw[<attention>]``: what a megatron-core user writes, nothing of hpcrl's step:
+  plain megatron-core objects (``megatron_offload.build``: GPTModel, DDP, distributed
+  optimizer, the four ``config`` hooks megatron's own training loop sets) trained by
+  megatron-core's ``get_forward_backward_func`` with the model's own loss (``labels=``:
+  megatron's vocab-parallel cross-entropy) and a masked mean, as megatron's pretrain_gpt
+  does; on the local spec with megatron's unfused ``DotProductAttention`` (``unfused``), with
+  the same SDPA core attention hpcrl uses (``sdpa``: the strongest raw loop without TE), and
+  on the TE spec (``te``) wherever Transformer Engine is installed. The backend is reported
+  against the best raw row.
 """
 
 from __future__ import annotations
@@ -72,11 +80,16 @@ class RandomGptProvider:
         return [megatron_offload.gpt_model(self.shape, config, self.transformer_layer_spec)]
 
 
-def build_hpcrl_megatron(shape: argparse.Namespace, attention: str) -> tuple[list, object]:
-    """Model chunks and optimizer through the Megatron worker's own setup functions."""
+def build_hpcrl_megatron(shape: argparse.Namespace, attention: str, total_steps: int):
+    """A ``MegatronWorker`` whose model, optimizer and scheduler come from the worker's own
+    setup functions (its ``setup`` also converts and loads an HF checkpoint through
+    megatron-bridge, which the GPU machine lacks: skipped, the weights are random)."""
     from hpcrl.config.recipe import DistributedDataParallelCfg, MegatronCfg, MegatronOptimizerCfg
     from hpcrl.core.backends.megatron import model as mcore_model
+    from hpcrl.core.backends.megatron.manual_gc import manual_gc_for
     from hpcrl.core.backends.megatron.provider import prepare_provider
+    from hpcrl.core.backends.megatron.worker import MegatronWorker
+    from hpcrl.core.token_distribution import TokenDistribution
 
     overrides = {}
     if attention == "unfused":  # a user override of the spec wins over hpcrl's SDPA swap
@@ -96,10 +109,59 @@ def build_hpcrl_megatron(shape: argparse.Namespace, attention: str) -> tuple[lis
     provider = RandomGptProvider(shape)
     prepare_provider(provider, cfg, "bfloat16", shape.seq_len)
     torch.manual_seed(shape.seed)  # the CPU generator the initialisation draws from (as raw)
-    chunks = mcore_model.build_model(provider, cfg, on_cpu=shape.device == "cpu")
-    optimizer = mcore_model.build_optimizer(chunks, cfg, "bfloat16")
-    mcore_model.connect_grad_sync(chunks, optimizer)
-    return chunks, optimizer
+    worker = MegatronWorker()
+    # What MegatronWorker.setup sets and train_step reads, set the way setup sets it.
+    worker.cfg = cfg
+    worker.distribution = TokenDistribution()  # the recipe's default: temperature 1, no filters
+    worker.model_chunks = mcore_model.build_model(provider, cfg, on_cpu=shape.device == "cpu")
+    worker.optimizer = mcore_model.build_optimizer(worker.model_chunks, cfg, "bfloat16")
+    mcore_model.connect_grad_sync(worker.model_chunks, worker.optimizer)
+    worker.scheduler = mcore_model.build_scheduler(worker.optimizer, cfg, total_steps)
+    worker.steps_done = 0
+    worker.manual_gc = manual_gc_for(cfg)  # off, as in the recipe default
+    worker.manual_gc.after_setup()
+    return worker
+
+
+def raw_megatron_step(chunks: list, optimizer, batch: dict, device: str):
+    """One step as a megatron-core user writes it (megatron's pretrain_gpt and train_step):
+    ``labels=`` into GPTModel (its vocab-parallel cross-entropy, per token), a masked mean over
+    the batch's predicted tokens — the same quantity as ``nll_loss`` — through
+    ``get_forward_backward_func``, then the optimizer step."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    input_ids = batch["input_ids"].to(device)
+    batch_size, seq_len = input_ids.shape
+    positions = torch.arange(seq_len, device=device).unsqueeze(0).expand_as(input_ids)
+    # Position t predicts token t + 1; the last position predicts nothing (mask 0).
+    labels = torch.zeros_like(input_ids)
+    labels[:, :-1] = input_ids[:, 1:]
+    loss_mask = torch.zeros(batch_size, seq_len, device=device)
+    loss_mask[:, :-1] = batch["token_mask"][:, 1:].to(device)
+    num_tokens = loss_mask.sum()
+    forward_backward = get_forward_backward_func()
+
+    def loss_func(output_tensor):
+        loss = (output_tensor.float() * loss_mask).sum() / num_tokens
+        return loss, {"lm loss": loss.detach()}
+
+    def forward_step(data_iterator, model):
+        next(data_iterator)
+        return model(input_ids, positions, None, labels=labels), loss_func
+
+    def step() -> float:
+        for chunk in chunks:
+            chunk.zero_grad_buffer()
+        optimizer.zero_grad()
+        losses = forward_backward(
+            forward_step_func=forward_step, data_iterator=iter([None]), model=chunks,
+            num_microbatches=1, seq_length=seq_len, micro_batch_size=batch_size,
+            forward_only=False,
+        )  # fmt: skip
+        optimizer.step()
+        return float(losses[0]["lm loss"])
+
+    return step
 
 
 def build_raw_megatron(shape: argparse.Namespace) -> tuple[list, object]:
@@ -129,27 +191,24 @@ def megatron_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 def run_megatron(args: argparse.Namespace, spec, loop: str, attention: str, time_windows) -> dict:
     """One Megatron loop in this process: per-window step times, first loss, peak GiB."""
     from benchmarks import megatron_offload
-    from hpcrl.core.backends.megatron.step import run_train_microbatches
+    from benchmarks.train_throughput import make_batch, nll_loss
 
     shape = megatron_args(args, spec, attention)
     megatron_offload.init_distributed(args.device)
+    batch = make_batch(shape.vocab, args.batch_size, args.seq_len)
     if loop == "megatron-raw":
         chunks, optimizer = build_raw_megatron(shape)
+        step = raw_megatron_step(chunks, optimizer, batch, args.device)
     else:
-        chunks, optimizer = build_hpcrl_megatron(shape, attention)
+        total_steps = args.warmup + args.rounds * args.megatron_steps
+        worker = build_hpcrl_megatron(shape, attention, total_steps)
+        chunks, num_tokens = worker.model_chunks, float(batch["token_mask"].sum())
+
+        def step() -> float:
+            return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+
     kinds = {type(m).__name__ for n, m in chunks[0].named_modules() if n.endswith("core_attention")}
     print(f"{loop}[{attention}]: core attention {sorted(kinds)}", flush=True)
-    from benchmarks.train_throughput import make_batch, nll_loss
-
-    batch = make_batch(shape.vocab, args.batch_size, args.seq_len)
-    num_tokens = float(batch["token_mask"].sum())
-
-    def step() -> float:
-        optimizer.zero_grad()
-        metrics = run_train_microbatches(chunks, [batch], nll_loss, num_tokens)
-        optimizer.step()
-        return metrics["loss"]
-
     return time_windows(step, args.megatron_steps)
 
 

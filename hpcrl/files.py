@@ -32,6 +32,7 @@ from pathlib import Path
 
 from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import find_secrets
+from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 
 FILE_MODE = 0o666  # before the umask: what `touch` creates
 EXECUTABLE_MODE = 0o777
@@ -41,7 +42,7 @@ RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
 #: What a render writes; "auth" (the job's Ray token, hpcrl.plan.ray_auth.AUTH_DIR_NAME) comes
 #: first, so a render stopped after it leaves a folder that the next render may still take.
 RENDER_NAMES = frozenset(
-    {"job.sbatch", "recipe.resolved.yaml", "jobspec.json", "code", "auth", *RUN_FOLDER_MARKS}
+    {"job.sbatch", "recipe.resolved.yaml", JOBSPEC_FILE, "code", "auth", *RUN_FOLDER_MARKS}
 )
 TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # what _open_exclusive_temp draws
 LOCK_TIMEOUT_S = 30.0

@@ -2,8 +2,9 @@
 
 ``tests/require.py`` decides: locally a missing piece skips with the command that provides it;
 under CI (``HPCRL_REQUIRE_*=1`` or ``CI`` true) it fails with the same reason. Markers:
-``slurm`` needs the real test cluster; ``megatron`` (every test under tests/megatron, plus the
-few elsewhere that mark themselves) needs megatron-core and megatron-bridge installed.
+``slurm`` needs the real test cluster; ``megatron`` needs megatron-core and megatron-bridge
+installed. This hook gives ``megatron`` to every test under tests/megatron, and only to them
+(no test elsewhere marks itself; ``-m "not megatron"`` deselects exactly that folder).
 """
 
 from __future__ import annotations

@@ -103,7 +103,6 @@ def prepare(
     local job's Python for its packages (``hpcrl validate``)."""
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
     from hpcrl.config.errors import raise_if_errors
-    from hpcrl.config.load import check_secret_references
     from hpcrl.plan.planner import plan, render_argv
     from hpcrl.plan.submit_host import bundles_dir_for, describe_submit_host
     from hpcrl.render.run_folder import default_run_dir
@@ -120,7 +119,6 @@ def prepare(
         problems += error.problems
     if loaded is None or profile is None:
         raise ConfigError(problems)
-    raise_if_errors(check_secret_references(loaded, profile))
     warnings = tuple(loaded.warnings) + tuple(profile_warnings)
     if out is not None:
         run_dir = folder_path(out)

@@ -20,6 +20,7 @@ from hpcrl.config.foreign_keys import filter_foreign_keys, find_foreign_key
 from hpcrl.config.loader import (
     BaseSearch,
     MergedConfig,
+    SecretRead,
     load_merged,
     name_interpolation_sources,
     structure_leniently,
@@ -34,7 +35,7 @@ from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.profile_rules import check_profile
 from hpcrl.config.recipe import Recipe
 from hpcrl.config.rules import check_recipe
-from hpcrl.config.secrets import PASS_ENV_FIX, secret_references, secret_values
+from hpcrl.config.secrets import PASS_ENV_FIX
 
 #: Free-form mappings of environment variables (``policy.megatron_cfg.env_vars``): their
 #: values are exported in job.sbatch.
@@ -46,9 +47,9 @@ class LoadedRecipe:
     """A validated recipe and where it came from.
 
     resolved_dict: the plain dict after `defaults:` merging, overrides and interpolation
-    (data paths absolute), except that a value holding a secret keeps its ``${oc.env:...}``
-    text: what ``recipe.resolved.yaml`` holds. warnings: problems of severity "warning"
-    (the recipe is usable).
+    (data paths absolute): what ``recipe.resolved.yaml`` holds (no value of it ever came from
+    a secret-named variable: ``load_recipe`` refuses those). warnings: problems of severity
+    "warning" (the recipe is usable).
     """
 
     recipe: Recipe
@@ -56,9 +57,6 @@ class LoadedRecipe:
     resolved_dict: dict[str, Any]
     overrides: tuple[str, ...] = ()
     warnings: list[Problem] = attrs.field(factory=list)
-    #: (key path, variable) of values that read a secret through ``${oc.env:...}``: the
-    #: resolved dict keeps their text and the job resolves them from its own environment.
-    secret_references: tuple[tuple[str, str], ...] = ()
 
     def effective_dict(self) -> dict[str, Any]:
         """Every field with the value it takes, code defaults included (resolved_dict holds
@@ -76,72 +74,35 @@ def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) 
         raise ConfigError(problems)
     recipe, structure_problems = _structure_and_check(merged, Recipe, check_recipe)
     problems = aliases.respell(problems + structure_problems, merged.spelled_as)
-    references = list(secret_references(merged.raw))
-    problems += [
-        _secret_in_script(parts, name, text) for parts, name, text in references
-        if ENV_VARS_KEY in parts
-    ]  # fmt: skip
+    problems += [_secret_in_recipe(read) for read in merged.secret_reads]
     raise_if_errors(problems)
     assert recipe is not None  # no errors means structuring succeeded
     return LoadedRecipe(
         recipe=recipe,
         source_path=source_path,
-        resolved_dict=keep_secret_text(resolved, merged.raw),
+        resolved_dict=resolved,
         overrides=tuple(overrides),
         warnings=[problem for problem in problems if not problem.is_error],
-        secret_references=tuple((format_path(parts), name) for parts, name, _ in references),
     )
 
 
-def keep_secret_text(resolved: Any, raw: Any) -> Any:
-    """``resolved`` with every string that holds a secret value replaced by its text as
-    written (``${oc.env:HF_TOKEN}``, or ``${a.b}`` pointing at one)."""
-    values = secret_values()
-    if not values:
-        return resolved
-    return _kept(resolved, raw, values)
-
-
-def _kept(resolved: Any, raw: Any, values: Mapping[str, str]) -> Any:
-    if isinstance(resolved, dict):
-        raw_dict = raw if isinstance(raw, dict) else {}
-        return {key: _kept(item, raw_dict.get(key), values) for key, item in resolved.items()}
-    if isinstance(resolved, list):
-        raw_list = (
-            raw if isinstance(raw, list) and len(raw) == len(resolved) else [None] * len(resolved)
-        )
-        return [
-            _kept(item, raw_item, values) for item, raw_item in zip(resolved, raw_list, strict=True)
-        ]
-    if isinstance(resolved, str) and isinstance(raw, str) and "${" in raw:
-        if any(value in resolved for value in values):
-            return raw
-    return resolved
-
-
-def check_secret_references(loaded: LoadedRecipe, profile: ClusterProfile) -> list[Problem]:
-    """A recipe value that reads a secret is resolved again in the job, from the job's own
-    environment: the profile must pass that variable."""
-    return [
-        Problem(
-            path=path,
-            value=f"${{oc.env:{name}}}",
-            message=f"reads {name}, a secret; the run folder keeps this text and the job resolves "
-            f"it from its own environment, which gets {name} only through pass_env",
-            fix=f"add {name} to the pass_env list of profile {profile.name!r}",
-        )
-        for path, name in loaded.secret_references
-        if name not in profile.pass_env
-    ]
-
-
-def _secret_in_script(parts: tuple, name: str, text: str) -> Problem:
-    path = format_path(parts)
+def _secret_in_recipe(read: SecretRead) -> Problem:
+    """A recipe value may not come from a secret-named variable: recipe values are written
+    into the run folder and printed (paths, run names), and nothing in a recipe needs a
+    secret: the job's libraries read theirs from its environment (W&B its WANDB_API_KEY,
+    Hugging Face its HF_TOKEN), which gets them through the profile's pass_env."""
+    name = read.name
+    if ENV_VARS_KEY in read.parts:
+        where, use = "environment variables are written into job.sbatch", f"read it as ${name}"
+    else:
+        where = "recipe values are written into the run folder and shown by hpcrl and the job"
+        use = "W&B and Hugging Face read their keys from there themselves"
     return Problem(
-        path=path,
-        value=text,
-        message=f"reads {name}, a secret: environment variables are written into job.sbatch",
-        fix=PASS_ENV_FIX.format(name=name) + f"; the job can read it as ${name} (remove {path})",
+        path=format_path(read.parts),
+        value=read.text,
+        message=f"reads {name}, a secret-named variable: {where}",
+        fix=f"do not read {name} in a recipe; list it under the cluster profile's pass_env: "
+        f"the job then has it in its environment, never on disk ({use})",
     )
 
 
@@ -188,9 +149,7 @@ def load_profile_with_warnings(
     profile, structure_problems = _structure_and_check(merged, ClusterProfile, check_profile)
     problems += structure_problems
     # Every profile value reaches job.sbatch (or the manifest): none may read a secret.
-    problems += [
-        _secret_in_profile(parts, name, text) for parts, name, text in secret_references(merged.raw)
-    ]
+    problems += [_secret_in_profile(read) for read in merged.secret_reads]
     raise_if_errors(problems)
     assert profile is not None
     return profile, [problem for problem in problems if not problem.is_error]
@@ -200,12 +159,13 @@ def _is_foreign_key(parts: tuple[str, ...]) -> bool:
     return find_foreign_key(parts) is not None
 
 
-def _secret_in_profile(parts: tuple, name: str, text: str) -> Problem:
+def _secret_in_profile(read: SecretRead) -> Problem:
+    name = read.name
     return Problem(
-        path=format_path(parts),
-        value=text,
-        message=f"reads {name}, a secret: profile values are written into job.sbatch and the "
-        "manifest",
+        path=format_path(read.parts),
+        value=read.text,
+        message=f"reads {name}, a secret-named variable: profile values are written into "
+        "job.sbatch and the manifest",
         fix=PASS_ENV_FIX.format(name=name)
         + f'; a setup_lines entry may read it at run time (export OTHER="${name}")',
     )

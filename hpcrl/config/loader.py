@@ -16,7 +16,9 @@ moved to ``automodel_cfg`` (``hpcrl.config.aliases``) and relative ``data.train_
 recipe still finds the shipped data.
 
 An interpolation that cannot be resolved is reported and its key left out, so the schema and
-the rules still check everything else: all problems come in one round.
+the rules still check everything else: all problems come in one round. So is a key whose
+resolution reads a secret-named variable (``MergedConfig.secret_reads``: what ``oc.env``
+really read, however the text names it), its value never seen past this module.
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from hpcrl.config.converter import (
 from hpcrl.config.data_paths import absolutize_data_files
 from hpcrl.config.errors import Problem
 from hpcrl.config.overrides import apply_overrides
-from hpcrl.config.resolvers import register_resolvers, resolver_names
+from hpcrl.config.resolvers import env_reads_recorded, register_resolvers, resolver_names
+from hpcrl.config.secrets import is_secret_name
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -62,13 +65,25 @@ class BaseSearch:
 
 
 @attrs.frozen
+class SecretRead:
+    """A key whose value, as resolved, came (wholly, in part, or through other keys) from a
+    secret-named variable (``hpcrl.config.secrets.is_secret_name``); text: as written."""
+
+    parts: PathParts
+    name: str
+    text: str
+
+
+@attrs.frozen
 class MergedConfig:
     """A file after defaults, overrides and interpolation.
 
     resolved: plain dict with ``${...}`` resolved (None when a problem stopped loading), keys
     whose interpolation failed left out; raw: the same before resolution, to say where an
-    interpolated bad value came from; unresolved: the key paths left out (already reported);
-    spelled_as: new section name -> the older name the user wrote it as (``aliases``).
+    interpolated bad value came from; unresolved: the key paths left out (already reported,
+    or in ``secret_reads``); spelled_as: new section name -> the older name the user wrote it
+    as (``aliases``); secret_reads: every key whose resolution read a secret-named variable
+    (``SecretRead``), left out of ``resolved`` too: the caller reports them.
     """
 
     resolved: dict[str, Any] | None
@@ -76,6 +91,7 @@ class MergedConfig:
     problems: list[Problem]
     unresolved: tuple[PathParts, ...] = ()
     spelled_as: dict[str, str] = attrs.field(factory=dict)
+    secret_reads: tuple[SecretRead, ...] = ()
 
 
 def load_merged(
@@ -106,7 +122,7 @@ def load_merged(
     ]
     raw = OmegaConf.to_container(cfg, resolve=False)
     aliases.add_alias_nodes(cfg)
-    resolved, resolve_problems, unresolved = _resolve(cfg)
+    resolved, resolve_problems, unresolved, secret_reads = _resolve(cfg)
     aliases.drop_alias_nodes(resolved)
     return MergedConfig(
         resolved=resolved,
@@ -114,6 +130,7 @@ def load_merged(
         problems=problems + resolve_problems,
         unresolved=unresolved,
         spelled_as=aliases.spelled_as(spellings | override_spellings),
+        secret_reads=secret_reads,
     )
 
 
@@ -339,29 +356,51 @@ def _absolute(value: str, folder: Path) -> str:
 
 
 # --------------------------------------------------------------------------- interpolation
-def _resolve(cfg: DictConfig) -> tuple[dict[str, Any], list[Problem], tuple[PathParts, ...]]:
-    """Every value resolved; keys that cannot be are reported and left out."""
+def _resolve(
+    cfg: DictConfig,
+) -> tuple[dict[str, Any], list[Problem], tuple[PathParts, ...], tuple[SecretRead, ...]]:
+    """Every value resolved; keys that cannot be are reported and left out, and so are keys
+    whose resolution reads a secret-named variable (returned as ``SecretRead``s, found by
+    what ``${oc.env:...}`` really read, not by how the text looks)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     register_resolvers()
-    try:
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True), [], ()
-    except OmegaConfBaseException:
-        pass  # find every bad interpolation and every ???, not only the first one
+    with env_reads_recorded() as reads:
+        try:
+            resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+            if not any(is_secret_name(name) for name in reads):
+                return resolved, [], (), ()
+        except OmegaConfBaseException:
+            pass  # find every bad interpolation and every ???, not only the first one
+        return _resolve_by_leaf(cfg, reads)
+
+
+def _resolve_by_leaf(
+    cfg: DictConfig, reads: list[str]
+) -> tuple[dict[str, Any], list[Problem], tuple[PathParts, ...], tuple[SecretRead, ...]]:
+    """``_resolve`` one leaf at a time, so that each problem and each secret read has its key
+    (``reads``: what ``env_reads_recorded`` records into)."""
+    from omegaconf import OmegaConf
+
     resolved = OmegaConf.to_container(cfg, resolve=False)
-    problems, unresolved = [], []
+    problems, unresolved, secret_reads = [], [], []
     for parts, node in _leaf_nodes(cfg, ()):
         if aliases.is_alias_path(parts):
             continue  # the section it stands for is resolved (and reported) under its own name
+        reads.clear()
         value, problem = _resolve_leaf(cfg, parts, node)
-        if problem is None:
+        secret = next((name for name in reads if is_secret_name(name)), None)
+        if secret is not None:  # its value (or its error, which may quote it) stays unseen
+            secret_reads.append(SecretRead(parts=parts, name=secret, text=str(node._value())))
+        elif problem is None:
             _set(resolved, parts, value)
+            continue
         else:
             problems.append(problem)
-            unresolved.append(parts)
-            _remove(resolved, parts)
-    return resolved, problems, tuple(unresolved)
+        unresolved.append(parts)
+        _remove(resolved, parts)
+    return resolved, problems, tuple(unresolved), tuple(secret_reads)
 
 
 def _resolve_leaf(cfg: DictConfig, parts: PathParts, node: Any) -> tuple[Any, Problem | None]:

@@ -13,6 +13,26 @@ LOSS = "loss_fn"
 TIS = f"{LOSS}.truncated_importance_sampling"
 
 
+def rule_ratio_clip_epsilons(recipe: Recipe) -> list[Problem]:
+    """``ratio_clip_min``/``_max`` are PPO's ε: the ratio is clamped to [1 − min, 1 + max]
+    (NeMo RL's ClippedPGLossFn, hpcrl.core.algorithms.losses). A negative ε moves a bound
+    past 1 and inverts the window (every ratio would be clamped to one side)."""
+    problems = []
+    for name, usual in (("ratio_clip_min", 0.2), ("ratio_clip_max", "0.2, or 0.28 as in DAPO")):
+        value = getattr(recipe.loss_fn, name)
+        if value < 0:
+            problems.append(
+                Problem(
+                    path=f"{LOSS}.{name}",
+                    value=value,
+                    message="must be at least 0: it is the ε of the clip window [1 − "
+                    f"{LOSS}.ratio_clip_min, 1 + {LOSS}.ratio_clip_max], not a bound of the ratio",
+                    fix=f"set {LOSS}.{name}={usual}",
+                )
+            )
+    return problems
+
+
 def rule_dual_clip(recipe: Recipe) -> list[Problem]:
     """Dual clip bounds −A·r at −c·A for A < 0; c ≤ 1 would cut below the clip window."""
     c = recipe.loss_fn.ratio_clip_c
@@ -135,6 +155,7 @@ def rule_grpo_sampling_temperature(recipe: Recipe) -> list[Problem]:
 
 
 LOSS_RULES = (
+    rule_ratio_clip_epsilons,
     rule_dual_clip,
     rule_kl_clamps,
     rule_truncated_importance_sampling,

@@ -139,7 +139,7 @@ def _apply_one(cfg: DictConfig, override: Override, schema: type, known: KnownKe
     if override.action == "delete":
         return _delete(cfg, override, present)
     if override.action == "add" and present:
-        current = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+        current = _as_written(cfg, override.parts)  # never resolved: it may read a secret
         return [
             Problem(
                 path=key,
@@ -198,6 +198,18 @@ def _holds(cfg: DictConfig, parts: tuple[str, ...]) -> bool:
         if node._is_interpolation() and part != parts[-1]:
             return False  # below an interpolation: not a key of the file
     return True
+
+
+def _as_written(cfg: DictConfig, parts: tuple[str, ...]) -> Any:
+    """The value at ``parts`` (a key ``_holds``) as the files and overrides wrote it."""
+    from omegaconf import OmegaConf
+
+    node: Any = cfg
+    for part in parts:
+        node = node._get_node(part)
+    return (
+        OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else node._value()
+    )
 
 
 def _shown(value: Any) -> str:

@@ -9,7 +9,12 @@ import attrs
 from hpcrl.config.errors import Problem
 from hpcrl.config.port_bands import FIRST_BAND_PORT, bands_end
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.config.range_rules import MAX_GPUS_PER_NODE, MAX_WORKER_SLOTS_PER_NODE
+from hpcrl.config.range_rules import (
+    MAX_CPUS_PER_NODE,
+    MAX_GPUS_PER_NODE,
+    MAX_MEM_GB_PER_NODE,
+    MAX_WORKER_SLOTS_PER_NODE,
+)
 from hpcrl.config.secrets import (
     PASS_ENV_FIX,
     find_secrets,
@@ -203,19 +208,23 @@ def rule_python(profile: ClusterProfile) -> list[Problem]:
 
 
 def rule_allocation_bounds(profile: ClusterProfile) -> list[Problem]:
+    """Per-node counts no node has (they would be rendered as ``--cpus-per-task=1e20``)."""
     counts = (
-        ("gpus_per_node", profile.gpus_per_node, MAX_GPUS_PER_NODE),
-        ("worker_slots_per_node", profile.worker_slots_per_node, MAX_WORKER_SLOTS_PER_NODE),
+        ("gpus_per_node", profile.gpus_per_node, MAX_GPUS_PER_NODE, ""),
+        ("worker_slots_per_node", profile.worker_slots_per_node, MAX_WORKER_SLOTS_PER_NODE, ""),
+        ("cpus_per_node", profile.cpus_per_node, MAX_CPUS_PER_NODE, " CPUs"),
+        ("slurm.mem_gb", profile.slurm.mem_gb, MAX_MEM_GB_PER_NODE, " GB"),
     )
     return [
         Problem(
             path=path,
             value=value,
-            message=f"more than any node has (at most {limit})",
-            fix=f"set {path} to what one node of the site has",
+            message=f"more than any node has (at most {limit}{unit})",
+            fix=f"set {path} to what one node of the site has"
+            + (", or remove it for Slurm's default" if unit else ""),
         )
-        for path, value, limit in counts
-        if isinstance(value, int) and value > limit  # gpus_per_node may be "auto"
+        for path, value, limit, unit in counts
+        if isinstance(value, int) and value > limit  # gpus_per_node may be "auto"; None: unset
     ]
 
 
@@ -330,7 +339,9 @@ def rule_no_secrets_in_script_text(profile: ClusterProfile) -> list[Problem]:
             continue
         what = ", ".join([f"{name}=<literal>" for name in names] + kinds)
         fix = PASS_ENV_FIX.format(name=names[0] if names else "the variable")
-        if names:
+        if names and path.startswith("slurm."):
+            fix += f"; an --export list may name it without a value (--export=ALL,{names[0]})"
+        elif names:
             fix += f'; a line may read it at run time: {names[0]}="${names[0]}"'
         problems.append(
             Problem(

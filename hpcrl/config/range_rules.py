@@ -17,6 +17,13 @@ from hpcrl.config.recipe import Recipe
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 64
 MAX_WORKER_SLOTS_PER_NODE = 1024
+#: Slurm CPUs (hardware threads) and memory of one node: the largest single machines have
+#: ~1,800 threads and 32-48 TB; beyond these a value is a typo.
+MAX_CPUS_PER_NODE = 4096
+MAX_MEM_GB_PER_NODE = 65_536
+#: Prompts or samples of one training step: far above any GRPO or SFT batch (NeMo RL's
+#: largest recipes take a few thousand); beyond it a value is a typo.
+MAX_BATCH = 1_000_000
 
 
 def _at_least(path: str, value: float | int | None, low: float, fix: str) -> list[Problem]:
@@ -188,10 +195,32 @@ def rule_allocation_bounds(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_batch_bounds(recipe: Recipe) -> list[Problem]:
+    """Batch counts no training step takes (``grpo.num_prompts_per_step=1e20``)."""
+    counts = {
+        "policy.train_global_batch_size": recipe.policy.train_global_batch_size,
+        "policy.train_micro_batch_size": recipe.policy.train_micro_batch_size,
+    }
+    if recipe.grpo is not None:
+        counts["grpo.num_prompts_per_step"] = recipe.grpo.num_prompts_per_step
+        counts["grpo.num_generations_per_prompt"] = recipe.grpo.num_generations_per_prompt
+    return [
+        Problem(
+            path=path,
+            value=value,
+            message=f"more than any training step takes (at most {MAX_BATCH:,})",
+            fix=f"set {path} to what one step trains on, e.g. 32",
+        )
+        for path, value in counts.items()
+        if value > MAX_BATCH
+    ]
+
+
 RANGE_RULES = (
     rule_optimizer_ranges,
     rule_megatron_optimizer_ranges,
     rule_checkpointing_ranges,
     rule_schedule_ranges,
     rule_allocation_bounds,
+    rule_batch_bounds,
 )

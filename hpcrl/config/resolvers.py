@@ -9,13 +9,15 @@ exactly is an int (NeMo RL gets ``64.0``), because hpcrl's integer keys refuse f
 inexact division stays a float and an integer key then says so with its key path.
 
 OmegaConf keeps resolvers in one registry per process; they are registered on first use by
-the loader, never at import.
+the loader, never at import. ``env_reads_recorded`` swaps OmegaConf's own ``oc.env`` for one
+that also notes each name it reads, while the loader resolves, and puts it back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -42,13 +44,37 @@ def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     for name, function in ARITHMETIC.items():
-        if OmegaConf.has_resolver(name):
-            continue
-        resolver = _two_arguments(name, function)
-        if hasattr(OmegaConf, "register_resolver"):  # OmegaConf 2.4 (2.3 has only the old name)
-            OmegaConf.register_resolver(name, resolver, annotation_validation="off")
-        else:
-            OmegaConf.register_new_resolver(name, resolver)
+        if not OmegaConf.has_resolver(name):
+            _register(name, _two_arguments(name, function))
+
+
+def _register(name: str, resolver: Callable[..., Any], replace: bool = False) -> None:
+    from omegaconf import OmegaConf
+
+    if hasattr(OmegaConf, "register_resolver"):  # OmegaConf 2.4 (2.3 has only the old name)
+        OmegaConf.register_resolver(name, resolver, replace=replace, annotation_validation="off")
+    else:
+        OmegaConf.register_new_resolver(name, resolver, replace=replace)
+
+
+@contextlib.contextmanager
+def env_reads_recorded() -> Iterator[list[str]]:
+    """While open, every variable ``${oc.env:...}`` reads is appended to the list this yields,
+    however its name was written (``${oc.env:"X"}``, ``${oc.env:${a.b}}``, a default's own
+    ``${oc.env:Y}``, a resolver name built by interpolation): the name as OmegaConf read it."""
+    from omegaconf.resolvers import oc
+
+    reads: list[str] = []
+
+    def env(*args: Any) -> Any:
+        reads.append(str(args[0]) if args else "")
+        return oc.env(*args)
+
+    _register("oc.env", env, replace=True)
+    try:
+        yield reads
+    finally:
+        _register("oc.env", oc.env, replace=True)  # as OmegaConf registers it
 
 
 def _two_arguments(name: str, function: Callable[[Any, Any], Any]) -> Callable[..., Any]:

@@ -8,8 +8,9 @@ One rule decides what a secret is (``is_secret_name``); everything else here app
   submitting shell at submit time;
 - a name that ends in a place (``HF_TOKEN_PATH``, ``SSH_KEY_FILE``) names where a secret
   lies, not the secret, and is an ordinary name;
-- ``${oc.env:NAME}`` with a secret-shaped NAME reads a secret: the run folder keeps that
-  text, never the value (``secret_references``);
+- no recipe or profile value may come from a secret-shaped variable (``${oc.env:HF_TOKEN}``,
+  however written, or a key interpolating such a key): the loader records what every
+  ``${oc.env:...}`` reads (``hpcrl.config.loader``) and the value never reaches a file;
 - as a last guard, text about to be written to a run file or shown to the user is searched
   for the values of this shell's secret-shaped variables and for well-known token shapes
   (``find_secrets``; ``redact`` hides them in messages).
@@ -20,7 +21,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 #: Words (split at anything but letters and digits) that make a name a secret's.
 SECRET_WORDS = frozenset(
@@ -57,7 +57,6 @@ PASS_ENV_FIX = (
     "remove the value; list {name} under the cluster profile's pass_env instead (the job then "
     "gets it from the shell you submit from, and it is never written to disk)"
 )
-_ENV_REFERENCE = re.compile(r"\$\{\s*oc\.env\s*:\s*([A-Za-z_][A-Za-z0-9_]*)")
 _ASSIGNMENT = re.compile(r"^-*([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 _SEPARATORS = re.compile(r"[\s,;&|()]+")
 
@@ -70,40 +69,27 @@ def is_secret_name(name: str) -> bool:
     return any(word in SECRET_WORDS or any(part in word for part in SECRET_PARTS) for word in words)
 
 
-def env_references(text: str) -> list[str]:
-    """Names read by ``${oc.env:NAME}`` (with or without a default) inside ``text``."""
-    return _ENV_REFERENCE.findall(text) if "oc.env" in text else []
-
-
-def secret_references(
-    raw: Any, parts: tuple[str | int, ...] = ()
-) -> Iterator[tuple[tuple, str, str]]:
-    """``(key path parts, variable name, text as written)`` of every value that reads a
-    secret-shaped variable through ``${oc.env:...}``, in a tree before interpolation."""
-    if isinstance(raw, Mapping):
-        for key, value in raw.items():
-            yield from secret_references(value, (*parts, key))
-    elif isinstance(raw, list | tuple):
-        for index, value in enumerate(raw):
-            yield from secret_references(value, (*parts, index))
-    elif isinstance(raw, str):
-        for name in env_references(raw):
-            if is_secret_name(name):
-                yield parts, name, raw
-
-
 def literal_secret_assignments(text: str) -> list[str]:
-    """Secret-shaped names given a literal value in shell-like text (``export HF_TOKEN=hf_x``,
-    ``--export=ALL,GITHUB_PAT=ghp_x``); ``HF_TOKEN=$HF_TOKEN`` reads it at run time and is fine."""
+    """Secret-shaped names given a literal value in shell-like text or a scheduler option:
+    ``export HF_TOKEN=hf_x``, ``--export=ALL,GITHUB_PAT=ghp_x``, ``--export=DB_PASSWORD=x``,
+    ``--export GITHUB_PAT=x,ALL``, any ``--opt=NAME=value``. ``HF_TOKEN=$HF_TOKEN`` reads the
+    variable at run time and ``--export=HF_TOKEN`` passes it on: both are fine."""
     names = []
     for token in _SEPARATORS.split(text):
-        match = _ASSIGNMENT.match(token.strip("'\""))
-        if match is None or not is_secret_name(match.group(1)):
-            continue
-        value = match.group(2).strip("'\"")
-        if value and not value.startswith("$"):
-            names.append(match.group(1))
+        for name, value in _assignments(token):
+            if is_secret_name(name) and value and not value.startswith("$"):
+                names.append(name)
     return names
+
+
+def _assignments(token: str) -> Iterator[tuple[str, str]]:
+    """``(name, value)`` of a ``NAME=value`` token and of every assignment its value holds in
+    turn (``--export=DB_PASSWORD=x``: ``export`` = ``DB_PASSWORD=x``, ``DB_PASSWORD`` = ``x``)."""
+    match = _ASSIGNMENT.match(token.strip("'\""))
+    while match is not None:
+        name, value = match.group(1), match.group(2).strip("'\"")
+        yield name, value
+        match = _ASSIGNMENT.match(value)
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:

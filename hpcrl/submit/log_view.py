@@ -12,7 +12,10 @@ Every line is printed with one prefix, the same with ``-f`` and without:
 - the node entrypoint logs every line to ``node.log`` and to the task's stderr; when the
   task's stderr is shown, ``node.log`` is not (it stays on disk for grep).
 
-Escape sequences (Ray's colours) are removed unless stdout is a terminal. Ray's state dumps
+Secrets are hidden in every line shown (``hpcrl.config.secrets.redact``: the values of this
+shell's secret-named variables, well-known token shapes), as in error messages and causes: a
+job may print what its environment holds. Escape sequences (Ray's colours) are removed unless
+stdout is a terminal. Ray's state dumps
 (printed by every process that saw a raylet die) are folded into one line saying where they
 are. The view ends with each attempt's cause when one ended early (``hpcrl.causes``):
 ``[hpcrl] attempt 1: node 1 (n2) lost after step 3: ...``.
@@ -30,6 +33,7 @@ import attrs
 
 from hpcrl.causes import read_causes
 from hpcrl.config.errors import UserError
+from hpcrl.config.secrets import redact
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
 from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
@@ -163,10 +167,11 @@ def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
 
 
 def prefixed_lines(run: LoggedRun, log: LogFile, text: str, keep_banner: bool) -> Iterator[str]:
-    """The lines of ``text`` with the view's prefix; what stdout shares with stderr (attempt
-    banners, submitit's warnings and errors) left out."""
+    """The lines of ``text`` with the view's prefix and secrets hidden (every log line shown,
+    by ``logs``, ``logs -f`` and ``--wait``'s tails, passes here); what stdout shares with
+    stderr (attempt banners, submitit's warnings and errors) left out."""
     prefix = f"[{run.point + ' ' if run.point else ''}node{log.node} {label_of(log)}] "
-    for line in text.splitlines(keepends=True):
+    for line in redact(text).splitlines(keepends=True):
         if log.label == "stdout" and (
             (not keep_banner and ATTEMPT_BANNER_RE.match(line)) or SUBMITIT_ON_BOTH.match(line)
         ):

@@ -117,7 +117,9 @@ def follow(
     """Yield (file, new text) as files grow, until ``is_over()`` and nothing new remains.
 
     Starts at each file's beginning; files that appear later (a worker node's log, the next
-    attempt) are picked up on the next poll.
+    attempt) are picked up on the next poll. Only whole lines are yielded while the job runs
+    (a line still being written waits for its end, up to ``FOLLOW_LINE_LIMIT`` bytes), so a
+    secret or a UTF-8 character is never cut in two where the view looks for it.
     """
     offsets: dict[Path, int] = {}
     while True:
@@ -126,10 +128,20 @@ def follow(
             start = offsets.get(log.path, 0)
             with log.path.open("rb") as stream:
                 stream.seek(start)
-                chunk = stream.read()
+                chunk = _whole_lines(stream.read(), over)
             if chunk:
                 offsets[log.path] = start + len(chunk)
                 yield log, chunk.decode(errors="replace")
         if over:
             return
         time.sleep(poll_s)
+
+
+#: A line longer than this is shown in parts while it is written.
+FOLLOW_LINE_LIMIT = 1 << 20
+
+
+def _whole_lines(chunk: bytes, over: bool) -> bytes:
+    if over or len(chunk) >= FOLLOW_LINE_LIMIT:
+        return chunk
+    return chunk[: chunk.rfind(b"\n") + 1]

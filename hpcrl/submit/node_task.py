@@ -99,11 +99,31 @@ def _requeue_refused(run_dir: str, why: str) -> None:
         write_cause(Path(run_dir), attrs.evolve(cause, requeued=False, detail=detail))
 
 
-def one_line_for_explained_failures(fallback: Any) -> Any:
+#: submitit's local executor takes a task exiting with this for a requeue request
+#: (``submitit.local.local.LOCAL_REQUEUE_RETURN_CODE``): a driver's 144 leaves Python's 1.
+LOCAL_REQUEUE_EXIT_CODE = 144
+
+
+def exit_now(code: int) -> None:
+    """End the task's process with ``code`` (Python would exit 1 after an uncaught
+    exception), its output flushed; the task has stopped Ray and its driver already."""
+    import logging
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
+def one_line_for_explained_failures(fallback: Any, exit_with: Any = exit_now) -> Any:
     """An excepthook for the task's process: a failure hpcrl already explained (a bootstrap or
     preflight failure, a driver that exited non-zero: the driver's own traceback is in its
     ``driver.log``) ends the task's stderr as one line instead of a second traceback. submitit
-    re-raises the task's exception at the top of its process; anything else keeps its stack."""
+    re-raises the task's exception at the top of its process; anything else keeps its stack.
+
+    A failed driver's exit code becomes the task's (``exit_with``), so through srun the job
+    ends in Slurm's records with the driver's code (137 for a driver the OOM killer killed),
+    not Python's 1."""
 
     def hook(kind: type[BaseException], error: BaseException, trace: Any) -> None:
         from hpcrl.job.errors import BootstrapError, DriverFailed
@@ -111,6 +131,9 @@ def one_line_for_explained_failures(fallback: Any) -> Any:
         if isinstance(error, DriverFailed | BootstrapError):
             summary = getattr(error, "summary", None) or str(error).splitlines()[0]
             print(f"hpcrl: job failed: {summary}", file=sys.stderr, flush=True)
+            code = getattr(error, "exit_code", 1)
+            if isinstance(error, DriverFailed) and 1 < code < 256:
+                exit_with(1 if code == LOCAL_REQUEUE_EXIT_CODE else code)
             return
         fallback(kind, error, trace)
 

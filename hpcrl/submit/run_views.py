@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import attrs
 from rich.console import Console
 
 from hpcrl.config.errors import UserError
-from hpcrl.submit.job_record import read_job_record
-from hpcrl.submit.job_state import (
-    SacctWatcher,
-    cancel_job,
-    query_status,
-)
+from hpcrl.submit.job_record import JobRecord, read_job_record
+from hpcrl.submit.job_state import SacctWatcher, cancel_job, query_statuses
 from hpcrl.submit.log_view import (
     LoggedRun,
     LogSelection,
@@ -25,7 +22,7 @@ from hpcrl.submit.log_view import (
     runs_to_show,
 )
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
-from hpcrl.submit.waiting import default_wait_settings, job_end_check, why_waiting_ended
+from hpcrl.submit.waiting import default_wait_settings, jobs_end_check, why_waiting_ended
 
 
 # --------------------------------------------------------------------------- logs
@@ -48,14 +45,13 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
 
 
 def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
-    watcher = SacctWatcher()
-    checks = [job_end_check(run.record, watcher=watcher) for run in runs]
+    check = jobs_end_check([run.record for run in runs])
     ended: dict[int, str] = {}
 
     def is_over() -> bool:
-        for index, check in enumerate(checks):
-            if index not in ended and (state := check()) is not None:
-                ended[index] = state
+        for index, state in enumerate(check()):
+            if state is not None:
+                ended.setdefault(index, state)
         return len(ended) == len(runs)
 
     follow_logs(runs, selection, is_over, default_wait_settings().poll_s, sys.stdout)
@@ -68,12 +64,13 @@ def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
 
 
 # --------------------------------------------------------------------------- cancel
-def cancel_run(path: Path, console: Console) -> int:
-    """Cancel a run's job; for a sweep folder, the whole array and every point's own job."""
+def cancel_run(path: Path, console: Console, watcher: SacctWatcher | None = None) -> int:
+    """Cancel a run's job; for a sweep folder, the whole array and every point's own job.
+    Only a job that is the record's own (id and submit time/cluster) is cancelled."""
     if is_sweep_dir(path):
-        return _cancel_sweep(path, console)
+        return _cancel_sweep(path, console, watcher)
     record = read_job_record(path)
-    status = query_status(record)
+    status = query_statuses([record], watcher)[0]
     if status.is_final:
         console.print(f"Job {record.job_id} already ended ({status.state}); nothing to cancel")
         if status.stale:
@@ -84,7 +81,7 @@ def cancel_run(path: Path, console: Console) -> int:
     return 0
 
 
-def _cancel_sweep(path: Path, console: Console) -> int:
+def _cancel_sweep(path: Path, console: Console, watcher: SacctWatcher | None = None) -> int:
     """The array job, then each point whose job is no task of it: one ``hpcrl resume``
     submitted as a job of its own (a local sweep's points are all such jobs)."""
     sweep = read_sweep_record(path)
@@ -95,11 +92,36 @@ def _cancel_sweep(path: Path, console: Console) -> int:
     if not records:
         raise SweepError(f"{path}: no point of the sweep was submitted", fix="nothing to cancel")
     array_id = sweep.array_job_id
-    if array_id is not None:
-        first = next(iter(records.values()))
-        cancel_job(attrs.evolve(first, job_id=array_id))
-        console.print(f"Cancelled job array {array_id} ({len(sweep.points)} points) of {path}")
+    tasks = [record for record in records.values() if record.array_job_id == array_id]
+    if array_id is not None and tasks:
+        _cancel_array(path, array_id, tasks, len(sweep.points), console, watcher)
     for point, record in records.items():
         if array_id is None or record.array_job_id != array_id:
-            cancel_run(point, console)
+            cancel_run(point, console, watcher)
     return 0
+
+
+def _cancel_array(
+    path: Path,
+    array_id: str,
+    tasks: list[JobRecord],
+    num_points: int,
+    console: Console,
+    watcher: SacctWatcher | None,
+) -> None:
+    """``scancel`` the array only while its tasks are the points' own jobs (id and submit
+    time/cluster, as for one run) and one of them has not ended."""
+    statuses = query_statuses(tasks, watcher)
+    stale = next((status.stale for status in statuses if status.state == "STALE"), None)
+    if stale is not None:
+        console.print(f"Not cancelling job array {array_id} of {path}: {stale}",
+                      markup=False, soft_wrap=True)  # fmt: skip
+        return
+    if all(status.is_final for status in statuses):
+        states = Counter(status.state for status in statuses)
+        ended = ", ".join(f"{count} {state}" for state, count in states.items())
+        console.print(f"Job array {array_id} of {path} already ended ({ended}); nothing to "
+                      "cancel", markup=False, soft_wrap=True)  # fmt: skip
+        return
+    cancel_job(attrs.evolve(tasks[0], job_id=array_id))
+    console.print(f"Cancelled job array {array_id} ({num_points} points) of {path}")

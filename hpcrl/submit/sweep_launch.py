@@ -20,6 +20,7 @@ step times and memory peaks. The folder has no top-level ``job.sbatch`` then.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -36,7 +37,6 @@ from hpcrl.config import (
     load_recipe,
 )
 from hpcrl.config.errors import raise_if_errors
-from hpcrl.config.load import check_secret_references
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.files import LOCK_NAME
 from hpcrl.plan.jobspec import AUTH_DIR_NAME, JobSpec
@@ -135,6 +135,7 @@ def plan_sweep(
             problems += [_at_point(problem, point) for problem in error.problems]
     if any(problem.is_error for problem in problems):
         raise ConfigError(problems)
+    _check_distinct_points(planned)
     _check_one_allocation_shape(planned)
     first = planned[0]
     array_spec = None
@@ -186,7 +187,6 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
                 context: _PlanContext, sweep_dir: Path) -> PlannedPoint:  # fmt: skip
     point_overrides = [*overrides, *point.overrides]
     loaded = load_recipe(recipe_source, point_overrides)
-    raise_if_errors(check_secret_references(loaded, context.profile))
     spec = plan(
         loaded.recipe, context.profile, run_dir=str(sweep_dir / point.run_dir_name),
         overrides=point_overrides, recipe_source=recipe_source, profile_source=cluster,
@@ -238,6 +238,31 @@ def _at_point(problem: Problem, point: SweepPoint) -> Problem:
     return attrs.evolve(
         problem, message=f"[sweep point {point.index}: {point.describe()}] {problem.message}"
     )
+
+
+def _check_distinct_points(planned: Sequence[PlannedPoint]) -> None:
+    """No two points may train the same recipe: values that differ only as text
+    (``grpo.seed=1,01``, ``lr=1e-3,0.001``) are compared as the typed recipe takes them."""
+    first_of: dict[str, PlannedPoint] = {}
+    problems = []
+    for point in planned:
+        resolved = json.dumps(point.loaded.effective_dict(), sort_keys=True, default=repr)
+        earlier = first_of.setdefault(resolved, point)
+        if earlier is point:
+            continue
+        one, other = earlier.point, point.point
+        differ = [key for key in one.values if one.values[key] != other.values[key]]
+        problems.append(Problem(
+            path=", ".join(differ or one.values),
+            value=[", ".join(p.values[key] for key in differ) for p in (one, other)],
+            message=f"sweep points {one.index} ({one.describe()}) and {other.index} "
+            f"({other.describe()}) resolve to the same recipe: two runs of one training",
+            fix="list each value once ("
+            + "; ".join(f"{one.values[key]} and {other.values[key]} are the same {key}"
+                        for key in differ)
+            + ")",
+        ))  # fmt: skip
+    raise_if_errors(problems)
 
 
 def _check_one_allocation_shape(planned: Sequence[PlannedPoint]) -> None:

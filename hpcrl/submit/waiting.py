@@ -233,9 +233,9 @@ def _progress_text(
     steps: Sequence[int | None],
     watches: Sequence[_Watch],
 ) -> tuple[str, str]:
-    """(phase, line) for one job as ``job 41: <line>``; for several, ``x/y done`` and counts
-    per phase."""
-    phases, lines = [], []
+    """(phase, line) for one job as ``job 41: <line>``; for several, ``x/y done``, counts
+    per phase and each training point's step N/M (``point-0 3/4, point-2 1/4``)."""
+    phases, lines, training = [], [], []
     for (run_dir, _), status, run_steps in zip(runs, statuses, steps, strict=True):
         phase, line = progress_of(run_dir, status, run_steps)
         if status.scheduler_error:
@@ -243,31 +243,45 @@ def _progress_text(
             line += f" · scheduler not answering ({status.scheduler_error})"
         phases.append(phase)
         lines.append(line)
+        if len(runs) > 1 and phase.startswith("training"):
+            training.append(_point_step_text(run_dir, run_steps))
     if len(runs) == 1:
         return phases[0], f"job {runs[0][1].job_id}: {lines[0]}"
     kinds = Counter(phase.split(" (")[0].lower() for phase in phases)
     summary = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
     done = sum(watch.done for watch in watches)
-    return " | ".join(phases), f"{len(runs)} jobs: {done}/{len(runs)} done · {summary}"
+    steps_text = f" · {', '.join(training)}" if training else ""
+    return " | ".join(phases), f"{len(runs)} jobs: {done}/{len(runs)} done · {summary}{steps_text}"
 
 
-def job_end_check(
-    record: JobRecord,
+def _point_step_text(run_dir: Path, max_steps: int | None) -> str:
+    """``point-2 3/4``: a training point's folder name and its last step of its own M."""
+    metrics = last_metrics(run_dir) or {}
+    return f"{Path(run_dir).name} {_step_text(metrics, max_steps)}"
+
+
+def jobs_end_check(
+    records: Sequence[JobRecord],
     settings: WaitSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     watcher: SacctWatcher | None = None,
-) -> Callable[[], str | None]:
-    """For ``hpcrl logs -f``: a function that says why following is over (a final state,
-    ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while the job goes on; it asks the
-    scheduler on submitit's backoff schedule, not on every call. ``watcher``: one shared by
-    several jobs (a sweep's points), so one sacct call answers for all of them."""
+) -> Callable[[], list[str | None]]:
+    """For ``hpcrl logs -f``: a function that says, for each job (a sweep's points), why
+    following it is over (a final state, ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while it
+    goes on. Each call is one poll of all the jobs still followed: one sacct call answers for
+    all of them (on submitit's backoff schedule; at once on the first poll and when a job's
+    results appear), as for ``--wait``."""
+    settings = settings or default_wait_settings()
     watcher = watcher or SacctWatcher()
-    watch = _Watch(record, settings or default_wait_settings(), clock=clock)
+    watches = [_Watch(record, settings, clock=clock) for record in records]
+    statuses: list[JobStatus] = [JobStatus(state="UNKNOWN")] * len(records)
 
-    def check() -> str | None:
-        force = watch.polls == 0 or results_written(record)
-        status = query_statuses([record], watcher, force)[0]
-        return watch.final_status(status).state if watch.observe(status) else None
+    def check() -> list[str | None]:
+        _poll(watches, watcher, statuses)
+        return [
+            watch.final_status(status).state if watch.done else None
+            for watch, status in zip(watches, statuses, strict=True)
+        ]
 
     return check
 

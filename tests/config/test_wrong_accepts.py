@@ -46,6 +46,14 @@ def problems_of(call) -> dict[str, object]:
         ("grpo.max_num_epochs=0", "grpo.max_num_epochs", "at least 1"),
         ("data.num_workers=-1", "data.num_workers", "at least 0"),
         ("policy.megatron_cfg.env_vars.NCCL_DEBUG=INFO", "policy.megatron_cfg.env_vars.NCCL_DEBUG", "Automodel"),
+        ("loss_fn.ratio_clip_min=-1", "loss_fn.ratio_clip_min", "must be at least 0"),
+        ("loss_fn.ratio_clip_max=-0.1", "loss_fn.ratio_clip_max", "must be at least 0"),
+        ("grpo.num_prompts_per_step=100000000000000000000", "grpo.num_prompts_per_step",
+         "more than any training step takes"),
+        ("grpo.num_generations_per_prompt=10000000", "grpo.num_generations_per_prompt",
+         "more than any training step takes"),
+        ("policy.train_global_batch_size=100000000000000000000", "policy.train_global_batch_size",
+         "more than any training step takes"),
     ],
 )  # fmt: skip
 def test_recipe_values_that_used_to_pass(override, path, words):
@@ -91,6 +99,8 @@ def write_profile(tmp_path: Path, text: str) -> Path:
         ('python: "./venv/bin/python"', "python", "not an absolute path or a command name"),
         ('python: ""', "python", "not an absolute path or a command name"),
         ("worker_slots_per_node: 100000", "worker_slots_per_node", "more than any node"),
+        ("cpus_per_node: 100000000000000000000", "cpus_per_node", "more than any node"),
+        ("slurm: {mem_gb: 100000000000000000000}", "slurm.mem_gb", "more than any node"),
     ],
 )  # fmt: skip
 def test_profile_values_that_used_to_pass(tmp_path, text, path, words):
@@ -110,16 +120,45 @@ def test_slurm_time_limits(text, seconds):
     assert time_limit_s(text) == seconds
 
 
+def test_bad_values_are_reported_together_with_their_fixes(tmp_path):
+    problems = problems_of(
+        lambda: load_profile(
+            write_profile(tmp_path, "cpus_per_node: 100000\nslurm: {mem_gb: 10000000}")
+        )
+    )
+    assert problems["cpus_per_node"].value == 100000
+    assert problems["cpus_per_node"].message == "more than any node has (at most 4096 CPUs)"
+    assert problems["slurm.mem_gb"].message == "more than any node has (at most 65536 GB)"
+    assert problems["slurm.mem_gb"].fix == (
+        "set slurm.mem_gb to what one node of the site has, or remove it for Slurm's default"
+    )
+    overrides = ["loss_fn.ratio_clip_min=-1", "grpo.num_prompts_per_step=2000000"]
+    problems = problems_of(lambda: load_recipe(RECIPE, overrides))
+    assert problems["loss_fn.ratio_clip_min"].value == -1
+    assert problems["loss_fn.ratio_clip_min"].fix == "set loss_fn.ratio_clip_min=0.2"
+    assert problems["grpo.num_prompts_per_step"].value == 2_000_000
+    assert problems["grpo.num_prompts_per_step"].fix == (
+        "set grpo.num_prompts_per_step to what one step trains on, e.g. 32"
+    )
+
+
 def test_good_values_still_load(tmp_path):
     load_profile(
         write_profile(
             tmp_path,
-            'python: /opt/venv/bin/python3.11\nslurm: {time_limit: "2-00:00:00", max_requeues: 0}',
+            "python: /opt/venv/bin/python3.11\ncpus_per_node: 4096\n"
+            'slurm: {time_limit: "2-00:00:00", max_requeues: 0, mem_gb: 2048}',
         )
     )
     load_recipe(
         RECIPE,
-        ["checkpointing.keep_top_k=null", "policy.max_grad_norm=null", "cluster.num_nodes=2"],
+        [
+            "checkpointing.keep_top_k=null",
+            "policy.max_grad_norm=null",
+            "cluster.num_nodes=2",
+            "loss_fn.ratio_clip_min=0",
+            "loss_fn.ratio_clip_max=0.28",
+        ],
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.require import require_module
@@ -55,6 +57,19 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
             assert m[f"time_{kind}_worker_s"] > 0
         assert m["logprobs_real_tokens"] == m["train_real_tokens"]
         assert m["time_train_worker_s"] <= m["time_train_s"]
+        assert_generation_figures(m, rollouts=32)
+
+
+def assert_generation_figures(m: dict, rollouts: int) -> None:
+    """The generate phase's own figures (the torch engine on each rank; a time is the slower
+    rank's): present, finite, positive, inside the phase, and the rate is tokens / time."""
+    for key in ("time_refit_s", "time_sample_s", "time_prefill_s", "time_decode_s",
+                "generated_tokens_per_s", "generation_decode_steps"):  # fmt: skip
+        assert isinstance(m.get(key), float) and math.isfinite(m[key]) and m[key] > 0, (key, m)
+    assert m["time_prefill_s"] <= m["time_sample_s"] and m["time_decode_s"] <= m["time_sample_s"]
+    assert m["time_refit_s"] <= m["time_generate_s"] and m["time_sample_s"] <= m["time_generate_s"]
+    generated = m["response_length_mean"] * rollouts
+    assert m["generated_tokens_per_s"] * m["time_generate_s"] == pytest.approx(generated)
 
 
 @pytest.mark.slow

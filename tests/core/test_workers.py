@@ -108,6 +108,8 @@ def test_group_wires_ranks_generates_in_order_and_leaves_nothing(
     assert not torch.equal(after.generation_logprobs, out.generation_logprobs)
     assert out.metrics["time_refit_s"] > 0 and out.metrics["time_sample_s"] > 0
     assert out.metrics["generation_decode_steps"] > 0
+    for part in ("time_prefill_s", "time_decode_s"):  # the engine's own, within its call
+        assert 0 < out.metrics[part] <= out.metrics["time_sample_s"]
 
     deadline = time.monotonic() + 15
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:

@@ -60,11 +60,33 @@ def in_megatron_dir(megatron_dir: Path) -> str:
     return f"policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR={megatron_dir}"
 
 
-def _submit_and_check(
-    recipe: str, run_dir: Path, model: Path, env: dict, timeout_s: float, *extra: str
-):
-    args = ["submit", recipe, "--cluster", GPU_PROFILE, "-o", str(run_dir), "--wait",
+# The commands, as docs/performance.md prints them (tests/gpu/test_documented_commands.py).
+def megatron_args(run_dir: Path, model: Path, megatron_dir: Path) -> list[str]:
+    # force: a conversion left by an earlier run on the same machine must not stand in for one
+    force = "policy.megatron_cfg.force_reconvert_from_hf=true"
+    return submit_args(MEGATRON_RECIPE, run_dir, model, force, in_megatron_dir(megatron_dir))
+
+
+def automodel_args(run_dir: Path, model: Path) -> list[str]:
+    return submit_args(AUTOMODEL_RECIPE, run_dir, model)
+
+
+def submit_args(recipe: str, run_dir: Path, model: Path, *extra: str) -> list[str]:
+    return ["submit", recipe, "--cluster", GPU_PROFILE, "-o", str(run_dir), "--wait",
             f"policy.model_name={model}", f"grpo.max_num_steps={NUM_STEPS}", *extra]  # fmt: skip
+
+
+def sweep_args(sweep_dir: Path, model: Path, megatron_dir: Path) -> list[str]:
+    return ["sweep", MEGATRON_RECIPE, "--cluster", GPU_PROFILE, "-o", str(sweep_dir),
+            *SWEEP_AXIS, f"policy.model_name={model}", f"grpo.max_num_steps={SWEEP_STEPS}",
+            in_megatron_dir(megatron_dir), "--wait"]  # fmt: skip
+
+
+def report_args(sweep_dir: Path) -> list[str]:
+    return ["report", str(sweep_dir)]
+
+
+def _submit_and_check(args: list[str], run_dir: Path, env: dict, timeout_s: float):
     result = hpcrl(args, run_dir.parent, env, timeout_s=timeout_s)
     assert result.returncode == 0, output_of(result)
     assert job_state(run_dir, run_dir.parent, env) == "COMPLETED"
@@ -77,11 +99,7 @@ def test_megatron_grpo_converts_the_hf_checkpoint(
     gpu_out: Path, hf_checkpoint: Path, env: dict, megatron_dir: Path
 ) -> None:
     run_dir = gpu_out / "megatron"
-    # force: a conversion left by an earlier run on the same machine must not stand in for one
-    force = "policy.megatron_cfg.force_reconvert_from_hf=true"
-    _submit_and_check(
-        MEGATRON_RECIPE, run_dir, hf_checkpoint, env, 540, force, in_megatron_dir(megatron_dir)
-    )
+    _submit_and_check(megatron_args(run_dir, hf_checkpoint, megatron_dir), run_dir, env, 540)
     driver_log = "\n".join(p.read_text() for p in run_dir.glob("logs/node0/attempt*/driver.log"))
     assert "conversion written" in driver_log, "megatron-bridge converted in this job"
     done = re.search(r"\[hpcrl megatron conversion\] done in [0-9.]+ s: (\S+)", driver_log)
@@ -97,10 +115,7 @@ def test_offload_sweep_then_report(
     if "test_megatron_grpo_converts_the_hf_checkpoint" in failed_gpu_tests:
         pytest.fail("the single Megatron job failed above; every sweep point would fail alike")
     sweep_dir = gpu_out / "offload-sweep"
-    args = ["sweep", MEGATRON_RECIPE, "--cluster", GPU_PROFILE, "-o", str(sweep_dir), *SWEEP_AXIS,
-            f"policy.model_name={hf_checkpoint}", f"grpo.max_num_steps={SWEEP_STEPS}",
-            in_megatron_dir(megatron_dir), "--wait"]  # fmt: skip
-    result = hpcrl(args, gpu_out, env, timeout_s=900)
+    result = hpcrl(sweep_args(sweep_dir, hf_checkpoint, megatron_dir), gpu_out, env, timeout_s=900)
     assert result.returncode == 0, output_of(result)
     points = [sweep_dir / f"point-{index}" for index in range(len(FRACTIONS))]
     for point in points:
@@ -108,7 +123,7 @@ def test_offload_sweep_then_report(
         check_step_metrics(point, SWEEP_STEPS)
         assert_nothing_left(point)
 
-    report = hpcrl(["report", str(sweep_dir)], gpu_out, env, timeout_s=300)
+    report = hpcrl(report_args(sweep_dir), gpu_out, env, timeout_s=300)
     assert report.returncode == 0, output_of(report)
     _check_report_table(report.stdout, points)
     _check_report_plots(report.stdout, sweep_dir / "report")
@@ -116,7 +131,8 @@ def test_offload_sweep_then_report(
 
 
 def test_automodel_grpo_on_one_gpu(gpu_out: Path, hf_checkpoint: Path, env: dict) -> None:
-    _submit_and_check(AUTOMODEL_RECIPE, gpu_out / "automodel", hf_checkpoint, env, 420)
+    run_dir = gpu_out / "automodel"
+    _submit_and_check(automodel_args(run_dir, hf_checkpoint), run_dir, env, 420)
 
 
 def _check_report_table(table: str, points: list[Path]) -> None:

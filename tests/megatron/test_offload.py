@@ -119,17 +119,21 @@ def test_generic_optimizer_move_is_skipped_when_megatron_owns_placement():
 
 
 OFFLOAD_STEPS = 4
-# bf16 params: a host copy's fused AdamW and the in-place one round their fp32 results into
-# the same bf16 params, but not bit for bit in every element (measured on GPU: final losses
-# agree to 1e-4 at every fraction, docs/performance.md).
-LOSS_RTOL = 1e-3
+# Exact equality, because that is what happens here: without TE/Apex megatron-core gives both
+# sub-optimizers torch's AdamW, and on this CPU the host copies' step and the in-place one run
+# the same kernels on the same values in the same order. Measured 2026-12-02 (megatron-core
+# 0.16.1, torch 2.13.0+cpu): fractions 0.5 and 1.0 equal fraction 0 to the bit in loss,
+# gradient norm and lr at all 4 steps (largest relative difference 0). On a GPU the device's
+# and the host's kernels differ and may round differently: benchmarks/megatron_offload.py
+# --sweep prints the largest loss difference there (docs/performance.md: not measured yet).
 
 
 @pytest.mark.slow
 def test_offload_fractions_train_like_no_offload(tmp_path):
     """megatron-core's HybridDeviceOptimizer moves the first ``fraction`` of the parameter
     elements to host copies with their own optimizer; the updates must not change: the same
-    losses and gradient norms at every step. The facts show the split really happened."""
+    losses, gradient norms and learning rates at every step, to the bit. The facts show the
+    split really happened."""
     from tests.megatron.test_parallel import build_converted
 
     hf_path, root = build_converted(tmp_path)
@@ -154,6 +158,5 @@ def test_offload_fractions_train_like_no_offload(tmp_path):
         assert run["offloaded_share"] == pytest.approx(fraction, abs=0.15)
         assert run["cpu_optimizers_with_state"] > 0  # the host copies were stepped
         for got, want in zip(run["history"], baseline["history"], strict=True):
-            assert got["loss"] == pytest.approx(want["loss"], rel=LOSS_RTOL)
-            assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-2)
-            assert got["lr"] == pytest.approx(want["lr"], rel=1e-12)
+            for key in ("loss", "grad_norm", "lr"):
+                assert got[key] == want[key], (fraction, key, got[key], want[key])

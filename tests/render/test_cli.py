@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,42 @@ def test_a_profile_given_by_path_plans_on_its_file_name(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "grpo-tiny-1n-cpu on mybox" in out
     assert "OK: grpo-tiny-1n-cpu plans on mybox; nothing was written." in out
+
+
+def test_the_shipped_eos_placeholders_refuse_submit_and_warn_validate_and_render(
+    tmp_path, monkeypatch, capsys
+):
+    """No user profile dirs (HPCRL_CLUSTER_PROFILES and the XDG config folder empty): ``eos`` is
+    the shipped example, whose ``account: your_account`` would land in ``#SBATCH --account``."""
+    empty = tmp_path / "no-profiles"
+    empty.mkdir()
+    monkeypatch.setenv("HPCRL_CLUSTER_PROFILES", str(empty))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(empty))
+    bin_dir = tmp_path / "bin"  # a stand-in sbatch that records any call
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/sbatch.calls\nexit 1\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    before = sorted(tmp_path.iterdir())
+    recipe = "recipes/grpo-qwen2-1.5b-2n8g-megatron.yaml"
+    source = Path(__file__).resolve().parents[2] / recipe
+    held = "still holds the placeholder 'your_account' of the example profile"
+    fix = (
+        "fix: copy the profile to ~/.config/hpcrl/cluster_profiles/eos.yaml (or a folder on "
+        "$HPCRL_CLUSTER_PROFILES) and set slurm.account there; the copy wins over the shipped one"
+    )
+
+    assert main(["submit", str(source), "--cluster", "eos"]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # rich folds long lines
+    assert f"error profile[eos].slurm.account = 'your_account' {held} {fix}" in err, err
+    assert "Traceback" not in err
+    assert sorted(tmp_path.iterdir()) == before  # no run folder, no bundle
+    assert not (tmp_path / "sbatch.calls").exists()  # nothing submitted
+
+    for command in ("validate", "render"):
+        assert main([command, str(source), "--cluster", "eos"]) == 0, command
+        captured = capsys.readouterr()
+        said = " ".join((captured.out + captured.err).split())
+        warning = f"warning profile[eos].slurm.account {held}; the job would run with it {fix}"
+        assert warning in said, said
+    assert "--account=your_account" in next((tmp_path / "runs").glob("*/job.sbatch")).read_text()

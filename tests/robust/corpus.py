@@ -55,8 +55,8 @@ JUNK: dict[str, Any] = {
     "nul": "a\x00b",
     "newline": "a\nb",
 }
-#: Junk that no key accepts: the command must refuse it.
-ALWAYS_BAD = {"nan", "inf", "env-missing", "bad-reference", "mandatory"}
+#: Junk that no key accepts: the command must refuse it (no value may come from a secret).
+ALWAYS_BAD = {"nan", "inf", "env-missing", "bad-reference", "mandatory", "env-secret"}
 
 
 def _leaves(node: Any, parts: tuple = ()) -> Iterator[tuple[tuple, Any]]:
@@ -215,27 +215,35 @@ def profile_cases() -> list[Case]:
                 keys=_named_keys(parts, extra_paths),
             )
         )
-    cases += _profile_secret_cases(base)
+    cases += _profile_secret_cases(base) + _profile_bound_cases(base)
     argv = ("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml")
     return cases + broken_file_cases("profiles", "profile.yaml", argv)
 
 
 def _profile_secret_cases(base: dict) -> list[Case]:
+    slurm = base["slurm"]
     secrets = {
-        "env.HF_TOKEN": ("env", {"HF_TOKEN": "literal"}),
-        "env.AWS_ACCESS_KEY_ID": ("env", {"AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"}),
-        "env.HARMLESS": ("env", {"HARMLESS": "${oc.env:GITHUB_PAT}"}),
-        "setup_lines[0]": ("setup_lines", [f"export HF_TOKEN={TOKEN}"]),
-        "slurm.srun_args[0]": ("slurm", {**base["slurm"], "srun_args": ["--export=ALL,DB_PASSWORD=x1"]}),
-        "slurm.sbatch_args[0]": ("slurm", {**base["slurm"], "sbatch_args": ["--comment=${oc.env:DB_PASSWORD}"]}),
+        # case name: (key the rejection names, section, its value)
+        "env.HF_TOKEN": ("env.HF_TOKEN", "env", {"HF_TOKEN": "literal"}),
+        "env.AWS_ACCESS_KEY_ID": ("env.AWS_ACCESS_KEY_ID", "env", {"AWS_ACCESS_KEY_ID": "AKIAABCDEFGHIJKLMNOP"}),
+        "env.HARMLESS": ("env.HARMLESS", "env", {"HARMLESS": "${oc.env:GITHUB_PAT}"}),
+        "env.HARMLESS-quoted-name": ("env.HARMLESS", "env", {"HARMLESS": '${oc.env:"DB_PASSWORD"}'}),
+        "env.HARMLESS-indirect": ("env.HARMLESS", "env", {"A": "${oc.env:WANDB_API_KEY}", "HARMLESS": "x${env.A}"}),
+        "setup_lines[0]": ("setup_lines[0]", "setup_lines", [f"export HF_TOKEN={TOKEN}"]),
+        "slurm.srun_args[0]": ("slurm.srun_args[0]", "slurm", {**slurm, "srun_args": ["--export=ALL,DB_PASSWORD=x1"]}),
+        "slurm.srun_args-name-first": ("slurm.srun_args[0]", "slurm", {**slurm, "srun_args": ["--export=GITHUB_PAT=abc,ALL"]}),
+        "slurm.srun_args-split": ("slurm.srun_args[1]", "slurm", {**slurm, "srun_args": ["--export", "NONE,APP_SECRET=abc"]}),
+        "slurm.sbatch_args[0]": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ["--comment=${oc.env:DB_PASSWORD}"]}),
+        "slurm.sbatch_args-name-first": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ["--export=DB_PASSWORD=hunter22xyz"]}),
+        "slurm.sbatch_args-quoted": ("slurm.sbatch_args[0]", "slurm", {**slurm, "sbatch_args": ['--export="HF_TOKEN=abc"']}),
     }  # fmt: skip
     cases = []
-    for key, (section, value) in secrets.items():
+    for name, (key, section, value) in secrets.items():
         data = {**base, section: value}
         cases.append(
             Case(
                 family="profiles",
-                name=f"secret-{key}",
+                name=f"secret-{name}",
                 argv=("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml"),
                 setup=_write_yaml("profile.yaml", data),
                 expect="reject",
@@ -243,6 +251,27 @@ def _profile_secret_cases(base: dict) -> list[Case]:
             )
         )
     return cases
+
+
+def _profile_bound_cases(base: dict) -> list[Case]:
+    """Per-node sizes no node has (rendered as ``--cpus-per-task``/``--mem`` until refused)."""
+    bounds = {
+        "cpus_per_node": {"cpus_per_node": 10**20},
+        "slurm.mem_gb": {"slurm": {**base["slurm"], "mem_gb": 10**20}},
+        "cpus_per_node+slurm.mem_gb": {"cpus_per_node": 5000, "slurm": {**base["slurm"], "mem_gb": 10**6}},
+    }  # fmt: skip
+    return [
+        Case(
+            family="profiles",
+            name=f"bound-{name}",
+            argv=("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml", "-o", "{case}/run"),
+            setup=_write_yaml("profile.yaml", {**base, **changes}),
+            expect="reject",
+            keys=tuple(name.split("+")),
+            says=tuple(f"error {key} = " for key in name.split("+")),
+        )
+        for name, changes in bounds.items()
+    ]
 
 
 # --------------------------------------------------------------------------- overrides
@@ -269,6 +298,13 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "unclosed-quote": ('logger.wandb.name="abc', "logger.wandb.name"),
     "env-missing": ("logger.wandb.name=${oc.env:HPCRL_CORPUS_NOPE}", "logger.wandb.name"),
     "env-secret-not-passed": ("logger.wandb.name=${oc.env:GITHUB_PAT}", "logger.wandb.name"),
+    "env-secret-passed": ("logger.wandb.name=${oc.env:HF_TOKEN}", "logger.wandb.name"),
+    "env-secret-quoted": ('logger.wandb.name=${oc.env:"WANDB_API_KEY"}', "logger.wandb.name"),
+    "env-secret-short": ("logger.wandb.name=${oc.env:SHORT_PASS}", "logger.wandb.name"),
+    "env-secret-in-path": ("checkpointing.checkpoint_dir=/ckpt/${oc.env:SHORT_PASS}", "checkpointing.checkpoint_dir"),
+    "env-secret-arithmetic": ("grpo.max_num_steps=${mul:${oc.env:SHORT_PASS},2}", "grpo.max_num_steps"),
+    "env-secret-in-default": ("logger.wandb.name=${oc.env:HPCRL_CORPUS_NOPE,${oc.env:SHORT_PASS}}", "logger.wandb.name"),
+    "env-secret-bad-type": ("cluster.num_nodes=${oc.env:SHORT_PASS}", "cluster.num_nodes"),
     "env-secret-in-env-vars": ("policy.megatron_cfg.env_vars.X=${oc.env:HF_TOKEN}", "policy.megatron_cfg.env_vars"),
     "secret-name-literal": ("policy.megatron_cfg.env_vars.HF_TOKEN=abc", "policy.megatron_cfg.env_vars"),
     "token-literal": (f"logger.wandb.name={TOKEN}", ""),
@@ -313,6 +349,11 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "model-overrides-junk": ("policy.megatron_cfg.model_overrides=3", "policy.megatron_cfg.model_overrides"),
     "betas-length": ("policy.optimizer.betas=[0.9]", "policy.optimizer.betas"),
     "top-p-zero": ("policy.generation.top_p=0", "policy.generation.top_p"),
+    "ratio-clip-min-negative": ("loss_fn.ratio_clip_min=-1", "loss_fn.ratio_clip_min"),
+    "ratio-clip-max-negative": ("loss_fn.ratio_clip_max=-0.2", "loss_fn.ratio_clip_max"),
+    "prompts-per-step-huge": ("grpo.num_prompts_per_step=100000000000000000000", "grpo.num_prompts_per_step"),
+    "prompts-per-step-1e20": ("grpo.num_prompts_per_step=1e20", "grpo.num_prompts_per_step"),
+    "generations-huge": ("grpo.num_generations_per_prompt=100000000000000000000", "grpo.num_generations_per_prompt"),
     "generation-resources-missing": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.resources"),
 }  # fmt: skip
 #: Overrides that are fine on their own (the command may accept them).
@@ -370,6 +411,9 @@ CLI_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sweep-grid-empty-key": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "=1,2", "--no-submit"), ("--grid",)),
     "sweep-grid-empty-value": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,,2", "--no-submit"), ("--grid",)),
     "sweep-grid-duplicate-points": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,1", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
+    "sweep-grid-same-resolved-seed": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,01", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
+    "sweep-grid-same-resolved-lr": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "policy.optimizer.kwargs.lr=1e-3,0.001", "--no-submit", "-o", "{case}/sw"), ("policy.optimizer.kwargs.lr",)),
+    "sweep-zip-same-resolved": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--zip", "grpo.seed=1,+1", "--zip", "grpo.max_num_steps=2,2", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),
     "sweep-grid-same-key-twice": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,2", "--grid", "grpo.seed=3", "--no-submit"), ("grpo.seed",)),
     "sweep-zip-lengths": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--zip", "grpo.seed=1,2", "--zip", "grpo.max_num_steps=1", "--no-submit"), ("--zip",)),
     "sweep-bad-point": (("sweep", SLURM_RECIPE, "-c", "slurm-test", "--grid", "grpo.seed=1,x", "--no-submit", "-o", "{case}/sw"), ("grpo.seed",)),

@@ -314,7 +314,7 @@ def job_record_cases() -> list[Case]:
             cases.append(Case(family="job-records", name=f"{command}-sacct-{sacct}", argv=argv,
                               setup=_job_record_setup(JOB_RECORDS["good-slurm"], with_good_run=False),
                               sacct=sacct))  # fmt: skip
-    return cases + sweep_record_cases() + status_file_cases()
+    return cases + sweep_record_cases() + status_file_cases() + job_log_cases()
 
 
 #: What a job leaves under ``status/`` (markers, driver error, cause records), damaged:
@@ -389,3 +389,32 @@ def sweep_record_cases() -> list[Case]:
                               setup=setup, expect="any" if command.startswith("status") else "reject",
                               says=("good-run",) if command == "status-all" else ()))  # fmt: skip
     return cases
+
+
+def job_log_cases() -> list[Case]:
+    """A job that printed its environment's secrets (a token, a plain password) into its
+    submitit logs and driver log: every log view hides them (values long enough to search
+    for: a short one shows in a log as the job printed it)."""
+    printed = "".join(f"{name}={value}\n" for name, value in SECRET_ENV.items() if len(value) >= 8)
+
+    def setup(folder: Path) -> None:
+        _job_record_setup(JOB_RECORDS["good-slurm"], with_good_run=False)(folder)
+        run = folder / "runs" / "bad-run"
+        (run / "submitit").mkdir()
+        for suffix in ("out", "err"):
+            (run / "submitit" / f"4242_0_log.{suffix}").write_text(f"env:\n{printed}")
+        driver_log = run / "logs" / "node0" / "attempt0" / "driver.log"
+        driver_log.parent.mkdir(parents=True)
+        driver_log.write_text(f"step 1\n{printed}")
+
+    views = {
+        "logs": ("logs", "{case}/runs/bad-run"),
+        "logs-follow": ("logs", "-f", "{case}/runs/bad-run"),
+        "logs-driver": ("logs", "--driver", "{case}/runs/bad-run"),
+        "logs-node": ("logs", "--node", "0", "--attempt", "1", "{case}/runs/bad-run"),
+    }
+    return [
+        Case(family="job-records", name=f"secret-in-log-{view}", argv=argv, setup=setup,
+             sacct="failed", expect="accept", says=("hidden>",))
+        for view, argv in views.items()
+    ]  # fmt: skip

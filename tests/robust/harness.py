@@ -31,6 +31,7 @@ SECRET_ENV = {
     "GITHUB_PAT": "ghp_" + "CorpusPat9x" * 3,
     "DB_PASSWORD": "corpus-plain-password",
     "WANDB_API_KEY": "corpus-wandb-key-0123",
+    "SHORT_PASS": "Sh0rt7",  # too short to search text for: kept out by knowing what was read
 }
 SECRET_VALUES = tuple(SECRET_ENV.values())
 DEFAULT_DEADLINE_S = 30.0

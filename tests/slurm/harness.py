@@ -93,6 +93,15 @@ def sacct_states(job_id: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def sacct_exit_codes(job_id: str) -> list[tuple[str, str]]:
+    """Allocation-level (``ExitCode``, ``DerivedExitCode``) of every run of a job, oldest
+    first, each ``code:signal``. (Slurm 22.05's ``ExitCode`` of a status above 128 is the
+    status less 128, e.g. ``9:0`` for 137; ``DerivedExitCode``, the highest of the job's
+    steps, keeps it whole.)"""
+    out = run_slurm("sacct", "-n", "-X", "-D", "-P", "-o", "ExitCode,DerivedExitCode", "-j", job_id)
+    return [tuple(line.strip().split("|")) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
+
+
 def wait_sacct_states(job_id: str, expected: list[str], timeout_s: float = SACCT_LAG_S) -> None:
     """Poll sacct until it reports exactly `expected` for the job, or fail with what it saw."""
     deadline = time.monotonic() + timeout_s
@@ -131,6 +140,27 @@ def job_processes(job_id: str, variable: str = "SLURM_JOB_ID") -> list[str]:
             in_job = False
         if in_job or folder in cmdline:
             found.append(f"{process.info['pid']}: {cmdline[:120]}")
+    return found
+
+
+def job_processes_by_node(job_id: str) -> dict[str, list[str]]:
+    """The job's live processes (``pid: command line``) by the node whose task started them
+    (``SLURMD_NODENAME``, which Ray's raylet, its workers and the driver inherit)."""
+    import psutil
+
+    found: dict[str, list[str]] = {}
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
+        if process.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            env = process.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if env.get("SLURM_JOB_ID") == job_id:
+            cmdline = " ".join(process.info["cmdline"] or [])
+            found.setdefault(env.get("SLURMD_NODENAME", "?"), []).append(
+                f"{process.info['pid']}: {cmdline[:120]}"
+            )
     return found
 
 

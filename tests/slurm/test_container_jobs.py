@@ -186,10 +186,16 @@ def test_an_image_without_ray_fails_on_slurm_before_ray_naming_ray(images, image
     assert "Fix: use a container image with ray>=2.49,<2.61 (the profile's container.image)" in flat
     job_id = read_job_record(run).job_id
     wait_sacct_states(job_id, ["FAILED"])
-    elapsed = run_slurm("sacct", "-n", "-X", "-P", "-o", "ElapsedRaw", "-j", job_id).split()[0]
-    print(f"preflight failure: job {job_id} ran {elapsed} s (sacct ElapsedRaw)")
+    elapsed_s = int(
+        run_slurm("sacct", "-n", "-X", "-P", "-o", "ElapsedRaw", "-j", job_id).split()[0]
+    )
+    assert elapsed_s < 60, f"the preflight failure took {elapsed_s} s"
     # Failed before Ray: no node started it.
     assert not list((run / "logs").glob("node*/attempt0/ray.out"))
+    # One named cause, no stack: submitit's logs of every task hold no traceback.
+    logs = {path.name: path.read_text() for path in (run / "submitit").glob("*_log.*")}
+    assert logs and not [name for name, text in logs.items() if "Traceback" in text], logs
+    assert any("hpcrl: preflight failed: " in text for text in logs.values()), logs
     # (--json: the table folds a long cause at a width that depends on the run's path)
     status = subprocess.run([str(HPCRL), "status", "--json", str(run)], env=shell,
                             capture_output=True, text=True, timeout=120)  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 from hpcrl.cli.main import main
 from hpcrl.plan.jobspec_file import read_jobspec
 from hpcrl.submit import waiting
+from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.robust.harness import write_scheduler_standins
 
@@ -165,6 +166,29 @@ def test_status_asks_the_scheduler_once_for_all_runs(cli, tmp_path, monkeypatch)
     assert call[-10:] == ["-j", "100", "-j", "101", "-j", "102", "-j", "103", "-j", "104"]
 
 
+def test_logs_follow_of_a_sweep_asks_the_scheduler_once_for_all_points(cli, tmp_path, monkeypatch):
+    sweep = tmp_path / "sw"
+    sweep.mkdir()
+    points = tuple(build_points(["grpo.seed=1,2,3"]))
+    write_sweep_record(sweep, SweepRecord(name="sw", recipe_source="r", cluster="c",
+                                          overrides=(), swept_keys=("grpo.seed",), points=points))  # fmt: skip
+    for index in range(3):  # resumed points: each its own job
+        make_run(sweep / f"point-{index}", record(sweep / f"point-{index}", job_id=f"30{index}"))
+    calls = []
+    real_run = subprocess.run
+
+    def counting_run(command, **kwargs):
+        calls.append(command)
+        return real_run(command, **kwargs)
+
+    monkeypatch.setattr("hpcrl.submit.job_state.subprocess.run", counting_run)
+    code, _, err = cli("logs", "-f", str(sweep), sacct="completed")
+    assert code == 0
+    assert err.count("completed") == 3, err
+    (call,) = calls
+    assert call[0] == "sacct" and call[-6:] == ["-j", "300", "-j", "301", "-j", "302"]
+
+
 def test_duplicate_sweep_points_are_refused(cli):
     code, _, err = cli(
         "sweep", "grpo-tiny-2n-cpu", "-c", "slurm-test", "--grid", "grpo.seed=1,2,1", "--no-submit"
@@ -174,6 +198,31 @@ def test_duplicate_sweep_points_are_refused(cli):
     code, _, err = cli("sweep", "grpo-tiny-2n-cpu", "-c", "slurm-test", "--zip", "grpo.seed=1,1",
                        "--zip", "grpo.max_num_steps=2,2", "--no-submit")  # fmt: skip
     assert code == 2 and "the same values appear twice" in err
+
+
+@pytest.mark.parametrize(
+    "grid, key, says",
+    [
+        (("grpo.seed=1,01,2",), "grpo.seed",
+         "sweep points 0 (grpo.seed=1) and 1 (grpo.seed=01) resolve to the same recipe"),
+        (("policy.optimizer.kwargs.lr=1e-3,0.001", "grpo.seed=7,8"), "policy.optimizer.kwargs.lr",
+         "sweep points 1 (policy.optimizer.kwargs.lr=1e-3, grpo.seed=8) and 3 "
+         "(policy.optimizer.kwargs.lr=0.001, grpo.seed=8) resolve to the same recipe"),
+    ],
+)  # fmt: skip
+def test_points_that_resolve_to_the_same_recipe_are_refused(cli, tmp_path, grid, key, says):
+    """Values that differ only as text: compared as the typed recipe takes them, every pair
+    reported together, nothing written."""
+    grids = [word for axis in grid for word in ("--grid", axis)]
+    code, _, err = cli("sweep", "grpo-tiny-2n-cpu", "-c", "slurm-test", *grids, "--no-submit",
+                       "-o", "sw")  # fmt: skip
+    assert code == 2
+    flat = " ".join(err.split())
+    assert f"error {key} = " in flat and says in flat, err
+    assert "fix: list each value once (" in flat
+    if len(grid) == 2:  # both seeds' pairs at once
+        assert "2 errors" in flat and "sweep points 0 (" in flat
+    assert not (tmp_path / "sw").exists()
 
 
 def test_a_smaller_resweep_leaves_no_stale_point_folders(cli, tmp_path):

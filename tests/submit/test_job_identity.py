@@ -121,3 +121,57 @@ def test_a_reused_pid_is_not_this_local_jobs_controller(fake_controller, tmp_pat
     assert job_state.query_status(old).state == "FAILED"  # no result of its own, no controller
     job_state.cancel_job(old)
     os.kill(fake_controller, 0)  # still there
+
+
+def _sweep(tmp_path: Path, states: tuple[str, ...], submit: int) -> tuple[Path, Sacct]:
+    """A sweep folder of array 41 with one point per state; sacct answers its tasks' rows."""
+    from hpcrl.submit.job_record import write_job_record
+    from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+
+    sweep_dir = tmp_path / "s"
+    sweep_dir.mkdir()
+    values = ",".join(str(index) for index in range(len(states)))
+    points = tuple(build_points([f"grpo.seed={values}"]))
+    write_sweep_record(sweep_dir, SweepRecord(
+        name="s", recipe_source="r", cluster="c", overrides=(), swept_keys=("grpo.seed",),
+        points=points, array_job_id="41", submitted_at=SUBMITTED,
+    ))  # fmt: skip
+    for point in points:
+        (sweep_dir / point.run_dir_name).mkdir()
+        write_job_record(sweep_dir / point.run_dir_name,
+                         record(job_id=f"41_{point.index}", array_index=point.index))  # fmt: skip
+    rows = [f"41_{index}|{state}|0:0|10|None|{submit}|hpcrl" for index, state in enumerate(states)]
+    return sweep_dir, Sacct(rows)
+
+
+@pytest.mark.parametrize(
+    ("states", "submit", "said"),
+    [
+        (("RUNNING", "COMPLETED"), T0 + 2, "Cancelled job array 41 (2 points) of {sweep}"),
+        (("COMPLETED", "FAILED"), T0 + 2,
+         "Job array 41 of {sweep} already ended (1 COMPLETED, 1 FAILED); nothing to cancel"),
+        # the cluster began its ids again: array 41 is another job, running now
+        (("RUNNING", "RUNNING"), T0 + 3 * 86_400,
+         "Not cancelling job array 41 of {sweep}: the scheduler's job 41_0 is another job "
+         "(submitted 2026-12-02T10:00:00+00:00 on cluster hpcrl, RUNNING); this run's job 41_0 "
+         "was submitted 2026-11-29T10:00:00+00:00 on hpcrl and is no longer on record (job ids "
+         "began again, e.g. after the cluster was reinstalled)"),
+    ],
+)  # fmt: skip
+def test_cancel_sweep_scancels_the_array_only_while_it_is_the_sweeps_own_and_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, states: tuple, submit: int, said: str
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    from hpcrl.submit import run_views
+
+    sweep_dir, sacct = _sweep(tmp_path, states, submit)
+    cancelled: list[str] = []
+    monkeypatch.setattr(run_views, "cancel_job", lambda rec: cancelled.append(rec.job_id))
+    console = Console(file=io.StringIO(), width=500)
+    watcher = job_state.SacctWatcher(run=sacct)
+    assert run_views.cancel_run(sweep_dir, console, watcher) == 0
+    assert console.file.getvalue() == said.format(sweep=sweep_dir) + "\n"  # one line
+    assert cancelled == (["41"] if said.startswith("Cancelled") else [])

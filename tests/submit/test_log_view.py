@@ -143,8 +143,10 @@ def test_a_sweep_shows_every_point_or_one(tmp_path: Path) -> None:
 
 
 def test_a_task_ends_an_explained_failure_with_one_line(capsys: pytest.CaptureFixture) -> None:
-    fallback_calls = []
-    hook = one_line_for_explained_failures(lambda *args: fallback_calls.append(args))
+    fallback_calls, exits = [], []
+    hook = one_line_for_explained_failures(
+        lambda *args: fallback_calls.append(args), exit_with=exits.append
+    )
     failed = DriverFailed(7, "pkg:drive", "Traceback (most recent call last):\n  ...\nValueError",
                           log_path="/r/logs/node0/attempt0/driver.log")  # fmt: skip
     hook(DriverFailed, failed, None)
@@ -153,6 +155,12 @@ def test_a_task_ends_an_explained_failure_with_one_line(capsys: pytest.CaptureFi
         "hpcrl: job failed: driver pkg:drive exited with code 7 (its log: "
         "/r/logs/node0/attempt0/driver.log)\nhpcrl: job failed: ray is missing\n"
     )
+    # the driver's exit code becomes the task's (Python's 1 stays for the rest); submitit's
+    # local requeue code is never one
+    for code in (1, 137, 144, 255):
+        hook(DriverFailed, DriverFailed(code, "pkg:drive", ""), None)
+    capsys.readouterr()
+    assert exits == [7, 137, 1, 255]
     error = ValueError("a bug")
     hook(ValueError, error, None)  # not explained: the full stack, as Python prints it
     assert fallback_calls == [(ValueError, error, None)]
@@ -184,3 +192,32 @@ def test_a_failure_shows_each_nodes_stderr_and_driver_tail_once(tmp_path: Path) 
         "[node0 attempt1 driver.log] driver step 1\n"
         "[node0 attempt2 driver.log] driver step 2\n"
     )
+
+
+def test_secrets_a_job_printed_are_hidden_in_every_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``logs``, ``logs -f`` and ``--wait``'s tails show what a job printed with the values of
+    this shell's secret-named variables and token shapes hidden, as error messages do."""
+    from rich.console import Console
+
+    from hpcrl.submit.waiting import print_log_tails
+
+    plain, token = "correct-horse-battery", "hf_" + "S3cr3t" * 6
+    monkeypatch.setenv("DB_PASSWORD", plain)
+    run = make_run(tmp_path / "run")
+    with (run / "submitit" / "41_0_log.err").open("a") as stream:
+        stream.write(f"env: DB_PASSWORD={plain} HF_TOKEN={token}\n")
+    with (run / "logs" / "node0" / "attempt1" / "driver.log").open("a") as stream:
+        stream.write(f"login with {token}\n")
+    runs = log_view.runs_to_show(run, point=None)
+    followed = io.StringIO()
+    log_view.follow_logs(runs, LogSelection(), lambda: True, 0.01, followed)
+    console = Console(file=io.StringIO(), width=200)
+    print_log_tails(run, _record(run), console)
+    for shown in (_shown(runs), followed.getvalue(), console.file.getvalue()):
+        assert plain not in shown and token not in shown
+        assert (
+            "[node0 stderr] env: DB_PASSWORD=<value of $DB_PASSWORD hidden> HF_TOKEN=<a " in shown
+        )
+        assert "[node0 attempt2 driver.log] login with <a Hugging Face token hidden>" in shown

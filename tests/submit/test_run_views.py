@@ -49,6 +49,27 @@ def test_follow_yields_text_as_files_grow_and_stops_after_the_end(tmp_path: Path
     assert by_file == {"a.log": "one\ntwo\nlast words\n", "b.log": "worker up\n"}
 
 
+def test_follow_yields_whole_lines_while_the_job_runs(tmp_path: Path) -> None:
+    """A line still being written waits for its end (a secret cut in two would escape the
+    view's redaction); at the end, what is left is yielded as it is."""
+    log = tmp_path / "a.log"
+    log.write_bytes(b"one\nsec")
+    polls = iter([False, False, True])
+    written = iter([b"", b"ret-value\nand", b" a tail without newline"])  # before each read
+
+    def files() -> list[LogFile]:
+        return [LogFile(0, log.name, log)]
+
+    def is_over() -> bool:
+        over = next(polls)
+        with log.open("ab") as stream:
+            stream.write(next(written, b""))
+        return over
+
+    chunks = [text for _, text in follow(files, is_over, poll_s=0.0)]
+    assert chunks == ["one\n", "secret-value\n", "and a tail without newline"]
+
+
 def test_log_files_are_submitit_per_task_files_then_node_logs(tmp_path: Path) -> None:
     record = _record(tmp_path)
     (tmp_path / "submitit").mkdir()

