@@ -115,6 +115,8 @@ def measure(name: str, rows: int, args: argparse.Namespace, fused) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.device == "cpu":  # OpenMP threads of compiled kernels stall on a shared box
+        torch.set_num_threads(1)
     print(f"torch {torch.__version__}, device {args.device}, vocab {args.vocab}")
     fused = fused_sampler()
     header = (

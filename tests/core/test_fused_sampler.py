@@ -97,3 +97,29 @@ def test_fused_sampler_keeps_the_contracts_kept_set(fused) -> None:
     assert torch.equal(tokens, want)
     assert set(tokens.tolist()) == {0, 1, 2}
     torch.testing.assert_close(logprobs, torch.full((draws,), -torch.log(torch.tensor(3.0))))
+
+
+def test_compiled_pieces_compile_once_for_sizes_equal_at_the_first_call() -> None:
+    """``compiled_piece`` (the sampler's and the decoder's pointwise pieces') turns duck
+    shaping off while it calls: two sizes equal at the first call stay two symbols, so
+    unequal ones later compile nothing new; the setting is restored after every call."""
+    import torch.fx.experimental._config as fx_config
+
+    from hpcrl.core.generation.compiled import compiled_piece
+
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    def piece(a, b):
+        return (a * 2).sum() + (b + 1).sum()
+
+    compiled = compiled_piece(piece, backend=counting_backend)
+    duck_shape = fx_config.use_duck_shape
+    for a_rows, b_rows in ((5, 5), (6, 4), (3, 8)):
+        got = compiled(torch.ones(a_rows, 7), torch.ones(b_rows, 5))
+        assert float(got) == 14 * a_rows + 10 * b_rows
+        assert fx_config.use_duck_shape == duck_shape
+    assert len(graphs) == 1

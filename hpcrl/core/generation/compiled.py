@@ -23,9 +23,12 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
     chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)}
 
     def call(*args: Any) -> Any:
+        # set and restored by hand: fx_config.patch costs the host several times as much,
+        # at every call (the sampler's is one per token)
+        duck_shape = fx_config.use_duck_shape
+        fx_config.use_duck_shape = False
         try:
-            with fx_config.patch(use_duck_shape=False):
-                return chosen["fn"](*args)
+            return chosen["fn"](*args)
         except Exception as error:  # any compiler failure
             if chosen["fn"] is fn:
                 raise
@@ -34,5 +37,7 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
             warnings.warn(f"{fn.__name__}: torch.compile failed ({error}); eager", stacklevel=2)
             chosen["fn"] = fn
             return fn(*args)
+        finally:
+            fx_config.use_duck_shape = duck_shape
 
     return call
