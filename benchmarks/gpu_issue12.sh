@@ -6,7 +6,7 @@
 #   device:  command "bash benchmarks/gpu_issue12.sh", carry [".whl"], timeout_s 540
 #            or 'PIECES="grpo-tuned generation grpo-early-stop" bash ...' (~6.5 minutes)
 #
-# Five pieces in this order, each bounded by what is left of the budget less what the later
+# Six pieces in this order, each bounded by what is left of the budget less what the later
 # pieces asked for need (NEEDS_S); a piece cut short still leaves its log, later pieces are
 # skipped when nothing is left:
 #   1. grpo-tuned.log      benchmarks/grpo_step.py on recipes/grpo-llama-1b-1n1g-automodel.yaml
@@ -27,6 +27,9 @@
 #                          with 512 token ids made stop tokens (grpo_step.py --stop-tokens), so
 #                          rows end at varied lengths: compactions and row-bucket captures
 #                          per step, the stall goal on them, the EARLY-STOP line  (~90 s)
+#   6. sampler.log         (not in the default list either) benchmarks/sampler_throughput.py:
+#                          the engine's sampler alone, eager against fused, batches 64 and 256,
+#                          device kernels per call, self-check                    (~30 s)
 # plus summary.txt (every GOAL / SYNC / BOUND / EARLY-STOP / breakdown line and the tables),
 # versions.txt and nvidia-smi.txt in $OUT. Run from the repository root: the benchmarks put
 # the checkout first on sys.path (its hpcrl is the one measured); the wheels bring ray,
@@ -43,13 +46,13 @@ PYTHON=${PYTHON:-python3}
 TINY=()
 [ "${SMOKE:-0}" = 1 ] && TINY=(--tiny)
 # PIECES="grpo-tuned grpo-old-mb" runs only those pieces, always in the order below
-# (default: the first four; grpo-early-stop only when named).
-ORDER=(grpo-tuned generation grpo-old-mb generation-variants grpo-early-stop)
+# (default: the first four; grpo-early-stop and sampler only when named).
+ORDER=(grpo-tuned generation grpo-old-mb generation-variants grpo-early-stop sampler)
 PIECES=${PIECES:-grpo-tuned generation grpo-old-mb generation-variants}
 wanted() { [[ " $PIECES " == *" $1 "* ]]; }
 # The least time worth giving each piece: what an earlier piece leaves for the wanted later ones.
 declare -A NEEDS_S=([grpo-tuned]=100 [generation]=150 [grpo-old-mb]=70 [generation-variants]=40
-                    [grpo-early-stop]=90)
+                    [grpo-early-stop]=90 [sampler]=40)
 for piece in $PIECES; do
     [ -n "${NEEDS_S[$piece]:-}" ] || { echo "unknown piece $piece (one of ${ORDER[*]})"; exit 2; }
 done
@@ -159,6 +162,10 @@ wanted grpo-early-stop && bounded "$(at_most 150 grpo-early-stop)" "$OUT/grpo-ea
     --out-dir /tmp/grpo-early-stop "${TINY[@]}"
 cp /tmp/grpo-early-stop/metrics.jsonl "$OUT/grpo-early-stop.metrics.jsonl" 2>/dev/null
 
+# 6. The sampler alone, eager against fused
+wanted sampler && bounded "$(at_most 90 sampler)" "$OUT/sampler.log" "$PYTHON" \
+    benchmarks/sampler_throughput.py "${TINY[@]}"
+
 {
     for log in "${ORDER[@]}"; do
         wanted "$log" || continue
@@ -167,6 +174,7 @@ cp /tmp/grpo-early-stop/metrics.jsonl "$OUT/grpo-early-stop.metrics.jsonl" 2>/de
             "$OUT/$log.log" 2>/dev/null | head -60
         sed -n '/^batch  sampler/,/^$/p' "$OUT/$log.log" 2>/dev/null
         sed -n '/^step  /,/^$/p' "$OUT/$log.log" 2>/dev/null
+        sed -n '/^batch  distribution/,/^$/p' "$OUT/$log.log" 2>/dev/null
     done
     echo "total ${SECONDS}s"
 } > "$OUT/summary.txt"

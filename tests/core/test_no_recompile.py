@@ -63,6 +63,9 @@ def compiled_worker(tiny_model_path):  # noqa: F811
         device="cpu",
     )
     torch._dynamo.reset()
+    # the worker reports this process's graph count, which reset() leaves as it is: graphs
+    # that earlier tests compiled (tests/core/test_fused_sampler.py) must not count here
+    torch._dynamo.utils.counters.clear()
     worker.setup(make_recipe(micro_batch_size=2), info, tiny_model_path)
     try:
         yield worker, backend

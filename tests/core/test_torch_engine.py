@@ -3,6 +3,8 @@ architecture, the sampled distribution, finished rows leaving the batch, waves, 
 
 The CUDA-only parts (graph capture, fused pointwise kernels) are exercised by
 ``benchmarks/generation_throughput.py`` on a GPU; here the same step functions run eagerly.
+The fused sampler, compiled with Inductor's CPU backend, also draws the statistical test's
+samples (and tests/core/test_fused_sampler.py checks it against the eager one).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ transformers = require_module("transformers")
 
 from hpcrl.config.recipe import GenerationCfg  # noqa: E402
 from hpcrl.core.generation.decoder import UnsupportedModelError  # noqa: E402
-from hpcrl.core.generation.sampling import row_uniforms  # noqa: E402
+from hpcrl.core.generation.sampling import fused_sampler, row_uniforms  # noqa: E402
 from hpcrl.core.generation.torch_engine import EngineOptions, TorchEngine, row_bucket  # noqa: E402
 from hpcrl.core.models.tiny import ensure_tiny_model  # noqa: E402
 
@@ -106,8 +108,13 @@ def _chi_square_upper(degrees: int, z: float) -> float:
     ],
     ids=["t1", "t0.7-topk8", "t1.3-topp0.6"],
 )
-def test_sampled_first_tokens_follow_the_processed_softmax(qwen2, cfg: GenerationCfg) -> None:
-    """Chi-square goodness of fit of 20,000 draws against softmax(filter(logits / T)).
+@pytest.mark.parametrize("sampler", ["eager", pytest.param("fused", marks=pytest.mark.slow)])
+@pytest.mark.filterwarnings("error:.*torch.compile failed")  # the fused sampler ran eagerly
+def test_sampled_first_tokens_follow_the_processed_softmax(
+    qwen2, cfg: GenerationCfg, sampler: str
+) -> None:
+    """Chi-square goodness of fit of 20,000 draws against softmax(filter(logits / T)), with
+    the eager sampler (CPU's) and the fused one (CUDA's, here compiled for the CPU).
 
     The bound is the 1 - 1e-4 quantile: with a random seed this test would fail wrongly once
     in 10,000 runs; the seed is fixed, so it is deterministic."""
@@ -115,6 +122,8 @@ def test_sampled_first_tokens_follow_the_processed_softmax(qwen2, cfg: Generatio
     prompt = tokenizer("x = ")["input_ids"]
     num_draws = 20_000
     engine = TorchEngine.from_hf_model(model, options=EngineOptions(max_rows=2048))
+    if sampler == "fused":
+        engine.sample_tokens = fused_sampler()
     out = engine.generate([prompt] * num_draws, cfg, seed=123)
     drawn = out["input_ids"][:, len(prompt)]
     with torch.no_grad():
@@ -219,6 +228,36 @@ def test_waves_checks_and_compaction_leave_samples_unchanged(qwen2) -> None:
             torch.testing.assert_close(other[key], outputs[0][key], atol=1e-5, rtol=0)
     lengths = outputs[0]["response_lengths"]
     assert 0 < int(lengths.min()) < 20, "precondition: some rows stop early"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        GenerationCfg(temperature=1.0, max_new_tokens=12, stop_token_ids=(15, 62, 66, 94, 97, 99)),
+        GenerationCfg(temperature=0.7, top_k=8, max_new_tokens=12),
+        GenerationCfg(temperature=0.0, max_new_tokens=12),
+    ],
+    ids=["t1-stops", "t0.7-topk8", "greedy"],
+)
+@pytest.mark.filterwarnings("error:.*torch.compile failed")  # the fused sampler ran eagerly
+def test_fused_sampler_generates_what_the_eager_one_does(qwen2, cfg: GenerationCfg) -> None:
+    """Whole generations, compaction down to one row included: the CUDA path's sampler
+    (compiled for the CPU here) gives the CPU path's tokens and log-probs."""
+    model, tokenizer = qwen2
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS * 2]
+    options = EngineOptions(check_every_tokens=2)
+    eager = TorchEngine.from_hf_model(model, options=options).generate(ids, cfg, seed=4)
+    engine = TorchEngine.from_hf_model(model, options=options)
+    engine.sample_tokens = fused_sampler()
+    fused = engine.generate(ids, cfg, seed=4)
+    assert torch.equal(fused["input_ids"], eager["input_ids"])
+    assert torch.equal(fused["response_lengths"], eager["response_lengths"])
+    torch.testing.assert_close(
+        fused["generation_logprobs"], eager["generation_logprobs"], atol=1e-5, rtol=0
+    )
+    if cfg.stop_token_ids:
+        assert engine.last_stats.compactions > 0, "precondition: rows left the batch"
 
 
 def test_refit_follows_new_weights_in_place(qwen2) -> None:

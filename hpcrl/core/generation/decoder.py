@@ -214,35 +214,13 @@ class Pointwise:
 
     @classmethod
     def fused(cls) -> Pointwise:
-        """One kernel per piece (GPU). Shapes are marked dynamic so prefill and every
-        decode batch size share one compilation; duck shaping is off while they compile
-        (two sizes equal at the first call, rows × heads and columns say, would otherwise
-        become one symbol and the first unequal pair would recompile). A piece that fails to
-        compile runs eagerly instead; no piece is first called inside a graph capture (the
-        norms, rotary and MLP pieces first run in the eager prefill, ``masked_softmax`` in
-        the eager warm-up steps that precede every capture)."""
-        import torch
-        import torch.fx.experimental._config as fx_config
-
-        def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-            chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True)}
-
-            def call(*args: Any) -> Any:
-                try:
-                    with fx_config.patch(use_duck_shape=False):
-                        return chosen["fn"](*args)
-                except Exception as error:  # any compiler failure
-                    if chosen["fn"] is fn:
-                        raise
-                    import warnings
-
-                    warnings.warn(
-                        f"{fn.__name__}: torch.compile failed ({error}); eager", stacklevel=2
-                    )
-                    chosen["fn"] = fn
-                    return fn(*args)
-
-            return call
+        """One kernel per piece (GPU), each compiled once for every shape
+        (``compiled.compiled_piece``: prefill and every decode batch size share one
+        compilation). A piece that fails to compile runs eagerly instead; no piece is first
+        called inside a graph capture (the norms, rotary and MLP pieces first run in the
+        eager prefill, ``masked_softmax`` in the eager warm-up steps that precede every
+        capture)."""
+        from hpcrl.core.generation.compiled import compiled_piece as compiled
 
         return cls(
             rms_norm=compiled(rms_norm),

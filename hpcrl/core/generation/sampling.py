@@ -11,13 +11,25 @@ The distribution sampled from, and the log-prob returned, is the log-prob contra
 ``log_softmax(filter(logits / T))`` (``hpcrl.core.token_distribution.processed_logits``, the
 one implementation the trainer's log-prob passes use too); greedy (temperature 0) takes the
 argmax of the raw logits and scores it at temperature 1.
+
+Two implementations of the same draw: ``sample_tokens``, eager (the CPU path and the
+reference), and ``fused_sampler``'s ``pick_tokens`` through torch.compile (the CUDA path).
+Eager, a token takes a dozen kernels or more (scale, filter, log-softmax, exp, cumsum,
+searchsorted, clamp, gather, argmax, where, ...), half of them passes over ``[B, V]`` tensors
+that write another ``[B, V]`` tensor. Fused, the pick is three passes over the logits: a row reduction (max and sum of exponentials: the log-normaliser), a scan (the
+CDF of ``exp(logit − log-normaliser)``) and a row reduction that counts the CDF entries at
+or below the target — ``searchsorted(cdf, target, right=True)`` is that count, since a CDF
+never decreases — and reads the chosen token's log-prob on the way; greedy is one reduction.
+Top-k / top-p run the contract's own ``filter_logits`` inside the same compilation (its
+``topk`` and top-p's ``sort`` stay library kernels), so the kept set is the trainer's.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from hpcrl.core.token_distribution import processed_logits
+from hpcrl.core.token_distribution import filter_logits, processed_logits, scale_logits
 
 if TYPE_CHECKING:
     import torch
@@ -84,3 +96,69 @@ def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     # CDF; fall back to the most likely token there instead of a filtered one.
     positive = probs.gather(-1, picked[:, None])[:, 0] > 0
     return torch.where(positive, picked, probs.argmax(dim=-1))
+
+
+#: ``sample_tokens``'s signature: (logits, distribution, uniforms, *, greedy) -> (ids, log-probs)
+SampleTokens = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
+
+
+def pick_tokens(
+    logits: torch.Tensor,
+    uniforms: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float,
+    greedy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_tokens`` written for torch.compile: the same tokens and log-probs (up to
+    float rounding at a CDF boundary), without the ``[B, V]`` log-softmax and probability
+    tensors in between. Plain scalars instead of a ``TokenDistribution``: what a
+    compilation holds for is decided by dynamo's guards on them."""
+    import torch
+
+    processed = scale_logits(logits, temperature)
+    if (top_k is not None and top_k > 0) or top_p < 1.0:
+        processed = filter_logits(processed, top_k, top_p)
+    peak, most_likely = processed.max(dim=-1, keepdim=True)  # one pass: both reductions
+    log_total = peak + (processed - peak).exp().sum(dim=-1, keepdim=True).log()  # [B, 1]
+    if greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        cdf = (processed - log_total).exp().cumsum(dim=-1)
+        targets = uniforms[:, None] * cdf[:, -1, None]
+        picked = (cdf <= targets).sum(dim=-1).clamp(max=logits.shape[-1] - 1)
+        # as in inverse_cdf_sample: never a token of probability 0 (rounding at the top)
+        picked_logprob = processed.gather(-1, picked[:, None])[:, 0] - log_total[:, 0]
+        tokens = torch.where(picked_logprob.exp() > 0, picked, most_likely[:, 0])
+    return tokens, processed.gather(-1, tokens[:, None])[:, 0] - log_total[:, 0]
+
+
+def fused_sampler(backend: Any = "inductor") -> SampleTokens:
+    """``sample_tokens`` through one compiled ``pick_tokens`` (``compiled.compiled_piece``).
+
+    Every batch size shares one compilation per distribution: the batch dimension is
+    unbacked, so a batch of one row (the last live row after compaction) compiles nothing
+    new either. Another distribution compiles once more (another kind — unfiltered, top-k,
+    top-p, both, greedy — always; another temperature or top-p value of the same kind may,
+    as dynamo decides to specialise a float or not). Past torch._dynamo's ``recompile_limit``
+    (8 compilations of ``pick_tokens`` in one process; a run samples from one distribution
+    or two) the sampler runs eagerly, with a warning. ``backend``: torch.compile's."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    from hpcrl.core.generation.compiled import compiled_piece
+
+    pick = compiled_piece(pick_tokens, backend=backend)
+
+    def sample(
+        logits: torch.Tensor,
+        distribution: TokenDistribution,
+        uniforms: torch.Tensor,
+        *,
+        greedy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        mark_unbacked(logits, 0)
+        mark_unbacked(uniforms, 0)
+        d = distribution
+        return pick(logits, uniforms, d.temperature, d.top_k, d.top_p, greedy)
+
+    return sample

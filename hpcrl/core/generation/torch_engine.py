@@ -5,10 +5,13 @@ One ``generate`` call: prompts sorted longest first (less padding), split into w
 fit the cache, each wave prefilled over packed tokens, then decoded one token per step for
 every live row. On CUDA each ``(rows, columns)`` bucket of the decode step is captured once
 as a CUDA graph and replayed; sampling runs on the device with counter-based randomness, so
-the host never waits for the device between tokens. Every ``check_every_tokens`` steps the
-host reads how many rows are still running: it stops when none are, applies stop strings,
-and moves the live rows into a smaller row bucket (``compact``) so finished rows stop
-costing work. On CPU the same code runs without graphs or fused kernels.
+the host never waits for the device between tokens. On CUDA the sampler is compiled too
+(``sampling.fused_sampler``): temperature, top-k / top-p, log-softmax, the inverse-CDF pick
+and the chosen token's log-prob in a few fused kernels, right after the graph's replay.
+Every ``check_every_tokens`` steps the host reads how many rows are still running: it stops
+when none are, applies stop strings, and moves the live rows into a smaller row bucket
+(``compact``) so finished rows stop costing work. On CPU the same code runs without graphs
+or fused kernels (the eager ``sampling.sample_tokens``).
 
 Weights are the engine's own copy (in the sampling dtype), refreshed in place by
 ``update_weights`` from Hugging Face-named tensors (``BackendWorker.export_hf_weights``).
@@ -24,7 +27,7 @@ import attrs
 
 from hpcrl.core.generation.decoder import Decoder
 from hpcrl.core.generation.kv_cache import DecodeAttention, DecodeState
-from hpcrl.core.generation.sampling import row_uniforms, sample_tokens
+from hpcrl.core.generation.sampling import SampleTokens, row_uniforms, sample_tokens
 from hpcrl.core.token_distribution import TokenDistribution
 
 if TYPE_CHECKING:
@@ -42,6 +45,9 @@ class EngineOptions:
 
     cuda_graphs: bool = True  # CUDA only
     fuse_pointwise: bool = True  # CUDA only: torch.compile the norm / rotary / SiLU pieces
+    # CUDA only, and only with fuse_pointwise (False there: nothing compiled at all):
+    # torch.compile the sampler (sampling.fused_sampler)
+    fuse_sampling: bool = True
     check_every_tokens: int = 16  # host looks at the finished count this often
     compact: bool = True
     max_rows: int | None = None  # None: as many as CACHE_MEMORY_FRACTION of free memory holds
@@ -117,6 +123,11 @@ class TorchEngine:
             from hpcrl.core.generation.decoder import Pointwise
 
             self.decoder.pointwise = Pointwise.fused()
+        self.sample_tokens: SampleTokens = sample_tokens
+        if on_cuda and self.options.fuse_pointwise and self.options.fuse_sampling:
+            from hpcrl.core.generation.sampling import fused_sampler
+
+            self.sample_tokens = fused_sampler()
         self.use_graphs = on_cuda and self.options.cuda_graphs
         self.max_model_len = max_model_len
         self.tokenizer_path = tokenizer_path
@@ -397,12 +408,21 @@ class _Wave:
         engine.last_stats.row_steps += self.slots
 
     def _sample(self, index: int) -> None:
+        """Token ``index`` of every slot from the logits the last step left.
+
+        Not part of the decode step's CUDA graph: the host never waits for the device
+        between tokens, so it enqueues these few kernels while the replay still runs (as
+        long as a step takes the device longer than the host needs to enqueue one token's
+        work), and a graph would only save the device the microseconds between them.
+        Capturing them would take a graph per (rows, columns, distribution, greedy), the
+        token index as a device tensor, the wave's buffers owned by the engine and an
+        idempotent capture warm-up (``lengths`` is accumulated here)."""
         import torch
 
         slots, state = self.slots, self.state
         rows = self.slot_rows[:slots]
         uniforms = self.uniforms[:, index].index_select(0, rows)
-        chosen, chosen_logprobs = sample_tokens(
+        chosen, chosen_logprobs = self.engine.sample_tokens(
             state.logits[:slots], self.distribution, uniforms, greedy=self.cfg.temperature == 0
         )
         active = ~self.finished[:slots]
