@@ -6,6 +6,7 @@ end), batches 64 and 256. Rows:
 
 - ``hpcrl``: ``TorchEngine`` as jobs run it (CUDA graph per bucket, fused pointwise kernels);
   ``hpcrl-unfused``: the same without the fused kernels (what torch.compile adds);
+  ``hpcrl-eager-sampler``: the same with the eager sampler instead of the fused one;
   ``hpcrl-bucket64`` / ``hpcrl-bucket16``: decode attention read in 64-column buckets (the
   default until issue 12's second session; 32 now) / 16-column ones; ``hpcrl-sdpa``: decode attention through
   ``scaled_dot_product_attention`` instead of two batched matmuls (a variant under test;
@@ -147,6 +148,7 @@ def timed(fn: Callable[[], Any], device: str) -> float:
 ENGINE_VARIANTS = {
     "hpcrl": EngineOptions(),
     "hpcrl-unfused": EngineOptions(fuse_pointwise=False),
+    "hpcrl-eager-sampler": EngineOptions(fuse_sampling=False),
     "hpcrl-bucket64": EngineOptions(column_bucket=64),
     "hpcrl-bucket16": EngineOptions(column_bucket=16),
     "hpcrl-sdpa": EngineOptions(decode_attention="sdpa"),
@@ -264,7 +266,11 @@ def prepare_hpcrl(
                "graph_captures_timed": sum(s.graph_captures for s in stats),
                "decode_ms_per_step": median(1e3 * s.decode_s / max(s.decode_steps, 1)
                                             for s in stats)}  # fmt: skip
-        if variant not in ("hpcrl", "hpcrl-unfused"):  # the self-checks covered those kernels
+        if variant not in (
+            "hpcrl",
+            "hpcrl-unfused",
+            "hpcrl-eager-sampler",
+        ):  # the self-checks covered those kernels
             row["logprob_check"] = logprob_check(model, args, options)
         return row
 

@@ -12,16 +12,18 @@ The distribution sampled from, and the log-prob returned, is the log-prob contra
 one implementation the trainer's log-prob passes use too); greedy (temperature 0) takes the
 argmax of the raw logits and scores it at temperature 1.
 
-Two implementations of the same draw: ``sample_tokens``, eager (the CPU path and the
-reference), and ``fused_sampler``'s ``pick_tokens`` through torch.compile (the CUDA path).
-Eager, a token takes a dozen kernels or more (scale, filter, log-softmax, exp, cumsum,
-searchsorted, clamp, gather, argmax, where, ...), half of them passes over ``[B, V]`` tensors
-that write another ``[B, V]`` tensor. Fused, the pick is three passes over the logits: a row reduction (max and sum of exponentials: the log-normaliser), a scan (the
-CDF of ``exp(logit − log-normaliser)``) and a row reduction that counts the CDF entries at
-or below the target — ``searchsorted(cdf, target, right=True)`` is that count, since a CDF
-never decreases — and reads the chosen token's log-prob on the way; greedy is one reduction.
-Top-k / top-p run the contract's own ``filter_logits`` inside the same compilation (its
-``topk`` and top-p's ``sort`` stay library kernels), so the kept set is the trainer's.
+Two implementations of the same draw: ``sample_tokens``, eager (the CPU path, greedy
+decoding, and the reference), and ``fused_sampler``'s ``pick_tokens`` through torch.compile
+(the CUDA path for sampling). The compiled pick is written as few passes over the logits: a
+row reduction (max and sum of exponentials: the log-normaliser), a scan (the CDF of
+``exp(logit − log-normaliser)``) and a row reduction that counts the CDF entries at or below
+the target (``searchsorted(cdf, target, right=True)`` is that count, since a CDF never
+decreases), reading the chosen token's log-prob on the way; top-k / top-p run the
+contract's own ``filter_logits`` inside it, so the kept set is the trainer's. What Inductor
+makes of it on the H200 (``benchmarks/sampler_throughput.py``, vocabulary 128,256) is less
+than that: 12 kernels for the eager path's 11 at temperature 1 (the scan is not fused into
+the reductions), 0.98x-1.20x the eager time per call, and 1.01x-1.02x the engine's
+generation rate at batches 64 / 256 (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -108,12 +110,11 @@ def pick_tokens(
     temperature: float,
     top_k: int | None,
     top_p: float,
-    greedy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``sample_tokens`` written for torch.compile: the same tokens and log-probs (up to
-    float rounding at a CDF boundary), without the ``[B, V]`` log-softmax and probability
-    tensors in between. Plain scalars instead of a ``TokenDistribution``: what a
-    compilation holds for is decided by dynamo's guards on them."""
+    """``sample_tokens`` (not greedy) written for torch.compile: the same tokens and
+    log-probs (up to float rounding at a CDF boundary), without the ``[B, V]`` log-softmax
+    and probability tensors in between. Plain scalars instead of a ``TokenDistribution``:
+    what a compilation holds for is decided by dynamo's guards on them."""
     import torch
 
     processed = scale_logits(logits, temperature)
@@ -121,15 +122,12 @@ def pick_tokens(
         processed = filter_logits(processed, top_k, top_p)
     peak, most_likely = processed.max(dim=-1, keepdim=True)  # one pass: both reductions
     log_total = peak + (processed - peak).exp().sum(dim=-1, keepdim=True).log()  # [B, 1]
-    if greedy:
-        tokens = logits.argmax(dim=-1)
-    else:
-        cdf = (processed - log_total).exp().cumsum(dim=-1)
-        targets = uniforms[:, None] * cdf[:, -1, None]
-        picked = (cdf <= targets).sum(dim=-1).clamp(max=logits.shape[-1] - 1)
-        # as in inverse_cdf_sample: never a token of probability 0 (rounding at the top)
-        picked_logprob = processed.gather(-1, picked[:, None])[:, 0] - log_total[:, 0]
-        tokens = torch.where(picked_logprob.exp() > 0, picked, most_likely[:, 0])
+    cdf = (processed - log_total).exp().cumsum(dim=-1)
+    targets = uniforms[:, None] * cdf[:, -1, None]
+    picked = (cdf <= targets).sum(dim=-1).clamp(max=logits.shape[-1] - 1)
+    # as in inverse_cdf_sample: never a token of probability 0 (rounding at the top)
+    picked_logprob = processed.gather(-1, picked[:, None])[:, 0] - log_total[:, 0]
+    tokens = torch.where(picked_logprob.exp() > 0, picked, most_likely[:, 0])
     return tokens, processed.gather(-1, tokens[:, None])[:, 0] - log_total[:, 0]
 
 
@@ -138,8 +136,10 @@ def fused_sampler(backend: Any = "inductor") -> SampleTokens:
 
     Every batch size shares one compilation per distribution: the batch dimension is
     unbacked, so a batch of one row (the last live row after compaction) compiles nothing
-    new either. Another distribution compiles once more (another kind — unfiltered, top-k,
-    top-p, both, greedy — always; another temperature or top-p value of the same kind may,
+    new either. Greedy decoding stays eager (``sample_tokens``): an argmax and one
+    log-normaliser are three kernels, and the compiled call's dispatch cost more than it
+    saved (H200: 0.175 against 0.101 ms per call at batch 64). Another distribution compiles
+    once more (another kind — unfiltered, top-k, top-p, both — always; another temperature or top-p value of the same kind may,
     as dynamo decides to specialise a float or not). Past torch._dynamo's ``recompile_limit``
     (8 compilations of ``pick_tokens`` in one process; a run samples from one distribution
     or two) the sampler runs eagerly, with a warning. ``backend``: torch.compile's."""
@@ -156,9 +156,11 @@ def fused_sampler(backend: Any = "inductor") -> SampleTokens:
         *,
         greedy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if greedy:
+            return sample_tokens(logits, distribution, uniforms, greedy=True)
         mark_unbacked(logits, 0)
         mark_unbacked(uniforms, 0)
         d = distribution
-        return pick(logits, uniforms, d.temperature, d.top_k, d.top_p, greedy)
+        return pick(logits, uniforms, d.temperature, d.top_k, d.top_p)
 
     return sample
