@@ -43,6 +43,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -426,6 +427,11 @@ def run_megatron_rows(args: argparse.Namespace) -> dict[str, dict]:
             for name, loop, attention in order if repeat % 2 == 0 else order[::-1]:
                 out = Path(tmp) / f"{loop}-{attention}-{repeat}.json"
                 result = run_megatron_subprocess(args, loop, attention, out)
+                # each pass's figure as it ends: a call cut off by its time limit keeps them
+                step_s = statistics.median(t for window in result["windows"] for t in window)
+                print(f"{name} pass {repeat + 1}: {args.batch_size * args.seq_len / step_s:,.0f} "
+                      f"tok/s (median step {step_s * 1e3:.1f} ms), first loss "
+                      f"{result['first_loss']:.6f}, peak {result['peak_gib']:.1f} GiB", flush=True)  # fmt: skip
                 if name not in rows:
                     rows[name] = result
                     continue
