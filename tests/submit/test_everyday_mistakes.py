@@ -148,10 +148,8 @@ def test_logs_follow_always_ends_and_says_why(cli, tmp_path, monkeypatch, sacct,
     assert err.count("\n") == 1, err  # one line saying why, no warning per sacct call
 
 
-def test_status_asks_the_scheduler_once_for_all_runs(cli, tmp_path, monkeypatch):
-    runs = tmp_path / "runs"
-    for index in range(5):
-        make_run(runs / f"r{index}", record(runs / f"r{index}", job_id=str(100 + index)))
+def scheduler_calls(monkeypatch) -> list:
+    """Every command hpcrl.submit.job_state runs (sacct, squeue), in order; they still run."""
     calls = []
     real_run = subprocess.run
 
@@ -160,6 +158,14 @@ def test_status_asks_the_scheduler_once_for_all_runs(cli, tmp_path, monkeypatch)
         return real_run(command, **kwargs)
 
     monkeypatch.setattr("hpcrl.submit.job_state.subprocess.run", counting_run)
+    return calls
+
+
+def test_status_asks_the_scheduler_once_for_all_runs(cli, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    for index in range(5):
+        make_run(runs / f"r{index}", record(runs / f"r{index}", job_id=str(100 + index)))
+    calls = scheduler_calls(monkeypatch)
     code, out, _ = cli("status", sacct="completed")
     assert code == 0 and out.count("COMPLETED") == 5
     (call,) = calls
@@ -174,14 +180,7 @@ def test_logs_follow_of_a_sweep_asks_the_scheduler_once_for_all_points(cli, tmp_
                                           overrides=(), swept_keys=("grpo.seed",), points=points))  # fmt: skip
     for index in range(3):  # resumed points: each its own job
         make_run(sweep / f"point-{index}", record(sweep / f"point-{index}", job_id=f"30{index}"))
-    calls = []
-    real_run = subprocess.run
-
-    def counting_run(command, **kwargs):
-        calls.append(command)
-        return real_run(command, **kwargs)
-
-    monkeypatch.setattr("hpcrl.submit.job_state.subprocess.run", counting_run)
+    calls = scheduler_calls(monkeypatch)
     code, _, err = cli("logs", "-f", str(sweep), sacct="completed")
     assert code == 0
     assert err.count("completed") == 3, err
