@@ -22,7 +22,10 @@ from hpcrl.core.generation.sampling import (  # noqa: E402
 from hpcrl.core.token_distribution import TokenDistribution  # noqa: E402
 
 # compiled_piece's eager fallback warns: here that is a failure, not a slower pass
-pytestmark = pytest.mark.filterwarnings("error:.*torch.compile failed")
+pytestmark = [
+    pytest.mark.filterwarnings("error:.*torch.compile failed"),
+    pytest.mark.usefixtures("one_torch_thread"),
+]
 
 VOCAB = 48
 BATCH_SIZES = (7, 2, 1, 64)  # the first call compiles; the others must not
@@ -33,14 +36,6 @@ CASES = {
     "t1.3-topp0.6": (TokenDistribution(temperature=1.3, top_p=0.6), False),
     "greedy": (TokenDistribution(), True),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,7 @@ from hpcrl.core.models.tiny import ensure_tiny_model  # noqa: E402
 PROMPTS = ["Count: ", "What is 2+3? ", "a", "The quick brown fox jumps", "7*6=", "xyz"]
 ARCHITECTURES = ["tiny:qwen2", "tiny:llama", "tiny:qwen3", "tiny:mistral"]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Two cores shared by many jobs: more threads only add spin-waiting.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _load(name: str) -> tuple:
