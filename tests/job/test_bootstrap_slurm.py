@@ -15,7 +15,13 @@ import psutil
 import pytest
 
 from tests.job.plans import write_node_plan
-from tests.slurm.harness import NETNS_NODE_IPS, cluster_mode, run_slurm, wait_sacct_states
+from tests.slurm.harness import (
+    NETNS_NODE_IPS,
+    cluster_mode,
+    run_slurm,
+    sacct_exit_codes,
+    wait_sacct_states,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 
@@ -75,7 +81,6 @@ def test_failing_driver_fails_the_slurm_job_with_its_exit_code(tmp_path):
     job_id = run_probe_job(tmp_path, HPCRL_DRIVER="tests.job.drivers:exit_with_7")
 
     wait_sacct_states(job_id, ["FAILED"])
-    exit_code = run_slurm("sacct", "-n", "-X", "-P", "-o", "ExitCode", "-j", job_id).split()[0]
-    assert exit_code == "7:0"
+    assert sacct_exit_codes(job_id) == ["7:0"]
     assert json.loads((tmp_path / "status" / "done").read_text())["exit_code"] == 7
     assert ray_processes_of(job_id) == []

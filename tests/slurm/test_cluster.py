@@ -13,6 +13,7 @@ from tests.slurm.harness import (
     cluster_mode,
     require_netns_cluster,
     run_slurm,
+    sacct_exit_codes,
     wait_job_gone_from_queue,
     wait_sacct_states,
 )
@@ -83,8 +84,7 @@ def test_failed_job_is_failed_in_sacct(tmp_path: Path) -> None:
     )  # fmt: skip
     job_id = out.strip().split(";")[0]
     wait_sacct_states(job_id, ["FAILED"])
-    exit_code = run_slurm("sacct", "-n", "-X", "-P", "-o", "ExitCode", "-j", job_id).strip()
-    assert exit_code == "3:0"
+    assert sacct_exit_codes(job_id) == ["3:0"]
 
 
 def pyxis_env_by_task(out: str) -> dict[int, dict[str, str]]:

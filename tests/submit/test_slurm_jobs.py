@@ -121,11 +121,8 @@ def test_a_driver_killed_as_by_the_oom_killer_fails_with_137_its_cause_and_the_l
     assert "[node0 attempt1 driver.log] [hpcrl " in output
     assert "running driver hpcrl.core.driver:run_training" in output
     wait_sacct_states(record.job_id, ["FAILED"])
-    # Slurm's own record has the driver's code too: ExitCode is the batch script's status, which
-    # srun passed on (Python's exit would leave 1:0). DerivedExitCode, the highest code of the
-    # job's steps, is not asserted: the step's completion reaches slurmctld from each node after
-    # the batch script has ended (0.9 s and 3 s later, measured), and the job's record can be
-    # final before it does (CI, 2026-12-02: 0:0 there once; 137:0 in every local run).
+    # Slurm's own record has the driver's code too: the batch script's status, which srun passed
+    # on (Python's exit would leave 1:0; why not DerivedExitCode: sacct_exit_codes)
     assert sacct_exit_codes(record.job_id) == ["9:0"]
     # (--json: the table folds a long cause at a width that depends on the run's path)
     status = hpcrl(["status", "--json", str(run)], tmp_path, job_env())
