@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.field_bounds import RECIPE_BOUNDS, check_bounds
 from hpcrl.config.recipe import Recipe
 
 #: Far above any cluster (the largest have ~10,000 nodes): a count beyond it is a typo.
@@ -216,7 +217,34 @@ def rule_batch_bounds(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_field_bounds(recipe: Recipe) -> list[Problem]:
+    """Each field's own range (``hpcrl.config.field_bounds``: seeds, step counts, ...)."""
+    return check_bounds(recipe, RECIPE_BOUNDS)
+
+
+def rule_response_fits_sequence(recipe: Recipe) -> list[Problem]:
+    """GRPO keeps ``max_new_tokens`` free for the response within
+    ``max_total_sequence_length``; the prompt gets the rest, at least one token."""
+    policy = recipe.policy
+    longest, new_tokens = policy.max_total_sequence_length, policy.generation.max_new_tokens
+    if recipe.grpo is None or longest < 1 or new_tokens < longest:
+        return []
+    return [
+        Problem(
+            path="policy.generation.max_new_tokens",
+            value=new_tokens,
+            message=f"not shorter than policy.max_total_sequence_length ({longest:,}): a "
+            "prompt and its response share that many tokens, and the response may take "
+            "max_new_tokens of them, which leaves no room for the prompt",
+            fix=f"set policy.generation.max_new_tokens below {longest:,} (the longest response; "
+            f"prompts get the rest), or raise policy.max_total_sequence_length",
+        )
+    ]
+
+
 RANGE_RULES = (
+    rule_field_bounds,
+    rule_response_fits_sequence,
     rule_optimizer_ranges,
     rule_megatron_optimizer_ranges,
     rule_checkpointing_ranges,
