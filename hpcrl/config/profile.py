@@ -99,6 +99,10 @@ class ClusterProfile:
     # "token": the job's Ray cluster admits only holders of the job's own token (hpcrl creates
     # one per run); "none" turns Ray's authentication off, with a warning at every command.
     ray_auth: Literal["token", "none"] = "token"
+    # The Ray release of the job's Python (the image's), e.g. "2.55.1": checked against what
+    # hpcrl runs on and what ray_auth needs before the queue wait. Unset: known from a NeMo
+    # RL release image's tag (hpcrl.plan.images), else checked by each node when the job starts.
+    ray_version: str | None = None
 
     @property
     def slots_per_node(self) -> int:

@@ -207,7 +207,7 @@ def rule_names_and_images(profile: ClusterProfile) -> list[Problem]:
                 path="container.image",
                 value=profile.container.image,
                 message="empty",
-                fix="set the image pyxis runs (e.g. nvcr.io/nvidia/nemo-rl:v0.4.0), or remove "
+                fix="set the image pyxis runs (e.g. nvcr.io#nvidia/nemo-rl:v0.7.0), or remove "
                 "the container section",
             )
         )

@@ -23,6 +23,7 @@ from hpcrl.plan.code import plan_code
 from hpcrl.plan.data_files import check_data_files
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.gpus import resolve_local_gpus
+from hpcrl.plan.images import check_image_reference
 from hpcrl.plan.jobspec import (
     SUBMITIT_TASK_TAIL,
     ContainerSpec,
@@ -83,6 +84,7 @@ def plan(
     visible_gpus = visible_gpus[:requested] if visible_gpus is not None else None
     num_nodes = generation.job_nodes if generation else recipe.cluster.num_nodes
     mounts = mount_checks.check_mount_syntax(profile, findings)
+    check_image_reference(profile, findings)
     code, bundle_mount = plan_code(recipe, profile, host, mounts, findings)
     container = _container_spec(profile, run_dir, mounts, bundle_mount)
     ckpt_dir, ckpt_source = mount_checks.plan_megatron_checkpoint_dir(
