@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
+from hpcrl.config.data_steps import num_steps_in_epochs, required_keys, rows_per_step
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.loop import (
     PREEMPTED_EXIT_CODE,
@@ -171,7 +171,7 @@ def _environment(recipe: Recipe) -> Any:
 def _training_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> list[dict]:
     """``data.train_path`` (JSONL) or NeMo RL's named set (``hpcrl.core.data.named``)."""
     if recipe.data.train_path is not None:
-        return load_jsonl(_data_path(recipe.data.train_path, recipe_dir), _required_keys(recipe))
+        return load_jsonl(_data_path(recipe.data.train_path, recipe_dir), required_keys(recipe))
     from hpcrl.core.data.named import load_named_rows
 
     rows = load_named_rows(recipe, tokenizer, "train")
@@ -199,7 +199,7 @@ def _validation_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) ->
             flush=True,
         )
         return None
-    rows = load_jsonl(_data_path(recipe.data.val_path, recipe_dir), _required_keys(recipe))
+    rows = load_jsonl(_data_path(recipe.data.val_path, recipe_dir), required_keys(recipe))
     return _limit_validation(recipe, rows)
 
 
@@ -230,12 +230,6 @@ def _data_path(path: str, recipe_dir: Path | None) -> Path:
     if candidate.is_absolute() or recipe_dir is None:
         return candidate
     return recipe_dir / candidate
-
-
-def _required_keys(recipe: Recipe) -> list[str]:
-    if recipe.algorithm == "sft":
-        return [recipe.data.prompt_key, recipe.data.response_key]
-    return [recipe.data.prompt_key, recipe.data.answer_key]
 
 
 def _make_step_fn(

@@ -534,7 +534,7 @@ def test_a_missing_data_file_is_an_error_before_the_queue(tmp_path):
 
 
 def test_a_data_file_in_a_container_is_checked_at_its_mount(tmp_path):
-    (tmp_path / "train.jsonl").write_text("{}\n")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "p", "answer": "1"}\n')
     container = attrs.evolve(
         pyxis_profile().container, mounts=(f"{tmp_path}:/data", "/lustre:/lustre")
     )
