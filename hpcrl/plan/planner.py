@@ -208,7 +208,29 @@ def _plan_layout(
     return layout
 
 
+#: Linux's PATH_MAX (4096 bytes, the terminating NUL included) less room for what the job
+#: writes below the run folder (logs/node<k>/attempt<r>/..., submitit's files, checkpoints).
+MAX_RUN_DIR_BYTES = 4095 - 512
+NAME_MAX_BYTES = 255  # one folder name
+
+
 def _check_run_dir(run_dir: str, profile: ClusterProfile, findings: Findings) -> None:
+    size = len(run_dir.encode("utf-8", "surrogateescape"))
+    longest = max(len(part.encode("utf-8", "surrogateescape")) for part in run_dir.split("/"))
+    if size > MAX_RUN_DIR_BYTES or longest > NAME_MAX_BYTES:
+        what = (
+            f"a folder name of {longest} bytes (at most {NAME_MAX_BYTES})"
+            if longest > NAME_MAX_BYTES
+            else f"{size:,} bytes long (at most {MAX_RUN_DIR_BYTES:,})"
+        )
+        findings.error(
+            "run_dir",
+            f"{what}: Linux refuses paths over 4,096 bytes and names over 255, and the job "
+            "writes files a few hundred characters deep below its run folder",
+            value=run_dir,
+            fix="choose a shorter folder with -o/--out",
+        )
+        return
     bad_chars = "%" + (",:" if profile.container is not None else "")
     if (
         not run_dir.startswith("/")
