@@ -58,7 +58,9 @@ def register(subparsers: Any) -> None:
 
     status = subparsers.add_parser("status", help="state of runs (default: every run under ./runs)")
     status.add_argument("runs", nargs="*", metavar="RUN", help="run or sweep folders")
-    status.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where to look without RUN")
+    status.add_argument(
+        "--runs-dir", help=f"where to look without RUN (default: {DEFAULT_RUNS_DIR})"
+    )
     status.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
                         help="only runs in these states (RUNNING, PENDING, FAILED, COMPLETED, "
                         "CANCELLED, NOT_SUBMITTED, ...; any case)")  # fmt: skip
@@ -326,12 +328,19 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
 
 # --------------------------------------------------------------------------- status
 def _status_filter(args: argparse.Namespace) -> Any:
-    from hpcrl.config.errors import UserError
+    from hpcrl.config.errors import UsageError, UserError
+    from hpcrl.submit.job_state import RUN_STATES
     from hpcrl.submit.status_view import StatusFilter, parse_age
 
     states = {
         word.strip().upper() for text in args.state for word in text.split(",") if word.strip()
     }
+    unknown = sorted(states - RUN_STATES)
+    if unknown:
+        raise UsageError(
+            f"--state {','.join(unknown)}: not a run state",
+            fix=f"one or more of {', '.join(sorted(RUN_STATES))} (any case, comma-separated)",
+        )
     try:
         max_age_s = parse_age(args.since) if args.since is not None else None
     except ValueError as error:
@@ -374,7 +383,8 @@ def run_status(args: argparse.Namespace) -> int:
     )
 
     keep = _status_filter(args)
-    listed = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
+    runs_dir = _runs_dir(args.runs_dir)
+    listed = collect_run_dirs([folder_path(run) for run in args.runs], runs_dir)
     now = datetime.datetime.now(datetime.UTC)
     runs = [run for run in run_statuses(listed) if keep.keeps(run, now)]
     if args.json:
@@ -382,7 +392,7 @@ def run_status(args: argparse.Namespace) -> int:
         return 0
     console = _console()
     if not runs:
-        where = "matching the filters" if listed else f"under {args.runs_dir}/"
+        where = "matching the filters" if listed else f"under {runs_dir}/"
         console.print(f"No runs {where} (submit one with: hpcrl submit RECIPE --cluster C)",
                       markup=False)  # fmt: skip
         return 0
@@ -394,16 +404,34 @@ def run_status(args: argparse.Namespace) -> int:
     return 1 if args.runs and any(run.problem for run in runs) else 0
 
 
+def _runs_dir(given: str | None) -> Path:
+    """``--runs-dir`` as given (it must be a folder), else ./runs (which may not exist yet)."""
+    if given is None:
+        return Path(DEFAULT_RUNS_DIR)
+    from hpcrl.config.errors import UsageError
+
+    path = Path(given)
+    if not path.is_dir():
+        what = "not a folder" if path.exists() else "no such folder"
+        raise UsageError(
+            f"--runs-dir {given}: {what}",
+            fix="give the folder that holds your run folders (runs/ where you submitted), or "
+            "name runs themselves: hpcrl status RUN ...",
+        )
+    return path
+
+
 # --------------------------------------------------------------------------- logs / cancel
 def run_logs(args: argparse.Namespace) -> int:
     from hpcrl.config.errors import UserError
-    from hpcrl.submit.log_view import LogSelection
+    from hpcrl.submit.log_view import LogSelection, check_attempt
     from hpcrl.submit.run_views import show_logs
 
     if args.driver and args.node not in (None, 0):
         raise UserError(f"--driver with --node {args.node}: the driver runs on node 0",
                         fix="drop --node, or --driver")  # fmt: skip
     selection = LogSelection(node=args.node, attempt=args.attempt, driver_only=args.driver)
+    check_attempt([], selection)  # a number no job can have: said before the folder is read
     # `hpcrl logs RUN | head` (a closed pipe) ends quietly: hpcrl.cli.failures
     return show_logs(folder_path(args.run), selection, args.point, follow_job=args.follow)
 

@@ -355,7 +355,7 @@ def _normalise_file(data: dict[str, Any], path: Path) -> tuple[list[Problem], se
     if isinstance(section, dict):
         for key in DATA_PATH_KEYS:
             value = section.get(key)
-            if isinstance(value, str) and "${" not in value:
+            if isinstance(value, str) and "${" not in value and "://" not in value:
                 section[key] = _absolute(value, path.parent)
         absolutize_data_files(section, path.parent)  # NeMo RL's prompt files and data sets
     return problems, spellings

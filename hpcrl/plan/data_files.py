@@ -175,6 +175,8 @@ def _host_side(path: str, mounts: list[Mount]) -> str | None:
 
 
 def _why_unusable(host_path: Path, path: str) -> str:
+    if "://" in path:
+        return "a URL: a data file is read from the job's filesystem (download it first)"
     seen_as = "" if str(host_path) == path else f" (on this machine: {host_path})"
     if host_path.is_dir():
         return f"a folder, not a data file{seen_as}"

@@ -47,6 +47,13 @@ FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
      "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST", "STALE"}
 )  # fmt: skip
+#: Every state ``hpcrl status`` can show (and ``--state`` filters by): Slurm's job states,
+#: hpcrl's own (a run never submitted, a job sacct forgot or cannot answer for).
+RUN_STATES = FINAL_STATES | frozenset(
+    {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "PREEMPTED", "REQUEUED", "REQUEUE_FED",
+     "REQUEUE_HOLD", "RESIZING", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED",
+     "NOT_SUBMITTED", "UNKNOWN", "UNREACHABLE"}
+)  # fmt: skip
 SACCT_TIMEOUT_S = 30
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason", "Submit", "Cluster")
 #: sacct prints times in epoch seconds with this (no time zone to guess).

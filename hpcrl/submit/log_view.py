@@ -32,7 +32,8 @@ from typing import TextIO
 import attrs
 
 from hpcrl.causes import read_causes
-from hpcrl.config.errors import UserError
+from hpcrl.config.errors import UsageError, UserError
+from hpcrl.config.field_bounds import MAX_REQUEUES
 from hpcrl.config.secrets import redact
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
@@ -42,6 +43,8 @@ from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links).
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 SUBMITIT_LABELS = ("stdout", "stderr")
+#: The first run and Slurm's requeues, whose count is a 16-bit number (config.field_bounds).
+MAX_ATTEMPTS = MAX_REQUEUES + 1
 ATTEMPT_DIR = re.compile(r"attempt(?P<index>[0-9]+)/(?P<name>.+)")
 #: submitit's records that its logger also writes to stderr (its handler there: WARNING up).
 SUBMITIT_ON_BOTH = re.compile(r"submitit (?:WARNING|ERROR|CRITICAL) \(")
@@ -147,9 +150,12 @@ def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
     """``--attempt K`` beyond what every run's logs show is an error naming the ones there."""
     if selection.attempt is None:
         return
-    if selection.attempt < 1:
-        raise UserError(f"--attempt {selection.attempt}: attempts count from 1",
-                        fix="e.g. --attempt 1")  # fmt: skip
+    if not 1 <= selection.attempt <= MAX_ATTEMPTS:
+        raise UsageError(
+            f"--attempt {selection.attempt}: attempts count from 1 to at most {MAX_ATTEMPTS:,} "
+            "(a job's first run and each of its requeues; Slurm counts requeues in 16 bits)",
+            fix="e.g. --attempt 1, or leave --attempt out for all",
+        )
     for run in runs:
         files = list_log_files(run.run_dir, run.record, selection.node, earlier_jobs=True)
         logged = attempts_logged(files)
@@ -159,7 +165,7 @@ def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
                 if run.point
                 else f"job {run.record.job_id}"
             )
-            raise UserError(
+            raise UsageError(
                 f"--attempt {selection.attempt}: {where} has "
                 + (f"attempts 1..{logged}" if logged > 1 else "one attempt so far"),
                 fix=f"give --attempt 1..{logged}, or leave --attempt out for all",

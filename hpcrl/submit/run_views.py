@@ -9,7 +9,7 @@ from pathlib import Path
 import attrs
 from rich.console import Console
 
-from hpcrl.config.errors import UserError
+from hpcrl.config.errors import UsageError
 from hpcrl.submit.job_record import JobRecord, read_job_record
 from hpcrl.submit.job_state import SacctWatcher, cancel_job, query_statuses
 from hpcrl.submit.log_view import (
@@ -31,7 +31,7 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
     runs = runs_to_show(path, point)
     for run in runs:
         if selection.node is not None and not 0 <= selection.node < run.record.num_tasks:
-            raise UserError(
+            raise UsageError(
                 f"--node {selection.node}: job {run.record.job_id} has nodes "
                 f"0..{run.record.num_tasks - 1}",
                 fix="give one of those, or leave --node out for every node",
@@ -45,7 +45,10 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
 
 
 def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
-    check = jobs_end_check([run.record for run in runs])
+    def say(text: str) -> None:
+        print(f"hpcrl logs: {text}", file=sys.stderr, flush=True)
+
+    check = jobs_end_check([run.record for run in runs], say=say)
     ended: dict[int, str] = {}
 
     def is_over() -> bool:
