@@ -301,7 +301,7 @@ def _say_scheduler_error(
     if error is not None and error != said:
         say(
             f"the scheduler is not answering ({error}); still following, asking again "
-            f"(giving up after {settings.unreachable_grace_s:.0f} s without an answer)"
+            f"(giving up after {settings.unreachable_grace_s:g} s without an answer)"
         )
     elif error is None and said is not None:
         say("the scheduler answers again")
