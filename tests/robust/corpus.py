@@ -408,10 +408,14 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "max-num-steps-10**400": ("grpo.max_num_steps=" + "1" + "0" * 400, "grpo.max_num_steps"),
     "data-not-jsonl": ("data.train_path=/etc/passwd", "data.train_path"),
     "data-a-device": ("data.train_path=/dev/zero", "data.train_path"),
-    "data-url-with-password": (f"data.train_path=https://corpus:{SECRET_ENV['DB_PASSWORD']}@example.com/d.jsonl", "data.train_path"),
+    "data-url-with-password": ("data.train_path=https://corpus:Url7Pw9x@example.com/d.jsonl", "data.train_path"),
     "tiny-model-that-does-not-exist": ("policy.model_name=tiny:nope", "policy.model_name"),
     "self-doubling-value": ("logger.wandb.name=${logger.wandb.project}${logger.wandb.project}", ""),
 }  # fmt: skip
+#: What the output must say (a password that is no variable's value: hidden by its shape).
+OVERRIDES_SAY = {
+    "data-url-with-password": ("'https://corpus:<password hidden>@example.com/d.jsonl'",)
+}
 #: Overrides that are fine on their own (the command may accept them).
 OVERRIDES_MAY_PASS = {"empty", "nul-value", "newline-value", "huge-value", "self-reference",
                       "validate-token-literal", "self-doubling-value"}  # fmt: skip
@@ -431,6 +435,7 @@ def override_cases() -> list[Case]:
                     argv=argv,
                     expect="any" if {name, f"{command}-{name}"} & OVERRIDES_MAY_PASS else "reject",
                     keys=(key,) if key else (),
+                    says=OVERRIDES_SAY.get(name, ()),
                 )
             )
     return cases
