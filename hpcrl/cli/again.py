@@ -53,9 +53,10 @@ def register(subparsers: Any) -> None:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from hpcrl.cli.jobs import _console, _shown, max_steps, print_submitted
+    from hpcrl.cli.jobs import _console, max_steps, print_submitted
     from hpcrl.config import load_recipe
     from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
+    from hpcrl.submit.hints import shown_path
     from hpcrl.submit.resumption import resume_run
     from hpcrl.submit.sweep import is_sweep_dir
 
@@ -64,7 +65,7 @@ def run_resume(args: argparse.Namespace) -> int:
     point, record = resume_run(run_dir)
     console = _console()
     console.print(
-        f"Resuming {_shown(run_dir)} from its checkpoint of step {point.checkpoint_step} "
+        f"Resuming {shown_path(run_dir)} from its checkpoint of step {point.checkpoint_step} "
         f"({point.checkpoint}) as attempt {point.attempt_offset + 1}; job "
         f"{point.previous.job_id} had ended {point.previous_status.state}",
         markup=False, soft_wrap=True,

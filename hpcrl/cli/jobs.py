@@ -106,14 +106,6 @@ def _console() -> Console:
     return Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
 
 
-def _shown(path: Path) -> str:
-    """A path as the user should type it: relative to the working directory when inside it."""
-    try:
-        return str(Path(path).absolute().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def _escape(text: str) -> str:
     from rich.markup import escape
 
@@ -182,13 +174,22 @@ def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
 
 
 def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
-    shown = _shown(run_dir)
+    from hpcrl.submit.hints import command, quoted_path
+
     where = f"{record.num_tasks} node(s) on {record.cluster}"
-    console.print(f"Submitted job [bold]{record.job_id}[/] ({record.job_name}, {where})")
-    console.print(f"  run folder  {shown}", soft_wrap=True)
-    console.print(f"  follow      hpcrl logs {shown} -f", soft_wrap=True)
-    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
-    console.print(f"  cancel      hpcrl cancel {shown}", soft_wrap=True)
+    console.print(f"Submitted job [bold]{record.job_id}[/] ({_escape(record.job_name)}, {where})")
+    _print_hints(console, [
+        ("run folder", quoted_path(run_dir)),
+        ("follow", command("logs", run_dir, "-f")),
+        ("status", command("status", run_dir)),
+        ("cancel", command("cancel", run_dir)),
+    ])  # fmt: skip
+
+
+def _print_hints(console: Console, hints: list[tuple[str, str]]) -> None:
+    """``  follow      hpcrl logs runs/x -f``: each a line that runs as printed (no markup)."""
+    for label, text in hints:
+        console.print(f"  {label:<11} {text}", markup=False, highlight=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- sweep
@@ -228,18 +229,20 @@ def run_sweep(args: argparse.Namespace) -> int:
     except SubmissionRefused as error:
         print(f"not submitted: {error}", file=sys.stderr)
         return 1
+    from hpcrl.submit.hints import command, quoted_path
+
     console = _console()
-    shown = _shown(sweep_dir)
     console.print(
-        f"Submitted sweep {record.name}: job array [bold]{record.array_job_id}[/] with "
+        f"Submitted sweep {_escape(record.name)}: job array [bold]{record.array_job_id}[/] with "
         f"{len(points)} points (at most {planned.array_spec.array_parallelism} at once)"
     )
     for point, job in zip(record.points, job_records, strict=True):
         console.print(
-            f"  {job.job_id:>10}  {shown}/{point.run_dir_name}  {point.describe()}", soft_wrap=True
-        )
-    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
-    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+            f"  {job.job_id:>10}  {quoted_path(sweep_dir / point.run_dir_name)}  "
+            f"{point.describe()}", markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    _print_hints(console, [("status", command("status", sweep_dir)),
+                           ("report", command("report", sweep_dir))])  # fmt: skip
     if not args.wait:
         return 0
     return _wait_sweep(sweep_dir, job_records, console)
@@ -257,17 +260,19 @@ def _print_sweep_warnings(planned: PlannedSweep) -> None:
 
 def _write_unsubmitted(planned: PlannedSweep) -> int:
     """``--no-submit``: the folders only, each point's path and its values."""
+    from hpcrl.submit.hints import command, quoted_path
     from hpcrl.submit.sweep_launch import write_sweep_folders
 
     write_sweep_folders(planned)
     console = _console()
-    shown = _shown(planned.sweep_dir)
     console.print(
-        f"Wrote sweep {planned.record.name} with {len(planned.points)} points (not submitted)"
-    )
+        f"Wrote sweep {planned.record.name} with {len(planned.points)} points (not submitted)",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
     for point in planned.record.points:
-        console.print(f"  {shown}/{point.run_dir_name}  {point.describe()}", soft_wrap=True)
-    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+        console.print(f"  {quoted_path(planned.sweep_dir / point.run_dir_name)}  "
+                      f"{point.describe()}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+    _print_hints(console, [("report", command("report", planned.sweep_dir))])
     return 0
 
 
@@ -285,18 +290,19 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
             file=sys.stderr,
         )
         return 2
+    from hpcrl.submit.hints import command, quoted_path
+
     console = _console()
-    shown = _shown(planned.sweep_dir)
     console.print(
         f"Sweep {planned.record.name}: {len(planned.points)} points on "
-        f"{planned.points[0].spec.profile_name}, one after another"
-    )
+        f"{planned.points[0].spec.profile_name}, one after another",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
 
     def announce(point: Any, job: JobRecord) -> None:
-        console.print(
-            f"  {job.job_id:>10}  {shown}/{point.point.run_dir_name}  {point.point.describe()}",
-            soft_wrap=True,
-        )
+        folder = quoted_path(planned.sweep_dir / point.point.run_dir_name)
+        console.print(f"  {job.job_id:>10}  {folder}  {point.point.describe()}",
+                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
 
     def follow(run_dir: Path, job: JobRecord) -> int:
         steps = max_steps(planned.points[job.array_index or 0].loaded.recipe)
@@ -308,8 +314,8 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
         exit_code = run_local_sweep(planned, wait=follow, announce=announce)
     if exit_code != DETACHED_EXIT_CODE:
         print_sweep_summary(planned.sweep_dir, console)
-    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
-    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+    _print_hints(console, [("status", command("status", planned.sweep_dir)),
+                           ("report", command("report", planned.sweep_dir))])  # fmt: skip
     return exit_code
 
 

@@ -34,6 +34,7 @@ import attrs
 from hpcrl.causes import read_causes
 from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import redact
+from hpcrl.submit.hints import command
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
 from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
@@ -258,13 +259,13 @@ def _lines_of_attempt(
     return kept
 
 
-def no_output_line(runs: Sequence[LoggedRun], selection: LogSelection, shown: str) -> str:
+def no_output_line(runs: Sequence[LoggedRun], selection: LogSelection, folder: Path) -> str:
     what = "the driver of " if selection.driver_only else ""
     where = f"attempt {selection.attempt} of " if selection.attempt else ""
     jobs = ", ".join(run.record.job_id for run in runs)
     return (
         f"hpcrl logs: no output yet from {what}{where}job {jobs} (queued, or just started: "
-        f"hpcrl logs -f {shown} waits for it)"
+        f"{command('logs', '-f', folder)} waits for it)"
     )
 
 

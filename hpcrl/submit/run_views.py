@@ -40,7 +40,7 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
     if follow_job:
         return _follow(runs, selection)
     if not print_logs(runs, selection, sys.stdout):
-        print(no_output_line(runs, selection, str(path)), file=sys.stderr)
+        print(no_output_line(runs, selection, path), file=sys.stderr)
     return 0
 
 

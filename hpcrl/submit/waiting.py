@@ -23,6 +23,7 @@ from rich.console import Console
 
 from hpcrl.report.metrics import last_metrics
 from hpcrl.submit.failure_causes import attempt_causes
+from hpcrl.submit.hints import command
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
     JobOutcome,
@@ -204,10 +205,9 @@ def _detached(
     open_runs = [(d, r) for (d, r), watch in zip(runs, watches, strict=True) if not watch.done]
     console.print()
     for run_dir, record in open_runs:
-        shown = _shown(run_dir)
         console.print(
-            f"detached: job {record.job_id} is still running; follow with: hpcrl logs "
-            f"{shown} -f (or hpcrl status {shown})",
+            f"detached: job {record.job_id} is still running; follow with: "
+            f"{command('logs', run_dir, '-f')} (or {command('status', run_dir)})",
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
     return [
@@ -218,13 +218,6 @@ def _detached(
         )  # fmt: skip
         for watch in watches
     ]
-
-
-def _shown(path: Path) -> str:
-    try:
-        return str(Path(path).absolute().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def _progress_text(
@@ -442,7 +435,7 @@ def report_outcome(
         console.print(
             f"[bold yellow]stopped waiting[/]: the scheduler has not answered for a while "
             f"({status.scheduler_error}); job {record.job_id} may still run. "
-            f"Check later: hpcrl status {run_dir}",
+            f"Check later: {_escape(command('status', run_dir))}",
             soft_wrap=True,
         )
         return
