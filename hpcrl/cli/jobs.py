@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.cli.prepare import DEFAULT_RUNS_DIR, add_recipe_arguments, folder_path
+from hpcrl.cli.prepare import add_recipe_arguments, folder_path
+from hpcrl.cli.status import PIPED_WIDTH, print_sweep_summary
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -56,17 +57,9 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     sweep.set_defaults(func=run_sweep)
 
-    status = subparsers.add_parser("status", help="state of runs (default: every run under ./runs)")
-    status.add_argument("runs", nargs="*", metavar="RUN", help="run or sweep folders")
-    status.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where to look without RUN")
-    status.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
-                        help="only runs in these states (RUNNING, PENDING, FAILED, COMPLETED, "
-                        "CANCELLED, NOT_SUBMITTED, ...; any case)")  # fmt: skip
-    status.add_argument("--recipe", metavar="TEXT", help="only runs whose recipe contains TEXT")
-    status.add_argument("--since", metavar="AGE",
-                        help="only runs submitted (or rendered) within AGE: 30m, 2h, 1d, 1w")  # fmt: skip
-    status.add_argument("--json", action="store_true", help="a JSON list instead of the table")
-    status.set_defaults(func=run_status)
+    from hpcrl.cli.status import register as register_status
+
+    register_status(subparsers)
 
     logs = subparsers.add_parser(
         "logs", help="print (or follow) a run's logs (a sweep folder: every point's)",
@@ -93,11 +86,6 @@ def register(subparsers: Any) -> None:
         "runs", nargs="+", metavar="RUN", help="runs, sweep points or sweep folders"
     )
     cancel.set_defaults(func=run_cancel)
-
-
-#: Piped output (no terminal) gets this width instead of rich's 80 columns, so tables and
-#: paths are not cut short in logs and CI output.
-PIPED_WIDTH = 200
 
 
 def _console() -> Console:
@@ -194,12 +182,13 @@ def _print_hints(console: Console, hints: list[tuple[str, str]]) -> None:
 
 # --------------------------------------------------------------------------- sweep
 def run_sweep(args: argparse.Namespace) -> int:
+    from hpcrl.cli.user_config import default_runs_dir
     from hpcrl.submit.sweep import build_points
     from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep, sweep_argv
 
     points = build_points(args.grid, args.zip)  # a SweepError ends as one line (main)
     sweep_dir = folder_path(args.out) if args.out else default_sweep_dir(
-        args.recipe, args.cluster, args.overrides, points, Path(DEFAULT_RUNS_DIR)
+        args.recipe, args.cluster, args.overrides, points, default_runs_dir()
     )  # fmt: skip
     if args.no_submit and args.wait:
         print("hpcrl sweep: --wait needs a submitted sweep; drop --no-submit", file=sys.stderr)
@@ -313,7 +302,7 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
     with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
         exit_code = run_local_sweep(planned, wait=follow, announce=announce)
     if exit_code != DETACHED_EXIT_CODE:
-        print_sweep_summary(planned.sweep_dir, console)
+        print_sweep_summary(planned.sweep_dir)
     _print_hints(console, [("status", command("status", planned.sweep_dir)),
                            ("report", command("report", planned.sweep_dir))])  # fmt: skip
     return exit_code
@@ -326,78 +315,8 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
     points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)
     outcomes = wait_for_jobs(list(zip(points, job_records, strict=True)), console)
     if not any(outcome.detail == "detached" for outcome in outcomes):
-        print_sweep_summary(sweep_dir, console)
+        print_sweep_summary(sweep_dir)
     return next((outcome.exit_code for outcome in outcomes if outcome.exit_code != 0), 0)
-
-
-# --------------------------------------------------------------------------- status
-def _status_filter(args: argparse.Namespace) -> Any:
-    from hpcrl.config.errors import UserError
-    from hpcrl.submit.status_view import StatusFilter, parse_age
-
-    states = {
-        word.strip().upper() for text in args.state for word in text.split(",") if word.strip()
-    }
-    try:
-        max_age_s = parse_age(args.since) if args.since is not None else None
-    except ValueError as error:
-        raise UserError(f"--since: {error}", fix="e.g. --since 2h") from None
-    return StatusFilter(states=frozenset(states), recipe=args.recipe, max_age_s=max_age_s)
-
-
-def status_table(runs: list[Any], title: str | None = None) -> Any:
-    """The status table of ``runs`` (``hpcrl status``; the end of ``sweep --wait``)."""
-    from rich.table import Table
-
-    from hpcrl.submit.status_view import table_cells, table_columns
-
-    columns = table_columns(runs)
-    table = Table(title=title, title_justify="left")
-    for header in columns:
-        numeric = header in ("exit", "attempts", "step", "reward", "loss", "elapsed")
-        table.add_column(header, justify="right" if numeric else "left", overflow="fold")
-    for run in runs:
-        cells = table_cells(run)
-        table.add_row(*(_escape(cells[header]) for header in columns))
-    return table
-
-
-def print_sweep_summary(sweep_dir: Path, console: Console) -> None:
-    """After ``sweep --wait``: every point's state, exit code, values, steps, reward, loss."""
-    from hpcrl.submit.status_view import collect_run_dirs, run_statuses
-
-    runs = run_statuses(collect_run_dirs([sweep_dir], sweep_dir.parent))
-    console.print(status_table(runs, title=f"sweep {sweep_dir.name}"))
-
-
-def run_status(args: argparse.Namespace) -> int:
-    import datetime
-
-    from hpcrl.submit.status_view import (
-        as_json,
-        collect_run_dirs,
-        run_statuses,
-    )
-
-    keep = _status_filter(args)
-    listed = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
-    now = datetime.datetime.now(datetime.UTC)
-    runs = [run for run in run_statuses(listed) if keep.keeps(run, now)]
-    if args.json:
-        print(as_json(runs))
-        return 0
-    console = _console()
-    if not runs:
-        where = "matching the filters" if listed else f"under {args.runs_dir}/"
-        console.print(f"No runs {where} (submit one with: hpcrl submit RECIPE --cluster C)",
-                      markup=False)  # fmt: skip
-        return 0
-    console.print(status_table(runs))
-    for run in runs:
-        if run.problem:
-            console.print(f"{run.name}: {run.problem}", markup=False, highlight=False,
-                          soft_wrap=True)  # fmt: skip
-    return 1 if args.runs and any(run.problem for run in runs) else 0
 
 
 # --------------------------------------------------------------------------- logs / cancel

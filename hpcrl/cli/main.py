@@ -67,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hpcrl.config.errors import ConfigError
 
             raise ConfigError(args.override_mistakes)
+        if getattr(args, "needs_cluster", False) and args.cluster is None:
+            args.cluster = _default_cluster()
         return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as error:
         if debug:
@@ -74,6 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hpcrl.cli.failures import report_failure  # after parsing: `--help` stays light
 
         return report_failure(args.command, error)
+
+
+def _default_cluster() -> str:
+    """``--cluster`` left out: the user's default profile (hpcrl.cli.user_config)."""
+    from hpcrl.cli.user_config import default_cluster, no_cluster_error
+
+    cluster, _ = default_cluster()
+    if cluster is None:
+        raise no_cluster_error()
+    return cluster
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from hpcrl.config.errors import Problem
     from hpcrl.plan.jobspec import JobSpec
 
-DEFAULT_RUNS_DIR = "runs"
-
 
 def register(subparsers: Any) -> None:
     validate = subparsers.add_parser(
@@ -58,10 +56,11 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-c",
         "--cluster",
-        required=True,
         metavar="PROFILE",
-        help="cluster profile name or file (e.g. eos, local)",
+        help="cluster profile name or file (e.g. eos, local); default: $HPCRL_CLUSTER, else "
+        "'cluster:' in ~/.config/hpcrl/config.yaml",
     )
+    parser.set_defaults(needs_cluster=True)
 
 
 def folder_path(text: str) -> Path:
@@ -123,7 +122,9 @@ def prepare(
     if out is not None:
         run_dir = folder_path(out)
     else:
-        base = runs_dir if runs_dir is not None else Path(DEFAULT_RUNS_DIR)
+        from hpcrl.cli.user_config import default_runs_dir
+
+        base = runs_dir if runs_dir is not None else default_runs_dir()
         run_dir = default_run_dir(recipe_source or recipe, loaded.resolved_dict, profile, base)
     # Code bundles are kept beside the run folders and shared by every run of the same code.
     host = describe_submit_host(profile, bundles_dir_for(run_dir.parent))
@@ -230,9 +231,9 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def submit_command(spec: JobSpec) -> str:
-    import shlex
+    from hpcrl.submit.hints import command
 
-    return shlex.join(["hpcrl", "submit", *spec.written_by[2:]])
+    return command("submit", *spec.written_by[2:])
 
 
 def plan_table(spec: JobSpec) -> Any:

@@ -26,8 +26,8 @@ def register(subparsers: Any) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from hpcrl.cli.jobs import PIPED_WIDTH
     from hpcrl.cli.prepare import folder_path
+    from hpcrl.cli.status import PIPED_WIDTH
     from hpcrl.report.plots import save_plots
     from hpcrl.report.summary import build_report, render_table, report_json
 

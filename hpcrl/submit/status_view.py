@@ -281,7 +281,7 @@ def _number(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def _state_text(run: RunStatus) -> str:
+def state_text(run: RunStatus) -> str:
     text = "not submitted" if run.state == NOT_SUBMITTED else run.state
     if run.pending_reason:
         text += f" ({run.pending_reason})"
@@ -317,7 +317,7 @@ def table_cells(run: RunStatus) -> dict[str, str]:
             f"{key.rsplit('.', 1)[-1]}={value}" for key, value in run.swept.items()
         ),
         "job": run.job_id or "",
-        "state": _state_text(run),
+        "state": state_text(run),
         "exit": "" if run.exit_code is None else str(run.exit_code),
         "attempts": "" if run.attempts is None else str(run.attempts),
         "step": _step_text(run),

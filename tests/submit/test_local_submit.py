@@ -53,9 +53,13 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
 
     status = hpcrl(["status", str(run)], tmp_path, job_env())
     assert status.returncode == 0, output_of(status)
-    row = next(line for line in status.stdout.splitlines() if "run" in line and "COMPLETED" in line)
     expected_reward = drivers.expected_metrics(0.5, drivers.NUM_METRIC_STEPS)["reward_mean"]
-    assert f"{expected_reward:.4g}" in row and f" {drivers.NUM_METRIC_STEPS}/20 " in row
+    # one run given: every field of it (hpcrl.submit.status_detail)
+    assert "state      COMPLETED, exit code 0" in status.stdout.splitlines()
+    assert (
+        f"progress   step {drivers.NUM_METRIC_STEPS}/20 · reward {expected_reward:.4g}"
+        in status.stdout
+    )
 
     logs = hpcrl(["logs", str(run), "--attempt", "1"], tmp_path, job_env())
     assert "===== hpcrl attempt 1 · job " in logs.stdout, output_of(logs)
