@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpcrl.cli.prepare import folder_path
-
-if TYPE_CHECKING:
-    from hpcrl.cli.prepare import Prepared
 
 
 def register(subparsers: Any) -> None:
@@ -44,7 +41,7 @@ def register(subparsers: Any) -> None:
         "-c", "--cluster", metavar="PROFILE", help="cluster profile (default: RUN's profile)"
     )
     rerun.add_argument(
-        "-o", "--out", metavar="DIR", help="run folder (default: beside RUN, named as submit does)"
+        "-o", "--out", metavar="DIR", help="run folder (default: <RUN>-rerun beside RUN)"
     )
     rerun.add_argument(
         "--wait", action="store_true", help="follow the job and exit with its exit code"
@@ -80,7 +77,7 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_rerun(args: argparse.Namespace) -> int:
-    from hpcrl.cli.jobs import prepare_fresh, submit_prepared
+    from hpcrl.cli.jobs import submit_prepared
     from hpcrl.cli.prepare import prepare
     from hpcrl.submit.run_source import read_run_source
     from hpcrl.submit.sweep import is_sweep_dir
@@ -89,23 +86,45 @@ def run_rerun(args: argparse.Namespace) -> int:
     _refuse_sweep(run_dir, is_sweep_dir(run_dir), "rerun")
     source = read_run_source(run_dir)
     cluster = args.cluster or source.profile_source
-    # Beside the run; a sweep point's reruns go beside the sweep, not into it.
-    runs_dir = run_dir.parent.parent if is_sweep_dir(run_dir.parent) else run_dir.parent
-
-    def prepare_into(out: str | None) -> Prepared:
-        written_by = (
-            "hpcrl", "rerun", str(run_dir), *args.overrides,
-            *(("--cluster", args.cluster) if args.cluster else ()),
-            *(("-o", str(folder_path(out))) if out is not None else ()),
-        )  # fmt: skip
-        return prepare(
-            str(source.resolved_recipe), cluster, args.overrides, out=out, runs_dir=runs_dir,
-            for_submission=True, recipe_source=source.recipe_source, written_by=written_by,
-            provenance={"rerun_of": str(run_dir)},
-        )  # fmt: skip
-
-    prepared = prepare_fresh(prepare_into, args.out)
+    out, numbered = (folder_path(args.out), False) if args.out else rerun_dir(run_dir)
+    written_by = (
+        "hpcrl", "rerun", str(run_dir), *args.overrides,
+        *(("--cluster", args.cluster) if args.cluster else ()),
+        *(("-o", str(out)) if args.out or numbered else ()),
+    )  # fmt: skip
+    provenance = {"rerun_of": str(run_dir)}
+    if source.recipe_git_sha:  # the recipe's commit is the source run's, not this folder's
+        provenance["recipe_git_sha"] = source.recipe_git_sha
+    prepared = prepare(
+        str(source.resolved_recipe), cluster, args.overrides, out=str(out), for_submission=True,
+        recipe_source=source.recipe_source, written_by=written_by, provenance=provenance,
+    )  # fmt: skip
     return submit_prepared(prepared, args.wait, "hpcrl rerun")
+
+
+def rerun_dir(run_dir: Path) -> tuple[Path, bool]:
+    """``<run>-rerun`` beside the run (a sweep point's beside the sweep:
+    ``<sweep>-point-1-rerun``), ``-rerun-2``, ``-rerun-3``, ... when that one holds a job;
+    and whether it was numbered."""
+    from hpcrl.submit.sweep import is_sweep_dir
+
+    if is_sweep_dir(run_dir.parent):
+        base = run_dir.parent.parent / f"{run_dir.parent.name}-{run_dir.name}-rerun"
+    else:
+        base = run_dir.parent / f"{run_dir.name}-rerun"
+    return next_free_folder(base)
+
+
+def next_free_folder(base: Path) -> tuple[Path, bool]:
+    """``base``, else ``base-2``, ``base-3``, ... : the first that holds no submitted job (a
+    folder whose submission failed is used again); and whether it was numbered."""
+    from hpcrl.files import holds_submitted_job
+
+    number, folder = 1, base
+    while holds_submitted_job(folder):
+        number += 1
+        folder = base.with_name(f"{base.name}-{number}")
+    return folder, number > 1
 
 
 def _refuse_sweep(path: Path, is_sweep: bool, command: str) -> None:

@@ -108,18 +108,14 @@ def max_steps(recipe: Recipe) -> int | None:
 # --------------------------------------------------------------------------- submit
 def prepare_fresh(prepare_into: Callable[[str | None], Prepared], out: str | None) -> Prepared:
     """Plan the run (``prepare_into(out)``); without -o, a folder already holding a job gets a
-    numbered sibling."""
+    numbered sibling (one whose submission failed is used again)."""
+    from hpcrl.cli.again import next_free_folder
+
     prepared = prepare_into(out)
     if out is not None:
         return prepared
-    base = Path(prepared.spec.run_dir)
-    number, run_dir = 1, base
-    while (run_dir / "submitit").exists():
-        number += 1
-        run_dir = base.with_name(f"{base.name}-{number}")
-    if run_dir == base:
-        return prepared
-    return prepare_into(str(run_dir))
+    run_dir, numbered = next_free_folder(Path(prepared.spec.run_dir))
+    return prepare_into(str(run_dir)) if numbered else prepared
 
 
 def run_submit(args: argparse.Namespace) -> int:
@@ -150,7 +146,7 @@ def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
         try:
             record = submit_job(prepared.spec, run.script)
         except SubmissionRefused as error:
-            console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
+            print(refusal_text(error), file=sys.stderr)
             return 1
     print_submitted(console, record, run.path)
     if not wait:
@@ -159,6 +155,14 @@ def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
 
     outcome = wait_for_job(run.path, record, console, max_steps(prepared.loaded.recipe))
     return outcome.exit_code
+
+
+def refusal_text(error: Exception) -> str:
+    """``not submitted: <sbatch's answer>`` and the fix (secrets a scheduler echoed hidden)."""
+    from hpcrl.config.secrets import redact
+
+    fix = getattr(error, "fix", "")
+    return redact(f"not submitted: {error}" + (f"\nfix: {fix}" if fix else ""))
 
 
 def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
@@ -216,7 +220,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         with run_folder_lock(sweep_dir, command="hpcrl sweep"):
             record, job_records = write_and_submit_sweep(planned)
     except SubmissionRefused as error:
-        print(f"not submitted: {error}", file=sys.stderr)
+        print(refusal_text(error), file=sys.stderr)
         return 1
     from hpcrl.submit.hints import command, quoted_path
 

@@ -118,7 +118,12 @@ def run_status(args: argparse.Namespace) -> int:
 def _one_run(run: Any, width: int | None) -> list[str]:
     """``hpcrl status RUN``: every field, then where its loggers write and its logs."""
     from hpcrl.submit.hints import command
+    from hpcrl.submit.job_record import submit_fix
     from hpcrl.submit.status_detail import detail_lines
+    from hpcrl.submit.status_view import NOT_SUBMITTED
 
-    commands = [("logs", command("logs", Path(run.path)))]
+    if run.state == NOT_SUBMITTED:
+        commands = [("submit", submit_fix(Path(run.path)).removeprefix("submit it with: "))]
+    else:
+        commands = [("logs", command("logs", Path(run.path)))]
     return detail_lines(run, [], width, commands)

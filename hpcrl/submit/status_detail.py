@@ -58,8 +58,8 @@ def _state(run: RunStatus) -> str:
     text = state_text(run)
     if run.exit_code is not None:
         text += f", exit code {run.exit_code}"
-    if run.state == NOT_SUBMITTED and not run.cause:
-        text += " (rendered; hpcrl submit with the same arguments submits it)"
+    if run.state == NOT_SUBMITTED:
+        text += " (its submission failed)" if run.cause else " (rendered only)"
     return text
 
 

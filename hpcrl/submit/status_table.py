@@ -21,7 +21,7 @@ NUMERIC = frozenset({"exit", "attempts", "step", "reward", "loss", "elapsed"})
 PRIORITY = ("run", "state", "step", "cause", "exit", "reward", "loss", "values", "job",
             "elapsed", "attempts")  # fmt: skip
 #: Columns that may be cut, the narrowest each is cut to, in the order they get space back.
-CUT_TO = {"run": 16, "state": 9, "cause": 16, "values": 12}
+CUT_TO = {"run": 16, "state": 13, "cause": 16, "values": 12}  # state: "not submitted"
 
 
 @attrs.frozen(kw_only=True)

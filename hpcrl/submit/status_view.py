@@ -18,7 +18,12 @@ import attrs
 
 from hpcrl.report.metrics import finite_number, last_metrics
 from hpcrl.submit.failure_causes import attempt_causes, failure_account
-from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
+from hpcrl.submit.job_record import (
+    JobRecord,
+    RunFolderError,
+    read_job_record,
+    read_submit_failure,
+)
 from hpcrl.submit.job_state import JobStatus, query_statuses
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 
@@ -166,7 +171,11 @@ def run_statuses(listed: Sequence[ListedRun]) -> list[RunStatus]:
             records[index] = read_job_record(run.path)
         except RunFolderError as error:
             if error.short == "not submitted":
-                early[index] = attrs.evolve(base, state=NOT_SUBMITTED, **_metrics_fields(run.path))
+                failed = read_submit_failure(run.path)  # why, when a submission was refused
+                early[index] = attrs.evolve(
+                    base, state=NOT_SUBMITTED, **_metrics_fields(run.path),
+                    cause=failed,
+                )  # fmt: skip
             else:
                 early[index] = attrs.evolve(base, state=error.short, problem=error.one_line())
         except SweepError as error:
