@@ -174,14 +174,11 @@ def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) ->
 
 def run_validate(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, ask_job_python=True)
-    from rich.console import Console
+    from hpcrl.cli.status import output_width
 
-    console = Console(highlight=False)
-    console.print(plan_table(prepared.spec))
-    print_warnings(prepared, console)
-    console.print(
-        f"[bold green]OK[/]: {args.recipe} plans on {prepared.profile.name}; nothing was written."
-    )
+    print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
+    print_warnings(prepared, None)
+    print(f"OK: {args.recipe} plans on {prepared.profile.name}; nothing was written.")
     return 0
 
 
@@ -236,36 +233,43 @@ def submit_command(spec: JobSpec) -> str:
     return command("submit", *spec.written_by[2:])
 
 
-def plan_table(spec: JobSpec) -> Any:
+def plan_lines(spec: JobSpec, width: int | None) -> list[str]:
+    """What ``hpcrl validate`` shows of a plan: one ``label  value`` line per fact (values
+    wrapped at spaces, paths never broken) and each passed check; the warned ones are
+    printed once, with their fixes, after it (``print_warnings``)."""
     import shlex
 
-    from rich.table import Table
+    from hpcrl.submit.labelled_lines import wrap_field
 
-    table = Table(
-        title=f"{spec.job_name} on {spec.profile_name}", show_header=False, title_justify="left"
-    )
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")  # fold, never crop: paths must stay whole
     unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
-    table.add_row("scheduler", spec.scheduler)
-    table.add_row(
-        "nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
-    )
-    table.add_row("layout", f"{spec.layout.backend}: {spec.layout.describe()}")
+    fields = [
+        ("scheduler", spec.scheduler),
+        ("nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"),
+        ("layout", f"{spec.layout.backend}: {spec.layout.describe()}"),
+    ]
     if spec.megatron_checkpoint_dir is not None:
-        table.add_row(
+        fields.append((
             "megatron ckpt dir",
             f"{spec.megatron_checkpoint_dir} (from {spec.megatron_checkpoint_dir_source})",
-        )
-    table.add_row("python", f"{shlex.join(spec.code.python)} ({spec.code.python_origin})")
+        ))  # fmt: skip
+    fields.append(("python", f"{shlex.join(spec.code.python)} ({spec.code.python_origin})"))
     if spec.container is not None:
-        table.add_row("container", spec.container.image)
-        table.add_row("mounts", "\n".join(spec.container.mounts))
-    table.add_row("run folder", spec.run_dir)
-    for check in spec.checks:
-        mark = "[green]passed[/]" if check.status == "passed" else "[yellow]warned[/]"
-        table.add_row(f"check {check.name}", f"{mark} {_escape(check.format())}")
-    return table
+        fields += [
+            ("container", spec.container.image),
+            ("mounts", "\n".join(spec.container.mounts)),
+        ]
+    fields.append(("run folder", spec.run_dir))
+    fields += [(f"check {check.name}", check.format()) for check in spec.checks
+               if check.status == "passed"]  # fmt: skip
+    label_width = max(len(label) for label, _ in fields)
+    lines = [f"{spec.job_name} on {spec.profile_name}"]
+    for label, value in fields:
+        lines += ["  " + line for line in wrap_field(label, value, _less(width, 2), label_width)]
+    return lines
+
+
+def _less(width: int | None, columns: int) -> int | None:
+    return None if width is None else width - columns
 
 
 def print_warnings(prepared: Prepared, console: Any) -> None:

@@ -3,9 +3,9 @@ path or a name is never broken) under their label."""
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Sequence
 
+from hpcrl.submit.labelled_lines import wrap_field
 from hpcrl.submit.status_view import NOT_SUBMITTED, RunStatus, format_elapsed, state_text
 
 LABEL_WIDTH = 10
@@ -34,24 +34,8 @@ def detail_lines(
     lines = []
     for label, value in fields:
         if value:
-            lines += wrap_field(label, value, width)
+            lines += wrap_field(label, value, width, LABEL_WIDTH)
     return lines + [f"{label:<{LABEL_WIDTH}} {text}" for label, text in commands]
-
-
-def wrap_field(label: str, value: str, width: int | None) -> list[str]:
-    """``label  value``, the value wrapped at spaces to ``width`` under itself; a word longer
-    than the line (a path) stays whole on a line of its own."""
-    head = f"{label:<{LABEL_WIDTH}} "
-    if width is None:
-        return [head + value]
-    indent = " " * len(head)
-    lines: list[str] = []
-    for paragraph in value.splitlines() or [""]:
-        lines += textwrap.wrap(
-            paragraph, width=max(width, len(head) + 20), initial_indent=head if not lines else indent,
-            subsequent_indent=indent, break_long_words=False, break_on_hyphens=False,
-        ) or [head if not lines else indent]  # fmt: skip
-    return [line.rstrip() for line in lines]
 
 
 def _state(run: RunStatus) -> str:
