@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcrl.cli.prepare import folder_path
+
+if TYPE_CHECKING:
+    from hpcrl.cli.prepare import Prepared
 
 
 def register(subparsers: Any) -> None:
@@ -78,6 +81,13 @@ def run_resume(args: argparse.Namespace) -> int:
 
 def run_rerun(args: argparse.Namespace) -> int:
     from hpcrl.cli.jobs import submit_prepared
+
+    return submit_prepared(prepare_rerun(args), args.wait, "hpcrl rerun")
+
+
+def prepare_rerun(args: argparse.Namespace) -> Prepared:
+    """The new run planned from RUN's resolved recipe and ``args.overrides``: in
+    ``<RUN>-rerun`` unless ``-o``, its manifest naming RUN and RUN's recipe commit."""
     from hpcrl.cli.prepare import prepare
     from hpcrl.submit.run_source import read_run_source
     from hpcrl.submit.sweep import is_sweep_dir
@@ -95,11 +105,10 @@ def run_rerun(args: argparse.Namespace) -> int:
     provenance = {"rerun_of": str(run_dir)}
     if source.recipe_git_sha:  # the recipe's commit is the source run's, not this folder's
         provenance["recipe_git_sha"] = source.recipe_git_sha
-    prepared = prepare(
+    return prepare(
         str(source.resolved_recipe), cluster, args.overrides, out=str(out), for_submission=True,
         recipe_source=source.recipe_source, written_by=written_by, provenance=provenance,
     )  # fmt: skip
-    return submit_prepared(prepared, args.wait, "hpcrl rerun")
 
 
 def rerun_dir(run_dir: Path) -> tuple[Path, bool]:

@@ -1,4 +1,6 @@
-"""``hpcrl report RUN_OR_SWEEP``: a table per run or sweep point, and PNG plots."""
+"""``hpcrl report RUN_OR_SWEEP [...]``: a table per run or sweep point, and PNG plots; several
+folders (runs of separate submits, reruns, other sweeps) compared in one table and overlaid
+curves (``hpcrl.report.comparison``)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ from typing import Any
 def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
         "report",
-        help="table and plots of a run's or a sweep's metrics",
-        description="Summarise metrics.jsonl of a run (or of every sweep point) and plot it.",
+        help="table and plots of a run's or a sweep's metrics; several runs compared",
+        description="Summarise metrics.jsonl of a run (or of every sweep point) and plot it; "
+        "with several folders, every run of them in one table and overlaid curves.",
     )
-    report.add_argument("run", metavar="RUN_OR_SWEEP", help="run folder or sweep folder")
     report.add_argument(
-        "--out", metavar="DIR", help="where to save plots (default: <folder>/report)"
+        "runs", nargs="+", metavar="RUN_OR_SWEEP", help="run or sweep folders (several: compared)"
     )
+    report.add_argument(
+        "--out", metavar="DIR",
+        help="where to save plots (default: <folder>/report; several: ./hpcrl-compare-<hash>)",
+    )  # fmt: skip
     report.add_argument(
         "--json", action="store_true", help="print the rows as JSON for scripts (no plots)"
     )
@@ -28,11 +34,14 @@ def run_report(args: argparse.Namespace) -> int:
 
     from hpcrl.cli.prepare import folder_path
     from hpcrl.cli.status import PIPED_WIDTH
+    from hpcrl.report.comparison import build_comparison, default_out_dir
     from hpcrl.report.plots import save_plots
     from hpcrl.report.summary import build_report, render_table, report_json
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
-    report = build_report(folder_path(args.run))  # a ReportError ends as one line (main)
+    paths = [folder_path(run) for run in args.runs]
+    # a ReportError ends as one line (main)
+    report = build_report(paths[0]) if len(paths) == 1 else build_comparison(paths)
     if args.json:
         print(report_json(report))
         return 0
@@ -40,10 +49,15 @@ def run_report(args: argparse.Namespace) -> int:
     for row in report.rows:
         for note in row.notes:
             console.print(f"{row.name}: {note}", markup=False, highlight=False, soft_wrap=True)
+    for note in report.notes:
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     if not any(row.records for row in report.rows):
         console.print("No metrics recorded yet (metrics.jsonl is empty or missing); no plots.")
         return 0
-    out_dir = folder_path(args.out) if args.out else folder_path(args.run) / "report"
+    if args.out:
+        out_dir = folder_path(args.out)
+    else:
+        out_dir = paths[0] / "report" if len(paths) == 1 else default_out_dir(paths)
     try:
         paths = save_plots(report, out_dir)
     except OSError as error:  # a run folder one may read but not write, say
