@@ -77,6 +77,10 @@ def register(subparsers: Any) -> None:
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing until the job ends"
     )
+    logs.add_argument(
+        "--raw", action="store_true",
+        help="every line: also a cancelled job's shutdown output (signal stack dumps, ...)",
+    )  # fmt: skip
     logs.set_defaults(func=run_logs)
 
     cancel = subparsers.add_parser(
@@ -332,7 +336,9 @@ def run_logs(args: argparse.Namespace) -> int:
     if args.driver and args.node not in (None, 0):
         raise UserError(f"--driver with --node {args.node}: the driver runs on node 0",
                         fix="drop --node, or --driver")  # fmt: skip
-    selection = LogSelection(node=args.node, attempt=args.attempt, driver_only=args.driver)
+    selection = LogSelection(
+        node=args.node, attempt=args.attempt, driver_only=args.driver, raw=args.raw
+    )
     # `hpcrl logs RUN | head` (a closed pipe) ends quietly: hpcrl.cli.failures
     return show_logs(folder_path(args.run), selection, args.point, follow_job=args.follow)
 

@@ -19,6 +19,7 @@ from tests.submit.jobs_harness import (
     FRACTION_KEY,
     OFFLOAD_ON,
     ONE_NODE_RECIPE,
+    assert_cancelled_logs_end_quietly,
     hpcrl,
     job_env,
     output_of,
@@ -113,6 +114,7 @@ def test_ctrl_c_detaches_from_a_local_job_and_cancel_stops_it_and_its_ray(tmp_pa
         )
         assert query_status(record).state == "CANCELLED"
         assert _processes_mentioning(ray_temp_dir) == [], "cancel left Ray processes behind"
+        assert_cancelled_logs_end_quietly(run, record.job_id, tmp_path)
 
     finally:
         waiting.kill()

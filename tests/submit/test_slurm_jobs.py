@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from tests.submit.jobs_harness import (
     ONE_NODE_RECIPE,
     REPO,
     TWO_NODE_RECIPE,
+    assert_cancelled_logs_end_quietly,
     hpcrl,
     job_env,
     output_of,
@@ -185,6 +187,10 @@ def test_cancel_stops_a_running_job_and_a_sweep_with_its_resumed_point(tmp_path:
         wait_for(lambda: query_status(task1).state == "CANCELLED", 30, "sacct to say CANCELLED")
         status = hpcrl(["status", str(point1), "--json"], tmp_path, job_env())
         assert json.loads(status.stdout)[0]["state"] == "CANCELLED", output_of(status)
+        err = Path(task1.submitit_folder) / f"{task1.job_id}_0_log.err"
+        wait_for(lambda: "CANCELLED AT" in err.read_text(), 30, "slurmstepd's line")
+        time.sleep(2)  # the last lines of the stopping processes
+        assert_cancelled_logs_end_quietly(point1, task1.job_id, tmp_path)
         again = hpcrl(["cancel", str(point1)], tmp_path, job_env())
         assert f"Job {array_id}_1 already ended (CANCELLED)" in again.stdout, output_of(again)
 
