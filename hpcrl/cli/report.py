@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -27,6 +28,13 @@ def register(subparsers: Any) -> None:
         "--json", action="store_true", help="print the rows as JSON for scripts (no plots)"
     )
     report.set_defaults(func=run_report)
+
+
+def row_loggers(run_dir: Path) -> list[str]:
+    from hpcrl.core.loggers.destinations import logger_lines
+    from hpcrl.submit.status_view import resolved_recipe
+
+    return logger_lines(run_dir, resolved_recipe(run_dir))
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -51,6 +59,9 @@ def run_report(args: argparse.Namespace) -> int:
             console.print(f"{row.name}: {note}", markup=False, highlight=False, soft_wrap=True)
     for note in report.notes:
         console.print(note, markup=False, highlight=False, soft_wrap=True)
+    for row in report.rows:  # where the run's loggers write (W&B run page, TensorBoard folder)
+        for line in row_loggers(row.run_dir):
+            console.print(f"{row.name}: {line}", markup=False, highlight=False, soft_wrap=True)
     if not any(row.records for row in report.rows):
         console.print("No metrics recorded yet (metrics.jsonl is empty or missing); no plots.")
         return 0

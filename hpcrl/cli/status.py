@@ -117,13 +117,15 @@ def run_status(args: argparse.Namespace) -> int:
 
 def _one_run(run: Any, width: int | None) -> list[str]:
     """``hpcrl status RUN``: every field, then where its loggers write and its logs."""
+    from hpcrl.core.loggers.destinations import logger_lines
     from hpcrl.submit.hints import command
     from hpcrl.submit.job_record import submit_fix
     from hpcrl.submit.status_detail import detail_lines
-    from hpcrl.submit.status_view import NOT_SUBMITTED
+    from hpcrl.submit.status_view import NOT_SUBMITTED, resolved_recipe
 
     if run.state == NOT_SUBMITTED:
         commands = [("submit", submit_fix(Path(run.path)).removeprefix("submit it with: "))]
     else:
         commands = [("logs", command("logs", Path(run.path)))]
-    return detail_lines(run, [], width, commands)
+    loggers = logger_lines(Path(run.path), resolved_recipe(Path(run.path)))
+    return detail_lines(run, [("loggers", "\n".join(loggers))], width, commands)

@@ -134,16 +134,23 @@ def _manifest(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def planned_max_steps(run_dir: Path) -> int | None:
-    """``grpo.max_num_steps`` (or ``sft.``) of the run's resolved recipe."""
+def resolved_recipe(run_dir: Path) -> dict[str, Any]:
+    """The run's ``recipe.resolved.yaml`` as a dict ({} when it cannot be read)."""
     import yaml
 
     try:
         recipe = yaml.safe_load((Path(run_dir) / "recipe.resolved.yaml").read_text())
     except (OSError, yaml.YAMLError):
-        return None
+        return {}
+    return recipe if isinstance(recipe, dict) else {}
+
+
+def planned_max_steps(run_dir: Path) -> int | None:
+    """``grpo.max_num_steps`` (or ``sft.``) of the run's resolved recipe."""
+    recipe = resolved_recipe(run_dir)
     for section in ("grpo", "sft"):
-        steps = recipe.get(section, {}).get("max_num_steps") if isinstance(recipe, dict) else None
+        block = recipe.get(section)
+        steps = block.get("max_num_steps") if isinstance(block, dict) else None
         if isinstance(steps, int) and not isinstance(steps, bool):
             return steps
     return None

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from hpcrl.cli.main import main
+from hpcrl.core.loggers.destinations import write_destinations
 from hpcrl.report.comparison import build_comparison, differing_keys
 from hpcrl.report.training_plots import row_label
 from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
@@ -52,10 +53,14 @@ def test_runs_from_anywhere_compare_in_one_table_with_the_keys_that_differ(tmp_p
     assert [row.summary.final_loss for row in report.rows] == [0.25, 0.2, 1 / 6, 1 / 7, 0.125]
     assert row_label(report.rows[1]) == "old-runs/demo"  # plots name the runs
 
+    write_destinations(
+        a, [{"logger": "wandb", "mode": "online", "url": "https://wandb.ai/me/p/runs/x1"}]
+    )
     out = tmp_path / "plots"
     code = main(["report", str(a), str(b), str(c), str(sweep), "--out", str(out)])
     text = capsys.readouterr().out
     assert code == 0
+    assert "runs/demo: wandb online: https://wandb.ai/me/p/runs/x1\n" in text  # item 5
     assert "5 runs" in text and "seed" in text and "lr" in text
     assert sorted(path.name for path in out.iterdir()) == [
         "step_time.png", "training.png", "vs_lr.png", "vs_seed.png"

@@ -12,6 +12,7 @@ import pytest
 
 from hpcrl.causes import AttemptCause, write_cause
 from hpcrl.cli.main import main
+from hpcrl.core.loggers.destinations import write_destinations
 from hpcrl.submit.status_table import cut_text, fit_columns
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.submit.test_status_view import SACCT, _run_folder
@@ -97,8 +98,21 @@ def test_wide_shows_every_column_in_full(twelve_runs, capsys, monkeypatch):
 
 
 def test_one_run_is_shown_in_full_wrapped_at_spaces(twelve_runs, capsys, monkeypatch):
+    wandb = twelve_runs / NAMES[0] / "logs" / "wandb" / "offline-run-20261203_1"
+    write_destinations(twelve_runs / NAMES[0], [
+        {"logger": "wandb", "mode": "offline", "folder": str(wandb)},
+        {"logger": "tensorboard", "folder": "/lustre/tb"},
+    ])  # fmt: skip
     lines = _status(capsys, monkeypatch, 80, f"runs/{NAMES[0]}")
-    assert all(len(line) <= 80 for line in lines if not line.startswith("folder"))
+    # where the run's loggers write (issue 26 item 5), a folder never broken across lines
+    first = lines.index(next(line for line in lines if line.startswith("loggers ")))
+    block = [lines[first]] + [line for line in lines[first + 1 : first + 6] if line[:11].isspace()]
+    assert " ".join(" ".join(block).split()) == (
+        f"loggers wandb offline: {wandb} (upload: wandb sync {wandb}) tensorboard: /lustre/tb"
+    )
+    assert f"           {wandb}" in block and block[-1] == "           tensorboard: /lustre/tb"
+    # at most 80 columns but for a word too long for any line (a path), alone on its line
+    assert all(len(line) <= 80 or len(line[11:].split()) == 1 for line in lines)
     assert lines[:6] == [
         f"run        {NAMES[0]}",
         f"folder     {twelve_runs / NAMES[0]}",
