@@ -61,7 +61,8 @@ def read_destinations(run_dir: Path) -> list[dict[str, Any]] | None:
 
 def planned_destinations(recipe: Mapping[str, Any], run_dir: Path) -> list[dict[str, Any]]:
     """From a resolved recipe (``logger:``), where its loggers will write; each ``planned``."""
-    section = recipe.get("logger") if isinstance(recipe.get("logger"), dict) else {}
+    found_section = recipe.get("logger")
+    section: Mapping[str, Any] = found_section if isinstance(found_section, dict) else {}
     log_dir = _below(run_dir, section.get("log_dir") or "logs")
     found: list[dict[str, Any]] = []
     if section.get("wandb_enabled"):
