@@ -61,6 +61,10 @@ def register(subparsers: Any) -> None:
 
     register_status(subparsers)
 
+    _register_logs_and_cancel(subparsers)
+
+
+def _register_logs_and_cancel(subparsers: Any) -> None:
     logs = subparsers.add_parser(
         "logs", help="print (or follow) a run's logs (a sweep folder: every point's)",
         description="Every log line once, prefixed [node<k> <file>] ([point-<i> ...] in sweeps).",

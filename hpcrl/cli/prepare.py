@@ -121,10 +121,8 @@ def prepare(
     warnings = tuple(loaded.warnings) + tuple(profile_warnings)
     if out is not None:
         run_dir = folder_path(out)
-    else:
-        from hpcrl.cli.user_config import default_runs_dir
-
-        base = runs_dir if runs_dir is not None else default_runs_dir()
+    else:  # under the runs folder given, else the user's (hpcrl.cli.user_config)
+        base = runs_dir if runs_dir is not None else _user_runs_dir()
         run_dir = default_run_dir(recipe_source or recipe, loaded.resolved_dict, profile, base)
     # Code bundles are kept beside the run folders and shared by every run of the same code.
     host = describe_submit_host(profile, bundles_dir_for(run_dir.parent))
@@ -148,6 +146,12 @@ def prepare(
         loaded=loaded, profile=profile, spec=spec, warnings=warnings,
         provenance={"profile_source": _as_source(cluster), **(provenance or {})},
     )  # fmt: skip
+
+
+def _user_runs_dir() -> Path:
+    from hpcrl.cli.user_config import default_runs_dir
+
+    return default_runs_dir()
 
 
 def _as_source(name_or_path: str) -> str:
