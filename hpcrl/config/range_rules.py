@@ -223,21 +223,26 @@ def rule_field_bounds(recipe: Recipe) -> list[Problem]:
 
 
 def rule_response_fits_sequence(recipe: Recipe) -> list[Problem]:
-    """GRPO keeps ``max_new_tokens`` free for the response within
-    ``max_total_sequence_length``; the prompt gets the rest, at least one token."""
-    policy = recipe.policy
-    longest, new_tokens = policy.max_total_sequence_length, policy.generation.max_new_tokens
-    if recipe.grpo is None or longest < 1 or new_tokens < longest:
+    """GRPO's ``max_new_tokens`` cannot exceed the context a prompt and its response share
+    (vLLM's ``max_model_len`` where set, else ``max_total_sequence_length``): each response
+    is capped at what its prompt leaves, as in NeMo RL, so ``max_new_tokens`` equal to the
+    context (NeMo RL's ``${policy.max_total_sequence_length}``) means "as long as fits"."""
+    generation = recipe.policy.generation
+    context = recipe.policy.max_total_sequence_length
+    if generation.backend == "vllm" and generation.vllm_cfg.max_model_len is not None:
+        context = generation.vllm_cfg.max_model_len
+    if recipe.grpo is None or context < 1 or generation.max_new_tokens <= context:
         return []
     return [
         Problem(
             path="policy.generation.max_new_tokens",
-            value=new_tokens,
-            message=f"not shorter than policy.max_total_sequence_length ({longest:,}): a "
-            "prompt and its response share that many tokens, and the response may take "
-            "max_new_tokens of them, which leaves no room for the prompt",
-            fix=f"set policy.generation.max_new_tokens below {longest:,} (the longest response; "
-            f"prompts get the rest), or raise policy.max_total_sequence_length",
+            value=generation.max_new_tokens,
+            message=f"longer than any response can be: a prompt and its response share "
+            f"{context:,} tokens (the generation context), and each response stops at what "
+            "its prompt leaves",
+            fix=f"set policy.generation.max_new_tokens to at most {context:,} (or "
+            "${policy.max_total_sequence_length}: as long as fits), or raise "
+            "policy.max_total_sequence_length",
         )
     ]
 

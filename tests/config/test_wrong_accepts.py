@@ -224,12 +224,12 @@ RECIPE_BOUND_ERRORS = {
         "  fix: set policy.generation.top_k to null to sample from every token, or a count such as 50"
     ),
     "policy.generation.max_new_tokens=10000000000": (
-        "error: policy.generation.max_new_tokens = 10000000000: not shorter than "
-        "policy.max_total_sequence_length (128): a prompt and its response share that many "
-        "tokens, and the response may take max_new_tokens of them, which leaves no room for the "
-        "prompt\n"
-        "  fix: set policy.generation.max_new_tokens below 128 (the longest response; prompts "
-        "get the rest), or raise policy.max_total_sequence_length"
+        "error: policy.generation.max_new_tokens = 10000000000: longer than any response can "
+        "be: a prompt and its response share 128 tokens (the generation context), and each "
+        "response stops at what its prompt leaves\n"
+        "  fix: set policy.generation.max_new_tokens to at most 128 (or "
+        "${policy.max_total_sequence_length}: as long as fits), or raise "
+        "policy.max_total_sequence_length"
     ),
 }
 
@@ -249,7 +249,7 @@ def test_recipe_bounds_are_reported_together_and_the_edges_load():
         "policy.max_total_sequence_length",
     ]  # fmt: skip
     edges = ["grpo.seed=4294967295", "grpo.max_num_steps=9223372036854775807",
-             "policy.generation.top_k=-1", "policy.generation.max_new_tokens=127"]  # fmt: skip
+             "policy.generation.top_k=-1", "policy.generation.max_new_tokens=128"]  # fmt: skip
     recipe = load_recipe(RECIPE, edges).recipe
     assert (recipe.grpo.seed, recipe.policy.generation.top_k) == (2**32 - 1, -1)
 

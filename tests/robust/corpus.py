@@ -386,7 +386,10 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "unicode-key": ("grpö.max_num_steps=1", "grpö.max_num_steps"),
     "dtensor-alias-unknown": ("policy.dtensor_cfg.bogus=1", "policy.dtensor_cfg.bogus"),
     "plus-plus": ("++grpo.bogus=1", "grpo.bogus"),
-    "tilde-delete": ("~grpo.max_num_steps", "~grpo.max_num_steps"),
+    # after --cluster too (issue 24): deleting a key the config does not set is refused;
+    # deleting one it sets is a valid override (back to the default)
+    "tilde-delete": ("~grpo.no_such_key", "~grpo.no_such_key"),
+    "tilde-delete-set-key": ("~grpo.max_num_steps", ""),
     "env-vars-bad-name": ("policy.megatron_cfg.env_vars.1BAD=x", "policy.megatron_cfg.env_vars"),
     "model-overrides-junk": ("policy.megatron_cfg.model_overrides=3", "policy.megatron_cfg.model_overrides"),
     "betas-length": ("policy.optimizer.betas=[0.9]", "policy.optimizer.betas"),
@@ -401,7 +404,6 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "seed-2**64": ("grpo.seed=18446744073709551616", "grpo.seed"),
     "seed-negative": ("grpo.seed=-1", "grpo.seed"),
     "max-new-tokens-1e10": ("policy.generation.max_new_tokens=10000000000", "policy.generation.max_new_tokens"),
-    "max-new-tokens-the-whole-sequence": ("policy.generation.max_new_tokens=${policy.max_total_sequence_length}", "policy.generation.max_new_tokens"),
     "top-k-minus-5": ("policy.generation.top_k=-5", "policy.generation.top_k"),
     "max-sequence-1e14": ("policy.max_total_sequence_length=100000000000000", "policy.max_total_sequence_length"),
     "max-num-steps-2**63": ("grpo.max_num_steps=9223372036854775808", "grpo.max_num_steps"),
@@ -418,7 +420,8 @@ OVERRIDES_SAY = {
 }
 #: Overrides that are fine on their own (the command may accept them).
 OVERRIDES_MAY_PASS = {"empty", "nul-value", "newline-value", "huge-value", "self-reference",
-                      "validate-token-literal", "self-doubling-value"}  # fmt: skip
+                      "validate-token-literal", "tilde-delete-set-key",
+                      "self-doubling-value"}  # fmt: skip
 
 
 def override_cases() -> list[Case]:
