@@ -71,22 +71,21 @@ def check_data_in_container(recipe: Recipe, spec: JobSpec) -> list[Problem]:
         if path is None or on_this_machine(spec, path) is not None:
             continue
         folder = posixpath.dirname(path)
-        mounts = ", ".join(spec.container.mounts) or "none"
         if Path(path).exists():
             problems.append(Problem(
                 path=f"data.{key}", value=path,
-                message=f"on this machine but under no container mount (mounts: {mounts}), so "
-                "the job inside the container would not find it",
+                message="on this machine but under no container mount, so the job inside the "
+                "container would not find it",
                 fix=f"add {folder}:{folder}:ro to the profile's container.mounts, or move the "
                 "file under a mounted folder",
             ))  # fmt: skip
         else:
             problems.append(Problem(
                 path=f"data.{key}", value=path, severity="warning",
-                message=f"under no container mount (mounts: {mounts}) and not on this machine: "
-                "only the image could hold it, which hpcrl cannot look into",
-                fix=f"mount the folder that holds it (container.mounts, e.g. {folder}:{folder}:ro), "
-                "or make sure the image has it",
+                message="under no container mount and not on this machine: only the image "
+                "could hold it, which hpcrl cannot look into",
+                fix="mount the folder that holds it (the profile's container.mounts), or make "
+                "sure the image has it",
             ))  # fmt: skip
     return problems
 

@@ -35,8 +35,8 @@ CASES = {
     ),
     "data-outside-every-mount": (
         ("grpo-tiny-2n-cpu", "--cluster", "slurm-test-pyxis", "data.train_path={data}"),
-        "error data.train_path = '{data}' on this machine but under no container mount (mounts: "
-        "/tmp:/tmp), so the job inside the container would not find it fix: add "
+        "error data.train_path = '{data}' on this machine but under no container mount, so the "
+        "job inside the container would not find it fix: add "
         "{data_dir}:{data_dir}:ro to the profile's container.mounts, or move the file under a "
         "mounted folder",
     ),

@@ -156,7 +156,7 @@ def test_submit_warns_before_it_submits(in_tmp, capsys):
     (in_tmp / "profiles" / "nowhere.yaml").write_text(profile)
     code = main(["submit", "grpo-tiny-2n-cpu", "--cluster", "nowhere", "-o", "run"])
     captured = capsys.readouterr()
-    assert code == 1 and "not submitted" in captured.out
+    assert code == 1 and "not submitted" in captured.err
     assert "profile[nowhere].ray_auth" in captured.err
     assert "Ray token authentication is off" in captured.err
     assert not (in_tmp / "run" / "auth").exists()
