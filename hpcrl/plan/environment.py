@@ -99,10 +99,10 @@ def check_run_dir_shared(spec: JobSpec) -> list[Problem]:
     return [
         Problem(
             path="run_dir",
-            value=spec.run_dir,
-            severity="warning",
-            message=f"under {local}, which on most clusters is each machine's own disk: if so, "
-            "the compute nodes cannot see the run folder and the job fails as it starts",
+            severity="warning",  # no value: a sweep's points share the warning
+            message=f"the run folder is under {local}, which on most clusters is each "
+            "machine's own disk: if so, the compute nodes cannot see it and the job fails as "
+            "it starts",
             fix="write runs to a filesystem every node mounts (-o/--out, e.g. under /lustre or "
             "your home), unless this cluster shares it",
         )

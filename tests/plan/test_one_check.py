@@ -42,9 +42,9 @@ CASES = {
     ),
     "run-folder-under-tmp": (
         ("grpo-tiny-2n-cpu", "--cluster", "slurm-test"),
-        "warning run_dir = '{run_dir}' under /tmp, which on most clusters is each "
-        "machine's own disk: if so, the compute nodes cannot see the run folder and the job "
-        "fails as it starts fix: write runs to a filesystem every node mounts (-o/--out, e.g. "
+        "warning run_dir the run folder is under /tmp, which on most clusters is each "
+        "machine's own disk: if so, the compute nodes cannot see it and the job fails as it "
+        "starts fix: write runs to a filesystem every node mounts (-o/--out, e.g. "
         "under /lustre or your home), unless this cluster shares it",
     ),
 }
