@@ -234,7 +234,7 @@ def rule_grpo_settings(recipe: Recipe) -> list[Problem]:
 
 
 def rule_async_grpo(recipe: Recipe) -> list[Problem]:
-    if recipe.grpo is None or not recipe.grpo.async_grpo.enabled:
+    if recipe.grpo is None or recipe.grpo.async_grpo is None or not recipe.grpo.async_enabled:
         return []
     problems = []
     if not recipe.loss_fn.use_importance_sampling_correction:

@@ -241,7 +241,7 @@ def _required_keys(recipe: Recipe) -> list[str]:
 def _make_step_fn(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
 ) -> Callable[[int], dict]:
-    if recipe.grpo is not None and recipe.grpo.async_grpo.enabled:
+    if recipe.grpo is not None and recipe.grpo.async_enabled:
         # The config rules guarantee vLLM on generation workers of their own.
         from hpcrl.core.generation.vllm_async import make_async_grpo_step_fn
 

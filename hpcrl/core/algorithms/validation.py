@@ -22,9 +22,11 @@ ValidateFn = Callable[[], dict[str, float]]
 
 
 def validation_due(step: int, val_period: int, val_at_start: bool) -> bool:
-    """Step 0 means 'before the first step'."""
+    """Step 0 means 'before the first step'. As in NeMo RL, val_at_start validates before
+    the first step whatever val_period says, and a val_period of 0 or less (its -1) turns
+    periodic validation off."""
     if step == 0:
-        return val_at_start and val_period > 0
+        return val_at_start
     return val_period > 0 and step % val_period == 0
 
 
