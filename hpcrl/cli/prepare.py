@@ -247,9 +247,13 @@ def plan_table(spec: JobSpec) -> Any:
     table.add_column(overflow="fold")  # fold, never crop: paths must stay whole
     unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
     table.add_row("scheduler", spec.scheduler)
-    table.add_row(
-        "nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
-    )
+    if spec.generation is None:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
+    else:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit}; {spec.world_size} training ranks"
+    table.add_row("nodes", nodes)
+    if spec.generation is not None:
+        table.add_row("node split", spec.generation.describe(unit))
     table.add_row("layout", f"{spec.layout.backend}: {spec.layout.describe()}")
     if spec.megatron_checkpoint_dir is not None:
         table.add_row(

@@ -22,6 +22,7 @@ from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.loss_rules import LOSS_RULES
 from hpcrl.config.megatron_rules import MEGATRON_RULES
+from hpcrl.config.node_split import rule_node_split
 from hpcrl.config.optimizers import OPTIMIZER_RULES
 from hpcrl.config.override_rules import (
     MODEL_OVERRIDES_CHECKED_IN_JOB,
@@ -321,35 +322,6 @@ def rule_generation(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-def rule_generation_resources(recipe: Recipe) -> list[Problem]:
-    colocated = recipe.policy.generation.colocated
-    if colocated.enabled:
-        return []
-    path = "policy.generation.colocated.resources"
-    problems = []
-    for name in ("num_nodes", "gpus_per_node"):
-        value = getattr(colocated.resources, name)
-        if value is None:
-            problems.append(
-                Problem(
-                    path=f"{path}.{name}",
-                    message="required when generation is not colocated",
-                    fix=f"set {path}.{name}, or policy.generation.colocated.enabled=true",
-                )
-            )
-        elif value < 1:
-            problems.append(
-                Problem(
-                    path=f"{path}.{name}",
-                    value=value,
-                    message="must be at least 1",
-                    fix=f"set {path}.{name}=1 or more",
-                )
-            )
-    # Whether they fit the allocation needs the cluster profile: hpcrl.plan.generation.
-    return problems
-
-
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -365,7 +337,7 @@ RECIPE_RULES = (
     rule_grpo_settings,
     rule_async_grpo,
     rule_generation,
-    rule_generation_resources,
+    rule_node_split,
     rule_automodel_context_parallel,
     *LOSS_RULES,
     *MEGATRON_RULES,

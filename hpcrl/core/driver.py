@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
+from hpcrl.config.node_split import node_split
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.loop import (
     PREEMPTED_EXIT_CODE,
@@ -110,12 +111,13 @@ def job_plan(run_dir: Path, recipe: Recipe) -> JobSpec:
 def check_plan_fits_recipe(jobspec: JobSpec, recipe: Recipe) -> None:
     """A jobspec.json planned for another recipe (the resolved recipe edited after render)
     would lay out another number of ranks than the recipe's batches were checked against."""
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    world_size = node_split(recipe).training_world_size
     if jobspec.world_size != world_size or jobspec.layout.backend != recipe.backend:
         raise PlanMismatch(
             f"{JOBSPEC_FILE} plans {jobspec.world_size} {jobspec.layout.backend} ranks but "
-            f"{RESOLVED_RECIPE} asks for {world_size} {recipe.backend} ranks "
-            "(cluster.num_nodes × cluster.gpus_per_node): the two files are from different "
+            f"{RESOLVED_RECIPE} asks for {world_size} {recipe.backend} training ranks "
+            "(cluster.num_nodes × cluster.gpus_per_node less generation's own): the two "
+            "files are from different "
             "plans. Fix: submit the recipe again with hpcrl submit, which writes both"
         )
 

@@ -10,7 +10,9 @@ the snapshot (tests/nemo_rl_snapshots.py) and held to what NeMo RL's code does w
 - ``OpenMathInstruct-2`` as an SFT data set (sft_openmathinstruct2.yaml): NeMo RL's one
   dataset class for both algorithms, the target column its ``output_key``;
 - ``megatron_cfg.optimizer.clip_grad: ${policy.max_grad_norm}`` = null under a disabled
-  megatron_cfg: never read; enabled, megatron-core cannot take null (refused, fix named).
+  megatron_cfg: never read; enabled, megatron-core cannot take null (refused, fix named);
+- ``colocated.resources.num_nodes: null`` for a one-node split (NeMo RL's grpo_math_1B
+  writes it): generation shares the one node (tests/config/test_node_split.py has the rest).
 """
 
 from __future__ import annotations
@@ -151,3 +153,18 @@ def test_null_clip_grad_under_a_disabled_megatron_cfg():
         "such as 1.0"
     )
 
+
+def test_null_generation_num_nodes_on_one_node():
+    split = [
+        "policy.generation.colocated.enabled=false",
+        "policy.generation.colocated.resources.gpus_per_node=4",
+        "cluster.gpus_per_node=8",
+    ]
+    loaded = load_as_hpcrl(config_path("grpo_math_1B.yaml"), split)
+    assert loaded.resolved_dict["policy"]["generation"]["colocated"]["resources"] == {
+        "gpus_per_node": 4,
+        "num_nodes": None,
+    }
+    from hpcrl.config.node_split import node_split
+
+    assert node_split(loaded.recipe).training_world_size == 4

@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.node_split import node_split
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.grpo import decode_responses, prompt_token_budget
 from hpcrl.core.algorithms.sft import build_sft_batch
@@ -60,7 +61,7 @@ def sft_validation(
     """Token-mean negative log-likelihood of the validation responses."""
     # Pad to a multiple of the world size (every data-parallel size divides it) with
     # copies of the last row that the mask ignores.
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    world_size = node_split(recipe).training_world_size
     padded = list(rows) + [rows[-1]] * (-len(rows) % world_size)
     batch = build_sft_batch(recipe, tokenizer, padded)
     batch["token_mask"][len(rows) :] = 0.0
