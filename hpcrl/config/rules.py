@@ -15,6 +15,7 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 from __future__ import annotations
 
 from hpcrl.config.batching_rules import BATCHING_RULES
+from hpcrl.config.checkpoint_metrics import CHECKPOINT_METRIC_RULES
 from hpcrl.config.datasets import DATA_RULES
 from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
@@ -348,4 +349,5 @@ RECIPE_RULES = (
     *DATA_RULES,
     *RANGE_RULES,
     *ENV_RULES,
+    *CHECKPOINT_METRIC_RULES,
 )

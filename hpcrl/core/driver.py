@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.checkpoint_metrics import record_key
 from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
 from hpcrl.config.node_split import node_split
 from hpcrl.config.recipe import Recipe
@@ -33,7 +34,6 @@ from hpcrl.core.algorithms.loop import (
     CheckpointStore,
     PreemptionWatch,
     checkpoint_folder,
-    metric_key,
 )
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
@@ -333,7 +333,7 @@ def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> Checkpoin
         folder,
         cfg.save_period if cfg.enabled else None,
         cfg.keep_top_k,
-        metric=metric_key(cfg.metric_name) if cfg.metric_name else None,
+        metric=record_key(recipe.algorithm, cfg.metric_name) if cfg.metric_name else None,
         higher_is_better=cfg.higher_is_better,
     )
 

@@ -1,8 +1,8 @@
 """Validation on ``data.val_path`` every ``val_period`` steps (and at start if asked).
 
 GRPO: one greedy response per validation prompt, scored by the environment →
-``val_reward_mean``. SFT: masked cross-entropy of the validation pairs under the current
-weights (no update) → ``val_loss``.
+``val_reward_mean`` (NeMo RL's ``val:accuracy``) and ``val_avg_length``. SFT: masked
+cross-entropy of the validation pairs under the current weights (no update) → ``val_loss``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,13 @@ def grpo_validation(
     policy.prepare_for_training()
     answers = [str(row.get(data.answer_key, "")) for row in rows]
     rewards = torch.tensor(env.score(prompts, decode_responses(tokenizer, generation), answers))
-    return {"val_reward_mean": float(rewards.mean()), "val_num_prompts": float(len(rows))}
+    # NeMo RL's validation metrics under hpcrl's names: accuracy (the mean reward) and
+    # avg_length (mean response tokens); hpcrl.config.checkpoint_metrics maps them.
+    return {
+        "val_reward_mean": float(rewards.mean()),
+        "val_avg_length": float(generation.response_lengths.float().mean()),
+        "val_num_prompts": float(len(rows)),
+    }
 
 
 def sft_validation(
