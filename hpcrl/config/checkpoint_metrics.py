@@ -4,7 +4,8 @@ hpcrl's step record (metrics.jsonl) that holds the same value.
 NeMo RL names a metric by where it comes from: ``val:`` its validation metrics of that step
 (GRPO's ``accuracy``, the mean reward of the validation rollouts, and ``avg_length``; SFT's
 ``val_loss``), ``train:`` its training metrics (``loss``, ``grad_norm``, ``lr``; GRPO's
-``reward``, the mean reward of the step's rollouts). A checkpoint saved at a step without
+``reward``, the mean reward of the step's rollouts, and its loss diagnostics such as
+``token_mult_prob_error``). A checkpoint saved at a step without
 that metric (no validation ran then) ranks below every one that has it. Any other name
 NeMo RL fails on at its first save; hpcrl refuses it when the recipe loads.
 """
@@ -24,6 +25,23 @@ RECORDED: dict[tuple[str, str], dict[str, str]] = {
         "reward": "reward_mean",
         "grad_norm": "grad_norm",
         "lr": "lr",
+        # the loss's diagnostics, recorded under NeMo RL's own names (loss_metrics.py)
+        **{
+            name: name
+            for name in (
+                "token_mult_prob_error",
+                "gen_kl_error",
+                "policy_kl_error",
+                "js_divergence_error",
+                "approx_entropy",
+                "probs_ratio",
+                "probs_ratio_clamped",
+                "probs_ratio_min",
+                "probs_ratio_max",
+                "probs_ratio_clamped_min",
+                "probs_ratio_clamped_max",
+            )
+        },
     },
     ("sft", "val"): {"val_loss": "val_loss"},
     ("sft", "train"): {"loss": "loss", "grad_norm": "grad_norm", "lr": "lr"},
