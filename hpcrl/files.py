@@ -230,7 +230,7 @@ def unusable_folder(folder: Path, error: OSError) -> UserError:
 
 def _acquire(fd: int, timeout_s: float, folder: Path, lock_path: Path) -> bool:
     """True when locked, False where the filesystem has no locks; RunFolderBusy on timeout."""
-    from hpcrl.polling import wait_until
+    from hpcrl.run.polling import wait_until
 
     def locked() -> bool:
         try:

@@ -27,7 +27,7 @@ from hpcrl.causes import (
 from hpcrl.job.errors import BootstrapError
 from hpcrl.job.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
 from hpcrl.job.settings import NodeSettings
-from hpcrl.polling import wait_until
+from hpcrl.run.polling import wait_until
 
 #: A node's own report may land a moment after the driver saw the failure it caused.
 LATE_REPORT_S = 5.0

@@ -57,7 +57,7 @@ from hpcrl.job.markers import (
     read_marker,
     write_marker,
 )
-from hpcrl.job.network import port_accepts, wait_until
+from hpcrl.job.network import port_accepts
 from hpcrl.job.processes import start_in_own_session, stop_session
 from hpcrl.job.ray_auth import prepare_job_token
 from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
@@ -67,6 +67,7 @@ from hpcrl.job.requeues import (
     task0_err_log,
 )
 from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
+from hpcrl.run.polling import wait_until
 
 LOGGER_NAME = "hpcrl.job"
 WORKER_POLL_INTERVAL_S = 0.5

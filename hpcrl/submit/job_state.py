@@ -29,7 +29,7 @@ from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 
 from hpcrl.config.errors import UserError
-from hpcrl.polling import wait_until
+from hpcrl.run.polling import wait_until
 from hpcrl.submit.failure_causes import failure_account, failure_cause
 from hpcrl.submit.job_identity import (
     STALE_AFTER_S,
