@@ -25,16 +25,6 @@ from collections.abc import Mapping
 import attrs
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from hpcrl.causes import (
-    NODE_FAIL,
-    PREEMPTED,
-    AttemptCause,
-    exit_code_of,
-    last_step,
-    read_cause,
-    slurm_node_failure,
-    write_cause,
-)
 from hpcrl.job.diagnosis import diagnose, head_lost
 from hpcrl.job.driver_process import ATTEMPT_VARIABLE
 from hpcrl.job.errors import (
@@ -67,6 +57,16 @@ from hpcrl.job.requeues import (
     task0_err_log,
 )
 from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
+from hpcrl.run.causes import (
+    NODE_FAIL,
+    PREEMPTED,
+    AttemptCause,
+    exit_code_of,
+    last_step,
+    read_cause,
+    slurm_node_failure,
+    write_cause,
+)
 from hpcrl.run.polling import wait_until
 
 LOGGER_NAME = "hpcrl.job"

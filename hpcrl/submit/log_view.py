@@ -17,7 +17,7 @@ shell's secret-named variables, well-known token shapes), as in error messages a
 job may print what its environment holds. Escape sequences (Ray's colours) are removed unless
 stdout is a terminal. Ray's state dumps
 (printed by every process that saw a raylet die) are folded into one line saying where they
-are. The view ends with each attempt's cause when one ended early (``hpcrl.causes``):
+are. The view ends with each attempt's cause when one ended early (``hpcrl.run.causes``):
 ``[hpcrl] attempt 1: node 1 (n2) lost after step 3: ...``.
 """
 
@@ -31,9 +31,9 @@ from typing import TextIO
 
 import attrs
 
-from hpcrl.causes import read_causes
 from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import redact
+from hpcrl.run.causes import read_causes
 from hpcrl.submit.hints import command
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts

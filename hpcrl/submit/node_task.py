@@ -91,7 +91,7 @@ def requeue_after_failure(task: NodeTask, run_dir: str, cause: str) -> None:
 def _requeue_refused(run_dir: str, why: str) -> None:
     import attrs
 
-    from hpcrl.causes import latest_cause, write_cause
+    from hpcrl.run.causes import latest_cause, write_cause
 
     cause = latest_cause(Path(run_dir))
     if cause is not None:

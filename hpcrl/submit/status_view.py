@@ -209,7 +209,7 @@ def status_cause(
 ) -> str | None:
     """The cause cell: why a failed job failed (its newest attempt, ``failure_account``); for a
     job that goes on or completed after a requeue, why its previous attempt ended
-    (``hpcrl.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
+    (``hpcrl.run.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
     ``attempt_offset``: attempts of the run's jobs before ``hpcrl resume`` (attempts are
     counted through the run); a STALE record has no cause of its own (its problem line).
     With ``record``, an attempt Slurm ended NODE_FAIL is named before any node wrote why."""
