@@ -28,7 +28,7 @@ class MetricsWriter:
         """Remove the records of steps ``>= first_step`` (an earlier attempt ran them after
         the checkpoint this run resumes from, and they run again: none is written twice), and
         any line that is not a record (one cut short when a job died). Returns how many."""
-        from hpcrl.files import write_file
+        from hpcrl.run.atomic_files import write_file
 
         try:
             lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()

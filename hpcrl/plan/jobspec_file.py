@@ -54,9 +54,9 @@ def jobspec_as_dict(spec: JobSpec) -> dict[str, Any]:
 
 
 def write_jobspec(spec: JobSpec) -> Path:
-    """Write ``<spec.run_dir>/jobspec.json`` through ``hpcrl.files.write_file``: atomic (a
+    """Write ``<spec.run_dir>/jobspec.json`` through ``hpcrl.run.atomic_files.write_file``: atomic (a
     node never reads half a file), modes from the umask, no secrets."""
-    from hpcrl.files import write_file  # login side only: the job never writes a plan
+    from hpcrl.run.atomic_files import write_file  # login side only: the job never writes a plan
 
     record = {"hpcrl_version": hpcrl.__version__, "jobspec": jobspec_as_dict(spec)}
     return write_file(

@@ -10,7 +10,6 @@ import io
 from pathlib import Path
 from typing import Any
 
-from hpcrl.files import write_file
 from hpcrl.report.axes import (
     PointStyle,
     apply_integer_ticks,
@@ -21,6 +20,7 @@ from hpcrl.report.axes import (
 )
 from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report, ReportRow
+from hpcrl.run.atomic_files import write_file
 
 FIGURE_SIZE_IN = (8.0, 5.0)
 FIGURE_DPI = 100  # 800 x 500 pixels

@@ -101,7 +101,7 @@ def write_cause(run_dir: Path, cause: AttemptCause) -> Path:
     """Write the record atomically; secret values in the text are hidden first (an exception
     message may quote an environment variable)."""
     from hpcrl.config.secrets import redact
-    from hpcrl.files import write_file
+    from hpcrl.run.atomic_files import write_file
 
     path = cause_path(run_dir, cause.attempt)
     path.parent.mkdir(parents=True, exist_ok=True)

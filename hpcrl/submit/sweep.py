@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from hpcrl.config.errors import UserError
-from hpcrl.files import write_file
+from hpcrl.run.atomic_files import write_file
 
 SWEEP_RECORD_NAME = "sweep.json"
 SWEEP_RECORD_SCHEMA = 1

@@ -38,7 +38,6 @@ from hpcrl.config import (
 )
 from hpcrl.config.errors import raise_if_errors
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.files import LOCK_NAME
 from hpcrl.plan.jobspec import AUTH_DIR_NAME, JobSpec
 from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 from hpcrl.plan.planner import plan
@@ -50,6 +49,7 @@ from hpcrl.render.run_folder import (
     SCRIPT_NAME,
     write_run_folder,
 )
+from hpcrl.run.atomic_files import LOCK_NAME
 from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 
