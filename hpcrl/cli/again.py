@@ -127,7 +127,7 @@ def rerun_dir(run_dir: Path) -> tuple[Path, bool]:
 def next_free_folder(base: Path) -> tuple[Path, bool]:
     """``base``, else ``base-2``, ``base-3``, ... : the first that holds no submitted job (a
     folder whose submission failed is used again); and whether it was numbered."""
-    from hpcrl.run.atomic_files import holds_submitted_job
+    from hpcrl.run.folder_lock import holds_submitted_job
 
     number, folder = 1, base
     while holds_submitted_job(folder):

@@ -140,7 +140,7 @@ def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
     and return its exit code."""
     from hpcrl.cli.prepare import print_warnings
     from hpcrl.render.run_folder import write_run_folder
-    from hpcrl.run.atomic_files import run_folder_lock
+    from hpcrl.run.folder_lock import run_folder_lock
     from hpcrl.submit.submission import SubmissionRefused, submit_job
 
     console = _console()
@@ -213,7 +213,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
         for_submission=not args.no_submit, written_by=written_by,
     )  # fmt: skip
-    from hpcrl.run.atomic_files import run_folder_lock
+    from hpcrl.run.folder_lock import run_folder_lock
 
     _print_sweep_warnings(planned)
     if args.no_submit:
@@ -309,7 +309,7 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
         steps = max_steps(planned.points[job.array_index or 0].loaded.recipe)
         return wait_for_job(run_dir, job, console, steps).exit_code
 
-    from hpcrl.run.atomic_files import run_folder_lock
+    from hpcrl.run.folder_lock import run_folder_lock
 
     with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
         exit_code = run_local_sweep(planned, wait=follow, announce=announce)

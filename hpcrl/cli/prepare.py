@@ -189,7 +189,7 @@ def run_validate(args: argparse.Namespace) -> int:
 def run_render(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
     from hpcrl.render.run_folder import write_run_folder
-    from hpcrl.run.atomic_files import run_folder_lock
+    from hpcrl.run.folder_lock import run_folder_lock
 
     with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl render"):
         run = write_run_folder(

@@ -25,7 +25,8 @@ from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.render.ray_token import write_job_token
 from hpcrl.render.script import render_sbatch
-from hpcrl.run.atomic_files import holds_submitted_job, replace_symlink, unusable_folder, write_file
+from hpcrl.run.atomic_files import replace_symlink, write_file
+from hpcrl.run.folder_lock import holds_submitted_job, unusable_folder
 
 SCRIPT_NAME = "job.sbatch"
 RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"
@@ -92,7 +93,7 @@ def write_run_folder(
     code bundle the script runs unless it exists already, and the job's Ray token
     (``auth/ray_token``, 0600) unless the folder has one.
 
-    The caller holds ``hpcrl.run.atomic_files.run_folder_lock`` of the folder (or of a sweep folder
+    The caller holds ``hpcrl.run.folder_lock.run_folder_lock`` of the folder (or of a sweep folder
     above it). Refuses a folder that already holds a submitted job: its script is the record
     of what ran.
     """

@@ -141,7 +141,7 @@ def resume_run(run_dir: Path) -> tuple[ResumePoint, JobRecord]:
     """Check the run and submit its job again as its next attempt (under the run folder's
     lock, so two resumes cannot both submit); what it resumes from and the new job's record."""
     from hpcrl.render.run_folder import SCRIPT_NAME
-    from hpcrl.run.atomic_files import run_folder_lock
+    from hpcrl.run.folder_lock import run_folder_lock
     from hpcrl.submit.submission import submit_job
 
     with run_folder_lock(run_dir, command="hpcrl resume"):

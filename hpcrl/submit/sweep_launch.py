@@ -49,7 +49,7 @@ from hpcrl.render.run_folder import (
     SCRIPT_NAME,
     write_run_folder,
 )
-from hpcrl.run.atomic_files import LOCK_NAME
+from hpcrl.run.folder_lock import LOCK_NAME
 from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 

@@ -15,14 +15,8 @@ import pytest
 from hpcrl.cli.main import main
 from hpcrl.config.errors import UserError
 from hpcrl.plan.jobspec_file import read_jobspec
-from hpcrl.run.atomic_files import (
-    LOCK_NAME,
-    RunFolderBusy,
-    SecretInRunFile,
-    run_folder_lock,
-    unusable_folder,
-    write_file,
-)
+from hpcrl.run.atomic_files import SecretInRunFile, write_file
+from hpcrl.run.folder_lock import LOCK_NAME, RunFolderBusy, run_folder_lock, unusable_folder
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.require import unavailable
 
