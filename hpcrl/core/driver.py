@@ -3,13 +3,13 @@
 Called on node 0 by ``hpcrl.job.driver_process`` with Ray already connected (a local Ray is
 started when none is, e.g. ``python -m hpcrl.core.driver RUN_DIR``). It reads
 ``<run_dir>/recipe.resolved.yaml`` and the plan (``<run_dir>/jobspec.json``, the typed
-``JobSpec``; a folder without one, as tests and benchmarks write, is planned with the
-``local`` profile and the log says so), builds the policy's worker group as planned (device,
+``JobSpec``: a folder without one is refused, since the job side never plans; ``hpcrl render``
+writes one), builds the policy's worker group as planned (device,
 nodes, Megatron checkpoint dir, generation placement), resumes from the newest checkpoint in
 the checkpoint folder if there is one, and runs GRPO or SFT, writing one line per step to
 ``<run_dir>/metrics.jsonl`` and one progress line to stdout.
 
-Exit codes: 0 done; 2 the plan cannot be used (a bad jobspec.json, one for another recipe,
+Exit codes: 0 done; 2 the plan cannot be used (a missing or bad jobspec.json, one for another recipe,
 or a GPU plan where CUDA is not usable: one line on stderr says which and the fix); 3
 preempted (``<run_dir>/PREEMPT`` appeared or SIGUSR2 arrived: a checkpoint was saved at the
 step boundary and the job should be requeued).
@@ -42,13 +42,7 @@ from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
 from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import (
-    JOBSPEC_FILE,
-    JobSpecError,
-    JobSpecMissing,
-    plan_with_local_profile,
-    read_jobspec,
-)
+from hpcrl.plan.jobspec_file import JOBSPEC_FILE, JobSpecError, read_jobspec
 
 RESOLVED_RECIPE = "recipe.resolved.yaml"
 PLAN_ERROR_EXIT_CODE = 2
@@ -92,19 +86,9 @@ def _ensure_ray() -> bool:
 
 
 def job_plan(run_dir: Path, recipe: Recipe) -> JobSpec:
-    """The run folder's ``JobSpec``; a folder without jobspec.json is planned with the
-    ``local`` profile through the real planner, and the log says so."""
-    try:
-        jobspec = read_jobspec(run_dir)
-    except JobSpecMissing:
-        jobspec = plan_with_local_profile(recipe, run_dir)
-        unit = "GPUs" if jobspec.device == "gpu" else "CPU worker slots"
-        print(
-            f"no {JOBSPEC_FILE} in {run_dir}: planned with the {jobspec.profile_name!r} profile "
-            f"({jobspec.num_nodes} node(s) × {jobspec.slots_per_node} {unit}, "
-            f"{jobspec.layout.describe()})",
-            flush=True,
-        )
+    """The run folder's ``JobSpec``, checked against its recipe; ``JobSpecError`` (a
+    ``JobSpecMissing`` naming the fix for a folder without jobspec.json) when unusable."""
+    jobspec = read_jobspec(run_dir)
     check_plan_fits_recipe(jobspec, recipe)
     return jobspec
 

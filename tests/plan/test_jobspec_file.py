@@ -17,7 +17,6 @@ from hpcrl.plan.jobspec_file import (
     JobSpecError,
     JobSpecMissing,
     jobspec_as_dict,
-    plan_with_local_profile,
     read_jobspec,
     write_jobspec,
 )
@@ -154,28 +153,6 @@ def test_fields_this_hpcrl_does_not_know_or_lacks_are_listed(written):
         "key is missing; layout.tp: expected an integer, got the string '2'; visible_gpuz: "
         f"unknown key 'visible_gpuz'). Fix: {RESUBMIT}, which writes a new run folder"
     )
-
-
-def test_a_run_folder_without_a_plan_is_planned_with_the_local_profile(tmp_path):
-    recipe = load_recipe("grpo-tiny-1n-cpu").recipe
-    spec = plan_with_local_profile(recipe, tmp_path)
-    assert (spec.profile_name, spec.device, spec.run_dir) == ("local", "cpu", str(tmp_path))
-    assert spec == plan(
-        recipe, load_profile("local"), run_dir=str(tmp_path), recipe_source=str(tmp_path),
-        profile_source="local",
-    )  # fmt: skip
-
-
-def test_a_recipe_that_does_not_fit_the_local_profile_says_so(tmp_path):
-    recipe = load_recipe("grpo-tiny-2n-cpu").recipe
-    with pytest.raises(JobSpecError) as caught:
-        plan_with_local_profile(recipe, tmp_path)
-    message = str(caught.value)
-    assert message.startswith(
-        f"{tmp_path / JOBSPEC_FILE} does not exist and the recipe does not plan on the 'local' "
-        "profile:\nerror: cluster.num_nodes = 2: profile 'local' runs on this one machine"
-    )
-    assert message.endswith("or change the recipe to fit --cluster local")
 
 
 def test_render_writes_the_plan_the_job_reads(tmp_path):
