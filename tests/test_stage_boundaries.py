@@ -15,7 +15,7 @@ from pathlib import Path
 
 HPCRL = Path(__file__).resolve().parents[1] / "hpcrl"
 JOB_SIDE = ("job", "core")
-PLAN_CONTRACT = {"hpcrl.plan.jobspec", "hpcrl.plan.jobspec_file"}
+PLAN_CONTRACT = {"hpcrl.run.jobspec", "hpcrl.plan.jobspec_file"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -58,7 +58,7 @@ def test_the_job_side_imports_only_the_jobspec_contract_from_plan():
             if outside:
                 found[str(path.relative_to(HPCRL.parent))] = sorted(outside)
     assert not found, (
-        "the job side must take planned decisions from the JobSpec (hpcrl.plan.jobspec, read "
+        "the job side must take planned decisions from the JobSpec (hpcrl.run.jobspec, read "
         f"by hpcrl.plan.jobspec_file), not re-run plan rules: {found}"
     )
 
@@ -66,7 +66,7 @@ def test_the_job_side_imports_only_the_jobspec_contract_from_plan():
 def test_the_scan_sees_plan_imports_in_any_form(tmp_path):
     source = tmp_path / "example.py"
     source.write_text(
-        "from hpcrl.plan.jobspec import JobSpec\n"
+        "from hpcrl.run.jobspec import JobSpec\n"
         "def f():\n"
         "    from hpcrl.plan import generation\n"
         "    import hpcrl.plan.checkpoint_dir\n"
@@ -74,7 +74,7 @@ def test_the_scan_sees_plan_imports_in_any_form(tmp_path):
         "    from hpcrl import plan\n"
     )
     assert plan_imports(source) == {
-        "hpcrl.plan.jobspec",
+        "hpcrl.run.jobspec",
         "hpcrl.plan.generation",
         "hpcrl.plan.checkpoint_dir",
         "hpcrl.plan.planner",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from hpcrl.config import ClusterProfile, LoadedRecipe
     from hpcrl.config.errors import Problem
-    from hpcrl.plan.jobspec import JobSpec
+    from hpcrl.run.jobspec import JobSpec
 
 
 def register(subparsers: Any) -> None:

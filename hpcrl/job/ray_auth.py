@@ -27,7 +27,6 @@ from pathlib import Path
 
 from hpcrl.job.errors import BootstrapError
 from hpcrl.job.settings import NodeSettings
-from hpcrl.plan.jobspec import RAY_AUTH_VARIABLES, token_path
 from hpcrl.render.ray_token import (
     TokenFileError,
     ensure_token_file,
@@ -35,6 +34,7 @@ from hpcrl.render.ray_token import (
     private_path_problem,
     token_file_problem,
 )
+from hpcrl.run.jobspec import RAY_AUTH_VARIABLES, token_path
 
 
 class RayTokenUnusable(BootstrapError):

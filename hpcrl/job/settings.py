@@ -23,8 +23,8 @@ from hpcrl.config.port_bands import BAND_VARIABLE, NUM_BANDS, job_key, job_ports
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
-from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.jobspec import JobSpec
 
 DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
 RAY_AUTH_MODES = ("token", "none")  # the profile's ray_auth (JobSpec.ray_auth)

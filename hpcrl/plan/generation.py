@@ -24,7 +24,7 @@ from hpcrl.config.errors import Problem
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe, VllmCfg
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import GenerationPlacement
+from hpcrl.run.jobspec import GenerationPlacement
 
 COLOCATED = "policy.generation.colocated"
 RESOURCES = f"{COLOCATED}.resources"

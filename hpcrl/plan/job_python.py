@@ -15,7 +15,7 @@ import json
 import subprocess
 
 from hpcrl.config.errors import Problem
-from hpcrl.plan.jobspec import RAY_TOKEN_AUTH_SPEC, JobSpec, PackageRequirement
+from hpcrl.run.jobspec import RAY_TOKEN_AUTH_SPEC, JobSpec, PackageRequirement
 
 PROBE_TIMEOUT_S = 30
 #: Run by the job's Python: {distribution or module: version, "" (no metadata), or null}.

@@ -13,7 +13,7 @@ by hand writes the plan first (``hpcrl render``; tests and benchmarks plan throu
 planner on their side).
 
 Stage boundary: the job side (``hpcrl.job``, ``hpcrl.core``) imports from ``hpcrl.plan``
-only this module and ``hpcrl.plan.jobspec`` (tests/test_stage_boundaries.py).
+only this module and ``hpcrl.run.jobspec`` (tests/test_stage_boundaries.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import hpcrl
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.run.jobspec import JobSpec
 
 JOBSPEC_FILE = "jobspec.json"
 
@@ -114,4 +114,3 @@ def _resubmit_fix(fields: Any) -> str:
         command = shlex.join(["hpcrl", verb, *argv[2:]])
         return f"submit it again with this hpcrl ({command}), which writes a new run folder"
     return "submit the recipe again with this hpcrl (hpcrl submit RECIPE --cluster PROFILE)"
-

@@ -9,7 +9,7 @@ from hpcrl.config.recipe import AutomodelCfg, MegatronCfg, Recipe
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.generation import RESOURCES as GENERATION_RESOURCES
 from hpcrl.plan.generation import has_separate_generation
-from hpcrl.plan.jobspec import GenerationPlacement, ParallelLayout
+from hpcrl.run.jobspec import GenerationPlacement, ParallelLayout
 
 AUTOMODEL = "policy.automodel_cfg"
 MEGATRON = "policy.megatron_cfg"

@@ -11,7 +11,7 @@ torch counts as 2.9.
 from __future__ import annotations
 
 from hpcrl.config.recipe import Recipe
-from hpcrl.plan.jobspec import Need, PackageRequirement
+from hpcrl.run.jobspec import Need, PackageRequirement
 
 
 def _row(

@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 from hpcrl.plan.bundle import BundleContents, collect_bundle
-from hpcrl.plan.jobspec import CodeBundle
 from hpcrl.run.atomic_files import current_umask
+from hpcrl.run.jobspec import CodeBundle
 
 MANIFEST_NAME = "BUNDLE.json"
 

@@ -21,7 +21,7 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from hpcrl.config.errors import UserError
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.run.jobspec import JobSpec
 from hpcrl.submit.executor import (
     RenderedLocalExecutor,
     RenderedSlurmExecutor,

@@ -64,7 +64,7 @@ def test_shared_nodes_are_the_first_training_nodes(tmp_path, four_nodes) -> None
 
 
 def test_cpu_engines_take_one_worker_slot_each() -> None:
-    from hpcrl.plan.jobspec import GenerationPlacement
+    from hpcrl.run.jobspec import GenerationPlacement
 
     placement = GenerationPlacement(
         first_node=0, num_nodes=1, slots_per_node=1, num_engines=1, slots_per_engine=1,

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.policy import Batch, LossFn, Policy
-    from hpcrl.plan.jobspec import GenerationPlacement
+    from hpcrl.run.jobspec import GenerationPlacement
 
 
 class VllmPolicy:
