@@ -15,7 +15,7 @@ from pathlib import Path
 
 HPCRL = Path(__file__).resolve().parents[1] / "hpcrl"
 JOB_SIDE = ("job", "core")
-PLAN_CONTRACT = {"hpcrl.run.jobspec", "hpcrl.plan.jobspec_file"}
+PLAN_CONTRACT = {"hpcrl.run.jobspec", "hpcrl.run.jobspec_file"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -59,7 +59,7 @@ def test_the_job_side_imports_only_the_jobspec_contract_from_plan():
                 found[str(path.relative_to(HPCRL.parent))] = sorted(outside)
     assert not found, (
         "the job side must take planned decisions from the JobSpec (hpcrl.run.jobspec, read "
-        f"by hpcrl.plan.jobspec_file), not re-run plan rules: {found}"
+        f"by hpcrl.run.jobspec_file), not re-run plan rules: {found}"
     )
 
 

@@ -41,8 +41,8 @@ from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
 from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE, JobSpecError, read_jobspec
 from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import JOBSPEC_FILE, JobSpecError, read_jobspec
 
 RESOLVED_RECIPE = "recipe.resolved.yaml"
 PLAN_ERROR_EXIT_CODE = 2

@@ -1,5 +1,5 @@
 """The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, the plan
-the job reads (``jobspec.json``, see ``hpcrl.plan.jobspec_file``) and a manifest.
+the job reads (``jobspec.json``, see ``hpcrl.run.jobspec_file``) and a manifest.
 
 Only the manifest records when and where it was written; the script stays deterministic.
 """
@@ -20,13 +20,13 @@ import attrs
 import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.render.ray_token import write_job_token
 from hpcrl.render.script import render_sbatch
 from hpcrl.run.atomic_files import replace_symlink, write_file
 from hpcrl.run.folder_lock import holds_submitted_job, unusable_folder
 from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import jobspec_as_dict, write_jobspec
 
 SCRIPT_NAME = "job.sbatch"
 RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"

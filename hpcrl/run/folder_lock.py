@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hpcrl.config.errors import UserError
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 from hpcrl.run.atomic_files import FILE_MODE, TEMP_NAME
+from hpcrl.run.jobspec_file import JOBSPEC_FILE
 
 LOCK_NAME = ".hpcrl.lock"
 #: Files that make a folder an earlier run (or sweep) folder that may be written again.

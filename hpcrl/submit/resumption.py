@@ -91,7 +91,7 @@ def _check_ended(run_dir: Path, record: JobRecord, status: JobStatus) -> None:
 
 
 def _usable_plan(run_dir: Path) -> JobSpec:
-    from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
+    from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
 
     try:
         spec = read_jobspec(run_dir)

@@ -38,7 +38,6 @@ from hpcrl.config import (
 )
 from hpcrl.config.errors import raise_if_errors
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 from hpcrl.plan.planner import plan
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 from hpcrl.render.run_folder import (
@@ -50,6 +49,7 @@ from hpcrl.render.run_folder import (
 )
 from hpcrl.run.folder_lock import LOCK_NAME
 from hpcrl.run.jobspec import AUTH_DIR_NAME, JobSpec
+from hpcrl.run.jobspec_file import JOBSPEC_FILE
 from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 

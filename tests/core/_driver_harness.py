@@ -39,7 +39,7 @@ def local_plan(recipe, run_dir: Path, *profile_overrides: str):
 def write_local_plan(run_dir: Path, *profile_overrides: str):
     """Plan the run folder's resolved recipe (``local_plan``) and write its jobspec.json."""
     from hpcrl.config import load_recipe
-    from hpcrl.plan.jobspec_file import write_jobspec
+    from hpcrl.run.jobspec_file import write_jobspec
 
     recipe = load_recipe(run_dir / "recipe.resolved.yaml").recipe
     spec = local_plan(recipe, run_dir, *profile_overrides)

@@ -11,8 +11,8 @@ import pytest
 
 from hpcrl.config import load_recipe
 from hpcrl.core import driver
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE, write_jobspec
 from hpcrl.plan.planner import plan
+from hpcrl.run.jobspec_file import JOBSPEC_FILE, write_jobspec
 from tests.core._driver_harness import write_local_plan, write_run_dir
 from tests.plan.planning_inputs import (
     isolate_from_user_profiles,

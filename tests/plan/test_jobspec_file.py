@@ -12,7 +12,8 @@ import pytest
 
 import hpcrl
 from hpcrl.config import ConfigError, list_recipes, load_profile, load_recipe
-from hpcrl.plan.jobspec_file import (
+from hpcrl.plan.planner import plan
+from hpcrl.run.jobspec_file import (
     JOBSPEC_FILE,
     JobSpecError,
     JobSpecMissing,
@@ -20,7 +21,6 @@ from hpcrl.plan.jobspec_file import (
     read_jobspec,
     write_jobspec,
 )
-from hpcrl.plan.planner import plan
 from tests.plan.planning_inputs import (
     isolate_from_user_profiles,
     megatron_recipe,

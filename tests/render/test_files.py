@@ -14,9 +14,9 @@ import pytest
 
 from hpcrl.cli.main import main
 from hpcrl.config.errors import UserError
-from hpcrl.plan.jobspec_file import read_jobspec
 from hpcrl.run.atomic_files import SecretInRunFile, write_file
 from hpcrl.run.folder_lock import LOCK_NAME, RunFolderBusy, run_folder_lock, unusable_folder
+from hpcrl.run.jobspec_file import read_jobspec
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.require import unavailable
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
-from hpcrl.plan.jobspec_file import read_jobspec
+from hpcrl.run.jobspec_file import read_jobspec
 from hpcrl.submit import waiting
 from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
 from tests.plan.planning_inputs import isolate_from_user_profiles

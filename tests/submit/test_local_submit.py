@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.plan.jobspec_file import read_jobspec
+from hpcrl.run.jobspec_file import read_jobspec
 from hpcrl.submit.job_record import read_job_record
 from hpcrl.submit.job_state import cancel_job, query_status, rebuild_job
 from tests.submit import drivers

@@ -12,8 +12,8 @@ filled in with defaults: the job side does not import the planner. Whoever runs 
 by hand writes the plan first (``hpcrl render``; tests and benchmarks plan through the real
 planner on their side).
 
-Stage boundary: the job side (``hpcrl.job``, ``hpcrl.core``) imports from ``hpcrl.plan``
-only this module and ``hpcrl.run.jobspec`` (tests/test_stage_boundaries.py).
+Part of the run-folder contract (``hpcrl.run``): the planner writes through it, the job side
+reads through it and never imports ``hpcrl.plan`` (tests/test_stage_boundaries.py).
 """
 
 from __future__ import annotations
