@@ -14,7 +14,6 @@ import signal
 from typing import Any
 
 from hpcrl.job.errors import BootstrapError
-from hpcrl.job.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
 from hpcrl.job.settings import NodeSettings
 from hpcrl.run.causes import (
     DRIVER_EXITED,
@@ -27,6 +26,7 @@ from hpcrl.run.causes import (
     exit_code_of,
     last_step,
 )
+from hpcrl.run.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
 from hpcrl.run.polling import wait_until
 
 #: A node's own report may land a moment after the driver saw the failure it caused.

@@ -36,17 +36,6 @@ from hpcrl.job.errors import (
     RequeueRequested,
     SlurmRequeues,
 )
-from hpcrl.job.markers import (
-    DONE,
-    HEAD,
-    PREEMPT_FILE,
-    PREEMPTED_EXIT_CODE,
-    failed_marker_name,
-    node_failures,
-    node_log_dir,
-    read_marker,
-    write_marker,
-)
 from hpcrl.job.network import port_accepts
 from hpcrl.job.processes import start_in_own_session, stop_session
 from hpcrl.job.ray_auth import prepare_job_token
@@ -66,6 +55,17 @@ from hpcrl.run.causes import (
     read_cause,
     slurm_node_failure,
     write_cause,
+)
+from hpcrl.run.markers import (
+    DONE,
+    HEAD,
+    PREEMPT_FILE,
+    PREEMPTED_EXIT_CODE,
+    failed_marker_name,
+    node_failures,
+    node_log_dir,
+    read_marker,
+    write_marker,
 )
 from hpcrl.run.polling import wait_until
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpcrl.core.policy import Policy
 
-PREEMPT_FILE = "PREEMPT"  # same name hpcrl.job.markers writes
+PREEMPT_FILE = "PREEMPT"  # same name hpcrl.run.markers writes
 PREEMPTED_EXIT_CODE = 3
 _STEP_DIR_RE = re.compile(r"^step_(\d+)$")
 
