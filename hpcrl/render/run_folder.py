@@ -21,12 +21,12 @@ import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.render.bundle_writer import write_bundle
-from hpcrl.render.ray_token import write_job_token
 from hpcrl.render.script import render_sbatch
 from hpcrl.run.atomic_files import replace_symlink, write_file
 from hpcrl.run.folder_lock import holds_submitted_job, unusable_folder
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.run.jobspec_file import jobspec_as_dict, write_jobspec
+from hpcrl.run.ray_token import write_job_token
 
 SCRIPT_NAME = "job.sbatch"
 RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"
