@@ -138,7 +138,7 @@ def next_free_folder(base: Path) -> tuple[Path, bool]:
 
 def _refuse_sweep(path: Path, is_sweep: bool, command: str) -> None:
     if is_sweep:
-        from hpcrl.submit.job_record import RunFolderError
+        from hpcrl.run.job_record import RunFolderError
         from hpcrl.submit.sweep import read_sweep_record
 
         points = ", ".join(p.run_dir_name for p in read_sweep_record(path).points)

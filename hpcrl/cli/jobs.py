@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from hpcrl.cli.prepare import Prepared
     from hpcrl.config.recipe import Recipe
-    from hpcrl.submit.job_record import JobRecord
+    from hpcrl.run.job_record import JobRecord
     from hpcrl.submit.sweep_launch import PlannedSweep
 
 

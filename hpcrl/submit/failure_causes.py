@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from submitit.core.utils import JobPaths
 
 from hpcrl.run.causes import AttemptCause, read_causes, slurm_node_failure
-from hpcrl.submit.job_record import JobRecord
+from hpcrl.run.job_record import JobRecord
 
 if TYPE_CHECKING:
     from hpcrl.submit.job_state import JobStatus

@@ -29,6 +29,7 @@ from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 
 from hpcrl.config.errors import UserError
+from hpcrl.run.job_record import JobRecord
 from hpcrl.run.polling import wait_until
 from hpcrl.submit.failure_causes import failure_account, failure_cause
 from hpcrl.submit.job_identity import (
@@ -39,7 +40,6 @@ from hpcrl.submit.job_identity import (
     rows_of_record,
     state_word,
 )
-from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.pending_reasons import pending_reasons, queued_states
 
 #: sacct states after which the job will not run again (no requeue pending).

@@ -34,8 +34,8 @@ import attrs
 from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import redact
 from hpcrl.run.causes import read_causes
+from hpcrl.run.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.hints import command
-from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
 from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
 from hpcrl.submit.shutdown_noise import Cancellation, NoiseFilter, cancellation_of

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.report.metrics import finite_number, read_metrics_file
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit.job_identity import record_time
-from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import JobStatus
 
 #: The training driver's phase marker (hpcrl.core.phase writes it).

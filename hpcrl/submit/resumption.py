@@ -21,9 +21,9 @@ from pathlib import Path
 import attrs
 
 from hpcrl.config.errors import UserError
+from hpcrl.run.job_record import JobRecord, read_job_record
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.submit.hints import command
-from hpcrl.submit.job_record import JobRecord, read_job_record
 from hpcrl.submit.job_state import JobStatus, query_status, results_written
 
 RESUMABLE_STATES = frozenset(

@@ -10,7 +10,7 @@ import attrs
 from rich.console import Console
 
 from hpcrl.config.errors import UserError
-from hpcrl.submit.job_record import JobRecord, read_job_record
+from hpcrl.run.job_record import JobRecord, read_job_record
 from hpcrl.submit.job_state import SacctWatcher, cancel_job, query_statuses
 from hpcrl.submit.log_view import (
     LoggedRun,

@@ -26,7 +26,7 @@ from pathlib import Path
 import attrs
 
 from hpcrl.run.atomic_files import write_file
-from hpcrl.submit.job_record import JobRecord, utc_now_iso
+from hpcrl.run.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
 
 CANCEL_NOTE_NAME = "cancelled.json"

@@ -17,13 +17,13 @@ from typing import Any
 import attrs
 
 from hpcrl.report.metrics import finite_number, last_metrics
-from hpcrl.submit.failure_causes import attempt_causes, failure_account
-from hpcrl.submit.job_record import (
+from hpcrl.run.job_record import (
     JobRecord,
     RunFolderError,
     read_job_record,
     read_submit_failure,
 )
+from hpcrl.submit.failure_causes import attempt_causes, failure_account
 from hpcrl.submit.job_state import JobStatus, query_statuses
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 

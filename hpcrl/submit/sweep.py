@@ -168,7 +168,7 @@ def write_sweep_record(sweep_dir: Path, record: SweepRecord) -> Path:
 
 def read_sweep_record(sweep_dir: Path) -> SweepRecord:
     """``<sweep_dir>/sweep.json``; SweepError saying why when it cannot be read."""
-    from hpcrl.submit.job_record import DAMAGED_FIX, read_json_file
+    from hpcrl.run.job_record import DAMAGED_FIX, read_json_file
 
     path = Path(sweep_dir) / SWEEP_RECORD_NAME
     fix = DAMAGED_FIX.replace("the job", "the sweep").replace("its job", "its jobs")

@@ -48,9 +48,9 @@ from hpcrl.render.run_folder import (
     write_run_folder,
 )
 from hpcrl.run.folder_lock import LOCK_NAME
+from hpcrl.run.job_record import JobRecord, utc_now_iso
 from hpcrl.run.jobspec import AUTH_DIR_NAME, JobSpec
 from hpcrl.run.jobspec_file import JOBSPEC_FILE
-from hpcrl.submit.job_record import JobRecord, utc_now_iso
 from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
 
 POINT_DIR = re.compile(r"point-([0-9]+)")

@@ -22,9 +22,9 @@ import attrs
 from rich.console import Console
 
 from hpcrl.report.metrics import last_metrics
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit.failure_causes import attempt_causes
 from hpcrl.submit.hints import command
-from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
     JobOutcome,
     JobStatus,

@@ -20,7 +20,7 @@ from hpcrl.run.causes import (
     read_causes,
     write_cause,
 )
-from hpcrl.submit.job_record import JobRecord
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit.job_state import JobStatus, failure_cause
 from hpcrl.submit.log_view import attempt_cause_lines
 from hpcrl.submit.logs import fold_state_dumps

@@ -17,8 +17,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit import job_state
-from hpcrl.submit.job_record import JobRecord
 
 SUBMITTED = "2026-11-29T10:00:00+00:00"
 T0 = int(datetime.datetime.fromisoformat(SUBMITTED).timestamp())
@@ -125,7 +125,7 @@ def test_a_reused_pid_is_not_this_local_jobs_controller(fake_controller, tmp_pat
 
 def _sweep(tmp_path: Path, states: tuple[str, ...], submit: int) -> tuple[Path, Sacct]:
     """A sweep folder of array 41 with one point per state; sacct answers its tasks' rows."""
-    from hpcrl.submit.job_record import write_job_record
+    from hpcrl.run.job_record import write_job_record
     from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
 
     sweep_dir = tmp_path / "s"

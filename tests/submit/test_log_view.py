@@ -11,8 +11,8 @@ import pytest
 
 from hpcrl.config.errors import UserError
 from hpcrl.job.errors import DriverFailed, PreflightFailed
+from hpcrl.run.job_record import JobRecord, write_job_record
 from hpcrl.submit import log_view
-from hpcrl.submit.job_record import JobRecord, write_job_record
 from hpcrl.submit.log_view import LoggedRun, LogSelection
 from hpcrl.submit.node_task import attempt_banner, job_id_of, one_line_for_explained_failures
 from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record

@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-from hpcrl.submit.job_record import JobRecord, write_job_record
+from hpcrl.run.job_record import JobRecord, write_job_record
 from hpcrl.submit.logs import LogFile, follow, list_log_files
 from hpcrl.submit.status_view import ListedRun, collect_run_dirs, format_elapsed
 from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record

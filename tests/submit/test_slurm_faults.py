@@ -40,7 +40,7 @@ import yaml
 
 from hpcrl.core.algorithms.loop import complete_checkpoints
 from hpcrl.run.causes import read_causes
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.job_record import read_job_record
 from hpcrl.submit.status_view import ListedRun, run_statuses
 from tests.shipped_cpu_recipes import assert_finite_steps
 from tests.slurm.harness import wait_no_job_processes, wait_sacct_states
