@@ -321,7 +321,7 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
 
 
 def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console) -> int:
-    from hpcrl.submit.sweep import read_sweep_record
+    from hpcrl.run.sweep_record import read_sweep_record
     from hpcrl.submit.waiting import wait_for_jobs
 
     points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from hpcrl.config.errors import UserError
 from hpcrl.report.metrics import RunSummary, ignored_values, read_metrics_file, summarize
-from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
+from hpcrl.run.sweep_record import is_sweep_dir, read_sweep_record
 
 
 class ReportError(UserError):

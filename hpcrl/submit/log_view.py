@@ -35,11 +35,11 @@ from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import redact
 from hpcrl.run.causes import read_causes
 from hpcrl.run.job_record import JobRecord, RunFolderError, read_job_record
+from hpcrl.run.sweep_record import is_sweep_dir, read_sweep_record
 from hpcrl.submit.hints import command
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
 from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
 from hpcrl.submit.shutdown_noise import Cancellation, NoiseFilter, cancellation_of
-from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links).
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")

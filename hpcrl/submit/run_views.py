@@ -11,6 +11,7 @@ from rich.console import Console
 
 from hpcrl.config.errors import UserError
 from hpcrl.run.job_record import JobRecord, read_job_record
+from hpcrl.run.sweep_record import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.job_state import SacctWatcher, cancel_job, query_statuses
 from hpcrl.submit.log_view import (
     LoggedRun,
@@ -22,7 +23,6 @@ from hpcrl.submit.log_view import (
     runs_to_show,
 )
 from hpcrl.submit.shutdown_noise import write_cancel_note
-from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.waiting import default_wait_settings, jobs_end_check, why_waiting_ended
 
 

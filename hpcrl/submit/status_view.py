@@ -23,9 +23,9 @@ from hpcrl.run.job_record import (
     read_job_record,
     read_submit_failure,
 )
+from hpcrl.run.sweep_record import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.failure_causes import attempt_causes, failure_account
 from hpcrl.submit.job_state import JobStatus, query_statuses
-from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 #: States in which a job's named failure (its cause record, a node's report) is worth showing.

@@ -51,7 +51,8 @@ from hpcrl.run.folder_lock import LOCK_NAME
 from hpcrl.run.job_record import JobRecord, utc_now_iso
 from hpcrl.run.jobspec import AUTH_DIR_NAME, JobSpec
 from hpcrl.run.jobspec_file import JOBSPEC_FILE
-from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
+from hpcrl.run.sweep_record import SweepPoint, SweepRecord, write_sweep_record
+from hpcrl.submit.sweep import sweep_hash
 
 POINT_DIR = re.compile(r"point-([0-9]+)")
 #: What ``write_run_folder`` leaves in a point folder; the token of a point that was never

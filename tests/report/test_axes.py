@@ -14,7 +14,8 @@ from hpcrl.report.axes import integer_ticks, point_style, swept_axis, value_axis
 from hpcrl.report.placement import Placement, placement_of, run_states, shared_nodes
 from hpcrl.report.plots import plot_vs_swept_value, save_plots
 from hpcrl.report.summary import build_report
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
+from hpcrl.submit.sweep import build_points
 
 LR_KEY = "policy.optimizer.kwargs.lr"
 

@@ -126,7 +126,8 @@ def test_a_reused_pid_is_not_this_local_jobs_controller(fake_controller, tmp_pat
 def _sweep(tmp_path: Path, states: tuple[str, ...], submit: int) -> tuple[Path, Sacct]:
     """A sweep folder of array 41 with one point per state; sacct answers its tasks' rows."""
     from hpcrl.run.job_record import write_job_record
-    from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+    from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
+    from hpcrl.submit.sweep import build_points
 
     sweep_dir = tmp_path / "s"
     sweep_dir.mkdir()
