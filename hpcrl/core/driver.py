@@ -37,12 +37,13 @@ from hpcrl.core.algorithms.loop import (
 )
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
-from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
+from hpcrl.core.metrics import HostMemoryTracker, format_progress
 from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.run.jobspec_file import JOBSPEC_FILE, JobSpecError, read_jobspec
+from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
 RESOLVED_RECIPE = "recipe.resolved.yaml"
 PLAN_ERROR_EXIT_CODE = 2
@@ -337,7 +338,7 @@ def run_steps(
 
     The loggers of ``logger.*`` start before the first step (a missing package fails here,
     before any training) and get every record metrics.jsonl gets."""
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    writer = MetricsWriter(run_dir / METRICS_FILE)
     loggers = build_loggers(recipe.logger, run_dir)
     try:
         return _run_logged_steps(

@@ -18,9 +18,9 @@ from hpcrl.report.axes import (
     swept_axis,
     value_axis,
 )
-from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report, ReportRow
 from hpcrl.run.atomic_files import write_file
+from hpcrl.run.metrics_file import finite_number
 
 FIGURE_SIZE_IN = (8.0, 5.0)
 FIGURE_DPI = 100  # 800 x 500 pixels

@@ -12,8 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report, ReportRow
+from hpcrl.run.metrics_file import finite_number
 
 FIGURE_SIZE_IN = (13.0, 7.5)
 FIGURE_DPI = 100

@@ -19,8 +19,10 @@ from typing import Any
 
 import attrs
 
+from hpcrl.run.metrics_file import METRICS_FILE
+
 STATUS_DIR = "status"
-METRICS_FILE = "metrics.jsonl"  # hpcrl.report.metrics.METRICS_FILE (the driver writes it)
+
 #: How a driver killed by a signal ends, as a shell reports it (and Slurm's 0:9 becomes).
 SIGNAL_EXIT_BASE = 128
 _METRICS_TAIL_BYTES = 65536

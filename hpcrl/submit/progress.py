@@ -18,8 +18,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hpcrl.report.metrics import finite_number, read_metrics_file
 from hpcrl.run.job_record import JobRecord
+from hpcrl.run.metrics_file import finite_number, read_metrics_file
 from hpcrl.submit.job_identity import record_time
 from hpcrl.submit.job_state import JobStatus
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import attrs
 
-from hpcrl.report.metrics import finite_number, last_metrics
 from hpcrl.run.job_record import (
     JobRecord,
     RunFolderError,
     read_job_record,
     read_submit_failure,
 )
+from hpcrl.run.metrics_file import finite_number, last_metrics
 from hpcrl.run.sweep_record import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.failure_causes import attempt_causes, failure_account
 from hpcrl.submit.job_state import JobStatus, query_statuses

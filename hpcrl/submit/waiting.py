@@ -21,8 +21,8 @@ from pathlib import Path
 import attrs
 from rich.console import Console
 
-from hpcrl.report.metrics import last_metrics
 from hpcrl.run.job_record import JobRecord
+from hpcrl.run.metrics_file import last_metrics
 from hpcrl.submit.failure_causes import attempt_causes
 from hpcrl.submit.hints import command
 from hpcrl.submit.job_state import (

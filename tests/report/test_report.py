@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from hpcrl.report.metrics import read_metrics, read_metrics_file
 from hpcrl.report.plots import save_plots
 from hpcrl.report.summary import build_report, format_number, render_table
+from hpcrl.run.metrics_file import read_metrics, read_metrics_file
 from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
 from hpcrl.submit.sweep import build_points
 
