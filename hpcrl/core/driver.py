@@ -27,22 +27,17 @@ from typing import Any
 
 from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.loop import (
-    PREEMPTED_EXIT_CODE,
-    CheckpointStore,
-    PreemptionWatch,
-    checkpoint_folder,
-    complete_checkpoints,
-    metric_key,
-)
+from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch, metric_key
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, format_progress
 from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
+from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.run.jobspec_file import JOBSPEC_FILE, JobSpecError, read_jobspec
+from hpcrl.run.markers import PREEMPTED_EXIT_CODE
 from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
 RESOLVED_RECIPE = "recipe.resolved.yaml"

@@ -109,8 +109,8 @@ def _usable_plan(run_dir: Path) -> JobSpec:
 
 def _latest_checkpoint(run_dir: Path) -> tuple[Path, int]:
     from hpcrl.config import load_recipe
-    from hpcrl.core.algorithms.loop import checkpoint_folder, complete_checkpoints
     from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
+    from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
 
     cfg = load_recipe(run_dir / RESOLVED_RECIPE_NAME).recipe.checkpointing
     folder = checkpoint_folder(cfg.checkpoint_dir, run_dir)

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.core.algorithms.loop import CheckpointStore, complete_checkpoints, metric_key
+from hpcrl.core.algorithms.loop import CheckpointStore, metric_key
+from hpcrl.run.checkpoints import complete_checkpoints
 
 
 class FolderPolicy:
