@@ -90,7 +90,7 @@ class NodeMain(Checkpointable):
 
     When the attempt failed because a node was lost and requeues are left (its cause record
     says ``requeued``), it raises ``RequeueRequested`` with that resubmission instead of
-    ``DriverFailed``; ``hpcrl.submit.node_task.NodeTask`` requeues the job, and the next
+    ``DriverFailed``; ``hpcrl.job.node_task.NodeTask`` requeues the job, and the next
     attempt's driver resumes from the last checkpoint.
     """
 

@@ -33,12 +33,12 @@ import attrs
 
 from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import redact
+from hpcrl.job.node_task import ATTEMPT_BANNER_RE
 from hpcrl.run.causes import read_causes
 from hpcrl.run.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.run.sweep_record import is_sweep_dir, read_sweep_record
 from hpcrl.submit.hints import command
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
-from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
 from hpcrl.submit.shutdown_noise import Cancellation, NoiseFilter, cancellation_of
 
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links).

@@ -21,6 +21,7 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from hpcrl.config.errors import UserError
+from hpcrl.job.node_task import NodeTask
 from hpcrl.run.job_record import (
     JobRecord,
     clear_submit_failure,
@@ -34,7 +35,6 @@ from hpcrl.submit.executor import (
     RenderedSlurmExecutor,
     time_limit_to_min,
 )
-from hpcrl.submit.node_task import NodeTask
 
 DEFAULT_LOCAL_TIME_LIMIT = "01:00:00"
 SCONTROL_TIMEOUT_S = 10.0

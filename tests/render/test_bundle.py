@@ -139,7 +139,7 @@ def test_entry_refuses_an_old_python_and_bad_usage(monkeypatch, capsys):
 PROBE = """
 import importlib, json, os, pkgutil, sys
 failed, names = {}, []
-for package in ("hpcrl.job", "hpcrl.core", "hpcrl.config", "hpcrl.submit.node_task"):
+for package in ("hpcrl.job", "hpcrl.core", "hpcrl.config", "hpcrl.run"):
     module = importlib.import_module(package)
     names.append(package)
     if hasattr(module, "__path__"):

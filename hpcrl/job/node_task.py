@@ -6,8 +6,12 @@ through the run (``attempt_offset``: the attempts of the run's earlier jobs, whe
 resume`` submitted this one into the same folder), and forwards
 submitit's timeout/preemption ``checkpoint`` to the node entrypoint, so the driver can stop
 cleanly before Slurm requeues the job. When the node entrypoint asks for a requeue after a
-failure (a lost node), it requeues the job the way submitit does after a preemption. Imports nothing heavy: the node entrypoint is imported
-only inside the job.
+failure (a lost node), it requeues the job the way submitit does after a preemption.
+
+The one module of the job side the login side imports: ``hpcrl submit`` constructs the
+``NodeTask`` that submitit pickles into the run folder (its module path is part of the
+run-folder contract). So it imports nothing heavy: the node entrypoint is imported only
+inside the job.
 """
 
 from __future__ import annotations
