@@ -43,7 +43,7 @@ RETRYABLE_KINDS = frozenset({NODE_LOST, NODE_FAIL})
 #: What srun prints into the batch step's stderr (task 0's ``submitit/<job>_0_log.err``) when
 #: slurmctld declares a node of the step DOWN.
 _SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)", re.MULTILINE)
-#: ``hpcrl.job.node_task.attempt_banner``: where each attempt starts in a task's log.
+#: ``hpcrl.run.attempt_banner``: where each attempt starts in a task's log.
 _ATTEMPT_BANNER = re.compile(r"^===== hpcrl attempt (\d+) · ", re.MULTILINE)
 #: The first line of ``logs/node<k>/attempt<r>/node.log`` (``hpcrl.job.node.run_node``).
 _NODE_LOG_PLACE = re.compile(r" node (\d+) of \d+ \((\S+?), ")

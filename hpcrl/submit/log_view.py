@@ -33,7 +33,7 @@ import attrs
 
 from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import redact
-from hpcrl.job.node_task import ATTEMPT_BANNER_RE
+from hpcrl.run.attempt_banner import ATTEMPT_BANNER_RE
 from hpcrl.run.causes import read_causes
 from hpcrl.run.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.run.sweep_record import is_sweep_dir, read_sweep_record

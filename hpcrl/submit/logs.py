@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from hpcrl.job.node_task import ATTEMPT_BANNER_RE
+from hpcrl.run.attempt_banner import ATTEMPT_BANNER_RE
 from hpcrl.run.job_record import JobRecord
 from hpcrl.submit.job_state import task_paths
 

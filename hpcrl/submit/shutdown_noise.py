@@ -25,8 +25,8 @@ from pathlib import Path
 
 import attrs
 
-from hpcrl.job.node_task import ATTEMPT_BANNER_RE
 from hpcrl.run.atomic_files import write_file
+from hpcrl.run.attempt_banner import ATTEMPT_BANNER_RE
 from hpcrl.run.job_record import JobRecord, utc_now_iso
 
 CANCEL_NOTE_NAME = "cancelled.json"
