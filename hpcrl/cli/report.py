@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
 
 
 def row_loggers(run_dir: Path) -> list[str]:
-    from hpcrl.core.loggers.destinations import logger_lines
+    from hpcrl.run.logger_destinations import logger_lines
     from hpcrl.submit.status_view import resolved_recipe
 
     return logger_lines(run_dir, resolved_recipe(run_dir))

@@ -117,8 +117,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 def _one_run(run: Any, width: int | None) -> list[str]:
     """``hpcrl status RUN``: every field, then where its loggers write and its logs."""
-    from hpcrl.core.loggers.destinations import logger_lines
     from hpcrl.run.job_record import submit_fix
+    from hpcrl.run.logger_destinations import logger_lines
     from hpcrl.submit.hints import command
     from hpcrl.submit.status_detail import detail_lines
     from hpcrl.submit.status_view import NOT_SUBMITTED, resolved_recipe

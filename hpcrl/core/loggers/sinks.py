@@ -24,7 +24,7 @@ class MetricLogger(Protocol):
     def close(self) -> None: ...
 
     def where(self) -> dict[str, Any]:
-        """Where it writes (``hpcrl.core.loggers.destinations``)."""
+        """Where it writes (``hpcrl.run.logger_destinations``)."""
         ...
 
 
@@ -108,7 +108,7 @@ def build_loggers(cfg: LoggerCfg, run_dir: Path, run_name: str | None = None) ->
 
 def announce_destinations(run_dir: Path, entries: list[dict[str, Any]]) -> None:
     """One line per logger in the driver's log, and ``loggers.json`` for status and report."""
-    from hpcrl.core.loggers.destinations import describe, write_destinations
+    from hpcrl.run.logger_destinations import describe, write_destinations
 
     for entry in entries:
         print(f"logger: {describe(entry)}", flush=True)
