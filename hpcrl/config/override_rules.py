@@ -14,8 +14,8 @@ import attrs
 
 from hpcrl.config.converter import did_you_mean, try_structure, unstructure
 from hpcrl.config.errors import Problem
-from hpcrl.config.loader import deep_merge
 from hpcrl.config.megatron_rules import MEGATRON, megatron_enabled
+from hpcrl.config.merged_yaml import deep_merge
 from hpcrl.config.recipe import MegatronCfg, Recipe
 
 TEACHER_REJECTED_KEYS = ("manual_gc", "manual_gc_interval")
