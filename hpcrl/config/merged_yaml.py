@@ -33,13 +33,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.config import aliases
-from hpcrl.config.converter import (
-    PathParts,
-    StructureIssue,
-    format_path,
-    try_structure,
-    value_at,
-)
+from hpcrl.config.converter import PathParts, StructureIssue, format_path, try_structure, value_at
 from hpcrl.config.data_paths import absolutize_data_files
 from hpcrl.config.deep_merge import deep_merge
 from hpcrl.config.errors import Problem
