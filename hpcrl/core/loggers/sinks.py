@@ -14,10 +14,6 @@ if TYPE_CHECKING:
 GROUPS = (("val_", "validation"), ("time_", "timing"), ("peak_", "memory"), ("gpu", "gpu"))
 
 
-class LoggerError(RuntimeError):
-    """A logger the recipe switches on cannot start (the message names the key and the fix)."""
-
-
 class MetricLogger(Protocol):
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
 
@@ -113,10 +109,3 @@ def announce_destinations(run_dir: Path, entries: list[dict[str, Any]]) -> None:
     for entry in entries:
         print(f"logger: {describe(entry)}", flush=True)
     write_destinations(run_dir, entries)
-
-
-def missing_package(key: str, package: str, error: ImportError) -> LoggerError:
-    return LoggerError(
-        f"logger.{key} is true but {package} cannot be imported in the job's Python ({error}); "
-        f"install it there (pip install 'hpcrl[loggers]' or {package}) or set logger.{key}=false"
-    )
