@@ -227,7 +227,7 @@ def _make_step_fn(
 ) -> Callable[[int], dict]:
     if recipe.grpo is not None and recipe.grpo.async_grpo.enabled:
         # The config rules guarantee vLLM on generation workers of their own.
-        from hpcrl.core.generation.vllm_async import make_async_grpo_step_fn
+        from hpcrl.core.algorithms.async_grpo import make_async_grpo_step_fn
 
         return make_async_grpo_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
     if recipe.algorithm == "grpo":
