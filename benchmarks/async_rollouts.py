@@ -65,9 +65,9 @@ def run(model_path: str, args: argparse.Namespace, asynchronous: bool) -> list[d
     from hpcrl.core.data.jsonl import EpochSampler, load_jsonl
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.environments.build import build_environment
-    from hpcrl.core.generation.vllm_policy import wrap_policy
     from hpcrl.core.workers.group import GroupLayout
     from hpcrl.core.workers.ray_policy import RayPolicy
+    from hpcrl.core.workers.vllm_policy import wrap_policy
     from hpcrl.plan.planner import plan
 
     loaded = load_recipe(RECIPE, overrides(model_path, args, asynchronous))

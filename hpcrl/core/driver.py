@@ -295,7 +295,7 @@ def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id
     generation = recipe.policy.generation
     if recipe.algorithm != "grpo" or generation.backend != "vllm" or generation.colocated.enabled:
         return training
-    from hpcrl.core.generation.vllm_policy import wrap_policy
+    from hpcrl.core.workers.vllm_policy import wrap_policy
 
     return wrap_policy(training, recipe, model_path, layout.device, jobspec.generation)
 
