@@ -14,7 +14,7 @@ Two shapes fit a profile of ``S`` GPUs per node:
   resources.gpus_per_node)`` GPUs (``hpcrl.plan.layout.requested_slots_per_node``).
 
 The job records the choice (``JobSpec.generation``) and the driver places the engines on
-exactly those nodes (``hpcrl.core.generation.vllm_workers``). Colocated engines (sharing the
+exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
 training GPUs) are only checked: ``check_colocated_engines``.
 """
 
@@ -205,7 +205,7 @@ def engine_tiling_problem(
     GPUs per node, None when they do. An engine's GPUs are those of one node, so an engine
     bigger than ``node_gpus`` (what ``nodes`` offers per node) gets only engine sizes that
     fit as its fix. Plan time only: the job lays engines out from ``JobSpec.generation``
-    (``hpcrl.core.generation.vllm_workers.generation_layout``) and checks nothing again."""
+    (``hpcrl.core.workers.vllm_workers.generation_layout``) and checks nothing again."""
     tp, pp = vllm.tensor_parallel_size, vllm.pipeline_parallel_size
     per_engine = tp * pp
     if per_engine < 1 or per_node % per_engine == 0:
