@@ -16,7 +16,7 @@ from hpcrl.run.causes import AttemptCause, read_causes, slurm_node_failure
 from hpcrl.run.job_record import JobRecord
 
 if TYPE_CHECKING:
-    from hpcrl.submit.job_state import JobStatus
+    from hpcrl.submit.job_status import JobStatus
 
 #: What Python prints when the task's interpreter lacks a module: before hpcrl's own code
 #: runs (e.g. ``code: installed`` with an image that has no submitit), no marker can say it.

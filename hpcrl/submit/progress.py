@@ -21,7 +21,7 @@ from typing import Any
 from hpcrl.run.job_record import JobRecord
 from hpcrl.run.metrics_file import finite_number, read_metrics_file
 from hpcrl.submit.job_identity import record_time
-from hpcrl.submit.job_state import JobStatus
+from hpcrl.submit.job_status import JobStatus
 
 #: The training driver's phase marker (hpcrl.core.phase writes it).
 PHASE_MARKER = "phase"

@@ -24,7 +24,8 @@ from hpcrl.config.errors import UserError
 from hpcrl.run.job_record import JobRecord, read_job_record
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.submit.hints import command
-from hpcrl.submit.job_state import JobStatus, query_status, results_written
+from hpcrl.submit.job_state import query_status, results_written
+from hpcrl.submit.job_status import JobStatus
 
 RESUMABLE_STATES = frozenset(
     {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",

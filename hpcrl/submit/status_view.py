@@ -25,7 +25,8 @@ from hpcrl.run.job_record import (
 from hpcrl.run.metrics_file import finite_number, last_metrics
 from hpcrl.run.sweep_record import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.failure_causes import attempt_causes, failure_account
-from hpcrl.submit.job_state import JobStatus, query_statuses
+from hpcrl.submit.job_state import query_statuses
+from hpcrl.submit.job_status import JobStatus
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 #: States in which a job's named failure (its cause record, a node's report) is worth showing.

@@ -21,7 +21,8 @@ from hpcrl.run.causes import (
     write_cause,
 )
 from hpcrl.run.job_record import JobRecord
-from hpcrl.submit.job_state import JobStatus, failure_cause
+from hpcrl.submit.job_state import failure_cause
+from hpcrl.submit.job_status import JobStatus
 from hpcrl.submit.log_view import attempt_cause_lines
 from hpcrl.submit.logs import fold_state_dumps
 from hpcrl.submit.status_view import status_cause

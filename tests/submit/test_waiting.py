@@ -17,7 +17,7 @@ from hpcrl.run.attempt_banner import attempt_banner
 from hpcrl.run.job_record import JobRecord
 from hpcrl.submit import waiting
 from hpcrl.submit.job_identity import record_time
-from hpcrl.submit.job_state import JobStatus
+from hpcrl.submit.job_status import JobStatus
 from hpcrl.submit.logs import split_attempts
 
 
