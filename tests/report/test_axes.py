@@ -66,9 +66,9 @@ def test_the_title_says_what_each_mark_means() -> None:
 
 
 def test_step_axes_tick_whole_numbers_only() -> None:
-    from hpcrl.report.plots import _pyplot
+    from hpcrl.report.pyplot_agg import agg_pyplot
 
-    pyplot = _pyplot()
+    pyplot = agg_pyplot()
     figure, axes = pyplot.subplots()
     axes.plot([1, 2, 3], [0.5, 0.4, 0.3])
     integer_ticks(axes.xaxis)
@@ -164,7 +164,8 @@ def test_a_sweep_report_marks_its_points_and_writes_every_png(tmp_path: Path, ca
 )  # fmt: skip
 def test_an_integer_swept_axis_gets_integer_ticks(values, ticks) -> None:
     from hpcrl.report.metrics import summarize
-    from hpcrl.report.plots import _pyplot, _sweep_panel
+    from hpcrl.report.plots import _sweep_panel
+    from hpcrl.report.pyplot_agg import agg_pyplot
     from hpcrl.report.summary import Report, ReportRow
 
     axis = swept_axis(values)
@@ -175,7 +176,7 @@ def test_an_integer_swept_axis_gets_integer_ticks(values, ticks) -> None:
         for index, value in enumerate(values)
     )  # fmt: skip
     report = Report(title="t", source_dir=Path("."), swept_keys=("k",), rows=rows)
-    pyplot = _pyplot()
+    pyplot = agg_pyplot()
     figure, panel = pyplot.subplots()
     _sweep_panel(panel, report, axis, "final loss", "final_loss")
     figure.canvas.draw()
