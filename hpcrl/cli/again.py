@@ -121,19 +121,9 @@ def rerun_dir(run_dir: Path) -> tuple[Path, bool]:
         base = run_dir.parent.parent / f"{run_dir.parent.name}-{run_dir.name}-rerun"
     else:
         base = run_dir.parent / f"{run_dir.name}-rerun"
+    from hpcrl.run.folder_lock import next_free_folder
+
     return next_free_folder(base)
-
-
-def next_free_folder(base: Path) -> tuple[Path, bool]:
-    """``base``, else ``base-2``, ``base-3``, ... : the first that holds no submitted job (a
-    folder whose submission failed is used again); and whether it was numbered."""
-    from hpcrl.run.folder_lock import holds_submitted_job
-
-    number, folder = 1, base
-    while holds_submitted_job(folder):
-        number += 1
-        folder = base.with_name(f"{base.name}-{number}")
-    return folder, number > 1
 
 
 def _refuse_sweep(path: Path, is_sweep: bool, command: str) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.cli.prepare import add_recipe_arguments, folder_path
-from hpcrl.cli.status import PIPED_WIDTH, print_sweep_summary
+from hpcrl.cli.status import print_sweep_summary
+from hpcrl.cli.terminal import PIPED_WIDTH
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,7 +118,7 @@ def max_steps(recipe: Recipe) -> int | None:
 def prepare_fresh(prepare_into: Callable[[str | None], Prepared], out: str | None) -> Prepared:
     """Plan the run (``prepare_into(out)``); without -o, a folder already holding a job gets a
     numbered sibling (one whose submission failed is used again)."""
-    from hpcrl.cli.again import next_free_folder
+    from hpcrl.run.folder_lock import next_free_folder
 
     prepared = prepare_into(out)
     if out is not None:

@@ -178,7 +178,7 @@ def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) ->
 
 def run_validate(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, ask_job_python=True)
-    from hpcrl.cli.status import output_width
+    from hpcrl.cli.terminal import output_width
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
     print_warnings(prepared, None)

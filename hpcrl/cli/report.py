@@ -41,7 +41,7 @@ def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from hpcrl.cli.prepare import folder_path
-    from hpcrl.cli.status import PIPED_WIDTH
+    from hpcrl.cli.terminal import PIPED_WIDTH
     from hpcrl.report.comparison import build_comparison, default_out_dir
     from hpcrl.report.plots import save_plots
     from hpcrl.report.summary import build_report, render_table, report_json

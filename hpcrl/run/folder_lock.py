@@ -113,6 +113,16 @@ def holds_submitted_job(folder: Path) -> bool:
     return any(SUBMITTED_JOB_FILE.fullmatch(name) for name in names)
 
 
+def next_free_folder(base: Path) -> tuple[Path, bool]:
+    """``base``, else ``base-2``, ``base-3``, ... : the first that holds no submitted job (a
+    folder whose submission failed is used again); and whether it was numbered."""
+    number, folder = 1, base
+    while holds_submitted_job(folder):
+        number += 1
+        folder = base.with_name(f"{base.name}-{number}")
+    return folder, number > 1
+
+
 def _is_ours(name: str) -> bool:
     return name in RENDER_NAMES or name == LOCK_NAME or TEMP_NAME.fullmatch(name) is not None
 
