@@ -177,7 +177,6 @@ for package in {LOGIN_PACKAGES!r}:
     module = importlib.import_module("hpcrl." + package)
     names.append(module.__name__)
     names += [info.name for info in pkgutil.walk_packages(module.__path__, module.__name__ + ".")]
-names += ["hpcrl.run.atomic_files", "hpcrl.run.causes"]  # shared by both sides, used by the login side
 for name in names:
     importlib.import_module(name)
 print(" ".join(names))
