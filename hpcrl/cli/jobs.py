@@ -336,7 +336,7 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
 def run_logs(args: argparse.Namespace) -> int:
     from hpcrl.config.errors import UserError
     from hpcrl.submit.log_view import LogSelection
-    from hpcrl.submit.run_views import show_logs
+    from hpcrl.submit.run_logs import show_logs
 
     if args.driver and args.node not in (None, 0):
         raise UserError(f"--driver with --node {args.node}: the driver runs on node 0",
@@ -352,7 +352,7 @@ def run_cancel(args: argparse.Namespace) -> int:
     """Every folder given; one that cannot be cancelled is said and the rest still are."""
     from hpcrl.cli.failures import report_failure
     from hpcrl.config.errors import UserError
-    from hpcrl.submit.run_views import cancel_run
+    from hpcrl.submit.cancel import cancel_run
 
     console = _console()
     paths = [folder_path(run) for run in args.runs]

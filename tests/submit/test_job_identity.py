@@ -166,13 +166,13 @@ def test_cancel_sweep_scancels_the_array_only_while_it_is_the_sweeps_own_and_run
 
     from rich.console import Console
 
-    from hpcrl.submit import run_views
+    from hpcrl.submit import cancel
 
     sweep_dir, sacct = _sweep(tmp_path, states, submit)
     cancelled: list[str] = []
-    monkeypatch.setattr(run_views, "cancel_job", lambda rec: cancelled.append(rec.job_id))
+    monkeypatch.setattr(cancel, "cancel_job", lambda rec: cancelled.append(rec.job_id))
     console = Console(file=io.StringIO(), width=500)
     watcher = job_state.SacctWatcher(run=sacct)
-    assert run_views.cancel_run(sweep_dir, console, watcher) == 0
+    assert cancel.cancel_run(sweep_dir, console, watcher) == 0
     assert console.file.getvalue() == said.format(sweep=sweep_dir) + "\n"  # one line
     assert cancelled == (["41"] if said.startswith("Cancelled") else [])
