@@ -16,7 +16,7 @@ from hpcrl.config.recipe import (  # noqa: E402
     GenerationResourcesCfg,
     VllmCfg,
 )
-from hpcrl.core.generation import vllm_workers  # noqa: E402
+from hpcrl.core.workers import vllm_workers  # noqa: E402
 from hpcrl.plan.planner import plan  # noqa: E402
 from hpcrl.run.jobspec_file import read_jobspec, write_jobspec  # noqa: E402
 from tests.plan.planning_inputs import automodel_recipe, pyxis_profile, with_policy  # noqa: E402
