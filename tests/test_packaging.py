@@ -169,7 +169,7 @@ def test_render_imports_no_training_stack(tmp_path):
     assert not heavy, f"hpcrl render imported {heavy}"
 
 
-LOGIN_PACKAGES = ("config", "plan", "render", "submit", "report", "cli")
+LOGIN_PACKAGES = ("config", "run", "plan", "render", "submit", "report", "cli")
 IMPORT_EVERY_LOGIN_MODULE = f"""
 import importlib, pkgutil, sys
 names = []
@@ -177,7 +177,6 @@ for package in {LOGIN_PACKAGES!r}:
     module = importlib.import_module("hpcrl." + package)
     names.append(module.__name__)
     names += [info.name for info in pkgutil.walk_packages(module.__path__, module.__name__ + ".")]
-names += ["hpcrl.files", "hpcrl.polling", "hpcrl.causes"]  # shared by both sides, used by the login side
 for name in names:
     importlib.import_module(name)
 print(" ".join(names))

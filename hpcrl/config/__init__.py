@@ -17,7 +17,7 @@ from hpcrl.config.errors import (
     print_problems,
     render_problems,
 )
-from hpcrl.config.load import (
+from hpcrl.config.load_and_check import (
     LoadedRecipe,
     load_profile,
     load_profile_with_warnings,

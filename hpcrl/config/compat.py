@@ -111,7 +111,7 @@ def keys_of_configs(paths: Iterable[Path]) -> list[str]:
 
 
 def _merged(path: Path, omegaconf: Any) -> dict[str, Any]:
-    from hpcrl.config.loader import deep_merge
+    from hpcrl.config.deep_merge import deep_merge
 
     data = omegaconf.to_container(omegaconf.load(path), resolve=False)
     bases = data.pop("defaults", None) or []

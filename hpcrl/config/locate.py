@@ -13,8 +13,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import ConfigError, Problem
+from hpcrl.config.suggestions import did_you_mean
 
 PROFILES_ENV_VAR = "HPCRL_CLUSTER_PROFILES"
 YAML_SUFFIXES = (".yaml", ".yml")

@@ -3,13 +3,13 @@
 Called on node 0 by ``hpcrl.job.driver_process`` with Ray already connected (a local Ray is
 started when none is, e.g. ``python -m hpcrl.core.driver RUN_DIR``). It reads
 ``<run_dir>/recipe.resolved.yaml`` and the plan (``<run_dir>/jobspec.json``, the typed
-``JobSpec``; a folder without one, as tests and benchmarks write, is planned with the
-``local`` profile and the log says so), builds the policy's worker group as planned (device,
+``JobSpec``: a folder without one is refused, since the job side never plans; ``hpcrl render``
+writes one), builds the policy's worker group as planned (device,
 nodes, Megatron checkpoint dir, generation placement), resumes from the newest checkpoint in
 the checkpoint folder if there is one, and runs GRPO or SFT, writing one line per step to
 ``<run_dir>/metrics.jsonl`` and one progress line to stdout.
 
-Exit codes: 0 done; 2 the plan cannot be used (a bad jobspec.json, one for another recipe,
+Exit codes: 0 done; 2 the plan cannot be used (a missing or bad jobspec.json, one for another recipe,
 or a GPU plan where CUDA is not usable: one line on stderr says which and the fix); 3
 preempted (``<run_dir>/PREEMPT`` appeared or SIGUSR2 arrived: a checkpoint was saved at the
 step boundary and the job should be requeued).
@@ -29,27 +29,18 @@ from hpcrl.config.checkpoint_metrics import record_key
 from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
 from hpcrl.config.node_split import node_split
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.loop import (
-    PREEMPTED_EXIT_CODE,
-    CheckpointStore,
-    PreemptionWatch,
-    checkpoint_folder,
-    complete_checkpoints,
-)
+from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
-from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
+from hpcrl.core.metrics import HostMemoryTracker, format_progress
 from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import (
-    JOBSPEC_FILE,
-    JobSpecError,
-    JobSpecMissing,
-    plan_with_local_profile,
-    read_jobspec,
-)
+from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import JOBSPEC_FILE, JobSpecError, read_jobspec
+from hpcrl.run.markers import PREEMPTED_EXIT_CODE
+from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
 RESOLVED_RECIPE = "recipe.resolved.yaml"
 PLAN_ERROR_EXIT_CODE = 2
@@ -93,19 +84,9 @@ def _ensure_ray() -> bool:
 
 
 def job_plan(run_dir: Path, recipe: Recipe) -> JobSpec:
-    """The run folder's ``JobSpec``; a folder without jobspec.json is planned with the
-    ``local`` profile through the real planner, and the log says so."""
-    try:
-        jobspec = read_jobspec(run_dir)
-    except JobSpecMissing:
-        jobspec = plan_with_local_profile(recipe, run_dir)
-        unit = "GPUs" if jobspec.device == "gpu" else "CPU worker slots"
-        print(
-            f"no {JOBSPEC_FILE} in {run_dir}: planned with the {jobspec.profile_name!r} profile "
-            f"({jobspec.num_nodes} node(s) × {jobspec.slots_per_node} {unit}, "
-            f"{jobspec.layout.describe()})",
-            flush=True,
-        )
+    """The run folder's ``JobSpec``, checked against its recipe; ``JobSpecError`` (a
+    ``JobSpecMissing`` naming the fix for a folder without jobspec.json) when unusable."""
+    jobspec = read_jobspec(run_dir)
     check_plan_fits_recipe(jobspec, recipe)
     return jobspec
 
@@ -249,7 +230,7 @@ def _make_step_fn(
 ) -> Callable[[int], dict]:
     if recipe.grpo is not None and recipe.grpo.async_enabled:
         # The config rules guarantee vLLM on generation workers of their own.
-        from hpcrl.core.generation.vllm_async import make_async_grpo_step_fn
+        from hpcrl.core.algorithms.async_grpo import make_async_grpo_step_fn
 
         return make_async_grpo_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
     if recipe.algorithm == "grpo":
@@ -317,7 +298,7 @@ def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id
     generation = recipe.policy.generation
     if recipe.algorithm != "grpo" or generation.backend != "vllm" or generation.colocated.enabled:
         return training
-    from hpcrl.core.generation.vllm_policy import wrap_policy
+    from hpcrl.core.workers.vllm_policy import wrap_policy
 
     return wrap_policy(training, recipe, model_path, layout.device, jobspec.generation)
 
@@ -355,7 +336,7 @@ def run_steps(
 
     The loggers of ``logger.*`` start before the first step (a missing package fails here,
     before any training) and get every record metrics.jsonl gets."""
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    writer = MetricsWriter(run_dir / METRICS_FILE)
     loggers = build_loggers(recipe.logger, run_dir)
     try:
         return _run_logged_steps(

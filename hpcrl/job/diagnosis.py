@@ -1,10 +1,10 @@
-"""Node 0 names why an attempt failed: the record ``status/cause.<r>.json`` (``hpcrl.causes``).
+"""Node 0 names why an attempt failed: the record ``status/cause.<r>.json`` (``hpcrl.run.causes``).
 
 Evidence, strongest first: another node's own report (``status/node<k>.failed``: its Ray
 exited, so the node is lost for this attempt); the driver's report of what it raised
 (``status/driver.error``, written by ``hpcrl.job.driver_process``: a worker rank that
 raised or died, or the driver's own exception); how the driver process ended (killed by a
-signal, or an exit code). Only a lost node is worth another attempt (``hpcrl.causes``).
+signal, or an exit code). Only a lost node is worth another attempt (``hpcrl.run.causes``).
 Nothing here imports Ray: node 0's entrypoint runs it after its driver has exited.
 """
 
@@ -13,7 +13,9 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from hpcrl.causes import (
+from hpcrl.job.errors import BootstrapError
+from hpcrl.job.settings import NodeSettings
+from hpcrl.run.causes import (
     DRIVER_EXITED,
     DRIVER_KILLED,
     DRIVER_RAISED,
@@ -24,10 +26,8 @@ from hpcrl.causes import (
     exit_code_of,
     last_step,
 )
-from hpcrl.job.errors import BootstrapError
-from hpcrl.job.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
-from hpcrl.job.settings import NodeSettings
-from hpcrl.polling import wait_until
+from hpcrl.run.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
+from hpcrl.run.polling import wait_until
 
 #: A node's own report may land a moment after the driver saw the failure it caused.
 LATE_REPORT_S = 5.0

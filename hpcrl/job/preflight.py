@@ -30,11 +30,11 @@ import attrs
 
 import hpcrl
 from hpcrl.job.errors import PreflightFailed
-from hpcrl.job.markers import failed_marker_name, node_log_dir, write_marker
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
-from hpcrl.job.versions import in_range
-from hpcrl.plan.jobspec import RAY_TOKEN_AUTH_SPEC, JobCode, PackageRequirement
-from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.jobspec import RAY_TOKEN_AUTH_SPEC, JobCode, PackageRequirement
+from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.markers import failed_marker_name, node_log_dir, write_marker
+from hpcrl.run.versions import in_range
 
 BUNDLE_VARIABLE = "HPCRL_CODE_BUNDLE"  # set by the bundle's entry script
 #: Where Ray keeps its token authentication (Ray 2.60; absent from 2.49): the evidence for a Ray

@@ -1,7 +1,7 @@
 """``NodeSettings``: everything one node's bootstrap needs, read in one place.
 
 Sources, later ones win: built-in defaults < the planner's typed ``JobSpec`` (read from
-``<run_dir>/jobspec.json`` by ``hpcrl.plan.jobspec_file.read_jobspec``: node count, Ray
+``<run_dir>/jobspec.json`` by ``hpcrl.run.jobspec_file.read_jobspec``: node count, Ray
 ports, requeues, GPUs or CPUs per node, ``ray_auth``) < ``HPCRL_*`` environment variables
 (tests set them per simulated node; a site may set them in the profile's env). A job without a usable
 jobspec.json stops here with the file and the fix. Slurm's own variables give the node's
@@ -23,8 +23,8 @@ from hpcrl.config.port_bands import BAND_VARIABLE, NUM_BANDS, job_key, job_ports
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
 
 DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
 RAY_AUTH_MODES = ("token", "none")  # the profile's ray_auth (JobSpec.ray_auth)

@@ -15,7 +15,7 @@ import attrs
 from hpcrl.job.errors import NodeSettingsError
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
-#: Set by the task (``hpcrl.submit.node_task.NodeTask``) from its submission: how many
+#: Set by the task (``hpcrl.job.node_task.NodeTask``) from its submission: how many
 #: attempts the run's earlier jobs made (``hpcrl resume`` submits a new job into the folder).
 ATTEMPT_OFFSET_VARIABLE = "HPCRL_ATTEMPT_OFFSET"
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import attrs
 
 import hpcrl
-from hpcrl.plan.jobspec import BUNDLE_ENTRY
+from hpcrl.run.jobspec import BUNDLE_ENTRY
 
 #: The job side's pure-Python dependencies: what hpcrl.job and hpcrl.core import (directly
 #: or through hpcrl.config) beside the image's packages. tests/plan/test_bundle.py imports the

@@ -15,7 +15,7 @@ import json
 import subprocess
 
 from hpcrl.config.errors import Problem
-from hpcrl.plan.jobspec import RAY_TOKEN_AUTH_SPEC, JobSpec, PackageRequirement
+from hpcrl.run.jobspec import RAY_TOKEN_AUTH_SPEC, JobSpec, PackageRequirement
 
 PROBE_TIMEOUT_S = 30
 #: Run by the job's Python: {distribution or module: version, "" (no metadata), or null}.
@@ -67,7 +67,7 @@ def check_job_python(spec: JobSpec) -> list[Problem]:
     """An error per package the job's Python lacks or has out of range (local profiles)."""
     if not checkable(spec) or not spec.code.requirements:
         return []
-    from hpcrl.job.versions import in_range  # the preflight's own comparison (pure Python)
+    from hpcrl.run.versions import in_range  # the preflight's own comparison (pure Python)
 
     python = " ".join(spec.code.python)
     found = probe_versions(spec.code.python, spec.code.requirements)
@@ -95,7 +95,7 @@ def check_job_python(spec: JobSpec) -> list[Problem]:
 def _token_auth_problems(spec: JobSpec, ray_version: str | None, python: str) -> list[Problem]:
     """The preflight's token-auth refusal, said before the job runs: a Ray older than 2.52
     with ``ray_auth: token`` (a Ray without metadata is left to the preflight's file check)."""
-    from hpcrl.job.versions import in_range
+    from hpcrl.run.versions import in_range
 
     needs = spec.ray_auth_needs
     if needs is None or not ray_version or in_range(ray_version, RAY_TOKEN_AUTH_SPEC):

@@ -23,16 +23,16 @@ from hpcrl.plan.code import plan_code
 from hpcrl.plan.data_files import check_data_files
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.gpus import resolve_local_gpus
-from hpcrl.plan.jobspec import (
+from hpcrl.plan.layout import profile_path
+from hpcrl.plan.placeholders import check_placeholders
+from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
+from hpcrl.run.jobspec import (
     SUBMITIT_TASK_TAIL,
     ContainerSpec,
     GenerationPlacement,
     JobSpec,
     ParallelLayout,
 )
-from hpcrl.plan.layout import profile_path
-from hpcrl.plan.placeholders import check_placeholders
-from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -1,5 +1,5 @@
 """The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, the plan
-the job reads (``jobspec.json``, see ``hpcrl.plan.jobspec_file``) and a manifest.
+the job reads (``jobspec.json``, see ``hpcrl.run.jobspec_file``) and a manifest.
 
 Only the manifest records when and where it was written; the script stays deterministic.
 """
@@ -20,12 +20,13 @@ import attrs
 import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.files import holds_submitted_job, replace_symlink, unusable_folder, write_file
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
-from hpcrl.render.ray_token import write_job_token
 from hpcrl.render.script import render_sbatch
+from hpcrl.run.atomic_files import replace_symlink, write_file
+from hpcrl.run.folder_lock import holds_submitted_job, unusable_folder
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import jobspec_as_dict, write_jobspec
+from hpcrl.run.ray_token import write_job_token
 
 SCRIPT_NAME = "job.sbatch"
 RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"
@@ -88,11 +89,11 @@ def write_run_folder(
     provenance: Mapping[str, str] | None = None,
 ) -> RunFolder:
     """Write ``job.sbatch`` (executable), ``recipe.resolved.yaml``, ``jobspec.json`` and
-    ``manifest.json`` to ``spec.run_dir`` (modes as the umask allows: ``hpcrl.files``), the
+    ``manifest.json`` to ``spec.run_dir`` (modes as the umask allows: ``hpcrl.run.atomic_files``), the
     code bundle the script runs unless it exists already, and the job's Ray token
     (``auth/ray_token``, 0600) unless the folder has one.
 
-    The caller holds ``hpcrl.files.run_folder_lock`` of the folder (or of a sweep folder
+    The caller holds ``hpcrl.run.folder_lock.run_folder_lock`` of the folder (or of a sweep folder
     above it). Refuses a folder that already holds a submitted job: its script is the record
     of what ran.
     """

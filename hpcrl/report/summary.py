@@ -9,8 +9,9 @@ import attrs
 from rich.table import Table
 
 from hpcrl.config.errors import UserError
-from hpcrl.report.metrics import RunSummary, ignored_values, read_metrics_file, summarize
-from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
+from hpcrl.report.metrics import RunSummary, ignored_values, summarize
+from hpcrl.run.metrics_file import read_metrics_file
+from hpcrl.run.sweep_record import is_sweep_dir, read_sweep_record
 
 
 class ReportError(UserError):

@@ -16,16 +16,17 @@ from typing import Any
 
 import attrs
 
-from hpcrl.report.metrics import finite_number, last_metrics
-from hpcrl.submit.failure_causes import attempt_causes, failure_account
-from hpcrl.submit.job_record import (
+from hpcrl.run.job_record import (
     JobRecord,
     RunFolderError,
     read_job_record,
     read_submit_failure,
 )
-from hpcrl.submit.job_state import JobStatus, query_statuses
-from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
+from hpcrl.run.metrics_file import finite_number, last_metrics
+from hpcrl.run.sweep_record import SweepError, is_sweep_dir, read_sweep_record
+from hpcrl.submit.failure_causes import attempt_causes, failure_account
+from hpcrl.submit.job_state import query_statuses
+from hpcrl.submit.job_status import JobStatus
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 #: States in which a job's named failure (its cause record, a node's report) is worth showing.
@@ -209,7 +210,7 @@ def status_cause(
 ) -> str | None:
     """The cause cell: why a failed job failed (its newest attempt, ``failure_account``); for a
     job that goes on or completed after a requeue, why its previous attempt ended
-    (``hpcrl.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
+    (``hpcrl.run.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
     ``attempt_offset``: attempts of the run's jobs before ``hpcrl resume`` (attempts are
     counted through the run); a STALE record has no cause of its own (its problem line).
     With ``record``, an attempt Slurm ended NODE_FAIL is named before any node wrote why."""

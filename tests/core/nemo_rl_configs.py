@@ -25,7 +25,7 @@ def snapshot_dir(release: str) -> Path:
 
 def nemo_rl_config(release: str, relative: str) -> dict[str, Any]:
     """The resolved dict of ``examples/configs/<relative>`` of that release."""
-    from hpcrl.config.loader import load_merged
+    from hpcrl.config.merged_yaml import load_merged
     from hpcrl.config.recipe import Recipe
 
     path = snapshot_dir(release) / "examples" / "configs" / relative

@@ -13,8 +13,8 @@ from tests.require import require_module
 require_module("ray")
 
 from hpcrl.config.checkpoint_metrics import RECORDED  # noqa: E402
-from hpcrl.core.algorithms.loop import complete_checkpoints  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
+from hpcrl.run.checkpoints import complete_checkpoints  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 

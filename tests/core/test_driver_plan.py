@@ -1,7 +1,7 @@
 """The driver takes every planned decision from the run folder's typed ``JobSpec``: device,
 training nodes and ranks per node, the Megatron checkpoint dir, the generation split. A folder
-without jobspec.json is planned with the ``local`` profile (and the log says so); a bad one
-stops ``python -m hpcrl.core.driver`` with the file and the fix, not a traceback. No Ray:
+without jobspec.json or with a bad one stops ``python -m hpcrl.core.driver`` with the file and
+the fix, not a traceback: the job side never plans. No Ray:
 everything here happens before the workers start. The GPU check is injected (a function),
 so a plan can disagree with what this machine has."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from hpcrl.config import load_recipe
 from hpcrl.core import driver
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE, write_jobspec
 from hpcrl.plan.planner import plan
+from hpcrl.run.jobspec_file import JOBSPEC_FILE, write_jobspec
 from tests.core._driver_harness import write_local_plan, write_run_dir
 from tests.plan.planning_inputs import (
     isolate_from_user_profiles,
@@ -78,20 +78,18 @@ def _recipe(run_dir):
     return load_recipe(run_dir / driver.RESOLVED_RECIPE).recipe
 
 
-def test_a_folder_without_a_plan_is_planned_with_the_local_profile(tmp_path, capsys):
+def test_the_driver_command_refuses_a_folder_without_a_plan(tmp_path, capsys):
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
-    spec = driver.job_plan(run_dir, _recipe(run_dir))
-    assert (spec.profile_name, spec.device, spec.num_nodes, spec.slots_per_node) == (
-        "local", "cpu", 1, 2,
-    )  # fmt: skip
-    assert capsys.readouterr().out == (
-        f"no {JOBSPEC_FILE} in {run_dir}: planned with the 'local' profile (1 node(s) × 2 CPU "
-        f"worker slots, {spec.layout.describe()})\n"
+    (run_dir / JOBSPEC_FILE).unlink()
+    assert driver.main([str(run_dir)]) == driver.PLAN_ERROR_EXIT_CODE == 2
+    assert capsys.readouterr().err == (
+        f"hpcrl: {run_dir / JOBSPEC_FILE} does not exist, so this job has no plan: the run "
+        "folder was not written by `hpcrl render`/`hpcrl submit`, or the file was removed. "
+        "Fix: submit the recipe again with this hpcrl (hpcrl submit RECIPE --cluster PROFILE)\n"
     )
-    assert not (run_dir / JOBSPEC_FILE).exists()
 
 
-def test_the_written_plan_wins_over_the_local_profile(tmp_path, capsys):
+def test_the_driver_takes_the_written_plan(tmp_path, capsys):
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
     written = write_local_plan(run_dir, "slurm.max_requeues=5")
     assert driver.job_plan(run_dir, _recipe(run_dir)) == written

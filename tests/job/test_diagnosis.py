@@ -10,14 +10,14 @@ import time
 import attrs
 import pytest
 
-from hpcrl.causes import read_cause
 from hpcrl.core.workers.failures import WorkerFailed
 from hpcrl.job.diagnosis import describe_driver_error, diagnose, killed_by
 from hpcrl.job.errors import RayExited
-from hpcrl.job.markers import DRIVER_ERROR, RAY_READY, failed_marker_name, write_marker
 from hpcrl.job.node import _record_failure, report_failure
 from hpcrl.job.ray_cluster import ray_exit_detail
 from hpcrl.job.settings import read_node_settings
+from hpcrl.run.causes import read_cause
+from hpcrl.run.markers import DRIVER_ERROR, RAY_READY, failed_marker_name, write_marker
 from tests.job.plans import write_node_plan
 
 DRIVER_LOG = "logs/node0/attempt0/driver.log"

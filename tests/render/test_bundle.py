@@ -14,9 +14,9 @@ import pytest
 
 from hpcrl.job import bundle_entry
 from hpcrl.plan.bundle import BASE_PACKAGES, _digest, collect_bundle, normalized
-from hpcrl.plan.jobspec import CodeBundle
 from hpcrl.render import bundle_writer
 from hpcrl.render.bundle_writer import MANIFEST_NAME, BundleChanged, write_bundle
+from hpcrl.run.jobspec import CodeBundle
 from tests.standin_image import build_image, image_environment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_entry_refuses_an_old_python_and_bad_usage(monkeypatch, capsys):
 PROBE = """
 import importlib, json, os, pkgutil, sys
 failed, names = {}, []
-for package in ("hpcrl.job", "hpcrl.core", "hpcrl.config", "hpcrl.submit.node_task"):
+for package in ("hpcrl.job", "hpcrl.core", "hpcrl.config", "hpcrl.run"):
     module = importlib.import_module(package)
     names.append(package)
     if hasattr(module, "__path__"):

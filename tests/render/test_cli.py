@@ -27,7 +27,7 @@ def test_render_writes_the_run_folder_and_says_how_to_submit(tmp_path, capsys):
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("grpo-tiny-1n-cpu-local-")
     assert sorted(path.name for path in run_dir.iterdir()) == [
-        ".hpcrl.lock",  # the run folder's lock (hpcrl.files.run_folder_lock)
+        ".hpcrl.lock",  # the run folder's lock (hpcrl.run.folder_lock.run_folder_lock)
         "auth",  # the job's Ray token (tests/render/test_ray_auth_render.py)
         "job.sbatch",
         "jobspec.json",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.job_record import read_job_record
 from tests.submit.jobs_harness import (
     RECIPES,
     hpcrl,

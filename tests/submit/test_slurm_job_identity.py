@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from hpcrl.submit.job_record import JobRecord, write_job_record
+from hpcrl.run.job_record import JobRecord, write_job_record
 from hpcrl.submit.job_state import query_status
 from hpcrl.submit.submission import slurm_cluster_name
 from tests.slurm.harness import run_slurm, wait_sacct_states

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
 from hpcrl.submit.pending_reasons import parse_reasons, squeue_command
 from hpcrl.submit.status_view import parse_age
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.submit.sweep import build_points
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 #: job id -> (sacct State, ExitCode, ElapsedRaw); squeue knows the pending ones' reasons.

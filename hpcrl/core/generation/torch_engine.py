@@ -175,7 +175,7 @@ class TorchEngine:
         ``stop_token_ids`` None: the config's EOS ids plus ``cfg.stop_token_ids``."""
         import torch
 
-        from hpcrl.core.generation.torch_sampler import assemble_right_padded, pad_prompts
+        from hpcrl.core.generation.padding import assemble_right_padded, pad_prompts
 
         if self.weights_version < 0:
             raise RuntimeError("TorchEngine.generate before update_weights: no weights loaded")

@@ -19,8 +19,10 @@ from typing import Any
 
 import attrs
 
+from hpcrl.run.metrics_file import METRICS_FILE
+
 STATUS_DIR = "status"
-METRICS_FILE = "metrics.jsonl"  # hpcrl.report.metrics.METRICS_FILE (the driver writes it)
+
 #: How a driver killed by a signal ends, as a shell reports it (and Slurm's 0:9 becomes).
 SIGNAL_EXIT_BASE = 128
 _METRICS_TAIL_BYTES = 65536
@@ -41,7 +43,7 @@ RETRYABLE_KINDS = frozenset({NODE_LOST, NODE_FAIL})
 #: What srun prints into the batch step's stderr (task 0's ``submitit/<job>_0_log.err``) when
 #: slurmctld declares a node of the step DOWN.
 _SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)", re.MULTILINE)
-#: ``hpcrl.submit.node_task.attempt_banner``: where each attempt starts in a task's log.
+#: ``hpcrl.run.attempt_banner``: where each attempt starts in a task's log.
 _ATTEMPT_BANNER = re.compile(r"^===== hpcrl attempt (\d+) · ", re.MULTILINE)
 #: The first line of ``logs/node<k>/attempt<r>/node.log`` (``hpcrl.job.node.run_node``).
 _NODE_LOG_PLACE = re.compile(r" node (\d+) of \d+ \((\S+?), ")
@@ -101,7 +103,7 @@ def write_cause(run_dir: Path, cause: AttemptCause) -> Path:
     """Write the record atomically; secret values in the text are hidden first (an exception
     message may quote an environment variable)."""
     from hpcrl.config.secrets import redact
-    from hpcrl.files import write_file
+    from hpcrl.run.atomic_files import write_file
 
     path = cause_path(run_dir, cause.attempt)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import attrs
 
 from hpcrl.config.errors import UserError
-from hpcrl.files import write_file
+from hpcrl.run.atomic_files import write_file
 
 JOB_RECORD_NAME = "job.json"
 JOB_RECORD_SCHEMA = 1

@@ -11,7 +11,7 @@ after a requeue the folder still holds the previous attempt's markers, and reade
 - ``status/node<k>.failed``: node k's failure (``message``; ``detail`` and ``log`` when known).
 - ``status/driver.error``: node 0's driver raised (``error_type``, ``message``; ``rank``,
   ``node_ip``, ``died``, ``method``, ``role`` when a worker failed: hpcrl.job.diagnosis).
-- ``status/cause.<r>.json``: why attempt r ended early, in one line (``hpcrl.causes``).
+- ``status/cause.<r>.json``: why attempt r ended early, in one line (``hpcrl.run.causes``).
 - ``PREEMPT`` (run folder root): asks the training driver to checkpoint and exit with code 3.
 - ``logs/node<k>/attempt<r>/``: ``node.log`` (this entrypoint), ``ray.out``/``ray.err``,
   ``driver.log`` (node 0).

@@ -17,19 +17,19 @@ from hpcrl.config import aliases
 from hpcrl.config.converter import format_path, unstructure
 from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
 from hpcrl.config.foreign_keys import filter_foreign_keys, find_foreign_key
-from hpcrl.config.loader import (
+from hpcrl.config.locate import (
+    find_profile,
+    find_recipe,
+    profile_search_path,
+    shipped_recipes_dir,
+)
+from hpcrl.config.merged_yaml import (
     BaseSearch,
     MergedConfig,
     SecretRead,
     load_merged,
     name_interpolation_sources,
     structure_leniently,
-)
-from hpcrl.config.locate import (
-    find_profile,
-    find_recipe,
-    profile_search_path,
-    shipped_recipes_dir,
 )
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.profile_rules import check_profile

@@ -1,70 +1,20 @@
-"""What ``hpcrl logs`` and ``cancel`` do, from run folders alone (status: status_view)."""
+"""What ``hpcrl cancel`` does, from run folders alone: a run's job, or a sweep's array and
+every point's own job."""
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
 import attrs
 from rich.console import Console
 
-from hpcrl.config.errors import UserError
-from hpcrl.submit.job_record import JobRecord, read_job_record
+from hpcrl.run.job_record import JobRecord, read_job_record
+from hpcrl.run.sweep_record import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.job_state import SacctWatcher, cancel_job, query_statuses
-from hpcrl.submit.log_view import (
-    LoggedRun,
-    LogSelection,
-    check_attempt,
-    follow_logs,
-    no_output_line,
-    print_logs,
-    runs_to_show,
-)
 from hpcrl.submit.shutdown_noise import write_cancel_note
-from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
-from hpcrl.submit.waiting import default_wait_settings, jobs_end_check, why_waiting_ended
 
 
-# --------------------------------------------------------------------------- logs
-def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job: bool) -> int:
-    """``hpcrl logs``: print (or follow) the logs of a run, or of a sweep's points."""
-    runs = runs_to_show(path, point)
-    for run in runs:
-        if selection.node is not None and not 0 <= selection.node < run.record.num_tasks:
-            raise UserError(
-                f"--node {selection.node}: job {run.record.job_id} has nodes "
-                f"0..{run.record.num_tasks - 1}",
-                fix="give one of those, or leave --node out for every node",
-            )
-    check_attempt(runs, selection)
-    if follow_job:
-        return _follow(runs, selection)
-    if not print_logs(runs, selection, sys.stdout):
-        print(no_output_line(runs, selection, path), file=sys.stderr)
-    return 0
-
-
-def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
-    check = jobs_end_check([run.record for run in runs])
-    ended: dict[int, str] = {}
-
-    def is_over() -> bool:
-        for index, state in enumerate(check()):
-            if state is not None:
-                ended.setdefault(index, state)
-        return len(ended) == len(runs)
-
-    follow_logs(runs, selection, is_over, default_wait_settings().poll_s, sys.stdout)
-    for index, run in enumerate(runs):
-        state = ended.get(index, "UNKNOWN")
-        where = f"{run.point}: " if run.point else ""
-        print(f"hpcrl logs: {where}job {run.record.job_id} {why_waiting_ended(state)}",
-              file=sys.stderr)  # fmt: skip
-    return 1 if any(state in ("LOST", "UNREACHABLE") for state in ended.values()) else 0
-
-
-# --------------------------------------------------------------------------- cancel
 def cancel_run(path: Path, console: Console, watcher: SacctWatcher | None = None) -> int:
     """Cancel a run's job; for a sweep folder, the whole array and every point's own job.
     Only a job that is the record's own (id and submit time/cluster) is cancelled."""

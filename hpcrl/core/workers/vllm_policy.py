@@ -19,19 +19,19 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.generation.engine import engine_spec
-from hpcrl.core.generation.vllm_workers import (
+from hpcrl.core.workers.ray_policy import GenerationResult, RayPolicy, join_shards
+from hpcrl.core.workers.vllm_workers import (
     GenerationGroup,
     PendingShards,
     generation_layout,
 )
-from hpcrl.core.workers.ray_policy import GenerationResult, RayPolicy, join_shards
 
 if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.policy import Batch, LossFn, Policy
-    from hpcrl.plan.jobspec import GenerationPlacement
+    from hpcrl.run.jobspec import GenerationPlacement
 
 
 class VllmPolicy:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpcrl.plan.jobspec import JobSpec
+    from hpcrl.run.jobspec import JobSpec
 
 TOKEN_BYTES = 32
 AUTH_DIR_MODE = 0o700

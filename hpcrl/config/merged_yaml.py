@@ -33,14 +33,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.config import aliases
-from hpcrl.config.converter import (
-    PathParts,
-    StructureIssue,
-    format_path,
-    try_structure,
-    value_at,
-)
+from hpcrl.config.converter import PathParts, StructureIssue, format_path, try_structure, value_at
 from hpcrl.config.data_paths import absolutize_data_files
+from hpcrl.config.deep_merge import deep_merge
 from hpcrl.config.errors import Problem
 from hpcrl.config.overrides import apply_overrides
 from hpcrl.config.resolvers import env_reads_recorded, register_resolvers, resolver_names
@@ -50,7 +45,6 @@ if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 DEFAULTS_KEY = "defaults"
-REPLACE_MARKER = "_override_"  # NeMo RL's: this section replaces the bases' one
 DATA_PATH_KEYS = ("train_path", "val_path")
 
 
@@ -229,30 +223,6 @@ def _load_tree(
             inherited = {k: v for k, v in (base_data or {}).items() if k not in search.own_keys}
             merged = deep_merge(merged, inherited)
     return deep_merge(merged, data), problems, spellings
-
-
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """``update`` over ``base``: mappings merge key by key, anything else (lists too) replaces;
-    a mapping holding ``_override_: true`` replaces the base's mapping whole."""
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, dict) and value.get(REPLACE_MARKER) is True:
-            merged[key] = _without_markers(value)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = _without_markers(value)
-    return merged
-
-
-def _without_markers(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {
-            key: _without_markers(item)
-            for key, item in value.items()
-            if not (key == REPLACE_MARKER and isinstance(item, bool))
-        }
-    return value
 
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:

@@ -5,7 +5,8 @@ The driver, once its loggers started, prints one line per logger into its log an
 to ``<run>/loggers.json`` (W&B: online with its run's URL, or offline with its folder and the
 ``wandb sync`` command; TensorBoard: its folder; MLflow: its tracking URI, experiment and run
 id). Before a job has started, the login side says where they will write, from the resolved
-recipe (``planned_destinations``). Pure Python: the login side imports this module.
+recipe (``planned_destinations``). Part of the run-folder contract: the job writes it, the
+login side reads it.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg
-    from hpcrl.plan.jobspec import GenerationPlacement
+    from hpcrl.run.jobspec import GenerationPlacement
 
 ENGINE_ROLE = "generation engine"  # how a failure names one (WorkerFailed)
 

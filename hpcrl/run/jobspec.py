@@ -99,7 +99,7 @@ def _nodes(first: int, count: int) -> str:
     return f"node {first}" if count == 1 else f"nodes {first}-{first + count - 1}"
 
 
-#: The job's Ray token file, relative to the run folder (created by hpcrl.render.ray_token):
+#: The job's Ray token file, relative to the run folder (created by hpcrl.run.ray_token):
 #: read by every node and the driver, written nowhere else.
 AUTH_DIR_NAME = "auth"
 TOKEN_FILE_NAME = "ray_token"

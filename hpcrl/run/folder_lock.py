@@ -1,22 +1,10 @@
-"""Writing run-folder files: the one write primitive of the login-node side, and the run-folder lock.
-
-Every file hpcrl writes into a run folder (``job.sbatch``, ``recipe.resolved.yaml``,
-``manifest.json``, ``jobspec.json``, ``job.json``, ``sweep.json``) goes through
-``write_file``:
-
-- atomically: the text goes to a temporary file beside the target, which then replaces it
-  in one rename, so a reader (``hpcrl status``, a node reading ``jobspec.json``) never sees
-  half a file;
-- through a temporary name that is unique and opened exclusively (``O_CREAT | O_EXCL |
-  O_NOFOLLOW``): two writers never share one, and a symlink planted at a temporary name is
-  never followed (the open fails and another name is drawn); the rename replaces a symlink
-  at the target itself, never what it points to;
-- with the modes the user's umask allows: files are created 0666 (scripts 0777) minus the
-  umask, like ``touch``; hpcrl never widens them with a chmod.
+"""The run-folder lock, and which folders hpcrl may write a run into.
 
 ``run_folder_lock`` serialises the commands that write one run folder (two ``hpcrl render``
-or ``submit`` of the same folder at once). It sits here, not under ``hpcrl/render``, because
-the render and submit stages both write run folders and the job side may as well.
+or ``submit`` of the same folder at once). It sits in the run-folder contract, not under
+``hpcrl/render``, because the render and submit stages both write run folders and the job
+side may as well. ``refuse_foreign_folder`` keeps hpcrl out of folders that hold other files;
+``holds_submitted_job`` tells a folder a job was submitted from.
 """
 
 from __future__ import annotations
@@ -26,16 +14,13 @@ import errno
 import fcntl
 import os
 import re
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
 from hpcrl.config.errors import UserError
-from hpcrl.config.secrets import find_secrets
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE
+from hpcrl.run.atomic_files import FILE_MODE, TEMP_NAME
+from hpcrl.run.jobspec_file import JOBSPEC_FILE
 
-FILE_MODE = 0o666  # before the umask: what `touch` creates
-EXECUTABLE_MODE = 0o777
 LOCK_NAME = ".hpcrl.lock"
 #: Files that make a folder an earlier run (or sweep) folder that may be written again.
 RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
@@ -44,10 +29,8 @@ RUN_FOLDER_MARKS = frozenset({"manifest.json", "sweep.json"})
 RENDER_NAMES = frozenset(
     {"job.sbatch", "recipe.resolved.yaml", JOBSPEC_FILE, "code", "auth", *RUN_FOLDER_MARKS}
 )
-TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # what _open_exclusive_temp draws
 LOCK_TIMEOUT_S = 30.0
 LOCK_POLL_S = 0.1
-_TEMP_ATTEMPTS = 16
 #: Filesystems without flock (some NFS setups) answer with one of these; the folder is then
 #: written unlocked rather than not at all.
 _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -62,84 +45,6 @@ class RunFolderBusy(UserError):
             f"gave up after {waited_s:.0f} s",
             fix="wait for it to finish, or write to another folder with -o/--out",
         )
-
-
-def write_file(path: Path, content: str | bytes, *, executable: bool = False) -> Path:
-    """Replace ``path`` with ``content`` atomically; see the module docstring.
-
-    Text is refused (``SecretInRunFile``) when it holds a secret: the value of one of this
-    shell's secret-shaped variables or a well-known token shape (``hpcrl.config.secrets``).
-    """
-    path = Path(path)
-    if isinstance(content, str):
-        refuse_secrets(path, content)
-    data = content.encode("utf-8") if isinstance(content, str) else content
-    mode = EXECUTABLE_MODE if executable else FILE_MODE
-    temp_path, fd = _open_exclusive_temp(path, mode)
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp_path, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp_path)
-        raise
-    return path
-
-
-class SecretInRunFile(UserError):
-    """Text about to be written to a run file holds a secret."""
-
-
-def refuse_secrets(path: Path, text: str) -> None:
-    found = find_secrets(text)
-    if found:
-        raise SecretInRunFile(
-            f"refusing to write {path}: it would hold {', '.join(found)}; secret values never "
-            "go into run files",
-            fix="remove the value from the recipe, overrides and profile, and list the variable "
-            "under the cluster profile's pass_env (the job gets it from the submitting shell)",
-        )
-
-
-def current_umask() -> int:
-    """The process umask (reading it means setting it; put back at once)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def replace_symlink(path: Path, target: str) -> Path:
-    """Point the symlink ``path`` at ``target`` atomically (a re-render may point it at a
-    newer code bundle), through a unique temporary name like ``write_file``."""
-    path = Path(path)
-    for _ in range(_TEMP_ATTEMPTS):
-        temp_path = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            os.symlink(target, temp_path)
-        except FileExistsError:
-            continue
-        try:
-            os.replace(temp_path, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp_path)
-            raise
-        return path
-    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
-
-
-def _open_exclusive_temp(path: Path, mode: int) -> tuple[Path, int]:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(_TEMP_ATTEMPTS):
-        temp_path = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            return temp_path, os.open(temp_path, flags, mode)
-        except FileExistsError:
-            continue  # taken (or a planted symlink): draw another name
-    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
 
 
 @contextlib.contextmanager
@@ -208,6 +113,16 @@ def holds_submitted_job(folder: Path) -> bool:
     return any(SUBMITTED_JOB_FILE.fullmatch(name) for name in names)
 
 
+def next_free_folder(base: Path) -> tuple[Path, bool]:
+    """``base``, else ``base-2``, ``base-3``, ... : the first that holds no submitted job (a
+    folder whose submission failed is used again); and whether it was numbered."""
+    number, folder = 1, base
+    while holds_submitted_job(folder):
+        number += 1
+        folder = base.with_name(f"{base.name}-{number}")
+    return folder, number > 1
+
+
 def _is_ours(name: str) -> bool:
     return name in RENDER_NAMES or name == LOCK_NAME or TEMP_NAME.fullmatch(name) is not None
 
@@ -230,7 +145,7 @@ def unusable_folder(folder: Path, error: OSError) -> UserError:
 
 def _acquire(fd: int, timeout_s: float, folder: Path, lock_path: Path) -> bool:
     """True when locked, False where the filesystem has no locks; RunFolderBusy on timeout."""
-    from hpcrl.polling import wait_until
+    from hpcrl.run.polling import wait_until
 
     def locked() -> bool:
         try:

@@ -6,16 +6,17 @@ through the run (``attempt_offset``: the attempts of the run's earlier jobs, whe
 resume`` submitted this one into the same folder), and forwards
 submitit's timeout/preemption ``checkpoint`` to the node entrypoint, so the driver can stop
 cleanly before Slurm requeues the job. When the node entrypoint asks for a requeue after a
-failure (a lost node), it requeues the job the way submitit does after a preemption. Imports nothing heavy: the node entrypoint is imported
-only inside the job.
+failure (a lost node), it requeues the job the way submitit does after a preemption.
+
+The one module of the job side the login side imports: ``hpcrl submit`` constructs the
+``NodeTask`` that submitit pickles into the run folder (its module path is part of the
+run-folder contract). So it imports nothing heavy: the node entrypoint is imported only
+inside the job.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
-import re
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,26 +25,7 @@ from submitit.core.utils import DelayedSubmission
 from submitit.helpers import Checkpointable
 
 from hpcrl.job.slurm_env import ATTEMPT_OFFSET_VARIABLE  # light: attrs only
-
-#: ``===== hpcrl attempt 2 · job 41 · node 0 (n1) · 2026-11-29T10:40:00+00:00 =====``
-ATTEMPT_BANNER_RE = re.compile(r"^===== hpcrl attempt (?P<attempt>\d+) · ")
-
-
-def job_id_of(env: dict[str, str]) -> str:
-    """The job's id as hpcrl shows it: ``20_3`` for array task 3 of array 20 (Slurm gives each
-    task an id of its own, e.g. 23, that no hpcrl command shows), else the job id."""
-    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    if array_job and array_task:
-        return f"{array_job}_{array_task}"
-    return env.get("SLURM_JOB_ID") or env.get("SUBMITIT_LOCAL_JOB_ID", "?")
-
-
-def attempt_banner(env: dict[str, str], attempt_offset: int = 0) -> str:
-    attempt = attempt_offset + int(env.get("SLURM_RESTART_COUNT", "0")) + 1
-    job_id = job_id_of(env)
-    node = env.get("SLURM_NODEID", "0")
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    return f"===== hpcrl attempt {attempt} · job {job_id} · node {node} ({socket.gethostname()}) · {now} ====="
+from hpcrl.run.attempt_banner import attempt_banner
 
 
 def _load_entrypoint() -> Any:
@@ -91,7 +73,7 @@ def requeue_after_failure(task: NodeTask, run_dir: str, cause: str) -> None:
 def _requeue_refused(run_dir: str, why: str) -> None:
     import attrs
 
-    from hpcrl.causes import latest_cause, write_cause
+    from hpcrl.run.causes import latest_cause, write_cause
 
     cause = latest_cause(Path(run_dir))
     if cause is not None:

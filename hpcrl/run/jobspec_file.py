@@ -7,12 +7,13 @@ records the hpcrl version that planned it: a missing or unreadable file, one wri
 another hpcrl, or one that does not structure into this hpcrl's ``JobSpec`` raises one
 ``JobSpecError`` that names the file and the fix.
 
-A run folder with no plan at all (the driver run by hand, tests, benchmarks) is planned
-with the ``local`` profile by the real planner (``plan_with_local_profile``), never filled
-in with defaults.
+A run folder with no plan at all is refused (``JobSpecMissing``), never planned here nor
+filled in with defaults: the job side does not import the planner. Whoever runs the driver
+by hand writes the plan first (``hpcrl render``; tests and benchmarks plan through the real
+planner on their side).
 
-Stage boundary: the job side (``hpcrl.job``, ``hpcrl.core``) imports from ``hpcrl.plan``
-only this module and ``hpcrl.plan.jobspec`` (tests/test_stage_boundaries.py).
+Part of the run-folder contract (``hpcrl.run``): the planner writes through it, the job side
+reads through it and never imports ``hpcrl.plan`` (tests/test_stage_boundaries.py).
 """
 
 from __future__ import annotations
@@ -22,16 +23,12 @@ import os
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hpcrl
-from hpcrl.plan.jobspec import JobSpec
-
-if TYPE_CHECKING:
-    from hpcrl.config.recipe import Recipe
+from hpcrl.run.jobspec import JobSpec
 
 JOBSPEC_FILE = "jobspec.json"
-LOCAL_PROFILE = "local"
 
 
 class JobSpecError(RuntimeError):
@@ -54,9 +51,9 @@ def jobspec_as_dict(spec: JobSpec) -> dict[str, Any]:
 
 
 def write_jobspec(spec: JobSpec) -> Path:
-    """Write ``<spec.run_dir>/jobspec.json`` through ``hpcrl.files.write_file``: atomic (a
+    """Write ``<spec.run_dir>/jobspec.json`` through ``hpcrl.run.atomic_files.write_file``: atomic (a
     node never reads half a file), modes from the umask, no secrets."""
-    from hpcrl.files import write_file  # login side only: the job never writes a plan
+    from hpcrl.run.atomic_files import write_file  # login side only: the job never writes a plan
 
     record = {"hpcrl_version": hpcrl.__version__, "jobspec": jobspec_as_dict(spec)}
     return write_file(
@@ -117,28 +114,3 @@ def _resubmit_fix(fields: Any) -> str:
         command = shlex.join(["hpcrl", verb, *argv[2:]])
         return f"submit it again with this hpcrl ({command}), which writes a new run folder"
     return "submit the recipe again with this hpcrl (hpcrl submit RECIPE --cluster PROFILE)"
-
-
-def plan_with_local_profile(recipe: Recipe, run_dir: str | os.PathLike[str]) -> JobSpec:
-    """Plan ``recipe`` for ``run_dir`` with the ``local`` profile (as ``--cluster local``
-    finds it) through the real planner: what a run folder without a plan runs as.
-    ``JobSpecError`` when the recipe does not fit that profile, with the planner's problems."""
-    from hpcrl.config import ConfigError, load_profile
-    from hpcrl.plan.planner import plan
-
-    folder = Path(run_dir).absolute()
-    try:
-        return plan(
-            recipe,
-            load_profile(LOCAL_PROFILE),
-            run_dir=str(folder),
-            recipe_source=str(folder),
-            profile_source=LOCAL_PROFILE,
-        )
-    except ConfigError as error:
-        raise JobSpecError(
-            f"{jobspec_path(folder)} does not exist and the recipe does not plan on the "
-            f"{LOCAL_PROFILE!r} profile:\n{error}\nFix: submit the recipe with `hpcrl submit "
-            "RECIPE --cluster PROFILE` (it writes the plan), or change the recipe to fit "
-            f"--cluster {LOCAL_PROFILE}"
-        ) from None
