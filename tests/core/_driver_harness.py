@@ -13,7 +13,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_run_dir(run_dir: Path, recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+def write_run_dir(
+    run_dir: Path,
+    recipe: str,
+    overrides: list[str] | tuple[str, ...] = (),
+    profile_overrides: tuple[str, ...] = (),
+) -> Path:
+    """The resolved recipe and its plan on the ``local`` profile changed by
+    ``profile_overrides`` (planned at once: a recipe the shipped profile cannot hold, e.g.
+    3 worker slots, needs them here)."""
     import yaml
 
     from hpcrl.config import load_recipe
@@ -21,7 +29,7 @@ def write_run_dir(run_dir: Path, recipe: str, overrides: list[str] | tuple[str, 
     run_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_recipe(REPO_ROOT / "recipes" / recipe, list(overrides))
     (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(loaded.resolved_dict))
-    write_local_plan(run_dir)
+    write_local_plan(run_dir, *profile_overrides)
     return run_dir
 
 
