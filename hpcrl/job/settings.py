@@ -146,11 +146,7 @@ def port_band(environ: Mapping[str, str], task: SlurmTask) -> int:
                 "or unset it to take the band from the job's id"
             )
         return band
-    array_job_id, array_task_id = (
-        environ.get("SLURM_ARRAY_JOB_ID"),
-        environ.get("SLURM_ARRAY_TASK_ID"),
-    )
-    return job_key(task.job_id, array_job_id, array_task_id) % NUM_BANDS
+    return job_key(task.job_id, task.array_job_id, task.array_task_id) % NUM_BANDS
 
 
 def planned_settings(jobspec: JobSpec) -> dict[str, Any]:
