@@ -15,6 +15,9 @@ side, and the shared stages; nothing else):
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -53,10 +56,6 @@ SIDE = dict(STAGES)
 #: The one import across the sides: ``hpcrl submit`` constructs the callable submitit pickles
 #: into the run folder (a light module: the node entrypoint is imported only in the job).
 HAND_OFF = {("hpcrl.submit.submission", "hpcrl.job.node_task")}
-#: Known, and the one left: until the JobSpec carries the typed, resolved Recipe (issue 27,
-#: phase 2) the driver reloads ``recipe.resolved.yaml`` with ``hpcrl.config.load_recipe``.
-#: Nothing may join it; once it is gone, test_the_pending_import_is_still_there says so.
-PENDING = {("hpcrl.core.driver", "hpcrl.config")}
 
 
 def stage_of(module: str) -> str:
@@ -72,7 +71,7 @@ def stage_of(module: str) -> str:
 def crosses_a_boundary(importer: str, imported: str) -> str | None:
     """Why ``importer`` may not import ``imported``; None when it may."""
     low, high = stage_of(imported), stage_of(importer)
-    if (importer, imported) in HAND_OFF | PENDING or low == high:
+    if (importer, imported) in HAND_OFF or low == high:
         return None
     if SIDE[low] != "shared" and SIDE[high] != SIDE[low]:
         return f"{SIDE[high]} side ({high}) -> {SIDE[low]} side ({low})"
@@ -198,23 +197,48 @@ def test_no_import_circle_between_files():
 
 
 def test_the_job_side_imports_neither_the_planner_nor_config_loading():
-    """The job takes every planned decision from the typed JobSpec (hpcrl.run), never
-    re-planning or loading a config file; config schema types and rules are fine."""
+    """The job takes every planned decision, the recipe included, from the typed JobSpec
+    (hpcrl.run), never re-planning or loading a config file; config schema types and rules
+    are fine."""
     found = {
         f"{importer} -> {imported}"
         for importer, imported_modules in import_graph().items()
         if SIDE[stage_of(importer)] == "job"
         for imported in imported_modules
-        if stage_of(imported) in ("plan", "config loading") and (importer, imported) not in PENDING
+        if stage_of(imported) in ("plan", "config loading")
     }
     assert found == set()
 
 
-def test_the_pending_import_is_still_there():
-    graph = import_graph()
-    gone = {(importer, imported) for importer, imported in PENDING
-            if imported not in graph.get(importer, set())}  # fmt: skip
-    assert not gone, f"no longer imported: remove {gone} from PENDING"
+#: What the job side runs: the pickled task, its preflight, the node entrypoint, the driver.
+JOB_ENTRY_MODULES = (
+    "hpcrl.job.node_task",
+    "hpcrl.job.preflight",
+    "hpcrl.job.node",
+    "hpcrl.core.driver",
+    "hpcrl.core.machine_checks",
+)
+
+
+def test_the_job_side_loads_neither_the_planner_nor_config_loading_when_it_runs(tmp_path):
+    """The same at run time, where importing ``hpcrl.config.recipe`` runs the package's
+    ``__init__`` first (its loaders load lazily): the job's entry modules imported and a plan
+    read back leave no module of the planner or of config loading in ``sys.modules``."""
+    from tests.core._driver_harness import write_run_dir
+
+    run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {JOB_ENTRY_MODULES!r}: importlib.import_module(name)\n"
+        "from hpcrl.run.jobspec_file import read_jobspec\n"
+        f"assert read_jobspec({str(run_dir)!r}).recipe.algorithm == 'sft'\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('hpcrl.'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=HPCRL.parent)  # fmt: skip
+    loaded = json.loads(result.stdout)
+    assert "hpcrl.core.driver" in loaded
+    assert [m for m in loaded if stage_of(m) in ("plan", "config loading")] == ["hpcrl.config"]
 
 
 # ---------------------------------------------------------------------- the scan itself

@@ -24,8 +24,7 @@ from typing import Any
 from submitit.core.utils import DelayedSubmission
 from submitit.helpers import Checkpointable
 
-from hpcrl.job.slurm_env import ATTEMPT_OFFSET_VARIABLE  # light: attrs only
-from hpcrl.run.attempt_banner import attempt_banner
+from hpcrl.job.slurm_env import ATTEMPT_OFFSET_VARIABLE, banner_of  # light: attrs only
 
 
 def _load_entrypoint() -> Any:
@@ -140,7 +139,7 @@ class NodeTask(Checkpointable):
         # Everything of the job after this (preflight, node entrypoint, driver) numbers its
         # attempt folders from here.
         os.environ[ATTEMPT_OFFSET_VARIABLE] = str(self._attempt_offset)
-        banner = attempt_banner(dict(os.environ), self._attempt_offset)
+        banner = banner_of(os.environ, self._attempt_offset)
         for stream in (sys.stdout, sys.stderr):
             print(banner, file=stream, flush=True)
         # Before the node entrypoint is even imported (it imports psutil, then Ray): a Python

@@ -27,6 +27,7 @@ from hpcrl.run.jobspec import JobSpec
 from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
 
 DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
+DRIVER_VARIABLE = "HPCRL_DRIVER"
 RAY_AUTH_MODES = ("token", "none")  # the profile's ray_auth (JobSpec.ray_auth)
 # The driver process reads the training group's master port from here (an override too).
 TORCH_MASTER_PORT_VARIABLE = "HPCRL_RAY_TORCH_MASTER_PORT"
@@ -34,7 +35,7 @@ TORCH_MASTER_PORT_VARIABLE = "HPCRL_RAY_TORCH_MASTER_PORT"
 # HPCRL_* variable -> (setting name, type). Ray ports: HPCRL_RAY_<FIELD>, e.g. HPCRL_RAY_GCS_PORT.
 _ENV_SETTINGS: dict[str, tuple[str, type]] = {
     "HPCRL_NUM_NODES": ("num_nodes", int),
-    "HPCRL_DRIVER": ("driver", str),
+    DRIVER_VARIABLE: ("driver", str),
     "HPCRL_MAX_REQUEUES": ("max_requeues", int),
     "HPCRL_NODE_IP": ("node_ip", str),
     "HPCRL_RAY_NUM_CPUS": ("num_cpus", int),
@@ -145,11 +146,7 @@ def port_band(environ: Mapping[str, str], task: SlurmTask) -> int:
                 "or unset it to take the band from the job's id"
             )
         return band
-    array_job_id, array_task_id = (
-        environ.get("SLURM_ARRAY_JOB_ID"),
-        environ.get("SLURM_ARRAY_TASK_ID"),
-    )
-    return job_key(task.job_id, array_job_id, array_task_id) % NUM_BANDS
+    return job_key(task.job_id, task.array_job_id, task.array_task_id) % NUM_BANDS
 
 
 def planned_settings(jobspec: JobSpec) -> dict[str, Any]:

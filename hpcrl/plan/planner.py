@@ -105,6 +105,7 @@ def plan(
         recipe_source=recipe_source,
         algorithm=recipe.algorithm,  # type: ignore[arg-type]
         overrides=tuple(overrides),
+        recipe=recipe,
         written_by=tuple(written_by or render_argv(recipe_source, cluster, overrides)),
         run_dir=run_dir,
         num_nodes=num_nodes,

@@ -1,8 +1,11 @@
 """The plan of one job: everything the templates, the submitter and the node entrypoint need.
 
-A ``JobSpec`` is the only input of rendering. It is explicit on purpose: no field has to be
-recomputed from the recipe or the profile downstream, and nothing here is a raw dict. Every
-collection is a tuple in a fixed order, so two equal plans render byte-identical scripts.
+A ``JobSpec`` is the only input of rendering and the job's only input: it carries the typed,
+validated recipe it was planned from (``JobSpec.recipe``, data paths absolute), so the job
+never loads YAML nor checks a recipe against its plan. It is explicit on purpose: no field
+has to be recomputed from the recipe or the profile downstream, and nothing here is a raw
+dict. Every collection is a tuple in a fixed order, so two equal plans render byte-identical
+scripts.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Literal
 import attrs
 
 from hpcrl.config.profile import RayPortsCfg
+from hpcrl.config.recipe import Recipe
 
 frozen = attrs.frozen(kw_only=True)
 
@@ -224,6 +228,9 @@ class JobSpec:
     recipe_source: str
     algorithm: Literal["grpo", "sft"]
     overrides: tuple[str, ...]
+    # The recipe as planned: validated, overrides applied, data paths absolute. The job reads
+    # it from here (never recipe.resolved.yaml, which is for people, diff and rerun).
+    recipe: Recipe
     # The hpcrl command that wrote this script and reproduces it: `hpcrl render ... [-o DIR]`
     # for a single run (hpcrl submit runs it), `hpcrl sweep ...` for a sweep's scripts,
     # `hpcrl rerun RUN ...` for a rerun.

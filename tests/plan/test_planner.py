@@ -74,7 +74,7 @@ def test_fewer_gpus_per_node_request_only_those_and_warn():
     )
     # Ray starts each node with 2 GPUs and the trainer places 2 workers on each.
     assert planned_settings(spec)["num_gpus"] == 2
-    layout = training_layout(spec, cuda_available=lambda: True)
+    layout = training_layout(spec)
     assert (layout.num_nodes, layout.workers_per_node) == (2, 2)
     warning = warnings_of(spec)["cluster.gpus_per_node"]
     assert (warning.name, warning.message, warning.fix) == (

@@ -12,7 +12,8 @@ import pytest
 from hpcrl.config.errors import UserError
 from hpcrl.job.errors import DriverFailed, PreflightFailed
 from hpcrl.job.node_task import one_line_for_explained_failures
-from hpcrl.run.attempt_banner import attempt_banner, job_id_of
+from hpcrl.job.slurm_env import banner_of as attempt_banner
+from hpcrl.job.slurm_env import shown_job_id as job_id_of
 from hpcrl.run.job_record import JobRecord, write_job_record
 from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
 from hpcrl.submit import log_view

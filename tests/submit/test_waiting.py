@@ -13,7 +13,7 @@ import attrs
 import pytest
 from rich.console import Console
 
-from hpcrl.run.attempt_banner import attempt_banner
+from hpcrl.job.slurm_env import banner_of as attempt_banner
 from hpcrl.run.job_record import JobRecord
 from hpcrl.submit import waiting
 from hpcrl.submit.job_identity import record_time

@@ -74,7 +74,6 @@ class MegatronWorker:
         self.distribution = training_distribution(recipe)
         cfg = self.cfg = recipe.policy.megatron_cfg
         os.environ.update(cfg.env_vars)
-        offload.check_transformer_engine_settings(cfg)
         refuse_logit_processing(model_path)
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
         conversion_dir = self._ensure_conversion()
