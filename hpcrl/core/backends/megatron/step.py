@@ -140,16 +140,19 @@ def run_train_microbatches(
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     scale = len(micro_batches) * ps.get_data_parallel_world_size()
-    totals: dict[str, float] = {}
+    # Device tensors (or floats) summed over micro-batches: one read-back per step, in
+    # ``_sum_over_reporters``, not one host wait per micro-batch.
+    totals: dict[str, Any] = {}
 
     def loss_func(micro_batch, output_tensor):
         logprobs, unfiltered = micro_batch_logprobs(output_tensor, micro_batch, distribution)
         if distribution.filters:
             micro_batch[UNFILTERED_LOGPROBS_KEY] = unfiltered
         loss, metrics = loss_fn(logprobs, micro_batch, num_global_tokens)
-        totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+        totals["loss"] = totals.get("loss", 0.0) + loss.detach()
         for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + float(value)
+            detached = value.detach() if isinstance(value, torch.Tensor) else value
+            totals[name] = totals.get(name, 0.0) + detached
         return loss * scale, {}
 
     def forward_step(data_iterator, model):
@@ -172,8 +175,9 @@ def run_train_microbatches(
     return _sum_over_reporters(totals)
 
 
-def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
-    """Sum each value over the DP reporters; every rank gets the result."""
+def _sum_over_reporters(totals: dict[str, Any]) -> dict[str, float]:
+    """Sum each value (float or 0-dim device tensor) over the DP reporters; every rank gets
+    the result."""
     import torch.distributed as dist
 
     _, reporter = _result_rank_flags()
@@ -182,9 +186,15 @@ def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
     name_lists: list[list[str] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(name_lists, names)
     all_names = sorted({n for lst in name_lists if lst for n in lst})
-    values = [totals.get(n, 0.0) if reporter else 0.0 for n in all_names]
-    # On the backend's device: NCCL reduces only CUDA tensors.
-    values = torch.tensor(values, dtype=torch.float64, device=_device())
+    device = _device()  # NCCL reduces only CUDA tensors
+    parts = [totals.get(n, 0.0) if reporter else 0.0 for n in all_names]
+    values = (
+        torch.stack(
+            [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in parts]
+        )
+        if parts
+        else torch.zeros(0, dtype=torch.float64, device=device)
+    )
     dist.all_reduce(values)
     return dict(zip(all_names, values.tolist(), strict=True))
 
@@ -194,8 +204,8 @@ def compute_logprobs(
     micro_batches: Sequence[Batch],
     distribution: TokenDistribution | None = None,
 ) -> list[torch.Tensor] | None:
-    """Token log-probs of each micro-batch ([rows, width], CPU, float32) on the reporting
-    rank, else None."""
+    """Token log-probs of each micro-batch ([rows, width], float32, on the device: the caller
+    reads them back once) on the reporting rank, else None."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     distribution = distribution or TokenDistribution()
@@ -207,7 +217,7 @@ def compute_logprobs(
 
         def loss_func(output_tensor):
             logprobs, _ = micro_batch_logprobs(output_tensor, micro_batch, distribution)
-            collected.append(logprobs.detach().float().cpu())
+            collected.append(logprobs.detach().float())
             return torch.zeros((), device=output_tensor.device), {}
 
         return output, loss_func
