@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hpcrl.core.metric_reduction import accumulate, all_reduce_metrics
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY, Batch, LossFn
 from hpcrl.core.token_distribution import (
     TokenDistribution,
@@ -149,10 +150,9 @@ def run_train_microbatches(
         if distribution.filters:
             micro_batch[UNFILTERED_LOGPROBS_KEY] = unfiltered
         loss, metrics = loss_fn(logprobs, micro_batch, num_global_tokens)
-        totals["loss"] = totals.get("loss", 0.0) + loss.detach()
+        accumulate(totals, "loss", loss.detach())
         for name, value in metrics.items():
-            detached = value.detach() if isinstance(value, torch.Tensor) else value
-            totals[name] = totals.get(name, 0.0) + detached
+            accumulate(totals, name, value.detach() if isinstance(value, torch.Tensor) else value)
         return loss * scale, {}
 
     def forward_step(data_iterator, model):
@@ -176,8 +176,8 @@ def run_train_microbatches(
 
 
 def _sum_over_reporters(totals: dict[str, Any]) -> dict[str, float]:
-    """Sum each value (float or 0-dim device tensor) over the DP reporters; every rank gets
-    the result."""
+    """Sum each value (float or 0-dim device tensor; extrema: min/max,
+    hpcrl.core.metric_reduction) over the DP reporters; every rank gets the result."""
     import torch.distributed as dist
 
     _, reporter = _result_rank_flags()
@@ -186,17 +186,8 @@ def _sum_over_reporters(totals: dict[str, Any]) -> dict[str, float]:
     name_lists: list[list[str] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(name_lists, names)
     all_names = sorted({n for lst in name_lists if lst for n in lst})
-    device = _device()  # NCCL reduces only CUDA tensors
-    parts = [totals.get(n, 0.0) if reporter else 0.0 for n in all_names]
-    values = (
-        torch.stack(
-            [torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in parts]
-        )
-        if parts
-        else torch.zeros(0, dtype=torch.float64, device=device)
-    )
-    dist.all_reduce(values)
-    return dict(zip(all_names, values.tolist(), strict=True))
+    # On the backend's device: NCCL reduces only CUDA tensors.
+    return all_reduce_metrics(totals, all_names, _device(), contributes=reporter)
 
 
 def compute_logprobs(
