@@ -25,7 +25,6 @@ from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.render.ray_token import write_job_token
-from hpcrl.render.script import render_sbatch
 
 SCRIPT_NAME = "job.sbatch"
 RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"
@@ -96,6 +95,9 @@ def write_run_folder(
     above it). Refuses a folder that already holds a submitted job: its script is the record
     of what ran.
     """
+    # Jinja costs ~25 ms to import; hpcrl validate imports this module and never renders
+    from hpcrl.render.script import render_sbatch
+
     folder = Path(spec.run_dir)
     _refuse_submitted(folder)
     try:
