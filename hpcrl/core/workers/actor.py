@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.core.compile_stats import compile_cache_counts
 from hpcrl.core.metrics import HostMemoryTracker
 from hpcrl.core.workers.manual_gc import ManualGc
 from hpcrl.core.workers.micro_batches import materialize
@@ -221,10 +222,11 @@ class TrainingWorker:
         """The backend's state, plus this rank's optimizer steps, its peak host memory (the
         driver sums the ranks' peaks: Ray workers are not the driver's child processes) and
         its pass figures since the last call (``pass_metrics``; the driver calls once per
-        step)."""
+        step), and how torch.compile's caches answered so far (``compile_stats``)."""
         assert self._backend is not None, "setup first"
         return {
             **self._backend.collect_state(),
+            **compile_cache_counts(),
             "worker_optimizer_steps": self._optimizer_steps,
             "peak_host_rss_gb": self._host_memory.sample(),
             "pass_metrics": dict(self._backend.take_pass_metrics()),
