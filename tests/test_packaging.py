@@ -127,6 +127,8 @@ def test_installed_wheel_renders_the_golden_script(installed_wheel, tmp_path):
     script = script.replace(str(work / "tmp"), GOLDEN_RUN_DIR).replace(
         sys.executable, GOLDEN_PYTHON
     )
+    # the compile cache sits beside the run folder (hpcrl.plan.compile_cache): /runs there
+    script = script.replace(str(work / ".hpcrl-cache"), "/runs/.hpcrl-cache")
     # -o is part of the command that wrote it; the golden file was planned without one.
     written_by = "# Written by: hpcrl render grpo-tiny-1n-cpu --cluster local"
     assert f"{written_by} -o {GOLDEN_RUN_DIR}\n" in script
