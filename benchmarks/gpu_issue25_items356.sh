@@ -201,7 +201,8 @@ wanted 8b-megatron-ac && sweep_report /tmp/sweep-8b-megatron-ac "$OUT/8b-megatro
         echo "===== $piece"
         grep -E "^(GOAL|hpcrl validate|run [12] |first step|built|== (exit|stopped|skipped))|out of GPU memory|Traceback|Error" \
             "$OUT/$piece.log" 2>/dev/null | head -40
-        [ -f "$OUT/$piece.report" ] && grep -v '^ *[{}"\[]' "$OUT/$piece.report" | head -60
+        # the status and report tables (the JSON after them stays in the .report file)
+        [ -f "$OUT/$piece.report" ] && sed '/^{/,$d' "$OUT/$piece.report" | head -60
     done
     echo "total ${SECONDS}s"
 } > "$OUT/summary.txt"
