@@ -190,6 +190,8 @@ def hpcrl_git_sha() -> str | None:
     package_dir = Path(hpcrl.__file__).parent
     if "site-packages" in package_dir.parts:
         return None  # an installed wheel: a repository around the venv says nothing about it
+    if not any((folder / ".git").exists() for folder in package_dir.parents):
+        return None  # not in a checkout (pip --target): no git process to start and wait for
     head = _git(package_dir, "rev-parse", "HEAD")
     if head is None or not re.fullmatch(r"[0-9a-f]{40}", head):
         return None
