@@ -17,14 +17,19 @@
 #   3. 8b-build.log      the Llama-3.1-8B-shaped checkpoint (tiny:llama3.1-8b, bf16, 16 GB)
 #                        built on the GPU into /tmp/hpcrl-cache                     (~60 s)
 #   4. 8b-megatron.log   hpcrl sweep of grpo-llama3.1-8b-1n1g-megatron over the optimizer
-#      8b-megatron.report  offload fraction 0.5, 1.0, 0 (in that order: the likely fits first),
-#                        3 steps each, then hpcrl status and report of the sweep: which points
-#                        fit (OOM rows with their peak), step time, peak GPU / host memory
-#                        (needs more than this call's budget for all three: see below)
+#      8b-megatron.report  offload fraction 0.5, 0, 1.0 (in that order: a likely fit, the
+#                        likely OOM, then the slowest, all optimizer steps on the CPU),
+#                        $STEPS_8B steps each (default 2), then hpcrl status and report of the
+#                        sweep: which points fit (OOM rows with their peak), step time, peak
+#                        GPU / host memory
 #   5. 8b-automodel.log  (named only) the Automodel 8B sweep over cpu_offload x activation
 #                        checkpointing
 #   6. 8b-megatron-ac.log (named only) the Megatron sweep again with activation checkpointing
-# plus summary.txt, versions.txt, nvidia-smi.txt and free.txt in $OUT.
+#   7. gpu-tests.log     (named only) tests/gpu's Automodel end-to-end test (hpcrl submit --wait
+#                        on local-gpu) with the installed wheel of this checkout, as
+#                        tests/gpu/device_run.sh runs it                             (~110 s)
+# plus summary.txt, versions.txt (with nvidia-smi and free) and sweeps.tgz (each sweep's
+# metrics, causes and status files, no checkpoints) in $OUT: at most 8 files come back.
 #
 # For the whole of item 5 give it a call of its own:
 #   PIECES="8b-build 8b-megatron 8b-automodel" BUDGET_S=560 bash benchmarks/gpu_issue25_items356.sh
@@ -38,10 +43,11 @@ OUT=${OUT:-/tmp/hpcrl-issue25-out}
 BUDGET_S=${BUDGET_S:-290}
 PYTHON=${PYTHON:-python3}
 SMOKE=${SMOKE:-0}
-ORDER=(cli-latency first-step 8b-build 8b-megatron 8b-automodel 8b-megatron-ac)
+ORDER=(cli-latency first-step 8b-build 8b-megatron 8b-automodel 8b-megatron-ac gpu-tests)
 PIECES=${PIECES:-cli-latency first-step 8b-build 8b-megatron}
 declare -A NEEDS_S=([cli-latency]=30 [first-step]=120 [8b-build]=60 [8b-megatron]=60
-                    [8b-automodel]=120 [8b-megatron-ac]=120)
+                    [8b-automodel]=120 [8b-megatron-ac]=120 [gpu-tests]=110)
+STEPS_8B=${STEPS_8B:-2}  # GRPO steps per 8B point: the first steps tell the memory boundary
 wanted() { [[ " $PIECES " == *" $1 "* ]]; }
 for piece in $PIECES; do
     [ -n "${NEEDS_S[$piece]:-}" ] || { echo "unknown piece $piece (one of ${ORDER[*]})"; exit 2; }
@@ -67,13 +73,16 @@ else
     FIRST_STEP_ARGS=(--tiny)
 fi
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HPCRL_CACHE=/tmp/hpcrl-cache
-export PYTHON SMOKE CLUSTER RECIPE_8B MODEL_8B MEGATRON_DIR=/tmp/hpcrl-megatron
+export PYTHON SMOKE CLUSTER RECIPE_8B MODEL_8B STEPS_8B REPO MEGATRON_DIR=/tmp/hpcrl-megatron
+if [ "$SMOKE" != 1 ]; then  # a GPU process left by an earlier call on this machine, by id
+    for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
+        echo "stopping GPU process $pid left by an earlier call"; kill -KILL "$pid"
+    done
+fi
 rm -rf /tmp/first-step /tmp/sweep-8b-megatron /tmp/sweep-8b-automodel /tmp/sweep-8b-megatron-ac
 
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-free -g > "$OUT/free.txt" 2>&1
-df -h /tmp >> "$OUT/free.txt" 2>&1
-"$PYTHON" - <<'PY' 2>&1 | tee "$OUT/versions.txt"
+{ nvidia-smi; free -g; df -h /tmp; } > "$OUT/versions.txt" 2>&1
+"$PYTHON" - <<'PY' 2>&1 | tee -a "$OUT/versions.txt"
 import importlib.metadata as md, os, sys
 print("python", sys.version.split()[0], "| PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"))
 for name in ("torch", "transformers", "triton", "ray", "megatron-core", "megatron-bridge"):
@@ -156,13 +165,13 @@ export OPT=policy.megatron_cfg.optimizer
 megatron_sweep() {  # SWEEP_DIR [extra args]
     local sweep=$1
     shift
-    local backend_args=(--zip "$OPT.optimizer_cpu_offload=true,true,false"
-                        --zip "$OPT.optimizer_offload_fraction=0.5,1.0,0"
+    local backend_args=(--zip "$OPT.optimizer_cpu_offload=true,false,true"
+                        --zip "$OPT.optimizer_offload_fraction=0.5,0,1.0"
                         "policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR=$MEGATRON_DIR")
     local recipe="$RECIPE_8B-megatron"
     [ "$SMOKE" = 1 ] && { recipe=grpo-tiny-1n-cpu; backend_args=(--grid "grpo.seed=1,2"); }
     "$PYTHON" -m hpcrl.cli.main sweep "$recipe" --cluster "$CLUSTER" -o "$sweep" --wait \
-        "${backend_args[@]}" "policy.model_name=$MODEL_PATH" "$@"
+        "${backend_args[@]}" "policy.model_name=$MODEL_PATH" "grpo.max_num_steps=$STEPS_8B" "$@"
 }
 automodel_sweep() {
     local axes=(--grid "policy.automodel_cfg.cpu_offload=false,true"
@@ -170,10 +179,17 @@ automodel_sweep() {
     local recipe="$RECIPE_8B-automodel"
     [ "$SMOKE" = 1 ] && { recipe=grpo-tiny-1n-cpu; axes=(--grid "grpo.seed=1,2"); }
     "$PYTHON" -m hpcrl.cli.main sweep "$recipe" --cluster "$CLUSTER" -o /tmp/sweep-8b-automodel \
-        --wait "${axes[@]}" "policy.model_name=$MODEL_PATH"
+        --wait "${axes[@]}" "policy.model_name=$MODEL_PATH" "grpo.max_num_steps=$STEPS_8B"
+}
+gpu_tests() {  # tests/gpu's Automodel test, as tests/gpu/device_run.sh runs it
+    [ "$SMOKE" = 1 ] && { echo "SMOKE: tests/gpu needs a GPU"; return 0; }
+    cd /tmp || return 1
+    PYTHONPATH=/tmp/site HPCRL_REQUIRE_GPU=1 HPCRL_GPU_TEST_OUT=/tmp/hpcrl-gpu-runs \
+        "$PYTHON" -m pytest -p no:cacheprovider -s -v -rfEs --timeout=900 "$REPO/tests/gpu" \
+        -k "automodel or wheel or documented"
 }
 
-export -f cli_latency build_8b megatron_sweep automodel_sweep
+export -f cli_latency build_8b megatron_sweep automodel_sweep gpu_tests
 
 # 1. login-node latency
 wanted cli-latency && bounded "$(at_most 60 cli-latency)" "$OUT/cli-latency.log" cli_latency
@@ -194,6 +210,12 @@ wanted 8b-automodel && sweep_report /tmp/sweep-8b-automodel "$OUT/8b-automodel.r
 wanted 8b-megatron-ac && bounded "$(at_most 900 8b-megatron-ac)" "$OUT/8b-megatron-ac.log" \
     megatron_sweep /tmp/sweep-8b-megatron-ac policy.megatron_cfg.activation_checkpointing=true
 wanted 8b-megatron-ac && sweep_report /tmp/sweep-8b-megatron-ac "$OUT/8b-megatron-ac.report"
+wanted gpu-tests && bounded "$(at_most 240 gpu-tests)" "$OUT/gpu-tests.log" gpu_tests
+
+# every sweep's and run's small files (metrics, causes, status, logs), no checkpoints
+( cd /tmp && find sweep-8b-* first-step hpcrl-gpu-runs -type f -size -20M \
+      \( -name '*.json*' -o -name '*.log' -o -name '*.out' -o -name '*.err' -o -name '*.txt' \
+         -o -name '*.yaml' \) 2>/dev/null | tar czf "$OUT/sweeps.tgz" -T - )
 
 {
     for piece in "${ORDER[@]}"; do
