@@ -375,13 +375,19 @@ def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int
 
 def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, float | None]:
     """Memory peaks, torch.compile's graph count so far (a rise after the first steps is a
-    recompilation stall), and rank 0's figures of this step's train and log-prob passes
+    recompilation stall) and its caches' hits and misses (``hpcrl.core.compile_stats``), and
+    rank 0's figures of this step's train and log-prob passes
     (``hpcrl.core.backends.pass_stats``)."""
     states = policy.collect_state()
     peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
     peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
     worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
     graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
+    cache = {  # the rank that compiled most (ranks compile the same graphs)
+        key: max(float(s[key]) for s in states if key in s)
+        for key in ("compile_cache_hits", "compile_cache_misses", "compile_cache_bypasses")
+        if any(key in s for s in states)
+    }
     driver_gb = memory.sample()
     passes = dict(states[0].get("pass_metrics") or {}) if states else {}
     return {
@@ -389,6 +395,7 @@ def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, floa
         "peak_host_rss_gb": driver_gb + sum(worker_rss),
         "peak_host_rss_driver_gb": driver_gb,
         "compiled_graphs": max(graphs) if graphs else None,
+        **cache,
         **passes,
     }
 

@@ -19,12 +19,15 @@ from hpcrl.run.causes import (
     DRIVER_EXITED,
     DRIVER_KILLED,
     DRIVER_RAISED,
+    GPU_OOM,
+    GPU_OOM_ERROR,
     NODE_LOST,
     WORKER_DIED,
     WORKER_RAISED,
     AttemptCause,
     exit_code_of,
     last_step,
+    parse_gpu_oom,
 )
 from hpcrl.run.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
 from hpcrl.run.polling import wait_until
@@ -123,8 +126,16 @@ def _worker_cause(
         return AttemptCause(
             **base, kind=WORKER_DIED, what=f"{where} died in {method}", detail=str(error.get("message", ""))
         )  # fmt: skip
+    message = str(error.get("message", ""))
+    oom = parse_gpu_oom(message) if error.get("error_type") == GPU_OOM_ERROR else None
+    if oom is not None:  # out of GPU memory at <phase>, peak X GiB: the line starts with it
+        head, peak_gb, detail = oom
+        return AttemptCause(
+            **base, kind=GPU_OOM, what=head, detail=f"{where} in {method}: {detail}".rstrip(": "),
+            peak_gpu_mem_gb=peak_gb,
+        )  # fmt: skip
     what = f"{where} raised {error.get('error_type', 'an exception')} in {method}"
-    return AttemptCause(**base, kind=WORKER_RAISED, what=what, detail=str(error.get("message", "")))
+    return AttemptCause(**base, kind=WORKER_RAISED, what=what, detail=message)
 
 
 def _may_follow_a_node(driver_error: dict[str, Any] | None) -> bool:

@@ -21,7 +21,6 @@ import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.render.bundle_writer import write_bundle
-from hpcrl.render.script import render_sbatch
 from hpcrl.run.atomic_files import replace_symlink, write_file
 from hpcrl.run.folder_lock import holds_submitted_job, unusable_folder
 from hpcrl.run.jobspec import JobSpec
@@ -62,6 +61,18 @@ def default_run_dir(
     return (base / f"{stem}-{profile.name}-{plan_fingerprint(resolved_recipe, profile)}").absolute()
 
 
+def _make_compile_cache(spec: JobSpec) -> None:
+    """Create the compile cache folder where this machine sees it: a container mounts it
+    (pyxis needs the host folder). A profile's folder on storage only the nodes see is left
+    to the job (torch creates it)."""
+    if spec.compile_cache_dir is None:
+        return
+    try:
+        Path(spec.compile_cache_dir).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+
+
 def git_sha(directory: Path | None) -> str | None:
     """HEAD of the git repository holding ``directory``; None when there is none (or no git)."""
     if directory is None:
@@ -97,6 +108,9 @@ def write_run_folder(
     above it). Refuses a folder that already holds a submitted job: its script is the record
     of what ran.
     """
+    # Jinja costs ~25 ms to import; hpcrl validate imports this module and never renders
+    from hpcrl.render.script import render_sbatch
+
     folder = Path(spec.run_dir)
     _refuse_submitted(folder)
     try:
@@ -104,6 +118,7 @@ def write_run_folder(
     except OSError as error:
         raise unusable_folder(folder, error) from None
     write_job_token(spec)  # before anything that could name it; kept when it exists
+    _make_compile_cache(spec)
     if spec.code.bundle is not None:
         bundle = write_bundle(spec.code.bundle)
         replace_symlink(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))

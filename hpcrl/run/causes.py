@@ -39,6 +39,16 @@ HEAD_RAY_EXITED = "head_ray_exited"
 PREEMPTED = "preempted"
 #: Slurm ended the attempt NODE_FAIL: a node's slurmd stopped answering (``slurm_node_failure``).
 NODE_FAIL = "node_fail"
+#: A training worker ran out of GPU memory: ``what`` says where and the peak
+#: (``gpu_oom_text``), ``peak_gpu_mem_gb`` holds it for ``hpcrl report``.
+GPU_OOM = "gpu_oom"
+#: The exception a training worker raises for CUDA's out-of-memory error
+#: (``hpcrl.core.workers.out_of_memory``), read here by its type name.
+GPU_OOM_ERROR = "GpuOutOfMemory"
+_GPU_OOM_TEXT = re.compile(
+    r"^out of GPU memory at (?P<phase>\w+), peak (?P<peak>[0-9.]+ GiB|unknown)"
+    r"(?: of (?P<capacity>[0-9.]+) GiB)?(?:: (?P<detail>.*))?$"
+)
 RETRYABLE_KINDS = frozenset({NODE_LOST, NODE_FAIL})
 #: What srun prints into the batch step's stderr (task 0's ``submitit/<job>_0_log.err``) when
 #: slurmctld declares a node of the step DOWN.
@@ -66,6 +76,7 @@ class AttemptCause:
     exit_code: int = 1
     requeued: bool = False
     log: str | None = None
+    peak_gpu_mem_gb: float | None = None  # GPU_OOM: the worker's peak when it ran out
 
     @property
     def retryable(self) -> bool:
@@ -93,6 +104,27 @@ class AttemptCause:
     def titled_line(self) -> str:
         """``attempt 1: <line>`` (attempts counted from 1, as ``hpcrl logs --attempt``)."""
         return f"attempt {self.attempt + 1}: {self.line()}"
+
+
+def gpu_oom_text(phase: str, peak_gb: float | None, capacity_gb: float | None, detail: str) -> str:
+    """``out of GPU memory at train, peak 131.2 GiB of 139.8 GiB: CUDA out of memory. ...``:
+    the first line of a worker's ``GpuOutOfMemory`` (``parse_gpu_oom`` reads it back)."""
+    peak = "unknown" if peak_gb is None else f"{peak_gb:.1f} GiB"
+    capacity = "" if capacity_gb is None else f" of {capacity_gb:.1f} GiB"
+    first = (detail.strip().splitlines() or [""])[0]
+    return f"out of GPU memory at {phase}, peak {peak}{capacity}" + (f": {first}" if first else "")
+
+
+def parse_gpu_oom(text: str) -> tuple[str, float | None, str] | None:
+    """(the head ``out of GPU memory at <phase>, peak X GiB[ of Y GiB]``, the peak in GiB,
+    the detail after it) of a ``gpu_oom_text``; None for any other text."""
+    match = _GPU_OOM_TEXT.match(text.strip())
+    if match is None:
+        return None
+    peak = match["peak"]
+    peak_gb = None if peak == "unknown" else float(peak.removesuffix(" GiB"))
+    head = text.strip()[: match.start("detail") - 2] if match["detail"] else text.strip()
+    return head, peak_gb, match["detail"] or ""
 
 
 def cause_path(run_dir: Path, attempt: int) -> Path:
@@ -146,7 +178,7 @@ def _read(path: Path) -> AttemptCause | None:
 _TYPES: dict[str, tuple[type, ...]] = {
     "attempt": (int,), "kind": (str,), "what": (str,), "detail": (str,),
     "after_step": (int, type(None)), "exit_code": (int,), "requeued": (bool,),
-    "log": (str, type(None)),
+    "log": (str, type(None)), "peak_gpu_mem_gb": (float, int, type(None)),
 }  # fmt: skip
 _REQUIRED = ("attempt", "kind", "what")
 

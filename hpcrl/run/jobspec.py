@@ -250,6 +250,8 @@ class JobSpec:
     ray_auth: Literal["token", "none"] = "token"  # token: <run_dir>/auth/ray_token, never here
     megatron_checkpoint_dir: str | None  # as the job sees it; None for automodel
     megatron_checkpoint_dir_source: str | None  # NRL_MEGATRON_CHECKPOINT_DIR | HF_HOME | home
+    # torch.compile's caches, shared by runs (hpcrl.plan.compile_cache; env holds its variables)
+    compile_cache_dir: str | None = None
     code: JobCode  # the interpreter, where hpcrl comes from, what the job's Python must have
     # `<python> [<bundle>/hpcrl_entry.py] -u -m submitit.core._submit <run_dir>/submitit`
     task_argv: tuple[str, ...]

@@ -64,6 +64,7 @@ class RunStatus:
     submitted_at: str | None = None
     swept: dict[str, str] = attrs.field(factory=dict)
     cause: str | None = None  # why it failed, or why an earlier attempt ended (status_cause)
+    out_of_gpu_memory: bool = False  # failed because a worker ran out of GPU memory
     scheduler_error: str | None = None
     problem: str | None = None  # why the folder could not be read, with the fix
 
@@ -247,8 +248,16 @@ def _job_status(run: ListedRun, record: JobRecord, status: JobStatus) -> RunStat
         attempts=record.attempt_offset + status.attempts, pending_reason=status.reason,
         elapsed_s=status.elapsed_s, problem=status.stale,
         submitted_at=record.submitted_at, cause=cause, scheduler_error=status.scheduler_error,
+        out_of_gpu_memory=status.state == "FAILED" and _ran_out_of_gpu_memory(run.path),
         **_metrics_fields(run.path),
     )  # fmt: skip
+
+
+def _ran_out_of_gpu_memory(run_dir: Path) -> bool:
+    from hpcrl.run.causes import GPU_OOM, latest_cause
+
+    cause = latest_cause(run_dir)
+    return cause is not None and cause.kind == GPU_OOM
 
 
 # --------------------------------------------------------------------------- filters
@@ -300,6 +309,8 @@ def _number(value: float | None) -> str:
 
 def state_text(run: RunStatus) -> str:
     text = "not submitted" if run.state == NOT_SUBMITTED else run.state
+    if run.out_of_gpu_memory:
+        text += " (OOM)"
     if run.pending_reason:
         text += f" ({run.pending_reason})"
     if run.scheduler_error:

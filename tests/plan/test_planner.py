@@ -344,11 +344,13 @@ def test_home_defaults_to_the_submitting_users(monkeypatch):
 def test_run_dir_and_code_bundle_are_mounted_one_to_one_unless_covered():
     spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile())
     bundle = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef"
+    cache = "/runs/.hpcrl-cache/torch-compile"  # beside the bundles: shared by the runs
     assert spec.code.bundle is not None and spec.code.bundle.path == bundle
     assert spec.container.mounts == (
         "/lustre:/lustre",
         f"{GOLDEN_RUN_DIR}:{GOLDEN_RUN_DIR}",
         f"{bundle}:{bundle}:ro",  # read-only: the job never writes its code
+        f"{cache}:{cache}",  # written: torch.compile's caches
     )
     on_lustre = attrs.evolve(GOLDEN_HOST, bundles_dir="/lustre/runs/.hpcrl-bundles")
     spec = make_plan(

@@ -162,7 +162,7 @@ def test_json_has_every_field_for_scripts(cli, tmp_path):
         "job_id": "101", "exit_code": 0, "attempts": 1, "pending_reason": None, "step": 4,
         "max_steps": 4, "reward": None, "loss": 0.25, "elapsed_s": 65.0,
         "recipe": "sft-tiny-1n-cpu", "submitted_at": "2026-11-29T10:00:00+00:00", "swept": {},
-        "cause": None, "scheduler_error": None, "problem": None,
+        "cause": None, "out_of_gpu_memory": False, "scheduler_error": None, "problem": None,
     }  # fmt: skip
     assert runs[2]["swept"] == {"policy.optimizer.kwargs.lr": "1e-4"}
     assert runs[2]["pending_reason"] == "JobArrayTaskLimit"
