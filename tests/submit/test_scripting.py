@@ -167,6 +167,7 @@ def test_bash_completes_profile_and_recipe_names(cli, tmp_path):
     ]  # fmt: skip
     assert _complete(script, ["validate", "--cluster", "local", "grpo-l"], work, env) == [
         "grpo-llama-1b-1n1g-automodel", "grpo-llama-1b-1n1g-megatron",
+        "grpo-llama3.1-8b-1n1g-automodel", "grpo-llama3.1-8b-1n1g-megatron",
         "grpo-llama3.1-8b-2n8g-automodel",
     ]  # fmt: skip
     found = _complete(script, ["submit", "grpo"], work, env)
