@@ -148,10 +148,10 @@ def _apply_one(cfg: DictConfig, override: Override, schema: type, known: KnownKe
                 fix=f"write {key}=... or ++{key}=... to change it",
             )
         ]
-    if known is None or not known(override.parts):
-        schema_problem = check_key_in_schema(override.parts, schema, override.text)
-        if schema_problem is not None:
-            return [schema_problem]
+    schema_problem = check_key_in_schema(override.parts, schema, override.text)
+    # known() only for keys outside the schema: it may read the NeMo RL key registry
+    if schema_problem is not None and (known is None or not known(override.parts)):
+        return [schema_problem]
     try:
         OmegaConf.update(cfg, key, _absolute_data_path(override), merge=True, force_add=True)
     except OmegaConfBaseException as exc:
