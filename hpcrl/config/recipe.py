@@ -90,6 +90,7 @@ class VllmCfg:
     max_model_len: int | None = None
     enforce_eager: bool = False
     kv_cache_memory_mb: int | None = None  # CPU engines: bound the KV cache explicitly
+    enable_prefix_caching: bool | None = None  # None: vLLM's own default
 
 
 @frozen
@@ -121,6 +122,8 @@ class GenerationCfg:
     stop_strings: tuple[str, ...] = ()
     colocated: ColocatedCfg = attrs.field(factory=ColocatedCfg)
     vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
+    # more vllm.LLM keyword arguments, as NeMo RL passes them (rules refuse hpcrl's own)
+    vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
 # --------------------------------------------------------------------------- micro-batching
@@ -286,6 +289,9 @@ class LossFnCfg:
     truncated_importance_sampling_ratio_min: float | None = None  # lower bound
     sequence_level_importance_ratios: bool = False  # GSPO; only false is supported
     token_level_loss: bool = True
+    # ratio = exp(logp − logp.detach()) = 1: the old log-probs are the current ones (one
+    # optimizer step per rollout batch, which the rules require)
+    force_on_policy_ratio: bool = False
 
 
 @frozen

@@ -321,6 +321,55 @@ def rule_generation(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+#: vllm.LLM arguments hpcrl sets itself (hpcrl.core.generation.vllm_engine.engine_kwargs),
+#: with the recipe key that sets each: policy.generation.vllm_kwargs may not give them.
+RESERVED_VLLM_KWARGS = {
+    "model": "policy.model_name",
+    "dtype": "policy.generation.vllm_cfg.precision",
+    "tensor_parallel_size": "policy.generation.vllm_cfg.tensor_parallel_size",
+    "pipeline_parallel_size": "policy.generation.vllm_cfg.pipeline_parallel_size",
+    "max_model_len": "policy.generation.vllm_cfg.max_model_len",
+    "enforce_eager": "policy.generation.vllm_cfg.enforce_eager",
+    "seed": "grpo.seed",
+    "logprobs_mode": "nothing: hpcrl needs the sampler's processed log-probs",
+    "disable_log_stats": "nothing: hpcrl reads vLLM's token counts",
+    "gpu_memory_utilization": "policy.generation.vllm_cfg.gpu_memory_utilization",
+    "enable_prefix_caching": "policy.generation.vllm_cfg.enable_prefix_caching",
+}
+
+
+def rule_vllm_kwargs(recipe: Recipe) -> list[Problem]:
+    """``vllm_kwargs`` go to ``vllm.LLM`` as they are, except what hpcrl sets itself."""
+    return [
+        Problem(
+            path=f"policy.generation.vllm_kwargs.{name}",
+            value=value,
+            message="hpcrl sets this vLLM engine argument itself",
+            fix=f"remove it; set {RESERVED_VLLM_KWARGS[name]} instead"
+            if "nothing" not in RESERVED_VLLM_KWARGS[name]
+            else f"remove it ({RESERVED_VLLM_KWARGS[name]})",
+        )
+        for name, value in sorted(recipe.policy.generation.vllm_kwargs.items())
+        if name in RESERVED_VLLM_KWARGS
+    ] + _kv_cache_given_twice(recipe)
+
+
+def _kv_cache_given_twice(recipe: Recipe) -> list[Problem]:
+    generation = recipe.policy.generation
+    if "kv_cache_memory_bytes" not in generation.vllm_kwargs:
+        return []
+    if generation.vllm_cfg.kv_cache_memory_mb is None:
+        return []
+    return [
+        Problem(
+            path="policy.generation.vllm_kwargs.kv_cache_memory_bytes",
+            value=generation.vllm_kwargs["kv_cache_memory_bytes"],
+            message="policy.generation.vllm_cfg.kv_cache_memory_mb sets the KV cache size too",
+            fix="keep one of the two",
+        )
+    ]
+
+
 def rule_generation_resources(recipe: Recipe) -> list[Problem]:
     colocated = recipe.policy.generation.colocated
     if colocated.enabled:
@@ -365,6 +414,7 @@ RECIPE_RULES = (
     rule_grpo_settings,
     rule_async_grpo,
     rule_generation,
+    rule_vllm_kwargs,
     rule_generation_resources,
     rule_automodel_context_parallel,
     *LOSS_RULES,

@@ -194,7 +194,10 @@ def grpo_loss(
     import torch
 
     mask = batch["token_mask"].to(logprobs.dtype)
-    raw_old = batch["old_logprobs"].to(logprobs.dtype)
+    # force_on_policy_ratio: NeMo RL's ratio exp(logp − logp.detach()), 1 with gradient
+    raw_old = (
+        logprobs.detach() if cfg.force_on_policy_ratio else batch["old_logprobs"].to(logprobs.dtype)
+    )
     usable = torch.isfinite(logprobs.detach()) & torch.isfinite(raw_old)
     actor_mask = mask * usable.to(mask.dtype)
     current = torch.where(usable, logprobs, torch.zeros_like(logprobs))
