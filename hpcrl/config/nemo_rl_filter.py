@@ -157,12 +157,12 @@ class _Walk:
         """Decide one key outside the schema; True when it is taken out (accepted or
         refused), False when it is left for the converter (a key nobody knows)."""
         path = ".".join(parts)
-        unread = _unread_section(parts)
+        unread = unread_section(parts)
         if unread is not None:
             self.unused.append(UnusedKey(path=path, value=value, why=unread.reason))
             return True
         if parts[0] == "env" and len(parts) == 2:
-            self.unused.append(UnusedKey(path=path, value=value, why=_env_reason(parts[1])))
+            self.unused.append(UnusedKey(path=path, value=value, why=env_reason(parts[1])))
             return True
         from hpcrl.config.nemo_rl_keys import registry
 
@@ -235,7 +235,7 @@ def nemo_rl_parts(parts: tuple[str, ...]) -> tuple[str, ...]:
     return parts
 
 
-def _unread_section(parts: tuple[str, ...]) -> UnreadSection | None:
+def unread_section(parts: tuple[str, ...]) -> UnreadSection | None:
     for section in UNREAD_SECTIONS:
         names = section.path.split(".")
         if len(parts) >= len(names) and all(
@@ -245,7 +245,7 @@ def _unread_section(parts: tuple[str, ...]) -> UnreadSection | None:
     return None
 
 
-def _env_reason(name: str) -> str:
+def env_reason(name: str) -> str:
     return (
         f"settings of NeMo RL's {name!r} environment, read only for data sets whose env_name "
         "names it (hpcrl's environment is math; data.*.env_name refuses any other by name)"

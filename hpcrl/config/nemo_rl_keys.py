@@ -84,7 +84,10 @@ class Registry:
 
     def __init__(self, releases: Mapping[str, Mapping[str, Any]]):
         self._keys: dict[str, KnownKey] = {}
+        self._base: set[str] = set()
         for release, data in releases.items():
+            examples = data.get("examples", {}).get("keys", {})
+            self._base |= {path for path, key in examples.items() if "defaults" in key}
             for path, key in _release_keys(release, data):
                 self._keys[path] = _merge(self._keys.get(path), key)
         self._children: dict[str, set[str]] = {}
@@ -115,6 +118,10 @@ class Registry:
 
     def children(self, parts: Iterable[str]) -> list[str]:
         return sorted(self._children.get(".".join(parts), ()))
+
+    def base_config_keys(self) -> list[str]:
+        """Keys some base config sets (``nemo_rl_keys_build.BASE_CONFIGS``), any release."""
+        return sorted(self._base)
 
     def __len__(self) -> int:
         return len(self._keys)

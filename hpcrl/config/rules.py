@@ -134,16 +134,35 @@ def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
 
 
 def rule_automodel_sequence_parallel(recipe: Recipe) -> list[Problem]:
+    """The Automodel worker has no sequence-parallel plan (it refuses the setting at setup);
+    here it fails before the queue wait."""
     cfg = recipe.policy.automodel_cfg
-    if not cfg.enabled or not cfg.sequence_parallel or cfg.tensor_parallel_size > 1:
+    if not cfg.enabled or not cfg.sequence_parallel:
         return []
     return [
         Problem(
             path=f"{AUTOMODEL}.sequence_parallel",
             value=True,
-            message=f"has no effect with {AUTOMODEL}.tensor_parallel_size=1 (it shards activations over the TP group)",
-            fix=f"set {AUTOMODEL}.tensor_parallel_size > 1 or {AUTOMODEL}.sequence_parallel=false",
-            severity="warning",
+            message="sequence parallelism is not supported by hpcrl's Automodel backend yet "
+            "(its tensor-parallel plan keeps activations whole on every TP rank)",
+            fix=f"set {AUTOMODEL}.sequence_parallel=false (the same results, more activation "
+            "memory per GPU)",
+        )
+    ]
+
+
+def rule_megatron_custom_fsdp(recipe: Recipe) -> list[Problem]:
+    """The Megatron worker builds megatron-core's DDP only (and refuses FSDP at setup)."""
+    ddp = recipe.policy.megatron_cfg.distributed_data_parallel_config
+    if not recipe.policy.megatron_cfg.enabled or not ddp.use_custom_fsdp:
+        return []
+    return [
+        Problem(
+            path="policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
+            value=True,
+            message="Megatron FSDP is not supported by hpcrl's Megatron backend yet",
+            fix="set it to false; policy.megatron_cfg.optimizer.use_distributed_optimizer=true "
+            "shards the optimizer state over data-parallel ranks",
         )
     ]
 
@@ -409,6 +428,7 @@ RECIPE_RULES = (
     rule_unsupported_sections,
     rule_automodel_parallel_sizes,
     rule_automodel_sequence_parallel,
+    rule_megatron_custom_fsdp,
     rule_positive_counts,
     rule_batch_divisible,
     rule_grpo_settings,
