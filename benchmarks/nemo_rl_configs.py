@@ -5,7 +5,8 @@
 
 FOLDER is laid out like NeMo RL's repository (``examples/configs/...``). Every GRPO and SFT
 config (``family``: not DPO, distillation, PPO, RM, VLM/audio, eval; ``--all`` lists the others
-too, outside the total) goes through the CLI in this process, exactly as a user types it:
+too, outside the total; so does a config whose ``defaults:`` names a file the folder lacks:
+"incomplete") goes through the CLI in this process, exactly as a user types it:
 ``hpcrl validate CONFIG --cluster eos`` and ``hpcrl render CONFIG --cluster eos -o TMP``. One
 line per config: validate rc, render rc, the config, the first error. Then the totals: how
 many validate and render, the share that passes both, and the tracebacks (any exception
@@ -61,19 +62,22 @@ class Outcome:
         return self.first_error.startswith(TRACEBACK)
 
 
-def family(path: Path, root: Path) -> str:
+def family(path: Path, root: Path, cache: dict[Path, Any] | None = None) -> str:
     """'grpo' or 'sft' (in the total), else what excludes it (NeMo RL's own sections and
-    names say it: a ``dpo:`` section, ``vlm`` in the name, a config under evals/)."""
+    names say it: a ``dpo:`` section, ``vlm`` in the name, a config under evals/), or
+    'incomplete' when a ``defaults:`` file it names is not in the folder (NeMo RL itself
+    cannot read it from there either)."""
+    from hpcrl.config.nemo_rl_keys_build import merged_raw
+
     relative = path.relative_to(root / CONFIGS)
     if relative.parts[0] == "evals":
         return "eval"
     words = relative.as_posix().lower()
     if any(word in words for word in MULTIMODAL_WORDS):
         return "vlm"
-    try:
-        data = merged_raw(path)
-    except Exception as error:  # a file NeMo RL itself cannot read: not ours to judge
-        return f"unreadable ({type(error).__name__})"
+    if missing_bases(path):
+        return "incomplete"
+    data = merged_raw(path, cache)
     for section in OTHER_ALGORITHMS:
         value = data.get(section)
         if value is not None and not (isinstance(value, dict) and value.get("enabled") is False):
@@ -84,21 +88,16 @@ def family(path: Path, root: Path) -> str:
     return "other"
 
 
-def merged_raw(path: Path) -> dict[str, Any]:
-    """A config with its ``defaults:`` merged, nothing resolved (bases that are missing from
-    the folder left out: only the sections matter here)."""
-    from omegaconf import OmegaConf
+def missing_bases(path: Path) -> list[Path]:
+    """The ``defaults:`` files of ``path`` and of its bases that do not exist."""
+    from hpcrl.config.yaml_text import load_yaml
 
-    from hpcrl.config.loader import deep_merge
-
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    assert isinstance(data, dict)
-    bases = data.pop("defaults", None) or []
-    merged: dict[str, Any] = {}
+    bases = load_yaml(path).get("defaults") or []
+    missing = []
     for base in [bases] if isinstance(bases, str) else bases:
-        if (path.parent / base).is_file():
-            merged = deep_merge(merged, merged_raw(path.parent / base))
-    return deep_merge(merged, data)
+        target = path.parent / base
+        missing += missing_bases(target) if target.is_file() else [target]
+    return missing
 
 
 def run_cli(argv: Sequence[str]) -> tuple[int, str]:
@@ -122,9 +121,9 @@ def run_cli(argv: Sequence[str]) -> tuple[int, str]:
         return 1, f"{TRACEBACK} {type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
-def check(path: Path, root: Path, cluster: str, runs: Path) -> Outcome:
+def check(path: Path, root: Path, cluster: str, runs: Path, cache: dict) -> Outcome:
     name = path.relative_to(root / CONFIGS).as_posix()
-    kind = family(path, root)
+    kind = family(path, root, cache)
     if kind not in ("grpo", "sft"):
         return Outcome(config=name, family=kind)
     validate_rc, validate_error = run_cli(["validate", str(path), "--cluster", cluster])
@@ -143,8 +142,9 @@ def run_all(root: Path, cluster: str = "eos") -> list[Outcome]:
     paths = sorted((root / CONFIGS).rglob("*.yaml"))
     if not paths:
         raise SystemExit(f"no configs under {root / CONFIGS}: give a NeMo RL folder")
+    cache: dict[Path, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hpcrl-nemo-rl-configs-") as runs:
-        return [check(path, root, cluster, Path(runs)) for path in paths]
+        return [check(path, root, cluster, Path(runs), cache) for path in paths]
 
 
 def share_passed(outcomes: Iterable[Outcome]) -> tuple[int, int]:

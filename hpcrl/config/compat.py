@@ -22,7 +22,6 @@ status comes from where the value goes, never from the schema alone:
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from hpcrl.config.foreign_keys import (
     UNSUPPORTED_SECTIONS,
     WILDCARD,
     find_foreign_key,
-    schema_paths,
+    known_schema_paths,
 )
 from hpcrl.config.recipe import Recipe
 
@@ -68,9 +67,8 @@ class Row:
     note: str
 
 
-@functools.cache
 def _schema() -> frozenset[str]:
-    return frozenset(schema_paths(Recipe))
+    return known_schema_paths(Recipe)
 
 
 def classify(nemo_path: str) -> tuple[str, str]:

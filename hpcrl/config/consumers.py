@@ -286,6 +286,7 @@ _DATASET_SITES: dict[str, tuple[str, ...]] = {
     "prompt_file": (MATH_PROMPT,),
     "system_prompt_file": (MATH_PROMPT,),
     "processor": (MATH_PROMPT,),
+    "repeat": (NAMED,),
 }
 for _section in ("data.train", "data.validation", "data.default"):
     for _key, _sites in _DATASET_SITES.items():

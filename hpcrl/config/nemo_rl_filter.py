@@ -10,9 +10,8 @@ Three sources decide, in this order:
    refuses by name (another generation backend, an environment no data set names);
 3. the NeMo RL key registry (``hpcrl.config.nemo_rl_keys``): a key NeMo RL knows, at one of
    its defaults or off, is unused here; at any other value it would change what NeMo RL does,
-   which hpcrl does not implement: refused. A key NeMo RL does not know either is left for
-   the converter, which names it with "did you mean" (inside a section only NeMo RL knows,
-   it is named here).
+   which hpcrl does not implement: refused. A key NeMo RL does not know either is an
+   "unknown key" error with "did you mean" over hpcrl's and NeMo RL's keys of its section.
 
 Loading the registry costs a few milliseconds: it happens only when a recipe holds a key
 that neither the schema nor ``foreign_keys`` knows.
@@ -41,7 +40,7 @@ class UnreadSection:
     """A section NeMo RL reads only when ``when`` holds; hpcrl refuses that setting itself
     (``refused_by`` names where), so the section cannot change what hpcrl does."""
 
-    path: str  # dotted; "*" matches one key
+    path: str  # dotted
     reason: str
 
 
@@ -150,12 +149,13 @@ class _Walk:
                 if sub is not None and isinstance(data[key], dict):
                     self.section(data[key], here, sub)
                 continue
-            if self.judge(here, data[key]):
-                del data[key]
+            if not self.judge(here, data[key]):
+                self.problems.append(_unknown_in_section(here, data[key], list(fields)))
+            del data[key]
 
     def judge(self, parts: tuple[str, ...], value: Any) -> bool:
-        """Decide one key outside the schema; True when it is taken out (accepted or
-        refused), False when it is left for the converter (a key nobody knows)."""
+        """Decide one key outside the schema (accepted or refused); False when nobody knows
+        it."""
         path = ".".join(parts)
         unread = unread_section(parts)
         if unread is not None:
@@ -236,11 +236,9 @@ def nemo_rl_parts(parts: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def unread_section(parts: tuple[str, ...]) -> UnreadSection | None:
+    dotted = ".".join(parts)
     for section in UNREAD_SECTIONS:
-        names = section.path.split(".")
-        if len(parts) >= len(names) and all(
-            name in ("*", part) for name, part in zip(names, parts, strict=False)
-        ):
+        if dotted == section.path or dotted.startswith(section.path + "."):
             return section
     return None
 
@@ -287,6 +285,21 @@ def _unknown(parts: tuple[str, ...], value: Any, siblings: list[str]) -> Problem
         message=f"unknown key {parts[-1]!r} (neither hpcrl nor NeMo RL knows it)",
         fix=fix,
     )
+
+
+def _unknown_in_section(parts: tuple[str, ...], value: Any, fields: list[str]) -> Problem:
+    """A key of a schema section neither hpcrl nor NeMo RL knows: the converter's message,
+    with NeMo RL's keys of the section among the guesses (a typo of one is found too)."""
+    from hpcrl.config.nemo_rl_keys import registry
+
+    siblings = registry().children(nemo_rl_parts(parts[:-1]))
+    guess = did_you_mean(parts[-1], [*fields, *siblings])
+    parent = ".".join(parts[:-1]) or "the top level"
+    if guess is not None:
+        fix = f"did you mean {'.'.join((*parts[:-1], guess))}?"
+    else:
+        fix = f"remove it; keys allowed under {parent}: {', '.join(fields)}"
+    return Problem(path=".".join(parts), value=value, message=f"unknown key {parts[-1]!r}", fix=fix)
 
 
 def _at(data: Any, parts: tuple[str, ...]) -> Any:

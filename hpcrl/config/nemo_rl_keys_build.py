@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,13 +66,14 @@ def examples_part(root: Path) -> dict[str, Any]:
     configs = root / CONFIGS_DIR
     paths = sorted(configs.rglob("*.yaml"))
     counts: dict[str, int] = {}
+    cache: dict[Path, Any] = {}
     for path in paths:
-        for key, _ in leaves(merged_raw(path)):
+        for key, _ in leaves(merged_raw(path, cache)):
             counts[key] = counts.get(key, 0) + 1
     defaults: dict[str, dict[str, Any]] = {}
     for name in BASE_CONFIGS:
         if (configs / name).is_file():
-            for key, value in leaves(merged_raw(configs / name)):
+            for key, value in leaves(merged_raw(configs / name, cache)):
                 defaults.setdefault(key, {})[name] = _jsonable(value)
     keys = {
         key: {"configs": count, **({"defaults": defaults[key]} if key in defaults else {})}
@@ -108,20 +110,31 @@ def source_part(source: Path) -> dict[str, Any]:
     }
 
 
-def merged_raw(path: Path) -> dict[str, Any]:
-    """A config with its ``defaults:`` merged as NeMo RL merges them, nothing resolved."""
-    from omegaconf import OmegaConf
-
+def merged_raw(path: Path, cache: dict[Path, Any] | None = None) -> dict[str, Any]:
+    """A config with its ``defaults:`` merged as NeMo RL merges them, nothing resolved
+    (``cache``: files already read in this build, by path)."""
     from hpcrl.config.loader import deep_merge
 
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    assert isinstance(data, dict)
+    cache = {} if cache is None else cache
+    if path not in cache:
+        cache[path] = read_yaml(path)
+    data = dict(cache[path])
     bases = data.pop("defaults", None) or []
     merged: dict[str, Any] = {}
     for base in [bases] if isinstance(bases, str) else bases:
         if (path.parent / base).is_file():  # some name files outside examples/configs
-            merged = deep_merge(merged, merged_raw(path.parent / base))
+            merged = deep_merge(
+                merged, merged_raw(Path(os.path.normpath(path.parent / base)), cache)
+            )
     return deep_merge(merged, data)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    from hpcrl.config.yaml_text import load_yaml
+
+    data = load_yaml(path)
+    assert isinstance(data, dict), f"{path} does not hold keys at the top level"
+    return data
 
 
 def leaves(value: Any, parts: tuple[str, ...] = ()) -> Iterator[tuple[str, Any]]:

@@ -146,12 +146,9 @@ class SequencePackingCfg:
     enabled: bool = False
     train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
     logprob_mb_tokens: int | None = None
-    algorithm: Literal[
-        "modified_first_fit_decreasing",
-        "first_fit_decreasing",
-        "first_fit_shuffle",
-        "concatenative",
-    ] = "modified_first_fit_decreasing"
+    # a str: read only while enabled (NeMo RL's configs carry a value it never reads when
+    # packing is off); hpcrl.config.batching_rules checks it against PACKING_ALGORITHMS
+    algorithm: str = "modified_first_fit_decreasing"
     sequence_length_round: int = 64
 
 
@@ -312,6 +309,7 @@ class DatasetCfg:
     system_prompt_file: str | None = None
     processor: str | None = None  # math_hf_data_processor | math_data_processor | sft_processor
     env_name: str | None = None
+    repeat: int | None = None  # the set's rows this many times over (NeMo RL's AIME: 16)
 
 
 @frozen

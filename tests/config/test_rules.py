@@ -529,3 +529,12 @@ def test_megatron_custom_fsdp_is_refused_at_load_time():
     )
     assert problem.path == f"{M}.distributed_data_parallel_config.use_custom_fsdp"
     assert "use_distributed_optimizer=true" in problem.fix
+
+
+def test_packing_algorithm_is_checked_only_while_packing_is_on():
+    """NeMo RL reads it only then; its configs carry modified_ffd with packing off."""
+    off = {"enabled": False, "algorithm": "modified_ffd"}
+    assert problems_for(policy__sequence_packing=off) == []
+    problem = only(problems_for(policy__sequence_packing={**off, "enabled": True}))
+    assert (problem.path, problem.value) == ("policy.sequence_packing.algorithm", "modified_ffd")
+    assert problem.fix.startswith("did you mean modified_first_fit_decreasing?")

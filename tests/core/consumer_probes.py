@@ -385,6 +385,7 @@ def named_data_probe(recipe: Recipe, tmp: Path) -> Any:
         if section.data_path is not None:
             loaded = named.load_named_rows(recipe, tok, which)
             result[which]["rows"] = plain(loaded[:4]) if loaded else loaded
+            result[which]["num_rows"] = len(loaded) if loaded else 0
     return result
 
 

@@ -351,6 +351,7 @@ DATASET_CHANGES: dict[str, Any] = {
     "prompt_file": "other_prompt",
     "system_prompt_file": "system_prompt",
     "processor": "math_data_processor",
+    "repeat": 3,
 }
 
 
