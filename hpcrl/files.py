@@ -189,6 +189,25 @@ def refuse_foreign_folder(folder: Path) -> None:
     )
 
 
+#: submitit's files of a submitted job are named after its id: ``41_submitted.pkl``,
+#: ``41_0_log.out``, ``41_submission.sh``; a submission that failed leaves only uuid names.
+SUBMITTED_JOB_FILE = re.compile(r"[0-9]+_.+")
+
+
+def holds_submitted_job(folder: Path) -> bool:
+    """A job was submitted from this run (or sweep) folder: it has its record (``job.json``,
+    ``sweep.json`` with an array id is read by the sweep code) or submitit's files of a job
+    id. A folder whose submission failed (sbatch refused it or did not answer) holds none:
+    it may be written and submitted again."""
+    if (folder / "job.json").exists():
+        return True
+    try:
+        names = [entry.name for entry in os.scandir(folder / "submitit")]
+    except OSError:
+        return False
+    return any(SUBMITTED_JOB_FILE.fullmatch(name) for name in names)
+
+
 def _is_ours(name: str) -> bool:
     return name in RENDER_NAMES or name == LOCK_NAME or TEMP_NAME.fullmatch(name) is not None
 

@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
         "-c", "--cluster", metavar="PROFILE", help="cluster profile (default: RUN's profile)"
     )
     rerun.add_argument(
-        "-o", "--out", metavar="DIR", help="run folder (default: beside RUN, named as submit does)"
+        "-o", "--out", metavar="DIR", help="run folder (default: <RUN>-rerun beside RUN)"
     )
     rerun.add_argument(
         "--wait", action="store_true", help="follow the job and exit with its exit code"
@@ -53,9 +53,10 @@ def register(subparsers: Any) -> None:
 
 
 def run_resume(args: argparse.Namespace) -> int:
-    from hpcrl.cli.jobs import _console, _shown, max_steps, print_submitted
+    from hpcrl.cli.jobs import _console, max_steps, print_submitted
     from hpcrl.config import load_recipe
     from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
+    from hpcrl.submit.hints import shown_path
     from hpcrl.submit.resumption import resume_run
     from hpcrl.submit.sweep import is_sweep_dir
 
@@ -64,7 +65,7 @@ def run_resume(args: argparse.Namespace) -> int:
     point, record = resume_run(run_dir)
     console = _console()
     console.print(
-        f"Resuming {_shown(run_dir)} from its checkpoint of step {point.checkpoint_step} "
+        f"Resuming {shown_path(run_dir)} from its checkpoint of step {point.checkpoint_step} "
         f"({point.checkpoint}) as attempt {point.attempt_offset + 1}; job "
         f"{point.previous.job_id} had ended {point.previous_status.state}",
         markup=False, soft_wrap=True,
@@ -79,7 +80,14 @@ def run_resume(args: argparse.Namespace) -> int:
 
 
 def run_rerun(args: argparse.Namespace) -> int:
-    from hpcrl.cli.jobs import prepare_fresh, submit_prepared
+    from hpcrl.cli.jobs import submit_prepared
+
+    return submit_prepared(prepare_rerun(args), args.wait, "hpcrl rerun")
+
+
+def prepare_rerun(args: argparse.Namespace) -> Prepared:
+    """The new run planned from RUN's resolved recipe and ``args.overrides``: in
+    ``<RUN>-rerun`` unless ``-o``, its manifest naming RUN and RUN's recipe commit."""
     from hpcrl.cli.prepare import prepare
     from hpcrl.submit.run_source import read_run_source
     from hpcrl.submit.sweep import is_sweep_dir
@@ -88,23 +96,44 @@ def run_rerun(args: argparse.Namespace) -> int:
     _refuse_sweep(run_dir, is_sweep_dir(run_dir), "rerun")
     source = read_run_source(run_dir)
     cluster = args.cluster or source.profile_source
-    # Beside the run; a sweep point's reruns go beside the sweep, not into it.
-    runs_dir = run_dir.parent.parent if is_sweep_dir(run_dir.parent) else run_dir.parent
+    out, numbered = (folder_path(args.out), False) if args.out else rerun_dir(run_dir)
+    written_by = (
+        "hpcrl", "rerun", str(run_dir), *args.overrides,
+        *(("--cluster", args.cluster) if args.cluster else ()),
+        *(("-o", str(out)) if args.out or numbered else ()),
+    )  # fmt: skip
+    provenance = {"rerun_of": str(run_dir)}
+    if source.recipe_git_sha:  # the recipe's commit is the source run's, not this folder's
+        provenance["recipe_git_sha"] = source.recipe_git_sha
+    return prepare(
+        str(source.resolved_recipe), cluster, args.overrides, out=str(out), for_submission=True,
+        recipe_source=source.recipe_source, written_by=written_by, provenance=provenance,
+    )  # fmt: skip
 
-    def prepare_into(out: str | None) -> Prepared:
-        written_by = (
-            "hpcrl", "rerun", str(run_dir), *args.overrides,
-            *(("--cluster", args.cluster) if args.cluster else ()),
-            *(("-o", str(folder_path(out))) if out is not None else ()),
-        )  # fmt: skip
-        return prepare(
-            str(source.resolved_recipe), cluster, args.overrides, out=out, runs_dir=runs_dir,
-            for_submission=True, recipe_source=source.recipe_source, written_by=written_by,
-            provenance={"rerun_of": str(run_dir)},
-        )  # fmt: skip
 
-    prepared = prepare_fresh(prepare_into, args.out)
-    return submit_prepared(prepared, args.wait, "hpcrl rerun")
+def rerun_dir(run_dir: Path) -> tuple[Path, bool]:
+    """``<run>-rerun`` beside the run (a sweep point's beside the sweep:
+    ``<sweep>-point-1-rerun``), ``-rerun-2``, ``-rerun-3``, ... when that one holds a job;
+    and whether it was numbered."""
+    from hpcrl.submit.sweep import is_sweep_dir
+
+    if is_sweep_dir(run_dir.parent):
+        base = run_dir.parent.parent / f"{run_dir.parent.name}-{run_dir.name}-rerun"
+    else:
+        base = run_dir.parent / f"{run_dir.name}-rerun"
+    return next_free_folder(base)
+
+
+def next_free_folder(base: Path) -> tuple[Path, bool]:
+    """``base``, else ``base-2``, ``base-3``, ... : the first that holds no submitted job (a
+    folder whose submission failed is used again); and whether it was numbered."""
+    from hpcrl.files import holds_submitted_job
+
+    number, folder = 1, base
+    while holds_submitted_job(folder):
+        number += 1
+        folder = base.with_name(f"{base.name}-{number}")
+    return folder, number > 1
 
 
 def _refuse_sweep(path: Path, is_sweep: bool, command: str) -> None:

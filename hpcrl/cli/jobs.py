@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.cli.prepare import DEFAULT_RUNS_DIR, add_recipe_arguments, folder_path
+from hpcrl.cli.prepare import add_recipe_arguments, folder_path
+from hpcrl.cli.status import PIPED_WIDTH, print_sweep_summary
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -56,18 +57,14 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     sweep.set_defaults(func=run_sweep)
 
-    status = subparsers.add_parser("status", help="state of runs (default: every run under ./runs)")
-    status.add_argument("runs", nargs="*", metavar="RUN", help="run or sweep folders")
-    status.add_argument("--runs-dir", default=DEFAULT_RUNS_DIR, help="where to look without RUN")
-    status.add_argument("--state", action="append", default=[], metavar="STATE[,STATE]",
-                        help="only runs in these states (RUNNING, PENDING, FAILED, COMPLETED, "
-                        "CANCELLED, NOT_SUBMITTED, ...; any case)")  # fmt: skip
-    status.add_argument("--recipe", metavar="TEXT", help="only runs whose recipe contains TEXT")
-    status.add_argument("--since", metavar="AGE",
-                        help="only runs submitted (or rendered) within AGE: 30m, 2h, 1d, 1w")  # fmt: skip
-    status.add_argument("--json", action="store_true", help="a JSON list instead of the table")
-    status.set_defaults(func=run_status)
+    from hpcrl.cli.status import register as register_status
 
+    register_status(subparsers)
+
+    _register_logs_and_cancel(subparsers)
+
+
+def _register_logs_and_cancel(subparsers: Any) -> None:
     logs = subparsers.add_parser(
         "logs", help="print (or follow) a run's logs (a sweep folder: every point's)",
         description="Every log line once, prefixed [node<k> <file>] ([point-<i> ...] in sweeps).",
@@ -84,6 +81,10 @@ def register(subparsers: Any) -> None:
     logs.add_argument(
         "-f", "--follow", action="store_true", help="keep printing until the job ends"
     )
+    logs.add_argument(
+        "--raw", action="store_true",
+        help="every line: also a cancelled job's shutdown output (signal stack dumps, ...)",
+    )  # fmt: skip
     logs.set_defaults(func=run_logs)
 
     cancel = subparsers.add_parser(
@@ -95,23 +96,10 @@ def register(subparsers: Any) -> None:
     cancel.set_defaults(func=run_cancel)
 
 
-#: Piped output (no terminal) gets this width instead of rich's 80 columns, so tables and
-#: paths are not cut short in logs and CI output.
-PIPED_WIDTH = 200
-
-
 def _console() -> Console:
     from rich.console import Console
 
     return Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
-
-
-def _shown(path: Path) -> str:
-    """A path as the user should type it: relative to the working directory when inside it."""
-    try:
-        return str(Path(path).absolute().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def _escape(text: str) -> str:
@@ -128,18 +116,14 @@ def max_steps(recipe: Recipe) -> int | None:
 # --------------------------------------------------------------------------- submit
 def prepare_fresh(prepare_into: Callable[[str | None], Prepared], out: str | None) -> Prepared:
     """Plan the run (``prepare_into(out)``); without -o, a folder already holding a job gets a
-    numbered sibling."""
+    numbered sibling (one whose submission failed is used again)."""
+    from hpcrl.cli.again import next_free_folder
+
     prepared = prepare_into(out)
     if out is not None:
         return prepared
-    base = Path(prepared.spec.run_dir)
-    number, run_dir = 1, base
-    while (run_dir / "submitit").exists():
-        number += 1
-        run_dir = base.with_name(f"{base.name}-{number}")
-    if run_dir == base:
-        return prepared
-    return prepare_into(str(run_dir))
+    run_dir, numbered = next_free_folder(Path(prepared.spec.run_dir))
+    return prepare_into(str(run_dir)) if numbered else prepared
 
 
 def run_submit(args: argparse.Namespace) -> int:
@@ -170,7 +154,7 @@ def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
         try:
             record = submit_job(prepared.spec, run.script)
         except SubmissionRefused as error:
-            console.print(f"[bold red]not submitted[/]: {error}", markup=True, soft_wrap=True)
+            print(refusal_text(error), file=sys.stderr)
             return 1
     print_submitted(console, record, run.path)
     if not wait:
@@ -181,24 +165,42 @@ def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
     return outcome.exit_code
 
 
+def refusal_text(error: Exception) -> str:
+    """``not submitted: <sbatch's answer>`` and the fix (secrets a scheduler echoed hidden)."""
+    from hpcrl.config.secrets import redact
+
+    fix = getattr(error, "fix", "")
+    return redact(f"not submitted: {error}" + (f"\nfix: {fix}" if fix else ""))
+
+
 def print_submitted(console: Console, record: JobRecord, run_dir: Path) -> None:
-    shown = _shown(run_dir)
+    from hpcrl.submit.hints import command, quoted_path
+
     where = f"{record.num_tasks} node(s) on {record.cluster}"
-    console.print(f"Submitted job [bold]{record.job_id}[/] ({record.job_name}, {where})")
-    console.print(f"  run folder  {shown}", soft_wrap=True)
-    console.print(f"  follow      hpcrl logs {shown} -f", soft_wrap=True)
-    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
-    console.print(f"  cancel      hpcrl cancel {shown}", soft_wrap=True)
+    console.print(f"Submitted job [bold]{record.job_id}[/] ({_escape(record.job_name)}, {where})")
+    _print_hints(console, [
+        ("run folder", quoted_path(run_dir)),
+        ("follow", command("logs", run_dir, "-f")),
+        ("status", command("status", run_dir)),
+        ("cancel", command("cancel", run_dir)),
+    ])  # fmt: skip
+
+
+def _print_hints(console: Console, hints: list[tuple[str, str]]) -> None:
+    """``  follow      hpcrl logs runs/x -f``: each a line that runs as printed (no markup)."""
+    for label, text in hints:
+        console.print(f"  {label:<11} {text}", markup=False, highlight=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- sweep
 def run_sweep(args: argparse.Namespace) -> int:
+    from hpcrl.cli.user_config import default_runs_dir
     from hpcrl.submit.sweep import build_points
     from hpcrl.submit.sweep_launch import default_sweep_dir, plan_sweep, sweep_argv
 
     points = build_points(args.grid, args.zip)  # a SweepError ends as one line (main)
     sweep_dir = folder_path(args.out) if args.out else default_sweep_dir(
-        args.recipe, args.cluster, args.overrides, points, Path(DEFAULT_RUNS_DIR)
+        args.recipe, args.cluster, args.overrides, points, default_runs_dir()
     )  # fmt: skip
     if args.no_submit and args.wait:
         print("hpcrl sweep: --wait needs a submitted sweep; drop --no-submit", file=sys.stderr)
@@ -226,20 +228,22 @@ def run_sweep(args: argparse.Namespace) -> int:
         with run_folder_lock(sweep_dir, command="hpcrl sweep"):
             record, job_records = write_and_submit_sweep(planned)
     except SubmissionRefused as error:
-        print(f"not submitted: {error}", file=sys.stderr)
+        print(refusal_text(error), file=sys.stderr)
         return 1
+    from hpcrl.submit.hints import command, quoted_path
+
     console = _console()
-    shown = _shown(sweep_dir)
     console.print(
-        f"Submitted sweep {record.name}: job array [bold]{record.array_job_id}[/] with "
+        f"Submitted sweep {_escape(record.name)}: job array [bold]{record.array_job_id}[/] with "
         f"{len(points)} points (at most {planned.array_spec.array_parallelism} at once)"
     )
     for point, job in zip(record.points, job_records, strict=True):
         console.print(
-            f"  {job.job_id:>10}  {shown}/{point.run_dir_name}  {point.describe()}", soft_wrap=True
-        )
-    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
-    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+            f"  {job.job_id:>10}  {quoted_path(sweep_dir / point.run_dir_name)}  "
+            f"{point.describe()}", markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+    _print_hints(console, [("status", command("status", sweep_dir)),
+                           ("report", command("report", sweep_dir))])  # fmt: skip
     if not args.wait:
         return 0
     return _wait_sweep(sweep_dir, job_records, console)
@@ -257,17 +261,19 @@ def _print_sweep_warnings(planned: PlannedSweep) -> None:
 
 def _write_unsubmitted(planned: PlannedSweep) -> int:
     """``--no-submit``: the folders only, each point's path and its values."""
+    from hpcrl.submit.hints import command, quoted_path
     from hpcrl.submit.sweep_launch import write_sweep_folders
 
     write_sweep_folders(planned)
     console = _console()
-    shown = _shown(planned.sweep_dir)
     console.print(
-        f"Wrote sweep {planned.record.name} with {len(planned.points)} points (not submitted)"
-    )
+        f"Wrote sweep {planned.record.name} with {len(planned.points)} points (not submitted)",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
     for point in planned.record.points:
-        console.print(f"  {shown}/{point.run_dir_name}  {point.describe()}", soft_wrap=True)
-    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+        console.print(f"  {quoted_path(planned.sweep_dir / point.run_dir_name)}  "
+                      f"{point.describe()}", markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+    _print_hints(console, [("report", command("report", planned.sweep_dir))])
     return 0
 
 
@@ -285,18 +291,19 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
             file=sys.stderr,
         )
         return 2
+    from hpcrl.submit.hints import command, quoted_path
+
     console = _console()
-    shown = _shown(planned.sweep_dir)
     console.print(
         f"Sweep {planned.record.name}: {len(planned.points)} points on "
-        f"{planned.points[0].spec.profile_name}, one after another"
-    )
+        f"{planned.points[0].spec.profile_name}, one after another",
+        markup=False, highlight=False, soft_wrap=True,
+    )  # fmt: skip
 
     def announce(point: Any, job: JobRecord) -> None:
-        console.print(
-            f"  {job.job_id:>10}  {shown}/{point.point.run_dir_name}  {point.point.describe()}",
-            soft_wrap=True,
-        )
+        folder = quoted_path(planned.sweep_dir / point.point.run_dir_name)
+        console.print(f"  {job.job_id:>10}  {folder}  {point.point.describe()}",
+                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
 
     def follow(run_dir: Path, job: JobRecord) -> int:
         steps = max_steps(planned.points[job.array_index or 0].loaded.recipe)
@@ -307,9 +314,9 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
     with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
         exit_code = run_local_sweep(planned, wait=follow, announce=announce)
     if exit_code != DETACHED_EXIT_CODE:
-        print_sweep_summary(planned.sweep_dir, console)
-    console.print(f"  status      hpcrl status {shown}", soft_wrap=True)
-    console.print(f"  report      hpcrl report {shown}", soft_wrap=True)
+        print_sweep_summary(planned.sweep_dir)
+    _print_hints(console, [("status", command("status", planned.sweep_dir)),
+                           ("report", command("report", planned.sweep_dir))])  # fmt: skip
     return exit_code
 
 
@@ -320,78 +327,8 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
     points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)
     outcomes = wait_for_jobs(list(zip(points, job_records, strict=True)), console)
     if not any(outcome.detail == "detached" for outcome in outcomes):
-        print_sweep_summary(sweep_dir, console)
+        print_sweep_summary(sweep_dir)
     return next((outcome.exit_code for outcome in outcomes if outcome.exit_code != 0), 0)
-
-
-# --------------------------------------------------------------------------- status
-def _status_filter(args: argparse.Namespace) -> Any:
-    from hpcrl.config.errors import UserError
-    from hpcrl.submit.status_view import StatusFilter, parse_age
-
-    states = {
-        word.strip().upper() for text in args.state for word in text.split(",") if word.strip()
-    }
-    try:
-        max_age_s = parse_age(args.since) if args.since is not None else None
-    except ValueError as error:
-        raise UserError(f"--since: {error}", fix="e.g. --since 2h") from None
-    return StatusFilter(states=frozenset(states), recipe=args.recipe, max_age_s=max_age_s)
-
-
-def status_table(runs: list[Any], title: str | None = None) -> Any:
-    """The status table of ``runs`` (``hpcrl status``; the end of ``sweep --wait``)."""
-    from rich.table import Table
-
-    from hpcrl.submit.status_view import table_cells, table_columns
-
-    columns = table_columns(runs)
-    table = Table(title=title, title_justify="left")
-    for header in columns:
-        numeric = header in ("exit", "attempts", "step", "reward", "loss", "elapsed")
-        table.add_column(header, justify="right" if numeric else "left", overflow="fold")
-    for run in runs:
-        cells = table_cells(run)
-        table.add_row(*(_escape(cells[header]) for header in columns))
-    return table
-
-
-def print_sweep_summary(sweep_dir: Path, console: Console) -> None:
-    """After ``sweep --wait``: every point's state, exit code, values, steps, reward, loss."""
-    from hpcrl.submit.status_view import collect_run_dirs, run_statuses
-
-    runs = run_statuses(collect_run_dirs([sweep_dir], sweep_dir.parent))
-    console.print(status_table(runs, title=f"sweep {sweep_dir.name}"))
-
-
-def run_status(args: argparse.Namespace) -> int:
-    import datetime
-
-    from hpcrl.submit.status_view import (
-        as_json,
-        collect_run_dirs,
-        run_statuses,
-    )
-
-    keep = _status_filter(args)
-    listed = collect_run_dirs([folder_path(run) for run in args.runs], Path(args.runs_dir))
-    now = datetime.datetime.now(datetime.UTC)
-    runs = [run for run in run_statuses(listed) if keep.keeps(run, now)]
-    if args.json:
-        print(as_json(runs))
-        return 0
-    console = _console()
-    if not runs:
-        where = "matching the filters" if listed else f"under {args.runs_dir}/"
-        console.print(f"No runs {where} (submit one with: hpcrl submit RECIPE --cluster C)",
-                      markup=False)  # fmt: skip
-        return 0
-    console.print(status_table(runs))
-    for run in runs:
-        if run.problem:
-            console.print(f"{run.name}: {run.problem}", markup=False, highlight=False,
-                          soft_wrap=True)  # fmt: skip
-    return 1 if args.runs and any(run.problem for run in runs) else 0
 
 
 # --------------------------------------------------------------------------- logs / cancel
@@ -403,7 +340,9 @@ def run_logs(args: argparse.Namespace) -> int:
     if args.driver and args.node not in (None, 0):
         raise UserError(f"--driver with --node {args.node}: the driver runs on node 0",
                         fix="drop --node, or --driver")  # fmt: skip
-    selection = LogSelection(node=args.node, attempt=args.attempt, driver_only=args.driver)
+    selection = LogSelection(
+        node=args.node, attempt=args.attempt, driver_only=args.driver, raw=args.raw
+    )
     # `hpcrl logs RUN | head` (a closed pipe) ends quietly: hpcrl.cli.failures
     return show_logs(folder_path(args.run), selection, args.point, follow_job=args.follow)
 

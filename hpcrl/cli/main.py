@@ -43,19 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Like ``parse_args``, but ``key=value`` overrides may also follow the options.
+    """Like ``parse_args``, but overrides may also follow the options, in every form
+    (``a=1``, ``~a``, ``+a=1``, ``++a=1``): ``hpcrl.cli.arguments``. Words that only look
+    like overrides (``--a.b=1``, ``a.b`` without a value) are kept in ``override_mistakes``."""
+    from hpcrl.cli.arguments import override_word_problems, place_extras
 
-    argparse fills a ``nargs="*"`` positional in one go, so in ``render R --cluster C a=1`` the
-    ``a=1`` would be left over; it is appended to ``overrides`` here instead.
-    """
     args, extras = parser.parse_known_args(argv)
-    if extras and hasattr(args, "overrides"):
-        misplaced = [arg for arg in extras if arg.startswith("-") or "=" not in arg]
-        if misplaced:
-            parser.error(f"unrecognized arguments: {' '.join(misplaced)}")
-        args.overrides = [*args.overrides, *extras]
-    elif extras:
-        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+    dashed = place_extras(parser, args, extras)
+    overrides = getattr(args, "overrides", [])
+    args.override_mistakes = override_word_problems(args.command, overrides, dashed)
     return args
 
 
@@ -67,6 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parse_args(parser, [arg for arg in argv if arg != DEBUG_FLAG])
     try:
+        if args.override_mistakes:
+            from hpcrl.config.errors import ConfigError
+
+            raise ConfigError(args.override_mistakes)
+        if getattr(args, "needs_cluster", False) and args.cluster is None:
+            args.cluster = _default_cluster()
         return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as error:
         if debug:
@@ -74,6 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hpcrl.cli.failures import report_failure  # after parsing: `--help` stays light
 
         return report_failure(args.command, error)
+
+
+def _default_cluster() -> str:
+    """``--cluster`` left out: the user's default profile (hpcrl.cli.user_config)."""
+    from hpcrl.cli.user_config import default_cluster, no_cluster_error
+
+    cluster, _ = default_cluster()
+    if cluster is None:
+        raise no_cluster_error()
+    return cluster
 
 
 if __name__ == "__main__":

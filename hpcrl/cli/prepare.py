@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from hpcrl.config.errors import Problem
     from hpcrl.plan.jobspec import JobSpec
 
-DEFAULT_RUNS_DIR = "runs"
-
 
 def register(subparsers: Any) -> None:
     validate = subparsers.add_parser(
@@ -64,10 +62,11 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-c",
         "--cluster",
-        required=True,
         metavar="PROFILE",
-        help="cluster profile name or file (e.g. eos, local)",
+        help="cluster profile name or file (e.g. eos, local); default: $HPCRL_CLUSTER, else "
+        "'cluster:' in ~/.config/hpcrl/config.yaml",
     )
+    parser.set_defaults(needs_cluster=True)
 
 
 def folder_path(text: str) -> Path:
@@ -128,8 +127,8 @@ def prepare(
     warnings = tuple(loaded.warnings) + tuple(profile_warnings)
     if out is not None:
         run_dir = folder_path(out)
-    else:
-        base = runs_dir if runs_dir is not None else Path(DEFAULT_RUNS_DIR)
+    else:  # under the runs folder given, else the user's (hpcrl.cli.user_config)
+        base = runs_dir if runs_dir is not None else _user_runs_dir()
         run_dir = default_run_dir(recipe_source or recipe, loaded.resolved_dict, profile, base)
     # Code bundles are kept beside the run folders and shared by every run of the same code.
     host = describe_submit_host(profile, bundles_dir_for(run_dir.parent))
@@ -153,6 +152,12 @@ def prepare(
         loaded=loaded, profile=profile, spec=spec, warnings=warnings,
         provenance={"profile_source": _as_source(cluster), **(provenance or {})},
     )  # fmt: skip
+
+
+def _user_runs_dir() -> Path:
+    from hpcrl.cli.user_config import default_runs_dir
+
+    return default_runs_dir()
 
 
 def _as_source(name_or_path: str) -> str:
@@ -179,16 +184,14 @@ def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) ->
 
 def run_validate(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, ask_job_python=True)
-    from rich.console import Console
+    from hpcrl.cli.status import output_width
 
-    console = Console(highlight=False)
-    console.print(plan_table(prepared.spec))
-    print_warnings(prepared, console)
-    for line in unused_keys_lines(prepared.loaded.unused_nemo_rl_keys, args.verbose):
-        console.print(_escape(line))
-    console.print(
-        f"[bold green]OK[/]: {args.recipe} plans on {prepared.profile.name}; nothing was written."
-    )
+    print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
+    print_warnings(prepared, None)
+    lines = unused_keys_lines(prepared.loaded.unused_nemo_rl_keys, args.verbose)
+    if lines:
+        print("\n".join(lines))
+    print(f"OK: {args.recipe} plans on {prepared.profile.name}; nothing was written.")
     return 0
 
 
@@ -261,41 +264,48 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def submit_command(spec: JobSpec) -> str:
+    from hpcrl.submit.hints import command
+
+    return command("submit", *spec.written_by[2:])
+
+
+def plan_lines(spec: JobSpec, width: int | None) -> list[str]:
+    """What ``hpcrl validate`` shows of a plan: one ``label  value`` line per fact (values
+    wrapped at spaces, paths never broken) and each passed check; the warned ones are
+    printed once, with their fixes, after it (``print_warnings``)."""
     import shlex
 
-    return shlex.join(["hpcrl", "submit", *spec.written_by[2:]])
+    from hpcrl.submit.labelled_lines import wrap_field
 
-
-def plan_table(spec: JobSpec) -> Any:
-    import shlex
-
-    from rich.table import Table
-
-    table = Table(
-        title=f"{spec.job_name} on {spec.profile_name}", show_header=False, title_justify="left"
-    )
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")  # fold, never crop: paths must stay whole
     unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
-    table.add_row("scheduler", spec.scheduler)
-    table.add_row(
-        "nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
-    )
-    table.add_row("layout", f"{spec.layout.backend}: {spec.layout.describe()}")
+    fields = [
+        ("scheduler", spec.scheduler),
+        ("nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"),
+        ("layout", f"{spec.layout.backend}: {spec.layout.describe()}"),
+    ]
     if spec.megatron_checkpoint_dir is not None:
-        table.add_row(
+        fields.append((
             "megatron ckpt dir",
             f"{spec.megatron_checkpoint_dir} (from {spec.megatron_checkpoint_dir_source})",
-        )
-    table.add_row("python", f"{shlex.join(spec.code.python)} ({spec.code.python_origin})")
+        ))  # fmt: skip
+    fields.append(("python", f"{shlex.join(spec.code.python)} ({spec.code.python_origin})"))
     if spec.container is not None:
-        table.add_row("container", spec.container.image)
-        table.add_row("mounts", "\n".join(spec.container.mounts))
-    table.add_row("run folder", spec.run_dir)
-    for check in spec.checks:
-        mark = "[green]passed[/]" if check.status == "passed" else "[yellow]warned[/]"
-        table.add_row(f"check {check.name}", f"{mark} {_escape(check.format())}")
-    return table
+        fields += [
+            ("container", spec.container.image),
+            ("mounts", "\n".join(spec.container.mounts)),
+        ]
+    fields.append(("run folder", spec.run_dir))
+    fields += [(f"check {check.name}", check.format()) for check in spec.checks
+               if check.status == "passed"]  # fmt: skip
+    label_width = max(len(label) for label, _ in fields)
+    lines = [f"{spec.job_name} on {spec.profile_name}"]
+    for label, value in fields:
+        lines += ["  " + line for line in wrap_field(label, value, _less(width, 2), label_width)]
+    return lines
+
+
+def _less(width: int | None, columns: int) -> int | None:
+    return None if width is None else width - columns
 
 
 def print_warnings(prepared: Prepared, console: Any) -> None:

@@ -28,8 +28,12 @@ BATCHING = "hpcrl.core.workers.micro_batches:BatchingSettings.from_recipe"
 GRPO_STEP = "hpcrl.core.algorithms.grpo:grpo_step"
 SAMPLE = "hpcrl.core.algorithms.grpo:sample_rollouts"
 EXPAND = "hpcrl.core.algorithms.grpo:expand_prompts"
-BUDGET = "hpcrl.core.algorithms.grpo:prompt_token_budget"
+BUDGET = "hpcrl.core.algorithms.grpo:context_length"
 TRAIN_BATCH = "hpcrl.core.algorithms.grpo:build_train_batch"
+FINISH_BATCH = "hpcrl.core.algorithms.grpo:finish_train_batch"
+ADVANTAGES = "hpcrl.core.algorithms.advantages:estimate_advantages"
+ESTIMATOR_FLAGS = "hpcrl.core.algorithms.advantages:estimator_flags"
+SHAPE_REWARDS = "hpcrl.core.algorithms.reward_terms:shape_rewards"
 TRAIN = "hpcrl.core.algorithms.grpo:train_on_batch"
 TRUNCATED = "hpcrl.core.algorithms.grpo:truncated_responses"
 STEP_ROLLOUTS = "hpcrl.core.algorithms.grpo:step_rollouts"
@@ -188,7 +192,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
         MG_DDP,
     ),
     # ------------------------------------------------------------------ data
-    "data.max_input_seq_length": (BUDGET,),
+    "data.max_input_seq_length": (EXPAND,),
     "data.shuffle": (SAMPLER,),
     "data.add_bos": (SFT_EXAMPLE,),
     "data.add_eos": (SFT_EXAMPLE,),
@@ -198,8 +202,15 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.num_generations_per_prompt": (EXPAND, TRAIN_BATCH),
     "grpo.max_num_steps": (STEPS,),
     "grpo.max_num_epochs": (STEPS,),
-    "grpo.normalize_rewards": (TRAIN_BATCH,),
-    "grpo.use_leave_one_out_baseline": (TRAIN_BATCH,),
+    "grpo.normalize_rewards": (ESTIMATOR_FLAGS,),
+    "grpo.use_leave_one_out_baseline": (ESTIMATOR_FLAGS,),
+    "grpo.adv_estimator.name": (ADVANTAGES,),
+    "grpo.adv_estimator.normalize_rewards": (ESTIMATOR_FLAGS,),
+    "grpo.adv_estimator.use_leave_one_out_baseline": (ESTIMATOR_FLAGS,),
+    "grpo.adv_estimator.minus_baseline": (ADVANTAGES,),
+    "grpo.advantage_clip_low": (ADVANTAGES,),
+    "grpo.advantage_clip_high": (ADVANTAGES,),
+    "grpo.seq_logprob_error_threshold": (FINISH_BATCH,),
     "grpo.overlong_filtering": (TRAIN_BATCH,),
     "grpo.val_period": (RUN_STEPS,),
     "grpo.val_at_start": (RUN_STEPS,),
@@ -215,6 +226,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.reward_shaping.overlong_buffer_length": (SHAPE,),
     "grpo.reward_shaping.overlong_buffer_penalty": (SHAPE,),
     "grpo.reward_shaping.max_response_length": (SHAPE,),
+    "grpo.reward_shaping.stop_properly_penalty_coef": (SHAPE_REWARDS,),
     "grpo.reward_scaling.enabled": (SCALE,),
     "grpo.reward_scaling.source_min": (SCALE,),
     "grpo.reward_scaling.source_max": (SCALE,),

@@ -195,6 +195,12 @@ def _unknown_key_issue(parts: PathParts, data: Any, cls: type) -> StructureIssue
     guess = did_you_mean(str(parts[-1]), known)
     parent = format_path(parts[:-1]) if parts[:-1] else "the top level"
     fix = f"did you mean {format_path(parts[:-1] + (guess,))}?" if guess else ""
+    if not fix:  # a key one level or more further down (policy.lr -> policy.optimizer.kwargs.lr)
+        from hpcrl.config.key_index import keys_ending_like
+
+        below = [f"{parent}.{path}" if parts[:-1] else path
+                 for path in keys_ending_like(cls, (str(parts[-1]),), 0)]  # fmt: skip
+        fix = f"did you mean {' or '.join(below)}?" if below else ""
     fix = fix or f"remove it; keys allowed under {parent}: {', '.join(known)}"
     problem = Problem(
         path=format_path(parts),

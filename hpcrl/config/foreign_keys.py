@@ -246,6 +246,21 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "hpcrl resets vLLM's prefix cache after every refit, so no response is ever "
         "continued from a cache the old weights computed",
     ),
+    # ---------------------------------------------------------------- GRPO math
+    off_only(
+        "loss_fn.positive_example_nll_weight",
+        "VAPO's NLL term on correct responses is not supported: NeMo RL applies it only where "
+        "the loss gets the rewards (its PPO); its GRPO loop does not pass them, so this key "
+        "changes nothing there either (v0.7.0, main 7ea279a)",
+        0.0,
+        0,
+    ),
+    off_only(
+        "grpo.adv_estimator.reward_weights",
+        "per-reward weights of the gdpo estimator, which is not supported (hpcrl's "
+        "environments return one reward)",
+        None,
+    ),
     # ---------------------------------------------------------------- checkpointing
     off_only(
         "checkpointing.checkpoint_must_save_by",

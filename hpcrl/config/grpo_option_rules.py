@@ -1,5 +1,5 @@
 """Load-time rules of NeMo RL's GRPO options that hpcrl implements: single-turn rollouts,
-dynamic sampling, reward shaping and scaling."""
+dynamic sampling, reward shaping and scaling (the advantage options: advantage_rules.py)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def rule_reward_terms(recipe: Recipe) -> list[Problem]:
     if grpo is None:
         return []
     problems = []
-    scaling, shaping = grpo.reward_scaling, grpo.reward_shaping
+    scaling = grpo.reward_scaling
     if scaling.enabled and scaling.source_max <= scaling.source_min:
         problems.append(
             Problem(
@@ -66,14 +66,50 @@ def rule_reward_terms(recipe: Recipe) -> list[Problem]:
                 fix="give the range the environment's rewards fall in, e.g. 0.0 to 1.0",
             )
         )
+    if grpo.reward_shaping.enabled:
+        problems += _shaping_problems(recipe)
+    return problems
+
+
+def _shaping_problems(recipe: Recipe) -> list[Problem]:
+    """NeMo RL asserts these in ``apply_reward_shaping``, at the first step."""
+    assert recipe.grpo is not None
+    shaping = recipe.grpo.reward_shaping
+    path = f"{G}.reward_shaping"
+    coef = shaping.stop_properly_penalty_coef
+    if coef is not None:
+        if 0.0 <= coef <= 1.0:
+            return []
+        return [
+            Problem(
+                path=f"{path}.stop_properly_penalty_coef",
+                value=coef,
+                message="must be in [0, 1]: truncated responses' rewards are multiplied by it",
+                fix="e.g. 0.0 (a truncated response earns nothing), or null for DAPO's "
+                "overlong penalty",
+            )
+        ]
+    problems = []
     limit = shaping.max_response_length or recipe.policy.generation.max_new_tokens
-    if shaping.enabled and not 0 < shaping.overlong_buffer_length <= limit:
+    length = shaping.overlong_buffer_length
+    if length is None or not 0 < length <= limit:
         problems.append(
             Problem(
-                path=f"{G}.reward_shaping.overlong_buffer_length",
-                value=shaping.overlong_buffer_length,
+                path=f"{path}.overlong_buffer_length",
+                value=length,
                 message=f"must be in (0, max_response_length = {limit}]",
                 fix="e.g. 128: the last 128 tokens before the limit are penalised linearly",
+            )
+        )
+    penalty = shaping.overlong_buffer_penalty
+    if penalty is None or penalty < 0:
+        problems.append(
+            Problem(
+                path=f"{path}.overlong_buffer_penalty",
+                value=penalty,
+                message="must be at least 0: the reward lost per buffer length past "
+                "max_response_length − overlong_buffer_length",
+                fix=f"set {path}.overlong_buffer_penalty=1.0",
             )
         )
     return problems

@@ -234,18 +234,25 @@ def check_key_in_schema(parts: tuple[str, ...], schema: type, text: str) -> Prob
             )
         hints = _field_types(field_type)
         if part not in hints:
-            return _unknown_override_key(parts, depth, list(hints), text)
+            return _unknown_override_key(parts, depth, list(hints), text, schema)
         field_type = hints[part]
     return None
 
 
 def _unknown_override_key(
-    parts: tuple[str, ...], depth: int, known: list[str], text: str
+    parts: tuple[str, ...], depth: int, known: list[str], text: str, schema: type
 ) -> Problem:
+    """A sibling with a close name first (``polcy`` -> ``policy``); else the keys below the
+    same parent that end like the typed key (``policy.lr`` -> ``policy.optimizer.kwargs.lr``)."""
+    from hpcrl.config.key_index import keys_ending_like
+
     guess = did_you_mean(parts[depth], known)
     parent = ".".join(parts[:depth]) or "the top level"
+    deeper = [] if guess else keys_ending_like(schema, parts, depth)
     if guess:
         fix = "did you mean " + ".".join((*parts[:depth], guess, *parts[depth + 1 :])) + "?"
+    elif deeper:
+        fix = "did you mean " + " or ".join(deeper) + "?"
     else:
         fix = f"keys allowed under {parent}: {', '.join(known)}"
     return Problem(

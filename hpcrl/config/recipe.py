@@ -205,14 +205,16 @@ class AsyncGrpoCfg:
 
 @frozen
 class RewardShapingCfg:
-    """DAPO's overlong penalty (``grpo.reward_shaping``): a response longer than
-    max_response_length − overlong_buffer_length loses up to overlong_buffer_penalty,
-    linearly over the buffer."""
+    """``grpo.reward_shaping``, applied after ``reward_scaling``: DAPO's overlong penalty (a
+    response longer than max_response_length − overlong_buffer_length loses
+    overlong_buffer_penalty per buffer length beyond it, without a floor), or with
+    stop_properly_penalty_coef set, truncated responses' rewards times that coefficient."""
 
     enabled: bool = False
-    overlong_buffer_length: int = 128
-    overlong_buffer_penalty: float = 1.0
+    overlong_buffer_length: int | None = 128  # None only with stop_properly_penalty_coef
+    overlong_buffer_penalty: float | None = 1.0  # >= 0; None only with the coefficient
     max_response_length: int | None = None  # None: policy.generation.max_new_tokens
+    stop_properly_penalty_coef: float | None = None  # in [0, 1]; None: DAPO's penalty
 
 
 @frozen
@@ -225,6 +227,17 @@ class RewardScalingCfg:
     source_max: float = 1.0
     target_min: float = 0.0
     target_max: float = 1.0
+
+
+@frozen
+class AdvEstimatorCfg:
+    """``grpo.adv_estimator`` (NeMo RL v0.7.0+): which advantage estimator, and its options
+    (hpcrl.core.algorithms.advantages). gdpo and opd are refused by the rules."""
+
+    name: str = "grpo"  # grpo or reinforce_plus_plus
+    normalize_rewards: bool | None = None  # grpo; None: grpo.normalize_rewards
+    use_leave_one_out_baseline: bool | None = None  # grpo; None: grpo.use_leave_one_out_...
+    minus_baseline: bool = True  # reinforce_plus_plus: subtract the prompt group's mean
 
 
 @frozen
@@ -249,6 +262,11 @@ class GrpoCfg:
     batch_multiplier: int = 1  # prompts generated per step = num_prompts_per_step x this
     reward_shaping: RewardShapingCfg = attrs.field(factory=RewardShapingCfg)
     reward_scaling: RewardScalingCfg = attrs.field(factory=RewardScalingCfg)
+    adv_estimator: AdvEstimatorCfg = attrs.field(factory=AdvEstimatorCfg)
+    advantage_clip_low: float | None = None  # clamp advantages from below; None: off
+    advantage_clip_high: float | None = None  # from above; None: off
+    # leave sequences whose mean exp|train − sampler log-prob| exceeds this out of the loss
+    seq_logprob_error_threshold: float | None = None  # >= 1; None: off (metrics still kept)
     max_val_samples: int | None = None  # None: the whole validation set
     val_batch_size: int | None = None
 

@@ -14,6 +14,7 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 
 from __future__ import annotations
 
+from hpcrl.config.advantage_rules import ADVANTAGE_RULES
 from hpcrl.config.batching_rules import BATCHING_RULES
 from hpcrl.config.datasets import DATA_RULES
 from hpcrl.config.env_rules import ENV_RULES
@@ -443,6 +444,7 @@ RECIPE_RULES = (
     *OPTIMIZER_RULES,
     *BATCHING_RULES,
     *GRPO_OPTION_RULES,
+    *ADVANTAGE_RULES,
     *DATA_RULES,
     *RANGE_RULES,
     *ENV_RULES,

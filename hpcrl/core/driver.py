@@ -32,11 +32,13 @@ from hpcrl.core.algorithms.loop import (
     CheckpointStore,
     PreemptionWatch,
     checkpoint_folder,
+    complete_checkpoints,
     metric_key,
 )
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
+from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
 from hpcrl.plan.jobspec import JobSpec
@@ -127,6 +129,7 @@ def train_recipe(
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.models.tiny import resolve_model_path
 
+    report_phase(run_dir, f"loading {recipe.policy.model_name} and the data")
     model_path = resolve_model_path(recipe.policy.model_name)
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
     rows = _training_rows(recipe, recipe_dir, tokenizer)
@@ -147,6 +150,7 @@ def train_recipe(
         flush=True,
     )
     started = time.monotonic()
+    report_phase(run_dir, f"starting {jobspec.world_size} workers")
     policy = build_policy(recipe, jobspec, model_path, pad_token_id=tokenizer.pad_token_id or 0)
     print(f"workers ready in {time.monotonic() - started:.1f}s", flush=True)
     try:
@@ -390,7 +394,7 @@ def _run_logged_steps(
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
-    first_step = _resume(store, sampler)
+    first_step = _resume(store, sampler, run_dir)
     # A step 0 line (validation before step 1) runs again only when the run starts over.
     dropped = writer.drop_steps_from(first_step if first_step > 1 else 0)
     if dropped:
@@ -402,7 +406,9 @@ def _run_logged_steps(
         and first_step == 1
         and validation_due(0, settings.val_period, settings.val_at_start)
     ):
+        report_phase(run_dir, "validating before step 1")
         loggers.log(_validate_at_start(validate, writer))
+    report_phase(run_dir, f"training from step {first_step}", first_step=first_step)
     with PreemptionWatch(run_dir).installed() as watch:
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
@@ -434,8 +440,11 @@ def _validate_at_start(
     return record
 
 
-def _resume(store: CheckpointStore, sampler: EpochSampler) -> int:
+def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int:
     """Restore the newest checkpoint if any; the first step still to run."""
+    found = complete_checkpoints(store.checkpoint_dir)
+    if found:
+        report_phase(run_dir, f"loading the checkpoint of step {found[-1][0]}")
     extra = store.restore_latest()
     if extra is None:
         return 1

@@ -39,6 +39,8 @@ from hpcrl.job.settings import NodeSettings, read_node_settings
 
 NODES_POLL_INTERVAL_S = 0.2
 ATTEMPT_VARIABLE = "HPCRL_ATTEMPT"
+#: The attempt id the training driver's phase marker carries (hpcrl.core.phase reads it).
+PHASE_ATTEMPT_VARIABLE = "HPCRL_ATTEMPT_ID"
 
 
 def load_driver(spec: str) -> Callable[[str], int | None]:
@@ -201,6 +203,8 @@ def run(run_dir: str) -> int:
         print(f"[hpcrl] bootstrap failed: {error}", file=sys.stderr, flush=True)
         return 1
     log(f"running driver {settings.driver}", started)
+    # the driver stamps its phase marker with the attempt (hpcrl.core.phase)
+    os.environ[PHASE_ATTEMPT_VARIABLE] = settings.task.attempt_id
     try:
         code = driver(str(settings.run_dir))
     except Exception as error:

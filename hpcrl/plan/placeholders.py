@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.errors import NO_VALUE
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.layout import profile_path
@@ -32,20 +33,35 @@ def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
 
 
 def check_placeholders(profile: ClusterProfile, findings: Findings, *, refuse: bool) -> None:
-    """One problem per value holding a placeholder: a warning, an error when ``refuse``."""
-    for path, text in _strings(attrs.asdict(profile, recurse=True), ""):
-        match = PLACEHOLDER.search(text)
-        if match is None or path == "name":
-            continue
-        message = f"still holds the placeholder {match.group(0)!r} of the example profile" + (
-            "; the job would run with it" if not refuse else ""
+    """One problem for every value holding a placeholder (a warning, an error when
+    ``refuse``): a profile copied without its edits has five, and one problem naming them
+    reads in five lines where five problems took sixty."""
+    held = [
+        (path, text, match.group(0))
+        for path, text in _strings(attrs.asdict(profile, recurse=True), "")
+        if path != "name" and (match := PLACEHOLDER.search(text)) is not None
+    ]
+    if not held:
+        return
+    copy = (
+        f"copy the profile to ~/.config/hpcrl/cluster_profiles/{profile.name}.yaml (or a "
+        "folder on $HPCRL_CLUSTER_PROFILES) and set {keys} there; the copy wins over the "
+        "shipped one"
+    )
+    if len(held) == 1:
+        ((path, text, word),) = held
+        where, value, fix = profile_path(profile, path), text, copy.format(keys=path)
+        message = f"still holds the placeholder {word!r} of the example profile"
+    else:
+        where, value, fix = f"profile[{profile.name}]", NO_VALUE, copy.format(keys="them")
+        message = f"{len(held)} values still hold the example profile's placeholders: " + "; ".join(
+            f"{', '.join(path for path, _, w in held if w == word)} ({word!r})"
+            for word in dict.fromkeys(word for _, _, word in held)
         )
-        fix = (
-            f"copy the profile to ~/.config/hpcrl/cluster_profiles/{profile.name}.yaml (or a "
-            f"folder on $HPCRL_CLUSTER_PROFILES) and set {path} there; the copy wins over "
-            "the shipped one"
+    if refuse:
+        findings.error(where, message, value=value, fix=fix)
+    else:
+        ending = (
+            "; the job would run with it" if len(held) == 1 else "; the job would run with them"
         )
-        if refuse:
-            findings.error(profile_path(profile, path), message, value=text, fix=fix)
-        else:
-            findings.warn("placeholder", profile_path(profile, path), message, value=text, fix=fix)
+        findings.warn("placeholder", where, message + ending, value=value, fix=fix)

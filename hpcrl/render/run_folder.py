@@ -20,7 +20,7 @@ import attrs
 import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.files import replace_symlink, unusable_folder, write_file
+from hpcrl.files import holds_submitted_job, replace_symlink, unusable_folder, write_file
 from hpcrl.plan.jobspec import JobSpec
 from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
@@ -125,14 +125,17 @@ def build_manifest(
     provenance: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """``provenance``: where the inputs came from, as the command was given them
-    (``profile_source``: the --cluster argument; ``rerun_of``: the run a rerun started from)."""
+    (``profile_source``: the --cluster argument; ``rerun_of``: the run a rerun started from,
+    ``recipe_git_sha``: that run's)."""
     return {
         **(provenance or {}),
         "hpcrl_version": hpcrl.__version__,
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "recipe_source": spec.recipe_source,
         "recipe_path": str(recipe_path) if recipe_path else None,
-        "recipe_git_sha": git_sha(recipe_path.parent if recipe_path else None),
+        # a rerun keeps its source run's (its recipe file is a copy outside any repository)
+        "recipe_git_sha": (provenance or {}).get("recipe_git_sha")
+        or git_sha(recipe_path.parent if recipe_path else None),
         "profile": spec.profile_name,
         "scheduler": spec.scheduler,
         "overrides": list(spec.overrides),
@@ -147,8 +150,7 @@ def build_manifest(
 
 
 def _refuse_submitted(folder: Path) -> None:
-    submitit_folder = folder / "submitit"
-    if submitit_folder.is_dir() and any(submitit_folder.iterdir()):
+    if holds_submitted_job(folder):
         raise ConfigError(
             [
                 Problem(

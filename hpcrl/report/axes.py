@@ -26,11 +26,13 @@ FINE_STATES = frozenset({"COMPLETED", "RUNNING", "PENDING", "UNKNOWN", "NOT_SUBM
 
 @attrs.frozen
 class SweptAxis:
-    """How to draw a swept key: ``scale`` "log", "linear" or "category"; ``xs`` per point."""
+    """How to draw a swept key: ``scale`` "log", "linear" or "category"; ``xs`` per point;
+    ``integer``: every value is a whole number (seeds, batch sizes): ticks at whole numbers."""
 
     scale: str
     xs: tuple[float, ...]
     labels: tuple[str, ...]
+    integer: bool = False
 
 
 def _number(text: str) -> float | None:
@@ -48,7 +50,27 @@ def swept_axis(labels: Sequence[str]) -> SweptAxis:
     values = [number for number in numbers if number is not None]
     positive = all(value > 0 for value in values)
     scale = "log" if positive and max(values) / min(values) >= LOG_RATIO else "linear"
-    return SweptAxis(scale, tuple(values), tuple(labels))
+    integer = all(value.is_integer() for value in values)
+    return SweptAxis(scale, tuple(values), tuple(labels), integer=integer)
+
+
+#: An integer axis with at most this many values gets a tick at each value (more: whole
+#: numbers matplotlib chooses).
+MAX_VALUE_TICKS = 12
+
+
+def apply_integer_ticks(axes: object, swept: SweptAxis) -> None:
+    """Whole-number ticks for an integer swept axis: one per value when they are few (a log
+    axis too: 16, 32, 64, ... rather than 10^1.5), else integer-only ticks."""
+    from matplotlib.ticker import NullLocator
+
+    if not swept.integer:
+        return
+    if len(set(swept.xs)) <= MAX_VALUE_TICKS:
+        axes.set_xticks(sorted(set(swept.xs)), [f"{x:g}" for x in sorted(set(swept.xs))])  # type: ignore[attr-defined]
+        axes.xaxis.set_minor_locator(NullLocator())  # type: ignore[attr-defined]
+    else:
+        integer_ticks(axes.xaxis)  # type: ignore[attr-defined]
 
 
 @attrs.frozen

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.files import write_file
-from hpcrl.report.axes import PointStyle, integer_ticks, point_style, swept_axis, value_axis
+from hpcrl.report.axes import (
+    PointStyle,
+    apply_integer_ticks,
+    integer_ticks,
+    point_style,
+    swept_axis,
+    value_axis,
+)
 from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report, ReportRow
 
@@ -90,10 +97,9 @@ def plot_step_times(report: Report, path: Path) -> Path:
 
 
 def _label(row: ReportRow) -> str:
-    label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.swept_values.items())
-    label = label or row.name
-    style = point_style(row.state, row.shared_node, "C0")
-    return f"{label} ({style.why})" if style.why else label
+    from hpcrl.report.training_plots import row_label
+
+    return row_label(row)
 
 
 def _marked(row: ReportRow) -> bool:
@@ -137,6 +143,7 @@ def _sweep_panel(panel: Any, report: Report, axis: Any, title: str, attribute: s
         panel.set_xscale("log")
     if axis.scale == "category":
         panel.set_xticks(axis.xs, axis.labels, fontsize="x-small")
+    apply_integer_ticks(panel, axis)  # a swept seed or batch size: 1, 2, 3, not 1.5
     if not points:
         panel.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=panel.transAxes)
         panel.set_title(title, fontsize="small")

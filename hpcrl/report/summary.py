@@ -27,6 +27,7 @@ class ReportRow:
     notes: tuple[str, ...] = ()  # what reading and summarising left out, and why
     state: str = ""  # how the run ended (COMPLETED, FAILED, ...); '' never submitted
     shared_node: bool = False  # ran on a node at the same time as another point
+    label: str = ""  # its name in plots when not its swept values (runs compared)
 
 
 @attrs.frozen(kw_only=True)
@@ -35,6 +36,7 @@ class Report:
     source_dir: Path
     swept_keys: tuple[str, ...]
     rows: tuple[ReportRow, ...]
+    notes: tuple[str, ...] = ()  # about the report as a whole
 
 
 def _row(run_dir: Path, swept_values: dict[str, str]) -> ReportRow:
@@ -49,7 +51,7 @@ def _row(run_dir: Path, swept_values: dict[str, str]) -> ReportRow:
     )
 
 
-def _with_states(rows: tuple[ReportRow, ...]) -> tuple[ReportRow, ...]:
+def with_states(rows: tuple[ReportRow, ...]) -> tuple[ReportRow, ...]:
     from hpcrl.report.placement import placement_of, run_states, shared_nodes
 
     states = run_states([row.run_dir for row in rows])
@@ -63,13 +65,23 @@ def _with_states(rows: tuple[ReportRow, ...]) -> tuple[ReportRow, ...]:
 def build_report(path: Path) -> Report:
     """The report of a run folder or of a sweep folder (every point)."""
     path = Path(path)
+    rows, is_sweep = report_rows(path)
+    if is_sweep:
+        sweep = read_sweep_record(path)
+        return Report(
+            title=f"sweep {sweep.name}", source_dir=path, swept_keys=sweep.swept_keys,
+            rows=with_states(rows),
+        )  # fmt: skip
+    return Report(title=f"run {path.name}", source_dir=path, swept_keys=(), rows=with_states(rows))
+
+
+def report_rows(path: Path) -> tuple[tuple[ReportRow, ...], bool]:
+    """The rows of a run folder (one) or a sweep folder (one per point, with its values),
+    without their states; and whether it is a sweep. ReportError for neither."""
     if is_sweep_dir(path):
         sweep = read_sweep_record(path)
         rows = tuple(_row(path / point.run_dir_name, point.values) for point in sweep.points)
-        return Report(
-            title=f"sweep {sweep.name}", source_dir=path, swept_keys=sweep.swept_keys,
-            rows=_with_states(rows),
-        )  # fmt: skip
+        return rows, True
     if not path.is_dir():
         what = "not a folder" if path.exists() else "no such folder"
         raise ReportError(
@@ -80,8 +92,7 @@ def build_report(path: Path) -> Report:
             f"{path}: neither a run folder (metrics.jsonl, job.json) nor a sweep folder (sweep.json)",
             fix="give a run or sweep folder (hpcrl status lists them)",
         )
-    rows = _with_states((_row(path, {}),))
-    return Report(title=f"run {path.name}", source_dir=path, swept_keys=(), rows=rows)
+    return (_row(path, {}),), False
 
 
 def format_number(value: float | int | None) -> str:
@@ -141,4 +152,4 @@ def report_json(report: Report) -> str:
         for row in report.rows
     ]
     return json.dumps({"title": report.title, "swept_keys": list(report.swept_keys),
-                       "rows": rows}, indent=2)  # fmt: skip
+                       "rows": rows, "notes": list(report.notes)}, indent=2)  # fmt: skip

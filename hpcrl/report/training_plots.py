@@ -46,10 +46,13 @@ def _number(value: Any) -> bool:
 
 
 def row_label(row: ReportRow) -> str:
-    """The point's values (or name), and why it is marked: failed, cancelled, shared a node."""
+    """The point's values (or name; a compared run's name), and why it is marked: failed,
+    cancelled, shared a node."""
     from hpcrl.report.axes import point_style
 
-    label = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.swept_values.items())
+    label = row.label or ", ".join(
+        f"{k.rsplit('.', 1)[-1]}={v}" for k, v in row.swept_values.items()
+    )
     why = point_style(row.state, row.shared_node, "C0").why
     return (label or row.name) + (f" ({why})" if why else "")
 

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import inspect
 import shlex
+import shutil
 import types
 import uuid
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ _PRIVATE_HOOKS: tuple[tuple[type, str, tuple[str, ...]], ...] = (
     (submitit.SlurmExecutor, "_make_submission_file_text", ("self", "command", "uid")),
     (submitit.SlurmExecutor, "_internal_process_submissions", ("self", "delayed_submissions")),
     (submitit.SlurmExecutor, "_submit_command", ("self", "command")),
+    (submitit.SlurmExecutor, "_make_submission_command", ("self", "submission_file_path")),
     (submitit.SlurmExecutor, "_submitit_command_str", ()),
     (submitit.LocalExecutor, "_submitit_command_str", ()),
     (submitit.LocalExecutor, "_submit_command", ("self", "command")),
@@ -115,10 +117,12 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
         time_limit_min: int,
         max_requeues: int,
         array_size: int | None = None,
+        sbatch_timeout_s: float | None = None,
     ) -> None:
         check_submitit_hook()
         super().__init__(folder, max_num_timeout=max_requeues, python=python)
         self._script_text = script_text
+        self._sbatch_timeout_s = sbatch_timeout_s
         self._task_command = task_command
         self._array_size = array_size
         # Only submitit's own bookkeeping reads these (task count for results, time limit
@@ -133,6 +137,15 @@ class RenderedSlurmExecutor(submitit.SlurmExecutor):
                 "The submitit folder or python in the JobSpec differs from the executor's."
             )
         return self._script_text
+
+    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+        """``sbatch <script>``, under coreutils' ``timeout`` when a limit is set: submitit
+        waits for sbatch without one, and a controller that never answers would hang hpcrl
+        (exit code 124: the limit passed, 137: it ignored the TERM and was killed 5 s later)."""
+        command = ["sbatch", str(submission_file_path)]
+        if self._sbatch_timeout_s is None or shutil.which("timeout") is None:
+            return command
+        return ["timeout", "--kill-after=5", f"{self._sbatch_timeout_s:g}", *command]
 
     def _internal_process_submissions(
         self, delayed_submissions: list[submitit_utils.DelayedSubmission]

@@ -90,6 +90,36 @@ def write_job_record(run_dir: Path, record: JobRecord) -> Path:
     return write_file(Path(run_dir) / JOB_RECORD_NAME, text)
 
 
+#: A run folder whose submission failed says so here (when, and sbatch's answer); removed
+#: when a later submission of the folder goes through.
+SUBMIT_FAILURE_NAME = "submit_failed.json"
+
+
+def write_submit_failure(run_dir: Path, message: str) -> None:
+    text = json.dumps({"at": utc_now_iso(), "error": message}, indent=2) + "\n"
+    write_file(Path(run_dir) / SUBMIT_FAILURE_NAME, text)
+
+
+def clear_submit_failure(run_dir: Path) -> None:
+    (Path(run_dir) / SUBMIT_FAILURE_NAME).unlink(missing_ok=True)
+
+
+def read_submit_failure(run_dir: Path) -> str | None:
+    """``<error> (<time>)`` of the folder's last failed submission, None when there was none
+    (or its note cannot be read)."""
+
+    def unreadable(message: str, fix: str) -> UserError:
+        return UserError(message, fix)
+
+    try:
+        data = read_json_file(Path(run_dir) / SUBMIT_FAILURE_NAME, unreadable, "")
+    except UserError:
+        return None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("at", "error")):
+        return None
+    return f"{data['error']} ({data['at']})"
+
+
 def read_job_record(run_dir: Path) -> JobRecord:
     """The record of ``run_dir``; RunFolderError (saying why, and the fix) when there is none
     or it cannot be read."""

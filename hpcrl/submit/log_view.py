@@ -34,9 +34,11 @@ import attrs
 from hpcrl.causes import read_causes
 from hpcrl.config.errors import UserError
 from hpcrl.config.secrets import redact
+from hpcrl.submit.hints import command
 from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
 from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
+from hpcrl.submit.shutdown_noise import Cancellation, NoiseFilter, cancellation_of
 from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links).
@@ -53,11 +55,13 @@ def strip_ansi(text: str) -> str:
 
 @attrs.frozen(kw_only=True)
 class LogSelection:
-    """What to show: one node (None: all), one attempt (None: all), only the driver's log."""
+    """What to show: one node (None: all), one attempt (None: all), only the driver's log;
+    ``raw``: a cancelled job's shutdown noise too (``hpcrl.submit.shutdown_noise``)."""
 
     node: int | None = None
     attempt: int | None = None
     driver_only: bool = False
+    raw: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -187,17 +191,53 @@ def print_logs(runs: Sequence[LoggedRun], selection: LogSelection, stream: TextI
     """Print what the files hold now; False when none of them holds anything yet."""
     clean = _cleaner(stream)
     printed = False
+    endings = []
     for run in runs:
+        cancel = None if selection.raw else _cancellation(run)
+        hidden = 0
         for log in shown_files(run, selection):
             text = log.path.read_text(errors="replace")
             if log.label in SUBMITIT_LABELS and selection.attempt is not None:
                 text = split_attempts(text).get(selection.attempt, "")
+            first = _first_attempt(log, text, selection)
             text = fold_state_dumps(clean(text), log.path)
+            if cancel is not None:
+                noise = NoiseFilter(cancel.attempt, first, _shown_predicate(log))
+                text = noise.feed(text)
+                hidden += noise.hidden
             for line in prefixed_lines(run, log, text, keep_banner=False):
                 stream.write(line)
                 printed = True
+        if cancel is not None and selection.attempt in (None, cancel.attempt):
+            endings.append((run, cancel.line(hidden)))
     write_causes(runs, selection, stream)
+    for run, line in endings:
+        stream.write(f"[{run.point + ' ' if run.point else ''}hpcrl] {line}\n")
     return printed
+
+
+def _cancellation(run: LoggedRun) -> Cancellation | None:
+    stderr = [log.path for log in list_log_files(run.run_dir, run.record) if log.label == "stderr"]
+    return cancellation_of(run.run_dir, run.record, (path.read_text(errors="replace")
+                                                     for path in stderr))  # fmt: skip
+
+
+def _shown_predicate(log: LogFile) -> Callable[[str], bool] | None:
+    """Which of the file's lines the view prints (stdout's copies of submitit's warnings are
+    shown from stderr): the shutdown lines left out are counted among those only."""
+    if log.label != "stdout":
+        return None
+    return lambda line: SUBMITIT_ON_BOTH.match(line) is None
+
+
+def _first_attempt(log: LogFile, text: str, selection: LogSelection) -> int:
+    """The attempt (from 1) of the first line of ``text``, read from ``log``."""
+    match = ATTEMPT_DIR.fullmatch(log.label)
+    if match is not None:
+        return int(match["index"]) + 1
+    if selection.attempt is not None:
+        return selection.attempt
+    return min(split_attempts(text), default=1)
 
 
 def attempt_cause_lines(run_dir: Path, attempt: int | None = None) -> list[str]:
@@ -234,15 +274,58 @@ def follow_logs(
         return found
 
     attempt_now: dict[Path, int] = {}
+    quiet = _FollowedNoise(selection)
     for log, text in follow(files, is_over, poll_s):
         lines = text.splitlines(keepends=True)
         if log.label in SUBMITIT_LABELS and selection.attempt is not None:
             lines = _lines_of_attempt(lines, log.path, attempt_now, selection.attempt)
         text = fold_state_dumps(clean("".join(lines)), log.path)
+        text = quiet.feed(owners[log.path], log, text)
         for line in prefixed_lines(owners[log.path], log, text, False):
             stream.write(line)
         stream.flush()
     write_causes(runs, selection, stream)
+    for run in runs:
+        line = quiet.ending(run)
+        if line is not None:
+            stream.write(f"[{run.point + ' ' if run.point else ''}hpcrl] {line}\n")
+
+
+class _FollowedNoise:
+    """``hpcrl logs -f``: once ``hpcrl cancel`` has noted a run's cancellation, each file's
+    shutdown noise of the cancelled attempt is left out as it arrives."""
+
+    def __init__(self, selection: LogSelection) -> None:
+        self.selection = selection
+        self.attempts: dict[Path, int] = {}  # the attempt each file has reached
+        self.filters: dict[Path, tuple[LoggedRun, NoiseFilter]] = {}
+        self.cancels: dict[Path, Cancellation] = {}
+
+    def feed(self, run: LoggedRun, log: LogFile, text: str) -> str:
+        start = self.attempts.get(log.path) or _first_attempt(log, text, self.selection)
+        banners = [int(m["attempt"]) for m in map(ATTEMPT_BANNER_RE.match, text.splitlines()) if m]
+        self.attempts[log.path] = banners[-1] if banners else start
+        cancel = None if self.selection.raw else self._cancellation(run)
+        if cancel is None:
+            return text
+        noise = NoiseFilter(cancel.attempt, start, _shown_predicate(log))
+        _, noise = self.filters.setdefault(log.path, (run, noise))
+        return noise.feed(text)
+
+    def _cancellation(self, run: LoggedRun) -> Cancellation | None:
+        if run.run_dir not in self.cancels:
+            found = cancellation_of(run.run_dir, run.record, ())  # hpcrl cancel's note
+            if found is None:
+                return None
+            self.cancels[run.run_dir] = found
+        return self.cancels[run.run_dir]
+
+    def ending(self, run: LoggedRun) -> str | None:
+        cancel = self.cancels.get(run.run_dir)
+        if cancel is None or self.selection.attempt not in (None, cancel.attempt):
+            return None
+        hidden = sum(noise.hidden for owner, noise in self.filters.values() if owner is run)
+        return cancel.line(hidden)
 
 
 def _lines_of_attempt(
@@ -258,13 +341,13 @@ def _lines_of_attempt(
     return kept
 
 
-def no_output_line(runs: Sequence[LoggedRun], selection: LogSelection, shown: str) -> str:
+def no_output_line(runs: Sequence[LoggedRun], selection: LogSelection, folder: Path) -> str:
     what = "the driver of " if selection.driver_only else ""
     where = f"attempt {selection.attempt} of " if selection.attempt else ""
     jobs = ", ".join(run.record.job_id for run in runs)
     return (
         f"hpcrl logs: no output yet from {what}{where}job {jobs} (queued, or just started: "
-        f"hpcrl logs -f {shown} waits for it)"
+        f"{command('logs', '-f', folder)} waits for it)"
     )
 
 

@@ -16,13 +16,13 @@ starts a new run from the same recipe).
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import attrs
 
 from hpcrl.config.errors import UserError
 from hpcrl.plan.jobspec import JobSpec
+from hpcrl.submit.hints import command
 from hpcrl.submit.job_record import JobRecord, read_job_record
 from hpcrl.submit.job_state import JobStatus, query_status, results_written
 
@@ -51,7 +51,7 @@ class ResumePoint:
 
 
 def rerun_fix(run_dir: Path) -> str:
-    return f"start a new run from its recipe instead: hpcrl rerun {shlex.quote(str(run_dir))}"
+    return f"start a new run from its recipe instead: {command('rerun', run_dir)}"
 
 
 def check_resumable(run_dir: Path) -> ResumePoint:
@@ -69,12 +69,11 @@ def check_resumable(run_dir: Path) -> ResumePoint:
 
 
 def _check_ended(run_dir: Path, record: JobRecord, status: JobStatus) -> None:
-    shown = shlex.quote(str(run_dir))
     if status.state == "COMPLETED":
         raise ResumeRefused(
             f"{run_dir}: job {record.job_id} completed; there is nothing left to resume",
-            f"to train on, start a new run from its recipe with more steps, e.g. hpcrl rerun "
-            f"{shown} grpo.max_num_steps=N (sft.max_num_steps for SFT)",
+            f"to train on, start a new run from its recipe with more steps, e.g. "
+            f"{command('rerun', run_dir, 'grpo.max_num_steps=N')} (sft.max_num_steps for SFT)",
         )
     if status.state in RESUMABLE_STATES or (status.state == "UNKNOWN" and results_written(record)):
         return
@@ -86,7 +85,8 @@ def _check_ended(run_dir: Path, record: JobRecord, status: JobStatus) -> None:
         f"{run_dir}: job {record.job_id} is {status.state} (it has not ended"
         + (f"; the scheduler: {status.scheduler_error}" if status.scheduler_error else "")
         + ")",
-        f"wait for it to end (hpcrl status {shown}), or cancel it first (hpcrl cancel {shown})",
+        f"wait for it to end ({command('status', run_dir)}), or cancel it first "
+        f"({command('cancel', run_dir)})",
     )
 
 

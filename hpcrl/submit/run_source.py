@@ -16,6 +16,7 @@ class RunSource:
     resolved_recipe: Path  # <run>/recipe.resolved.yaml: what the run ran
     recipe_source: str  # as the user named it (shipped name or path): the new run's name
     profile_source: str  # the --cluster argument (name or path)
+    recipe_git_sha: str | None = None  # the commit of the recipe's repository at its render
 
 
 def read_run_source(run_dir: Path) -> RunSource:
@@ -34,7 +35,11 @@ def read_run_source(run_dir: Path) -> RunSource:
             f"{run_dir / MANIFEST_NAME}: names no recipe_source or profile",
             "restore the manifest, or submit the recipe again with hpcrl submit",
         )
-    return RunSource(resolved_recipe=resolved, recipe_source=recipe_source, profile_source=profile)
+    sha = manifest.get("recipe_git_sha")
+    return RunSource(
+        resolved_recipe=resolved, recipe_source=recipe_source, profile_source=profile,
+        recipe_git_sha=sha if isinstance(sha, str) and sha else None,
+    )  # fmt: skip
 
 
 def _profile_source(manifest: dict[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from hpcrl.submit.log_view import (
     print_logs,
     runs_to_show,
 )
+from hpcrl.submit.shutdown_noise import write_cancel_note
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 from hpcrl.submit.waiting import default_wait_settings, jobs_end_check, why_waiting_ended
 
@@ -40,7 +41,7 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
     if follow_job:
         return _follow(runs, selection)
     if not print_logs(runs, selection, sys.stdout):
-        print(no_output_line(runs, selection, str(path)), file=sys.stderr)
+        print(no_output_line(runs, selection, path), file=sys.stderr)
     return 0
 
 
@@ -76,8 +77,9 @@ def cancel_run(path: Path, console: Console, watcher: SacctWatcher | None = None
         if status.stale:
             console.print(status.stale, markup=False, soft_wrap=True)
         return 0
+    write_cancel_note(path, record, record.attempt_offset + status.attempts)  # who, when
     cancel_job(record)
-    console.print(f"Cancelled job {record.job_id} ({path})")
+    console.print(f"Cancelled job {record.job_id} ({path})", markup=False, highlight=False)
     return 0
 
 
@@ -92,7 +94,7 @@ def _cancel_sweep(path: Path, console: Console, watcher: SacctWatcher | None = N
     if not records:
         raise SweepError(f"{path}: no point of the sweep was submitted", fix="nothing to cancel")
     array_id = sweep.array_job_id
-    tasks = [record for record in records.values() if record.array_job_id == array_id]
+    tasks = {point: record for point, record in records.items() if record.array_job_id == array_id}
     if array_id is not None and tasks:
         _cancel_array(path, array_id, tasks, len(sweep.points), console, watcher)
     for point, record in records.items():
@@ -104,13 +106,14 @@ def _cancel_sweep(path: Path, console: Console, watcher: SacctWatcher | None = N
 def _cancel_array(
     path: Path,
     array_id: str,
-    tasks: list[JobRecord],
+    task_records: dict[Path, JobRecord],
     num_points: int,
     console: Console,
     watcher: SacctWatcher | None,
 ) -> None:
     """``scancel`` the array only while its tasks are the points' own jobs (id and submit
     time/cluster, as for one run) and one of them has not ended."""
+    tasks = list(task_records.values())
     statuses = query_statuses(tasks, watcher)
     stale = next((status.stale for status in statuses if status.state == "STALE"), None)
     if stale is not None:
@@ -123,5 +126,9 @@ def _cancel_array(
         console.print(f"Job array {array_id} of {path} already ended ({ended}); nothing to "
                       "cancel", markup=False, soft_wrap=True)  # fmt: skip
         return
+    for (point, record), status in zip(task_records.items(), statuses, strict=True):
+        if not status.is_final:
+            write_cancel_note(point, record, record.attempt_offset + status.attempts)
     cancel_job(attrs.evolve(tasks[0], job_id=array_id))
-    console.print(f"Cancelled job array {array_id} ({num_points} points) of {path}")
+    console.print(f"Cancelled job array {array_id} ({num_points} points) of {path}",
+                  markup=False, highlight=False)  # fmt: skip

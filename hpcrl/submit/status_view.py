@@ -18,7 +18,12 @@ import attrs
 
 from hpcrl.report.metrics import finite_number, last_metrics
 from hpcrl.submit.failure_causes import attempt_causes, failure_account
-from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
+from hpcrl.submit.job_record import (
+    JobRecord,
+    RunFolderError,
+    read_job_record,
+    read_submit_failure,
+)
 from hpcrl.submit.job_state import JobStatus, query_statuses
 from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
 
@@ -129,16 +134,23 @@ def _manifest(run_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def planned_max_steps(run_dir: Path) -> int | None:
-    """``grpo.max_num_steps`` (or ``sft.``) of the run's resolved recipe."""
+def resolved_recipe(run_dir: Path) -> dict[str, Any]:
+    """The run's ``recipe.resolved.yaml`` as a dict ({} when it cannot be read)."""
     import yaml
 
     try:
         recipe = yaml.safe_load((Path(run_dir) / "recipe.resolved.yaml").read_text())
     except (OSError, yaml.YAMLError):
-        return None
+        return {}
+    return recipe if isinstance(recipe, dict) else {}
+
+
+def planned_max_steps(run_dir: Path) -> int | None:
+    """``grpo.max_num_steps`` (or ``sft.``) of the run's resolved recipe."""
+    recipe = resolved_recipe(run_dir)
     for section in ("grpo", "sft"):
-        steps = recipe.get(section, {}).get("max_num_steps") if isinstance(recipe, dict) else None
+        block = recipe.get(section)
+        steps = block.get("max_num_steps") if isinstance(block, dict) else None
         if isinstance(steps, int) and not isinstance(steps, bool):
             return steps
     return None
@@ -166,7 +178,11 @@ def run_statuses(listed: Sequence[ListedRun]) -> list[RunStatus]:
             records[index] = read_job_record(run.path)
         except RunFolderError as error:
             if error.short == "not submitted":
-                early[index] = attrs.evolve(base, state=NOT_SUBMITTED, **_metrics_fields(run.path))
+                failed = read_submit_failure(run.path)  # why, when a submission was refused
+                early[index] = attrs.evolve(
+                    base, state=NOT_SUBMITTED, **_metrics_fields(run.path),
+                    cause=failed,
+                )  # fmt: skip
             else:
                 early[index] = attrs.evolve(base, state=error.short, problem=error.one_line())
         except SweepError as error:
@@ -281,7 +297,7 @@ def _number(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
 
 
-def _state_text(run: RunStatus) -> str:
+def state_text(run: RunStatus) -> str:
     text = "not submitted" if run.state == NOT_SUBMITTED else run.state
     if run.pending_reason:
         text += f" ({run.pending_reason})"
@@ -317,7 +333,7 @@ def table_cells(run: RunStatus) -> dict[str, str]:
             f"{key.rsplit('.', 1)[-1]}={value}" for key, value in run.swept.items()
         ),
         "job": run.job_id or "",
-        "state": _state_text(run),
+        "state": state_text(run),
         "exit": "" if run.exit_code is None else str(run.exit_code),
         "attempts": "" if run.attempts is None else str(run.attempts),
         "step": _step_text(run),

@@ -125,16 +125,17 @@ def plan_sweep(
         name=sweep_name(recipe_source, cluster, overrides, points),
         written_by=tuple(written_by or _points_argv(recipe_source, cluster, overrides, points)),
     )
-    planned, problems = [], []
+    planned, found = [], []
     for point in points:
         try:
             planned.append(
                 _plan_point(recipe_source, cluster, overrides, point, context, sweep_dir)
             )
         except ConfigError as error:
-            problems += [_at_point(problem, point) for problem in error.problems]
-    if any(problem.is_error for problem in problems):
-        raise ConfigError(problems)
+            found += [(problem, point) for problem in error.problems]
+    if any(problem.is_error for problem, _ in found):
+        # a mistake every failing point shares (a misspelled key) is one problem, not one per point
+        raise ConfigError(_each_once(found, points))
     _check_distinct_points(planned)
     _check_one_allocation_shape(planned)
     first = planned[0]
@@ -214,23 +215,34 @@ def sweep_warnings(planned: PlannedSweep) -> list[Problem]:
     """Every point's warnings, each text once: one that every point has is shown as is, one
     that only some have names them (``[sweep point 1: grpo.max_num_steps=300]``, or ``[sweep
     points 0, 2]``). The array script's own (planned from point 0) count for every point."""
-    by_text: dict[str, tuple[Problem, list[int]]] = {}
-    for point in planned.points:
-        for warning in point.warnings:
-            by_text.setdefault(warning.format(), (warning, []))[1].append(point.point.index)
-    every = [point.point.index for point in planned.points]
-    if planned.array_spec is not None:
-        for warning in plan_warnings(planned.array_spec):
-            by_text.setdefault(warning.format(), (warning, every))
+    points = [point.point for point in planned.points]
+    found = [(warning, point.point) for point in planned.points for warning in point.warnings]
+    if planned.array_spec is not None:  # the array's own, unless a point has it already
+        texts = {warning.format() for warning, _ in found}
+        found += [(warning, point) for warning in plan_warnings(planned.array_spec)
+                  if warning.format() not in texts for point in points]  # fmt: skip
+    return _each_once(found, points)
+
+
+def _each_once(
+    found: Sequence[tuple[Problem, SweepPoint]], points: Sequence[SweepPoint]
+) -> list[Problem]:
+    """Each problem text once: as is when every point has it, else naming the points that do
+    (``[sweep point 1: grpo.seed=2]``, ``[sweep points 0, 2]``)."""
+    by_text: dict[str, tuple[Problem, list[SweepPoint]]] = {}
+    for problem, point in found:
+        entry = by_text.setdefault(problem.format(), (problem, []))
+        if point not in entry[1]:
+            entry[1].append(point)
     shown = []
-    for warning, indices in by_text.values():
-        if indices == every:
-            shown.append(warning)
-        elif len(indices) == 1:
-            shown.append(_at_point(warning, planned.points[indices[0]].point))
+    for problem, at in by_text.values():
+        if len(at) == len(points):
+            shown.append(problem)
+        elif len(at) == 1:
+            shown.append(_at_point(problem, at[0]))
         else:
-            where = ", ".join(str(index) for index in indices)
-            shown.append(attrs.evolve(warning, message=f"[sweep points {where}] {warning.message}"))
+            where = ", ".join(str(point.index) for point in at)
+            shown.append(attrs.evolve(problem, message=f"[sweep points {where}] {problem.message}"))
     return shown
 
 

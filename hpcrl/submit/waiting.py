@@ -1,7 +1,9 @@
 """``hpcrl submit --wait``: follow a job to its end with one live progress line.
 
 queued (with Slurm's reason) → running → Ray ready (``status/ray_ready`` of the current
-attempt) → training step N/M (the last line of ``metrics.jsonl``) → done. On a terminal the
+attempt) → the driver's phase (loading the checkpoint of step N, ...) → training step N/M
+with an ETA (the current attempt's lines of ``metrics.jsonl``: ``hpcrl.submit.progress``) →
+done. On a terminal the
 line updates in place; elsewhere (CI logs, pipes) one line per change of phase and per new
 training step (at most one per ``step_line_s``), and ``still <phase> (for <time>)`` after
 ``heartbeat_s`` without one. Never
@@ -11,18 +13,17 @@ job), and a job without a result is reported as failed with the tail of its logs
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 from rich.console import Console
 
 from hpcrl.report.metrics import last_metrics
 from hpcrl.submit.failure_causes import attempt_causes
+from hpcrl.submit.hints import command
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
     JobOutcome,
@@ -34,6 +35,7 @@ from hpcrl.submit.job_state import (
 )
 from hpcrl.submit.log_view import LoggedRun, LogSelection, prefixed_lines, shown_files, strip_ansi
 from hpcrl.submit.logs import fold_state_dumps, read_log, tail_lines
+from hpcrl.submit.progress import duration, metric_text, progress_of, step_text
 from hpcrl.submit.status_view import planned_max_steps
 
 #: A job the scheduler has never heard of for this long after submission is lost.
@@ -52,50 +54,11 @@ class WaitSettings:
     step_line_s: float = 10.0  # without a terminal: at most one line per new step this often
 
 
-def ray_ready(run_dir: Path, attempt: int) -> bool:
-    """The node entrypoint's ``status/ray_ready`` marker, written by this attempt."""
-    try:
-        marker = json.loads((run_dir / "status" / "ray_ready").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    # attempt id is "<job id>.<SLURM_RESTART_COUNT>"; older attempts' markers are stale
-    return str(marker.get("attempt", "")).rpartition(".")[2] == str(attempt - 1)
-
-
-def describe_progress(run_dir: Path, status: JobStatus, max_steps: int | None) -> str:
-    """One line: where the job is now."""
-    return progress_of(run_dir, status, max_steps)[1]
-
-
-def progress_of(run_dir: Path, status: JobStatus, max_steps: int | None) -> tuple[str, str]:
-    """(phase, line): the line says where the job is; a new phase is worth a printed line."""
-    attempt = f" (attempt {status.attempts})" if status.attempts > 1 else ""
-    if status.state == "PENDING" or status.state == "UNKNOWN":
-        reason = f" (reason: {status.reason})" if status.reason else ""
-        return "queued" + reason + attempt, f"queued{reason}{attempt}"
-    if status.is_final:
-        return status.state + attempt, f"{status.state.lower()}{attempt}"
-    metrics = last_metrics(run_dir)
-    if metrics is not None:
-        text = f"training step {_step_text(metrics, max_steps)}{_metric_text(metrics)}{attempt}"
-        return "training" + attempt, text
-    if ray_ready(run_dir, status.attempts):
-        return "ray ready" + attempt, f"Ray ready, driver starting{attempt}"
-    return "running" + attempt, f"running, starting Ray{attempt}"
-
-
-def _step_text(metrics: dict[str, Any], max_steps: int | None) -> str:
-    step = metrics.get("step", "?")
-    return f"{step}/{max_steps}" if max_steps else f"{step}"
-
-
-def _metric_text(metrics: dict[str, Any]) -> str:
-    parts = [
-        f"{label} {metrics[name]:.4g}"
-        for name, label in (("reward_mean", "reward"), ("loss", "loss"))
-        if isinstance(metrics.get(name), int | float)
-    ]
-    return (" · " + " · ".join(parts)) if parts else ""
+def describe_progress(
+    run_dir: Path, status: JobStatus, max_steps: int | None, record: JobRecord | None = None
+) -> str:
+    """One line: where the job is now (``hpcrl.submit.progress``)."""
+    return progress_of(run_dir, status, max_steps, record)[1]
 
 
 def default_wait_settings() -> WaitSettings:
@@ -204,10 +167,9 @@ def _detached(
     open_runs = [(d, r) for (d, r), watch in zip(runs, watches, strict=True) if not watch.done]
     console.print()
     for run_dir, record in open_runs:
-        shown = _shown(run_dir)
         console.print(
-            f"detached: job {record.job_id} is still running; follow with: hpcrl logs "
-            f"{shown} -f (or hpcrl status {shown})",
+            f"detached: job {record.job_id} is still running; follow with: "
+            f"{command('logs', run_dir, '-f')} (or {command('status', run_dir)})",
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
     return [
@@ -220,13 +182,6 @@ def _detached(
     ]
 
 
-def _shown(path: Path) -> str:
-    try:
-        return str(Path(path).absolute().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def _progress_text(
     runs: Sequence[tuple[Path, JobRecord]],
     statuses: Sequence[JobStatus],
@@ -236,8 +191,8 @@ def _progress_text(
     """(phase, line) for one job as ``job 41: <line>``; for several, ``x/y done``, counts
     per phase and each training point's step N/M (``point-0 3/4, point-2 1/4``)."""
     phases, lines, training = [], [], []
-    for (run_dir, _), status, run_steps in zip(runs, statuses, steps, strict=True):
-        phase, line = progress_of(run_dir, status, run_steps)
+    for (run_dir, record), status, run_steps in zip(runs, statuses, steps, strict=True):
+        phase, line = progress_of(run_dir, status, run_steps, record)
         if status.scheduler_error:
             phase += " · scheduler not answering"
             line += f" · scheduler not answering ({status.scheduler_error})"
@@ -257,7 +212,7 @@ def _progress_text(
 def _point_step_text(run_dir: Path, max_steps: int | None) -> str:
     """``point-2 3/4``: a training point's folder name and its last step of its own M."""
     metrics = last_metrics(run_dir) or {}
-    return f"{Path(run_dir).name} {_step_text(metrics, max_steps)}"
+    return f"{Path(run_dir).name} {step_text(metrics, max_steps)}"
 
 
 def jobs_end_check(
@@ -325,20 +280,20 @@ class _ProgressLine:
         if phase != self._phase:
             self._phase_since_s = now_s
         if self._status is not None:
-            self._status.update(f"{text} · {_duration(now_s - self._started_s)}")
+            self._status.update(f"{text} · {duration(now_s - self._started_s)}")
         elif phase != self._phase:
             self._print(now_s, text)
         elif text != self._printed_text and now_s - self._printed_s >= self._settings.step_line_s:
             self._print(now_s, text)  # a new step in the same phase
         elif now_s - self._printed_s >= self._settings.heartbeat_s:
             who, _, where = text.partition(": ")
-            since = _duration(now_s - self._phase_since_s)
+            since = duration(now_s - self._phase_since_s)
             self._print(now_s, f"{who}: still {where} (for {since})", remember=False)
         self._phase = phase
 
     def _print(self, now_s: float, text: str, remember: bool = True) -> None:
         self._console.print(
-            f"[{_duration(now_s - self._started_s):>7}] {text}",
+            f"[{duration(now_s - self._started_s):>7}] {text}",
             markup=False, highlight=False, soft_wrap=True,
         )  # fmt: skip
         self._printed_s = now_s
@@ -350,16 +305,6 @@ def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def _duration(seconds: float) -> str:
-    """``42s``, ``12m05s``, ``3h07m``: short enough to scan in a log."""
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
 @attrs.define
@@ -427,7 +372,7 @@ def last_step_text(run_dir: Path, max_steps: int | None) -> str:
     metrics = last_metrics(run_dir)
     if metrics is None:
         return ""
-    return f" · step {_step_text(metrics, max_steps)}{_metric_text(metrics)}"
+    return f" · step {step_text(metrics, max_steps)}{metric_text(metrics)}"
 
 
 def report_outcome(
@@ -442,7 +387,7 @@ def report_outcome(
         console.print(
             f"[bold yellow]stopped waiting[/]: the scheduler has not answered for a while "
             f"({status.scheduler_error}); job {record.job_id} may still run. "
-            f"Check later: hpcrl status {run_dir}",
+            f"Check later: {_escape(command('status', run_dir))}",
             soft_wrap=True,
         )
         return

@@ -543,7 +543,8 @@ def loggers_probe(recipe: Recipe, tmp: Path) -> Any:
 
     def wandb_init(**kwargs: Any) -> Any:
         wandb_runs.append({k: kwargs[k] for k in ("project", "entity", "name")})
-        return types.SimpleNamespace(settings=types.SimpleNamespace(mode=kwargs["mode"]))
+        settings = types.SimpleNamespace(mode=kwargs["mode"], sync_dir=kwargs["dir"])
+        return types.SimpleNamespace(settings=settings, finish=lambda: None)
 
     with (
         mock.patch("wandb.init", wandb_init),

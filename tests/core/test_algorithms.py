@@ -23,6 +23,7 @@ NO_KL = LossFnCfg(reference_policy_kl_penalty=0.0)
 def _batch(logprob_rows, old_rows, advantages, mask_rows, **extra):
     batch = {
         "old_logprobs": torch.tensor(old_rows),
+        "generation_logprobs": torch.tensor(old_rows),  # sampled by the old policy
         "advantages": torch.tensor(advantages),
         "token_mask": torch.tensor(mask_rows),
     }
@@ -97,6 +98,7 @@ def test_micro_batch_shares_sum_to_the_full_batch_loss() -> None:
     logprobs = -torch.rand(6, 5, generator=gen)
     batch = {
         "old_logprobs": logprobs + 0.3 * torch.randn(6, 5, generator=gen),
+        "generation_logprobs": logprobs - 0.2,
         "advantages": torch.randn(6, generator=gen),
         "token_mask": (torch.rand(6, 5, generator=gen) > 0.3).float(),
         "ref_logprobs": logprobs - 0.1,

@@ -45,6 +45,16 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
     # the policy equals the reference at step 1; it drifts away as it learns
     assert metrics[0]["kl"] < 1e-4
     assert max(m["kl"] for m in metrics[1:]) > 1e-3
+    # NeMo RL's loss metrics, combined over 2 ranks × 4 micro-batches: one optimizer step per
+    # GRPO step, so every ratio is 1 (a summed extremum would read 8); the torch engine's
+    # log-probs are the trainer's to float precision (token_mult_prob_error = mean e^|Δ| ≈ 1)
+    for m in metrics:
+        for key in ("probs_ratio", "probs_ratio_min", "probs_ratio_max", "probs_ratio_clamped"):
+            assert m[key] == pytest.approx(1.0, abs=1e-4), (key, m[key])
+        assert m["token_mult_prob_error"] == pytest.approx(1.0, abs=1e-4)
+        assert m["max_seq_mult_prob_error"] == pytest.approx(1.0, abs=1e-4)
+        assert 0 < m["approx_entropy"] < 6.0  # about log(vocabulary 100) = 4.6 at the start
+        assert m["num_masked_seqs_by_logprob_error"] == 0 and m["overlong_prompts"] == 0
     # rank 0's pass figures (32 rollouts over 2 ranks: 16 rows, train micro-batches of 4,
     # log-prob micro-batches of 8, each cut to its own last real column)
     for m in metrics:

@@ -155,3 +155,42 @@ def test_gpu_monitor_writes_samples_and_logs_means_at_the_training_step(tmp_path
         ("node0", 100.0),
     ]
     assert start_gpu_monitor(cfg, [recorder], tmp_path, samplers={}) is None
+
+
+def test_the_driver_says_where_each_logger_writes(tmp_path, monkeypatch, capsys):
+    """At job start one line per logger in the driver's log and ``loggers.json`` for ``status
+    RUN`` and ``report`` (issue 26 item 5: at 167264e W&B ran offline without a word)."""
+    from hpcrl.core.loggers.destinations import logger_lines, read_destinations
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = LoggerCfg(wandb_enabled=True, tensorboard_enabled=True, mlflow_enabled=True,
+                    wandb=WandbCfg(project="p"), mlflow=MlflowCfg(experiment_name="exp"))  # fmt: skip
+    loggers = build_loggers(cfg, tmp_path, run_name="run-a")
+    run_id = loggers.loggers[2].run_id
+    loggers.close()
+    (offline,) = (tmp_path / "logs" / "wandb").glob("offline-run-*")
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("logger: ")]
+    expected = [
+        f"tensorboard: {tmp_path / 'logs' / 'tensorboard'}",
+        f"wandb offline: {offline} (upload: wandb sync {offline})",
+        f"mlflow: {(tmp_path / 'logs' / 'mlruns').resolve().as_uri()} (experiment exp, run {run_id})",
+    ]
+    assert said == [f"logger: {line}" for line in expected]
+    assert read_destinations(tmp_path)[1] == {"logger": "wandb", "mode": "offline",
+                                              "folder": str(offline)}  # fmt: skip
+    assert logger_lines(tmp_path, {}) == expected  # what status RUN and report show
+
+
+def test_before_the_job_starts_the_recipe_says_where_loggers_will_write(tmp_path):
+    from hpcrl.core.loggers.destinations import logger_lines
+
+    recipe = {"logger": {"log_dir": "/lustre/me/tb", "wandb_enabled": True,
+                         "tensorboard_enabled": True, "tensorboard": {"log_dir": "tb"}}}  # fmt: skip
+    assert logger_lines(tmp_path, recipe) == [
+        "wandb offline: /lustre/me/tb/wandb (upload: wandb sync /lustre/me/tb/wandb) (online "
+        "instead when the job has WANDB_API_KEY)",
+        "tensorboard: /lustre/me/tb/tb",
+    ]
+    assert logger_lines(tmp_path, {"logger": {"wandb_enabled": False}}) == []

@@ -138,6 +138,7 @@ def grpo_batch(lengths: list[int], width: int, seed: int) -> dict[str, torch.Ten
         "token_mask": token_mask,
         "old_logprobs": -torch.rand(rows, width, generator=generator) * 4,
         "ref_logprobs": -torch.rand(rows, width, generator=generator) * 4,  # KL term too
+        "generation_logprobs": -torch.rand(rows, width, generator=generator) * 4,
         "advantages": torch.randn(rows, generator=generator),
         "num_global_sequences": torch.full((rows,), float(rows)),
     }

@@ -54,6 +54,7 @@ def test_passes_count_micro_batches_and_tokens_until_read(worker) -> None:
     worker.reference_logprobs(batch)
     batch["old_logprobs"] = worker.logprobs(batch)
     batch["ref_logprobs"] = batch["old_logprobs"] - 0.1
+    batch["generation_logprobs"] = batch["old_logprobs"] + 0.05
     batch["advantages"] = torch.linspace(-1.0, 1.0, 6)
     batch["num_global_sequences"] = torch.full((6,), 6.0)
     loss_fn = functools.partial(grpo_loss, cfg=LossFnCfg(reference_policy_kl_penalty=0.1))

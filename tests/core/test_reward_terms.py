@@ -10,13 +10,9 @@ import torch
 from hpcrl.config import structure_recipe
 from hpcrl.config.recipe import EnvCfg, MathEnvCfg, RewardScalingCfg, RewardShapingCfg
 from hpcrl.config.rules import check_recipe
-from hpcrl.core.algorithms.dynamic_sampling import sample_dynamically
+from hpcrl.core.algorithms.dynamic_sampling import rows_with_signal, sample_dynamically
 from hpcrl.core.algorithms.grpo import Rollouts
-from hpcrl.core.algorithms.reward_terms import (
-    groups_with_signal,
-    overlong_penalty,
-    scale_rewards,
-)
+from hpcrl.core.algorithms.reward_terms import overlong_penalty, scale_rewards
 from hpcrl.core.workers.ray_policy import GenerationResult
 from tests.config.recipe_dicts import base_dict, with_keys
 
@@ -30,21 +26,22 @@ def test_scaling_clamps_then_maps_linearly():
     assert scale_rewards(torch.tensor([3.0]), RewardScalingCfg()).tolist() == [3.0]
 
 
-def test_overlong_penalty_is_linear_over_the_buffer():
+def test_overlong_penalty_is_linear_over_the_buffer_without_a_floor():
     cfg = RewardShapingCfg(
         enabled=True,
         overlong_buffer_length=100,
         overlong_buffer_penalty=0.5,
         max_response_length=400,
     )
-    lengths = torch.tensor([100, 300, 350, 400])
-    got = overlong_penalty(torch.ones(4), lengths, cfg, max_new_tokens=999)
-    assert got.tolist() == pytest.approx([1.0, 1.0, 0.75, 0.5])
-    off = overlong_penalty(torch.ones(4), lengths, attrs.evolve(cfg, enabled=False), 999)
-    assert off.tolist() == [1.0] * 4
+    # 450 tokens (possible when max_new_tokens > max_response_length): 1.5 buffers past
+    # 300, so −0.75, not capped at −0.5 (NeMo RL's min(−excess/B·P, 0) has no floor).
+    lengths = torch.tensor([100, 300, 350, 400, 450])
+    got = overlong_penalty(torch.ones(5), lengths, cfg, max_new_tokens=999)
+    assert got.tolist() == pytest.approx([1.0, 1.0, 0.75, 0.5, 0.25])
 
 
 def fake_rollouts(rewards: list[float], tag: str) -> Rollouts:
+    """Rows 2k and 2k + 1 share prompt ``tag``k (different tags: different prompt ids)."""
     n = len(rewards)
     ids = torch.arange(n * 3).reshape(n, 3)
     generation = GenerationResult(
@@ -60,8 +57,11 @@ def fake_rollouts(rewards: list[float], tag: str) -> Rollouts:
         answers=["a"] * n,
         responses=[f"{tag}r{i}" for i in range(n)],
         rewards=torch.tensor(rewards),
+        unshaped_rewards=torch.tensor(rewards),
         truncated=torch.tensor([i % 3 == 0 for i in range(n)]),
         generation=generation,
+        loss_multiplier=torch.ones(n),
+        prompt_keys=[(ord(tag), i // 2) for i in range(n)],
     )
 
 
@@ -70,19 +70,25 @@ def test_dynamic_sampling_keeps_groups_with_signal_across_batches():
         fake_rollouts([1, 1, 0, 1, 0, 0], "x"),  # groups: equal, differ, equal
         fake_rollouts([0, 0, 1, 0, 1, 0], "y"),  # equal, differ, differ
     ]
-    assert groups_with_signal(batches[0].rewards, 2) == [1]
-    rollouts, metrics = sample_dynamically(lambda i: batches[i], 2, 2, max_batches=5)
+    assert rows_with_signal(batches[0], leave_one_out=False) == [2, 3]
+    rollouts, metrics = sample_dynamically(
+        lambda i: batches[i], 4, max_batches=5, leave_one_out=False
+    )
     assert rollouts.prompts == ["x1", "x1", "y1", "y1"]
     assert rollouts.rewards.tolist() == [0.0, 1.0, 1.0, 0.0]
     assert rollouts.truncated.tolist() == [False, True, False, True]  # rows 2, 3 of each
+    assert rollouts.prompt_keys == [(120, 1), (120, 1), (121, 1), (121, 1)]
     assert rollouts.generation.input_ids.shape == (4, 3)
-    assert metrics == {"dynamic_sampling_gen_batches": 2.0, "dynamic_sampling_kept_fraction": 2 / 6}
+    assert metrics == {
+        "dynamic_sampling_gen_batches": 2.0,
+        "dynamic_sampling_kept_fraction": 4 / 12,
+    }
 
 
 def test_dynamic_sampling_gives_up_naming_the_settings():
     flat = fake_rollouts([1, 1, 0, 0], "z")
     with pytest.raises(RuntimeError, match="grpo.dynamic_sampling_max_gen_batches"):
-        sample_dynamically(lambda i: flat, 2, 2, max_batches=3)
+        sample_dynamically(lambda i: flat, 4, max_batches=3, leave_one_out=False)
 
 
 def grpo_problems(**dotted):
@@ -130,6 +136,6 @@ def test_dynamic_sampling_keeps_engine_counts_and_sums_engine_figures():
             metrics={"time_sample_s": 1.0 + index, "generation_decode_steps": 5.0},
         )
         batches[index] = attrs.evolve(rollouts, generation=generation)
-    rollouts, _ = sample_dynamically(lambda i: batches[i], 2, 2, max_batches=5)
+    rollouts, _ = sample_dynamically(lambda i: batches[i], 4, max_batches=5, leave_one_out=False)
     assert rollouts.generation.engine_generated_tokens.tolist() == [10, 11, 20, 21]
     assert rollouts.generation.metrics == {"time_sample_s": 3.0, "generation_decode_steps": 10.0}

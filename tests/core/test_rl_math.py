@@ -371,8 +371,10 @@ def test_on_policy_kl_weights_by_the_ratio_to_generation_with_its_gradient() -> 
 
 # --------------------------------------------------------------------------- importance weights
 def test_importance_weights_hand_cases() -> None:
-    # old − gen = [ln 0.25, ln 0.5, 0, ln 3, +inf, NaN] → w = [0.25, 0.5, 1, 3, 0, 0]
-    # (exp(+inf) and NaN → 0); A = 1, ratio 1 → per-token loss −w; 6 tokens.
+    # old − gen = [ln 0.25, ln 0.5, 0, ln 3, +inf, NaN]; A = 1, ratio 1 → per-token loss −w;
+    # 6 tokens. w = exp(old − gen) with NaN/±inf → 0: [0.25, 0.5, 1, 3, 0, ·]. Token 5's old
+    # log-prob is NaN: like a −inf one (NeMo RL's mask_out_neg_inf_logprobs) it becomes 0, so
+    # w = exp(0 − 0) = 1 and it stays in the loss (hpcrl before issue 24: left out).
     old = torch.tensor(
         [[math.log(0.25), math.log(0.5), 0.0, math.log(3.0), 0.0, float("nan")]],
         dtype=torch.float64,
@@ -386,11 +388,13 @@ def test_importance_weights_hand_cases() -> None:
         "token_mask": torch.ones(1, 6, dtype=torch.float64),
         "num_global_sequences": torch.ones(1, dtype=torch.float64),
     }
-    # Token 5 (old = NaN) is left out of the policy-gradient term (its log-prob is unusable)
-    # but counts in the denominator and in is_oob_ratio. Sum of kept weights, share out of
-    # [0.4, 2]: none: 0.25+0.5+1+3+0; tis clamps 0.25→0.4, 3→2, 0→0.4; icepop zeroes all but
-    # 0.5 and 1. Out of bounds: 0.25, 3 and the two zeros = 4 of 6.
-    cases = {None: (4.75, None), "tis": (0.4 + 0.5 + 1 + 2 + 0.4, 4 / 6), "icepop": (1.5, 4 / 6)}
+    # Sum of weights, share out of [0.4, 2]: none: 0.25+0.5+1+3+0+1; tis clamps 0.25→0.4,
+    # 3→2, 0→0.4; icepop zeroes 0.25, 3 and 0. Out of bounds: 0.25, 3 and the zero = 3 of 6.
+    cases = {
+        None: (5.75, None),
+        "tis": (0.4 + 0.5 + 1 + 2 + 0.4 + 1, 3 / 6),
+        "icepop": (2.5, 3 / 6),
+    }
     for kind, (weight_sum, oob) in cases.items():
         cfg = attrs.evolve(
             BASE,
@@ -430,9 +434,10 @@ def test_seq_mask_tis_drops_whole_sequences() -> None:
     assert metrics["is_oob_ratio"] == pytest.approx(0.5)
 
 
-def test_filtered_tokens_leave_the_policy_gradient_term_only() -> None:
-    # A token the trainer's top-k/top-p dropped has lp = −inf: no PG contribution, no NaN;
-    # the KL term uses the unfiltered log-probs; the denominator stays the token count.
+def test_filtered_tokens_are_zeroed_and_stay_in_the_loss() -> None:
+    # NeMo RL's mask_out_neg_inf_logprobs: a token the trainer's top-k/top-p dropped has its
+    # −inf log-prob replaced by 0 (no gradient) and stays in the mask. Token 1: lp 0, old −2 →
+    # ratio e² → clipped branch −A·1.2 (a constant); the KL term uses the unfiltered log-probs.
     lp = torch.tensor([[-1.0, float("-inf")]], dtype=torch.float64)
     batch = {
         "lp": lp,
@@ -445,8 +450,55 @@ def test_filtered_tokens_leave_the_policy_gradient_term_only() -> None:
     }
     loss, grad, _ = run_loss(batch, LossFnCfg(reference_policy_kl_penalty=0.5))
     k3 = [ref_kl(-1.2, -1.0, "k3", 20, 10)[0], ref_kl(-2.5, -3.0, "k3", 20, 10)[0]]
-    assert loss == pytest.approx((-1.0 + 0.5 * sum(k3)) / 2, rel=1e-12)
+    # hpcrl before issue 24 left token 1 out of the numerator: (−1.0 + 0.5·Σk3) / 2
+    assert loss == pytest.approx((-1.0 - 1.2 + 0.5 * sum(k3)) / 2, rel=1e-12)
     assert torch.isfinite(grad).all() and grad[0, 1].item() == 0.0
+
+
+def test_sequence_level_denominators_count_filtered_tokens_issue_case() -> None:
+    # Sequence-level loss, A = 1, ratio 1. Row 0: [−1 kept, −inf dropped by the trainer's
+    # top-k/top-p in both passes]; row 1: [−2, −2]. NeMo RL divides row 0 by its 2 loss tokens
+    # (the dropped one: 0 − 0, ratio 1, −A), so d loss / d lp[0, 0] = −1/(2 rows · 2 tokens) =
+    # −0.25; hpcrl before divided row 0 by its 1 usable token: −0.5.
+    inf = float("-inf")
+    lp = torch.tensor([[-1.0, inf], [-2.0, -2.0]], dtype=torch.float64)
+    batch = {
+        "lp": lp,
+        "old_logprobs": lp.clone(),
+        "generation_logprobs": torch.tensor([[-1.0, -3.0], [-2.0, -2.0]], dtype=torch.float64),
+        "advantages": torch.ones(2, dtype=torch.float64),
+        "token_mask": torch.ones(2, 2, dtype=torch.float64),
+        "num_global_sequences": torch.full((2,), 2.0, dtype=torch.float64),
+    }
+    loss, grad, _ = run_loss(batch, attrs.evolve(BASE, token_level_loss=False))
+    assert loss == pytest.approx(-1.0, rel=1e-12)
+    assert grad.flatten().tolist() == pytest.approx([-0.25, 0.0, -0.25, -0.25], abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["plain", "sequence_level", "everything", "seq_mask_tis"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_batches_with_filtered_tokens_match_nemo_rl(name, seed) -> None:
+    """About a third of the current and old log-probs −inf (independently, as when the trainer's
+    top-k/top-p drops a token in one pass and not in the other): the loss is the reference's on
+    the batch with those log-probs 0 (NeMo RL), and no gradient reaches the dropped tokens."""
+    cfg = CONFIGS[name]
+    batch = random_batch(seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    inf = float("-inf")
+    dropped = torch.rand(batch["lp"].shape, generator=g) < 0.3
+    old_dropped = torch.rand(batch["lp"].shape, generator=g) < 0.3
+    filtered = dict(batch, lp=batch["lp"].masked_fill(dropped, inf))
+    filtered["old_logprobs"] = batch["old_logprobs"].masked_fill(old_dropped, inf)
+    zeroed = dict(batch, lp=batch["lp"].masked_fill(dropped, 0.0))
+    zeroed["old_logprobs"] = batch["old_logprobs"].masked_fill(old_dropped, 0.0)
+    # The KL term reads the unfiltered log-probs (tested above); here the PG term alone.
+    cfg = attrs.evolve(cfg, reference_policy_kl_penalty=0.0)
+    loss, grad, _ = run_loss(filtered, cfg)
+    want_loss, want_grad = reference_loss(zeroed, cfg)
+    assert loss == pytest.approx(want_loss, rel=1e-9, abs=1e-12)
+    want = torch.tensor(want_grad, dtype=grad.dtype).masked_fill(dropped, 0.0)
+    torch.testing.assert_close(grad, want, rtol=1e-9, atol=1e-12)
+    assert (dropped & (batch["token_mask"] > 0)).any()
 
 
 # --------------------------------------------------------------------------- normalisation
@@ -545,17 +597,26 @@ def test_truncated_means_cut_off_by_max_new_tokens() -> None:
 
 def test_overlong_filtering_masks_truncated_samples_after_the_baseline() -> None:
     from hpcrl.config.recipe import DataCfg, GrpoCfg, PolicyCfg, Recipe
-    from hpcrl.core.algorithms.grpo import Rollouts, build_train_batch, global_batch_chunks
+    from hpcrl.core.algorithms.grpo import (
+        Rollouts,
+        build_train_batch,
+        finish_train_batch,
+        global_batch_chunks,
+    )
 
     generation = _generation([[5, 5, 5], [5, 2], [5, 5, 5], [6, 2]])
     truncated = torch.tensor([True, False, True, False])
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     rollouts = Rollouts(
-        prompts=["p"] * 4,
+        prompts=["p", "p", "q", "q"],
         answers=[""] * 4,
         responses=[""] * 4,
-        rewards=torch.tensor([1.0, 0.0, 0.0, 1.0]),
+        rewards=rewards,
+        unshaped_rewards=rewards,
         generation=generation,
         truncated=truncated,
+        loss_multiplier=torch.ones(4),
+        prompt_keys=[(7, 1), (7, 1), (7, 2), (7, 2)],
     )
     for flag in (False, True):
         recipe = Recipe(
@@ -564,6 +625,8 @@ def test_overlong_filtering_masks_truncated_samples_after_the_baseline() -> None
             grpo=GrpoCfg(num_generations_per_prompt=2, overlong_filtering=flag),
         )
         batch = build_train_batch(recipe, rollouts)
+        batch["old_logprobs"] = batch["generation_logprobs"].clone()
+        finish_train_batch(recipe, rollouts, batch)
         # advantages from all four rewards (groups [1, 0] and [0, 1]), as NeMo RL does
         assert batch["advantages"].tolist() == [1.0, -1.0, -1.0, 1.0]
         kept = [0.0, 1.0, 0.0, 1.0] if flag else [1.0] * 4

@@ -282,8 +282,27 @@ def test_unsupported_architectures_and_lengths_fail_clearly(qwen2) -> None:
         TorchEngine(config, device="cpu", dtype=torch.float32)
     model, _ = qwen2
     engine = TorchEngine.from_hf_model(model, max_model_len=20)
-    with pytest.raises(ValueError, match="exceeds the engine's max_model_len=20"):
-        engine.generate([[5] * 15], GenerationCfg(max_new_tokens=8), 0)
+    with pytest.raises(ValueError, match="leaves no room to generate within the engine's max"):
+        engine.generate([[5] * 20, [5] * 3], GenerationCfg(max_new_tokens=8), 0)
+
+
+def test_each_row_generates_at_most_what_its_prompt_leaves_of_the_context(qwen2) -> None:
+    """max_model_len 20, max_new_tokens 30 (NeMo RL's configs set max_new_tokens to the whole
+    context): a 15-token prompt gets 5 tokens, a 3-token one 17, as NeMo RL's vLLM workers cap
+    each request; rows that are not capped sample exactly what an uncapped engine samples."""
+    model, tokenizer = qwen2
+    cfg = GenerationCfg(max_new_tokens=30, temperature=1.0)
+    ids = [[5] * 15, [7] * 3]
+    capped = TorchEngine.from_hf_model(model, max_model_len=20).generate(
+        ids, cfg, 3, stop_token_ids=[]
+    )
+    assert capped["response_lengths"].tolist() == [5, 17]
+    free = TorchEngine.from_hf_model(model).generate(ids, cfg, 3, stop_token_ids=[])
+    assert free["response_lengths"].tolist() == [30, 30]
+    assert _responses(capped)[0] == _responses(free)[0][:5]
+    assert _responses(capped)[1] == _responses(free)[1][:17]
+    lengths = capped["prompt_lengths"] + capped["response_lengths"]
+    assert lengths.tolist() == [20, 20]
 
 
 def test_row_buckets_are_powers_of_two_and_their_halves_between() -> None:

@@ -60,3 +60,9 @@ def test_grpo_learns_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None
     assert [m["step"] for m in metrics] == list(range(1, 13))
     rewards = [m["reward_mean"] for m in metrics]
     assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.3, rewards
+    # the loss's extrema combine with min/max over micro-batches and data-parallel ranks (on
+    # policy: 1; a sum would read the number of micro-batches times ranks)
+    for m in metrics:
+        assert m["probs_ratio_min"] == pytest.approx(1.0, abs=1e-4)
+        assert m["probs_ratio_max"] == pytest.approx(1.0, abs=1e-4)
+        assert m["token_mult_prob_error"] == pytest.approx(1.0, abs=1e-3)

@@ -66,6 +66,8 @@ def isolate_from_user_profiles(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("HOME", GOLDEN_HOME)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
     monkeypatch.delenv("HPCRL_CLUSTER_PROFILES", raising=False)
+    for name in ("HPCRL_CLUSTER", "HPCRL_RUNS_DIR"):  # the user's defaults (hpcrl.cli.user_config)
+        monkeypatch.delenv(name, raising=False)
     clear_shell_checkpoint_dir(monkeypatch)
 
 

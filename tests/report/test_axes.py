@@ -154,3 +154,32 @@ def test_a_sweep_report_marks_its_points_and_writes_every_png(tmp_path: Path, ca
     assert first["swept_values"] == {LR_KEY: "1e-5"}
     assert first["summary"]["final_reward"] == pytest.approx(0.4)
     assert first["summary"]["num_steps"] == 4
+
+
+@pytest.mark.parametrize(
+    "values, ticks",
+    [(["1", "2", "3"], [1.0, 2.0, 3.0]),  # seeds: 167264e ticked 1.00, 1.25, 1.50, ...
+     (["16", "32", "64", "256"], [16.0, 32.0, 64.0, 256.0])],  # a log axis: each value
+)  # fmt: skip
+def test_an_integer_swept_axis_gets_integer_ticks(values, ticks) -> None:
+    from hpcrl.report.metrics import summarize
+    from hpcrl.report.plots import _pyplot, _sweep_panel
+    from hpcrl.report.summary import Report, ReportRow
+
+    axis = swept_axis(values)
+    assert axis.integer and not swept_axis(["0.25", "0.5"]).integer
+    rows = tuple(
+        ReportRow(name=f"point-{index}", run_dir=Path("."), swept_values={"k": value},
+                  records=(), summary=summarize([{"step": 1, "loss": 1.0 / (index + 1)}]))
+        for index, value in enumerate(values)
+    )  # fmt: skip
+    report = Report(title="t", source_dir=Path("."), swept_keys=("k",), rows=rows)
+    pyplot = _pyplot()
+    figure, panel = pyplot.subplots()
+    _sweep_panel(panel, report, axis, "final loss", "final_loss")
+    figure.canvas.draw()
+    shown = [float(tick) for tick in panel.get_xticks()]
+    labels = [label.get_text() for label in panel.get_xticklabels()]
+    minor = list(panel.xaxis.get_minorticklocs())
+    pyplot.close(figure)
+    assert shown == ticks and labels == values and minor == []

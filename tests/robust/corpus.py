@@ -344,7 +344,10 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "unicode-key": ("grpö.max_num_steps=1", "grpö.max_num_steps"),
     "dtensor-alias-unknown": ("policy.dtensor_cfg.bogus=1", "policy.dtensor_cfg.bogus"),
     "plus-plus": ("++grpo.bogus=1", "grpo.bogus"),
-    "tilde-delete": ("~grpo.max_num_steps", "~grpo.max_num_steps"),
+    # after --cluster too (issue 24): deleting a key the config does not set is refused;
+    # deleting one it sets is a valid override (back to the default)
+    "tilde-delete": ("~grpo.no_such_key", "~grpo.no_such_key"),
+    "tilde-delete-set-key": ("~grpo.max_num_steps", ""),
     "env-vars-bad-name": ("policy.megatron_cfg.env_vars.1BAD=x", "policy.megatron_cfg.env_vars"),
     "model-overrides-junk": ("policy.megatron_cfg.model_overrides=3", "policy.megatron_cfg.model_overrides"),
     "betas-length": ("policy.optimizer.betas=[0.9]", "policy.optimizer.betas"),
@@ -358,7 +361,7 @@ OVERRIDES: dict[str, tuple[str, str]] = {
 }  # fmt: skip
 #: Overrides that are fine on their own (the command may accept them).
 OVERRIDES_MAY_PASS = {"empty", "nul-value", "newline-value", "huge-value", "self-reference",
-                      "validate-token-literal"}  # fmt: skip
+                      "validate-token-literal", "tilde-delete-set-key"}  # fmt: skip
 
 
 def override_cases() -> list[Case]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -75,3 +76,22 @@ def wait_for(
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+CANCELLED_LINE = re.compile(
+    r"\[(?:point-\d+ )?hpcrl\] job (?P<job>\S+) was cancelled at .+?(?: by \S+ \(hpcrl cancel\))?"
+    r"(?:; (?P<hidden>\d+) line\(s\) of shutdown output left out \(hpcrl logs --raw shows them\))?"
+)
+
+
+def assert_cancelled_logs_end_quietly(run: Path, job_id: str, cwd: Path) -> None:
+    """``hpcrl logs`` of a cancelled job ends with the one line saying so, without the
+    shutdown noise that ``--raw`` still shows (issue 26 item 7)."""
+    shown = hpcrl(["logs", str(run)], cwd, job_env()).stdout.splitlines()
+    raw = hpcrl(["logs", str(run), "--raw"], cwd, job_env()).stdout.splitlines()
+    match = CANCELLED_LINE.fullmatch(shown[-1]) if shown else None
+    assert match is not None and match["job"] == job_id, shown[-5:]
+    hidden = int(match["hidden"] or 0)
+    assert len(raw) == len(shown) - 1 + hidden, (len(raw), len(shown), hidden)
+    for noise in ("KeyboardInterrupt", "SIGTERM received", "CANCELLED AT", "Bypassing signal"):
+        assert not any(noise in line for line in shown), noise

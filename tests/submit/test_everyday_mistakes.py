@@ -73,7 +73,7 @@ def test_plain_status_lists_every_run_and_says_which_record_is_damaged(
     make_run(runs / "bad", content)
     code, out, err = cli("status")
     assert code == 0, err
-    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if "│" in line}
+    rows = {line.split()[0]: line for line in out.splitlines() if line}
     assert "4242" in rows["a-good-run"] and "UNKNOWN" in rows["a-good-run"]
     assert "bad job.json" in rows["bad"]
     assert "bad: runs/bad/job.json: " in out and reason in out

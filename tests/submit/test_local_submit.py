@@ -19,6 +19,7 @@ from tests.submit.jobs_harness import (
     FRACTION_KEY,
     OFFLOAD_ON,
     ONE_NODE_RECIPE,
+    assert_cancelled_logs_end_quietly,
     hpcrl,
     job_env,
     output_of,
@@ -53,9 +54,13 @@ def test_local_submit_waits_runs_the_rendered_script_and_reports(tmp_path: Path)
 
     status = hpcrl(["status", str(run)], tmp_path, job_env())
     assert status.returncode == 0, output_of(status)
-    row = next(line for line in status.stdout.splitlines() if "run" in line and "COMPLETED" in line)
     expected_reward = drivers.expected_metrics(0.5, drivers.NUM_METRIC_STEPS)["reward_mean"]
-    assert f"{expected_reward:.4g}" in row and f" {drivers.NUM_METRIC_STEPS}/20 " in row
+    # one run given: every field of it (hpcrl.submit.status_detail)
+    assert "state      COMPLETED, exit code 0" in status.stdout.splitlines()
+    assert (
+        f"progress   step {drivers.NUM_METRIC_STEPS}/20 · reward {expected_reward:.4g}"
+        in status.stdout
+    )
 
     logs = hpcrl(["logs", str(run), "--attempt", "1"], tmp_path, job_env())
     assert "===== hpcrl attempt 1 · job " in logs.stdout, output_of(logs)
@@ -109,6 +114,7 @@ def test_ctrl_c_detaches_from_a_local_job_and_cancel_stops_it_and_its_ray(tmp_pa
         )
         assert query_status(record).state == "CANCELLED"
         assert _processes_mentioning(ray_temp_dir) == [], "cancel left Ray processes behind"
+        assert_cancelled_logs_end_quietly(run, record.job_id, tmp_path)
 
     finally:
         waiting.kill()

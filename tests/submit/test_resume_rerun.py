@@ -81,6 +81,14 @@ def test_resume_continues_at_the_checkpoint_and_rerun_starts_a_new_run(tmp_path:
         f"{first.job_id} had ended CANCELLED" in resumed.stdout
     ), output_of(resumed)
     assert "COMPLETED" in resumed.stdout
+    # --wait shows the new attempt's phases, then only its own steps (never the cancelled
+    # attempt's last step while Ray starts: issue 26 item 6)
+    lines = resumed.stdout.splitlines()
+    trained = [int(re.search(r"training step (\d+)/", line)[1]) for line in lines
+               if "training step" in line]  # fmt: skip
+    assert trained and min(trained) > checkpoint, lines
+    first_training = next(i for i, line in enumerate(lines) if "training step" in line)
+    assert any("running, starting Ray" in line for line in lines[:first_training]), lines
     # One folder, one line per step: what the first attempt ran past its checkpoint dropped.
     assert_every_step_once_and_finite(run, NUM_STEPS)
     record = read_job_record(run)
@@ -106,7 +114,7 @@ def test_resume_continues_at_the_checkpoint_and_rerun_starts_a_new_run(tmp_path:
                   timeout_s=WAIT_S)  # fmt: skip
     assert rerun.returncode == 0, output_of(rerun)
     (new_run,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "demo"]
-    assert new_run.name.startswith("grpo-tiny-1n-cpu-local-")
+    assert new_run.name == "demo-rerun"  # named after the run it came from
     assert_every_step_once_and_finite(new_run, 1)
     resolved, new_resolved = (yaml.safe_load((p / "recipe.resolved.yaml").read_text())
                               for p in (run, new_run))  # fmt: skip
@@ -115,6 +123,8 @@ def test_resume_continues_at_the_checkpoint_and_rerun_starts_a_new_run(tmp_path:
     assert new_resolved == resolved  # the same recipe (its checkpointing included) otherwise
     manifest = json.loads((new_run / "manifest.json").read_text())
     assert (manifest["rerun_of"], manifest["profile_source"]) == (str(run), "local")
+    source_sha = json.loads((run / "manifest.json").read_text())["recipe_git_sha"]
+    assert manifest["recipe_git_sha"] == source_sha and len(source_sha) == 40
     assert f"# Written by: hpcrl rerun {run} grpo.max_num_steps=1\n" in (
         (new_run / "job.sbatch").read_text()
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,9 +98,10 @@ def test_completion_scripts_know_every_command_and_complete_folders(cli, shell):
         # has no per-command option sets); status --recipe is text, not a file
         assert (
             "'c/--/(attempt cluster debug driver follow grid help json no-submit node out point "
-            "recipe runs-dir since state version wait zip)/'"
+            "raw recipe runs-dir since state version wait wide zip)/'"
         ) in script
         assert "'n/--recipe/f/'" not in script and "'n/submit/f/'" in script
+        assert "'n/--cluster/(eos local local-gpu slurm-test slurm-test-pyxis)/'" in script
         assert "'n/completion/(bash zsh tcsh)/'" in script
     if shell == "bash":
         assert "_shtab_compgen_dirs" in script
@@ -134,3 +136,40 @@ def test_the_parser_is_built_without_shtab() -> None:
     )
     assert result.stdout.strip() == "False"
     assert build_parser().parse_args(["completion", "bash"]).shell == "bash"
+
+
+def _complete(script: str, words: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
+    words_text = " ".join(f"'{word}'" for word in ["hpcrl", *words])
+    probe = (f"source /dev/stdin; COMP_WORDS=({words_text}); COMP_CWORD={len(words)}; "
+             "_shtab_hpcrl; printf '%s\\n' \"${COMPREPLY[@]}\"")  # fmt: skip
+    done = subprocess.run(["bash", "-c", probe], input=script, text=True, capture_output=True,
+                          cwd=cwd, env=env)  # fmt: skip
+    assert not done.stderr, done.stderr
+    return sorted(line for line in done.stdout.splitlines() if line)
+
+
+def test_bash_completes_profile_and_recipe_names(cli, tmp_path):
+    """``--cluster <TAB>``: the shipped profiles and the user's own, as they are when
+    completing; ``submit grpo<TAB>``: shipped recipes, recipe files and folders, never
+    ``__init__.py`` or ``__pycache__`` (issue 26 item 10: 167264e completed files only)."""
+    _, script, _ = cli("completion", "bash")
+    config = tmp_path / "config"
+    (config / "hpcrl" / "cluster_profiles").mkdir(parents=True)
+    (config / "hpcrl" / "cluster_profiles" / "mysite.yaml").write_text("name: mysite\n")
+    work = tmp_path / "work"
+    (work / "__pycache__").mkdir(parents=True)
+    (work / "grpo-folder").mkdir()
+    for name in ("__init__.py", "grpo-mine.yaml", "grpo-notes.txt"):
+        (work / name).write_text("")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(config)}
+    assert _complete(script, ["submit", "x.yaml", "--cluster", ""], work, env) == [
+        "eos", "local", "local-gpu", "mysite", "slurm-test", "slurm-test-pyxis"
+    ]  # fmt: skip
+    assert _complete(script, ["validate", "--cluster", "local", "grpo-l"], work, env) == [
+        "grpo-llama-1b-1n1g-automodel", "grpo-llama-1b-1n1g-megatron",
+        "grpo-llama3.1-8b-2n8g-automodel",
+    ]  # fmt: skip
+    found = _complete(script, ["submit", "grpo"], work, env)
+    assert "grpo-mine.yaml" in found and "grpo-folder" in found and "grpo-tiny-1n-cpu" in found
+    assert "grpo-notes.txt" not in found
+    assert _complete(script, ["submit", "_"], work, env) == []  # no __init__.py, __pycache__

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from tests.submit.jobs_harness import (
     ONE_NODE_RECIPE,
     REPO,
     TWO_NODE_RECIPE,
+    assert_cancelled_logs_end_quietly,
     hpcrl,
     job_env,
     output_of,
@@ -185,6 +187,10 @@ def test_cancel_stops_a_running_job_and_a_sweep_with_its_resumed_point(tmp_path:
         wait_for(lambda: query_status(task1).state == "CANCELLED", 30, "sacct to say CANCELLED")
         status = hpcrl(["status", str(point1), "--json"], tmp_path, job_env())
         assert json.loads(status.stdout)[0]["state"] == "CANCELLED", output_of(status)
+        err = Path(task1.submitit_folder) / f"{task1.job_id}_0_log.err"
+        wait_for(lambda: "CANCELLED AT" in err.read_text(), 30, "slurmstepd's line")
+        time.sleep(2)  # the last lines of the stopping processes
+        assert_cancelled_logs_end_quietly(point1, task1.job_id, tmp_path)
         again = hpcrl(["cancel", str(point1)], tmp_path, job_env())
         assert f"Job {array_id}_1 already ended (CANCELLED)" in again.stdout, output_of(again)
 
@@ -250,15 +256,44 @@ def test_worker_that_cannot_join_fails_the_job_with_its_cause(
     assert sacct_states(read_job_record(run).job_id)[-1] == "FAILED"
 
 
-def test_a_refused_submission_says_why_and_fails(tmp_path: Path) -> None:
+def test_a_refused_submission_says_why_and_the_same_command_submits_once_fixed(
+    tmp_path: Path,
+) -> None:
+    """sbatch refuses a bad partition: the folder is left as rendered and says why (status),
+    the same command may be run again (with -o the same folder, without it no ``-2``, ``-3``
+    folder per try), and once the profile is fixed the same command submits. Issue 26 item 3:
+    at 167264e the folder refused every later submit (``-o``) or a numbered one was made per
+    retry."""
     profile = yaml.safe_load((REPO / "cluster_profiles" / "slurm-test.yaml").read_text())
     profile.update(name="slurm-test-bad-partition")
     profile["slurm"]["partition"] = "no-such-partition"
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(profile))
     run = tmp_path / "run"
     args = ["submit", TWO_NODE_RECIPE, "--cluster", str(tmp_path / "bad.yaml"), "-o", str(run)]
-    result = hpcrl(args, tmp_path, job_env())
-    assert result.returncode == 1, output_of(result)
-    assert f"not submitted: sbatch refused {run}/job.sbatch" in result.stdout
-    assert "invalid partition specified: no-such-partition" in result.stdout
-    assert not (run / "job.json").exists()
+    for _ in range(2):  # the same command again: the same folder, refused for the same reason
+        result = hpcrl(args, tmp_path, job_env())
+        assert result.returncode == 1, output_of(result)
+        assert f"not submitted: sbatch refused {run}/job.sbatch" in result.stderr
+        assert result.stderr.count("invalid partition specified: no-such-partition") == 1
+        assert not (run / "job.json").exists() and not (run / "submitit").exists()
+    status = hpcrl(["status", str(run)], tmp_path, job_env())
+    assert "state      not submitted" in status.stdout, output_of(status)
+    assert (
+        "cause      sbatch refused it: sbatch: error: Batch job submission failed: Invalid "
+        "partition name specified (" in status.stdout
+    )
+    without_out = args[:-2]
+    for _ in range(2):
+        assert hpcrl(without_out, tmp_path, job_env()).returncode == 1
+    (folder,) = (tmp_path / "runs").iterdir()  # one folder for both tries
+    assert folder.name.startswith("grpo-tiny-2n-cpu-slurm-test-bad-partition-")
+    assert not folder.name.endswith("-2")
+
+    profile["slurm"]["partition"] = "debug"  # the user fixes the profile ...
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(profile))
+    result = hpcrl(args, tmp_path, job_env())  # ... and runs the same command
+    assert result.returncode == 0, output_of(result)
+    record = read_job_record(run)
+    assert f"Submitted job {record.job_id}" in result.stdout
+    assert not (run / "submit_failed.json").exists()
+    hpcrl(["cancel", str(run)], tmp_path, job_env())

@@ -14,6 +14,7 @@ import pytest
 from rich.console import Console
 
 from hpcrl.submit import waiting
+from hpcrl.submit.job_identity import record_time
 from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import JobStatus
 from hpcrl.submit.logs import split_attempts
@@ -293,7 +294,12 @@ def test_a_sweeps_line_shows_each_training_points_step_of_its_own_max(
         run_dir = tmp_path / f"point-{index}"
         run_dir.mkdir()
         (run_dir / "recipe.resolved.yaml").write_text(f"grpo:\n  max_num_steps: {max_steps}\n")
-        runs.append((run_dir, attrs.evolve(_record(tmp_path), job_id=f"41_{index}")))
+        record = attrs.evolve(_record(tmp_path), job_id=f"41_{index}", array_index=index)
+        runs.append((run_dir, record))
+        # each task's Ray is ready (an array task's marker names Slurm's own id of the task)
+        (run_dir / "status").mkdir()
+        ready = {"attempt": f"{42 + index}.0", "time": record_time(record) + 5}
+        (run_dir / "status" / "ray_ready").write_text(json.dumps(ready))
     steps_at = {0: {"point-0": 1, "point-1": 2}, 10: {"point-0": 3, "point-1": 5}}
 
     def statuses(records: list[JobRecord], *_: object) -> list[JobStatus]:

@@ -65,6 +65,17 @@ def test_greedy_equals_torch_sampler_on_16_prompts(tiny, engine) -> None:
     assert "engine_generated_tokens" not in want
 
 
+def test_each_request_generates_at_most_what_its_prompt_leaves_of_the_context(engine) -> None:
+    """max_model_len 256 (VLLM_CFG), max_new_tokens 300 (NeMo RL's configs set it to the whole
+    context): a 250-token prompt gets 6 tokens, a 3-token one 253, as NeMo RL caps each request
+    (hpcrl's torch engine does the same: tests/core/test_torch_engine.py)."""
+    cfg = GenerationCfg(temperature=1.0, max_new_tokens=300)
+    got = engine.generate([[5] * 250, [7] * 3], cfg, seed=0)
+    totals = got["prompt_lengths"] + got["response_lengths"]
+    assert got["prompt_lengths"].tolist() == [250, 3]
+    assert 1 <= got["response_lengths"][0].item() <= 6 and totals.max().item() <= 256
+
+
 def test_sampled_logprobs_are_those_of_the_sampling_distribution(tiny, engine) -> None:
     """temperature 0.7 + top-k: logprobs are log_softmax(top_k(logits / 0.7)) at the token
     (vLLM's processed_logprobs, NeMo RL's choice), i.e. what the trainer computes by teacher

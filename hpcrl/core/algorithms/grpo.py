@@ -1,9 +1,11 @@
 """GRPO: sample groups of responses per prompt, score them, push up the better ones.
 
-One step: prompts from the data → ``num_generations_per_prompt`` samples each
-(``policy.generate``) → rewards from the environment → group advantages → old-policy (and,
-with a KL penalty, reference) log-probs → clipped policy-gradient training, in optimizer
-steps of ``policy.train_global_batch_size`` rollouts. Only the ``Policy`` interface is used.
+One step, in NeMo RL's order (docs/algorithms.md): prompts from the data, fitted to
+``data.max_input_seq_length`` → ``num_generations_per_prompt`` samples each
+(``policy.generate``) → rewards from the environment, scaled and shaped → old-policy (and,
+with a KL penalty, reference) log-probs → sequence-level log-prob error masking → advantages
+over groups of equal prompts → clipped policy-gradient training, in optimizer steps of
+``policy.train_global_batch_size`` rollouts. Only the ``Policy`` interface is used.
 """
 
 from __future__ import annotations
@@ -16,89 +18,121 @@ from typing import Any
 import attrs
 
 from hpcrl.config.recipe import GenerationCfg, Recipe
-from hpcrl.core.algorithms.advantages import group_advantages
+from hpcrl.core.algorithms.advantages import estimate_advantages, prompt_groups
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.algorithms.losses import grpo_loss
 from hpcrl.core.algorithms.reward_terms import shape_rewards
+from hpcrl.core.algorithms.sequence_masking import mask_by_sequence_logprob_error
 from hpcrl.core.data.jsonl import EpochSampler
-from hpcrl.core.data.prompts import encode_prompt, truncate_left
+from hpcrl.core.data.prompts import encode_prompt, fit_prompt, prompt_key, prompt_length_limit
+from hpcrl.core.metric_reduction import combine_optimizer_steps
 from hpcrl.core.policy import GenerationOutput, Policy
 
 
 @attrs.frozen(kw_only=True)
+class PromptBatch:
+    """One step's prompts, flat: ``num_generations_per_prompt`` consecutive rows per data row."""
+
+    prompts: list[str]
+    answers: list[str]
+    prompt_ids: list[list[int]]
+    # 0 where the prompt did not fit and was cut to a stub (hpcrl.core.data.prompts.fit_prompt)
+    loss_multiplier: list[float]
+
+
+@attrs.frozen(kw_only=True)
 class Rollouts:
-    """One step's samples, flat: ``num_generations`` consecutive rows per prompt."""
+    """One step's samples, flat (the rows of ``PromptBatch``, in its order)."""
 
     prompts: list[str]
     answers: list[str]
     responses: list[str]
-    rewards: Any  # torch.Tensor [N]
+    rewards: Any  # torch.Tensor [N]: scaled and shaped, what the advantages are computed from
+    unshaped_rewards: Any  # torch.Tensor [N]: scaled, not shaped (dynamic sampling's filter)
     generation: GenerationOutput
-    truncated: Any  # torch.Tensor [N] bool: stopped by max_new_tokens, not by a stop
+    truncated: Any  # torch.Tensor [N] bool: stopped by the length limit, not by a stop
+    loss_multiplier: Any  # torch.Tensor [N] float: 0 = generated and scored, never trained on
+    # Each row's prompt token ids without trailing pad tokens: equal keys, one advantage group.
+    prompt_keys: list[tuple[int, ...]]
 
 
-def prompt_token_budget(recipe: Recipe) -> int:
-    """Prompt tokens that leave room for max_new_tokens within max_total_sequence_length."""
-    policy = recipe.policy
-    budget = policy.max_total_sequence_length - policy.generation.max_new_tokens
-    if recipe.data.max_input_seq_length is not None:
-        budget = min(budget, recipe.data.max_input_seq_length)
-    if budget < 1:
-        raise ValueError(
-            f"policy.generation.max_new_tokens ({policy.generation.max_new_tokens}) leaves no room "
-            f"for the prompt in policy.max_total_sequence_length ({policy.max_total_sequence_length})"
-        )
-    return budget
+def context_length(recipe: Recipe) -> int:
+    """Tokens a sequence may hold in the generation engine (vLLM's ``max_model_len`` where
+    set, else ``policy.max_total_sequence_length``): what a prompt must leave room in, and what
+    caps each response."""
+    generation = recipe.policy.generation
+    if generation.backend == "vllm" and generation.vllm_cfg.max_model_len is not None:
+        return generation.vllm_cfg.max_model_len
+    return recipe.policy.max_total_sequence_length
 
 
-def expand_prompts(
-    recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
-) -> tuple[list[str], list[str], list[list[int]]]:
-    """``num_generations_per_prompt`` consecutive copies of each row: texts, answers, ids."""
+def expand_prompts(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> PromptBatch:
+    """``num_generations_per_prompt`` consecutive copies of each row, its prompt fitted to
+    ``data.max_input_seq_length`` as NeMo RL does (``fit_prompt``)."""
     grpo, data = recipe.grpo, recipe.data
     assert grpo is not None
-    budget = prompt_token_budget(recipe)
+    limit = prompt_length_limit(data.max_input_seq_length, context_length(recipe))
     use_chat = recipe.policy.tokenizer.chat_template is not None
-    prompts, answers, prompt_ids = [], [], []
+    fitted = []
     for row in rows:
         # Rows of NeMo RL's named sets arrive tokenized by their processor.
         encoded = row.get("prompt_ids") or encode_prompt(
             tokenizer, str(row[data.prompt_key]), use_chat
         )
-        ids = truncate_left(encoded, budget)
-        for _ in range(grpo.num_generations_per_prompt):
-            prompts.append(str(row[data.prompt_key]))
-            answers.append(str(row.get(data.answer_key, "")))
-            prompt_ids.append(ids)
-    return prompts, answers, prompt_ids
+        fitted.append((row, *fit_prompt(encoded, limit)))
+    copies = [item for item in fitted for _ in range(grpo.num_generations_per_prompt)]
+    return PromptBatch(
+        prompts=[str(row[data.prompt_key]) for row, _, _ in copies],
+        answers=[str(row.get(data.answer_key, "")) for row, _, _ in copies],
+        prompt_ids=[ids for _, ids, _ in copies],
+        loss_multiplier=[multiplier for _, _, multiplier in copies],
+    )
 
 
 def sample_rollouts(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict], step: int
 ) -> Rollouts:
     """Generate ``num_generations_per_prompt`` responses per row and score them."""
-    import torch
-
     grpo = recipe.grpo
     assert grpo is not None
-    prompts, answers, prompt_ids = expand_prompts(recipe, tokenizer, rows)
+    prompts = expand_prompts(recipe, tokenizer, rows)
     policy.prepare_for_generation()
     generation = policy.generate(
-        prompt_ids, recipe.policy.generation, generation_seed(grpo.seed, step)
+        prompts.prompt_ids, recipe.policy.generation, generation_seed(grpo.seed, step)
     )
     policy.prepare_for_training()
+    return score_rollouts(recipe, tokenizer, env, prompts, generation)
+
+
+def score_rollouts(
+    recipe: Recipe, tokenizer: Any, env: Any, prompts: PromptBatch, generation: GenerationOutput
+) -> Rollouts:
+    """Decode, score (environment, then reward scaling and shaping) and flag truncation."""
+    import torch
+
     responses = decode_responses(tokenizer, generation)
-    rewards = torch.tensor(env.score(prompts, responses, answers), dtype=torch.float32)
-    rewards = shape_rewards(recipe, rewards, generation.response_lengths)
+    truncated = truncated_responses(
+        generation,
+        recipe.policy.generation,
+        tokenizer.eos_token_id,
+        responses,
+        context_length(recipe),
+    )
+    scores = env.score(prompts.prompts, responses, prompts.answers)
+    shaped = shape_rewards(
+        recipe, torch.tensor(scores, dtype=torch.float32), generation.response_lengths, truncated
+    )
+    pad = getattr(tokenizer, "pad_token_id", None)
     return Rollouts(
-        prompts=prompts,
-        answers=answers,
+        prompts=prompts.prompts,
+        answers=prompts.answers,
         responses=responses,
-        rewards=rewards,
+        rewards=shaped.rewards,
+        unshaped_rewards=shaped.unshaped,
         generation=generation,
-        truncated=truncated_responses(
-            generation, recipe.policy.generation, tokenizer.eos_token_id, responses
-        ),
+        truncated=truncated,
+        loss_multiplier=torch.tensor(prompts.loss_multiplier, dtype=torch.float32),
+        prompt_keys=[prompt_key(ids, pad) for ids in prompts.prompt_ids],
     )
 
 
@@ -107,9 +141,11 @@ def truncated_responses(
     cfg: GenerationCfg,
     eos_token_id: int | None,
     responses: Sequence[str],
+    context: int | None = None,
 ) -> Any:
-    """[N] bool: the response used all max_new_tokens and does not end in a stop token id
-    (EOS, stop_token_ids) nor contain a stop string, i.e. it was cut off (NeMo RL's
+    """[N] bool: the response used all the tokens it could (max_new_tokens, or what its
+    prompt left of the engine's ``context``) and does not end in a stop token id (EOS,
+    stop_token_ids) nor contain a stop string, i.e. it was cut off (NeMo RL's
     ``truncated``, what ``grpo.overlong_filtering`` leaves out of the loss)."""
     import torch
 
@@ -117,10 +153,13 @@ def truncated_responses(
     flags = []
     for row, text in enumerate(responses):
         length = int(generation.response_lengths[row])
-        end = int(generation.prompt_lengths[row]) + length
-        last = int(generation.input_ids[row, end - 1]) if length else None
+        start = int(generation.prompt_lengths[row])
+        limit = cfg.max_new_tokens
+        if context is not None:
+            limit = min(limit, context - start)
+        last = int(generation.input_ids[row, start + length - 1]) if length else None
         stopped = last in stop_ids or any(stop in text for stop in cfg.stop_strings)
-        flags.append(length >= cfg.max_new_tokens and not stopped)
+        flags.append(length >= limit and not stopped)
     return torch.tensor(flags, dtype=torch.bool)
 
 
@@ -135,29 +174,24 @@ def decode_responses(tokenizer: Any, generation: GenerationOutput) -> list[str]:
 
 
 def build_train_batch(recipe: Recipe, rollouts: Rollouts) -> dict[str, Any]:
-    """The batch the loss reads (see hpcrl.core.algorithms.losses), minus log-probs."""
+    """The batch the loss reads (see hpcrl.core.algorithms.losses) without log-probs and
+    advantages (``finish_train_batch`` adds those). ``sample_mask`` is NeMo RL's
+    ``loss_multiplier``: 0 for a prompt that did not fit, and with ``grpo.overlong_filtering``
+    for a truncated response; such rows still count in their group's baseline."""
     import torch
 
     grpo = recipe.grpo
     assert grpo is not None
     generation = rollouts.generation
-    advantages = group_advantages(
-        rollouts.rewards,
-        grpo.num_generations_per_prompt,
-        normalize=grpo.normalize_rewards,
-        leave_one_out=grpo.use_leave_one_out_baseline,
-    )
-    sample_mask = torch.ones(generation.input_ids.shape[0], dtype=torch.float32)
+    sample_mask = rollouts.loss_multiplier.to(torch.float32).clone()
     if grpo.overlong_filtering:
-        # After the advantages: truncated responses still count in their group's baseline.
-        sample_mask = (~rollouts.truncated).to(torch.float32)
+        sample_mask = sample_mask * (~rollouts.truncated).to(torch.float32)
     return {
         "input_ids": generation.input_ids,
         "attention_mask": generation.attention_mask,
         "token_mask": generation.response_mask.to(torch.float32) * sample_mask[:, None],
         "sample_mask": sample_mask,
         "generation_logprobs": generation.generation_logprobs.to(torch.float32),
-        "advantages": advantages,
     }
 
 
@@ -165,6 +199,23 @@ def add_logprobs(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> None:
     batch["old_logprobs"] = policy.get_logprobs(batch)
     if recipe.loss_fn.reference_policy_kl_penalty != 0:
         batch["ref_logprobs"] = policy.get_reference_logprobs(batch)
+
+
+def finish_train_batch(
+    recipe: Recipe, rollouts: Rollouts, batch: dict[str, Any]
+) -> dict[str, float]:
+    """After the old log-probs, as NeMo RL orders it: leave sequences the sampler and the
+    trainer disagree on out of the loss (``grpo.seq_logprob_error_threshold``; its metrics
+    always), then the advantages (``grpo.adv_estimator``, groups by prompt content,
+    clipped). Returns the step's sequence-error metrics."""
+    grpo = recipe.grpo
+    assert grpo is not None
+    metrics = mask_by_sequence_logprob_error(
+        batch, rollouts.rewards, grpo.seq_logprob_error_threshold
+    )
+    groups = prompt_groups(rollouts.prompt_keys)
+    batch["advantages"] = estimate_advantages(grpo, rollouts.rewards, groups, batch["token_mask"])
+    return metrics
 
 
 def global_batch_chunks(batch: dict[str, Any], chunk: int) -> list[dict[str, Any]]:
@@ -182,7 +233,8 @@ def global_batch_chunks(batch: dict[str, Any], chunk: int) -> list[dict[str, Any
 
 
 def train_on_batch(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> dict[str, float]:
-    """Optimizer steps over chunks of train_global_batch_size rollouts; metrics averaged."""
+    """Optimizer steps over chunks of train_global_batch_size rollouts; metrics averaged
+    over them (extrema: min/max, hpcrl.core.metric_reduction)."""
     size = batch["input_ids"].shape[0]
     chunk = recipe.policy.train_global_batch_size
     if size % chunk != 0:
@@ -192,7 +244,7 @@ def train_on_batch(policy: Policy, recipe: Recipe, batch: dict[str, Any]) -> dic
         )
     loss_fn = functools.partial(grpo_loss, cfg=recipe.loss_fn)
     results = [policy.train(part, loss_fn) for part in global_batch_chunks(batch, chunk)]
-    return {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+    return combine_optimizer_steps(results)
 
 
 def grpo_step(
@@ -207,12 +259,14 @@ def grpo_step(
     batch = build_train_batch(recipe, rollouts)
     with timer.phase("logprobs"):
         add_logprobs(policy, recipe, batch)
+    sequence_metrics = finish_train_batch(recipe, rollouts, batch)
     with timer.phase("train"):
         train_metrics = train_on_batch(policy, recipe, batch)
     step_s = time.perf_counter() - started
     return {
         "step": step,
         **train_metrics,
+        **sequence_metrics,
         **rollout_metrics(rollouts, step_s, timer.seconds["generate"]),
         **timer.as_metrics(),
         **sampling_metrics,
@@ -239,9 +293,9 @@ def step_rollouts(
 
     return sample_dynamically(
         one_batch,
-        grpo.num_prompts_per_step,
-        grpo.num_generations_per_prompt,
+        grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
         grpo.dynamic_sampling_max_gen_batches,
+        leave_one_out=grpo.use_leave_one_out_baseline,
     )
 
 
@@ -253,6 +307,8 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
     metrics = {
         **{key: float(value) for key, value in generation.metrics.items()},
         "truncated_fraction": float(rollouts.truncated.float().mean()),
+        # rollouts of prompts that did not fit data.max_input_seq_length (not trained on)
+        "overlong_prompts": int((rollouts.loss_multiplier == 0).sum()),
         "reward_mean": float(rollouts.rewards.mean()),
         "reward_std": float(rollouts.rewards.std()) if len(rollouts.rewards) > 1 else 0.0,
         "response_length_mean": float(generation.response_lengths.float().mean()),

@@ -25,6 +25,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hpcrl.core.algorithms.loss_metrics import (
+    masked_token_mean,
+    ratio_metrics,
+    sampling_error_metrics,
+)
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
 
 if TYPE_CHECKING:
@@ -182,49 +187,64 @@ def _kl_term(logprobs: torch.Tensor, batch, cfg: LossFnCfg) -> torch.Tensor:
     )
 
 
+def finite_or_zero(logprobs: torch.Tensor) -> torch.Tensor:
+    """−inf (a token the trainer's top-k/top-p dropped) and other non-finite log-probs → 0,
+    with no gradient there: NeMo RL's ``mask_out_neg_inf_logprobs``, which keeps the token in
+    the loss mask (so a token both passes dropped has ratio 1 and adds a constant)."""
+    import torch
+
+    return torch.where(torch.isfinite(logprobs), logprobs, torch.zeros_like(logprobs))
+
+
 def grpo_loss(
     logprobs: torch.Tensor, batch, num_global_tokens: float, cfg: LossFnCfg
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped policy-gradient loss + optional KL penalty to the reference policy.
 
-    Use as ``functools.partial(grpo_loss, cfg=recipe.loss_fn)``. Tokens whose current or old
-    log-prob is −inf (top-k/top-p dropped them in the trainer's pass) are left out of the
-    policy-gradient term, as NeMo RL does; the denominators stay the global token counts.
+    Use as ``functools.partial(grpo_loss, cfg=recipe.loss_fn)``. Current and old log-probs
+    pass through ``finite_or_zero`` first (NeMo RL's handling of top-k/top-p: the token
+    stays in every denominator, including a sequence's own token count).
     """
     import torch
 
     mask = batch["token_mask"].to(logprobs.dtype)
+    current = finite_or_zero(logprobs)
     # force_on_policy_ratio: NeMo RL's ratio exp(logp − logp.detach()), 1 with gradient
-    raw_old = (
-        logprobs.detach() if cfg.force_on_policy_ratio else batch["old_logprobs"].to(logprobs.dtype)
+    old = (
+        current.detach()
+        if cfg.force_on_policy_ratio
+        else finite_or_zero(batch["old_logprobs"].to(logprobs.dtype))
     )
-    usable = torch.isfinite(logprobs.detach()) & torch.isfinite(raw_old)
-    actor_mask = mask * usable.to(mask.dtype)
-    current = torch.where(usable, logprobs, torch.zeros_like(logprobs))
-    old = torch.where(usable, raw_old, torch.zeros_like(raw_old))
+    generation = batch["generation_logprobs"].to(logprobs.dtype)
     advantages = batch["advantages"].to(logprobs.dtype)[:, None]
     pg, was_clipped = clipped_pg_token_loss(
         current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
     )
     metrics: dict[str, torch.Tensor] = {}
     if cfg.use_importance_sampling_correction:
-        generation = batch["generation_logprobs"].to(logprobs.dtype)
-        weights, is_metrics = importance_weights(raw_old, generation, batch, num_global_tokens, cfg)
+        weights, is_metrics = importance_weights(old, generation, batch, num_global_tokens, cfg)
         pg = pg * weights
         metrics.update(is_metrics)
         metrics["sampling_importance_ratio"] = (weights * mask).sum() / num_global_tokens
     level = cfg.token_level_loss
-    pg_loss = _normalise(pg, batch, actor_mask, num_global_tokens, level)
+    pg_loss = _normalise(pg, batch, mask, num_global_tokens, level)
     loss = pg_loss
     if cfg.reference_policy_kl_penalty != 0:
         kl = _kl_term(logprobs, batch, cfg)
         kl_loss = _normalise(kl, batch, mask, num_global_tokens, level)
         loss = pg_loss + cfg.reference_policy_kl_penalty * kl_loss
-        metrics["kl"] = kl_loss.detach()
+        metrics["kl"] = metrics["kl_penalty"] = kl_loss.detach()
     ratio = torch.exp(current.detach() - old)
+    clamped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
     metrics["pg_loss"] = pg_loss.detach()
-    metrics["clip_fraction"] = (was_clipped.to(mask.dtype) * actor_mask).sum() / num_global_tokens
-    metrics["ratio_mean"] = (ratio * actor_mask).sum() / num_global_tokens
+    metrics["clip_fraction"] = (was_clipped.to(mask.dtype) * mask).sum() / num_global_tokens
+    metrics["ratio_mean"] = masked_token_mean(ratio, mask, num_global_tokens)  # = probs_ratio
+    metrics.update(ratio_metrics(ratio, clamped, mask, num_global_tokens))
+    metrics.update(
+        sampling_error_metrics(
+            old, generation, current, mask, num_global_tokens, cfg.reference_policy_kl_type
+        )
+    )
     return loss, metrics
 
 

@@ -13,9 +13,9 @@ from typing import Any
 import attrs
 
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.grpo import decode_responses, prompt_token_budget
+from hpcrl.core.algorithms.grpo import context_length, decode_responses
 from hpcrl.core.algorithms.sft import build_sft_batch
-from hpcrl.core.data.prompts import encode_prompt, truncate_left
+from hpcrl.core.data.prompts import encode_prompt, fit_prompt, prompt_length_limit
 from hpcrl.core.policy import Policy
 
 ValidateFn = Callable[[], dict[str, float]]
@@ -35,11 +35,12 @@ def grpo_validation(
     import torch
 
     data = recipe.data
-    budget = prompt_token_budget(recipe)
+    limit = prompt_length_limit(data.max_input_seq_length, context_length(recipe))
     use_chat = recipe.policy.tokenizer.chat_template is not None
     prompts = [str(row[data.prompt_key]) for row in rows]
+    # A prompt that does not fit is scored on its stub's response, as in NeMo RL.
     prompt_ids = [
-        truncate_left(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat), budget)
+        fit_prompt(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat), limit)[0]
         for row, p in zip(rows, prompts, strict=True)
     ]
     # The recipe's classes use an aliased attrs decorator that type checkers do not follow.

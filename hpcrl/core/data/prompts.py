@@ -29,10 +29,37 @@ def encode_prompt(tokenizer: Any, text: str, use_chat_template: bool) -> list[in
     return list(tokenizer(text)["input_ids"])
 
 
-def truncate_left(ids: Sequence[int], max_len: int | None) -> list[int]:
-    """Keep the last ``max_len`` tokens (the end of a prompt is what the answer follows)."""
+# NeMo RL's data processors cut a prompt that does not fit to this many tokens (per message).
+OVERLONG_PROMPT_STUB_TOKENS = 4
+
+
+def prompt_length_limit(max_input_seq_length: int | None, context: int) -> int:
+    """The prompt length at and above which a prompt does not fit: ``data.max_input_seq_length``
+    (NeMo RL's threshold), at most the generation engine's ``context`` (a prompt must leave
+    room for at least one generated token)."""
+    if max_input_seq_length is None:
+        return context
+    return min(max_input_seq_length, context)
+
+
+def fit_prompt(ids: Sequence[int], limit: int) -> tuple[list[int], float]:
+    """(prompt ids, loss multiplier), as NeMo RL's data processors do it: a prompt of at least
+    ``limit`` tokens is cut to its first ``min(4, limit)`` tokens and gets loss multiplier 0
+    (its responses are still generated and scored, and count in their group's baseline, but
+    never in the loss); any other prompt is kept whole with multiplier 1."""
     ids = list(ids)
-    return ids if max_len is None or len(ids) <= max_len else ids[-max_len:]
+    if len(ids) < limit:
+        return ids, 1.0
+    return ids[: min(OVERLONG_PROMPT_STUB_TOKENS, limit)], 0.0
+
+
+def prompt_key(ids: Sequence[int], pad_token_id: int | None) -> tuple[int, ...]:
+    """What makes two prompts the same prompt: their token ids. NeMo RL compares right-padded
+    rows (pad_token_id), so trailing pad tokens do not tell prompts apart; dropped here."""
+    key = list(ids)
+    while key and pad_token_id is not None and key[-1] == pad_token_id:
+        key.pop()
+    return tuple(key)
 
 
 def encode_sft_example(

@@ -184,16 +184,25 @@ class TorchEngine:
         stops = tuple(self.eos_token_ids) if stop_token_ids is None else tuple(stop_token_ids)
         stops = tuple(sorted(set(stops) | set(cfg.stop_token_ids)))
         self.last_stats = stats = GenerationStats()
-        num_rows, max_new = len(prompt_ids), cfg.max_new_tokens
+        limits = self.new_token_limits(prompt_ids, cfg.max_new_tokens)
+        num_rows, max_new = len(prompt_ids), max(limits, default=0)
         tokens = torch.full((num_rows, max_new), self.pad_token_id, dtype=torch.long)
         logprobs = torch.zeros((num_rows, max_new), dtype=torch.float32)
         lengths = torch.zeros(num_rows, dtype=torch.long)
         order = sorted(range(num_rows), key=lambda row: -len(prompt_ids[row]))
         if num_rows and max_new:
-            wave_rows = self._prepare_capacity(order, prompt_ids, max_new)
+            wave_rows = self._prepare_capacity(order, prompt_ids, limits)
             for start in range(0, num_rows, wave_rows):
                 rows = order[start : start + wave_rows]
-                wave = _Wave(self, [prompt_ids[r] for r in rows], rows, cfg, seed, stops)
+                wave = _Wave(
+                    self,
+                    [prompt_ids[r] for r in rows],
+                    rows,
+                    _WaveLimits([limits[r] for r in rows], max_new),
+                    cfg,
+                    seed,
+                    stops,
+                )
                 wave_tokens, wave_logprobs, wave_lengths = wave.run()
                 index = torch.tensor(rows, dtype=torch.long)
                 tokens[index], logprobs[index], lengths[index] = (
@@ -209,6 +218,23 @@ class TorchEngine:
         return assemble_right_padded(
             input_ids, attention_mask, prompt_lengths, tokens, logprobs, lengths, self.pad_token_id
         )
+
+    def new_token_limits(
+        self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int
+    ) -> list[int]:
+        """Tokens each row may generate: ``max_new_tokens``, at most what its prompt leaves of
+        ``max_model_len`` (NeMo RL's vLLM workers cap each request the same way)."""
+        if self.max_model_len is None:
+            return [max_new_tokens] * len(prompt_ids)
+        limits = [min(max_new_tokens, self.max_model_len - len(p)) for p in prompt_ids]
+        if any(limit < 1 for limit in limits):
+            longest = max(len(p) for p in prompt_ids)
+            raise ValueError(
+                f"a prompt of {longest} tokens leaves no room to generate within the engine's "
+                f"max_model_len={self.max_model_len} (policy.max_total_sequence_length): "
+                "prompts must be shorter (the GRPO loop cuts those that are not)"
+            )
+        return limits
 
     def generation_metrics(self) -> dict[str, float]:
         return self.last_stats.as_metrics()
@@ -232,16 +258,13 @@ class TorchEngine:
 
     # ------------------------------------------------------------------ capacity
     def _prepare_capacity(
-        self, order: Sequence[int], prompt_ids: Sequence[Sequence[int]], max_new: int
+        self, order: Sequence[int], prompt_ids: Sequence[Sequence[int]], limits: Sequence[int]
     ) -> int:
-        """Make sure the cache fits a wave; returns the rows per wave."""
-        columns_needed = len(prompt_ids[order[0]]) + max_new
-        if self.max_model_len is not None and columns_needed > self.max_model_len:
-            raise ValueError(
-                f"a prompt of {columns_needed - max_new} tokens plus max_new_tokens={max_new} "
-                f"exceeds the engine's max_model_len={self.max_model_len} "
-                "(policy.max_total_sequence_length)"
-            )
+        """Make sure the cache fits a wave; returns the rows per wave. A wave's rows decode
+        into shared columns after its longest prompt, so the cache holds that prompt plus the
+        largest limit (more than max_model_len when short prompts may generate long
+        responses; every row's own positions stay within max_model_len)."""
+        columns_needed = len(prompt_ids[order[0]]) + max(limits)
         window = self.decoder.shape.sliding_window
         if window is not None and columns_needed > window:
             from hpcrl.core.generation.decoder import UnsupportedModelError
@@ -328,6 +351,15 @@ class TorchEngine:
         self._graph_pool = None
 
 
+@attrs.frozen
+class _WaveLimits:
+    """How many tokens each row of a wave may generate, and the call's largest limit (the
+    width of the wave's token buffers)."""
+
+    rows: list[int]
+    width: int
+
+
 class _Wave:
     """One batch of rows from prefill to the last token."""
 
@@ -336,6 +368,7 @@ class _Wave:
         engine: TorchEngine,
         prompts: list[Sequence[int]],
         row_ids: list[int],
+        limits: _WaveLimits,
         cfg: GenerationCfg,
         seed: int,
         stops: tuple[int, ...],
@@ -361,7 +394,12 @@ class _Wave:
         # Idle slots compute garbage that nobody reads; keep their indices in range.
         state.tokens[count:].fill_(engine.pad_token_id)
         state.positions[count:].zero_()
-        max_new = cfg.max_new_tokens
+        max_new = limits.width
+        self.num_steps = max(limits.rows)
+        # Only when some row must stop before the last step: the common case adds no work.
+        self.capped = min(limits.rows) < self.num_steps
+        # The scratch row (idle slots) never reaches its limit.
+        self.limits = torch.tensor([*limits.rows, max_new + 1], dtype=torch.long, device=device)
         self.tokens = torch.full((count + 1, max_new), engine.pad_token_id, device=device)
         self.logprobs = torch.zeros((count + 1, max_new), dtype=torch.float32, device=device)
         self.lengths = torch.zeros(count + 1, dtype=torch.long, device=device)
@@ -379,19 +417,19 @@ class _Wave:
         self.state.prefill(self.prompts, self.end_column, options.prefill_tokens_per_chunk)
         stats.prefill_s += _synchronized_elapsed(self.engine.device, started)
         started = time.perf_counter()
-        max_new = self.cfg.max_new_tokens
-        for index in range(max_new):
+        num_steps = self.num_steps
+        for index in range(num_steps):
             if index > 0:
                 self._decode(index)
             self._sample(index)
-            last = index + 1 == max_new
+            last = index + 1 == num_steps
             if (
                 not last
                 and (index + 1) % options.check_every_tokens == 0
                 and not self._check(index)
             ):
                 break
-        self._apply_stop_strings(max_new - 1)
+        self._apply_stop_strings(num_steps - 1)
         stats.decode_s += _synchronized_elapsed(self.engine.device, started)
         count = self.count
         return self.tokens[:count], self.logprobs[:count], self.lengths[:count]
@@ -431,6 +469,9 @@ class _Wave:
         self.lengths.index_add_(0, rows, active.long())
         if self.stops is not None:
             self.finished[:slots] |= active & torch.isin(chosen, self.stops)
+        if self.capped:
+            reached = self.lengths.index_select(0, rows) >= self.limits.index_select(0, rows)
+            self.finished[:slots] |= reached
         state.tokens[:slots].copy_(chosen)
 
     def _check(self, index: int) -> bool:

@@ -29,14 +29,15 @@ import attrs
 
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.grpo import (
+    PromptBatch,
     Rollouts,
     add_logprobs,
     build_train_batch,
-    decode_responses,
     expand_prompts,
+    finish_train_batch,
     rollout_metrics,
+    score_rollouts,
     train_on_batch,
-    truncated_responses,
 )
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.data.jsonl import EpochSampler
@@ -49,8 +50,7 @@ class InFlightBatch:
 
     step: int  # the step that will train on it
     submitted_at_step: int  # sampled with the weights the trainer had when this step began
-    prompts: list[str]
-    answers: list[str]
+    prompts: PromptBatch
     pending: Any  # PendingShards
     submitted_at_s: float
 
@@ -87,16 +87,15 @@ class AsyncGrpoStep:
         grpo = self.recipe.grpo
         assert grpo is not None
         rows = self.sampler.next_batch(grpo.num_prompts_per_step)
-        prompts, answers, prompt_ids = expand_prompts(self.recipe, self.tokenizer, rows)
+        prompts = expand_prompts(self.recipe, self.tokenizer, rows)
         pending = self.policy.submit_generation(
-            prompt_ids, self.recipe.policy.generation, generation_seed(grpo.seed, step)
+            prompts.prompt_ids, self.recipe.policy.generation, generation_seed(grpo.seed, step)
         )
         self.in_flight.append(
             InFlightBatch(
                 step=step,
                 submitted_at_step=submit_step,
                 prompts=prompts,
-                answers=answers,
                 pending=pending,
                 submitted_at_s=time.perf_counter(),
             )
@@ -110,26 +109,10 @@ class AsyncGrpoStep:
             next_step += 1
 
     def _collect(self, step: int) -> tuple[Rollouts, InFlightBatch]:
-        import torch
-
         batch = self.in_flight.popleft()
         assert batch.step == step, f"in-flight batch for step {batch.step} at step {step}"
         generation = self.policy.collect_generation(batch.pending)
-        responses = decode_responses(self.tokenizer, generation)
-        scores = self.env.score(batch.prompts, responses, batch.answers)
-        rollouts = Rollouts(
-            prompts=batch.prompts,
-            answers=batch.answers,
-            responses=responses,
-            rewards=torch.tensor(scores, dtype=torch.float32),
-            generation=generation,
-            truncated=truncated_responses(
-                generation,
-                self.recipe.policy.generation,
-                self.tokenizer.eos_token_id,
-                responses,
-            ),
-        )
+        rollouts = score_rollouts(self.recipe, self.tokenizer, self.env, batch.prompts, generation)
         return rollouts, batch
 
     def __call__(self, step: int) -> dict[str, Any]:
@@ -146,11 +129,12 @@ class AsyncGrpoStep:
         with timer.phase("logprobs"):
             add_logprobs(self.policy, self.recipe, batch)
         gap = logprob_gap(batch)
+        sequence_metrics = finish_train_batch(self.recipe, rollouts, batch)
         with timer.phase("train"):
             train_metrics = train_on_batch(self.policy, self.recipe, batch)
         step_s = time.perf_counter() - started
         record = step_record(step, train_metrics, rollouts, timer, step_s, generate_s, age)
-        return {**record, "generation_logprob_gap": gap}
+        return {**record, **sequence_metrics, "generation_logprob_gap": gap}
 
 
 def logprob_gap(batch: dict[str, Any]) -> float:

@@ -91,8 +91,9 @@ def engine_kwargs(
     return {**kwargs, **extra}
 
 
-def sampling_params(cfg: GenerationCfg, row_seed: int) -> Any:
-    """One row's ``vllm.SamplingParams`` (logprobs=0: only the sampled token's)."""
+def sampling_params(cfg: GenerationCfg, row_seed: int, max_tokens: int | None = None) -> Any:
+    """One row's ``vllm.SamplingParams`` (logprobs=0: only the sampled token's);
+    ``max_tokens`` None: ``cfg.max_new_tokens``."""
     from vllm import SamplingParams
 
     return SamplingParams(
@@ -100,7 +101,7 @@ def sampling_params(cfg: GenerationCfg, row_seed: int) -> Any:
         temperature=cfg.temperature,
         top_p=cfg.top_p,
         top_k=cfg.top_k if cfg.top_k is not None else 0,
-        max_tokens=cfg.max_new_tokens,
+        max_tokens=cfg.max_new_tokens if max_tokens is None else max_tokens,
         stop_token_ids=list(cfg.stop_token_ids),
         stop=list(cfg.stop_strings) or None,
         # The torch sampler keeps the token that completed a stop string; so do we.
@@ -162,7 +163,12 @@ class VllmEngine:
         from hpcrl.core.generation.torch_sampler import pad_prompts
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
-        params = [sampling_params(cfg, row_seed(seed, row)) for row in range(len(prompts))]
+        # As NeMo RL's vLLM workers: each request at most what its prompt leaves of the context.
+        context = self.llm.llm_engine.model_config.max_model_len
+        params = [
+            sampling_params(cfg, row_seed(seed, row), min(cfg.max_new_tokens, context - len(ids)))
+            for row, ids in enumerate(prompt_ids)
+        ]
         outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
         responses = [_response_of(out) for out in outputs]
         pad = self.pad_token_id()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.loggers.sinks import missing_package
 
@@ -37,6 +37,7 @@ class MlflowLogger:
         )
         run = self.client.create_run(experiment_id, run_name=cfg.run_name or run_name)
         self.run_id = run.info.run_id
+        self.experiment = cfg.experiment_name
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
@@ -47,6 +48,10 @@ class MlflowLogger:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
+
+    def where(self) -> dict[str, Any]:
+        return {"logger": "mlflow", "uri": self.tracking_uri, "experiment": self.experiment,
+                "run_id": self.run_id}  # fmt: skip
 
 
 def _now_ms() -> int:

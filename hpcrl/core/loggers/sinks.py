@@ -23,6 +23,10 @@ class MetricLogger(Protocol):
 
     def close(self) -> None: ...
 
+    def where(self) -> dict[str, Any]:
+        """Where it writes (``hpcrl.core.loggers.destinations``)."""
+        ...
+
 
 def log_name(key: str) -> str:
     """``loss`` -> ``train/loss``, ``val_loss`` -> ``validation/val_loss``, ..."""
@@ -97,7 +101,18 @@ def build_loggers(cfg: LoggerCfg, run_dir: Path, run_name: str | None = None) ->
         from hpcrl.core.loggers.gpu_monitor import start_gpu_monitor
 
         monitor = start_gpu_monitor(cfg.gpu_monitoring, loggers, log_dir)
+    if loggers:
+        announce_destinations(run_dir, [logger.where() for logger in loggers])
     return MetricLoggers(loggers, monitor)
+
+
+def announce_destinations(run_dir: Path, entries: list[dict[str, Any]]) -> None:
+    """One line per logger in the driver's log, and ``loggers.json`` for status and report."""
+    from hpcrl.core.loggers.destinations import describe, write_destinations
+
+    for entry in entries:
+        print(f"logger: {describe(entry)}", flush=True)
+    write_destinations(run_dir, entries)
 
 
 def missing_package(key: str, package: str, error: ImportError) -> LoggerError:

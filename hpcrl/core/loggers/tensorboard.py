@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.loggers.sinks import missing_package
 
@@ -31,3 +31,6 @@ class TensorboardLogger:
 
     def close(self) -> None:
         self.writer.close()
+
+    def where(self) -> dict[str, Any]:
+        return {"logger": "tensorboard", "folder": str(self.log_dir)}

@@ -54,6 +54,12 @@ class WandbLogger:
             settings=wandb.Settings(init_timeout=INIT_TIMEOUT_S, silent=True),
         )
 
+    def where(self) -> dict[str, Any]:
+        """Online: the run's page; offline: its folder (``wandb sync`` uploads it later)."""
+        if self.mode == "online":
+            return {"logger": "wandb", "mode": "online", "url": self.run.get_url()}
+        return {"logger": "wandb", "mode": self.mode, "folder": str(self.run.settings.sync_dir)}
+
     def log(self, step: int, values: Mapping[str, float]) -> None:
         self.run.log(dict(values), step=step)
 

@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from hpcrl.core.backends.automodel import checkpoint
 from hpcrl.core.backends.automodel.model import (
@@ -49,6 +48,7 @@ from hpcrl.core.backends.automodel.parallelize import (
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.pass_stats import PassRecorder, PassStats
+from hpcrl.core.metric_reduction import accumulate, all_reduce_metrics
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
 from hpcrl.core.token_distribution import TokenDistribution, training_distribution
 from hpcrl.core.workers.micro_batches import (
@@ -249,21 +249,14 @@ class AutomodelWorker:
             totals["loss"] = totals["loss"] + loss.detach()
             for key, value in metrics.items():
                 detached = value.detach() if isinstance(value, torch.Tensor) else value
-                totals[key] = totals.get(key, 0.0) + detached
+                accumulate(totals, key, detached)
         return totals
 
     def _sum_over_data_parallel(self, values: Mapping[str, Any]) -> dict[str, float]:
-        """Sum over data-parallel ranks; floats and device tensors alike, one read-back."""
-        keys = sorted(values)
-        packed = torch.stack(
-            [
-                torch.as_tensor(values[k], dtype=torch.float64, device=self.device).reshape(())
-                for k in keys
-            ]
-        )
-        dist.all_reduce(packed)
-        packed /= self.shape.tp  # TP peers hold the same numbers
-        return dict(zip(keys, packed.tolist(), strict=True))
+        """Sum (extrema: min/max) over data-parallel ranks; floats and device tensors alike,
+        one read-back per kind (hpcrl.core.metric_reduction)."""
+        # TP peers hold the same numbers: their sums count once.
+        return all_reduce_metrics(values, sorted(values), self.device, sum_divisor=self.shape.tp)
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()

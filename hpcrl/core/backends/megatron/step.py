@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hpcrl.core.metric_reduction import accumulate, all_reduce_metrics
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY, Batch, LossFn
 from hpcrl.core.token_distribution import (
     TokenDistribution,
@@ -147,9 +148,9 @@ def run_train_microbatches(
         if distribution.filters:
             micro_batch[UNFILTERED_LOGPROBS_KEY] = unfiltered
         loss, metrics = loss_fn(logprobs, micro_batch, num_global_tokens)
-        totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+        accumulate(totals, "loss", float(loss.detach()))
         for name, value in metrics.items():
-            totals[name] = totals.get(name, 0.0) + float(value)
+            accumulate(totals, name, float(value))
         return loss * scale, {}
 
     def forward_step(data_iterator, model):
@@ -173,7 +174,8 @@ def run_train_microbatches(
 
 
 def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
-    """Sum each value over the DP reporters; every rank gets the result."""
+    """Sum each value (extrema: min/max, hpcrl.core.metric_reduction) over the DP
+    reporters; every rank gets the result."""
     import torch.distributed as dist
 
     _, reporter = _result_rank_flags()
@@ -182,11 +184,8 @@ def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
     name_lists: list[list[str] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(name_lists, names)
     all_names = sorted({n for lst in name_lists if lst for n in lst})
-    values = [totals.get(n, 0.0) if reporter else 0.0 for n in all_names]
     # On the backend's device: NCCL reduces only CUDA tensors.
-    values = torch.tensor(values, dtype=torch.float64, device=_device())
-    dist.all_reduce(values)
-    return dict(zip(all_names, values.tolist(), strict=True))
+    return all_reduce_metrics(totals, all_names, _device(), contributes=reporter)
 
 
 def compute_logprobs(
