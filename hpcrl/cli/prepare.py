@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from hpcrl.config import ClusterProfile, LoadedRecipe
     from hpcrl.config.errors import Problem
-    from hpcrl.plan.jobspec import JobSpec
+    from hpcrl.run.jobspec import JobSpec
 
 
 def register(subparsers: Any) -> None:
@@ -184,7 +184,7 @@ def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) ->
 
 def run_validate(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, ask_job_python=True)
-    from hpcrl.cli.status import output_width
+    from hpcrl.cli.terminal import output_width
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
     print_warnings(prepared, None)
@@ -220,8 +220,8 @@ def unused_keys_lines(unused: Any, verbose: bool) -> list[str]:
 
 def run_render(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
-    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
+    from hpcrl.run.folder_lock import run_folder_lock
 
     with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl render"):
         run = write_run_folder(
@@ -249,7 +249,7 @@ def run_show(args: argparse.Namespace) -> int:
     from hpcrl.render.script import render_sbatch
 
     text = render_sbatch(prepared.spec)
-    from hpcrl.files import refuse_secrets
+    from hpcrl.run.atomic_files import refuse_secrets
 
     refuse_secrets(Path("<the script hpcrl show prints>"), text)
     if sys.stdout.isatty():
@@ -278,11 +278,14 @@ def plan_lines(spec: JobSpec, width: int | None) -> list[str]:
     from hpcrl.submit.labelled_lines import wrap_field
 
     unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
-    fields = [
-        ("scheduler", spec.scheduler),
-        ("nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"),
-        ("layout", f"{spec.layout.backend}: {spec.layout.describe()}"),
-    ]
+    if spec.generation is None:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
+    else:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit}; {spec.world_size} training ranks"
+    fields = [("scheduler", spec.scheduler), ("nodes", nodes)]
+    if spec.generation is not None:
+        fields.append(("node split", spec.generation.describe(unit)))
+    fields.append(("layout", f"{spec.layout.backend}: {spec.layout.describe()}"))
     if spec.megatron_checkpoint_dir is not None:
         fields.append((
             "megatron ckpt dir",

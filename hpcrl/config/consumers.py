@@ -217,7 +217,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.seed": (SAMPLE, SAMPLER),
     "grpo.async_grpo.enabled": ("hpcrl.core.driver:_make_step_fn",),
     "grpo.async_grpo.max_trajectory_age_steps": (
-        "hpcrl.core.generation.vllm_async:AsyncGrpoStep.__init__",
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
     ),
     "grpo.use_dynamic_sampling": (STEP_ROLLOUTS,),
     "grpo.dynamic_sampling_max_gen_batches": (STEP_ROLLOUTS,),

@@ -76,6 +76,12 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only("distillation", f"distillation is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("rm", f"reward-model training is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("ppo", f"PPO is {NOT_YET}: hpcrl trains GRPO and SFT", None),
+    off_only(
+        "async_rl",
+        "NeMo RL's single-controller GRPO runtime (async_rl: its sampler, streaming trainer "
+        f"and rollout retries) is {NOT_YET}; hpcrl's asynchronous GRPO is grpo.async_grpo",
+        None,
+    ),
     # ---------------------------------------------------------------- policy, both backends
     inert(
         "policy.generation_batch_size",

@@ -113,7 +113,7 @@ def source_part(source: Path) -> dict[str, Any]:
 def merged_raw(path: Path, cache: dict[Path, Any] | None = None) -> dict[str, Any]:
     """A config with its ``defaults:`` merged as NeMo RL merges them, nothing resolved
     (``cache``: files already read in this build, by path)."""
-    from hpcrl.config.loader import deep_merge
+    from hpcrl.config.deep_merge import deep_merge
 
     cache = {} if cache is None else cache
     if path not in cache:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from hpcrl.config.aliases import alias_warning, rename_path, spellings_of
-from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import Problem
+from hpcrl.config.suggestions import did_you_mean
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

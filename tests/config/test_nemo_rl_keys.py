@@ -18,7 +18,7 @@ from hpcrl.config import ConfigError, load_recipe
 from hpcrl.config.nemo_rl_keys import SUPPORTED_RELEASES, registry, registry_file
 from hpcrl.config.nemo_rl_keys_build import examples_part
 from hpcrl.config.nemo_rl_source import NO_DEFAULT, source_keys
-from tests.nemo_rl_snapshots import snapshot
+from tests.nemo_rl_snapshots import release_root
 
 BASE = "examples/configs/grpo_math_1B.yaml"
 
@@ -30,7 +30,7 @@ def test_a_shipped_registry_is_current_against_its_snapshot(release):
     hpcrl.config.nemo_rl_keys_build <snapshot> --release <release>` is run again."""
     shipped = json.loads(registry_file(release).read_text(encoding="utf-8"))
     assert shipped["release"] == release
-    assert shipped["examples"] == examples_part(snapshot(release)), (
+    assert shipped["examples"] == examples_part(release_root(release)), (
         f"{registry_file(release)} is stale: run python -m hpcrl.config.nemo_rl_keys_build "
         f"../shared/nemo-rl/{release} --release {release}"
     )
@@ -97,7 +97,7 @@ def test_the_source_reader_follows_typeddicts_pydantic_models_and_subclasses(tmp
 
 
 def test_a_base_config_loads_with_its_unused_keys_counted(tmp_path):
-    loaded = load_recipe(snapshot("main-7ea279a") / BASE)
+    loaded = load_recipe(release_root("main-7ea279a") / BASE)
     unused = {key.path: key for key in loaded.unused_nemo_rl_keys}
     kv = unused["policy.generation.vllm_cfg.kv_cache_dtype"]
     assert kv.value == "auto" and kv.at_default
@@ -108,7 +108,7 @@ def test_a_base_config_loads_with_its_unused_keys_counted(tmp_path):
 
 
 def test_a_nemo_rl_key_at_another_value_is_refused_with_its_default():
-    config = snapshot("main-7ea279a") / BASE
+    config = release_root("main-7ea279a") / BASE
     with pytest.raises(ConfigError) as caught:
         load_recipe(config, ["policy.generation.vllm_cfg.kv_cache_dtype=fp8"])
     (problem,) = [p for p in caught.value.errors]
@@ -120,7 +120,7 @@ def test_a_nemo_rl_key_at_another_value_is_refused_with_its_default():
 
 
 def test_a_key_nobody_knows_is_an_error_with_did_you_mean_over_both_key_sets(tmp_path):
-    base = snapshot("main-7ea279a") / BASE
+    base = release_root("main-7ea279a") / BASE
     config = tmp_path / "typo.yaml"
     config.write_text(
         f"defaults: {base}\npolicy:\n  generation:\n    vllm_cfg:\n      kv_cache_dtyp: auto\n"
@@ -144,7 +144,7 @@ def test_validate_prints_one_line_and_verbose_lists_the_keys(monkeypatch, tmp_pa
     from hpcrl.cli.main import main
 
     monkeypatch.chdir(tmp_path)
-    config = str(snapshot("main-7ea279a") / BASE)
+    config = str(release_root("main-7ea279a") / BASE)
     out = io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         assert main(["validate", config, "--cluster", "eos"]) == 0

@@ -5,7 +5,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from hpcrl.config.yaml_text import _omegaconf_yaml_loader, load_yaml
-from tests.nemo_rl_snapshots import REPO, snapshot
+from tests.nemo_rl_snapshots import REPO_ROOT, release_root
 
 
 def test_the_fast_path_is_taken_with_the_pinned_omegaconf():
@@ -13,9 +13,9 @@ def test_the_fast_path_is_taken_with_the_pinned_omegaconf():
 
 
 def test_every_config_reads_as_omegaconf_reads_it():
-    files = sorted(snapshot("main-7ea279a").rglob("*.yaml"))
-    files += sorted((REPO / "recipes").rglob("*.yaml"))
-    files += sorted((REPO / "cluster_profiles").glob("*.yaml"))
+    files = sorted(release_root("main-7ea279a").rglob("*.yaml"))
+    files += sorted((REPO_ROOT / "recipes").rglob("*.yaml"))
+    files += sorted((REPO_ROOT / "cluster_profiles").glob("*.yaml"))
     assert len(files) > 300
     differing = [
         str(path)

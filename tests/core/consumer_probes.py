@@ -266,8 +266,8 @@ def step_fn_probe(recipe: Recipe, tmp: Path) -> Any:
 
 def async_step_probe(recipe: Recipe, tmp: Path) -> Any:
     """The first step of async GRPO: what it submits ahead and trains on."""
+    from hpcrl.core.algorithms.async_grpo import AsyncGrpoStep
     from hpcrl.core.data.jsonl import EpochSampler
-    from hpcrl.core.generation.vllm_async import AsyncGrpoStep
 
     tok = tokenizer(recipe)
     policy = RecordingAsyncPolicy(tok.eos_token_id, tok.convert_tokens_to_ids("a"))

@@ -23,7 +23,7 @@ import pytest
 from hpcrl.config import consumers
 from hpcrl.config.compat import IMPLEMENTED, nemo_rl_rows
 from hpcrl.config.converter import unstructure
-from hpcrl.config.load import validate_recipe_dict
+from hpcrl.config.load_and_check import validate_recipe_dict
 from tests.core import consumer_probes as probes
 
 PROBES: dict[str, probes.Probe] = {
@@ -91,7 +91,7 @@ PROBES: dict[str, probes.Probe] = {
     "hpcrl.core.backends.megatron.offload:precision_aware_optimizer_on": probes.precision_aware_probe,
     consumers.MG_DDP: probes.megatron_ddp_probe,
     "hpcrl.core.driver:_make_step_fn": probes.step_fn_probe,
-    "hpcrl.core.generation.vllm_async:AsyncGrpoStep.__init__": probes.async_step_probe,
+    "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__": probes.async_step_probe,
 }
 
 

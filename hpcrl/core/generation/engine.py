@@ -1,7 +1,7 @@
 """The one generation seam: what a worker's engine does, and the spec every engine is built from.
 
 A training worker (``hpcrl.core.workers.actor.TrainingWorker``) holds at most one colocated
-engine; separate vLLM workers (``hpcrl.core.generation.vllm_workers``) hold one each. Both
+engine; separate vLLM workers (``hpcrl.core.workers.vllm_workers``) hold one each. Both
 kinds of engine, hpcrl's ``TorchEngine`` and ``VllmEngine``, take the same calls:
 
 - ``generate(prompt_ids, cfg, seed)`` → ``GenerationOutput``'s fields for one shard;

@@ -160,7 +160,7 @@ class VllmEngine:
         import torch
         from vllm.inputs import TokensPrompt
 
-        from hpcrl.core.generation.torch_sampler import pad_prompts
+        from hpcrl.core.generation.padding import pad_prompts
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         # As NeMo RL's vLLM workers: each request at most what its prompt leaves of the context.
@@ -259,7 +259,7 @@ def _assemble(
 ) -> dict[str, torch.Tensor]:
     import torch
 
-    from hpcrl.core.generation.torch_sampler import assemble_right_padded
+    from hpcrl.core.generation.padding import assemble_right_padded
 
     width = max((len(tokens) for tokens, _ in responses), default=0)
     tokens = torch.full((len(responses), width), pad_token_id, dtype=torch.long)
