@@ -27,9 +27,9 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import NO_VALUE, Problem
 from hpcrl.config.foreign_keys import filter_foreign_keys
+from hpcrl.config.suggestions import did_you_mean
 
 #: hpcrl's section names -> NeMo RL's (the registry speaks NeMo RL's; hpcrl.config.aliases)
 NEMO_RL_NAMES = {("policy", "automodel_cfg"): ("policy", "dtensor_cfg")}
@@ -150,7 +150,7 @@ class _Walk:
                     self.section(data[key], here, sub)
                 continue
             if not self.judge(here, data[key]):
-                self.problems.append(_unknown_in_section(here, data[key], list(fields)))
+                self.problems.append(_unknown_in_section(here, data[key], cls))
             del data[key]
 
     def judge(self, parts: tuple[str, ...], value: Any) -> bool:
@@ -287,16 +287,22 @@ def _unknown(parts: tuple[str, ...], value: Any, siblings: list[str]) -> Problem
     )
 
 
-def _unknown_in_section(parts: tuple[str, ...], value: Any, fields: list[str]) -> Problem:
+def _unknown_in_section(parts: tuple[str, ...], value: Any, cls: type) -> Problem:
     """A key of a schema section neither hpcrl nor NeMo RL knows: the converter's message,
-    with NeMo RL's keys of the section among the guesses (a typo of one is found too)."""
+    with NeMo RL's keys of the section among the guesses (a typo of one is found too), then
+    the section's keys further down that end with the name typed (policy.lr)."""
+    from hpcrl.config.key_index import keys_ending_like
     from hpcrl.config.nemo_rl_keys import registry
 
+    fields = list(_section_fields(cls))
     siblings = registry().children(nemo_rl_parts(parts[:-1]))
     guess = did_you_mean(parts[-1], [*fields, *siblings])
     parent = ".".join(parts[:-1]) or "the top level"
+    below = [".".join((*parts[:-1], path)) for path in keys_ending_like(cls, (parts[-1],), 0)]
     if guess is not None:
         fix = f"did you mean {'.'.join((*parts[:-1], guess))}?"
+    elif below:
+        fix = f"did you mean {' or '.join(below)}?"
     else:
         fix = f"remove it; keys allowed under {parent}: {', '.join(fields)}"
     return Problem(path=".".join(parts), value=value, message=f"unknown key {parts[-1]!r}", fix=fix)
