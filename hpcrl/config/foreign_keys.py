@@ -217,6 +217,18 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "the same way (hpcrl's asynchrony is grpo.async_grpo)",
     ),
     inert(
+        "policy.generation.vllm_cfg.use_tqdm",
+        "vLLM's progress bar while NeMo RL generates: what the log shows, not what is sampled",
+    ),
+    inert(
+        "policy.generation.vllm_cfg.enable_vllm_metrics_logger",
+        "NeMo RL's periodic vLLM throughput/queue metrics: what is logged, not what is sampled",
+    ),
+    inert(
+        "policy.generation.vllm_cfg.vllm_metrics_logger_interval",
+        "seconds between NeMo RL's vLLM metrics samples: what is logged, not what is sampled",
+    ),
+    inert(
         "policy.generation.vllm_cfg.load_format",
         "how vLLM loads its first weights; hpcrl refits the trainer's weights into the engine "
         "before the first generation, so they are overwritten either way",

@@ -1,4 +1,4 @@
-"""Build the shipped NeMo RL key registry (``hpcrl/config/nemo_rl_keys/<release>.json``) from
+"""Build the shipped NeMo RL key registry (``hpcrl/config/nemo_rl_releases/<release>.json``) from
 a NeMo RL folder laid out as its repository: ``examples/configs`` and, when present, the
 ``nemo_rl`` source.
 

@@ -175,3 +175,22 @@ def test_the_registry_files_ship_in_the_package():
     config = configparser.ConfigParser()
     config.read(Path(__file__).resolve().parents[2] / "setup.cfg")
     assert "nemo_rl_releases/*.json" in config["options.package_data"]["hpcrl.config"]
+
+
+def test_an_override_with_a_typo_of_a_nemo_rl_key_gets_did_you_mean():
+    base = release_root("main-7ea279a") / BASE
+    with pytest.raises(ConfigError) as caught:
+        load_recipe(base, ["policy.generation.vllm_cfg.kv_cache_dtyp=auto"])
+    (problem,) = caught.value.errors
+    assert problem.path == "policy.generation.vllm_cfg.kv_cache_dtyp"
+    assert problem.fix == "did you mean policy.generation.vllm_cfg.kv_cache_dtype?"
+
+
+def test_a_display_only_vllm_key_is_accepted_at_any_value():
+    loaded = load_recipe(
+        release_root("main-7ea279a") / BASE, ["policy.generation.vllm_cfg.use_tqdm=false"]
+    )
+    unused = {key.path: key for key in loaded.unused_nemo_rl_keys}
+    tqdm = unused["policy.generation.vllm_cfg.use_tqdm"]
+    assert tqdm.value is False and not tqdm.at_default
+    assert tqdm.why.startswith("vLLM's progress bar")

@@ -182,7 +182,15 @@ CHANGES: dict[str, Change] = {
     "policy.generation.colocated.resources.num_nodes": Change(
         2, {**SEPARATE, "cluster.num_nodes": 3}
     ),
-    "policy.generation.colocated.resources.gpus_per_node": Change(4, SEPARATE),
+    # NeMo RL's split: more than one node gives generation whole nodes; one node splits
+    "policy.generation.colocated.resources.gpus_per_node": Change(
+        4,
+        {
+            **SEPARATE,
+            "cluster.num_nodes": 1,
+            "policy.generation.colocated.resources.gpus_per_node": 2,
+        },
+    ),
     "policy.generation.vllm_cfg.precision": Change("float16", VLLM),
     "policy.generation.vllm_cfg.tensor_parallel_size": Change(2, SEPARATE),
     "policy.generation.vllm_cfg.pipeline_parallel_size": Change(2, SEPARATE),
@@ -323,9 +331,9 @@ CHANGES: dict[str, Change] = {
     "checkpointing.checkpoint_dir": Change(CHECKPOINTS_ELSEWHERE),
     "checkpointing.save_period": Change(3),
     "checkpointing.keep_top_k": Change(1),
-    "checkpointing.metric_name": Change("val:val_loss", {"checkpointing.keep_top_k": 2}),
+    "checkpointing.metric_name": Change("train:reward", {"checkpointing.keep_top_k": 2}),
     "checkpointing.higher_is_better": Change(
-        False, {"checkpointing.keep_top_k": 1, "checkpointing.metric_name": "val_reward"}
+        False, {"checkpointing.keep_top_k": 1, "checkpointing.metric_name": "val:accuracy"}
     ),
     "logger.log_dir": Change("other_logs", {"logger.tensorboard_enabled": True}),
     "logger.mlflow_enabled": Change(True),
