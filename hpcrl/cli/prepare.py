@@ -24,6 +24,12 @@ def register(subparsers: Any) -> None:
         description="Load the recipe and profile, plan the job and report every problem.",
     )
     add_recipe_arguments(validate)
+    validate.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list the NeMo RL keys hpcrl accepts but does not use, with why",
+    )
     validate.set_defaults(func=run_validate)
 
     render = subparsers.add_parser(
@@ -182,8 +188,34 @@ def run_validate(args: argparse.Namespace) -> int:
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
     print_warnings(prepared, None)
+    lines = unused_keys_lines(prepared.loaded.unused_nemo_rl_keys, args.verbose)
+    if lines:
+        print("\n".join(lines))
     print(f"OK: {args.recipe} plans on {prepared.profile.name}; nothing was written.")
     return 0
+
+
+def unused_keys_lines(unused: Any, verbose: bool) -> list[str]:
+    """One summary line for the NeMo RL keys hpcrl takes out unused (``hpcrl.config.
+    nemo_rl_filter``); with ``verbose`` each key, its value and why."""
+    if not unused:
+        return []
+    at_default = [key for key in unused if key.at_default]
+    inert = [key for key in unused if not key.at_default]
+    parts = []
+    if at_default:
+        parts.append(f"{len(at_default)} NeMo RL keys at their defaults are not used by hpcrl")
+    if inert:
+        parts.append(f"{len(inert)} more cannot change results")
+    lines = ["; ".join(parts) + ("" if verbose else " (--verbose lists them)")]
+    if verbose:
+        from hpcrl.config.errors import show_value
+
+        lines += [
+            f"  {key.path} = {show_value(key.value)}: {key.why}"
+            for key in sorted(unused, key=lambda key: key.path)
+        ]
+    return lines
 
 
 def run_render(args: argparse.Namespace) -> int:

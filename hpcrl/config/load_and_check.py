@@ -16,7 +16,7 @@ import attrs
 from hpcrl.config import aliases
 from hpcrl.config.converter import format_path, unstructure
 from hpcrl.config.errors import ConfigError, Problem, raise_if_errors
-from hpcrl.config.foreign_keys import filter_foreign_keys, find_foreign_key
+from hpcrl.config.foreign_keys import find_foreign_key
 from hpcrl.config.locate import (
     find_profile,
     find_recipe,
@@ -31,6 +31,7 @@ from hpcrl.config.merged_yaml import (
     name_interpolation_sources,
     structure_leniently,
 )
+from hpcrl.config.nemo_rl_filter import UnusedKey, nemo_rl_parts, take_out_nemo_rl_keys
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.profile_rules import check_profile
 from hpcrl.config.recipe import Recipe
@@ -57,6 +58,7 @@ class LoadedRecipe:
     resolved_dict: dict[str, Any]
     overrides: tuple[str, ...] = ()
     warnings: list[Problem] = attrs.field(factory=list)
+    unused_nemo_rl_keys: tuple[UnusedKey, ...] = ()
 
     def effective_dict(self) -> dict[str, Any]:
         """Every field with the value it takes, code defaults included (resolved_dict holds
@@ -72,7 +74,8 @@ def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) 
     problems, resolved = list(merged.problems), merged.resolved
     if resolved is None:
         raise ConfigError(problems)
-    recipe, structure_problems = _structure_and_check(merged, Recipe, check_recipe)
+    unused: list[UnusedKey] = []
+    recipe, structure_problems = _structure_and_check(merged, Recipe, check_recipe, unused)
     problems = aliases.respell(problems + structure_problems, merged.spelled_as)
     problems += [_secret_in_recipe(read) for read in merged.secret_reads]
     raise_if_errors(problems)
@@ -83,6 +86,10 @@ def load_recipe(path_or_name: str | os.PathLike, overrides: Sequence[str] = ()) 
         resolved_dict=resolved,
         overrides=tuple(overrides),
         warnings=[problem for problem in problems if not problem.is_error],
+        unused_nemo_rl_keys=tuple(
+            attrs.evolve(key, path=aliases.respell_path(key.path, merged.spelled_as))
+            for key in unused
+        ),
     )
 
 
@@ -156,7 +163,13 @@ def load_profile_with_warnings(
 
 
 def _is_foreign_key(parts: tuple[str, ...]) -> bool:
-    return find_foreign_key(parts) is not None
+    """A key outside the schema that the loader still knows: one of ``foreign_keys`` or one
+    the NeMo RL key registry knows (the registry is read only when the first is not)."""
+    if find_foreign_key(parts) is not None:
+        return True
+    from hpcrl.config.nemo_rl_keys import registry
+
+    return registry().lookup(nemo_rl_parts(parts)) is not None
 
 
 def _secret_in_profile(read: SecretRead) -> Problem:
@@ -171,13 +184,20 @@ def _secret_in_profile(read: SecretRead) -> Problem:
     )
 
 
-def _structure_and_check(merged: MergedConfig, cls: type, check: Any) -> tuple[Any, list[Problem]]:
+def _structure_and_check(
+    merged: MergedConfig, cls: type, check: Any, unused: list[UnusedKey] | None = None
+) -> tuple[Any, list[Problem]]:
     """Structure and check in one round: schema, foreign-key and rule problems together, and
-    nothing said twice about a key whose interpolation already failed."""
+    nothing said twice about a key whose interpolation already failed. For a recipe, NeMo RL
+    keys outside the schema are taken out first (``nemo_rl_filter``); ``unused`` gets those
+    accepted."""
     assert merged.resolved is not None
-    resolved, foreign_problems = (
-        filter_foreign_keys(merged.resolved, cls) if cls is Recipe else (merged.resolved, [])
-    )
+    resolved, foreign_problems = merged.resolved, []
+    if cls is Recipe:
+        judged = take_out_nemo_rl_keys(merged.resolved, merged.raw, Recipe)
+        resolved, foreign_problems = judged.kept, judged.problems
+        if unused is not None:
+            unused += judged.unused
     obj, issues = structure_leniently(resolved, cls)
     issues = [
         issue for issue in issues if not any(_starts(issue.parts, p) for p in merged.unresolved)

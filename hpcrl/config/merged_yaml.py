@@ -226,10 +226,10 @@ def _load_tree(
 
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
-    from omegaconf import OmegaConf
+    from hpcrl.config.yaml_text import load_yaml
 
     try:
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        data = load_yaml(path)
     except FileNotFoundError:
         return None, [Problem(path=str(path), message="file not found", fix="check the path")]
     except Exception as exc:  # yaml.YAMLError and OmegaConf errors: the parser's own words

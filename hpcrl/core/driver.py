@@ -91,11 +91,8 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
     rows = _training_rows(recipe, tokenizer)
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None  # the config rules require one algorithm section
-    sampler = EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
-    num_steps = min(
-        settings.max_num_steps,
-        num_steps_in_epochs(len(rows), rows_per_step(recipe), settings.max_num_epochs),
-    )
+    sampler = training_sampler(recipe, rows)
+    num_steps = planned_num_steps(recipe, len(rows))
     if num_steps < settings.max_num_steps:
         print(f"{recipe.algorithm}.max_num_steps is {settings.max_num_steps}, but {len(rows)} data "
               f"rows at {rows_per_step(recipe)} per step give {num_steps} step(s) in "
@@ -118,6 +115,23 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
         return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps, validate)
     finally:
         policy.shutdown()
+
+
+def training_sampler(recipe: Recipe, rows: list[dict]) -> EpochSampler:
+    """The training rows in the algorithm seed's order (``data.shuffle``), epoch by epoch."""
+    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert settings is not None  # the config rules require one algorithm section
+    return EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
+
+
+def planned_num_steps(recipe: Recipe, num_rows: int) -> int:
+    """``max_num_steps``, or fewer when ``max_num_epochs`` over ``num_rows`` ends first."""
+    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert settings is not None  # the config rules require one algorithm section
+    return min(
+        settings.max_num_steps,
+        num_steps_in_epochs(num_rows, rows_per_step(recipe), settings.max_num_epochs),
+    )
 
 
 def _environment(recipe: Recipe) -> Any:

@@ -51,7 +51,7 @@ from hpcrl.core.backends.automodel.parallelize import (
     apply_tp,
     build_mesh,
     data_parallel_mesh,
-    needs_fsdp,
+    parallelize_steps,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.pass_stats import PassRecorder, PassStats
@@ -167,25 +167,30 @@ class AutomodelWorker:
 
     def _build_sharded(self, model_path: str, *, training: bool) -> TokenLogprobModel:
         """Load, then parallelize in torchtitan's order: TP → AC → compile → FSDP."""
-        cfg = self.recipe.policy.automodel_cfg
+        steps = parallelize_steps(
+            self.recipe.policy.automodel_cfg,
+            self.recipe.policy.precision,
+            self.shape,
+            on_gpu=self.device.type == "cuda",
+            compiles=self.compiles,
+            training=training,
+        )
         hf_model = load_hf_model(model_path, self.rank_info.device)
-        if self.shape.tp > 1:
+        if steps.tp:
             apply_tp(hf_model, self.mesh["tp"])
-        if training and cfg.activation_checkpointing:
+        if steps.activation_checkpointing:
             apply_activation_checkpointing(hf_model)
-        if self.compiles:
+        if steps.compile:
             apply_compile(hf_model, backend=self.compile_backend)
         root = TokenLogprobModel(hf_model)
-        param_dtype = None
-        if self.device.type == "cuda":
-            param_dtype = DTYPES[self.recipe.policy.precision]
-        if needs_fsdp(self.shape, cfg.cpu_offload):
+        param_dtype = DTYPES[steps.param_dtype] if steps.param_dtype is not None else None
+        if steps.fsdp:
             apply_fsdp(
                 root,
                 hf_model,
                 data_parallel_mesh(self.mesh, self.shape),
                 param_dtype=param_dtype,
-                cpu_offload=cfg.cpu_offload,
+                cpu_offload=steps.cpu_offload,
             )
         else:
             apply_autocast(root, param_dtype)
