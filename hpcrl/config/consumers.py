@@ -23,6 +23,7 @@ LAYOUT = "hpcrl.plan.layout:plan_layout"
 GEN_PLAN = "hpcrl.plan.generation:plan_generation"
 ENGINE = "hpcrl.core.generation.engine:engine_spec"
 VLLM_ARGS = "hpcrl.core.generation.vllm_engine:engine_kwargs"
+VLLM_ENV = "hpcrl.core.generation.vllm_engine:engine_env"
 DIST = "hpcrl.core.token_distribution:TokenDistribution.of_generation"
 BATCHING = "hpcrl.core.workers.micro_batches:BatchingSettings.from_recipe"
 GRPO_STEP = "hpcrl.core.algorithms.grpo:grpo_step"
@@ -109,6 +110,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.generation.vllm_cfg.max_model_len": (VLLM_ARGS,),
     "policy.generation.vllm_cfg.enforce_eager": (VLLM_ARGS,),
     "policy.generation.vllm_cfg.enable_prefix_caching": (VLLM_ARGS,),
+    "policy.generation.vllm_cfg.env_vars": (ENGINE, VLLM_ENV),
     "policy.generation.vllm_kwargs": (ENGINE, VLLM_ARGS),
     # ------------------------------------------------------------------ micro-batching
     "policy.dynamic_batching.enabled": (BATCHING,),
@@ -126,6 +128,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.tensor_parallel_size": (LAYOUT,),
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
+    "policy.automodel_cfg.env_vars": (JOB_ENV,),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
     "policy.megatron_cfg.tensor_model_parallel_size": (LAYOUT, MG_PROVIDER),

@@ -121,13 +121,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         f"custom tensor-parallel plans are {NOT_YET} (hpcrl applies its own plan)",
         None,
     ),
-    off_only(
-        "policy.automodel_cfg.env_vars",
-        f"per-backend environment variables are {NOT_YET} for Automodel: set them in the "
-        "cluster profile's env",
-        None,
-        {},
-    ),
     # automodel_kwargs: the named entries first (each takes its key out), then what is left
     inert(
         "policy.automodel_cfg.automodel_kwargs.force_hf",

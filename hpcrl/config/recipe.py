@@ -91,6 +91,8 @@ class VllmCfg:
     enforce_eager: bool = False
     kv_cache_memory_mb: int | None = None  # CPU engines: bound the KV cache explicitly
     enable_prefix_caching: bool | None = None  # None: vLLM's own default
+    # set in each vLLM engine's environment before it starts (NeMo RL: its vLLM workers')
+    env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
 @frozen
@@ -168,6 +170,9 @@ class AutomodelCfg:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
+    # policy workers), as megatron_cfg.env_vars is for a Megatron one
+    env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
 @frozen

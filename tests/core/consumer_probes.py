@@ -195,7 +195,7 @@ def plan_probe(recipe: Recipe, tmp: Path) -> Any:
 
 def engine_probe(recipe: Recipe, tmp: Path) -> Any:
     from hpcrl.core.generation.engine import engine_spec
-    from hpcrl.core.generation.vllm_engine import engine_kwargs
+    from hpcrl.core.generation.vllm_engine import engine_env, engine_kwargs
 
     spec = engine_spec(recipe, "/models/m", "cuda")
     kwargs = None
@@ -208,7 +208,8 @@ def engine_probe(recipe: Recipe, tmp: Path) -> Any:
             max_model_len=spec.max_model_len,
             extra_kwargs=spec.vllm_kwargs,
         )
-    return {"spec": plain(spec), "vllm_kwargs": plain(kwargs)}
+    env = engine_env("cuda", True, spec.vllm_cfg.env_vars) if spec.vllm_cfg is not None else None
+    return {"spec": plain(spec), "vllm_kwargs": plain(kwargs), "vllm_env": env}
 
 
 def distribution_probe(recipe: Recipe, tmp: Path) -> Any:

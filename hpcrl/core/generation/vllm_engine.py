@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,8 +36,12 @@ _ROW_SEED_STRIDE = 1_000_003
 SHM_DIR = "/dev/shm"
 
 
-def engine_env(device: str, in_process: bool) -> dict[str, str]:
-    """Environment a vLLM engine needs before it is built (read by vLLM at engine start)."""
+def engine_env(
+    device: str, in_process: bool, env_vars: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Environment a vLLM engine needs before it is built (read by vLLM at engine start):
+    hpcrl's, then the recipe's ``vllm_cfg.env_vars`` (``env_vars``; they win, as in NeMo RL,
+    where they are set on its vLLM workers)."""
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -45,6 +49,7 @@ def engine_env(device: str, in_process: bool) -> dict[str, str]:
     if device == "cpu":
         # Inductor compiles a C++ kernel on the first logprobs request (11-19 s on 2 cores).
         env["TORCH_COMPILE_DISABLE"] = "1"
+    env.update({name: str(value) for name, value in (env_vars or {}).items()})
     return env
 
 
@@ -135,7 +140,7 @@ class VllmEngine:
         if in_process is None:
             # Tensor/pipeline parallel engines need worker processes of their own.
             in_process = cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1
-        os.environ.update(engine_env(device, in_process))
+        os.environ.update(engine_env(device, in_process, cfg.env_vars))
         from vllm import LLM
 
         self.in_process = in_process
