@@ -109,7 +109,7 @@ def rule_colocated_env_vars_agree(recipe: Recipe) -> list[Problem]:
             value=_shown(name, value),
             message=f"differs from {path}.{name} ({_shown(name, training[name])!r}); colocated "
             "vLLM runs in the training worker's process, which can hold only one of them",
-            fix=f"give both the same value, or remove one of them (or set "
+            fix="give both the same value, or remove one of them (or set "
             "policy.generation.colocated.enabled=false: vLLM then runs in processes of its own)",
         )
         for name, value in sorted(generation.vllm_cfg.env_vars.items())

@@ -54,9 +54,10 @@ def test_vllm_env_vars_reach_the_engine_and_not_the_job():
     env = engine_env("cuda", True, spec.vllm_cfg.env_vars)
     assert env["NRL_REFIT_NUM_BUFFERS"] == "1"
     # the recipe's value wins over hpcrl's own, as NeMo RL's env_vars win on its workers
-    assert engine_env("cpu", True, {"TOKENIZERS_PARALLELISM": "true"})[
-        "TOKENIZERS_PARALLELISM"
-    ] == "true"
+    assert (
+        engine_env("cpu", True, {"TOKENIZERS_PARALLELISM": "true"})["TOKENIZERS_PARALLELISM"]
+        == "true"
+    )
     assert "NRL_REFIT_NUM_BUFFERS" not in planned(recipe).env_dict()
 
 
@@ -70,18 +71,20 @@ def test_env_vars_where_nothing_reads_them_are_refused_by_key():
         VLLM_ENV,
     )
     # said in the user's spelling (dtensor_cfg)
-    assert "trains with the Megatron backend" in found[
-        "policy.dtensor_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF"
-    ]
+    assert (
+        "trains with the Megatron backend"
+        in found["policy.dtensor_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF"]
+    )
     assert "no vLLM engine" in found["policy.generation.vllm_cfg.env_vars.NRL_REFIT_NUM_BUFFERS"]
 
 
 def test_colocated_vllm_cannot_hold_two_values_of_one_variable():
     vllm_alloc = "policy.generation.vllm_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF="
     found = errors(DTENSOR_ENV, vllm_alloc + "expandable_segments:False")
-    assert "colocated vLLM runs in the training worker's process" in found[
-        "policy.generation.vllm_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF"
-    ]
+    assert (
+        "colocated vLLM runs in the training worker's process"
+        in found["policy.generation.vllm_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF"]
+    )
     # the same value in both is one value
     assert load(DTENSOR_ENV, vllm_alloc + ALLOC).recipe.policy.generation.vllm_cfg.env_vars
 
