@@ -54,6 +54,7 @@ UNKNOWN = "unknown key: an error today"
 FREE_FORM = (
     "policy.megatron_cfg.env_vars",
     "policy.automodel_cfg.env_vars",
+    "policy.hf_config_overrides",
     "policy.generation.vllm_cfg.env_vars",
     "policy.megatron_cfg.model_overrides",
     "policy.optimizer.kwargs",

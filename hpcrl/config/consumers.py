@@ -72,6 +72,7 @@ MG_OPTIM = "hpcrl.core.backends.megatron.model:optimizer_config"
 MG_SCHED = "hpcrl.core.backends.megatron.model:scheduler_settings"
 MG_DDP = "hpcrl.core.backends.megatron.model:ddp_config"
 JOB_ENV = "hpcrl.plan.planner:_job_env"
+AM_LOAD = "hpcrl.core.backends.automodel.model:load_hf_model"
 
 #: schema path (hpcrl's spelling) -> the sites that read its value and act on it
 CONSUMED_BY: dict[str, tuple[str, ...]] = {
@@ -129,6 +130,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
     "policy.automodel_cfg.env_vars": (JOB_ENV,),
+    "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
     "policy.megatron_cfg.tensor_model_parallel_size": (LAYOUT, MG_PROVIDER),

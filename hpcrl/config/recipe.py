@@ -197,6 +197,9 @@ class PolicyCfg:
     make_sequence_length_divisible_by: int | None = 1  # None: 1
     automodel_cfg: AutomodelCfg = attrs.field(factory=AutomodelCfg)
     megatron_cfg: MegatronCfg = attrs.field(factory=MegatronCfg)
+    # changes to the model's Hugging Face config (hpcrl.core.models.hf_config), for training
+    # and sampling alike; a nested mapping changes the sub-config it names
+    hf_config_overrides: dict[str, Any] = attrs.field(factory=dict)
 
 
 # --------------------------------------------------------------------------- algorithms

@@ -357,6 +357,7 @@ RESERVED_VLLM_KWARGS = {
     "disable_log_stats": "nothing: hpcrl reads vLLM's token counts",
     "gpu_memory_utilization": "policy.generation.vllm_cfg.gpu_memory_utilization",
     "enable_prefix_caching": "policy.generation.vllm_cfg.enable_prefix_caching",
+    "hf_overrides": "policy.hf_config_overrides",
 }
 
 

@@ -61,10 +61,12 @@ def engine_kwargs(
     seed: int,
     max_model_len: int | None,
     extra_kwargs: dict[str, Any] | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``vllm.LLM`` keyword arguments from ``policy.generation.vllm_cfg``, plus
     ``policy.generation.vllm_kwargs`` (``extra_kwargs``) as NeMo RL passes them (they win
-    where they size the KV cache: ``kv_cache_memory_bytes``)."""
+    where they size the KV cache: ``kv_cache_memory_bytes``), and
+    ``policy.hf_config_overrides`` as vLLM's ``hf_overrides`` (as NeMo RL passes them)."""
     kwargs: dict[str, Any] = {
         "model": model_path,
         "dtype": cfg.precision,
@@ -81,6 +83,8 @@ def engine_kwargs(
     }
     if cfg.enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = cfg.enable_prefix_caching
+    if hf_overrides:
+        kwargs["hf_overrides"] = dict(hf_overrides)
     if device == "cpu":
         kv_mb = cfg.kv_cache_memory_mb or DEFAULT_CPU_KV_CACHE_MB
         kwargs["kv_cache_memory_bytes"] = kv_mb << 20
@@ -136,6 +140,7 @@ class VllmEngine:
         max_model_len: int | None = None,
         in_process: bool | None = None,
         extra_kwargs: dict[str, Any] | None = None,
+        hf_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         if in_process is None:
             # Tensor/pipeline parallel engines need worker processes of their own.
@@ -153,6 +158,7 @@ class VllmEngine:
                 seed=seed,
                 max_model_len=max_model_len,
                 extra_kwargs=extra_kwargs,
+                hf_overrides=hf_overrides,
             )
         )
         self.weights_version = 0
