@@ -9,6 +9,7 @@ recomputed in backward), so the full-vocab fp32 logits of the batch never exist 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
