@@ -55,6 +55,7 @@ FREE_FORM = (
     "policy.megatron_cfg.env_vars",
     "policy.automodel_cfg.env_vars",
     "policy.hf_config_overrides",
+    "policy.tokenizer.chat_template_kwargs",
     "policy.generation.vllm_cfg.env_vars",
     "policy.megatron_cfg.model_overrides",
     "policy.optimizer.kwargs",

@@ -80,6 +80,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.model_name": ("hpcrl.core.driver:train_recipe", "hpcrl.plan.hf_cache:model_names"),
     "policy.tokenizer.name": (ENGINE, "hpcrl.core.data.prompts:load_tokenizer"),
     "policy.tokenizer.chat_template": (EXPAND, "hpcrl.core.data.prompts:load_tokenizer"),
+    "policy.tokenizer.chat_template_kwargs": (EXPAND, SFT_BATCH),
     "policy.train_global_batch_size": (TRAIN, "hpcrl.plan.layout:check_batch_sizes"),
     "policy.train_micro_batch_size": (BATCHING,),
     "policy.logprob_batch_size": (BATCHING,),

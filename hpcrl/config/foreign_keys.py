@@ -104,12 +104,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         False,
         None,
     ),
-    off_only(
-        "policy.tokenizer.chat_template_kwargs",
-        f"extra chat-template arguments are {NOT_YET}",
-        None,
-        {},
-    ),
     # ---------------------------------------------------------------- automodel_cfg (dtensor_cfg)
     inert(
         "policy.automodel_cfg._v2",

@@ -30,6 +30,8 @@ class TokenizerCfg:
 
     name: str | None = None
     chat_template: str | None = None
+    # more arguments of every apply_chat_template call (NeMo RL's; e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
 @frozen

@@ -112,6 +112,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
+THINKING_TEMPLATE = CHAT_TEMPLATE + "{% if enable_thinking %}<think>{% endif %}"
 LINEAR = {
     "name": "torch.optim.lr_scheduler.LinearLR",
     "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 4},
@@ -161,6 +162,9 @@ CHANGES: dict[str, Change] = {
     "policy.model_name": Change("tiny:llama"),
     "policy.tokenizer.name": Change("/tokenizers/other"),
     "policy.tokenizer.chat_template": Change(CHAT_TEMPLATE),
+    "policy.tokenizer.chat_template_kwargs": Change(
+        {"enable_thinking": True}, {"policy.tokenizer.chat_template": THINKING_TEMPLATE}
+    ),
     "policy.train_global_batch_size": Change(32, {"grpo.num_prompts_per_step": 8}),
     "policy.train_micro_batch_size": Change(1),
     "policy.logprob_batch_size": Change(1),
