@@ -98,7 +98,7 @@ def test_completion_scripts_know_every_command_and_complete_folders(cli, shell):
         # has no per-command option sets); status --recipe is text, not a file
         assert (
             "'c/--/(attempt cluster debug driver follow grid help json no-submit node out point "
-            "raw recipe runs-dir since state version wait wide zip)/'"
+            "raw recipe runs-dir since state verbose version wait wide zip)/'"
         ) in script
         assert "'n/--recipe/f/'" not in script and "'n/submit/f/'" in script
         assert "'n/--cluster/(eos local local-gpu slurm-test slurm-test-pyxis)/'" in script
