@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 PREEMPT_FILE = "PREEMPT"  # same name hpcrl.job.markers writes
 PREEMPTED_EXIT_CODE = 3
 _STEP_DIR_RE = re.compile(r"^step_(\d+)$")
+#: ``checkpointing.save_consolidated``: the Hugging Face folder inside each checkpoint.
+CONSOLIDATED_SUBDIR = "hf"
+#: Written last into every Hugging Face folder hpcrl exports: which run, step, checkpoint.
+EXPORT_RECORD = "hpcrl_export.json"
 
 
 def checkpoint_folder(checkpoint_dir: str | None, run_dir: str | Path) -> Path:
@@ -33,6 +37,12 @@ def checkpoint_folder(checkpoint_dir: str | None, run_dir: str | Path) -> Path:
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
+
+
+def step_of_checkpoint(folder: str | Path) -> int | None:
+    """N of a ``step_N`` folder; None for any other name."""
+    match = _STEP_DIR_RE.match(Path(folder).name)
+    return int(match.group(1)) if match else None
 
 
 def complete_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
@@ -77,6 +87,7 @@ class CheckpointStore:
         keep: int | None,
         metric: str | None = None,
         higher_is_better: bool = True,
+        consolidated: Mapping[str, str] | None = None,
     ) -> None:
         self.policy = policy
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -84,6 +95,8 @@ class CheckpointStore:
         self.keep = keep
         self.metric = metric
         self.higher_is_better = higher_is_better
+        # save_consolidated: also write <checkpoint>/hf; the run_dir and backend to record
+        self.consolidated = consolidated
 
     def due(self, step: int) -> bool:
         return (
@@ -91,15 +104,37 @@ class CheckpointStore:
         )
 
     def save(
-        self, step: int, extra_state: Mapping[str, Any], record: Mapping[str, Any] | None = None
+        self,
+        step: int,
+        extra_state: Mapping[str, Any],
+        record: Mapping[str, Any] | None = None,
+        *,
+        in_a_hurry: bool = False,
     ) -> Path:
+        """``in_a_hurry`` (a preemption's save, before Slurm's kill): no Hugging Face folder,
+        which ``hpcrl export`` can write later from the checkpoint."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         target = self.checkpoint_dir / step_dir_name(step)
         self.policy.save_checkpoint(str(target), {**extra_state, "step": step})
+        if self.consolidated is not None and not in_a_hurry:
+            self._write_consolidated(target, step, self.consolidated)
         if self.metric is not None:
             self._remember(step, (record or {}).get(self.metric))
         self._prune()
         return target
+
+    def _write_consolidated(self, target: Path, step: int, about: Mapping[str, str]) -> None:
+        """``<checkpoint>/hf``: the weights just saved as a Hugging Face folder, complete or
+        absent (written as ``hf.partial``, renamed last)."""
+        from hpcrl.core.export import write_record
+
+        folder = target / CONSOLIDATED_SUBDIR
+        partial = target / f"{CONSOLIDATED_SUBDIR}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        self.policy.export_hf(str(partial))
+        write_record(partial, about["run_dir"], target, step, about["backend"],
+                     "checkpointing.save_consolidated")  # fmt: skip
+        partial.rename(folder)
 
     def _remember(self, step: int, value: Any) -> None:
         index = self._metrics()
