@@ -71,8 +71,13 @@ def run_export(args: argparse.Namespace) -> int:
     if _already_exported(out, checkpoint):
         say(f"Step {step} is already exported: {shown_path(out)}")
         return 0
+    here = spec.scheduler == "local" or args.here
+    if here:
+        from hpcrl.submit.export_submission import check_runnable_here
+
+        check_runnable_here(spec)  # before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
-    if spec.scheduler == "local" or args.here:
+    if here:
         return _export_here(spec, run_dir, step, checkpoint, out, say)
     return _export_in_job(spec, run_dir, step, checkpoint, out, args.wait, say)
 

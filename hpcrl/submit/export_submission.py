@@ -23,7 +23,7 @@ from hpcrl.plan.jobspec import JobSpec
 from hpcrl.submit.exports import ExportRefused
 
 EXPORT_FAILED_EXIT_CODE = 1
-WAIT_POLL_S = 10.0
+WAIT_POLL_S = 5.0
 
 
 def job_environment(run: JobSpec, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -94,7 +94,7 @@ def wait_for_export(
     last_state = None
     while not job.done():
         state = job.state
-        if state != last_state:
+        if state != last_state and state != "UNKNOWN":  # sacct lags a fresh job by a second
             say(f"export job {job.job_id}: {state}")
             last_state = state
         time.sleep(poll_s)
