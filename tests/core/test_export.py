@@ -121,6 +121,8 @@ def test_save_consolidated_then_hpcrl_export_on_the_shipped_sft_recipe(
     said = capsys.readouterr().out
     assert f"Wrote {out.relative_to(tmp_path)}: transformers.AutoModelForCausalLM" in said
 
+    configs = [json.loads((folder / "config.json").read_text()) for folder in (out, by_job)]
+    assert configs[0] == configs[1] and configs[0]["use_cache"] is True
     by_export, by_job_tensors = safetensors_of(out), safetensors_of(by_job)
     assert sorted(by_export) == sorted(by_job_tensors)
     for name, tensor in by_job_tensors.items():
