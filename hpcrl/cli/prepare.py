@@ -246,11 +246,14 @@ def plan_lines(spec: JobSpec, width: int | None) -> list[str]:
     from hpcrl.submit.labelled_lines import wrap_field
 
     unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
-    fields = [
-        ("scheduler", spec.scheduler),
-        ("nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"),
-        ("layout", f"{spec.layout.backend}: {spec.layout.describe()}"),
-    ]
+    if spec.generation is None:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
+    else:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit}; {spec.world_size} training ranks"
+    fields = [("scheduler", spec.scheduler), ("nodes", nodes)]
+    if spec.generation is not None:
+        fields.append(("node split", spec.generation.describe(unit)))
+    fields.append(("layout", f"{spec.layout.backend}: {spec.layout.describe()}"))
     if spec.megatron_checkpoint_dir is not None:
         fields.append((
             "megatron ckpt dir",

@@ -371,8 +371,25 @@ def _offload_combinations(cfg: MegatronCfg, modules: set[str]) -> list[Problem]:
     return problems
 
 
+def rule_clip_grad(recipe: Recipe) -> list[Problem]:
+    """megatron-core compares clip_grad with 0 at every step, so null fails there; NeMo RL
+    writes 0 for no clipping (its sft_openmathinstruct2_megatron.yaml)."""
+    if not megatron_enabled(recipe) or recipe.policy.megatron_cfg.optimizer.clip_grad is not None:
+        return []
+    return [
+        Problem(
+            path=f"{MEGATRON}.optimizer.clip_grad",
+            value=None,
+            message="megatron-core's optimizer needs a number here (it compares it with 0 at "
+            "every step)",
+            fix=f"set {MEGATRON}.optimizer.clip_grad=0.0 for no clipping, or a norm such as 1.0",
+        )
+    ]
+
+
 MEGATRON_RULES = (
     rule_megatron_parallel_sizes,
+    rule_clip_grad,
     rule_context_parallel,
     rule_sequence_parallel,
     rule_recompute,

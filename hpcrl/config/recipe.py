@@ -251,15 +251,17 @@ class GrpoCfg:
     normalize_rewards: bool = True
     use_leave_one_out_baseline: bool = True  # NeMo RL's default (its advantage estimator's)
     overlong_filtering: bool = False  # truncated responses (no stop) are left out of the loss
-    val_period: int = 0  # 0: no validation
+    val_period: int = 0  # <= 0: no periodic validation (NeMo RL's -1 and 0)
     val_at_start: bool = False
     seed: int = 42
-    async_grpo: AsyncGrpoCfg = attrs.field(factory=AsyncGrpoCfg)
+    # None: off, as NeMo RL reads `async_grpo: null` (its single-controller configs write it)
+    async_grpo: AsyncGrpoCfg | None = attrs.field(factory=AsyncGrpoCfg)
     # NeMo RL's options (hpcrl.core.algorithms.reward_terms, dynamic sampling in grpo.py)
     max_rollout_turns: int = 1  # single-turn only; the rules refuse more
     use_dynamic_sampling: bool = False
     dynamic_sampling_max_gen_batches: int = 10
-    batch_multiplier: int = 1  # prompts generated per step = num_prompts_per_step x this
+    # prompts per generation batch = int(num_prompts_per_step x this), as in NeMo RL (a float)
+    batch_multiplier: float = 1.0
     reward_shaping: RewardShapingCfg = attrs.field(factory=RewardShapingCfg)
     reward_scaling: RewardScalingCfg = attrs.field(factory=RewardScalingCfg)
     adv_estimator: AdvEstimatorCfg = attrs.field(factory=AdvEstimatorCfg)
@@ -270,6 +272,10 @@ class GrpoCfg:
     max_val_samples: int | None = None  # None: the whole validation set
     val_batch_size: int | None = None
 
+    @property
+    def async_enabled(self) -> bool:
+        return self.async_grpo is not None and self.async_grpo.enabled
+
 
 @frozen
 class SftCfg:
@@ -277,7 +283,7 @@ class SftCfg:
 
     max_num_steps: int = 100
     max_num_epochs: int = 1
-    val_period: int = 0
+    val_period: int = 0  # <= 0: no periodic validation
     val_at_start: bool = False
     # validation on the first val_batches x val_global_batch_size examples (None: all)
     val_batches: int | None = None

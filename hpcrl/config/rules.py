@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from hpcrl.config.advantage_rules import ADVANTAGE_RULES
 from hpcrl.config.batching_rules import BATCHING_RULES
+from hpcrl.config.checkpoint_metrics import CHECKPOINT_METRIC_RULES
 from hpcrl.config.datasets import DATA_RULES
 from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
@@ -23,6 +24,7 @@ from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.loss_rules import LOSS_RULES
 from hpcrl.config.megatron_rules import MEGATRON_RULES
+from hpcrl.config.node_split import rule_node_split
 from hpcrl.config.optimizers import OPTIMIZER_RULES
 from hpcrl.config.override_rules import (
     MODEL_OVERRIDES_CHECKED_IN_JOB,
@@ -235,7 +237,7 @@ def rule_grpo_settings(recipe: Recipe) -> list[Problem]:
 
 
 def rule_async_grpo(recipe: Recipe) -> list[Problem]:
-    if recipe.grpo is None or not recipe.grpo.async_grpo.enabled:
+    if recipe.grpo is None or recipe.grpo.async_grpo is None or not recipe.grpo.async_enabled:
         return []
     problems = []
     if not recipe.loss_fn.use_importance_sampling_correction:
@@ -322,35 +324,6 @@ def rule_generation(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-def rule_generation_resources(recipe: Recipe) -> list[Problem]:
-    colocated = recipe.policy.generation.colocated
-    if colocated.enabled:
-        return []
-    path = "policy.generation.colocated.resources"
-    problems = []
-    for name in ("num_nodes", "gpus_per_node"):
-        value = getattr(colocated.resources, name)
-        if value is None:
-            problems.append(
-                Problem(
-                    path=f"{path}.{name}",
-                    message="required when generation is not colocated",
-                    fix=f"set {path}.{name}, or policy.generation.colocated.enabled=true",
-                )
-            )
-        elif value < 1:
-            problems.append(
-                Problem(
-                    path=f"{path}.{name}",
-                    value=value,
-                    message="must be at least 1",
-                    fix=f"set {path}.{name}=1 or more",
-                )
-            )
-    # Whether they fit the allocation needs the cluster profile: hpcrl.plan.generation.
-    return problems
-
-
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -366,7 +339,7 @@ RECIPE_RULES = (
     rule_grpo_settings,
     rule_async_grpo,
     rule_generation,
-    rule_generation_resources,
+    rule_node_split,
     rule_automodel_context_parallel,
     *LOSS_RULES,
     *MEGATRON_RULES,
@@ -378,4 +351,5 @@ RECIPE_RULES = (
     *DATA_RULES,
     *RANGE_RULES,
     *ENV_RULES,
+    *CHECKPOINT_METRIC_RULES,
 )

@@ -25,7 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.checkpoint_metrics import record_key
 from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
+from hpcrl.config.node_split import node_split
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.loop import (
     PREEMPTED_EXIT_CODE,
@@ -33,7 +35,6 @@ from hpcrl.core.algorithms.loop import (
     PreemptionWatch,
     checkpoint_folder,
     complete_checkpoints,
-    metric_key,
 )
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
@@ -112,12 +113,13 @@ def job_plan(run_dir: Path, recipe: Recipe) -> JobSpec:
 def check_plan_fits_recipe(jobspec: JobSpec, recipe: Recipe) -> None:
     """A jobspec.json planned for another recipe (the resolved recipe edited after render)
     would lay out another number of ranks than the recipe's batches were checked against."""
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    world_size = node_split(recipe).training_world_size
     if jobspec.world_size != world_size or jobspec.layout.backend != recipe.backend:
         raise PlanMismatch(
             f"{JOBSPEC_FILE} plans {jobspec.world_size} {jobspec.layout.backend} ranks but "
-            f"{RESOLVED_RECIPE} asks for {world_size} {recipe.backend} ranks "
-            "(cluster.num_nodes × cluster.gpus_per_node): the two files are from different "
+            f"{RESOLVED_RECIPE} asks for {world_size} {recipe.backend} training ranks "
+            "(cluster.num_nodes × cluster.gpus_per_node less generation's own): the two "
+            "files are from different "
             "plans. Fix: submit the recipe again with hpcrl submit, which writes both"
         )
 
@@ -245,7 +247,7 @@ def _required_keys(recipe: Recipe) -> list[str]:
 def _make_step_fn(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
 ) -> Callable[[int], dict]:
-    if recipe.grpo is not None and recipe.grpo.async_grpo.enabled:
+    if recipe.grpo is not None and recipe.grpo.async_enabled:
         # The config rules guarantee vLLM on generation workers of their own.
         from hpcrl.core.generation.vllm_async import make_async_grpo_step_fn
 
@@ -335,7 +337,7 @@ def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> Checkpoin
         folder,
         cfg.save_period if cfg.enabled else None,
         cfg.keep_top_k,
-        metric=metric_key(cfg.metric_name) if cfg.metric_name else None,
+        metric=record_key(recipe.algorithm, cfg.metric_name) if cfg.metric_name else None,
         higher_is_better=cfg.higher_is_better,
         consolidated=(
             {"run_dir": str(run_dir), "backend": recipe.backend} if cfg.save_consolidated else None

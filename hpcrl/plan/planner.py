@@ -78,15 +78,16 @@ def plan(
     layout = _plan_layout(recipe, profile, generation, findings)
     # The job asks Slurm (and Ray, and a local job's CUDA_VISIBLE_DEVICES) for only the GPUs
     # it uses: a recipe may train on fewer than a node holds (check_allocation warns).
-    requested = layout_checks.requested_slots_per_node(recipe, profile, generation)
+    requested = layout_checks.requested_slots_per_node(recipe, profile)
     profile = layout_checks.narrow_to_request(profile, requested)
     visible_gpus = visible_gpus[:requested] if visible_gpus is not None else None
-    num_nodes = generation.job_nodes if generation else recipe.cluster.num_nodes
+    # cluster.num_nodes is the whole job, generation's nodes included (NeMo RL's meaning).
+    num_nodes = recipe.cluster.num_nodes
     mounts = mount_checks.check_mount_syntax(profile, findings)
     code, bundle_mount = plan_code(recipe, profile, host, mounts, findings)
     container = _container_spec(profile, run_dir, mounts, bundle_mount)
     ckpt_dir, ckpt_source = mount_checks.plan_megatron_checkpoint_dir(
-        recipe, profile, mounts, findings, num_nodes
+        recipe, profile, mounts, findings
     )
     mount_checks.check_hf_home(profile, mounts, findings)
     check_data_files(recipe, profile, mounts, findings)
@@ -193,9 +194,9 @@ def _plan_layout(
     generation: GenerationPlacement | None,
     findings: Findings,
 ) -> ParallelLayout | None:
-    allocated = layout_checks.check_allocation(recipe, profile, findings, generation)
+    allocated = layout_checks.check_allocation(recipe, profile, findings)
     if generation is not None:
-        allocated = generation_checks.report_placement(generation, profile, findings) and allocated
+        generation_checks.report_placement(generation, profile, findings)
     if not allocated:
         return None  # a layout for the wrong world size would only add noise
     # Against the allocated training GPUs, which colocated engines share.

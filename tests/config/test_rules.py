@@ -382,9 +382,10 @@ def test_leave_one_out_needs_two_generations():
     assert problem.path == "grpo.num_generations_per_prompt"
 
 
+# One node of cluster.gpus_per_node 8: 4 GPUs for generation, 4 for training (NeMo RL's split).
 SEPARATE_VLLM = {
     "backend": "vllm",
-    "colocated": {"enabled": False, "resources": {"num_nodes": 1, "gpus_per_node": 8}},
+    "colocated": {"enabled": False, "resources": {"num_nodes": None, "gpus_per_node": 4}},
 }
 
 
@@ -438,23 +439,9 @@ def test_vllm_settings_checked_only_for_vllm():
 
 
 def test_separate_generation_needs_its_resources():
-    problems = problems_for(policy__generation={"colocated": {"enabled": False}})
-    assert paths(problems) == [
-        "policy.generation.colocated.resources.num_nodes",
-        "policy.generation.colocated.resources.gpus_per_node",
-    ]
-
-
-def test_separate_generation_resources_must_be_positive():
-    problems = problems_for(
-        policy__generation={
-            "colocated": {"enabled": False, "resources": {"num_nodes": 1, "gpus_per_node": 0}}
-        }
-    )
-    assert only(problems).format() == (
-        "error: policy.generation.colocated.resources.gpus_per_node = 0: must be at least 1\n"
-        "  fix: set policy.generation.colocated.resources.gpus_per_node=1 or more"
-    )
+    # The split itself (NeMo RL's rules): tests/config/test_node_split.py.
+    problems = problems_for(policy__generation={"backend": "vllm", "colocated": {"enabled": False}})
+    assert paths(problems) == ["policy.generation.colocated.resources.gpus_per_node"]
 
 
 # --------------------------------------------------------------------------- parallel features

@@ -156,7 +156,9 @@ def test_submit_warns_before_it_submits(in_tmp, capsys):
     (in_tmp / "profiles" / "nowhere.yaml").write_text(profile)
     code = main(["submit", "grpo-tiny-2n-cpu", "--cluster", "nowhere", "-o", "run"])
     captured = capsys.readouterr()
-    assert code == 1 and "not submitted" in captured.out
-    assert "profile[nowhere].ray_auth" in captured.err
+    # The refusal goes to stderr, after the warning that was printed before sbatch ran.
+    assert code == 1 and "not submitted" in captured.err
+    warned_at = captured.err.index("profile[nowhere].ray_auth")
+    assert warned_at < captured.err.index("not submitted")
     assert "Ray token authentication is off" in captured.err
     assert not (in_tmp / "run" / "auth").exists()

@@ -29,10 +29,12 @@ VLLM_OVERRIDES = [
 ]
 PLACEMENTS = {
     "colocated": ["policy.generation.colocated.enabled=true"],
+    # cluster.* is the whole job (NeMo RL's meaning): one node of 3 slots, 1 for generation.
     "separate": [
         "policy.generation.colocated.enabled=false",
         "policy.generation.colocated.resources.num_nodes=1",
         "policy.generation.colocated.resources.gpus_per_node=1",
+        "cluster.gpus_per_node=3",
     ],
 }
 

@@ -66,18 +66,13 @@ def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
 METRICS_INDEX = "checkpoint_metrics.json"
 
 
-def metric_key(metric_name: str) -> str:
-    """The step-record key of NeMo RL's ``checkpointing.metric_name``: ``val:val_loss`` and
-    ``train:loss`` name the record's ``val_loss`` and ``loss``; ``val_reward`` (its older,
-    unprefixed form) is hpcrl's ``val_reward_mean``."""
-    name = metric_name.split(":", 1)[1] if ":" in metric_name else metric_name
-    return {"val_reward": "val_reward_mean", "reward": "reward_mean"}.get(name, name)
-
-
 class CheckpointStore:
-    """Saves through the policy every ``save_period`` steps; keeps ``keep`` of them: the
-    newest, or with ``metric`` the best by that step-record key (and always the newest, to
-    resume from)."""
+    """Saves through the policy every ``save_period`` steps and keeps what NeMo RL's
+    CheckpointManager keeps: with ``keep``, the ``keep`` best of the periodic checkpoints
+    (steps that are multiples of ``save_period``) — best by the step-record key ``metric``
+    (``hpcrl.config.checkpoint_metrics``; a checkpoint without it ranks last, ties go to the
+    newer), or without one the newest — and always the newest checkpoint, which a resumed
+    run starts from."""
 
     def __init__(
         self,
@@ -152,23 +147,29 @@ class CheckpointStore:
         if not self.keep:
             return
         found = complete_checkpoints(self.checkpoint_dir)
+        kept = self._kept(found)
+        for item in found:
+            if item not in kept:
+                shutil.rmtree(item[1], ignore_errors=True)
+
+    def _kept(self, found: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+        assert self.keep
+        period = self.save_period or 0
+        periodic = [item for item in found if period > 0 and item[0] % period == 0]
         if self.metric is None:
-            doomed = found[: -self.keep]
+            best = sorted(periodic, reverse=True)[: self.keep]
         else:
-            doomed = [item for item in found if item not in self._best(found)]
-        for _, folder in doomed:
-            shutil.rmtree(folder, ignore_errors=True)
+            best = sorted(periodic, key=self._rank, reverse=True)[: self.keep]
+        newest = found[-1:] if found and found[-1] not in best else []
+        return best + newest
 
-    def _best(self, found: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
-        index = self._metrics()
-        sign = 1.0 if self.higher_is_better else -1.0
-
-        def rank(item: tuple[int, Path]) -> tuple[bool, float, int]:
-            value = index.get(str(item[0]))
-            return (value is not None, sign * value if value is not None else 0.0, item[0])
-
-        best = sorted(found, key=rank, reverse=True)[: self.keep]
-        return best + [found[-1]] if found and found[-1] not in best else best
+    def _rank(self, item: tuple[int, Path]) -> tuple[bool, float, int]:
+        """Sort key, higher is kept first: has the metric, its value (negated when lower is
+        better), then the newer step."""
+        value = self._metrics().get(str(item[0]))
+        if value is None:
+            return (False, 0.0, item[0])
+        return (True, value if self.higher_is_better else -value, item[0])
 
     def restore_latest(self) -> dict[str, Any] | None:
         """Load the newest complete checkpoint into the policy; its extra_state, or None."""

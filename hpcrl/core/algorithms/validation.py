@@ -1,8 +1,8 @@
 """Validation on ``data.val_path`` every ``val_period`` steps (and at start if asked).
 
 GRPO: one greedy response per validation prompt, scored by the environment →
-``val_reward_mean``. SFT: masked cross-entropy of the validation pairs under the current
-weights (no update) → ``val_loss``.
+``val_reward_mean`` (NeMo RL's ``val:accuracy``) and ``val_avg_length``. SFT: masked
+cross-entropy of the validation pairs under the current weights (no update) → ``val_loss``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.node_split import node_split
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.grpo import context_length, decode_responses
 from hpcrl.core.algorithms.sft import build_sft_batch
@@ -22,9 +23,11 @@ ValidateFn = Callable[[], dict[str, float]]
 
 
 def validation_due(step: int, val_period: int, val_at_start: bool) -> bool:
-    """Step 0 means 'before the first step'."""
+    """Step 0 means 'before the first step'. As in NeMo RL, val_at_start validates before
+    the first step whatever val_period says, and a val_period of 0 or less (its -1) turns
+    periodic validation off."""
     if step == 0:
-        return val_at_start and val_period > 0
+        return val_at_start
     return val_period > 0 and step % val_period == 0
 
 
@@ -50,7 +53,13 @@ def grpo_validation(
     policy.prepare_for_training()
     answers = [str(row.get(data.answer_key, "")) for row in rows]
     rewards = torch.tensor(env.score(prompts, decode_responses(tokenizer, generation), answers))
-    return {"val_reward_mean": float(rewards.mean()), "val_num_prompts": float(len(rows))}
+    # NeMo RL's validation metrics under hpcrl's names: accuracy (the mean reward) and
+    # avg_length (mean response tokens); hpcrl.config.checkpoint_metrics maps them.
+    return {
+        "val_reward_mean": float(rewards.mean()),
+        "val_avg_length": float(generation.response_lengths.float().mean()),
+        "val_num_prompts": float(len(rows)),
+    }
 
 
 def sft_validation(
@@ -59,7 +68,7 @@ def sft_validation(
     """Token-mean negative log-likelihood of the validation responses."""
     # Pad to a multiple of the world size (every data-parallel size divides it) with
     # copies of the last row that the mask ignores.
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    world_size = node_split(recipe).training_world_size
     padded = list(rows) + [rows[-1]] * (-len(rows) % world_size)
     batch = build_sft_batch(recipe, tokenizer, padded)
     batch["token_mask"][len(rows) :] = 0.0

@@ -154,7 +154,7 @@ def to_messages(fields: str, row: dict, section: DatasetCfg) -> list[dict]:
 
 def _problem_and_target(fields: str, row: dict, section: DatasetCfg) -> tuple[str, str]:
     if fields == "openmath_answer":
-        return row["problem"], str(row["expected_answer"])
+        return row["problem"], str(row[section.output_key or "expected_answer"])
     if fields == "openmath_solution":
         return row["problem"], str(row[section.output_key or "generated_solution"])
     if fields == "dapo":

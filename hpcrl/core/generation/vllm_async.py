@@ -80,6 +80,7 @@ class AsyncGrpoStep:
         self.env = env
         self.sampler = sampler
         self.last_step = last_step
+        assert recipe.grpo.async_grpo is not None  # built only when async_enabled
         self.max_age = max(0, recipe.grpo.async_grpo.max_trajectory_age_steps)
         self.in_flight: deque[InFlightBatch] = deque()
 
