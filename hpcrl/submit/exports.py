@@ -59,7 +59,7 @@ class ExportEntry:
 
 def run_checkpoints(run_dir: Path) -> RunCheckpoints:
     from hpcrl.config import load_recipe
-    from hpcrl.core.algorithms.loop import metric_key
+    from hpcrl.config.checkpoint_metrics import record_key
     from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
 
     recipe_path = run_dir / RESOLVED_RECIPE_NAME
@@ -68,11 +68,12 @@ def run_checkpoints(run_dir: Path) -> RunCheckpoints:
             f"{run_dir}: no {RESOLVED_RECIPE_NAME}: not an hpcrl run folder",
             "name a run folder (hpcrl status lists them)",
         )
-    cfg = load_recipe(recipe_path).recipe.checkpointing
+    recipe = load_recipe(recipe_path).recipe
+    cfg = recipe.checkpointing
     folder = checkpoint_folder(cfg.checkpoint_dir, run_dir)
     return RunCheckpoints(
         folder=folder, found=tuple(complete_checkpoints(folder)), enabled=cfg.enabled,
-        metric=metric_key(cfg.metric_name) if cfg.metric_name else None,
+        metric=record_key(recipe.algorithm, cfg.metric_name) if cfg.metric_name else None,
         higher_is_better=cfg.higher_is_better,
     )  # fmt: skip
 
@@ -110,15 +111,16 @@ def _best_checkpoint(checkpoints: RunCheckpoints, steps: str) -> tuple[int, Path
         )
     index_path = checkpoints.folder / METRICS_INDEX
     values = json.loads(index_path.read_text()) if index_path.is_file() else {}
-    ranked = [(float(values[str(s)]), s) for s, _ in checkpoints.found
+    sign = 1.0 if checkpoints.higher_is_better else -1.0
+    # best value first, then the newer step (as the checkpoint store ranks them)
+    ranked = [(sign * float(values[str(s)]), s) for s, _ in checkpoints.found
               if isinstance(values.get(str(s)), int | float)]  # fmt: skip
     if not ranked:
         raise ExportRefused(
             f"no saved checkpoint has a value of {checkpoints.metric} ({index_path})",
             f"pick a step with --step N (saved: {steps})",
         )
-    pick = max if checkpoints.higher_is_better else min
-    step = pick(ranked)[1]
+    step = max(ranked)[1]
     return step, dict(checkpoints.found)[step]
 
 
