@@ -19,12 +19,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hpcrl.config import ConfigError, LoadedRecipe, load_recipe
+from hpcrl.config import LoadedRecipe, load_recipe
 from tests.require import unavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS_ENV = "HPCRL_NEMO_RL_SNAPSHOTS"
 MAIN = "main-7ea279a"
+#: The NeMo RL releases hpcrl supports (hpcrl/config/nemo_rl_releases/<release>.json).
+RELEASES = ("v0.5.0", "v0.7.0", MAIN)
 
 
 def snapshots_root() -> Path:
@@ -106,13 +108,17 @@ def _nemo_rl_resolvers(module: ModuleType) -> Iterator[None]:
 
 
 def load_as_hpcrl(path: Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
-    """hpcrl's load_recipe of a NeMo RL file. Keys hpcrl's schema does not know yet (NeMo
-    RL's newer keys, for the key registry to accept) are deleted with ``~key`` overrides when
-    they are the only errors: the values hpcrl holds are what these tests compare."""
-    try:
-        return load_recipe(path, list(overrides))
-    except ConfigError as error:
-        unknown = [p.path for p in error.errors if p.message.startswith("unknown key")]
-        if not unknown or len(unknown) != len(error.errors):
-            raise
-    return load_recipe(path, [*overrides, *(f"~{key}" for key in unknown)])
+    """hpcrl's load_recipe of a NeMo RL file, unmodified: keys hpcrl's schema does not hold
+    are judged by the NeMo RL key registry (hpcrl.config.nemo_rl_keys), as for a user."""
+    return load_recipe(path, list(overrides))
+
+
+def nemo_rl_config(release: str, relative: str) -> dict[str, Any]:
+    """The dict of ``examples/configs/<relative>`` of a release as hpcrl's loader reads it:
+    ``defaults:`` merged, interpolation resolved, nothing validated."""
+    from hpcrl.config.merged_yaml import load_merged
+    from hpcrl.config.recipe import Recipe
+
+    merged = load_merged(config_path(relative, release), (), Recipe)
+    assert merged.resolved is not None, [str(p) for p in merged.problems]
+    return merged.resolved

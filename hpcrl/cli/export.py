@@ -47,15 +47,15 @@ def register(subparsers: Any) -> None:
 def run_export(args: argparse.Namespace) -> int:
     from hpcrl.cli.again import _refuse_sweep
     from hpcrl.cli.jobs import _console
-    from hpcrl.core.algorithms.loop import CONSOLIDATED_SUBDIR
     from hpcrl.plan.export_job import default_out_dir
-    from hpcrl.submit.exports import is_complete_export, pick_checkpoint
+    from hpcrl.run.checkpoints import CONSOLIDATED_SUBDIR
+    from hpcrl.submit.exports import is_complete_export, pick_checkpoint, run_plan
     from hpcrl.submit.hints import shown_path
     from hpcrl.submit.sweep import is_sweep_dir
 
     run_dir = folder_path(args.run)
     _refuse_sweep(run_dir, is_sweep_dir(run_dir), "export")
-    spec = _run_plan(run_dir)
+    spec = run_plan(run_dir)
     step, checkpoint = pick_checkpoint(run_dir, args.step, args.best)
     console = _console()
 
@@ -82,24 +82,10 @@ def run_export(args: argparse.Namespace) -> int:
     return _export_in_job(spec, run_dir, step, checkpoint, out, args.wait, say)
 
 
-def _run_plan(run_dir: Path) -> Any:
-    from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
-    from hpcrl.submit.exports import ExportRefused
-
-    try:
-        return read_jobspec(run_dir)
-    except JobSpecError as error:
-        raise ExportRefused(
-            f"{run_dir}: its plan cannot be read, so the Python and code its job ran are "
-            f"unknown: {error}",
-            "export with the hpcrl that submitted the run",
-        ) from None
-
-
 def _already_exported(out: Path, checkpoint: Path) -> bool:
     """True when ``out`` holds the export of ``checkpoint``; refused when it holds anything
     else (an export is never written over a folder hpcrl did not write for it)."""
-    from hpcrl.core.algorithms.loop import EXPORT_RECORD
+    from hpcrl.run.checkpoints import EXPORT_RECORD
     from hpcrl.submit.exports import ExportRefused
 
     record_path = out / EXPORT_RECORD

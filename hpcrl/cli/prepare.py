@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from hpcrl.config import ClusterProfile, LoadedRecipe
     from hpcrl.config.errors import Problem
-    from hpcrl.plan.jobspec import JobSpec
+    from hpcrl.run.jobspec import JobSpec
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +24,12 @@ def register(subparsers: Any) -> None:
         description="Load the recipe and profile, plan the job and report every problem.",
     )
     add_recipe_arguments(validate)
+    validate.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list the NeMo RL keys hpcrl accepts but does not use, with why",
+    )
     validate.set_defaults(func=run_validate)
 
     render = subparsers.add_parser(
@@ -178,18 +184,44 @@ def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) ->
 
 def run_validate(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, ask_job_python=True)
-    from hpcrl.cli.status import output_width
+    from hpcrl.cli.terminal import output_width
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
     print_warnings(prepared, None)
+    lines = unused_keys_lines(prepared.loaded.unused_nemo_rl_keys, args.verbose)
+    if lines:
+        print("\n".join(lines))
     print(f"OK: {args.recipe} plans on {prepared.profile.name}; nothing was written.")
     return 0
 
 
+def unused_keys_lines(unused: Any, verbose: bool) -> list[str]:
+    """One summary line for the NeMo RL keys hpcrl takes out unused (``hpcrl.config.
+    nemo_rl_filter``); with ``verbose`` each key, its value and why."""
+    if not unused:
+        return []
+    at_default = [key for key in unused if key.at_default]
+    inert = [key for key in unused if not key.at_default]
+    parts = []
+    if at_default:
+        parts.append(f"{len(at_default)} NeMo RL keys at their defaults are not used by hpcrl")
+    if inert:
+        parts.append(f"{len(inert)} more cannot change results")
+    lines = ["; ".join(parts) + ("" if verbose else " (--verbose lists them)")]
+    if verbose:
+        from hpcrl.config.errors import show_value
+
+        lines += [
+            f"  {key.path} = {show_value(key.value)}: {key.why}"
+            for key in sorted(unused, key=lambda key: key.path)
+        ]
+    return lines
+
+
 def run_render(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
-    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
+    from hpcrl.run.folder_lock import run_folder_lock
 
     with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl render"):
         run = write_run_folder(
@@ -217,7 +249,7 @@ def run_show(args: argparse.Namespace) -> int:
     from hpcrl.render.script import render_sbatch
 
     text = render_sbatch(prepared.spec)
-    from hpcrl.files import refuse_secrets
+    from hpcrl.run.atomic_files import refuse_secrets
 
     refuse_secrets(Path("<the script hpcrl show prints>"), text)
     if sys.stdout.isatty():

@@ -168,6 +168,15 @@ def _section_problems(recipe: Recipe, section: DatasetCfg, path: str) -> list[Pr
             )
         )
     problems += _processor_problems(recipe, section, path, NAMED_DATASETS[name])
+    if section.repeat is not None and section.repeat < 1:
+        problems.append(
+            Problem(
+                path=f"{path}.repeat",
+                value=section.repeat,
+                message="must be at least 1 (how many times the set's rows are used)",
+                fix=f"set {path}.repeat=1, or remove it",
+            )
+        )
     for key in ("prompt_file", "system_prompt_file", "data_path"):
         value = getattr(section, key)
         if value is not None and not Path(value).exists():

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import MegatronCfg, OffloadModule, Recipe
+from hpcrl.config.suggestions import did_you_mean
 
 MEGATRON = "policy.megatron_cfg"
 OFFLOAD_MODULE_NAMES: tuple[str, ...] = OffloadModule.__args__

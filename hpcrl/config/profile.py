@@ -99,6 +99,10 @@ class ClusterProfile:
     # "token": the job's Ray cluster admits only holders of the job's own token (hpcrl creates
     # one per run); "none" turns Ray's authentication off, with a warning at every command.
     ray_auth: Literal["token", "none"] = "token"
+    # torch.compile's caches (Inductor, AOTAutograd, Triton), shared by every run: an absolute
+    # path as the job sees it, on storage its nodes share. Unset: <runs>/.hpcrl-cache/
+    # torch-compile beside the run folders (hpcrl.plan.compile_cache).
+    compile_cache_dir: str | None = None
 
     @property
     def slots_per_node(self) -> int:

@@ -90,6 +90,7 @@ class VllmCfg:
     max_model_len: int | None = None
     enforce_eager: bool = False
     kv_cache_memory_mb: int | None = None  # CPU engines: bound the KV cache explicitly
+    enable_prefix_caching: bool | None = None  # None: vLLM's own default
 
 
 @frozen
@@ -121,6 +122,8 @@ class GenerationCfg:
     stop_strings: tuple[str, ...] = ()
     colocated: ColocatedCfg = attrs.field(factory=ColocatedCfg)
     vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
+    # more vllm.LLM keyword arguments, as NeMo RL passes them (rules refuse hpcrl's own)
+    vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
 # --------------------------------------------------------------------------- micro-batching
@@ -143,12 +146,9 @@ class SequencePackingCfg:
     enabled: bool = False
     train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
     logprob_mb_tokens: int | None = None
-    algorithm: Literal[
-        "modified_first_fit_decreasing",
-        "first_fit_decreasing",
-        "first_fit_shuffle",
-        "concatenative",
-    ] = "modified_first_fit_decreasing"
+    # a str: read only while enabled (NeMo RL's configs carry a value it never reads when
+    # packing is off); hpcrl.config.batching_rules checks it against PACKING_ALGORITHMS
+    algorithm: str = "modified_first_fit_decreasing"
     sequence_length_round: int = 64
 
 
@@ -310,6 +310,9 @@ class LossFnCfg:
     truncated_importance_sampling_ratio_min: float | None = None  # lower bound
     sequence_level_importance_ratios: bool = False  # GSPO; only false is supported
     token_level_loss: bool = True
+    # ratio = exp(logp − logp.detach()) = 1: the old log-probs are the current ones (one
+    # optimizer step per rollout batch, which the rules require)
+    force_on_policy_ratio: bool = False
 
 
 @frozen
@@ -330,6 +333,7 @@ class DatasetCfg:
     system_prompt_file: str | None = None
     processor: str | None = None  # math_hf_data_processor | math_data_processor | sft_processor
     env_name: str | None = None
+    repeat: int | None = None  # the set's rows this many times over (NeMo RL's AIME: 16)
 
 
 @frozen

@@ -128,6 +128,8 @@ class MegatronCfg:
     moe_permute_fusion: bool = False  # Transformer Engine only (switched off without it)
     moe_shared_expert_overlap: bool = False
     moe_per_layer_logging: bool = False
+    moe_grouped_gemm: bool = False  # Transformer Engine only (switched off without it)
+    moe_router_enable_expert_bias: bool = False
     apply_rope_fusion: bool = False
     bias_activation_fusion: bool = False
     env_vars: dict[str, str] = attrs.field(factory=dict)

@@ -137,16 +137,35 @@ def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
 
 
 def rule_automodel_sequence_parallel(recipe: Recipe) -> list[Problem]:
+    """The Automodel worker has no sequence-parallel plan (it refuses the setting at setup);
+    here it fails before the queue wait."""
     cfg = recipe.policy.automodel_cfg
-    if not cfg.enabled or not cfg.sequence_parallel or cfg.tensor_parallel_size > 1:
+    if not cfg.enabled or not cfg.sequence_parallel:
         return []
     return [
         Problem(
             path=f"{AUTOMODEL}.sequence_parallel",
             value=True,
-            message=f"has no effect with {AUTOMODEL}.tensor_parallel_size=1 (it shards activations over the TP group)",
-            fix=f"set {AUTOMODEL}.tensor_parallel_size > 1 or {AUTOMODEL}.sequence_parallel=false",
-            severity="warning",
+            message="sequence parallelism is not supported by hpcrl's Automodel backend yet "
+            "(its tensor-parallel plan keeps activations whole on every TP rank)",
+            fix=f"set {AUTOMODEL}.sequence_parallel=false (the same results, more activation "
+            "memory per GPU)",
+        )
+    ]
+
+
+def rule_megatron_custom_fsdp(recipe: Recipe) -> list[Problem]:
+    """The Megatron worker builds megatron-core's DDP only (and refuses FSDP at setup)."""
+    ddp = recipe.policy.megatron_cfg.distributed_data_parallel_config
+    if not recipe.policy.megatron_cfg.enabled or not ddp.use_custom_fsdp:
+        return []
+    return [
+        Problem(
+            path="policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
+            value=True,
+            message="Megatron FSDP is not supported by hpcrl's Megatron backend yet",
+            fix="set it to false; policy.megatron_cfg.optimizer.use_distributed_optimizer=true "
+            "shards the optimizer state over data-parallel ranks",
         )
     ]
 
@@ -324,6 +343,55 @@ def rule_generation(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+#: vllm.LLM arguments hpcrl sets itself (hpcrl.core.generation.vllm_engine.engine_kwargs),
+#: with the recipe key that sets each: policy.generation.vllm_kwargs may not give them.
+RESERVED_VLLM_KWARGS = {
+    "model": "policy.model_name",
+    "dtype": "policy.generation.vllm_cfg.precision",
+    "tensor_parallel_size": "policy.generation.vllm_cfg.tensor_parallel_size",
+    "pipeline_parallel_size": "policy.generation.vllm_cfg.pipeline_parallel_size",
+    "max_model_len": "policy.generation.vllm_cfg.max_model_len",
+    "enforce_eager": "policy.generation.vllm_cfg.enforce_eager",
+    "seed": "grpo.seed",
+    "logprobs_mode": "nothing: hpcrl needs the sampler's processed log-probs",
+    "disable_log_stats": "nothing: hpcrl reads vLLM's token counts",
+    "gpu_memory_utilization": "policy.generation.vllm_cfg.gpu_memory_utilization",
+    "enable_prefix_caching": "policy.generation.vllm_cfg.enable_prefix_caching",
+}
+
+
+def rule_vllm_kwargs(recipe: Recipe) -> list[Problem]:
+    """``vllm_kwargs`` go to ``vllm.LLM`` as they are, except what hpcrl sets itself."""
+    return [
+        Problem(
+            path=f"policy.generation.vllm_kwargs.{name}",
+            value=value,
+            message="hpcrl sets this vLLM engine argument itself",
+            fix=f"remove it; set {RESERVED_VLLM_KWARGS[name]} instead"
+            if "nothing" not in RESERVED_VLLM_KWARGS[name]
+            else f"remove it ({RESERVED_VLLM_KWARGS[name]})",
+        )
+        for name, value in sorted(recipe.policy.generation.vllm_kwargs.items())
+        if name in RESERVED_VLLM_KWARGS
+    ] + _kv_cache_given_twice(recipe)
+
+
+def _kv_cache_given_twice(recipe: Recipe) -> list[Problem]:
+    generation = recipe.policy.generation
+    if "kv_cache_memory_bytes" not in generation.vllm_kwargs:
+        return []
+    if generation.vllm_cfg.kv_cache_memory_mb is None:
+        return []
+    return [
+        Problem(
+            path="policy.generation.vllm_kwargs.kv_cache_memory_bytes",
+            value=generation.vllm_kwargs["kv_cache_memory_bytes"],
+            message="policy.generation.vllm_cfg.kv_cache_memory_mb sets the KV cache size too",
+            fix="keep one of the two",
+        )
+    ]
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -334,11 +402,13 @@ RECIPE_RULES = (
     rule_unsupported_sections,
     rule_automodel_parallel_sizes,
     rule_automodel_sequence_parallel,
+    rule_megatron_custom_fsdp,
     rule_positive_counts,
     rule_batch_divisible,
     rule_grpo_settings,
     rule_async_grpo,
     rule_generation,
+    rule_vllm_kwargs,
     rule_node_split,
     rule_automodel_context_parallel,
     *LOSS_RULES,

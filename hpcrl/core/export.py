@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.loop import EXPORT_RECORD, step_of_checkpoint
+from hpcrl.run.checkpoints import EXPORT_RECORD, step_of_checkpoint
+from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
 
-RESOLVED_RECIPE = "recipe.resolved.yaml"
 USAGE_EXIT_CODE = 2
 
 #: What the export imports, per backend (the package a user installs, the module).
@@ -121,12 +121,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_recipe(run_dir: Path) -> Recipe:
-    from hpcrl.config import load_recipe
-
-    path = run_dir / RESOLVED_RECIPE
-    if not path.is_file():
-        raise ExportError(f"{path} is missing: {run_dir} is not an hpcrl run folder")
-    return load_recipe(path).recipe
+    """The recipe the run trained with: its plan's (``jobspec.json``), as the driver reads
+    it; ``recipe.resolved.yaml`` is for people and would need config loading here."""
+    try:
+        return read_jobspec(run_dir).recipe
+    except JobSpecError as error:
+        raise ExportError(str(error)) from error
 
 
 def _check_can_export(recipe: Recipe, checkpoint_dir: Path) -> None:

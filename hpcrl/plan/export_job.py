@@ -19,7 +19,7 @@ import posixpath
 
 import attrs
 
-from hpcrl.plan.jobspec import SUBMITIT_TASK_TAIL, JobSpec
+from hpcrl.run.jobspec import SUBMITIT_TASK_TAIL, JobSpec
 from hpcrl.plan.mounts import parse_mount, same_path_mount
 
 frozen = attrs.frozen(kw_only=True)

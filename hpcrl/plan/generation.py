@@ -8,7 +8,7 @@ The job allocates ``cluster.num_nodes`` nodes of ``cluster.gpus_per_node`` GPUs 
 slots on CPU profiles), never more.
 
 The job records the choice (``JobSpec.generation``) and the driver places the engines on
-exactly those nodes (``hpcrl.core.generation.vllm_workers``). Colocated engines (sharing the
+exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
 training GPUs) are only checked: ``check_colocated_engines``.
 """
 
@@ -19,7 +19,7 @@ from hpcrl.config.node_split import NodeSplit, has_separate_generation, node_spl
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe, VllmCfg
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import GenerationPlacement
+from hpcrl.run.jobspec import GenerationPlacement
 
 COLOCATED = "policy.generation.colocated"
 RESOURCES = f"{COLOCATED}.resources"
@@ -143,7 +143,7 @@ def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
     generation's share may change (up to ``cluster.gpus_per_node`` - 1); whole generation
     nodes hold ``cluster.gpus_per_node`` each, so there only the engine size may. Plan time
     only: the job lays engines out from ``JobSpec.generation``
-    (``hpcrl.core.generation.vllm_workers.generation_layout``) and checks nothing again."""
+    (``hpcrl.core.workers.vllm_workers.generation_layout``) and checks nothing again."""
     tp, pp = vllm.tensor_parallel_size, vllm.pipeline_parallel_size
     per_engine, per_node = tp * pp, split.generation_gpus_per_node
     if per_engine < 1 or per_node % per_engine == 0:

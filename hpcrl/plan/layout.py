@@ -8,7 +8,7 @@ from hpcrl.config.node_split import has_separate_generation, node_split
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import AutomodelCfg, MegatronCfg, Recipe
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import ParallelLayout
+from hpcrl.run.jobspec import ParallelLayout
 
 AUTOMODEL = "policy.automodel_cfg"
 MEGATRON = "policy.megatron_cfg"

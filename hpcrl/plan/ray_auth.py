@@ -13,13 +13,13 @@ from collections.abc import Iterable
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import (
+from hpcrl.plan.layout import profile_path
+from hpcrl.run.jobspec import (
     AUTH_DIR_NAME,
     RAY_AUTH_VARIABLES,
     RAY_TOKEN_AUTH_SPEC,
     TOKEN_FILE_NAME,
 )
-from hpcrl.plan.layout import profile_path
 
 NO_AUTH_RISK = (
     "Ray token authentication is off: anyone who can reach the job's nodes and finds its Ray "

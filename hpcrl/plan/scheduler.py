@@ -10,8 +10,8 @@ import re
 
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import SUBMITIT_SIGNAL, ContainerSpec
 from hpcrl.plan.layout import profile_path
+from hpcrl.run.jobspec import SUBMITIT_SIGNAL, ContainerSpec
 
 _EXTRA_ARG = re.compile(r"--([a-z][a-z0-9-]*)(?:=(.+))?")
 _TIME_LIMIT = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+")

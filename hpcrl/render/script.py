@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hpcrl.plan.export_job import ExportJob
-from hpcrl.plan.jobspec import JobSpec
 from hpcrl.render.environment import environment
+from hpcrl.run.jobspec import JobSpec
 
 SLURM_TEMPLATE = "job.sbatch.sh.j2"
 LOCAL_TEMPLATE = "job.local.sh.j2"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.plan.export_job import ExportJob, export_argv
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.run.jobspec import JobSpec
 from hpcrl.submit.exports import ExportRefused
 
 EXPORT_FAILED_EXIT_CODE = 1

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 
 from hpcrl.config.errors import UserError
-from hpcrl.core.algorithms.loop import (
+from hpcrl.run.checkpoints import (
     CONSOLIDATED_SUBDIR,
     EXPORT_RECORD,
     METRICS_INDEX,
@@ -27,6 +27,9 @@ from hpcrl.core.algorithms.loop import (
     complete_checkpoints,
 )
 from hpcrl.plan.export_job import EXPORTS_DIR_NAME
+
+if TYPE_CHECKING:
+    from hpcrl.run.jobspec import JobSpec
 
 INDEX_NAME = "exports.jsonl"
 
@@ -57,18 +60,31 @@ class ExportEntry:
     job_id: str | None = None  # the export job that writes it (hpcrl export on Slurm)
 
 
-def run_checkpoints(run_dir: Path) -> RunCheckpoints:
-    from hpcrl.config import load_recipe
-    from hpcrl.config.checkpoint_metrics import record_key
-    from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
+def run_plan(run_dir: Path) -> JobSpec:
+    """The run's plan (``jobspec.json``): the Python, code and recipe its job ran with."""
+    from hpcrl.run.jobspec_file import JobSpecError, JobSpecMissing, read_jobspec
 
-    recipe_path = run_dir / RESOLVED_RECIPE_NAME
-    if not recipe_path.is_file():
+    try:
+        return read_jobspec(run_dir)
+    except JobSpecMissing:
         raise ExportRefused(
-            f"{run_dir}: no {RESOLVED_RECIPE_NAME}: not an hpcrl run folder",
+            f"{run_dir}: no jobspec.json: not an hpcrl run folder (or one never rendered)",
             "name a run folder (hpcrl status lists them)",
-        )
-    recipe = load_recipe(recipe_path).recipe
+        ) from None
+    except JobSpecError as error:
+        raise ExportRefused(
+            f"{run_dir}: its plan cannot be read, so the Python and code its job ran are "
+            f"unknown: {error}",
+            "export with the hpcrl that submitted the run",
+        ) from None
+
+
+def run_checkpoints(run_dir: Path) -> RunCheckpoints:
+    """The run's checkpoints as its job saved them: where, which, ranked by what (by the
+    recipe of its plan, which the job read; not ``recipe.resolved.yaml``)."""
+    from hpcrl.config.checkpoint_metrics import record_key
+
+    recipe = run_plan(run_dir).recipe
     cfg = recipe.checkpointing
     folder = checkpoint_folder(cfg.checkpoint_dir, run_dir)
     return RunCheckpoints(
@@ -147,7 +163,7 @@ def list_exports(run_dir: Path) -> list[ExportEntry]:
     entries: list[ExportEntry] = []
     try:
         found = run_checkpoints(run_dir).found
-    except (UserError, OSError, ValueError):
+    except (UserError, OSError, ValueError):  # ExportRefused is one
         found = ()
     for step, checkpoint in found:
         folder = checkpoint / CONSOLIDATED_SUBDIR

@@ -501,8 +501,27 @@ def test_recompute_method_needs_full_granularity():
     assert problem.path == f"{M}.recompute_method" and "(it is selective)" in problem.message
 
 
-def test_automodel_sequence_parallel_without_tp_is_a_warning():
-    problems = problems_for("automodel", policy__automodel_cfg__sequence_parallel=True)
-    assert paths(problems) == [] and paths(problems, "warning") == [
-        "policy.automodel_cfg.sequence_parallel"
-    ]
+def test_automodel_sequence_parallel_is_refused_at_load_time_whatever_the_tp_size():
+    """The worker would refuse it at setup, after the queue wait (issue 24)."""
+    for tp in (1, 2):
+        overrides = {"enabled": True, "tensor_parallel_size": tp, "sequence_parallel": True}
+        problem = only(problems_for("automodel", policy__automodel_cfg=overrides))
+        assert problem.path == "policy.automodel_cfg.sequence_parallel" and problem.is_error
+        assert "not supported by hpcrl's Automodel backend" in problem.message
+
+
+def test_megatron_custom_fsdp_is_refused_at_load_time():
+    problem = only(
+        problems_for(policy__megatron_cfg__distributed_data_parallel_config__use_custom_fsdp=True)
+    )
+    assert problem.path == f"{M}.distributed_data_parallel_config.use_custom_fsdp"
+    assert "use_distributed_optimizer=true" in problem.fix
+
+
+def test_packing_algorithm_is_checked_only_while_packing_is_on():
+    """NeMo RL reads it only then; its configs carry modified_ffd with packing off."""
+    off = {"enabled": False, "algorithm": "modified_ffd"}
+    assert problems_for(policy__sequence_packing=off) == []
+    problem = only(problems_for(policy__sequence_packing={**off, "enabled": True}))
+    assert (problem.path, problem.value) == ("policy.sequence_packing.algorithm", "modified_ffd")
+    assert problem.fix.startswith("did you mean modified_first_fit_decreasing?")

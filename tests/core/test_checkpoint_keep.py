@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl.config.checkpoint_metrics import record_key
-from hpcrl.core.algorithms.loop import CheckpointStore, complete_checkpoints
+from hpcrl.core.algorithms.loop import CheckpointStore
+from hpcrl.run.checkpoints import complete_checkpoints
 
 
 class FolderPolicy:

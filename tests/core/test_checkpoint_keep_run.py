@@ -13,9 +13,14 @@ from tests.require import require_module
 require_module("ray")
 
 from hpcrl.config.checkpoint_metrics import RECORDED  # noqa: E402
-from hpcrl.core.algorithms.loop import complete_checkpoints  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import REPO_ROOT, read_metrics, write_run_dir  # noqa: E402
+from hpcrl.run.checkpoints import complete_checkpoints  # noqa: E402
+from tests.core._driver_harness import (  # noqa: E402
+    REPO_ROOT,
+    read_metrics,
+    write_local_plan,
+    write_run_dir,
+)
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 
@@ -56,5 +61,6 @@ def test_kept_checkpoints_are_the_top_k_by_the_metric(ray_cluster, tmp_path) -> 
     resolved = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text())
     resolved["grpo"]["max_num_steps"] = 10
     (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    write_local_plan(run_dir)  # the job trains the planned recipe (jobspec.json)
     assert run_training(str(run_dir)) == 0
     assert [m["step"] for m in read_metrics(run_dir)] == list(range(1, 11))

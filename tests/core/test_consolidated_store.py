@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.core.algorithms.loop import (
+from hpcrl.core.algorithms.loop import CheckpointStore
+from hpcrl.run.checkpoints import (
     CONSOLIDATED_SUBDIR,
     EXPORT_RECORD,
-    CheckpointStore,
     complete_checkpoints,
     step_of_checkpoint,
 )

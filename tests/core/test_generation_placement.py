@@ -16,9 +16,9 @@ from hpcrl.config.recipe import (  # noqa: E402
     GenerationResourcesCfg,
     VllmCfg,
 )
-from hpcrl.core.generation import vllm_workers  # noqa: E402
-from hpcrl.plan.jobspec_file import read_jobspec, write_jobspec  # noqa: E402
+from hpcrl.core.workers import vllm_workers  # noqa: E402
 from hpcrl.plan.planner import plan  # noqa: E402
+from hpcrl.run.jobspec_file import read_jobspec, write_jobspec  # noqa: E402
 from tests.plan.planning_inputs import automodel_recipe, pyxis_profile, with_policy  # noqa: E402
 
 NODES = ["driver-node", "node-b", "node-c", "node-d"]  # the training group's node order
@@ -66,7 +66,7 @@ def test_a_one_node_split_shares_the_driver_node(tmp_path, four_nodes) -> None:
 
 
 def test_cpu_engines_take_one_worker_slot_each() -> None:
-    from hpcrl.plan.jobspec import GenerationPlacement
+    from hpcrl.run.jobspec import GenerationPlacement
 
     placement = GenerationPlacement(
         first_node=0, num_nodes=1, slots_per_node=1, num_engines=1, slots_per_engine=1,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from hpcrl.core.algorithms.loop import EXPORT_RECORD
+from hpcrl.run.checkpoints import EXPORT_RECORD
 from hpcrl.core.export import export_checkpoint
 from tests.megatron import export_ranks, harness
 from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)

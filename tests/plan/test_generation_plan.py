@@ -15,9 +15,9 @@ from hpcrl.config.recipe import (
     GenerationResourcesCfg,
     VllmCfg,
 )
-from hpcrl.plan.jobspec import GenerationPlacement
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
+from hpcrl.run.jobspec import GenerationPlacement
 from tests.plan.planning_inputs import (
     GOLDEN_HOME,
     GOLDEN_RUN_DIR,

@@ -113,9 +113,9 @@ def test_every_planning_command_warns_when_auth_is_off(in_tmp, capsys, command):
 
 def test_a_render_stopped_after_the_token_can_be_rendered_again(in_tmp):
     """The token is the first thing a render writes: a folder holding only it is one of
-    hpcrl's (hpcrl.files.RENDER_NAMES), not a foreign folder to refuse, and keeps its token."""
-    from hpcrl.files import RENDER_NAMES
-    from hpcrl.plan.jobspec import AUTH_DIR_NAME
+    hpcrl's (hpcrl.run.folder_lock.RENDER_NAMES), not a foreign folder to refuse, and keeps its token."""
+    from hpcrl.run.folder_lock import RENDER_NAMES
+    from hpcrl.run.jobspec import AUTH_DIR_NAME
 
     assert AUTH_DIR_NAME in RENDER_NAMES
     run = in_tmp / "run"

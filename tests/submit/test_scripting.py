@@ -98,7 +98,7 @@ def test_completion_scripts_know_every_command_and_complete_folders(cli, shell):
         # has no per-command option sets); status --recipe is text, not a file
         assert (
             "'c/--/(attempt best cluster debug driver follow grid help here json no-submit node "
-            "out point raw recipe runs-dir since state step version wait wide zip)/'"
+            "out point raw recipe runs-dir since state step verbose version wait wide zip)/'"
         ) in script
         assert "'n/--recipe/f/'" not in script and "'n/submit/f/'" in script
         assert "'n/--cluster/(eos local local-gpu slurm-test slurm-test-pyxis)/'" in script
@@ -167,6 +167,7 @@ def test_bash_completes_profile_and_recipe_names(cli, tmp_path):
     ]  # fmt: skip
     assert _complete(script, ["validate", "--cluster", "local", "grpo-l"], work, env) == [
         "grpo-llama-1b-1n1g-automodel", "grpo-llama-1b-1n1g-megatron",
+        "grpo-llama3.1-8b-1n1g-automodel", "grpo-llama3.1-8b-1n1g-megatron",
         "grpo-llama3.1-8b-2n8g-automodel",
     ]  # fmt: skip
     found = _complete(script, ["submit", "grpo"], work, env)

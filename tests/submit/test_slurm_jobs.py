@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from hpcrl.config.port_bands import band_ports
-from hpcrl.submit.job_record import JobRecord, read_job_record
+from hpcrl.run.job_record import JobRecord, read_job_record
 from hpcrl.submit.job_state import query_status, rebuild_job
 from hpcrl.submit.submission import slurm_cluster_name
 from tests.slurm.harness import (

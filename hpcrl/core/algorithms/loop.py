@@ -1,14 +1,9 @@
-"""What GRPO and SFT loops share: checkpoints, the preemption request, step timing.
-
-Checkpoints live in ``<checkpoint_dir>/step_<NNNNNN>``; the policy writes each one atomically
-(a ``.partial`` folder renamed when complete), so the latest complete one is the highest
-step folder whose name has no suffix.
-"""
+"""What GRPO and SFT loops share: saving and keeping checkpoints, the preemption request,
+step timing. Where checkpoints live and which are complete is ``hpcrl.run.checkpoints``."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import time
@@ -17,53 +12,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.run.checkpoints import (
+    CONSOLIDATED_SUBDIR,
+    METRICS_INDEX,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_dir_name,
+)
+from hpcrl.run.markers import PREEMPT_FILE
+
 if TYPE_CHECKING:
     from hpcrl.core.policy import Policy
-
-PREEMPT_FILE = "PREEMPT"  # same name hpcrl.job.markers writes
-PREEMPTED_EXIT_CODE = 3
-_STEP_DIR_RE = re.compile(r"^step_(\d+)$")
-#: ``checkpointing.save_consolidated``: the Hugging Face folder inside each checkpoint.
-CONSOLIDATED_SUBDIR = "hf"
-#: Written last into every Hugging Face folder hpcrl exports: which run, step, checkpoint.
-EXPORT_RECORD = "hpcrl_export.json"
-
-
-def checkpoint_folder(checkpoint_dir: str | None, run_dir: str | Path) -> Path:
-    """Where a run's checkpoints live: ``checkpointing.checkpoint_dir``, else
-    ``<run_dir>/checkpoints`` (the driver saves there; ``hpcrl resume`` looks there)."""
-    return Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / "checkpoints"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def step_of_checkpoint(folder: str | Path) -> int | None:
-    """N of a ``step_N`` folder; None for any other name."""
-    match = _STEP_DIR_RE.match(Path(folder).name)
-    return int(match.group(1)) if match else None
-
-
-def complete_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint, oldest first."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _STEP_DIR_RE.match(entry.name)
-        if match and entry.is_dir():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    found = complete_checkpoints(checkpoint_dir)
-    return found[-1][1] if found else None
-
-
-METRICS_INDEX = "checkpoint_metrics.json"
 
 
 class CheckpointStore:

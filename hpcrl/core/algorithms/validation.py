@@ -12,7 +12,6 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.node_split import node_split
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.grpo import context_length, decode_responses
 from hpcrl.core.algorithms.sft import build_sft_batch
@@ -63,12 +62,12 @@ def grpo_validation(
 
 
 def sft_validation(
-    policy: Policy, recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
+    policy: Policy, recipe: Recipe, tokenizer: Any, rows: Sequence[dict], world_size: int
 ) -> dict[str, float]:
-    """Token-mean negative log-likelihood of the validation responses."""
+    """Token-mean negative log-likelihood of the validation responses; ``world_size``: the
+    planned training ranks (``JobSpec.world_size``)."""
     # Pad to a multiple of the world size (every data-parallel size divides it) with
     # copies of the last row that the mask ignores.
-    world_size = node_split(recipe).training_world_size
     padded = list(rows) + [rows[-1]] * (-len(rows) % world_size)
     batch = build_sft_batch(recipe, tokenizer, padded)
     batch["token_mask"][len(rows) :] = 0.0

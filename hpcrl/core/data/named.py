@@ -46,6 +46,8 @@ def load_named_rows(recipe: Recipe, tokenizer: Any, which: str) -> list[dict] | 
         messages = _messages(section, _split_of(section, which), seed, carve_part=carve)
     if messages is None:
         return None
+    if section is not None and section.repeat is not None:
+        messages = messages * section.repeat
     cfg = section or train
     return [_process(recipe, tokenizer, cfg, m) for m in messages]
 

@@ -49,9 +49,17 @@ def engine_env(device: str, in_process: bool) -> dict[str, str]:
 
 
 def engine_kwargs(
-    model_path: str, cfg: VllmCfg, *, device: str, seed: int, max_model_len: int | None
+    model_path: str,
+    cfg: VllmCfg,
+    *,
+    device: str,
+    seed: int,
+    max_model_len: int | None,
+    extra_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments from ``policy.generation.vllm_cfg``."""
+    """``vllm.LLM`` keyword arguments from ``policy.generation.vllm_cfg``, plus
+    ``policy.generation.vllm_kwargs`` (``extra_kwargs``) as NeMo RL passes them (they win
+    where they size the KV cache: ``kv_cache_memory_bytes``)."""
     kwargs: dict[str, Any] = {
         "model": model_path,
         "dtype": cfg.precision,
@@ -66,6 +74,8 @@ def engine_kwargs(
         # tokens (engine_generated_tokens), evidence that the engine produced the rollouts.
         "disable_log_stats": False,
     }
+    if cfg.enable_prefix_caching is not None:
+        kwargs["enable_prefix_caching"] = cfg.enable_prefix_caching
     if device == "cpu":
         kv_mb = cfg.kv_cache_memory_mb or DEFAULT_CPU_KV_CACHE_MB
         kwargs["kv_cache_memory_bytes"] = kv_mb << 20
@@ -73,7 +83,12 @@ def engine_kwargs(
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         if cfg.kv_cache_memory_mb is not None:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_mb << 20
-    return kwargs
+    from hpcrl.config.rules import RESERVED_VLLM_KWARGS
+
+    extra = dict(extra_kwargs or {})
+    clash = sorted(set(extra) & set(RESERVED_VLLM_KWARGS))
+    assert not clash, f"the rules refuse vllm_kwargs that hpcrl sets itself: {clash}"
+    return {**kwargs, **extra}
 
 
 def sampling_params(cfg: GenerationCfg, row_seed: int, max_tokens: int | None = None) -> Any:
@@ -115,6 +130,7 @@ class VllmEngine:
         seed: int = 0,
         max_model_len: int | None = None,
         in_process: bool | None = None,
+        extra_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if in_process is None:
             # Tensor/pipeline parallel engines need worker processes of their own.
@@ -125,7 +141,14 @@ class VllmEngine:
         self.in_process = in_process
         self.model_path = model_path
         self.llm = LLM(
-            **engine_kwargs(model_path, cfg, device=device, seed=seed, max_model_len=max_model_len)
+            **engine_kwargs(
+                model_path,
+                cfg,
+                device=device,
+                seed=seed,
+                max_model_len=max_model_len,
+                extra_kwargs=extra_kwargs,
+            )
         )
         self.weights_version = 0
 
@@ -137,7 +160,7 @@ class VllmEngine:
         import torch
         from vllm.inputs import TokensPrompt
 
-        from hpcrl.core.generation.torch_sampler import pad_prompts
+        from hpcrl.core.generation.padding import pad_prompts
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         # As NeMo RL's vLLM workers: each request at most what its prompt leaves of the context.
@@ -236,7 +259,7 @@ def _assemble(
 ) -> dict[str, torch.Tensor]:
     import torch
 
-    from hpcrl.core.generation.torch_sampler import assemble_right_padded
+    from hpcrl.core.generation.padding import assemble_right_padded
 
     width = max((len(tokens) for tokens, _ in responses), default=0)
     tokens = torch.full((len(responses), width), pad_token_id, dtype=torch.long)
