@@ -19,8 +19,8 @@ import posixpath
 
 import attrs
 
-from hpcrl.run.jobspec import SUBMITIT_TASK_TAIL, JobSpec
 from hpcrl.plan.mounts import parse_mount, same_path_mount
+from hpcrl.run.jobspec import SUBMITIT_TASK_TAIL, JobSpec
 
 frozen = attrs.frozen(kw_only=True)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 import attrs
 
 from hpcrl.config.errors import UserError
+from hpcrl.plan.export_job import EXPORTS_DIR_NAME
 from hpcrl.run.checkpoints import (
     CONSOLIDATED_SUBDIR,
     EXPORT_RECORD,
@@ -26,7 +27,6 @@ from hpcrl.run.checkpoints import (
     checkpoint_folder,
     complete_checkpoints,
 )
-from hpcrl.plan.export_job import EXPORTS_DIR_NAME
 
 if TYPE_CHECKING:
     from hpcrl.run.jobspec import JobSpec

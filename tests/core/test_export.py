@@ -24,9 +24,9 @@ from tests.require import require_module
 require_module("ray")
 
 from hpcrl.cli.main import main as hpcrl_main  # noqa: E402
-from hpcrl.run.checkpoints import CONSOLIDATED_SUBDIR, EXPORT_RECORD  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
 from hpcrl.core.export import export_checkpoint  # noqa: E402
+from hpcrl.run.checkpoints import CONSOLIDATED_SUBDIR, EXPORT_RECORD  # noqa: E402
 from tests.core._driver_harness import write_local_plan, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import (  # noqa: E402
     make_batch,

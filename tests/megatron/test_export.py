@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from hpcrl.run.checkpoints import EXPORT_RECORD
 from hpcrl.core.export import export_checkpoint
+from hpcrl.run.checkpoints import EXPORT_RECORD
 from tests.megatron import export_ranks, harness
 from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
 from tests.megatron.test_roundtrip import _hf_logprobs
