@@ -49,9 +49,9 @@ def run_export(args: argparse.Namespace) -> int:
     from hpcrl.cli.jobs import _console
     from hpcrl.plan.export_job import default_out_dir
     from hpcrl.run.checkpoints import CONSOLIDATED_SUBDIR
+    from hpcrl.run.sweep_record import is_sweep_dir
     from hpcrl.submit.exports import is_complete_export, pick_checkpoint, run_plan
     from hpcrl.submit.hints import shown_path
-    from hpcrl.submit.sweep import is_sweep_dir
 
     run_dir = folder_path(args.run)
     _refuse_sweep(run_dir, is_sweep_dir(run_dir), "export")
