@@ -27,7 +27,7 @@ from hpcrl.cli.main import main as hpcrl_main  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
 from hpcrl.core.export import export_checkpoint  # noqa: E402
 from hpcrl.run.checkpoints import CONSOLIDATED_SUBDIR, EXPORT_RECORD  # noqa: E402
-from tests.core._driver_harness import write_local_plan, write_run_dir  # noqa: E402
+from tests.core._driver_harness import write_run_dir  # noqa: E402
 from tests.core.parallel_harness import (  # noqa: E402
     make_batch,
     make_recipe,
@@ -103,8 +103,7 @@ def test_save_consolidated_then_hpcrl_export_on_the_shipped_sft_recipe(
     capsys,
     monkeypatch,
 ):
-    run = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", SFT_RUN)
-    write_local_plan(run)
+    run = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", SFT_RUN)  # and its plan
     assert run_training(str(run)) == 0
     checkpoint = run / "checkpoints" / "step_000002"
     by_job = checkpoint / CONSOLIDATED_SUBDIR

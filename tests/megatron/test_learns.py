@@ -14,12 +14,7 @@ from tests.require import require_module
 require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import (  # noqa: E402
-    mean,
-    read_metrics,
-    write_local_plan,
-    write_run_dir,
-)
+from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 
@@ -46,7 +41,6 @@ def test_sft_loss_falls_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> N
         *SAVE_CONSOLIDATED_AT_THE_END,
     ]
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", overrides)
-    write_local_plan(run_dir)
     assert run_training(str(run_dir)) == 0
     metrics = [m for m in read_metrics(run_dir) if m["step"] > 0]
     assert [m["step"] for m in metrics] == list(range(1, 21))
