@@ -23,8 +23,16 @@ def register(subparsers: Any) -> None:
     export = subparsers.add_parser(
         "export", help="write a run's trained weights as a Hugging Face folder",
         description="Convert a checkpoint of RUN (the newest unless --step/--best) into a "
-        "Hugging Face folder (default RUN/exports/step_<N>) with the run's own Python: here for "
-        "a local run, as a one-node job (the run's image, mounts, account) for a Slurm run.",
+        "Hugging Face folder (safetensors, config.json, tokenizer) that transformers' "
+        "from_pretrained and vLLM load. It runs with the run's own Python and code: here, in a "
+        "subprocess, for a local run; as a one-node job with the run's image, mounts and "
+        "account for a Slurm run. Nothing is converted on the login node.",
+        epilog="Examples: hpcrl export runs/grpo-1b (newest checkpoint, to "
+        "runs/grpo-1b/exports/step_<N>); hpcrl export runs/grpo-1b --step 40 -o /models/grpo-40 "
+        "--wait. A checkpoint the job already wrote as <checkpoint>/hf "
+        "(checkpointing.save_consolidated) is named, not converted again. hpcrl status RUN "
+        "lists a run's exports. Exit codes: 0 written (or submitted without --wait), 1 the "
+        "export failed, 2 refused (no such step, no checkpoint, an occupied -o folder).",
     )  # fmt: skip
     export.add_argument("run", metavar="RUN", help="run folder (a sweep's point-<i> folder)")
     which = export.add_mutually_exclusive_group()
@@ -33,14 +41,19 @@ def register(subparsers: Any) -> None:
         "--best", action="store_true",
         help="the best checkpoint by the run's checkpointing.metric_name",
     )  # fmt: skip
-    export.add_argument("-o", "--out", metavar="DIR", help="folder to write (must not exist)")
     export.add_argument(
-        "--here", action="store_true",
-        help="a Slurm run without container: convert in this shell, not in an export job",
+        "-o", "--out", metavar="DIR",
+        help="folder to write (default RUN/exports/step_<N>); it must not exist or be empty",
     )  # fmt: skip
     export.add_argument(
-        "--wait", action="store_true", help="a Slurm run: wait until the export job has ended"
-    )
+        "--here", action="store_true",
+        help="a Slurm run without container: convert in this shell (e.g. inside an "
+        "allocation), not in an export job",
+    )  # fmt: skip
+    export.add_argument(
+        "--wait", action="store_true",
+        help="a Slurm run: wait until the export job has ended, showing its progress",
+    )  # fmt: skip
     export.set_defaults(func=run_export)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hpcrl.config.recipe import Recipe
 from hpcrl.run.checkpoints import EXPORT_RECORD, step_of_checkpoint
+from hpcrl.run.export_progress import ExportProgress, gib
 from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
 
 USAGE_EXIT_CODE = 2
@@ -61,10 +62,14 @@ def _importable(module: str) -> bool:
 
 
 def export_checkpoint(
-    recipe: Recipe, checkpoint_dir: str | Path, out_dir: str | Path, run_dir: str | Path
+    recipe: Recipe,
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    run_dir: str | Path,
+    say: ExportProgress | None = None,
 ) -> Path:
     """Write ``checkpoint_dir`` (a step folder of ``recipe``'s run) as a HF folder at
-    ``out_dir``, atomically; returns ``out_dir``."""
+    ``out_dir``, atomically; returns ``out_dir``. ``say``: each phase as it starts."""
     from hpcrl.core.models.tiny import resolve_model_path
 
     checkpoint, out = Path(checkpoint_dir), Path(out_dir)
@@ -76,12 +81,12 @@ def export_checkpoint(
     if recipe.backend == "megatron":
         from hpcrl.core.backends.megatron.export import export_in_subprocess
 
-        export_in_subprocess(recipe, checkpoint, partial, model_path)
+        export_in_subprocess(recipe, checkpoint, partial, model_path, say)
     else:
         from hpcrl.core.backends.automodel.export import export_dcp_to_hf
 
         tokenizer_path = recipe.policy.tokenizer.name or model_path
-        export_dcp_to_hf(checkpoint, partial, model_path, tokenizer_path)
+        export_dcp_to_hf(checkpoint, partial, model_path, tokenizer_path, say)
     write_record(partial, run_dir, checkpoint, step, recipe.backend, "hpcrl export")
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
@@ -114,9 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     except ExportError as error:
         print(f"hpcrl export: {error}", file=sys.stderr, flush=True)
         return USAGE_EXIT_CODE
-    print(f"exporting {checkpoint_dir} ({recipe.backend}) to {out_dir}", flush=True)
-    written = export_checkpoint(recipe, checkpoint_dir, out_dir, run_dir)
-    print(f"wrote {written}", flush=True)
+    say = ExportProgress()
+    say(f"exporting {checkpoint_dir} ({recipe.backend}) to {out_dir}")
+    written = export_checkpoint(recipe, checkpoint_dir, out_dir, run_dir, say)
+    size = sum(path.stat().st_size for path in written.glob("*.safetensors"))
+    say(f"wrote {written} ({gib(size)} of safetensors)")
     return 0
 
 
@@ -134,8 +141,8 @@ def _check_can_export(recipe: Recipe, checkpoint_dir: Path) -> None:
     if missing:
         raise ExportError(
             f"this Python ({sys.executable}) lacks {', '.join(missing)}, which exporting a "
-            f"{recipe.backend} checkpoint needs. Run the export with the job's Python (hpcrl "
-            "export does: the image's on a container run), or install them here"
+            f"checkpoint of the {recipe.backend} backend needs. Run the export with the job's "
+            "Python (hpcrl export does: the image's on a container run), or install them here"
         )
     if step_of_checkpoint(checkpoint_dir) is None or not checkpoint_dir.is_dir():
         raise ExportError(

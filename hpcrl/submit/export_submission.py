@@ -88,15 +88,21 @@ def wait_for_export(
     poll_s: float = WAIT_POLL_S,
 ) -> int:
     """Until the export job ends: 0 when the folder is complete, else 1 (the state and
-    the log are said)."""
+    the log are said). Each new state is said, and while it runs each new phase the export
+    writes to its log (reading, writing, with the time since it began)."""
+    from hpcrl.run.export_progress import newest_progress
     from hpcrl.submit.exports import is_complete_export
 
-    last_state = None
+    last_state, last_progress = None, None
     while not job.done():
         state = job.state
         if state != last_state and state != "UNKNOWN":  # sacct lags a fresh job by a second
             say(f"export job {job.job_id}: {state}")
             last_state = state
+        progress = newest_progress(job.paths.stdout)
+        if progress is not None and progress != last_progress:
+            say(f"export job {job.job_id}: {progress}")
+            last_progress = progress
         time.sleep(poll_s)
     if is_complete_export(out_dir):
         return 0

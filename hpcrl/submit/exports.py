@@ -27,6 +27,7 @@ from hpcrl.run.checkpoints import (
     checkpoint_folder,
     complete_checkpoints,
 )
+from hpcrl.submit.hints import command
 
 if TYPE_CHECKING:
     from hpcrl.run.jobspec import JobSpec
@@ -64,6 +65,10 @@ def run_plan(run_dir: Path) -> JobSpec:
     """The run's plan (``jobspec.json``): the Python, code and recipe its job ran with."""
     from hpcrl.run.jobspec_file import JobSpecError, JobSpecMissing, read_jobspec
 
+    if not run_dir.is_dir():
+        raise ExportRefused(
+            f"{run_dir} does not exist", "name a run folder (hpcrl status lists them)"
+        )
     try:
         return read_jobspec(run_dir)
     except JobSpecMissing:
@@ -101,8 +106,8 @@ def pick_checkpoint(run_dir: Path, step: int | None, best: bool) -> tuple[int, P
         why = "" if checkpoints.enabled else " (checkpointing.enabled is false)"
         raise ExportRefused(
             f"{run_dir}: no complete checkpoint in {checkpoints.folder}{why}: nothing to export",
-            "train with checkpointing.enabled=true (the last step is always saved), e.g. "
-            "hpcrl rerun RUN checkpointing.enabled=true",
+            "train with checkpointing.enabled=true (the last step is always saved): "
+            f"{command('rerun', run_dir, 'checkpointing.enabled=true')}",
         )
     by_step = dict(checkpoints.found)
     steps = ", ".join(str(s) for s in by_step)

@@ -27,6 +27,7 @@ from hpcrl.cli.main import main as hpcrl_main  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
 from hpcrl.core.export import export_checkpoint  # noqa: E402
 from hpcrl.run.checkpoints import CONSOLIDATED_SUBDIR, EXPORT_RECORD  # noqa: E402
+from hpcrl.run.export_progress import ExportProgress  # noqa: E402
 from tests.core._driver_harness import write_run_dir  # noqa: E402
 from tests.core.parallel_harness import (  # noqa: E402
     make_batch,
@@ -60,6 +61,7 @@ def test_export_of_an_fsdp_checkpoint_has_the_trained_policys_logprobs(
     ray_cluster,  # noqa: F811
     tiny_model_path,  # noqa: F811
     tmp_path,
+    capsys,
 ):
     recipe = make_recipe(lr=5e-3)
     recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, model_name=tiny_model_path))
@@ -74,7 +76,15 @@ def test_export_of_an_fsdp_checkpoint_has_the_trained_policys_logprobs(
     finally:
         policy.shutdown()
 
-    out = export_checkpoint(recipe, checkpoint, tmp_path / "hf", tmp_path)
+    capsys.readouterr()
+    out = export_checkpoint(recipe, checkpoint, tmp_path / "hf", tmp_path, ExportProgress())
+    phases = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert phases == [  # each phase said as it starts (hpcrl export --wait shows them)
+        # tiny qwen2: 2 layers of 12 tensors, the embedding, the final norm, the lm head
+        f"reading 27 model tensors (0.00 GiB) from {checkpoint / 'dcp'}",
+        f"writing the Hugging Face folder {tmp_path / 'hf.partial'} (safetensors, config, "
+        "tokenizer)",
+    ]
     mask = batch["attention_mask"].bool()
     exported = hf_logprobs(out, batch)
     torch.testing.assert_close(exported[mask], live[mask], atol=1e-5, rtol=0)

@@ -117,6 +117,58 @@ def test_the_export_module_names_what_its_python_lacks(tmp_path, monkeypatch, ca
     assert code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert err.startswith("hpcrl export: this Python (") and (
-        "lacks no-such-pkg, which exporting a automodel checkpoint needs" in err
+        "lacks no-such-pkg, which exporting a checkpoint of the automodel backend needs" in err
     )
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_missing_folder_or_a_sweep_is_refused_naming_what_to_give(cli, tmp_path):
+    code, _, err = cli("export", "nothere")
+    assert (code, err) == (2, f"hpcrl export: error: {tmp_path / 'nothere'} does not exist "
+                              "(fix: name a run folder (hpcrl status lists them))")  # fmt: skip
+    args = ("sweep", "sft-tiny-1n-cpu", "-c", "local", "--grid", "sft.seed=1,2", "-o", "sw")
+    assert cli(*args, "--no-submit")[0] == 0
+    code, _, err = cli("export", "sw")
+    assert code == 1
+    assert "is a sweep; hpcrl export takes one run" in err
+    assert "give one point folder (point-0, point-1)" in err
+
+
+class ExportJobStandIn:
+    """Stand-in for a submitit job whose export log grows while it runs (a real export job
+    ends before the 5 s poll sees a tiny model's phases: tests/slurm/test_export_job.py
+    submits the real one). ``done()`` is the poll: each call appends the next log line."""
+
+    def __init__(self, log: Path, lines: list[str]) -> None:
+        self.job_id, self.state, self.log, self.lines = "42", "PENDING", log, list(lines)
+        self.paths = type("Paths", (), {"stdout": log, "stderr": log})()
+
+    def done(self) -> bool:
+        if not self.lines:
+            self.state = "COMPLETED"
+            return True
+        self.state = "RUNNING"
+        with open(self.log, "a") as log:
+            log.write(self.lines.pop(0) + "\n")
+        return False
+
+
+def test_wait_shows_each_new_phase_the_export_job_logs(tmp_path):
+    from hpcrl.run.export_progress import newest_progress
+    from hpcrl.submit.export_submission import wait_for_export
+
+    log = tmp_path / "42_0_log.out"
+    assert newest_progress(log) is None  # no log yet
+    lines = ["submitit noise", "hpcrl export: [    0 s] reading 24 model tensors (0.01 GiB) "
+             "from /c/dcp", "more noise", "hpcrl export: [    3 s] writing the Hugging Face "
+             "folder /o.partial (safetensors, config, tokenizer)"]  # fmt: skip
+    said: list[str] = []
+    code = wait_for_export(ExportJobStandIn(log, lines), tmp_path / "out", said.append, 0.0)
+    assert code == 1  # the stand-in writes no folder: the log is named
+    assert said == [
+        "export job 42: RUNNING",
+        "export job 42: [    0 s] reading 24 model tensors (0.01 GiB) from /c/dcp",
+        "export job 42: [    3 s] writing the Hugging Face folder /o.partial (safetensors, "
+        "config, tokenizer)",
+        f"export job 42 ended COMPLETED without writing {tmp_path / 'out'}; its log: {log}",
+    ]

@@ -17,11 +17,14 @@ from typing import Any
 
 from hpcrl.core.backends.automodel.checkpoint import DCP_SUBDIR
 from hpcrl.core.backends.automodel.model import hf_named_tensors
+from hpcrl.run.export_progress import ExportProgress, gib
 
 MODEL_KEY_PREFIX = "model."
 
 
-def read_model_tensors(checkpoint_dir: str | Path) -> dict[str, Any]:
+def read_model_tensors(
+    checkpoint_dir: str | Path, say: ExportProgress | None = None
+) -> dict[str, Any]:
     """Every model tensor of the DCP checkpoint, whole, with Hugging Face names."""
     import torch
     import torch.distributed.checkpoint as dcp
@@ -38,6 +41,9 @@ def read_model_tensors(checkpoint_dir: str | Path) -> dict[str, Any]:
             f"{dcp_dir} holds no model tensors: it is not a checkpoint of hpcrl's Automodel "
             "backend (a Megatron run's checkpoint holds megatron/ instead)"
         )
+    if say is not None:
+        num_bytes = sum(t.numel() * t.element_size() for t in wanted.values())
+        say(f"reading {len(wanted)} model tensors ({gib(num_bytes)}) from {dcp_dir}")
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(wanted, checkpoint_id=dcp_dir, no_dist=True)
@@ -46,7 +52,11 @@ def read_model_tensors(checkpoint_dir: str | Path) -> dict[str, Any]:
 
 
 def export_dcp_to_hf(
-    checkpoint_dir: str | Path, out_dir: str | Path, model_path: str, tokenizer_path: str
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    model_path: str,
+    tokenizer_path: str,
+    say: ExportProgress | None = None,
 ) -> None:
     """Write ``checkpoint_dir``'s weights as a HF folder (safetensors, config, generation
     config, tokenizer) to ``out_dir``, in the dtype training kept them in."""
@@ -55,7 +65,7 @@ def export_dcp_to_hf(
 
     from hpcrl.core.models.tokenizer import load_tokenizer
 
-    weights = read_model_tensors(checkpoint_dir)
+    weights = read_model_tensors(checkpoint_dir, say)
     dtype = next(iter(weights.values())).dtype
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
@@ -70,6 +80,8 @@ def export_dcp_to_hf(
         )
     model.tie_weights()
     model.config.use_cache = True  # training switched it off; generation wants it
+    if say is not None:
+        say(f"writing the Hugging Face folder {out_dir} (safetensors, config, tokenizer)")
     model.save_pretrained(out_dir)
     load_tokenizer(tokenizer_path).save_pretrained(out_dir)
 

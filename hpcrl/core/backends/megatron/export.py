@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
+from hpcrl.run.export_progress import ExportProgress
+
 if TYPE_CHECKING:
     from hpcrl.config.recipe import MegatronCfg, Recipe
 
@@ -48,12 +50,16 @@ def single_rank_cfg(cfg: MegatronCfg) -> MegatronCfg:
 
 
 def export_in_subprocess(
-    recipe: Recipe, checkpoint_dir: str | Path, out_dir: str | Path, model_path: str
+    recipe: Recipe,
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    model_path: str,
+    say: ExportProgress | None = None,
 ) -> None:
     """``export_torch_dist_to_hf`` in a spawned child (one gloo rank, CPU layer)."""
     child = multiprocessing.get_context("spawn").Process(
         target=_export_child,
-        args=(recipe, str(checkpoint_dir), str(out_dir), model_path),
+        args=(recipe, str(checkpoint_dir), str(out_dir), model_path, say),
         name="hpcrl-megatron-export",
     )
     child.start()
@@ -65,7 +71,9 @@ def export_in_subprocess(
         )
 
 
-def _export_child(recipe: Recipe, checkpoint_dir: str, out_dir: str, model_path: str) -> None:
+def _export_child(
+    recipe: Recipe, checkpoint_dir: str, out_dir: str, model_path: str, say: ExportProgress | None
+) -> None:
     import torch.distributed as dist
 
     from hpcrl.core.backends.megatron.cpu_compat import apply_for_process
@@ -79,7 +87,7 @@ def _export_child(recipe: Recipe, checkpoint_dir: str, out_dir: str, model_path:
     )
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        export_torch_dist_to_hf(recipe, checkpoint_dir, out_dir, model_path)
+        export_torch_dist_to_hf(recipe, checkpoint_dir, out_dir, model_path, say)
     finally:
         from megatron.core import parallel_state
 
@@ -93,7 +101,11 @@ def _export_child(recipe: Recipe, checkpoint_dir: str, out_dir: str, model_path:
 
 
 def export_torch_dist_to_hf(
-    recipe: Recipe, checkpoint_dir: str | Path, out_dir: str | Path, model_path: str
+    recipe: Recipe,
+    checkpoint_dir: str | Path,
+    out_dir: str | Path,
+    model_path: str,
+    say: ExportProgress | None = None,
 ) -> None:
     """In a process whose default group has one rank (and, on CPU, the CPU layer applied)."""
     from hpcrl.core.backends.megatron.bridge_compat import save_hf_pretrained
@@ -102,8 +114,12 @@ def export_torch_dist_to_hf(
 
     cfg = single_rank_cfg(recipe.policy.megatron_cfg)
     initialize_parallel_state(cfg, seed=0)
+    say = say or ExportProgress(quiet=True)
+    say(f"building the model of {model_path} on one rank (TP=PP=1)")
     chunks = build_model_without_init(recipe, cfg, model_path)
+    say(f"loading the checkpoint's model tensors from {Path(checkpoint_dir) / MEGATRON_SUBDIR}")
     load_model_weights(chunks, Path(checkpoint_dir) / MEGATRON_SUBDIR)
+    say(f"writing the Hugging Face folder {out_dir} (megatron-bridge)")
     save_hf_pretrained(build_bridge(model_path), chunks, str(out_dir))
 
 
