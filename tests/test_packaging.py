@@ -223,6 +223,22 @@ def test_cli_start_up_imports_no_heavy_module(command, tmp_path):
         assert not rendering, f"hpcrl {command} renders and submits nothing: {rendering}"
 
 
+def test_export_start_up_imports_no_heavy_module(tmp_path):
+    """``hpcrl export`` picks the checkpoint and refuses on the login node with hpcrl alone
+    (torch, transformers, megatron only in the export's own process, with the run's Python);
+    here down to a checkpoint whose Hugging Face folder the job already wrote."""
+    cli_start_up_modules(["render", "sft-tiny-1n-cpu", "--cluster", "local", "-o", "run"], tmp_path)
+    written_by_job = tmp_path / "run" / "checkpoints" / "step_000001" / "hf"
+    written_by_job.mkdir(parents=True)
+    (written_by_job / "hpcrl_export.json").write_text("{}")
+    loaded = cli_start_up_modules(["export", "run"], tmp_path)
+    assert "hpcrl.submit.exports" in loaded  # the run went down export's path
+    tops = {name.split(".")[0] for name in loaded}
+    assert sorted(tops & set(HEAVY_AT_START_UP)) == []
+    others = tops - set(sys.stdlib_module_names) - {"hpcrl"} - START_UP_PACKAGES
+    assert sorted(name for name in others if not _cython_runtime(name)) == []
+
+
 LOGIN_PACKAGES = ("config", "run", "plan", "render", "submit", "report", "cli")
 IMPORT_EVERY_LOGIN_MODULE = f"""
 import importlib, pkgutil, sys

@@ -119,4 +119,13 @@ def _one_run(run: Any, width: int | None) -> list[str]:
     else:
         commands = [("logs", command("logs", Path(run.path)))]
     loggers = logger_lines(Path(run.path), resolved_recipe(Path(run.path)))
-    return detail_lines(run, [("loggers", "\n".join(loggers))], width, commands)
+    exports = export_lines(Path(run.path))
+    extra = [("loggers", "\n".join(loggers)), ("exports", "\n".join(exports))]
+    return detail_lines(run, extra, width, commands)
+
+
+def export_lines(run_dir: Path) -> list[str]:
+    """Where the run's Hugging Face folders are (``hpcrl.submit.exports``), one per line."""
+    from hpcrl.submit.exports import describe_export, list_exports
+
+    return [describe_export(entry) for entry in list_exports(run_dir)]

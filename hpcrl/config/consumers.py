@@ -271,6 +271,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "checkpointing.keep_top_k": (STORE,),
     "checkpointing.metric_name": (STORE,),
     "checkpointing.higher_is_better": (STORE,),
+    "checkpointing.save_consolidated": (STORE,),
     # ------------------------------------------------------------------ logger
     "logger.log_dir": (LOGGERS,),
     "logger.wandb_enabled": (LOGGERS,),

@@ -278,12 +278,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "file format of NeMo RL's HF weight export; hpcrl's checkpoints are DCP (Automodel) or "
         "torch_dist (Megatron) and resume the same way whatever this says",
     ),
-    off_only(
-        "checkpointing.save_consolidated",
-        f"consolidated HF exports at save time are {NOT_YET}",
-        False,
-        None,
-    ),
     inert(
         "sft.val_micro_batch_size",
         "micro-batch of the validation pass: how the validation loss is batched, not its value",

@@ -155,6 +155,17 @@ def rule_checkpointing_ranges(recipe: Recipe) -> list[Problem]:
     problems += _at_least(
         "checkpointing.keep_top_k", cfg.keep_top_k, 1, "keep at least one, or null to keep all"
     )
+    if cfg.save_consolidated and not cfg.enabled:
+        problems.append(
+            Problem(
+                path="checkpointing.save_consolidated",
+                value=True,
+                message="writes a Hugging Face folder beside each saved checkpoint, but "
+                "checkpointing.enabled is false: nothing is saved",
+                fix="set checkpointing.enabled=true (and checkpointing.save_period=N), or "
+                "export after the run with hpcrl export RUN",
+            )
+        )
     return problems
 
 

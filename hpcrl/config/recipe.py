@@ -406,6 +406,9 @@ class CheckpointingCfg:
     # train:loss) and the newest; None: the newest keep_top_k
     metric_name: str | None = None
     higher_is_better: bool = True
+    # NeMo RL's key: also write each saved checkpoint's weights as a Hugging Face folder
+    # (safetensors, config, tokenizer) in <checkpoint>/hf, which from_pretrained and vLLM load
+    save_consolidated: bool = False
 
 
 @frozen

@@ -285,6 +285,9 @@ def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> Checkpoin
         cfg.keep_top_k,
         metric=record_key(recipe.algorithm, cfg.metric_name) if cfg.metric_name else None,
         higher_is_better=cfg.higher_is_better,
+        consolidated=(
+            {"run_dir": str(run_dir), "backend": recipe.backend} if cfg.save_consolidated else None
+        ),
     )
 
 
@@ -354,7 +357,7 @@ def _run_logged_steps(
             print(format_progress(step, num_steps, record), flush=True)
             extra = {"data_position": sampler.position.to_dict()}
             if watch.requested():
-                saved = store.save(step, extra, record)
+                saved = store.save(step, extra, record, in_a_hurry=True)
                 print(f"preemption requested: saved {saved} after step {step}; exiting with "
                       f"code {PREEMPTED_EXIT_CODE} to be requeued", flush=True)  # fmt: skip
                 return PREEMPTED_EXIT_CODE

@@ -114,7 +114,9 @@ class RecordingPolicy:
     def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         return json.loads((Path(checkpoint_dir) / "extra_state.json").read_text())
 
-    def export_hf(self, out_dir: str) -> None: ...
+    def export_hf(self, out_dir: str) -> None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "model.safetensors").write_text("")
 
     def collect_state(self) -> list[Mapping[str, Any]]:
         return []

@@ -344,6 +344,7 @@ CHANGES: dict[str, Change] = {
     "checkpointing.higher_is_better": Change(
         False, {"checkpointing.keep_top_k": 1, "checkpointing.metric_name": "val:accuracy"}
     ),
+    "checkpointing.save_consolidated": Change(True),
     "logger.log_dir": Change("other_logs", {"logger.tensorboard_enabled": True}),
     "logger.mlflow_enabled": Change(True),
     "logger.monitor_gpus": Change(True),

@@ -12,13 +12,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.run.checkpoints import complete_checkpoints, latest_checkpoint, step_dir_name
+from hpcrl.run.checkpoints import (
+    CONSOLIDATED_SUBDIR,
+    METRICS_INDEX,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_dir_name,
+)
 from hpcrl.run.markers import PREEMPT_FILE
 
 if TYPE_CHECKING:
     from hpcrl.core.policy import Policy
-
-METRICS_INDEX = "checkpoint_metrics.json"
 
 
 class CheckpointStore:
@@ -37,6 +41,7 @@ class CheckpointStore:
         keep: int | None,
         metric: str | None = None,
         higher_is_better: bool = True,
+        consolidated: Mapping[str, str] | None = None,
     ) -> None:
         self.policy = policy
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -44,6 +49,8 @@ class CheckpointStore:
         self.keep = keep
         self.metric = metric
         self.higher_is_better = higher_is_better
+        # save_consolidated: also write <checkpoint>/hf; the run_dir and backend to record
+        self.consolidated = consolidated
 
     def due(self, step: int) -> bool:
         return (
@@ -51,15 +58,37 @@ class CheckpointStore:
         )
 
     def save(
-        self, step: int, extra_state: Mapping[str, Any], record: Mapping[str, Any] | None = None
+        self,
+        step: int,
+        extra_state: Mapping[str, Any],
+        record: Mapping[str, Any] | None = None,
+        *,
+        in_a_hurry: bool = False,
     ) -> Path:
+        """``in_a_hurry`` (a preemption's save, before Slurm's kill): no Hugging Face folder,
+        which ``hpcrl export`` can write later from the checkpoint."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         target = self.checkpoint_dir / step_dir_name(step)
         self.policy.save_checkpoint(str(target), {**extra_state, "step": step})
+        if self.consolidated is not None and not in_a_hurry:
+            self._write_consolidated(target, step, self.consolidated)
         if self.metric is not None:
             self._remember(step, (record or {}).get(self.metric))
         self._prune()
         return target
+
+    def _write_consolidated(self, target: Path, step: int, about: Mapping[str, str]) -> None:
+        """``<checkpoint>/hf``: the weights just saved as a Hugging Face folder, complete or
+        absent (written as ``hf.partial``, renamed last)."""
+        from hpcrl.core.export import write_record
+
+        folder = target / CONSOLIDATED_SUBDIR
+        partial = target / f"{CONSOLIDATED_SUBDIR}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        self.policy.export_hf(str(partial))
+        write_record(partial, about["run_dir"], target, step, about["backend"],
+                     "checkpointing.save_consolidated")  # fmt: skip
+        partial.rename(folder)
 
     def _remember(self, step: int, value: Any) -> None:
         index = self._metrics()
