@@ -1,7 +1,7 @@
 """NeMo RL's own example configs through ``hpcrl validate`` and ``hpcrl render``, unmodified.
 
     .venv/bin/python benchmarks/nemo_rl_configs.py ../shared/nemo-rl/main-7ea279a [--cluster eos]
-        [--all] [--bar 0.95] [--quiet]
+        [--all] [--bar 0.95] [--quiet] [--unlocks]
 
 FOLDER is laid out like NeMo RL's repository (``examples/configs/...``). Every GRPO and SFT
 config (``family``: not DPO, distillation, PPO, RM, VLM/audio, eval; ``--all`` lists the others
@@ -11,7 +11,8 @@ too, outside the total; so does a config whose ``defaults:`` names a file the fo
 line per config: validate rc, render rc, the config, the first error. Then the totals: how
 many validate and render, the share that passes both, and the tracebacks (any exception
 other than a ConfigError/UserError the CLI reports: always a bug). Exit 1 when the share is
-below ``--bar`` or any traceback occurred.
+below ``--bar`` or any traceback occurred. ``--unlocks``: every error of each refused config
+counted per feature, to find which features unlock the most configs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import re
 import sys
 import tempfile
 import time
@@ -43,6 +45,8 @@ MULTIMODAL_WORDS = ("vlm", "avlm", "audio", "omni", "video")
 TRACEBACK = "TRACEBACK"
 #: The families the total counts: what hpcrl trains.
 COUNTED = ("grpo", "sft")
+#: Free-form mappings: a refusal of any entry of one is a refusal of the mapping.
+FREE_FORM = ("env_vars", "hf_config_overrides", "chat_template_kwargs")
 
 
 @attrs.frozen
@@ -54,6 +58,8 @@ class Outcome:
     validate_rc: int | None = None
     render_rc: int | None = None
     first_error: str = ""
+    #: the paths of every error of the step that failed (not only the first)
+    refused: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -102,25 +108,47 @@ def missing_bases(path: Path) -> list[Path]:
     return missing
 
 
-def run_cli(argv: Sequence[str]) -> tuple[int, str]:
-    """(exit code, first error) of one ``hpcrl`` command run in this process."""
+@attrs.frozen
+class CliResult:
+    """One ``hpcrl`` command: exit code, first error, the paths of all its errors."""
+
+    rc: int
+    first_error: str = ""
+    refused: tuple[str, ...] = ()
+
+
+def run_cli(argv: Sequence[str]) -> CliResult:
+    """One ``hpcrl`` command run in this process."""
     from hpcrl.cli.main import main
     from hpcrl.config.errors import ConfigError, UserError
 
     out, err = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            return main(["--debug", *argv]), ""
+            return CliResult(main(["--debug", *argv]))
     except ConfigError as error:
-        first = error.errors[0] if error.errors else error.problems[0]
-        return 2, " ".join(first.format().split())
+        errors = error.errors or error.problems
+        paths = tuple(dict.fromkeys(feature_of(problem.path) for problem in errors))
+        return CliResult(2, " ".join(errors[0].format().split()), paths)
     except UserError as error:
-        return 2, " ".join(str(error).split())
+        return CliResult(2, " ".join(str(error).split()), ("(user error)",))
     except SystemExit as exit_:  # argparse
         code = exit_.code if isinstance(exit_.code, int) else 2
-        return code, " ".join(err.getvalue().split())[-300:]
+        return CliResult(code, " ".join(err.getvalue().split())[-300:], ("(argparse)",))
     except Exception as error:
-        return 1, f"{TRACEBACK} {type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        text = f"{TRACEBACK} {type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        return CliResult(1, text, (TRACEBACK,))
+
+
+def feature_of(path: str) -> str:
+    """A refused path as the feature it names: list indices and the names inside free-form
+    mappings (env_vars.X, hf_config_overrides.X) dropped."""
+    path = re.sub(r"\[\d+\]", "", path)
+    for mapping in FREE_FORM:
+        head, found, _ = path.partition(f".{mapping}.")
+        if found:
+            return f"{head}.{mapping}"
+    return path
 
 
 def check(
@@ -133,17 +161,17 @@ def check(
     kind = family(path, root, cache)
     if kind not in COUNTED:
         return Outcome(config=name, family=kind)
-    validate_rc, validate_error = (
-        run_cli(["validate", str(path), "--cluster", cluster]) if validate else (None, "")
-    )
+    validated = run_cli(["validate", str(path), "--cluster", cluster]) if validate else None
     out = runs / name.replace("/", "__").removesuffix(".yaml")
-    render_rc, render_error = run_cli(["render", str(path), "--cluster", cluster, "-o", str(out)])
+    rendered = run_cli(["render", str(path), "--cluster", cluster, "-o", str(out)])
+    failed = validated if validated is not None and validated.rc != 0 else rendered
     return Outcome(
         config=name,
         family=kind,
-        validate_rc=render_rc if validate_rc is None else validate_rc,
-        render_rc=render_rc,
-        first_error=validate_error or render_error,
+        validate_rc=rendered.rc if validated is None else validated.rc,
+        render_rc=rendered.rc,
+        first_error=failed.first_error,
+        refused=failed.refused,
     )
 
 
@@ -189,17 +217,36 @@ def report(outcomes: list[Outcome], show_all: bool, quiet: bool) -> str:
     return "\n".join(lines)
 
 
+def unlocks(outcomes: list[Outcome]) -> str:
+    """Which refused features unlock the most configs: per feature, the configs it is the
+    only blocker of ("alone") and the configs it blocks at all ("in"). A config's features
+    are those of the step that failed: render's own refusals show only once validate passes,
+    so "alone" is an upper bound for a config that validates after the fix."""
+    failed = [o for o in outcomes if o.validate_rc is not None and not o.passed]
+    alone = Counter(o.refused[0] for o in failed if len(o.refused) == 1)
+    within = Counter(feature for o in failed for feature in o.refused)
+    lines = ["", f"{'alone':>5} {'in':>4}  refused feature (every error of the failing step)"]
+    for feature, count in within.most_common():
+        lines.append(f"{alone[feature]:>5} {count:>4}  {feature}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="NeMo RL folder (examples/configs inside)")
     parser.add_argument("--cluster", default="eos", help="cluster profile (default: eos)")
     parser.add_argument("--all", action="store_true", help="list the configs not counted too")
     parser.add_argument("--quiet", action="store_true", help="totals only")
+    parser.add_argument(
+        "--unlocks", action="store_true", help="count every refusal per feature, not the first"
+    )
     parser.add_argument("--bar", type=float, default=0.95, help="exit 1 below this share")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     outcomes = run_all(args.folder, args.cluster)
     print(report(outcomes, args.all, args.quiet))
+    if args.unlocks:
+        print(unlocks(outcomes))
     print(f"({time.perf_counter() - started:.1f} s)")
     passed, counted = share_passed(outcomes)
     below = passed < args.bar * counted

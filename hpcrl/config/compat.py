@@ -53,6 +53,10 @@ UNKNOWN = "unknown key: an error today"
 #: schema fields that hold free-form mappings: a key below one is its field's
 FREE_FORM = (
     "policy.megatron_cfg.env_vars",
+    "policy.automodel_cfg.env_vars",
+    "policy.hf_config_overrides",
+    "policy.tokenizer.chat_template_kwargs",
+    "policy.generation.vllm_cfg.env_vars",
     "policy.megatron_cfg.model_overrides",
     "policy.optimizer.kwargs",
     "policy.generation.vllm_kwargs",

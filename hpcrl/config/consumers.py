@@ -23,6 +23,7 @@ LAYOUT = "hpcrl.plan.layout:plan_layout"
 GEN_PLAN = "hpcrl.plan.generation:plan_generation"
 ENGINE = "hpcrl.core.generation.engine:engine_spec"
 VLLM_ARGS = "hpcrl.core.generation.vllm_engine:engine_kwargs"
+VLLM_ENV = "hpcrl.core.generation.vllm_engine:engine_env"
 DIST = "hpcrl.core.token_distribution:TokenDistribution.of_generation"
 BATCHING = "hpcrl.core.workers.micro_batches:BatchingSettings.from_recipe"
 GRPO_STEP = "hpcrl.core.algorithms.grpo:grpo_step"
@@ -71,6 +72,7 @@ MG_OPTIM = "hpcrl.core.backends.megatron.model:optimizer_config"
 MG_SCHED = "hpcrl.core.backends.megatron.model:scheduler_settings"
 MG_DDP = "hpcrl.core.backends.megatron.model:ddp_config"
 JOB_ENV = "hpcrl.plan.planner:_job_env"
+AM_LOAD = "hpcrl.core.backends.automodel.model:load_hf_model"
 
 #: schema path (hpcrl's spelling) -> the sites that read its value and act on it
 CONSUMED_BY: dict[str, tuple[str, ...]] = {
@@ -78,6 +80,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.model_name": ("hpcrl.core.driver:train_recipe", "hpcrl.plan.hf_cache:model_names"),
     "policy.tokenizer.name": (ENGINE, "hpcrl.core.data.prompts:load_tokenizer"),
     "policy.tokenizer.chat_template": (EXPAND, "hpcrl.core.data.prompts:load_tokenizer"),
+    "policy.tokenizer.chat_template_kwargs": (EXPAND, SFT_BATCH),
     "policy.train_global_batch_size": (TRAIN, "hpcrl.plan.layout:check_batch_sizes"),
     "policy.train_micro_batch_size": (BATCHING,),
     "policy.logprob_batch_size": (BATCHING,),
@@ -109,6 +112,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.generation.vllm_cfg.max_model_len": (VLLM_ARGS,),
     "policy.generation.vllm_cfg.enforce_eager": (VLLM_ARGS,),
     "policy.generation.vllm_cfg.enable_prefix_caching": (VLLM_ARGS,),
+    "policy.generation.vllm_cfg.env_vars": (ENGINE, VLLM_ENV),
     "policy.generation.vllm_kwargs": (ENGINE, VLLM_ARGS),
     # ------------------------------------------------------------------ micro-batching
     "policy.dynamic_batching.enabled": (BATCHING,),
@@ -126,6 +130,8 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.tensor_parallel_size": (LAYOUT,),
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
+    "policy.automodel_cfg.env_vars": (JOB_ENV,),
+    "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
     "policy.megatron_cfg.tensor_model_parallel_size": (LAYOUT, MG_PROVIDER),

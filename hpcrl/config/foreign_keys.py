@@ -104,12 +104,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         False,
         None,
     ),
-    off_only(
-        "policy.tokenizer.chat_template_kwargs",
-        f"extra chat-template arguments are {NOT_YET}",
-        None,
-        {},
-    ),
     # ---------------------------------------------------------------- automodel_cfg (dtensor_cfg)
     inert(
         "policy.automodel_cfg._v2",
@@ -120,13 +114,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "policy.automodel_cfg.custom_parallel_plan",
         f"custom tensor-parallel plans are {NOT_YET} (hpcrl applies its own plan)",
         None,
-    ),
-    off_only(
-        "policy.automodel_cfg.env_vars",
-        f"per-backend environment variables are {NOT_YET} for Automodel: set them in the "
-        "cluster profile's env",
-        None,
-        {},
     ),
     # automodel_kwargs: the named entries first (each takes its key out), then what is left
     inert(

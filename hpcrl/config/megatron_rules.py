@@ -387,8 +387,30 @@ def rule_clip_grad(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_hf_config_overrides(recipe: Recipe) -> list[Problem]:
+    """The Megatron backend builds its model from a Megatron checkpoint converted once per
+    model (``hpcrl.core.backends.megatron.conversion``) and its provider from the HF config
+    as it is on disk: a changed HF config would reach neither (nor the cache key of the
+    conversion), so the change would be silently lost."""
+    if not megatron_enabled(recipe):
+        return []
+    return [
+        Problem(
+            path=f"policy.hf_config_overrides.{key}",
+            value=value,
+            message="changes to the Hugging Face config are not applied by hpcrl's Megatron "
+            "backend yet (its provider and converted checkpoint come from the config on disk)",
+            fix=f"remove policy.hf_config_overrides.{key}, set the value in a copy of the "
+            "model's config.json, or train with the Automodel backend "
+            "(policy.automodel_cfg.enabled=true), which applies it",
+        )
+        for key, value in sorted(recipe.policy.hf_config_overrides.items())
+    ]
+
+
 MEGATRON_RULES = (
     rule_megatron_parallel_sizes,
+    rule_hf_config_overrides,
     rule_clip_grad,
     rule_context_parallel,
     rule_sequence_parallel,

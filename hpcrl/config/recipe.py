@@ -30,6 +30,8 @@ class TokenizerCfg:
 
     name: str | None = None
     chat_template: str | None = None
+    # more arguments of every apply_chat_template call (NeMo RL's; e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
 @frozen
@@ -91,6 +93,8 @@ class VllmCfg:
     enforce_eager: bool = False
     kv_cache_memory_mb: int | None = None  # CPU engines: bound the KV cache explicitly
     enable_prefix_caching: bool | None = None  # None: vLLM's own default
+    # set in each vLLM engine's environment before it starts (NeMo RL: its vLLM workers')
+    env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
 @frozen
@@ -168,6 +172,9 @@ class AutomodelCfg:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
+    # policy workers), as megatron_cfg.env_vars is for a Megatron one
+    env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
 @frozen
@@ -192,6 +199,9 @@ class PolicyCfg:
     make_sequence_length_divisible_by: int | None = 1  # None: 1
     automodel_cfg: AutomodelCfg = attrs.field(factory=AutomodelCfg)
     megatron_cfg: MegatronCfg = attrs.field(factory=MegatronCfg)
+    # changes to the model's Hugging Face config (hpcrl.core.models.hf_config), for training
+    # and sampling alike; a nested mapping changes the sub-config it names
+    hf_config_overrides: dict[str, Any] = attrs.field(factory=dict)
 
 
 # --------------------------------------------------------------------------- algorithms

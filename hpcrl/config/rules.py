@@ -357,7 +357,30 @@ RESERVED_VLLM_KWARGS = {
     "disable_log_stats": "nothing: hpcrl reads vLLM's token counts",
     "gpu_memory_utilization": "policy.generation.vllm_cfg.gpu_memory_utilization",
     "enable_prefix_caching": "policy.generation.vllm_cfg.enable_prefix_caching",
+    "hf_overrides": "policy.hf_config_overrides",
 }
+
+
+#: apply_chat_template arguments hpcrl sets itself (hpcrl.core.data.prompts.encode_prompt,
+#: hpcrl.core.data.named._render): policy.tokenizer.chat_template_kwargs may not give them.
+RESERVED_CHAT_TEMPLATE_KWARGS = ("conversation", "tokenize", "add_generation_prompt")
+
+
+def rule_chat_template_kwargs(recipe: Recipe) -> list[Problem]:
+    """``chat_template_kwargs`` reach every apply_chat_template call, except what hpcrl sets."""
+    return [
+        Problem(
+            path=f"policy.tokenizer.chat_template_kwargs.{name}",
+            value=value,
+            message="hpcrl sets this apply_chat_template argument itself (the messages, "
+            "token ids or text, and the generation prompt per data set)",
+            fix="remove it (data.add_generation_prompt decides the generation prompt of SFT)"
+            if name == "add_generation_prompt"
+            else "remove it",
+        )
+        for name, value in sorted(recipe.policy.tokenizer.chat_template_kwargs.items())
+        if name in RESERVED_CHAT_TEMPLATE_KWARGS
+    ]
 
 
 def rule_vllm_kwargs(recipe: Recipe) -> list[Problem]:
@@ -409,6 +432,7 @@ RECIPE_RULES = (
     rule_async_grpo,
     rule_generation,
     rule_vllm_kwargs,
+    rule_chat_template_kwargs,
     rule_node_split,
     rule_automodel_context_parallel,
     *LOSS_RULES,

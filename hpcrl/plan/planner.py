@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from hpcrl.config.env_rules import VLLM_ENV_VARS, training_env_vars
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan import generation as generation_checks
@@ -250,16 +251,18 @@ def _job_env(
     compile_env: dict[str, str],
     findings: Findings,
 ) -> tuple[tuple[str, str], ...]:
-    """hpcrl's defaults < the profile's env < the Megatron recipe's env_vars; sorted by name.
-    The compile caches' variables are hpcrl's alone (``compile_cache_dir`` sets them)."""
+    """hpcrl's defaults < the profile's env < the training backend's env_vars (Megatron's or
+    Automodel's); sorted by name. vLLM's env_vars are checked here but set by each engine
+    (``hpcrl.core.generation.vllm_engine.engine_env``), in its processes only. The compile
+    caches' variables are hpcrl's alone (``compile_cache_dir`` sets them)."""
     env = dict(DEFAULT_ENV)
-    sources = [(profile_path(profile, "env"), profile.env)]
-    if recipe.backend == "megatron":
-        sources.append(("policy.megatron_cfg.env_vars", recipe.policy.megatron_cfg.env_vars))
+    sources = [(profile_path(profile, "env"), profile.env), training_env_vars(recipe)]
     for section, values in sources:
         for name, value in values.items():
             if _check_env_name(f"{section}.{name}", name, findings):
                 env[name] = str(value)
+    for name in recipe.policy.generation.vllm_cfg.env_vars:
+        _check_env_name(f"{VLLM_ENV_VARS}.{name}", name, findings)
     env.update(compile_env)
     env["HPCRL_RUN_DIR"] = run_dir
     return tuple(sorted(env.items()))
@@ -368,11 +371,11 @@ def _check_no_nul(recipe: Recipe, profile: ClusterProfile, findings: Findings) -
     if profile.container is not None:
         values += [(profile_path(profile, "container.image"), profile.container.image)]
         values += [(profile_path(profile, "container.workdir"), profile.container.workdir or "")]
-    if recipe.backend == "megatron":
-        values += [
-            (f"policy.megatron_cfg.env_vars.{name}", str(value))
-            for name, value in recipe.policy.megatron_cfg.env_vars.items()
-        ]
+    for section, env_vars in (
+        training_env_vars(recipe),
+        (VLLM_ENV_VARS, recipe.policy.generation.vllm_cfg.env_vars),
+    ):
+        values += [(f"{section}.{name}", str(value)) for name, value in env_vars.items()]
     for path, value in values:
         if "\0" in value:
             findings.error(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hpcrl.config.env_rules import training_env_vars
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
@@ -62,6 +63,6 @@ def _named_variables(recipe: Recipe, profile: ClusterProfile) -> Iterable[tuple[
         yield profile_path(profile, f"env.{name}"), name
     for index, name in enumerate(profile.pass_env):
         yield profile_path(profile, f"pass_env[{index}]"), name
-    if recipe.backend == "megatron":
-        for name in recipe.policy.megatron_cfg.env_vars:
-            yield f"policy.megatron_cfg.env_vars.{name}", name
+    section, env_vars = training_env_vars(recipe)
+    for name in env_vars:
+        yield f"{section}.{name}", name

@@ -197,7 +197,7 @@ def plan_probe(recipe: Recipe, tmp: Path) -> Any:
 
 def engine_probe(recipe: Recipe, tmp: Path) -> Any:
     from hpcrl.core.generation.engine import engine_spec
-    from hpcrl.core.generation.vllm_engine import engine_kwargs
+    from hpcrl.core.generation.vllm_engine import engine_env, engine_kwargs
 
     spec = engine_spec(recipe, "/models/m", "cuda")
     kwargs = None
@@ -209,8 +209,20 @@ def engine_probe(recipe: Recipe, tmp: Path) -> Any:
             seed=spec.seed,
             max_model_len=spec.max_model_len,
             extra_kwargs=spec.vllm_kwargs,
+            hf_overrides=spec.hf_config_overrides,
         )
-    return {"spec": plain(spec), "vllm_kwargs": plain(kwargs)}
+    env = engine_env("cuda", True, spec.vllm_cfg.env_vars) if spec.vllm_cfg is not None else None
+    return {"spec": plain(spec), "vllm_kwargs": plain(kwargs), "vllm_env": env}
+
+
+def hf_model_probe(recipe: Recipe, tmp: Path) -> Any:
+    """The config of the model the Automodel backend builds for ``recipe`` (tiny:qwen2)."""
+    from hpcrl.core.backends.automodel.model import load_hf_model
+    from hpcrl.core.models.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model("tiny:qwen2")
+    model = load_hf_model(path, "cpu", recipe.policy.hf_config_overrides)
+    return model.config.to_dict()
 
 
 def distribution_probe(recipe: Recipe, tmp: Path) -> Any:

@@ -36,6 +36,8 @@ PROBES: dict[str, probes.Probe] = {
     "hpcrl.core.driver:train_recipe": probes.plan_probe,
     consumers.ENGINE: probes.engine_probe,
     consumers.VLLM_ARGS: probes.engine_probe,
+    consumers.VLLM_ENV: probes.engine_probe,
+    consumers.AM_LOAD: probes.hf_model_probe,
     "hpcrl.core.generation.engine:colocated_engine_spec": probes.plan_probe,
     "hpcrl.core.data.prompts:load_tokenizer": probes.engine_probe,
     consumers.DIST: probes.distribution_probe,
@@ -110,6 +112,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
+THINKING_TEMPLATE = CHAT_TEMPLATE + "{% if enable_thinking %}<think>{% endif %}"
 LINEAR = {
     "name": "torch.optim.lr_scheduler.LinearLR",
     "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 4},
@@ -159,6 +162,9 @@ CHANGES: dict[str, Change] = {
     "policy.model_name": Change("tiny:llama"),
     "policy.tokenizer.name": Change("/tokenizers/other"),
     "policy.tokenizer.chat_template": Change(CHAT_TEMPLATE),
+    "policy.tokenizer.chat_template_kwargs": Change(
+        {"enable_thinking": True}, {"policy.tokenizer.chat_template": THINKING_TEMPLATE}
+    ),
     "policy.train_global_batch_size": Change(32, {"grpo.num_prompts_per_step": 8}),
     "policy.train_micro_batch_size": Change(1),
     "policy.logprob_batch_size": Change(1),
@@ -198,6 +204,9 @@ CHANGES: dict[str, Change] = {
     "policy.generation.vllm_cfg.max_model_len": Change(32, VLLM),
     "policy.generation.vllm_cfg.enforce_eager": Change(True, VLLM),
     "policy.generation.vllm_cfg.enable_prefix_caching": Change(False, VLLM),
+    "policy.generation.vllm_cfg.env_vars": Change({"VLLM_PROBE_VAR": "1"}, VLLM),
+    "policy.automodel_cfg.env_vars": Change({"PROBE_VAR": "1"}),
+    "policy.hf_config_overrides": Change({"rms_norm_eps": 1e-3}, VLLM),
     "policy.generation.vllm_kwargs": Change({"max_num_seqs": 8}, VLLM),
     "policy.dynamic_batching.enabled": Change(True),
     "policy.dynamic_batching.train_mb_tokens": Change(128, DYNAMIC),

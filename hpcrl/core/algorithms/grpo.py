@@ -77,7 +77,10 @@ def expand_prompts(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> Prom
     for row in rows:
         # Rows of NeMo RL's named sets arrive tokenized by their processor.
         encoded = row.get("prompt_ids") or encode_prompt(
-            tokenizer, str(row[data.prompt_key]), use_chat
+            tokenizer,
+            str(row[data.prompt_key]),
+            use_chat,
+            recipe.policy.tokenizer.chat_template_kwargs,
         )
         fitted.append((row, *fit_prompt(encoded, limit)))
     copies = [item for item in fitted for _ in range(grpo.num_generations_per_prompt)]

@@ -39,10 +39,11 @@ def grpo_validation(
     data = recipe.data
     limit = prompt_length_limit(data.max_input_seq_length, context_length(recipe))
     use_chat = recipe.policy.tokenizer.chat_template is not None
+    kwargs = recipe.policy.tokenizer.chat_template_kwargs
     prompts = [str(row[data.prompt_key]) for row in rows]
     # A prompt that does not fit is scored on its stub's response, as in NeMo RL.
     prompt_ids = [
-        fit_prompt(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat), limit)[0]
+        fit_prompt(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat, kwargs), limit)[0]
         for row, p in zip(rows, prompts, strict=True)
     ]
     # The recipe's classes use an aliased attrs decorator that type checkers do not follow.

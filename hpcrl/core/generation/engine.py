@@ -65,6 +65,7 @@ class EngineSpec:
     max_model_len: int | None
     vllm_cfg: Any = None  # VllmCfg (vLLM only)
     vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)  # policy.generation.vllm_kwargs
+    hf_config_overrides: dict[str, Any] = attrs.field(factory=dict)  # policy.hf_config_overrides
 
     @property
     def needs_optimizer_memory(self) -> bool:
@@ -90,19 +91,20 @@ class EngineSpec:
                 seed=self.seed,
                 max_model_len=self.max_model_len,
                 extra_kwargs=self.vllm_kwargs,
+                hf_overrides=self.hf_config_overrides,
             )
         return self._build_torch()
 
     def _build_torch(self) -> GenerationEngine:
         import torch
-        from transformers import AutoConfig
 
         from hpcrl.core.generation.torch_engine import TorchEngine
+        from hpcrl.core.models.hf_config import load_hf_config
 
         assert self.precision in _TORCH_DTYPES, self.precision
         dtype = getattr(torch, self.precision) if self.device == "cuda" else torch.float32
         return TorchEngine(
-            AutoConfig.from_pretrained(self.model_path),
+            load_hf_config(self.model_path, self.hf_config_overrides),
             device=self.device,
             dtype=dtype,
             max_model_len=self.max_model_len,
@@ -125,6 +127,7 @@ def engine_spec(recipe: Recipe, model_path: str, device: str) -> EngineSpec:
         max_model_len=recipe.policy.max_total_sequence_length,
         vllm_cfg=vllm_cfg,
         vllm_kwargs=dict(generation.vllm_kwargs) if vllm_cfg is not None else {},
+        hf_config_overrides=dict(recipe.policy.hf_config_overrides),
     )
 
 

@@ -175,7 +175,9 @@ class AutomodelWorker:
             compiles=self.compiles,
             training=training,
         )
-        hf_model = load_hf_model(model_path, self.rank_info.device)
+        hf_model = load_hf_model(
+            model_path, self.rank_info.device, self.recipe.policy.hf_config_overrides
+        )
         if steps.tp:
             apply_tp(hf_model, self.mesh["tp"])
         if steps.activation_checkpointing:
