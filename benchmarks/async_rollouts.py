@@ -59,15 +59,15 @@ def overrides(model_path: str, args: argparse.Namespace, asynchronous: bool) -> 
 
 def run(model_path: str, args: argparse.Namespace, asynchronous: bool) -> list[dict]:
     from hpcrl.config import load_profile, load_recipe
+    from hpcrl.core.algorithms.async_grpo import make_async_grpo_step_fn
     from hpcrl.core.algorithms.grpo import make_grpo_step_fn
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.data.jsonl import EpochSampler, load_jsonl
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.environments.build import build_environment
-    from hpcrl.core.generation.vllm_async import make_async_grpo_step_fn
-    from hpcrl.core.generation.vllm_policy import wrap_policy
     from hpcrl.core.workers.group import GroupLayout
     from hpcrl.core.workers.ray_policy import RayPolicy
+    from hpcrl.core.workers.vllm_policy import wrap_policy
     from hpcrl.plan.planner import plan
 
     loaded = load_recipe(RECIPE, overrides(model_path, args, asynchronous))

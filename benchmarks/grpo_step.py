@@ -107,8 +107,8 @@ def write_run_dir(run_dir: Path, recipe: str, overrides: list[str], cluster: str
     import yaml
 
     from hpcrl.config import load_profile, load_recipe
-    from hpcrl.plan.jobspec_file import write_jobspec
     from hpcrl.plan.planner import plan
+    from hpcrl.run.jobspec_file import write_jobspec
 
     run_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_recipe(REPO_ROOT / "recipes" / recipe, overrides)

@@ -308,7 +308,7 @@ def run_point(args: argparse.Namespace) -> None:
     rank0 = dist.get_rank() == 0
     writer = None
     if args.metrics_out and rank0:
-        from hpcrl.core.metrics import MetricsWriter
+        from hpcrl.run.metrics_file import MetricsWriter
 
         writer = MetricsWriter(args.metrics_out)
     result = train_point(args, writer.write if writer else (lambda record: None))

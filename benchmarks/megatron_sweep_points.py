@@ -76,7 +76,7 @@ def read_resolved(point_dir: Path) -> dict[str, Any]:
 
 def run_sweep_dir(args: argparse.Namespace, run_child: Callable[..., dict]) -> None:
     """Every point in order (a failed point is reported and the next one runs)."""
-    from hpcrl.submit.sweep import read_sweep_record
+    from hpcrl.run.sweep_record import read_sweep_record
 
     sweep_dir = Path(args.sweep_dir)
     record = read_sweep_record(sweep_dir)

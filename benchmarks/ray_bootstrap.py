@@ -41,8 +41,8 @@ def write_plan(out_dir: Path) -> None:
     """The job's plan, as `hpcrl submit` leaves it: the shipped 2-node CPU recipe on the
     test cluster's profile (the node entrypoint reads its node count and ports from it)."""
     from hpcrl.config import load_profile, load_recipe
-    from hpcrl.plan.jobspec_file import write_jobspec
     from hpcrl.plan.planner import plan
+    from hpcrl.run.jobspec_file import write_jobspec
 
     recipe = load_recipe("grpo-tiny-2n-cpu").recipe
     spec = plan(recipe, load_profile("slurm-test"), run_dir=str(out_dir.absolute()),

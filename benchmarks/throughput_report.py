@@ -9,9 +9,14 @@ from __future__ import annotations
 import math
 import statistics
 
-from benchmarks.mfu import LEGEND, PEAK_TFLOPS_H200_BF16, mfu_cells, mfu_header
+from benchmarks.mfu import LEGEND, PEAK_TFLOPS_H200_BF16, mfu, mfu_cells, mfu_header
 
 PLAIN_ROWS = ("plain", "naive-fsdp")
+BACKEND_ROWS = ("backend", "backend-mask")
+# issue 25, item 1: the backend >= 1.1x the strongest plain loop, >= 45% MFU (full-attention
+# convention) on the 1.1B at 4 x 2048
+GOAL_OVER_PLAIN = 1.1
+GOAL_MFU = 0.45
 
 
 def round_rates(windows: list[list[float]], tokens_per_step: int) -> list[float]:
@@ -39,10 +44,28 @@ def report(rows: dict[str, dict], tokens_per_step: int, flops: dict, device: str
               f"{row['first_loss']:>11.4f}")  # fmt: skip
     print(LEGEND.format(peak=PEAK_TFLOPS_H200_BF16))
     print("spread: slowest/fastest round against the median round\n")
-    print_ratio(rates, "backend", [n for n in PLAIN_ROWS if n in rates], per_round=True)
+    for name in BACKEND_ROWS:
+        print_ratio(rates, name, [n for n in PLAIN_ROWS if n in rates], per_round=True)
     for name in megatron_backend_rows(rates):
         print_ratio(rates, name, megatron_raw_rows(rates), per_round=False)
     print_summary(rates)
+    if device == "cuda":
+        print_goals(rates, flops)
+
+
+def print_goals(rates: dict[str, list[float]], flops: dict) -> None:
+    """Issue 25's item 1, judged on this run's rounds."""
+    verdict = {True: "MET", False: "NOT MET"}
+    if "backend" not in rates:
+        return
+    bases = [n for n in PLAIN_ROWS if n in rates]
+    if bases:
+        best = best_row(rates, bases)
+        ratio = statistics.median(ratio_to(rates, "backend", best, per_round=True))
+        print(f"GOAL backend / best plain row ({best}) >= {GOAL_OVER_PLAIN}x: {ratio:.2f}x "
+              f"{verdict[ratio >= GOAL_OVER_PLAIN]}")  # fmt: skip
+    value = mfu(statistics.median(rates["backend"]), flops, PEAK_TFLOPS_H200_BF16)["MFU"]
+    print(f"GOAL backend MFU >= {GOAL_MFU:.0%}: {value:.1%} {verdict[value >= GOAL_MFU]}")
 
 
 def megatron_raw_rows(rates: dict) -> list[str]:
@@ -83,7 +106,7 @@ def print_summary(rates: dict[str, list[float]]) -> None:
     group — HF rows against the best of plain / naive-fsdp (median of per-round ratios, with
     their range), Megatron rows against the best megatron-raw row (ratio of medians)."""
     groups = [
-        (["backend", *PLAIN_ROWS], [n for n in PLAIN_ROWS if n in rates], True),
+        ([*BACKEND_ROWS, *PLAIN_ROWS], [n for n in PLAIN_ROWS if n in rates], True),
         (megatron_backend_rows(rates) + megatron_raw_rows(rates), megatron_raw_rows(rates), False),
     ]
     print(f"\nsummary {'row':<22} {'tok/s':>10} {'spread':>15}  against the best baseline")

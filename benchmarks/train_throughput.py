@@ -12,6 +12,14 @@ clip 1.0), one process (world 1). Rows:
   fused AdamW, foreach clipping, ``use_cache=False``.
 - ``naive-fsdp``: the same HF loop wrapped in FSDP2 (``fully_shard`` per block and root, bf16
   mixed precision) at world 1, no compile: what a multi-GPU script does when run on one GPU.
+- ``backend-mask`` (an experiment row, not in the default ``--loops``): the backend's input
+  path as it was before issue 25: the attention mask passed to the model and one more
+  padding column (2048 -> 2112), so SDPA runs a masked kernel over the full S×S scores (the
+  A/B of the regression, 73.1k -> 61.7k tok/s).
+
+``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
+torch.profiler; ``DIR/train-<loop>.txt`` holds the summary (``hpcrl.core.profiling``: wall
+against device busy time, the top kernels, the operators).
 
 The HF loops are built once and stay resident together; after their warm-up (compile) the
 timing runs in ``--rounds`` rounds of ``--steps`` steps per loop, the loop order reversed every
@@ -61,6 +69,7 @@ from benchmarks.throughput_report import report  # noqa: E402
 
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
 HF_LOOPS = ("backend", "plain", "naive-fsdp")
+EXPERIMENT_LOOPS = ("backend-mask",)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,14 +103,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "megatron-raw also te",
     )
     parser.add_argument("--json-out", default=None, help="(megatron child) write the result here")
+    parser.add_argument("--profile-dir", type=Path, default=None, help="profile summaries here")
+    parser.add_argument("--profile-steps", type=int, default=3)
     args = parser.parse_args(argv)
     args.megatron_attention = args.megatron_attention.split(",")
     allowed = {"sdpa", "unfused"} | ({"te"} if args.only == "megatron-raw" else set())
     if not set(args.megatron_attention) <= allowed:
         parser.error(f"--megatron-attention: {sorted(allowed)}, not {args.megatron_attention}")
     args.loops = [name for name in args.loops.split(",") if name]
-    if not set(args.loops) <= set(HF_LOOPS):
-        parser.error(f"--loops: some of {HF_LOOPS}, not {args.loops}")
+    if not set(args.loops) <= set(HF_LOOPS + EXPERIMENT_LOOPS):
+        parser.error(f"--loops: some of {HF_LOOPS + EXPERIMENT_LOOPS}, not {args.loops}")
     if args.tiny and args.seq_len == 2048:
         args.seq_len = 64
     return args
@@ -258,10 +269,24 @@ def make_recipe(
     )
 
 
+def single_rank_info(device: str, port: int):
+    from hpcrl.core.backends.base import RankInfo
+
+    return RankInfo(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=port,
+        device=device,
+    )
+
+
 def start_backend(model_path: str, args: argparse.Namespace):
     """hpcrl's worker for rank 0 of a world of 1 (it creates the process group)."""
     from hpcrl.core.backends import worker_class_path
-    from hpcrl.core.backends.base import RankInfo
     from hpcrl.core.workers.actor import TrainingWorker
     from hpcrl.core.workers.group import worker_env
 
@@ -271,16 +296,7 @@ def start_backend(model_path: str, args: argparse.Namespace):
     if args.backend_compile == "static":
         compile_blocks_statically()
     worker = TrainingWorker(worker_class_path("automodel"), worker_env(args.device))
-    rank_info = RankInfo(
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        local_world_size=1,
-        node_rank=0,
-        master_addr="127.0.0.1",
-        master_port=port,
-        device=args.device,
-    )
+    rank_info = single_rank_info(args.device, port)
     worker.setup(make_recipe(model_path, args), rank_info, model_path, os.cpu_count() or 1)
     return worker
 
@@ -325,6 +341,31 @@ def backend_loop(worker, batch: dict, args: argparse.Namespace) -> Loop:
         return worker.train(batch, nll_loss, num_tokens, plan)["loss"]
 
     return Loop("backend", step)  # run_hf_loops closes the worker last (it owns the group)
+
+
+def backend_mask_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
+    """A second backend worker (the process group exists) with the pre-issue-25 input path:
+    the attention mask passed, one padding column more (experiment row ``backend-mask``)."""
+    import torch.nn.functional as F
+
+    from hpcrl.core.backends.automodel.worker import AutomodelWorker
+
+    worker = AutomodelWorker()
+    worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
+
+    def old_to_device(micro: dict) -> dict:
+        # the old bucketing always added a column: 2048 -> 2049 -> the next bucket, 2112
+        widened = {k: F.pad(v, (0, 1)) if v.dim() == 2 else v for k, v in micro.items()}
+        return AutomodelWorker._to_device(worker, widened)
+
+    worker._to_device = old_to_device  # type: ignore[method-assign]
+    worker._causal_only = lambda micro: False  # type: ignore[method-assign]
+    num_tokens = float(batch["token_mask"].sum())
+
+    def step() -> float:
+        return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+
+    return Loop("backend-mask", step, close=worker.close)
 
 
 def hf_model(model_path: str, device: str):
@@ -396,6 +437,7 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 "backend": lambda: backend_loop(worker, batch, args),
                 "plain": lambda: plain_loop(model_path, batch, args),
                 "naive-fsdp": lambda: naive_fsdp_loop(model_path, batch, args),
+                "backend-mask": lambda: backend_mask_loop(model_path, batch, args),
             }
             for name in args.loops:
                 before_gib = allocated_gib(args.device)
@@ -407,11 +449,27 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                       f"{resident}", flush=True)  # fmt: skip
                 loops.append(loop)
             time_rounds(loops, args.device, args.rounds, args.steps)
+            if args.profile_dir is not None:
+                profile_loops(loops, args)
         finally:
             for loop in loops:
                 loop.close()
             worker.close()
     return {loop.name: loop for loop in loops}
+
+
+def profile_loops(loops: list[Loop], args: argparse.Namespace) -> None:
+    from hpcrl.core.profiling import profiled
+
+    for loop in loops:
+        path = args.profile_dir / f"train-{loop.name}.txt"
+        title = (
+            f"{loop.name}: {args.profile_steps} train steps of {args.batch_size} x {args.seq_len}"
+        )
+        with profiled(path, title):
+            for _ in range(args.profile_steps):
+                loop.step()
+        print(f"{loop.name}: profile summary in {path}", flush=True)
 
 
 def run_megatron_rows(args: argparse.Namespace) -> dict[str, dict]:

@@ -1,102 +1,125 @@
-"""The job side takes the plan, never the planner: ``hpcrl.job`` and ``hpcrl.core`` import
-from ``hpcrl.plan`` only the ``JobSpec`` types and the one jobspec.json reader (which plans a
-run folder that has no plan with the local profile; hence its lazy import of the planner).
+"""hpcrl's import graph, read from the source with ``ast`` (imports inside functions and under
+``if TYPE_CHECKING`` count too): no import from a lower stage to a higher one, none between
+the login side and the job side but the one hand-off, no import circle between files, and
+the job side imports neither the planner nor config loading. The login side's own boundary
+(no torch, Ray, ...) is tests/test_packaging.py. docs/architecture.md shows the same order.
 
-Read from the source with ``ast``, so imports inside functions count too; the login-node side's
-own boundary (no torch, Ray, ...) is tests/test_packaging.py. The same scan finds import
-cycles: none among hpcrl's modules at import time, none new among hpcrl/core/generation's
-even through function-level imports (issue 12's vllm_policy <-> vllm_workers circle)."""
+Stages, bottom to top (a module may import its own stage and the stages below it on its own
+side, and the shared stages; nothing else):
+
+    shared:  hpcrl (the version) < config types < run
+    login:   config loading < plan < render < submit < report < cli
+    job:     core < job
+"""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 HPCRL = Path(__file__).resolve().parents[1] / "hpcrl"
-JOB_SIDE = ("job", "core")
-PLAN_CONTRACT = {"hpcrl.plan.jobspec", "hpcrl.plan.jobspec_file"}
+
+#: The modules of hpcrl/config that read files (YAML, ``defaults:``, overrides, interpolation,
+#: the search path) rather than declare the schema, its converter, its errors and its rules.
+CONFIG_LOADING = frozenset(
+    {
+        "hpcrl.config",  # its __init__ re-exports the loaders
+        "hpcrl.config.compat",  # writes docs/nemo-rl-compat.md from merged files
+        "hpcrl.config.data_paths",
+        "hpcrl.config.load_and_check",
+        "hpcrl.config.locate",
+        "hpcrl.config.merged_yaml",
+        "hpcrl.config.overrides",
+        "hpcrl.config.resolvers",
+    }
+)
+#: (name, side); index = rank. Package prefixes map a module to its stage (the longest wins).
+STAGES = (
+    ("hpcrl", "shared"),
+    ("config types", "shared"),
+    ("run", "shared"),
+    ("config loading", "login"),
+    ("plan", "login"),
+    ("render", "login"),
+    ("submit", "login"),
+    ("report", "login"),
+    ("cli", "login"),
+    ("core", "job"),
+    ("job", "job"),
+)
+RANK = {name: rank for rank, (name, _) in enumerate(STAGES)}
+SIDE = dict(STAGES)
+#: The one import across the sides: ``hpcrl submit`` constructs the callable submitit pickles
+#: into the run folder (a light module: the node entrypoint is imported only in the job).
+HAND_OFF = {("hpcrl.submit.submission", "hpcrl.job.node_task")}
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every module an ``import`` or ``from ... import`` in the file names (absolute ones);
-    ``from <package> import <name>`` names the module ``<package>.<name>``."""
-    return _names(ast.walk(ast.parse(path.read_text(), str(path))), HPCRL)
-
-
-def _names(nodes: Iterable[ast.AST], root: Path) -> set[str]:
-    names = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if _is_package(node.module, root):
-                names |= {f"{node.module}.{alias.name}" for alias in node.names}
-            else:
-                names.add(node.module)
-    return names
-
-
-def _is_package(module: str, root: Path = HPCRL) -> bool:
+def stage_of(module: str) -> str:
     parts = module.split(".")
-    return parts[0] == "hpcrl" and (root.joinpath(*parts[1:]) / "__init__.py").is_file()
+    if parts == ["hpcrl"]:
+        return "hpcrl"
+    if parts[1] == "config":
+        return "config loading" if module in CONFIG_LOADING else "config types"
+    assert parts[1] in RANK, f"{module}: a top-level part of hpcrl with no stage; add it"
+    return parts[1]
 
 
-def plan_imports(path: Path) -> set[str]:
-    return {
-        name
-        for name in imported_modules(path)
-        if name == "hpcrl.plan" or name.startswith("hpcrl.plan.")
-    }
+def crosses_a_boundary(importer: str, imported: str) -> str | None:
+    """Why ``importer`` may not import ``imported``; None when it may."""
+    low, high = stage_of(imported), stage_of(importer)
+    if (importer, imported) in HAND_OFF or low == high:
+        return None
+    if SIDE[low] != "shared" and SIDE[high] != SIDE[low]:
+        return f"{SIDE[high]} side ({high}) -> {SIDE[low]} side ({low})"
+    if RANK[low] > RANK[high]:
+        return f"lower stage ({high}) -> higher stage ({low})"
+    return None
 
 
-def test_the_job_side_imports_only_the_jobspec_contract_from_plan():
-    found = {}
-    for stage in JOB_SIDE:
-        for path in sorted((HPCRL / stage).rglob("*.py")):
-            outside = plan_imports(path) - PLAN_CONTRACT
-            if outside:
-                found[str(path.relative_to(HPCRL.parent))] = sorted(outside)
-    assert not found, (
-        "the job side must take planned decisions from the JobSpec (hpcrl.plan.jobspec, read "
-        f"by hpcrl.plan.jobspec_file), not re-run plan rules: {found}"
-    )
-
-
-def test_the_scan_sees_plan_imports_in_any_form(tmp_path):
-    source = tmp_path / "example.py"
-    source.write_text(
-        "from hpcrl.plan.jobspec import JobSpec\n"
-        "def f():\n"
-        "    from hpcrl.plan import generation\n"
-        "    import hpcrl.plan.checkpoint_dir\n"
-        "    from hpcrl.plan.planner import plan\n"
-        "    from hpcrl import plan\n"
-    )
-    assert plan_imports(source) == {
-        "hpcrl.plan.jobspec",
-        "hpcrl.plan.generation",
-        "hpcrl.plan.checkpoint_dir",
-        "hpcrl.plan.planner",
-        "hpcrl.plan",
-    }
-
-
-# ---------------------------------------------------------------------- import cycles
-# Issue 12 broke the circle vllm_policy.py <-> vllm_workers.py: the workers (the engine side
-# of the generation seam) never reach back into the policy that drives them. The one cycle
-# left among hpcrl/core/generation's modules goes through function-level imports only:
-# ``TorchEngine.generate`` uses torch_sampler's padding helpers and torch_sampler builds a
-# ``TorchEngine``. Known, harmless at import time (and may go); a new one fails here.
-GENERATION = HPCRL / "core" / "generation"
-KNOWN_LAZY_GENERATION_CYCLES = [
-    ["hpcrl.core.generation.torch_engine", "hpcrl.core.generation.torch_sampler"]
-]
-
-
+# ---------------------------------------------------------------------- the scan
 def module_name(path: Path, root: Path = HPCRL) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _names(nodes: Iterable[ast.AST], importer: str, root: Path) -> set[str]:
+    """Every hpcrl module the import statements among ``nodes`` name, each resolved to a
+    module file of ``root``: ``from <package> import <module>`` names the module, ``from
+    <module> import <name>`` the module."""
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names |= {_module_of(alias.name, root) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, importer, root)
+            for alias in node.names:
+                names.add(_module_of(f"{base}.{alias.name}", root))
+    return {name for name in names if name}
+
+
+def _absolute(node: ast.ImportFrom, importer: str, root: Path) -> str:
+    if not node.level:
+        return node.module or ""
+    package = importer.split(".")
+    if not (root.parent.joinpath(*package) / "__init__.py").is_file():
+        package = package[:-1]
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join(package + ([node.module] if node.module else []))
+
+
+def _module_of(dotted: str, root: Path) -> str | None:
+    """The longest prefix of ``dotted`` that is a module or package of ``root``."""
+    parts = dotted.split(".")
+    while parts and parts[0] == root.name:
+        folder = root.parent.joinpath(*parts)
+        if (folder / "__init__.py").is_file() or folder.with_suffix(".py").is_file():
+            return ".".join(parts)
+        parts = parts[:-1]
+    return None
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -123,7 +146,7 @@ def _import_time_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
 
 
 def import_graph(
-    folder: Path, *, import_time_only: bool, root: Path = HPCRL
+    folder: Path = HPCRL, *, import_time_only: bool = False, root: Path = HPCRL
 ) -> dict[str, set[str]]:
     """Module -> the modules under ``folder`` (inside the package ``root``) it imports: every
     import, or only those that run when it is imported."""
@@ -132,7 +155,7 @@ def import_graph(
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
         nodes = _import_time_statements(tree.body) if import_time_only else ast.walk(tree)
-        imported = _names(nodes, root)
+        imported = _names(nodes, name, root)
         graph[name] = {other for other in imported if other in modules and other != name}
     return graph
 
@@ -155,34 +178,158 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def test_no_module_of_hpcrl_imports_itself_back_at_import_time():
-    assert cycles(import_graph(HPCRL, import_time_only=True)) == []
+def boundary_crossings(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{importer} -> {imported}: {why}"
+        for importer, imported_modules in graph.items()
+        for imported in imported_modules
+        if (why := crosses_a_boundary(importer, imported))
+    )
 
 
-def test_generation_modules_form_no_new_import_cycle():
-    graph = import_graph(GENERATION, import_time_only=False)
-    assert "hpcrl.core.generation.vllm_policy" not in graph["hpcrl.core.generation.vllm_workers"]
-    new = [cycle for cycle in cycles(graph) if cycle not in KNOWN_LAZY_GENERATION_CYCLES]
-    assert not new, f"import cycles among hpcrl/core/generation's modules: {new}"
+# ---------------------------------------------------------------------- hpcrl's graph
+def test_no_import_runs_from_a_lower_stage_to_a_higher_one_or_across_the_sides():
+    assert boundary_crossings(import_graph()) == []
+
+
+def test_no_import_circle_between_files():
+    assert cycles(import_graph()) == []
+
+
+def test_the_job_side_imports_neither_the_planner_nor_config_loading():
+    """The job takes every planned decision, the recipe included, from the typed JobSpec
+    (hpcrl.run), never re-planning or loading a config file; config schema types and rules
+    are fine."""
+    found = {
+        f"{importer} -> {imported}"
+        for importer, imported_modules in import_graph().items()
+        if SIDE[stage_of(importer)] == "job"
+        for imported in imported_modules
+        if stage_of(imported) in ("plan", "config loading")
+    }
+    assert found == set()
+
+
+#: What the job side runs: the pickled task, its preflight, the node entrypoint, the driver.
+JOB_ENTRY_MODULES = (
+    "hpcrl.job.node_task",
+    "hpcrl.job.preflight",
+    "hpcrl.job.node",
+    "hpcrl.core.driver",
+    "hpcrl.core.machine_checks",
+)
+
+
+def test_the_job_side_loads_neither_the_planner_nor_config_loading_when_it_runs(tmp_path):
+    """The same at run time, where importing ``hpcrl.config.recipe`` runs the package's
+    ``__init__`` first (its loaders load lazily): the job's entry modules imported and a plan
+    read back leave no module of the planner or of config loading in ``sys.modules``."""
+    from tests.core._driver_harness import write_run_dir
+
+    run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {JOB_ENTRY_MODULES!r}: importlib.import_module(name)\n"
+        "from hpcrl.run.jobspec_file import read_jobspec\n"
+        f"assert read_jobspec({str(run_dir)!r}).recipe.algorithm == 'sft'\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('hpcrl.'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=HPCRL.parent)  # fmt: skip
+    loaded = json.loads(result.stdout)
+    assert "hpcrl.core.driver" in loaded
+    assert [m for m in loaded if stage_of(m) in ("plan", "config loading")] == ["hpcrl.config"]
+
+
+# ---------------------------------------------------------------------- the scan itself
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "hpcrl"
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        for folder in (path.parent, *path.parent.parents):
+            if folder == root.parent:
+                break
+            (folder / "__init__.py").touch()
+    return root
+
+
+def test_the_scan_sees_imports_in_any_form(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "plan/planner.py": "",
+            "plan/generation.py": "",
+            "run/jobspec.py": "JobSpec = 1\n",
+            "config/recipe.py": "",
+            "job/node.py": (
+                "from typing import TYPE_CHECKING\n"
+                "from hpcrl.run.jobspec import JobSpec\n"
+                "if TYPE_CHECKING:\n"
+                "    from hpcrl.config import recipe\n"
+                "def f():\n"
+                "    from hpcrl.plan import generation\n"
+                "    import hpcrl.plan.planner\n"
+                "    from hpcrl import plan\n"
+                "    from ..run import jobspec\n"
+            ),
+        },
+    )
+    graph = import_graph(root, root=root)
+    assert graph["hpcrl.job.node"] == {
+        "hpcrl.run.jobspec",
+        "hpcrl.config.recipe",
+        "hpcrl.plan.generation",
+        "hpcrl.plan.planner",
+        "hpcrl.plan",
+    }
+    assert import_graph(root, import_time_only=True, root=root)["hpcrl.job.node"] == {
+        "hpcrl.run.jobspec"
+    }
+
+
+def test_the_stage_rule_names_each_kind_of_crossing():
+    assert crosses_a_boundary("hpcrl.plan.planner", "hpcrl.run.jobspec") is None
+    assert crosses_a_boundary("hpcrl.core.driver", "hpcrl.config.recipe") is None
+    assert crosses_a_boundary("hpcrl.submit.submission", "hpcrl.job.node_task") is None
+    assert crosses_a_boundary("hpcrl.plan.job_python", "hpcrl.render.script") == (
+        "lower stage (plan) -> higher stage (render)"
+    )
+    assert crosses_a_boundary("hpcrl.config.recipe", "hpcrl.run.jobspec") == (
+        "lower stage (config types) -> higher stage (run)"
+    )
+    assert crosses_a_boundary("hpcrl.run.causes", "hpcrl.config.load_and_check") == (
+        "shared side (run) -> login side (config loading)"
+    )
+    assert crosses_a_boundary("hpcrl.core.policy", "hpcrl.config") == (
+        "job side (core) -> login side (config loading)"
+    )
+    assert crosses_a_boundary("hpcrl.submit.resumption", "hpcrl.core.algorithms.loop") == (
+        "login side (submit) -> job side (core)"
+    )
+    assert crosses_a_boundary("hpcrl.run.markers", "hpcrl.job.node") == (
+        "shared side (run) -> job side (job)"
+    )
 
 
 def test_the_cycle_scan_sees_function_level_and_type_checking_imports(tmp_path):
-    root = tmp_path / "hpcrl"
-    package = root / "core" / "generation"
-    package.mkdir(parents=True)
-    for folder in (root, root / "core", package):
-        (folder / "__init__.py").write_text("")
-    (package / "a.py").write_text("from hpcrl.core.generation.b import f\n")
-    (package / "b.py").write_text(
-        "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n"
-        "    from hpcrl.core.generation import c\n"
-        "def f():\n"
-        "    import hpcrl.core.generation.a\n"
+    root = _tree(
+        tmp_path,
+        {
+            "core/generation/a.py": "from hpcrl.core.generation.b import f\n",
+            "core/generation/b.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n"
+                "    from hpcrl.core.generation import c\n"
+                "def f():\n"
+                "    import hpcrl.core.generation.a\n"
+            ),
+            "core/generation/c.py": "from hpcrl.core.generation.b import f\n",
+        },
     )
-    (package / "c.py").write_text("from hpcrl.core.generation.b import f\n")
-    every = import_graph(package, import_time_only=False, root=root)
-    import_time = import_graph(package, import_time_only=True, root=root)
+    every = import_graph(root, root=root)
+    import_time = import_graph(root, import_time_only=True, root=root)
     prefix = "hpcrl.core.generation."
     assert cycles(every) == [[prefix + "a", prefix + "b", prefix + "c"]]
     assert import_time[prefix + "b"] == set()

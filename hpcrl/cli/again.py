@@ -56,9 +56,9 @@ def run_resume(args: argparse.Namespace) -> int:
     from hpcrl.cli.jobs import _console, max_steps, print_submitted
     from hpcrl.config import load_recipe
     from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
+    from hpcrl.run.sweep_record import is_sweep_dir
     from hpcrl.submit.hints import shown_path
     from hpcrl.submit.resumption import resume_run
-    from hpcrl.submit.sweep import is_sweep_dir
 
     run_dir = folder_path(args.run)
     _refuse_sweep(run_dir, is_sweep_dir(run_dir), "resume")
@@ -89,8 +89,8 @@ def prepare_rerun(args: argparse.Namespace) -> Prepared:
     """The new run planned from RUN's resolved recipe and ``args.overrides``: in
     ``<RUN>-rerun`` unless ``-o``, its manifest naming RUN and RUN's recipe commit."""
     from hpcrl.cli.prepare import prepare
+    from hpcrl.run.sweep_record import is_sweep_dir
     from hpcrl.submit.run_source import read_run_source
-    from hpcrl.submit.sweep import is_sweep_dir
 
     run_dir = folder_path(args.run)
     _refuse_sweep(run_dir, is_sweep_dir(run_dir), "rerun")
@@ -115,31 +115,21 @@ def rerun_dir(run_dir: Path) -> tuple[Path, bool]:
     """``<run>-rerun`` beside the run (a sweep point's beside the sweep:
     ``<sweep>-point-1-rerun``), ``-rerun-2``, ``-rerun-3``, ... when that one holds a job;
     and whether it was numbered."""
-    from hpcrl.submit.sweep import is_sweep_dir
+    from hpcrl.run.sweep_record import is_sweep_dir
 
     if is_sweep_dir(run_dir.parent):
         base = run_dir.parent.parent / f"{run_dir.parent.name}-{run_dir.name}-rerun"
     else:
         base = run_dir.parent / f"{run_dir.name}-rerun"
+    from hpcrl.run.folder_lock import next_free_folder
+
     return next_free_folder(base)
-
-
-def next_free_folder(base: Path) -> tuple[Path, bool]:
-    """``base``, else ``base-2``, ``base-3``, ... : the first that holds no submitted job (a
-    folder whose submission failed is used again); and whether it was numbered."""
-    from hpcrl.files import holds_submitted_job
-
-    number, folder = 1, base
-    while holds_submitted_job(folder):
-        number += 1
-        folder = base.with_name(f"{base.name}-{number}")
-    return folder, number > 1
 
 
 def _refuse_sweep(path: Path, is_sweep: bool, command: str) -> None:
     if is_sweep:
-        from hpcrl.submit.job_record import RunFolderError
-        from hpcrl.submit.sweep import read_sweep_record
+        from hpcrl.run.job_record import RunFolderError
+        from hpcrl.run.sweep_record import read_sweep_record
 
         points = ", ".join(p.run_dir_name for p in read_sweep_record(path).points)
         raise RunFolderError(

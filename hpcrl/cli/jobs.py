@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.cli.prepare import add_recipe_arguments, folder_path
-from hpcrl.cli.status import PIPED_WIDTH, print_sweep_summary
+from hpcrl.cli.status import print_sweep_summary
+from hpcrl.cli.terminal import PIPED_WIDTH
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from hpcrl.cli.prepare import Prepared
     from hpcrl.config.recipe import Recipe
-    from hpcrl.submit.job_record import JobRecord
+    from hpcrl.run.job_record import JobRecord
     from hpcrl.submit.sweep_launch import PlannedSweep
 
 
@@ -117,7 +118,7 @@ def max_steps(recipe: Recipe) -> int | None:
 def prepare_fresh(prepare_into: Callable[[str | None], Prepared], out: str | None) -> Prepared:
     """Plan the run (``prepare_into(out)``); without -o, a folder already holding a job gets a
     numbered sibling (one whose submission failed is used again)."""
-    from hpcrl.cli.again import next_free_folder
+    from hpcrl.run.folder_lock import next_free_folder
 
     prepared = prepare_into(out)
     if out is not None:
@@ -139,8 +140,8 @@ def submit_prepared(prepared: Prepared, wait: bool, command: str) -> int:
     """Write the planned run folder, submit it, say how to follow it; with ``wait``, follow it
     and return its exit code."""
     from hpcrl.cli.prepare import print_warnings
-    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
+    from hpcrl.run.folder_lock import run_folder_lock
     from hpcrl.submit.submission import SubmissionRefused, submit_job
 
     console = _console()
@@ -213,7 +214,7 @@ def run_sweep(args: argparse.Namespace) -> int:
         args.recipe, args.cluster, args.overrides, points, sweep_dir,
         for_submission=not args.no_submit, written_by=written_by,
     )  # fmt: skip
-    from hpcrl.files import run_folder_lock
+    from hpcrl.run.folder_lock import run_folder_lock
 
     _print_sweep_warnings(planned)
     if args.no_submit:
@@ -309,7 +310,7 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
         steps = max_steps(planned.points[job.array_index or 0].loaded.recipe)
         return wait_for_job(run_dir, job, console, steps).exit_code
 
-    from hpcrl.files import run_folder_lock
+    from hpcrl.run.folder_lock import run_folder_lock
 
     with run_folder_lock(planned.sweep_dir, command="hpcrl sweep (local points in turn)"):
         exit_code = run_local_sweep(planned, wait=follow, announce=announce)
@@ -321,7 +322,7 @@ def _run_local_sweep(planned: PlannedSweep, wait: bool) -> int:
 
 
 def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console) -> int:
-    from hpcrl.submit.sweep import read_sweep_record
+    from hpcrl.run.sweep_record import read_sweep_record
     from hpcrl.submit.waiting import wait_for_jobs
 
     points = read_sweep_record(sweep_dir).point_run_dirs(sweep_dir)
@@ -335,7 +336,7 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
 def run_logs(args: argparse.Namespace) -> int:
     from hpcrl.config.errors import UserError
     from hpcrl.submit.log_view import LogSelection, check_attempt
-    from hpcrl.submit.run_views import show_logs
+    from hpcrl.submit.run_logs import show_logs
 
     if args.driver and args.node not in (None, 0):
         raise UserError(f"--driver with --node {args.node}: the driver runs on node 0",
@@ -352,7 +353,7 @@ def run_cancel(args: argparse.Namespace) -> int:
     """Every folder given; one that cannot be cancelled is said and the rest still are."""
     from hpcrl.cli.failures import report_failure
     from hpcrl.config.errors import UserError
-    from hpcrl.submit.run_views import cancel_run
+    from hpcrl.submit.cancel import cancel_run
 
     console = _console()
     paths = [folder_path(run) for run in args.runs]

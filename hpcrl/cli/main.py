@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "hpcrl.cli.prepare",
     "hpcrl.cli.jobs",
     "hpcrl.cli.again",
+    "hpcrl.cli.export",
     "hpcrl.cli.report",
     "hpcrl.cli.scripting",
 )

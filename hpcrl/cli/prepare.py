@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from hpcrl.config import ClusterProfile, LoadedRecipe
     from hpcrl.config.errors import Problem
-    from hpcrl.plan.jobspec import JobSpec
+    from hpcrl.run.jobspec import JobSpec
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +24,12 @@ def register(subparsers: Any) -> None:
         description="Load the recipe and profile, plan the job and report every problem.",
     )
     add_recipe_arguments(validate)
+    validate.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="list the NeMo RL keys hpcrl accepts but does not use, with why",
+    )
     validate.set_defaults(func=run_validate)
 
     render = subparsers.add_parser(
@@ -165,18 +171,44 @@ def _as_source(name_or_path: str) -> str:
 
 def run_validate(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides)
-    from hpcrl.cli.status import output_width
+    from hpcrl.cli.terminal import output_width
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
     print_warnings(prepared, None)
+    lines = unused_keys_lines(prepared.loaded.unused_nemo_rl_keys, args.verbose)
+    if lines:
+        print("\n".join(lines))
     print(f"OK: {args.recipe} plans on {prepared.profile.name}; nothing was written.")
     return 0
 
 
+def unused_keys_lines(unused: Any, verbose: bool) -> list[str]:
+    """One summary line for the NeMo RL keys hpcrl takes out unused (``hpcrl.config.
+    nemo_rl_filter``); with ``verbose`` each key, its value and why."""
+    if not unused:
+        return []
+    at_default = [key for key in unused if key.at_default]
+    inert = [key for key in unused if not key.at_default]
+    parts = []
+    if at_default:
+        parts.append(f"{len(at_default)} NeMo RL keys at their defaults are not used by hpcrl")
+    if inert:
+        parts.append(f"{len(inert)} more cannot change results")
+    lines = ["; ".join(parts) + ("" if verbose else " (--verbose lists them)")]
+    if verbose:
+        from hpcrl.config.errors import show_value
+
+        lines += [
+            f"  {key.path} = {show_value(key.value)}: {key.why}"
+            for key in sorted(unused, key=lambda key: key.path)
+        ]
+    return lines
+
+
 def run_render(args: argparse.Namespace) -> int:
     prepared = prepare(args.recipe, args.cluster, args.overrides, out=args.out)
-    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import write_run_folder
+    from hpcrl.run.folder_lock import run_folder_lock
 
     with run_folder_lock(Path(prepared.spec.run_dir), command="hpcrl render"):
         run = write_run_folder(
@@ -204,7 +236,7 @@ def run_show(args: argparse.Namespace) -> int:
     from hpcrl.render.script import render_sbatch
 
     text = render_sbatch(prepared.spec)
-    from hpcrl.files import refuse_secrets
+    from hpcrl.run.atomic_files import refuse_secrets
 
     refuse_secrets(Path("<the script hpcrl show prints>"), text)
     if sys.stdout.isatty():
@@ -233,11 +265,14 @@ def plan_lines(spec: JobSpec, width: int | None) -> list[str]:
     from hpcrl.submit.labelled_lines import wrap_field
 
     unit = "GPUs" if spec.device == "gpu" else "CPU worker slots"
-    fields = [
-        ("scheduler", spec.scheduler),
-        ("nodes", f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"),
-        ("layout", f"{spec.layout.backend}: {spec.layout.describe()}"),
-    ]
+    if spec.generation is None:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit} = {spec.world_size} ranks"
+    else:
+        nodes = f"{spec.num_nodes} × {spec.slots_per_node} {unit}; {spec.world_size} training ranks"
+    fields = [("scheduler", spec.scheduler), ("nodes", nodes)]
+    if spec.generation is not None:
+        fields.append(("node split", spec.generation.describe(unit)))
+    fields.append(("layout", f"{spec.layout.backend}: {spec.layout.describe()}"))
     if spec.megatron_checkpoint_dir is not None:
         fields.append((
             "megatron ckpt dir",

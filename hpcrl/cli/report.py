@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
 
 
 def row_loggers(run_dir: Path) -> list[str]:
-    from hpcrl.core.loggers.destinations import logger_lines
+    from hpcrl.run.logger_destinations import logger_lines
     from hpcrl.submit.status_view import resolved_recipe
 
     return logger_lines(run_dir, resolved_recipe(run_dir))
@@ -41,7 +41,8 @@ def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from hpcrl.cli.prepare import folder_path
-    from hpcrl.cli.status import PIPED_WIDTH
+    from hpcrl.cli.status import export_lines
+    from hpcrl.cli.terminal import PIPED_WIDTH
     from hpcrl.report.comparison import build_comparison, default_out_dir
     from hpcrl.report.plots import save_plots
     from hpcrl.report.summary import build_report, render_table, report_json
@@ -62,6 +63,10 @@ def run_report(args: argparse.Namespace) -> int:
     for row in report.rows:  # where the run's loggers write (W&B run page, TensorBoard folder)
         for line in row_loggers(row.run_dir):
             console.print(f"{row.name}: {line}", markup=False, highlight=False, soft_wrap=True)
+    for row in report.rows:  # its Hugging Face folders (hpcrl export, save_consolidated)
+        for line in export_lines(row.run_dir):
+            console.print(f"{row.name}: Hugging Face folder of {line}", markup=False,
+                          highlight=False, soft_wrap=True)  # fmt: skip
     if not any(row.records for row in report.rows):
         console.print("No metrics recorded yet (metrics.jsonl is empty or missing); no plots.")
         return 0

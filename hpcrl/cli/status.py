@@ -6,16 +6,12 @@ Stages are imported inside the functions so that ``hpcrl --help`` stays light.
 from __future__ import annotations
 
 import argparse
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hpcrl.cli.prepare import folder_path
-
-#: Piped output (no terminal, no $COLUMNS) gets this width instead of 80 columns, so tables
-#: and paths are not cut short in logs and CI output.
-PIPED_WIDTH = 200
+from hpcrl.cli.terminal import output_width
 
 
 def register(subparsers: Any) -> None:
@@ -40,14 +36,9 @@ def register(subparsers: Any) -> None:
     status.set_defaults(func=run_status)
 
 
-def output_width() -> int:
-    """The terminal's columns ($COLUMNS first); ``PIPED_WIDTH`` without a terminal."""
-    return shutil.get_terminal_size((PIPED_WIDTH, 24)).columns
-
-
 def _status_filter(args: argparse.Namespace) -> Any:
     from hpcrl.config.errors import UsageError, UserError
-    from hpcrl.submit.job_state import RUN_STATES
+    from hpcrl.submit.job_status import RUN_STATES
     from hpcrl.submit.status_view import StatusFilter, parse_age
 
     states = {
@@ -139,9 +130,9 @@ def run_status(args: argparse.Namespace) -> int:
 
 def _one_run(run: Any, width: int | None) -> list[str]:
     """``hpcrl status RUN``: every field, then where its loggers write and its logs."""
-    from hpcrl.core.loggers.destinations import logger_lines
+    from hpcrl.run.job_record import submit_fix
+    from hpcrl.run.logger_destinations import logger_lines
     from hpcrl.submit.hints import command
-    from hpcrl.submit.job_record import submit_fix
     from hpcrl.submit.status_detail import detail_lines
     from hpcrl.submit.status_view import NOT_SUBMITTED, resolved_recipe
 
@@ -150,4 +141,13 @@ def _one_run(run: Any, width: int | None) -> list[str]:
     else:
         commands = [("logs", command("logs", Path(run.path)))]
     loggers = logger_lines(Path(run.path), resolved_recipe(Path(run.path)))
-    return detail_lines(run, [("loggers", "\n".join(loggers))], width, commands)
+    exports = export_lines(Path(run.path))
+    extra = [("loggers", "\n".join(loggers)), ("exports", "\n".join(exports))]
+    return detail_lines(run, extra, width, commands)
+
+
+def export_lines(run_dir: Path) -> list[str]:
+    """Where the run's Hugging Face folders are (``hpcrl.submit.exports``), one per line."""
+    from hpcrl.submit.exports import describe_export, list_exports
+
+    return [describe_export(entry) for entry in list_exports(run_dir)]

@@ -9,6 +9,8 @@ Public API::
     ConfigError(problems), Problem, print_problems(problems)
 """
 
+from typing import TYPE_CHECKING, Any
+
 from hpcrl.config.converter import structure_profile, structure_recipe, unstructure
 from hpcrl.config.errors import (
     ConfigError,
@@ -17,16 +19,41 @@ from hpcrl.config.errors import (
     print_problems,
     render_problems,
 )
-from hpcrl.config.load import (
-    LoadedRecipe,
-    load_profile,
-    load_profile_with_warnings,
-    load_recipe,
-    validate_recipe_dict,
-)
-from hpcrl.config.locate import list_profiles, list_recipes, profile_search_path
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
+
+if TYPE_CHECKING:
+    from hpcrl.config.load_and_check import (
+        LoadedRecipe,
+        load_profile,
+        load_profile_with_warnings,
+        load_recipe,
+        validate_recipe_dict,
+    )
+    from hpcrl.config.locate import list_profiles, list_recipes, profile_search_path
+
+#: The loaders, imported when first used: the job side imports this package for its schema
+#: types (``hpcrl.config.recipe`` runs this file first) and never loads a config file, so
+#: YAML, OmegaConf and the overrides never load there (tests/test_stage_boundaries.py).
+_LOADERS = {
+    "LoadedRecipe": "hpcrl.config.load_and_check",
+    "load_profile": "hpcrl.config.load_and_check",
+    "load_profile_with_warnings": "hpcrl.config.load_and_check",
+    "load_recipe": "hpcrl.config.load_and_check",
+    "validate_recipe_dict": "hpcrl.config.load_and_check",
+    "list_profiles": "hpcrl.config.locate",
+    "list_recipes": "hpcrl.config.locate",
+    "profile_search_path": "hpcrl.config.locate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LOADERS:
+        raise AttributeError(f"module 'hpcrl.config' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LOADERS[name]), name)
+
 
 __all__ = [
     "ClusterProfile",

@@ -115,6 +115,14 @@ def spelled_as(spellings: Iterable[str]) -> dict[str, str]:
     return {new: old for old, new in ALIASES.items() if old in used and new not in used}
 
 
+def respell_path(path: str, spelling: dict[str, str]) -> str:
+    """A dotted path with a new section name written the way the user wrote it."""
+    for new, old in spelling.items():
+        if path == new or path.startswith(new + "."):
+            return old + path[len(new) :]
+    return path
+
+
 def respell(problems: list[Problem], spelling: dict[str, str]) -> list[Problem]:
     """Problems with the new names written the way the user wrote them."""
     if not spelling:

@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
+import difflib
+
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
 
 DYN = "policy.dynamic_batching"
 PACK = "policy.sequence_packing"
+#: NeMo RL's packing algorithms (its PackingAlgorithm), all four in hpcrl.core.workers
+PACKING_ALGORITHMS = (
+    "modified_first_fit_decreasing",
+    "first_fit_decreasing",
+    "first_fit_shuffle",
+    "concatenative",
+)
 
 
 def rule_one_batching_mode(recipe: Recipe) -> list[Problem]:
@@ -94,7 +103,26 @@ def rule_dynamic_batching_pipeline(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_packing_algorithm(recipe: Recipe) -> list[Problem]:
+    """Checked while packing is on, as NeMo RL reads it only then (some of its configs
+    carry a name no packer has, e.g. modified_ffd, with packing off)."""
+    packing = recipe.policy.sequence_packing
+    if not packing.enabled or packing.algorithm in PACKING_ALGORITHMS:
+        return []
+    close = difflib.get_close_matches(packing.algorithm, PACKING_ALGORITHMS, n=1, cutoff=0.3)
+    return [
+        Problem(
+            path=f"{PACK}.algorithm",
+            value=packing.algorithm,
+            message="not a packing algorithm (NeMo RL's packers have the same four names)",
+            fix=(f"did you mean {close[0]}? " if close else "")
+            + f"use one of: {', '.join(PACKING_ALGORITHMS)}",
+        )
+    ]
+
+
 BATCHING_RULES = (
+    rule_packing_algorithm,
     rule_one_batching_mode,
     rule_token_budgets,
     rule_divisible_by,

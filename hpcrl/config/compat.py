@@ -1,83 +1,191 @@
 """The NeMo RL compatibility table (``docs/nemo-rl-compat.md``), generated from the code.
 
-Every key of NeMo RL's example GRPO and SFT configs (listed, names only, in
-``docs/nemo-rl-keys.txt``) is classified by what the loader does with it: implemented (a field
-of hpcrl's schema), accepted because it cannot change results (``foreign_keys``, with the
-reason), accepted only while off (with what is not supported), rejected, or unknown (an error
-today). ``tests/config/test_compat.py`` fails when the committed table differs from this.
+Rows: every key NeMo RL's base configs set in a supported release (the NeMo RL key registry,
+``hpcrl.config.nemo_rl_keys``) and every NeMo RL key hpcrl decides on by name. Each row's
+status comes from where the value goes, never from the schema alone:
 
-    python -m hpcrl.config.compat                 # rewrite docs/nemo-rl-compat.md
-    python -m hpcrl.config.compat --keys DIR...   # rewrite docs/nemo-rl-keys.txt from configs
+- implemented: a schema field with the code sites that act on its value
+  (``hpcrl.config.consumers.CONSUMED_BY``; ``tests/core/test_consumers_downstream.py`` sets
+  each one to another value and checks that what those sites build changes);
+- accepted: cannot change results (``consumers.NOT_CONSUMED``, ``foreign_keys``, sections
+  NeMo RL reads only under a setting hpcrl refuses by name: ``nemo_rl_filter``);
+- accepted only while off (the rule or the entry that refuses any other value);
+- accepted at NeMo RL's default only (a key NeMo RL knows and hpcrl does not use: any other
+  value is refused, ``nemo_rl_filter``);
+- rejected (a section of an algorithm hpcrl does not train).
+
+    python -m hpcrl.config.compat        # rewrite docs/nemo-rl-compat.md
+
+``tests/config/test_compat.py`` fails when the committed table differs from this.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+
+import attrs
 
 from hpcrl.config.aliases import ALIASES, rename_path
+from hpcrl.config.consumers import CONSUMED_BY, NOT_CONSUMED
 from hpcrl.config.foreign_keys import (
+    FOREIGN_KEYS,
     UNSUPPORTED_SECTIONS,
+    WILDCARD,
     find_foreign_key,
-    schema_paths,
+    known_schema_paths,
 )
 from hpcrl.config.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
-KEYS_FILE = REPO / "docs" / "nemo-rl-keys.txt"
 TABLE_FILE = REPO / "docs" / "nemo-rl-compat.md"
 
 IMPLEMENTED = "implemented"
 INERT = "accepted: cannot change results"
 OFF_ONLY = "accepted only while off"
+DEFAULT_ONLY = "accepted at NeMo RL's default only"
+SECTION = "section"
 REJECTED = "rejected"
+UNDECLARED = "schema field with no declared consumer"
 UNKNOWN = "unknown key: an error today"
 
+#: schema fields that hold free-form mappings: a key below one is its field's
+FREE_FORM = (
+    "policy.megatron_cfg.env_vars",
+    "policy.automodel_cfg.env_vars",
+    "policy.hf_config_overrides",
+    "policy.tokenizer.chat_template_kwargs",
+    "policy.generation.vllm_cfg.env_vars",
+    "policy.megatron_cfg.model_overrides",
+    "policy.optimizer.kwargs",
+    "policy.generation.vllm_kwargs",
+    "env.kwargs",
+)
 
-def classify(nemo_path: str, known: set[str]) -> tuple[str, str]:
+
+@attrs.frozen
+class Row:
+    key: str  # NeMo RL's spelling
+    status: str
+    note: str
+
+
+def _schema() -> frozenset[str]:
+    return known_schema_paths(Recipe)
+
+
+def classify(nemo_path: str) -> tuple[str, str]:
     """(status, note) of one NeMo RL key path."""
     parts = rename_path(tuple(nemo_path.split(".")))
     path = ".".join(parts)
+    renamed = f"read as `{path}`; " if path != nemo_path else ""
     for section, reason in UNSUPPORTED_SECTIONS.items():
         if path == section or path.startswith(section + "."):
             return REJECTED, reason
-    if path in known or _below_free_form(path, known):
-        note = f"read as `{path}`" if path != nemo_path else ""
-        return IMPLEMENTED, note
+    above = next((field for field in FREE_FORM if path.startswith(field + ".")), None)
+    if above is not None:
+        status, note = classify_schema_field(above)
+        return status, f"{renamed}a key of `{above}`: {note}"
+    if path in _schema():
+        status, note = classify_schema_field(path)
+        return status, (renamed + note).removesuffix("; ")
+    return _outside_schema(parts)
+
+
+def classify_schema_field(path: str) -> tuple[str, str]:
+    if path in NOT_CONSUMED:
+        entry = NOT_CONSUMED[path]
+        if entry.status == "inert":
+            return INERT, entry.reason
+        return OFF_ONLY, f"off: {entry.off}; {entry.reason}"
+    if path in CONSUMED_BY:
+        return IMPLEMENTED, "read by " + ", ".join(f"`{site}`" for site in CONSUMED_BY[path])
+    if any(other.startswith(path + ".") for other in _schema()):
+        return SECTION, "a section: each key below it has its own row"
+    return UNDECLARED, ""
+
+
+def _outside_schema(parts: tuple[str, ...]) -> tuple[str, str]:
+    from hpcrl.config.nemo_rl_filter import (
+        READ_ONLY_WHEN,
+        env_reason,
+        nemo_rl_parts,
+        unread_section,
+    )
+    from hpcrl.config.nemo_rl_keys import registry
+
     entry = find_foreign_key(parts)
-    if entry is None:
+    if entry is not None:
+        if entry.status == "inert":
+            return INERT, entry.reason
+        return OFF_ONLY, f"off: {entry.off_text() or 'enabled: false'}; {entry.reason}"
+    unread = unread_section(parts)
+    if unread is not None:
+        return INERT, unread.reason
+    if parts[0] == "env" and len(parts) >= 2:
+        return INERT, env_reason(parts[1])
+    path = ".".join(parts)
+    switched = next((entry for entry in READ_ONLY_WHEN if entry.path == path), None)
+    if switched is not None:
+        return INERT, f"read by NeMo RL only with {switched.when}: true"
+    known = registry().lookup(nemo_rl_parts(parts))
+    if known is None:
         return UNKNOWN, ""
-    if entry.status == "inert":
-        return INERT, entry.reason
-    return OFF_ONLY, f"off: {entry.off_text() or 'enabled: false'}; {entry.reason}"
+    if known.section:
+        return SECTION, "a section: each key below it has its own row"
+    defaults = known.defaults_text()
+    if not defaults:
+        return DEFAULT_ONLY, "NeMo RL gives it no default; any value is refused"
+    return DEFAULT_ONLY, f"NeMo RL's default: {defaults}; any other value is refused"
 
 
-def _below_free_form(path: str, known: set[str]) -> bool:
-    free_form = {
-        "policy.megatron_cfg.env_vars",
-        "policy.megatron_cfg.model_overrides",
-        "env.kwargs",
-    }
-    return any(path.startswith(prefix + ".") for prefix in free_form & known)
+def table_keys() -> list[str]:
+    """The NeMo RL keys the table lists (NeMo RL's spelling)."""
+    from hpcrl.config.nemo_rl_filter import nemo_rl_parts
+    from hpcrl.config.nemo_rl_keys import registry
+
+    keys = set(registry().base_config_keys())
+    known = registry()
+    for path in [*CONSUMED_BY, *NOT_CONSUMED]:
+        nemo_parts = nemo_rl_parts(tuple(path.split(".")))
+        found = known.lookup(nemo_parts)
+        if found is not None and found.path == ".".join(nemo_parts):
+            keys.add(found.path)
+    for entry in FOREIGN_KEYS:
+        if WILDCARD not in entry.path:
+            keys.add(".".join(nemo_rl_parts(tuple(entry.path.split(".")))))
+    return sorted(keys)
 
 
-def render_table(keys: Iterable[str]) -> str:
-    known = set(schema_paths(Recipe))
-    rows = [(key, *classify(key, known)) for key in sorted(set(keys))]
+def nemo_rl_rows() -> list[Row]:
+    return [Row(key, *classify(key)) for key in table_keys()]
+
+
+def render_table(rows: list[Row]) -> str:
+    from hpcrl.config.nemo_rl_keys import SUPPORTED_RELEASES
+
     counts: dict[str, int] = {}
-    for _, status, _ in rows:
-        counts[status] = counts.get(status, 0) + 1
+    for row in rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
     lines = [
         "# NeMo RL config keys in hpcrl",
         "",
-        "Generated by `python -m hpcrl.config.compat` from the code (the schema in",
-        "`hpcrl/config/recipe.py`, `hpcrl/config/foreign_keys.py`); do not edit by hand.",
-        "Keys: every key of NeMo RL's example GRPO and SFT configs (`docs/nemo-rl-keys.txt`).",
+        "Generated by `python -m hpcrl.config.compat` from the code; do not edit by hand.",
+        f"NeMo RL releases whose configs hpcrl reads: {', '.join(SUPPORTED_RELEASES)} (the key",
+        "registry in `hpcrl/config/nemo_rl_releases/`, built from each release's example",
+        "configs and config classes by `python -m hpcrl.config.nemo_rl_keys_build`).",
+        "Rows: every key NeMo RL's base configs (grpo_math_1B, sft and their Megatron",
+        "variants) set in one of them, and every NeMo RL key hpcrl decides on by name.",
+        "",
+        "An **implemented** key names the code that acts on its value (`hpcrl/config/consumers.py`;",
+        "`tests/core/test_consumers_downstream.py` changes each one and checks that what that",
+        "code builds changes). A key **accepted at NeMo RL's default only** is one hpcrl does not",
+        "use: at the default `hpcrl validate` counts it in one line (`--verbose` lists them),",
+        "any other value is an error naming the key, the value and the default. A key NeMo RL",
+        'does not know is an error with "did you mean".',
         f"`{'`, `'.join(ALIASES)}` is read as `{'`, `'.join(ALIASES.values())}` (the same",
-        "section under its older name). A key marked unknown is an error naming it today.",
+        "section under its older name).",
         "",
         "| status | keys |",
         "|---|---|",
@@ -85,7 +193,7 @@ def render_table(keys: Iterable[str]) -> str:
         "",
         "| key | status | why |",
         "|---|---|---|",
-        *(f"| `{key}` | {status} | {_cell(note)} |" for key, status, note in rows),
+        *(f"| `{row.key}` | {row.status} | {_cell(row.note)} |" for row in rows),
         "",
     ]
     return "\n".join(lines)
@@ -95,49 +203,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def read_keys(path: Path = KEYS_FILE) -> list[str]:
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-
-
-def keys_of_configs(paths: Iterable[Path]) -> list[str]:
-    """Leaf key paths of config files (defaults merged, nothing resolved), NeMo RL's names."""
-    from omegaconf import OmegaConf
-
-    keys: set[str] = set()
-    for path in paths:
-        keys |= set(_leaves(_merged(Path(path), OmegaConf), ()))
-    return sorted(keys)
-
-
-def _merged(path: Path, omegaconf: Any) -> dict[str, Any]:
-    from hpcrl.config.loader import deep_merge
-
-    data = omegaconf.to_container(omegaconf.load(path), resolve=False)
-    bases = data.pop("defaults", None) or []
-    merged: dict[str, Any] = {}
-    for base in [bases] if isinstance(bases, str) else bases:
-        merged = deep_merge(merged, _merged(path.parent / base, omegaconf))
-    return deep_merge(merged, data)
-
-
-def _leaves(value: Any, parts: tuple[str, ...]) -> Iterable[str]:
-    free_form = {"env_vars", "model_overrides", "kwargs", "vllm_kwargs", "automodel_kwargs"}
-    if isinstance(value, dict) and value and (not parts or parts[-1] not in free_form):
-        for key, item in value.items():
-            yield from _leaves(item, parts + (str(key),))
-    elif parts:
-        yield ".".join(parts)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keys", nargs="+", metavar="CONFIG", help="rewrite the key list")
-    args = parser.parse_args(argv)
-    if args.keys:
-        header = "# Keys of NeMo RL's example GRPO/SFT configs (defaults merged); names only.\n"
-        KEYS_FILE.write_text(header + "\n".join(keys_of_configs(args.keys)) + "\n")
-    TABLE_FILE.write_text(render_table(read_keys()), encoding="utf-8")
+    parser.parse_args(argv)
+    TABLE_FILE.write_text(render_table(nemo_rl_rows()), encoding="utf-8")
     print(f"wrote {TABLE_FILE}")
     return 0
 

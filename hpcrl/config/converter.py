@@ -7,7 +7,6 @@ structuring error is collected and turned into a ``Problem`` with its full key p
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 import types
@@ -26,6 +25,7 @@ from cattrs.errors import (
 from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile, GpuCount
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.suggestions import did_you_mean
 
 T = TypeVar("T")
 PathParts = tuple[str | int, ...]
@@ -147,11 +147,6 @@ def value_at(data: Any, parts: PathParts) -> Any:
         else:
             return NO_VALUE
     return data
-
-
-def did_you_mean(word: str, choices: typing.Iterable[str]) -> str | None:
-    matches = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return matches[0] if matches else None
 
 
 def _structure_or_raise(data: Mapping[str, Any], cls: type[T]) -> T:

@@ -32,12 +32,16 @@ class NamedDataset:
 
 
 NAMED_DATASETS: dict[str, NamedDataset] = {
+    # NeMo RL's name for both algorithms: GRPO's target is the answer (output_key's default,
+    # expected_answer), SFT recipes set output_key: generated_solution.
     "OpenMathInstruct-2": NamedDataset(
         hub_id="nvidia/OpenMathInstruct-2",
         train_split="train_1M",
         carve_validation=0.05,
         fields="openmath_answer",
+        algorithm="any",
     ),
+    # NeMo RL v0.5's SFT-only name of the same set (output_key: generated_solution).
     "openmathinstruct2": NamedDataset(
         hub_id="nvidia/OpenMathInstruct-2",
         train_split="train_1M",
@@ -77,6 +81,11 @@ PROCESSORS = {
     "math_data_processor": "grpo",
     "sft_processor": "sft",
 }
+
+
+def names_for(algorithm: str) -> list[str]:
+    """The named sets a recipe of ``algorithm`` ('grpo' or 'sft') may use."""
+    return [name for name, named in NAMED_DATASETS.items() if named.algorithm in ("any", algorithm)]
 
 
 def effective(recipe: Recipe, which: str) -> DatasetCfg | None:
@@ -159,6 +168,15 @@ def _section_problems(recipe: Recipe, section: DatasetCfg, path: str) -> list[Pr
             )
         )
     problems += _processor_problems(recipe, section, path, NAMED_DATASETS[name])
+    if section.repeat is not None and section.repeat < 1:
+        problems.append(
+            Problem(
+                path=f"{path}.repeat",
+                value=section.repeat,
+                message="must be at least 1 (how many times the set's rows are used)",
+                fix=f"set {path}.repeat=1, or remove it",
+            )
+        )
     for key in ("prompt_file", "system_prompt_file", "data_path"):
         value = getattr(section, key)
         if value is not None and not Path(value).exists():
@@ -195,7 +213,8 @@ def _processor_problems(
                 value=section.dataset_name,
                 message=f"a data set for {named.algorithm.upper()}, but this recipe trains "
                 f"{recipe.algorithm.upper()}",
-                fix="pick a data set of this algorithm (see docs/algorithms.md, data sets)",
+                fix=f"pick a data set hpcrl loads for {recipe.algorithm.upper()}: "
+                f"{', '.join(names_for(recipe.algorithm))} (docs/algorithms.md, data sets)",
             )
         )
     if section.env_name not in (None, "math"):

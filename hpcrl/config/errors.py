@@ -169,6 +169,11 @@ def _redact(text: str) -> str:
     return redact(text)
 
 
+def show_value(value: Any) -> str:
+    """A value as problems show it: repr, secrets hidden, long ones cut."""
+    return _show_value(value)
+
+
 def _show_value(value: Any) -> str:
     text = _redact(repr(value))  # before cutting: a cut secret would no longer be found
     return text if len(text) <= 120 else text[:117] + "..."

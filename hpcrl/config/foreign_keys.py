@@ -11,6 +11,7 @@ looked up here: the schema wins (``docs/nemo-rl-compat.md`` lists both, generate
 
 from __future__ import annotations
 
+import functools
 import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
@@ -75,6 +76,12 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only("distillation", f"distillation is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("rm", f"reward-model training is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("ppo", f"PPO is {NOT_YET}: hpcrl trains GRPO and SFT", None),
+    off_only(
+        "async_rl",
+        "NeMo RL's single-controller GRPO runtime (async_rl: its sampler, streaming trainer "
+        f"and rollout retries) is {NOT_YET}; hpcrl's asynchronous GRPO is grpo.async_grpo",
+        None,
+    ),
     # ---------------------------------------------------------------- policy, both backends
     inert(
         "policy.generation_batch_size",
@@ -97,12 +104,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         False,
         None,
     ),
-    off_only(
-        "policy.tokenizer.chat_template_kwargs",
-        f"extra chat-template arguments are {NOT_YET}",
-        None,
-        {},
-    ),
     # ---------------------------------------------------------------- automodel_cfg (dtensor_cfg)
     inert(
         "policy.automodel_cfg._v2",
@@ -114,12 +115,44 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         f"custom tensor-parallel plans are {NOT_YET} (hpcrl applies its own plan)",
         None,
     ),
+    # automodel_kwargs: the named entries first (each takes its key out), then what is left
+    inert(
+        "policy.automodel_cfg.automodel_kwargs.force_hf",
+        "makes NeMo Automodel load the Hugging Face implementation of the model: the one "
+        "hpcrl's Automodel backend always trains",
+    ),
+    inert(
+        "policy.automodel_cfg.automodel_kwargs.use_liger_kernel",
+        "Liger's fused kernels for the same functions (RMSNorm, RoPE, SwiGLU, cross entropy); "
+        "hpcrl runs PyTorch's",
+    ),
+    inert(
+        "policy.automodel_cfg.automodel_kwargs.use_sdpa_patching",
+        "whether NeMo Automodel patches the model's attention to PyTorch SDPA: which kernel "
+        "computes attention, not what it computes",
+    ),
     off_only(
-        "policy.automodel_cfg.env_vars",
-        f"per-backend environment variables are {NOT_YET} for Automodel: set them in the "
-        "cluster profile's env",
+        "policy.automodel_cfg.automodel_kwargs.backend.fake_balanced_gate",
+        "a fake balanced MoE router (NeMo Automodel's test switch) is not supported",
+        False,
         None,
-        {},
+    ),
+    inert(
+        "policy.automodel_cfg.automodel_kwargs.backend",
+        "kernel choices (attention, linear, norm, MoE experts and dispatcher) of NeMo "
+        "Automodel's own model implementations; hpcrl trains the Hugging Face implementation "
+        "(as force_hf: true does)",
+    ),
+    off_only(
+        "policy.automodel_cfg.automodel_kwargs.freeze_config.freeze_language_model",
+        f"freezing the language model is {NOT_YET}",
+        False,
+        None,
+    ),
+    inert(
+        "policy.automodel_cfg.automodel_kwargs.freeze_config",
+        "freezes a multimodal model's vision and audio towers; hpcrl trains on text, which "
+        "never passes through them",
     ),
     off_only(
         "policy.automodel_cfg.automodel_kwargs",
@@ -136,11 +169,10 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ),
     off_only("policy.megatron_cfg.fp8_cfg", f"FP8 training is {NOT_YET}", None),
     off_only("policy.megatron_cfg.peft", f"LoRA (PEFT) is {NOT_YET}", None),
-    off_only(
+    inert(
         "policy.megatron_cfg.defer_fp32_logits",
-        f"deferring the fp32 cast of logits is {NOT_YET} (hpcrl casts them at once)",
-        None,
-        False,
+        "when megatron-core's bf16 logits are cast to fp32: at once (hpcrl) or in NeMo RL's "
+        "log-prob code, which casts them before the log-softmax; the same values, less memory",
     ),
     off_only(
         "policy.megatron_cfg.moe_enable_deepep",
@@ -148,11 +180,40 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         False,
         None,
     ),
+    inert(
+        "policy.sequence_packing.fuse_loss",
+        "NeMo RL's Megatron worker computes the loss of a packed micro-batch in one pass "
+        "instead of one per sequence, numerically identical by its own account: kernel "
+        "launches, not values",
+    ),
+    # ---------------------------------------------------------------- placement, transport
+    inert(
+        "cluster.segment_size",
+        "orders NeMo RL's Ray placement bundles by NVLink domain (multi-node NVLink systems "
+        "such as GB200 NVL72): which GPU holds which rank, not what is computed",
+    ),
+    inert(
+        "data_plane",
+        "NeMo RL's TransferQueue data plane: how rollout batches move between its workers "
+        "(a storage backend), not what they hold; hpcrl moves them through Ray",
+    ),
     # ---------------------------------------------------------------- generation
     inert(
         "policy.generation.vllm_cfg.async_engine",
         "whether NeMo RL drives vLLM through its async engine API; the same engine samples "
         "the same way (hpcrl's asynchrony is grpo.async_grpo)",
+    ),
+    inert(
+        "policy.generation.vllm_cfg.use_tqdm",
+        "vLLM's progress bar while NeMo RL generates: what the log shows, not what is sampled",
+    ),
+    inert(
+        "policy.generation.vllm_cfg.enable_vllm_metrics_logger",
+        "NeMo RL's periodic vLLM throughput/queue metrics: what is logged, not what is sampled",
+    ),
+    inert(
+        "policy.generation.vllm_cfg.vllm_metrics_logger_interval",
+        "seconds between NeMo RL's vLLM metrics samples: what is logged, not what is sampled",
     ),
     inert(
         "policy.generation.vllm_cfg.load_format",
@@ -165,17 +226,30 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         1,
     ),
     off_only("policy.generation.vllm_cfg.use_deep_gemm", f"FP8 generation is {NOT_YET}", False),
+    inert(
+        "policy.generation.vllm_cfg.quantization_ignored_layer_kws",
+        "layers NeMo RL's FP8 generation keeps in bf16, read only with "
+        "vllm_cfg.precision: fp8, which hpcrl refuses by name",
+    ),
     off_only(
         "policy.generation.vllm_cfg.num_last_layers_in_bf16", f"FP8 generation is {NOT_YET}", 0
     ),
     off_only(
         "policy.generation.vllm_cfg.num_first_layers_in_bf16", f"FP8 generation is {NOT_YET}", 0
     ),
+    # ---------------------------------------------------------------- async GRPO
     off_only(
-        "policy.generation.vllm_kwargs",
-        f"extra vLLM engine arguments are {NOT_YET}",
-        None,
-        {},
+        "grpo.async_grpo.in_flight_weight_updates",
+        "in-flight weight updates (a refit while responses are being generated, so one "
+        f"response may be sampled with two weights versions) are {NOT_YET}: hpcrl's async "
+        "GRPO samples each batch with one weights version, at most "
+        "grpo.async_grpo.max_trajectory_age_steps old",
+        False,
+    ),
+    inert(
+        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
+        "hpcrl resets vLLM's prefix cache after every refit, so no response is ever "
+        "continued from a cache the old weights computed",
     ),
     # ---------------------------------------------------------------- GRPO math
     off_only(
@@ -204,12 +278,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "file format of NeMo RL's HF weight export; hpcrl's checkpoints are DCP (Automodel) or "
         "torch_dist (Megatron) and resume the same way whatever this says",
     ),
-    off_only(
-        "checkpointing.save_consolidated",
-        f"consolidated HF exports at save time are {NOT_YET}",
-        False,
-        None,
-    ),
     inert(
         "sft.val_micro_batch_size",
         "micro-batch of the validation pass: how the validation loss is batched, not its value",
@@ -228,6 +296,13 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only("logger.swanlab_enabled", f"SwanLab logging is {NOT_YET}", False),
     inert("logger.swanlab", "settings of the SwanLab logger, read only when swanlab_enabled"),
 )
+
+
+@functools.cache
+def known_schema_paths(schema: type) -> frozenset[str]:
+    """``schema_paths`` of a schema class, computed once (type hints are slow to evaluate:
+    ~80 ms for the recipe on every load otherwise)."""
+    return frozenset(schema_paths(schema))
 
 
 def schema_paths(cls: type, prefix: str = "") -> Iterator[str]:
@@ -266,10 +341,14 @@ def find_foreign_key(parts: tuple[str, ...]) -> ForeignKey | None:
 
 
 def filter_foreign_keys(
-    data: dict[str, Any], schema: type, foreign: tuple[ForeignKey, ...] = FOREIGN_KEYS
+    data: dict[str, Any],
+    schema: type,
+    foreign: tuple[ForeignKey, ...] = FOREIGN_KEYS,
+    accepted: list[tuple[tuple[str, ...], Any, ForeignKey]] | None = None,
 ) -> tuple[dict[str, Any], list[Problem]]:
-    """``data`` without the foreign keys it holds, and an error for each one not off."""
-    known = set(schema_paths(schema))
+    """``data`` without the foreign keys it holds, and an error for each one not off;
+    ``accepted`` (when given) gets (key parts, value, entry) of each one taken out unrefused."""
+    known = known_schema_paths(schema)
     kept = _copy_dicts(data)
     problems = []
     for entry in foreign:
@@ -280,6 +359,8 @@ def filter_foreign_keys(
                 continue
             if not entry.accepts(value):
                 problems.append(_rejection(entry, parts, value))
+            elif accepted is not None:
+                accepted.append((parts, value, entry))
             _parent_of(kept, parts).pop(parts[-1])
     return kept, problems
 

@@ -4,7 +4,7 @@ dynamic sampling, reward shaping and scaling (the advantage options: advantage_r
 from __future__ import annotations
 
 from hpcrl.config.errors import Problem
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import GrpoCfg, Recipe
 
 G = "grpo"
 
@@ -24,19 +24,39 @@ def rule_single_turn(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def generation_batch_prompts(grpo: GrpoCfg) -> int:
+    """Prompts of one dynamic-sampling generation batch: NeMo RL's
+    ``int(num_prompts_per_step * batch_multiplier)`` (the multiplier may be a float)."""
+    return int(grpo.num_prompts_per_step * grpo.batch_multiplier)
+
+
 def rule_dynamic_sampling(recipe: Recipe) -> list[Problem]:
     grpo = recipe.grpo
     if grpo is None:
         return []
     problems = []
-    if grpo.batch_multiplier < 1 or (grpo.batch_multiplier > 1 and not grpo.use_dynamic_sampling):
+    multiplier = grpo.batch_multiplier
+    if not grpo.use_dynamic_sampling and multiplier != 1:
+        # NeMo RL asserts the same: the multiplier only feeds dynamic sampling.
         problems.append(
             Problem(
                 path=f"{G}.batch_multiplier",
-                value=grpo.batch_multiplier,
-                message="generates extra prompts for dynamic sampling to choose from; it must "
-                "be at least 1, and more than 1 only with use_dynamic_sampling",
+                value=multiplier,
+                message="generates extra prompts for dynamic sampling to choose from, so it "
+                "must be 1 without use_dynamic_sampling",
                 fix=f"set {G}.batch_multiplier=1, or {G}.use_dynamic_sampling=true",
+            )
+        )
+    elif grpo.use_dynamic_sampling and generation_batch_prompts(grpo) < 1:
+        problems.append(
+            Problem(
+                path=f"{G}.batch_multiplier",
+                value=multiplier,
+                message=f"each generation batch takes int({G}.num_prompts_per_step × "
+                f"batch_multiplier) = int({grpo.num_prompts_per_step} × {multiplier}) = "
+                f"{generation_batch_prompts(grpo)} prompts",
+                fix=f"set {G}.batch_multiplier so that batch holds at least one prompt, "
+                "e.g. 1.0 (more than 1 gives dynamic sampling more groups to choose from)",
             )
         )
     if grpo.use_dynamic_sampling and grpo.dynamic_sampling_max_gen_batches < 1:

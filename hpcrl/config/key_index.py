@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.converter import did_you_mean
+from hpcrl.config.suggestions import did_you_mean
 
 #: How many suggestions a problem names at most.
 MAX_SUGGESTIONS = 3

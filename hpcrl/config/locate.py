@@ -14,19 +14,19 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import ConfigError, Problem
+from hpcrl.config.suggestions import did_you_mean
 
 PROFILES_ENV_VAR = "HPCRL_CLUSTER_PROFILES"
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
 def shipped_recipes_dir() -> Path:
-    return _package_dir("hpcrl.recipes")
+    return shipped_package_dir("hpcrl.recipes")
 
 
 def shipped_profiles_dir() -> Path:
-    return _package_dir("hpcrl.cluster_profiles")
+    return shipped_package_dir("hpcrl.cluster_profiles")
 
 
 def user_profiles_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -177,10 +177,10 @@ def _yaml_files(folder: Path) -> dict[str, Path]:
 
 
 def shipped_templates_dir() -> Path:
-    return _package_dir("hpcrl.templates")
+    return shipped_package_dir("hpcrl.templates")
 
 
-def _package_dir(package: str) -> Path:
+def shipped_package_dir(package: str) -> Path:
     """The folder of a shipped package (``hpcrl.recipes``, ``.cluster_profiles``, ``.templates``).
 
     An installed hpcrl (wheel or editable) maps these names to folders. A bare source checkout

@@ -154,7 +154,30 @@ def rule_grpo_sampling_temperature(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_force_on_policy_ratio(recipe: Recipe) -> list[Problem]:
+    """A ratio of 1 is the truth only while the policy has not changed since the old
+    log-probs: one optimizer step per rollout batch (NeMo RL requires the same)."""
+    grpo = recipe.grpo
+    if not recipe.loss_fn.force_on_policy_ratio or grpo is None:
+        return []
+    rollouts = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    if recipe.policy.train_global_batch_size == rollouts:
+        return []
+    return [
+        Problem(
+            path=f"{LOSS}.force_on_policy_ratio",
+            value=True,
+            message="a forced ratio of 1 needs one optimizer step per rollout batch: "
+            f"policy.train_global_batch_size ({recipe.policy.train_global_batch_size}) must "
+            f"equal grpo.num_prompts_per_step x grpo.num_generations_per_prompt ({rollouts})",
+            fix=f"set policy.train_global_batch_size={rollouts}, or "
+            f"{LOSS}.force_on_policy_ratio=false",
+        )
+    ]
+
+
 LOSS_RULES = (
+    rule_force_on_policy_ratio,
     rule_ratio_clip_epsilons,
     rule_dual_clip,
     rule_kl_clamps,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import MegatronCfg, OffloadModule, Recipe
+from hpcrl.config.suggestions import did_you_mean
 
 MEGATRON = "policy.megatron_cfg"
 OFFLOAD_MODULE_NAMES: tuple[str, ...] = OffloadModule.__args__
@@ -371,8 +371,47 @@ def _offload_combinations(cfg: MegatronCfg, modules: set[str]) -> list[Problem]:
     return problems
 
 
+def rule_clip_grad(recipe: Recipe) -> list[Problem]:
+    """megatron-core compares clip_grad with 0 at every step, so null fails there; NeMo RL
+    writes 0 for no clipping (its sft_openmathinstruct2_megatron.yaml)."""
+    if not megatron_enabled(recipe) or recipe.policy.megatron_cfg.optimizer.clip_grad is not None:
+        return []
+    return [
+        Problem(
+            path=f"{MEGATRON}.optimizer.clip_grad",
+            value=None,
+            message="megatron-core's optimizer needs a number here (it compares it with 0 at "
+            "every step)",
+            fix=f"set {MEGATRON}.optimizer.clip_grad=0.0 for no clipping, or a norm such as 1.0",
+        )
+    ]
+
+
+def rule_hf_config_overrides(recipe: Recipe) -> list[Problem]:
+    """The Megatron backend builds its model from a Megatron checkpoint converted once per
+    model (``hpcrl.core.backends.megatron.conversion``) and its provider from the HF config
+    as it is on disk: a changed HF config would reach neither (nor the cache key of the
+    conversion), so the change would be silently lost."""
+    if not megatron_enabled(recipe):
+        return []
+    return [
+        Problem(
+            path=f"policy.hf_config_overrides.{key}",
+            value=value,
+            message="changes to the Hugging Face config are not applied by hpcrl's Megatron "
+            "backend yet (its provider and converted checkpoint come from the config on disk)",
+            fix=f"remove policy.hf_config_overrides.{key}, set the value in a copy of the "
+            "model's config.json, or train with the Automodel backend "
+            "(policy.automodel_cfg.enabled=true), which applies it",
+        )
+        for key, value in sorted(recipe.policy.hf_config_overrides.items())
+    ]
+
+
 MEGATRON_RULES = (
     rule_megatron_parallel_sizes,
+    rule_hf_config_overrides,
+    rule_clip_grad,
     rule_context_parallel,
     rule_sequence_parallel,
     rule_recompute,

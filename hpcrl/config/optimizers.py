@@ -180,7 +180,8 @@ def rule_optimizer(recipe: Recipe) -> list[Problem]:
 
 def rule_scheduler(recipe: Recipe) -> list[Problem]:
     """NeMo RL's scheduler list: named entries with known kwargs, and exactly one
-    ``milestones`` entry (n − 1 increasing positive steps) when there are n ≥ 2 of them."""
+    ``milestones`` entry (n − 1 increasing positive steps) when there are n ≥ 2 of them; an
+    empty one beside a single scheduler, as NeMo RL's recipes write it."""
     entries = recipe.policy.scheduler or ()
     if recipe.policy.megatron_cfg.enabled or not entries:
         return []
@@ -234,14 +235,19 @@ def _named_entry_problems(path: str, entry: LrSchedulerCfg) -> list[Problem]:
 def _milestone_problems(num_named: int, marks: list[tuple[int, LrSchedulerCfg]]) -> list[Problem]:
     with_steps = [(i, e) for i, e in marks if e.milestones is not None]
     if num_named <= 1:
+        # NeMo RL builds SequentialLR over the list: one scheduler with `milestones: []` is
+        # that scheduler alone (hpcrl.core.backends.automodel.optim.build_lr_scheduler).
         return [
             Problem(
                 path=f"{SCHED}[{i}].milestones",
                 value=list(e.milestones or ()),
-                message="milestones only apply between two or more schedulers",
-                fix="remove this entry (one scheduler runs for the whole run)",
+                message="milestones hand over from one scheduler to the next, and there is "
+                f"{num_named} scheduler",
+                fix="write milestones: [] (one scheduler runs for the whole run) or add the "
+                "scheduler that takes over",
             )
             for i, e in with_steps
+            if e.milestones
         ]
     if len(with_steps) != 1:
         return [

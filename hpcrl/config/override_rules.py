@@ -12,11 +12,12 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.converter import did_you_mean, try_structure, unstructure
+from hpcrl.config.converter import try_structure, unstructure
+from hpcrl.config.deep_merge import deep_merge
 from hpcrl.config.errors import Problem
-from hpcrl.config.loader import deep_merge
 from hpcrl.config.megatron_rules import MEGATRON, megatron_enabled
 from hpcrl.config.recipe import MegatronCfg, Recipe
+from hpcrl.config.suggestions import did_you_mean
 
 TEACHER_REJECTED_KEYS = ("manual_gc", "manual_gc_interval")
 

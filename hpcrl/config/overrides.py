@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from hpcrl.config.aliases import alias_warning, rename_path, spellings_of
-from hpcrl.config.converter import did_you_mean
 from hpcrl.config.errors import Problem
+from hpcrl.config.suggestions import did_you_mean
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -148,10 +148,10 @@ def _apply_one(cfg: DictConfig, override: Override, schema: type, known: KnownKe
                 fix=f"write {key}=... or ++{key}=... to change it",
             )
         ]
-    if known is None or not known(override.parts):
-        schema_problem = check_key_in_schema(override.parts, schema, override.text)
-        if schema_problem is not None:
-            return [schema_problem]
+    schema_problem = check_key_in_schema(override.parts, schema, override.text)
+    # known() only for keys outside the schema: it may read the NeMo RL key registry
+    if schema_problem is not None and (known is None or not known(override.parts)):
+        return [schema_problem]
     try:
         OmegaConf.update(cfg, key, _absolute_data_path(override), merge=True, force_add=True)
     except OmegaConfBaseException as exc:
@@ -245,8 +245,12 @@ def _unknown_override_key(
     """A sibling with a close name first (``polcy`` -> ``policy``); else the keys below the
     same parent that end like the typed key (``policy.lr`` -> ``policy.optimizer.kwargs.lr``)."""
     from hpcrl.config.key_index import keys_ending_like
+    from hpcrl.config.nemo_rl_filter import nemo_rl_parts
+    from hpcrl.config.nemo_rl_keys import registry
 
-    guess = did_you_mean(parts[depth], known)
+    # NeMo RL's keys of the section too: a typo of one (use_tqdmm) finds it
+    nemo_rl_keys = registry().children(nemo_rl_parts(parts[:depth])) if depth else []
+    guess = did_you_mean(parts[depth], [*known, *nemo_rl_keys])
     parent = ".".join(parts[:depth]) or "the top level"
     deeper = [] if guess else keys_ending_like(schema, parts, depth)
     if guess:

@@ -103,6 +103,10 @@ class ClusterProfile:
     # hpcrl runs on and what ray_auth needs before the queue wait. Unset: known from a NeMo
     # RL release image's tag (hpcrl.plan.images), else checked by each node when the job starts.
     ray_version: str | None = None
+    # torch.compile's caches (Inductor, AOTAutograd, Triton), shared by every run: an absolute
+    # path as the job sees it, on storage its nodes share. Unset: <runs>/.hpcrl-cache/
+    # torch-compile beside the run folders (hpcrl.plan.compile_cache).
+    compile_cache_dir: str | None = None
 
     @property
     def slots_per_node(self) -> int:

@@ -156,17 +156,28 @@ def rule_checkpointing_ranges(recipe: Recipe) -> list[Problem]:
     problems += _at_least(
         "checkpointing.keep_top_k", cfg.keep_top_k, 1, "keep at least one, or null to keep all"
     )
+    if cfg.save_consolidated and not cfg.enabled:
+        problems.append(
+            Problem(
+                path="checkpointing.save_consolidated",
+                value=True,
+                message="writes a Hugging Face folder beside each saved checkpoint, but "
+                "checkpointing.enabled is false: nothing is saved",
+                fix="set checkpointing.enabled=true (and checkpointing.save_period=N), or "
+                "export after the run with hpcrl export RUN",
+            )
+        )
     return problems
 
 
 def rule_schedule_ranges(recipe: Recipe) -> list[Problem]:
-    """Epochs, validation periods, data loader workers, input length."""
+    """Epochs, data loader workers, input length."""
     problems = []
     for name, section in (("grpo", recipe.grpo), ("sft", recipe.sft)):
         if section is None:
             continue
         problems += _at_least(f"{name}.max_num_epochs", section.max_num_epochs, 1, "e.g. 1")
-        problems += _at_least(f"{name}.val_period", section.val_period, 0, "0: no validation")
+        # val_period: any integer; NeMo RL validates only when it is > 0 (-1 and 0 mean off)
     problems += _at_least("data.num_workers", recipe.data.num_workers, 0, "0: load in the driver")
     problems += _at_least(
         "data.max_input_seq_length", recipe.data.max_input_seq_length, 1, "or null: no limit"

@@ -30,6 +30,8 @@ class TokenizerCfg:
 
     name: str | None = None
     chat_template: str | None = None
+    # more arguments of every apply_chat_template call (NeMo RL's; e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
 @frozen
@@ -90,6 +92,9 @@ class VllmCfg:
     max_model_len: int | None = None
     enforce_eager: bool = False
     kv_cache_memory_mb: int | None = None  # CPU engines: bound the KV cache explicitly
+    enable_prefix_caching: bool | None = None  # None: vLLM's own default
+    # set in each vLLM engine's environment before it starts (NeMo RL: its vLLM workers')
+    env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
 @frozen
@@ -121,6 +126,8 @@ class GenerationCfg:
     stop_strings: tuple[str, ...] = ()
     colocated: ColocatedCfg = attrs.field(factory=ColocatedCfg)
     vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
+    # more vllm.LLM keyword arguments, as NeMo RL passes them (rules refuse hpcrl's own)
+    vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
 # --------------------------------------------------------------------------- micro-batching
@@ -143,12 +150,9 @@ class SequencePackingCfg:
     enabled: bool = False
     train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
     logprob_mb_tokens: int | None = None
-    algorithm: Literal[
-        "modified_first_fit_decreasing",
-        "first_fit_decreasing",
-        "first_fit_shuffle",
-        "concatenative",
-    ] = "modified_first_fit_decreasing"
+    # a str: read only while enabled (NeMo RL's configs carry a value it never reads when
+    # packing is off); hpcrl.config.batching_rules checks it against PACKING_ALGORITHMS
+    algorithm: str = "modified_first_fit_decreasing"
     sequence_length_round: int = 64
 
 
@@ -168,6 +172,9 @@ class AutomodelCfg:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
+    # policy workers), as megatron_cfg.env_vars is for a Megatron one
+    env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
 @frozen
@@ -192,6 +199,9 @@ class PolicyCfg:
     make_sequence_length_divisible_by: int | None = 1  # None: 1
     automodel_cfg: AutomodelCfg = attrs.field(factory=AutomodelCfg)
     megatron_cfg: MegatronCfg = attrs.field(factory=MegatronCfg)
+    # changes to the model's Hugging Face config (hpcrl.core.models.hf_config), for training
+    # and sampling alike; a nested mapping changes the sub-config it names
+    hf_config_overrides: dict[str, Any] = attrs.field(factory=dict)
 
 
 # --------------------------------------------------------------------------- algorithms
@@ -251,15 +261,17 @@ class GrpoCfg:
     normalize_rewards: bool = True
     use_leave_one_out_baseline: bool = True  # NeMo RL's default (its advantage estimator's)
     overlong_filtering: bool = False  # truncated responses (no stop) are left out of the loss
-    val_period: int = 0  # 0: no validation
+    val_period: int = 0  # <= 0: no periodic validation (NeMo RL's -1 and 0)
     val_at_start: bool = False
     seed: int = 42
-    async_grpo: AsyncGrpoCfg = attrs.field(factory=AsyncGrpoCfg)
+    # None: off, as NeMo RL reads `async_grpo: null` (its single-controller configs write it)
+    async_grpo: AsyncGrpoCfg | None = attrs.field(factory=AsyncGrpoCfg)
     # NeMo RL's options (hpcrl.core.algorithms.reward_terms, dynamic sampling in grpo.py)
     max_rollout_turns: int = 1  # single-turn only; the rules refuse more
     use_dynamic_sampling: bool = False
     dynamic_sampling_max_gen_batches: int = 10
-    batch_multiplier: int = 1  # prompts generated per step = num_prompts_per_step x this
+    # prompts per generation batch = int(num_prompts_per_step x this), as in NeMo RL (a float)
+    batch_multiplier: float = 1.0
     reward_shaping: RewardShapingCfg = attrs.field(factory=RewardShapingCfg)
     reward_scaling: RewardScalingCfg = attrs.field(factory=RewardScalingCfg)
     adv_estimator: AdvEstimatorCfg = attrs.field(factory=AdvEstimatorCfg)
@@ -270,6 +282,10 @@ class GrpoCfg:
     max_val_samples: int | None = None  # None: the whole validation set
     val_batch_size: int | None = None
 
+    @property
+    def async_enabled(self) -> bool:
+        return self.async_grpo is not None and self.async_grpo.enabled
+
 
 @frozen
 class SftCfg:
@@ -277,7 +293,7 @@ class SftCfg:
 
     max_num_steps: int = 100
     max_num_epochs: int = 1
-    val_period: int = 0
+    val_period: int = 0  # <= 0: no periodic validation
     val_at_start: bool = False
     # validation on the first val_batches x val_global_batch_size examples (None: all)
     val_batches: int | None = None
@@ -304,6 +320,9 @@ class LossFnCfg:
     truncated_importance_sampling_ratio_min: float | None = None  # lower bound
     sequence_level_importance_ratios: bool = False  # GSPO; only false is supported
     token_level_loss: bool = True
+    # ratio = exp(logp − logp.detach()) = 1: the old log-probs are the current ones (one
+    # optimizer step per rollout batch, which the rules require)
+    force_on_policy_ratio: bool = False
 
 
 @frozen
@@ -324,6 +343,7 @@ class DatasetCfg:
     system_prompt_file: str | None = None
     processor: str | None = None  # math_hf_data_processor | math_data_processor | sft_processor
     env_name: str | None = None
+    repeat: int | None = None  # the set's rows this many times over (NeMo RL's AIME: 16)
 
 
 @frozen
@@ -386,6 +406,9 @@ class CheckpointingCfg:
     # train:loss) and the newest; None: the newest keep_top_k
     metric_name: str | None = None
     higher_is_better: bool = True
+    # NeMo RL's key: also write each saved checkpoint's weights as a Hugging Face folder
+    # (safetensors, config, tokenizer) in <checkpoint>/hf, which from_pretrained and vLLM load
+    save_consolidated: bool = False
 
 
 @frozen

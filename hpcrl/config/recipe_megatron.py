@@ -41,7 +41,9 @@ class MegatronOptimizerCfg:
     sgd_momentum: float = 0.9
     use_distributed_optimizer: bool = True
     use_precision_aware_optimizer: bool = False
-    clip_grad: float = 1.0
+    # 0: no clipping. null only under a disabled megatron_cfg (NeMo RL's configs write
+    # ${policy.max_grad_norm}, null when the Automodel backend clips nothing)
+    clip_grad: float | None = 1.0
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: float = 0.0
     overlap_cpu_optimizer_d2h_h2d: bool = False
@@ -126,6 +128,8 @@ class MegatronCfg:
     moe_permute_fusion: bool = False  # Transformer Engine only (switched off without it)
     moe_shared_expert_overlap: bool = False
     moe_per_layer_logging: bool = False
+    moe_grouped_gemm: bool = False  # Transformer Engine only (switched off without it)
+    moe_router_enable_expert_bias: bool = False
     apply_rope_fusion: bool = False
     bias_activation_fusion: bool = False
     env_vars: dict[str, str] = attrs.field(factory=dict)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from hpcrl.config.advantage_rules import ADVANTAGE_RULES
 from hpcrl.config.batching_rules import BATCHING_RULES
+from hpcrl.config.checkpoint_metrics import CHECKPOINT_METRIC_RULES
 from hpcrl.config.datasets import DATA_RULES
 from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
@@ -23,6 +24,7 @@ from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.loss_rules import LOSS_RULES
 from hpcrl.config.megatron_rules import MEGATRON_RULES
+from hpcrl.config.node_split import rule_node_split
 from hpcrl.config.optimizers import OPTIMIZER_RULES
 from hpcrl.config.override_rules import (
     MODEL_OVERRIDES_CHECKED_IN_JOB,
@@ -135,16 +137,35 @@ def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
 
 
 def rule_automodel_sequence_parallel(recipe: Recipe) -> list[Problem]:
+    """The Automodel worker has no sequence-parallel plan (it refuses the setting at setup);
+    here it fails before the queue wait."""
     cfg = recipe.policy.automodel_cfg
-    if not cfg.enabled or not cfg.sequence_parallel or cfg.tensor_parallel_size > 1:
+    if not cfg.enabled or not cfg.sequence_parallel:
         return []
     return [
         Problem(
             path=f"{AUTOMODEL}.sequence_parallel",
             value=True,
-            message=f"has no effect with {AUTOMODEL}.tensor_parallel_size=1 (it shards activations over the TP group)",
-            fix=f"set {AUTOMODEL}.tensor_parallel_size > 1 or {AUTOMODEL}.sequence_parallel=false",
-            severity="warning",
+            message="sequence parallelism is not supported by hpcrl's Automodel backend yet "
+            "(its tensor-parallel plan keeps activations whole on every TP rank)",
+            fix=f"set {AUTOMODEL}.sequence_parallel=false (the same results, more activation "
+            "memory per GPU)",
+        )
+    ]
+
+
+def rule_megatron_custom_fsdp(recipe: Recipe) -> list[Problem]:
+    """The Megatron worker builds megatron-core's DDP only (and refuses FSDP at setup)."""
+    ddp = recipe.policy.megatron_cfg.distributed_data_parallel_config
+    if not recipe.policy.megatron_cfg.enabled or not ddp.use_custom_fsdp:
+        return []
+    return [
+        Problem(
+            path="policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
+            value=True,
+            message="Megatron FSDP is not supported by hpcrl's Megatron backend yet",
+            fix="set it to false; policy.megatron_cfg.optimizer.use_distributed_optimizer=true "
+            "shards the optimizer state over data-parallel ranks",
         )
     ]
 
@@ -235,7 +256,7 @@ def rule_grpo_settings(recipe: Recipe) -> list[Problem]:
 
 
 def rule_async_grpo(recipe: Recipe) -> list[Problem]:
-    if recipe.grpo is None or not recipe.grpo.async_grpo.enabled:
+    if recipe.grpo is None or recipe.grpo.async_grpo is None or not recipe.grpo.async_enabled:
         return []
     problems = []
     if not recipe.loss_fn.use_importance_sampling_correction:
@@ -322,33 +343,76 @@ def rule_generation(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-def rule_generation_resources(recipe: Recipe) -> list[Problem]:
-    colocated = recipe.policy.generation.colocated
-    if colocated.enabled:
+#: vllm.LLM arguments hpcrl sets itself (hpcrl.core.generation.vllm_engine.engine_kwargs),
+#: with the recipe key that sets each: policy.generation.vllm_kwargs may not give them.
+RESERVED_VLLM_KWARGS = {
+    "model": "policy.model_name",
+    "dtype": "policy.generation.vllm_cfg.precision",
+    "tensor_parallel_size": "policy.generation.vllm_cfg.tensor_parallel_size",
+    "pipeline_parallel_size": "policy.generation.vllm_cfg.pipeline_parallel_size",
+    "max_model_len": "policy.generation.vllm_cfg.max_model_len",
+    "enforce_eager": "policy.generation.vllm_cfg.enforce_eager",
+    "seed": "grpo.seed",
+    "logprobs_mode": "nothing: hpcrl needs the sampler's processed log-probs",
+    "disable_log_stats": "nothing: hpcrl reads vLLM's token counts",
+    "gpu_memory_utilization": "policy.generation.vllm_cfg.gpu_memory_utilization",
+    "enable_prefix_caching": "policy.generation.vllm_cfg.enable_prefix_caching",
+    "hf_overrides": "policy.hf_config_overrides",
+}
+
+
+#: apply_chat_template arguments hpcrl sets itself (hpcrl.core.data.prompts.encode_prompt,
+#: hpcrl.core.data.named._render): policy.tokenizer.chat_template_kwargs may not give them.
+RESERVED_CHAT_TEMPLATE_KWARGS = ("conversation", "tokenize", "add_generation_prompt")
+
+
+def rule_chat_template_kwargs(recipe: Recipe) -> list[Problem]:
+    """``chat_template_kwargs`` reach every apply_chat_template call, except what hpcrl sets."""
+    return [
+        Problem(
+            path=f"policy.tokenizer.chat_template_kwargs.{name}",
+            value=value,
+            message="hpcrl sets this apply_chat_template argument itself (the messages, "
+            "token ids or text, and the generation prompt per data set)",
+            fix="remove it (data.add_generation_prompt decides the generation prompt of SFT)"
+            if name == "add_generation_prompt"
+            else "remove it",
+        )
+        for name, value in sorted(recipe.policy.tokenizer.chat_template_kwargs.items())
+        if name in RESERVED_CHAT_TEMPLATE_KWARGS
+    ]
+
+
+def rule_vllm_kwargs(recipe: Recipe) -> list[Problem]:
+    """``vllm_kwargs`` go to ``vllm.LLM`` as they are, except what hpcrl sets itself."""
+    return [
+        Problem(
+            path=f"policy.generation.vllm_kwargs.{name}",
+            value=value,
+            message="hpcrl sets this vLLM engine argument itself",
+            fix=f"remove it; set {RESERVED_VLLM_KWARGS[name]} instead"
+            if "nothing" not in RESERVED_VLLM_KWARGS[name]
+            else f"remove it ({RESERVED_VLLM_KWARGS[name]})",
+        )
+        for name, value in sorted(recipe.policy.generation.vllm_kwargs.items())
+        if name in RESERVED_VLLM_KWARGS
+    ] + _kv_cache_given_twice(recipe)
+
+
+def _kv_cache_given_twice(recipe: Recipe) -> list[Problem]:
+    generation = recipe.policy.generation
+    if "kv_cache_memory_bytes" not in generation.vllm_kwargs:
         return []
-    path = "policy.generation.colocated.resources"
-    problems = []
-    for name in ("num_nodes", "gpus_per_node"):
-        value = getattr(colocated.resources, name)
-        if value is None:
-            problems.append(
-                Problem(
-                    path=f"{path}.{name}",
-                    message="required when generation is not colocated",
-                    fix=f"set {path}.{name}, or policy.generation.colocated.enabled=true",
-                )
-            )
-        elif value < 1:
-            problems.append(
-                Problem(
-                    path=f"{path}.{name}",
-                    value=value,
-                    message="must be at least 1",
-                    fix=f"set {path}.{name}=1 or more",
-                )
-            )
-    # Whether they fit the allocation needs the cluster profile: hpcrl.plan.generation.
-    return problems
+    if generation.vllm_cfg.kv_cache_memory_mb is None:
+        return []
+    return [
+        Problem(
+            path="policy.generation.vllm_kwargs.kv_cache_memory_bytes",
+            value=generation.vllm_kwargs["kv_cache_memory_bytes"],
+            message="policy.generation.vllm_cfg.kv_cache_memory_mb sets the KV cache size too",
+            fix="keep one of the two",
+        )
+    ]
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -361,12 +425,15 @@ RECIPE_RULES = (
     rule_unsupported_sections,
     rule_automodel_parallel_sizes,
     rule_automodel_sequence_parallel,
+    rule_megatron_custom_fsdp,
     rule_positive_counts,
     rule_batch_divisible,
     rule_grpo_settings,
     rule_async_grpo,
     rule_generation,
-    rule_generation_resources,
+    rule_vllm_kwargs,
+    rule_chat_template_kwargs,
+    rule_node_split,
     rule_automodel_context_parallel,
     *LOSS_RULES,
     *MEGATRON_RULES,
@@ -378,4 +445,5 @@ RECIPE_RULES = (
     *DATA_RULES,
     *RANGE_RULES,
     *ENV_RULES,
+    *CHECKPOINT_METRIC_RULES,
 )

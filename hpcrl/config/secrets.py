@@ -10,7 +10,7 @@ One rule decides what a secret is (``is_secret_name``); everything else here app
   lies, not the secret, and is an ordinary name;
 - no recipe or profile value may come from a secret-shaped variable (``${oc.env:HF_TOKEN}``,
   however written, or a key interpolating such a key): the loader records what every
-  ``${oc.env:...}`` reads (``hpcrl.config.loader``) and the value never reaches a file;
+  ``${oc.env:...}`` reads (``hpcrl.config.merged_yaml``) and the value never reaches a file;
 - as a last guard, text about to be written to a run file or shown to the user is searched
   for the values of this shell's secret-shaped variables and for well-known token shapes
   (``find_secrets``; ``redact`` hides them in messages).

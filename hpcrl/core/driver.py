@@ -1,16 +1,17 @@
-"""The training driver: ``run_training(run_dir)`` runs a run folder's recipe to the end.
+"""The training driver: ``run_training(run_dir)`` runs a run folder's planned recipe to the end.
 
 Called on node 0 by ``hpcrl.job.driver_process`` with Ray already connected (a local Ray is
-started when none is, e.g. ``python -m hpcrl.core.driver RUN_DIR``). It reads
-``<run_dir>/recipe.resolved.yaml`` and the plan (``<run_dir>/jobspec.json``, the typed
-``JobSpec``; a folder without one, as tests and benchmarks write, is planned with the
-``local`` profile and the log says so), builds the policy's worker group as planned (device,
-nodes, Megatron checkpoint dir, generation placement), resumes from the newest checkpoint in
+started when none is, e.g. ``python -m hpcrl.core.driver RUN_DIR``). It reads the plan and
+nothing else (``<run_dir>/jobspec.json``, the typed ``JobSpec`` with the typed recipe in it: a
+folder without one is refused, since the job side never plans; ``hpcrl render`` writes one),
+builds the policy's worker group as planned (device, nodes, Megatron checkpoint dir,
+generation placement), resumes from the newest checkpoint in
 the checkpoint folder if there is one, and runs GRPO or SFT, writing one line per step to
 ``<run_dir>/metrics.jsonl`` and one progress line to stdout.
 
-Exit codes: 0 done; 2 the plan cannot be used (a bad jobspec.json, one for another recipe,
-or a GPU plan where CUDA is not usable: one line on stderr says which and the fix); 3
+Exit codes: 0 done; 2 the plan cannot be used (a missing or bad jobspec.json, or, started by
+hand, a machine that cannot run it: ``hpcrl.core.machine_checks``; one line on stderr per
+problem with the fix); 3
 preempted (``<run_dir>/PREEMPT`` appeared or SIGUSR2 arrived: a checkpoint was saved at the
 step boundary and the job should be requeued).
 """
@@ -25,55 +26,41 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.checkpoint_metrics import record_key
 from hpcrl.config.data_steps import num_steps_in_epochs, required_keys, rows_per_step
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.loop import (
-    PREEMPTED_EXIT_CODE,
-    CheckpointStore,
-    PreemptionWatch,
-    checkpoint_folder,
-    complete_checkpoints,
-    metric_key,
-)
+from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
-from hpcrl.core.metrics import HostMemoryTracker, MetricsWriter, format_progress
+from hpcrl.core.metrics import HostMemoryTracker, format_progress
 from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.workers.group import GroupLayout
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import (
-    JOBSPEC_FILE,
-    JobSpecError,
-    JobSpecMissing,
-    plan_with_local_profile,
-    read_jobspec,
-)
+from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.markers import PREEMPTED_EXIT_CODE
+from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
-RESOLVED_RECIPE = "recipe.resolved.yaml"
 PLAN_ERROR_EXIT_CODE = 2
 
 
-class PlanMismatch(RuntimeError):
-    """The run folder's plan does not fit its recipe or this node; the message says why."""
-
-
 def run_training(run_dir: str) -> int:
-    """Train the run folder's recipe; returns the exit code (0, or 3 when preempted)."""
-    from hpcrl.config import load_recipe
+    """Train the run folder's planned recipe; returns the exit code (0, or 3 when preempted).
 
+    Everything comes from jobspec.json (the recipe too): the job loads no YAML and checks
+    nothing the plan decided. The machine (CUDA for a GPU plan, Transformer Engine for the
+    settings that need it) was checked by the job's preflight before Ray started
+    (``hpcrl.job.preflight``; ``main`` runs the same check for a driver started by hand)."""
     run_path = Path(run_dir)
-    loaded = load_recipe(run_path / RESOLVED_RECIPE)
-    recipe = loaded.recipe
     try:
-        jobspec = job_plan(run_path, recipe)
-        job_device(jobspec)  # a GPU plan on a node without CUDA stops before Ray starts
-    except (JobSpecError, PlanMismatch) as error:
+        jobspec = read_jobspec(run_path)
+    except JobSpecError as error:
         print(f"hpcrl: {error}", file=sys.stderr, flush=True)
         return PLAN_ERROR_EXIT_CODE
     started_ray = _ensure_ray()
     try:
-        return train_recipe(recipe, jobspec, run_path, recipe_dir=loaded.source_path.parent)
+        return train_recipe(jobspec, run_path)
     finally:
         if started_ray:
             import ray
@@ -91,61 +78,27 @@ def _ensure_ray() -> bool:
     return True
 
 
-def job_plan(run_dir: Path, recipe: Recipe) -> JobSpec:
-    """The run folder's ``JobSpec``; a folder without jobspec.json is planned with the
-    ``local`` profile through the real planner, and the log says so."""
-    try:
-        jobspec = read_jobspec(run_dir)
-    except JobSpecMissing:
-        jobspec = plan_with_local_profile(recipe, run_dir)
-        unit = "GPUs" if jobspec.device == "gpu" else "CPU worker slots"
-        print(
-            f"no {JOBSPEC_FILE} in {run_dir}: planned with the {jobspec.profile_name!r} profile "
-            f"({jobspec.num_nodes} node(s) × {jobspec.slots_per_node} {unit}, "
-            f"{jobspec.layout.describe()})",
-            flush=True,
-        )
-    check_plan_fits_recipe(jobspec, recipe)
-    return jobspec
-
-
-def check_plan_fits_recipe(jobspec: JobSpec, recipe: Recipe) -> None:
-    """A jobspec.json planned for another recipe (the resolved recipe edited after render)
-    would lay out another number of ranks than the recipe's batches were checked against."""
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
-    if jobspec.world_size != world_size or jobspec.layout.backend != recipe.backend:
-        raise PlanMismatch(
-            f"{JOBSPEC_FILE} plans {jobspec.world_size} {jobspec.layout.backend} ranks but "
-            f"{RESOLVED_RECIPE} asks for {world_size} {recipe.backend} ranks "
-            "(cluster.num_nodes × cluster.gpus_per_node): the two files are from different "
-            "plans. Fix: submit the recipe again with hpcrl submit, which writes both"
-        )
-
-
-def train_recipe(
-    recipe: Recipe, jobspec: JobSpec, run_dir: Path, recipe_dir: Path | None = None
-) -> int:
-    """Build everything the recipe needs, run its algorithm, always shut the workers down."""
+def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
+    """Build everything the planned recipe needs, run its algorithm, always shut the workers
+    down."""
+    recipe = jobspec.recipe
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.models.tiny import resolve_model_path
 
     report_phase(run_dir, f"loading {recipe.policy.model_name} and the data")
     model_path = resolve_model_path(recipe.policy.model_name)
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
-    rows = _training_rows(recipe, recipe_dir, tokenizer)
+    rows = _training_rows(recipe, tokenizer)
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None  # the config rules require one algorithm section
-    sampler = EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
-    num_steps = min(
-        settings.max_num_steps,
-        num_steps_in_epochs(len(rows), rows_per_step(recipe), settings.max_num_epochs),
-    )
+    sampler = training_sampler(recipe, rows)
+    num_steps = planned_num_steps(recipe, len(rows))
     if num_steps < settings.max_num_steps:
         print(f"{recipe.algorithm}.max_num_steps is {settings.max_num_steps}, but {len(rows)} data "
               f"rows at {rows_per_step(recipe)} per step give {num_steps} step(s) in "
               f"{settings.max_num_epochs} epoch(s) ({recipe.algorithm}.max_num_epochs): the run "
               f"stops after step {num_steps}", flush=True)  # fmt: skip
-    val_rows = _validation_rows(recipe, recipe_dir, tokenizer)
+    val_rows = _validation_rows(recipe, tokenizer)
     env = _environment(recipe)  # before the workers: a bad env.kwargs fails fast
     print(
         f"{recipe.algorithm} on {recipe.policy.model_name} ({recipe.backend}): {num_steps} steps, "
@@ -158,10 +111,27 @@ def train_recipe(
     print(f"workers ready in {time.monotonic() - started:.1f}s", flush=True)
     try:
         step_fn = _make_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
-        validate = _make_validate_fn(policy, recipe, tokenizer, env, val_rows)
+        validate = _make_validate_fn(policy, jobspec, tokenizer, env, val_rows)
         return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps, validate)
     finally:
         policy.shutdown()
+
+
+def training_sampler(recipe: Recipe, rows: list[dict]) -> EpochSampler:
+    """The training rows in the algorithm seed's order (``data.shuffle``), epoch by epoch."""
+    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert settings is not None  # the config rules require one algorithm section
+    return EpochSampler(rows, seed=settings.seed, shuffle=recipe.data.shuffle)
+
+
+def planned_num_steps(recipe: Recipe, num_rows: int) -> int:
+    """``max_num_steps``, or fewer when ``max_num_epochs`` over ``num_rows`` ends first."""
+    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
+    assert settings is not None  # the config rules require one algorithm section
+    return min(
+        settings.max_num_steps,
+        num_steps_in_epochs(num_rows, rows_per_step(recipe), settings.max_num_epochs),
+    )
 
 
 def _environment(recipe: Recipe) -> Any:
@@ -172,10 +142,10 @@ def _environment(recipe: Recipe) -> Any:
     return build_environment(recipe.env)
 
 
-def _training_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> list[dict]:
+def _training_rows(recipe: Recipe, tokenizer: Any) -> list[dict]:
     """``data.train_path`` (JSONL) or NeMo RL's named set (``hpcrl.core.data.named``)."""
     if recipe.data.train_path is not None:
-        return load_jsonl(_data_path(recipe.data.train_path, recipe_dir), required_keys(recipe))
+        return load_jsonl(Path(recipe.data.train_path), required_keys(recipe))
     from hpcrl.core.data.named import load_named_rows
 
     rows = load_named_rows(recipe, tokenizer, "train")
@@ -183,7 +153,7 @@ def _training_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> l
     return rows
 
 
-def _validation_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) -> list[dict] | None:
+def _validation_rows(recipe: Recipe, tokenizer: Any) -> list[dict] | None:
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     if settings.val_period <= 0 and not settings.val_at_start:
@@ -203,7 +173,7 @@ def _validation_rows(recipe: Recipe, recipe_dir: Path | None, tokenizer: Any) ->
             flush=True,
         )
         return None
-    rows = load_jsonl(_data_path(recipe.data.val_path, recipe_dir), required_keys(recipe))
+    rows = load_jsonl(Path(recipe.data.val_path), required_keys(recipe))
     return _limit_validation(recipe, rows)
 
 
@@ -218,30 +188,26 @@ def _limit_validation(recipe: Recipe, rows: list[dict]) -> list[dict]:
 
 
 def _make_validate_fn(
-    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, rows: list[dict] | None
+    policy: Policy, jobspec: JobSpec, tokenizer: Any, env: Any, rows: list[dict] | None
 ) -> Callable[[], dict[str, float]] | None:
     if rows is None:
         return None
     from hpcrl.core.algorithms import validation
 
+    recipe = jobspec.recipe
     if recipe.algorithm == "grpo":
         return functools.partial(validation.grpo_validation, policy, recipe, tokenizer, env, rows)
-    return functools.partial(validation.sft_validation, policy, recipe, tokenizer, rows)
-
-
-def _data_path(path: str, recipe_dir: Path | None) -> Path:
-    candidate = Path(path)
-    if candidate.is_absolute() or recipe_dir is None:
-        return candidate
-    return recipe_dir / candidate
+    return functools.partial(
+        validation.sft_validation, policy, recipe, tokenizer, rows, jobspec.world_size
+    )
 
 
 def _make_step_fn(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
 ) -> Callable[[int], dict]:
-    if recipe.grpo is not None and recipe.grpo.async_grpo.enabled:
+    if recipe.grpo is not None and recipe.grpo.async_enabled:
         # The config rules guarantee vLLM on generation workers of their own.
-        from hpcrl.core.generation.vllm_async import make_async_grpo_step_fn
+        from hpcrl.core.algorithms.async_grpo import make_async_grpo_step_fn
 
         return make_async_grpo_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
     if recipe.algorithm == "grpo":
@@ -253,31 +219,13 @@ def _make_step_fn(
     return make_sft_step_fn(policy, recipe, tokenizer, sampler)
 
 
-def cuda_is_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def job_device(jobspec: JobSpec, cuda_available: Callable[[], bool] = cuda_is_available) -> str:
+def job_device(jobspec: JobSpec) -> str:
     """``"cuda"`` or ``"cpu"``: the planned device (``JobSpec.device``), whatever this node
-    has. ``cuda_available`` only guards a GPU plan: on a node where CUDA is not usable it
-    fails here, naming the cause, instead of inside every worker."""
-    if jobspec.device == "cpu":
-        return "cpu"
-    if not cuda_available():
-        raise PlanMismatch(
-            f"the plan (profile {jobspec.profile_name!r}, device: gpu) runs on GPUs but CUDA is "
-            "not usable on this node (torch.cuda.is_available() is False: a CPU build of "
-            "torch, no driver, or CUDA_VISIBLE_DEVICES empty). Fix: run in an image with "
-            "CUDA-enabled torch on GPU nodes, or submit with a device: cpu profile"
-        )
-    return "cuda"
+    has; the preflight refused a GPU plan on a node without usable CUDA."""
+    return "cuda" if jobspec.device == "gpu" else "cpu"
 
 
-def training_layout(
-    jobspec: JobSpec, cuda_available: Callable[[], bool] = cuda_is_available
-) -> GroupLayout:
+def training_layout(jobspec: JobSpec) -> GroupLayout:
     """The training group as planned: its nodes and ranks per node (fewer than the node's
     slots when separate generation workers share the node), device, and the Megatron
     checkpoint dir every rank converts into."""
@@ -289,7 +237,7 @@ def training_layout(
     return GroupLayout(
         num_nodes=num_nodes,
         workers_per_node=workers_per_node,
-        device=job_device(jobspec, cuda_available),
+        device=job_device(jobspec),
         master_port=_job_master_port(),
         megatron_checkpoint_dir=jobspec.megatron_checkpoint_dir,
     )
@@ -309,7 +257,7 @@ def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id
     generation = recipe.policy.generation
     if recipe.algorithm != "grpo" or generation.backend != "vllm" or generation.colocated.enabled:
         return training
-    from hpcrl.core.generation.vllm_policy import wrap_policy
+    from hpcrl.core.workers.vllm_policy import wrap_policy
 
     return wrap_policy(training, recipe, model_path, layout.device, jobspec.generation)
 
@@ -329,8 +277,11 @@ def checkpoint_store(policy: Policy, recipe: Recipe, run_dir: Path) -> Checkpoin
         folder,
         cfg.save_period if cfg.enabled else None,
         cfg.keep_top_k,
-        metric=metric_key(cfg.metric_name) if cfg.metric_name else None,
+        metric=record_key(recipe.algorithm, cfg.metric_name) if cfg.metric_name else None,
         higher_is_better=cfg.higher_is_better,
+        consolidated=(
+            {"run_dir": str(run_dir), "backend": recipe.backend} if cfg.save_consolidated else None
+        ),
     )
 
 
@@ -347,7 +298,7 @@ def run_steps(
 
     The loggers of ``logger.*`` start before the first step (a missing package fails here,
     before any training) and get every record metrics.jsonl gets."""
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    writer = MetricsWriter(run_dir / METRICS_FILE)
     loggers = build_loggers(recipe.logger, run_dir)
     try:
         return _run_logged_steps(
@@ -400,7 +351,7 @@ def _run_logged_steps(
             print(format_progress(step, num_steps, record), flush=True)
             extra = {"data_position": sampler.position.to_dict()}
             if watch.requested():
-                saved = store.save(step, extra, record)
+                saved = store.save(step, extra, record, in_a_hurry=True)
                 print(f"preemption requested: saved {saved} after step {step}; exiting with "
                       f"code {PREEMPTED_EXIT_CODE} to be requeued", flush=True)  # fmt: skip
                 return PREEMPTED_EXIT_CODE
@@ -435,13 +386,19 @@ def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int
 
 def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, float | None]:
     """Memory peaks, torch.compile's graph count so far (a rise after the first steps is a
-    recompilation stall), and rank 0's figures of this step's train and log-prob passes
+    recompilation stall) and its caches' hits and misses (``hpcrl.core.compile_stats``), and
+    rank 0's figures of this step's train and log-prob passes
     (``hpcrl.core.backends.pass_stats``)."""
     states = policy.collect_state()
     peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
     peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
     worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
     graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
+    cache = {  # the rank that compiled most (ranks compile the same graphs)
+        key: max(float(s[key]) for s in states if key in s)
+        for key in ("compile_cache_hits", "compile_cache_misses", "compile_cache_bypasses")
+        if any(key in s for s in states)
+    }
     driver_gb = memory.sample()
     passes = dict(states[0].get("pass_metrics") or {}) if states else {}
     return {
@@ -449,6 +406,7 @@ def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, floa
         "peak_host_rss_gb": driver_gb + sum(worker_rss),
         "peak_host_rss_driver_gb": driver_gb,
         "compiled_graphs": max(graphs) if graphs else None,
+        **cache,
         **passes,
     }
 
@@ -458,6 +416,16 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m hpcrl.core.driver RUN_DIR", file=sys.stderr)
         return 2
+    # Started by hand no preflight ran before: check this machine first, as a job's does.
+    from hpcrl.core.machine_checks import machine_problems
+
+    try:
+        problems = machine_problems(read_jobspec(args[0]))
+    except JobSpecError as error:
+        problems = [str(error)]
+    if problems:
+        print("\n".join(f"hpcrl: {problem}" for problem in problems), file=sys.stderr, flush=True)
+        return PLAN_ERROR_EXIT_CODE
     return run_training(args[0])
 
 

@@ -1,69 +1,12 @@
-"""Per-step metrics as JSON lines (``<run_dir>/metrics.jsonl``) and memory peaks.
-
-One object per step, written and flushed as soon as the step ends so nothing is lost when
-a job dies. ``hpcrl report`` reads these files.
-"""
+"""Memory peaks per step and the one progress line per step (the step records themselves
+go to ``metrics.jsonl`` through ``hpcrl.run.metrics_file.MetricsWriter``)."""
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 BYTES_PER_GB = 2**30
-
-
-class MetricsWriter:
-    """Appends one JSON object per step; a resumed run appends to the same file, after
-    ``drop_steps_from`` removed what it is about to run again."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def drop_steps_from(self, first_step: int) -> int:
-        """Remove the records of steps ``>= first_step`` (an earlier attempt ran them after
-        the checkpoint this run resumes from, and they run again: none is written twice), and
-        any line that is not a record (one cut short when a job died). Returns how many."""
-        from hpcrl.files import write_file
-
-        try:
-            lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except FileNotFoundError:
-            return 0
-        steps = [(line, _step_of(line)) for line in lines]
-        kept = [line for line, step in steps if step is not None and step < first_step]
-        if len(kept) < len(lines):
-            write_file(self.path, "".join(line + "\n" for line in kept))
-        return len(lines) - len(kept)
-
-    def write(self, record: Mapping[str, Any]) -> None:
-        line = json.dumps({key: _plain(value) for key, value in record.items()}, sort_keys=False)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-
-def _step_of(line: str) -> int | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    step = record.get("step") if isinstance(record, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
-def _plain(value: Any) -> Any:
-    """JSON-safe: floats stay floats, NaN/inf become None (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if hasattr(value, "item"):
-        return _plain(value.item())
-    return value
 
 
 class HostMemoryTracker:

@@ -1,10 +1,10 @@
-"""Node 0 names why an attempt failed: the record ``status/cause.<r>.json`` (``hpcrl.causes``).
+"""Node 0 names why an attempt failed: the record ``status/cause.<r>.json`` (``hpcrl.run.causes``).
 
 Evidence, strongest first: another node's own report (``status/node<k>.failed``: its Ray
 exited, so the node is lost for this attempt); the driver's report of what it raised
 (``status/driver.error``, written by ``hpcrl.job.driver_process``: a worker rank that
 raised or died, or the driver's own exception); how the driver process ended (killed by a
-signal, or an exit code). Only a lost node is worth another attempt (``hpcrl.causes``).
+signal, or an exit code). Only a lost node is worth another attempt (``hpcrl.run.causes``).
 Nothing here imports Ray: node 0's entrypoint runs it after its driver has exited.
 """
 
@@ -13,21 +13,24 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from hpcrl.causes import (
+from hpcrl.job.errors import BootstrapError
+from hpcrl.job.settings import NodeSettings
+from hpcrl.run.causes import (
     DRIVER_EXITED,
     DRIVER_KILLED,
     DRIVER_RAISED,
+    GPU_OOM,
+    GPU_OOM_ERROR,
     NODE_LOST,
     WORKER_DIED,
     WORKER_RAISED,
     AttemptCause,
     exit_code_of,
     last_step,
+    parse_gpu_oom,
 )
-from hpcrl.job.errors import BootstrapError
-from hpcrl.job.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
-from hpcrl.job.settings import NodeSettings
-from hpcrl.polling import wait_until
+from hpcrl.run.markers import DRIVER_ERROR, RAY_READY, node_failures, node_log_dir, read_marker
+from hpcrl.run.polling import wait_until
 
 #: A node's own report may land a moment after the driver saw the failure it caused.
 LATE_REPORT_S = 5.0
@@ -123,8 +126,16 @@ def _worker_cause(
         return AttemptCause(
             **base, kind=WORKER_DIED, what=f"{where} died in {method}", detail=str(error.get("message", ""))
         )  # fmt: skip
+    message = str(error.get("message", ""))
+    oom = parse_gpu_oom(message) if error.get("error_type") == GPU_OOM_ERROR else None
+    if oom is not None:  # out of GPU memory at <phase>, peak X GiB: the line starts with it
+        head, peak_gb, detail = oom
+        return AttemptCause(
+            **base, kind=GPU_OOM, what=head, detail=f"{where} in {method}: {detail}".rstrip(": "),
+            peak_gpu_mem_gb=peak_gb,
+        )  # fmt: skip
     what = f"{where} raised {error.get('error_type', 'an exception')} in {method}"
-    return AttemptCause(**base, kind=WORKER_RAISED, what=what, detail=str(error.get("message", "")))
+    return AttemptCause(**base, kind=WORKER_RAISED, what=what, detail=message)
 
 
 def _may_follow_a_node(driver_error: dict[str, Any] | None) -> bool:

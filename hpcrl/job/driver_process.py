@@ -24,7 +24,11 @@ from collections.abc import Callable
 
 from hpcrl.job.diagnosis import describe_driver_error
 from hpcrl.job.errors import BootstrapError, NodesMissing, OtherNodeFailed
-from hpcrl.job.markers import (
+from hpcrl.job.network import port_accepts
+from hpcrl.job.processes import die_with_parent
+from hpcrl.job.ray_cluster import node_resource_name
+from hpcrl.job.settings import NodeSettings, read_node_settings
+from hpcrl.run.markers import (
     DRIVER_ERROR,
     HEAD,
     RAY_READY,
@@ -32,10 +36,7 @@ from hpcrl.job.markers import (
     first_failure,
     write_marker,
 )
-from hpcrl.job.network import port_accepts, wait_until
-from hpcrl.job.processes import die_with_parent
-from hpcrl.job.ray_cluster import node_resource_name
-from hpcrl.job.settings import NodeSettings, read_node_settings
+from hpcrl.run.polling import wait_until
 
 NODES_POLL_INTERVAL_S = 0.2
 ATTEMPT_VARIABLE = "HPCRL_ATTEMPT"

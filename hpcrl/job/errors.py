@@ -93,7 +93,7 @@ class DriverFailed(RuntimeError):
 
 class RequeueRequested(RuntimeError):
     """The attempt failed in a way another attempt may not (a node was lost) and requeues are
-    left: ``hpcrl.submit.node_task.NodeTask`` requeues the job with ``resubmission``."""
+    left: ``hpcrl.job.node_task.NodeTask`` requeues the job with ``resubmission``."""
 
     def __init__(self, resubmission: object, cause: str) -> None:
         super().__init__(f"requeueing the job: {cause}")

@@ -10,8 +10,6 @@ import errno
 import socket
 from collections.abc import Iterable
 
-from hpcrl.polling import wait_until  # noqa: F401 (moved; the job side imports it from here)
-
 CONNECT_TIMEOUT_S = 1.0
 
 

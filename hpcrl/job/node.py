@@ -25,16 +25,6 @@ from collections.abc import Mapping
 import attrs
 from submitit.helpers import Checkpointable, DelayedSubmission
 
-from hpcrl.causes import (
-    NODE_FAIL,
-    PREEMPTED,
-    AttemptCause,
-    exit_code_of,
-    last_step,
-    read_cause,
-    slurm_node_failure,
-    write_cause,
-)
 from hpcrl.job.diagnosis import diagnose, head_lost
 from hpcrl.job.driver_process import ATTEMPT_VARIABLE
 from hpcrl.job.errors import (
@@ -46,7 +36,27 @@ from hpcrl.job.errors import (
     RequeueRequested,
     SlurmRequeues,
 )
-from hpcrl.job.markers import (
+from hpcrl.job.network import port_accepts
+from hpcrl.job.processes import start_in_own_session, stop_session
+from hpcrl.job.ray_auth import prepare_job_token
+from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
+from hpcrl.job.requeues import (
+    name_slurm_ended_attempt,
+    stop_slurm_requeues_when_used_up,
+    task0_err_log,
+)
+from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
+from hpcrl.run.causes import (
+    NODE_FAIL,
+    PREEMPTED,
+    AttemptCause,
+    exit_code_of,
+    last_step,
+    read_cause,
+    slurm_node_failure,
+    write_cause,
+)
+from hpcrl.run.markers import (
     DONE,
     HEAD,
     PREEMPT_FILE,
@@ -57,16 +67,7 @@ from hpcrl.job.markers import (
     read_marker,
     write_marker,
 )
-from hpcrl.job.network import port_accepts, wait_until
-from hpcrl.job.processes import start_in_own_session, stop_session
-from hpcrl.job.ray_auth import prepare_job_token
-from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
-from hpcrl.job.requeues import (
-    name_slurm_ended_attempt,
-    stop_slurm_requeues_when_used_up,
-    task0_err_log,
-)
-from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
+from hpcrl.run.polling import wait_until
 
 LOGGER_NAME = "hpcrl.job"
 WORKER_POLL_INTERVAL_S = 0.5
@@ -89,7 +90,7 @@ class NodeMain(Checkpointable):
 
     When the attempt failed because a node was lost and requeues are left (its cause record
     says ``requeued``), it raises ``RequeueRequested`` with that resubmission instead of
-    ``DriverFailed``; ``hpcrl.submit.node_task.NodeTask`` requeues the job, and the next
+    ``DriverFailed``; ``hpcrl.job.node_task.NodeTask`` requeues the job, and the next
     attempt's driver resumes from the last checkpoint.
     """
 

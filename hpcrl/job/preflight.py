@@ -12,7 +12,10 @@ naming every missing or out-of-range package and the fix, before a Ray timeout c
 With ``ray_auth: token`` it also refuses a Ray older than token authentication (2.52): such a
 Ray would ignore ``RAY_AUTH_MODE`` and run the job's cluster open to anyone who reaches it. A
 Ray without package metadata (version unknown) must show the token-authentication package in
-its files instead.
+its files instead. Once the packages are there it checks the machine against the plan, for the
+training driver (``hpcrl.core.machine_checks``: CUDA for a GPU plan, Transformer Engine for the
+Megatron settings that need it), once per node, so no worker checks it again; a stand-in
+driver (``HPCRL_DRIVER``) trains nothing and needs none of it.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ import attrs
 
 import hpcrl
 from hpcrl.job.errors import PreflightFailed
-from hpcrl.job.markers import failed_marker_name, node_log_dir, write_marker
+from hpcrl.job.settings import DEFAULT_DRIVER, DRIVER_VARIABLE
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
-from hpcrl.job.versions import in_range
-from hpcrl.plan.jobspec import RAY_TOKEN_AUTH_SPEC, JobCode, PackageRequirement
-from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.jobspec import RAY_TOKEN_AUTH_SPEC, JobCode, JobSpec, PackageRequirement
+from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.markers import failed_marker_name, node_log_dir, write_marker
+from hpcrl.run.versions import in_range
 
 BUNDLE_VARIABLE = "HPCRL_CODE_BUNDLE"  # set by the bundle's entry script
 #: Where Ray keeps its token authentication (Ray 2.60; absent from 2.49): the evidence for a Ray
@@ -62,19 +66,22 @@ class PackageCheck:
 
 @attrs.frozen
 class PreflightInputs:
-    """The parts of the plan the check needs: the code plan, the container image and the
-    profile's ``ray_auth``."""
+    """The parts of the plan the check needs: the code plan, the container image, the
+    profile's ``ray_auth``, and the plan itself for the machine checks (None: none run)."""
 
     code: JobCode
     container_image: str | None
     ray_auth: str = "token"
+    jobspec: JobSpec | None = None
 
 
 def read_inputs(run_dir: Path) -> PreflightInputs:
     """``code`` and the container image of the run folder's typed ``JobSpec``."""
     spec = read_jobspec(run_dir)
     image = spec.container.image if spec.container is not None else None
-    return PreflightInputs(code=spec.code, container_image=image, ray_auth=spec.ray_auth)
+    return PreflightInputs(
+        code=spec.code, container_image=image, ray_auth=spec.ray_auth, jobspec=spec
+    )
 
 
 def check_package(
@@ -238,7 +245,25 @@ def run_preflight(run_dir: str, environ: Mapping[str, str], requeue_count: int =
     ]
     if code_problems or any(check.problem for check in checks):
         _fail(run_path, task, report, summarize(checks, code_problems, inputs))
+    machine_line, machine_problems = check_machine(inputs, environ)
+    report += [f"preflight: {machine_line}"] if machine_line else []
+    if machine_problems:
+        _fail(run_path, task, report, "; ".join(machine_problems))
     _log(run_path, task, report)
+
+
+def check_machine(inputs: PreflightInputs, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+    """(log line, problems): whether this node can run what the training driver will build
+    (``hpcrl.core.machine_checks``). Nothing to check for a stand-in driver."""
+    driver = environ.get(DRIVER_VARIABLE) or DEFAULT_DRIVER
+    if inputs.jobspec is None or driver != DEFAULT_DRIVER:
+        return "", []
+    from hpcrl.core.machine_checks import machine_problems  # after torch was found above
+
+    problems = machine_problems(inputs.jobspec)
+    device = inputs.jobspec.device
+    status = "ok" if not problems else "UNSUPPORTED"
+    return f"{status:<14} this machine for the plan (device: {device})", problems
 
 
 def _fail(run_dir: Path, task: SlurmTask, report: list[str], summary: str) -> NoReturn:

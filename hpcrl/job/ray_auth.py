@@ -8,7 +8,7 @@ refuses every gRPC call and HTTP request without the token on all of them. Only 
 travels in environments; the token stays in the file (mode 0600 in a 0700 folder), which is why
 ``RAY_AUTH_TOKEN`` (a value Ray prefers over the file) is removed from what Ray inherits.
 
-The token file is normally written with the run folder (``hpcrl.render.ray_token``); node 0
+The token file is normally written with the run folder (``hpcrl.run.ray_token``); node 0
 creates it when there is none (a node entrypoint run directly), before its Ray starts, and the
 other nodes read it only after node 0 announced its head. With ``ray_auth: none`` the mode is set
 to ``disabled`` explicitly: Ray 2.60 otherwise turns token auth on whenever a user's
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from hpcrl.job.errors import BootstrapError
 from hpcrl.job.settings import NodeSettings
-from hpcrl.plan.jobspec import RAY_AUTH_VARIABLES, token_path
-from hpcrl.render.ray_token import (
+from hpcrl.run.jobspec import RAY_AUTH_VARIABLES, token_path
+from hpcrl.run.ray_token import (
     TokenFileError,
     ensure_token_file,
     make_private_dir,

@@ -22,11 +22,11 @@ from pathlib import Path
 import attrs
 
 from hpcrl.job.errors import PortInUse, RayExited
-from hpcrl.job.markers import node_log_dir
 from hpcrl.job.network import first_busy_port
 from hpcrl.job.processes import start_in_own_session, stop_session
 from hpcrl.job.ray_auth import apply_ray_auth, make_private_ray_dir
 from hpcrl.job.settings import NodeSettings
+from hpcrl.run.markers import node_log_dir
 
 # Ports every node binds, and those only the head binds (named as in RayPortsCfg).
 NODE_PORT_NAMES = (

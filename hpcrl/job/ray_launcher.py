@@ -17,7 +17,7 @@ import shutil
 import sys
 
 from hpcrl.job.processes import die_with_parent
-from hpcrl.polling import wait_until
+from hpcrl.run.polling import wait_until
 
 GO_POLL_INTERVAL_S = 0.05
 NO_GO_EXIT_CODE = 3

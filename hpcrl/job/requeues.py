@@ -15,9 +15,9 @@ import logging
 import subprocess
 from pathlib import Path
 
-from hpcrl.causes import read_cause, slurm_node_failure, write_cause
-from hpcrl.job.markers import DONE, read_marker
 from hpcrl.job.settings import NodeSettings
+from hpcrl.run.causes import read_cause, slurm_node_failure, write_cause
+from hpcrl.run.markers import DONE, read_marker
 
 SCONTROL_TIMEOUT_S = 30
 

@@ -1,7 +1,7 @@
 """``NodeSettings``: everything one node's bootstrap needs, read in one place.
 
 Sources, later ones win: built-in defaults < the planner's typed ``JobSpec`` (read from
-``<run_dir>/jobspec.json`` by ``hpcrl.plan.jobspec_file.read_jobspec``: node count, Ray
+``<run_dir>/jobspec.json`` by ``hpcrl.run.jobspec_file.read_jobspec``: node count, Ray
 ports, requeues, GPUs or CPUs per node, ``ray_auth``) < ``HPCRL_*`` environment variables
 (tests set them per simulated node; a site may set them in the profile's env). A job without a usable
 jobspec.json stops here with the file and the fix. Slurm's own variables give the node's
@@ -23,10 +23,11 @@ from hpcrl.config.port_bands import BAND_VARIABLE, NUM_BANDS, job_key, job_ports
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.job.errors import NodeSettingsError
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
 
 DEFAULT_DRIVER = "hpcrl.core.driver:run_training"
+DRIVER_VARIABLE = "HPCRL_DRIVER"
 RAY_AUTH_MODES = ("token", "none")  # the profile's ray_auth (JobSpec.ray_auth)
 # The driver process reads the training group's master port from here (an override too).
 TORCH_MASTER_PORT_VARIABLE = "HPCRL_RAY_TORCH_MASTER_PORT"
@@ -34,7 +35,7 @@ TORCH_MASTER_PORT_VARIABLE = "HPCRL_RAY_TORCH_MASTER_PORT"
 # HPCRL_* variable -> (setting name, type). Ray ports: HPCRL_RAY_<FIELD>, e.g. HPCRL_RAY_GCS_PORT.
 _ENV_SETTINGS: dict[str, tuple[str, type]] = {
     "HPCRL_NUM_NODES": ("num_nodes", int),
-    "HPCRL_DRIVER": ("driver", str),
+    DRIVER_VARIABLE: ("driver", str),
     "HPCRL_MAX_REQUEUES": ("max_requeues", int),
     "HPCRL_NODE_IP": ("node_ip", str),
     "HPCRL_RAY_NUM_CPUS": ("num_cpus", int),
@@ -145,11 +146,7 @@ def port_band(environ: Mapping[str, str], task: SlurmTask) -> int:
                 "or unset it to take the band from the job's id"
             )
         return band
-    array_job_id, array_task_id = (
-        environ.get("SLURM_ARRAY_JOB_ID"),
-        environ.get("SLURM_ARRAY_TASK_ID"),
-    )
-    return job_key(task.job_id, array_job_id, array_task_id) % NUM_BANDS
+    return job_key(task.job_id, task.array_job_id, task.array_task_id) % NUM_BANDS
 
 
 def planned_settings(jobspec: JobSpec) -> dict[str, Any]:

@@ -1,4 +1,7 @@
-"""What a task learns about its job from Slurm's environment (or, without Slurm, about itself).
+"""What a task learns about its job from Slurm's environment (or, without Slurm, about itself):
+the one reader of the scheduler's variables (``SLURM_*``, submitit's local job id), as
+submitit's ``JobEnvironment`` is for submitit. Everything else of the job takes a ``SlurmTask``
+(tests/job/test_settings.py checks no other module of hpcrl reads a ``SLURM_*`` variable).
 
 Kept free of Ray and subprocesses so it can be tested with plain dictionaries.
 """
@@ -13,9 +16,10 @@ from collections.abc import Mapping
 import attrs
 
 from hpcrl.job.errors import NodeSettingsError
+from hpcrl.run.attempt_banner import attempt_banner
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
-#: Set by the task (``hpcrl.submit.node_task.NodeTask``) from its submission: how many
+#: Set by the task (``hpcrl.job.node_task.NodeTask``) from its submission: how many
 #: attempts the run's earlier jobs made (``hpcrl resume`` submits a new job into the folder).
 ATTEMPT_OFFSET_VARIABLE = "HPCRL_ATTEMPT_OFFSET"
 
@@ -72,6 +76,8 @@ class SlurmTask:
     node_names: tuple[str, ...]
     in_slurm: bool = True
     attempt_offset: int = 0  # attempts of the run's earlier jobs (hpcrl resume)
+    array_job_id: str | None = None  # SLURM_ARRAY_JOB_ID / _TASK_ID: a sweep's array task
+    array_task_id: str | None = None
 
     @property
     def run_attempt(self) -> int:
@@ -101,7 +107,7 @@ def read_slurm_task(environ: Mapping[str, str], requeue_count: int = 0) -> Slurm
         return SlurmTask(
             job_id=f"local{job_id}", attempt=requeue_count, node_rank=0, num_nodes=1,
             node_name=name, node_names=(name,), in_slurm=False,
-            attempt_offset=_attempt_offset(environ),
+            attempt_offset=_attempt_offset(environ), **_array_ids(environ),
         )  # fmt: skip
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
     node_names = tuple(expand_hostlist(nodelist))
@@ -120,7 +126,32 @@ def read_slurm_task(environ: Mapping[str, str], requeue_count: int = 0) -> Slurm
         node_name=environ.get("SLURMD_NODENAME") or node_names[node_rank],
         node_names=node_names,
         attempt_offset=_attempt_offset(environ),
+        **_array_ids(environ),
     )
+
+
+def _array_ids(environ: Mapping[str, str]) -> dict[str, str | None]:
+    return {
+        "array_job_id": environ.get("SLURM_ARRAY_JOB_ID"),
+        "array_task_id": environ.get("SLURM_ARRAY_TASK_ID"),
+    }
+
+
+def shown_job_id(environ: Mapping[str, str]) -> str:
+    """The job's id as hpcrl shows it: ``20_3`` for array task 3 of array 20 (Slurm gives each
+    task an id of its own, e.g. 23, that no hpcrl command shows), else the job id."""
+    array_job, array_task = _array_ids(environ).values()
+    if array_job and array_task:
+        return f"{array_job}_{array_task}"
+    return environ.get("SLURM_JOB_ID") or environ.get("SUBMITIT_LOCAL_JOB_ID", "?")
+
+
+def banner_of(environ: Mapping[str, str], attempt_offset: int = 0) -> str:
+    """This task's attempt banner (``hpcrl.run.attempt_banner``), from its environment alone:
+    it is printed before anything of the job could fail on a bad host list."""
+    attempt = attempt_offset + int(environ.get("SLURM_RESTART_COUNT") or "0") + 1
+    node = environ.get("SLURM_NODEID", "0")
+    return attempt_banner(shown_job_id(environ), attempt, node)
 
 
 def _attempt_offset(environ: Mapping[str, str]) -> int:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.resources
 import re
 import subprocess
 import sys
@@ -27,7 +26,8 @@ from pathlib import Path
 import attrs
 
 import hpcrl
-from hpcrl.plan.jobspec import BUNDLE_ENTRY
+from hpcrl.config.locate import shipped_package_dir
+from hpcrl.run.jobspec import BUNDLE_ENTRY
 
 #: The job side's pure-Python dependencies: what hpcrl.job and hpcrl.core import (directly
 #: or through hpcrl.config) beside the image's packages. tests/plan/test_bundle.py imports the
@@ -108,12 +108,13 @@ def _normalized(names: tuple[str, ...]) -> set[str]:
 
 
 def _hpcrl_files() -> list[tuple[str, str]]:
-    """hpcrl's own files, the mapped resource packages inside it as in a wheel."""
+    """hpcrl's own files, the mapped resource packages inside it as in a wheel (found as
+    ``hpcrl.config.locate`` finds them: a bare checkout on ``sys.path`` has no mapping)."""
     package_dir = Path(hpcrl.__file__).parent
     files = _tree_files(package_dir, "hpcrl")
     for name in RESOURCE_PACKAGES:
-        root = Path(str(importlib.resources.files(name)))
-        if not root.is_relative_to(package_dir):  # editable install: mapped from the repo root
+        root = shipped_package_dir(name)
+        if not root.is_relative_to(package_dir):  # editable install or bare checkout: repo root
             files += _tree_files(root, name.replace(".", "/"))
     return files
 
@@ -190,6 +191,8 @@ def hpcrl_git_sha() -> str | None:
     package_dir = Path(hpcrl.__file__).parent
     if "site-packages" in package_dir.parts:
         return None  # an installed wheel: a repository around the venv says nothing about it
+    if not any((folder / ".git").exists() for folder in package_dir.parents):
+        return None  # not in a checkout (pip --target): no git process to start and wait for
     head = _git(package_dir, "rev-parse", "HEAD")
     if head is None or not re.fullmatch(r"[0-9a-f]{40}", head):
         return None

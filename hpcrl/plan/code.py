@@ -19,10 +19,10 @@ from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan import mounts as mount_checks
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import CodeBundle, JobCode
 from hpcrl.plan.layout import profile_path
 from hpcrl.plan.requirements import requirements_of
 from hpcrl.plan.submit_host import SubmitHost
+from hpcrl.run.jobspec import CodeBundle, JobCode
 
 ENV = "/usr/bin/env"
 

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.tiny_models import TINY_MODEL_NAMES
 from hpcrl.plan.hf_cache import BUILT_IN_PREFIX, check_models_cached, model_names, on_this_machine
 from hpcrl.plan.job_python import check_job_python
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.run.jobspec import JobSpec
 
 #: Folders that are each machine's own on most clusters.
 NODE_LOCAL_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")
@@ -45,9 +46,7 @@ def environment_problems(
 
 def check_built_in_models(recipe: Recipe) -> list[Problem]:
     """``tiny:<name>`` must be one of hpcrl's tiny models (built in the job from a spec)."""
-    from hpcrl.core.models.tiny import TINY_SPECS  # the job's own table (attrs only)
-
-    known = [BUILT_IN_PREFIX + name for name in TINY_SPECS]
+    known = [BUILT_IN_PREFIX + name for name in TINY_MODEL_NAMES]
     return [
         Problem(
             path=path,

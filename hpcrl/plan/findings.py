@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 
 from hpcrl.config.errors import NO_VALUE, Problem, raise_if_errors
-from hpcrl.plan.jobspec import Check
+from hpcrl.run.jobspec import Check
 
 
 @attrs.define

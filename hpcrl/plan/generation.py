@@ -1,43 +1,29 @@
 """Separate vLLM generation workers vs the allocation: where they go and whether they fit.
 
 With ``policy.generation.colocated.enabled: false`` the engines get GPUs of their own,
-``colocated.resources.num_nodes × gpus_per_node`` of them (worker slots on CPU profiles).
-Two shapes fit a profile of ``S`` GPUs per node:
-
-- shared nodes: ``cluster.gpus_per_node + resources.gpus_per_node == S`` and
-  ``resources.num_nodes ≤ cluster.num_nodes``; generation takes the remaining GPUs of the
-  first training nodes and the job allocates ``cluster.num_nodes`` nodes (a warning when
-  some training nodes keep GPUs idle);
-- own nodes: otherwise; training takes ``cluster.gpus_per_node`` GPUs of each of
-  ``cluster.num_nodes`` nodes (``S`` of them, or fewer with a warning) and the job allocates
-  ``resources.num_nodes`` more, every node with ``max(cluster.gpus_per_node,
-  resources.gpus_per_node)`` GPUs (``hpcrl.plan.layout.requested_slots_per_node``).
+carved out of the job's ``cluster.num_nodes`` nodes as NeMo RL carves them
+(``hpcrl.config.node_split``): on one node, ``colocated.resources.gpus_per_node`` of its
+GPUs (training keeps the rest); on several, the last ``resources.num_nodes`` whole nodes.
+The job allocates ``cluster.num_nodes`` nodes of ``cluster.gpus_per_node`` GPUs (worker
+slots on CPU profiles), never more.
 
 The job records the choice (``JobSpec.generation``) and the driver places the engines on
-exactly those nodes (``hpcrl.core.generation.vllm_workers``). Colocated engines (sharing the
+exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
 training GPUs) are only checked: ``check_colocated_engines``.
 """
 
 from __future__ import annotations
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.node_split import NodeSplit, has_separate_generation, node_split
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe, VllmCfg
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import GenerationPlacement
+from hpcrl.run.jobspec import GenerationPlacement
 
 COLOCATED = "policy.generation.colocated"
 RESOURCES = f"{COLOCATED}.resources"
 VLLM = "policy.generation.vllm_cfg"
-
-
-def has_separate_generation(recipe: Recipe) -> bool:
-    generation = recipe.policy.generation
-    return (
-        recipe.algorithm == "grpo"
-        and generation.backend == "vllm"
-        and not generation.colocated.enabled
-    )
 
 
 def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
@@ -108,79 +94,34 @@ def _oversized_colocated_engine(
 def plan_generation(
     recipe: Recipe, profile: ClusterProfile, findings: Findings
 ) -> GenerationPlacement | None:
-    """The generation side's placement; None when there is none or it cannot fit (reported)."""
+    """The generation side's placement; None when there is none or it cannot fit (reported).
+    The recipe rules (``rule_node_split``) already refused splits NeMo RL refuses."""
     if not has_separate_generation(recipe):
         return None
-    resources = recipe.policy.generation.colocated.resources
-    num_nodes, per_node = resources.num_nodes, resources.gpus_per_node
-    if num_nodes is None or per_node is None:
-        return None  # the recipe rules already report the missing value
-    if not _positive(num_nodes, "num_nodes", findings) or not _positive(
-        per_node, "gpus_per_node", findings
-    ):
-        return None
-    slots = profile.slots_per_node
-    if per_node > slots:
-        findings.error(
-            f"{RESOURCES}.gpus_per_node",
-            f"the generation side wants {per_node} {_unit(profile)} per node but profile "
-            f"{profile.name!r} offers {slots} ({_slots_key(profile)})",
-            value=per_node,
-            fix=f"set {RESOURCES}.gpus_per_node to at most {slots} and raise "
-            f"{RESOURCES}.num_nodes instead",
-        )
-        return None
-    per_engine = _slots_per_engine(recipe, profile, per_node, findings)
+    split = node_split(recipe)
+    per_node = split.generation_gpus_per_node
+    per_engine = _slots_per_engine(recipe, profile, split, findings)
     if per_engine is None:
         return None
-    training_nodes, training_per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
-    shares = num_nodes <= training_nodes and training_per_node + per_node == slots
     return GenerationPlacement(
-        first_node=0 if shares else training_nodes,
-        num_nodes=num_nodes,
+        first_node=split.first_generation_node,
+        num_nodes=split.generation_nodes,
         slots_per_node=per_node,
-        num_engines=num_nodes * per_node // per_engine,
+        num_engines=split.generation_nodes * per_node // per_engine,
         slots_per_engine=per_engine,
-        training_nodes=training_nodes,
-        training_slots_per_node=training_per_node,
+        training_nodes=split.training_nodes,
+        training_slots_per_node=split.training_gpus_per_node,
     )
 
 
 def report_placement(
     placement: GenerationPlacement, profile: ClusterProfile, findings: Findings
-) -> bool:
-    """A placement on its own nodes must be allocatable; the passed check otherwise."""
-    if profile.scheduler == "local" and placement.job_nodes > 1:
-        findings.error(
-            f"{RESOURCES}.gpus_per_node",
-            f"training takes {placement.training_slots_per_node} of the "
-            f"{profile.slots_per_node} {_unit(profile)} per node and generation wants "
-            f"{placement.slots_per_node} more, so generation needs nodes of its own "
-            f"({placement.training_nodes} + {placement.num_nodes} = {placement.job_nodes} nodes), "
-            f"but profile {profile.name!r} runs on this one machine (scheduler: local)",
-            value=placement.slots_per_node,
-            fix=f"share the node: make cluster.gpus_per_node + {RESOURCES}.gpus_per_node = "
-            f"{profile.slots_per_node} with {RESOURCES}.num_nodes=1, or choose a Slurm profile "
-            "with --cluster",
-        )
-        return False
-    idle_nodes = placement.training_nodes - placement.num_nodes
-    if placement.shares_nodes and idle_nodes:
-        findings.warn(
-            "generation_idle",
-            f"{RESOURCES}.num_nodes",
-            f"generation shares only {placement.num_nodes} of the {placement.training_nodes} "
-            f"training nodes, so {placement.slots_per_node} {_unit(profile)} on each of the "
-            f"other {idle_nodes} stay idle",
-            value=placement.num_nodes,
-            fix=f"set {RESOURCES}.num_nodes={placement.training_nodes}",
-        )
+) -> None:
     findings.passed("generation", placement.describe(_unit(profile)))
-    return True
 
 
 def _slots_per_engine(
-    recipe: Recipe, profile: ClusterProfile, per_node: int, findings: Findings
+    recipe: Recipe, profile: ClusterProfile, split: NodeSplit, findings: Findings
 ) -> int | None:
     """GPUs per vLLM engine; they must tile a generation node. CPU engines take one slot."""
     vllm = recipe.policy.generation.vllm_cfg
@@ -189,25 +130,22 @@ def _slots_per_engine(
     per_engine = vllm.tensor_parallel_size * vllm.pipeline_parallel_size
     if per_engine < 1:
         return None  # the recipe rules report non-positive sizes
-    problem = engine_tiling_problem(
-        vllm, per_node, profile.slots_per_node, f"profile {profile.name!r}"
-    )
+    problem = engine_tiling_problem(vllm, split)
     if problem is None:
         return per_engine
     findings.problems.append(problem)
     return None
 
 
-def engine_tiling_problem(
-    vllm: VllmCfg, per_node: int, node_gpus: int, nodes: str
-) -> Problem | None:
-    """The error when engines of ``vllm``'s tp × pp GPUs do not tile ``per_node`` generation
-    GPUs per node, None when they do. An engine's GPUs are those of one node, so an engine
-    bigger than ``node_gpus`` (what ``nodes`` offers per node) gets only engine sizes that
-    fit as its fix. Plan time only: the job lays engines out from ``JobSpec.generation``
-    (``hpcrl.core.generation.vllm_workers.generation_layout``) and checks nothing again."""
+def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
+    """The error when engines of ``vllm``'s tp × pp GPUs do not tile the generation GPUs of
+    a node, None when they do. An engine's GPUs are those of one node. On one shared node
+    generation's share may change (up to ``cluster.gpus_per_node`` - 1); whole generation
+    nodes hold ``cluster.gpus_per_node`` each, so there only the engine size may. Plan time
+    only: the job lays engines out from ``JobSpec.generation``
+    (``hpcrl.core.workers.vllm_workers.generation_layout``) and checks nothing again."""
     tp, pp = vllm.tensor_parallel_size, vllm.pipeline_parallel_size
-    per_engine = tp * pp
+    per_engine, per_node = tp * pp, split.generation_gpus_per_node
     if per_engine < 1 or per_node % per_engine == 0:
         return None
     engine = (
@@ -216,40 +154,23 @@ def engine_tiling_problem(
     divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
     resize = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
     message = f"{per_node} GPUs per node do not split into vLLM engines of {engine}"
-    if per_engine > node_gpus:
-        # No gpus_per_node can hold the engine: an engine's GPUs are those of one node.
+    shared = split.first_generation_node < split.training_nodes
+    multiples = list(range(per_engine, split.gpus_per_node, per_engine)) if shared else []
+    if not multiples:
         return Problem(
             path=f"{RESOURCES}.gpus_per_node",
-            message=f"{message}, and no node can hold one: an engine runs inside one node and "
-            f"{nodes} offers {node_gpus} GPUs per node",
+            message=message,
             value=per_node,
             fix=f"set {resize}",
         )
-    multiples = list(range(per_engine, node_gpus + 1, per_engine))
     return Problem(
         path=f"{RESOURCES}.gpus_per_node",
         message=message,
         value=per_node,
-        fix=f"set {RESOURCES}.gpus_per_node to a multiple of {per_engine} (one of {multiples}) "
-        f"or {resize}",
+        fix=f"set {RESOURCES}.gpus_per_node to a multiple of {per_engine} below "
+        f"cluster.gpus_per_node (one of {multiples}) or {resize}",
     )
-
-
-def _positive(value: int, key: str, findings: Findings) -> bool:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return True
-    findings.error(
-        f"{RESOURCES}.{key}",
-        "must be at least 1",
-        value=value,
-        fix=f"set {RESOURCES}.{key}=1 or more",
-    )
-    return False
 
 
 def _unit(profile: ClusterProfile) -> str:
     return "GPUs" if profile.device == "gpu" else "CPU worker slots"
-
-
-def _slots_key(profile: ClusterProfile) -> str:
-    return "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.run.jobspec import JobSpec
 
 #: ``org/name`` or ``name``, as the hub spells repository ids.
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")

@@ -124,8 +124,8 @@ def check_image_ray(profile: ClusterProfile, findings: Findings) -> ImageRay | N
     found = image_ray(profile)
     if found is None:
         return None
-    from hpcrl.job.versions import in_range  # the preflight's own comparison (pure Python)
     from hpcrl.plan.requirements import SUPPORTED
+    from hpcrl.run.versions import in_range  # the preflight's own comparison (pure Python)
 
     (ray,) = (row for row in SUPPORTED if row.module == "ray")
     if not in_range(found.version, ray.spec):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import attrs
 
+from hpcrl.config.node_split import has_separate_generation, node_split
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import AutomodelCfg, MegatronCfg, Recipe
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.generation import RESOURCES as GENERATION_RESOURCES
-from hpcrl.plan.generation import has_separate_generation
-from hpcrl.plan.jobspec import GenerationPlacement, ParallelLayout
+from hpcrl.run.jobspec import ParallelLayout
 
 AUTOMODEL = "policy.automodel_cfg"
 MEGATRON = "policy.megatron_cfg"
@@ -20,16 +19,11 @@ def profile_path(profile: ClusterProfile, key: str) -> str:
     return f"profile[{profile.name}].{key}"
 
 
-def check_allocation(
-    recipe: Recipe,
-    profile: ClusterProfile,
-    findings: Findings,
-    generation: GenerationPlacement | None = None,
-) -> bool:
+def check_allocation(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> bool:
     """The profile's nodes must hold the GPUs (CPU worker slots) per node that the recipe's
     ``cluster`` section asks for; fewer is valid and warned about (the job then requests only
-    those, ``requested_slots_per_node``). Separate generation workers sharing the training
-    nodes (``generation``) take the rest of each node instead."""
+    those, ``requested_slots_per_node``). ``cluster`` is the whole job: generation workers of
+    their own are carved out of it (``hpcrl.config.node_split``)."""
     num_nodes, gpus_per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
     slots_key = "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"
     ok = True
@@ -49,44 +43,40 @@ def check_allocation(
             fix="set cluster.num_nodes=1, or choose a Slurm profile with --cluster",
         )
         ok = False
-    shares_nodes = generation is not None and generation.shares_nodes
-    if gpus_per_node > profile.slots_per_node and not shares_nodes:
+    if gpus_per_node > profile.slots_per_node:
         findings.error(
             "cluster.gpus_per_node",
-            f"the recipe wants {gpus_per_node} training ranks per node but profile "
-            f"{profile.name!r} offers {profile.slots_per_node} ({slots_key})",
+            f"the recipe wants {gpus_per_node} {_per_node_what(recipe, profile)} per node but "
+            f"profile {profile.name!r} offers {profile.slots_per_node} ({slots_key})",
             value=gpus_per_node,
             fix=f"set cluster.gpus_per_node to at most {profile.slots_per_node} and raise "
             f"cluster.num_nodes instead, or use a profile whose {slots_key} is "
             f"{gpus_per_node} or more ({profile_path(profile, slots_key)})",
         )
         ok = False
-    elif gpus_per_node < profile.slots_per_node and not shares_nodes:
-        _warn_partial_nodes(recipe, profile, generation, findings)
+    elif gpus_per_node < profile.slots_per_node:
+        _warn_partial_nodes(recipe, profile, findings)
     if ok:
-        unit = "GPUs" if profile.device == "gpu" else "CPU worker slots"
-        findings.passed(
-            "allocation",
-            f"{num_nodes} node(s) × {gpus_per_node} {unit} = {num_nodes * gpus_per_node} ranks",
-        )
+        findings.passed("allocation", _allocation_line(recipe, profile))
     return ok
 
 
-def requested_slots_per_node(
-    recipe: Recipe, profile: ClusterProfile, generation: GenerationPlacement | None
-) -> int:
+def _allocation_line(recipe: Recipe, profile: ClusterProfile) -> str:
+    num_nodes, per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
+    ranks = node_split(recipe).training_world_size
+    if num_nodes * per_node == ranks:
+        return f"{num_nodes} node(s) × {per_node} {_unit(profile)} = {ranks} ranks"
+    return (
+        f"{num_nodes} node(s) × {per_node} {_unit(profile)} for the whole job (cluster.*, "
+        f"generation's included, as in NeMo RL): {ranks} training ranks"
+    )
+
+
+def requested_slots_per_node(recipe: Recipe, profile: ClusterProfile) -> int:
     """The GPUs (CPU worker slots) the job asks for on each node: the recipe's
-    ``cluster.gpus_per_node``, all of the node when generation shares it, and at least the
-    generation nodes' count when generation has nodes of its own (Slurm gives every node
-    of a job the same count). Never more than the profile's nodes hold."""
-    wanted = recipe.cluster.gpus_per_node
-    if generation is not None:
-        wanted = (
-            profile.slots_per_node
-            if generation.shares_nodes
-            else max(wanted, generation.slots_per_node)
-        )
-    return max(1, min(wanted, profile.slots_per_node))
+    ``cluster.gpus_per_node`` (generation workers of their own take theirs out of it), never
+    more than the profile's nodes hold."""
+    return max(1, min(recipe.cluster.gpus_per_node, profile.slots_per_node))
 
 
 def narrow_to_request(profile: ClusterProfile, slots_per_node: int) -> ClusterProfile:
@@ -96,43 +86,37 @@ def narrow_to_request(profile: ClusterProfile, slots_per_node: int) -> ClusterPr
     return attrs.evolve(profile, worker_slots_per_node=slots_per_node)
 
 
-def _warn_partial_nodes(
-    recipe: Recipe,
-    profile: ClusterProfile,
-    generation: GenerationPlacement | None,
-    findings: Findings,
-) -> None:
-    """Fewer training ranks than a node's GPUs: valid; the job asks for only what it uses."""
+def _per_node_what(recipe: Recipe, profile: ClusterProfile) -> str:
+    return _unit(profile) if has_separate_generation(recipe) else "training ranks"
+
+
+def _unit(profile: ClusterProfile) -> str:
+    return "GPUs" if profile.device == "gpu" else "CPU worker slots"
+
+
+def _warn_partial_nodes(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
+    """Fewer GPUs per node than a node holds: valid; the job asks for only what it uses."""
     wanted, node_slots = recipe.cluster.gpus_per_node, profile.slots_per_node
-    unit = "GPUs" if profile.device == "gpu" else "CPU worker slots"
+    unit = _unit(profile)
     slots_key = "gpus_per_node" if profile.device == "gpu" else "worker_slots_per_node"
-    requested = requested_slots_per_node(recipe, profile, generation)
+    # Colocated, cluster.gpus_per_node are all training ranks; split, some are generation's.
+    verb, whole = ("uses", "use") if has_separate_generation(recipe) else ("trains on", "train on")
     message = (
-        f"the recipe trains on {wanted} of the {node_slots} {unit} per node of profile "
-        f"{profile.name!r} ({slots_key}), so the job requests {requested} per node"
+        f"the recipe {verb} {wanted} of the {node_slots} {unit} per node of profile "
+        f"{profile.name!r} ({slots_key}), so the job requests {wanted} per node"
     )
-    if requested > wanted:
-        message += (
-            f" (as many as each generation node takes; Slurm gives every node of a job the "
-            f"same count), {requested - wanted} of them idle on each training node"
-        )
-    rest = node_slots - requested
-    if rest and profile.scheduler == "local":
+    rest = node_slots - wanted
+    if profile.scheduler == "local":
         message += f"; the other {rest} of this machine stay free for other work"
-    elif rest and profile.slurm.exclusive:
+    elif profile.slurm.exclusive:
         message += (
             f"; the other {rest} of each node stay idle (slurm.exclusive: the job holds "
             "whole nodes)"
         )
-    elif rest:
+    else:
         message += f"; the other {rest} of each node are left to other jobs"
-    fixes = [f"set cluster.gpus_per_node={node_slots} to train on whole nodes"]
-    if has_separate_generation(recipe):
-        fixes.append(
-            f"give the rest to generation (cluster.gpus_per_node + "
-            f"{GENERATION_RESOURCES}.gpus_per_node = {node_slots})"
-        )
-    if rest and profile.scheduler == "slurm" and profile.slurm.exclusive:
+    fixes = [f"set cluster.gpus_per_node={node_slots} to {whole} whole nodes"]
+    if profile.scheduler == "slurm" and profile.slurm.exclusive:
         fixes.append(
             f"set {profile_path(profile, 'slurm.exclusive')}: false to leave them to other jobs"
         )
@@ -148,9 +132,10 @@ def _warn_partial_nodes(
 def plan_layout(
     recipe: Recipe, profile: ClusterProfile, findings: Findings
 ) -> ParallelLayout | None:
-    """The backend's layout for ``cluster.num_nodes × cluster.gpus_per_node`` ranks; None when
-    it cannot factor."""
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    """The backend's layout for the training ranks (``cluster.num_nodes ×
+    cluster.gpus_per_node`` less generation's own GPUs); None when it cannot factor."""
+    split = node_split(recipe)
+    world_size = split.training_world_size
     if recipe.backend == "megatron":
         layout = _megatron_layout(recipe.policy.megatron_cfg, world_size, findings)
     else:
@@ -158,9 +143,9 @@ def plan_layout(
     if layout is None:
         return None
     # Training ranks per node: fewer than the node holds when the recipe leaves some idle.
-    _check_tp_inside_node(recipe, layout, recipe.cluster.gpus_per_node, findings)
+    _check_tp_inside_node(recipe, layout, split.training_gpus_per_node, findings)
     if layout.backend == "automodel":
-        _check_hsdp_groups(layout, recipe.cluster.num_nodes, findings)
+        _check_hsdp_groups(layout, split.training_nodes, findings)
     findings.passed("layout", f"{layout.backend}: {layout.describe()} = {world_size} ranks")
     return layout
 

@@ -12,6 +12,7 @@ import posixpath
 
 import attrs
 
+from hpcrl.config.node_split import node_split
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.checkpoint_dir import resolve_megatron_checkpoint_dir
@@ -119,13 +120,10 @@ def plan_megatron_checkpoint_dir(
     profile: ClusterProfile,
     mounts: list[Mount],
     findings: Findings,
-    job_nodes: int | None = None,
 ) -> tuple[str | None, str | None]:
     """Resolve the Megatron checkpoint dir as the job sees it: from the profile's env and the
     recipe's ``policy.megatron_cfg.env_vars`` (which win, as in the job's environment). The
-    job converts into exactly this directory (``JobSpec.megatron_checkpoint_dir``).
-
-    ``job_nodes``: the job's nodes when separate generation nodes add to the training ones."""
+    job converts into exactly this directory (``JobSpec.megatron_checkpoint_dir``)."""
     if recipe.backend != "megatron":
         return None, None
     recipe_env = recipe.policy.megatron_cfg.env_vars
@@ -145,7 +143,7 @@ def plan_megatron_checkpoint_dir(
         return directory, source
     findings.passed("megatron_checkpoint_dir", f"{directory} (from {source})")
     if source == "home":
-        _warn_home_on_many_nodes(directory, recipe, profile, findings, job_nodes)
+        _warn_home_on_many_nodes(directory, recipe, profile, findings)
     _warn_shell_disagrees(directory, job_env, profile, findings)
     check_visible_in_container(
         profile, mounts, "the Megatron checkpoint dir", directory, source_path, findings
@@ -158,15 +156,15 @@ def _warn_home_on_many_nodes(
     recipe: Recipe,
     profile: ClusterProfile,
     findings: Findings,
-    job_nodes: int | None,
 ) -> None:
     # Only the training ranks read the conversion (vLLM engines load the HF model and take
     # refits in memory), so generation nodes of their own do not make it a multi-node read.
-    training_nodes = recipe.cluster.num_nodes
+    training_nodes = node_split(recipe).training_nodes
     if training_nodes <= 1:
         return
     spans = f"on a {training_nodes}-node job every node"
-    if job_nodes is not None and job_nodes > training_nodes:
+    job_nodes = recipe.cluster.num_nodes
+    if job_nodes > training_nodes:
         spans = (
             f"training spans {training_nodes} of the job's {job_nodes} nodes and every "
             "training node"

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from hpcrl.config.env_rules import VLLM_ENV_VARS, training_env_vars
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan import generation as generation_checks
@@ -20,20 +21,21 @@ from hpcrl.plan import mounts as mount_checks
 from hpcrl.plan import ray_auth as ray_auth_checks
 from hpcrl.plan import scheduler
 from hpcrl.plan.code import plan_code
+from hpcrl.plan.compile_cache import CACHE_VARIABLES, compile_cache_env, plan_compile_cache
 from hpcrl.plan.data_files import check_data_files
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.gpus import resolve_local_gpus
 from hpcrl.plan.images import check_image_reference
-from hpcrl.plan.jobspec import (
+from hpcrl.plan.layout import profile_path
+from hpcrl.plan.placeholders import check_placeholders
+from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
+from hpcrl.run.jobspec import (
     SUBMITIT_TASK_TAIL,
     ContainerSpec,
     GenerationPlacement,
     JobSpec,
     ParallelLayout,
 )
-from hpcrl.plan.layout import profile_path
-from hpcrl.plan.placeholders import check_placeholders
-from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -79,20 +81,23 @@ def plan(
     layout = _plan_layout(recipe, profile, generation, findings)
     # The job asks Slurm (and Ray, and a local job's CUDA_VISIBLE_DEVICES) for only the GPUs
     # it uses: a recipe may train on fewer than a node holds (check_allocation warns).
-    requested = layout_checks.requested_slots_per_node(recipe, profile, generation)
+    requested = layout_checks.requested_slots_per_node(recipe, profile)
     profile = layout_checks.narrow_to_request(profile, requested)
     visible_gpus = visible_gpus[:requested] if visible_gpus is not None else None
-    num_nodes = generation.job_nodes if generation else recipe.cluster.num_nodes
+    # cluster.num_nodes is the whole job, generation's nodes included (NeMo RL's meaning).
+    num_nodes = recipe.cluster.num_nodes
     mounts = mount_checks.check_mount_syntax(profile, findings)
     check_image_reference(profile, findings)
     code, bundle_mount = plan_code(recipe, profile, host, mounts, findings)
-    container = _container_spec(profile, run_dir, mounts, bundle_mount)
+    runs_dir = posixpath.dirname(host.bundles_dir)  # the bundles' folder: <runs>/.hpcrl-bundles
+    compile_dir, compile_mount = plan_compile_cache(profile, runs_dir, mounts, findings)
+    container = _container_spec(profile, run_dir, mounts, (bundle_mount, compile_mount))
     ckpt_dir, ckpt_source = mount_checks.plan_megatron_checkpoint_dir(
-        recipe, profile, mounts, findings, num_nodes
+        recipe, profile, mounts, findings
     )
     mount_checks.check_hf_home(profile, mounts, findings)
     check_data_files(recipe, profile, mounts, findings)
-    env = _job_env(recipe, profile, run_dir, findings)
+    env = _job_env(recipe, profile, run_dir, compile_cache_env(compile_dir), findings)
     _check_script_inputs(recipe, profile, dict(env), findings)
     launch = _launch_fields(profile, container, run_dir, num_nodes, job_name, array_size, findings)
     findings.raise_if_errors()
@@ -106,6 +111,7 @@ def plan(
         recipe_source=recipe_source,
         algorithm=recipe.algorithm,  # type: ignore[arg-type]
         overrides=tuple(overrides),
+        recipe=recipe,
         written_by=tuple(written_by or render_argv(recipe_source, cluster, overrides)),
         run_dir=run_dir,
         num_nodes=num_nodes,
@@ -120,6 +126,7 @@ def plan(
         ray_auth=profile.ray_auth,
         megatron_checkpoint_dir=ckpt_dir,
         megatron_checkpoint_dir_source=ckpt_source,
+        compile_cache_dir=compile_dir,
         code=code,
         task_argv=(*code.entry_argv, *SUBMITIT_TASK_TAIL, launch["submitit_folder"]),
         checks=tuple(findings.checks),
@@ -195,9 +202,9 @@ def _plan_layout(
     generation: GenerationPlacement | None,
     findings: Findings,
 ) -> ParallelLayout | None:
-    allocated = layout_checks.check_allocation(recipe, profile, findings, generation)
+    allocated = layout_checks.check_allocation(recipe, profile, findings)
     if generation is not None:
-        allocated = generation_checks.report_placement(generation, profile, findings) and allocated
+        generation_checks.report_placement(generation, profile, findings)
     if not allocated:
         return None  # a layout for the wrong world size would only add noise
     # Against the allocated training GPUs, which colocated engines share.
@@ -248,11 +255,11 @@ def _check_run_dir(run_dir: str, profile: ClusterProfile, findings: Findings) ->
 
 
 def _container_spec(
-    profile: ClusterProfile, run_dir: str, mounts: list, bundle_mount: str | None
+    profile: ClusterProfile, run_dir: str, mounts: list, more_mounts: tuple[str | None, ...]
 ) -> ContainerSpec | None:
     if profile.container is None:
         return None
-    added = (mount_checks.run_dir_mount(run_dir, mounts), bundle_mount)
+    added = (mount_checks.run_dir_mount(run_dir, mounts), *more_mounts)
     return ContainerSpec(
         image=profile.container.image,
         mounts=tuple(profile.container.mounts) + tuple(mount for mount in added if mount),
@@ -262,17 +269,25 @@ def _container_spec(
 
 
 def _job_env(
-    recipe: Recipe, profile: ClusterProfile, run_dir: str, findings: Findings
+    recipe: Recipe,
+    profile: ClusterProfile,
+    run_dir: str,
+    compile_env: dict[str, str],
+    findings: Findings,
 ) -> tuple[tuple[str, str], ...]:
-    """hpcrl's defaults < the profile's env < the Megatron recipe's env_vars; sorted by name."""
+    """hpcrl's defaults < the profile's env < the training backend's env_vars (Megatron's or
+    Automodel's); sorted by name. vLLM's env_vars are checked here but set by each engine
+    (``hpcrl.core.generation.vllm_engine.engine_env``), in its processes only. The compile
+    caches' variables are hpcrl's alone (``compile_cache_dir`` sets them)."""
     env = dict(DEFAULT_ENV)
-    sources = [(profile_path(profile, "env"), profile.env)]
-    if recipe.backend == "megatron":
-        sources.append(("policy.megatron_cfg.env_vars", recipe.policy.megatron_cfg.env_vars))
+    sources = [(profile_path(profile, "env"), profile.env), training_env_vars(recipe)]
     for section, values in sources:
         for name, value in values.items():
             if _check_env_name(f"{section}.{name}", name, findings):
                 env[name] = str(value)
+    for name in recipe.policy.generation.vllm_cfg.env_vars:
+        _check_env_name(f"{VLLM_ENV_VARS}.{name}", name, findings)
+    env.update(compile_env)
     env["HPCRL_RUN_DIR"] = run_dir
     return tuple(sorted(env.items()))
 
@@ -284,6 +299,14 @@ def _check_env_name(path: str, name: str, findings: Findings) -> bool:
             "an environment variable name must be a shell identifier ([A-Za-z_][A-Za-z0-9_]*)",
             value=name,
             fix="rename the variable",
+        )
+        return False
+    if name in CACHE_VARIABLES:
+        findings.error(
+            path,
+            "hpcrl sets torch.compile's cache variables from the profile's compile_cache_dir",
+            value=name,
+            fix="remove it and set compile_cache_dir in the cluster profile instead",
         )
         return False
     if name.startswith(RESERVED_ENV_PREFIXES):
@@ -372,11 +395,11 @@ def _check_no_nul(recipe: Recipe, profile: ClusterProfile, findings: Findings) -
     if profile.container is not None:
         values += [(profile_path(profile, "container.image"), profile.container.image)]
         values += [(profile_path(profile, "container.workdir"), profile.container.workdir or "")]
-    if recipe.backend == "megatron":
-        values += [
-            (f"policy.megatron_cfg.env_vars.{name}", str(value))
-            for name, value in recipe.policy.megatron_cfg.env_vars.items()
-        ]
+    for section, env_vars in (
+        training_env_vars(recipe),
+        (VLLM_ENV_VARS, recipe.policy.generation.vllm_cfg.env_vars),
+    ):
+        values += [(f"{section}.{name}", str(value)) for name, value in env_vars.items()]
     for path, value in values:
         if "\0" in value:
             findings.error(

@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hpcrl.config.env_rules import training_env_vars
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.images import NEMO_RL_IMAGE_RAY, RECOMMENDED_IMAGE, check_image_ray
-from hpcrl.plan.jobspec import (
+from hpcrl.plan.layout import profile_path
+from hpcrl.run.jobspec import (
     AUTH_DIR_NAME,
     RAY_AUTH_VARIABLES,
     RAY_TOKEN_AUTH_SPEC,
     TOKEN_FILE_NAME,
 )
-from hpcrl.plan.layout import profile_path
 
 NO_AUTH_RISK = (
     "Ray token authentication is off: anyone who can reach the job's nodes and finds its Ray "
@@ -77,7 +78,7 @@ def check_ray_auth(recipe: Recipe, profile: ClusterProfile, findings: Findings) 
 
 
 def _has_token_auth(version: str) -> bool:
-    from hpcrl.job.versions import in_range  # the preflight's own comparison (pure Python)
+    from hpcrl.run.versions import in_range  # the preflight's own comparison (pure Python)
 
     return in_range(version, RAY_TOKEN_AUTH_SPEC)
 
@@ -87,6 +88,6 @@ def _named_variables(recipe: Recipe, profile: ClusterProfile) -> Iterable[tuple[
         yield profile_path(profile, f"env.{name}"), name
     for index, name in enumerate(profile.pass_env):
         yield profile_path(profile, f"pass_env[{index}]"), name
-    if recipe.backend == "megatron":
-        for name in recipe.policy.megatron_cfg.env_vars:
-            yield f"policy.megatron_cfg.env_vars.{name}", name
+    section, env_vars = training_env_vars(recipe)
+    for name in env_vars:
+        yield f"{section}.{name}", name

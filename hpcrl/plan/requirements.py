@@ -4,14 +4,14 @@ One table. The planner copies the rows a recipe needs into ``JobSpec.code.requir
 job checks them on every node before Ray starts (``hpcrl.job.preflight``) and fails in seconds
 naming each missing or out-of-range package. Ranges match ``setup.cfg`` where it lists the
 package (a test holds them equal) and say what the code is run with elsewhere. They are
-compared on release numbers (``hpcrl.job.versions``): an image's ``2.9.0a0+nv`` build of
+compared on release numbers (``hpcrl.run.versions``): an image's ``2.9.0a0+nv`` build of
 torch counts as 2.9.
 """
 
 from __future__ import annotations
 
 from hpcrl.config.recipe import Recipe
-from hpcrl.plan.jobspec import Need, PackageRequirement
+from hpcrl.run.jobspec import Need, PackageRequirement
 
 
 def _row(

@@ -10,8 +10,8 @@ import re
 
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.plan.findings import Findings
-from hpcrl.plan.jobspec import SUBMITIT_SIGNAL, ContainerSpec
 from hpcrl.plan.layout import profile_path
+from hpcrl.run.jobspec import SUBMITIT_SIGNAL, ContainerSpec
 
 _EXTRA_ARG = re.compile(r"--([a-z][a-z0-9-]*)(?:=(.+))?")
 _TIME_LIMIT = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+")
@@ -19,7 +19,7 @@ _TIME_LIMIT = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|\d+-\d+")
 #: #SBATCH keys hpcrl sets itself, and the profile field to use instead of a raw argument.
 OWNED_SBATCH_KEYS = {
     "job-name": "the recipe file name",
-    "nodes": "cluster.num_nodes (+ policy.generation.colocated.resources.num_nodes) in the recipe",
+    "nodes": "cluster.num_nodes in the recipe (every node of the job, generation's included)",
     "ntasks-per-node": "nothing (hpcrl runs one task per node)",
     "output": "nothing (submitit's log paths are fixed)",
     "error": "nothing (submitit's log paths are fixed)",

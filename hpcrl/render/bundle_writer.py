@@ -17,9 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpcrl.files import current_umask, make_folders, no_space_or
 from hpcrl.plan.bundle import BundleContents, collect_bundle
-from hpcrl.plan.jobspec import CodeBundle
+from hpcrl.run.atomic_files import current_umask, make_folders, no_space_or
+from hpcrl.run.jobspec import CodeBundle
 
 MANIFEST_NAME = "BUNDLE.json"
 
@@ -71,7 +71,7 @@ def _fill(folder: Path, contents: BundleContents, bundle: CodeBundle) -> None:
         "written_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-    umask = current_umask()  # modes the umask allows, never wider (hpcrl.files)
+    umask = current_umask()  # modes the umask allows, never wider (hpcrl.run.atomic_files)
     for directory, _, names in os.walk(folder):
         os.chmod(directory, 0o777 & ~umask)  # mkdtemp made the top 0700
         for name in names:

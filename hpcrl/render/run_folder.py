@@ -1,5 +1,5 @@
 """The run folder as ``hpcrl render`` leaves it: the script, the resolved recipe, the plan
-the job reads (``jobspec.json``, see ``hpcrl.plan.jobspec_file``) and a manifest.
+the job reads (``jobspec.json``, see ``hpcrl.run.jobspec_file``) and a manifest.
 
 Only the manifest records when and where it was written; the script stays deterministic.
 """
@@ -20,12 +20,12 @@ import attrs
 import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.files import holds_submitted_job, replace_symlink, unusable_folder, write_file
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import jobspec_as_dict, write_jobspec
 from hpcrl.render.bundle_writer import write_bundle
-from hpcrl.render.ray_token import write_job_token
-from hpcrl.render.script import render_sbatch
+from hpcrl.run.atomic_files import replace_symlink, write_file
+from hpcrl.run.folder_lock import holds_submitted_job, unusable_folder
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import jobspec_as_dict, write_jobspec
+from hpcrl.run.ray_token import write_job_token
 
 SCRIPT_NAME = "job.sbatch"
 RESOLVED_RECIPE_NAME = "recipe.resolved.yaml"
@@ -61,6 +61,18 @@ def default_run_dir(
     return (base / f"{stem}-{profile.name}-{plan_fingerprint(resolved_recipe, profile)}").absolute()
 
 
+def _make_compile_cache(spec: JobSpec) -> None:
+    """Create the compile cache folder where this machine sees it: a container mounts it
+    (pyxis needs the host folder). A profile's folder on storage only the nodes see is left
+    to the job (torch creates it)."""
+    if spec.compile_cache_dir is None:
+        return
+    try:
+        Path(spec.compile_cache_dir).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+
+
 def git_sha(directory: Path | None) -> str | None:
     """HEAD of the git repository holding ``directory``; None when there is none (or no git)."""
     if directory is None:
@@ -88,14 +100,17 @@ def write_run_folder(
     provenance: Mapping[str, str] | None = None,
 ) -> RunFolder:
     """Write ``job.sbatch`` (executable), ``recipe.resolved.yaml``, ``jobspec.json`` and
-    ``manifest.json`` to ``spec.run_dir`` (modes as the umask allows: ``hpcrl.files``), the
+    ``manifest.json`` to ``spec.run_dir`` (modes as the umask allows: ``hpcrl.run.atomic_files``), the
     code bundle the script runs unless it exists already, and the job's Ray token
     (``auth/ray_token``, 0600) unless the folder has one.
 
-    The caller holds ``hpcrl.files.run_folder_lock`` of the folder (or of a sweep folder
+    The caller holds ``hpcrl.run.folder_lock.run_folder_lock`` of the folder (or of a sweep folder
     above it). Refuses a folder that already holds a submitted job: its script is the record
     of what ran.
     """
+    # Jinja costs ~25 ms to import; hpcrl validate imports this module and never renders
+    from hpcrl.render.script import render_sbatch
+
     folder = Path(spec.run_dir)
     _refuse_submitted(folder)
     try:
@@ -114,6 +129,7 @@ def write_run_folder(
         spec, recipe_path=recipe_path, load_warnings=load_warnings, provenance=provenance
     )
     write_file(run.manifest, json.dumps(manifest, indent=2) + "\n")
+    _make_compile_cache(spec)  # last: a write that fails above (a full disk) leaves none
     return run
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.plan.export_job import ExportJob
 from hpcrl.render.environment import environment
+from hpcrl.run.jobspec import JobSpec
 
 SLURM_TEMPLATE = "job.sbatch.sh.j2"
 LOCAL_TEMPLATE = "job.local.sh.j2"
@@ -23,3 +24,13 @@ def _assert_single_line_directives(spec: JobSpec) -> None:
             key,
             value,
         )
+
+
+EXPORT_TEMPLATE = "export.sbatch.sh.j2"
+
+
+def render_export_script(job: ExportJob) -> str:
+    """The sbatch script of an export job (``hpcrl.plan.export_job``): pure, like the run's."""
+    for key, value in job.sbatch_directives:
+        assert "\n" not in key and (value is None or not any(c in value for c in "\n\r\0"))
+    return environment().get_template(EXPORT_TEMPLATE).render(spec=job.run, job=job)

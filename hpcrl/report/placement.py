@@ -61,7 +61,7 @@ def run_states(run_dirs: Sequence[Path]) -> list[str]:
 
 def _scheduler_states(run_dirs: Sequence[Path]) -> list[str]:
     from hpcrl.config.errors import UserError
-    from hpcrl.submit.job_record import read_job_record
+    from hpcrl.run.job_record import read_job_record
     from hpcrl.submit.job_state import query_statuses
 
     records = []

@@ -1,7 +1,8 @@
 """PNG plots of a report: step time over steps, and (sweeps) metrics vs each swept value.
 
-matplotlib is imported inside the functions, with the Agg backend: the report must work on a
-login node without a display, and importing hpcrl must not pay for matplotlib.
+matplotlib is imported inside the functions, with the Agg backend (``hpcrl.report.pyplot_agg``):
+the report must work on a login node without a display, and importing hpcrl must not pay for
+matplotlib.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import io
 from pathlib import Path
 from typing import Any
 
-from hpcrl.files import write_file
 from hpcrl.report.axes import (
     PointStyle,
     apply_integer_ticks,
@@ -19,8 +19,10 @@ from hpcrl.report.axes import (
     swept_axis,
     value_axis,
 )
-from hpcrl.report.metrics import finite_number
+from hpcrl.report.pyplot_agg import agg_pyplot
 from hpcrl.report.summary import Report, ReportRow
+from hpcrl.run.atomic_files import write_file
+from hpcrl.run.metrics_file import finite_number
 
 FIGURE_SIZE_IN = (8.0, 5.0)
 FIGURE_DPI = 100  # 800 x 500 pixels
@@ -34,15 +36,6 @@ SWEEP_PANELS: tuple[tuple[str, str], ...] = (
     ("peak GPU memory (GB)", "peak_gpu_mem_gb"),
     ("peak host RSS (GB)", "peak_host_rss_gb"),
 )
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as pyplot
-
-    return pyplot
 
 
 def save_plots(report: Report, out_dir: Path) -> list[Path]:
@@ -67,7 +60,7 @@ def _save(figure: Any, path: Path) -> None:
 
 
 def plot_step_times(report: Report, path: Path) -> Path:
-    pyplot = _pyplot()
+    pyplot = agg_pyplot()
     figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     for row in report.rows:
         pairs = [
@@ -119,7 +112,7 @@ def marks_legend(styles: list[PointStyle]) -> str:
 def plot_vs_swept_value(report: Report, key: str, path: Path) -> Path:
     """One panel per summary metric against the swept value: a log axis for values spanning
     decades, categories for text; failed points crossed, points that shared a node hollow."""
-    pyplot = _pyplot()
+    pyplot = agg_pyplot()
     figure, panels = pyplot.subplots(2, 3, figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     axis = swept_axis([row.swept_values.get(key, "") for row in report.rows])
     for panel, (title, attribute) in zip(panels.flat, SWEEP_PANELS, strict=True):

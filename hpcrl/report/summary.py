@@ -9,8 +9,9 @@ import attrs
 from rich.table import Table
 
 from hpcrl.config.errors import UserError
-from hpcrl.report.metrics import RunSummary, ignored_values, read_metrics_file, summarize
-from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
+from hpcrl.report.metrics import RunSummary, ignored_values, summarize
+from hpcrl.run.metrics_file import read_metrics_file
+from hpcrl.run.sweep_record import is_sweep_dir, read_sweep_record
 
 
 class ReportError(UserError):
@@ -25,7 +26,7 @@ class ReportRow:
     records: tuple[dict[str, Any], ...]  # metrics.jsonl, in step order
     summary: RunSummary
     notes: tuple[str, ...] = ()  # what reading and summarising left out, and why
-    state: str = ""  # how the run ended (COMPLETED, FAILED, ...); '' never submitted
+    state: str = ""  # how the run ended (COMPLETED, FAILED, OOM, ...); '' never submitted
     shared_node: bool = False  # ran on a node at the same time as another point
     label: str = ""  # its name in plots when not its swept values (runs compared)
 
@@ -57,9 +58,26 @@ def with_states(rows: tuple[ReportRow, ...]) -> tuple[ReportRow, ...]:
     states = run_states([row.run_dir for row in rows])
     shared = shared_nodes([placement_of(row.run_dir) for row in rows])
     return tuple(
-        attrs.evolve(row, state=state, shared_node=is_shared)
+        _out_of_gpu_memory(attrs.evolve(row, state=state, shared_node=is_shared))
         for row, state, is_shared in zip(rows, states, shared, strict=True)
     )
+
+
+def _out_of_gpu_memory(row: ReportRow) -> ReportRow:
+    """A run that failed because a worker ran out of GPU memory (its attempt's cause,
+    ``hpcrl.run.causes.GPU_OOM``) is an ``OOM`` row: its peak is the one it ran out at (no step
+    may have recorded one), and the cause line is a note. A sweep over memory settings reads
+    which points fit."""
+    from hpcrl.run.causes import GPU_OOM, latest_cause
+
+    if row.state != "FAILED":
+        return row
+    cause = latest_cause(row.run_dir)
+    if cause is None or cause.kind != GPU_OOM:
+        return row
+    peaks = [p for p in (row.summary.peak_gpu_mem_gb, cause.peak_gpu_mem_gb) if p is not None]
+    summary = attrs.evolve(row.summary, peak_gpu_mem_gb=max(peaks, default=None))
+    return attrs.evolve(row, state="OOM", summary=summary, notes=(*row.notes, cause.line()))
 
 
 def build_report(path: Path) -> Report:

@@ -12,8 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hpcrl.report.metrics import finite_number
 from hpcrl.report.summary import Report, ReportRow
+from hpcrl.run.metrics_file import finite_number
 
 FIGURE_SIZE_IN = (13.0, 7.5)
 FIGURE_DPI = 100
@@ -64,9 +64,9 @@ def _linestyle(row: ReportRow) -> str:
 
 
 def plot_training(report: Report, path: Path) -> Path:
-    from hpcrl.report.plots import _pyplot
+    from hpcrl.report.pyplot_agg import agg_pyplot
 
-    pyplot = _pyplot()
+    pyplot = agg_pyplot()
     figure, panels = pyplot.subplots(2, 3, figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     _reward_panel(panels[0][0], report)
     for panel, (title, key) in zip(

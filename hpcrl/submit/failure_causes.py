@@ -1,5 +1,5 @@
 """Why a job failed, or an attempt of it ended early, in one line, for ``hpcrl status``,
-``submit --wait`` and their exit codes: node 0's cause records (``hpcrl.causes``), Slurm's
+``submit --wait`` and their exit codes: node 0's cause records (``hpcrl.run.causes``), Slurm's
 NODE_FAIL of an attempt that has none yet, the nodes' failure reports, the task logs.
 """
 
@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from submitit.core.utils import JobPaths
 
-from hpcrl.causes import AttemptCause, read_causes, slurm_node_failure
-from hpcrl.submit.job_record import JobRecord
+from hpcrl.run.causes import AttemptCause, read_causes, slurm_node_failure
+from hpcrl.run.job_record import JobRecord
 
 if TYPE_CHECKING:
-    from hpcrl.submit.job_state import JobStatus
+    from hpcrl.submit.job_status import JobStatus
 
 #: What Python prints when the task's interpreter lacks a module: before hpcrl's own code
 #: runs (e.g. ``code: installed`` with an image that has no submitit), no marker can say it.

@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from hpcrl.submit.job_record import JobRecord
+from hpcrl.run.job_record import JobRecord
 
 #: How far the scheduler's submit time (or a local controller's start) may lie from the
 #: record's: the login node's and the controller's clocks, and sbatch's own time.

@@ -29,7 +29,8 @@ from submitit.local.local import LocalJob
 from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob, read_job_id
 
 from hpcrl.config.errors import UserError
-from hpcrl.polling import wait_until
+from hpcrl.run.job_record import JobRecord
+from hpcrl.run.polling import wait_until
 from hpcrl.submit.failure_causes import failure_account, failure_cause
 from hpcrl.submit.job_identity import (
     STALE_AFTER_S,
@@ -39,21 +40,9 @@ from hpcrl.submit.job_identity import (
     rows_of_record,
     state_word,
 )
-from hpcrl.submit.job_record import JobRecord
+from hpcrl.submit.job_status import FINAL_STATES, JobStatus
 from hpcrl.submit.pending_reasons import pending_reasons, queued_states
 
-#: sacct states after which the job will not run again (no requeue pending).
-FINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-     "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST", "STALE"}
-)  # fmt: skip
-#: Every state ``hpcrl status`` can show (and ``--state`` filters by): Slurm's job states,
-#: hpcrl's own (a run never submitted, a job sacct forgot or cannot answer for).
-RUN_STATES = FINAL_STATES | frozenset(
-    {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "PREEMPTED", "REQUEUED", "REQUEUE_FED",
-     "REQUEUE_HOLD", "RESIZING", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED",
-     "NOT_SUBMITTED", "UNKNOWN", "UNREACHABLE"}
-)  # fmt: skip
 SACCT_TIMEOUT_S = 30
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason", "Submit", "Cluster")
 #: sacct prints times in epoch seconds with this (no time zone to guess).
@@ -61,28 +50,6 @@ SACCT_ENV = {"SLURM_TIME_FORMAT": "%s"}
 WATCH_DELAY_S = 30  # while waiting: at most this long between two sacct calls
 LOCAL_CANCEL_GRACE_S = 60.0  # local cancel: how long the tasks get to stop Ray and exit
 LOCAL_CONTROLLER_EXIT_S = 15.0  # then: how long submitit's interrupted controller gets to exit
-
-
-@attrs.frozen(kw_only=True)
-class JobStatus:
-    """What the scheduler says about one job right now.
-
-    state: sacct's state word (``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...) or ``UNKNOWN``
-    when the scheduler has no record yet. exit_code: sacct's, None while running.
-    """
-
-    state: str
-    attempts: int = 1
-    elapsed_s: float | None = None
-    exit_code: int | None = None
-    scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
-    reason: str | None = None  # why a pending job waits (Priority, Resources, ...): squeue's
-    states: tuple[str, ...] = ()  # each attempt's state word, oldest first (sacct's rows)
-    stale: str | None = None  # state STALE: whose the scheduler's records of this id are
-
-    @property
-    def is_final(self) -> bool:
-        return self.state in FINAL_STATES
 
 
 @attrs.frozen(kw_only=True)

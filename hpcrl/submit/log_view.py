@@ -17,7 +17,7 @@ shell's secret-named variables, well-known token shapes), as in error messages a
 job may print what its environment holds. Escape sequences (Ray's colours) are removed unless
 stdout is a terminal. Ray's state dumps
 (printed by every process that saw a raylet die) are folded into one line saying where they
-are. The view ends with each attempt's cause when one ended early (``hpcrl.causes``):
+are. The view ends with each attempt's cause when one ended early (``hpcrl.run.causes``):
 ``[hpcrl] attempt 1: node 1 (n2) lost after step 3: ...``.
 """
 
@@ -31,16 +31,16 @@ from typing import TextIO
 
 import attrs
 
-from hpcrl.causes import read_causes
 from hpcrl.config.errors import UsageError, UserError
 from hpcrl.config.field_bounds import MAX_REQUEUES
 from hpcrl.config.secrets import redact
+from hpcrl.run.attempt_banner import ATTEMPT_BANNER_RE
+from hpcrl.run.causes import read_causes
+from hpcrl.run.job_record import JobRecord, RunFolderError, read_job_record
+from hpcrl.run.sweep_record import is_sweep_dir, read_sweep_record
 from hpcrl.submit.hints import command
-from hpcrl.submit.job_record import JobRecord, RunFolderError, read_job_record
 from hpcrl.submit.logs import LogFile, fold_state_dumps, follow, list_log_files, split_attempts
-from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
 from hpcrl.submit.shutdown_noise import Cancellation, NoiseFilter, cancellation_of
-from hpcrl.submit.sweep import is_sweep_dir, read_sweep_record
 
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links).
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")

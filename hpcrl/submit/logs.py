@@ -15,9 +15,9 @@ from pathlib import Path
 
 import attrs
 
-from hpcrl.submit.job_record import JobRecord
+from hpcrl.run.attempt_banner import ATTEMPT_BANNER_RE
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit.job_state import task_paths
-from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
 
 
 @attrs.frozen

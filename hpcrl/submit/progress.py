@@ -18,10 +18,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from hpcrl.report.metrics import finite_number, read_metrics_file
+from hpcrl.run.job_record import JobRecord
+from hpcrl.run.metrics_file import finite_number, read_metrics_file
 from hpcrl.submit.job_identity import record_time
-from hpcrl.submit.job_record import JobRecord
-from hpcrl.submit.job_state import JobStatus
+from hpcrl.submit.job_status import JobStatus
 
 #: The training driver's phase marker (hpcrl.core.phase writes it).
 PHASE_MARKER = "phase"

@@ -21,10 +21,11 @@ from pathlib import Path
 import attrs
 
 from hpcrl.config.errors import UserError
-from hpcrl.plan.jobspec import JobSpec
+from hpcrl.run.job_record import JobRecord, read_job_record
+from hpcrl.run.jobspec import JobSpec
 from hpcrl.submit.hints import command
-from hpcrl.submit.job_record import JobRecord, read_job_record
-from hpcrl.submit.job_state import JobStatus, query_status, results_written
+from hpcrl.submit.job_state import query_status, results_written
+from hpcrl.submit.job_status import JobStatus
 
 RESUMABLE_STATES = frozenset(
     {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -91,7 +92,7 @@ def _check_ended(run_dir: Path, record: JobRecord, status: JobStatus) -> None:
 
 
 def _usable_plan(run_dir: Path) -> JobSpec:
-    from hpcrl.plan.jobspec_file import JobSpecError, read_jobspec
+    from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
 
     try:
         spec = read_jobspec(run_dir)
@@ -109,8 +110,8 @@ def _usable_plan(run_dir: Path) -> JobSpec:
 
 def _latest_checkpoint(run_dir: Path) -> tuple[Path, int]:
     from hpcrl.config import load_recipe
-    from hpcrl.core.algorithms.loop import checkpoint_folder, complete_checkpoints
     from hpcrl.render.run_folder import RESOLVED_RECIPE_NAME
+    from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
 
     cfg = load_recipe(run_dir / RESOLVED_RECIPE_NAME).recipe.checkpointing
     folder = checkpoint_folder(cfg.checkpoint_dir, run_dir)
@@ -140,8 +141,8 @@ def _attempt_folders(run_dir: Path) -> int:
 def resume_run(run_dir: Path) -> tuple[ResumePoint, JobRecord]:
     """Check the run and submit its job again as its next attempt (under the run folder's
     lock, so two resumes cannot both submit); what it resumes from and the new job's record."""
-    from hpcrl.files import run_folder_lock
     from hpcrl.render.run_folder import SCRIPT_NAME
+    from hpcrl.run.folder_lock import run_folder_lock
     from hpcrl.submit.submission import submit_job
 
     with run_folder_lock(run_dir, command="hpcrl resume"):

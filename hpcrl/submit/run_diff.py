@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from hpcrl.submit.job_record import RunFolderError
+from hpcrl.run.job_record import RunFolderError
 
 MANIFEST_KEYS = ("recipe_source", "profile", "scheduler", "hpcrl_version", "recipe_git_sha")
 ABSENT = "(absent)"

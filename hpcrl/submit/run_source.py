@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from hpcrl.submit.job_record import LIST_RUNS_FIX, RunFolderError, read_json_file
+from hpcrl.run.job_record import LIST_RUNS_FIX, RunFolderError, read_json_file
 
 
 @attrs.frozen(kw_only=True)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import attrs
 
-from hpcrl.files import write_file
-from hpcrl.submit.job_record import JobRecord, utc_now_iso
-from hpcrl.submit.node_task import ATTEMPT_BANNER_RE
+from hpcrl.run.atomic_files import write_file
+from hpcrl.run.attempt_banner import ATTEMPT_BANNER_RE
+from hpcrl.run.job_record import JobRecord, utc_now_iso
 
 CANCEL_NOTE_NAME = "cancelled.json"
 #: The first line of a process's reaction to being signalled at a cancel.

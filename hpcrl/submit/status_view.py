@@ -16,16 +16,17 @@ from typing import Any
 
 import attrs
 
-from hpcrl.report.metrics import finite_number, last_metrics
-from hpcrl.submit.failure_causes import attempt_causes, failure_account
-from hpcrl.submit.job_record import (
+from hpcrl.run.job_record import (
     JobRecord,
     RunFolderError,
     read_job_record,
     read_submit_failure,
 )
-from hpcrl.submit.job_state import JobStatus, query_statuses
-from hpcrl.submit.sweep import SweepError, is_sweep_dir, read_sweep_record
+from hpcrl.run.metrics_file import finite_number, last_metrics
+from hpcrl.run.sweep_record import SweepError, is_sweep_dir, read_sweep_record
+from hpcrl.submit.failure_causes import attempt_causes, failure_account
+from hpcrl.submit.job_state import query_statuses
+from hpcrl.submit.job_status import JobStatus
 
 NOT_SUBMITTED = "NOT_SUBMITTED"
 #: States in which a job's named failure (its cause record, a node's report) is worth showing.
@@ -63,6 +64,7 @@ class RunStatus:
     submitted_at: str | None = None
     swept: dict[str, str] = attrs.field(factory=dict)
     cause: str | None = None  # why it failed, or why an earlier attempt ended (status_cause)
+    out_of_gpu_memory: bool = False  # failed because a worker ran out of GPU memory
     scheduler_error: str | None = None
     problem: str | None = None  # why the folder could not be read, with the fix
 
@@ -209,7 +211,7 @@ def status_cause(
 ) -> str | None:
     """The cause cell: why a failed job failed (its newest attempt, ``failure_account``); for a
     job that goes on or completed after a requeue, why its previous attempt ended
-    (``hpcrl.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
+    (``hpcrl.run.causes``: ``attempt 1: node 1 (n2) lost after step 3: ...; requeued, ...``).
     ``attempt_offset``: attempts of the run's jobs before ``hpcrl resume`` (attempts are
     counted through the run); a STALE record has no cause of its own (its problem line).
     With ``record``, an attempt Slurm ended NODE_FAIL is named before any node wrote why."""
@@ -246,8 +248,16 @@ def _job_status(run: ListedRun, record: JobRecord, status: JobStatus) -> RunStat
         attempts=record.attempt_offset + status.attempts, pending_reason=status.reason,
         elapsed_s=status.elapsed_s, problem=status.stale,
         submitted_at=record.submitted_at, cause=cause, scheduler_error=status.scheduler_error,
+        out_of_gpu_memory=status.state == "FAILED" and _ran_out_of_gpu_memory(run.path),
         **_metrics_fields(run.path),
     )  # fmt: skip
+
+
+def _ran_out_of_gpu_memory(run_dir: Path) -> bool:
+    from hpcrl.run.causes import GPU_OOM, latest_cause
+
+    cause = latest_cause(run_dir)
+    return cause is not None and cause.kind == GPU_OOM
 
 
 # --------------------------------------------------------------------------- filters
@@ -299,6 +309,8 @@ def _number(value: float | None) -> str:
 
 def state_text(run: RunStatus) -> str:
     text = "not submitted" if run.state == NOT_SUBMITTED else run.state
+    if run.out_of_gpu_memory:
+        text += " (OOM)"
     if run.pending_reason:
         text += f" ({run.pending_reason})"
     if run.scheduler_error:

@@ -21,20 +21,20 @@ import submitit
 from submitit.core import utils as submitit_utils
 
 from hpcrl.config.errors import UserError
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.submit.executor import (
-    RenderedLocalExecutor,
-    RenderedSlurmExecutor,
-    time_limit_to_min,
-)
-from hpcrl.submit.job_record import (
+from hpcrl.job.node_task import NodeTask
+from hpcrl.run.job_record import (
     JobRecord,
     clear_submit_failure,
     utc_now_iso,
     write_job_record,
     write_submit_failure,
 )
-from hpcrl.submit.node_task import NodeTask
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.submit.executor import (
+    RenderedLocalExecutor,
+    RenderedSlurmExecutor,
+    time_limit_to_min,
+)
 
 DEFAULT_LOCAL_TIME_LIMIT = "01:00:00"
 SCONTROL_TIMEOUT_S = 10.0

@@ -37,9 +37,6 @@ from hpcrl.config import (
 )
 from hpcrl.config.errors import raise_if_errors
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.files import LOCK_NAME
-from hpcrl.plan.jobspec import AUTH_DIR_NAME, JobSpec
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE
 from hpcrl.plan.planner import plan
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 from hpcrl.render.run_folder import (
@@ -49,8 +46,12 @@ from hpcrl.render.run_folder import (
     SCRIPT_NAME,
     write_run_folder,
 )
-from hpcrl.submit.job_record import JobRecord, utc_now_iso
-from hpcrl.submit.sweep import SweepPoint, SweepRecord, sweep_hash, write_sweep_record
+from hpcrl.run.folder_lock import LOCK_NAME
+from hpcrl.run.job_record import JobRecord, utc_now_iso
+from hpcrl.run.jobspec import AUTH_DIR_NAME, JobSpec
+from hpcrl.run.jobspec_file import JOBSPEC_FILE
+from hpcrl.run.sweep_record import SweepPoint, SweepRecord, write_sweep_record
+from hpcrl.submit.sweep import sweep_hash
 
 POINT_DIR = re.compile(r"point-([0-9]+)")
 #: What ``write_run_folder`` leaves in a point folder; the token of a point that was never

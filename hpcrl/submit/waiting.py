@@ -21,18 +21,18 @@ from pathlib import Path
 import attrs
 from rich.console import Console
 
-from hpcrl.report.metrics import last_metrics
+from hpcrl.run.job_record import JobRecord
+from hpcrl.run.metrics_file import last_metrics
 from hpcrl.submit.failure_causes import attempt_causes
 from hpcrl.submit.hints import command
-from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.job_state import (
     JobOutcome,
-    JobStatus,
     SacctWatcher,
     query_statuses,
     read_outcome,
     results_written,
 )
+from hpcrl.submit.job_status import JobStatus
 from hpcrl.submit.log_view import LoggedRun, LogSelection, prefixed_lines, shown_files, strip_ansi
 from hpcrl.submit.logs import fold_state_dumps, read_log, tail_lines
 from hpcrl.submit.progress import duration, metric_text, progress_of, step_text

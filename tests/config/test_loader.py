@@ -335,7 +335,7 @@ def test_a_bare_checkout_on_sys_path_finds_its_shipped_folders(tmp_path: Path) -
         "import sys; sys.path += [sys.argv[1], sys.argv[2]]\n"
         "import importlib.util\n"
         "assert importlib.util.find_spec('hpcrl.cluster_profiles') is None, 'mapping present'\n"
-        "from hpcrl.config.load import load_profile\n"
+        "from hpcrl.config.load_and_check import load_profile\n"
         "from hpcrl.config.locate import shipped_recipes_dir, shipped_templates_dir\n"
         "from hpcrl.render.environment import environment\n"
         "print(load_profile('local').name, shipped_recipes_dir(), shipped_templates_dir())\n"

@@ -115,7 +115,7 @@ PROFILE_PATHS = [
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(PROFILE_PATHS), JUNK), min_size=1, max_size=3))
 def test_junk_in_a_profile_gives_a_profile_or_config_error(mutations):
-    from hpcrl.config.load import MergedConfig, _structure_and_check
+    from hpcrl.config.load_and_check import MergedConfig, _structure_and_check
     from hpcrl.config.profile import ClusterProfile
     from hpcrl.config.profile_rules import check_profile
 

@@ -382,9 +382,10 @@ def test_leave_one_out_needs_two_generations():
     assert problem.path == "grpo.num_generations_per_prompt"
 
 
+# One node of cluster.gpus_per_node 8: 4 GPUs for generation, 4 for training (NeMo RL's split).
 SEPARATE_VLLM = {
     "backend": "vllm",
-    "colocated": {"enabled": False, "resources": {"num_nodes": 1, "gpus_per_node": 8}},
+    "colocated": {"enabled": False, "resources": {"num_nodes": None, "gpus_per_node": 4}},
 }
 
 
@@ -438,23 +439,9 @@ def test_vllm_settings_checked_only_for_vllm():
 
 
 def test_separate_generation_needs_its_resources():
-    problems = problems_for(policy__generation={"colocated": {"enabled": False}})
-    assert paths(problems) == [
-        "policy.generation.colocated.resources.num_nodes",
-        "policy.generation.colocated.resources.gpus_per_node",
-    ]
-
-
-def test_separate_generation_resources_must_be_positive():
-    problems = problems_for(
-        policy__generation={
-            "colocated": {"enabled": False, "resources": {"num_nodes": 1, "gpus_per_node": 0}}
-        }
-    )
-    assert only(problems).format() == (
-        "error: policy.generation.colocated.resources.gpus_per_node = 0: must be at least 1\n"
-        "  fix: set policy.generation.colocated.resources.gpus_per_node=1 or more"
-    )
+    # The split itself (NeMo RL's rules): tests/config/test_node_split.py.
+    problems = problems_for(policy__generation={"backend": "vllm", "colocated": {"enabled": False}})
+    assert paths(problems) == ["policy.generation.colocated.resources.gpus_per_node"]
 
 
 # --------------------------------------------------------------------------- parallel features
@@ -514,8 +501,27 @@ def test_recompute_method_needs_full_granularity():
     assert problem.path == f"{M}.recompute_method" and "(it is selective)" in problem.message
 
 
-def test_automodel_sequence_parallel_without_tp_is_a_warning():
-    problems = problems_for("automodel", policy__automodel_cfg__sequence_parallel=True)
-    assert paths(problems) == [] and paths(problems, "warning") == [
-        "policy.automodel_cfg.sequence_parallel"
-    ]
+def test_automodel_sequence_parallel_is_refused_at_load_time_whatever_the_tp_size():
+    """The worker would refuse it at setup, after the queue wait (issue 24)."""
+    for tp in (1, 2):
+        overrides = {"enabled": True, "tensor_parallel_size": tp, "sequence_parallel": True}
+        problem = only(problems_for("automodel", policy__automodel_cfg=overrides))
+        assert problem.path == "policy.automodel_cfg.sequence_parallel" and problem.is_error
+        assert "not supported by hpcrl's Automodel backend" in problem.message
+
+
+def test_megatron_custom_fsdp_is_refused_at_load_time():
+    problem = only(
+        problems_for(policy__megatron_cfg__distributed_data_parallel_config__use_custom_fsdp=True)
+    )
+    assert problem.path == f"{M}.distributed_data_parallel_config.use_custom_fsdp"
+    assert "use_distributed_optimizer=true" in problem.fix
+
+
+def test_packing_algorithm_is_checked_only_while_packing_is_on():
+    """NeMo RL reads it only then; its configs carry modified_ffd with packing off."""
+    off = {"enabled": False, "algorithm": "modified_ffd"}
+    assert problems_for(policy__sequence_packing=off) == []
+    problem = only(problems_for(policy__sequence_packing={**off, "enabled": True}))
+    assert (problem.path, problem.value) == ("policy.sequence_packing.algorithm", "modified_ffd")
+    assert problem.fix.startswith("did you mean modified_first_fit_decreasing?")

@@ -27,6 +27,8 @@ def test_the_expected_recipes_ship():
         "sft-llama3.1-8b-1n8g-megatron",
         "grpo-llama-1b-1n1g-automodel",
         "grpo-llama-1b-1n1g-megatron",
+        "grpo-llama3.1-8b-1n1g-automodel",
+        "grpo-llama3.1-8b-1n1g-megatron",
     }
     assert expected <= set(SHIPPED_RECIPES)
 

@@ -1,8 +1,9 @@
 """Run folders for driver tests: a shipped recipe (plus overrides) resolved the way
-``hpcrl submit`` resolves it, then ``run_training`` on it in this process (Ray from the
-caller's fixture). Without a jobspec.json the driver plans the folder with the ``local``
-profile; ``write_local_plan`` writes one planned on a changed local profile (e.g. more worker
-slots) instead. Also reads metrics.jsonl back."""
+``hpcrl submit`` resolves it, and its plan (jobspec.json) made by the real planner on the
+shipped ``local`` profile, as ``hpcrl render --cluster local`` writes them; then
+``run_training`` on it in this process (Ray from the caller's fixture). The driver never
+plans (the job side does not import the planner): ``write_local_plan`` writes a plan on a
+changed local profile (e.g. more worker slots) instead. Also reads metrics.jsonl back."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_run_dir(run_dir: Path, recipe: str, overrides: list[str] | tuple[str, ...] = ()) -> Path:
+def write_run_dir(
+    run_dir: Path,
+    recipe: str,
+    overrides: list[str] | tuple[str, ...] = (),
+    profile_overrides: tuple[str, ...] = (),
+) -> Path:
+    """The resolved recipe and its plan on the ``local`` profile changed by
+    ``profile_overrides`` (planned at once: a recipe the shipped profile cannot hold, e.g.
+    3 worker slots, needs them here)."""
     import yaml
 
     from hpcrl.config import load_recipe
@@ -20,6 +29,7 @@ def write_run_dir(run_dir: Path, recipe: str, overrides: list[str] | tuple[str, 
     run_dir.mkdir(parents=True, exist_ok=True)
     loaded = load_recipe(REPO_ROOT / "recipes" / recipe, list(overrides))
     (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(loaded.resolved_dict))
+    write_local_plan(run_dir, *profile_overrides)
     return run_dir
 
 
@@ -37,7 +47,7 @@ def local_plan(recipe, run_dir: Path, *profile_overrides: str):
 def write_local_plan(run_dir: Path, *profile_overrides: str):
     """Plan the run folder's resolved recipe (``local_plan``) and write its jobspec.json."""
     from hpcrl.config import load_recipe
-    from hpcrl.plan.jobspec_file import write_jobspec
+    from hpcrl.run.jobspec_file import write_jobspec
 
     recipe = load_recipe(run_dir / "recipe.resolved.yaml").recipe
     spec = local_plan(recipe, run_dir, *profile_overrides)

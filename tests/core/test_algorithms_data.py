@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from hpcrl.config.data_steps import num_steps_in_epochs
-from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch, latest_checkpoint
+from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
-from hpcrl.core.metrics import MetricsWriter, format_progress
+from hpcrl.core.metrics import format_progress
+from hpcrl.run.checkpoints import latest_checkpoint
+from hpcrl.run.metrics_file import MetricsWriter
 from tests.require import require_module
 
 ROWS = [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)]

@@ -1,19 +1,23 @@
-"""The driver takes every planned decision from the run folder's typed ``JobSpec``: device,
-training nodes and ranks per node, the Megatron checkpoint dir, the generation split. A folder
-without jobspec.json is planned with the ``local`` profile (and the log says so); a bad one
-stops ``python -m hpcrl.core.driver`` with the file and the fix, not a traceback. No Ray:
-everything here happens before the workers start. The GPU check is injected (a function),
-so a plan can disagree with what this machine has."""
+"""The driver takes every planned decision from the run folder's typed ``JobSpec``: the
+recipe, device, training nodes and ranks per node, the Megatron checkpoint dir, the generation
+split. A folder without jobspec.json or with a bad one stops ``python -m hpcrl.core.driver``
+with the file and the fix, not a traceback: the job side never plans. No Ray: everything here
+happens before the workers start. The machine checks (hpcrl.core.machine_checks) take the
+CUDA and Transformer Engine probes injected (functions), so a plan can disagree with what
+this machine has."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from hpcrl.config import load_recipe
+from hpcrl.config.recipe import MegatronOptimizerCfg
 from hpcrl.core import driver
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE, write_jobspec
+from hpcrl.core.machine_checks import machine_problems
 from hpcrl.plan.planner import plan
-from tests.core._driver_harness import write_local_plan, write_run_dir
+from hpcrl.run.jobspec_file import JOBSPEC_FILE, read_jobspec, write_jobspec
+from tests.core._driver_harness import REPO_ROOT, write_local_plan, write_run_dir
 from tests.plan.planning_inputs import (
     isolate_from_user_profiles,
     megatron_recipe,
@@ -43,25 +47,43 @@ def gpu_plan(tmp_path, **profile_changes):
 def test_a_cpu_plan_runs_on_cpu_where_a_gpu_check_says_otherwise(tmp_path):
     spec = plan(megatron_recipe(num_nodes=1, gpus_per_node=2), plain_slurm_profile(),
                 run_dir=str(tmp_path), recipe_source="grpo-x")  # fmt: skip
-    assert driver.job_device(spec, cuda_available=has_gpu) == "cpu"
-    assert driver.training_layout(spec, cuda_available=has_gpu).device == "cpu"
+    assert driver.job_device(spec) == "cpu" == driver.training_layout(spec).device
+    assert machine_problems(spec, cuda_available=has_gpu, transformer_engine=has_gpu) == []
 
 
 def test_a_gpu_plan_runs_on_cuda_and_stops_named_where_cuda_is_unusable(tmp_path):
     spec = gpu_plan(tmp_path)
-    assert driver.job_device(spec, cuda_available=has_gpu) == "cuda"
-    with pytest.raises(driver.PlanMismatch) as caught:
-        driver.job_device(spec, cuda_available=has_no_gpu)
-    assert str(caught.value).startswith(
+    assert driver.job_device(spec) == "cuda"
+    assert machine_problems(spec, cuda_available=has_gpu, transformer_engine=has_gpu) == []
+    (problem,) = machine_problems(spec, cuda_available=has_no_gpu, transformer_engine=has_gpu)
+    assert problem.startswith(
         "the plan (profile 'site', device: gpu) runs on GPUs but CUDA is not usable on this node"
     )
+
+
+def test_settings_the_planned_device_or_this_python_cannot_run_are_named_once(tmp_path):
+    """Decided by the planned device, not by what torch finds on the node."""
+    offload = MegatronOptimizerCfg(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5)
+    recipe = megatron_recipe(num_nodes=1, gpus_per_node=2)
+    megatron = attrs.evolve(recipe.policy.megatron_cfg, optimizer=offload, sequence_parallel=True,
+                            tensor_model_parallel_size=2)  # fmt: skip
+    recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, megatron_cfg=megatron))
+    spec = plan(recipe, plain_slurm_profile(), run_dir=str(tmp_path), recipe_source="grpo-x")
+    assert machine_problems(spec, cuda_available=has_gpu, transformer_engine=has_no_gpu) == [
+        "policy.megatron_cfg.sequence_parallel=true requires Transformer Engine "
+        "(transformer_engine is not importable in this environment); use a container with "
+        "Transformer Engine or turn it off",
+        "policy.megatron_cfg.optimizer.optimizer_cpu_offload=true requires CUDA (megatron-core's "
+        "HybridDeviceOptimizer splits optimizer state between GPU and host); on CPU the "
+        "optimizer already lives on the host: turn it off",
+    ]
 
 
 def test_the_training_group_and_checkpoint_dir_come_from_the_plan(tmp_path, monkeypatch):
     # The job's own environment would resolve another directory; the plan's wins.
     monkeypatch.setenv("NRL_MEGATRON_CHECKPOINT_DIR", str(tmp_path / "from-the-environment"))
     spec = gpu_plan(tmp_path, env={"NRL_MEGATRON_CHECKPOINT_DIR": "/lustre/ckpt"})
-    layout = driver.training_layout(spec, cuda_available=has_gpu)
+    layout = driver.training_layout(spec)
     assert (layout.num_nodes, layout.workers_per_node, layout.device) == (2, 8, "cuda")
     assert layout.megatron_checkpoint_dir == spec.megatron_checkpoint_dir == "/lustre/ckpt"
 
@@ -70,42 +92,39 @@ def test_separate_generation_on_the_training_node_leaves_training_its_own_slots(
     run_dir = write_run_dir(tmp_path / "run", "grpo-tiny-vllm-1n-cpu.yaml")
     spec = write_local_plan(run_dir)
     assert (spec.slots_per_node, spec.generation.first_node) == (2, 0)
-    layout = driver.training_layout(driver.job_plan(run_dir, _recipe(run_dir)), has_gpu)
+    layout = driver.training_layout(read_jobspec(run_dir))
     assert (layout.num_nodes, layout.workers_per_node, layout.device) == (1, 1, "cpu")
 
 
-def _recipe(run_dir):
-    return load_recipe(run_dir / driver.RESOLVED_RECIPE).recipe
-
-
-def test_a_folder_without_a_plan_is_planned_with_the_local_profile(tmp_path, capsys):
+def test_the_driver_command_refuses_a_folder_without_a_plan(tmp_path, capsys):
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
-    spec = driver.job_plan(run_dir, _recipe(run_dir))
-    assert (spec.profile_name, spec.device, spec.num_nodes, spec.slots_per_node) == (
-        "local", "cpu", 1, 2,
-    )  # fmt: skip
-    assert capsys.readouterr().out == (
-        f"no {JOBSPEC_FILE} in {run_dir}: planned with the 'local' profile (1 node(s) × 2 CPU "
-        f"worker slots, {spec.layout.describe()})\n"
+    (run_dir / JOBSPEC_FILE).unlink()
+    assert driver.main([str(run_dir)]) == driver.PLAN_ERROR_EXIT_CODE == 2
+    assert capsys.readouterr().err == (
+        f"hpcrl: {run_dir / JOBSPEC_FILE} does not exist, so this job has no plan: the run "
+        "folder was not written by `hpcrl render`/`hpcrl submit`, or the file was removed. "
+        "Fix: submit the recipe again with this hpcrl (hpcrl submit RECIPE --cluster PROFILE)\n"
     )
-    assert not (run_dir / JOBSPEC_FILE).exists()
 
 
-def test_the_written_plan_wins_over_the_local_profile(tmp_path, capsys):
+def test_the_driver_takes_the_written_plan_and_its_recipe(tmp_path, capsys):
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
     written = write_local_plan(run_dir, "slurm.max_requeues=5")
-    assert driver.job_plan(run_dir, _recipe(run_dir)) == written
+    assert read_jobspec(run_dir) == written
     assert written.max_requeues == 5
+    # The recipe the job trains is the one planned, whatever the YAML beside it says now.
+    (run_dir / "recipe.resolved.yaml").write_text("not: [a recipe")
+    planned = load_recipe(REPO_ROOT / "recipes" / "sft-tiny-1n-cpu.yaml").recipe
+    assert read_jobspec(run_dir).recipe == planned
     assert capsys.readouterr().out == ""
 
 
-def test_a_plan_for_another_recipe_is_refused(tmp_path):
-    run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml")
-    other = plan(megatron_recipe(num_nodes=2, gpus_per_node=2), plain_slurm_profile(),
-                 run_dir=str(run_dir), recipe_source="grpo-x")  # fmt: skip
-    write_jobspec(other)
-    with pytest.raises(driver.PlanMismatch, match="plans 4 megatron ranks but recipe.resolved"):
-        driver.job_plan(run_dir, _recipe(run_dir))
+def test_the_driver_command_refuses_a_gpu_plan_on_this_cpu_machine(tmp_path, capsys):
+    write_jobspec(gpu_plan(tmp_path))
+    assert driver.main([str(tmp_path)]) == driver.PLAN_ERROR_EXIT_CODE
+    assert capsys.readouterr().err.startswith(
+        "hpcrl: the plan (profile 'site', device: gpu) runs on GPUs but CUDA is not usable"
+    )
 
 
 def test_the_driver_command_names_a_bad_plan_without_a_traceback(tmp_path, capsys):

@@ -16,9 +16,9 @@ from hpcrl.config.recipe import (  # noqa: E402
     GenerationResourcesCfg,
     VllmCfg,
 )
-from hpcrl.core.generation import vllm_workers  # noqa: E402
-from hpcrl.plan.jobspec_file import read_jobspec, write_jobspec  # noqa: E402
+from hpcrl.core.workers import vllm_workers  # noqa: E402
 from hpcrl.plan.planner import plan  # noqa: E402
+from hpcrl.run.jobspec_file import read_jobspec, write_jobspec  # noqa: E402
 from tests.plan.planning_inputs import automodel_recipe, pyxis_profile, with_policy  # noqa: E402
 
 NODES = ["driver-node", "node-b", "node-c", "node-d"]  # the training group's node order
@@ -32,8 +32,10 @@ def four_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _planned_layout(
-    tmp_path, training_per_node: int, generation_per_node: int, tp: int = 1
+    tmp_path, num_nodes: int, generation_per_node: int, tp: int = 1
 ) -> vllm_workers.GenerationLayout:
+    """``num_nodes`` × 8 GPUs in all (cluster.*, NeMo RL's meaning): on one node generation
+    takes ``generation_per_node`` of them, on more the last node."""
     generation = GenerationCfg(
         backend="vllm",
         vllm_cfg=VllmCfg(tensor_parallel_size=tp),
@@ -42,7 +44,7 @@ def _planned_layout(
             resources=GenerationResourcesCfg(num_nodes=1, gpus_per_node=generation_per_node),
         ),
     )
-    recipe = with_policy(automodel_recipe(2, training_per_node), generation=generation)
+    recipe = with_policy(automodel_recipe(num_nodes, 8), generation=generation)
     spec = plan(recipe, pyxis_profile(), run_dir=str(tmp_path), recipe_source="grpo-test")
     write_jobspec(spec)
     placement = read_jobspec(tmp_path).generation
@@ -51,20 +53,20 @@ def _planned_layout(
 
 
 def test_own_nodes_follow_the_training_nodes(tmp_path, four_nodes) -> None:
-    layout = _planned_layout(tmp_path, training_per_node=8, generation_per_node=8, tp=2)
+    layout = _planned_layout(tmp_path, num_nodes=3, generation_per_node=8, tp=2)
     assert (layout.first_node, layout.num_nodes) == (2, 1)
     assert (layout.engines_per_node, layout.gpus_per_engine) == (4, 2)
     assert vllm_workers.generation_node_ids(layout.first_node, layout.num_nodes) == ["node-c"]
 
 
-def test_shared_nodes_are_the_first_training_nodes(tmp_path, four_nodes) -> None:
-    layout = _planned_layout(tmp_path, training_per_node=4, generation_per_node=4)
+def test_a_one_node_split_shares_the_driver_node(tmp_path, four_nodes) -> None:
+    layout = _planned_layout(tmp_path, num_nodes=1, generation_per_node=4)
     assert (layout.first_node, layout.engines_per_node, layout.gpus_per_engine) == (0, 4, 1)
     assert vllm_workers.generation_node_ids(layout.first_node, 1) == ["driver-node"]
 
 
 def test_cpu_engines_take_one_worker_slot_each() -> None:
-    from hpcrl.plan.jobspec import GenerationPlacement
+    from hpcrl.run.jobspec import GenerationPlacement
 
     placement = GenerationPlacement(
         first_node=0, num_nodes=1, slots_per_node=1, num_engines=1, slots_per_engine=1,

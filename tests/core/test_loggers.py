@@ -160,7 +160,7 @@ def test_gpu_monitor_writes_samples_and_logs_means_at_the_training_step(tmp_path
 def test_the_driver_says_where_each_logger_writes(tmp_path, monkeypatch, capsys):
     """At job start one line per logger in the driver's log and ``loggers.json`` for ``status
     RUN`` and ``report`` (issue 26 item 5: at 167264e W&B ran offline without a word)."""
-    from hpcrl.core.loggers.destinations import logger_lines, read_destinations
+    from hpcrl.run.logger_destinations import logger_lines, read_destinations
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -184,7 +184,7 @@ def test_the_driver_says_where_each_logger_writes(tmp_path, monkeypatch, capsys)
 
 
 def test_before_the_job_starts_the_recipe_says_where_loggers_will_write(tmp_path):
-    from hpcrl.core.loggers.destinations import logger_lines
+    from hpcrl.run.logger_destinations import logger_lines
 
     recipe = {"logger": {"log_dir": "/lustre/me/tb", "wandb_enabled": True,
                          "tensorboard_enabled": True, "tensorboard": {"log_dir": "tb"}}}  # fmt: skip

@@ -19,7 +19,8 @@ transformers = require_module("transformers")
 
 from hpcrl.config.recipe import GenerationCfg  # noqa: E402
 from hpcrl.core.backends.automodel.model import TokenLogprobModel  # noqa: E402
-from hpcrl.core.generation.torch_sampler import generate, pad_prompts  # noqa: E402
+from hpcrl.core.generation.padding import pad_prompts  # noqa: E402
+from hpcrl.core.generation.torch_sampler import generate  # noqa: E402
 from hpcrl.core.models.tiny import ensure_tiny_model  # noqa: E402
 from hpcrl.core.token_distribution import LogitTransform, TokenDistribution  # noqa: E402
 from tests.core.logprob_reference import reference_logprobs  # noqa: E402

@@ -105,16 +105,45 @@ def test_logprob_and_train_passes_compile_only_in_the_first_step(compiled_worker
     assert worker.collect_state()["compiled_graphs"] == graphs_after_step[0]
 
 
-def test_sequence_padding_always_adds_a_zero_column_on_token_axes_only() -> None:
+def test_sequence_padding_rounds_token_axes_up_to_the_bucket() -> None:
     from hpcrl.core.workers.sharding import pad_sequence_dim
 
     ones = torch.ones(2, 64, dtype=torch.long)
     batch = {"input_ids": ones, "attention_mask": ones, "advantages": torch.ones(2)}
     padded = pad_sequence_dim(batch, 64)
-    assert padded["input_ids"].shape == (2, 128)  # a full bucket still gets padding
-    assert int(padded["attention_mask"][:, 64:].sum()) == 0
+    assert padded["input_ids"].shape == (2, 64)  # a full bucket stays as it is
     assert torch.equal(padded["advantages"], batch["advantages"])
-    assert pad_sequence_dim({"input_ids": ones[:, :37]}, 64)["input_ids"].shape == (2, 64)
+    short = pad_sequence_dim({"input_ids": ones[:, :37], "attention_mask": ones[:, :37]}, 64)
+    assert short["input_ids"].shape == (2, 64)
+    assert int(short["attention_mask"][:, 37:].sum()) == 0
+
+
+def test_right_padding_is_told_from_other_layouts() -> None:
+    from hpcrl.core.workers.sharding import is_right_padded
+
+    right = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    assert is_right_padded(right)
+    assert not is_right_padded(torch.tensor([[0, 1, 1, 1]]))  # left padding
+    assert not is_right_padded(torch.tensor([[1, 0, 1, 0]]))  # a hole
+
+
+def test_right_padded_rows_score_the_same_without_a_mask(tiny_model_path) -> None:  # noqa: F811
+    """The backend drops the mask of right-padded micro-batches (causal attention alone);
+    every real token's log-prob stays what the masked forward gives. A left-padded
+    micro-batch keeps its mask."""
+    from hpcrl.core.backends.automodel.model import load_hf_model
+    from hpcrl.core.backends.automodel.worker import AutomodelWorker, forward_logprobs
+
+    root = TokenLogprobModel(load_hf_model(tiny_model_path, "cpu")).eval()
+    batch = make_batch(3, batch_size=6, seq_len=41)
+    assert AutomodelWorker._causal_only(batch)
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        masked, _ = forward_logprobs(root, batch)
+        unmasked, _ = forward_logprobs(root, batch, causal_only=True)
+    torch.testing.assert_close(unmasked[real], masked[real], atol=1e-5, rtol=0)
+    left = {key: value.flip(1) for key, value in batch.items() if value.dim() == 2}
+    assert not AutomodelWorker._causal_only(left)
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ torch = require_module("torch")
 transformers = require_module("transformers")
 
 from hpcrl.config.recipe import GenerationCfg  # noqa: E402
-from hpcrl.core.generation.torch_sampler import generate, pad_prompts  # noqa: E402
+from hpcrl.core.generation.padding import pad_prompts  # noqa: E402
+from hpcrl.core.generation.torch_sampler import generate  # noqa: E402
 from hpcrl.core.models.tiny import ensure_tiny_model  # noqa: E402
 
 PROMPTS = ["Count: ", "What is 2+3? ", "a", "The quick brown fox jumps"]

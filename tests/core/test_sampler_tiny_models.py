@@ -77,3 +77,39 @@ def test_llama_1b_spec_is_the_benchmark_shape_without_building_it() -> None:
         2048,
         16,
     )
+
+
+def test_a_bf16_spec_is_saved_in_bf16_with_its_shape_and_the_8b_one_is_llama_31s(
+    tmp_path, monkeypatch
+) -> None:
+    """The 8B spec's shape is Llama-3.1-8B's; a bf16 spec (a small stand-in for it: 16 GB is
+    no CPU test) is built, saved in bf16 safetensors and loads back through HF with its rope
+    theta. On this CPU machine it builds in this process (on a GPU: a spawned one)."""
+    import attrs
+    from safetensors import safe_open
+
+    from hpcrl.core.models import tiny
+
+    big = tiny.TINY_SPECS["llama3.1-8b"]
+    config = tiny.tiny_config(big, big.vocab_size)
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+             config.num_key_value_heads, config.intermediate_size, config.vocab_size)  # fmt: skip
+    assert shape == (4096, 32, 32, 8, 14336, 128256) and big.dtype == "bfloat16"
+    assert _rope_theta(config) == 500000.0
+    small = attrs.evolve(big, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, vocab_size=512)  # fmt: skip
+    monkeypatch.setitem(tiny.TINY_SPECS, "bf16-small", small)
+    assert not tiny.builds_on_gpu(small)  # no CUDA here
+    folder = tiny.ensure_tiny_model("tiny:bf16-small", str(tmp_path))
+    (weights,) = [p for p in tmp_path.rglob("*.safetensors")]
+    with safe_open(weights, "pt") as stored:
+        dtypes = {stored.get_slice(name).get_dtype() for name in stored.keys()}  # noqa: SIM118
+    assert dtypes == {"BF16"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert _rope_theta(model.config) == 500000.0 and model.config.num_key_value_heads == 2
+
+
+def _rope_theta(config) -> float:
+    """rope_theta where this transformers keeps it (5.x moved it into rope_parameters)."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    return float(parameters.get("rope_theta", getattr(config, "rope_theta", 0.0)))

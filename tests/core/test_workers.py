@@ -59,7 +59,8 @@ def test_group_wires_ranks_generates_in_order_and_leaves_nothing(
 ):
     import ray
 
-    from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+    from hpcrl.core.generation.padding import pad_prompts
+    from hpcrl.core.generation.torch_sampler import generate
 
     prompts = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34]]  # 3 prompts over 2 ranks: padded
     cfg = GenerationCfg(max_new_tokens=6, temperature=0.0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcrl.plan.jobspec import JobSpec
-from hpcrl.plan.jobspec_file import write_jobspec
 from hpcrl.plan.planner import plan
+from hpcrl.run.jobspec import JobSpec
+from hpcrl.run.jobspec_file import write_jobspec
 from tests.plan.planning_inputs import automodel_recipe, plain_slurm_profile, pyxis_profile
 
 

@@ -10,14 +10,14 @@ import time
 import attrs
 import pytest
 
-from hpcrl.causes import read_cause
 from hpcrl.core.workers.failures import WorkerFailed
 from hpcrl.job.diagnosis import describe_driver_error, diagnose, killed_by
 from hpcrl.job.errors import RayExited
-from hpcrl.job.markers import DRIVER_ERROR, RAY_READY, failed_marker_name, write_marker
 from hpcrl.job.node import _record_failure, report_failure
 from hpcrl.job.ray_cluster import ray_exit_detail
 from hpcrl.job.settings import read_node_settings
+from hpcrl.run.causes import read_cause
+from hpcrl.run.markers import DRIVER_ERROR, RAY_READY, failed_marker_name, write_marker
 from tests.job.plans import write_node_plan
 
 DRIVER_LOG = "logs/node0/attempt0/driver.log"
@@ -147,3 +147,28 @@ def test_which_of_rays_processes_ended_ray_start(tmp_path):
     assert ray_exit_detail(tmp_path) == ""
     (tmp_path / "ray.out").write_text(RAY_OUT)
     assert ray_exit_detail(tmp_path) == "raylet killed by signal 9, log_monitor exited with code 1"
+
+
+def test_a_worker_out_of_gpu_memory_is_named_with_its_phase_and_peak(run):
+    """The driver's report of a worker's ``GpuOutOfMemory`` (hpcrl.core.workers.out_of_memory)
+    becomes the ``gpu_oom`` cause: where it ran out and the peak, the peak kept for reports."""
+    from hpcrl.run.causes import GPU_OOM, gpu_oom_text
+
+    text = gpu_oom_text("train", 131.25, 139.8, "CUDA out of memory. Tried to allocate 2.00 GiB")
+    error = WorkerFailed(rank=0, node_ip="10.77.0.11", method="train", died=False,
+                         error_type="GpuOutOfMemory", message=text)  # fmt: skip
+    write_marker(run, DRIVER_ERROR, "4242.0", **describe_driver_error(error))
+
+    cause = diagnose(settings_of(run), returncode=1, wait_s=0)
+
+    assert (cause.kind, cause.peak_gpu_mem_gb, cause.retryable) == (GPU_OOM, 131.2, False)
+    assert cause.line() == (
+        "out of GPU memory at train, peak 131.2 GiB of 139.8 GiB after step 3: worker rank 0 on "
+        "node 0 (n1) in train: CUDA out of memory. Tried to allocate 2.00 GiB; exit code 1 "
+        f"(log: {DRIVER_LOG})"
+    )
+    # another exception that merely says so is not taken for one
+    other = WorkerFailed(rank=0, node_ip="10.77.0.11", method="train", died=False,
+                         error_type="ValueError", message=text)  # fmt: skip
+    write_marker(run, DRIVER_ERROR, "4242.0", **describe_driver_error(other))
+    assert diagnose(settings_of(run), returncode=1, wait_s=0).kind == "worker_raised"

@@ -26,11 +26,11 @@ from hpcrl.job.preflight import (
     run_preflight,
     summarize,
 )
-from hpcrl.job.versions import check_spec, in_range, release
-from hpcrl.plan.jobspec import CodeBundle, ContainerSpec, JobCode
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE
-from hpcrl.plan.jobspec_file import write_jobspec as write_plan_file
 from hpcrl.plan.requirements import SUPPORTED
+from hpcrl.run.jobspec import CodeBundle, ContainerSpec, JobCode
+from hpcrl.run.jobspec_file import JOBSPEC_FILE
+from hpcrl.run.jobspec_file import write_jobspec as write_plan_file
+from hpcrl.run.versions import check_spec, in_range, release
 from tests.job.plans import write_node_plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from hpcrl.job.ray_auth import (
 )
 from hpcrl.job.ray_cluster import ray_environment
 from hpcrl.job.settings import read_node_settings
-from hpcrl.plan.jobspec import token_path
-from hpcrl.render.ray_token import TokenFileError, ensure_token_file, token_file_problem
+from hpcrl.run.jobspec import token_path
+from hpcrl.run.ray_token import TokenFileError, ensure_token_file, token_file_problem
 from tests.job.plans import write_node_plan
 
 

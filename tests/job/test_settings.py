@@ -9,15 +9,15 @@ import pytest
 from submitit.helpers import DelayedSubmission
 
 import hpcrl
-from hpcrl.causes import read_cause
 from hpcrl.config.profile import RayPortsCfg, SlurmCfg
 from hpcrl.job.errors import NodeSettingsError
-from hpcrl.job.markers import PREEMPT_FILE
 from hpcrl.job.node import NodeMain
 from hpcrl.job.ray_cluster import ray_environment, ray_start_argv
 from hpcrl.job.settings import read_node_settings
 from hpcrl.job.slurm_env import expand_hostlist
-from hpcrl.plan.jobspec_file import JOBSPEC_FILE
+from hpcrl.run.causes import read_cause
+from hpcrl.run.jobspec_file import JOBSPEC_FILE
+from hpcrl.run.markers import PREEMPT_FILE
 from tests.job.plans import write_node_plan
 
 

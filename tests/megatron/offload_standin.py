@@ -12,7 +12,8 @@ What the stand-in changes — only where tensors claim to live:
 - ``Tensor.pin_memory()`` returns the tensor and the pinned grad buffers are plain ones;
 - ``torch.cuda.current_stream`` / ``Stream`` / ``stream`` are null streams whose events are
   already complete (CPU work is synchronous);
-- hpcrl's setup check that refuses offload without CUDA is told CUDA is there.
+(hpcrl's own refusal of offload on a CPU plan is the job's preflight, which these ranks do
+not run: hpcrl.core.machine_checks.)
 
 What runs unchanged: megatron-core's split by fraction, the separate host copies, the two
 sub-optimizers (the CPU one on the copies, the "GPU" one in place), the gradient copies to the
@@ -39,7 +40,6 @@ REQUIRES = (
     (f"{_HDO}._init_sub_optimizers", "torch.cuda.Stream()"),
     (f"{_HDO}.step", "torch.cuda.stream(self._d2h_stream)"),
     (f"{_HDO}._register_param_copy_back_gpu_hook", "torch.cuda.stream(self._h2d_stream)"),
-    ("hpcrl.core.backends.megatron.offload:requirement_problems", "if not cuda_available:"),
 )
 
 
@@ -90,8 +90,6 @@ def apply_for_process_lifetime() -> None:
     """Install the stand-in in this (spawned, short-lived) process; never undone."""
     from megatron.core.optimizer.cpu_offloading.hybrid_optimizer import HybridDeviceOptimizer
 
-    from hpcrl.core.backends.megatron import offload
-
     check_fragments()
     original_init = HybridDeviceOptimizer.__init__
     original_split = HybridDeviceOptimizer._get_sub_optimizer_param_groups
@@ -110,7 +108,6 @@ def apply_for_process_lifetime() -> None:
     torch.cuda.current_stream = lambda device=None: _NullStream()
     torch.cuda.Stream = lambda *args, **kwargs: _NullStream()
     torch.cuda.stream = lambda stream=None: contextlib.nullcontext()
-    offload._cuda_available = lambda: True
 
 
 def offload_facts(optimizer: object) -> dict:

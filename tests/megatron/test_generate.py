@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hpcrl.config.recipe import GenerationCfg
-from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+from hpcrl.core.generation.padding import pad_prompts
+from hpcrl.core.generation.torch_sampler import generate
 from tests.megatron import harness
 from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
 

@@ -5,6 +5,8 @@ learning tests in tests/core."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.require import require_module
@@ -36,6 +38,7 @@ def test_sft_loss_falls_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> N
         "policy.megatron_cfg.optimizer.bf16=false",
         "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
         "policy.megatron_cfg.scheduler.lr_warmup_init=3.0e-3",
+        *SAVE_CONSOLIDATED_AT_THE_END,
     ]
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", overrides)
     assert run_training(str(run_dir)) == 0
@@ -43,6 +46,37 @@ def test_sft_loss_falls_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> N
     assert [m["step"] for m in metrics] == list(range(1, 21))
     losses = [m["loss"] for m in metrics]
     assert mean(losses[-5:]) < 0.6 * mean(losses[:5]), losses
+    assert_job_export_equals_hpcrl_export(run_dir, tmp_path / "exported")
+
+
+#: The last step's checkpoint, and with it its Hugging Face folder <checkpoint>/hf.
+SAVE_CONSOLIDATED_AT_THE_END = (
+    "checkpointing.enabled=true", "checkpointing.save_period=20",
+    "checkpointing.save_consolidated=true",
+)  # fmt: skip
+
+
+def assert_job_export_equals_hpcrl_export(run_dir: Path, out: Path) -> None:
+    """The job's export (2 data-parallel ranks, through megatron-bridge) and ``hpcrl export``'s
+    (one process, the torch_dist checkpoint resharded to TP=1) hold the same tensors; both are
+    the trained weights, not the initial ones."""
+    import torch
+    from safetensors.torch import load_file
+
+    from hpcrl.cli.main import main as hpcrl_main
+    from hpcrl.core.models.tiny import resolve_model_path
+
+    def tensors(folder: Path) -> dict:
+        return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+    by_job = run_dir / "checkpoints" / "step_000020" / "hf"
+    assert hpcrl_main(["export", str(run_dir), "-o", str(out)]) == 0
+    exported, written = tensors(out), tensors(by_job)
+    assert sorted(exported) == sorted(written) and len(written) > 10
+    for name, tensor in written.items():
+        assert torch.equal(exported[name], tensor), name
+    initial = tensors(Path(resolve_model_path("tiny:qwen2")))
+    assert max((written[k] - initial[k]).abs().max().item() for k in initial) > 1e-2
 
 
 @pytest.mark.slow

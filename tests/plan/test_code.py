@@ -71,7 +71,10 @@ def test_installed_code_in_a_container_has_no_bundle_and_no_bundle_mount():
     spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile(code="installed"))
     assert spec.code.bundle is None
     assert spec.task_argv == ("/usr/bin/env", "/opt/venv/bin/python", *TAIL)
-    assert spec.container.mounts == ("/lustre:/lustre", f"{GOLDEN_RUN_DIR}:{GOLDEN_RUN_DIR}")
+    cache = "/runs/.hpcrl-cache/torch-compile"  # hpcrl.plan.compile_cache
+    assert spec.container.mounts == (
+        "/lustre:/lustre", f"{GOLDEN_RUN_DIR}:{GOLDEN_RUN_DIR}", f"{cache}:{cache}",
+    )  # fmt: skip
 
 
 def test_a_bundle_without_a_container_runs_the_entry_with_the_planning_interpreter():

@@ -1,5 +1,6 @@
-"""Separate vLLM generation workers in the plan: the job's nodes cover trainer + generation,
-problems that do not fit are plan-time errors with exact text, the script shows the split."""
+"""Separate vLLM generation workers in the plan: carved out of cluster.num_nodes as NeMo RL
+carves them, problems that do not fit are plan-time errors with exact text, the script shows
+the split."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from hpcrl.config.recipe import (
     GenerationResourcesCfg,
     VllmCfg,
 )
-from hpcrl.plan.jobspec import GenerationPlacement
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
+from hpcrl.run.jobspec import GenerationPlacement
 from tests.plan.planning_inputs import (
     GOLDEN_HOME,
     GOLDEN_RUN_DIR,
@@ -52,8 +53,9 @@ def error_text(recipe, profile) -> dict[str, str]:
     return {problem.path: problem.format() for problem in caught.value.errors}
 
 
-def test_generation_on_nodes_of_its_own_adds_them_to_the_job():
-    recipe = separate(megatron_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=2)
+def test_generation_takes_its_nodes_out_of_the_job():
+    # NeMo RL's meaning: cluster.num_nodes is the whole job, generation's nodes included.
+    recipe = separate(megatron_recipe(num_nodes=3, gpus_per_node=8), 1, 8, tp=2)
     spec = make_plan(recipe, pyxis_profile())
     assert spec.num_nodes == 3
     assert dict(spec.sbatch_directives)["nodes"] == "3"
@@ -73,16 +75,33 @@ def test_generation_on_nodes_of_its_own_adds_them_to_the_job():
         "(8 GPUs each; 4 engine(s) of 2).\n" in script
     )
     assert "#SBATCH --nodes=3\n" in script
+    assert [check.message for check in spec.checks if check.name == "allocation"] == [
+        "3 node(s) × 8 GPUs for the whole job (cluster.*, generation's included, as in NeMo "
+        "RL): 16 training ranks"
+    ]
 
 
-def test_generation_on_the_training_nodes_remaining_gpus():
-    recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=4), 2, 4, tp=2)
+def test_a_2n8g_non_colocated_recipe_trains_on_one_node():
+    # The shape of NeMo RL's grpo-llama3.1-8b-instruct-2n8g-fsdp2tp1-noncolocated: 2 nodes in
+    # all, training DP 8 on node 0, vLLM on node 1 (hpcrl used to allocate 3 and train DP 16).
+    spec = make_plan(
+        separate(automodel_recipe(num_nodes=2, gpus_per_node=8), 1, 8), pyxis_profile()
+    )
+    assert (spec.num_nodes, spec.world_size, spec.layout.dp) == (2, 8, 8)
+    assert (spec.generation.first_node, spec.generation.training_nodes) == (1, 1)
+    assert "#SBATCH --nodes=2\n" in render_sbatch(spec)
+
+
+def test_one_node_split_shares_the_node():
+    # NeMo RL: on one node generation takes resources.gpus_per_node of cluster.gpus_per_node
+    # and training the rest; resources.num_nodes may be null.
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), None, 4, tp=2)
     spec = make_plan(recipe, pyxis_profile())
-    assert (spec.num_nodes, spec.world_size) == (2, 8)
-    assert spec.generation.first_node == 0 and spec.generation.num_engines == 4
+    assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (1, 8, 4)
+    assert (spec.generation.first_node, spec.generation.num_engines) == (0, 2)
     assert (
-        "# Split: training on nodes 0-1 (4 GPUs each); vLLM generation on nodes 0-1 "
-        "(the other 4 GPUs each; 4 engine(s) of 2).\n" in render_sbatch(spec)
+        "# Split: training on node 0 (4 GPUs each); vLLM generation on node 0 "
+        "(the other 4 GPUs each; 2 engine(s) of 2).\n" in render_sbatch(spec)
     )
 
 
@@ -101,50 +120,34 @@ def test_colocated_and_torch_generation_plan_as_before():
     assert [warning.path for warning in spec.warnings] == ["cluster.gpus_per_node"]
 
 
-def test_generation_on_its_own_nodes_with_fewer_gpus_requests_the_larger_side():
-    # 4 + 2 ≠ 8: generation gets a node of its own; every node of the job gets 4 GPUs.
+def test_a_split_short_of_a_node_requests_only_what_it_uses():
     spec = make_plan(
-        separate(automodel_recipe(num_nodes=1, gpus_per_node=2), 1, 4), pyxis_profile()
+        with_policy(
+            separate(automodel_recipe(num_nodes=1, gpus_per_node=6), None, 2),
+            train_global_batch_size=64,
+        ),
+        pyxis_profile(),
     )
-    assert (spec.num_nodes, spec.slots_per_node, dict(spec.sbatch_directives)["gres"]) == (
-        2,
-        4,
-        "gpu:4",
-    )
-    assert (spec.generation.first_node, spec.generation.training_slots_per_node) == (1, 2)
+    assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (1, 6, 4)
+    assert dict(spec.sbatch_directives)["gres"] == "gpu:6"
     (warning,) = spec.warnings
     assert (warning.path, warning.message, warning.fix) == (
         "cluster.gpus_per_node",
-        "the recipe trains on 2 of the 8 GPUs per node of profile 'site' (gpus_per_node), so "
-        "the job requests 4 per node (as many as each generation node takes; Slurm gives every "
-        "node of a job the same count), 2 of them idle on each training node; the other 4 of "
-        "each node stay idle (slurm.exclusive: the job holds whole nodes)",
-        "set cluster.gpus_per_node=8 to train on whole nodes, or give the rest to generation "
-        f"(cluster.gpus_per_node + {RESOURCES}.gpus_per_node = 8), or set "
-        "profile[site].slurm.exclusive: false to leave them to other jobs",
+        "the recipe uses 6 of the 8 GPUs per node of profile 'site' (gpus_per_node), so the "
+        "job requests 6 per node; the other 2 of each node stay idle (slurm.exclusive: the "
+        "job holds whole nodes)",
+        "set cluster.gpus_per_node=8 to use whole nodes, or set profile[site].slurm.exclusive: "
+        "false to leave them to other jobs",
     )
 
 
-def test_generation_on_fewer_training_nodes_warns_about_idle_gpus():
-    spec = make_plan(
-        separate(automodel_recipe(num_nodes=2, gpus_per_node=4), 1, 4), pyxis_profile()
-    )
-    (warning,) = spec.warnings
-    assert (warning.path, warning.message, warning.fix) == (
-        f"{RESOURCES}.num_nodes",
-        "generation shares only 1 of the 2 training nodes, so 4 GPUs on each of the other 1 "
-        "stay idle",
-        f"set {RESOURCES}.num_nodes=2",
-    )
-
-
-def test_more_generation_gpus_per_node_than_the_profile_has():
-    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 16)
-    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"] == (
-        f"error: {RESOURCES}.gpus_per_node = 16: the generation side wants 16 GPUs per node "
-        "but profile 'site' offers 8 (gpus_per_node)\n"
-        f"  fix: set {RESOURCES}.gpus_per_node to at most 8 and raise {RESOURCES}.num_nodes "
-        "instead"
+def test_more_gpus_per_node_than_the_profile_has():
+    recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=16), 1, 16)
+    assert error_text(recipe, pyxis_profile())["cluster.gpus_per_node"] == (
+        "error: cluster.gpus_per_node = 16: the recipe wants 16 GPUs per node but profile "
+        "'site' offers 8 (gpus_per_node)\n"
+        "  fix: set cluster.gpus_per_node to at most 8 and raise cluster.num_nodes instead, or "
+        "use a profile whose gpus_per_node is 16 or more (profile[site].gpus_per_node)"
     )
 
 
@@ -154,60 +157,30 @@ def test_engines_must_tile_the_generation_gpus():
         f"error: {RESOURCES}.gpus_per_node = 6: 6 GPUs per node do not split into vLLM engines "
         "of policy.generation.vllm_cfg.tensor_parallel_size × pipeline_parallel_size = "
         "4 × 1 = 4 GPUs\n"
-        f"  fix: set {RESOURCES}.gpus_per_node to a multiple of 4 (one of [4, 8]) or "
-        "policy.generation.vllm_cfg.tensor_parallel_size × pipeline_parallel_size to one of "
-        "[1, 2, 3, 6]"
+        f"  fix: set {RESOURCES}.gpus_per_node to a multiple of 4 below cluster.gpus_per_node "
+        "(one of [4]) or policy.generation.vllm_cfg.tensor_parallel_size × "
+        "pipeline_parallel_size to one of [1, 2, 3, 6]"
+    )
+    # Whole generation nodes hold cluster.gpus_per_node: only the engine size may change.
+    recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=3)
+    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"].endswith(
+        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8]"
     )
 
 
-def test_training_short_of_a_node_without_room_for_generation():
-    # 6 training + 4 generation GPUs do not fit one 8-GPU node: generation gets a node of
-    # its own, and every node requests the larger side's 6.
+def test_local_profile_splits_its_one_node():
     spec = make_plan(
-        with_policy(
-            separate(automodel_recipe(num_nodes=1, gpus_per_node=6), 1, 4),
-            train_global_batch_size=60,
-        ),
-        pyxis_profile(),
-    )
-    assert (spec.num_nodes, spec.slots_per_node, dict(spec.sbatch_directives)["gres"]) == (
-        2,
-        6,
-        "gpu:6",
-    )
-    assert (spec.generation.first_node, spec.generation.num_engines) == (1, 4)
-    (warning,) = spec.warnings
-    assert warning.message.startswith(
-        "the recipe trains on 6 of the 8 GPUs per node of profile 'site' (gpus_per_node), so "
-        "the job requests 6 per node; the other 2 of each node stay idle"
-    )
-
-
-def test_local_profile_cannot_give_generation_a_node_of_its_own():
-    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=2), 1, 1)
-    assert error_text(recipe, local_profile())[f"{RESOURCES}.gpus_per_node"] == (
-        f"error: {RESOURCES}.gpus_per_node = 1: training takes 2 of the 2 CPU worker slots "
-        "per node and generation wants 1 more, so generation needs nodes of its own "
-        "(1 + 1 = 2 nodes), but profile 'local' runs on this one machine (scheduler: local)\n"
-        f"  fix: share the node: make cluster.gpus_per_node + {RESOURCES}.gpus_per_node = 2 "
-        f"with {RESOURCES}.num_nodes=1, or choose a Slurm profile with --cluster"
-    )
-    spec = make_plan(
-        separate(automodel_recipe(num_nodes=1, gpus_per_node=1), 1, 1), local_profile()
+        separate(automodel_recipe(num_nodes=1, gpus_per_node=2), None, 1), local_profile()
     )
     assert (spec.num_nodes, spec.world_size, spec.generation.first_node) == (1, 1, 0)
-
-
-def test_non_positive_generation_resources():
-    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 0, 8)
-    assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.num_nodes"] == (
-        f"error: {RESOURCES}.num_nodes = 0: must be at least 1\n"
-        f"  fix: set {RESOURCES}.num_nodes=1 or more"
+    recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=2), 1, 2)
+    assert error_text(recipe, local_profile())["cluster.num_nodes"].startswith(
+        "error: cluster.num_nodes = 2: profile 'local' runs on this one machine"
     )
 
 
 def test_the_plan_reaches_the_job_as_json():
-    recipe = separate(megatron_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=2)
+    recipe = separate(megatron_recipe(num_nodes=3, gpus_per_node=8), 1, 8, tp=2)
     record = attrs.asdict(make_plan(recipe, pyxis_profile()))
     assert record["num_nodes"] == 3 and record["generation"]["first_node"] == 2
 
@@ -279,12 +252,11 @@ def test_colocated_cpu_engines_take_one_process_too():
 
 
 def test_separate_engines_never_sized_past_a_node():
-    # A 16-GPU engine on 8-GPU nodes: no gpus_per_node fits it, so only engine sizes are named.
-    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 8, tp=16)
+    # A 16-GPU engine on 8-GPU nodes: only engine sizes that divide the node are named.
+    recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=16)
     assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"] == (
         f"error: {RESOURCES}.gpus_per_node = 8: 8 GPUs per node do not split into vLLM engines "
-        f"of {ENGINE_SIZE} = 16 × 1 = 16 GPUs, and no node can hold one: an engine runs inside "
-        "one node and profile 'site' offers 8 GPUs per node\n"
+        f"of {ENGINE_SIZE} = 16 × 1 = 16 GPUs\n"
         f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8]"
     )
     recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 6, tp=4, pp=4)
@@ -299,9 +271,9 @@ def test_home_checkpoint_warning_counts_the_training_nodes_only():
         env={"HOME": GOLDEN_HOME}, container=ContainerCfg(image="img", mounts=("/home:/home",))
     )
     # 1 training node + 1 generation node: only the training node reads the conversion.
-    spec = make_plan(separate(megatron_recipe(num_nodes=1, gpus_per_node=8), 1, 8), home)
-    assert spec.num_nodes == 2 and not spec.warnings
     spec = make_plan(separate(megatron_recipe(num_nodes=2, gpus_per_node=8), 1, 8), home)
+    assert spec.num_nodes == 2 and not spec.warnings
+    spec = make_plan(separate(megatron_recipe(num_nodes=3, gpus_per_node=8), 1, 8), home)
     assert spec.num_nodes == 3
     (warning,) = spec.warnings
     assert (warning.path, warning.message, warning.fix) == (

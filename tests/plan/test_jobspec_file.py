@@ -12,16 +12,15 @@ import pytest
 
 import hpcrl
 from hpcrl.config import ConfigError, list_recipes, load_profile, load_recipe
-from hpcrl.plan.jobspec_file import (
+from hpcrl.plan.planner import plan
+from hpcrl.run.jobspec_file import (
     JOBSPEC_FILE,
     JobSpecError,
     JobSpecMissing,
     jobspec_as_dict,
-    plan_with_local_profile,
     read_jobspec,
     write_jobspec,
 )
-from hpcrl.plan.planner import plan
 from tests.plan.planning_inputs import (
     isolate_from_user_profiles,
     megatron_recipe,
@@ -154,28 +153,6 @@ def test_fields_this_hpcrl_does_not_know_or_lacks_are_listed(written):
         "key is missing; layout.tp: expected an integer, got the string '2'; visible_gpuz: "
         f"unknown key 'visible_gpuz'). Fix: {RESUBMIT}, which writes a new run folder"
     )
-
-
-def test_a_run_folder_without_a_plan_is_planned_with_the_local_profile(tmp_path):
-    recipe = load_recipe("grpo-tiny-1n-cpu").recipe
-    spec = plan_with_local_profile(recipe, tmp_path)
-    assert (spec.profile_name, spec.device, spec.run_dir) == ("local", "cpu", str(tmp_path))
-    assert spec == plan(
-        recipe, load_profile("local"), run_dir=str(tmp_path), recipe_source=str(tmp_path),
-        profile_source="local",
-    )  # fmt: skip
-
-
-def test_a_recipe_that_does_not_fit_the_local_profile_says_so(tmp_path):
-    recipe = load_recipe("grpo-tiny-2n-cpu").recipe
-    with pytest.raises(JobSpecError) as caught:
-        plan_with_local_profile(recipe, tmp_path)
-    message = str(caught.value)
-    assert message.startswith(
-        f"{tmp_path / JOBSPEC_FILE} does not exist and the recipe does not plan on the 'local' "
-        "profile:\nerror: cluster.num_nodes = 2: profile 'local' runs on this one machine"
-    )
-    assert message.endswith("or change the recipe to fit --cluster local")
 
 
 def test_render_writes_the_plan_the_job_reads(tmp_path):

@@ -31,7 +31,7 @@ CASES = {
         ("grpo-tiny-1n-cpu", "--cluster", "local", "policy.model_name=tiny:nope"),
         "error policy.model_name = 'tiny:nope' not one of hpcrl's built-in tiny models: the job "
         "would fail to build it fix: use one of tiny:qwen2, tiny:llama, tiny:llama-1b, "
-        "tiny:qwen3, tiny:mistral, tiny:qwen2-vllm, or a Hugging Face name or local folder",
+        "tiny:llama3.1-8b, tiny:qwen3, tiny:mistral, tiny:qwen2-vllm, or a Hugging Face name or local folder",
     ),
     "data-outside-every-mount": (
         ("grpo-tiny-2n-cpu", "--cluster", "slurm-test-pyxis", "data.train_path={data}"),
@@ -104,3 +104,12 @@ def test_validate_and_submit_find_the_same_problems(case, cli, tmp_path, data_ou
     else:
         assert validate_code == 0
         assert "Batch job submission failed" in submit_err  # the stand-in refused it
+
+
+def test_the_planner_knows_every_tiny_model_the_job_builds():
+    """The login side's list of ``tiny:`` names (it may not import the job side) is the job's."""
+    from hpcrl.config.tiny_models import TINY_MODEL_NAMES, TINY_PREFIX
+    from hpcrl.core.models.tiny import TINY_PREFIX as JOB_PREFIX
+    from hpcrl.core.models.tiny import TINY_SPECS
+
+    assert (TINY_MODEL_NAMES, TINY_PREFIX) == (tuple(TINY_SPECS), JOB_PREFIX)

@@ -74,7 +74,7 @@ def test_fewer_gpus_per_node_request_only_those_and_warn():
     )
     # Ray starts each node with 2 GPUs and the trainer places 2 workers on each.
     assert planned_settings(spec)["num_gpus"] == 2
-    layout = training_layout(spec, cuda_available=lambda: True)
+    layout = training_layout(spec)
     assert (layout.num_nodes, layout.workers_per_node) == (2, 2)
     warning = warnings_of(spec)["cluster.gpus_per_node"]
     assert (warning.name, warning.message, warning.fix) == (
@@ -344,11 +344,13 @@ def test_home_defaults_to_the_submitting_users(monkeypatch):
 def test_run_dir_and_code_bundle_are_mounted_one_to_one_unless_covered():
     spec = make_plan(automodel_recipe(num_nodes=2), pyxis_profile())
     bundle = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef"
+    cache = "/runs/.hpcrl-cache/torch-compile"  # beside the bundles: shared by the runs
     assert spec.code.bundle is not None and spec.code.bundle.path == bundle
     assert spec.container.mounts == (
         "/lustre:/lustre",
         f"{GOLDEN_RUN_DIR}:{GOLDEN_RUN_DIR}",
         f"{bundle}:{bundle}:ro",  # read-only: the job never writes its code
+        f"{cache}:{cache}",  # written: torch.compile's caches
     )
     on_lustre = attrs.evolve(GOLDEN_HOST, bundles_dir="/lustre/runs/.hpcrl-bundles")
     spec = make_plan(

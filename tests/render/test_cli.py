@@ -20,14 +20,21 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.setenv("COLUMNS", "200")
 
 
+def run_folders(runs: Path) -> list[Path]:
+    """The run folders in ``runs`` (not the caches hpcrl keeps beside them)."""
+    return [path for path in runs.iterdir() if not path.name.startswith(".")]
+
+
 def test_render_writes_the_run_folder_and_says_how_to_submit(tmp_path, capsys):
     code = main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "grpo.max_num_steps=2"])
     out = capsys.readouterr().out
     assert code == 0
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = run_folders(tmp_path / "runs")
     assert run_dir.name.startswith("grpo-tiny-1n-cpu-local-")
+    # beside it, shared by the runs there: torch.compile's caches (hpcrl.plan.compile_cache)
+    assert (tmp_path / "runs" / ".hpcrl-cache" / "torch-compile").is_dir()
     assert sorted(path.name for path in run_dir.iterdir()) == [
-        ".hpcrl.lock",  # the run folder's lock (hpcrl.files.run_folder_lock)
+        ".hpcrl.lock",  # the run folder's lock (hpcrl.run.folder_lock.run_folder_lock)
         "auth",  # the job's Ray token (tests/render/test_ray_auth_render.py)
         "job.sbatch",
         "jobspec.json",
@@ -40,7 +47,7 @@ def test_render_writes_the_run_folder_and_says_how_to_submit(tmp_path, capsys):
     # Same inputs, same folder; another override, another folder.
     assert main(["render", "grpo-tiny-1n-cpu", "grpo.max_num_steps=2", "--cluster", "local"]) == 0
     assert main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "grpo.max_num_steps=3"]) == 0
-    assert len(list((tmp_path / "runs").iterdir())) == 2
+    assert len(run_folders(tmp_path / "runs")) == 2
 
 
 def test_show_prints_exactly_what_render_writes(tmp_path, capsys):
@@ -51,9 +58,11 @@ def test_show_prints_exactly_what_render_writes(tmp_path, capsys):
     assert main(["show", "grpo-tiny-2n-cpu", "-c", "slurm-test"]) == 0
     shown = capsys.readouterr().out
     assert main(["render", "grpo-tiny-2n-cpu", "-c", "slurm-test"]) == 0
-    (default_dir,) = (tmp_path / "runs").iterdir()
+    (default_dir,) = run_folders(tmp_path / "runs")
     assert shown == (default_dir / "job.sbatch").read_text()
-    # The one other difference: the -o folder is part of the command that wrote it.
+    # The other differences: the -o folder is part of the command that wrote it, and the
+    # compile cache is beside each run folder (tmp_path/.hpcrl-cache, runs/.hpcrl-cache).
+    shown = shown.replace(str(tmp_path / "runs" / ".hpcrl-cache"), str(tmp_path / ".hpcrl-cache"))
     written_by = "# Written by: hpcrl render grpo-tiny-2n-cpu --cluster slurm-test"
     assert f"{written_by}\n" in shown
     assert f"{written_by} -o {tmp_path / 'out'}\n" in written

@@ -1,4 +1,4 @@
-"""hpcrl.files: atomic writes through exclusive temporary files, the umask, the run-folder lock."""
+"""hpcrl.run.atomic_files: atomic writes through exclusive temporary files, the umask, the run-folder lock."""
 
 from __future__ import annotations
 
@@ -14,15 +14,9 @@ import pytest
 
 from hpcrl.cli.main import main
 from hpcrl.config.errors import UserError
-from hpcrl.files import (
-    LOCK_NAME,
-    RunFolderBusy,
-    SecretInRunFile,
-    run_folder_lock,
-    unusable_folder,
-    write_file,
-)
-from hpcrl.plan.jobspec_file import read_jobspec
+from hpcrl.run.atomic_files import SecretInRunFile, write_file
+from hpcrl.run.folder_lock import LOCK_NAME, RunFolderBusy, run_folder_lock, unusable_folder
+from hpcrl.run.jobspec_file import read_jobspec
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.require import unavailable
 
@@ -102,7 +96,7 @@ def test_symlinks_planted_at_temporary_names_are_never_followed(tmp_path, monkey
     run = tmp_path / "run"
     run.mkdir()
     names = iter(["planted", "planted", "fresh"])
-    monkeypatch.setattr("hpcrl.files.secrets.token_hex", lambda _: next(names))
+    monkeypatch.setattr("hpcrl.run.atomic_files.secrets.token_hex", lambda _: next(names))
     (run / ".job.sbatch.planted.tmp").symlink_to(victim)
     write_file(run / "job.sbatch", "script")
     assert victim.read_text() == "precious"

@@ -113,9 +113,9 @@ def test_every_planning_command_warns_when_auth_is_off(in_tmp, capsys, command):
 
 def test_a_render_stopped_after_the_token_can_be_rendered_again(in_tmp):
     """The token is the first thing a render writes: a folder holding only it is one of
-    hpcrl's (hpcrl.files.RENDER_NAMES), not a foreign folder to refuse, and keeps its token."""
-    from hpcrl.files import RENDER_NAMES
-    from hpcrl.plan.jobspec import AUTH_DIR_NAME
+    hpcrl's (hpcrl.run.folder_lock.RENDER_NAMES), not a foreign folder to refuse, and keeps its token."""
+    from hpcrl.run.folder_lock import RENDER_NAMES
+    from hpcrl.run.jobspec import AUTH_DIR_NAME
 
     assert AUTH_DIR_NAME in RENDER_NAMES
     run = in_tmp / "run"
@@ -156,7 +156,9 @@ def test_submit_warns_before_it_submits(in_tmp, capsys):
     (in_tmp / "profiles" / "nowhere.yaml").write_text(profile)
     code = main(["submit", "grpo-tiny-2n-cpu", "--cluster", "nowhere", "-o", "run"])
     captured = capsys.readouterr()
+    # The refusal goes to stderr, after the warning that was printed before sbatch ran.
     assert code == 1 and "not submitted" in captured.err
-    assert "profile[nowhere].ray_auth" in captured.err
+    warned_at = captured.err.index("profile[nowhere].ray_auth")
+    assert warned_at < captured.err.index("not submitted")
     assert "Ray token authentication is off" in captured.err
     assert not (in_tmp / "run" / "auth").exists()

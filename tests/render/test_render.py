@@ -86,7 +86,8 @@ def test_pyxis_script_shape():
     assert srun_block.count("srun") == 1
     assert "  '--container-image=nvcr.io#nvidia/nemo-rl:v0.7.0' \\\n" in srun_block
     bundle = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef"
-    mounts = f"/lustre:/lustre,/runs/golden:/runs/golden,{bundle}:{bundle}:ro"
+    cache = "/runs/.hpcrl-cache/torch-compile"
+    mounts = f"/lustre:/lustre,/runs/golden:/runs/golden,{bundle}:{bundle}:ro,{cache}:{cache}"
     assert f"  --container-mounts={mounts} \\\n" in srun_block
     assert f"  /usr/bin/env /opt/venv/bin/python {bundle}/hpcrl_entry.py -u -m " in srun_block
     assert "  --container-workdir=/lustre/hpcrl \\\n" in srun_block

@@ -5,7 +5,7 @@ refused at plan time (exit 2), and folders are created without recursion."""
 from __future__ import annotations
 
 from hpcrl.cli.main import main
-from hpcrl.files import make_folders
+from hpcrl.run.atomic_files import make_folders
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 

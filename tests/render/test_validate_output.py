@@ -40,7 +40,8 @@ def test_validate_shows_the_plan_once_each_warning_once_and_paths_whole(tmp_path
         assert len(line) <= 80 or " " not in line.strip().split("  ")[-1].strip(), line
     run_dir = tmp_path / "runs"
     mounts = [line.split()[-1] for line in out if str(run_dir) in line and ":" in line]
-    assert len(mounts) == 2  # the run folder and the code bundle, each whole on its line
+    # the run folder, the code bundle and the compile cache, each whole on its line
+    assert len(mounts) == 3
     assert all(mount.count(str(run_dir)) == 2 for mount in mounts)  # SOURCE:TARGET, unbroken
     (mounts_line,) = [line for line in out if line.startswith("  mounts ")]
     assert mounts_line.split() == ["mounts", "/lustre:/lustre"]

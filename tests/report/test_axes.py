@@ -14,7 +14,8 @@ from hpcrl.report.axes import integer_ticks, point_style, swept_axis, value_axis
 from hpcrl.report.placement import Placement, placement_of, run_states, shared_nodes
 from hpcrl.report.plots import plot_vs_swept_value, save_plots
 from hpcrl.report.summary import build_report
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
+from hpcrl.submit.sweep import build_points
 
 LR_KEY = "policy.optimizer.kwargs.lr"
 
@@ -65,9 +66,9 @@ def test_the_title_says_what_each_mark_means() -> None:
 
 
 def test_step_axes_tick_whole_numbers_only() -> None:
-    from hpcrl.report.plots import _pyplot
+    from hpcrl.report.pyplot_agg import agg_pyplot
 
-    pyplot = _pyplot()
+    pyplot = agg_pyplot()
     figure, axes = pyplot.subplots()
     axes.plot([1, 2, 3], [0.5, 0.4, 0.3])
     integer_ticks(axes.xaxis)
@@ -163,7 +164,8 @@ def test_a_sweep_report_marks_its_points_and_writes_every_png(tmp_path: Path, ca
 )  # fmt: skip
 def test_an_integer_swept_axis_gets_integer_ticks(values, ticks) -> None:
     from hpcrl.report.metrics import summarize
-    from hpcrl.report.plots import _pyplot, _sweep_panel
+    from hpcrl.report.plots import _sweep_panel
+    from hpcrl.report.pyplot_agg import agg_pyplot
     from hpcrl.report.summary import Report, ReportRow
 
     axis = swept_axis(values)
@@ -174,7 +176,7 @@ def test_an_integer_swept_axis_gets_integer_ticks(values, ticks) -> None:
         for index, value in enumerate(values)
     )  # fmt: skip
     report = Report(title="t", source_dir=Path("."), swept_keys=("k",), rows=rows)
-    pyplot = _pyplot()
+    pyplot = agg_pyplot()
     figure, panel = pyplot.subplots()
     _sweep_panel(panel, report, axis, "final loss", "final_loss")
     figure.canvas.draw()

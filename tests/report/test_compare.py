@@ -9,10 +9,11 @@ from pathlib import Path
 import yaml
 
 from hpcrl.cli.main import main
-from hpcrl.core.loggers.destinations import write_destinations
 from hpcrl.report.comparison import build_comparison, differing_keys
 from hpcrl.report.training_plots import row_label
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.run.logger_destinations import write_destinations
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
+from hpcrl.submit.sweep import build_points
 
 
 def _run(folder: Path, seed: int, lr: float, steps: int = 3) -> Path:

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from hpcrl.report.metrics import read_metrics, read_metrics_file
 from hpcrl.report.plots import save_plots
 from hpcrl.report.summary import build_report, format_number, render_table
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.run.metrics_file import read_metrics, read_metrics_file
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
+from hpcrl.submit.sweep import build_points
 
 KEY = "policy.megatron_cfg.optimizer.optimizer_offload_fraction"
 FRACTIONS = ["0.25", "0.5", "1.0"]

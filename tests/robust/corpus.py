@@ -399,7 +399,8 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "prompts-per-step-huge": ("grpo.num_prompts_per_step=100000000000000000000", "grpo.num_prompts_per_step"),
     "prompts-per-step-1e20": ("grpo.num_prompts_per_step=1e20", "grpo.num_prompts_per_step"),
     "generations-huge": ("grpo.num_generations_per_prompt=100000000000000000000", "grpo.num_generations_per_prompt"),
-    "generation-resources-missing": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.resources"),
+    # the recipe's torch engine samples inside the training workers: no workers of its own
+    "separate-torch-generation": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled"),
     # issue 26: accepted, then failing in the job
     "seed-2**64": ("grpo.seed=18446744073709551616", "grpo.seed"),
     "seed-negative": ("grpo.seed=-1", "grpo.seed"),

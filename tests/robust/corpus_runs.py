@@ -93,7 +93,8 @@ def run_folder_cases() -> list[Case]:
     }
     for name, (path, setup) in paths.items():
         for argv in (("logs", path), ("logs", "-f", path), ("cancel", path), ("report", path),
-                     ("status", path), ("logs", "--node", "0", path)):  # fmt: skip
+                     ("status", path), ("logs", "--node", "0", path), ("export", path),
+                     ("export", "--step", "99999999999999999999", path)):  # fmt: skip
             cases.append(
                 Case(family="run-folders", name=f"{'-'.join(argv[:-1])}-{name}", argv=argv,
                      setup=setup, expect=_expect_for(argv[0], name))

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.job.preflight import ray_has_token_auth
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.job_record import read_job_record
 from tests.require import unavailable
 from tests.slurm.harness import run_slurm, wait_sacct_states
 from tests.standin_image import (

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
-from hpcrl.plan.jobspec_file import read_jobspec
+from hpcrl.run.jobspec_file import read_jobspec
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
 from hpcrl.submit import waiting
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.submit.sweep import build_points
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.robust.harness import write_scheduler_standins
 

@@ -1,5 +1,5 @@
 """One line for ``hpcrl status``, ``submit --wait`` and ``logs``: why a job failed (or an
-attempt ended early), when it says so: the cause records node 0 writes (hpcrl.causes), the
+attempt ended early), when it says so: the cause records node 0 writes (hpcrl.run.causes), the
 nodes' failure reports, the task logs."""
 
 from __future__ import annotations
@@ -12,9 +12,17 @@ import attrs
 import pytest
 from rich.console import Console
 
-from hpcrl.causes import AttemptCause, last_step, latest_cause, read_cause, read_causes, write_cause
-from hpcrl.submit.job_record import JobRecord
-from hpcrl.submit.job_state import JobStatus, failure_cause
+from hpcrl.run.causes import (
+    AttemptCause,
+    last_step,
+    latest_cause,
+    read_cause,
+    read_causes,
+    write_cause,
+)
+from hpcrl.run.job_record import JobRecord
+from hpcrl.submit.job_state import failure_cause
+from hpcrl.submit.job_status import JobStatus
 from hpcrl.submit.log_view import attempt_cause_lines
 from hpcrl.submit.logs import fold_state_dumps
 from hpcrl.submit.status_view import status_cause

@@ -17,8 +17,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit import job_state
-from hpcrl.submit.job_record import JobRecord
 
 SUBMITTED = "2026-11-29T10:00:00+00:00"
 T0 = int(datetime.datetime.fromisoformat(SUBMITTED).timestamp())
@@ -125,8 +125,9 @@ def test_a_reused_pid_is_not_this_local_jobs_controller(fake_controller, tmp_pat
 
 def _sweep(tmp_path: Path, states: tuple[str, ...], submit: int) -> tuple[Path, Sacct]:
     """A sweep folder of array 41 with one point per state; sacct answers its tasks' rows."""
-    from hpcrl.submit.job_record import write_job_record
-    from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+    from hpcrl.run.job_record import write_job_record
+    from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
+    from hpcrl.submit.sweep import build_points
 
     sweep_dir = tmp_path / "s"
     sweep_dir.mkdir()
@@ -165,13 +166,13 @@ def test_cancel_sweep_scancels_the_array_only_while_it_is_the_sweeps_own_and_run
 
     from rich.console import Console
 
-    from hpcrl.submit import run_views
+    from hpcrl.submit import cancel
 
     sweep_dir, sacct = _sweep(tmp_path, states, submit)
     cancelled: list[str] = []
-    monkeypatch.setattr(run_views, "cancel_job", lambda rec: cancelled.append(rec.job_id))
+    monkeypatch.setattr(cancel, "cancel_job", lambda rec: cancelled.append(rec.job_id))
     console = Console(file=io.StringIO(), width=500)
     watcher = job_state.SacctWatcher(run=sacct)
-    assert run_views.cancel_run(sweep_dir, console, watcher) == 0
+    assert cancel.cancel_run(sweep_dir, console, watcher) == 0
     assert console.file.getvalue() == said.format(sweep=sweep_dir) + "\n"  # one line
     assert cancelled == (["41"] if said.startswith("Cancelled") else [])

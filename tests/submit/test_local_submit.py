@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.plan.jobspec_file import read_jobspec
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.job_record import read_job_record
+from hpcrl.run.jobspec_file import read_jobspec
 from hpcrl.submit.job_state import cancel_job, query_status, rebuild_job
 from tests.submit import drivers
 from tests.submit.jobs_harness import (

@@ -11,11 +11,14 @@ import pytest
 
 from hpcrl.config.errors import UserError
 from hpcrl.job.errors import DriverFailed, PreflightFailed
+from hpcrl.job.node_task import one_line_for_explained_failures
+from hpcrl.job.slurm_env import banner_of as attempt_banner
+from hpcrl.job.slurm_env import shown_job_id as job_id_of
+from hpcrl.run.job_record import JobRecord, write_job_record
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
 from hpcrl.submit import log_view
-from hpcrl.submit.job_record import JobRecord, write_job_record
 from hpcrl.submit.log_view import LoggedRun, LogSelection
-from hpcrl.submit.node_task import attempt_banner, job_id_of, one_line_for_explained_failures
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.submit.sweep import build_points
 
 BANNER_1 = "===== hpcrl attempt 1 · job 41 · node 0 (n1) · 2026-11-29T10:00:00+00:00 =====\n"
 BANNER_2 = "===== hpcrl attempt 2 · job 41 · node 0 (n1) · 2026-11-29T10:05:00+00:00 =====\n"

@@ -16,8 +16,8 @@ from rich.console import Console
 
 from hpcrl.cli.jobs import print_submitted
 from hpcrl.cli.main import main
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit.hints import invoked_as
-from hpcrl.submit.job_record import JobRecord
 from hpcrl.submit.waiting import _detached, _Watch, default_wait_settings
 from tests.plan.planning_inputs import isolate_from_user_profiles
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from hpcrl.core.phase import ATTEMPT_ID_VARIABLE, report_phase
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit.job_identity import record_time
-from hpcrl.submit.job_record import JobRecord
-from hpcrl.submit.job_state import JobStatus
+from hpcrl.submit.job_status import JobStatus
 from hpcrl.submit.waiting import describe_progress
 
 RUNNING = JobStatus(state="RUNNING")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.job_record import read_job_record
 from tests.submit.jobs_harness import (
     RECIPES,
     hpcrl,
@@ -113,7 +113,10 @@ def test_resume_continues_at_the_checkpoint_and_rerun_starts_a_new_run(tmp_path:
     rerun = hpcrl(["rerun", str(run), "grpo.max_num_steps=1", "--wait"], tmp_path, env,
                   timeout_s=WAIT_S)  # fmt: skip
     assert rerun.returncode == 0, output_of(rerun)
-    (new_run,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "demo"]
+    # (beside the runs: .hpcrl-cache, the compile cache they share)
+    (new_run,) = [
+        p for p in (tmp_path / "runs").iterdir() if p.name not in ("demo", ".hpcrl-cache")
+    ]
     assert new_run.name == "demo-rerun"  # named after the run it came from
     assert_every_step_once_and_finite(new_run, 1)
     resolved, new_resolved = (yaml.safe_load((p / "recipe.resolved.yaml").read_text())

@@ -6,10 +6,11 @@ import threading
 import time
 from pathlib import Path
 
-from hpcrl.submit.job_record import JobRecord, write_job_record
+from hpcrl.run.job_record import JobRecord, write_job_record
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
 from hpcrl.submit.logs import LogFile, follow, list_log_files
 from hpcrl.submit.status_view import ListedRun, collect_run_dirs, format_elapsed
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.submit.sweep import build_points
 
 
 def _record(run_dir: Path, num_tasks: int = 2) -> JobRecord:

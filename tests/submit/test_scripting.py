@@ -63,7 +63,7 @@ def test_diff_of_a_folder_without_a_recipe_is_one_line(cli, tmp_path):
 
 #: Every command, in the order ``hpcrl --help`` lists them.
 COMMANDS = ("validate", "render", "show", "submit", "sweep", "status", "logs", "cancel",
-            "resume", "rerun", "report", "diff", "completion")  # fmt: skip
+            "resume", "rerun", "export", "report", "diff", "completion")  # fmt: skip
 
 
 def test_the_completion_tests_list_every_command():
@@ -84,7 +84,7 @@ def test_completion_scripts_know_every_command_and_complete_folders(cli, shell):
     else:  # zsh: one described line per command
         for command in COMMANDS:
             assert f"\n    {command}:'" in script, command
-    for command in ("resume", "rerun"):  # RUN is a run folder
+    for command in ("resume", "rerun", "export"):  # RUN is a run folder
         if shell == "zsh":
             options = script.split(f"\n_shtab_hpcrl_{command}_options=(\n", 1)[1].split("\n)")[0]
             assert ':_files -/"' in options, options
@@ -97,8 +97,8 @@ def test_completion_scripts_know_every_command_and_complete_folders(cli, shell):
         # shtab's tcsh script offers one option list for every command (tcsh's `complete`
         # has no per-command option sets); status --recipe is text, not a file
         assert (
-            "'c/--/(attempt cluster debug driver follow grid help json no-submit node out point "
-            "raw recipe runs-dir since state version wait wide zip)/'"
+            "'c/--/(attempt best cluster debug driver follow grid help here json no-submit node "
+            "out point raw recipe runs-dir since state step verbose version wait wide zip)/'"
         ) in script
         assert "'n/--recipe/f/'" not in script and "'n/submit/f/'" in script
         assert "'n/--cluster/(eos local local-gpu slurm-test slurm-test-pyxis)/'" in script
@@ -167,6 +167,7 @@ def test_bash_completes_profile_and_recipe_names(cli, tmp_path):
     ]  # fmt: skip
     assert _complete(script, ["validate", "--cluster", "local", "grpo-l"], work, env) == [
         "grpo-llama-1b-1n1g-automodel", "grpo-llama-1b-1n1g-megatron",
+        "grpo-llama3.1-8b-1n1g-automodel", "grpo-llama3.1-8b-1n1g-megatron",
         "grpo-llama3.1-8b-2n8g-automodel",
     ]  # fmt: skip
     found = _complete(script, ["submit", "grpo"], work, env)

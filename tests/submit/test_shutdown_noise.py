@@ -12,7 +12,7 @@ from pathlib import Path
 
 import attrs
 
-from hpcrl.submit.job_record import JobRecord, write_job_record
+from hpcrl.run.job_record import JobRecord, write_job_record
 from hpcrl.submit.log_view import LoggedRun, LogSelection, print_logs
 from hpcrl.submit.shutdown_noise import (
     Cancellation,

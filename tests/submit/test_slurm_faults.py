@@ -38,9 +38,9 @@ import psutil
 import pytest
 import yaml
 
-from hpcrl.causes import read_causes
-from hpcrl.core.algorithms.loop import complete_checkpoints
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.causes import read_causes
+from hpcrl.run.checkpoints import complete_checkpoints
+from hpcrl.run.job_record import read_job_record
 from hpcrl.submit.status_view import ListedRun, run_statuses
 from tests.shipped_cpu_recipes import assert_finite_steps
 from tests.slurm.harness import wait_no_job_processes, wait_sacct_states

@@ -15,7 +15,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from hpcrl.submit.job_record import JobRecord, write_job_record
+from hpcrl.run.job_record import JobRecord, write_job_record
 from hpcrl.submit.job_state import query_status
 from hpcrl.submit.submission import slurm_cluster_name
 from tests.slurm.harness import run_slurm, wait_sacct_states
@@ -70,9 +70,10 @@ def test_an_old_record_of_a_reused_job_id_is_stale_not_the_new_jobs_state(tmp_pa
     )
     result = hpcrl(["status", str(tmp_path / "old")], REPO, job_env())
     assert result.returncode == 1, output_of(result)
-    assert "STALE" in result.stdout and f"old: the scheduler's job {job_id} is another job" in (
-        result.stdout
-    )
+    # one run's view (key/value rows): why it is stale is its problem row
+    rows = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.strip())
+    assert rows["state"] == "STALE", result.stdout
+    assert f"the scheduler's job {job_id} is another job" in rows["problem"], result.stdout
     # The same id with the job's own submit time (and cluster) is that job.
     own = job_record(tmp_path / "own", job_id, iso(int(real["submit"]) + 1), real["cluster"])
     assert (query_status(own).state, query_status(own).exit_code) == ("COMPLETED", 0)

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from hpcrl.report.summary import format_number
-from hpcrl.submit.job_record import read_job_record
-from hpcrl.submit.sweep import read_sweep_record
+from hpcrl.run.job_record import read_job_record
+from hpcrl.run.sweep_record import read_sweep_record
 from tests.slurm.harness import sacct_states
 from tests.submit import drivers
 from tests.submit.jobs_harness import (

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from hpcrl.causes import AttemptCause, write_cause
 from hpcrl.cli.main import main
-from hpcrl.core.loggers.destinations import write_destinations
+from hpcrl.run.causes import AttemptCause, write_cause
+from hpcrl.run.logger_destinations import write_destinations
 from hpcrl.submit.status_table import cut_text, fit_columns
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.submit.test_status_view import SACCT, _run_folder

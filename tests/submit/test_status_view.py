@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
+from hpcrl.run.sweep_record import SweepRecord, write_sweep_record
 from hpcrl.submit.pending_reasons import parse_reasons, squeue_command
 from hpcrl.submit.status_view import parse_age
-from hpcrl.submit.sweep import SweepRecord, build_points, write_sweep_record
+from hpcrl.submit.sweep import build_points
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 #: job id -> (sacct State, ExitCode, ElapsedRaw); squeue knows the pending ones' reasons.
@@ -161,7 +162,7 @@ def test_json_has_every_field_for_scripts(cli, tmp_path):
         "job_id": "101", "exit_code": 0, "attempts": 1, "pending_reason": None, "step": 4,
         "max_steps": 4, "reward": None, "loss": 0.25, "elapsed_s": 65.0,
         "recipe": "sft-tiny-1n-cpu", "submitted_at": "2026-11-29T10:00:00+00:00", "swept": {},
-        "cause": None, "scheduler_error": None, "problem": None,
+        "cause": None, "out_of_gpu_memory": False, "scheduler_error": None, "problem": None,
     }  # fmt: skip
     assert runs[2]["swept"] == {"policy.optimizer.kwargs.lr": "1e-4"}
     assert runs[2]["pending_reason"] == "JobArrayTaskLimit"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli.main import main
-from hpcrl.files import holds_submitted_job
+from hpcrl.run.folder_lock import holds_submitted_job
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 RECIPE = "grpo-tiny-2n-cpu"

@@ -8,15 +8,8 @@ import pytest
 
 from hpcrl.config import ConfigError
 from hpcrl.render.script import render_sbatch
-from hpcrl.submit.sweep import (
-    SweepError,
-    SweepRecord,
-    build_points,
-    read_sweep_record,
-    split_values,
-    sweep_hash,
-    write_sweep_record,
-)
+from hpcrl.run.sweep_record import SweepError, SweepRecord, read_sweep_record, write_sweep_record
+from hpcrl.submit.sweep import build_points, split_values, sweep_hash
 from hpcrl.submit.sweep_launch import plan_sweep, sweep_argv, sweep_name
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ import yaml
 from benchmarks.megatron_offload import step_record
 from benchmarks.megatron_sweep_points import PointError, point_flags, read_resolved
 from hpcrl.cli.main import main
-from hpcrl.core.metrics import MetricsWriter
-from hpcrl.plan.jobspec_file import read_jobspec
+from hpcrl.run.jobspec_file import read_jobspec
+from hpcrl.run.metrics_file import MetricsWriter
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 REPO = Path(__file__).resolve().parents[2]

@@ -61,8 +61,9 @@ def test_runs_go_to_and_status_finds_them_in_the_configured_runs_root(home, caps
     root = home / "lustre" / "me" / "runs"
     _config(home, f"cluster: local\nruns_dir: {root}\n")
     assert main(["render", RECIPE]) == 0
-    (run,) = root.iterdir()
-    assert run.name.startswith("grpo-tiny-1n-cpu-local-")
+    # the run folder, and the runs' shared compile cache beside it (docs/jobs.md)
+    run, cache = sorted(root.iterdir(), key=lambda path: path.name.startswith("."))
+    assert run.name.startswith("grpo-tiny-1n-cpu-local-") and cache.name == ".hpcrl-cache"
     capsys.readouterr()
     assert main(["status", "--json"]) == 0  # run from another folder than the root's parent
     assert [entry["path"] for entry in json.loads(capsys.readouterr().out)] == [str(run)]

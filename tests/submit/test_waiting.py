@@ -13,12 +13,12 @@ import attrs
 import pytest
 from rich.console import Console
 
+from hpcrl.job.slurm_env import banner_of as attempt_banner
+from hpcrl.run.job_record import JobRecord
 from hpcrl.submit import waiting
 from hpcrl.submit.job_identity import record_time
-from hpcrl.submit.job_record import JobRecord
-from hpcrl.submit.job_state import JobStatus
+from hpcrl.submit.job_status import JobStatus
 from hpcrl.submit.logs import split_attempts
-from hpcrl.submit.node_task import attempt_banner
 
 
 def _record(tmp_path: Path, num_tasks: int = 2) -> JobRecord:

@@ -70,7 +70,8 @@ def response_logprobs(out: dict) -> list[torch.Tensor]:
 def torch_sampler_generate(
     model, tokenizer, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int = 0
 ) -> dict:
-    from hpcrl.core.generation.torch_sampler import generate, pad_prompts
+    from hpcrl.core.generation.padding import pad_prompts
+    from hpcrl.core.generation.torch_sampler import generate
 
     input_ids, attention_mask = pad_prompts(prompt_ids, tokenizer.pad_token_id)
     return generate(

@@ -13,9 +13,9 @@ from tests.require import VLLM_HINT, require_module
 
 require_module("ray", kind="vllm", hint=VLLM_HINT)
 
-from hpcrl.core.generation.vllm_async import AsyncGrpoStep  # noqa: E402
-from hpcrl.core.generation.vllm_policy import wrap_policy  # noqa: E402
+from hpcrl.core.algorithms.async_grpo import AsyncGrpoStep  # noqa: E402
 from hpcrl.core.workers.ray_policy import RayPolicy  # noqa: E402
+from hpcrl.core.workers.vllm_policy import wrap_policy  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, local_plan, mean  # noqa: E402
 from tests.core.parallel_harness import ray_cluster, start_policy  # noqa: E402,F401
 from tests.vllm.harness import build_tiny_model  # noqa: E402

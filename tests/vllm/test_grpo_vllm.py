@@ -14,7 +14,6 @@ from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import (  # noqa: E402
     mean,
     read_metrics,
-    write_local_plan,
     write_run_dir,
 )
 from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
@@ -29,10 +28,12 @@ VLLM_OVERRIDES = [
 ]
 PLACEMENTS = {
     "colocated": ["policy.generation.colocated.enabled=true"],
+    # cluster.* is the whole job (NeMo RL's meaning): one node of 3 slots, 1 for generation.
     "separate": [
         "policy.generation.colocated.enabled=false",
         "policy.generation.colocated.resources.num_nodes=1",
         "policy.generation.colocated.resources.gpus_per_node=1",
+        "cluster.gpus_per_node=3",
     ],
 }
 
@@ -68,9 +69,9 @@ def test_grpo_with_vllm_generation_learns(
         *VLLM_OVERRIDES,
         *PLACEMENTS[placement],
     ]
-    run_dir = write_run_dir(tmp_path / "run", RECIPE, overrides)
-    if placement == "separate":  # 2 training ranks + 1 generation worker on the one node
-        write_local_plan(run_dir, f"worker_slots_per_node={SEPARATE_SLOTS}")
+    # separate: 2 training ranks + 1 generation worker on the one node
+    slots = (f"worker_slots_per_node={SEPARATE_SLOTS}",) if placement == "separate" else ()
+    run_dir = write_run_dir(tmp_path / "run", RECIPE, overrides, profile_overrides=slots)
     assert run_training(str(run_dir)) == 0
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))

@@ -17,7 +17,7 @@ from hpcrl.config.locate import shipped_profiles_dir
 from hpcrl.core.generation.engine import engine_spec
 from hpcrl.core.models.tiny import resolve_model_path
 from hpcrl.plan.planner import plan
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.job_record import read_job_record
 from tests.shipped_cpu_recipes import (
     assert_finite_steps,
     few_steps,

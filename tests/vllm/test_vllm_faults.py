@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hpcrl.submit.job_record import read_job_record
+from hpcrl.run.job_record import read_job_record
 from tests.shipped_cpu_recipes import RECIPES
 from tests.slurm.harness import job_processes, wait_no_job_processes
 from tests.submit.jobs_harness import hpcrl, job_env, output_of, own_ray_ports_env, wait_for

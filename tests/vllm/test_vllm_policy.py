@@ -18,8 +18,8 @@ from hpcrl.config.recipe import (  # noqa: E402
     GenerationResourcesCfg,
     Recipe,
 )
-from hpcrl.core.generation.vllm_policy import VllmPolicy, wrap_policy  # noqa: E402
-from hpcrl.plan.jobspec import GenerationPlacement  # noqa: E402
+from hpcrl.core.workers.vllm_policy import VllmPolicy, wrap_policy  # noqa: E402
+from hpcrl.run.jobspec import GenerationPlacement  # noqa: E402
 from tests.core.parallel_harness import (  # noqa: E402
     make_batch,
     make_recipe,

@@ -1,5 +1,5 @@
 """DAPO's dynamic sampling (``grpo.use_dynamic_sampling``): generate batches of
-``num_prompts_per_step × batch_multiplier`` prompts, keep only the rollouts whose prompt
+``int(num_prompts_per_step × batch_multiplier)`` prompts, keep only the rollouts whose prompt
 group shows reward spread (a group of equal rewards has all-zero advantages and teaches
 nothing), until ``num_prompts_per_step × num_generations_per_prompt`` rollouts are kept; at
 most ``dynamic_sampling_max_gen_batches`` batches per step, after which the step fails with

@@ -77,7 +77,10 @@ def expand_prompts(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> Prom
     for row in rows:
         # Rows of NeMo RL's named sets arrive tokenized by their processor.
         encoded = row.get("prompt_ids") or encode_prompt(
-            tokenizer, str(row[data.prompt_key]), use_chat
+            tokenizer,
+            str(row[data.prompt_key]),
+            use_chat,
+            recipe.policy.tokenizer.chat_template_kwargs,
         )
         fitted.append((row, *fit_prompt(encoded, limit)))
     copies = [item for item in fitted for _ in range(grpo.num_generations_per_prompt)]
@@ -284,10 +287,11 @@ def step_rollouts(
     if not grpo.use_dynamic_sampling:
         rows = sampler.next_batch(grpo.num_prompts_per_step)
         return sample_rollouts(policy, recipe, tokenizer, env, rows, step), {}
+    from hpcrl.config.grpo_option_rules import generation_batch_prompts
     from hpcrl.core.algorithms.dynamic_sampling import sample_dynamically
 
     def one_batch(batch_index: int) -> Rollouts:
-        rows = sampler.next_batch(grpo.num_prompts_per_step * grpo.batch_multiplier)
+        rows = sampler.next_batch(generation_batch_prompts(grpo))
         # A distinct seed per extra batch, still a pure function of (seed, step, batch).
         return sample_rollouts(policy, recipe, tokenizer, env, rows, step + 1_000_000 * batch_index)
 

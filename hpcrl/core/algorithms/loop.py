@@ -1,14 +1,9 @@
-"""What GRPO and SFT loops share: checkpoints, the preemption request, step timing.
-
-Checkpoints live in ``<checkpoint_dir>/step_<NNNNNN>``; the policy writes each one atomically
-(a ``.partial`` folder renamed when complete), so the latest complete one is the highest
-step folder whose name has no suffix.
-"""
+"""What GRPO and SFT loops share: saving and keeping checkpoints, the preemption request,
+step timing. Where checkpoints live and which are complete is ``hpcrl.run.checkpoints``."""
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import time
@@ -17,57 +12,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.run.checkpoints import (
+    CONSOLIDATED_SUBDIR,
+    METRICS_INDEX,
+    complete_checkpoints,
+    latest_checkpoint,
+    step_dir_name,
+)
+from hpcrl.run.markers import PREEMPT_FILE
+
 if TYPE_CHECKING:
     from hpcrl.core.policy import Policy
 
-PREEMPT_FILE = "PREEMPT"  # same name hpcrl.job.markers writes
-PREEMPTED_EXIT_CODE = 3
-_STEP_DIR_RE = re.compile(r"^step_(\d+)$")
-
-
-def checkpoint_folder(checkpoint_dir: str | None, run_dir: str | Path) -> Path:
-    """Where a run's checkpoints live: ``checkpointing.checkpoint_dir``, else
-    ``<run_dir>/checkpoints`` (the driver saves there; ``hpcrl resume`` looks there)."""
-    return Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / "checkpoints"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def complete_checkpoints(checkpoint_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint, oldest first."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for entry in root.iterdir():
-        match = _STEP_DIR_RE.match(entry.name)
-        if match and entry.is_dir():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def latest_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    found = complete_checkpoints(checkpoint_dir)
-    return found[-1][1] if found else None
-
-
-METRICS_INDEX = "checkpoint_metrics.json"
-
-
-def metric_key(metric_name: str) -> str:
-    """The step-record key of NeMo RL's ``checkpointing.metric_name``: ``val:val_loss`` and
-    ``train:loss`` name the record's ``val_loss`` and ``loss``; ``val_reward`` (its older,
-    unprefixed form) is hpcrl's ``val_reward_mean``."""
-    name = metric_name.split(":", 1)[1] if ":" in metric_name else metric_name
-    return {"val_reward": "val_reward_mean", "reward": "reward_mean"}.get(name, name)
-
 
 class CheckpointStore:
-    """Saves through the policy every ``save_period`` steps; keeps ``keep`` of them: the
-    newest, or with ``metric`` the best by that step-record key (and always the newest, to
-    resume from)."""
+    """Saves through the policy every ``save_period`` steps and keeps what NeMo RL's
+    CheckpointManager keeps: with ``keep``, the ``keep`` best of the periodic checkpoints
+    (steps that are multiples of ``save_period``) — best by the step-record key ``metric``
+    (``hpcrl.config.checkpoint_metrics``; a checkpoint without it ranks last, ties go to the
+    newer), or without one the newest — and always the newest checkpoint, which a resumed
+    run starts from."""
 
     def __init__(
         self,
@@ -77,6 +41,7 @@ class CheckpointStore:
         keep: int | None,
         metric: str | None = None,
         higher_is_better: bool = True,
+        consolidated: Mapping[str, str] | None = None,
     ) -> None:
         self.policy = policy
         self.checkpoint_dir = Path(checkpoint_dir)
@@ -84,6 +49,8 @@ class CheckpointStore:
         self.keep = keep
         self.metric = metric
         self.higher_is_better = higher_is_better
+        # save_consolidated: also write <checkpoint>/hf; the run_dir and backend to record
+        self.consolidated = consolidated
 
     def due(self, step: int) -> bool:
         return (
@@ -91,15 +58,37 @@ class CheckpointStore:
         )
 
     def save(
-        self, step: int, extra_state: Mapping[str, Any], record: Mapping[str, Any] | None = None
+        self,
+        step: int,
+        extra_state: Mapping[str, Any],
+        record: Mapping[str, Any] | None = None,
+        *,
+        in_a_hurry: bool = False,
     ) -> Path:
+        """``in_a_hurry`` (a preemption's save, before Slurm's kill): no Hugging Face folder,
+        which ``hpcrl export`` can write later from the checkpoint."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         target = self.checkpoint_dir / step_dir_name(step)
         self.policy.save_checkpoint(str(target), {**extra_state, "step": step})
+        if self.consolidated is not None and not in_a_hurry:
+            self._write_consolidated(target, step, self.consolidated)
         if self.metric is not None:
             self._remember(step, (record or {}).get(self.metric))
         self._prune()
         return target
+
+    def _write_consolidated(self, target: Path, step: int, about: Mapping[str, str]) -> None:
+        """``<checkpoint>/hf``: the weights just saved as a Hugging Face folder, complete or
+        absent (written as ``hf.partial``, renamed last)."""
+        from hpcrl.core.export import write_record
+
+        folder = target / CONSOLIDATED_SUBDIR
+        partial = target / f"{CONSOLIDATED_SUBDIR}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        self.policy.export_hf(str(partial))
+        write_record(partial, about["run_dir"], target, step, about["backend"],
+                     "checkpointing.save_consolidated")  # fmt: skip
+        partial.rename(folder)
 
     def _remember(self, step: int, value: Any) -> None:
         index = self._metrics()
@@ -117,23 +106,29 @@ class CheckpointStore:
         if not self.keep:
             return
         found = complete_checkpoints(self.checkpoint_dir)
+        kept = self._kept(found)
+        for item in found:
+            if item not in kept:
+                shutil.rmtree(item[1], ignore_errors=True)
+
+    def _kept(self, found: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+        assert self.keep
+        period = self.save_period or 0
+        periodic = [item for item in found if period > 0 and item[0] % period == 0]
         if self.metric is None:
-            doomed = found[: -self.keep]
+            best = sorted(periodic, reverse=True)[: self.keep]
         else:
-            doomed = [item for item in found if item not in self._best(found)]
-        for _, folder in doomed:
-            shutil.rmtree(folder, ignore_errors=True)
+            best = sorted(periodic, key=self._rank, reverse=True)[: self.keep]
+        newest = found[-1:] if found and found[-1] not in best else []
+        return best + newest
 
-    def _best(self, found: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
-        index = self._metrics()
-        sign = 1.0 if self.higher_is_better else -1.0
-
-        def rank(item: tuple[int, Path]) -> tuple[bool, float, int]:
-            value = index.get(str(item[0]))
-            return (value is not None, sign * value if value is not None else 0.0, item[0])
-
-        best = sorted(found, key=rank, reverse=True)[: self.keep]
-        return best + [found[-1]] if found and found[-1] not in best else best
+    def _rank(self, item: tuple[int, Path]) -> tuple[bool, float, int]:
+        """Sort key, higher is kept first: has the metric, its value (negated when lower is
+        better), then the newer step."""
+        value = self._metrics().get(str(item[0]))
+        if value is None:
+            return (False, 0.0, item[0])
+        return (True, value if self.higher_is_better else -value, item[0])
 
     def restore_latest(self) -> dict[str, Any] | None:
         """Load the newest complete checkpoint into the policy; its extra_state, or None."""

@@ -209,7 +209,12 @@ def grpo_loss(
 
     mask = batch["token_mask"].to(logprobs.dtype)
     current = finite_or_zero(logprobs)
-    old = finite_or_zero(batch["old_logprobs"].to(logprobs.dtype))
+    # force_on_policy_ratio: NeMo RL's ratio exp(logp − logp.detach()), 1 with gradient
+    old = (
+        current.detach()
+        if cfg.force_on_policy_ratio
+        else finite_or_zero(batch["old_logprobs"].to(logprobs.dtype))
+    )
     generation = batch["generation_logprobs"].to(logprobs.dtype)
     advantages = batch["advantages"].to(logprobs.dtype)[:, None]
     pg, was_clipped = clipped_pg_token_loss(

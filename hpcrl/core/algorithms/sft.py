@@ -31,6 +31,7 @@ def build_sft_batch(recipe: Recipe, tokenizer: Any, rows: Sequence[dict]) -> dic
             str(row[data.response_key]),
             recipe.policy.max_total_sequence_length,
             use_chat,
+            recipe.policy.tokenizer.chat_template_kwargs,
         )
         for row in rows
     ]

@@ -1,8 +1,8 @@
 """Validation on ``data.val_path`` every ``val_period`` steps (and at start if asked).
 
 GRPO: one greedy response per validation prompt, scored by the environment →
-``val_reward_mean``. SFT: masked cross-entropy of the validation pairs under the current
-weights (no update) → ``val_loss``.
+``val_reward_mean`` (NeMo RL's ``val:accuracy``) and ``val_avg_length``. SFT: masked
+cross-entropy of the validation pairs under the current weights (no update) → ``val_loss``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ ValidateFn = Callable[[], dict[str, float]]
 
 
 def validation_due(step: int, val_period: int, val_at_start: bool) -> bool:
-    """Step 0 means 'before the first step'."""
+    """Step 0 means 'before the first step'. As in NeMo RL, val_at_start validates before
+    the first step whatever val_period says, and a val_period of 0 or less (its -1) turns
+    periodic validation off."""
     if step == 0:
-        return val_at_start and val_period > 0
+        return val_at_start
     return val_period > 0 and step % val_period == 0
 
 
@@ -37,10 +39,11 @@ def grpo_validation(
     data = recipe.data
     limit = prompt_length_limit(data.max_input_seq_length, context_length(recipe))
     use_chat = recipe.policy.tokenizer.chat_template is not None
+    kwargs = recipe.policy.tokenizer.chat_template_kwargs
     prompts = [str(row[data.prompt_key]) for row in rows]
     # A prompt that does not fit is scored on its stub's response, as in NeMo RL.
     prompt_ids = [
-        fit_prompt(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat), limit)[0]
+        fit_prompt(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat, kwargs), limit)[0]
         for row, p in zip(rows, prompts, strict=True)
     ]
     # The recipe's classes use an aliased attrs decorator that type checkers do not follow.
@@ -50,16 +53,22 @@ def grpo_validation(
     policy.prepare_for_training()
     answers = [str(row.get(data.answer_key, "")) for row in rows]
     rewards = torch.tensor(env.score(prompts, decode_responses(tokenizer, generation), answers))
-    return {"val_reward_mean": float(rewards.mean()), "val_num_prompts": float(len(rows))}
+    # NeMo RL's validation metrics under hpcrl's names: accuracy (the mean reward) and
+    # avg_length (mean response tokens); hpcrl.config.checkpoint_metrics maps them.
+    return {
+        "val_reward_mean": float(rewards.mean()),
+        "val_avg_length": float(generation.response_lengths.float().mean()),
+        "val_num_prompts": float(len(rows)),
+    }
 
 
 def sft_validation(
-    policy: Policy, recipe: Recipe, tokenizer: Any, rows: Sequence[dict]
+    policy: Policy, recipe: Recipe, tokenizer: Any, rows: Sequence[dict], world_size: int
 ) -> dict[str, float]:
-    """Token-mean negative log-likelihood of the validation responses."""
+    """Token-mean negative log-likelihood of the validation responses; ``world_size``: the
+    planned training ranks (``JobSpec.world_size``)."""
     # Pad to a multiple of the world size (every data-parallel size divides it) with
     # copies of the last row that the mask ignores.
-    world_size = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
     padded = list(rows) + [rows[-1]] * (-len(rows) % world_size)
     batch = build_sft_batch(recipe, tokenizer, padded)
     batch["token_mask"][len(rows) :] = 0.0

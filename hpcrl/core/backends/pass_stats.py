@@ -11,6 +11,11 @@ Host synchronisations are counted on request (``HPCRL_COUNT_HOST_SYNCS=1`` in th
 environment, CUDA only): torch's sync debug mode warns at every operation that makes the
 host wait for the device (``.item()``, ``.cpu()``, ``.tolist()``, ``nonzero``, a blocking
 copy); the warnings are counted, not shown. A diagnostic: it slows the passes a little.
+
+``HPCRL_PROFILE_PASSES=<folder>`` (a diagnostic for performance work): the
+``HPCRL_PROFILE_PASS_INDEX``-th pass of each kind (default the 4th, after the first steps'
+compilations) runs under torch.profiler and its summary (``hpcrl.core.profiling``) is
+written to ``<folder>/<kind>-pid<pid>.txt``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import attrs
@@ -28,6 +33,8 @@ if TYPE_CHECKING:
     import torch
 
 COUNT_SYNCS_ENV = "HPCRL_COUNT_HOST_SYNCS"
+PROFILE_DIR_ENV = "HPCRL_PROFILE_PASSES"
+PROFILE_INDEX_ENV = "HPCRL_PROFILE_PASS_INDEX"
 
 
 @attrs.define
@@ -43,7 +50,7 @@ class PassStats:
     optimizer_s: float = 0.0  # train passes only
     host_syncs: int | None = None  # None: not counted
 
-    def add_micro_batch(self, micro: dict[str, torch.Tensor]) -> None:
+    def add_micro_batch(self, micro: Mapping[str, torch.Tensor]) -> None:
         """A micro-batch as the forward gets it (on the device, padded to its bucket)."""
         ids = micro.get("packed_input_ids", micro["input_ids"])
         self.micro_batches += 1
@@ -71,17 +78,29 @@ class PassRecorder:
     def __init__(self, device: torch.device) -> None:
         self.count_syncs = device.type == "cuda" and os.environ.get(COUNT_SYNCS_ENV) == "1"
         self._stats: dict[str, PassStats] = {}
+        self.profile_dir = os.environ.get(PROFILE_DIR_ENV) or None
+        self.profile_index = int(os.environ.get(PROFILE_INDEX_ENV) or 4)
+        self._lifetime_passes: dict[str, int] = {}
 
     @contextlib.contextmanager
     def measure(self, kind: str, real_tokens: int) -> Iterator[PassStats]:
         """Time one pass (the body must end with the device done, e.g. a read-back)."""
         stats = self._stats.setdefault(kind, PassStats())
+        self._lifetime_passes[kind] = self._lifetime_passes.get(kind, 0) + 1
         started = time.perf_counter()
-        with self._counting_syncs(stats):
+        with self._profiling(kind), self._counting_syncs(stats):
             yield stats
         stats.seconds += time.perf_counter() - started
         stats.passes += 1
         stats.real_tokens += real_tokens
+
+    def _profiling(self, kind: str) -> contextlib.AbstractContextManager[None]:
+        if self.profile_dir is None or self._lifetime_passes[kind] != self.profile_index:
+            return contextlib.nullcontext()
+        from hpcrl.core.profiling import profiled
+
+        path = os.path.join(self.profile_dir, f"{kind}-pid{os.getpid()}.txt")
+        return profiled(path, f"{kind} pass #{self.profile_index} (pid {os.getpid()})")
 
     @contextlib.contextmanager
     def _counting_syncs(self, stats: PassStats) -> Iterator[None]:

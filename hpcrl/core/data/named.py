@@ -19,7 +19,7 @@ A tokenizer without a chat template gets the plain text of the messages.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ def load_named_rows(recipe: Recipe, tokenizer: Any, which: str) -> list[dict] | 
         messages = _messages(section, _split_of(section, which), seed, carve_part=carve)
     if messages is None:
         return None
+    if section is not None and section.repeat is not None:
+        messages = messages * section.repeat
     cfg = section or train
     return [_process(recipe, tokenizer, cfg, m) for m in messages]
 
@@ -154,7 +156,7 @@ def to_messages(fields: str, row: dict, section: DatasetCfg) -> list[dict]:
 
 def _problem_and_target(fields: str, row: dict, section: DatasetCfg) -> tuple[str, str]:
     if fields == "openmath_answer":
-        return row["problem"], str(row["expected_answer"])
+        return row["problem"], str(row[section.output_key or "expected_answer"])
     if fields == "openmath_solution":
         return row["problem"], str(row[section.output_key or "generated_solution"])
     if fields == "dapo":
@@ -173,10 +175,19 @@ def _read(path: str | None) -> str | None:
     return Path(path).read_text(encoding="utf-8") if path else None
 
 
-def _render(tokenizer: Any, messages: Sequence[dict], generation_prompt: bool) -> str:
+def _render(
+    tokenizer: Any,
+    messages: Sequence[dict],
+    generation_prompt: bool,
+    template_kwargs: Mapping[str, Any],
+) -> str:
+    """``template_kwargs``: ``policy.tokenizer.chat_template_kwargs``."""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=generation_prompt
+            list(messages),
+            tokenize=False,
+            add_generation_prompt=generation_prompt,
+            **template_kwargs,
         )
     return "".join(str(m["content"]) for m in messages)
 
@@ -188,10 +199,15 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 def _process(recipe: Recipe, tokenizer: Any, section: DatasetCfg, messages: list[dict]) -> dict:
     if recipe.algorithm == "sft":
         return sft_example(recipe, tokenizer, messages)
-    return math_prompt(tokenizer, section, messages)
+    return math_prompt(tokenizer, section, messages, recipe.policy.tokenizer.chat_template_kwargs)
 
 
-def math_prompt(tokenizer: Any, section: DatasetCfg, messages: list[dict]) -> dict:
+def math_prompt(
+    tokenizer: Any,
+    section: DatasetCfg,
+    messages: list[dict],
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> dict:
     """GRPO row: the templated problem as one user turn (+ a system turn for
     math_data_processor), its tokens and the ground truth."""
     problem, answer = str(messages[0]["content"]), str(messages[-1]["content"])
@@ -200,8 +216,10 @@ def math_prompt(tokenizer: Any, section: DatasetCfg, messages: list[dict]) -> di
     ids: list[int] = []
     system = _read(section.system_prompt_file)
     if system and section.processor == "math_data_processor":
-        ids += _ids(tokenizer, _render(tokenizer, [{"role": "system", "content": system}], False))
-    ids += _ids(tokenizer, _render(tokenizer, [{"role": "user", "content": text}], True))
+        system_turn = [{"role": "system", "content": system}]
+        ids += _ids(tokenizer, _render(tokenizer, system_turn, False, template_kwargs or {}))
+    user_turn = [{"role": "user", "content": text}]
+    ids += _ids(tokenizer, _render(tokenizer, user_turn, True, template_kwargs or {}))
     return {"prompt": text, "answer": answer, "prompt_ids": ids}
 
 
@@ -213,7 +231,12 @@ def sft_example(recipe: Recipe, tokenizer: Any, messages: list[dict]) -> dict:
     rendered = ""
     for index, message in enumerate(messages):
         last = index == len(messages) - 1
-        text = _render(tokenizer, messages[: index + 1], data.add_generation_prompt and last)
+        text = _render(
+            tokenizer,
+            messages[: index + 1],
+            data.add_generation_prompt and last,
+            recipe.policy.tokenizer.chat_template_kwargs,
+        )
         piece = (
             _ids(tokenizer, text[len(rendered) :])
             if text.startswith(rendered)

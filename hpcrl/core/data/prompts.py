@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcrl.config.recipe import TokenizerCfg
@@ -18,12 +18,21 @@ def load_tokenizer(model_path: str, cfg: TokenizerCfg) -> Any:
     return tokenizer
 
 
-def encode_prompt(tokenizer: Any, text: str, use_chat_template: bool) -> list[int]:
-    """Prompt token ids; as a single user turn when the tokenizer has a chat template."""
+def encode_prompt(
+    tokenizer: Any,
+    text: str,
+    use_chat_template: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
+    """Prompt token ids; as a single user turn when the tokenizer has a chat template (with
+    ``policy.tokenizer.chat_template_kwargs``: ``template_kwargs``)."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):
         return list(
             tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True
+                [{"role": "user", "content": text}],
+                tokenize=True,
+                add_generation_prompt=True,
+                **(template_kwargs or {}),
             )
         )
     return list(tokenizer(text)["input_ids"])
@@ -63,11 +72,16 @@ def prompt_key(ids: Sequence[int], pad_token_id: int | None) -> tuple[int, ...]:
 
 
 def encode_sft_example(
-    tokenizer: Any, prompt: str, response: str, max_len: int, use_chat_template: bool
+    tokenizer: Any,
+    prompt: str,
+    response: str,
+    max_len: int,
+    use_chat_template: bool,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], list[float]]:
     """(input_ids, token_mask): prompt then response then EOS; the mask covers the response
     and EOS only. Truncated on the right to ``max_len``."""
-    prompt_ids = encode_prompt(tokenizer, prompt, use_chat_template)
+    prompt_ids = encode_prompt(tokenizer, prompt, use_chat_template, template_kwargs)
     response_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"])
     if tokenizer.eos_token_id is not None:
         response_ids.append(tokenizer.eos_token_id)

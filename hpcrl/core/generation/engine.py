@@ -1,7 +1,7 @@
 """The one generation seam: what a worker's engine does, and the spec every engine is built from.
 
 A training worker (``hpcrl.core.workers.actor.TrainingWorker``) holds at most one colocated
-engine; separate vLLM workers (``hpcrl.core.generation.vllm_workers``) hold one each. Both
+engine; separate vLLM workers (``hpcrl.core.workers.vllm_workers``) hold one each. Both
 kinds of engine, hpcrl's ``TorchEngine`` and ``VllmEngine``, take the same calls:
 
 - ``generate(prompt_ids, cfg, seed)`` → ``GenerationOutput``'s fields for one shard;
@@ -64,6 +64,8 @@ class EngineSpec:
     seed: int
     max_model_len: int | None
     vllm_cfg: Any = None  # VllmCfg (vLLM only)
+    vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)  # policy.generation.vllm_kwargs
+    hf_config_overrides: dict[str, Any] = attrs.field(factory=dict)  # policy.hf_config_overrides
 
     @property
     def needs_optimizer_memory(self) -> bool:
@@ -88,19 +90,21 @@ class EngineSpec:
                 device=self.device,
                 seed=self.seed,
                 max_model_len=self.max_model_len,
+                extra_kwargs=self.vllm_kwargs,
+                hf_overrides=self.hf_config_overrides,
             )
         return self._build_torch()
 
     def _build_torch(self) -> GenerationEngine:
         import torch
-        from transformers import AutoConfig
 
         from hpcrl.core.generation.torch_engine import TorchEngine
+        from hpcrl.core.models.hf_config import load_hf_config
 
         assert self.precision in _TORCH_DTYPES, self.precision
         dtype = getattr(torch, self.precision) if self.device == "cuda" else torch.float32
         return TorchEngine(
-            AutoConfig.from_pretrained(self.model_path),
+            load_hf_config(self.model_path, self.hf_config_overrides),
             device=self.device,
             dtype=dtype,
             max_model_len=self.max_model_len,
@@ -122,6 +126,8 @@ def engine_spec(recipe: Recipe, model_path: str, device: str) -> EngineSpec:
         seed=algorithm.seed if algorithm is not None else 0,
         max_model_len=recipe.policy.max_total_sequence_length,
         vllm_cfg=vllm_cfg,
+        vllm_kwargs=dict(generation.vllm_kwargs) if vllm_cfg is not None else {},
+        hf_config_overrides=dict(recipe.policy.hf_config_overrides),
     )
 
 

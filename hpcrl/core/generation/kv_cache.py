@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from hpcrl.core.generation.decoder import Decoder
 
-DecodeAttention = Literal["bmm", "sdpa"]
+DecodeAttention = Literal["bmm", "sdpa", "triton"]
 
 # Masked attention scores: finite, so rows with nothing visible stay NaN-free.
 _MASKED_SCORE = -3.0e38
@@ -125,6 +125,10 @@ class DecodeState:
         cos = decoder.cos.index_select(0, positions)[:, None]
         sin = decoder.sin.index_select(0, positions)[:, None]
         valid = self.valid[:b]
+        if self.attention == "triton":
+            normed = decoder.forward_rows(hidden, cos, sin, self._triton_attend(b, width))
+            decoder.logits_into(normed, self.logits[:b])
+            return
         valid.index_fill_(1, self.column, True)
         visible = valid[:, :width].view(b, 1, 1, width)
         sdpa = self.attention == "sdpa"
@@ -142,6 +146,23 @@ class DecodeState:
 
         normed = decoder.forward_rows(hidden, cos, sin, attend)
         decoder.logits_into(normed, self.logits[:b])
+
+    def _triton_attend(
+        self, rows: int, width: int
+    ) -> Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The decode step's attention as one Triton kernel per layer (cache write, visible
+        column and attention together: ``triton_attention``)."""
+        from hpcrl.core.generation.triton_attention import decode_attention_triton
+
+        valid = self.valid[:rows]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            keys, values = self.cache[layer, 0, :rows], self.cache[layer, 1, :rows]
+            return decode_attention_triton(
+                q, k, v, keys, values, valid, self.column, width, self.scale
+            )
+
+        return attend
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, prompts: Sequence[Sequence[int]], end_column: int, tokens_per_chunk: int):

@@ -55,7 +55,9 @@ class EngineOptions:
     # Decode attention reads the cache up to the next multiple of this: finer buckets read
     # fewer unused columns, at one more CUDA graph per bucket (captured once, when first met).
     column_bucket: int = 32
-    decode_attention: DecodeAttention = "bmm"  # "sdpa": scaled_dot_product_attention
+    # "bmm": two batched matmuls and the softmax; "sdpa": scaled_dot_product_attention;
+    # "triton": the cache write and the attention in two Triton kernels (triton_attention)
+    decode_attention: DecodeAttention = "bmm"
 
 
 @attrs.define
@@ -175,7 +177,7 @@ class TorchEngine:
         ``stop_token_ids`` None: the config's EOS ids plus ``cfg.stop_token_ids``."""
         import torch
 
-        from hpcrl.core.generation.torch_sampler import assemble_right_padded, pad_prompts
+        from hpcrl.core.generation.padding import assemble_right_padded, pad_prompts
 
         if self.weights_version < 0:
             raise RuntimeError("TorchEngine.generate before update_weights: no weights loaded")

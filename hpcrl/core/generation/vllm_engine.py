@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,8 +36,12 @@ _ROW_SEED_STRIDE = 1_000_003
 SHM_DIR = "/dev/shm"
 
 
-def engine_env(device: str, in_process: bool) -> dict[str, str]:
-    """Environment a vLLM engine needs before it is built (read by vLLM at engine start)."""
+def engine_env(
+    device: str, in_process: bool, env_vars: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Environment a vLLM engine needs before it is built (read by vLLM at engine start):
+    hpcrl's, then the recipe's ``vllm_cfg.env_vars`` (``env_vars``; they win, as in NeMo RL,
+    where they are set on its vLLM workers)."""
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
         "TOKENIZERS_PARALLELISM": "false",
@@ -45,13 +49,24 @@ def engine_env(device: str, in_process: bool) -> dict[str, str]:
     if device == "cpu":
         # Inductor compiles a C++ kernel on the first logprobs request (11-19 s on 2 cores).
         env["TORCH_COMPILE_DISABLE"] = "1"
+    env.update({name: str(value) for name, value in (env_vars or {}).items()})
     return env
 
 
 def engine_kwargs(
-    model_path: str, cfg: VllmCfg, *, device: str, seed: int, max_model_len: int | None
+    model_path: str,
+    cfg: VllmCfg,
+    *,
+    device: str,
+    seed: int,
+    max_model_len: int | None,
+    extra_kwargs: dict[str, Any] | None = None,
+    hf_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``vllm.LLM`` keyword arguments from ``policy.generation.vllm_cfg``."""
+    """``vllm.LLM`` keyword arguments from ``policy.generation.vllm_cfg``, plus
+    ``policy.generation.vllm_kwargs`` (``extra_kwargs``) as NeMo RL passes them (they win
+    where they size the KV cache: ``kv_cache_memory_bytes``), and
+    ``policy.hf_config_overrides`` as vLLM's ``hf_overrides`` (as NeMo RL passes them)."""
     kwargs: dict[str, Any] = {
         "model": model_path,
         "dtype": cfg.precision,
@@ -66,6 +81,10 @@ def engine_kwargs(
         # tokens (engine_generated_tokens), evidence that the engine produced the rollouts.
         "disable_log_stats": False,
     }
+    if cfg.enable_prefix_caching is not None:
+        kwargs["enable_prefix_caching"] = cfg.enable_prefix_caching
+    if hf_overrides:
+        kwargs["hf_overrides"] = dict(hf_overrides)
     if device == "cpu":
         kv_mb = cfg.kv_cache_memory_mb or DEFAULT_CPU_KV_CACHE_MB
         kwargs["kv_cache_memory_bytes"] = kv_mb << 20
@@ -73,7 +92,12 @@ def engine_kwargs(
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
         if cfg.kv_cache_memory_mb is not None:
             kwargs["kv_cache_memory_bytes"] = cfg.kv_cache_memory_mb << 20
-    return kwargs
+    from hpcrl.config.rules import RESERVED_VLLM_KWARGS
+
+    extra = dict(extra_kwargs or {})
+    clash = sorted(set(extra) & set(RESERVED_VLLM_KWARGS))
+    assert not clash, f"the rules refuse vllm_kwargs that hpcrl sets itself: {clash}"
+    return {**kwargs, **extra}
 
 
 def sampling_params(cfg: GenerationCfg, row_seed: int, max_tokens: int | None = None) -> Any:
@@ -115,17 +139,27 @@ class VllmEngine:
         seed: int = 0,
         max_model_len: int | None = None,
         in_process: bool | None = None,
+        extra_kwargs: dict[str, Any] | None = None,
+        hf_overrides: Mapping[str, Any] | None = None,
     ) -> None:
         if in_process is None:
             # Tensor/pipeline parallel engines need worker processes of their own.
             in_process = cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1
-        os.environ.update(engine_env(device, in_process))
+        os.environ.update(engine_env(device, in_process, cfg.env_vars))
         from vllm import LLM
 
         self.in_process = in_process
         self.model_path = model_path
         self.llm = LLM(
-            **engine_kwargs(model_path, cfg, device=device, seed=seed, max_model_len=max_model_len)
+            **engine_kwargs(
+                model_path,
+                cfg,
+                device=device,
+                seed=seed,
+                max_model_len=max_model_len,
+                extra_kwargs=extra_kwargs,
+                hf_overrides=hf_overrides,
+            )
         )
         self.weights_version = 0
 
@@ -137,7 +171,7 @@ class VllmEngine:
         import torch
         from vllm.inputs import TokensPrompt
 
-        from hpcrl.core.generation.torch_sampler import pad_prompts
+        from hpcrl.core.generation.padding import pad_prompts
 
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         # As NeMo RL's vLLM workers: each request at most what its prompt leaves of the context.
@@ -236,7 +270,7 @@ def _assemble(
 ) -> dict[str, torch.Tensor]:
     import torch
 
-    from hpcrl.core.generation.torch_sampler import assemble_right_padded
+    from hpcrl.core.generation.padding import assemble_right_padded
 
     width = max((len(tokens) for tokens, _ in responses), default=0)
     tokens = torch.full((len(responses), width), pad_token_id, dtype=torch.long)

@@ -7,6 +7,7 @@ imports its package when it is built (never on the login node); a package missin
 job's Python is one error naming the key and the extra to install, before training starts.
 """
 
-from hpcrl.core.loggers.sinks import LoggerError, MetricLoggers, build_loggers, log_name
+from hpcrl.core.loggers.logger_errors import LoggerError
+from hpcrl.core.loggers.sinks import MetricLoggers, build_loggers, log_name
 
 __all__ = ["LoggerError", "MetricLoggers", "build_loggers", "log_name"]

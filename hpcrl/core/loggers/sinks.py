@@ -14,17 +14,13 @@ if TYPE_CHECKING:
 GROUPS = (("val_", "validation"), ("time_", "timing"), ("peak_", "memory"), ("gpu", "gpu"))
 
 
-class LoggerError(RuntimeError):
-    """A logger the recipe switches on cannot start (the message names the key and the fix)."""
-
-
 class MetricLogger(Protocol):
     def log(self, step: int, values: Mapping[str, float]) -> None: ...
 
     def close(self) -> None: ...
 
     def where(self) -> dict[str, Any]:
-        """Where it writes (``hpcrl.core.loggers.destinations``)."""
+        """Where it writes (``hpcrl.run.logger_destinations``)."""
         ...
 
 
@@ -108,15 +104,8 @@ def build_loggers(cfg: LoggerCfg, run_dir: Path, run_name: str | None = None) ->
 
 def announce_destinations(run_dir: Path, entries: list[dict[str, Any]]) -> None:
     """One line per logger in the driver's log, and ``loggers.json`` for status and report."""
-    from hpcrl.core.loggers.destinations import describe, write_destinations
+    from hpcrl.run.logger_destinations import describe, write_destinations
 
     for entry in entries:
         print(f"logger: {describe(entry)}", flush=True)
     write_destinations(run_dir, entries)
-
-
-def missing_package(key: str, package: str, error: ImportError) -> LoggerError:
-    return LoggerError(
-        f"logger.{key} is true but {package} cannot be imported in the job's Python ({error}); "
-        f"install it there (pip install 'hpcrl[loggers]' or {package}) or set logger.{key}=false"
-    )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcrl.core.loggers.sinks import missing_package
+from hpcrl.core.loggers.logger_errors import missing_package
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import WandbCfg

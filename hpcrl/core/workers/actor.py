@@ -21,9 +21,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.core.compile_stats import compile_cache_counts
 from hpcrl.core.metrics import HostMemoryTracker
 from hpcrl.core.workers.manual_gc import ManualGc
 from hpcrl.core.workers.micro_batches import materialize
+from hpcrl.core.workers.out_of_memory import cuda_memory_gb, names_gpu_out_of_memory
 
 if TYPE_CHECKING:
     import torch
@@ -67,6 +69,7 @@ class TrainingWorker:
         return os.getpid()
 
     # ------------------------------------------------------------------ lifecycle
+    @names_gpu_out_of_memory("setup")
     def setup(
         self, recipe: Recipe, rank_info: RankInfo, model_path: str, num_threads: int
     ) -> DataParallelPlace:
@@ -116,6 +119,7 @@ class TrainingWorker:
         gc.collect()
 
     # ------------------------------------------------------------------ work
+    @names_gpu_out_of_memory("train")
     def train(
         self,
         shard: Batch,
@@ -133,14 +137,17 @@ class TrainingWorker:
         self._manual_gc.after_optimizer_step(self._optimizer_steps)
         return metrics
 
+    @names_gpu_out_of_memory("logprobs")
     def logprobs(self, shard: Batch, plan: Sequence[MicroBatchSpec]) -> torch.Tensor:
         assert self._backend is not None, "setup first"
         return self._backend.logprobs(shard, plan)
 
+    @names_gpu_out_of_memory("reference_logprobs")
     def reference_logprobs(self, shard: Batch, plan: Sequence[MicroBatchSpec]) -> torch.Tensor:
         assert self._backend is not None, "setup first"
         return self._backend.reference_logprobs(shard, plan)
 
+    @names_gpu_out_of_memory("generate")
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
     ) -> ShardGeneration:
@@ -176,6 +183,7 @@ class TrainingWorker:
             self._engine.weights_version = self._weights_version
         return self._engine
 
+    @names_gpu_out_of_memory("put_hf_weights")
     def put_hf_weights(self) -> Any:
         """For separate generation workers: every rank gathers (a collective); rank 0 puts
         the weights into Ray's object store once and returns the reference, others None."""
@@ -188,12 +196,14 @@ class TrainingWorker:
             return None
         return ray.put(weights)
 
+    @names_gpu_out_of_memory("offload_optimizer")
     def offload_optimizer(self) -> None:
         """Before generation: optimizer state off the GPU, when the engine needs the room."""
         assert self._backend is not None, "setup first"
         if self._engine_needs_optimizer_memory():
             self._backend.offload_optimizer()
 
+    @names_gpu_out_of_memory("onload_optimizer")
     def onload_optimizer(self) -> None:
         assert self._backend is not None, "setup first"
         if self._engine_needs_optimizer_memory():
@@ -203,10 +213,12 @@ class TrainingWorker:
         spec = self._engine_spec
         return spec is None or spec.needs_optimizer_memory
 
+    @names_gpu_out_of_memory("save_checkpoint")
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         assert self._backend is not None, "setup first"
         self._backend.save_checkpoint(checkpoint_dir)
 
+    @names_gpu_out_of_memory("load_checkpoint")
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         assert self._backend is not None, "setup first"
         self._backend.load_checkpoint(checkpoint_dir)
@@ -217,14 +229,29 @@ class TrainingWorker:
         assert self._backend is not None, "setup first"
         self._backend.export_hf(out_dir)
 
+    def gpu_memory_gb(self) -> tuple[float | None, float | None]:
+        """(peak, capacity) in GiB for an out-of-memory report: the peak the backend reports
+        (``collect_state``'s ``peak_memory_gb``) where it can, else CUDA's own."""
+        peak, capacity = cuda_memory_gb()
+        try:
+            reported = (
+                self._backend.collect_state().get("peak_memory_gb") if self._backend else None
+            )
+        except Exception:  # a backend whose setup ran out of memory may be half built
+            reported = None
+        if isinstance(reported, int | float) and reported > 0:
+            peak = max(float(reported), peak or 0.0)
+        return peak, capacity
+
     def collect_state(self) -> dict[str, Any]:
         """The backend's state, plus this rank's optimizer steps, its peak host memory (the
         driver sums the ranks' peaks: Ray workers are not the driver's child processes) and
         its pass figures since the last call (``pass_metrics``; the driver calls once per
-        step)."""
+        step), and how torch.compile's caches answered so far (``compile_stats``)."""
         assert self._backend is not None, "setup first"
         return {
             **self._backend.collect_state(),
+            **compile_cache_counts(),
             "worker_optimizer_steps": self._optimizer_steps,
             "peak_host_rss_gb": self._host_memory.sample(),
             "pass_metrics": dict(self._backend.take_pass_metrics()),

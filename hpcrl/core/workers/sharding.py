@@ -96,14 +96,14 @@ def concat_right_padded(
 
 
 def pad_sequence_dim(batch: Batch, multiple: int) -> dict[str, torch.Tensor]:
-    """Every ``[B, T, ...]`` tensor padded with zeros along dim 1 to the next multiple of
-    ``multiple`` above ``T`` (always at least one padding column). Zero is an attention mask
-    of 0 and a token mask of 0, so the padding never counts; 1-D tensors pass unchanged, and so
-    do a pack's ``packed_*`` tensors."""
+    """Every ``[B, T, ...]`` tensor padded with zeros along dim 1 to the smallest multiple of
+    ``multiple`` at or above ``T``. Zero is an attention mask of 0 and a token mask of 0, so
+    the padding never counts; 1-D tensors pass unchanged, and so do a pack's ``packed_*``
+    tensors."""
     import torch.nn.functional as F
 
     length = int(batch["input_ids"].shape[1])
-    padded_length = (length // multiple + 1) * multiple
+    padded_length = -(-length // multiple) * multiple
     out = {}
     for key, value in batch.items():
         # A pack's [1, L] tensors have their own length (``pad_pack``).
@@ -112,6 +112,17 @@ def pad_sequence_dim(batch: Batch, multiple: int) -> dict[str, torch.Tensor]:
             value = F.pad(value, widths)
         out[key] = value
     return out
+
+
+def is_right_padded(attention_mask: torch.Tensor) -> bool:
+    """True when every row's ones come first and its zeros after (the batch contract's
+    layout, ``hpcrl.core.policy``). Then causal attention alone gives every real token the
+    same context as the mask would: padding only ever comes after it."""
+    import torch
+
+    lengths = attention_mask.sum(dim=1, keepdim=True)
+    columns = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    return bool(torch.equal(attention_mask.bool(), columns[None, :] < lengths))
 
 
 def pad_pack(micro: Batch, multiple: int, pad_token_id: int = 0) -> dict[str, torch.Tensor]:

@@ -8,6 +8,7 @@ Layout of one checkpoint folder (shared by all ranks):
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from typing import Any
@@ -119,8 +120,10 @@ def export_hf(
     )
     if dist.get_rank() == 0:
         weights = {key.removeprefix(prefix): value for key, value in full.items()}
+        config = copy.deepcopy(hf_config)
+        config.use_cache = True  # training switched it off; whoever generates wants it
         with torch.device("meta"):
-            hf_model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+            hf_model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         hf_model.load_state_dict(weights, assign=True, strict=True)
         hf_model.tie_weights()
         hf_model.save_pretrained(out_dir)

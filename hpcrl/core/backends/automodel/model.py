@@ -9,6 +9,7 @@ recomputed in backward), so the full-vocab fp32 logits of the batch never exist 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -137,12 +138,20 @@ def hf_named_tensors(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, 
     return pairs
 
 
-def load_hf_model(model_path: str, device: str) -> nn.Module:
-    """fp32 weights from a local HF folder (GPU runs compute in bf16 through FSDP's policy)."""
+def load_hf_model(
+    model_path: str, device: str, hf_config_overrides: Mapping[str, Any] | None = None
+) -> nn.Module:
+    """fp32 weights from a local HF folder (GPU runs compute in bf16 through FSDP's policy),
+    the model built from its config with ``policy.hf_config_overrides`` applied."""
     from transformers import AutoModelForCausalLM
 
+    from hpcrl.core.models.hf_config import load_hf_config
+
     model = AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=torch.float32, attn_implementation="sdpa"
+        model_path,
+        config=load_hf_config(model_path, hf_config_overrides or {}),
+        dtype=torch.float32,
+        attn_implementation="sdpa",
     )
     model.config.use_cache = False
     if device == "cuda":

@@ -137,6 +137,33 @@ def apply_compile(hf_model: Any, backend: Any = "inductor") -> None:
         layer.compile(fullgraph=False, dynamic=True, backend=backend)
 
 
+@attrs.frozen(kw_only=True)
+class ParallelizeSteps:
+    """Which ``apply_*`` steps a model gets, in the order they run; param_dtype: the
+    compute dtype's name (FSDP's mixed precision, or autocast without FSDP), None: fp32."""
+
+    tp: bool
+    activation_checkpointing: bool
+    compile: bool
+    fsdp: bool
+    cpu_offload: bool
+    param_dtype: str | None
+
+
+def parallelize_steps(
+    cfg: Any, precision: str, shape: MeshShape, *, on_gpu: bool, compiles: bool, training: bool
+) -> ParallelizeSteps:
+    """The steps for ``policy.automodel_cfg`` (``cfg``) and ``policy.precision`` on a mesh."""
+    return ParallelizeSteps(
+        tp=shape.tp > 1,
+        activation_checkpointing=training and cfg.activation_checkpointing,
+        compile=compiles,
+        fsdp=needs_fsdp(shape, cfg.cpu_offload),
+        cpu_offload=cfg.cpu_offload,
+        param_dtype=precision if on_gpu else None,
+    )
+
+
 def needs_fsdp(shape: MeshShape, cpu_offload: bool) -> bool:
     """FSDP only pays when there is something to shard or offload (as in torchtitan).
 

@@ -3,13 +3,20 @@
 Implements ``hpcrl.core.backends.base.BackendWorker``; the process group exists before
 ``setup`` (the actor creates it).
 
+Right-padded micro-batches (the batch contract's layout) run without an attention mask:
+under causal attention a real token never sees the padding after it, so the mask changes no
+real token's log-prob, and without it SDPA runs its causal flash kernel instead of a masked
+kernel over the full S×S scores (with the mask: 0.78x the plain loop's train step on one
+H200, docs/performance.md). A micro-batch that is not right-padded keeps its mask.
+
 Compiled decoder blocks (GPU, ``automodel_cfg.torch_compile``) see the variable lengths of
 GRPO batches. So that nothing recompiles after the first step: blocks are compiled with
-dynamic batch and sequence sizes; every micro-batch's sequence dim is padded to a multiple of
-``SEQUENCE_BUCKET`` with at least one padding column (a batch without padding would make
-Hugging Face drop the attention mask: a second graph); log-prob micro-batches keep one row
-count (a single row would be specialised); log-prob passes always run in eval mode and
-train passes in train mode (the mode is part of what a compiled graph assumes).
+dynamic batch and sequence sizes; every micro-batch's sequence dim is padded up to a
+multiple of ``SEQUENCE_BUCKET``; no mask is passed for right-padded micro-batches, padded or
+not (with a mask, a batch without padding would make Hugging Face drop it: a second graph);
+log-prob micro-batches keep one row count (a single row would be specialised); log-prob
+passes always run in eval mode and train passes in train mode (the mode is part of what a
+compiled graph assumes).
 
 Dynamic batching and sequence packing (``hpcrl.core.workers.micro_batches``) choose their own
 widths; they go through the same buckets: a dynamic micro-batch's width is padded like any
@@ -44,7 +51,7 @@ from hpcrl.core.backends.automodel.parallelize import (
     apply_tp,
     build_mesh,
     data_parallel_mesh,
-    needs_fsdp,
+    parallelize_steps,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.pass_stats import PassRecorder, PassStats
@@ -57,7 +64,7 @@ from hpcrl.core.workers.micro_batches import (
     scatter_rows,
     unpack_logprobs,
 )
-from hpcrl.core.workers.sharding import pad_pack, pad_rows, pad_sequence_dim
+from hpcrl.core.workers.sharding import is_right_padded, pad_pack, pad_rows, pad_sequence_dim
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
@@ -68,13 +75,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SEQUENCE_BUCKET = 64
 
 
-def _check_supported(recipe: Recipe, device: str) -> None:
+def _check_supported(recipe: Recipe) -> None:
+    """What this backend does not implement. What the planned device cannot run
+    (``cpu_offload`` on CPU) the job's preflight refused already (hpcrl.core.machine_checks)."""
     cfg = recipe.policy.automodel_cfg
-    if cfg.cpu_offload and device != "cuda":
-        raise ValueError(
-            "policy.automodel_cfg.cpu_offload: true needs GPU workers (it keeps parameters in "
-            "host memory between GPU steps); set it to false on CPU profiles"
-        )
     if cfg.context_parallel_size != 1:
         raise ValueError(
             "policy.automodel_cfg.context_parallel_size: the automodel backend has no context "
@@ -98,13 +102,18 @@ def _seed_everything(recipe: Recipe, rank: int) -> None:
 
 
 def forward_logprobs(
-    model: TokenLogprobModel, micro: Batch, distribution: TokenDistribution | None = None
+    model: TokenLogprobModel,
+    micro: Batch,
+    distribution: TokenDistribution | None = None,
+    *,
+    causal_only: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(processed, unfiltered) token log-probs [rows, width] of one micro-batch; a pack runs
     as one row whose positions restart per sequence, then is unpacked to the rows the loss
-    expects."""
+    expects. ``causal_only``: no attention mask (right-padded rows, module docstring)."""
     if "packed_input_ids" not in micro:
-        return model(micro["input_ids"], micro["attention_mask"], distribution=distribution)
+        mask = None if causal_only else micro["attention_mask"]
+        return model(micro["input_ids"], mask, distribution=distribution)
     processed, unfiltered = model(
         micro["packed_input_ids"],
         None,
@@ -123,7 +132,7 @@ class AutomodelWorker:
     compile_on_cpu: bool = False
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
-        _check_supported(recipe, rank_info.device)
+        _check_supported(recipe)
         _seed_everything(recipe, rank_info.rank)
         self.recipe = recipe
         self.rank_info = rank_info
@@ -158,25 +167,32 @@ class AutomodelWorker:
 
     def _build_sharded(self, model_path: str, *, training: bool) -> TokenLogprobModel:
         """Load, then parallelize in torchtitan's order: TP → AC → compile → FSDP."""
-        cfg = self.recipe.policy.automodel_cfg
-        hf_model = load_hf_model(model_path, self.rank_info.device)
-        if self.shape.tp > 1:
+        steps = parallelize_steps(
+            self.recipe.policy.automodel_cfg,
+            self.recipe.policy.precision,
+            self.shape,
+            on_gpu=self.device.type == "cuda",
+            compiles=self.compiles,
+            training=training,
+        )
+        hf_model = load_hf_model(
+            model_path, self.rank_info.device, self.recipe.policy.hf_config_overrides
+        )
+        if steps.tp:
             apply_tp(hf_model, self.mesh["tp"])
-        if training and cfg.activation_checkpointing:
+        if steps.activation_checkpointing:
             apply_activation_checkpointing(hf_model)
-        if self.compiles:
+        if steps.compile:
             apply_compile(hf_model, backend=self.compile_backend)
         root = TokenLogprobModel(hf_model)
-        param_dtype = None
-        if self.device.type == "cuda":
-            param_dtype = DTYPES[self.recipe.policy.precision]
-        if needs_fsdp(self.shape, cfg.cpu_offload):
+        param_dtype = DTYPES[steps.param_dtype] if steps.param_dtype is not None else None
+        if steps.fsdp:
             apply_fsdp(
                 root,
                 hf_model,
                 data_parallel_mesh(self.mesh, self.shape),
                 param_dtype=param_dtype,
-                cpu_offload=cfg.cpu_offload,
+                cpu_offload=steps.cpu_offload,
             )
         else:
             apply_autocast(root, param_dtype)
@@ -190,6 +206,11 @@ class AutomodelWorker:
         return on_device and self.recipe.policy.automodel_cfg.torch_compile
 
     # ------------------------------------------------------------------ training
+    @staticmethod
+    def _causal_only(micro: Batch) -> bool:
+        """No attention mask needed (host-side check of the CPU micro-batch)."""
+        return "packed_input_ids" not in micro and is_right_padded(micro["attention_mask"])
+
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
         """On the device; compiled passes get their sequence dim bucketed (module docstring)."""
         if self.compiles:
@@ -232,9 +253,12 @@ class AutomodelWorker:
         tensors, or floats where the loss function gives floats)."""
         totals: dict[str, Any] = {"loss": 0.0}
         for micro in micro_batches:
+            causal_only = self._causal_only(micro)
             micro = self._to_device(micro)
             stats.add_micro_batch(micro)
-            logprobs, unfiltered = forward_logprobs(self.model, micro, self.distribution)
+            logprobs, unfiltered = forward_logprobs(
+                self.model, micro, self.distribution, causal_only=causal_only
+            )
             if self.distribution.filters:
                 micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
             loss, metrics = loss_fn(logprobs, micro, num_global_tokens)
@@ -277,9 +301,10 @@ class AutomodelWorker:
             for spec, micro in zip(specs, micro_batches, strict=True):
                 if self.compiles and "packed_input_ids" not in micro:
                     micro, _ = pad_rows(micro, max(micro_size, 2))
+                causal_only = self._causal_only(micro)
                 micro = self._to_device(micro)
                 stats.add_micro_batch(micro)
-                processed, _ = forward_logprobs(model, micro, distribution)
+                processed, _ = forward_logprobs(model, micro, distribution, causal_only=causal_only)
                 pieces.append(processed[: len(spec.rows)])
             return scatter_rows(pieces, specs, *batch["input_ids"].shape).cpu()
 

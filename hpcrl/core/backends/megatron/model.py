@@ -111,21 +111,26 @@ def build_scheduler(optimizer: Any, cfg: MegatronCfg, total_steps: int) -> Any:
     """LR/WD schedule stepped once per optimizer step (``megatron_cfg.scheduler``)."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    return OptimizerParamScheduler(optimizer, **scheduler_settings(cfg, total_steps))
+
+
+def scheduler_settings(cfg: MegatronCfg, total_steps: int) -> dict[str, Any]:
+    """``OptimizerParamScheduler``'s arguments from ``megatron_cfg.scheduler`` and the LR
+    bounds of ``megatron_cfg.optimizer``; decay over the run unless lr_decay_iters says."""
     sched = cfg.scheduler
     decay_steps = sched.lr_decay_iters or max(total_steps, sched.lr_warmup_iters + 1)
-    return OptimizerParamScheduler(
-        optimizer,
-        init_lr=sched.lr_warmup_init,
-        max_lr=cfg.optimizer.lr,
-        min_lr=cfg.optimizer.min_lr,
-        lr_warmup_steps=sched.lr_warmup_iters,
-        lr_decay_steps=decay_steps,
-        lr_decay_style=sched.lr_decay_style,
-        start_wd=sched.start_weight_decay,
-        end_wd=sched.end_weight_decay,
-        wd_incr_steps=decay_steps,
-        wd_incr_style=sched.weight_decay_incr_style,
-    )
+    return {
+        "init_lr": sched.lr_warmup_init,
+        "max_lr": cfg.optimizer.lr,
+        "min_lr": cfg.optimizer.min_lr,
+        "lr_warmup_steps": sched.lr_warmup_iters,
+        "lr_decay_steps": decay_steps,
+        "lr_decay_style": sched.lr_decay_style,
+        "start_wd": sched.start_weight_decay,
+        "end_wd": sched.end_weight_decay,
+        "wd_incr_steps": decay_steps,
+        "wd_incr_style": sched.weight_decay_incr_style,
+    }
 
 
 def connect_grad_sync(model_chunks: list, optimizer: Any) -> None:

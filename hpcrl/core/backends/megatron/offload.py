@@ -1,5 +1,6 @@
 """Offload and CUDA-graph settings that megatron-core implements only with Transformer Engine
-or CUDA: checked at worker setup, before anything is built.
+or CUDA: checked once per node by the job's preflight (``hpcrl.core.machine_checks``), before
+Ray starts and anything is built.
 
 The settings themselves pass straight through (``provider.apply_megatron_cfg`` → the
 TransformerConfig fields, ``model.optimizer_config`` → the OptimizerConfig fields,
@@ -18,18 +19,8 @@ if TYPE_CHECKING:
 PREFIX = "policy.megatron_cfg"
 
 
-class UnsupportedOnThisMachine(RuntimeError):
-    """A setting that needs Transformer Engine or a GPU, on a machine without it."""
-
-
 def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def requirement_problems(cfg: MegatronCfg, te_available: bool, cuda_available: bool) -> list[str]:
@@ -70,10 +61,3 @@ def precision_aware_optimizer_on(cfg: MegatronCfg, te_available: bool) -> bool:
     """
     requested = cfg.optimizer.use_precision_aware_optimizer
     return requested and (te_available or cfg.optimizer.optimizer_cpu_offload)
-
-
-def check_transformer_engine_settings(cfg: MegatronCfg) -> None:
-    """Raise one error listing every setting this machine cannot run."""
-    problems = requirement_problems(cfg, te_available(), _cuda_available())
-    if problems:
-        raise UnsupportedOnThisMachine("\n".join(problems))

@@ -34,6 +34,7 @@ TE_ONLY_PROVIDER_FLAGS = (
     "bias_dropout_fusion",
     "cross_entropy_loss_fusion",
     "moe_permute_fusion",
+    "moe_grouped_gemm",
 )
 #: MoE settings passed to the provider when the recipe sets them (NeMo RL's names).
 MOE_PROVIDER_FIELDS = (
@@ -44,6 +45,8 @@ MOE_PROVIDER_FIELDS = (
     "moe_permute_fusion",
     "moe_shared_expert_overlap",
     "moe_per_layer_logging",
+    "moe_grouped_gemm",
+    "moe_router_enable_expert_bias",
 )
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

@@ -141,16 +141,18 @@ def run_train_microbatches(
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     scale = len(micro_batches) * ps.get_data_parallel_world_size()
-    totals: dict[str, float] = {}
+    # Device tensors (or floats) summed over micro-batches: one read-back per step, in
+    # ``_sum_over_reporters``, not one host wait per micro-batch.
+    totals: dict[str, Any] = {}
 
     def loss_func(micro_batch, output_tensor):
         logprobs, unfiltered = micro_batch_logprobs(output_tensor, micro_batch, distribution)
         if distribution.filters:
             micro_batch[UNFILTERED_LOGPROBS_KEY] = unfiltered
         loss, metrics = loss_fn(logprobs, micro_batch, num_global_tokens)
-        accumulate(totals, "loss", float(loss.detach()))
+        accumulate(totals, "loss", loss.detach())
         for name, value in metrics.items():
-            accumulate(totals, name, float(value))
+            accumulate(totals, name, value.detach() if isinstance(value, torch.Tensor) else value)
         return loss * scale, {}
 
     def forward_step(data_iterator, model):
@@ -173,9 +175,9 @@ def run_train_microbatches(
     return _sum_over_reporters(totals)
 
 
-def _sum_over_reporters(totals: dict[str, float]) -> dict[str, float]:
-    """Sum each value (extrema: min/max, hpcrl.core.metric_reduction) over the DP
-    reporters; every rank gets the result."""
+def _sum_over_reporters(totals: dict[str, Any]) -> dict[str, float]:
+    """Sum each value (float or 0-dim device tensor; extrema: min/max,
+    hpcrl.core.metric_reduction) over the DP reporters; every rank gets the result."""
     import torch.distributed as dist
 
     _, reporter = _result_rank_flags()
@@ -193,8 +195,8 @@ def compute_logprobs(
     micro_batches: Sequence[Batch],
     distribution: TokenDistribution | None = None,
 ) -> list[torch.Tensor] | None:
-    """Token log-probs of each micro-batch ([rows, width], CPU, float32) on the reporting
-    rank, else None."""
+    """Token log-probs of each micro-batch ([rows, width], float32, on the device: the caller
+    reads them back once) on the reporting rank, else None."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     distribution = distribution or TokenDistribution()
@@ -206,7 +208,7 @@ def compute_logprobs(
 
         def loss_func(output_tensor):
             logprobs, _ = micro_batch_logprobs(output_tensor, micro_batch, distribution)
-            collected.append(logprobs.detach().float().cpu())
+            collected.append(logprobs.detach().float())
             return torch.zeros((), device=output_tensor.device), {}
 
         return output, loss_func

@@ -22,6 +22,7 @@ import torch
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.megatron import hf_import, offload, step
 from hpcrl.core.backends.megatron import model as mcore_model
+from hpcrl.core.backends.pass_stats import PassRecorder
 from hpcrl.core.token_distribution import (
     LogitTransform,
     TokenDistribution,
@@ -74,7 +75,6 @@ class MegatronWorker:
         self.distribution = training_distribution(recipe)
         cfg = self.cfg = recipe.policy.megatron_cfg
         os.environ.update(cfg.env_vars)
-        offload.check_transformer_engine_settings(cfg)
         refuse_logit_processing(model_path)
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
         conversion_dir = self._ensure_conversion()
@@ -86,6 +86,7 @@ class MegatronWorker:
         mcore_model.connect_grad_sync(self.model_chunks, self.optimizer)
         self.scheduler = mcore_model.build_scheduler(self.optimizer, cfg, total_train_steps(recipe))
         self._reference_weights = self._snapshot_weights()
+        self.passes = PassRecorder(torch.device("cuda" if rank_info.device == "cuda" else "cpu"))
         self.steps_done = 0
         self.manual_gc = manual_gc_for(cfg)
         self.manual_gc.after_setup()
@@ -166,59 +167,95 @@ class MegatronWorker:
         return [p for chunk in self.model_chunks for p in chunk.parameters()]
 
     def _snapshot_weights(self) -> list[torch.Tensor]:
-        return [p.detach().to("cpu", copy=True) for p in self._parameters()]
+        """A copy of the weights for the reference log-probs: on the GPU beside the model
+        (one bf16 copy: a swap costs milliseconds), or in pinned host memory where the
+        recipe moves optimizer state off the GPU to save its memory."""
+        on_host = self.rank_info.device == "cpu" or self.cfg.optimizer.optimizer_cpu_offload
+        pin = on_host and self.rank_info.device == "cuda"
+        copies = []
+        for param in self._parameters():
+            if on_host:
+                copy = torch.empty(param.shape, dtype=param.dtype, pin_memory=pin)
+                copy.copy_(param.detach())
+            else:
+                copy = param.detach().clone()
+            copies.append(copy)
+        return copies
 
     @torch.no_grad()
-    def _load_weights(self, weights: Sequence[torch.Tensor]) -> None:
-        for param, value in zip(self._parameters(), weights, strict=True):
-            param.copy_(value)
+    def _swap_with_reference(self) -> None:
+        """Exchange the live weights and the reference copy, tensor by tensor (one
+        parameter's worth of scratch memory): called twice, everything is back in place,
+        bit for bit."""
+        for param, stored in zip(self._parameters(), self._reference_weights, strict=True):
+            scratch = param.detach().clone()
+            param.copy_(stored, non_blocking=True)
+            stored.copy_(scratch, non_blocking=True)
 
     # ------------------------------------------------------------------ training
     def train_step(
         self, micro_batches: Sequence[Batch], loss_fn: LossFn, num_global_tokens: float
     ) -> dict[str, float]:
-        lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.zero_grad()
-        metrics = step.run_train_microbatches(
-            self.model_chunks, micro_batches, loss_fn, num_global_tokens, self.distribution
-        )
-        update_successful, grad_norm, _zeros = self.optimizer.step()
-        assert update_successful, "optimizer step skipped (fp16 loss-scale overflow)"
-        self.scheduler.step(increment=1)
-        self.steps_done += 1
-        self.manual_gc.after_optimizer_step(self.steps_done)
-        return {**metrics, "grad_norm": float(grad_norm), "lr": float(lr)}
+        real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
+        with self.passes.measure("train", real_tokens) as stats:
+            for micro in micro_batches:
+                stats.add_micro_batch(micro)
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.zero_grad()
+            metrics = step.run_train_microbatches(
+                self.model_chunks, micro_batches, loss_fn, num_global_tokens, self.distribution
+            )
+            update_successful, grad_norm, _zeros = self.optimizer.step()
+            assert update_successful, "optimizer step skipped (fp16 loss-scale overflow)"
+            self.scheduler.step(increment=1)
+            self.steps_done += 1
+            self.manual_gc.after_optimizer_step(self.steps_done)
+            grad_norm = float(grad_norm)
+        return {**metrics, "grad_norm": grad_norm, "lr": float(lr)}
 
     def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
-        return self._logprobs_under(batch, self.distribution, plan)
+        return self._logprobs_under("logprobs", batch, self.distribution, plan)
 
     def _logprobs_under(
         self,
+        kind: str,
         batch: Batch,
         distribution: TokenDistribution,
         plan: Sequence[MicroBatchSpec] | None,
     ) -> torch.Tensor:
         specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
-        pieces = step.compute_logprobs(self.model_chunks, micro_batches, distribution)
-        if pieces is None:  # not the reporting rank: the controller ignores this output
-            return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
-        return scatter_rows(pieces, specs, *batch["input_ids"].shape)
+        with self.passes.measure(kind, int(batch["attention_mask"].sum())) as stats:
+            for micro in micro_batches:
+                stats.add_micro_batch(micro)
+            pieces = step.compute_logprobs(self.model_chunks, micro_batches, distribution)
+            if pieces is None:  # not the reporting rank: the controller ignores this output
+                return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+            # assembled where the pieces are, read back once
+            return scatter_rows(pieces, specs, *batch["input_ids"].shape).cpu()
 
     def reference_logprobs(
         self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None
     ) -> torch.Tensor:
-        current = self._snapshot_weights()
-        self._load_weights(self._reference_weights)
+        self._swap_with_reference()
         try:
             # NeMo RL scores the reference with the temperature but no top-k/top-p.
-            return self._logprobs_under(batch, self.distribution.without_filters(), plan)
+            return self._logprobs_under(
+                "reference", batch, self.distribution.without_filters(), plan
+            )
         finally:
-            self._load_weights(current)
+            self._swap_with_reference()
 
     # ------------------------------------------------------------------ weights out
     def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """With the whole model on this rank: views of the live parameters on the device (no
+        gather, no host round trip: ``direct_export``); otherwise megatron-bridge's export."""
+        from hpcrl.core.backends.megatron import direct_export
         from hpcrl.core.backends.megatron.generation import export_hf_weights
 
+        if direct_export.applies():
+            direct = direct_export.direct_hf_weights(self.model_chunks, self.provider)
+            if direct is not None:
+                return direct
         return export_hf_weights(self._hf_bridge(), self.model_chunks)
 
     def _hf_bridge(self) -> Any:
@@ -262,7 +299,7 @@ class MegatronWorker:
         save_hf_pretrained(self._hf_bridge(), self.model_chunks, out_dir)
 
     def take_pass_metrics(self) -> Mapping[str, float]:
-        return {}  # not measured on this backend yet
+        return self.passes.take()
 
     def collect_state(self) -> Mapping[str, Any]:
         peak_gb = 0.0

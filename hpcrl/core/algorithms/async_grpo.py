@@ -1,0 +1,181 @@
+"""Async GRPO (``grpo.async_grpo.enabled``): separate vLLM workers sample the next batches
+while the trainer trains on the current one.
+
+With ``max_trajectory_age_steps = A`` the generation workers run A batches ahead: batch s is
+submitted at the start of step s - A with the weights the trainer had then, and trained on at
+step s, when the trainer's weights are A optimizer steps newer. Each engine runs its calls in
+submission order and a refit is queued behind the batches already submitted, so a batch is
+sampled with exactly the weights version it records. The loss corrects the stale samples with
+importance sampling (``loss_fn.use_importance_sampling_correction``, which the config rules
+require with async); a batch older than the bound is never trained on (an internal invariant:
+the look-ahead equals the bound).
+
+Metrics per step add ``trajectory_age_steps``, ``time_generate_wait_s`` (how long the trainer
+waited for its batch: ~0 when generation is fully hidden) and ``time_generate_s`` (the batch's
+wall time from submission to collection, overlapping earlier steps).
+
+Checkpoints save the data position after the batches already submitted: a resumed run skips
+those A batches of prompts rather than sampling them twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from hpcrl.config.recipe import Recipe
+from hpcrl.core.algorithms.grpo import (
+    PromptBatch,
+    Rollouts,
+    add_logprobs,
+    build_train_batch,
+    expand_prompts,
+    finish_train_batch,
+    rollout_metrics,
+    score_rollouts,
+    train_on_batch,
+)
+from hpcrl.core.algorithms.loop import StepTimer, generation_seed
+from hpcrl.core.data.jsonl import EpochSampler
+from hpcrl.core.policy import AsyncGenerationPolicy, Policy
+
+
+@attrs.frozen(kw_only=True)
+class InFlightBatch:
+    """A submitted batch: the rollout rows and the engines' pending work."""
+
+    step: int  # the step that will train on it
+    submitted_at_step: int  # sampled with the weights the trainer had when this step began
+    prompts: PromptBatch
+    pending: Any  # PendingShards
+    submitted_at_s: float
+
+
+class AsyncGrpoStep:
+    """Callable ``step -> metrics record``, like ``hpcrl.core.algorithms.grpo.grpo_step``."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        recipe: Recipe,
+        tokenizer: Any,
+        env: Any,
+        sampler: EpochSampler,
+        last_step: int,
+    ) -> None:
+        assert recipe.grpo is not None
+        if not isinstance(policy, AsyncGenerationPolicy):
+            raise ValueError(
+                "grpo.async_grpo.enabled: true needs vLLM on separate generation workers; set "
+                "policy.generation.backend=vllm and policy.generation.colocated.enabled=false "
+                "(with colocated.resources), or grpo.async_grpo.enabled=false"
+            )
+        self.policy: AsyncGenerationPolicy = policy
+        self.recipe = recipe
+        self.tokenizer = tokenizer
+        self.env = env
+        self.sampler = sampler
+        self.last_step = last_step
+        assert recipe.grpo.async_grpo is not None  # built only when async_enabled
+        self.max_age = max(0, recipe.grpo.async_grpo.max_trajectory_age_steps)
+        self.in_flight: deque[InFlightBatch] = deque()
+
+    def _submit(self, step: int, submit_step: int) -> None:
+        grpo = self.recipe.grpo
+        assert grpo is not None
+        rows = self.sampler.next_batch(grpo.num_prompts_per_step)
+        prompts = expand_prompts(self.recipe, self.tokenizer, rows)
+        pending = self.policy.submit_generation(
+            prompts.prompt_ids, self.recipe.policy.generation, generation_seed(grpo.seed, step)
+        )
+        self.in_flight.append(
+            InFlightBatch(
+                step=step,
+                submitted_at_step=submit_step,
+                prompts=prompts,
+                pending=pending,
+                submitted_at_s=time.perf_counter(),
+            )
+        )
+
+    def _fill(self, step: int) -> None:
+        """Keep batches for steps step .. step + max_age submitted (none past the last)."""
+        next_step = self.in_flight[-1].step + 1 if self.in_flight else step
+        while next_step <= min(step + self.max_age, self.last_step):
+            self._submit(next_step, submit_step=step)
+            next_step += 1
+
+    def _collect(self, step: int) -> tuple[Rollouts, InFlightBatch]:
+        batch = self.in_flight.popleft()
+        assert batch.step == step, f"in-flight batch for step {batch.step} at step {step}"
+        generation = self.policy.collect_generation(batch.pending)
+        rollouts = score_rollouts(self.recipe, self.tokenizer, self.env, batch.prompts, generation)
+        return rollouts, batch
+
+    def __call__(self, step: int) -> dict[str, Any]:
+        timer = StepTimer()
+        started = time.perf_counter()
+        with timer.phase("submit"):
+            self._fill(step)
+        with timer.phase("generate_wait"):
+            rollouts, in_flight = self._collect(step)
+        generate_s = time.perf_counter() - in_flight.submitted_at_s
+        age = step - in_flight.submitted_at_step  # in GRPO steps (optimizer steps may be more)
+        assert 0 <= age <= self.max_age, f"trajectory age {age} > bound {self.max_age}"
+        batch = build_train_batch(self.recipe, rollouts)
+        with timer.phase("logprobs"):
+            add_logprobs(self.policy, self.recipe, batch)
+        gap = logprob_gap(batch)
+        sequence_metrics = finish_train_batch(self.recipe, rollouts, batch)
+        with timer.phase("train"):
+            train_metrics = train_on_batch(self.policy, self.recipe, batch)
+        step_s = time.perf_counter() - started
+        record = step_record(step, train_metrics, rollouts, timer, step_s, generate_s, age)
+        return {**record, **sequence_metrics, "generation_logprob_gap": gap}
+
+
+def logprob_gap(batch: dict[str, Any]) -> float:
+    """Mean |trainer log-prob - sampler log-prob| over response tokens: ~0 for fresh
+    samples, grows with the policy change since they were sampled."""
+    import torch
+
+    # With top-k/top-p a token outside the trainer's kept set has log-prob -inf: not counted.
+    mask = batch["token_mask"] * torch.isfinite(batch["old_logprobs"])
+    diff = (batch["old_logprobs"] - batch["generation_logprobs"]).abs()
+    diff = torch.where(mask.bool(), diff, torch.zeros_like(diff))
+    return float(diff.sum() / mask.sum().clamp(min=1.0))
+
+
+def step_record(
+    step: int,
+    train_metrics: dict[str, float],
+    rollouts: Rollouts,
+    timer: StepTimer,
+    step_s: float,
+    generate_s: float,
+    age: int,
+) -> dict[str, Any]:
+    """The metrics keys of ``grpo_step`` plus the async ones (see the module docstring)."""
+    return {
+        "step": step,
+        **train_metrics,
+        **rollout_metrics(rollouts, step_s, generate_s),
+        **timer.as_metrics(),
+        "time_generate_s": generate_s,
+        "trajectory_age_steps": age,
+        "sample_response": rollouts.responses[0],
+    }
+
+
+StepFn = Callable[[int], dict[str, Any]]
+
+
+def make_async_grpo_step_fn(
+    policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, last_step: int
+) -> StepFn:
+    """The driver's step function when ``grpo.async_grpo.enabled``."""
+    return AsyncGrpoStep(policy, recipe, tokenizer, env, sampler, last_step)

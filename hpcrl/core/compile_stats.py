@@ -1,0 +1,33 @@
+"""torch.compile's figures in this process: how many graphs it built and how its caches
+answered (``hpcrl.plan.compile_cache`` points them at a folder runs share).
+
+A run whose first step recompiles everything shows only misses; a run that found the
+previous run's work shows hits. Reported per rank through the workers' ``collect_state``
+and written into every metrics.jsonl line (``hpcrl.core.driver``), so a slow first step
+can be told apart: compiling (misses), tracing only (hits), or something else.
+"""
+
+from __future__ import annotations
+
+import sys
+
+#: metrics key -> (torch counter group, counter names added up). Inductor's FX graph cache
+#: holds the generated code, AOTAutograd's the forward/backward split above it.
+_CACHE_COUNTERS = {
+    "compile_cache_hits": (("inductor", "fxgraph_cache_hit"), ("aot_autograd", "autograd_cache_hit")),
+    "compile_cache_misses": (("inductor", "fxgraph_cache_miss"), ("aot_autograd", "autograd_cache_miss")),
+    "compile_cache_bypasses": (("inductor", "fxgraph_cache_bypass"), ("aot_autograd", "autograd_cache_bypass")),
+}  # fmt: skip
+
+
+def compile_cache_counts() -> dict[str, int]:
+    """{compile_cache_hits, _misses, _bypasses} so far in this process; empty when torch.compile
+    was never loaded here (nothing is imported for the answer)."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return {}
+    from torch._dynamo.utils import counters
+
+    return {
+        key: sum(int(counters[group][name]) for group, name in parts)
+        for key, parts in _CACHE_COUNTERS.items()
+    }

@@ -1,0 +1,149 @@
+"""Decode attention in two Triton kernels: the new token's k/v written into the cache, its
+column marked visible, and one query per row attending to the first ``width`` columns.
+
+The eager path (``kv_cache.decode_attention``) runs six kernels per layer: two cache writes
+(``index_copy_``), the scores' batched matmul, the softmax (two kernels) and the
+probabilities' batched matmul. Here (flash-decoding): one program per (row, query head,
+block of ``BLOCK_N`` columns) reads that block's keys and values once and leaves its
+softmax's max, sum and weighted values; a second kernel per (row, head) combines the blocks.
+Splitting the columns keeps many independent loads in flight: one program per (row, head)
+walking the columns in a loop measured 44 us a layer at batch 64 on one H200, against 36 us
+for the eager kernels (2026-12-03). The current column's k/v come from the kernel's inputs,
+not the cache, so the program that writes them (the first column block of the group's first
+query head) races with nobody.
+
+Numerics: scores, softmax and the weighted sum in float32, the output rounded once to the
+cache's dtype (the eager path rounds the scores and probabilities to bf16 as Hugging Face's
+eager attention does; the two agree to bf16 rounding). Checked against the eager path on CPU
+through Triton's interpreter (``TRITON_INTERPRET=1``, tests/core/test_triton_attention.py).
+
+Imports Triton: import this module only where the kernel runs (``kv_cache`` does, lazily).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import triton
+import triton.language as tl
+
+if TYPE_CHECKING:
+    import torch
+
+BLOCK_N = 64
+
+
+def _partial_kernel(
+    q_ptr, k_new_ptr, v_new_ptr, keys_ptr, values_ptr, valid_ptr, column_ptr, ml_ptr, acc_ptr,
+    width, scale,
+    stride_qb, stride_qh,
+    stride_kb, stride_kh,
+    stride_vnb, stride_vnh,
+    stride_cb, stride_ch, stride_cc,
+    stride_vb,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    split = tl.program_id(2)
+    kv = head // GROUP
+    d = tl.arange(0, D)
+    column = tl.load(column_ptr)
+    k_new = tl.load(k_new_ptr + row * stride_kb + kv * stride_kh + d)
+    v_new = tl.load(v_new_ptr + row * stride_vnb + kv * stride_vnh + d)
+    cache_row = row * stride_cb + kv * stride_ch
+    if split == 0 and head % GROUP == 0:
+        tl.store(keys_ptr + cache_row + column * stride_cc + d, k_new)
+        tl.store(values_ptr + cache_row + column * stride_cc + d, v_new)
+        if head == 0:
+            tl.store(valid_ptr + row * stride_vb + column, 1)
+    cols = split * BLOCK + tl.arange(0, BLOCK)
+    in_range = cols < width
+    current = cols == column
+    offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
+    keys = tl.load(keys_ptr + offsets, mask=in_range[:, None], other=0.0)
+    vals = tl.load(values_ptr + offsets, mask=in_range[:, None], other=0.0)
+    seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
+    q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32)
+    visible = ((seen != 0) | current) & in_range
+    keys = tl.where(current[:, None], k_new[None, :], keys).to(tl.float32)
+    scores = tl.sum(keys * q[None, :], axis=1) * scale
+    # -3e38, not -inf: a block with nothing visible then weighs 0 instead of giving NaN
+    scores = tl.where(visible, scores, -3.0e38)
+    m = tl.max(scores, axis=0)
+    p = tl.where(visible, tl.exp(scores - m), 0.0)
+    vals = tl.where(current[:, None], v_new[None, :], vals).to(tl.float32)
+    acc = tl.sum(p[:, None] * vals, axis=0)
+    slot = (row * tl.num_programs(1) + head) * SPLITS + split
+    tl.store(ml_ptr + slot * 2, m)
+    tl.store(ml_ptr + slot * 2 + 1, tl.sum(p, axis=0))
+    tl.store(acc_ptr + slot * D + d, acc)
+
+
+def _combine_kernel(
+    ml_ptr, acc_ptr, out_ptr, splits, stride_ob,
+    D: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.arange(0, D)
+    s = tl.arange(0, SPLITS)
+    used = s < splits
+    first = (row * tl.num_programs(1) + head) * SPLITS
+    m = tl.load(ml_ptr + (first + s) * 2, mask=used, other=-3.0e38)
+    l_part = tl.load(ml_ptr + (first + s) * 2 + 1, mask=used, other=0.0)
+    acc = tl.load(acc_ptr + (first + s)[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
+    weight = tl.exp(m - tl.max(m, axis=0))
+    out = tl.sum(weight[:, None] * acc, axis=0) / tl.sum(weight * l_part, axis=0)
+    tl.store(out_ptr + row * stride_ob + head * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    """The jitted kernels, built on first use: ``triton.jit`` decides then whether they run
+    compiled or in the interpreter (``TRITON_INTERPRET``)."""
+    return triton.jit(_partial_kernel), triton.jit(_combine_kernel)
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    column: torch.Tensor,
+    width: int,
+    scale: float,
+) -> torch.Tensor:
+    """Write ``k``/``v`` [b, Hkv, D] at cache column ``column`` (a 1-element device tensor)
+    of ``keys``/``values`` [b, Hkv, C, D], mark it in ``valid`` [b, C] (bool), and return
+    the attention of ``q`` [b, H, D] over columns ``:width`` as [b, H*D]."""
+    import torch
+
+    b, num_heads, head_dim = q.shape
+    num_kv = k.shape[1]
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
+    assert keys.stride() == values.stride() and keys.stride(3) == 1
+    assert head_dim & (head_dim - 1) == 0, "head_dim must be a power of two"
+    splits = triton.cdiv(width, BLOCK_N)
+    padded_splits = triton.next_power_of_2(splits)
+    partial, combine = _kernels()
+    ml = torch.empty((b, num_heads, padded_splits, 2), dtype=torch.float32, device=q.device)
+    acc = torch.empty((b, num_heads, padded_splits, head_dim), dtype=torch.float32, device=q.device)
+    partial[(b, num_heads, splits)](
+        q, k, v, keys, values, valid.view(torch.uint8), column, ml, acc,
+        width, scale,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1),
+        keys.stride(0), keys.stride(1), keys.stride(2),
+        valid.stride(0),
+        GROUP=num_heads // num_kv, D=head_dim, BLOCK=BLOCK_N, SPLITS=padded_splits,
+    )  # fmt: skip
+    out = torch.empty((b, num_heads * head_dim), dtype=q.dtype, device=q.device)
+    combine[(b, num_heads)](
+        ml, acc, out, splits, out.stride(0), D=head_dim, SPLITS=padded_splits
+    )  # fmt: skip
+    return out

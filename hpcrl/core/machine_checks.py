@@ -1,0 +1,53 @@
+"""What this machine must have for the planned job: CUDA for a GPU plan, Transformer Engine
+for the Megatron settings megatron-core implements only with it, CUDA for those it implements
+only on GPUs.
+
+Checked once per node by the job's preflight (``hpcrl.job.preflight``) before Ray starts,
+from the typed ``JobSpec`` alone, and by ``python -m hpcrl.core.driver`` started by hand (no
+preflight runs before it). Workers check nothing of it again: a setting that cannot run here
+fails in seconds with its key and the fix, never inside every rank.
+
+Whether a setting needs CUDA is decided by the planned device (``JobSpec.device``), not by
+what torch finds: a CPU plan runs on CPU even on a GPU node (``hpcrl.core.driver.job_device``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hpcrl.core.backends.megatron.offload import requirement_problems, te_available
+from hpcrl.run.jobspec import JobSpec
+
+
+def cuda_is_available() -> bool:
+    import torch  # only for a GPU plan; the preflight has found torch by then
+
+    return torch.cuda.is_available()
+
+
+def machine_problems(
+    jobspec: JobSpec,
+    cuda_available: Callable[[], bool] = cuda_is_available,
+    transformer_engine: Callable[[], bool] = te_available,
+) -> list[str]:
+    """Every reason this node cannot run ``jobspec``, each naming the key or the plan and
+    the fix; empty when it can. The two probes are injectable (tests)."""
+    problems = []
+    if jobspec.device == "gpu" and not cuda_available():
+        problems.append(
+            f"the plan (profile {jobspec.profile_name!r}, device: gpu) runs on GPUs but CUDA is "
+            "not usable on this node (torch.cuda.is_available() is False: a CPU build of "
+            "torch, no driver, or CUDA_VISIBLE_DEVICES empty). Fix: run in an image with "
+            "CUDA-enabled torch on GPU nodes, or submit with a device: cpu profile"
+        )
+    recipe = jobspec.recipe
+    on_gpus = jobspec.device == "gpu"
+    if recipe.backend == "megatron":
+        megatron = recipe.policy.megatron_cfg
+        problems += requirement_problems(megatron, transformer_engine(), cuda_available=on_gpus)
+    elif recipe.policy.automodel_cfg.cpu_offload and not on_gpus:
+        problems.append(
+            "policy.automodel_cfg.cpu_offload: true needs GPU workers (it keeps parameters in "
+            "host memory between GPU steps); set it to false on CPU profiles"
+        )
+    return problems

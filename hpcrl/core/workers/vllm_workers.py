@@ -1,0 +1,226 @@
+"""Non-colocated generation: vLLM engines in Ray actors of their own placement group.
+
+``policy.generation.colocated.resources`` names the nodes and GPUs per node of the
+generation side; each engine takes ``tensor_parallel_size × pipeline_parallel_size`` of
+those GPUs, within one node (on CPU: one worker slot each). The planner decides all of it
+(``JobSpec.generation``: which nodes, from ``first_node`` — nodes of their own after the
+training ones, or the training nodes' remaining GPUs — and how many engines of how many
+GPUs; ``hpcrl.plan.generation`` checks that they tile the nodes) and the driver passes that
+placement here; Ray's GPU accounting keeps the two sides on different GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration, shard_seed
+from hpcrl.core.workers.failures import get_all
+from hpcrl.core.workers.group import NODE_ID_LABEL, worker_env
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpcrl.config.recipe import GenerationCfg
+    from hpcrl.run.jobspec import GenerationPlacement
+
+ENGINE_ROLE = "generation engine"  # how a failure names one (WorkerFailed)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationLayout:
+    first_node: int  # the job's node order: node 0 is the driver's
+    num_nodes: int
+    engines_per_node: int
+    gpus_per_engine: int  # 0 on CPU
+    device: str
+    cpus_per_engine: float = 0.25
+
+    @property
+    def num_engines(self) -> int:
+        return self.num_nodes * self.engines_per_node
+
+
+def generation_layout(placement: GenerationPlacement, device: str) -> GenerationLayout:
+    """The engines as planned (``JobSpec.generation``); the planner already checked that
+    engines of ``slots_per_engine`` tile ``slots_per_node`` (CPU engines take one slot)."""
+    return GenerationLayout(
+        first_node=placement.first_node,
+        num_nodes=placement.num_nodes,
+        engines_per_node=placement.slots_per_node // placement.slots_per_engine,
+        gpus_per_engine=placement.slots_per_engine if device == "cuda" else 0,
+        device=device,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class PendingShards:
+    """A submitted generation: one Ray reference per engine shard."""
+
+    refs: list[Any]
+    num_real: int  # prompts before padding to equal shards
+    weights_version: int  # the weights version the engines sample with
+
+
+class GenerationWorker:
+    """One engine in one Ray actor (wrapped with ``ray.remote`` by ``GenerationGroup``)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+        self.engine: GenerationEngine | None = None
+
+    def setup(self, spec: EngineSpec) -> int:
+        self.engine = spec.build()
+        return os.getpid()
+
+    def generate(
+        self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
+    ) -> ShardGeneration:
+        assert self.engine is not None, "setup first"
+        started = time.perf_counter()
+        fields = self.engine.generate(prompt_ids, cfg, seed)
+        metrics = {
+            **self.engine.generation_metrics(),
+            "time_sample_s": time.perf_counter() - started,
+        }
+        return ShardGeneration(fields=fields, metrics=metrics)
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        assert self.engine is not None, "setup first"
+        self.engine.update_weights(named_tensors)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+
+class GenerationGroup:
+    """Start, feed, refit and stop the generation actors."""
+
+    def __init__(self, layout: GenerationLayout, spec: EngineSpec) -> None:
+        self.layout = layout
+        self.spec = spec
+        self.actors: list[Any] = []
+        self.pids: list[int] = []
+        self.weights_version = 0  # the engines start from spec.model_path
+        self._pending_updates: list[Any] = []
+        self._placement_group: Any = None
+
+    def start(self, timeout_s: float = 600.0) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self._placement_group = self._reserve(timeout_s)
+        bundle = self._bundle()
+        remote_cls = ray.remote(GenerationWorker)
+        env = worker_env(self.layout.device)
+        self.actors = [
+            remote_cls.options(
+                num_cpus=bundle["CPU"],
+                num_gpus=bundle.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._placement_group, placement_group_bundle_index=index
+                ),
+            ).remote(env)
+            for index in range(self.layout.num_engines)
+        ]
+        self.pids = get_all(
+            [a.setup.remote(self.spec) for a in self.actors], "setup", timeout_s=timeout_s,
+            role=ENGINE_ROLE,
+        )  # fmt: skip
+
+    def _bundle(self) -> dict[str, float]:
+        if self.layout.device == "cuda":
+            return {"GPU": float(self.layout.gpus_per_engine), "CPU": 1.0}
+        return {"CPU": self.layout.cpus_per_engine}
+
+    def _reserve(self, timeout_s: float) -> Any:
+        import ray
+        from ray.util.placement_group import placement_group
+
+        node_ids = generation_node_ids(self.layout.first_node, self.layout.num_nodes)
+        per_node = self.layout.engines_per_node
+        indices = range(self.layout.num_engines)
+        group = placement_group(
+            [self._bundle() for _ in indices],
+            strategy="PACK",
+            bundle_label_selector=[{NODE_ID_LABEL: node_ids[i // per_node]} for i in indices],
+        )
+        ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+        if not ready:
+            ray.util.remove_placement_group(group)
+            raise RuntimeError(
+                f"could not place {self.layout.num_engines} vLLM engines "
+                f"({per_node} per node on {self.layout.num_nodes} nodes, each "
+                f"{self._bundle()}) within {timeout_s:.0f} s; Ray has "
+                f"{ray.available_resources()}. Check policy.generation.colocated.resources "
+                "against the allocation"
+            )
+        return group
+
+    def submit(self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int) -> PendingShards:
+        """Shard over the engines and start sampling; returns at once (``collect`` waits).
+        Each engine runs its calls in submission order, so a later ``update_weights`` never
+        changes the weights under a generation submitted before it."""
+        import ray
+
+        from hpcrl.core.workers.sharding import pad_prompts_evenly
+
+        shards, num_real = pad_prompts_evenly(prompt_ids, len(self.actors))
+        cfg_ref = ray.put(cfg)
+        refs = [
+            actor.generate.remote(shard, cfg_ref, shard_seed(seed, index))
+            for index, (actor, shard) in enumerate(zip(self.actors, shards, strict=True))
+        ]
+        return PendingShards(refs=refs, num_real=num_real, weights_version=self.weights_version)
+
+    def collect(self, pending: PendingShards) -> list[ShardGeneration]:
+        """The engines' outputs of ``pending``, in prompt order (waits for them)."""
+        return get_all(pending.refs, "generate", role=ENGINE_ROLE)
+
+    def generate(
+        self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
+    ) -> tuple[list[ShardGeneration], int]:
+        pending = self.submit(prompt_ids, cfg, seed)
+        return self.collect(pending), pending.num_real
+
+    def update_weights(self, weights_ref: Any, version: int) -> None:
+        """Every engine loads the weights behind ``weights_ref`` (one object-store copy).
+        Queued behind the engines' earlier calls; does not wait (errors surface at the next
+        ``update_weights`` or ``wait_for_updates``)."""
+        self.wait_for_updates()
+        self._pending_updates = [a.update_weights.remote(weights_ref) for a in self.actors]
+        self.weights_version = version
+
+    def wait_for_updates(self) -> None:
+        pending, self._pending_updates = self._pending_updates, []
+        get_all(pending, "update_weights", role=ENGINE_ROLE)
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            if self.actors and self.pids:
+                ray.get([actor.close.remote() for actor in self.actors], timeout=120)
+        except ray.exceptions.RayError as error:  # never raised over the failure that got here
+            print(f"generation engines did not close cleanly ({error}); killing them", flush=True)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            self.actors = []
+            if self._placement_group is not None:
+                ray.util.remove_placement_group(self._placement_group)
+                self._placement_group = None
+
+
+def generation_node_ids(first_node: int, num_nodes: int) -> list[str]:
+    """Nodes ``first_node .. first_node + num_nodes - 1`` in the training group's node order
+    (the plan's split; see ``hpcrl.plan.generation``)."""
+    from hpcrl.core.workers.group import pick_nodes
+
+    return pick_nodes(first_node + num_nodes)[first_node:]

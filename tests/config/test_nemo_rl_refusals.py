@@ -1,0 +1,179 @@
+"""NeMo RL's own example files that hpcrl refused while NeMo RL runs them, each loaded from
+the snapshot (tests/nemo_rl_snapshots.py) and held to what NeMo RL's code does with it:
+
+- ``grpo.val_period: -1`` (grpo_smoke.yaml): NeMo RL validates only when val_period > 0;
+- ``grpo.batch_multiplier: 1.5``: a float there, ``int(num_prompts_per_step × it)`` prompts
+  per dynamic-sampling batch, and exactly 1 without dynamic sampling (NeMo RL asserts it);
+- ``grpo.async_grpo: null`` (its single-controller configs): off; those configs' own
+  runtime (``async_rl``) is refused by name, as one error;
+- one scheduler with ``milestones: []`` (as its dpo-mistral-nemo recipe writes it):
+  SequentialLR over that one scheduler, i.e. the scheduler alone;
+- ``OpenMathInstruct-2`` as an SFT data set (sft_openmathinstruct2.yaml): NeMo RL's one
+  dataset class for both algorithms, the target column its ``output_key``;
+- ``megatron_cfg.optimizer.clip_grad: ${policy.max_grad_norm}`` = null under a disabled
+  megatron_cfg: never read; enabled, megatron-core cannot take null (refused, fix named);
+- ``colocated.resources.num_nodes: null`` for a one-node split (NeMo RL's grpo_math_1B
+  writes it): generation shares the one node (tests/config/test_node_split.py has the rest).
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from hpcrl.config import ConfigError
+from hpcrl.config.datasets import effective
+from tests.nemo_rl_snapshots import config_path, load_as_hpcrl
+
+
+def errors_of(relative: str, overrides: list[str]) -> dict[str, str]:
+    try:
+        load_as_hpcrl(config_path(relative), overrides)
+    except ConfigError as error:
+        return {problem.path: problem.format() for problem in error.errors}
+    raise AssertionError("loaded without errors")
+
+
+def test_val_period_minus_one_turns_validation_off():
+    from hpcrl.core.algorithms.validation import validation_due
+
+    grpo = load_as_hpcrl(config_path("grpo_smoke.yaml")).recipe.grpo
+    assert (grpo.val_period, grpo.val_at_start) == (-1, False)
+    assert not any(validation_due(step, grpo.val_period, grpo.val_at_start) for step in range(50))
+    # NeMo RL validates before step 1 when val_at_start, whatever val_period says.
+    assert validation_due(0, -1, True) and not validation_due(1, -1, True)
+
+
+def test_batch_multiplier_is_a_float_as_in_nemo_rl():
+    from hpcrl.config.grpo_option_rules import generation_batch_prompts
+
+    dynamic = ["grpo.use_dynamic_sampling=true", "grpo.batch_multiplier=1.5"]
+    grpo = load_as_hpcrl(config_path("grpo_math_1B.yaml"), dynamic).recipe.grpo
+    assert (grpo.num_prompts_per_step, grpo.batch_multiplier) == (32, 1.5)
+    assert generation_batch_prompts(grpo) == 48  # NeMo RL: int(32 * 1.5)
+    # Without dynamic sampling NeMo RL asserts batch_multiplier == 1; so does hpcrl.
+    error = errors_of("grpo_math_1B.yaml", ["grpo.batch_multiplier=1.5"])["grpo.batch_multiplier"]
+    assert error == (
+        "error: grpo.batch_multiplier = 1.5: generates extra prompts for dynamic sampling to "
+        "choose from, so it must be 1 without use_dynamic_sampling\n"
+        "  fix: set grpo.batch_multiplier=1, or grpo.use_dynamic_sampling=true"
+    )
+
+
+def test_async_grpo_null_is_off():
+    # The single-controller configs write async_grpo: null over grpo_math_1B.yaml's block.
+    loaded = load_as_hpcrl(config_path("grpo_math_1B.yaml"), ["grpo.async_grpo=null"])
+    grpo = loaded.recipe.grpo
+    assert loaded.resolved_dict["grpo"]["async_grpo"] is None
+    assert grpo.async_grpo is None and not grpo.async_enabled
+
+
+def test_the_single_controller_runtime_is_one_refusal_by_name():
+    errors = errors_of("grpo_math_1B_megatron_single_controller.yaml", [])
+    assert list(errors) == ["async_rl"]
+    assert "NeMo RL's single-controller GRPO runtime" in errors["async_rl"]
+    assert errors["async_rl"].endswith("fix: remove async_rl or set it to null")
+
+
+def test_one_scheduler_with_empty_milestones_is_that_scheduler():
+    # The scheduler list exactly as NeMo RL's dpo-mistral-nemo recipe writes it, on its sft.yaml.
+    dpo = yaml.safe_load(
+        config_path(
+            "recipes/llm/dpo-mistral-nemo-instruct-2407-1n8g-fsdp2tp8-actckpt-long.yaml"
+        ).read_text()
+    )
+    schedulers = dpo["policy"]["scheduler"]
+    assert schedulers[-1] == {"milestones": []}
+    override = "policy.scheduler=" + yaml.safe_dump(schedulers, default_flow_style=True).strip()
+    recipe = load_as_hpcrl(config_path("sft.yaml"), [override]).recipe
+    assert [entry.name for entry in recipe.policy.scheduler] == [
+        "torch.optim.lr_scheduler.ConstantLR",
+        None,
+    ]
+    import torch
+
+    from hpcrl.core.backends.automodel.optim import build_lr_scheduler
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_lr_scheduler(optimizer, recipe.policy.scheduler)
+    assert isinstance(scheduler, torch.optim.lr_scheduler.ConstantLR)
+    # A milestone beside one scheduler hands over to nothing: still refused, fix named.
+    lonely = override.replace("milestones: []", "milestones: [5]")
+    errors = errors_of("sft.yaml", [lonely])
+    assert errors["policy.scheduler[1].milestones"] == (
+        "error: policy.scheduler[1].milestones = [5]: milestones hand over from one scheduler "
+        "to the next, and there is 1 scheduler\n"
+        "  fix: write milestones: [] (one scheduler runs for the whole run) or add the "
+        "scheduler that takes over"
+    )
+
+
+def test_openmathinstruct2_is_an_sft_data_set():
+    from hpcrl.core.data.named import to_messages
+
+    for relative in (
+        "sft_openmathinstruct2.yaml",
+        "recipes/llm/sft-llama3.1-8b-1n8g-megatron-seqpack.yaml",
+    ):
+        recipe = load_as_hpcrl(config_path(relative)).recipe
+        train = effective(recipe, "train")
+        assert recipe.algorithm == "sft"
+        assert (train.dataset_name, train.output_key, train.split) == (
+            "OpenMathInstruct-2",
+            "generated_solution",
+            "train_1M",
+        )
+        assert train.split_validation_size == 0.05 and recipe.data.validation is None
+    # NeMo RL's rows: user = problem, assistant = the output_key column.
+    row = {"problem": "1 + 1?", "generated_solution": "It is \\boxed{2}.", "expected_answer": "2"}
+    assert to_messages("openmath_answer", row, train) == [
+        {"role": "user", "content": "1 + 1?"},
+        {"role": "assistant", "content": "It is \\boxed{2}."},
+    ]
+    grpo = effective(load_as_hpcrl(config_path("grpo_math_1B.yaml")).recipe, "train")
+    assert grpo.dataset_name == "OpenMathInstruct-2"
+    assert to_messages("openmath_answer", row, grpo)[-1]["content"] == "2"
+
+
+def test_a_set_of_the_other_algorithm_names_the_right_ones():
+    errors = errors_of("sft.yaml", ["data.train.dataset_name=DAPOMath17K"])
+    assert errors["data.train.dataset_name"] == (
+        "error: data.train.dataset_name = 'DAPOMath17K': a data set for GRPO, but this recipe "
+        "trains SFT\n"
+        "  fix: pick a data set hpcrl loads for SFT: OpenMathInstruct-2, openmathinstruct2, "
+        "squad, tulu3_sft_mixture, ResponseDataset (docs/algorithms.md, data sets)"
+    )
+
+
+def test_null_clip_grad_under_a_disabled_megatron_cfg():
+    loaded = load_as_hpcrl(config_path("sft_openmathinstruct2.yaml"))
+    assert loaded.resolved_dict["policy"]["max_grad_norm"] is None
+    assert loaded.recipe.policy.megatron_cfg.optimizer.clip_grad is None
+    assert loaded.recipe.backend == "automodel"
+    # NeMo RL's Megatron variant writes 0 (no clipping); null there is refused.
+    megatron = load_as_hpcrl(config_path("sft_openmathinstruct2_megatron.yaml")).recipe
+    assert megatron.policy.megatron_cfg.optimizer.clip_grad == 0.0
+    errors = errors_of(
+        "sft_openmathinstruct2_megatron.yaml", ["policy.megatron_cfg.optimizer.clip_grad=null"]
+    )
+    assert errors["policy.megatron_cfg.optimizer.clip_grad"] == (
+        "error: policy.megatron_cfg.optimizer.clip_grad = None: megatron-core's optimizer "
+        "needs a number here (it compares it with 0 at every step)\n"
+        "  fix: set policy.megatron_cfg.optimizer.clip_grad=0.0 for no clipping, or a norm "
+        "such as 1.0"
+    )
+
+
+def test_null_generation_num_nodes_on_one_node():
+    split = [
+        "policy.generation.colocated.enabled=false",
+        "policy.generation.colocated.resources.gpus_per_node=4",
+        "cluster.gpus_per_node=8",
+    ]
+    loaded = load_as_hpcrl(config_path("grpo_math_1B.yaml"), split)
+    assert loaded.resolved_dict["policy"]["generation"]["colocated"]["resources"] == {
+        "gpus_per_node": 4,
+        "num_nodes": None,
+    }
+    from hpcrl.config.node_split import node_split
+
+    assert node_split(loaded.recipe).training_world_size == 4

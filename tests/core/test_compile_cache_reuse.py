@@ -1,0 +1,98 @@
+"""A second run finds what the first compiled: the compile cache folder that ``hpcrl render``
+plans (hpcrl.plan.compile_cache) is exported by the job script, and torch.compile in a fresh
+process with that environment answers from it.
+
+Each run is a fresh interpreter, as each job's worker is: the real ``AutomodelWorker``
+compiling its decoder blocks with Inductor (on CPU through ``compile_on_cpu``; jobs compile
+on GPUs only), one log-prob pass, then the cache figures every worker reports into
+metrics.jsonl (``hpcrl.core.compile_stats``). Counters are asserted, not times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcrl.cli.main import main
+from tests.plan.planning_inputs import isolate_from_user_profiles
+from tests.require import require_module
+
+REPO = Path(__file__).resolve().parents[2]
+#: One compiling worker's run, in a process of its own (argv: the model's folder).
+ONE_RUN = """
+import json, os, socket, sys
+import torch
+import torch.distributed as dist
+from hpcrl.core.backends.automodel.worker import AutomodelWorker
+from hpcrl.core.backends.base import RankInfo
+from hpcrl.core.compile_stats import compile_cache_counts
+from tests.core.parallel_harness import make_batch, make_recipe
+
+torch.set_num_threads(1)
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+worker = type("CompilingWorker", (AutomodelWorker,), {"compile_on_cpu": True})()
+info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
+                master_addr="127.0.0.1", master_port=port, device="cpu")
+worker.setup(make_recipe(micro_batch_size=2), info, sys.argv[1])
+logprobs = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
+print(json.dumps({**compile_cache_counts(), "logprob_sum": float(logprobs.sum())}), flush=True)
+os._exit(0)  # gloo's threads may abort a normal interpreter exit (shared/notes)
+"""
+CACHE_EXPORT = re.compile(r"^export (TORCHINDUCTOR_\w+|TRITON_CACHE_DIR)=(.*)$", re.MULTILINE)
+
+
+def job_script_cache_env(script: str) -> dict[str, str]:
+    """The compile cache variables the job script exports, as its shell would set them."""
+    return {name: shlex.split(value)[0] for name, value in CACHE_EXPORT.findall(script)}
+
+
+def one_run(model: str, env: dict[str, str]) -> dict[str, float]:
+    result = subprocess.run(
+        [sys.executable, "-c", ONE_RUN, model], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # Inductor's C++ kernels compile for ~30-70 s on the 2-core CI box
+def test_the_second_run_compiles_nothing_the_first_compiled(tmp_path, monkeypatch):
+    require_module("torch")
+    from hpcrl.core.models.tiny import ensure_tiny_model
+
+    monkeypatch.chdir(tmp_path)
+    isolate_from_user_profiles(monkeypatch, tmp_path)
+    runs = tmp_path / "runs"
+    assert main(["render", "grpo-tiny-1n-cpu", "--cluster", "local", "-o", str(runs / "a")]) == 0
+    env = job_script_cache_env((runs / "a" / "job.sbatch").read_text())
+    cache = runs / ".hpcrl-cache" / "torch-compile"
+    assert env == {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+    }
+    model = ensure_tiny_model("tiny:qwen2", cache_dir=str(tmp_path / "models"))
+
+    first = one_run(model, env)
+    assert first["compile_cache_misses"] > 0 and first["compile_cache_hits"] == 0, first
+    assert first["compile_cache_bypasses"] == 0, first
+    assert any((cache / "inductor").rglob("*")), "the first run wrote into the planned folder"
+    second = one_run(model, env)
+    # The same lookups, now answered from the folder. torch 2.13 on this model: 3 misses, then
+    # 2 hits and 1 miss: the miss is an AOTAutograd lookup of a compile attempt that dynamo
+    # restarts (dynamic sizes), never completed, so never saved; it misses in every run.
+    lookups = second["compile_cache_hits"] + second["compile_cache_misses"]
+    assert lookups == first["compile_cache_misses"], (first, second)
+    assert second["compile_cache_hits"] > second["compile_cache_misses"], (first, second)
+    assert second["logprob_sum"] == pytest.approx(first["logprob_sum"], rel=1e-6)

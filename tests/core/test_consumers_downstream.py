@@ -1,0 +1,610 @@
+"""Every NeMo RL key the compat table calls "implemented" changes what its consumer sites
+build (issue 24, item 5): the key is set to a value other than the base recipe's, and the
+probes of its declared sites (``hpcrl.config.consumers.CONSUMED_BY``; what each probe runs:
+``consumer_probes``) must give a different result. A key whose sites all build the same
+thing either way is not implemented, whatever the schema says.
+
+Each key is tested on the base recipe where it takes effect (Megatron keys on a Megatron
+recipe, vLLM keys with vLLM generation, ...); ``CHANGES`` gives the value and, where a key
+only acts together with others (``dynamic_batching.train_mb_tokens`` with
+``dynamic_batching.enabled``), the context set on both recipes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from hpcrl.config import consumers
+from hpcrl.config.compat import IMPLEMENTED, nemo_rl_rows
+from hpcrl.config.converter import unstructure
+from hpcrl.config.load_and_check import validate_recipe_dict
+from tests.core import consumer_probes as probes
+
+PROBES: dict[str, probes.Probe] = {
+    consumers.PLAN: probes.plan_probe,
+    consumers.LAYOUT: probes.plan_probe,
+    consumers.GEN_PLAN: probes.plan_probe,
+    consumers.JOB_ENV: probes.plan_probe,
+    "hpcrl.plan.layout:check_batch_sizes": probes.plan_probe,
+    "hpcrl.plan.hf_cache:model_names": probes.hf_cache_probe,
+    "hpcrl.core.driver:train_recipe": probes.plan_probe,
+    consumers.ENGINE: probes.engine_probe,
+    consumers.VLLM_ARGS: probes.engine_probe,
+    consumers.VLLM_ENV: probes.engine_probe,
+    consumers.AM_LOAD: probes.hf_model_probe,
+    "hpcrl.core.generation.engine:colocated_engine_spec": probes.plan_probe,
+    "hpcrl.core.data.prompts:load_tokenizer": probes.engine_probe,
+    consumers.DIST: probes.distribution_probe,
+    consumers.BATCHING: probes.batching_probe,
+    consumers.GRPO_STEP: probes.grpo_step_probe,
+    consumers.SAMPLE: probes.grpo_step_probe,
+    consumers.EXPAND: probes.grpo_step_probe,
+    consumers.BUDGET: probes.grpo_step_probe,
+    consumers.TRAIN_BATCH: probes.grpo_step_probe,
+    consumers.FINISH_BATCH: probes.grpo_step_probe,
+    consumers.ADVANTAGES: probes.grpo_step_probe,
+    consumers.ESTIMATOR_FLAGS: probes.grpo_step_probe,
+    consumers.SHAPE_REWARDS: probes.grpo_step_probe,
+    consumers.TRAIN: probes.grpo_step_probe,
+    consumers.TRUNCATED: probes.grpo_step_probe,
+    consumers.STEP_ROLLOUTS: probes.grpo_step_probe,
+    consumers.SHAPE: probes.grpo_step_probe,
+    consumers.SCALE: probes.grpo_step_probe,
+    consumers.LOSS: probes.grpo_step_probe,
+    consumers.KL: probes.grpo_step_probe,
+    consumers.IS_WEIGHTS: probes.grpo_step_probe,
+    consumers.SFT_STEP: probes.sft_step_probe,
+    consumers.SFT_BATCH: probes.sft_step_probe,
+    consumers.STEPS: probes.steps_probe,
+    consumers.SAMPLER: probes.sampler_probe,
+    consumers.VAL_ROWS: probes.validation_rows_probe,
+    consumers.RUN_STEPS: probes.run_steps_probe,
+    consumers.STORE: probes.run_steps_probe,
+    consumers.LOGGERS: probes.loggers_probe,
+    "hpcrl.core.loggers.wandb:WandbLogger._init": probes.loggers_probe,
+    "hpcrl.core.loggers.tensorboard:TensorboardLogger.__init__": probes.loggers_probe,
+    "hpcrl.core.loggers.mlflow:MlflowLogger.__init__": probes.loggers_probe,
+    "hpcrl.core.loggers.mlflow:tracking_uri": probes.loggers_probe,
+    consumers.NAMED: probes.named_data_probe,
+    consumers.NAMED_SET: probes.named_data_probe,
+    consumers.SPLIT: probes.named_data_probe,
+    consumers.DATA_SEED: probes.named_data_probe,
+    consumers.CARVE: probes.named_data_probe,
+    consumers.LOCAL: probes.named_data_probe,
+    consumers.FIELDS: probes.named_data_probe,
+    consumers.MATH_PROMPT: probes.named_data_probe,
+    consumers.SFT_EXAMPLE: probes.named_data_probe,
+    consumers.ENV: probes.env_probe,
+    consumers.AM_OPTIM: probes.automodel_optimizer_probe,
+    consumers.AM_SCHED: probes.automodel_optimizer_probe,
+    consumers.AM_CLIP: probes.clip_probe,
+    consumers.AM_PLAN: probes.parallelize_probe,
+    consumers.MG_PROVIDER: probes.megatron_provider_probe,
+    consumers.MG_OVERRIDES: probes.megatron_provider_probe,
+    consumers.MG_CONVERT: probes.conversion_probe,
+    consumers.MG_OPTIM: probes.megatron_optimizer_probe,
+    consumers.MG_SCHED: probes.megatron_scheduler_probe,
+    "hpcrl.core.backends.megatron.offload:precision_aware_optimizer_on": probes.precision_aware_probe,
+    consumers.MG_DDP: probes.megatron_ddp_probe,
+    "hpcrl.core.driver:_make_step_fn": probes.step_fn_probe,
+    "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__": probes.async_step_probe,
+}
+
+
+@attrs.frozen
+class Change:
+    """``value`` for the key under test; ``context``: dotted keys set on both recipes."""
+
+    value: Any
+    context: dict[str, Any] = attrs.field(factory=dict)
+    base: str = ""  # "" : chosen by the key's section
+    also: dict[str, Any] = attrs.field(factory=dict)  # set with the key (it needs them)
+
+
+CHECKPOINTS_ELSEWHERE = "<tmp>/elsewhere"  # made absolute below the test's folder
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+THINKING_TEMPLATE = CHAT_TEMPLATE + "{% if enable_thinking %}<think>{% endif %}"
+LINEAR = {
+    "name": "torch.optim.lr_scheduler.LinearLR",
+    "kwargs": {"start_factor": 0.1, "end_factor": 1.0, "total_iters": 4},
+}
+VLLM = {"policy.generation.backend": "vllm"}
+PACKING = {"policy.sequence_packing.enabled": True}
+DYNAMIC = {"policy.dynamic_batching.enabled": True}
+SHAPING = {
+    "grpo.reward_shaping.enabled": True,
+    "grpo.reward_shaping.max_response_length": 6,
+    "grpo.reward_shaping.overlong_buffer_length": 3,
+}
+SCALING = {"grpo.reward_scaling.enabled": True}
+IS = {"loss_fn.use_importance_sampling_correction": True}
+TIS = {**IS, "loss_fn.truncated_importance_sampling_type": "icepop"}
+TIS_BOUNDS = {
+    **TIS,
+    "loss_fn.truncated_importance_sampling_ratio": 2.0,
+    "loss_fn.truncated_importance_sampling_ratio_min": 0.5,
+}
+SEPARATE = {
+    **VLLM,
+    "policy.generation.colocated.enabled": False,
+    "policy.generation.colocated.resources.num_nodes": 1,
+    "policy.generation.colocated.resources.gpus_per_node": 8,
+    "cluster.num_nodes": 2,
+    # enough rollouts for any data-parallel size these layouts give
+    "grpo.num_prompts_per_step": 24,
+    "policy.train_global_batch_size": 96,
+}
+TO_MEGATRON = {
+    "policy.automodel_cfg.enabled": False,
+    "policy.megatron_cfg.enabled": True,
+    "policy.optimizer": None,
+}
+MG_OFFLOAD = {
+    "policy.megatron_cfg.optimizer.optimizer_cpu_offload": True,
+    "policy.megatron_cfg.optimizer.optimizer_offload_fraction": 0.5,
+}
+RECOMPUTE = {"policy.megatron_cfg.activation_checkpointing": True}
+FINE_OFFLOAD = {
+    "policy.megatron_cfg.fine_grained_activation_offloading": True,
+    "policy.megatron_cfg.offload_modules": ["attn_norm"],
+}
+
+CHANGES: dict[str, Change] = {
+    "policy.model_name": Change("tiny:llama"),
+    "policy.tokenizer.name": Change("/tokenizers/other"),
+    "policy.tokenizer.chat_template": Change(CHAT_TEMPLATE),
+    "policy.tokenizer.chat_template_kwargs": Change(
+        {"enable_thinking": True}, {"policy.tokenizer.chat_template": THINKING_TEMPLATE}
+    ),
+    "policy.train_global_batch_size": Change(32, {"grpo.num_prompts_per_step": 8}),
+    "policy.train_micro_batch_size": Change(1),
+    "policy.logprob_batch_size": Change(1),
+    "policy.max_total_sequence_length": Change(24),
+    "policy.precision": Change("float32"),
+    "policy.max_grad_norm": Change(0.5),
+    "policy.optimizer.name": Change("torch.optim.SGD", {"policy.optimizer.kwargs": {"lr": 0.1}}),
+    "policy.optimizer.kwargs": Change({"lr": 3e-4, "weight_decay": 0.1}),
+    "policy.scheduler": Change([LINEAR]),
+    "policy.make_sequence_length_divisible_by": Change(8),
+    "policy.generation.backend": Change("vllm"),
+    "policy.generation.max_new_tokens": Change(4),
+    "policy.generation.temperature": Change(0.7),
+    "policy.generation.top_p": Change(0.9),
+    "policy.generation.top_k": Change(5),
+    "policy.generation.stop_token_ids": Change([7]),
+    "policy.generation.stop_strings": Change(["a"]),
+    "policy.generation.colocated.enabled": Change(
+        False, {**SEPARATE, "policy.generation.colocated.enabled": True}
+    ),
+    "policy.generation.colocated.resources.num_nodes": Change(
+        2, {**SEPARATE, "cluster.num_nodes": 3}
+    ),
+    # NeMo RL's split: more than one node gives generation whole nodes; one node splits
+    "policy.generation.colocated.resources.gpus_per_node": Change(
+        4,
+        {
+            **SEPARATE,
+            "cluster.num_nodes": 1,
+            "policy.generation.colocated.resources.gpus_per_node": 2,
+        },
+    ),
+    "policy.generation.vllm_cfg.precision": Change("float16", VLLM),
+    "policy.generation.vllm_cfg.tensor_parallel_size": Change(2, SEPARATE),
+    "policy.generation.vllm_cfg.pipeline_parallel_size": Change(2, SEPARATE),
+    "policy.generation.vllm_cfg.gpu_memory_utilization": Change(0.3, VLLM),
+    "policy.generation.vllm_cfg.max_model_len": Change(32, VLLM),
+    "policy.generation.vllm_cfg.enforce_eager": Change(True, VLLM),
+    "policy.generation.vllm_cfg.enable_prefix_caching": Change(False, VLLM),
+    "policy.generation.vllm_cfg.env_vars": Change({"VLLM_PROBE_VAR": "1"}, VLLM),
+    "policy.automodel_cfg.env_vars": Change({"PROBE_VAR": "1"}),
+    "policy.hf_config_overrides": Change({"rms_norm_eps": 1e-3}, VLLM),
+    "policy.generation.vllm_kwargs": Change({"max_num_seqs": 8}, VLLM),
+    "policy.dynamic_batching.enabled": Change(True),
+    "policy.dynamic_batching.train_mb_tokens": Change(128, DYNAMIC),
+    "policy.dynamic_batching.logprob_mb_tokens": Change(128, DYNAMIC),
+    "policy.dynamic_batching.sequence_length_round": Change(16, DYNAMIC),
+    "policy.sequence_packing.enabled": Change(True),
+    "policy.sequence_packing.train_mb_tokens": Change(128, PACKING),
+    "policy.sequence_packing.logprob_mb_tokens": Change(128, PACKING),
+    "policy.sequence_packing.algorithm": Change("first_fit_shuffle", PACKING),
+    "policy.sequence_packing.sequence_length_round": Change(16, PACKING),
+    "policy.automodel_cfg.enabled": Change(False, also=TO_MEGATRON),
+    "policy.automodel_cfg.dp_replicate_size": Change(2),
+    "policy.automodel_cfg.tensor_parallel_size": Change(2),
+    "policy.automodel_cfg.cpu_offload": Change(True),
+    "policy.megatron_cfg.enabled": Change(True, base="grpo", also=TO_MEGATRON),
+    "policy.megatron_cfg.pipeline_model_parallel_size": Change(2),
+    "policy.megatron_cfg.num_layers_in_first_pipeline_stage": Change(
+        1, {"policy.megatron_cfg.pipeline_model_parallel_size": 2}
+    ),
+    "policy.megatron_cfg.num_layers_in_last_pipeline_stage": Change(
+        1, {"policy.megatron_cfg.pipeline_model_parallel_size": 2}
+    ),
+    "policy.megatron_cfg.sequence_parallel": Change(
+        True, {"policy.megatron_cfg.tensor_model_parallel_size": 2}
+    ),
+    "policy.megatron_cfg.expert_model_parallel_size": Change(2),
+    "policy.megatron_cfg.expert_tensor_parallel_size": Change(2),
+    "policy.megatron_cfg.pipeline_dtype": Change("float32"),
+    "policy.megatron_cfg.recompute_granularity": Change("selective", RECOMPUTE),
+    "policy.megatron_cfg.recompute_modules": Change(
+        ["mlp"], {**RECOMPUTE, "policy.megatron_cfg.recompute_granularity": "selective"}
+    ),
+    "policy.megatron_cfg.fine_grained_activation_offloading": Change(
+        True, also={"policy.megatron_cfg.offload_modules": ["attn_norm"]}
+    ),
+    "policy.megatron_cfg.offload_modules": Change(["mlp_norm"], FINE_OFFLOAD),
+    "policy.megatron_cfg.cuda_graph_impl": Change("local"),
+    "policy.megatron_cfg.moe_router_dtype": Change("fp64"),
+    "policy.megatron_cfg.moe_router_load_balancing_type": Change("aux_loss"),
+    "policy.megatron_cfg.moe_router_bias_update_rate": Change(0.001),
+    "policy.megatron_cfg.moe_token_dispatcher_type": Change("alltoall"),
+    "policy.megatron_cfg.env_vars": Change({"PROBE_VAR": "1"}),
+    "policy.megatron_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF": Change("expandable_segments:True"),
+    "policy.megatron_cfg.optimizer.min_lr": Change(1e-6),
+    "policy.megatron_cfg.model_overrides": Change({"hidden_dropout": 0.1}),
+    "policy.megatron_cfg.optimizer.optimizer": Change("sgd"),
+    "policy.megatron_cfg.optimizer.bf16": Change(True, {"policy.precision": "float32"}),
+    "policy.megatron_cfg.optimizer.fp16": Change(True, {"policy.precision": "float32"}),
+    "policy.megatron_cfg.optimizer.params_dtype": Change("bfloat16"),
+    "policy.megatron_cfg.optimizer.optimizer_cpu_offload": Change(
+        True, {"policy.megatron_cfg.optimizer.optimizer_offload_fraction": 0.5}
+    ),
+    "policy.megatron_cfg.optimizer.optimizer_offload_fraction": Change(1.0, MG_OFFLOAD),
+    "policy.megatron_cfg.optimizer.overlap_cpu_optimizer_d2h_h2d": Change(True, MG_OFFLOAD),
+    "policy.megatron_cfg.optimizer.use_precision_aware_optimizer": Change(True),
+    "policy.megatron_cfg.scheduler.weight_decay_incr_style": Change(
+        "linear", {"policy.megatron_cfg.scheduler.end_weight_decay": 0.1}
+    ),
+    "policy.megatron_cfg.scheduler.lr_decay_style": Change("linear"),
+    "policy.megatron_cfg.scheduler.lr_decay_iters": Change(50),
+    "policy.megatron_cfg.scheduler.lr_warmup_iters": Change(5),
+    "policy.megatron_cfg.distributed_data_parallel_config.data_parallel_sharding_strategy": Change(
+        "optim"
+    ),
+    "data.max_input_seq_length": Change(8),
+    "grpo.num_prompts_per_step": Change(8),
+    "grpo.num_generations_per_prompt": Change(8),
+    "grpo.max_num_steps": Change(1),
+    "grpo.max_num_epochs": Change(2, {"grpo.max_num_steps": 1000}),
+    "grpo.val_period": Change(3),
+    "grpo.val_at_start": Change(True),
+    "grpo.async_grpo.enabled": Change(True, {**SEPARATE, **IS}),
+    "grpo.async_grpo.max_trajectory_age_steps": Change(
+        2, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
+    ),
+    "grpo.use_dynamic_sampling": Change(True),
+    "grpo.dynamic_sampling_max_gen_batches": Change(1, {"grpo.use_dynamic_sampling": True}),
+    "grpo.batch_multiplier": Change(2, {"grpo.use_dynamic_sampling": True}),
+    "grpo.reward_shaping.enabled": Change(
+        True,
+        {
+            "grpo.reward_shaping.max_response_length": 6,
+            "grpo.reward_shaping.overlong_buffer_length": 3,
+        },
+    ),
+    "grpo.reward_shaping.overlong_buffer_length": Change(2, SHAPING),
+    "grpo.reward_shaping.overlong_buffer_penalty": Change(0.5, SHAPING),
+    "grpo.reward_shaping.max_response_length": Change(5, SHAPING),
+    "grpo.reward_scaling.enabled": Change(True, {"grpo.reward_scaling.target_max": 2.0}),
+    "grpo.reward_scaling.source_min": Change(0.5, SCALING),
+    "grpo.reward_scaling.source_max": Change(0.5, SCALING),
+    "grpo.reward_scaling.target_min": Change(-1.0, SCALING),
+    "grpo.reward_scaling.target_max": Change(3.0, SCALING),
+    "grpo.max_val_samples": Change(10),
+    "grpo.adv_estimator.name": Change("reinforce_plus_plus"),
+    "grpo.adv_estimator.normalize_rewards": Change(False),
+    "grpo.adv_estimator.use_leave_one_out_baseline": Change(False),
+    "grpo.adv_estimator.minus_baseline": Change(
+        False, {"grpo.adv_estimator.name": "reinforce_plus_plus"}
+    ),
+    "grpo.advantage_clip_low": Change(-0.1),
+    "grpo.advantage_clip_high": Change(0.1),
+    "grpo.seq_logprob_error_threshold": Change(1.0001),
+    "grpo.reward_shaping.stop_properly_penalty_coef": Change(0.5, SHAPING),
+    "sft.max_num_steps": Change(1),
+    "sft.max_num_epochs": Change(2, {"sft.max_num_steps": 1000}),
+    "sft.val_period": Change(3),
+    "sft.val_at_start": Change(True),
+    "sft.val_batches": Change(2, {"sft.val_global_batch_size": 4}),
+    "sft.val_global_batch_size": Change(4, {"sft.val_batches": 2}),
+    "loss_fn.reference_policy_kl_type": Change("k1"),
+    "loss_fn.kl_input_clamp_value": Change(0.1),
+    "loss_fn.kl_output_clamp_value": Change(0.01),
+    "loss_fn.ratio_clip_min": Change(0.01),
+    "loss_fn.ratio_clip_max": Change(0.01),
+    "loss_fn.ratio_clip_c": Change(1.5),
+    "loss_fn.use_on_policy_kl_approximation": Change(True),
+    "loss_fn.use_importance_sampling_correction": Change(True),
+    "loss_fn.truncated_importance_sampling_type": Change(
+        "icepop",
+        IS,
+        also={
+            "loss_fn.truncated_importance_sampling_ratio": 1.05,
+            "loss_fn.truncated_importance_sampling_ratio_min": 0.99,
+        },
+    ),
+    "loss_fn.truncated_importance_sampling_ratio": Change(0.84, TIS_BOUNDS),
+    "loss_fn.truncated_importance_sampling_ratio_min": Change(0.83, TIS_BOUNDS),
+    "env.math.math_verify_impl": Change("hf_math_verify"),
+    "checkpointing.enabled": Change(False),
+    "checkpointing.checkpoint_dir": Change(CHECKPOINTS_ELSEWHERE),
+    "checkpointing.save_period": Change(3),
+    "checkpointing.keep_top_k": Change(1),
+    "checkpointing.metric_name": Change("train:reward", {"checkpointing.keep_top_k": 2}),
+    "checkpointing.higher_is_better": Change(
+        False, {"checkpointing.keep_top_k": 1, "checkpointing.metric_name": "val:accuracy"}
+    ),
+    "checkpointing.save_consolidated": Change(True),
+    "logger.log_dir": Change("other_logs", {"logger.tensorboard_enabled": True}),
+    "logger.mlflow_enabled": Change(True),
+    "logger.monitor_gpus": Change(True),
+    "logger.wandb.project": Change("probe", {"logger.wandb_enabled": True}),
+    "logger.wandb.name": Change("probe-run", {"logger.wandb_enabled": True}),
+    "logger.wandb.entity": Change("probe-team", {"logger.wandb_enabled": True}),
+    "logger.tensorboard.log_dir": Change("tb_elsewhere", {"logger.tensorboard_enabled": True}),
+    "logger.mlflow.experiment_name": Change("probe", {"logger.mlflow_enabled": True}),
+    "logger.mlflow.run_name": Change("probe-run", {"logger.mlflow_enabled": True}),
+    "logger.mlflow.tracking_uri": Change(
+        "file:///tmp/hpcrl-probe-mlruns", {"logger.mlflow_enabled": True}
+    ),
+    "logger.gpu_monitoring.collection_interval": Change(2.0, {"logger.monitor_gpus": True}),
+    "logger.gpu_monitoring.flush_interval": Change(2.0, {"logger.monitor_gpus": True}),
+    "cluster.num_nodes": Change(
+        2, {"grpo.num_prompts_per_step": 8, "policy.train_global_batch_size": 32}
+    ),
+    "cluster.gpus_per_node": Change(4),
+    "data.add_generation_prompt": Change(True),
+    "policy.optimizer.kwargs.lr": Change(3e-4),
+    "policy.optimizer.kwargs.weight_decay": Change(0.1),
+    "policy.optimizer.kwargs.betas": Change([0.8, 0.95]),
+    "policy.optimizer.kwargs.eps": Change(1e-6),
+    "policy.optimizer.kwargs.foreach": Change(True),
+    "policy.optimizer.kwargs.fused": Change(False),
+}
+
+DATASET_CHANGES: dict[str, Any] = {
+    "dataset_name": "AIME2024",
+    "data_path": "other",
+    "split": "test",
+    "split_validation_size": 0.5,
+    "seed": 7,
+    "input_key": "alt_in",
+    "output_key": "alt_out",
+    "prompt_file": "other_prompt",
+    "system_prompt_file": "system_prompt",
+    "processor": "math_data_processor",
+    "repeat": 3,
+}
+
+
+def base_recipes(tmp: Path) -> dict[str, dict[str, Any]]:
+    data = tmp / "data"
+    data.mkdir()
+    for name in ("train", "val", "other"):
+        rows = [
+            {"input": f"{name} {i}+{i}", "output": str(2 * i), "alt_in": f"alt {i}", "alt_out": "x"}
+            for i in range(12)
+        ]
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (data / "prompt.txt").write_text("Solve: {}\n")
+    (data / "other_prompt").write_text("Think, then solve: {}\n")
+    (data / "system_prompt").write_text("You are careful.\n")
+    policy = {
+        "model_name": "tiny:qwen2",
+        "train_global_batch_size": 16,
+        "train_micro_batch_size": 2,
+        "max_total_sequence_length": 48,
+        "generation": {"max_new_tokens": 6, "stop_token_ids": [], "temperature": 1.0},
+        "automodel_cfg": {"enabled": True},
+        "megatron_cfg": {"enabled": False},
+    }
+    grpo = {
+        "policy": policy,
+        "data": {"train_path": str(data / "train.jsonl")},
+        "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": 4, "val_period": 2},
+        "env": {"name": "math", "math": {"math_verify_impl": "hpcrl_numeric"}},
+        "checkpointing": {"enabled": True, "save_period": 2},
+        "cluster": {"num_nodes": 1, "gpus_per_node": 8},
+    }
+    megatron = copy.deepcopy(grpo)
+    megatron["policy"]["automodel_cfg"] = {"enabled": False}
+    megatron["policy"]["megatron_cfg"] = {"enabled": True}
+    megatron["policy"]["optimizer"] = None
+    sft = copy.deepcopy(grpo)
+    del sft["grpo"], sft["env"]
+    sft["sft"] = {"val_period": 2}
+    sft["policy"]["tokenizer"] = {"chat_template": CHAT_TEMPLATE}
+    sft["data"] = {
+        "train": {"dataset_name": "ResponseDataset", "data_path": str(data / "train.jsonl")},
+        "validation": {"dataset_name": "ResponseDataset", "data_path": str(data / "val.jsonl")},
+    }
+    named = copy.deepcopy(grpo)
+    named["data"] = {
+        "train": {"dataset_name": "ResponseDataset", "data_path": str(data / "train.jsonl")},
+        "validation": {"dataset_name": "ResponseDataset", "data_path": str(data / "val.jsonl")},
+        "default": {"prompt_file": str(data / "prompt.txt"), "processor": "math_hf_data_processor"},
+    }
+    flat = copy.deepcopy(grpo)
+    flat["data"] = {"dataset_name": "OpenMathInstruct-2", "prompt_file": str(data / "prompt.txt")}
+    flat_sft = copy.deepcopy(sft)
+    flat_sft["data"] = {"dataset_name": "openmathinstruct2"}
+    return {
+        "grpo": grpo,
+        "megatron": megatron,
+        "sft": sft,
+        "named": named,
+        "flat": flat,
+        "flat_sft": flat_sft,
+    }
+
+
+def dataset_change(key: str, data: Path) -> Change:
+    section, name = key.rsplit(".", 1)
+    value = DATASET_CHANGES[name]
+    if name in ("data_path", "prompt_file", "system_prompt_file"):
+        value = str(data / value) + (".jsonl" if name == "data_path" else "")
+    context: dict[str, Any] = {}
+    if name in ("system_prompt_file", "processor"):
+        processor = (
+            "math_data_processor" if name == "system_prompt_file" else "math_hf_data_processor"
+        )
+        prompt = str(data / "system_prompt")
+        where = "data.default" if section == "data" else section
+        context[f"{where}.processor"] = processor
+        if name == "processor":
+            context[f"{where}.system_prompt_file"] = prompt
+    if section == "data":
+        if name == "output_key":  # the SFT set whose rows it picks the target of
+            return Change(value, {"data.dataset_name": "openmathinstruct2"}, base="flat_sft")
+        return Change("DeepScaler" if name == "dataset_name" else value, context, base="flat")
+    if section == "data.default" and name in ("dataset_name", "data_path"):
+        context.update(DEFAULT_ONLY_SOURCE(data))
+    also = {f"{section}.data_path": None} if name == "dataset_name" else {}
+    return Change(value, context, base="named", also=also)
+
+
+def DEFAULT_ONLY_SOURCE(data: Path) -> dict[str, Any]:  # noqa: N802  (a context, like the others)
+    """Train and validation naming nothing themselves: data.default's set fills them."""
+    return {
+        "data.train": {"seed": 3},
+        "data.validation": {"seed": 3},
+        "data.default.dataset_name": "ResponseDataset",
+        "data.default.data_path": str(data / "train.jsonl"),
+    }
+
+
+def base_of(key: str, change: Change) -> str:
+    if change.base:
+        return change.base
+    if key.startswith("policy.megatron_cfg."):
+        return "megatron"
+    if key.startswith(("sft.", "data.add_")):
+        return "sft"
+    return "grpo"
+
+
+def with_keys(data: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    for key, value in dotted.items():
+        node = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = (
+                node.setdefault(part, {})
+                if node.get(part) is not None
+                else node.setdefault(part, {})
+            )
+            if node is None:
+                raise AssertionError(key)
+        node[leaf] = value
+    return data
+
+
+def auto_change(recipe_dict: dict[str, Any], key: str) -> Change:
+    """A value other than the base's for a key CHANGES does not list: a flipped bool, a
+    doubled (or first) number."""
+    recipe, _ = validate_recipe_dict(recipe_dict)
+    node: Any = unstructure(recipe)
+    for part in key.split("."):
+        node = node[part]
+    if isinstance(node, bool):
+        return Change(not node)
+    if isinstance(node, int):
+        return Change(node * 2 if node else 2)
+    if isinstance(node, float):
+        return Change(node * 0.5 if node else 0.5)
+    raise AssertionError(f"give {key} (now {node!r}) a value in CHANGES")
+
+
+def implemented_keys() -> list[str]:
+    """The schema paths of the compat table's implemented rows."""
+    from hpcrl.config.aliases import rename_path
+
+    keys = {
+        ".".join(rename_path(tuple(row.key.split("."))))
+        for row in nemo_rl_rows()
+        if row.status == IMPLEMENTED
+    }
+    return sorted(keys)
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory) -> tuple[dict[str, dict[str, Any]], Path]:
+    tmp = tmp_path_factory.mktemp("bases")
+    return base_recipes(tmp), tmp / "data"
+
+
+@pytest.fixture(scope="module")
+def earlier_results() -> dict[tuple[str, str], Any]:
+    """Probe results of base recipes, shared by the keys tested on the same base."""
+    return {}
+
+
+@pytest.mark.parametrize("key", implemented_keys())
+def test_an_implemented_key_changes_what_its_sites_build(key, bases, earlier_results, tmp_path):
+    recipes, data = bases
+    if key.startswith(("data.train.", "data.validation.", "data.default.")) or (
+        key.startswith("data.") and key.count(".") == 1 and key.split(".")[1] in DATASET_CHANGES
+    ):
+        change = dataset_change(key, data)
+    else:
+        change = CHANGES.get(key) or auto_change(recipes[base_of(key, Change(None))], key)
+    base = with_keys(recipes[base_of(key, change)], change.context)
+    value = change.value
+    if value == CHECKPOINTS_ELSEWHERE:
+        value = str(tmp_path / "elsewhere")
+    changed = with_keys(base, {**change.also, key: value})
+    before, _ = validate_recipe_dict(base)
+    after, _ = validate_recipe_dict(changed)
+    sites = consumers.CONSUMED_BY.get(key) or consumers.CONSUMED_BY[free_form_field(key)]
+    chosen = {PROBES[site] for site in sites if site in PROBES}
+    assert chosen, f"no probe for any site of {key}: {sites}"
+    results = []
+    for index, probe in enumerate(sorted(chosen, key=lambda p: p.__name__)):
+        cache_key = (probe.__name__, json.dumps(base, sort_keys=True))
+        if cache_key not in earlier_results:
+            earlier_results[cache_key] = probe(before, _fresh(tmp_path, f"{index}-before"))
+        old = earlier_results[cache_key]
+        new = probe(after, _fresh(tmp_path, f"{index}-after"))
+        results.append((probe.__name__, old != new))
+    assert any(differs for _, differs in results), (
+        f"{key}={value!r}: nothing its sites build changed ({results})"
+    )
+
+
+def free_form_field(key: str) -> str:
+    from hpcrl.config.compat import FREE_FORM
+
+    return next(field for field in FREE_FORM if key.startswith(field + "."))
+
+
+def _fresh(tmp: Path, name: str) -> Path:
+    folder = tmp / name
+    folder.mkdir()
+    return folder
+
+
+def test_every_declared_site_exists():
+    """A site renamed or removed leaves its keys' rows pointing nowhere: rename it here too."""
+    import importlib
+
+    sites = {site for group in consumers.CONSUMED_BY.values() for site in group}
+    missing = []
+    for site in sorted(sites):
+        module_name, qualname = site.split(":")
+        target: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+        if not callable(target):
+            missing.append(site)
+    assert missing == []

@@ -1,0 +1,144 @@
+"""The torch engine's Triton decode attention (``hpcrl.core.generation.triton_attention``)
+against the eager path, on CPU through Triton's interpreter (``TRITON_INTERPRET=1``: the
+same kernel source, run program by program with NumPy).
+
+The kernel writes the new token's k/v into the cache, marks its column visible and attends
+over the first ``width`` columns; the eager path does the same in five kernels. Same
+inputs, same outputs (float32 to 1e-5; bf16 to bf16 rounding), same cache and mask writes,
+and whole greedy generations equal Hugging Face's (tests/core/test_torch_engine.py's check).
+
+Triton decides at import whether its own library functions (``tl.sum``, ``tl.max``) run
+interpreted, and other tests of a session may import it first: each check runs in a fresh
+interpreter process with ``TRITON_INTERPRET=1`` set before any import.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.require import require_module
+
+torch = require_module("torch")
+require_module("triton")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_interpreted(check: str, *args: str) -> None:
+    """``check(*args)`` of this module in a child process whose Triton kernels run in the
+    CPU interpreter; its assertion errors fail the test with the child's traceback."""
+    code = (
+        "import sys; from tests.core import test_triton_attention as t; "
+        f"getattr(t, {check!r})(*sys.argv[1:])"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def _case(seed: int, rows: int, heads: int, kv_heads: int, dtype: torch.dtype) -> dict:
+    """A cache of ``capacity`` columns with left-padded rows (prompts of different lengths
+    end at one column), garbage where nothing is valid, the new token at ``column``."""
+    gen = torch.Generator().manual_seed(seed)
+    head_dim, capacity, column = 16, 150, 131
+    width = 160 if capacity >= 160 else capacity  # the bucket reads past the column
+    randn = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    starts = torch.randint(0, 100, (rows,), generator=gen)
+    valid = torch.arange(capacity)[None, :] >= starts[:, None]
+    valid[:, column:] = False  # not written yet
+    return {
+        "q": randn(rows, heads, head_dim),
+        "k": randn(rows, kv_heads, head_dim),
+        "v": randn(rows, kv_heads, head_dim),
+        "keys": randn(rows, kv_heads, capacity, head_dim),
+        "values": randn(rows, kv_heads, capacity, head_dim),
+        "valid": valid,
+        "column": torch.tensor([column]),
+        "width": min(width, capacity),
+        "scale": head_dim**-0.5,
+    }
+
+
+def _eager(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What ``DecodeState.decode_forward`` does around ``decode_attention``."""
+    from hpcrl.core.generation.kv_cache import decode_attention
+
+    keys, values, valid = case["keys"].clone(), case["values"].clone(), case["valid"].clone()
+    column, width = case["column"], case["width"]
+    valid.index_fill_(1, column, True)
+    keys.index_copy_(2, column, case["k"].unsqueeze(2))
+    values.index_copy_(2, column, case["v"].unsqueeze(2))
+    rows = valid.shape[0]
+    bias = torch.where(valid[:, :width].view(rows, 1, 1, width), 0.0, -3.0e38)
+    out = decode_attention(case["q"], keys[:, :, :width], values[:, :, :width], bias, case["scale"])
+    return out, keys, values, valid
+
+
+def _triton(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from hpcrl.core.generation import triton_attention
+
+    keys, values, valid = case["keys"].clone(), case["values"].clone(), case["valid"].clone()
+    out = triton_attention.decode_attention_triton(
+        case["q"], case["k"], case["v"], keys, values, valid, case["column"],
+        case["width"], case["scale"],
+    )  # fmt: skip
+    return out, keys, values, valid
+
+
+def check_equals_eager(heads: str, kv_heads: str) -> None:
+    """(child) float32: the eager path's output to 1e-5, its cache and mask writes exactly."""
+    heads_n, kv_n = int(heads), int(kv_heads)
+    case = _case(seed=heads_n * 10 + kv_n, rows=5, heads=heads_n, kv_heads=kv_n,
+                 dtype=torch.float32)  # fmt: skip
+    want, want_keys, want_values, want_valid = _eager(case)
+    got, got_keys, got_values, got_valid = _triton(case)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got_keys, want_keys) and torch.equal(got_values, want_values)
+    assert torch.equal(got_valid, want_valid)
+
+
+def check_bf16_rounding() -> None:
+    """(child) bf16: the kernel keeps scores and probabilities in float32 where the eager
+    path rounds them to bf16 (Hugging Face's eager numerics); both stay within bf16
+    rounding of a float64 reference, the kernel no further than the eager path."""
+    case = _case(seed=7, rows=6, heads=4, kv_heads=2, dtype=torch.bfloat16)
+    got, *_ = _triton(case)
+    eager, *_ = _eager(case)
+    wide = {k: case[k].double() for k in ("q", "k", "v", "keys", "values")}
+    reference, *_ = _eager({**case, **wide})
+    error = lambda out: ((out.double() - reference).norm() / reference.norm()).item()  # noqa: E731
+    assert error(got) < 1e-2 and error(eager) < 1e-2, (error(got), error(eager))
+    assert error(got) <= error(eager) + 1e-3, (error(got), error(eager))
+
+
+def check_engine_greedy() -> None:
+    """(child) whole generations through ``EngineOptions(decode_attention="triton")``."""
+    torch.set_num_threads(1)
+    from tests.core import test_torch_engine as engine_tests
+
+    for name in ("tiny:llama", "tiny:qwen2"):
+        engine_tests.test_greedy_equals_hf_generate_on_each_architecture(name, "triton")
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 1)], ids=["mha", "gqa2", "mqa"])
+def test_triton_decode_attention_equals_the_eager_path(heads: int, kv_heads: int) -> None:
+    run_interpreted("check_equals_eager", str(heads), str(kv_heads))
+
+
+def test_triton_decode_attention_in_bf16_within_rounding() -> None:
+    run_interpreted("check_bf16_rounding")
+
+
+@pytest.mark.slow
+def test_triton_engine_greedy_equals_hf() -> None:
+    """On two architectures with grouped-query attention: the tokens Hugging Face's greedy
+    ``generate`` picks, and the teacher-forced log-probs (test_torch_engine.py's check)."""
+    run_interpreted("check_engine_greedy")
