@@ -68,6 +68,21 @@ def test_more_yaml_nodes_than_any_recipe_is_its_own_message(tmp_path, text):
     ]
 
 
+def test_nesting_deeper_than_any_recipe_is_its_own_message(tmp_path):
+    """200 nested lists: OmegaConf's recursive build ended in an internal RecursionError."""
+    path = tmp_path / "deep.yaml"
+    path.write_text(BASE + "a: " + "[" * 200 + "]" * 200 + "\n")
+    assert problems(path) == [
+        f"error: {path}: sequences and mappings nested more than 32 deep: deeper than any "
+        "recipe or profile (NeMo RL's example configs nest 8 deep at most)\n"
+        "  fix: check that this is the file you meant: a recipe or profile holds a few hundred "
+        "keys (data belongs in a data file, data.train_path)"
+    ]
+    path.write_text(BASE + "a: " + "[" * 31 + "]" * 31 + "\n")  # 32 deep with the file's map
+    (at_the_limit,) = problems(path)  # built and resolved; only the unknown key is refused
+    assert at_the_limit.startswith("error: a = [[[[") and "nested" not in at_the_limit
+
+
 def test_node_counts_expand_aliases_and_stop_at_the_limit():
     assert count_yaml_nodes(b"a: &x {b: 1, c: [1, 2]}\nd: *x\n", 100) == 17
     assert count_yaml_nodes(b"a: [" + b"1," * 50_000 + b"1]\n", 100) == 101
