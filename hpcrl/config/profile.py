@@ -11,10 +11,8 @@ from typing import Literal
 
 import attrs
 
-frozen = attrs.frozen(kw_only=True)
 
-
-@frozen
+@attrs.frozen(kw_only=True)
 class ContainerCfg:
     """A pyxis/enroot container for every srun step (``container``)."""
 
@@ -24,7 +22,7 @@ class ContainerCfg:
     mount_home: bool = False
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class RayPortsCfg:
     """Ray's ports (and the training group's torch master port). A port left unset (None)
     comes from the job's own port band (``hpcrl.config.port_bands``), so two jobs on one node
@@ -49,7 +47,7 @@ class RayPortsCfg:
         return {name: port for name, port in attrs.asdict(self).items() if port is not None}
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class SlurmCfg:
     """Slurm settings (used when ``scheduler: slurm``)."""
 
@@ -72,7 +70,7 @@ class SlurmCfg:
 GpuCount = int | Literal["auto"]
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ClusterProfile:
     """One site (``cluster_profiles/<name>.yaml``)."""
 

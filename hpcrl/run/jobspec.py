@@ -19,8 +19,6 @@ import attrs
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.config.recipe import Recipe
 
-frozen = attrs.frozen(kw_only=True)
-
 #: Slurm sends this signal ``signal_delay_s`` before the time limit; submitit's job
 #: environment handles it (checkpoint + requeue), so it must stay USR2.
 SUBMITIT_SIGNAL = "USR2"
@@ -28,7 +26,7 @@ SUBMITIT_SIGNAL = "USR2"
 SUBMITIT_TASK_TAIL = ("-u", "-m", "submitit.core._submit")
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ParallelLayout:
     """How ``world_size`` ranks split into parallel groups.
 
@@ -60,7 +58,7 @@ class ParallelLayout:
         return " × ".join(f"{name}={size}" for name, size in sizes)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class GenerationPlacement:
     """Where separate (non-colocated) vLLM generation workers run among the job's nodes.
 
@@ -121,7 +119,7 @@ def token_path(run_dir: str) -> str:
     return posixpath.join(run_dir, AUTH_DIR_NAME, TOKEN_FILE_NAME)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ContainerSpec:
     """The pyxis container every srun task runs in; mounts are ``host:container[:flags]``."""
 
@@ -136,7 +134,7 @@ Need = Literal[
 ]
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class PackageRequirement:
     """A package the job's Python must have (``hpcrl.plan.requirements``); checked on every
     node before Ray starts. ``distributions``: the names it is published under, the first
@@ -150,7 +148,7 @@ class PackageRequirement:
     pure_python: bool
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class CodeBundle:
     """hpcrl and its pure-Python packages, copied from the submitting environment into a
     folder named by a hash of its contents (``hpcrl.plan.bundle``), shared by every run of the
@@ -163,7 +161,7 @@ class CodeBundle:
     built_from: str  # sys.prefix of the environment the files were copied from
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class JobCode:
     """Which Python runs every task and where hpcrl comes from inside the job.
 
@@ -197,7 +195,7 @@ class JobCode:
 BUNDLE_ENTRY = "hpcrl_entry.py"
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class Check:
     """One pre-flight check that did not fail: what it checked and what it found."""
 
@@ -211,7 +209,7 @@ class Check:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class JobSpec:
     """A planned job (see ``hpcrl.plan.planner.plan``).
 
