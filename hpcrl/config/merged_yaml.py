@@ -40,6 +40,7 @@ from hpcrl.config.errors import Problem
 from hpcrl.config.overrides import apply_overrides
 from hpcrl.config.resolvers import env_reads_recorded, register_resolvers, resolver_names
 from hpcrl.config.secrets import is_secret_name
+from hpcrl.config.yaml_text import dict_container
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -114,7 +115,7 @@ def load_merged(
         for p in override_problems
         if p.is_error or not any(aliases.spellings_of(tuple(p.path.split("."))) & warned)
     ]
-    raw = OmegaConf.to_container(cfg, resolve=False)
+    raw = dict_container(cfg, resolve=False)
     aliases.add_alias_nodes(cfg)
     resolved, resolve_problems, unresolved, secret_reads = _resolve(cfg)
     aliases.drop_alias_nodes(resolved)
@@ -172,7 +173,7 @@ def _prune(data: dict[str, Any], issue: StructureIssue) -> None:
         parts = parts[:first_index]  # drop a whole list field: every list has a default
     if not parts:
         return
-    parent = data
+    parent: Any = data
     for part in parts[:-1]:
         parent = parent.get(part) if isinstance(parent, dict) else None
         if not isinstance(parent, dict):
@@ -215,6 +216,7 @@ def _load_tree(
                 _defaults_problem(path, base_path, "defaults form a cycle", "remove the cycle")
             )
         else:
+            assert base_path is not None  # _base_paths pairs a missing path with its problem
             base_data, base_problems, base_spellings = _load_tree(
                 base_path, chain + (path,), search
             )
@@ -332,13 +334,12 @@ def _resolve(
     """Every value resolved; keys that cannot be are reported and left out, and so are keys
     whose resolution reads a secret-named variable (returned as ``SecretRead``s, found by
     what ``${oc.env:...}`` really read, not by how the text looks)."""
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     register_resolvers()
     with env_reads_recorded() as reads:
         try:
-            resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+            resolved = dict_container(cfg, resolve=True, throw_on_missing=True)
             if not any(is_secret_name(name) for name in reads):
                 return resolved, [], (), ()
         except OmegaConfBaseException:
@@ -351,9 +352,8 @@ def _resolve_by_leaf(
 ) -> tuple[dict[str, Any], list[Problem], tuple[PathParts, ...], tuple[SecretRead, ...]]:
     """``_resolve`` one leaf at a time, so that each problem and each secret read has its key
     (``reads``: what ``env_reads_recorded`` records into)."""
-    from omegaconf import OmegaConf
 
-    resolved = OmegaConf.to_container(cfg, resolve=False)
+    resolved = dict_container(cfg, resolve=False)
     problems, unresolved, secret_reads = [], [], []
     for parts, node in _leaf_nodes(cfg, ()):
         if aliases.is_alias_path(parts):

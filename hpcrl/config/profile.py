@@ -107,8 +107,10 @@ class ClusterProfile:
         """Training workers per node: GPUs on GPU profiles, worker slots on CPU profiles.
 
         ``gpus_per_node: auto`` is resolved by the planner before anything reads this."""
-        assert self.gpus_per_node != "auto" or self.device == "cpu", "resolve auto GPUs first"
-        return self.gpus_per_node if self.device == "gpu" else self.worker_slots_per_node  # type: ignore[return-value]
+        if self.device != "gpu":
+            return self.worker_slots_per_node
+        assert self.gpus_per_node != "auto", "resolve auto GPUs first"
+        return self.gpus_per_node
 
     @property
     def code_mode(self) -> Literal["bundle", "installed"]:

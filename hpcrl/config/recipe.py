@@ -507,7 +507,7 @@ class Recipe:
     teacher: TeacherCfg | None = None
 
     @property
-    def algorithm(self) -> str:
+    def algorithm(self) -> Literal["grpo", "sft"]:
         """'grpo' or 'sft' (the rules guarantee exactly one section is set)."""
         return "grpo" if self.grpo is not None else "sft"
 

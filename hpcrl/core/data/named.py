@@ -86,8 +86,7 @@ def _paired_validation(train: DatasetCfg, seed: int) -> list[list[dict]] | None:
     if named.validation_split is not None:
         return _messages(train, named.validation_split, seed, carve_part=None)
     if named.validation_set is not None:
-        # The recipe's classes use an aliased attrs decorator that type checkers do not follow.
-        other = DatasetCfg(dataset_name=named.validation_set)  # type: ignore[call-arg]
+        other = DatasetCfg(dataset_name=named.validation_set)
         rows = _messages(other, _split_of(other, "train"), seed, carve_part=None)
         return rows * NAMED_DATASETS[named.validation_set].repeat_validation
     return None
