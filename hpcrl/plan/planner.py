@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.datasets import resolve_data_sections
 from hpcrl.config.env_rules import VLLM_ENV_VARS, training_env_vars
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
@@ -110,7 +111,7 @@ def plan(
         recipe_source=recipe_source,
         algorithm=recipe.algorithm,
         overrides=tuple(overrides),
-        recipe=recipe,
+        recipe=resolve_data_sections(recipe),  # the job merges no data defaults
         written_by=tuple(written_by or render_argv(recipe_source, cluster, overrides)),
         run_dir=run_dir,
         num_nodes=num_nodes,

@@ -1,8 +1,9 @@
 """The plan of one job: everything the templates, the submitter and the node entrypoint need.
 
 A ``JobSpec`` is the only input of rendering and the job's only input: it carries the typed,
-validated recipe it was planned from (``JobSpec.recipe``, data paths absolute), so the job
-never loads YAML nor checks a recipe against its plan. It is explicit on purpose: no field
+validated recipe it was planned from (``JobSpec.recipe``, data paths absolute, NeMo RL's
+data sections resolved), so the job never loads YAML, checks a recipe against its plan nor
+merges data defaults. It is explicit on purpose: no field
 has to be recomputed from the recipe or the profile downstream, and nothing here is a raw
 dict. Every collection is a tuple in a fixed order, so two equal plans render byte-identical
 scripts.
@@ -226,8 +227,10 @@ class JobSpec:
     recipe_source: str
     algorithm: Literal["grpo", "sft"]
     overrides: tuple[str, ...]
-    # The recipe as planned: validated, overrides applied, data paths absolute. The job reads
-    # it from here (never recipe.resolved.yaml, which is for people, diff and rerun).
+    # The recipe as planned: validated, overrides applied, data paths absolute, data.train and
+    # data.validation holding what data.default and the flat data.* keys give them (those
+    # unset: hpcrl.config.datasets.resolve_data_sections). The job reads it from here (never
+    # recipe.resolved.yaml, which is for people, diff and rerun).
     recipe: Recipe
     # The hpcrl command that wrote this script and reproduces it: `hpcrl render ... [-o DIR]`
     # for a single run (hpcrl submit runs it), `hpcrl sweep ...` for a sweep's scripts,
