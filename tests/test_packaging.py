@@ -195,7 +195,10 @@ START_UP_COMMANDS = {
     "validate grpo-tiny-1n-cpu --cluster local": "hpcrl.plan.job_python",
     "validate grpo-llama-1b-1n1g-megatron --cluster slurm-test": "hpcrl.plan.checkpoint_dir",
     "render grpo-tiny-1n-cpu --cluster local -o run": "hpcrl.render.script",
-    "render grpo-tiny-2n-cpu --cluster slurm-test-pyxis -o bundled": "hpcrl.render.bundle_writer",
+    # slurm-test-pyxis mounts /tmp only: the data must be there (hpcrl.plan.environment)
+    "render grpo-tiny-2n-cpu --cluster slurm-test-pyxis -o bundled data.train_path={cwd}/d.jsonl": (
+        "hpcrl.render.bundle_writer"
+    ),
 }
 
 
@@ -205,7 +208,8 @@ def test_cli_start_up_imports_no_heavy_module(command, tmp_path):
     never the training stack, nor a data or plotting library (HEAVY_AT_START_UP, with what
     each costs). The import set is asserted, not a time: a time would be flaky on a shared box
     (benchmarks/cli_latency.py measures it)."""
-    loaded = cli_start_up_modules(command.split(), tmp_path)
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n' * 64)
+    loaded = cli_start_up_modules([word.format(cwd=tmp_path) for word in command.split()], tmp_path)
     assert START_UP_COMMANDS[command] in loaded  # the run went where the command goes
     tops = {name.split(".")[0] for name in loaded}
     heavy = sorted(tops & set(HEAVY_AT_START_UP))

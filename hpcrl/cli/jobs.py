@@ -335,7 +335,7 @@ def _wait_sweep(sweep_dir: Path, job_records: list[JobRecord], console: Console)
 # --------------------------------------------------------------------------- logs / cancel
 def run_logs(args: argparse.Namespace) -> int:
     from hpcrl.config.errors import UserError
-    from hpcrl.submit.log_view import LogSelection
+    from hpcrl.submit.log_view import LogSelection, check_attempt
     from hpcrl.submit.run_logs import show_logs
 
     if args.driver and args.node not in (None, 0):
@@ -344,6 +344,7 @@ def run_logs(args: argparse.Namespace) -> int:
     selection = LogSelection(
         node=args.node, attempt=args.attempt, driver_only=args.driver, raw=args.raw
     )
+    check_attempt([], selection)  # a number no job can have: said before the folder is read
     # `hpcrl logs RUN | head` (a closed pipe) ends quietly: hpcrl.cli.failures
     return show_logs(folder_path(args.run), selection, args.point, follow_job=args.follow)
 

@@ -95,17 +95,16 @@ def prepare(
     recipe_source: str | None = None,
     written_by: tuple[str, ...] | None = None,
     provenance: dict[str, str] | None = None,
-    ask_job_python: bool = False,
 ) -> Prepared:
     """Load both inputs (reporting both one's problems together), then plan, then look at what
-    the job will find (``environment_problems``); raise ConfigError.
+    the job will find (``hpcrl.plan.environment``: the same check for every command); raise
+    ConfigError.
 
     ``for_submission``: placeholders of an example profile are errors (``hpcrl submit``).
     ``recipe_source``: the recipe as the run should name it (job name, default folder,
     manifest) when ``recipe`` is another file holding it (``hpcrl rerun``: a run's resolved
     recipe); ``written_by``: the command for the script (default ``hpcrl render ...``);
-    ``provenance``: more manifest entries (``hpcrl rerun``'s). ``ask_job_python``: also ask a
-    local job's Python for its packages (``hpcrl validate``)."""
+    ``provenance``: more manifest entries (``hpcrl rerun``'s)."""
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
     from hpcrl.config.errors import raise_if_errors
     from hpcrl.plan.planner import plan, render_argv
@@ -145,7 +144,9 @@ def prepare(
         written_by=written_by
         or render_argv(recipe, cluster, overrides, None if out is None else str(run_dir)),
     )
-    found = environment_problems(loaded.recipe, spec, ask_job_python=ask_job_python)
+    from hpcrl.plan.environment import environment_problems
+
+    found = environment_problems(loaded.recipe, spec)
     raise_if_errors([*warnings, *found])
     warnings += tuple(found)
     return Prepared(
@@ -168,22 +169,8 @@ def _as_source(name_or_path: str) -> str:
     return str(path.absolute()) if is_path and path.is_file() else name_or_path
 
 
-def environment_problems(recipe: Any, spec: JobSpec, *, ask_job_python: bool) -> list[Problem]:
-    """What would fail minutes into the job, seen from here: a model an offline job cannot
-    find in its Hugging Face cache (hpcrl.plan.hf_cache); with ``ask_job_python``, packages a
-    local job's Python lacks (hpcrl.plan.job_python)."""
-    from hpcrl.plan.hf_cache import check_models_cached
-
-    problems = check_models_cached(recipe, spec, os.environ)
-    if ask_job_python:
-        from hpcrl.plan.job_python import check_job_python
-
-        problems += check_job_python(spec)
-    return problems
-
-
 def run_validate(args: argparse.Namespace) -> int:
-    prepared = prepare(args.recipe, args.cluster, args.overrides, ask_job_python=True)
+    prepared = prepare(args.recipe, args.cluster, args.overrides)
     from hpcrl.cli.terminal import output_width
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)

@@ -37,12 +37,19 @@ def register(subparsers: Any) -> None:
 
 
 def _status_filter(args: argparse.Namespace) -> Any:
-    from hpcrl.config.errors import UserError
+    from hpcrl.config.errors import UsageError, UserError
+    from hpcrl.submit.job_status import RUN_STATES
     from hpcrl.submit.status_view import StatusFilter, parse_age
 
     states = {
         word.strip().upper() for text in args.state for word in text.split(",") if word.strip()
     }
+    unknown = sorted(states - RUN_STATES)
+    if unknown:
+        raise UsageError(
+            f"--state {','.join(unknown)}: not a run state",
+            fix=f"one or more of {', '.join(sorted(RUN_STATES))} (any case, comma-separated)",
+        )
     try:
         max_age_s = parse_age(args.since) if args.since is not None else None
     except ValueError as error:
@@ -74,9 +81,24 @@ def _listed(args: argparse.Namespace) -> list[Any]:
     from hpcrl.cli.user_config import default_runs_dir
     from hpcrl.submit.status_view import collect_run_dirs
 
-    runs_dir = folder_path(args.runs_dir) if args.runs_dir else default_runs_dir()
+    runs_dir = _given_runs_dir(args.runs_dir) if args.runs_dir else default_runs_dir()
     args.runs_dir = str(runs_dir)
     return collect_run_dirs([folder_path(run) for run in args.runs], runs_dir)
+
+
+def _given_runs_dir(given: str) -> Path:
+    """``--runs-dir`` as given: it must be a folder (the default one may not exist yet)."""
+    from hpcrl.config.errors import UsageError
+
+    path = folder_path(given)
+    if not path.is_dir():
+        what = "not a folder" if path.exists() else "no such folder"
+        raise UsageError(
+            f"--runs-dir {given}: {what}",
+            fix="give the folder that holds your run folders (runs/ where you submitted), or "
+            "name runs themselves: hpcrl status RUN ...",
+        )
+    return path
 
 
 def run_status(args: argparse.Namespace) -> int:

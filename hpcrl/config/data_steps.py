@@ -1,5 +1,5 @@
-"""How many steps a recipe's data gives: one source for the planner's warning and the
-driver's step count.
+"""How many steps a recipe's data gives, and which keys its rows need: one source for the
+planner's checks and the driver.
 
 As in NeMo RL, whose loop ends when ``max_num_epochs`` passes over the data are done or
 ``max_num_steps`` are taken (``while current_epoch < max_num_epochs and total_steps <
@@ -14,6 +14,15 @@ from __future__ import annotations
 import math
 
 from hpcrl.config.recipe import Recipe
+
+
+def required_keys(recipe: Recipe) -> list[str]:
+    """The keys every row of a JSONL data file must have: the prompt and GRPO's answer (the
+    environment's ground truth) or SFT's response."""
+    data = recipe.data
+    if recipe.algorithm == "sft":
+        return [data.prompt_key, data.response_key]
+    return [data.prompt_key, data.answer_key]
 
 
 def rows_per_step(recipe: Recipe) -> int:

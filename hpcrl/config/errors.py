@@ -90,6 +90,14 @@ class UserError(Exception):
         return f"{self.message} (fix: {self.fix})" if self.fix else self.message
 
 
+class UsageError(UserError):
+    """A command-line argument that cannot be right (an unknown state word, a folder that is
+    not there, an attempt no job can have): exit 2, like argparse's own usage errors, with
+    the fix."""
+
+    exit_code = 2
+
+
 def errors_only(problems: Iterable[Problem]) -> list[Problem]:
     return [problem for problem in problems if problem.is_error]
 

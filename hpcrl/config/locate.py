@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -133,11 +134,27 @@ def _refuse_non_file(path: Path, given: str, what: str) -> None:
         raise ConfigError(
             [Problem(path=what, value=given, message="a folder, not a file", fix=fix)]
         )
-    if path.exists():
-        message = "not a regular file (a device, a FIFO, ...)"
+    kind = non_file_kind(path)
+    if kind is not None:
+        message = f"{kind}, not a YAML file"
         raise ConfigError(
             [Problem(path=what, value=given, message=message, fix="give a YAML file")]
         )
+
+
+def non_file_kind(path: Path) -> str | None:
+    """What ``path`` is when it exists but is not a regular file ("a character device", ...);
+    None for a regular file or nothing at all."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    kinds = (
+        (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    )  # fmt: skip
+    return next((kind for is_kind, kind in kinds if is_kind(mode)), None)
 
 
 def _without_yaml_suffix(name: str) -> str:

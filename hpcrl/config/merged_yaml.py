@@ -37,9 +37,12 @@ from hpcrl.config.converter import PathParts, StructureIssue, format_path, try_s
 from hpcrl.config.data_paths import absolutize_data_files
 from hpcrl.config.deep_merge import deep_merge
 from hpcrl.config.errors import Problem
+from hpcrl.config.interpolation_size import oversized_values
+from hpcrl.config.locate import non_file_kind
 from hpcrl.config.overrides import apply_overrides
 from hpcrl.config.resolvers import env_reads_recorded, register_resolvers, resolver_names
 from hpcrl.config.secrets import is_secret_name
+from hpcrl.config.yaml_limits import yaml_size_problem
 from hpcrl.config.yaml_text import dict_container
 
 if TYPE_CHECKING:
@@ -117,7 +120,8 @@ def load_merged(
     ]
     raw = dict_container(cfg, resolve=False)
     aliases.add_alias_nodes(cfg)
-    resolved, resolve_problems, unresolved, secret_reads = _resolve(cfg)
+    oversized = oversized_values(dict_container(cfg, resolve=False))
+    resolved, resolve_problems, unresolved, secret_reads = _resolve(cfg, oversized)
     aliases.drop_alias_nodes(resolved)
     return MergedConfig(
         resolved=resolved,
@@ -231,6 +235,9 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any] | None, list[Problem]]:
     from hpcrl.config.yaml_text import load_yaml
 
     try:
+        too_large = yaml_size_problem(path)
+        if too_large is not None:
+            return None, [too_large]
         data = load_yaml(path)
     except FileNotFoundError:
         return None, [Problem(path=str(path), message="file not found", fix="check the path")]
@@ -283,12 +290,16 @@ def _base_path(name: str, path: Path, search: BaseSearch) -> tuple[Path | None, 
         folders += [folder for folder in search.folders if folder != path.parent]
     tried = []
     for folder in folders:
-        candidate = Path(os.path.normpath(folder / relative))
-        if not candidate.suffix:
-            candidate = candidate.with_suffix(".yaml")
+        given = Path(os.path.normpath(folder / relative))
+        candidate = given if given.suffix else given.with_suffix(".yaml")
         tried.append(candidate)
         if candidate.is_file() and not _same_file(candidate, path):
             return candidate, None
+        kind = non_file_kind(given) or non_file_kind(candidate)
+        if kind is not None:  # `defaults: /dev/zero` is there, but no file
+            shown = given if non_file_kind(given) else candidate
+            fix = "name a YAML file (a base recipe or profile)"
+            return None, _defaults_problem(path, name, f"{shown} is {kind}, not a YAML file", fix)
     where = ", ".join(str(candidate) for candidate in tried)
     fix = (
         f"a base name is looked up beside the file that lists it, then on the {search.what} "
@@ -316,7 +327,7 @@ def _normalise_file(data: dict[str, Any], path: Path) -> tuple[list[Problem], se
     if isinstance(section, dict):
         for key in DATA_PATH_KEYS:
             value = section.get(key)
-            if isinstance(value, str) and "${" not in value:
+            if isinstance(value, str) and "${" not in value and "://" not in value:
                 section[key] = _absolute(value, path.parent)
         absolutize_data_files(section, path.parent)  # NeMo RL's prompt files and data sets
     return problems, spellings
@@ -329,35 +340,46 @@ def _absolute(value: str, folder: Path) -> str:
 
 # --------------------------------------------------------------------------- interpolation
 def _resolve(
-    cfg: DictConfig,
+    cfg: DictConfig, oversized: dict[PathParts, Problem | None]
 ) -> tuple[dict[str, Any], list[Problem], tuple[PathParts, ...], tuple[SecretRead, ...]]:
     """Every value resolved; keys that cannot be are reported and left out, and so are keys
     whose resolution reads a secret-named variable (returned as ``SecretRead``s, found by
-    what ``${oc.env:...}`` really read, not by how the text looks)."""
+    what ``${oc.env:...}`` really read, not by how the text looks), and keys whose resolved
+    value would be too large to build (``oversized``, hpcrl.config.interpolation_size)."""
     from omegaconf.errors import OmegaConfBaseException
 
     register_resolvers()
     with env_reads_recorded() as reads:
         try:
-            resolved = dict_container(cfg, resolve=True, throw_on_missing=True)
-            if not any(is_secret_name(name) for name in reads):
-                return resolved, [], (), ()
-        except OmegaConfBaseException:
+            if not oversized:
+                resolved = dict_container(cfg, resolve=True, throw_on_missing=True)
+                if not any(is_secret_name(name) for name in reads):
+                    return resolved, [], (), ()
+        except (OmegaConfBaseException, RecursionError):
             pass  # find every bad interpolation and every ???, not only the first one
-        return _resolve_by_leaf(cfg, reads)
+        return _resolve_by_leaf(cfg, reads, oversized)
 
 
 def _resolve_by_leaf(
-    cfg: DictConfig, reads: list[str]
+    cfg: DictConfig, reads: list[str], oversized: dict[PathParts, Problem | None]
 ) -> tuple[dict[str, Any], list[Problem], tuple[PathParts, ...], tuple[SecretRead, ...]]:
     """``_resolve`` one leaf at a time, so that each problem and each secret read has its key
-    (``reads``: what ``env_reads_recorded`` records into)."""
+    (``reads``: what ``env_reads_recorded`` records into); ``oversized`` leaves are left out
+    with their problem."""
 
     resolved = dict_container(cfg, resolve=False)
-    problems, unresolved, secret_reads = [], [], []
+    problems: list[Problem] = []
+    unresolved: list[PathParts] = []
+    secret_reads: list[SecretRead] = []
     for parts, node in _leaf_nodes(cfg, ()):
         if aliases.is_alias_path(parts):
             continue  # the section it stands for is resolved (and reported) under its own name
+        if parts in oversized:
+            too_large = oversized[parts]  # None: it grows through a key reported itself
+            problems += [too_large] if too_large is not None else []
+            unresolved.append(parts)
+            _remove(resolved, parts)
+            continue
         reads.clear()
         value, problem = _resolve_leaf(cfg, parts, node)
         secret = next((name for name in reads if is_secret_name(name)), None)
@@ -402,6 +424,8 @@ def _resolve_leaf(cfg: DictConfig, parts: PathParts, node: Any) -> tuple[Any, Pr
 
 def _resolution_fix(message: str) -> str:
     """What to do about an interpolation that failed, by what failed."""
+    if "RecursionError" in message:
+        return "make ${...} refer to the value itself instead of through a long chain of keys"
     missing_env = re.search(r"Environment variable '([^']+)' not found", message)
     if missing_env:
         name = missing_env.group(1)

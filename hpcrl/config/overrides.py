@@ -270,6 +270,8 @@ def _absolute_data_path(override: Override) -> Any:
     # An override is typed in a shell: relative paths mean the current folder.
     is_data_path = override.parts in {("data", "train_path"), ("data", "val_path")}
     if is_data_path and isinstance(override.value, str) and "${" not in override.value:
+        if "://" in override.value:
+            return override.value  # a URL stays one (the plan says a data file is local)
         return os.path.abspath(os.path.expanduser(override.value))
     return override.value
 

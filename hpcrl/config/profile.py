@@ -97,6 +97,10 @@ class ClusterProfile:
     # "token": the job's Ray cluster admits only holders of the job's own token (hpcrl creates
     # one per run); "none" turns Ray's authentication off, with a warning at every command.
     ray_auth: Literal["token", "none"] = "token"
+    # The Ray release of the job's Python (the image's), e.g. "2.55.1": checked against what
+    # hpcrl runs on and what ray_auth needs before the queue wait. Unset: known from a NeMo
+    # RL release image's tag (hpcrl.plan.images), else checked by each node when the job starts.
+    ray_version: str | None = None
     # torch.compile's caches (Inductor, AOTAutograd, Triton), shared by every run: an absolute
     # path as the job sees it, on storage its nodes share. Unset: <runs>/.hpcrl-cache/
     # torch-compile beside the run folders (hpcrl.plan.compile_cache).

@@ -7,6 +7,7 @@ import re
 import attrs
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.field_bounds import PROFILE_BOUNDS, check_bounds
 from hpcrl.config.port_bands import FIRST_BAND_PORT, bands_end
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.range_rules import (
@@ -24,6 +25,10 @@ from hpcrl.config.secrets import (
 
 # Slurm's forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 SLURM_TIME = re.compile(r"^\d+(:\d{1,2}){0,2}$|^\d+-\d{1,2}(:\d{1,2}){0,2}$")
+#: Slurm keeps a time limit as 32-bit seconds: 2**31 - 1 s, 24855-03:14:07, is the longest
+#: it holds (longer ones wrap around: measured on the test cluster's Slurm 22.05).
+MAX_SLURM_TIME_LIMIT_S = 2**31 - 1
+MAX_SLURM_TIME_LIMIT = "24855-03:14:07"
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 #: An absolute path or a bare command name, without shell syntax or spaces.
 PYTHON_COMMAND = re.compile(r"/[A-Za-z0-9._+/-]+|[A-Za-z0-9._+-]+")
@@ -37,9 +42,14 @@ def check_profile(profile: ClusterProfile) -> list[Problem]:
     return problems
 
 
+def rule_field_bounds(profile: ClusterProfile) -> list[Problem]:
+    """Each field's own range (``hpcrl.config.field_bounds``)."""
+    return check_bounds(profile, PROFILE_BOUNDS)
+
+
 def rule_counts_positive(profile: ClusterProfile) -> list[Problem]:
     problems = []
-    if profile.device == "gpu" and profile.gpus_per_node != "auto" and profile.gpus_per_node < 1:
+    if profile.device == "gpu" and profile.gpus_per_node == 0:  # negative: rule_field_bounds
         problems.append(
             _positive(
                 "gpus_per_node",
@@ -119,6 +129,18 @@ def rule_time_limit(profile: ClusterProfile) -> list[Problem]:
                 fix='write [D-]HH:MM:SS, e.g. slurm.time_limit: "04:00:00"',
             )
         ]
+    if seconds > MAX_SLURM_TIME_LIMIT_S:
+        return [
+            Problem(
+                path="slurm.time_limit",
+                value=profile.slurm.time_limit,
+                message="longer than Slurm can hold: it counts a time limit in 32-bit seconds "
+                f"(at most {MAX_SLURM_TIME_LIMIT}), and a longer one wraps around to another "
+                "limit (Slurm 22.05 turns 99999999-00:00:00 into 2965552-16:25:00)",
+                fix="write the time the run needs, at most the partition's MaxTime (scontrol "
+                'show partition), e.g. slurm.time_limit: "04:00:00"',
+            )
+        ]
     if profile.slurm.signal_delay_s >= seconds:
         return [
             Problem(
@@ -154,11 +176,10 @@ def time_limit_s(text: str) -> int | None:
 
 
 def rule_slurm_counts(profile: ClusterProfile) -> list[Problem]:
-    """Requeues, array parallelism and the signal delay: plain ranges."""
+    """Array parallelism and the signal delay: plain ranges (requeues: rule_field_bounds)."""
     slurm = profile.slurm
     limits = (
         ("slurm.array_parallelism", slurm.array_parallelism, 1, "at most this many sweep points run at once"),
-        ("slurm.max_requeues", slurm.max_requeues, 0, "0: never requeue on timeout or preemption"),
         ("slurm.signal_delay_s", slurm.signal_delay_s, 0, "seconds before the time limit, e.g. 90"),
     )  # fmt: skip
     return [
@@ -186,7 +207,7 @@ def rule_names_and_images(profile: ClusterProfile) -> list[Problem]:
                 path="container.image",
                 value=profile.container.image,
                 message="empty",
-                fix="set the image pyxis runs (e.g. nvcr.io/nvidia/nemo-rl:v0.4.0), or remove "
+                fix="set the image pyxis runs (e.g. nvcr.io#nvidia/nemo-rl:v0.7.0), or remove "
                 "the container section",
             )
         )
@@ -463,6 +484,7 @@ def _ports_in_job_bands(ports: dict[str, int], uses_band: bool) -> list[Problem]
 
 
 PROFILE_RULES = (
+    rule_field_bounds,
     rule_counts_positive,
     rule_auto_gpus_only_here,
     rule_bundle_packages,

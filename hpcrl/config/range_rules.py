@@ -12,6 +12,7 @@ import math
 from typing import TypeGuard
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.field_bounds import RECIPE_BOUNDS, check_bounds
 from hpcrl.config.recipe import Recipe
 
 #: Far above any cluster (the largest have ~10,000 nodes): a count beyond it is a typo.
@@ -228,7 +229,39 @@ def rule_batch_bounds(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_field_bounds(recipe: Recipe) -> list[Problem]:
+    """Each field's own range (``hpcrl.config.field_bounds``: seeds, step counts, ...)."""
+    return check_bounds(recipe, RECIPE_BOUNDS)
+
+
+def rule_response_fits_sequence(recipe: Recipe) -> list[Problem]:
+    """GRPO's ``max_new_tokens`` cannot exceed the context a prompt and its response share
+    (vLLM's ``max_model_len`` where set, else ``max_total_sequence_length``): each response
+    is capped at what its prompt leaves, as in NeMo RL, so ``max_new_tokens`` equal to the
+    context (NeMo RL's ``${policy.max_total_sequence_length}``) means "as long as fits"."""
+    generation = recipe.policy.generation
+    context = recipe.policy.max_total_sequence_length
+    if generation.backend == "vllm" and generation.vllm_cfg.max_model_len is not None:
+        context = generation.vllm_cfg.max_model_len
+    if recipe.grpo is None or context < 1 or generation.max_new_tokens <= context:
+        return []
+    return [
+        Problem(
+            path="policy.generation.max_new_tokens",
+            value=generation.max_new_tokens,
+            message=f"longer than any response can be: a prompt and its response share "
+            f"{context:,} tokens (the generation context), and each response stops at what "
+            "its prompt leaves",
+            fix=f"set policy.generation.max_new_tokens to at most {context:,} (or "
+            "${policy.max_total_sequence_length}: as long as fits), or raise "
+            "policy.max_total_sequence_length",
+        )
+    ]
+
+
 RANGE_RULES = (
+    rule_field_bounds,
+    rule_response_fits_sequence,
     rule_optimizer_ranges,
     rule_megatron_optimizer_ranges,
     rule_checkpointing_ranges,

@@ -51,8 +51,13 @@ TOKEN_SHAPES = (
     ("an API key (sk-...)", re.compile(r"\bsk-[A-Za-z0-9_-]{30,}")),
     ("a Slack token", re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{20,}")),
     ("a GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}")),
-    ("a password in a URL", re.compile(r"://[^/\s:@'\"]+:[^/\s@'\"]+@")),
+    (
+        "a password in a URL",
+        re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]*:/{1,3})([^/\s:@'\"]+):[^/\s@'\"]+@"),
+    ),
 )
+#: How a found shape is hidden when the text around it is worth keeping: the URL, its user.
+KEPT_AROUND = {"a password in a URL": r"\1\2:<password hidden>@"}
 PASS_ENV_FIX = (
     "remove the value; list {name} under the cluster profile's pass_env instead (the job then "
     "gets it from the shell you submit from, and it is never written to disk)"
@@ -117,5 +122,5 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
     for value, name in sorted(secret_values(environ).items(), key=lambda item: -len(item[0])):
         text = text.replace(value, f"<value of ${name} hidden>")
     for kind, shape in TOKEN_SHAPES:
-        text = shape.sub(f"<{kind} hidden>", text)
+        text = shape.sub(KEPT_AROUND.get(kind, f"<{kind} hidden>"), text)
     return text

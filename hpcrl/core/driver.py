@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.config.checkpoint_metrics import record_key
-from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
+from hpcrl.config.data_steps import num_steps_in_epochs, required_keys, rows_per_step
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
@@ -145,7 +145,7 @@ def _environment(recipe: Recipe) -> Any:
 def _training_rows(recipe: Recipe, tokenizer: Any) -> list[dict]:
     """``data.train_path`` (JSONL) or NeMo RL's named set (``hpcrl.core.data.named``)."""
     if recipe.data.train_path is not None:
-        return load_jsonl(Path(recipe.data.train_path), _required_keys(recipe))
+        return load_jsonl(Path(recipe.data.train_path), required_keys(recipe))
     from hpcrl.core.data.named import load_named_rows
 
     rows = load_named_rows(recipe, tokenizer, "train")
@@ -173,7 +173,7 @@ def _validation_rows(recipe: Recipe, tokenizer: Any) -> list[dict] | None:
             flush=True,
         )
         return None
-    rows = load_jsonl(Path(recipe.data.val_path), _required_keys(recipe))
+    rows = load_jsonl(Path(recipe.data.val_path), required_keys(recipe))
     return _limit_validation(recipe, rows)
 
 
@@ -200,12 +200,6 @@ def _make_validate_fn(
     return functools.partial(
         validation.sft_validation, policy, recipe, tokenizer, rows, jobspec.world_size
     )
-
-
-def _required_keys(recipe: Recipe) -> list[str]:
-    if recipe.algorithm == "sft":
-        return [recipe.data.prompt_key, recipe.data.response_key]
-    return [recipe.data.prompt_key, recipe.data.answer_key]
 
 
 def _make_step_fn(

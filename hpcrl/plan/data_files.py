@@ -10,17 +10,22 @@ come from the image, which only the job sees.
 
 A training file with fewer rows than ``max_num_steps`` steps take in ``max_num_epochs``
 passes is a warning, with the numbers and the fix: the run would stop early (as NeMo RL's
-does; ``hpcrl.config.data_steps``). Only as many lines are read as that takes.
+does; ``hpcrl.config.data_steps``). Only as many lines are read as that takes. The first rows
+must be JSON objects holding the keys the job reads from every row (``/etc/shadow`` is not a
+data file, however many lines it has); a message names the line, never what it holds.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 from pathlib import Path
+from typing import BinaryIO
 
 from hpcrl.config.data_steps import (
     epochs_needed,
     num_steps_in_epochs,
+    required_keys,
     rows_needed,
     rows_per_step,
 )
@@ -32,6 +37,10 @@ from hpcrl.plan.mounts import Mount, is_under
 DATA_KEYS = ("train_path", "val_path")
 #: Counting stops here (a file this large holds enough rows for any sensible run).
 MAX_COUNTED_BYTES = 1 << 30
+#: The rows whose form is checked (JSON objects holding the keys the job reads): enough to
+#: tell a data file from another kind of file, without reading a large one.
+FORM_CHECKED_ROWS = 100
+MAX_FORM_CHECKED_BYTES = 16 << 20
 
 
 def check_data_files(
@@ -50,12 +59,67 @@ def check_data_files(
                            fix=f"point data.{key} at a JSONL file (relative paths in a recipe "
                            "are relative to the recipe's folder; in an override, to the "
                            "current folder)")  # fmt: skip
-        else:
-            found.append(f"data.{key}")
-            if key == "train_path":
-                check_data_lasts(recipe, Path(host_path), findings)
+            continue
+        form = jsonl_form_problem(Path(host_path), required_keys(recipe))
+        if form is not None:
+            findings.error(f"data.{key}", form, value=path, fix=_form_fix(recipe, key))
+            continue
+        found.append(f"data.{key}")
+        if key == "train_path":
+            check_data_lasts(recipe, Path(host_path), findings)
     if found:
-        findings.passed("data_files", f"{' and '.join(found)} found")
+        findings.passed(
+            "data_files",
+            f"{' and '.join(found)} found, JSONL rows with {', '.join(required_keys(recipe))} "
+            f"(the first {FORM_CHECKED_ROWS} rows checked)",
+        )
+
+
+def jsonl_form_problem(path: Path, keys: list[str]) -> str | None:
+    """Why ``path`` is not a JSONL file whose rows have ``keys`` (None: its first
+    ``FORM_CHECKED_ROWS`` rows are). Says where and what, never what the file holds."""
+    try:
+        with path.open("rb") as stream:
+            lines = _first_rows(stream)
+    except OSError as error:
+        return f"cannot be read: {error.strerror or error}"
+    if not lines:
+        return "holds no rows (a JSONL file: one JSON object per line)"
+    for number, raw in lines:
+        where = f"line {number} of {path.name}"
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            return f"{where} is not UTF-8 text: a data file is JSONL, one JSON object per line"
+        except (ValueError, RecursionError):
+            return f"{where} is not JSON: a data file is JSONL, one JSON object per line"
+        if not isinstance(row, dict):
+            return f"{where} is a JSON {type(row).__name__}, not an object (one per line)"
+        missing = [name for name in keys if name not in row]
+        if missing:
+            named = ", ".join(f'"{name}"' for name in missing)
+            return f"{where} has no {named}: the job reads {', '.join(keys)} from every row"
+    return None
+
+
+def _first_rows(stream: BinaryIO) -> list[tuple[int, bytes]]:
+    """(line number, bytes) of the first non-empty lines, within a bounded read."""
+    rows: list[tuple[int, bytes]] = []
+    for number, line in enumerate(stream, start=1):
+        if line.strip():
+            rows.append((number, line.strip()))
+        if len(rows) >= FORM_CHECKED_ROWS or stream.tell() > MAX_FORM_CHECKED_BYTES:
+            break
+    return rows
+
+
+def _form_fix(recipe: Recipe, key: str) -> str:
+    second = "answer" if recipe.grpo is not None else "response"
+    names = f"data.prompt_key and data.{second}_key"
+    return (
+        f"point data.{key} at a JSONL file of the recipe's rows, or set {names} to the names "
+        "its rows use"
+    )
 
 
 def check_data_lasts(recipe: Recipe, path: Path, findings: Findings) -> None:
@@ -111,6 +175,8 @@ def _host_side(path: str, mounts: list[Mount]) -> str | None:
 
 
 def _why_unusable(host_path: Path, path: str) -> str:
+    if "://" in path:
+        return "a URL: a data file is read from the job's filesystem (download it first)"
     seen_as = "" if str(host_path) == path else f" (on this machine: {host_path})"
     if host_path.is_dir():
         return f"a folder, not a data file{seen_as}"

@@ -27,6 +27,7 @@ from hpcrl.plan.compile_cache import CACHE_VARIABLES, compile_cache_env, plan_co
 from hpcrl.plan.data_files import check_data_files
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.gpus import resolve_local_gpus
+from hpcrl.plan.images import check_image_reference
 from hpcrl.plan.layout import profile_path
 from hpcrl.plan.placeholders import check_placeholders
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
@@ -88,6 +89,7 @@ def plan(
     # cluster.num_nodes is the whole job, generation's nodes included (NeMo RL's meaning).
     num_nodes = recipe.cluster.num_nodes
     mounts = mount_checks.check_mount_syntax(profile, findings)
+    check_image_reference(profile, findings)
     code, bundle_mount = plan_code(recipe, profile, host, mounts, findings)
     runs_dir = posixpath.dirname(host.bundles_dir)  # the bundles' folder: <runs>/.hpcrl-bundles
     compile_dir, compile_mount = plan_compile_cache(profile, runs_dir, mounts, findings)
@@ -215,7 +217,29 @@ def _plan_layout(
     return layout
 
 
+#: Linux's PATH_MAX (4096 bytes, the terminating NUL included) less room for what the job
+#: writes below the run folder (logs/node<k>/attempt<r>/..., submitit's files, checkpoints).
+MAX_RUN_DIR_BYTES = 4095 - 512
+NAME_MAX_BYTES = 255  # one folder name
+
+
 def _check_run_dir(run_dir: str, profile: ClusterProfile, findings: Findings) -> None:
+    size = len(run_dir.encode("utf-8", "surrogateescape"))
+    longest = max(len(part.encode("utf-8", "surrogateescape")) for part in run_dir.split("/"))
+    if size > MAX_RUN_DIR_BYTES or longest > NAME_MAX_BYTES:
+        what = (
+            f"a folder name of {longest} bytes (at most {NAME_MAX_BYTES})"
+            if longest > NAME_MAX_BYTES
+            else f"{size:,} bytes long (at most {MAX_RUN_DIR_BYTES:,})"
+        )
+        findings.error(
+            "run_dir",
+            f"{what}: Linux refuses paths over 4,096 bytes and names over 255, and the job "
+            "writes files a few hundred characters deep below its run folder",
+            value=run_dir,
+            fix="choose a shorter folder with -o/--out",
+        )
+        return
     bad_chars = "%" + (",:" if profile.container is not None else "")
     if (
         not run_dir.startswith("/")

@@ -14,6 +14,7 @@ from hpcrl.config.env_rules import training_env_vars
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan.findings import Findings
+from hpcrl.plan.images import NEMO_RL_IMAGE_RAY, RECOMMENDED_IMAGE, check_image_ray
 from hpcrl.plan.layout import profile_path
 from hpcrl.run.jobspec import (
     AUTH_DIR_NAME,
@@ -40,6 +41,19 @@ def check_ray_auth(recipe: Recipe, profile: ClusterProfile, findings: Findings) 
                 value=name,
                 fix="remove it; to turn authentication off, set ray_auth: none in the profile",
             )
+    found = check_image_ray(profile, findings)
+    if profile.ray_auth == "token" and found is not None and not _has_token_auth(found.version):
+        findings.error(
+            profile_path(profile, "ray_auth"),
+            f"token authentication needs ray{RAY_TOKEN_AUTH_SPEC}, and the job's Ray would be "
+            f"{found.version} ({found.source}): every node would refuse the job after the "
+            "queue wait",
+            value="token",
+            fix=f"use an image with ray{RAY_TOKEN_AUTH_SPEC}, e.g. container.image: "
+            f"{RECOMMENDED_IMAGE} (Ray {NEMO_RL_IMAGE_RAY[RECOMMENDED_IMAGE]}), or set "
+            "ray_auth: none (anyone who reaches the job's ports can then run code as you)",
+        )
+        return
     if profile.ray_auth == "none":
         findings.warn(
             "ray_auth",
@@ -50,12 +64,23 @@ def check_ray_auth(recipe: Recipe, profile: ClusterProfile, findings: Findings) 
             f"default; it needs ray{RAY_TOKEN_AUTH_SPEC} in the job's Python or image)",
         )
     else:
+        has = (
+            f"the job's Ray is {found.version} ({found.source})"
+            if found is not None
+            else "each node checks that before Ray starts"
+        )
         findings.passed(
             "ray_auth",
             "Ray token authentication: every node and the driver read the job's own token "
             f"from <run_dir>/{AUTH_DIR_NAME}/{TOKEN_FILE_NAME} (mode 0600); it needs "
-            f"ray{RAY_TOKEN_AUTH_SPEC}, which each node checks before Ray starts",
+            f"ray{RAY_TOKEN_AUTH_SPEC}: {has}",
         )
+
+
+def _has_token_auth(version: str) -> bool:
+    from hpcrl.run.versions import in_range  # the preflight's own comparison (pure Python)
+
+    return in_range(version, RAY_TOKEN_AUTH_SPEC)
 
 
 def _named_variables(recipe: Recipe, profile: ClusterProfile) -> Iterable[tuple[str, str]]:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from hpcrl.plan.bundle import BundleContents, collect_bundle
-from hpcrl.run.atomic_files import current_umask
+from hpcrl.run.atomic_files import current_umask, make_folders, no_space_or
 from hpcrl.run.jobspec import CodeBundle
 
 MANIFEST_NAME = "BUNDLE.json"
@@ -41,11 +41,14 @@ def write_bundle(bundle: CodeBundle) -> Path:
             f"one of {', '.join(name for name, _ in bundle.packages)} changed on disk while "
             "the job was rendered; render it again"
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
+    created = make_folders(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         _fill(staging, contents, bundle)
         _publish(staging, target)
+    except OSError as error:
+        shutil.rmtree(created[0] if created else staging, ignore_errors=True)
+        raise no_space_or(error, target.parent) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when the rename won
     return target

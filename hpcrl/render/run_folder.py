@@ -118,7 +118,6 @@ def write_run_folder(
     except OSError as error:
         raise unusable_folder(folder, error) from None
     write_job_token(spec)  # before anything that could name it; kept when it exists
-    _make_compile_cache(spec)
     if spec.code.bundle is not None:
         bundle = write_bundle(spec.code.bundle)
         replace_symlink(folder / CODE_LINK_NAME, os.path.relpath(bundle, folder))
@@ -130,6 +129,7 @@ def write_run_folder(
         spec, recipe_path=recipe_path, load_warnings=load_warnings, provenance=provenance
     )
     write_file(run.manifest, json.dumps(manifest, indent=2) + "\n")
+    _make_compile_cache(spec)  # last: a write that fails above (a full disk) leaves none
     return run
 
 

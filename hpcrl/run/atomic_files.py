@@ -46,18 +46,69 @@ def write_file(path: Path, content: str | bytes, *, executable: bool = False) ->
         refuse_secrets(path, content)
     data = content.encode("utf-8") if isinstance(content, str) else content
     mode = EXECUTABLE_MODE if executable else FILE_MODE
-    temp_path, fd = _open_exclusive_temp(path, mode)
+    try:
+        temp_path, fd = _open_exclusive_temp(path, mode)
+    except OSError as error:
+        raise no_space_or(error, path.parent) from None
     try:
         with os.fdopen(fd, "wb") as stream:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temp_path, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temp_path)
+        if isinstance(error, OSError):
+            raise no_space_or(error, path.parent) from None
         raise
     return path
+
+
+class NoSpaceLeft(UserError):
+    """The filesystem of a run folder is full (or the user's quota is used up): said with the
+    folder, and what the command had begun there is removed."""
+
+    def __init__(self, folder: Path, error: OSError):
+        what = "the disk quota is used up" if error.errno == errno.EDQUOT else "the disk is full"
+        super().__init__(
+            f"no space left on {folder} ({what}); nothing was left behind",
+            fix=f"free space there (df -h {folder}), or write the run elsewhere with -o/--out",
+        )
+
+
+def is_disk_full(error: BaseException) -> bool:
+    return isinstance(error, NoSpaceLeft) or (
+        isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+    )
+
+
+def no_space_or(error: OSError, folder: Path) -> OSError | NoSpaceLeft:
+    """``NoSpaceLeft`` for a full disk, naming ``folder``; else ``error`` itself."""
+    return NoSpaceLeft(folder, error) if is_disk_full(error) else error
+
+
+def make_folders(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing parents, outermost first; returns those it created.
+    A loop, not ``Path.mkdir(parents=True)``, whose recursion ends in a RecursionError for a
+    path about a thousand folders deep."""
+    missing = []
+    current = Path(os.path.abspath(folder))
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    created = []
+    for path in reversed(missing):
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue
+        created.append(path)
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(folder))
+    return created
 
 
 class SecretInRunFile(UserError):

@@ -18,7 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from hpcrl.config.errors import UserError
-from hpcrl.run.atomic_files import FILE_MODE, TEMP_NAME
+from hpcrl.run.atomic_files import (
+    FILE_MODE,
+    TEMP_NAME,
+    NoSpaceLeft,
+    is_disk_full,
+    make_folders,
+)
 from hpcrl.run.jobspec_file import JOBSPEC_FILE
 
 LOCK_NAME = ".hpcrl.lock"
@@ -59,18 +65,43 @@ def run_folder_lock(
     folder = Path(folder)
     lock_path = folder / LOCK_NAME
     refuse_foreign_folder(folder)
+    created: list[Path] = []
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        created = make_folders(folder)
+        lock_was_there = os.path.lexists(lock_path)
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
     except OSError as error:
-        raise unusable_folder(folder, error) from None
+        _remove_created(created, None)
+        raise (
+            NoSpaceLeft(folder, error) if is_disk_full(error) else unusable_folder(folder, error)
+        ) from None
     try:
         if _acquire(fd, timeout_s, folder, lock_path):
             os.ftruncate(fd, 0)
             os.write(fd, f"{command} (pid {os.getpid()})\n".encode())
         yield folder
+    except BaseException as error:
+        if not is_disk_full(error):
+            raise
+        # A full disk leaves what this command began: the folders it made, or its lock file.
+        _remove_created(created, None if lock_was_there else lock_path)
+        if isinstance(error, OSError):
+            raise NoSpaceLeft(folder, error) from None
+        raise
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _remove_created(created: list[Path], lock_path: Path | None) -> None:
+    """Remove the outermost folder this command created (with all it wrote inside), or only
+    the lock file it created in a folder that was there before."""
+    import shutil
+
+    if created:
+        shutil.rmtree(created[0], ignore_errors=True)
+    elif lock_path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
 
 
 def refuse_foreign_folder(folder: Path) -> None:

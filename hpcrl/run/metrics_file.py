@@ -12,7 +12,8 @@ Whatever the file holds, reading it never fails and never guesses silently: a li
 not a JSON object with an integer ``step`` is skipped and each skip is reported as a note. A
 torn last line (the job is still writing it) is skipped without a note. Records are taken in
 step order; a step written twice (a requeued attempt redoing it) counts once, with its
-later line.
+later line. Steps between 1 and the last one written that have no line (the file was cut or
+deleted while the job wrote it) are named in a note, with how many steps the figures cover.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,41 @@ def read_metrics_file(run_dir: Path) -> MetricsFile:
             "; ..." if len(skipped) > MAX_NOTED_LINES else ""
         )
         notes.append(f"{path}: skipped {len(skipped)} unreadable line(s) ({shown})")
-    return MetricsFile(records=_in_step_order(records), notes=tuple(notes))
+    ordered = _in_step_order(records)
+    missing = missing_steps([record["step"] for record in ordered])
+    if missing:
+        notes.append(missing_steps_note(path, missing, ordered[-1]["step"], bool(skipped)))
+    return MetricsFile(records=ordered, notes=tuple(notes))
+
+
+def missing_steps(steps: Sequence[int]) -> list[tuple[int, int]]:
+    """(first, last) of each run of training steps that has no line, between step 1 and the
+    last step written (``steps`` in order; step 0 is validation before training). A job
+    writes every step from 1 on; a resumed one rewrites those after its checkpoint."""
+    gaps, expected = [], 1
+    for step in (step for step in steps if step >= 1):
+        if step > expected:
+            gaps.append((expected, step - 1))
+        expected = step + 1
+    return gaps
+
+
+def missing_steps_note(
+    path: Path, gaps: list[tuple[int, int]], last: int, skipped_lines: bool
+) -> str:
+    count = sum(high - low + 1 for low, high in gaps)
+    ranges = [str(low) if low == high else f"{low}-{high}" for low, high in gaps]
+    shown = ", ".join(ranges[:MAX_NOTED_LINES]) + (", ..." if len(ranges) > MAX_NOTED_LINES else "")
+    why = (
+        "unreadable (see above) or"
+        if skipped_lines
+        else "the file was changed or cut while the job wrote it:"
+    )
+    return (
+        f"{path}: lines are missing: {count:,} of the {last:,} steps up to step {last:,} have "
+        f"none (steps {shown}), so the figures cover {last - count:,} steps; {why} the job's "
+        "own log (hpcrl logs --driver) shows every step"
+    )
 
 
 def _parse_lines(data: bytes) -> tuple[list[dict[str, Any]], list[str]]:

@@ -19,6 +19,7 @@ Only the standard library: both the login side and the job side import this modu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -50,6 +51,10 @@ def write_job_token(spec: JobSpec) -> None:
         ensure_token_file(spec.ray_token_path)
     except (TokenFileError, OSError) as error:
         from hpcrl.config.errors import ConfigError, Problem
+        from hpcrl.run.atomic_files import NoSpaceLeft, is_disk_full
+
+        if is_disk_full(error):  # not a question of file modes
+            raise NoSpaceLeft(Path(spec.ray_token_path).parent.parent, error) from None  # type: ignore[arg-type]
 
         raise ConfigError([Problem(
             path="run_dir", value=spec.run_dir,
@@ -141,10 +146,15 @@ def _publish_new_token(path: Path) -> None:
 
 
 def _write_new_token(path: Path) -> None:
+    """Create ``path`` holding a new token; a write that fails (a full disk) leaves no file."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, TOKEN_FILE_MODE)
     try:
         os.fchmod(fd, TOKEN_FILE_MODE)  # open's mode is masked by the umask
         os.write(fd, (secrets.token_hex(TOKEN_BYTES) + "\n").encode())
         os.fsync(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)

@@ -10,6 +10,13 @@ FINAL_STATES = frozenset(
     {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
      "DEADLINE", "PREEMPTED_FINAL", "REVOKED", "LOST", "STALE"}
 )  # fmt: skip
+#: Every state ``hpcrl status`` can show (and ``--state`` filters by): Slurm's job states,
+#: hpcrl's own (a run never submitted, a job sacct forgot or cannot answer for).
+RUN_STATES = FINAL_STATES | frozenset(
+    {"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "PREEMPTED", "REQUEUED", "REQUEUE_FED",
+     "REQUEUE_HOLD", "RESIZING", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT", "STOPPED",
+     "NOT_SUBMITTED", "UNKNOWN", "UNREACHABLE"}
+)  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)

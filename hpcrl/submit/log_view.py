@@ -31,7 +31,8 @@ from typing import TextIO
 
 import attrs
 
-from hpcrl.config.errors import UserError
+from hpcrl.config.errors import UsageError, UserError
+from hpcrl.config.field_bounds import MAX_REQUEUES
 from hpcrl.config.secrets import redact
 from hpcrl.run.attempt_banner import ATTEMPT_BANNER_RE
 from hpcrl.run.causes import read_causes
@@ -44,6 +45,8 @@ from hpcrl.submit.shutdown_noise import Cancellation, NoiseFilter, cancellation_
 #: CSI sequences (colours, cursor moves) and OSC sequences (titles, links).
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 SUBMITIT_LABELS = ("stdout", "stderr")
+#: The first run and Slurm's requeues, whose count is a 16-bit number (config.field_bounds).
+MAX_ATTEMPTS = MAX_REQUEUES + 1
 ATTEMPT_DIR = re.compile(r"attempt(?P<index>[0-9]+)/(?P<name>.+)")
 #: submitit's records that its logger also writes to stderr (its handler there: WARNING up).
 SUBMITIT_ON_BOTH = re.compile(r"submitit (?:WARNING|ERROR|CRITICAL) \(")
@@ -151,9 +154,12 @@ def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
     """``--attempt K`` beyond what every run's logs show is an error naming the ones there."""
     if selection.attempt is None:
         return
-    if selection.attempt < 1:
-        raise UserError(f"--attempt {selection.attempt}: attempts count from 1",
-                        fix="e.g. --attempt 1")  # fmt: skip
+    if not 1 <= selection.attempt <= MAX_ATTEMPTS:
+        raise UsageError(
+            f"--attempt {selection.attempt}: attempts count from 1 to at most {MAX_ATTEMPTS:,} "
+            "(a job's first run and each of its requeues; Slurm counts requeues in 16 bits)",
+            fix="e.g. --attempt 1, or leave --attempt out for all",
+        )
     for run in runs:
         files = list_log_files(run.run_dir, run.record, selection.node, earlier_jobs=True)
         logged = attempts_logged(files)
@@ -163,7 +169,7 @@ def check_attempt(runs: Sequence[LoggedRun], selection: LogSelection) -> None:
                 if run.point
                 else f"job {run.record.job_id}"
             )
-            raise UserError(
+            raise UsageError(
                 f"--attempt {selection.attempt}: {where} has "
                 + (f"attempts 1..{logged}" if logged > 1 else "one attempt so far"),
                 fix=f"give --attempt 1..{logged}, or leave --attempt out for all",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hpcrl.config.errors import UserError
+from hpcrl.config.errors import UsageError
 from hpcrl.submit.log_view import (
     LoggedRun,
     LogSelection,
@@ -24,7 +24,7 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
     runs = runs_to_show(path, point)
     for run in runs:
         if selection.node is not None and not 0 <= selection.node < run.record.num_tasks:
-            raise UserError(
+            raise UsageError(
                 f"--node {selection.node}: job {run.record.job_id} has nodes "
                 f"0..{run.record.num_tasks - 1}",
                 fix="give one of those, or leave --node out for every node",
@@ -38,7 +38,10 @@ def show_logs(path: Path, selection: LogSelection, point: int | None, follow_job
 
 
 def _follow(runs: list[LoggedRun], selection: LogSelection) -> int:
-    check = jobs_end_check([run.record for run in runs])
+    def say(text: str) -> None:
+        print(f"hpcrl logs: {text}", file=sys.stderr, flush=True)
+
+    check = jobs_end_check([run.record for run in runs], say=say)
     ended: dict[int, str] = {}
 
     def is_over() -> bool:

@@ -21,7 +21,6 @@ step times and memory peaks. The folder has no top-level ``job.sbatch`` then.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from collections.abc import Callable, Sequence
@@ -195,11 +194,11 @@ def _plan_point(recipe_source: str, cluster: str, overrides: Sequence[str], poin
         job_name=f"{context.name}-{point.run_dir_name}", host=context.host,
         for_submission=context.for_submission, written_by=context.written_by,
     )  # fmt: skip
-    from hpcrl.plan.hf_cache import check_models_cached
+    from hpcrl.plan.environment import environment_problems  # what validate/submit check
 
-    cache_problems = check_models_cached(loaded.recipe, spec, os.environ)
-    raise_if_errors([p for p in cache_problems if p.is_error])
-    warnings = (*loaded.warnings, *context.profile_warnings, *plan_warnings(spec), *cache_problems)
+    found = environment_problems(loaded.recipe, spec)
+    raise_if_errors([p for p in found if p.is_error])
+    warnings = (*loaded.warnings, *context.profile_warnings, *plan_warnings(spec), *found)
     return PlannedPoint(point=point, loaded=loaded, spec=spec, warnings=warnings)
 
 

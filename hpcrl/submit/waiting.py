@@ -221,25 +221,47 @@ def jobs_end_check(
     settings: WaitSettings | None = None,
     clock: Callable[[], float] = time.monotonic,
     watcher: SacctWatcher | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Callable[[], list[str | None]]:
     """For ``hpcrl logs -f``: a function that says, for each job (a sweep's points), why
     following it is over (a final state, ``ENDED``, ``LOST``, ``UNREACHABLE``) or None while it
     goes on. Each call is one poll of all the jobs still followed: one sacct call answers for
     all of them (on submitit's backoff schedule; at once on the first poll and when a job's
-    results appear), as for ``--wait``."""
+    results appear), as for ``--wait``. ``say``: told at once when sacct fails (its own
+    error, and that it is asked again), and when it answers again."""
     settings = settings or default_wait_settings()
     watcher = watcher or SacctWatcher()
     watches = [_Watch(record, settings, clock=clock) for record in records]
     statuses: list[JobStatus] = [JobStatus(state="UNKNOWN")] * len(records)
+    said: list[str | None] = [None]
 
     def check() -> list[str | None]:
         _poll(watches, watcher, statuses)
+        if say is not None:
+            said[0] = _say_scheduler_error(statuses, said[0], settings, say)
         return [
             watch.final_status(status).state if watch.done else None
             for watch, status in zip(watches, statuses, strict=True)
         ]
 
     return check
+
+
+def _say_scheduler_error(
+    statuses: Sequence[JobStatus], said: str | None, settings: WaitSettings,
+    say: Callable[[str], None],
+) -> str | None:  # fmt: skip
+    """Say a scheduler error when it first shows (or changes) and when it is over; returns
+    what is said now (the error, or None)."""
+    error = next((status.scheduler_error for status in statuses if status.scheduler_error), None)
+    if error is not None and error != said:
+        say(
+            f"the scheduler is not answering ({error}); still following, asking again "
+            f"(giving up after {settings.unreachable_grace_s:g} s without an answer)"
+        )
+    elif error is None and said is not None:
+        say("the scheduler answers again")
+    return error
 
 
 def why_waiting_ended(state: str) -> str:

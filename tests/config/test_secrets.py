@@ -236,3 +236,22 @@ def test_a_literal_token_pasted_into_any_value_never_reaches_a_file(cli, tmp_pat
     assert code == 1
     assert "refusing to write" in out and "$HF_TOKEN" in out and "pass_env" in out
     assert leaks(tmp_path, out) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("https://alice:Url7Pw9x@example.com/d.jsonl",
+         "'https://alice:<password hidden>@example.com/d.jsonl'"),
+        # any scheme: hidden by the URL shape, not by the scheme
+        ("s3://alice:Url7Pw9x@bucket/d.jsonl", "'s3://alice:<password hidden>@bucket/d.jsonl'"),
+    ],
+    ids=["https", "s3"],
+)  # fmt: skip
+def test_a_password_in_a_url_is_never_echoed_in_an_error(cli, value, shown):
+    """Issue 26: a user:pass@ URL given as data was echoed whole in the error. The password is
+    no variable's value here, so only its shape can hide it."""
+    code, out = cli("validate", RECIPE, "-c", PROFILE, f"data.train_path={value}")
+    flat = " ".join(out.split())
+    assert code == 2 and "Url7Pw9x" not in out, out
+    assert f"error data.train_path = {shown} a URL: a data file is read from the job's " in flat

@@ -84,7 +84,7 @@ def write_profile(tmp_path: Path, text: str) -> Path:
     "text, path, words",
     [
         ("slurm: {array_parallelism: 0}", "slurm.array_parallelism", "at least 1"),
-        ("slurm: {max_requeues: -1}", "slurm.max_requeues", "at least 0"),
+        ("slurm: {max_requeues: -1}", "slurm.max_requeues", "in 0..65,535"),
         ("slurm: {signal_delay_s: -10}", "slurm.signal_delay_s", "at least 0"),
         ('slurm: {time_limit: "99:99:99"}', "slurm.time_limit", "out of range"),
         ('slurm: {time_limit: "1-24:00:00"}', "slurm.time_limit", "out of range"),
@@ -191,3 +191,98 @@ def test_a_folder_given_as_recipe_or_profile_is_not_no_such_file(tmp_path):
     assert problem.fix == f"give one file: {tmp_path / 'recipes' / 'a.yaml'}"
     problem = problems_of(lambda: load_profile(tmp_path))["--cluster"]
     assert problem.message == "a folder, not a file"
+
+
+#: Issue 26: accepted, then failing in the job (or wrapped around by Slurm). Each bound comes
+#: from what the job or the scheduler can do; the message says which.
+RECIPE_BOUND_ERRORS = {
+    "grpo.seed=18446744073709551616": (
+        "error: grpo.seed = 18446744073709551616: must be in 0..4,294,967,295: vLLM seeds numpy "
+        "with it, and numpy takes 32-bit seeds (torch would take 64)\n"
+        "  fix: set grpo.seed to a number in that range, e.g. 42"
+    ),
+    "grpo.seed=-1": (
+        "error: grpo.seed = -1: must be in 0..4,294,967,295: vLLM seeds numpy with it, and numpy "
+        "takes 32-bit seeds (torch would take 64)\n"
+        "  fix: set grpo.seed to a number in that range, e.g. 42"
+    ),
+    "grpo.max_num_steps=9223372036854775808": (
+        "error: grpo.max_num_steps = 9223372036854775808: must be at most "
+        "9,223,372,036,854,775,807: the job counts steps in 64-bit integers; to train until "
+        "grpo.max_num_epochs ends, any large count such as 1000000 does\n"
+        "  fix: set grpo.max_num_steps to the steps to train, e.g. 1000"
+    ),
+    "policy.max_total_sequence_length=100000000000000": (
+        "error: policy.max_total_sequence_length = 100000000000000: must be at most 16,777,216: "
+        "longer than any model's context window (the longest hold about 10 million tokens), and "
+        "the job sizes its buffers by it\n"
+        "  fix: set policy.max_total_sequence_length to the model's context length or less, e.g. 4096"
+    ),
+    "policy.generation.top_k=-5": (
+        "error: policy.generation.top_k = -5: must be null, 0 or -1 (off), or a count of tokens "
+        "of at least 1: sampling keeps the top_k most likely tokens; vLLM refuses anything below -1\n"
+        "  fix: set policy.generation.top_k to null to sample from every token, or a count such as 50"
+    ),
+    "policy.generation.max_new_tokens=10000000000": (
+        "error: policy.generation.max_new_tokens = 10000000000: longer than any response can "
+        "be: a prompt and its response share 128 tokens (the generation context), and each "
+        "response stops at what its prompt leaves\n"
+        "  fix: set policy.generation.max_new_tokens to at most 128 (or "
+        "${policy.max_total_sequence_length}: as long as fits), or raise "
+        "policy.max_total_sequence_length"
+    ),
+}
+
+
+@pytest.mark.parametrize("override", RECIPE_BOUND_ERRORS, ids=list(RECIPE_BOUND_ERRORS))
+def test_recipe_bounds_say_what_the_job_can_do(override):
+    with pytest.raises(ConfigError) as caught:
+        load_recipe(RECIPE, [override])
+    assert [problem.format() for problem in caught.value.errors] == [RECIPE_BOUND_ERRORS[override]]
+
+
+def test_recipe_bounds_are_reported_together_and_the_edges_load():
+    with pytest.raises(ConfigError) as caught:
+        load_recipe(RECIPE, [o for o in RECIPE_BOUND_ERRORS if "max_new_tokens" not in o])
+    assert sorted(p.path for p in caught.value.errors) == [
+        "grpo.max_num_steps", "grpo.seed", "policy.generation.top_k",
+        "policy.max_total_sequence_length",
+    ]  # fmt: skip
+    edges = ["grpo.seed=4294967295", "grpo.max_num_steps=9223372036854775807",
+             "policy.generation.top_k=-1", "policy.generation.max_new_tokens=128"]  # fmt: skip
+    recipe = load_recipe(RECIPE, edges).recipe
+    assert (recipe.grpo.seed, recipe.policy.generation.top_k) == (2**32 - 1, -1)
+
+
+PROFILE_BOUND_ERRORS = {
+    "gpus_per_node: -2": (
+        "error: gpus_per_node = -2: must be at least 0: a count of GPUs per node (a CPU profile "
+        "requests none: 0)\n"
+        "  fix: set gpus_per_node to the GPUs of one node, e.g. 8 (a CPU profile: 0)"
+    ),
+    'slurm: {time_limit: "99999999-00:00:00"}': (
+        "error: slurm.time_limit = '99999999-00:00:00': longer than Slurm can hold: it counts a "
+        "time limit in 32-bit seconds (at most 24855-03:14:07), and a longer one wraps around to "
+        "another limit (Slurm 22.05 turns 99999999-00:00:00 into 2965552-16:25:00)\n"
+        "  fix: write the time the run needs, at most the partition's MaxTime (scontrol show "
+        'partition), e.g. slurm.time_limit: "04:00:00"'
+    ),
+    "slurm: {max_requeues: 100000000000000000000}": (
+        "error: slurm.max_requeues = 100000000000000000000: must be in 0..65,535: Slurm counts a "
+        "job's restarts in 16 bits, and the job numbers its attempts by that count "
+        "(SLURM_RESTART_COUNT wraps around past 65,535)\n"
+        "  fix: set slurm.max_requeues to the requeues a run may need, e.g. 2 (0: never)"
+    ),
+}
+
+
+@pytest.mark.parametrize("text", PROFILE_BOUND_ERRORS, ids=list(PROFILE_BOUND_ERRORS))
+def test_profile_bounds_say_what_slurm_can_hold(tmp_path, text):
+    with pytest.raises(ConfigError) as caught:
+        load_profile(write_profile(tmp_path, text))
+    assert [problem.format() for problem in caught.value.errors] == [PROFILE_BOUND_ERRORS[text]]
+
+
+def test_the_longest_slurm_time_limit_loads(tmp_path):
+    text = 'slurm: {time_limit: "24855-03:14:07", max_requeues: 65535}'
+    assert load_profile(write_profile(tmp_path, text)).slurm.max_requeues == 65535

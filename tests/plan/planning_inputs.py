@@ -118,7 +118,7 @@ def pyxis_profile(**changes: object) -> ClusterProfile:
         cpus_per_node=112,
         slurm=SlurmCfg(account="acct", partition="batch", time_limit="04:00:00"),
         container=ContainerCfg(
-            image="nvcr.io/nvidia/nemo-rl:v0.4.0",
+            image="nvcr.io#nvidia/nemo-rl:v0.7.0",
             mounts=("/lustre:/lustre",),
             workdir="/lustre/hpcrl",
         ),

@@ -536,7 +536,7 @@ def test_a_missing_data_file_is_an_error_before_the_queue(tmp_path):
 
 
 def test_a_data_file_in_a_container_is_checked_at_its_mount(tmp_path):
-    (tmp_path / "train.jsonl").write_text("{}\n")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "p", "answer": "1"}\n')
     container = attrs.evolve(
         pyxis_profile().container, mounts=(f"{tmp_path}:/data", "/lustre:/lustre")
     )
@@ -571,3 +571,29 @@ def test_data_that_runs_out_before_max_num_steps_is_a_warning_with_the_numbers(t
     # The fix it names is enough: no warning then (5 epochs of 20 rows = 12 steps of 8).
     enough = attrs.evolve(recipe, grpo=attrs.evolve(recipe.grpo, max_num_epochs=5))
     assert "grpo.max_num_steps" not in warnings_of(make_plan(enough, pyxis_profile(container=None)))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # /etc/shadow's shape: it used to be accepted ("holds 27 rows") and fail in the job
+        ("root:*:19000:0:99999:7:::\nalice:$6$salt$hash:19000:0:99999:7:::\n",
+         "line 1 of train.jsonl is not JSON: a data file is JSONL, one JSON object per line"),
+        ('{"prompt": "p", "answer": "1"}\n["p", "1"]\n',
+         "line 2 of train.jsonl is a JSON list, not an object (one per line)"),
+        ('{"prompt": "p", "answer": "1"}\n{"prompt": "secret text"}\n',
+         'line 2 of train.jsonl has no "answer": the job reads prompt, answer from every row'),
+    ],
+    ids=["shadow-shaped", "a-list", "no-answer"],
+)  # fmt: skip
+def test_a_data_file_that_is_not_the_jobs_jsonl_is_an_error_naming_the_line(
+    tmp_path, text, message
+):
+    data = tmp_path / "train.jsonl"
+    data.write_text(text)
+    recipe = attrs.evolve(automodel_recipe(), data=DataCfg(train_path=str(data)))
+    with pytest.raises(ConfigError) as caught:
+        make_plan(recipe, pyxis_profile(container=None))
+    (problem,) = [p for p in caught.value.errors if p.path == "data.train_path"]
+    assert problem.message == message
+    assert "alice" not in problem.format() and "secret" not in problem.format()  # never the rows

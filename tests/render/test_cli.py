@@ -71,8 +71,13 @@ def test_show_prints_exactly_what_render_writes(tmp_path, capsys):
     assert "\x1b[" not in shown  # not a TTY: no colour codes
 
 
+#: eos mounts /lustre; the shipped data lies in the checkout, which the job would not see
+#: (hpcrl.plan.environment refuses it): a path only an image could hold (a warning).
+EOS_DATA = "data.train_path=/opt/image-data/math_tiny.jsonl"
+
+
 def test_validate_prints_the_plan(capsys):
-    assert main(["validate", "grpo-qwen2-1.5b-2n8g-megatron", "--cluster", "eos"]) == 0
+    assert main(["validate", "grpo-qwen2-1.5b-2n8g-megatron", "--cluster", "eos", EOS_DATA]) == 0
     out = capsys.readouterr().out
     assert "2 × 8 GPUs = 16 ranks" in out
     assert "megatron: tp=2 × pp=1 × cp=1 × dp=8" in out
@@ -181,7 +186,7 @@ def test_the_shipped_eos_placeholders_refuse_submit_and_warn_validate_and_render
     assert not (tmp_path / "sbatch.calls").exists()  # nothing submitted
 
     for command in ("validate", "render"):
-        assert main([command, str(source), "--cluster", "eos"]) == 0, command
+        assert main([command, str(source), "--cluster", "eos", EOS_DATA]) == 0, command
         captured = capsys.readouterr()
         said = " ".join((captured.out + captured.err).split())
         warning = f"warning profile[eos] {held}; the job would run with them {fix}"

@@ -84,7 +84,7 @@ def test_pyxis_script_shape():
     text = render_sbatch(make_plan(megatron_recipe(), pyxis_profile()))
     srun_block = text[text.index("\nsrun \\") :]
     assert srun_block.count("srun") == 1
-    assert "  --container-image=nvcr.io/nvidia/nemo-rl:v0.4.0 \\\n" in srun_block
+    assert "  '--container-image=nvcr.io#nvidia/nemo-rl:v0.7.0' \\\n" in srun_block
     bundle = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef"
     cache = "/runs/.hpcrl-cache/torch-compile"
     mounts = f"/lustre:/lustre,/runs/golden:/runs/golden,{bundle}:{bundle}:ro,{cache}:{cache}"

@@ -11,6 +11,9 @@ from hpcrl.cli.main import main
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 RECIPE = "grpo-qwen2-1.5b-2n8g-megatron"
+#: eos mounts /lustre; the shipped data lies in the checkout, which the job would not see
+#: (an error): a path only an image could hold instead (a warning).
+IMAGE_DATA = "data.train_path=/opt/image-data/math_tiny.jsonl"
 
 
 @pytest.fixture(autouse=True)
@@ -21,13 +24,17 @@ def isolated(monkeypatch, tmp_path):
 
 
 def test_validate_shows_the_plan_once_each_warning_once_and_paths_whole(tmp_path, capsys):
-    assert main(["validate", RECIPE, "--cluster", "eos"]) == 0
+    assert main(["validate", RECIPE, "--cluster", "eos", IMAGE_DATA]) == 0
     captured = capsys.readouterr()
     out, err = captured.out.splitlines(), captured.err.splitlines()
     text = captured.out + captured.err
     assert text.count("still hold the example profile's placeholders") == 1
+    assert " ".join(text.split()).count("only the image could hold it") == 1
     assert "placeholder" not in captured.out  # the plan's lines show passed checks only
-    assert len(err) <= 9, err  # one warning, its fix, the count (rich wraps them at 80)
+    # three warnings (placeholders, data only an image could hold, a run folder under pytest's
+    # /tmp), their fixes, the count (rich wraps them at 80)
+    assert len(err) <= 22, err
+    assert err[-1] == "0 errors, 3 warnings"
     # every line fits 80 columns unless it is one word too long for any line (a mount)
     for line in out:
         assert len(line) <= 80 or " " not in line.strip().split("  ")[-1].strip(), line

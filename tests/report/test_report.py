@@ -132,7 +132,32 @@ def test_torn_last_line_is_skipped_quietly_a_bad_middle_line_with_a_note(tmp_pat
     assert metrics.notes == (
         f"{run}/metrics.jsonl: skipped 4 unreadable line(s) (line 2: not JSON; line 4: not "
         "UTF-8; line 5: a JSON list, not an object; line 6: no step number (step = None))",
+        f"{run}/metrics.jsonl: lines are missing: 1 of the 4 steps up to step 4 have none "
+        "(steps 2), so the figures cover 3 steps; unreadable (see above) or the job's own log "
+        "(hpcrl logs --driver) shows every step",
     )
+
+
+def test_lines_deleted_while_the_job_ran_are_said(tmp_path: Path) -> None:
+    """Issue 26: metrics.jsonl deleted mid-run: the job appends to a new file from step 51 on,
+    and the report showed 10 of 60 steps without a word."""
+    run = tmp_path / "run"
+    _write_run(run, _fixture_records(0.5, num_steps=60)[50:])
+    metrics = read_metrics_file(run)
+    assert [r["step"] for r in metrics.records] == list(range(51, 61))
+    assert metrics.notes == (
+        f"{run}/metrics.jsonl: lines are missing: 50 of the 60 steps up to step 60 have none "
+        "(steps 1-50), so the figures cover 10 steps; the file was changed or cut while the "
+        "job wrote it: the job's own log (hpcrl logs --driver) shows every step",
+    )
+    holes = tmp_path / "holes"  # steps 3 and 6 gone; 9 is after the last line, unknown
+    _write_run(holes, [r for r in _fixture_records(0.5, num_steps=9) if r["step"] % 3])
+    assert (
+        "2 of the 8 steps up to step 8 have none (steps 3, 6)" in read_metrics_file(holes).notes[0]
+    )
+    whole = tmp_path / "whole"
+    _write_run(whole, [{"step": 0, "val_reward": 0.1}, *_fixture_records(0.5, num_steps=5)])
+    assert read_metrics_file(whole).notes == ()
 
 
 def test_nan_and_text_are_ignored_explicitly_and_results_do_not_depend_on_line_order(

@@ -154,6 +154,19 @@ def broken_file_cases(family: str, name: str, argv: tuple[str, ...]) -> list[Cas
         "deep-nesting": b"a: " + b"[" * 200 + b"]" * 200 + b"\n",
         "huge-key": b"x" * 5000 + b": 1\n",
         "bom": "\ufeffpolicy: {model_name: m}\n".encode(),
+        # issue 26: the login node's time and memory
+        "over-a-megabyte": b"x: [" + b"1," * 600_000 + b"1]\n",
+        "over-10000-nodes": b"x:\n" + b"".join(b"  k%d: %d\n" % (i, i) for i in range(12_000)),
+        "alias-expansion": b"a: &a [1,1,1,1,1,1,1,1,1,1]\n"
+        + b"".join(
+            b"l%d: &l%d [%s]\n" % (i, i, b",".join([b"*a" if i == 1 else b"*l%d" % (i - 1)] * 10))
+            for i in range(1, 9)
+        ),
+        "interpolation-doubling": b"logger:\n  wandb:\n    name: ${s39}\ns0: ab\n"
+        + b"".join(b"s%d: ${s%d}${s%d}\n" % (i, i - 1, i - 1) for i in range(1, 40)),
+        "interpolation-chain": b"logger:\n  wandb:\n    name: ${x2999}\nx0: ab\n"
+        + b"".join(b"x%d: ${x%d}\n" % (i, i - 1) for i in range(2999, 0, -1)),
+        "defaults-a-device": b"defaults: /dev/zero\n",
     }
     cases = [
         Case(family=family, name=f"file-{kind}", argv=argv, setup=_write_bytes(name, data),
@@ -215,7 +228,7 @@ def profile_cases() -> list[Case]:
                 keys=_named_keys(parts, extra_paths),
             )
         )
-    cases += _profile_secret_cases(base) + _profile_bound_cases(base)
+    cases += _profile_secret_cases(base) + _profile_bound_cases(base) + _image_cases(base)
     argv = ("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml")
     return cases + broken_file_cases("profiles", "profile.yaml", argv)
 
@@ -256,6 +269,9 @@ def _profile_secret_cases(base: dict) -> list[Case]:
 def _profile_bound_cases(base: dict) -> list[Case]:
     """Per-node sizes no node has (rendered as ``--cpus-per-task``/``--mem`` until refused)."""
     bounds = {
+        "gpus_per_node": {"gpus_per_node": -2},
+        "slurm.time_limit": {"slurm": {**base["slurm"], "time_limit": "99999999-00:00:00"}},
+        "slurm.max_requeues": {"slurm": {**base["slurm"], "max_requeues": 10**20}},
         "cpus_per_node": {"cpus_per_node": 10**20},
         "slurm.mem_gb": {"slurm": {**base["slurm"], "mem_gb": 10**20}},
         "cpus_per_node+slurm.mem_gb": {"cpus_per_node": 5000, "slurm": {**base["slurm"], "mem_gb": 10**6}},
@@ -271,6 +287,32 @@ def _profile_bound_cases(base: dict) -> list[Case]:
             says=tuple(f"error {key} = " for key in name.split("+")),
         )
         for name, changes in bounds.items()
+    ]
+
+
+def _image_cases(base: dict) -> list[Case]:
+    """Images pyxis cannot pull as written, or whose Ray contradicts the profile (issue 26)."""
+    container = {"mounts": ["/tmp:/tmp"], "workdir": "/tmp"}
+    images = {
+        # name: (profile changes, key a rejection names)
+        "image-docker-form": ({"image": "nvcr.io/nvidia/nemo-rl:v0.7.0"}, {}, "container.image"),
+        "image-url": ({"image": "https://nvcr.io/nvidia/nemo-rl:v0.7.0"}, {}, "container.image"),
+        "image-ray-too-old": ({"image": "nvcr.io#nvidia/nemo-rl:v0.4.0"}, {}, "container.image"),
+        "image-ray-without-token-auth": ({"image": "nvcr.io#nvidia/nemo-rl:v0.5.0"}, {}, "ray_auth"),
+        "ray-version-without-token-auth": ({"image": "/images/mine.sqsh"}, {"ray_version": "2.49.2"}, "ray_auth"),
+        "ray-version-junk": ({"image": "/images/mine.sqsh"}, {"ray_version": "latest"}, "ray_version"),
+        "ray-version-number": ({"image": "/images/mine.sqsh"}, {"ray_version": 2.5}, "ray_version"),
+    }  # fmt: skip
+    return [
+        Case(
+            family="profiles",
+            name=name,
+            argv=("render", SLURM_RECIPE, "--cluster", "{case}/profile.yaml", "-o", "{case}/run"),
+            setup=_write_yaml("profile.yaml", {**base, **top, "container": {**container, **image}}),
+            expect="reject",
+            keys=(key,),
+        )
+        for name, (image, top, key) in images.items()
     ]
 
 
@@ -359,10 +401,28 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "generations-huge": ("grpo.num_generations_per_prompt=100000000000000000000", "grpo.num_generations_per_prompt"),
     # the recipe's torch engine samples inside the training workers: no workers of its own
     "separate-torch-generation": ("policy.generation.colocated.enabled=false", "policy.generation.colocated.enabled"),
+    # issue 26: accepted, then failing in the job
+    "seed-2**64": ("grpo.seed=18446744073709551616", "grpo.seed"),
+    "seed-negative": ("grpo.seed=-1", "grpo.seed"),
+    "max-new-tokens-1e10": ("policy.generation.max_new_tokens=10000000000", "policy.generation.max_new_tokens"),
+    "top-k-minus-5": ("policy.generation.top_k=-5", "policy.generation.top_k"),
+    "max-sequence-1e14": ("policy.max_total_sequence_length=100000000000000", "policy.max_total_sequence_length"),
+    "max-num-steps-2**63": ("grpo.max_num_steps=9223372036854775808", "grpo.max_num_steps"),
+    "max-num-steps-10**400": ("grpo.max_num_steps=" + "1" + "0" * 400, "grpo.max_num_steps"),
+    "data-not-jsonl": ("data.train_path=/etc/passwd", "data.train_path"),
+    "data-a-device": ("data.train_path=/dev/zero", "data.train_path"),
+    "data-url-with-password": ("data.train_path=https://corpus:Url7Pw9x@example.com/d.jsonl", "data.train_path"),
+    "tiny-model-that-does-not-exist": ("policy.model_name=tiny:nope", "policy.model_name"),
+    "self-doubling-value": ("logger.wandb.name=${logger.wandb.project}${logger.wandb.project}", ""),
 }  # fmt: skip
+#: What the output must say (a password that is no variable's value: hidden by its shape).
+OVERRIDES_SAY = {
+    "data-url-with-password": ("'https://corpus:<password hidden>@example.com/d.jsonl'",)
+}
 #: Overrides that are fine on their own (the command may accept them).
 OVERRIDES_MAY_PASS = {"empty", "nul-value", "newline-value", "huge-value", "self-reference",
-                      "validate-token-literal", "tilde-delete-set-key"}  # fmt: skip
+                      "validate-token-literal", "tilde-delete-set-key",
+                      "self-doubling-value"}  # fmt: skip
 
 
 def override_cases() -> list[Case]:
@@ -379,6 +439,7 @@ def override_cases() -> list[Case]:
                     argv=argv,
                     expect="any" if {name, f"{command}-{name}"} & OVERRIDES_MAY_PASS else "reject",
                     keys=(key,) if key else (),
+                    says=OVERRIDES_SAY.get(name, ()),
                 )
             )
     return cases
@@ -432,6 +493,11 @@ CLI_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "show-bad-override": (("show", RECIPE, "-c", "local", "grpo.bogus=1"), ("grpo.bogus",)),
     "validate-secret-override": (("validate", RECIPE, "-c", "local", f"logger.wandb.name={TOKEN}"), ()),
     "show-secret-override": (("show", RECIPE, "-c", "local", f"logger.wandb.name={TOKEN}"), ()),
+    "status-state-unknown": (("status", "--state", "EXPLODED"), ("--state",)),
+    "logs-attempt-huge": (("logs", "--attempt", "99999999999999999999", "{case}"), ("--attempt",)),
+    "render-out-2000-levels": (("render", RECIPE, "--cluster", "local", "-o", "{case}/" + "a/" * 2000), ("run_dir",)),
+    "submit-tiny-model-that-does-not-exist": (("submit", RECIPE, "--cluster", "local", "policy.model_name=tiny:nope"), ("policy.model_name",)),
+    "submit-job-python-lacks-vllm": (("submit", "grpo-tiny-vllm-1n-cpu", "--cluster", "local"), ("python",)),
     "help": (("--help",), ()),
     "render-help": (("render", "--help"), ()),
     "version": (("--version",), ()),
@@ -440,8 +506,6 @@ CLI_MAY_PASS = {
     "help",
     "render-help",
     "version",
-    "status-runs-dir-missing",
-    "status-runs-dir-file",
     "status-runs-dir-proc",
     "validate-secret-override",
     "show-secret-override",

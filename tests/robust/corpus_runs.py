@@ -159,6 +159,8 @@ def _metrics_lines() -> dict[str, tuple[bytes, tuple[str, ...]]]:
         "nul-bytes": (lines(good[:2]) + b"\x00\x00\x00\n" + lines(good[2:]), ("skipped",)),
         "bom": (b"\xef\xbb\xbf" + lines(good), ()),
         "many-lines": (lines(good * 2000), ()),
+        # issue 26: metrics.jsonl deleted mid-run: the job's later lines alone
+        "deleted-mid-run": (lines([dict(r, step=r["step"] + 50) for r in good]), ("lines are missing",)),
     }  # fmt: skip
 
 
@@ -315,6 +317,11 @@ def job_record_cases() -> list[Case]:
             cases.append(Case(family="job-records", name=f"{command}-sacct-{sacct}", argv=argv,
                               setup=_job_record_setup(JOB_RECORDS["good-slurm"], with_good_run=False),
                               sacct=sacct))  # fmt: skip
+    cases.append(Case(family="job-records", name="logs-follow-sacct-fail-says-why-at-once",
+                      argv=("logs", "-f", "{case}/runs/bad-run"), sacct="fail",
+                      setup=_job_record_setup(JOB_RECORDS["good-slurm"], with_good_run=False),
+                      says=("the scheduler is not answering (sacct exited 1: sacct: error: Slurm "
+                            "accounting storage is disabled)",)))  # fmt: skip
     return cases + sweep_record_cases() + status_file_cases() + job_log_cases()
 
 

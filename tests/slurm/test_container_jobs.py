@@ -36,7 +36,7 @@ from tests.standin_image import (
     standin_requirement,
     wheel_cache,
 )
-from tests.submit.jobs_harness import TWO_NODE_RECIPE, output_of
+from tests.submit.jobs_harness import RECIPES, TWO_NODE_RECIPE, output_of
 
 pytestmark = [pytest.mark.slurm]
 
@@ -58,7 +58,9 @@ def user_shell(profiles: Path, **extra: str) -> dict[str, str]:
 
 
 def pyxis_profile_text(name: str, image: Path, extra: str = "") -> str:
-    """slurm-test-pyxis with the stand-in image (run folders live under /tmp, mounted 1:1)."""
+    """slurm-test-pyxis with the stand-in image (run folders live under /tmp, mounted 1:1;
+    the shipped recipes' data folder mounted read-only, as hpcrl's plan requires)."""
+    data = RECIPES / "data"
     return f"""name: {name}
 {extra}scheduler: slurm
 device: cpu
@@ -66,7 +68,8 @@ gpus_per_node: 0
 worker_slots_per_node: 1
 slurm: {{partition: debug, time_limit: "00:15:00", exclusive: false, gres_form: none,
         max_requeues: 0, signal_delay_s: 30}}
-container: {{image: {image}, mounts: ["/tmp:/tmp"], workdir: /tmp, mount_home: false}}
+container: {{image: {image}, mounts: ["/tmp:/tmp", "{data}:{data}:ro"], workdir: /tmp,
+            mount_home: false}}
 env: {{HF_HUB_OFFLINE: "1", OMP_NUM_THREADS: "1", HF_HOME: /tmp/hpcrl-hf-home}}
 """
 

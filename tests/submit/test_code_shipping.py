@@ -94,7 +94,10 @@ def test_a_local_job_runs_from_the_bundle_in_an_image_without_hpcrl(images, tmp_
     assert f"from the bundle {bundle}, shared read-only" in header
 
 
-def test_an_image_without_ray_fails_in_seconds_naming_ray_and_the_fix(images, tmp_path):
+def test_an_image_without_ray_is_refused_by_submit_before_the_job(images, tmp_path):
+    """A local job's Python is asked for its packages by every command that plans (issue 26:
+    ``submit`` checks what ``validate`` checks), so the job never starts; the job's own
+    preflight, which Slurm and container jobs meet, is tests/slurm/test_container_jobs.py's."""
     image_python = images["no-ray"] / "bin" / "python3"
     write_profile(
         tmp_path / "profiles", "noray", LOCAL_CPU + f"python: {image_python}\ncode: bundle\n"
@@ -104,21 +107,14 @@ def test_an_image_without_ray_fails_in_seconds_naming_ray_and_the_fix(images, tm
     result = submit(
         ["grpo-tiny-1n-cpu", "--cluster", "noray", "-o", str(run), "--wait"], tmp_path, shell
     )
-    assert result.returncode == 1, output_of(result)
-    first = next(line for line in result.stdout.splitlines() if line.startswith("FAILED"))
-    assert "preflight on node 0" in first, output_of(result)
-    assert "ray is missing (every job needs ray>=2.49,<2.61)" in result.stdout.replace("\n", " ")
-    assert "Fix: install ray>=2.49,<2.61 for this Python" in result.stdout.replace("\n", " ")
-    # Before Ray: the node entrypoint never started it.
-    assert not (run / "logs" / "node0" / "attempt0" / "ray.out").exists()
-    assert "MISSING        ray" in node_log(run)
-    stderr = next((run / "submitit").glob("*_0_log.err")).read_text()
-    assert "Traceback" not in stderr and "hpcrl: preflight failed: " in stderr
-    # (--json: the table folds a long cause at a width that depends on the run's path)
-    status = subprocess.run([str(HPCRL), "status", "--json", str(run)], env=shell,
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
-    (shown,) = json.loads(status.stdout)
-    assert shown["state"] == "FAILED" and "ray is missing" in shown["cause"], output_of(status)
+    assert result.returncode == 2, output_of(result)
+    said = " ".join(result.stderr.split())
+    assert (
+        f"error python = '{image_python}' the job's Python lacks ray (every job needs "
+        "ray>=2.49,<2.61) fix: install ray>=2.49,<2.61 for that Python, or set the profile's "
+        "python to one that has it"
+    ) in said, output_of(result)
+    assert not run.exists()
 
 
 def test_a_shell_without_the_venv_runs_the_venvs_python_in_the_job(tmp_path):

@@ -7,10 +7,12 @@ tests/slurm/test_export_job.py)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
+import recipes
 from hpcrl.cli.main import main
 from hpcrl.core import export as export_module
 from hpcrl.submit.exports import pick_checkpoint
@@ -93,7 +95,10 @@ def test_a_folder_holding_something_else_is_never_written_over(cli, tmp_path):
 
 
 def test_here_is_refused_for_a_run_in_a_container_naming_the_export_job(cli, tmp_path):
-    run = rendered(cli, tmp_path, "slurm-test-pyxis", "cluster.gpus_per_node=1")
+    data = tmp_path / "sft_tiny.jsonl"  # under the profile's one mount, /tmp
+    shutil.copyfile(Path(recipes.__file__).parent / "data" / data.name, data)
+    run = rendered(cli, tmp_path, "slurm-test-pyxis", "cluster.gpus_per_node=1",
+                   f"data.train_path={data}")  # fmt: skip
     saved(run, 1)
     code, _, err = cli("export", str(run), "--here")
     assert code == 2

@@ -3,6 +3,7 @@ pyxis profile. (Requeue after USR2 with the real driver: tests/submit/test_slurm
 
 from __future__ import annotations
 
+import shutil
 import struct
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.submit.jobs_harness import (
     OFFLOAD_ON,
     ONE_NODE_OVERRIDES,
     ONE_NODE_RECIPE,
+    RECIPES,
     TWO_NODE_RECIPE,
     hpcrl,
     job_env,
@@ -104,7 +106,10 @@ def test_offload_fraction_sweep_runs_as_one_array_and_reports(tmp_path: Path) ->
 
 def test_pyxis_profile_options_reach_every_node(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    args = ["submit", TWO_NODE_RECIPE, "--cluster", "slurm-test-pyxis", "-o", str(run), "--wait"]
+    data = tmp_path / "toy_count.jsonl"  # under the profile's one mount (/tmp), as planning asks
+    shutil.copyfile(RECIPES / "data" / data.name, data)
+    args = ["submit", TWO_NODE_RECIPE, "--cluster", "slurm-test-pyxis", "-o", str(run), "--wait",
+            f"data.train_path={data}"]  # fmt: skip
     result = hpcrl(args, tmp_path, job_env("tests.submit.drivers:container_env"))
     assert result.returncode == 0, output_of(result)
     seen = sorted(read_json(run / "container_env.json"), key=lambda node: node["rank"])
