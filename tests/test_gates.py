@@ -111,3 +111,33 @@ def test_no_test_skips_around_the_gate():
         if word in path.read_text()
     ]
     assert found == [], "use require_module()/unavailable() from tests/require.py instead"
+
+
+def test_the_type_checker_covers_all_of_hpcrl_and_holds_the_run_contract_strictly():
+    """CI's `.venv/bin/mypy` (no arguments: .ci/test) checks what pyproject names: every
+    module of hpcrl, and hpcrl/run with each flag of mypy --strict that a module may set.
+    `strict = true` in an overrides section would switch strict on for every module (mypy
+    reads it as the global flag), so the flags are listed one by one."""
+    import tomllib
+
+    assert 'timed "mypy" .venv/bin/mypy ||' in (REPO_ROOT / ".ci" / "test").read_text()
+    mypy = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert mypy["files"] == ["hpcrl"]
+    assert mypy["warn_unused_ignores"] and mypy["warn_redundant_casts"]
+    (run,) = [o for o in mypy["overrides"] if "hpcrl.run.*" in o["module"]]
+    per_module_strict = {
+        "disallow_any_generics": True,
+        "disallow_subclassing_any": True,
+        "disallow_untyped_calls": True,
+        "disallow_untyped_defs": True,
+        "disallow_incomplete_defs": True,
+        "disallow_untyped_decorators": True,
+        "warn_return_any": True,
+        "implicit_reexport": False,
+        "strict_equality": True,
+        "extra_checks": True,
+    }
+    assert {key: run.get(key) for key in per_module_strict} == per_module_strict
+    assert not any("strict" in override for override in mypy["overrides"])
+    assert "hpcrl" not in {m.split(".")[0] for o in mypy["overrides"] if o.get("ignore_errors")
+                           for m in o["module"]}  # fmt: skip

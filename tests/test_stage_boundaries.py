@@ -210,6 +210,64 @@ def test_the_job_side_imports_neither_the_planner_nor_config_loading():
     assert found == set()
 
 
+#: Functions of config that merge defaults into sections: the plan calls them and hands the
+#: job their result (JobSpec.recipe), so the job side reads sections as they are.
+MERGED_AT_PLAN_TIME = {"hpcrl.config.datasets": frozenset({"effective", "resolve_data_sections"})}
+
+
+def merging_calls(folder: Path) -> list[str]:
+    """``file: name`` for each use of a ``MERGED_AT_PLAN_TIME`` function in ``folder``'s files:
+    imported by name, or read as an attribute of its module imported in any form."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for module, functions in MERGED_AT_PLAN_TIME.items():
+            module_imported = _imports_module(tree, module)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == module:
+                    names = {alias.name for alias in node.names} & functions
+                elif isinstance(node, ast.Attribute) and module_imported:
+                    names = {node.attr} & functions
+                else:
+                    continue
+                found += [f"{path.relative_to(folder.parent)}: {name}" for name in sorted(names)]
+    return found
+
+
+def _imports_module(tree: ast.Module, module: str) -> bool:
+    package, _, leaf = module.rpartition(".")
+    return any(
+        (isinstance(node, ast.Import) and any(alias.name == module for alias in node.names))
+        or (
+            isinstance(node, ast.ImportFrom)
+            and node.module == package
+            and any(alias.name == leaf for alias in node.names)
+        )
+        for node in ast.walk(tree)
+    )
+
+
+def test_the_job_side_merges_no_data_defaults():
+    """data.default and the flat data.* keys reach the job merged into data.train/validation
+    (the planner's resolve_data_sections): nothing on the job side merges them again."""
+    assert merging_calls(HPCRL / "core") + merging_calls(HPCRL / "job") == []
+
+
+def test_the_merging_scan_sees_each_form(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "core/a.py": "from hpcrl.config.datasets import NAMED_DATASETS, effective\n",
+            "core/b.py": "from hpcrl.config import datasets\nx = datasets.resolve_data_sections\n",
+            "core/c.py": "from hpcrl.config.datasets import NAMED_DATASETS\n",
+        },
+    )
+    assert merging_calls(root / "core") == [
+        "core/a.py: effective",
+        "core/b.py: resolve_data_sections",
+    ]
+
+
 #: What the job side runs: the pickled task, its preflight, the node entrypoint, the driver.
 JOB_ENTRY_MODULES = (
     "hpcrl.job.node_task",

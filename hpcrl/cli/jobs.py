@@ -220,7 +220,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     if args.no_submit:
         with run_folder_lock(sweep_dir, command="hpcrl sweep --no-submit"):
             return _write_unsubmitted(planned)
-    if planned.runs_points_one_by_one:
+    if planned.array_spec is None:  # a local profile: the points run one by one
         return _run_local_sweep(planned, args.wait)
     from hpcrl.submit.submission import SubmissionRefused
     from hpcrl.submit.sweep_launch import write_and_submit_sweep

@@ -32,7 +32,7 @@ def locate(value: str, recipe_dir: Path) -> str:
 
 def absolutize_data_files(data: dict[str, Any], recipe_dir: Path) -> None:
     """In place: every file key of ``data`` (the recipe's ``data`` section) made absolute."""
-    targets = [(data, FLAT_FILE_KEYS)]
+    targets: list[tuple[dict[str, Any], tuple[str, ...]]] = [(data, FLAT_FILE_KEYS)]
     for name in SECTIONS:
         section = data.get(name)
         if isinstance(section, dict):

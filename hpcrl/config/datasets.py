@@ -114,6 +114,25 @@ def effective(recipe: Recipe, which: str) -> DatasetCfg | None:
     return DatasetCfg(**merged)
 
 
+def resolve_data_sections(recipe: Recipe) -> Recipe:
+    """``recipe`` as the plan hands it to the job: ``data.train`` and ``data.validation`` are
+    their ``effective`` sections, and ``data.default`` and the older flat keys, merged into
+    them, are unset, so the job reads each section as it is and never merges again."""
+    data = attrs.evolve(
+        recipe.data,
+        train=effective(recipe, "train"),
+        validation=effective(recipe, "validation"),
+        default=None,
+        dataset_name=None,
+        split=None,
+        prompt_file=None,
+        system_prompt_file=None,
+        seed=None,
+        output_key=None,
+    )
+    return attrs.evolve(recipe, data=data)
+
+
 def rule_data_source(recipe: Recipe) -> list[Problem]:
     """Exactly one training source: ``data.train_path`` or a named/local NeMo RL set."""
     train = effective(recipe, "train")

@@ -60,7 +60,7 @@ def off_only(path: str, reason: str, *off_values: Any) -> ForeignKey:
     return ForeignKey(path=path, status="off_only", reason=reason, off_values=off_values)
 
 
-NULL_OFF = (None, {})
+NULL_OFF: tuple[None, dict[str, Any]] = (None, {})
 NOT_YET = "not supported yet"
 
 #: Sections the schema holds (their keys are checked, as DESIGN.md's manual-GC contract asks)

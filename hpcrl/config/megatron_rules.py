@@ -8,14 +8,14 @@ and the fix.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import MegatronCfg, OffloadModule, Recipe
 from hpcrl.config.suggestions import did_you_mean
 
 MEGATRON = "policy.megatron_cfg"
-OFFLOAD_MODULE_NAMES: tuple[str, ...] = OffloadModule.__args__
+OFFLOAD_MODULE_NAMES: tuple[str, ...] = get_args(OffloadModule)
 MOE_OFFLOAD_MODULES = ("expert_fc1", "moe_act", "fused_group_mlp")
 OFFLOAD_OPTIMIZERS = ("adam", "sgd")
 TE_NOTE = "fine-grained activation offloading uses Transformer Engine's implementation: the job's environment needs transformer_engine"

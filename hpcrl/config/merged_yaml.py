@@ -43,6 +43,7 @@ from hpcrl.config.overrides import apply_overrides
 from hpcrl.config.resolvers import env_reads_recorded, register_resolvers, resolver_names
 from hpcrl.config.secrets import is_secret_name
 from hpcrl.config.yaml_limits import yaml_size_problem
+from hpcrl.config.yaml_text import dict_container
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -117,9 +118,9 @@ def load_merged(
         for p in override_problems
         if p.is_error or not any(aliases.spellings_of(tuple(p.path.split("."))) & warned)
     ]
-    raw = OmegaConf.to_container(cfg, resolve=False)
+    raw = dict_container(cfg, resolve=False)
     aliases.add_alias_nodes(cfg)
-    oversized = oversized_values(OmegaConf.to_container(cfg, resolve=False))
+    oversized = oversized_values(dict_container(cfg, resolve=False))
     resolved, resolve_problems, unresolved, secret_reads = _resolve(cfg, oversized)
     aliases.drop_alias_nodes(resolved)
     return MergedConfig(
@@ -176,7 +177,7 @@ def _prune(data: dict[str, Any], issue: StructureIssue) -> None:
         parts = parts[:first_index]  # drop a whole list field: every list has a default
     if not parts:
         return
-    parent = data
+    parent: Any = data
     for part in parts[:-1]:
         parent = parent.get(part) if isinstance(parent, dict) else None
         if not isinstance(parent, dict):
@@ -219,6 +220,7 @@ def _load_tree(
                 _defaults_problem(path, base_path, "defaults form a cycle", "remove the cycle")
             )
         else:
+            assert base_path is not None  # _base_paths pairs a missing path with its problem
             base_data, base_problems, base_spellings = _load_tree(
                 base_path, chain + (path,), search
             )
@@ -344,14 +346,13 @@ def _resolve(
     whose resolution reads a secret-named variable (returned as ``SecretRead``s, found by
     what ``${oc.env:...}`` really read, not by how the text looks), and keys whose resolved
     value would be too large to build (``oversized``, hpcrl.config.interpolation_size)."""
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     register_resolvers()
     with env_reads_recorded() as reads:
         try:
             if not oversized:
-                resolved = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+                resolved = dict_container(cfg, resolve=True, throw_on_missing=True)
                 if not any(is_secret_name(name) for name in reads):
                     return resolved, [], (), ()
         except (OmegaConfBaseException, RecursionError):
@@ -365,15 +366,17 @@ def _resolve_by_leaf(
     """``_resolve`` one leaf at a time, so that each problem and each secret read has its key
     (``reads``: what ``env_reads_recorded`` records into); ``oversized`` leaves are left out
     with their problem."""
-    from omegaconf import OmegaConf
 
-    resolved = OmegaConf.to_container(cfg, resolve=False)
-    problems, unresolved, secret_reads = [], [], []
+    resolved = dict_container(cfg, resolve=False)
+    problems: list[Problem] = []
+    unresolved: list[PathParts] = []
+    secret_reads: list[SecretRead] = []
     for parts, node in _leaf_nodes(cfg, ()):
         if aliases.is_alias_path(parts):
             continue  # the section it stands for is resolved (and reported) under its own name
         if parts in oversized:
-            problems += [oversized[parts]] if oversized[parts] is not None else []
+            too_large = oversized[parts]  # None: it grows through a key reported itself
+            problems += [too_large] if too_large is not None else []
             unresolved.append(parts)
             _remove(resolved, parts)
             continue

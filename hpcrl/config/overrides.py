@@ -27,6 +27,7 @@ import attrs
 from hpcrl.config.aliases import alias_warning, rename_path, spellings_of
 from hpcrl.config.errors import Problem
 from hpcrl.config.suggestions import did_you_mean
+from hpcrl.config.yaml_text import dict_container
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -80,9 +81,7 @@ def parse_override(text: str) -> tuple[Override | None, list[Problem]]:
 
     try:
         # OmegaConf types the value as YAML would; a fixed key keeps its own key syntax out.
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw_value}"]), resolve=False)[
-            "v"
-        ]
+        value = dict_container(OmegaConf.from_dotlist([f"v={raw_value}"]), resolve=False)["v"]
     except Exception as exc:  # yaml and OmegaConf errors alike: report, don't crash
         return None, [_bad_syntax(text, " ".join(f"cannot parse the value: {exc}".split())[:200])]
     return Override(text=text, parts=tuple(key.split(".")), value=value, action=action), []
@@ -173,7 +172,7 @@ def _delete(cfg: DictConfig, override: Override, present: bool) -> list[Problem]
             )
         ]
     parent = OmegaConf.select(cfg, ".".join(override.parts[:-1])) if override.parts[:-1] else cfg
-    current = OmegaConf.to_container(parent, resolve=False)[override.parts[-1]]
+    current = dict_container(parent, resolve=False)[override.parts[-1]]
     if override.value is not _NO_VALUE and current != override.value:
         return [
             Problem(

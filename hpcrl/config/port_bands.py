@@ -67,7 +67,5 @@ def band_ports(band: int) -> dict[str, int]:
 
 def job_ports(named: Mapping[str, int | None], band: int) -> dict[str, int]:
     """The band's ports, with every port that ``named`` sets (not None) kept as named."""
-    return {
-        name: port if named.get(name) is None else int(named[name])
-        for name, port in band_ports(band).items()
-    }
+    kept = {name: int(port) for name, port in named.items() if port is not None}
+    return {name: kept.get(name, port) for name, port in band_ports(band).items()}

@@ -11,10 +11,8 @@ from typing import Literal
 
 import attrs
 
-frozen = attrs.frozen(kw_only=True)
 
-
-@frozen
+@attrs.frozen(kw_only=True)
 class ContainerCfg:
     """A pyxis/enroot container for every srun step (``container``)."""
 
@@ -24,7 +22,7 @@ class ContainerCfg:
     mount_home: bool = False
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class RayPortsCfg:
     """Ray's ports (and the training group's torch master port). A port left unset (None)
     comes from the job's own port band (``hpcrl.config.port_bands``), so two jobs on one node
@@ -49,7 +47,7 @@ class RayPortsCfg:
         return {name: port for name, port in attrs.asdict(self).items() if port is not None}
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class SlurmCfg:
     """Slurm settings (used when ``scheduler: slurm``)."""
 
@@ -72,7 +70,7 @@ class SlurmCfg:
 GpuCount = int | Literal["auto"]
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ClusterProfile:
     """One site (``cluster_profiles/<name>.yaml``)."""
 
@@ -113,8 +111,10 @@ class ClusterProfile:
         """Training workers per node: GPUs on GPU profiles, worker slots on CPU profiles.
 
         ``gpus_per_node: auto`` is resolved by the planner before anything reads this."""
-        assert self.gpus_per_node != "auto" or self.device == "cpu", "resolve auto GPUs first"
-        return self.gpus_per_node if self.device == "gpu" else self.worker_slots_per_node  # type: ignore[return-value]
+        if self.device != "gpu":
+            return self.worker_slots_per_node
+        assert self.gpus_per_node != "auto", "resolve auto GPUs first"
+        return self.gpus_per_node
 
     @property
     def code_mode(self) -> Literal["bundle", "installed"]:

@@ -9,6 +9,7 @@ math (losses, sampling) live in ``hpcrl.config.rules``; Megatron's cross-field r
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 from hpcrl.config.errors import Problem
 from hpcrl.config.field_bounds import RECIPE_BOUNDS, check_bounds
@@ -42,7 +43,7 @@ def _fraction(path: str, value: float, fix: str, *, open_high: bool = True) -> l
     return [Problem(path=path, value=value, message=f"must be in {interval}", fix=fix)]
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     """A finite number (anything else in kwargs is reported by hpcrl.config.optimizers)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

@@ -20,11 +20,9 @@ from hpcrl.config.recipe_megatron import (  # noqa: F401  (re-exported: one sche
     OffloadModule,
 )
 
-frozen = attrs.frozen(kw_only=True)
-
 
 # --------------------------------------------------------------------------- policy.* (shared)
-@frozen
+@attrs.frozen(kw_only=True)
 class TokenizerCfg:
     """Tokenizer to load; a local path or hub name (defaults to the model's)."""
 
@@ -34,7 +32,7 @@ class TokenizerCfg:
     chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class OptimizerCfg:
     """``policy.optimizer`` of the Automodel backend, as NeMo RL writes it: a torch optimizer
     class path and its keyword arguments (``hpcrl.config.optimizers`` lists the classes and
@@ -66,7 +64,7 @@ class OptimizerCfg:
         return float(self.kwargs.get("momentum", 0.0))
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class LrSchedulerCfg:
     """One entry of NeMo RL's ``policy.scheduler`` list: a torch LR scheduler class path and
     its kwargs, or (one entry, when there are several schedulers) the ``milestones`` at which
@@ -81,7 +79,7 @@ class LrSchedulerCfg:
     milestones: tuple[int, ...] | None = None
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class VllmCfg:
     """Settings of the vLLM generation backend (``policy.generation.vllm_cfg``)."""
 
@@ -97,7 +95,7 @@ class VllmCfg:
     env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class GenerationResourcesCfg:
     """Where non-colocated generation workers run."""
 
@@ -105,7 +103,7 @@ class GenerationResourcesCfg:
     gpus_per_node: int | None = None
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ColocatedCfg:
     """Colocated: generation shares the training workers; otherwise it gets its own."""
 
@@ -113,7 +111,7 @@ class ColocatedCfg:
     resources: GenerationResourcesCfg = attrs.field(factory=GenerationResourcesCfg)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class GenerationCfg:
     """How rollouts are sampled (``policy.generation``)."""
 
@@ -131,7 +129,7 @@ class GenerationCfg:
 
 
 # --------------------------------------------------------------------------- micro-batching
-@frozen
+@attrs.frozen(kw_only=True)
 class DynamicBatchingCfg:
     """NeMo RL's ``policy.dynamic_batching``: micro-batches of similar-length rows within a
     token budget, each cut to its longest row (``hpcrl.core.workers.micro_batches``)."""
@@ -142,7 +140,7 @@ class DynamicBatchingCfg:
     sequence_length_round: int = 64
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class SequencePackingCfg:
     """NeMo RL's ``policy.sequence_packing``: rows bin-packed into one long row per
     micro-batch, attention and positions restarting at each sequence."""
@@ -157,7 +155,7 @@ class SequencePackingCfg:
 
 
 # --------------------------------------------------------------------------- automodel_cfg
-@frozen
+@attrs.frozen(kw_only=True)
 class AutomodelCfg:
     """Automodel backend: HF model + FSDP2 / HSDP / TP (``policy.automodel_cfg``).
 
@@ -177,7 +175,7 @@ class AutomodelCfg:
     env_vars: dict[str, str] = attrs.field(factory=dict)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class PolicyCfg:
     """The model being trained (``policy``)."""
 
@@ -205,7 +203,7 @@ class PolicyCfg:
 
 
 # --------------------------------------------------------------------------- algorithms
-@frozen
+@attrs.frozen(kw_only=True)
 class AsyncGrpoCfg:
     """Overlap generation of the next batch with training on the current one."""
 
@@ -213,7 +211,7 @@ class AsyncGrpoCfg:
     max_trajectory_age_steps: int = 1
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class RewardShapingCfg:
     """``grpo.reward_shaping``, applied after ``reward_scaling``: DAPO's overlong penalty (a
     response longer than max_response_length − overlong_buffer_length loses
@@ -227,7 +225,7 @@ class RewardShapingCfg:
     stop_properly_penalty_coef: float | None = None  # in [0, 1]; None: DAPO's penalty
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class RewardScalingCfg:
     """``grpo.reward_scaling``: rewards clamped to [source_min, source_max] and mapped
     linearly onto [target_min, target_max] before advantages."""
@@ -239,7 +237,7 @@ class RewardScalingCfg:
     target_max: float = 1.0
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class AdvEstimatorCfg:
     """``grpo.adv_estimator`` (NeMo RL v0.7.0+): which advantage estimator, and its options
     (hpcrl.core.algorithms.advantages). gdpo and opd are refused by the rules."""
@@ -250,7 +248,7 @@ class AdvEstimatorCfg:
     minus_baseline: bool = True  # reinforce_plus_plus: subtract the prompt group's mean
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class GrpoCfg:
     """GRPO settings (``grpo``)."""
 
@@ -287,7 +285,7 @@ class GrpoCfg:
         return self.async_grpo is not None and self.async_grpo.enabled
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class SftCfg:
     """SFT settings (``sft``)."""
 
@@ -301,7 +299,7 @@ class SftCfg:
     seed: int = 42
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class LossFnCfg:
     """Policy-gradient loss (``loss_fn``); SFT ignores it. Names, meanings and defaults are
     NeMo RL's (ClippedPGLossConfig); docs/algorithms.md gives every formula."""
@@ -325,7 +323,7 @@ class LossFnCfg:
     force_on_policy_ratio: bool = False
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class DatasetCfg:
     """One of NeMo RL's ``data.train`` / ``data.validation`` / ``data.default`` sections
     (``hpcrl.config.datasets`` lists the names; ``default`` fills what the others leave
@@ -346,7 +344,7 @@ class DatasetCfg:
     repeat: int | None = None  # the set's rows this many times over (NeMo RL's AIME: 16)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class DataCfg:
     """Training data (``data``): a local JSONL file (``train_path``, hpcrl's own form; relative
     paths resolve against the recipe's folder) or NeMo RL's data sets by name (``train`` /
@@ -375,7 +373,7 @@ class DataCfg:
     add_generation_prompt: bool = False
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class MathEnvCfg:
     """NeMo RL's ``env.math``: how responses are checked against the ground truth."""
 
@@ -385,7 +383,7 @@ class MathEnvCfg:
     math_verify_impl: Literal["hf_math_verify", "hpcrl_numeric"] = "hf_math_verify"
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class EnvCfg:
     """Reward environment (``env``)."""
 
@@ -394,7 +392,7 @@ class EnvCfg:
     math: MathEnvCfg | None = None  # NeMo RL's form; None: hpcrl's numeric check
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class CheckpointingCfg:
     """Training checkpoints (``checkpointing``). checkpoint_dir None: <run folder>/checkpoints."""
 
@@ -411,7 +409,7 @@ class CheckpointingCfg:
     save_consolidated: bool = False
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class WandbCfg:
     """Weights & Biases (``logger.wandb``). Offline (files under the log folder) unless the job
     has WANDB_API_KEY or sets WANDB_MODE; the files can be synced later with ``wandb sync``."""
@@ -421,7 +419,7 @@ class WandbCfg:
     entity: str | None = None
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class TensorboardCfg:
     """TensorBoard event files (``logger.tensorboard``). log_dir None: <log_dir>/tensorboard;
     relative: below logger.log_dir."""
@@ -429,7 +427,7 @@ class TensorboardCfg:
     log_dir: str | None = None
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class MlflowCfg:
     """MLflow (``logger.mlflow``). tracking_uri None: a file store in <log_dir>/mlruns."""
 
@@ -438,7 +436,7 @@ class MlflowCfg:
     tracking_uri: str | None = None
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class GpuMonitoringCfg:
     """GPU utilisation and memory of every node, sampled while the job trains."""
 
@@ -446,7 +444,7 @@ class GpuMonitoringCfg:
     flush_interval: float = 10.0  # seconds between writes to the loggers
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class LoggerCfg:
     """Where metrics go besides <run folder>/metrics.jsonl (``logger``), with NeMo RL's keys.
 
@@ -465,7 +463,7 @@ class LoggerCfg:
     gpu_monitoring: GpuMonitoringCfg = attrs.field(factory=GpuMonitoringCfg)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ClusterCfg:
     """The allocation the recipe is written for (``cluster``).
 
@@ -476,7 +474,7 @@ class ClusterCfg:
     gpus_per_node: int = 8
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ValueCfg:
     """PPO value model (``value``); only its megatron_cfg manual-GC keys matter today."""
 
@@ -484,7 +482,7 @@ class ValueCfg:
     megatron_cfg: MegatronCfg = attrs.field(factory=MegatronCfg)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class TeacherCfg:
     """Distillation teacher (``teacher``). Overrides apply on top of policy.megatron_cfg."""
 
@@ -492,7 +490,7 @@ class TeacherCfg:
     megatron_cfg_overrides: dict[str, Any] = attrs.field(factory=dict)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class Recipe:
     """A whole recipe after `defaults:` merging and overrides."""
 
@@ -509,7 +507,7 @@ class Recipe:
     teacher: TeacherCfg | None = None
 
     @property
-    def algorithm(self) -> str:
+    def algorithm(self) -> Literal["grpo", "sft"]:
         """'grpo' or 'sft' (the rules guarantee exactly one section is set)."""
         return "grpo" if self.grpo is not None else "sft"
 

@@ -9,8 +9,6 @@ from typing import Any, Literal
 
 import attrs
 
-frozen = attrs.frozen(kw_only=True)
-
 OffloadModule = Literal[
     "attn_norm",
     "qkv_linear",
@@ -24,7 +22,7 @@ OffloadModule = Literal[
 
 
 # --------------------------------------------------------------------------- megatron_cfg
-@frozen
+@attrs.frozen(kw_only=True)
 class MegatronOptimizerCfg:
     """megatron-core OptimizerConfig subset (``policy.megatron_cfg.optimizer``)."""
 
@@ -49,7 +47,7 @@ class MegatronOptimizerCfg:
     overlap_cpu_optimizer_d2h_h2d: bool = False
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class MegatronSchedulerCfg:
     """megatron-core OptimizerParamScheduler settings (``policy.megatron_cfg.scheduler``)."""
 
@@ -64,7 +62,7 @@ class MegatronSchedulerCfg:
     lr_warmup_init: float = 0.0
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class DistributedDataParallelCfg:
     """megatron-core DistributedDataParallelConfig subset."""
 
@@ -78,7 +76,7 @@ class DistributedDataParallelCfg:
     ] = "no_shard"
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class MegatronCheckpointCfg:
     """How Megatron checkpoints are read and written (``policy.megatron_cfg.checkpoint``)."""
 
@@ -94,7 +92,7 @@ class MegatronCheckpointCfg:
     optimizer_format: Literal["dp_reshardable", "fully_reshardable"] = "dp_reshardable"
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class MegatronCfg:
     """Megatron backend: megatron-core through megatron-bridge (``policy.megatron_cfg``)."""
 

@@ -9,8 +9,12 @@ the parse over NeMo RL's example configs). The loader is private API: found wher
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def load_yaml(path: Path) -> Any:
@@ -28,11 +32,25 @@ def load_yaml(path: Path) -> Any:
 
 
 def _omegaconf_yaml_loader() -> Any:
-    try:
-        from omegaconf._yaml import get_yaml_loader  # omegaconf 2.4
-    except ImportError:
+    # A private helper that moved between releases: looked up by name, so the type checker
+    # (which reads the installed release) sees neither module's absence as an error.
+    for module_name in ("omegaconf._yaml", "omegaconf._utils"):  # omegaconf 2.4, 2.3
         try:
-            from omegaconf._utils import get_yaml_loader  # omegaconf 2.3
+            module = importlib.import_module(module_name)
         except ImportError:
-            return None
-    return get_yaml_loader()
+            continue
+        get_yaml_loader = getattr(module, "get_yaml_loader", None)
+        if get_yaml_loader is not None:
+            return get_yaml_loader()
+    return None
+
+
+def dict_container(
+    cfg: DictConfig, *, resolve: bool, throw_on_missing: bool = False
+) -> dict[Any, Any]:
+    """``OmegaConf.to_container`` of a ``DictConfig``: always a dict, typed as one."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=resolve, throw_on_missing=throw_on_missing)
+    assert isinstance(container, dict), type(container)
+    return container

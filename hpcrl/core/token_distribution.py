@@ -173,8 +173,8 @@ def token_logprobs_from_logits(
 def _target_log_softmax(scaled: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``log_softmax(scaled)`` at ``targets``, as the negated cross-entropy: one fused
     log-softmax kernel forward and one backward, where ``gather - logsumexp`` ran several
-    passes over the float32 logits each way (5-6 ms of a 112 ms train step of the 1.1B at
-    4 x 2048 on one H200, docs/performance.md). Same value to float32 rounding."""
+    passes over the float32 logits each way (measured: docs/performance.md, "Figures behind the code"). Same
+    value to float32 rounding."""
     import torch.nn.functional as F
 
     flat = scaled.reshape(-1, scaled.shape[-1])

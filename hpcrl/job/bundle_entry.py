@@ -13,6 +13,7 @@ It imports nothing but the standard library and checks the Python version first,
 with too old a Python fails with one line instead of a SyntaxError from deep inside hpcrl.
 """
 
+import io
 import os
 import runpy
 import sys
@@ -33,8 +34,9 @@ def main(argv):
     if argv[:1] == ["-u"]:
         argv = argv[1:]
         os.environ["PYTHONUNBUFFERED"] = "1"
-        sys.stdout.reconfigure(write_through=True)
-        sys.stderr.reconfigure(write_through=True)
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, io.TextIOWrapper):  # always, unless a caller replaced it
+                stream.reconfigure(write_through=True)
     if len(argv) < 2 or argv[0] != "-m":
         sys.stderr.write(USAGE + "\n")
         return 2

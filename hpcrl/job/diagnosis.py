@@ -11,7 +11,7 @@ Nothing here imports Ray: node 0's entrypoint runs it after its driver has exite
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import Any, TypedDict
 
 from hpcrl.job.errors import BootstrapError
 from hpcrl.job.settings import NodeSettings
@@ -44,6 +44,15 @@ _SIGNAL_HINTS = {
 _WORKER_FIELDS = ("rank", "node_ip", "died", "method", "role")
 
 
+class _AttemptFields(TypedDict):
+    """The ``AttemptCause`` fields every cause of one attempt shares."""
+
+    attempt: int
+    after_step: int | None
+    exit_code: int
+    log: str | None
+
+
 def describe_driver_error(error: BaseException) -> dict[str, Any]:
     """The fields of ``status/driver.error`` for an exception the driver raised; a worker
     failure (``hpcrl.core.workers.failures.WorkerFailed``, read by its attributes so this
@@ -66,7 +75,7 @@ def diagnose(
     attempt_id = settings.task.attempt_id
     driver_error = read_marker(settings.run_dir, DRIVER_ERROR, attempt_id)
     failures = _node_failures(settings, wait_s if _may_follow_a_node(driver_error) else 0.0)
-    base = {
+    base: _AttemptFields = {
         "attempt": settings.task.run_attempt,
         "after_step": last_step(settings.run_dir),
         "exit_code": exit_code_of(returncode),
@@ -116,7 +125,7 @@ def killed_by(signum: int) -> str:
 
 
 def _worker_cause(
-    settings: NodeSettings, error: dict[str, Any], base: dict[str, Any]
+    settings: NodeSettings, error: dict[str, Any], base: _AttemptFields
 ) -> AttemptCause:
     role, rank = error.get("role") or "worker rank", error["rank"]
     node = _node_of_ip(settings, error.get("node_ip"))

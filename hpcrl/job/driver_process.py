@@ -139,7 +139,7 @@ def wait_for_all_nodes(settings: NodeSettings, table: GcsNodeTable) -> dict[int,
     # processes makes both slower on a busy machine, and the marker tells them it is this
     # job's head (not another job's Ray on the same port).
     write_marker(settings.run_dir, HEAD, settings.task.attempt_id, ip=settings.node_ip,
-                 gcs_port=settings.ray_ports.gcs_port)  # fmt: skip
+                 gcs_port=settings.gcs_port)  # fmt: skip
     start = time.monotonic()
     if not wait_until(ranks_joined(settings.num_nodes), settings.join_timeout_s,
                       abort=other_node_failed, interval_s=NODES_POLL_INTERVAL_S):  # fmt: skip
@@ -151,7 +151,7 @@ def wait_for_all_nodes(settings: NodeSettings, table: GcsNodeTable) -> dict[int,
 
 def wait_for_head(settings: NodeSettings, started: float) -> None:
     """Wait for the head's GCS port (this process starts together with the head)."""
-    ip, port = settings.head_ip, settings.ray_ports.gcs_port
+    ip, port = settings.head_ip, settings.gcs_port
     if not wait_until(lambda: port_accepts(ip, port), settings.head_start_s):
         raise BootstrapError(
             f"Ray head did not open its GCS port {ip}:{port} within {settings.head_start_s:.0f}s; "

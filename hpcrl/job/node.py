@@ -122,7 +122,9 @@ class NodeMain(Checkpointable):
     def _remember_driver(self, driver: subprocess.Popen[bytes]) -> None:
         self._driver = driver
 
-    def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
+    # submitit calls checkpoint with __call__'s arguments and takes None as "do not requeue"
+    # (submitit/core/utils.py); Checkpointable annotates it (*args, **kwargs) -> DelayedSubmission.
+    def checkpoint(self, run_dir: str) -> DelayedSubmission | None:  # type: ignore[override]
         settings = self._settings or read_node_settings(run_dir, os.environ, self.num_requeues)
         logger = logging.getLogger(LOGGER_NAME)
         preempt_path = settings.run_dir / PREEMPT_FILE
@@ -150,7 +152,7 @@ class NodeMain(Checkpointable):
         return {"num_requeues": self.num_requeues}  # processes and settings are per attempt
 
     def __setstate__(self, state: dict[str, int]) -> None:
-        self.__init__()
+        NodeMain.__init__(self)
         self.num_requeues = state["num_requeues"]
 
 
@@ -336,7 +338,7 @@ def report_failure(settings: NodeSettings, error: BootstrapError) -> None:
 
 
 def _wait_for_head(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> None:
-    ip, port, attempt_id = settings.head_ip, settings.ray_ports.gcs_port, settings.task.attempt_id
+    ip, port, attempt_id = settings.head_ip, settings.gcs_port, settings.task.attempt_id
 
     def head_ready() -> bool:
         # The marker proves the port belongs to this attempt's head, not to another job's.
@@ -368,7 +370,7 @@ def _run_is_ending(settings: NodeSettings) -> bool:
     done = read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None
     if done or (settings.run_dir / PREEMPT_FILE).exists():
         return True
-    return not port_accepts(settings.head_ip, settings.ray_ports.gcs_port)
+    return not port_accepts(settings.head_ip, settings.gcs_port)
 
 
 def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logger) -> int:
@@ -385,7 +387,7 @@ def _run_worker(settings: NodeSettings, ray_node: RayNode, logger: logging.Logge
                 logger.info("Ray stopped with the head (the run ended or is being requeued)")
                 return 0
             return _report_and_wait_for_head(settings, ray_node, error, logger)
-        if port_accepts(settings.head_ip, settings.ray_ports.gcs_port):
+        if port_accepts(settings.head_ip, settings.gcs_port):
             failed_connects = 0
         else:
             failed_connects += 1
@@ -410,7 +412,7 @@ def _report_and_wait_for_head(
 
     def attempt_over() -> bool:
         done = read_marker(settings.run_dir, DONE, settings.task.attempt_id) is not None
-        return done or not port_accepts(settings.head_ip, settings.ray_ports.gcs_port)
+        return done or not port_accepts(settings.head_ip, settings.gcs_port)
 
     if not wait_until(attempt_over, settings.head_wait_s, interval_s=WORKER_POLL_INTERVAL_S):
         raise error

@@ -162,7 +162,9 @@ class NodeTask(Checkpointable):
             )
             raise SystemExit(REQUEUED_EXIT_CODE) from None  # as submitit after its own requeue
 
-    def checkpoint(self, run_dir: str) -> DelayedSubmission | None:
+    # submitit calls checkpoint with __call__'s arguments and takes None as "do not requeue"
+    # (submitit/core/utils.py); Checkpointable annotates it (*args, **kwargs) -> DelayedSubmission.
+    def checkpoint(self, run_dir: str) -> DelayedSubmission | None:  # type: ignore[override]
         """Called by submitit on task 0 when USR2 arrives; None means "do not requeue"."""
         entry_checkpoint = getattr(self._entrypoint, "checkpoint", None)
         if entry_checkpoint is None:

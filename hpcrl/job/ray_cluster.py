@@ -157,7 +157,9 @@ class RayNode:
 
     def check_alive(self) -> None:
         """Raise RayExited when ``ray start --block`` has ended on its own."""
-        code = self.process.poll()
+        process = self.process
+        assert process is not None, "RayNode.start launches Ray before anything checks it"
+        code = process.poll()
         if code is None:
             return
         error_tail = tail(self.log_dir / "ray.err")
@@ -169,7 +171,7 @@ class RayNode:
             logging.getLogger("hpcrl.job").warning(
                 "Ray's raylet missed its 30 s registration window (busy node?); starting it again"
             )
-            stop_session(self.process, self.settings.stop_timeout_s)
+            stop_session(process, self.settings.stop_timeout_s)
             self.startup_retries += 1
             self._launch("-")
             return

@@ -82,8 +82,14 @@ class NodeSettings:
         return self.task.node_rank == 0
 
     @property
+    def gcs_port(self) -> int:
+        port = self.ray_ports.gcs_port
+        assert port is not None, "read_node_settings gives every port (the job's band)"
+        return port
+
+    @property
     def gcs_address(self) -> str:
-        return f"{self.head_ip}:{self.ray_ports.gcs_port}"
+        return f"{self.head_ip}:{self.gcs_port}"
 
     @property
     def ray_private_dir(self) -> str:
@@ -100,7 +106,8 @@ class NodeSettings:
 def resolve_ip(host_name: str) -> str:
     """The IPv4 address a host name resolves to here (/etc/hosts or DNS, as getent sees it)."""
     try:
-        return socket.getaddrinfo(host_name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        infos = socket.getaddrinfo(host_name, None, socket.AF_INET, socket.SOCK_STREAM)
+        return str(infos[0][4][0])  # AF_INET: the address is (host, port)
     except socket.gaierror as error:
         raise NodeSettingsError(
             f"cannot resolve node name {host_name!r} to an IPv4 address ({error}); make node "

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 from collections.abc import Mapping
+from typing import TypedDict
 
 import attrs
 
@@ -130,7 +131,12 @@ def read_slurm_task(environ: Mapping[str, str], requeue_count: int = 0) -> Slurm
     )
 
 
-def _array_ids(environ: Mapping[str, str]) -> dict[str, str | None]:
+class _ArrayIds(TypedDict):
+    array_job_id: str | None
+    array_task_id: str | None
+
+
+def _array_ids(environ: Mapping[str, str]) -> _ArrayIds:
     return {
         "array_job_id": environ.get("SLURM_ARRAY_JOB_ID"),
         "array_task_id": environ.get("SLURM_ARRAY_TASK_ID"),

@@ -4,8 +4,8 @@ torch's caches (Inductor's FX graph cache: the generated kernels; the AOTAutogra
 forward/backward split; Triton's cache: the compiled GPU binaries) are on by default in the
 torch versions hpcrl supports, but in ``/tmp/torchinductor_<user>`` and ``~/.triton``: on a
 cluster, the node's own disk (or the container's), so a job landing on another node, or in a
-fresh container, compiles everything again (the first GRPO step of the 1.1B model took 17 s
-on an H200, the later ones 0.6 s). hpcrl points them at one folder every run shares
+fresh container, compiles everything again (a first GRPO step many times as long as the
+later ones: docs/performance.md, "Figures behind the code"). hpcrl points them at one folder every run shares
 (``JobSpec.compile_cache_dir``), exported in the job's script before any process starts:
 
 - the profile's ``compile_cache_dir`` when it sets one (shared storage the nodes see; with a

@@ -22,8 +22,6 @@ import attrs
 from hpcrl.plan.mounts import parse_mount, same_path_mount
 from hpcrl.run.jobspec import SUBMITIT_TASK_TAIL, JobSpec
 
-frozen = attrs.frozen(kw_only=True)
-
 EXPORTS_DIR_NAME = "exports"
 EXPORT_MODULE = "hpcrl.core.export"
 #: The run's #SBATCH keys an export job does not take over (it sets its own or none).
@@ -33,7 +31,7 @@ TRAINING_ONLY_DIRECTIVES = frozenset(
 )  # fmt: skip
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ExportJob:
     """One export, planned. ``export_argv`` is what the task runs (the job's Python and
     code, then ``-m hpcrl.core.export RUN CHECKPOINT OUT``); ``task_argv`` is submitit's task

@@ -48,6 +48,7 @@ def check_placeholders(profile: ClusterProfile, findings: Findings, *, refuse: b
         "folder on $HPCRL_CLUSTER_PROFILES) and set {keys} there; the copy wins over the "
         "shipped one"
     )
+    value: object  # the one placeholder's text, or NO_VALUE for several
     if len(held) == 1:
         ((path, text, word),) = held
         where, value, fix = profile_path(profile, path), text, copy.format(keys=path)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from hpcrl.config.datasets import resolve_data_sections
 from hpcrl.config.env_rules import VLLM_ENV_VARS, training_env_vars
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
@@ -72,7 +74,7 @@ def plan(
     """
     findings = Findings()
     if host is None:
-        host = describe_submit_host(profile, bundles_dir_for(posixpath.dirname(run_dir)))
+        host = describe_submit_host(profile, bundles_dir_for(Path(posixpath.dirname(run_dir))))
     profile, visible_gpus = resolve_local_gpus(profile, host.local_gpus, findings)
     check_placeholders(profile, findings, refuse=for_submission)
     job_name = job_name or _job_name_from(recipe_source)
@@ -109,9 +111,9 @@ def plan(
         device=profile.device,
         profile_name=profile.name,
         recipe_source=recipe_source,
-        algorithm=recipe.algorithm,  # type: ignore[arg-type]
+        algorithm=recipe.algorithm,
         overrides=tuple(overrides),
-        recipe=recipe,
+        recipe=resolve_data_sections(recipe),  # the job merges no data defaults
         written_by=tuple(written_by or render_argv(recipe_source, cluster, overrides)),
         run_dir=run_dir,
         num_nodes=num_nodes,

@@ -33,7 +33,7 @@ def build_comparison(paths: Sequence[Path]) -> Report:
     keys, values = differing_keys([row.run_dir for row in rows])
     rows = [attrs.evolve(row, swept_values=value, label=row.name)
             for row, value in zip(rows, values, strict=True)]  # fmt: skip
-    notes = ()
+    notes: tuple[str, ...] = ()
     if len(keys) > MAX_KEYS:
         notes = (f"{len(keys) - MAX_KEYS} more recipe key(s) differ: "
                  f"{', '.join(keys[MAX_KEYS:])} (hpcrl diff RUN_A RUN_B lists them)",)  # fmt: skip

@@ -61,10 +61,10 @@ def run_states(run_dirs: Sequence[Path]) -> list[str]:
 
 def _scheduler_states(run_dirs: Sequence[Path]) -> list[str]:
     from hpcrl.config.errors import UserError
-    from hpcrl.run.job_record import read_job_record
+    from hpcrl.run.job_record import JobRecord, read_job_record
     from hpcrl.submit.job_state import query_statuses
 
-    records = []
+    records: list[JobRecord | None] = []
     for run_dir in run_dirs:
         try:
             records.append(read_job_record(run_dir))
@@ -86,14 +86,14 @@ def placement_of(run_dir: Path) -> Placement | None:
             if _belongs(log, run_dir):
                 hosts.add(match["host"])
                 starts.append(_timestamp(match["time"]))
-    starts = [start for start in starts if start is not None]
-    if not hosts or not starts:
+    known_starts = [start for start in starts if start is not None]
+    if not hosts or not known_starts:
         return None
     marker = _done_marker(run_dir)
     end = marker.get("time") if marker else None
     if not isinstance(end, int | float):
         end = max(path.stat().st_mtime for path in Path(run_dir).rglob("*") if path.is_file())
-    return Placement(frozenset(hosts), min(starts), float(end))
+    return Placement(frozenset(hosts), min(known_starts), float(end))
 
 
 def _belongs(log: Path, run_dir: Path) -> bool:

@@ -194,7 +194,8 @@ def _well_typed(data: dict[str, Any]) -> bool:
             return False
         if not isinstance(value, kinds):
             return False
-    return data["attempt"] >= 0
+    attempt: int = data["attempt"]  # an int: checked above
+    return attempt >= 0
 
 
 def slurm_node_failure(

@@ -1,8 +1,9 @@
 """The plan of one job: everything the templates, the submitter and the node entrypoint need.
 
 A ``JobSpec`` is the only input of rendering and the job's only input: it carries the typed,
-validated recipe it was planned from (``JobSpec.recipe``, data paths absolute), so the job
-never loads YAML nor checks a recipe against its plan. It is explicit on purpose: no field
+validated recipe it was planned from (``JobSpec.recipe``, data paths absolute, NeMo RL's
+data sections resolved), so the job never loads YAML, checks a recipe against its plan nor
+merges data defaults. It is explicit on purpose: no field
 has to be recomputed from the recipe or the profile downstream, and nothing here is a raw
 dict. Every collection is a tuple in a fixed order, so two equal plans render byte-identical
 scripts.
@@ -19,8 +20,6 @@ import attrs
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.config.recipe import Recipe
 
-frozen = attrs.frozen(kw_only=True)
-
 #: Slurm sends this signal ``signal_delay_s`` before the time limit; submitit's job
 #: environment handles it (checkpoint + requeue), so it must stay USR2.
 SUBMITIT_SIGNAL = "USR2"
@@ -28,7 +27,7 @@ SUBMITIT_SIGNAL = "USR2"
 SUBMITIT_TASK_TAIL = ("-u", "-m", "submitit.core._submit")
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ParallelLayout:
     """How ``world_size`` ranks split into parallel groups.
 
@@ -60,7 +59,7 @@ class ParallelLayout:
         return " × ".join(f"{name}={size}" for name, size in sizes)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class GenerationPlacement:
     """Where separate (non-colocated) vLLM generation workers run among the job's nodes.
 
@@ -121,7 +120,7 @@ def token_path(run_dir: str) -> str:
     return posixpath.join(run_dir, AUTH_DIR_NAME, TOKEN_FILE_NAME)
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class ContainerSpec:
     """The pyxis container every srun task runs in; mounts are ``host:container[:flags]``."""
 
@@ -136,7 +135,7 @@ Need = Literal[
 ]
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class PackageRequirement:
     """A package the job's Python must have (``hpcrl.plan.requirements``); checked on every
     node before Ray starts. ``distributions``: the names it is published under, the first
@@ -150,7 +149,7 @@ class PackageRequirement:
     pure_python: bool
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class CodeBundle:
     """hpcrl and its pure-Python packages, copied from the submitting environment into a
     folder named by a hash of its contents (``hpcrl.plan.bundle``), shared by every run of the
@@ -163,7 +162,7 @@ class CodeBundle:
     built_from: str  # sys.prefix of the environment the files were copied from
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class JobCode:
     """Which Python runs every task and where hpcrl comes from inside the job.
 
@@ -197,7 +196,7 @@ class JobCode:
 BUNDLE_ENTRY = "hpcrl_entry.py"
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class Check:
     """One pre-flight check that did not fail: what it checked and what it found."""
 
@@ -211,7 +210,7 @@ class Check:
         return f"{self.path}: {self.message}" if self.path else self.message
 
 
-@frozen
+@attrs.frozen(kw_only=True)
 class JobSpec:
     """A planned job (see ``hpcrl.plan.planner.plan``).
 
@@ -228,8 +227,10 @@ class JobSpec:
     recipe_source: str
     algorithm: Literal["grpo", "sft"]
     overrides: tuple[str, ...]
-    # The recipe as planned: validated, overrides applied, data paths absolute. The job reads
-    # it from here (never recipe.resolved.yaml, which is for people, diff and rerun).
+    # The recipe as planned: validated, overrides applied, data paths absolute, data.train and
+    # data.validation holding what data.default and the flat data.* keys give them (those
+    # unset: hpcrl.config.datasets.resolve_data_sections). The job reads it from here (never
+    # recipe.resolved.yaml, which is for people, diff and rerun).
     recipe: Recipe
     # The hpcrl command that wrote this script and reproduces it: `hpcrl render ... [-o DIR]`
     # for a single run (hpcrl submit runs it), `hpcrl sweep ...` for a sweep's scripts,

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,7 +96,9 @@ def token_file_problem(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
-def private_path_problem(item: Path, is_expected_type, exposes: str) -> str | None:
+def private_path_problem(
+    item: Path, is_expected_type: Callable[[int], bool], exposes: str
+) -> str | None:
     """Why others could reach ``item`` (this user's folder or file holding what ``exposes``
     names), if they could: not there, another type, another owner, or a mode open to others."""
     try:

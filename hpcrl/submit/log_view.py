@@ -292,9 +292,9 @@ def follow_logs(
         stream.flush()
     write_causes(runs, selection, stream)
     for run in runs:
-        line = quiet.ending(run)
-        if line is not None:
-            stream.write(f"[{run.point + ' ' if run.point else ''}hpcrl] {line}\n")
+        ending = quiet.ending(run)
+        if ending is not None:
+            stream.write(f"[{run.point + ' ' if run.point else ''}hpcrl] {ending}\n")
 
 
 class _FollowedNoise:

@@ -22,7 +22,9 @@ MAX_POINTS = 1000
 
 def split_values(text: str) -> list[str]:
     """``a,b,[c,d]`` → ``["a", "b", "[c,d]"]``: commas inside brackets belong to a value."""
-    values, depth, current = [], 0, []
+    values: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
         if char == "," and depth == 0:
@@ -86,10 +88,9 @@ def build_points(grid: Sequence[str], zips: Sequence[str] = ()) -> list[SweepPoi
             "MaxArraySize is 1001), and each point is planned before anything is submitted",
             fix="sweep fewer values, or split the sweep into several",
         )
-    combos = itertools.product(*axes)
     return [
-        SweepPoint(index, {k: v for part in combo for k, v in part.items()})
-        for index, combo in enumerate(combos)
+        SweepPoint(index, {k: v for part in point for k, v in part.items()})
+        for index, point in enumerate(itertools.product(*axes))
     ]
 
 

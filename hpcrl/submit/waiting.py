@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import TracebackType
 
 import attrs
 from rich.console import Console
@@ -293,9 +294,14 @@ class _ProgressLine:
             self._status.__enter__()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if self._status is not None:
-            self._status.__exit__(*exc_info)
+            self._status.__exit__(exc_type, exc, traceback)
 
     def update(self, phase: str, text: str) -> None:
         now_s = self._clock()

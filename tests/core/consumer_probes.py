@@ -173,7 +173,7 @@ def _tokenizer(chat_template: str | None) -> Any:
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.models.tiny import resolve_model_path
 
-    cfg = TokenizerCfg(chat_template=chat_template)  # type: ignore[call-arg]
+    cfg = TokenizerCfg(chat_template=chat_template)
     return load_tokenizer(resolve_model_path("tiny:qwen2"), cfg)
 
 
@@ -375,13 +375,14 @@ def named_data_probe(recipe: Recipe, tmp: Path) -> Any:
     a fixed row and fixed messages through the set's field reader and the prompt
     processor, and the rows a local file gives (hpcrl.core.data.named.load_named_rows);
     hub sets are not read (jobs find them in their HF cache; here there is none)."""
-    from hpcrl.config.datasets import effective
+    from hpcrl.config.datasets import resolve_data_sections
     from hpcrl.core.data import named
 
     result: dict[str, Any] = {}
     tok = tokenizer(recipe)
+    recipe = resolve_data_sections(recipe)  # as JobSpec.recipe reaches the job
     for which in ("train", "validation"):
-        section = effective(recipe, which)
+        section = getattr(recipe.data, which)
         if section is None:
             continue
         name, spec = named._named(section)

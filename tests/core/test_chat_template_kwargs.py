@@ -24,7 +24,7 @@ THINKING = {"enable_thinking": True}
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    cfg = TokenizerCfg(chat_template=TEMPLATE)  # type: ignore[call-arg]
+    cfg = TokenizerCfg(chat_template=TEMPLATE)
     return load_tokenizer(resolve_model_path("tiny:qwen2"), cfg)
 
 
@@ -41,7 +41,7 @@ def test_grpo_prompts_and_sft_examples_are_rendered_with_them(tokenizer):
 
 
 def test_named_data_set_prompts_are_rendered_with_them(tokenizer):
-    section = DatasetCfg(dataset_name="OpenMathInstruct-2")  # type: ignore[call-arg]
+    section = DatasetCfg(dataset_name="OpenMathInstruct-2")
     messages = [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]
     with_kwargs = named.math_prompt(tokenizer, section, messages, THINKING)
     without = named.math_prompt(tokenizer, section, messages)

@@ -1,6 +1,7 @@
 """NeMo RL's data sets by name load from local copies in the hub's own format (built here:
 nothing comes from a hub), with NeMo RL's prompt template, validation pairing and chat
-rendering."""
+rendering. The loader reads the recipe as the plan hands it over (``planned``: data.default
+and the flat data.* keys merged into data.train/validation by ``resolve_data_sections``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl.config import structure_recipe
+from hpcrl.config.datasets import resolve_data_sections
+from hpcrl.config.recipe import Recipe
 from hpcrl.config.rules import check_recipe
 from hpcrl.core.data.named import load_named_rows
 from tests.config.recipe_dicts import base_dict, with_keys
@@ -58,6 +61,11 @@ def grpo_recipe(**dotted):
     return structure_recipe(with_keys(data, **dotted))
 
 
+def planned(recipe: Recipe) -> Recipe:
+    """The recipe as JobSpec.recipe carries it (the planner's own step)."""
+    return resolve_data_sections(recipe)
+
+
 def test_openmathinstruct2_with_prompt_file_and_carved_validation(openmath, tokenizer):
     recipe = grpo_recipe(
         data__train={
@@ -71,8 +79,8 @@ def test_openmathinstruct2_with_prompt_file_and_carved_validation(openmath, toke
         },
     )
     assert check_recipe(recipe) == []
-    train = load_named_rows(recipe, tokenizer, "train")
-    val = load_named_rows(recipe, tokenizer, "validation")
+    train = load_named_rows(planned(recipe), tokenizer, "train")
+    val = load_named_rows(planned(recipe), tokenizer, "validation")
     assert (len(train), len(val)) == (30, 10)
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}
     row = train[0]
@@ -82,19 +90,35 @@ def test_openmathinstruct2_with_prompt_file_and_carved_validation(openmath, toke
     rendered = f"<user>{row['prompt']}</user><assistant>"
     assert row["prompt_ids"] == tokenizer(rendered, add_special_tokens=False)["input_ids"]
     # Same seed, same split: a resumed or repeated run sees the same rows.
-    assert [r["prompt"] for r in load_named_rows(recipe, tokenizer, "train")] == [
+    assert [r["prompt"] for r in load_named_rows(planned(recipe), tokenizer, "train")] == [
         r["prompt"] for r in train
     ]
 
 
 def test_flat_output_key_picks_the_sft_target_column():
-    from hpcrl.config.datasets import effective
     from hpcrl.core.data.named import to_messages
 
     recipe = grpo_recipe(data__dataset_name="OpenMathInstruct-2", data__output_key="alt")
-    section = effective(recipe, "train")
+    section = planned(recipe).data.train
+    assert section is not None
     row = {"problem": "1 + 1?", "generated_solution": "two", "alt": "2"}
     assert to_messages("openmath_solution", row, section)[-1]["content"] == "2"
+
+
+def test_an_unplanned_recipe_is_refused_not_read_without_its_defaults(openmath, tokenizer):
+    """data.default's prompt template reaches the rows through the plan; a recipe that did
+    not go through it would silently lose it, so the loader refuses one."""
+    recipe = grpo_recipe(
+        data__train={
+            "dataset_name": "OpenMathInstruct-2",
+            "data_path": str(openmath / "OpenMathInstruct-2"),
+        },
+        data__default={"prompt_file": str(openmath / "cot.txt")},
+    )
+    with pytest.raises(AssertionError, match="resolve_data_sections"):
+        load_named_rows(recipe, tokenizer, "train")
+    (first, *_) = load_named_rows(planned(recipe), tokenizer, "train")
+    assert first["prompt"].startswith("Think step by step")
 
 
 def test_dapo_and_gsm8k_row_formats(tmp_path, tokenizer):
@@ -104,13 +128,13 @@ def test_dapo_and_gsm8k_row_formats(tmp_path, tokenizer):
     recipe = grpo_recipe(
         data__train={"dataset_name": "DAPOMath17K", "data_path": str(tmp_path / "dapo")}
     )
-    (row,) = load_named_rows(recipe, tokenizer, "train")
+    (row,) = load_named_rows(planned(recipe), tokenizer, "train")
     assert (row["prompt"], row["answer"]) == ("Find x.", "42")
     gsm = [{"question": "Two apples and one more?", "answer": "2 + 1 = 3\n#### 3"}]
     write_parquet(tmp_path / "gsm", "train", gsm)
     write_parquet(tmp_path / "gsm", "test", gsm)
     recipe = grpo_recipe(data__train={"dataset_name": "gsm8k", "data_path": str(tmp_path / "gsm")})
-    (row,) = load_named_rows(recipe, tokenizer, "validation")  # gsm8k's test split
+    (row,) = load_named_rows(planned(recipe), tokenizer, "validation")  # gsm8k's test split
     assert row["answer"] == "3"
 
 
@@ -125,7 +149,7 @@ def test_response_dataset_from_a_local_jsonl(tmp_path, tokenizer):
             "output_key": "final",
         }  # fmt: skip
     )
-    assert [(r["prompt"], r["answer"]) for r in load_named_rows(recipe, tokenizer, "train")] == [
+    assert [(r["prompt"], r["answer"]) for r in load_named_rows(planned(recipe), tokenizer, "train")] == [
         ("q0", "0"), ("q1", "1"), ("q2", "2")
     ]  # fmt: skip
 
@@ -140,7 +164,7 @@ def test_squad_sft_masks_only_the_answer(tmp_path, tokenizer):
         with_keys(data, data__train={"dataset_name": "squad", "data_path": str(tmp_path / "squad")})
     )
     assert check_recipe(recipe) == []
-    (row,) = load_named_rows(recipe, tokenizer, "train")
+    (row,) = load_named_rows(planned(recipe), tokenizer, "train")
     ids, mask = row["input_ids"], row["token_mask"]
     answer = [t for t, m in zip(ids, mask, strict=True) if m == 1.0]
     text = tokenizer.decode(answer)
@@ -183,4 +207,4 @@ def test_dataset_missing_offline_names_the_cache(tokenizer, monkeypatch, tmp_pat
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf" / "datasets"))
     recipe = grpo_recipe(data__train={"dataset_name": "DeepScaler"})
     with pytest.raises(DatasetUnavailable, match="agentica-org/DeepScaleR-Preview-Dataset"):
-        load_named_rows(recipe, tokenizer, "train")
+        load_named_rows(planned(recipe), tokenizer, "train")

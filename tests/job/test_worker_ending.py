@@ -29,7 +29,7 @@ class _DeadRay:
 def _settings(run_dir: Path, port: int, head_wait_s: float = 0.3) -> SimpleNamespace:
     return SimpleNamespace(
         run_dir=run_dir, task=SimpleNamespace(attempt_id="37.0"), head_ip="127.0.0.1",
-        ray_ports=SimpleNamespace(gcs_port=port), gcs_address=f"127.0.0.1:{port}",
+        ray_ports=SimpleNamespace(gcs_port=port), gcs_port=port, gcs_address=f"127.0.0.1:{port}",
         node_rank=1, head_wait_s=head_wait_s,
     )  # fmt: skip
 

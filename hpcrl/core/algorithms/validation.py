@@ -46,8 +46,7 @@ def grpo_validation(
         fit_prompt(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat, kwargs), limit)[0]
         for row, p in zip(rows, prompts, strict=True)
     ]
-    # The recipe's classes use an aliased attrs decorator that type checkers do not follow.
-    greedy = attrs.evolve(recipe.policy.generation, temperature=0.0)  # type: ignore[misc]
+    greedy = attrs.evolve(recipe.policy.generation, temperature=0.0)
     policy.prepare_for_generation()
     generation = policy.generate(prompt_ids, greedy, 0)
     policy.prepare_for_training()

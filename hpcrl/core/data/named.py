@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcrl.config.datasets import NAMED_DATASETS, NamedDataset, effective
+from hpcrl.config.datasets import NAMED_DATASETS, NamedDataset
 from hpcrl.config.recipe import DatasetCfg, Recipe
 
 
@@ -32,12 +32,20 @@ class DatasetUnavailable(RuntimeError):
 
 
 def load_named_rows(recipe: Recipe, tokenizer: Any, which: str) -> list[dict] | None:
-    """Rows of ``data.train`` or ``data.validation`` (None: the recipe names no such set)."""
-    train = effective(recipe, "train")
+    """Rows of ``data.train`` or ``data.validation`` (None: the recipe names no such set).
+
+    ``recipe`` is the plan's (``JobSpec.recipe``): each section already holds what
+    ``data.default`` and the older flat keys give it (``resolve_data_sections``)."""
+    data = recipe.data
+    assert data.default is None and data.dataset_name is None, (
+        "an unplanned recipe: the plan resolves data.default and the flat data.* keys into "
+        "data.train/validation (hpcrl.config.datasets.resolve_data_sections)"
+    )
+    train = data.train
     if train is None:
         return None
     seed = _seed(recipe, train)
-    section = effective(recipe, "validation") if which == "validation" else train
+    section = data.validation if which == "validation" else train
     if which == "validation" and section is None:
         messages = _paired_validation(train, seed)
     else:
@@ -86,8 +94,7 @@ def _paired_validation(train: DatasetCfg, seed: int) -> list[list[dict]] | None:
     if named.validation_split is not None:
         return _messages(train, named.validation_split, seed, carve_part=None)
     if named.validation_set is not None:
-        # The recipe's classes use an aliased attrs decorator that type checkers do not follow.
-        other = DatasetCfg(dataset_name=named.validation_set)  # type: ignore[call-arg]
+        other = DatasetCfg(dataset_name=named.validation_set)
         rows = _messages(other, _split_of(other, "train"), seed, carve_part=None)
         return rows * NAMED_DATASETS[named.validation_set].repeat_validation
     return None

@@ -75,8 +75,8 @@ class EngineSpec:
         moves the optimizer state to the host before its refit, too). The torch engine
         sizes its cache from the memory that is free when it is built (in the first step,
         before the optimizer has state) and keeps it: moving twice the parameters' worth of
-        Adam state off the GPU and back around every generation would only cost time (on
-        one H200, two 8.8 GB copies per step for the 1.1B model). Should a later step need
+        Adam state off the GPU and back around every generation would only cost time (two
+        copies of the Adam moments per step; measured: docs/performance.md, "Figures behind the code"). Should a later step need
         a larger cache than fits, the engine samples in waves instead."""
         return self.backend == "vllm" and self.device == "cuda"
 

@@ -25,9 +25,9 @@ DecodeAttention = Literal["bmm", "sdpa", "triton"]
 _MASKED_SCORE = -3.0e38
 #: A prefill chunk's packed token count is padded up to a multiple of this. The compiled
 #: pointwise pieces take that count as a dynamic size, and Triton specialises a kernel again
-#: when an integer argument's divisibility by 16 changes. (Added for the H200's 0.8-1.3 s
-#: prefills at GRPO steps 3-4; those were cuDNN's attention building a graph per new width,
-#: see ``_padded_attention``, 2026-12-02.)
+#: when an integer argument's divisibility by 16 changes. (Added for slow prefills at GRPO
+#: steps 3-4, which turned out to be cuDNN's attention building a graph per new width: see
+#: ``_padded_attention`` and docs/performance.md, "Figures behind the code".)
 PREFILL_TOKEN_MULTIPLE = 64
 
 

@@ -19,11 +19,10 @@ row reduction (max and sum of exponentials: the log-normaliser), a scan (the CDF
 ``exp(logit − log-normaliser)``) and a row reduction that counts the CDF entries at or below
 the target (``searchsorted(cdf, target, right=True)`` is that count, since a CDF never
 decreases), reading the chosen token's log-prob on the way; top-k / top-p run the
-contract's own ``filter_logits`` inside it, so the kept set is the trainer's. What Inductor
-makes of it on the H200 (``benchmarks/sampler_throughput.py``, vocabulary 128,256) is less
-than that: 12 kernels for the eager path's 11 at temperature 1 (the scan is not fused into
-the reductions), 0.98x-1.20x the eager time per call, and 1.01x-1.02x the engine's
-generation rate at batches 64 / 256 (docs/performance.md).
+contract's own ``filter_logits`` inside it, so the kept set is the trainer's. Inductor
+fuses less than that (the scan stays apart from the reductions), so the fused path is about
+as fast as the eager one, not faster: ``benchmarks/sampler_throughput.py`` measures it
+(docs/performance.md, "Figures behind the code").
 """
 
 from __future__ import annotations
@@ -138,7 +137,7 @@ def fused_sampler(backend: Any = "inductor") -> SampleTokens:
     unbacked, so a batch of one row (the last live row after compaction) compiles nothing
     new either. Greedy decoding stays eager (``sample_tokens``): an argmax and one
     log-normaliser are three kernels, and the compiled call's dispatch cost more than it
-    saved (H200: 0.175 against 0.101 ms per call at batch 64). Another distribution compiles
+    saved (measured: docs/performance.md, "Figures behind the code"). Another distribution compiles
     once more (another kind — unfiltered, top-k, top-p, both — always; another temperature or top-p value of the same kind may,
     as dynamo decides to specialise a float or not). Past torch._dynamo's ``recompile_limit``
     (8 compilations of ``pick_tokens`` in one process; a run samples from one distribution

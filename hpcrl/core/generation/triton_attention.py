@@ -7,8 +7,8 @@ probabilities' batched matmul. Here (flash-decoding): one program per (row, quer
 block of ``BLOCK_N`` columns) reads that block's keys and values once and leaves its
 softmax's max, sum and weighted values; a second kernel per (row, head) combines the blocks.
 Splitting the columns keeps many independent loads in flight: one program per (row, head)
-walking the columns in a loop measured 44 us a layer at batch 64 on one H200, against 36 us
-for the eager kernels (2026-12-03). The current column's k/v come from the kernel's inputs,
+walking the columns in a loop was slower than the eager kernels (measured:
+docs/performance.md, "Figures behind the code"). The current column's k/v come from the kernel's inputs,
 not the cache, so the program that writes them (the first column block of the group's first
 query head) races with nobody.
 

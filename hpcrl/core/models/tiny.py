@@ -80,7 +80,7 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
         max_position_embeddings=4096,
     ),
     # Llama-3.1-8B's shape (GQA 32/8 heads, FFN 14336, vocab 128256, rope theta 5e5), random
-    # init, saved in bf16 (16 GB): the one-H200 offload and activation-checkpointing sweeps.
+    # init, saved in bf16 (16 GB): the one-GPU offload and activation-checkpointing sweeps.
     "llama3.1-8b": TinyModelSpec(
         model_type="llama",
         hidden_size=4096,

@@ -89,7 +89,8 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> 
     norm = grad_norm(params)
     if max_norm is not None and max_norm > 0 and math.isfinite(float(norm)):
         # One foreach kernel per mesh, device and dtype instead of a (DTensor-dispatched)
-        # mul_ per parameter: the per-parameter loop was a visible CPU cost on one H200.
+        # mul_ per parameter: the per-parameter loop was a visible CPU cost of a step that
+        # was CPU-bound (docs/performance.md, "Figures behind the code").
         for group in _grads_by_mesh(params).values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return float(norm)

@@ -168,7 +168,7 @@ def needs_fsdp(shape: MeshShape, cpu_offload: bool) -> bool:
     """FSDP only pays when there is something to shard or offload (as in torchtitan).
 
     With one data-parallel rank and no TP its per-block hooks, casts and reduce-scatters are
-    pure overhead: on one H200 they made the step CPU-bound (~26 ms of 124 ms per step).
+    pure overhead: they made the step CPU-bound (docs/performance.md, "Figures behind the code").
     """
     return shape.dp_size > 1 or shape.tp > 1 or cpu_offload
 

@@ -6,8 +6,8 @@ Implements ``hpcrl.core.backends.base.BackendWorker``; the process group exists 
 Right-padded micro-batches (the batch contract's layout) run without an attention mask:
 under causal attention a real token never sees the padding after it, so the mask changes no
 real token's log-prob, and without it SDPA runs its causal flash kernel instead of a masked
-kernel over the full S×S scores (with the mask: 0.78x the plain loop's train step on one
-H200, docs/performance.md). A micro-batch that is not right-padded keeps its mask.
+kernel over the full S×S scores (the mask made the train step slower than a plain loop's:
+docs/performance.md, "Figures behind the code"). A micro-batch that is not right-padded keeps its mask.
 
 Compiled decoder blocks (GPU, ``automodel_cfg.torch_compile``) see the variable lengths of
 GRPO batches. So that nothing recompiles after the first step: blocks are compiled with

@@ -13,7 +13,7 @@ Transformer Engine
 megatron-bridge (0.3.x and 0.6.x alike) imports ``transformer_engine.pytorch`` at module level
 in its LoRA code (``class TELinearAdapter(te.Linear)``), on the import path of ``AutoBridge``
 itself (auto_bridge → model_bridge → peft_bridge → canonical_lora → lora_layers). So
-``from megatron.bridge import AutoBridge`` fails on every machine without TE: the H200 test
+``from megatron.bridge import AutoBridge`` fails on every machine without TE: the GPU test
 machine, CPU machines, clusters whose image lacks TE. hpcrl uses none of the bridge's TE or
 LoRA code: it builds the local layer spec when TE is absent (provider.py).
 

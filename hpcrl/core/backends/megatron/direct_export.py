@@ -3,7 +3,7 @@ when one rank holds the whole model (TP = PP = CP = EP = 1, no virtual pipeline)
 
 The refit of a colocated generation engine then needs no gather and no host round trip:
 megatron-bridge's export (``generation.export_hf_weights``) moves every tensor to host memory
-and the engine copies it back (0.8-1.2 s per GRPO step for a 1.1B model on one H200). Here
+and the engine copies it back, which took most of a GRPO step (docs/performance.md, "Figures behind the code"). Here
 most tensors are the parameters themselves (views, on the device); only the fused q/k/v
 projection is split into Hugging Face's three matrices, and the fused gate/up projection is
 cut into its two halves (views).

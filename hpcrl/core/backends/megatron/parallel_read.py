@@ -52,7 +52,7 @@ DEFAULT_MAX_INFLIGHT_BYTES = 1 << 30
 # torch version (major.minor) → sha256 of the dedented source of FileSystemReader.read_data.
 SUPPORTED_READ_DATA_SHA256 = {
     "2.13": "ae6cd4ef21fa688cc16401091adbc2ea3a7e112905de52f4f46933f770b95168",
-    # 2.11 (the H200 machine's torch): same source, checked there on 2026-11-29.
+    # 2.11 (the GPU test machine's torch): same source, checked there on 2026-11-29.
     "2.11": "ae6cd4ef21fa688cc16401091adbc2ea3a7e112905de52f4f46933f770b95168",
 }
 
