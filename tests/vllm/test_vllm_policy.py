@@ -83,7 +83,13 @@ def _torch_sampler_on(hf_dir: str, cfg: GenerationCfg) -> dict:
 def _children(pids: list[int]) -> list[int]:
     import psutil
 
-    return [child.pid for pid in pids for child in psutil.Process(pid).children(recursive=True)]
+    # Python's multiprocessing resource tracker (one per parent, exits with it) aside.
+    return [
+        child.pid
+        for pid in pids
+        for child in psutil.Process(pid).children(recursive=True)
+        if "resource_tracker" not in " ".join(child.cmdline())
+    ]
 
 
 @pytest.mark.slow
