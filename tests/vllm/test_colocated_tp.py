@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hpcrl.config.recipe import GenerationCfg
-from hpcrl.core.generation.engine import EngineDevices
+from hpcrl.core.generation.engine_devices import EngineDevices
 from hpcrl.core.generation.vllm_engine import VllmEngine
 from hpcrl.core.workers.engine_group import EngineGroup, cpu_engine_devices
 from tests.vllm.harness import (

