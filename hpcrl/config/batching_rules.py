@@ -67,20 +67,6 @@ def rule_token_budgets(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-def rule_divisible_by(recipe: Recipe) -> list[Problem]:
-    value = recipe.policy.make_sequence_length_divisible_by
-    if value is None or value >= 1:
-        return []
-    return [
-        Problem(
-            path="policy.make_sequence_length_divisible_by",
-            value=value,
-            message="must be at least 1",
-            fix="set it to the tensor-parallel size (NeMo RL's default), or 1",
-        )
-    ]
-
-
 def rule_dynamic_batching_pipeline(recipe: Recipe) -> list[Problem]:
     """Pipeline stages exchange buffers of one shape: dynamic widths cannot pass them."""
     mcfg = recipe.policy.megatron_cfg
@@ -125,6 +111,5 @@ BATCHING_RULES = (
     rule_packing_algorithm,
     rule_one_batching_mode,
     rule_token_budgets,
-    rule_divisible_by,
     rule_dynamic_batching_pipeline,
 )
