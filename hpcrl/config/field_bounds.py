@@ -162,17 +162,11 @@ def steps_bound(section: str) -> FieldBound:
     )  # fmt: skip
 
 
-def nodes_bound() -> FieldBound:
+def allocation_bound(limit: int) -> FieldBound:
+    """A recipe's node or per-node count that no cluster has (``cluster.num_nodes=1e20``)."""
     return FieldBound(
-        high=MAX_NODES, message=f"more than any cluster has (at most {MAX_NODES:,})",
+        high=limit, message=f"more than any cluster has (at most {limit:,})",
         fix="set {path} to the allocation the recipe is written for",
-    )  # fmt: skip
-
-
-def slots_bound() -> FieldBound:
-    return FieldBound(
-        high=MAX_WORKER_SLOTS_PER_NODE, fix="set {path} to the allocation the recipe is written for",
-        message=f"more than any cluster has (at most {MAX_WORKER_SLOTS_PER_NODE:,})",
     )  # fmt: skip
 
 

@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 import attrs
 
-from hpcrl.config.field_bounds import POSITIVE_COUNT, at_least, bounded, nodes_bound, slots_bound
+from hpcrl.config.field_bounds import (
+    MAX_NODES,
+    MAX_WORKER_SLOTS_PER_NODE,
+    POSITIVE_COUNT,
+    allocation_bound,
+    at_least,
+    bounded,
+)
 from hpcrl.config.recipe_algorithms import (  # noqa: F401  (re-exported: one schema, four files)
     AdvEstimatorCfg,
     AsyncGrpoCfg,
@@ -197,8 +204,8 @@ class ClusterCfg:
     On CPU profiles gpus_per_node counts worker slots (one training worker per slot).
     """
 
-    num_nodes: int = bounded(1, POSITIVE_COUNT, nodes_bound())
-    gpus_per_node: int = bounded(8, POSITIVE_COUNT, slots_bound())
+    num_nodes: int = bounded(1, POSITIVE_COUNT, allocation_bound(MAX_NODES))
+    gpus_per_node: int = bounded(8, POSITIVE_COUNT, allocation_bound(MAX_WORKER_SLOTS_PER_NODE))
 
 
 @attrs.frozen(kw_only=True)

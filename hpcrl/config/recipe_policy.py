@@ -12,14 +12,15 @@ from typing import Any, ClassVar, Literal
 import attrs
 
 from hpcrl.config.field_bounds import (
+    MAX_NODES,
     MAX_SEQUENCE_TOKENS,
+    MAX_WORKER_SLOTS_PER_NODE,
     POSITIVE_COUNT,
     FieldBound,
+    allocation_bound,
     at_least,
     batch_bound,
     bounded,
-    nodes_bound,
-    slots_bound,
 )
 from hpcrl.config.recipe_megatron import MegatronCfg
 
@@ -102,8 +103,8 @@ class VllmCfg:
 class GenerationResourcesCfg:
     """Where non-colocated generation workers run."""
 
-    num_nodes: int | None = bounded(None, nodes_bound())
-    gpus_per_node: int | None = bounded(None, slots_bound())
+    num_nodes: int | None = bounded(None, allocation_bound(MAX_NODES))
+    gpus_per_node: int | None = bounded(None, allocation_bound(MAX_WORKER_SLOTS_PER_NODE))
 
 
 @attrs.frozen(kw_only=True)
