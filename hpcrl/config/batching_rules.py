@@ -55,15 +55,6 @@ def rule_token_budgets(recipe: Recipe) -> list[Problem]:
                         "max_total_sequence_length x micro-batch size)",
                     )
                 )
-        if cfg.sequence_length_round < 1:
-            problems.append(
-                Problem(
-                    path=f"{path}.sequence_length_round",
-                    value=cfg.sequence_length_round,
-                    message="must be at least 1",
-                    fix=f"set {path}.sequence_length_round=64 (or 1 for no rounding)",
-                )
-            )
     return problems
 
 

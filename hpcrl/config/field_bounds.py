@@ -9,10 +9,11 @@ them, never stopping at the first (an attrs validator would raise at the first).
 
 Each range comes from what the job, a library it calls or the scheduler can really do with
 the value, and the message says which: a value past it would be accepted here and fail (or
-silently wrap around) after the queue wait. Ranges that involve a second field
-(``max_new_tokens`` within ``max_total_sequence_length``, a bound that holds only while a
-backend is enabled) are cross-field rules (``hpcrl.config.rules`` and the ``*_rules``
-modules).
+silently wrap around) after the queue wait. A bound may hold only while a switch of its own
+section is on (``when="enabled"``). Ranges that involve another section's field
+(``max_new_tokens`` within ``max_total_sequence_length``, vLLM's sizes while
+``policy.generation.backend`` is vllm) are cross-field rules (``hpcrl.config.rules`` and the
+``*_rules`` modules).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ MAX_MEM_GB_PER_NODE = 65_536
 MAX_BATCH = 1_000_000
 
 _BOUNDS_KEY = "hpcrl_bounds"
+_WHEN_KEY = "hpcrl_bounds_when"
 
 
 @attrs.frozen(kw_only=True)
@@ -105,10 +107,11 @@ def _number(value: float | None) -> str:
     return f"{value:,}"
 
 
-def bounded(default: Any, *bounds: FieldBound) -> Any:
+def bounded(default: Any, *bounds: FieldBound, when: str | None = None) -> Any:
     """An attrs field with ``default`` whose values must lie within every one of ``bounds``
-    (each reported on its own)."""
-    return attrs.field(default=default, metadata={_BOUNDS_KEY: bounds})
+    (each reported on its own); with ``when``, only while that switch of the same section is
+    true (``when="enabled"``: settings under a disabled backend are not checked)."""
+    return attrs.field(default=default, metadata={_BOUNDS_KEY: bounds, _WHEN_KEY: when})
 
 
 def bounds_of(field: attrs.Attribute[Any]) -> tuple[FieldBound, ...]:
@@ -125,7 +128,8 @@ def _field_problems(config: Any, path: str) -> Iterator[Problem]:
     for field in attrs.fields(type(config)):
         value = getattr(config, field.name)
         field_path = f"{path}.{field.name}" if path else field.name
-        for bound in bounds_of(field):
+        when = field.metadata.get(_WHEN_KEY)
+        for bound in bounds_of(field) if when is None or getattr(config, when) else ():
             problem = bound.problem(field_path, value)
             if problem is not None:
                 yield problem
@@ -144,6 +148,9 @@ def at_least(low: float, fix: str) -> FieldBound:
 
 
 POSITIVE_COUNT = at_least(1, "set {path} to a positive integer")
+PARALLEL_SIZE = FieldBound(
+    low=1, message="a parallel size must be at least 1", fix="set {path}=1 (or larger)"
+)
 AT_LEAST_ZERO = at_least(0.0, "a number >= 0")
 
 

@@ -27,7 +27,7 @@ class AsyncGrpoCfg:
     """Overlap generation of the next batch with training on the current one."""
 
     enabled: bool = False
-    max_trajectory_age_steps: int = 1
+    max_trajectory_age_steps: int = bounded(1, at_least(1, "set it to 1 or more"), when="enabled")
 
 
 @attrs.frozen(kw_only=True)
@@ -86,7 +86,9 @@ class GrpoCfg:
     # NeMo RL's options (hpcrl.core.algorithms.reward_terms, dynamic sampling in grpo.py)
     max_rollout_turns: int = 1  # single-turn only; the rules refuse more
     use_dynamic_sampling: bool = False
-    dynamic_sampling_max_gen_batches: int = 10
+    dynamic_sampling_max_gen_batches: int = bounded(
+        10, at_least(1, "set {path}=10"), when="use_dynamic_sampling"
+    )
     # prompts per generation batch = int(num_prompts_per_step x this), as in NeMo RL (a float)
     batch_multiplier: float = 1.0
     reward_shaping: RewardShapingCfg = attrs.field(factory=RewardShapingCfg)

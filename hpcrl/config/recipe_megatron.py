@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import attrs
 
-from hpcrl.config.field_bounds import AT_LEAST_ZERO, FieldBound, at_least, bounded
+from hpcrl.config.field_bounds import AT_LEAST_ZERO, PARALLEL_SIZE, FieldBound, at_least, bounded
 
 _ADAM_BETA = FieldBound(low=0.0, high=1.0, high_open=True, fix="e.g. 0.9 and 0.999")
 
@@ -103,11 +103,11 @@ class MegatronCfg:
     """Megatron backend: megatron-core through megatron-bridge (``policy.megatron_cfg``)."""
 
     enabled: bool = False
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: int = 1
+    tensor_model_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    pipeline_model_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    context_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    expert_model_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    expert_tensor_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
     num_layers_in_first_pipeline_stage: int | None = None
     num_layers_in_last_pipeline_stage: int | None = None
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None

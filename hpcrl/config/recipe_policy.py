@@ -15,6 +15,7 @@ from hpcrl.config.field_bounds import (
     MAX_NODES,
     MAX_SEQUENCE_TOKENS,
     MAX_WORKER_SLOTS_PER_NODE,
+    PARALLEL_SIZE,
     POSITIVE_COUNT,
     FieldBound,
     allocation_bound,
@@ -23,6 +24,8 @@ from hpcrl.config.field_bounds import (
     bounded,
 )
 from hpcrl.config.recipe_megatron import MegatronCfg
+
+_ROUND = at_least(1, "set {path}=64 (or 1 for no rounding)")
 
 
 # --------------------------------------------------------------------------- policy.* (shared)
@@ -152,7 +155,7 @@ class DynamicBatchingCfg:
     enabled: bool = False
     train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
     logprob_mb_tokens: int | None = None
-    sequence_length_round: int = 64
+    sequence_length_round: int = bounded(64, _ROUND, when="enabled")
 
 
 @attrs.frozen(kw_only=True)
@@ -166,7 +169,7 @@ class SequencePackingCfg:
     # a str: read only while enabled (NeMo RL's configs carry a value it never reads when
     # packing is off); hpcrl.config.batching_rules checks it against PACKING_ALGORITHMS
     algorithm: str = "modified_first_fit_decreasing"
-    sequence_length_round: int = 64
+    sequence_length_round: int = bounded(64, _ROUND, when="enabled")
 
 
 # --------------------------------------------------------------------------- automodel_cfg
@@ -178,9 +181,17 @@ class AutomodelCfg:
     """
 
     enabled: bool = False
-    dp_replicate_size: int = 1  # > 1: HSDP, shard inside a node, replicate across nodes
-    tensor_parallel_size: int = 1
-    context_parallel_size: int = 1
+    # > 1: HSDP, shard inside a node, replicate across nodes
+    dp_replicate_size: int = bounded(
+        1,
+        FieldBound(
+            low=1, message="a parallel size must be at least 1 (1: plain FSDP, >1: HSDP replicas)",
+            fix="set {path}=1 (or larger)",
+        ),
+        when="enabled",
+    )  # fmt: skip
+    tensor_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    context_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
     sequence_parallel: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False

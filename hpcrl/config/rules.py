@@ -109,24 +109,6 @@ def rule_unsupported_sections(recipe: Recipe) -> list[Problem]:
     ]
 
 
-def rule_automodel_parallel_sizes(recipe: Recipe) -> list[Problem]:
-    cfg = recipe.policy.automodel_cfg
-    if not cfg.enabled:
-        return []
-    names = ("dp_replicate_size", "tensor_parallel_size", "context_parallel_size")
-    return [
-        Problem(
-            path=f"{AUTOMODEL}.{name}",
-            value=getattr(cfg, name),
-            message="a parallel size must be at least 1"
-            + (" (1: plain FSDP, >1: HSDP replicas)" if name == "dp_replicate_size" else ""),
-            fix=f"set {AUTOMODEL}.{name}=1 (or larger)",
-        )
-        for name in names
-        if getattr(cfg, name) < 1
-    ]
-
-
 def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
     """The worker refuses it at setup; here it fails before the queue wait."""
     cfg = recipe.policy.automodel_cfg
@@ -261,16 +243,6 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
                 fix="set policy.generation.backend=vllm and policy.generation.colocated.enabled=false (with its resources), or grpo.async_grpo.enabled=false",
             )
         )
-    age = recipe.grpo.async_grpo.max_trajectory_age_steps
-    if age < 1:
-        problems.append(
-            Problem(
-                path="grpo.async_grpo.max_trajectory_age_steps",
-                value=age,
-                message="must be at least 1",
-                fix="set it to 1 or more",
-            )
-        )
     return problems
 
 
@@ -383,7 +355,6 @@ RECIPE_RULES = (
     rule_one_backend,
     rule_one_algorithm,
     rule_unsupported_sections,
-    rule_automodel_parallel_sizes,
     rule_automodel_sequence_parallel,
     rule_megatron_custom_fsdp,
     rule_batch_divisible,

@@ -92,3 +92,13 @@ def test_the_walk_names_list_items_by_index_and_skips_unset_sections_and_non_num
         "error: top.share = 1.5: must be in [0, 1]\n  fix: e.g. 0.5",
     ]
     assert check_field_bounds(_Section(share=True)) == []  # a boolean is the converter's to refuse
+
+
+def test_a_bound_with_a_switch_holds_only_while_its_section_is_enabled():
+    on = shown(problems_for(policy__megatron_cfg__tensor_model_parallel_size=0))
+    assert on["policy.megatron_cfg.tensor_model_parallel_size"] == (
+        0, "a parallel size must be at least 1",
+        "set policy.megatron_cfg.tensor_model_parallel_size=1 (or larger)",
+    )  # fmt: skip
+    off = problems_for("automodel", policy__megatron_cfg__tensor_model_parallel_size=0)
+    assert "policy.megatron_cfg.tensor_model_parallel_size" not in shown(off)
