@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpcrl.core.machine_checks import machine_problems
 
     try:
-        problems = machine_problems(read_jobspec(args[0]))
+        problems = [problem.one_line() for problem in machine_problems(read_jobspec(args[0]))]
     except JobSpecError as error:
         problems = [str(error)]
     if problems:
