@@ -33,7 +33,10 @@ GOAL_FIRST_OVER_STEADY = 3.0
 STEADY_FROM_STEP = 3
 PHASES = ("time_generate_s", "time_logprobs_s", "time_train_s")
 CACHE_KEYS = (
-    "compile_cache_hits", "compile_cache_misses", "compile_cache_bypasses", "compile_time_s"
+    "compile_cache_hits",
+    "compile_cache_misses",
+    "compile_cache_bypasses",
+    "compile_time_s",
 )
 
 

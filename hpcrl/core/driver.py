@@ -398,7 +398,10 @@ def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, floa
     cache = {  # the rank that compiled most (ranks compile the same graphs)
         key: max(float(s[key]) for s in states if key in s)
         for key in (
-            "compile_cache_hits", "compile_cache_misses", "compile_cache_bypasses", "compile_time_s"
+            "compile_cache_hits",
+            "compile_cache_misses",
+            "compile_cache_bypasses",
+            "compile_time_s",
         )
         if any(key in s for s in states)
     }
