@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 
 import attrs
 
+from hpcrl.config.recipe_lora import LoraCfg
 from hpcrl.config.recipe_megatron import (  # noqa: F401  (re-exported: one schema, two files)
     DistributedDataParallelCfg,
     MegatronCfg,
@@ -170,6 +171,7 @@ class AutomodelCfg:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    lora_cfg: LoraCfg = attrs.field(factory=LoraCfg)
     # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
     # policy workers), as megatron_cfg.env_vars is for a Megatron one
     env_vars: dict[str, str] = attrs.field(factory=dict)
