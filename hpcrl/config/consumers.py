@@ -65,6 +65,7 @@ AM_OPTIM = "hpcrl.core.backends.automodel.optim:build_optimizer"
 AM_SCHED = "hpcrl.core.backends.automodel.optim:build_lr_scheduler"
 AM_CLIP = "hpcrl.core.backends.automodel.worker:AutomodelWorker.train_step"
 AM_PLAN = "hpcrl.core.backends.automodel.parallelize:parallelize_steps"
+AM_LORA = "hpcrl.core.backends.automodel.lora:apply_lora"
 MG_PROVIDER = "hpcrl.core.backends.megatron.provider:apply_megatron_cfg"
 MG_OVERRIDES = "hpcrl.core.backends.megatron.provider:prepare_provider"
 MG_CONVERT = "hpcrl.core.backends.megatron.worker:MegatronWorker._ensure_conversion"
@@ -131,6 +132,15 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
     "policy.automodel_cfg.env_vars": (JOB_ENV,),
+    "policy.automodel_cfg.lora_cfg.enabled": (AM_PLAN,),
+    "policy.automodel_cfg.lora_cfg.target_modules": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.exclude_modules": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.match_all_linear": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.dim": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.alpha": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.dropout": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.dropout_position": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.lora_A_init": (AM_LORA,),
     "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
@@ -353,6 +363,11 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "inert",
         "how often NeMo RL's Megatron worker returns cached CUDA memory to the driver "
         "(torch.cuda.empty_cache): memory, not values",
+    ),
+    "policy.automodel_cfg.lora_cfg.use_triton": NotConsumed(
+        "inert",
+        "NeMo Automodel's Triton kernel for the adapter's product B(A(x)); hpcrl computes the "
+        "same product with PyTorch's matmuls: the same values",
     ),
     "policy.automodel_cfg.context_parallel_size": NotConsumed(
         "off_only",

@@ -23,6 +23,7 @@ from hpcrl.config.field_bounds import (
     batch_bound,
     bounded,
 )
+from hpcrl.config.recipe_lora import LoraCfg
 from hpcrl.config.recipe_megatron import MegatronCfg
 
 _ROUND = at_least(1, "set {path}=64 (or 1 for no rounding)")
@@ -196,6 +197,7 @@ class AutomodelCfg:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    lora_cfg: LoraCfg = attrs.field(factory=LoraCfg)
     # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
     # policy workers), as megatron_cfg.env_vars is for a Megatron one
     env_vars: dict[str, str] = attrs.field(factory=dict)

@@ -582,3 +582,29 @@ def _describe_logger(logger: Any) -> Any:
         experiment = client.get_experiment(run_info.experiment_id)
         fields.update(experiment=experiment.name, run_name=run_info.run_name)
     return fields
+
+
+def lora_probe(recipe: Recipe, tmp: Path) -> Any:
+    """``apply_lora`` with the recipe's ``lora_cfg`` on the tiny model (seeded): which
+    linears got adapters, their shapes, scale, dropout and initial A; {} without LoRA."""
+    from hpcrl.core.backends.automodel.lora import LoraLinear, apply_lora
+    from hpcrl.core.backends.automodel.model import load_hf_model
+    from hpcrl.core.models.tiny import ensure_tiny_model
+
+    cfg = recipe.policy.automodel_cfg.lora_cfg
+    if not cfg.enabled:
+        return {}
+    torch.manual_seed(0)
+    model = load_hf_model(ensure_tiny_model("tiny:qwen2"), "cpu")
+    apply_lora(model, cfg)
+    return {
+        name: {
+            "a": list(module.lora_A.weight.shape),
+            "b": list(module.lora_B.weight.shape),
+            "scale": module.scale,
+            "dropout": [module.dropout_p, module.dropout_position],
+            "a_sum": round(float(module.lora_A.weight.detach().sum()), 4),
+        }
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLinear)
+    }

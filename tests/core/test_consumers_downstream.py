@@ -85,6 +85,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.AM_SCHED: probes.automodel_optimizer_probe,
     consumers.AM_CLIP: probes.clip_probe,
     consumers.AM_PLAN: probes.parallelize_probe,
+    consumers.AM_LORA: probes.lora_probe,
     consumers.MG_PROVIDER: probes.megatron_provider_probe,
     consumers.MG_OVERRIDES: probes.megatron_provider_probe,
     consumers.MG_CONVERT: probes.conversion_probe,
@@ -153,6 +154,9 @@ MG_OFFLOAD = {
     "policy.megatron_cfg.optimizer.optimizer_offload_fraction": 0.5,
 }
 RECOMPUTE = {"policy.megatron_cfg.activation_checkpointing": True}
+LORA = "policy.automodel_cfg.lora_cfg"
+LORA_ON = {f"{LORA}.enabled": True}
+LORA_PICKED = {**LORA_ON, f"{LORA}.match_all_linear": False}
 FINE_OFFLOAD = {
     "policy.megatron_cfg.fine_grained_activation_offloading": True,
     "policy.megatron_cfg.offload_modules": ["attn_norm"],
@@ -221,6 +225,19 @@ CHANGES: dict[str, Change] = {
     "policy.automodel_cfg.dp_replicate_size": Change(2),
     "policy.automodel_cfg.tensor_parallel_size": Change(2),
     "policy.automodel_cfg.cpu_offload": Change(True),
+    f"{LORA}.enabled": Change(True),
+    f"{LORA}.target_modules": Change(
+        ["*q_proj"], {**LORA_PICKED, f"{LORA}.target_modules": ["*_proj"]}
+    ),
+    f"{LORA}.exclude_modules": Change(
+        ["*mlp*"], {**LORA_PICKED, f"{LORA}.exclude_modules": ["lm_head"]}
+    ),
+    f"{LORA}.match_all_linear": Change(False, LORA_ON, also={f"{LORA}.exclude_modules": ["*mlp*"]}),
+    f"{LORA}.dim": Change(4, LORA_ON),
+    f"{LORA}.alpha": Change(8, LORA_ON),
+    f"{LORA}.dropout": Change(0.1, LORA_ON),
+    f"{LORA}.dropout_position": Change("pre", LORA_ON),
+    f"{LORA}.lora_A_init": Change("uniform", LORA_ON),
     "policy.megatron_cfg.enabled": Change(True, base="grpo", also=TO_MEGATRON),
     "policy.megatron_cfg.pipeline_model_parallel_size": Change(2),
     "policy.megatron_cfg.num_layers_in_first_pipeline_stage": Change(
