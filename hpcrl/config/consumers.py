@@ -225,6 +225,12 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.async_grpo.max_trajectory_age_steps": (
         "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
     ),
+    "grpo.async_grpo.in_flight_weight_updates": (
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": (
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
     "grpo.use_dynamic_sampling": (STEP_ROLLOUTS,),
     "grpo.dynamic_sampling_max_gen_batches": (STEP_ROLLOUTS,),
     "grpo.batch_multiplier": (STEP_ROLLOUTS,),

@@ -209,6 +209,12 @@ class AsyncGrpoCfg:
 
     enabled: bool = False
     max_trajectory_age_steps: int = 1
+    # Refit the engines right after each training step, at the next decode step of the
+    # generations in flight, instead of behind them (hpcrl.core.generation.in_flight).
+    in_flight_weight_updates: bool = False
+    # With in-flight refits: the requests in flight recompute their KV caches with the new
+    # weights (else they attend to what the old weights cached).
+    recompute_kv_cache_after_weight_updates: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -282,6 +282,18 @@ CHANGES: dict[str, Change] = {
     "grpo.async_grpo.max_trajectory_age_steps": Change(
         2, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
     ),
+    "grpo.async_grpo.in_flight_weight_updates": Change(
+        True, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
+    ),
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": Change(
+        True,
+        {
+            **SEPARATE,
+            **IS,
+            "grpo.async_grpo.enabled": True,
+            "grpo.async_grpo.in_flight_weight_updates": True,
+        },
+    ),
     "grpo.use_dynamic_sampling": Change(True),
     "grpo.dynamic_sampling_max_gen_batches": Change(1, {"grpo.use_dynamic_sampling": True}),
     "grpo.batch_multiplier": Change(2, {"grpo.use_dynamic_sampling": True}),

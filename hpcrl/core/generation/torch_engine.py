@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from hpcrl.core.generation.decoder import Decoder
+from hpcrl.core.generation.in_flight import InFlightRefits
 from hpcrl.core.generation.kv_cache import DecodeAttention, DecodeState
 from hpcrl.core.generation.sampling import SampleTokens, row_uniforms, sample_tokens
 from hpcrl.core.token_distribution import TokenDistribution
@@ -72,6 +73,8 @@ class GenerationStats:
     compactions: int = 0
     graph_captures: int = 0
     generated_tokens: int = 0
+    refits_in_flight: int = 0  # in-flight refits that landed between two decode steps
+    recomputes: int = 0  # of those, the ones that prefilled the wave's cache again
 
     def as_metrics(self) -> dict[str, float]:
         return {
@@ -82,6 +85,8 @@ class GenerationStats:
             "generation_row_steps": float(self.row_steps),
             "generation_compactions": float(self.compactions),
             "generation_graph_captures": float(self.graph_captures),
+            "generation_refits_in_flight": float(self.refits_in_flight),
+            "generation_kv_recomputes": float(self.recomputes),
         }
 
 
@@ -141,6 +146,10 @@ class TorchEngine:
         pad = getattr(config, "pad_token_id", None)
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_ids or (0,))[0]
         self.weights_version = -1  # nothing loaded yet
+        self.in_flight = InFlightRefits(self._load_in_flight)
+        # Per row of the last generate: response lengths at which in-flight refits landed.
+        self.last_refit_positions: list[list[int]] = []
+        self._recompute_kv_cache = False  # an in-flight refit asked the running wave for it
         self.last_stats = GenerationStats()
         self.lifetime = GenerationStats()
         self._state: DecodeState | None = None
@@ -162,6 +171,21 @@ class TorchEngine:
         """Copy HF-named tensors into the engine's weights (in place; graphs stay valid)."""
         self.decoder.load(named_tensors)
         self.weights_version += 1
+
+    def update_weights_in_flight(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], recompute_kv_cache: bool
+    ) -> bool:
+        """Load new weights between two decode steps of the running generation (from another
+        thread; ``hpcrl.core.generation.in_flight``), or now when idle: the rows in flight
+        sample their next tokens with them; ``recompute_kv_cache``: after the wave's cache
+        is prefilled again (prompt + tokens so far) with them. True when one was running."""
+        return self.in_flight.update(list(named_tensors), recompute_kv_cache)
+
+    def _load_in_flight(
+        self, named_tensors: list[tuple[str, torch.Tensor]], recompute_kv_cache: bool, running: bool
+    ) -> None:
+        self.update_weights(named_tensors)
+        self._recompute_kv_cache = running and recompute_kv_cache
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -186,6 +210,7 @@ class TorchEngine:
         stops = tuple(self.eos_token_ids) if stop_token_ids is None else tuple(stop_token_ids)
         stops = tuple(sorted(set(stops) | set(cfg.stop_token_ids)))
         self.last_stats = stats = GenerationStats()
+        self.last_refit_positions = [[] for _ in prompt_ids]
         limits = self.new_token_limits(prompt_ids, cfg.max_new_tokens)
         num_rows, max_new = len(prompt_ids), max(limits, default=0)
         tokens = torch.full((num_rows, max_new), self.pad_token_id, dtype=torch.long)
@@ -194,25 +219,26 @@ class TorchEngine:
         order = sorted(range(num_rows), key=lambda row: -len(prompt_ids[row]))
         if num_rows and max_new:
             wave_rows = self._prepare_capacity(order, prompt_ids, limits)
-            for start in range(0, num_rows, wave_rows):
-                rows = order[start : start + wave_rows]
-                wave = _Wave(
-                    self,
-                    [prompt_ids[r] for r in rows],
-                    rows,
-                    _WaveLimits([limits[r] for r in rows], max_new),
-                    cfg,
-                    seed,
-                    stops,
-                )
-                wave_tokens, wave_logprobs, wave_lengths = wave.run()
-                index = torch.tensor(rows, dtype=torch.long)
-                tokens[index], logprobs[index], lengths[index] = (
-                    wave_tokens.cpu(),
-                    wave_logprobs.cpu(),
-                    wave_lengths.cpu(),
-                )
-                stats.waves += 1
+            with self.in_flight.generating():
+                for start in range(0, num_rows, wave_rows):
+                    rows = order[start : start + wave_rows]
+                    wave = _Wave(
+                        self,
+                        [prompt_ids[r] for r in rows],
+                        rows,
+                        _WaveLimits([limits[r] for r in rows], max_new),
+                        cfg,
+                        seed,
+                        stops,
+                    )
+                    wave_tokens, wave_logprobs, wave_lengths = wave.run()
+                    index = torch.tensor(rows, dtype=torch.long)
+                    tokens[index], logprobs[index], lengths[index] = (
+                        wave_tokens.cpu(),
+                        wave_logprobs.cpu(),
+                        wave_lengths.cpu(),
+                    )
+                    stats.waves += 1
         stats.generated_tokens = int(lengths.sum())
         self._add_to_lifetime(stats)
         input_ids, attention_mask = pad_prompts(prompt_ids, self.pad_token_id)
@@ -378,6 +404,7 @@ class _Wave:
         import torch
 
         self.engine, self.prompts, self.cfg, self.seed = engine, prompts, cfg, seed
+        self.row_ids = row_ids
         self.distribution = TokenDistribution.of_generation(cfg)
         state = engine._state
         assert state is not None
@@ -422,6 +449,8 @@ class _Wave:
         num_steps = self.num_steps
         for index in range(num_steps):
             if index > 0:
+                if self.engine.in_flight.at_step_boundary():
+                    self._after_refit(index)
                 self._decode(index)
             self._sample(index)
             last = index + 1 == num_steps
@@ -435,6 +464,33 @@ class _Wave:
         stats.decode_s += _synchronized_elapsed(self.engine.device, started)
         count = self.count
         return self.tokens[:count], self.logprobs[:count], self.lengths[:count]
+
+    def _after_refit(self, index: int) -> None:
+        """New weights landed before token ``index``: record where, per row; with
+        ``recompute_kv_cache`` prefill every slot's prompt + tokens ``:index - 1`` again
+        with them (token ``index - 1`` is the next decode step's input)."""
+        engine = self.engine
+        engine.last_stats.refits_in_flight += 1
+        lengths = self.lengths[: self.count].tolist()
+        finished = self.finished.tolist()
+        live_rows = {
+            row for slot, row in enumerate(self.slot_rows[: self.slots].tolist())
+            if row < self.count and not finished[slot]
+        }  # fmt: skip
+        for row in sorted(live_rows):
+            engine.last_refit_positions[self.row_ids[row]].append(lengths[row])
+        if not engine._recompute_kv_cache:
+            return
+        engine._recompute_kv_cache = False
+        tokens = self.tokens[:, : index - 1].tolist()
+        sequences = [
+            [*self.prompts[min(row, self.count - 1)], *tokens[min(row, self.count - 1)]]
+            for row in self.slot_rows[: self.slots].tolist()
+        ]  # idle slots (the scratch row) take a real row's: nobody reads them
+        self.state.prefill(
+            sequences, self.end_column + index - 1, engine.options.prefill_tokens_per_chunk
+        )
+        engine.last_stats.recomputes += 1
 
     def _decode(self, index: int) -> None:
         """Token ``index`` for every slot: feed token ``index - 1`` at its column."""
