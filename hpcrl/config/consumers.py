@@ -220,6 +220,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.overlong_filtering": (TRAIN_BATCH,),
     "grpo.val_period": (RUN_STEPS,),
     "grpo.val_at_start": (RUN_STEPS,),
+    "grpo.val_at_end": (RUN_STEPS,),
     "grpo.seed": (SAMPLE, SAMPLER),
     "grpo.async_grpo.enabled": ("hpcrl.core.driver:_make_step_fn",),
     "grpo.async_grpo.max_trajectory_age_steps": (
@@ -250,6 +251,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "sft.max_num_epochs": (STEPS,),
     "sft.val_period": (RUN_STEPS,),
     "sft.val_at_start": (RUN_STEPS,),
+    "sft.val_at_end": (RUN_STEPS,),
     "sft.val_batches": (VAL_ROWS,),
     "sft.val_global_batch_size": (VAL_ROWS,),
     "sft.seed": (SAMPLER,),

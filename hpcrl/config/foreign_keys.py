@@ -268,12 +268,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "sft.val_micro_batch_size",
         "micro-batch of the validation pass: how the validation loss is batched, not its value",
     ),
-    off_only(
-        "sft.val_at_end",
-        f"a validation after the last step is {NOT_YET}: choose sft.val_period to divide "
-        "sft.max_num_steps",
-        False,
-    ),
     # ---------------------------------------------------------------- logger
     inert(
         "logger.num_val_samples_to_print",

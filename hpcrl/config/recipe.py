@@ -267,6 +267,7 @@ class GrpoCfg:
     overlong_filtering: bool = False  # truncated responses (no stop) are left out of the loss
     val_period: int = 0  # <= 0: no periodic validation (NeMo RL's -1 and 0)
     val_at_start: bool = False
+    val_at_end: bool = False  # also validate after the last step (NeMo RL's meaning)
     seed: int = 42
     # None: off, as NeMo RL reads `async_grpo: null` (its single-controller configs write it)
     async_grpo: AsyncGrpoCfg | None = attrs.field(factory=AsyncGrpoCfg)
@@ -299,6 +300,7 @@ class SftCfg:
     max_num_epochs: int = 1
     val_period: int = 0  # <= 0: no periodic validation
     val_at_start: bool = False
+    val_at_end: bool = False  # also validate after the last step (NeMo RL's meaning)
     # validation on the first val_batches x val_global_batch_size examples (None: all)
     val_batches: int | None = None
     val_global_batch_size: int | None = None

@@ -278,6 +278,8 @@ CHANGES: dict[str, Change] = {
     "grpo.max_num_epochs": Change(2, {"grpo.max_num_steps": 1000}),
     "grpo.val_period": Change(3),
     "grpo.val_at_start": Change(True),
+    # 6 steps, validation every 4: [4] becomes [4, 6]
+    "grpo.val_at_end": Change(True, {"grpo.val_period": 4}),
     "grpo.async_grpo.enabled": Change(True, {**SEPARATE, **IS}),
     "grpo.async_grpo.max_trajectory_age_steps": Change(
         2, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
@@ -327,6 +329,7 @@ CHANGES: dict[str, Change] = {
     "sft.max_num_epochs": Change(2, {"sft.max_num_steps": 1000}),
     "sft.val_period": Change(3),
     "sft.val_at_start": Change(True),
+    "sft.val_at_end": Change(True, {"sft.val_period": 4}),
     "sft.val_batches": Change(2, {"sft.val_global_batch_size": 4}),
     "sft.val_global_batch_size": Change(4, {"sft.val_batches": 2}),
     "loss_fn.reference_policy_kl_type": Change("k1"),

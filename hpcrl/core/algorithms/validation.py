@@ -1,4 +1,4 @@
-"""Validation on ``data.val_path`` every ``val_period`` steps (and at start if asked).
+"""Validation on ``data.val_path`` every ``val_period`` steps (and at start, at end if asked).
 
 GRPO: one greedy response per validation prompt, scored by the environment →
 ``val_reward_mean`` (NeMo RL's ``val:accuracy``) and ``val_avg_length``. SFT: masked
@@ -21,12 +21,16 @@ from hpcrl.core.policy import Policy
 ValidateFn = Callable[[], dict[str, float]]
 
 
-def validation_due(step: int, val_period: int, val_at_start: bool) -> bool:
+def validation_due(
+    step: int, val_period: int, val_at_start: bool, *, val_at_end: bool = False, last_step: int = 0
+) -> bool:
     """Step 0 means 'before the first step'. As in NeMo RL, val_at_start validates before
-    the first step whatever val_period says, and a val_period of 0 or less (its -1) turns
-    periodic validation off."""
+    the first step whatever val_period says, val_at_end after the last one (``last_step``)
+    whatever it says, and a val_period of 0 or less (its -1) turns periodic validation off."""
     if step == 0:
         return val_at_start
+    if val_at_end and step == last_step:
+        return True
     return val_period > 0 and step % val_period == 0
 
 
