@@ -344,7 +344,11 @@ def _run_logged_steps(
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
             due = validation_due(
-                step, settings.val_period, False, val_at_end=settings.val_at_end, last_step=num_steps
+                step,
+                settings.val_period,
+                False,
+                val_at_end=settings.val_at_end,
+                last_step=num_steps,
             )
             if validate and due:
                 record.update(validate())
