@@ -48,6 +48,7 @@ SFT_BATCH = "hpcrl.core.algorithms.sft:build_sft_batch"
 STEPS = "hpcrl.core.driver:planned_num_steps"
 RUN_STEPS = "hpcrl.core.driver:_run_logged_steps"
 VAL_ROWS = "hpcrl.core.driver:_limit_validation"
+VAL_SAMPLING = "hpcrl.core.algorithms.validation:validation_sampling"
 STORE = "hpcrl.core.driver:checkpoint_store"
 SAMPLER = "hpcrl.core.driver:training_sampler"
 LOGGERS = "hpcrl.core.loggers.sinks:build_loggers"
@@ -97,6 +98,8 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.generation.temperature": (SAMPLE, DIST),
     "policy.generation.top_p": (SAMPLE, DIST),
     "policy.generation.top_k": (SAMPLE, DIST),
+    "policy.generation.val_temperature": (VAL_SAMPLING,),
+    "policy.generation.val_top_p": (VAL_SAMPLING,),
     "policy.generation.stop_token_ids": (SAMPLE, TRUNCATED),
     "policy.generation.stop_strings": (SAMPLE, TRUNCATED),
     "policy.generation.colocated.enabled": (
@@ -339,8 +342,9 @@ class NotConsumed:
 NOT_CONSUMED: dict[str, NotConsumed] = {
     "grpo.val_batch_size": NotConsumed(
         "inert",
-        "how many validation prompts NeMo RL generates per call; hpcrl generates every "
-        "validation prompt in one call, greedily: the responses are the same",
+        "how many validation prompts NeMo RL generates per call; hpcrl samples every "
+        "validation prompt in one call, each row with its own seed: the batch size does not "
+        "change what is sampled",
     ),
     "data.num_workers": NotConsumed(
         "inert",

@@ -120,6 +120,11 @@ class GenerationCfg:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
+    # Validation samples (as in NeMo RL, never greedily) at these; None: temperature, top_p
+    # (NeMo RL writes ${.temperature} and ${.top_p}; its val_top_k is left to its key registry,
+    # which accepts only ${.top_k}, as NeMo RL honours no other value).
+    val_temperature: float | None = None
+    val_top_p: float | None = None
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     colocated: ColocatedCfg = attrs.field(factory=ColocatedCfg)

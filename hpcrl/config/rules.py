@@ -32,7 +32,7 @@ from hpcrl.config.override_rules import (
     provider_field_problems,
 )
 from hpcrl.config.range_rules import RANGE_RULES
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import GenerationCfg, Recipe
 
 __all__ = [
     "check_recipe",
@@ -297,6 +297,29 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+def _validation_sampling_problems(generation: GenerationCfg) -> list[Problem]:
+    problems = []
+    if generation.val_top_p is not None and not 0.0 < generation.val_top_p <= 1.0:
+        problems.append(
+            Problem(
+                path="policy.generation.val_top_p",
+                value=generation.val_top_p,
+                message="must be in (0, 1]",
+                fix="leave it out (validation then samples at policy.generation.top_p)",
+            )
+        )
+    if generation.val_temperature is not None and generation.val_temperature < 0.0:
+        problems.append(
+            Problem(
+                path="policy.generation.val_temperature",
+                value=generation.val_temperature,
+                message="must not be negative",
+                fix="leave it out (validation then samples at policy.generation.temperature)",
+            )
+        )
+    return problems
+
+
 def rule_generation(recipe: Recipe) -> list[Problem]:
     generation = recipe.policy.generation
     problems = []
@@ -318,6 +341,7 @@ def rule_generation(recipe: Recipe) -> list[Problem]:
                 fix="set policy.generation.temperature=1.0",
             )
         )
+    problems += _validation_sampling_problems(generation)
     if generation.backend != "vllm":
         return problems
     vllm = generation.vllm_cfg

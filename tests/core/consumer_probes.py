@@ -318,6 +318,13 @@ def sampler_probe(recipe: Recipe, tmp: Path) -> Any:
     return [row["answer"] for row in sampler.next_batch(NUM_ROWS)]
 
 
+def validation_sampling_probe(recipe: Recipe, tmp: Path) -> Any:
+    """The sampling settings validation generates with."""
+    from hpcrl.core.algorithms.validation import validation_sampling
+
+    return plain(validation_sampling(recipe.policy.generation))
+
+
 def validation_rows_probe(recipe: Recipe, tmp: Path) -> Any:
     from hpcrl.core.driver import _limit_validation
 

@@ -64,6 +64,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.STEPS: probes.steps_probe,
     consumers.SAMPLER: probes.sampler_probe,
     consumers.VAL_ROWS: probes.validation_rows_probe,
+    consumers.VAL_SAMPLING: probes.validation_sampling_probe,
     consumers.RUN_STEPS: probes.run_steps_probe,
     consumers.STORE: probes.run_steps_probe,
     consumers.LOGGERS: probes.loggers_probe,
@@ -278,6 +279,8 @@ CHANGES: dict[str, Change] = {
     "grpo.max_num_epochs": Change(2, {"grpo.max_num_steps": 1000}),
     "grpo.val_period": Change(3),
     "grpo.val_at_start": Change(True),
+    "policy.generation.val_temperature": Change(0.6),
+    "policy.generation.val_top_p": Change(0.9),
     # 6 steps, validation every 4: [4] becomes [4, 6]
     "grpo.val_at_end": Change(True, {"grpo.val_period": 4}),
     "grpo.async_grpo.enabled": Change(True, {**SEPARATE, **IS}),
