@@ -52,12 +52,14 @@ def _forced(model, out: dict) -> list:
     return [forced[r][out["response_mask"][r].bool()] for r in range(forced.shape[0])]
 
 
-def _generate_with_refit(engine: TorchEngine, ids: list, weights: dict, recompute: bool):
+def _generate_with_refit(
+    engine: TorchEngine, ids: list, weights: dict, recompute: bool, after: int = REFIT_AFTER_STEPS
+):
     landed: list[bool] = []
 
     def refit() -> None:
         deadline = time.monotonic() + 60
-        while engine.in_flight.steps < REFIT_AFTER_STEPS and time.monotonic() < deadline:
+        while engine.in_flight.steps < after and time.monotonic() < deadline:
             time.sleep(0.0005)
         landed.append(engine.update_weights_in_flight(weights.items(), recompute))
 
@@ -119,3 +121,40 @@ def test_torch_engine_refit_while_idle_applies_at_once(qwen2) -> None:
     version = engine.weights_version
     assert engine.update_weights_in_flight(_perturbed(model).items(), True) is False
     assert engine.weights_version == version + 1
+
+
+def test_recompute_after_rows_left_the_wave_keeps_each_row_on_its_own_tokens(qwen2) -> None:
+    """Rows capped by the context finish early and the wave is compacted (slots reordered)
+    before the refit: the cache prefilled again must put each live row's own prompt and
+    tokens in its slot, so its later tokens are exactly the new model's."""
+    from hpcrl.core.generation.torch_engine import EngineOptions
+
+    model, tokenizer = qwen2
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    longest = max(len(i) for i in ids)
+    engine = TorchEngine.from_hf_model(
+        model, max_model_len=longest + 12, options=EngineOptions(check_every_tokens=4)
+    )
+    limits = engine.new_token_limits(ids, SAMPLING.max_new_tokens)
+    new_weights = _perturbed(model)
+    out, landed = _generate_with_refit(engine, ids, new_weights, recompute=True, after=30)
+    metrics = engine.generation_metrics()
+
+    assert landed == [True] and metrics["generation_kv_recomputes"] == 1
+    assert metrics["generation_compactions"] >= 1  # slots were reordered before the refit
+    assert out["response_lengths"].tolist() == limits
+    positions = engine.last_refit_positions
+    (at,) = {p[0] for p in positions if p}
+    assert at >= 30
+    # Rows that had finished got no refit; every row still running got it at the same token.
+    assert [bool(p) for p in positions] == [limit > at for limit in limits]
+    assert sum(limit > at for limit in limits) >= 2 and sum(limit <= at for limit in limits) >= 2
+    old = _forced(model, out)
+    fresh = transformers.AutoModelForCausalLM.from_config(model.config).eval()
+    fresh.load_state_dict(new_weights)
+    new = _forced(fresh, out)
+    for row in range(len(ids)):
+        sampled = out["generation_logprobs"][row][out["response_mask"][row].bool()]
+        torch.testing.assert_close(sampled[:at], old[row][:at], atol=1e-4, rtol=0)
+        if positions[row]:
+            torch.testing.assert_close(sampled[at:], new[row][at:], atol=1e-4, rtol=0)
