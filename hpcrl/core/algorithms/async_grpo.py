@@ -14,8 +14,9 @@ With ``in_flight_weight_updates`` (NeMo RL's meaning) the engines are refit righ
 training step, without waiting for the batches they are sampling: those go on with the new
 weights from their next token (``recompute_kv_cache_after_weight_updates``: after recomputing
 their KV caches with them; ``hpcrl.core.generation.in_flight``). A batch's age still counts
-from its submission, so from the oldest weights any of its tokens came from: the bound holds
-as before, and the sampler's per-token log-probs, which the importance-sampling correction
+from its submission, so from the oldest weights any of its tokens came from (a batch never
+starts before the refit issued ahead of it has landed: ``GenerationGroup.submit`` waits for
+it): the bound holds as before, and the sampler's per-token log-probs, which the importance-sampling correction
 reads, are those of whichever weights sampled each token. ``generation_refits_in_flight``
 counts the refits that landed while the batch was being sampled (summed over engines).
 

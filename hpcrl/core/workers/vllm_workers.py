@@ -126,6 +126,7 @@ class GenerationGroup:
         self.pids: list[int] = []
         self.weights_version = 0  # the engines start from spec.model_path
         self._pending_updates: list[Any] = []
+        self._pending_in_flight = False  # the pending updates run beside generations
         self._placement_group: Any = None
 
     def start(self, timeout_s: float = 600.0) -> None:
@@ -190,6 +191,10 @@ class GenerationGroup:
 
         from hpcrl.core.workers.sharding import pad_prompts_evenly
 
+        if self._pending_in_flight:
+            # An in-flight refit is not ordered with generations: it must have landed before
+            # this one starts, or its first tokens would come from older weights than it records.
+            self.wait_for_updates()
         shards, num_real = pad_prompts_evenly(prompt_ids, len(self.actors))
         cfg_ref = ray.put(cfg)
         refs = [
@@ -229,10 +234,12 @@ class GenerationGroup:
             )
             for a in self.actors
         ]
+        self._pending_in_flight = True
         self.weights_version = version
 
     def wait_for_updates(self) -> None:
         pending, self._pending_updates = self._pending_updates, []
+        self._pending_in_flight = False
         get_all(pending, "update_weights", role=ENGINE_ROLE)
 
     def shutdown(self) -> None:
