@@ -48,6 +48,7 @@ SFT_BATCH = "hpcrl.core.algorithms.sft:build_sft_batch"
 STEPS = "hpcrl.core.driver:planned_num_steps"
 RUN_STEPS = "hpcrl.core.driver:_run_logged_steps"
 VAL_ROWS = "hpcrl.core.driver:_limit_validation"
+VAL_SAMPLING = "hpcrl.core.algorithms.validation:validation_sampling"
 STORE = "hpcrl.core.driver:checkpoint_store"
 SAMPLER = "hpcrl.core.driver:training_sampler"
 LOGGERS = "hpcrl.core.loggers.sinks:build_loggers"
@@ -98,6 +99,8 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.generation.temperature": (SAMPLE, DIST),
     "policy.generation.top_p": (SAMPLE, DIST),
     "policy.generation.top_k": (SAMPLE, DIST),
+    "policy.generation.val_temperature": (VAL_SAMPLING,),
+    "policy.generation.val_top_p": (VAL_SAMPLING,),
     "policy.generation.stop_token_ids": (SAMPLE, TRUNCATED),
     "policy.generation.stop_strings": (SAMPLE, TRUNCATED),
     "policy.generation.colocated.enabled": (
@@ -230,9 +233,16 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.overlong_filtering": (TRAIN_BATCH,),
     "grpo.val_period": (RUN_STEPS,),
     "grpo.val_at_start": (RUN_STEPS,),
+    "grpo.val_at_end": (RUN_STEPS,),
     "grpo.seed": (SAMPLE, SAMPLER),
     "grpo.async_grpo.enabled": ("hpcrl.core.driver:_make_step_fn",),
     "grpo.async_grpo.max_trajectory_age_steps": (
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
+    "grpo.async_grpo.in_flight_weight_updates": (
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": (
         "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
     ),
     "grpo.use_dynamic_sampling": (STEP_ROLLOUTS,),
@@ -254,6 +264,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "sft.max_num_epochs": (STEPS,),
     "sft.val_period": (RUN_STEPS,),
     "sft.val_at_start": (RUN_STEPS,),
+    "sft.val_at_end": (RUN_STEPS,),
     "sft.val_batches": (VAL_ROWS,),
     "sft.val_global_batch_size": (VAL_ROWS,),
     "sft.seed": (SAMPLER,),
@@ -341,8 +352,9 @@ class NotConsumed:
 NOT_CONSUMED: dict[str, NotConsumed] = {
     "grpo.val_batch_size": NotConsumed(
         "inert",
-        "how many validation prompts NeMo RL generates per call; hpcrl generates every "
-        "validation prompt in one call, greedily: the responses are the same",
+        "how many validation prompts NeMo RL generates per call; hpcrl samples every "
+        "validation prompt in one call, each row with its own seed: the batch size does not "
+        "change what is sampled",
     ),
     "data.num_workers": NotConsumed(
         "inert",

@@ -64,6 +64,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.STEPS: probes.steps_probe,
     consumers.SAMPLER: probes.sampler_probe,
     consumers.VAL_ROWS: probes.validation_rows_probe,
+    consumers.VAL_SAMPLING: probes.validation_sampling_probe,
     consumers.RUN_STEPS: probes.run_steps_probe,
     consumers.STORE: probes.run_steps_probe,
     consumers.LOGGERS: probes.loggers_probe,
@@ -295,9 +296,25 @@ CHANGES: dict[str, Change] = {
     "grpo.max_num_epochs": Change(2, {"grpo.max_num_steps": 1000}),
     "grpo.val_period": Change(3),
     "grpo.val_at_start": Change(True),
+    "policy.generation.val_temperature": Change(0.6),
+    "policy.generation.val_top_p": Change(0.9),
+    # 6 steps, validation every 4: [4] becomes [4, 6]
+    "grpo.val_at_end": Change(True, {"grpo.val_period": 4}),
     "grpo.async_grpo.enabled": Change(True, {**SEPARATE, **IS}),
     "grpo.async_grpo.max_trajectory_age_steps": Change(
         2, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
+    ),
+    "grpo.async_grpo.in_flight_weight_updates": Change(
+        True, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
+    ),
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": Change(
+        True,
+        {
+            **SEPARATE,
+            **IS,
+            "grpo.async_grpo.enabled": True,
+            "grpo.async_grpo.in_flight_weight_updates": True,
+        },
     ),
     "grpo.use_dynamic_sampling": Change(True),
     "grpo.dynamic_sampling_max_gen_batches": Change(1, {"grpo.use_dynamic_sampling": True}),
@@ -332,6 +349,7 @@ CHANGES: dict[str, Change] = {
     "sft.max_num_epochs": Change(2, {"sft.max_num_steps": 1000}),
     "sft.val_period": Change(3),
     "sft.val_at_start": Change(True),
+    "sft.val_at_end": Change(True, {"sft.val_period": 4}),
     "sft.val_batches": Change(2, {"sft.val_global_batch_size": 4}),
     "sft.val_global_batch_size": Change(4, {"sft.val_batches": 2}),
     "loss_fn.reference_policy_kl_type": Change("k1"),
