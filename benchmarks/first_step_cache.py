@@ -32,7 +32,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 GOAL_FIRST_OVER_STEADY = 3.0
 STEADY_FROM_STEP = 3
 PHASES = ("time_generate_s", "time_logprobs_s", "time_train_s")
-CACHE_KEYS = ("compile_cache_hits", "compile_cache_misses", "compile_cache_bypasses")
+CACHE_KEYS = (
+    "compile_cache_hits",
+    "compile_cache_misses",
+    "compile_cache_bypasses",
+    "compile_time_s",
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -94,7 +99,12 @@ def print_run(name: str, figures: dict[str, Any]) -> None:
           f"{figures['steady_median_s']:.3f} s (steps {STEADY_FROM_STEP}-{figures['steps']}), "
           f"first/steady {figures['first_over_steady']:.1f}x; compile cache after step 1: "
           f"hits {cache['compile_cache_hits']}, misses {cache['compile_cache_misses']}, "
-          f"bypasses {cache['compile_cache_bypasses']}, graphs {cache['compiled_graphs']}")  # fmt: skip
+          f"bypasses {cache['compile_cache_bypasses']}, graphs {cache['compiled_graphs']}; "
+          f"torch.compile's time by then {_seconds(figures['after_step_1']['compile_time_s'])}")  # fmt: skip
+
+
+def _seconds(value: Any) -> str:
+    return "—" if value is None else f"{float(value):.2f} s"
 
 
 def _count(value: Any) -> str:

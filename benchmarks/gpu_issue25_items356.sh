@@ -176,6 +176,11 @@ megatron_sweep() {  # SWEEP_DIR [extra args]
 automodel_sweep() {
     local axes=(--grid "policy.automodel_cfg.cpu_offload=false,true"
                 --grid "policy.automodel_cfg.activation_checkpointing=false,true")
+    # AUTOMODEL_ZIP=1: three points instead of four (a call too short for the grid): no
+    # offload, no offload with activation checkpointing, offload with checkpointing
+    [ "${AUTOMODEL_ZIP:-0}" = 1 ] && axes=(
+        --zip "policy.automodel_cfg.cpu_offload=false,false,true"
+        --zip "policy.automodel_cfg.activation_checkpointing=false,true,true")
     local recipe="$RECIPE_8B-automodel"
     [ "$SMOKE" = 1 ] && { recipe=grpo-tiny-1n-cpu; axes=(--grid "grpo.seed=1,2"); }
     "$PYTHON" -m hpcrl.cli.main sweep "$recipe" --cluster "$CLUSTER" -o /tmp/sweep-8b-automodel \

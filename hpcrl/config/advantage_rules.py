@@ -53,26 +53,4 @@ def rule_advantage_clip(recipe: Recipe) -> list[Problem]:
     ]
 
 
-def rule_seq_logprob_error_threshold(recipe: Recipe) -> list[Problem]:
-    """A sequence's error is a mean of exp|Δ log-prob| ≥ 1: a threshold below 1 would leave
-    every sequence out of the loss."""
-    grpo = recipe.grpo
-    if grpo is None or grpo.seq_logprob_error_threshold is None:
-        return []
-    value = grpo.seq_logprob_error_threshold
-    if value >= 1.0:
-        return []
-    return [
-        Problem(
-            path="grpo.seq_logprob_error_threshold",
-            value=value,
-            message="must be at least 1: a sequence's error is the mean of exp(|trainer − "
-            "sampler log-prob|) over its tokens, never below 1, so every sequence would be "
-            "left out of the loss",
-            fix="e.g. 1.5 (NeMo RL's example), or null to only record the "
-            "*_seq_mult_prob_error metrics",
-        )
-    ]
-
-
-ADVANTAGE_RULES = (rule_adv_estimator, rule_advantage_clip, rule_seq_logprob_error_threshold)
+ADVANTAGE_RULES = (rule_adv_estimator, rule_advantage_clip)

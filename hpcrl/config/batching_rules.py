@@ -55,30 +55,7 @@ def rule_token_budgets(recipe: Recipe) -> list[Problem]:
                         "max_total_sequence_length x micro-batch size)",
                     )
                 )
-        if cfg.sequence_length_round < 1:
-            problems.append(
-                Problem(
-                    path=f"{path}.sequence_length_round",
-                    value=cfg.sequence_length_round,
-                    message="must be at least 1",
-                    fix=f"set {path}.sequence_length_round=64 (or 1 for no rounding)",
-                )
-            )
     return problems
-
-
-def rule_divisible_by(recipe: Recipe) -> list[Problem]:
-    value = recipe.policy.make_sequence_length_divisible_by
-    if value is None or value >= 1:
-        return []
-    return [
-        Problem(
-            path="policy.make_sequence_length_divisible_by",
-            value=value,
-            message="must be at least 1",
-            fix="set it to the tensor-parallel size (NeMo RL's default), or 1",
-        )
-    ]
 
 
 def rule_dynamic_batching_pipeline(recipe: Recipe) -> list[Problem]:
@@ -125,6 +102,5 @@ BATCHING_RULES = (
     rule_packing_algorithm,
     rule_one_batching_mode,
     rule_token_budgets,
-    rule_divisible_by,
     rule_dynamic_batching_pipeline,
 )

@@ -1,9 +1,13 @@
-"""User-facing configuration problems and how they are shown.
+"""User-facing problems and how they are shown: one record from config to plan to job.
 
-Every stage that checks user input (loading, the rules, the planner) reports a list of
-``Problem`` s and raises one ``ConfigError`` holding all of them, so a user fixes every
-mistake in one round instead of one per queue wait. The CLI prints them with
-``print_problems`` and exits with code 2, without a traceback.
+Every stage that checks user input reports a list of ``Problem`` s (key path, value, what is
+wrong, the fix): loading and the rules (``hpcrl.config``), the planner (``hpcrl.plan``, through
+its ``Findings``), and on the job side the preflight's checks of the machine and the job's
+Python (``hpcrl.core.machine_checks``, ``hpcrl.job.preflight``). Config and plan raise one
+``ConfigError`` holding all of them, so a user fixes every mistake in one round instead of
+one per queue wait; the CLI prints them with ``print_problems`` and exits with code 2,
+without a traceback. The job side, which has no terminal, writes each as ``one_line()``
+into the node log, the failure marker and stderr.
 """
 
 from __future__ import annotations
@@ -49,13 +53,22 @@ class Problem:
     def format(self) -> str:
         """Plain text, one or two lines: for logs, exception text and tests. Secret values
         (``hpcrl.config.secrets``) are hidden."""
-        head = f"{self.severity}: {self.path}"
-        if self.value is not NO_VALUE:
-            head += f" = {_show_value(self.value)}"
-        text = f"{head}: {self.message}"
+        text = f"{self.severity}: {self._what()}"
         if self.fix:
             text += f"\n  fix: {self.fix}"
         return _redact(text)
+
+    def one_line(self) -> str:
+        """One line, ``path = value: message; fix: fix``: for a node log, a failure marker or
+        a job's stderr, where the job side reports (secrets hidden)."""
+        text = self._what() + (f"; fix: {self.fix}" if self.fix else "")
+        return _redact(text)
+
+    def _what(self) -> str:
+        head = self.path
+        if self.value is not NO_VALUE:
+            head += f" = {_show_value(self.value)}"
+        return f"{head}: {self.message}"
 
 
 class ConfigError(Exception):

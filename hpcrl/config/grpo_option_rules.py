@@ -59,15 +59,6 @@ def rule_dynamic_sampling(recipe: Recipe) -> list[Problem]:
                 "e.g. 1.0 (more than 1 gives dynamic sampling more groups to choose from)",
             )
         )
-    if grpo.use_dynamic_sampling and grpo.dynamic_sampling_max_gen_batches < 1:
-        problems.append(
-            Problem(
-                path=f"{G}.dynamic_sampling_max_gen_batches",
-                value=grpo.dynamic_sampling_max_gen_batches,
-                message="must be at least 1",
-                fix=f"set {G}.dynamic_sampling_max_gen_batches=10",
-            )
-        )
     return problems
 
 

@@ -13,57 +13,6 @@ LOSS = "loss_fn"
 TIS = f"{LOSS}.truncated_importance_sampling"
 
 
-def rule_ratio_clip_epsilons(recipe: Recipe) -> list[Problem]:
-    """``ratio_clip_min``/``_max`` are PPO's ε: the ratio is clamped to [1 − min, 1 + max]
-    (NeMo RL's ClippedPGLossFn, hpcrl.core.algorithms.losses). A negative ε moves a bound
-    past 1 and inverts the window (every ratio would be clamped to one side)."""
-    problems = []
-    for name, usual in (("ratio_clip_min", 0.2), ("ratio_clip_max", "0.2, or 0.28 as in DAPO")):
-        value = getattr(recipe.loss_fn, name)
-        if value < 0:
-            problems.append(
-                Problem(
-                    path=f"{LOSS}.{name}",
-                    value=value,
-                    message="must be at least 0: it is the ε of the clip window [1 − "
-                    f"{LOSS}.ratio_clip_min, 1 + {LOSS}.ratio_clip_max], not a bound of the ratio",
-                    fix=f"set {LOSS}.{name}={usual}",
-                )
-            )
-    return problems
-
-
-def rule_dual_clip(recipe: Recipe) -> list[Problem]:
-    """Dual clip bounds −A·r at −c·A for A < 0; c ≤ 1 would cut below the clip window."""
-    c = recipe.loss_fn.ratio_clip_c
-    if c is None or c > 1.0:
-        return []
-    return [
-        Problem(
-            path=f"{LOSS}.ratio_clip_c",
-            value=c,
-            message="the dual-clip bound must exceed 1 (it caps the ratio of negative-advantage tokens from above; 3 is usual)",
-            fix=f"set {LOSS}.ratio_clip_c=3.0, or null to turn dual clipping off",
-        )
-    ]
-
-
-def rule_kl_clamps(recipe: Recipe) -> list[Problem]:
-    problems = []
-    for name in ("kl_input_clamp_value", "kl_output_clamp_value"):
-        value = getattr(recipe.loss_fn, name)
-        if value is not None and not value > 0:
-            problems.append(
-                Problem(
-                    path=f"{LOSS}.{name}",
-                    value=value,
-                    message="a clamp bound must be positive",
-                    fix=f"set {LOSS}.{name} to a positive number (NeMo RL: 20 for the input, 10 for the output) or null for no clamp",
-                )
-            )
-    return problems
-
-
 def rule_truncated_importance_sampling(recipe: Recipe) -> list[Problem]:
     cfg = recipe.loss_fn
     kind = cfg.truncated_importance_sampling_type
@@ -178,9 +127,6 @@ def rule_force_on_policy_ratio(recipe: Recipe) -> list[Problem]:
 
 LOSS_RULES = (
     rule_force_on_policy_ratio,
-    rule_ratio_clip_epsilons,
-    rule_dual_clip,
-    rule_kl_clamps,
     rule_truncated_importance_sampling,
     rule_sequence_level_importance_ratios,
     rule_grpo_sampling_temperature,

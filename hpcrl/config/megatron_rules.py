@@ -19,34 +19,10 @@ OFFLOAD_MODULE_NAMES: tuple[str, ...] = get_args(OffloadModule)
 MOE_OFFLOAD_MODULES = ("expert_fc1", "moe_act", "fused_group_mlp")
 OFFLOAD_OPTIMIZERS = ("adam", "sgd")
 TE_NOTE = "fine-grained activation offloading uses Transformer Engine's implementation: the job's environment needs transformer_engine"
-PARALLEL_SIZE_FIELDS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "context_parallel_size",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-)
 
 
 def megatron_enabled(recipe: Recipe) -> bool:
     return recipe.policy.megatron_cfg.enabled
-
-
-# --------------------------------------------------------------------------- parallel sizes
-def rule_megatron_parallel_sizes(recipe: Recipe) -> list[Problem]:
-    if not megatron_enabled(recipe):
-        return []
-    cfg = recipe.policy.megatron_cfg
-    return [
-        Problem(
-            path=f"{MEGATRON}.{name}",
-            value=getattr(cfg, name),
-            message="a parallel size must be at least 1",
-            fix=f"set {MEGATRON}.{name}=1 (or larger)",
-        )
-        for name in PARALLEL_SIZE_FIELDS
-        if getattr(cfg, name) < 1
-    ]
 
 
 def rule_context_parallel(recipe: Recipe) -> list[Problem]:
@@ -409,7 +385,6 @@ def rule_hf_config_overrides(recipe: Recipe) -> list[Problem]:
 
 
 MEGATRON_RULES = (
-    rule_megatron_parallel_sizes,
     rule_hf_config_overrides,
     rule_clip_grad,
     rule_context_parallel,

@@ -11,6 +11,24 @@ from typing import Literal
 
 import attrs
 
+from hpcrl.config.field_bounds import (
+    MAX_CPUS_PER_NODE,
+    MAX_GPUS_PER_NODE,
+    MAX_MEM_GB_PER_NODE,
+    MAX_REQUEUES,
+    MAX_WORKER_SLOTS_PER_NODE,
+    FieldBound,
+    at_least,
+    bounded,
+    node_has_bound,
+)
+
+#: A port the profile sets (unset ones come from the job's band: hpcrl.config.port_bands).
+_TCP_PORT = FieldBound(
+    low=1024, high=65535, message="not a TCP port", fix="use a port in 1024..32767"
+)
+_REMOVE_FOR_DEFAULT = "or remove it for Slurm's default"
+
 
 @attrs.frozen(kw_only=True)
 class ContainerCfg:
@@ -28,18 +46,18 @@ class RayPortsCfg:
     comes from the job's own port band (``hpcrl.config.port_bands``), so two jobs on one node
     do not collide; a port set here is used by every job of the profile."""
 
-    gcs_port: int | None = None
-    client_server_port: int | None = None
-    dashboard_port: int | None = None
-    node_manager_port: int | None = None
-    object_manager_port: int | None = None
-    runtime_env_agent_port: int | None = None
-    metrics_export_port: int | None = None
-    dashboard_agent_grpc_port: int | None = None
-    dashboard_agent_listen_port: int | None = None
-    min_worker_port: int | None = None
-    max_worker_port: int | None = None
-    torch_master_port: int | None = None
+    gcs_port: int | None = bounded(None, _TCP_PORT)
+    client_server_port: int | None = bounded(None, _TCP_PORT)
+    dashboard_port: int | None = bounded(None, _TCP_PORT)
+    node_manager_port: int | None = bounded(None, _TCP_PORT)
+    object_manager_port: int | None = bounded(None, _TCP_PORT)
+    runtime_env_agent_port: int | None = bounded(None, _TCP_PORT)
+    metrics_export_port: int | None = bounded(None, _TCP_PORT)
+    dashboard_agent_grpc_port: int | None = bounded(None, _TCP_PORT)
+    dashboard_agent_listen_port: int | None = bounded(None, _TCP_PORT)
+    min_worker_port: int | None = bounded(None, _TCP_PORT)
+    max_worker_port: int | None = bounded(None, _TCP_PORT)
+    torch_master_port: int | None = bounded(None, _TCP_PORT)
 
     @property
     def named(self) -> dict[str, int]:
@@ -57,10 +75,23 @@ class SlurmCfg:
     time_limit: str = "01:00:00"  # [D-]HH:MM:SS
     exclusive: bool = True
     gres_form: Literal["gres", "gpus_per_node", "none"] = "gres"
-    mem_gb: int | None = None  # None: Slurm's default (exclusive nodes get all of it)
-    max_requeues: int = 2  # after a preemption, the time limit or a lost node, together
-    signal_delay_s: int = 90  # USR2 this many seconds before the time limit
-    array_parallelism: int = 4  # sweeps: at most this many array tasks run at once
+    # None: Slurm's default (exclusive nodes get all of it)
+    mem_gb: int | None = bounded(
+        None, at_least(1, _REMOVE_FOR_DEFAULT), node_has_bound(MAX_MEM_GB_PER_NODE, " GB")
+    )
+    # after a preemption, the time limit or a lost node, together
+    max_requeues: int = bounded(
+        2,
+        FieldBound(
+            low=0, high=MAX_REQUEUES, fix="set {path} to the requeues a run may need, e.g. 2 (0: never)",
+            why="Slurm counts a job's restarts in 16 bits, and the job numbers its attempts by "
+            "that count (SLURM_RESTART_COUNT wraps around past 65,535)",
+        ),
+    )  # fmt: skip
+    # USR2 this many seconds before the time limit
+    signal_delay_s: int = bounded(90, at_least(0, "seconds before the time limit, e.g. 90"))
+    # sweeps: at most this many array tasks run at once
+    array_parallelism: int = bounded(4, at_least(1, "at most this many sweep points run at once"))
     sbatch_args: tuple[str, ...] = ()  # extra "#SBATCH" arguments, e.g. "--reservation=x"
     srun_args: tuple[str, ...] = ()  # extra srun arguments
 
@@ -77,9 +108,19 @@ class ClusterProfile:
     name: str
     scheduler: Literal["slurm", "local"] = "slurm"
     device: Literal["gpu", "cpu"] = "gpu"
-    gpus_per_node: GpuCount = 8
-    cpus_per_node: int | None = None
-    worker_slots_per_node: int = 1  # CPU profiles: training workers per node
+    gpus_per_node: GpuCount = bounded(
+        8,
+        FieldBound(
+            low=0, fix="set {path} to the GPUs of one node, e.g. 8 (a CPU profile: 0)",
+            why="a count of GPUs per node (a CPU profile requests none: 0)",
+        ),
+        node_has_bound(MAX_GPUS_PER_NODE),
+    )  # fmt: skip
+    cpus_per_node: int | None = bounded(
+        None, at_least(1, _REMOVE_FOR_DEFAULT), node_has_bound(MAX_CPUS_PER_NODE, " CPUs")
+    )
+    # CPU profiles: training workers per node
+    worker_slots_per_node: int = bounded(1, node_has_bound(MAX_WORKER_SLOTS_PER_NODE))
     slurm: SlurmCfg = attrs.field(factory=SlurmCfg)
     container: ContainerCfg | None = None
     env: dict[str, str] = attrs.field(factory=dict)  # as the JOB sees it (HF_HOME, ...)

@@ -7,15 +7,9 @@ import re
 import attrs
 
 from hpcrl.config.errors import Problem
-from hpcrl.config.field_bounds import PROFILE_BOUNDS, check_bounds
+from hpcrl.config.field_bounds import check_field_bounds
 from hpcrl.config.port_bands import FIRST_BAND_PORT, bands_end
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.config.range_rules import (
-    MAX_CPUS_PER_NODE,
-    MAX_GPUS_PER_NODE,
-    MAX_MEM_GB_PER_NODE,
-    MAX_WORKER_SLOTS_PER_NODE,
-)
 from hpcrl.config.secrets import (
     PASS_ENV_FIX,
     find_secrets,
@@ -43,11 +37,11 @@ def check_profile(profile: ClusterProfile) -> list[Problem]:
 
 
 def rule_field_bounds(profile: ClusterProfile) -> list[Problem]:
-    """Each field's own range (``hpcrl.config.field_bounds``)."""
-    return check_bounds(profile, PROFILE_BOUNDS)
+    """Each field's own range, declared beside it (``bounded`` in ``hpcrl.config.profile``)."""
+    return check_field_bounds(profile)
 
 
-def rule_counts_positive(profile: ClusterProfile) -> list[Problem]:
+def rule_device_counts_positive(profile: ClusterProfile) -> list[Problem]:
     problems = []
     if profile.device == "gpu" and profile.gpus_per_node == 0:  # negative: rule_field_bounds
         problems.append(
@@ -64,14 +58,6 @@ def rule_counts_positive(profile: ClusterProfile) -> list[Problem]:
                 profile.worker_slots_per_node,
                 "CPU profiles run this many workers per node",
             )
-        )
-    if profile.cpus_per_node is not None and profile.cpus_per_node < 1:
-        problems.append(
-            _positive("cpus_per_node", profile.cpus_per_node, "or remove it for Slurm's default")
-        )
-    if profile.slurm.mem_gb is not None and profile.slurm.mem_gb < 1:
-        problems.append(
-            _positive("slurm.mem_gb", profile.slurm.mem_gb, "or remove it for Slurm's default")
         )
     return problems
 
@@ -175,20 +161,6 @@ def time_limit_s(text: str) -> int | None:
     return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def rule_slurm_counts(profile: ClusterProfile) -> list[Problem]:
-    """Array parallelism and the signal delay: plain ranges (requeues: rule_field_bounds)."""
-    slurm = profile.slurm
-    limits = (
-        ("slurm.array_parallelism", slurm.array_parallelism, 1, "at most this many sweep points run at once"),
-        ("slurm.signal_delay_s", slurm.signal_delay_s, 0, "seconds before the time limit, e.g. 90"),
-    )  # fmt: skip
-    return [
-        Problem(path=path, value=value, message=f"must be at least {low}", fix=fix)
-        for path, value, low, fix in limits
-        if value < low
-    ]
-
-
 def rule_names_and_images(profile: ClusterProfile) -> list[Problem]:
     """The profile's name names run folders and jobs; an empty image would run nothing."""
     problems = []
@@ -225,27 +197,6 @@ def rule_python(profile: ClusterProfile) -> list[Problem]:
             message="not an absolute path or a command name (one word, no shell syntax)",
             fix="e.g. python: python3, or python: /opt/venv/bin/python",
         )
-    ]
-
-
-def rule_allocation_bounds(profile: ClusterProfile) -> list[Problem]:
-    """Per-node counts no node has (they would be rendered as ``--cpus-per-task=1e20``)."""
-    counts = (
-        ("gpus_per_node", profile.gpus_per_node, MAX_GPUS_PER_NODE, ""),
-        ("worker_slots_per_node", profile.worker_slots_per_node, MAX_WORKER_SLOTS_PER_NODE, ""),
-        ("cpus_per_node", profile.cpus_per_node, MAX_CPUS_PER_NODE, " CPUs"),
-        ("slurm.mem_gb", profile.slurm.mem_gb, MAX_MEM_GB_PER_NODE, " GB"),
-    )
-    return [
-        Problem(
-            path=path,
-            value=value,
-            message=f"more than any node has (at most {limit}{unit})",
-            fix=f"set {path} to what one node of the site has"
-            + (", or remove it for Slurm's default" if unit else ""),
-        )
-        for path, value, limit, unit in counts
-        if isinstance(value, int) and value > limit  # gpus_per_node may be "auto"; None: unset
     ]
 
 
@@ -291,17 +242,7 @@ def rule_container_needs_slurm(profile: ClusterProfile) -> list[Problem]:
 
 def rule_ray_ports(profile: ClusterProfile) -> list[Problem]:
     ports = profile.ray_ports.named  # the ports the profile sets; the rest come from the job's band
-    problems = [
-        Problem(
-            path=f"ray_ports.{name}",
-            value=port,
-            message="not a TCP port",
-            fix="use a port in 1024..32767",
-        )
-        for name, port in ports.items()
-        if not 1024 <= port <= 65535
-    ]
-    problems += _worker_range_problems(ports)
+    problems = _worker_range_problems(ports)  # each port's own range: rule_field_bounds
     fixed = {
         name: port
         for name, port in ports.items()
@@ -485,14 +426,12 @@ def _ports_in_job_bands(ports: dict[str, int], uses_band: bool) -> list[Problem]
 
 PROFILE_RULES = (
     rule_field_bounds,
-    rule_counts_positive,
+    rule_device_counts_positive,
     rule_auto_gpus_only_here,
     rule_bundle_packages,
     rule_time_limit,
-    rule_slurm_counts,
     rule_names_and_images,
     rule_python,
-    rule_allocation_bounds,
     rule_cpu_profile_without_gres,
     rule_gpu_profile_requests_gpus,
     rule_container_needs_slurm,

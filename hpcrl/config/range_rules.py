@@ -1,8 +1,10 @@
-"""Ranges of plain numbers in a recipe: optimizer settings, schedules, checkpointing, the
-allocation. (NaN and infinity never get this far: the converter refuses them.)
+"""Ranges of numbers a recipe field cannot bound by itself: the keyword arguments of the
+Automodel optimizer and schedulers (a mapping, its keys named by the user), and ranges that
+involve two fields. (NaN and infinity never get this far: the converter refuses them.)
 
-Each rule returns problems naming the full key path, the value and the fix. Rules of the RL
-math (losses, sampling) live in ``hpcrl.config.rules``; Megatron's cross-field rules in
+A field's own range is declared beside it (``hpcrl.config.field_bounds``); each rule here
+returns problems naming the full key path, the value and the fix. Rules of the RL math
+(losses, sampling) live in ``hpcrl.config.rules``; Megatron's cross-field rules in
 ``hpcrl.config.megatron_rules``.
 """
 
@@ -12,35 +14,19 @@ import math
 from typing import TypeGuard
 
 from hpcrl.config.errors import Problem
-from hpcrl.config.field_bounds import RECIPE_BOUNDS, check_bounds
+from hpcrl.config.field_bounds import FieldBound, at_least
 from hpcrl.config.recipe import Recipe
-
-#: Far above any cluster (the largest have ~10,000 nodes): a count beyond it is a typo.
-MAX_NODES = 100_000
-MAX_GPUS_PER_NODE = 64
-MAX_WORKER_SLOTS_PER_NODE = 1024
-#: Slurm CPUs (hardware threads) and memory of one node: the largest single machines have
-#: ~1,800 threads and 32-48 TB; beyond these a value is a typo.
-MAX_CPUS_PER_NODE = 4096
-MAX_MEM_GB_PER_NODE = 65_536
-#: Prompts or samples of one training step: far above any GRPO or SFT batch (NeMo RL's
-#: largest recipes take a few thousand); beyond it a value is a typo.
-MAX_BATCH = 1_000_000
 
 
 def _at_least(path: str, value: float | int | None, low: float, fix: str) -> list[Problem]:
-    if value is None or value >= low:
-        return []
-    must = "at least " + (f"{low:g}" if isinstance(low, float) else str(low))
-    return [Problem(path=path, value=value, message=f"must be {must}", fix=fix)]
+    problem = at_least(low, fix).problem(path, value)
+    return [] if problem is None else [problem]
 
 
 def _fraction(path: str, value: float, fix: str, *, open_high: bool = True) -> list[Problem]:
-    high_ok = value < 1.0 if open_high else value <= 1.0
-    if 0.0 <= value and high_ok:
-        return []
-    interval = "[0, 1)" if open_high else "[0, 1]"
-    return [Problem(path=path, value=value, message=f"must be in {interval}", fix=fix)]
+    bound = FieldBound(low=0.0, high=1.0, high_open=open_high, fix=fix)
+    problem = bound.problem(path, value)
+    return [] if problem is None else [problem]
 
 
 def _number(value: object) -> TypeGuard[int | float]:
@@ -49,21 +35,9 @@ def _number(value: object) -> TypeGuard[int | float]:
 
 
 def rule_optimizer_ranges(recipe: Recipe) -> list[Problem]:
-    """``policy.optimizer.kwargs`` and ``policy.scheduler`` kwargs (Automodel) and
-    ``policy.max_grad_norm``. Kinds and names are ``hpcrl.config.optimizers``' rules: a value of
+    """``policy.optimizer.kwargs`` and ``policy.scheduler`` kwargs (Automodel). Kinds and names are ``hpcrl.config.optimizers``' rules: a value of
     the wrong kind is reported there and skipped here. (``kwargs.lr`` > 0 is checked there too.)"""
-    problems = _optimizer_kwarg_ranges(recipe) + _scheduler_kwarg_ranges(recipe)
-    norm = recipe.policy.max_grad_norm
-    if norm is not None and norm <= 0.0:
-        problems.append(
-            Problem(
-                path="policy.max_grad_norm",
-                value=norm,
-                message="must be positive (gradients are clipped to this norm)",
-                fix="set policy.max_grad_norm=1.0, or null to turn clipping off",
-            )
-        )
-    return problems
+    return _optimizer_kwarg_ranges(recipe) + _scheduler_kwarg_ranges(recipe)
 
 
 def _optimizer_kwarg_ranges(recipe: Recipe) -> list[Problem]:
@@ -120,43 +94,21 @@ def _scheduler_kwarg_ranges(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-def rule_megatron_optimizer_ranges(recipe: Recipe) -> list[Problem]:
-    """``policy.megatron_cfg.optimizer`` and ``.scheduler`` numbers (any backend: a later
-    switch to Megatron must not inherit a bad value silently)."""
+def rule_megatron_min_lr(recipe: Recipe) -> list[Problem]:
+    """``min_lr`` is where the learning rate decays to: not above ``lr``."""
     opt = recipe.policy.megatron_cfg.optimizer
     path = "policy.megatron_cfg.optimizer"
-    problems = []
-    for name in ("lr", "min_lr", "weight_decay", "clip_grad", "sgd_momentum"):
-        problems += _at_least(f"{path}.{name}", getattr(opt, name), 0.0, "a number >= 0")
-    for name in ("adam_beta1", "adam_beta2"):
-        problems += _fraction(f"{path}.{name}", getattr(opt, name), "e.g. 0.9 and 0.999")
-    if opt.adam_eps <= 0.0:
-        problems.append(
-            Problem(path=f"{path}.adam_eps", value=opt.adam_eps, message="must be positive",
-                    fix="e.g. 1.0e-8")
-        )  # fmt: skip
-    if opt.min_lr > opt.lr >= 0.0:
-        problems.append(
-            Problem(path=f"{path}.min_lr", value=opt.min_lr, message=f"above {path}.lr ({opt.lr})",
-                    fix=f"set {path}.min_lr <= {path}.lr")
-        )  # fmt: skip
-    sched = recipe.policy.megatron_cfg.scheduler
-    spath = "policy.megatron_cfg.scheduler"
-    problems += _at_least(f"{spath}.lr_warmup_iters", sched.lr_warmup_iters, 0, "0 for none")
-    problems += _at_least(f"{spath}.lr_decay_iters", sched.lr_decay_iters, 1, "or null")
-    problems += _at_least(f"{spath}.lr_warmup_init", sched.lr_warmup_init, 0.0, "e.g. 0.0")
-    return problems
+    if not opt.min_lr > opt.lr >= 0.0:
+        return []
+    return [
+        Problem(path=f"{path}.min_lr", value=opt.min_lr, message=f"above {path}.lr ({opt.lr})",
+                fix=f"set {path}.min_lr <= {path}.lr")
+    ]  # fmt: skip
 
 
-def rule_checkpointing_ranges(recipe: Recipe) -> list[Problem]:
+def rule_consolidated_needs_checkpoints(recipe: Recipe) -> list[Problem]:
     cfg = recipe.checkpointing
-    problems = _at_least(
-        "checkpointing.save_period", cfg.save_period, 1,
-        "save every N >= 1 steps (checkpointing.enabled=false to save none)",
-    )  # fmt: skip
-    problems += _at_least(
-        "checkpointing.keep_top_k", cfg.keep_top_k, 1, "keep at least one, or null to keep all"
-    )
+    problems = []
     if cfg.save_consolidated and not cfg.enabled:
         problems.append(
             Problem(
@@ -169,69 +121,6 @@ def rule_checkpointing_ranges(recipe: Recipe) -> list[Problem]:
             )
         )
     return problems
-
-
-def rule_schedule_ranges(recipe: Recipe) -> list[Problem]:
-    """Epochs, data loader workers, input length."""
-    problems = []
-    for name, section in (("grpo", recipe.grpo), ("sft", recipe.sft)):
-        if section is None:
-            continue
-        problems += _at_least(f"{name}.max_num_epochs", section.max_num_epochs, 1, "e.g. 1")
-        # val_period: any integer; NeMo RL validates only when it is > 0 (-1 and 0 mean off)
-    problems += _at_least("data.num_workers", recipe.data.num_workers, 0, "0: load in the driver")
-    problems += _at_least(
-        "data.max_input_seq_length", recipe.data.max_input_seq_length, 1, "or null: no limit"
-    )
-    return problems
-
-
-def rule_allocation_bounds(recipe: Recipe) -> list[Problem]:
-    """Node and per-node counts no cluster has (``cluster.num_nodes=1e20``)."""
-    resources = recipe.policy.generation.colocated.resources
-    counts = (
-        ("cluster.num_nodes", recipe.cluster.num_nodes, MAX_NODES),
-        ("cluster.gpus_per_node", recipe.cluster.gpus_per_node, MAX_WORKER_SLOTS_PER_NODE),
-        ("policy.generation.colocated.resources.num_nodes", resources.num_nodes, MAX_NODES),
-        ("policy.generation.colocated.resources.gpus_per_node", resources.gpus_per_node,
-         MAX_WORKER_SLOTS_PER_NODE),
-    )  # fmt: skip
-    return [
-        Problem(
-            path=path,
-            value=value,
-            message=f"more than any cluster has (at most {limit:,})",
-            fix=f"set {path} to the allocation the recipe is written for",
-        )
-        for path, value, limit in counts
-        if value is not None and value > limit
-    ]
-
-
-def rule_batch_bounds(recipe: Recipe) -> list[Problem]:
-    """Batch counts no training step takes (``grpo.num_prompts_per_step=1e20``)."""
-    counts = {
-        "policy.train_global_batch_size": recipe.policy.train_global_batch_size,
-        "policy.train_micro_batch_size": recipe.policy.train_micro_batch_size,
-    }
-    if recipe.grpo is not None:
-        counts["grpo.num_prompts_per_step"] = recipe.grpo.num_prompts_per_step
-        counts["grpo.num_generations_per_prompt"] = recipe.grpo.num_generations_per_prompt
-    return [
-        Problem(
-            path=path,
-            value=value,
-            message=f"more than any training step takes (at most {MAX_BATCH:,})",
-            fix=f"set {path} to what one step trains on, e.g. 32",
-        )
-        for path, value in counts.items()
-        if value > MAX_BATCH
-    ]
-
-
-def rule_field_bounds(recipe: Recipe) -> list[Problem]:
-    """Each field's own range (``hpcrl.config.field_bounds``: seeds, step counts, ...)."""
-    return check_bounds(recipe, RECIPE_BOUNDS)
 
 
 def rule_response_fits_sequence(recipe: Recipe) -> list[Problem]:
@@ -260,12 +149,8 @@ def rule_response_fits_sequence(recipe: Recipe) -> list[Problem]:
 
 
 RANGE_RULES = (
-    rule_field_bounds,
     rule_response_fits_sequence,
     rule_optimizer_ranges,
-    rule_megatron_optimizer_ranges,
-    rule_checkpointing_ranges,
-    rule_schedule_ranges,
-    rule_allocation_bounds,
-    rule_batch_bounds,
+    rule_megatron_min_lr,
+    rule_consolidated_needs_checkpoints,
 )

@@ -9,6 +9,10 @@ from typing import Any, Literal
 
 import attrs
 
+from hpcrl.config.field_bounds import AT_LEAST_ZERO, PARALLEL_SIZE, FieldBound, at_least, bounded
+
+_ADAM_BETA = FieldBound(low=0.0, high=1.0, high_open=True, fix="e.g. 0.9 and 0.999")
+
 OffloadModule = Literal[
     "attn_norm",
     "qkv_linear",
@@ -27,21 +31,23 @@ class MegatronOptimizerCfg:
     """megatron-core OptimizerConfig subset (``policy.megatron_cfg.optimizer``)."""
 
     optimizer: str = "adam"  # adam | sgd; a str so the rule can report a bad value with its fix
-    lr: float = 1e-5
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
+    lr: float = bounded(1e-5, AT_LEAST_ZERO)
+    min_lr: float = bounded(0.0, AT_LEAST_ZERO)
+    weight_decay: float = bounded(0.0, AT_LEAST_ZERO)
     bf16: bool = False
     fp16: bool = False
     params_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    sgd_momentum: float = 0.9
+    adam_beta1: float = bounded(0.9, _ADAM_BETA)
+    adam_beta2: float = bounded(0.999, _ADAM_BETA)
+    adam_eps: float = bounded(
+        1e-8, FieldBound(low=0.0, low_open=True, message="must be positive", fix="e.g. 1.0e-8")
+    )
+    sgd_momentum: float = bounded(0.9, AT_LEAST_ZERO)
     use_distributed_optimizer: bool = True
     use_precision_aware_optimizer: bool = False
     # 0: no clipping. null only under a disabled megatron_cfg (NeMo RL's configs write
     # ${policy.max_grad_norm}, null when the Automodel backend clips nothing)
-    clip_grad: float | None = 1.0
+    clip_grad: float | None = bounded(1.0, AT_LEAST_ZERO)
     optimizer_cpu_offload: bool = False
     optimizer_offload_fraction: float = 0.0
     overlap_cpu_optimizer_d2h_h2d: bool = False
@@ -57,9 +63,9 @@ class MegatronSchedulerCfg:
     lr_decay_style: Literal["constant", "linear", "cosine", "inverse-square-root", "WSD"] = (
         "constant"
     )
-    lr_decay_iters: int | None = None
-    lr_warmup_iters: int = 0
-    lr_warmup_init: float = 0.0
+    lr_decay_iters: int | None = bounded(None, at_least(1, "or null"))
+    lr_warmup_iters: int = bounded(0, at_least(0, "0 for none"))
+    lr_warmup_init: float = bounded(0.0, at_least(0.0, "e.g. 0.0"))
 
 
 @attrs.frozen(kw_only=True)
@@ -97,11 +103,11 @@ class MegatronCfg:
     """Megatron backend: megatron-core through megatron-bridge (``policy.megatron_cfg``)."""
 
     enabled: bool = False
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    expert_tensor_parallel_size: int = 1
+    tensor_model_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    pipeline_model_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    context_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    expert_model_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    expert_tensor_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
     num_layers_in_first_pipeline_stage: int | None = None
     num_layers_in_last_pipeline_stage: int | None = None
     pipeline_dtype: Literal["float32", "bfloat16", "float16"] | None = None

@@ -20,6 +20,7 @@ from hpcrl.config.checkpoint_metrics import CHECKPOINT_METRIC_RULES
 from hpcrl.config.datasets import DATA_RULES
 from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
+from hpcrl.config.field_bounds import check_field_bounds
 from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.loss_rules import LOSS_RULES
@@ -45,6 +46,11 @@ BACKEND_FIX = (
     "set policy.megatron_cfg.enabled=true or policy.automodel_cfg.enabled=true (exactly one)"
 )
 AUTOMODEL = "policy.automodel_cfg"
+
+
+def rule_field_bounds(recipe: Recipe) -> list[Problem]:
+    """Each field's own range, declared beside it (``bounded`` in the schema)."""
+    return check_field_bounds(recipe)
 
 
 def check_recipe(recipe: Recipe) -> list[Problem]:
@@ -103,24 +109,6 @@ def rule_unsupported_sections(recipe: Recipe) -> list[Problem]:
     ]
 
 
-def rule_automodel_parallel_sizes(recipe: Recipe) -> list[Problem]:
-    cfg = recipe.policy.automodel_cfg
-    if not cfg.enabled:
-        return []
-    names = ("dp_replicate_size", "tensor_parallel_size", "context_parallel_size")
-    return [
-        Problem(
-            path=f"{AUTOMODEL}.{name}",
-            value=getattr(cfg, name),
-            message="a parallel size must be at least 1"
-            + (" (1: plain FSDP, >1: HSDP replicas)" if name == "dp_replicate_size" else ""),
-            fix=f"set {AUTOMODEL}.{name}=1 (or larger)",
-        )
-        for name in names
-        if getattr(cfg, name) < 1
-    ]
-
-
 def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
     """The worker refuses it at setup; here it fails before the queue wait."""
     cfg = recipe.policy.automodel_cfg
@@ -170,40 +158,11 @@ def rule_megatron_custom_fsdp(recipe: Recipe) -> list[Problem]:
     ]
 
 
-def rule_positive_counts(recipe: Recipe) -> list[Problem]:
-    counts = {
-        "policy.train_global_batch_size": recipe.policy.train_global_batch_size,
-        "policy.train_micro_batch_size": recipe.policy.train_micro_batch_size,
-        "policy.max_total_sequence_length": recipe.policy.max_total_sequence_length,
-        "policy.generation.max_new_tokens": recipe.policy.generation.max_new_tokens,
-        "cluster.num_nodes": recipe.cluster.num_nodes,
-        "cluster.gpus_per_node": recipe.cluster.gpus_per_node,
-    }
-    if recipe.policy.logprob_batch_size is not None:
-        counts["policy.logprob_batch_size"] = recipe.policy.logprob_batch_size
-    if recipe.grpo is not None:
-        counts["grpo.num_prompts_per_step"] = recipe.grpo.num_prompts_per_step
-        counts["grpo.num_generations_per_prompt"] = recipe.grpo.num_generations_per_prompt
-        counts["grpo.max_num_steps"] = recipe.grpo.max_num_steps
-    if recipe.sft is not None:
-        counts["sft.max_num_steps"] = recipe.sft.max_num_steps
-    return [
-        Problem(
-            path=path,
-            value=value,
-            message="must be at least 1",
-            fix=f"set {path} to a positive integer",
-        )
-        for path, value in counts.items()
-        if value < 1
-    ]
-
-
 def rule_batch_divisible(recipe: Recipe) -> list[Problem]:
     policy = recipe.policy
     global_batch, micro_batch = policy.train_global_batch_size, policy.train_micro_batch_size
     if global_batch < 1 or micro_batch < 1:
-        return []  # rule_positive_counts reports it
+        return []  # the fields' own bounds report it (rule_field_bounds)
     problems = []
     if global_batch % micro_batch:
         problems.append(
@@ -284,40 +243,13 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
                 fix="set policy.generation.backend=vllm and policy.generation.colocated.enabled=false (with its resources), or grpo.async_grpo.enabled=false",
             )
         )
-    age = recipe.grpo.async_grpo.max_trajectory_age_steps
-    if age < 1:
-        problems.append(
-            Problem(
-                path="grpo.async_grpo.max_trajectory_age_steps",
-                value=age,
-                message="must be at least 1",
-                fix="set it to 1 or more",
-            )
-        )
     return problems
 
 
-def rule_generation(recipe: Recipe) -> list[Problem]:
+def rule_vllm_sizes(recipe: Recipe) -> list[Problem]:
+    """vLLM's engine settings, checked while vLLM generates (others ignore them)."""
     generation = recipe.policy.generation
-    problems = []
-    if not 0.0 < generation.top_p <= 1.0:
-        problems.append(
-            Problem(
-                path="policy.generation.top_p",
-                value=generation.top_p,
-                message="must be in (0, 1]",
-                fix="set policy.generation.top_p=1.0 to turn it off",
-            )
-        )
-    if generation.temperature < 0.0:
-        problems.append(
-            Problem(
-                path="policy.generation.temperature",
-                value=generation.temperature,
-                message="must not be negative",
-                fix="set policy.generation.temperature=1.0",
-            )
-        )
+    problems: list[Problem] = []
     if generation.backend != "vllm":
         return problems
     vllm = generation.vllm_cfg
@@ -423,14 +355,12 @@ RECIPE_RULES = (
     rule_one_backend,
     rule_one_algorithm,
     rule_unsupported_sections,
-    rule_automodel_parallel_sizes,
     rule_automodel_sequence_parallel,
     rule_megatron_custom_fsdp,
-    rule_positive_counts,
     rule_batch_divisible,
     rule_grpo_settings,
     rule_async_grpo,
-    rule_generation,
+    rule_vllm_sizes,
     rule_vllm_kwargs,
     rule_chat_template_kwargs,
     rule_node_split,
@@ -443,6 +373,7 @@ RECIPE_RULES = (
     *GRPO_OPTION_RULES,
     *ADVANTAGE_RULES,
     *DATA_RULES,
+    rule_field_bounds,
     *RANGE_RULES,
     *ENV_RULES,
     *CHECKPOINT_METRIC_RULES,

@@ -4,7 +4,10 @@ answered (``hpcrl.plan.compile_cache`` points them at a folder runs share).
 A run whose first step recompiles everything shows only misses; a run that found the
 previous run's work shows hits. Reported per rank through the workers' ``collect_state``
 and written into every metrics.jsonl line (``hpcrl.core.driver``), so a slow first step
-can be told apart: compiling (misses), tracing only (hits), or something else.
+can be told apart: compiling (misses), tracing only (hits), or something else, by
+``compile_time_s``: the seconds torch.compile has taken in this process so far (dynamo's
+tracing, cache lookups and loads, Inductor's compilation of what missed, and the backward
+graphs compiled lazily at their first backward).
 """
 
 from __future__ import annotations
@@ -18,16 +21,22 @@ _CACHE_COUNTERS = {
     "compile_cache_misses": (("inductor", "fxgraph_cache_miss"), ("aot_autograd", "autograd_cache_miss")),
     "compile_cache_bypasses": (("inductor", "fxgraph_cache_bypass"), ("aot_autograd", "autograd_cache_bypass")),
 }  # fmt: skip
+#: dynamo's timers (``torch._dynamo.utils.compilation_time_metrics``) that add up to the
+#: compile time: a frame's whole compilation, and a backward compiled at its first call.
+_COMPILE_TIMERS = ("_compile.compile_inner", "backward._backward_impl")
 
 
-def compile_cache_counts() -> dict[str, int]:
-    """{compile_cache_hits, _misses, _bypasses} so far in this process; empty when torch.compile
-    was never loaded here (nothing is imported for the answer)."""
+def compile_cache_counts() -> dict[str, float]:
+    """{compile_cache_hits, _misses, _bypasses, compile_time_s} so far in this process; empty
+    when torch.compile was never loaded here (nothing is imported for the answer)."""
     if "torch._dynamo.utils" not in sys.modules:
         return {}
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import compilation_time_metrics, counters
 
-    return {
+    counts: dict[str, float] = {
         key: sum(int(counters[group][name]) for group, name in parts)
         for key, parts in _CACHE_COUNTERS.items()
     }
+    seconds = sum(sum(compilation_time_metrics.get(name, ())) for name in _COMPILE_TIMERS)
+    counts["compile_time_s"] = round(seconds, 3)
+    return counts

@@ -386,7 +386,8 @@ def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int
 
 def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, float | None]:
     """Memory peaks, torch.compile's graph count so far (a rise after the first steps is a
-    recompilation stall) and its caches' hits and misses (``hpcrl.core.compile_stats``), and
+    recompilation stall), its caches' hits and misses and the seconds it took so far
+    (``hpcrl.core.compile_stats``), and
     rank 0's figures of this step's train and log-prob passes
     (``hpcrl.core.backends.pass_stats``)."""
     states = policy.collect_state()
@@ -396,7 +397,12 @@ def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, floa
     graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
     cache = {  # the rank that compiled most (ranks compile the same graphs)
         key: max(float(s[key]) for s in states if key in s)
-        for key in ("compile_cache_hits", "compile_cache_misses", "compile_cache_bypasses")
+        for key in (
+            "compile_cache_hits",
+            "compile_cache_misses",
+            "compile_cache_bypasses",
+            "compile_time_s",
+        )
         if any(key in s for s in states)
     }
     driver_gb = memory.sample()
@@ -420,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpcrl.core.machine_checks import machine_problems
 
     try:
-        problems = machine_problems(read_jobspec(args[0]))
+        problems = [problem.one_line() for problem in machine_problems(read_jobspec(args[0]))]
     except JobSpecError as error:
         problems = [str(error)]
     if problems:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hpcrl.config.errors import Problem
 from hpcrl.core.backends.megatron.offload import requirement_problems, te_available
 from hpcrl.run.jobspec import JobSpec
 
@@ -29,16 +30,21 @@ def machine_problems(
     jobspec: JobSpec,
     cuda_available: Callable[[], bool] = cuda_is_available,
     transformer_engine: Callable[[], bool] = te_available,
-) -> list[str]:
-    """Every reason this node cannot run ``jobspec``, each naming the key or the plan and
+) -> list[Problem]:
+    """Every reason this node cannot run ``jobspec``, each naming the key, its value and
     the fix; empty when it can. The two probes are injectable (tests)."""
     problems = []
     if jobspec.device == "gpu" and not cuda_available():
         problems.append(
-            f"the plan (profile {jobspec.profile_name!r}, device: gpu) runs on GPUs but CUDA is "
-            "not usable on this node (torch.cuda.is_available() is False: a CPU build of "
-            "torch, no driver, or CUDA_VISIBLE_DEVICES empty). Fix: run in an image with "
-            "CUDA-enabled torch on GPU nodes, or submit with a device: cpu profile"
+            Problem(
+                path="device",
+                value="gpu",
+                message=f"the plan (profile {jobspec.profile_name!r}) runs on GPUs but CUDA is "
+                "not usable on this node (torch.cuda.is_available() is False: a CPU build of "
+                "torch, no driver, or CUDA_VISIBLE_DEVICES empty)",
+                fix="run in an image with CUDA-enabled torch on GPU nodes, or submit with a "
+                "device: cpu profile",
+            )  # fmt: skip
         )
     recipe = jobspec.recipe
     on_gpus = jobspec.device == "gpu"
@@ -47,7 +53,11 @@ def machine_problems(
         problems += requirement_problems(megatron, transformer_engine(), cuda_available=on_gpus)
     elif recipe.policy.automodel_cfg.cpu_offload and not on_gpus:
         problems.append(
-            "policy.automodel_cfg.cpu_offload: true needs GPU workers (it keeps parameters in "
-            "host memory between GPU steps); set it to false on CPU profiles"
+            Problem(
+                path="policy.automodel_cfg.cpu_offload",
+                value=True,
+                message="needs GPU workers (it keeps parameters in host memory between GPU steps)",
+                fix="set it to false on CPU profiles",
+            )  # fmt: skip
         )
     return problems

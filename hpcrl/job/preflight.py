@@ -32,6 +32,7 @@ from typing import NoReturn
 import attrs
 
 import hpcrl
+from hpcrl.config.errors import Problem
 from hpcrl.job.errors import PreflightFailed
 from hpcrl.job.settings import DEFAULT_DRIVER, DRIVER_VARIABLE
 from hpcrl.job.slurm_env import SlurmTask, read_slurm_task
@@ -111,7 +112,7 @@ def _module_found(module: str) -> bool:
         return False
 
 
-def check_code(code: JobCode, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+def check_code(code: JobCode, environ: Mapping[str, str]) -> tuple[str, list[Problem]]:
     """(where hpcrl came from, problems): the bundle's hpcrl, or the planned version."""
     imported_from = str(Path(hpcrl.__file__).parent)
     if code.bundle is not None:
@@ -119,17 +120,26 @@ def check_code(code: JobCode, environ: Mapping[str, str]) -> tuple[str, list[str
         where = f"the bundle {bundle}"
         if not imported_from.startswith(bundle.rstrip("/") + "/"):
             return where, [
-                f"hpcrl was imported from {imported_from}, not from the bundle {bundle} "
-                f"({BUNDLE_VARIABLE}={environ.get(BUNDLE_VARIABLE, 'unset')}); the task must "
-                f"start through {bundle}/hpcrl_entry.py"
+                Problem(
+                    path="code",
+                    value="bundle",
+                    message=f"hpcrl was imported from {imported_from}, not from the bundle "
+                    f"{bundle} ({BUNDLE_VARIABLE}={environ.get(BUNDLE_VARIABLE, 'unset')})",
+                    fix=f"start the task through {bundle}/hpcrl_entry.py",
+                )  # fmt: skip
             ]
         return where, []
     where = f"{imported_from} (installed)"
     if hpcrl.__version__ != code.hpcrl_version:
         return where, [
-            f"the job's Python has hpcrl {hpcrl.__version__} but hpcrl {code.hpcrl_version} "
-            "planned the job; fix: set code: bundle in the cluster profile (the job then runs "
-            "the planning hpcrl), or install that version for the job's Python"
+            Problem(
+                path="code",
+                value="installed",
+                message=f"the job's Python has hpcrl {hpcrl.__version__} but hpcrl "
+                f"{code.hpcrl_version} planned the job",
+                fix="set code: bundle in the cluster profile (the job then runs the planning "
+                "hpcrl), or install that version for the job's Python",
+            )  # fmt: skip
         ]
     return where, []
 
@@ -138,7 +148,7 @@ def check_ray_auth_support(
     checks: list[PackageCheck],
     inputs: PreflightInputs,
     has_token_auth: Callable[[], bool] | None = None,
-) -> tuple[str, list[str]]:
+) -> tuple[str, list[Problem]]:
     """(log line, problems): whether the Ray found can enforce the job's token. Nothing to say
     with ``ray_auth: none`` or when Ray is missing (reported above). A Ray without package
     metadata is judged by its files (``has_token_auth``), never let through unchecked."""
@@ -164,11 +174,13 @@ def check_ray_auth_support(
         newer = f"use a container image with {wanted} (the profile's container.image)"
     else:
         newer = f"install {wanted} for the job's Python"
-    problem = (
-        f"{finding} ({wanted}), which the cluster profile's ray_auth: token (the default) "
-        f"needs; fix: {newer}, or set ray_auth: none in the cluster profile to run the job's "
-        "Ray without authentication (anyone who reaches its ports can then run code as you)"
-    )
+    problem = Problem(
+        path="ray_auth", value="token",
+        message=f"{finding} ({wanted}), which the cluster profile's ray_auth: token (the "
+        "default) needs",
+        fix=f"{newer}, or set ray_auth: none in the cluster profile to run the job's Ray "
+        "without authentication (anyone who reaches its ports can then run code as you)",
+    )  # fmt: skip
     return f"{status:<14} {about}", [problem]
 
 
@@ -209,7 +221,9 @@ def _wanted(check: PackageCheck) -> str:
     return f"{check.requirement.distributions[0]}{check.requirement.spec}"
 
 
-def summarize(checks: list[PackageCheck], code_problems: list[str], inputs: PreflightInputs) -> str:
+def summarize(
+    checks: list[PackageCheck], code_problems: list[Problem], inputs: PreflightInputs
+) -> str:
     """One line: every problem, then the fix."""
     parts = [
         f"{check.distribution} {check.version} is outside {_wanted(check)}"
@@ -219,7 +233,7 @@ def summarize(checks: list[PackageCheck], code_problems: list[str], inputs: Pref
         if check.problem
     ]
     text = f"{sys.executable} (Python {sys.version.split()[0]}) cannot run this job: "
-    text += "; ".join(parts + code_problems)
+    text += "; ".join(parts + [problem.one_line() for problem in code_problems])
     if parts:
         text += f". Fix: {fix_for(checks, inputs)}"
     return text
@@ -248,11 +262,11 @@ def run_preflight(run_dir: str, environ: Mapping[str, str], requeue_count: int =
     machine_line, machine_problems = check_machine(inputs, environ)
     report += [f"preflight: {machine_line}"] if machine_line else []
     if machine_problems:
-        _fail(run_path, task, report, "; ".join(machine_problems))
+        _fail(run_path, task, report, "; ".join(p.one_line() for p in machine_problems))
     _log(run_path, task, report)
 
 
-def check_machine(inputs: PreflightInputs, environ: Mapping[str, str]) -> tuple[str, list[str]]:
+def check_machine(inputs: PreflightInputs, environ: Mapping[str, str]) -> tuple[str, list[Problem]]:
     """(log line, problems): whether this node can run what the training driver will build
     (``hpcrl.core.machine_checks``). Nothing to check for a stand-in driver."""
     driver = environ.get(DRIVER_VARIABLE) or DEFAULT_DRIVER

@@ -90,10 +90,11 @@ def test_the_second_run_compiles_nothing_the_first_compiled(tmp_path, monkeypatc
     assert first["compile_cache_bypasses"] == 0, first
     assert any((cache / "inductor").rglob("*")), "the first run wrote into the planned folder"
     second = one_run(model, env)
-    # The same lookups, now answered from the folder. torch 2.13 on this model: 3 misses, then
-    # 2 hits and 1 miss: the miss is an AOTAutograd lookup of a compile attempt that dynamo
-    # restarts (dynamic sizes), never completed, so never saved; it misses in every run.
-    lookups = second["compile_cache_hits"] + second["compile_cache_misses"]
-    assert lookups == first["compile_cache_misses"], (first, second)
-    assert second["compile_cache_hits"] > second["compile_cache_misses"], (first, second)
+    # The same lookups, all answered from the folder (torch 2.13 on this model: 2 misses, then
+    # 2 hits). Before floats were specialised (parallelize.apply_compile) dynamo restarted
+    # every first compilation when Inductor specialised the norms' epsilon: one lookup more,
+    # a miss in every run, and the block traced twice.
+    assert second["compile_cache_hits"] == first["compile_cache_misses"], (first, second)
+    assert second["compile_cache_misses"] == 0, (first, second)
+    assert 0 < second["compile_time_s"] < first["compile_time_s"], (first, second)
     assert second["logprob_sum"] == pytest.approx(first["logprob_sum"], rel=1e-6)

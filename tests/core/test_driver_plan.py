@@ -56,9 +56,11 @@ def test_a_gpu_plan_runs_on_cuda_and_stops_named_where_cuda_is_unusable(tmp_path
     assert driver.job_device(spec) == "cuda"
     assert machine_problems(spec, cuda_available=has_gpu, transformer_engine=has_gpu) == []
     (problem,) = machine_problems(spec, cuda_available=has_no_gpu, transformer_engine=has_gpu)
-    assert problem.startswith(
-        "the plan (profile 'site', device: gpu) runs on GPUs but CUDA is not usable on this node"
+    assert (problem.path, problem.value) == ("device", "gpu")
+    assert problem.one_line().startswith(
+        "device = 'gpu': the plan (profile 'site') runs on GPUs but CUDA is not usable on this node"
     )
+    assert problem.fix.startswith("run in an image with CUDA-enabled torch on GPU nodes")
 
 
 def test_settings_the_planned_device_or_this_python_cannot_run_are_named_once(tmp_path):
@@ -69,13 +71,14 @@ def test_settings_the_planned_device_or_this_python_cannot_run_are_named_once(tm
                             tensor_model_parallel_size=2)  # fmt: skip
     recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, megatron_cfg=megatron))
     spec = plan(recipe, plain_slurm_profile(), run_dir=str(tmp_path), recipe_source="grpo-x")
-    assert machine_problems(spec, cuda_available=has_gpu, transformer_engine=has_no_gpu) == [
-        "policy.megatron_cfg.sequence_parallel=true requires Transformer Engine "
-        "(transformer_engine is not importable in this environment); use a container with "
-        "Transformer Engine or turn it off",
-        "policy.megatron_cfg.optimizer.optimizer_cpu_offload=true requires CUDA (megatron-core's "
-        "HybridDeviceOptimizer splits optimizer state between GPU and host); on CPU the "
-        "optimizer already lives on the host: turn it off",
+    problems = machine_problems(spec, cuda_available=has_gpu, transformer_engine=has_no_gpu)
+    assert [problem.one_line() for problem in problems] == [
+        "policy.megatron_cfg.sequence_parallel = True: requires Transformer Engine "
+        "(transformer_engine is not importable in this environment); fix: use a container "
+        "with Transformer Engine or turn it off",
+        "policy.megatron_cfg.optimizer.optimizer_cpu_offload = True: requires CUDA "
+        "(megatron-core's HybridDeviceOptimizer splits optimizer state between GPU and host); "
+        "fix: turn it off: on CPU the optimizer already lives on the host",
     ]
 
 
@@ -123,7 +126,7 @@ def test_the_driver_command_refuses_a_gpu_plan_on_this_cpu_machine(tmp_path, cap
     write_jobspec(gpu_plan(tmp_path))
     assert driver.main([str(tmp_path)]) == driver.PLAN_ERROR_EXIT_CODE
     assert capsys.readouterr().err.startswith(
-        "hpcrl: the plan (profile 'site', device: gpu) runs on GPUs but CUDA is not usable"
+        "hpcrl: device = 'gpu': the plan (profile 'site') runs on GPUs but CUDA is not usable"
     )
 
 

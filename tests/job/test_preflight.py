@@ -176,10 +176,11 @@ def test_code_from_the_bundle_or_the_planned_installed_version():
     where, problems = check_code(inputs(bundle=here).code, {})
     assert problems == [] and where == f"the bundle {here}"
     _, problems = check_code(inputs(bundle="/elsewhere").code, {})
-    assert "not from the bundle /elsewhere" in problems[0]
+    assert problems[0].path == "code" and "not from the bundle /elsewhere" in problems[0].message
     other = attrs.evolve(inputs().code, hpcrl_version="9.9")
     _, problems = check_code(other, {})
-    assert "hpcrl 9.9 planned the job" in problems[0] and "code: bundle" in problems[0]
+    assert "hpcrl 9.9 planned the job" in problems[0].message
+    assert "code: bundle" in problems[0].fix
 
 
 def write_jobspec(run_dir: Path, code: JobCode, image: str | None, ray_auth: str = "token") -> None:
@@ -265,11 +266,15 @@ def test_token_auth_needs_ray_2_52_the_first_ray_with_it():
     line, problems = check_ray_auth_support(old, inputs())
     assert line.startswith("TOO OLD        Ray token authentication (ray 2.49.2;")
     (problem,) = problems
-    assert problem.startswith("ray 2.49.2 predates Ray token authentication (ray>=2.52)")
-    assert "fix: use a container image with ray>=2.52 (the profile's container.image)" in problem
-    assert "or set ray_auth: none in the cluster profile" in problem
+    assert (problem.path, problem.value) == ("ray_auth", "token")
+    assert problem.message.startswith("ray 2.49.2 predates Ray token authentication (ray>=2.52)")
+    text = problem.one_line()
+    assert "fix: use a container image with ray>=2.52 (the profile's container.image)" in text
+    assert "or set ray_auth: none in the cluster profile" in text
     _, local = check_ray_auth_support(old, inputs(image=None))
-    assert "fix: install ray>=2.52 for the job's Python, or set ray_auth: none" in local[0]
+    assert (
+        "fix: install ray>=2.52 for the job's Python, or set ray_auth: none" in local[0].one_line()
+    )
     assert check_ray_auth_support(old, inputs(ray_auth="none")) == ("", [])
     first = check_ray_auth_support([check(RAY, ray="2.52.0")], inputs())
     assert first[1] == [] and first[0].startswith("ok             Ray token authentication")
@@ -287,12 +292,12 @@ def test_a_ray_without_metadata_is_judged_by_its_token_auth_package_never_let_th
     assert problems == []
     line, (problem,) = check_ray_auth_support(unknown, inputs(), has_token_auth=lambda: False)
     assert line.startswith("NOT FOUND      Ray token authentication (ray version unknown;")
-    assert problem.startswith(
-        "this ray (no package metadata) has no ray._private.authentication, so no token "
-        "authentication (ray>=2.52), which the cluster profile's ray_auth: token (the default) "
-        "needs; fix: use a container image with ray>=2.52"
+    assert problem.one_line().startswith(
+        "ray_auth = 'token': this ray (no package metadata) has no ray._private.authentication, "
+        "so no token authentication (ray>=2.52), which the cluster profile's ray_auth: token "
+        "(the default) needs; fix: use a container image with ray>=2.52"
     )
-    assert "or set ray_auth: none in the cluster profile" in problem
+    assert "or set ray_auth: none in the cluster profile" in problem.fix
 
 
 def test_the_token_auth_package_is_found_in_rays_files_without_importing_ray(tmp_path):

@@ -21,10 +21,10 @@ def test_te_settings_without_te_name_each_key():
     )
     problems = requirement_problems(cfg, te_available=False, cuda_available=True)
     assert len(problems) == 2
-    assert problems[0].startswith(
-        "policy.megatron_cfg.fine_grained_activation_offloading=true requires Transformer Engine"
-    )
-    assert "cuda_graph_impl=transformer_engine requires Transformer Engine" in problems[1]
+    lines = [problem.one_line() for problem in problems]
+    assert lines[0].startswith("policy.megatron_cfg.fine_grained_activation_offloading = True: ")
+    assert lines[1].startswith("policy.megatron_cfg.cuda_graph_impl = 'transformer_engine': ")
+    assert all("requires Transformer Engine" in line for line in lines)
     assert requirement_problems(cfg, te_available=True, cuda_available=True) == []
 
 
@@ -35,7 +35,8 @@ def test_optimizer_cpu_offload_needs_cuda():
     )
     assert requirement_problems(cfg, te_available=False, cuda_available=True) == []
     (problem,) = requirement_problems(cfg, te_available=False, cuda_available=False)
-    assert "optimizer_cpu_offload=true requires CUDA" in problem
+    assert problem.path == "policy.megatron_cfg.optimizer.optimizer_cpu_offload"
+    assert problem.message.startswith("requires CUDA") and "turn it off" in problem.fix
 
 
 def test_optimizer_config_passes_offload_fields_through(megatron_cpu):

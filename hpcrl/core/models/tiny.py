@@ -51,77 +51,37 @@ class TinyModelSpec:
     dtype: str = "float32"
 
 
+def _shape(
+    model_type: str, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, **more: Any
+) -> TinyModelSpec:
+    """One row of ``TINY_SPECS``: the architecture and its shape, then what differs."""
+    return TinyModelSpec(
+        model_type=model_type, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, intermediate_size=ffn, **more,
+    )  # fmt: skip
+
+
+# fmt: off
 TINY_SPECS: dict[str, TinyModelSpec] = {
-    "qwen2": TinyModelSpec(
-        model_type="qwen2",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-    ),
-    "llama": TinyModelSpec(
-        model_type="llama",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-    ),
+    # name:                type       hidden layers heads kv heads  FFN
+    "qwen2":        _shape("qwen2",       64,    2,    4,    2,     128),
+    "llama":        _shape("llama",       64,    2,    4,    2,     128),
     # For GPU benchmarks only (random init, ~1.1B params): slow to build on CPU.
-    "llama-1b": TinyModelSpec(
-        model_type="llama",
-        hidden_size=2048,
-        num_hidden_layers=16,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        intermediate_size=5632,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-    ),
+    "llama-1b":     _shape("llama",     2048,   16,   16,   16,    5632,
+                           vocab_size=32000, max_position_embeddings=4096),
     # Llama-3.1-8B's shape (GQA 32/8 heads, FFN 14336, vocab 128256, rope theta 5e5), random
     # init, saved in bf16 (16 GB): the one-GPU offload and activation-checkpointing sweeps.
-    "llama3.1-8b": TinyModelSpec(
-        model_type="llama",
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=14336,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        dtype="bfloat16",
-    ),
+    "llama3.1-8b":  _shape("llama",     4096,   32,   32,    8,   14336,
+                           vocab_size=128256, max_position_embeddings=8192,
+                           rope_theta=500000.0, dtype="bfloat16"),
     # The torch engine's other variants: q/k norms + tied embeddings; a Mistral config.
-    "qwen3": TinyModelSpec(
-        model_type="qwen3",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        tie_word_embeddings=True,
-    ),
-    "mistral": TinyModelSpec(
-        model_type="mistral",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        intermediate_size=128,
-    ),
+    "qwen3":        _shape("qwen3",       64,    2,    4,    2,     128, tie_word_embeddings=True),
+    "mistral":      _shape("mistral",     64,    2,    4,    1,     128),
     # vLLM's CPU attention rejects head_dim 16 (tiny:qwen2's): 2 heads of 32, otherwise the
     # same shape. The vLLM recipes and tests use it.
-    "qwen2-vllm": TinyModelSpec(
-        model_type="qwen2",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=128,
-    ),
+    "qwen2-vllm":   _shape("qwen2",       64,    2,    2,    1,     128),
 }
+# fmt: on
 
 
 def is_tiny_model_name(model_name: str) -> bool:

@@ -281,11 +281,18 @@ class RayWorkerGroup:
         except (WorkerFailed, ray.exceptions.GetTimeoutError) as error:
             print(f"workers did not close cleanly ({error}); killing them", flush=True)
         finally:
-            for actor in self.actors:
-                ray.kill(actor)
-            self.actors = []
-            if self._placement_group is not None:
-                ray.util.remove_placement_group(self._placement_group)
-                self._placement_group = None
+            release_actors(self.actors, self._placement_group)
+            self.actors, self._placement_group = [], None
             # Give the raylet a moment to reap the killed worker processes.
             time.sleep(0.2)
+
+
+def release_actors(actors: Sequence[Any], placement_group: Any) -> None:
+    """Kill ``actors`` and remove the placement group they ran in (None: none was made);
+    the training group's and the generation engines' shutdown both end here."""
+    import ray
+
+    for actor in actors:
+        ray.kill(actor)
+    if placement_group is not None:
+        ray.util.remove_placement_group(placement_group)

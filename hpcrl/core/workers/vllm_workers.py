@@ -20,7 +20,7 @@ import attrs
 
 from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration, shard_seed
 from hpcrl.core.workers.failures import get_all
-from hpcrl.core.workers.group import NODE_ID_LABEL, worker_env
+from hpcrl.core.workers.group import NODE_ID_LABEL, release_actors, worker_env
 
 if TYPE_CHECKING:
     import torch
@@ -210,12 +210,8 @@ class GenerationGroup:
         except ray.exceptions.RayError as error:  # never raised over the failure that got here
             print(f"generation engines did not close cleanly ({error}); killing them", flush=True)
         finally:
-            for actor in self.actors:
-                ray.kill(actor)
-            self.actors = []
-            if self._placement_group is not None:
-                ray.util.remove_placement_group(self._placement_group)
-                self._placement_group = None
+            release_actors(self.actors, self._placement_group)
+            self.actors, self._placement_group = [], None
 
 
 def generation_node_ids(first_node: int, num_nodes: int) -> list[str]:

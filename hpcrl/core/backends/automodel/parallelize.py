@@ -122,12 +122,16 @@ def apply_compile(hf_model: Any, backend: Any = "inductor") -> None:
     equal the head dim (128) or hidden size would be specialised to that constant and the
     next length would recompile. Blocks share their code, but dynamo may specialise on
     per-block attributes (HF's ``layer_idx``): allow one compile per block so none silently
-    falls back to eager.
+    falls back to eager. Float attributes (the norms' ``variance_epsilon``) are constants:
+    traced as symbols (dynamo's default), they made every first compilation trace the block
+    twice (a restart of the analysis when Inductor specialised them back), a cache miss in
+    every run included (docs/performance.md, "Figures behind the code").
     """
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
+    torch._dynamo.config.specialize_float = True
 
     layers = decoder_layers(hf_model)
     needed = len(layers) + 8

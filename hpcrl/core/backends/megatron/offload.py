@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
+from hpcrl.config.errors import Problem
+
 if TYPE_CHECKING:
     from hpcrl.config.recipe import MegatronCfg
 
@@ -23,31 +25,49 @@ def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def requirement_problems(cfg: MegatronCfg, te_available: bool, cuda_available: bool) -> list[str]:
-    """Every setting that cannot run here, each with its key and what it needs."""
+def requirement_problems(
+    cfg: MegatronCfg, te_available: bool, cuda_available: bool
+) -> list[Problem]:
+    """Every setting that cannot run here, each with its key, what it needs and the fix."""
     problems = []
-    te_settings = []
+    te_settings: list[tuple[str, object]] = []
     if cfg.fine_grained_activation_offloading:
-        te_settings.append(f"{PREFIX}.fine_grained_activation_offloading=true")
+        te_settings.append(("fine_grained_activation_offloading", True))
     if cfg.cuda_graph_impl == "transformer_engine":
-        te_settings.append(f"{PREFIX}.cuda_graph_impl=transformer_engine")
+        te_settings.append(("cuda_graph_impl", "transformer_engine"))
     if cfg.sequence_parallel:
-        te_settings.append(f"{PREFIX}.sequence_parallel=true")
+        te_settings.append(("sequence_parallel", True))
     if not te_available:
         problems += [
-            f"{setting} requires Transformer Engine (transformer_engine is not importable in "
-            "this environment); use a container with Transformer Engine or turn it off"
-            for setting in te_settings
+            Problem(
+                path=f"{PREFIX}.{key}",
+                value=value,
+                message="requires Transformer Engine (transformer_engine is not importable in "
+                "this environment)",
+                fix="use a container with Transformer Engine or turn it off",
+            )  # fmt: skip
+            for key, value in te_settings
         ]
     if not cuda_available:
         if cfg.optimizer.optimizer_cpu_offload:
             problems.append(
-                f"{PREFIX}.optimizer.optimizer_cpu_offload=true requires CUDA (megatron-core's "
-                "HybridDeviceOptimizer splits optimizer state between GPU and host); on CPU "
-                "the optimizer already lives on the host: turn it off"
+                Problem(
+                    path=f"{PREFIX}.optimizer.optimizer_cpu_offload",
+                    value=True,
+                    message="requires CUDA (megatron-core's HybridDeviceOptimizer splits "
+                    "optimizer state between GPU and host)",
+                    fix="turn it off: on CPU the optimizer already lives on the host",
+                )  # fmt: skip
             )
         if cfg.cuda_graph_impl != "none":
-            problems.append(f"{PREFIX}.cuda_graph_impl={cfg.cuda_graph_impl} requires CUDA")
+            problems.append(
+                Problem(
+                    path=f"{PREFIX}.cuda_graph_impl",
+                    value=cfg.cuda_graph_impl,
+                    message="requires CUDA (CUDA graphs are captured on GPUs)",
+                    fix=f"set {PREFIX}.cuda_graph_impl=none",
+                )  # fmt: skip
+            )
     return problems
 
 

@@ -1,0 +1,244 @@
+"""The recipe schema's ``policy`` section: the model being trained, its tokenizer, optimizer,
+scheduler, generation and micro-batching, and the Automodel backend. Part of
+``hpcrl.config.recipe`` (which re-exports every name; the Megatron backend's section is
+``hpcrl.config.recipe_megatron``); frozen and keyword-only like the rest, each range beside
+its field (``bounded``), cross-field rules in ``hpcrl.config.rules``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+from hpcrl.config.field_bounds import (
+    MAX_NODES,
+    MAX_SEQUENCE_TOKENS,
+    MAX_WORKER_SLOTS_PER_NODE,
+    PARALLEL_SIZE,
+    POSITIVE_COUNT,
+    FieldBound,
+    allocation_bound,
+    at_least,
+    batch_bound,
+    bounded,
+)
+from hpcrl.config.recipe_megatron import MegatronCfg
+
+_ROUND = at_least(1, "set {path}=64 (or 1 for no rounding)")
+
+
+# --------------------------------------------------------------------------- policy.* (shared)
+@attrs.frozen(kw_only=True)
+class TokenizerCfg:
+    """Tokenizer to load; a local path or hub name (defaults to the model's)."""
+
+    name: str | None = None
+    chat_template: str | None = None
+    # more arguments of every apply_chat_template call (NeMo RL's; e.g. enable_thinking)
+    chat_template_kwargs: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class OptimizerCfg:
+    """``policy.optimizer`` of the Automodel backend, as NeMo RL writes it: a torch optimizer
+    class path and its keyword arguments (``hpcrl.config.optimizers`` lists the classes and
+    arguments accepted; the rules check them)."""
+
+    name: str = "torch.optim.AdamW"
+    kwargs: dict[str, Any] = attrs.field(factory=lambda: {"lr": 1.0e-5})
+
+    # Read-only views with torch's defaults, for rules, metrics and tests.
+    @property
+    def lr(self) -> float:
+        return float(self.kwargs.get("lr", 1.0e-3))
+
+    @property
+    def weight_decay(self) -> float:
+        default = 0.01 if self.name.endswith("AdamW") else 0.0
+        return float(self.kwargs.get("weight_decay", default))
+
+    @property
+    def betas(self) -> tuple[float, ...]:
+        return tuple(self.kwargs.get("betas", (0.9, 0.999)))
+
+    @property
+    def eps(self) -> float:
+        return float(self.kwargs.get("eps", 1.0e-8))
+
+    @property
+    def momentum(self) -> float:
+        return float(self.kwargs.get("momentum", 0.0))
+
+
+@attrs.frozen(kw_only=True)
+class LrSchedulerCfg:
+    """One entry of NeMo RL's ``policy.scheduler`` list: a torch LR scheduler class path and
+    its kwargs, or (one entry, when there are several schedulers) the ``milestones`` at which
+    ``SequentialLR`` hands over from one to the next. A single mapping means a one-entry list."""
+
+    ACCEPTS_SINGLE_MAPPING: ClassVar[bool] = (
+        True  # read by the converter: `scheduler: {name: ...}` is a list of one
+    )
+
+    name: str | None = None
+    kwargs: dict[str, Any] = attrs.field(factory=dict)
+    milestones: tuple[int, ...] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class VllmCfg:
+    """Settings of the vLLM generation backend (``policy.generation.vllm_cfg``)."""
+
+    precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.6
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    kv_cache_memory_mb: int | None = None  # CPU engines: bound the KV cache explicitly
+    enable_prefix_caching: bool | None = None  # None: vLLM's own default
+    # set in each vLLM engine's environment before it starts (NeMo RL: its vLLM workers')
+    env_vars: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationResourcesCfg:
+    """Where non-colocated generation workers run."""
+
+    num_nodes: int | None = bounded(None, allocation_bound(MAX_NODES))
+    gpus_per_node: int | None = bounded(None, allocation_bound(MAX_WORKER_SLOTS_PER_NODE))
+
+
+@attrs.frozen(kw_only=True)
+class ColocatedCfg:
+    """Colocated: generation shares the training workers; otherwise it gets its own."""
+
+    enabled: bool = True
+    resources: GenerationResourcesCfg = attrs.field(factory=GenerationResourcesCfg)
+
+
+@attrs.frozen(kw_only=True)
+class GenerationCfg:
+    """How rollouts are sampled (``policy.generation``)."""
+
+    backend: Literal["torch", "vllm"] = "torch"
+    max_new_tokens: int = bounded(64, POSITIVE_COUNT)
+    temperature: float = bounded(
+        1.0, FieldBound(low=0.0, message="must not be negative", fix="set {path}=1.0")
+    )
+    top_p: float = bounded(
+        1.0, FieldBound(low=0.0, low_open=True, high=1.0, fix="set {path}=1.0 to turn it off")
+    )
+    top_k: int | None = bounded(
+        None,
+        FieldBound(
+            low=-1, fix="set {path} to null to sample from every token, or a count such as 50",
+            allowed="null, 0 or -1 (off), or a count of tokens of at least 1",
+            why="sampling keeps the top_k most likely tokens; vLLM refuses anything below -1",
+        ),
+    )  # fmt: skip
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    colocated: ColocatedCfg = attrs.field(factory=ColocatedCfg)
+    vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
+    # more vllm.LLM keyword arguments, as NeMo RL passes them (rules refuse hpcrl's own)
+    vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)
+
+
+# --------------------------------------------------------------------------- micro-batching
+@attrs.frozen(kw_only=True)
+class DynamicBatchingCfg:
+    """NeMo RL's ``policy.dynamic_batching``: micro-batches of similar-length rows within a
+    token budget, each cut to its longest row (``hpcrl.core.workers.micro_batches``)."""
+
+    enabled: bool = False
+    train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
+    logprob_mb_tokens: int | None = None
+    sequence_length_round: int = bounded(64, _ROUND, when="enabled")
+
+
+@attrs.frozen(kw_only=True)
+class SequencePackingCfg:
+    """NeMo RL's ``policy.sequence_packing``: rows bin-packed into one long row per
+    micro-batch, attention and positions restarting at each sequence."""
+
+    enabled: bool = False
+    train_mb_tokens: int | None = None  # None: policy.max_total_sequence_length
+    logprob_mb_tokens: int | None = None
+    # a str: read only while enabled (NeMo RL's configs carry a value it never reads when
+    # packing is off); hpcrl.config.batching_rules checks it against PACKING_ALGORITHMS
+    algorithm: str = "modified_first_fit_decreasing"
+    sequence_length_round: int = bounded(64, _ROUND, when="enabled")
+
+
+# --------------------------------------------------------------------------- automodel_cfg
+@attrs.frozen(kw_only=True)
+class AutomodelCfg:
+    """Automodel backend: HF model + FSDP2 / HSDP / TP (``policy.automodel_cfg``).
+
+    dp_shard is derived: world_size / (dp_replicate_size * tensor_parallel_size * context_parallel_size).
+    """
+
+    enabled: bool = False
+    # > 1: HSDP, shard inside a node, replicate across nodes
+    dp_replicate_size: int = bounded(
+        1,
+        FieldBound(
+            low=1, message="a parallel size must be at least 1 (1: plain FSDP, >1: HSDP replicas)",
+            fix="set {path}=1 (or larger)",
+        ),
+        when="enabled",
+    )  # fmt: skip
+    tensor_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    context_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    sequence_parallel: bool = False
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
+    # policy workers), as megatron_cfg.env_vars is for a Megatron one
+    env_vars: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class PolicyCfg:
+    """The model being trained (``policy``)."""
+
+    model_name: str
+    tokenizer: TokenizerCfg = attrs.field(factory=TokenizerCfg)
+    train_global_batch_size: int = bounded(8, POSITIVE_COUNT, batch_bound())
+    train_micro_batch_size: int = bounded(1, POSITIVE_COUNT, batch_bound())
+    logprob_batch_size: int | None = bounded(None, POSITIVE_COUNT)  # None: train_micro_batch_size
+    max_total_sequence_length: int = bounded(
+        512,
+        POSITIVE_COUNT,
+        FieldBound(
+            high=MAX_SEQUENCE_TOKENS, fix="set {path} to the model's context length or less, e.g. 4096",
+            why="longer than any model's context window (the longest hold about 10 million "
+            "tokens), and the job sizes its buffers by it",
+        ),
+    )  # fmt: skip
+    precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    max_grad_norm: float | None = bounded(
+        1.0,
+        FieldBound(
+            low=0.0, low_open=True, message="must be positive (gradients are clipped to this norm)",
+            fix="set {path}=1.0, or null to turn clipping off",
+        ),
+    )  # fmt: skip
+    # None: NeMo RL's Megatron configs write `optimizer: null` (megatron_cfg.optimizer applies)
+    optimizer: OptimizerCfg | None = attrs.field(factory=OptimizerCfg)
+    # None or empty: a constant learning rate. Stepped once per optimizer step.
+    scheduler: tuple[LrSchedulerCfg, ...] | None = None
+    generation: GenerationCfg = attrs.field(factory=GenerationCfg)
+    dynamic_batching: DynamicBatchingCfg = attrs.field(factory=DynamicBatchingCfg)
+    sequence_packing: SequencePackingCfg = attrs.field(factory=SequencePackingCfg)
+    make_sequence_length_divisible_by: int | None = bounded(  # None: 1
+        1, at_least(1, "set it to the tensor-parallel size (NeMo RL's default), or 1")
+    )
+    automodel_cfg: AutomodelCfg = attrs.field(factory=AutomodelCfg)
+    megatron_cfg: MegatronCfg = attrs.field(factory=MegatronCfg)
+    # changes to the model's Hugging Face config (hpcrl.core.models.hf_config), for training
+    # and sampling alike; a nested mapping changes the sub-config it names
+    hf_config_overrides: dict[str, Any] = attrs.field(factory=dict)

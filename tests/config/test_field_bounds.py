@@ -1,0 +1,104 @@
+"""Bounds declared beside their fields (``bounded`` in the schema): one walk reports every
+value outside its range, with the full key path, the value and the fix, never stopping at
+the first."""
+
+import attrs
+
+from hpcrl.config import structure_profile
+from hpcrl.config.field_bounds import FieldBound, at_least, bounded, check_field_bounds
+from hpcrl.config.profile_rules import check_profile
+
+from .recipe_dicts import problems_for
+
+
+def shown(problems):
+    return {problem.path: (problem.value, problem.message, problem.fix) for problem in problems}
+
+
+def test_bad_fields_of_every_section_are_reported_together_with_path_value_and_fix():
+    problems = shown(
+        problems_for(
+            policy__generation__top_p=0.0,
+            policy__megatron_cfg__optimizer__adam_beta1=1.0,
+            loss_fn__ratio_clip_c=0.5,
+            checkpointing__save_period=0,
+            cluster__num_nodes=0,
+            grpo__seed=-1,
+        )
+    )
+    assert problems["policy.generation.top_p"] == (
+        0.0, "must be in (0, 1]", "set policy.generation.top_p=1.0 to turn it off",
+    )  # fmt: skip
+    assert problems["policy.megatron_cfg.optimizer.adam_beta1"] == (
+        1.0, "must be in [0, 1)", "e.g. 0.9 and 0.999",
+    )  # fmt: skip
+    assert problems["loss_fn.ratio_clip_c"] == (
+        0.5,
+        "the dual-clip bound must exceed 1 (it caps the ratio of negative-advantage tokens "
+        "from above; 3 is usual)",
+        "set loss_fn.ratio_clip_c=3.0, or null to turn dual clipping off",
+    )
+    assert problems["checkpointing.save_period"] == (
+        0, "must be at least 1",
+        "save every N >= 1 steps (checkpointing.enabled=false to save none)",
+    )  # fmt: skip
+    assert problems["cluster.num_nodes"] == (
+        0, "must be at least 1", "set cluster.num_nodes to a positive integer",
+    )  # fmt: skip
+    assert problems["grpo.seed"] == (
+        -1,
+        "must be in 0..4,294,967,295: vLLM seeds numpy with it, and numpy takes 32-bit seeds "
+        "(torch would take 64)",
+        "set grpo.seed to a number in that range, e.g. 42",
+    )
+
+
+def test_a_field_with_two_bounds_says_the_one_it_is_outside():
+    (low,) = problems_for(policy__max_total_sequence_length=0)
+    (high,) = problems_for(policy__max_total_sequence_length=2**30)
+    assert (low.message, low.fix) == (
+        "must be at least 1", "set policy.max_total_sequence_length to a positive integer",
+    )  # fmt: skip
+    assert high.message.startswith("must be at most 16,777,216: longer than any model's")
+
+
+def test_profile_fields_are_bounded_beside_them_too():
+    profile = structure_profile(
+        {"name": "site", "ray_ports": {"gcs_port": 80}, "slurm": {"mem_gb": 0, "max_requeues": -1}}
+    )
+    problems = shown(check_profile(profile))
+    assert problems["ray_ports.gcs_port"] == (80, "not a TCP port", "use a port in 1024..32767")
+    assert problems["slurm.mem_gb"] == (0, "must be at least 1", "or remove it for Slurm's default")
+    assert problems["slurm.max_requeues"][1].startswith("must be in 0..65,535: Slurm counts")
+
+
+@attrs.frozen(kw_only=True)
+class _Item:
+    count: int = bounded(1, at_least(1, "set {path} to 1 or more"))
+
+
+@attrs.frozen(kw_only=True)
+class _Section:
+    items: tuple[_Item, ...] = ()
+    share: float = bounded(0.5, FieldBound(low=0.0, high=1.0, fix="e.g. 0.5"))
+    off: _Item | None = None
+
+
+def test_the_walk_names_list_items_by_index_and_skips_unset_sections_and_non_numbers():
+    section = _Section(items=(_Item(), _Item(count=0), _Item(count=-2)), share=1.5)
+    assert [problem.format() for problem in check_field_bounds(section, "top")] == [
+        "error: top.items[1].count = 0: must be at least 1\n  fix: set top.items[1].count to 1 or more",
+        "error: top.items[2].count = -2: must be at least 1\n  fix: set top.items[2].count to 1 or more",
+        "error: top.share = 1.5: must be in [0, 1]\n  fix: e.g. 0.5",
+    ]
+    assert check_field_bounds(_Section(share=True)) == []  # a boolean is the converter's to refuse
+
+
+def test_a_bound_with_a_switch_holds_only_while_its_section_is_enabled():
+    on = shown(problems_for(policy__megatron_cfg__tensor_model_parallel_size=0))
+    assert on["policy.megatron_cfg.tensor_model_parallel_size"] == (
+        0, "a parallel size must be at least 1",
+        "set policy.megatron_cfg.tensor_model_parallel_size=1 (or larger)",
+    )  # fmt: skip
+    off = problems_for("automodel", policy__megatron_cfg__tensor_model_parallel_size=0)
+    assert "policy.megatron_cfg.tensor_model_parallel_size" not in shown(off)
