@@ -93,7 +93,13 @@ def _validation_schedule_warnings(recipe: Recipe) -> list[Problem]:
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     key = f"{recipe.algorithm}.val_period"
-    if settings.val_period <= 0:
+    if settings.val_period <= 0 and settings.val_at_end:
+        message = (
+            f"{key} is {settings.val_period}: only the last step validates "
+            f"({recipe.algorithm}.val_at_end), so the checkpoints before it have no "
+            f"{cfg.metric_name} and rank last, as in NeMo RL"
+        )
+    elif settings.val_period <= 0:
         message = (
             f"{key} is {settings.val_period}: no step validates, so no checkpoint has "
             f"{cfg.metric_name} and keep_top_k keeps the newest, as NeMo RL does"

@@ -48,6 +48,7 @@ SFT_BATCH = "hpcrl.core.algorithms.sft:build_sft_batch"
 STEPS = "hpcrl.core.driver:planned_num_steps"
 RUN_STEPS = "hpcrl.core.driver:_run_logged_steps"
 VAL_ROWS = "hpcrl.core.driver:_limit_validation"
+VAL_SAMPLING = "hpcrl.core.algorithms.validation:validation_sampling"
 STORE = "hpcrl.core.driver:checkpoint_store"
 SAMPLER = "hpcrl.core.driver:training_sampler"
 LOGGERS = "hpcrl.core.loggers.sinks:build_loggers"
@@ -65,6 +66,7 @@ AM_OPTIM = "hpcrl.core.backends.automodel.optim:build_optimizer"
 AM_SCHED = "hpcrl.core.backends.automodel.optim:build_lr_scheduler"
 AM_CLIP = "hpcrl.core.backends.automodel.worker:AutomodelWorker.train_step"
 AM_PLAN = "hpcrl.core.backends.automodel.parallelize:parallelize_steps"
+AM_LORA = "hpcrl.core.backends.automodel.lora:apply_lora"
 MG_PROVIDER = "hpcrl.core.backends.megatron.provider:apply_megatron_cfg"
 MG_OVERRIDES = "hpcrl.core.backends.megatron.provider:prepare_provider"
 MG_CONVERT = "hpcrl.core.backends.megatron.worker:MegatronWorker._ensure_conversion"
@@ -97,6 +99,8 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.generation.temperature": (SAMPLE, DIST),
     "policy.generation.top_p": (SAMPLE, DIST),
     "policy.generation.top_k": (SAMPLE, DIST),
+    "policy.generation.val_temperature": (VAL_SAMPLING,),
+    "policy.generation.val_top_p": (VAL_SAMPLING,),
     "policy.generation.stop_token_ids": (SAMPLE, TRUNCATED),
     "policy.generation.stop_strings": (SAMPLE, TRUNCATED),
     "policy.generation.colocated.enabled": (
@@ -131,6 +135,15 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
     "policy.automodel_cfg.env_vars": (JOB_ENV,),
+    "policy.automodel_cfg.lora_cfg.enabled": (AM_PLAN,),
+    "policy.automodel_cfg.lora_cfg.target_modules": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.exclude_modules": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.match_all_linear": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.dim": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.alpha": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.dropout": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.dropout_position": (AM_LORA,),
+    "policy.automodel_cfg.lora_cfg.lora_A_init": (AM_LORA,),
     "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
@@ -220,9 +233,16 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.overlong_filtering": (TRAIN_BATCH,),
     "grpo.val_period": (RUN_STEPS,),
     "grpo.val_at_start": (RUN_STEPS,),
+    "grpo.val_at_end": (RUN_STEPS,),
     "grpo.seed": (SAMPLE, SAMPLER),
     "grpo.async_grpo.enabled": ("hpcrl.core.driver:_make_step_fn",),
     "grpo.async_grpo.max_trajectory_age_steps": (
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
+    "grpo.async_grpo.in_flight_weight_updates": (
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": (
         "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
     ),
     "grpo.use_dynamic_sampling": (STEP_ROLLOUTS,),
@@ -244,6 +264,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "sft.max_num_epochs": (STEPS,),
     "sft.val_period": (RUN_STEPS,),
     "sft.val_at_start": (RUN_STEPS,),
+    "sft.val_at_end": (RUN_STEPS,),
     "sft.val_batches": (VAL_ROWS,),
     "sft.val_global_batch_size": (VAL_ROWS,),
     "sft.seed": (SAMPLER,),
@@ -331,8 +352,9 @@ class NotConsumed:
 NOT_CONSUMED: dict[str, NotConsumed] = {
     "grpo.val_batch_size": NotConsumed(
         "inert",
-        "how many validation prompts NeMo RL generates per call; hpcrl generates every "
-        "validation prompt in one call, greedily: the responses are the same",
+        "how many validation prompts NeMo RL generates per call; hpcrl samples every "
+        "validation prompt in one call, each row with its own seed: the batch size does not "
+        "change what is sampled",
     ),
     "data.num_workers": NotConsumed(
         "inert",
@@ -353,6 +375,11 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "inert",
         "how often NeMo RL's Megatron worker returns cached CUDA memory to the driver "
         "(torch.cuda.empty_cache): memory, not values",
+    ),
+    "policy.automodel_cfg.lora_cfg.use_triton": NotConsumed(
+        "inert",
+        "NeMo Automodel's Triton kernel for the adapter's product B(A(x)); hpcrl computes the "
+        "same product with PyTorch's matmuls: the same values",
     ),
     "policy.automodel_cfg.context_parallel_size": NotConsumed(
         "off_only",

@@ -160,7 +160,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         None,
         {},
     ),
-    off_only("policy.automodel_cfg.lora_cfg", f"LoRA is {NOT_YET}", None),
     # ---------------------------------------------------------------- megatron_cfg
     inert(
         "policy.megatron_cfg.converter_type",
@@ -168,7 +167,12 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "from the checkpoint's config.json",
     ),
     off_only("policy.megatron_cfg.fp8_cfg", f"FP8 training is {NOT_YET}", None),
-    off_only("policy.megatron_cfg.peft", f"LoRA (PEFT) is {NOT_YET}", None),
+    off_only(
+        "policy.megatron_cfg.peft",
+        f"LoRA (PEFT) on the Megatron backend is {NOT_YET}; the Automodel backend has it "
+        "(policy.dtensor_cfg.lora_cfg, with the same dim, alpha and module keys)",
+        None,
+    ),
     inert(
         "policy.megatron_cfg.defer_fp32_logits",
         "when megatron-core's bf16 logits are cast to fp32: at once (hpcrl) or in NeMo RL's "
@@ -237,20 +241,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only(
         "policy.generation.vllm_cfg.num_first_layers_in_bf16", f"FP8 generation is {NOT_YET}", 0
     ),
-    # ---------------------------------------------------------------- async GRPO
-    off_only(
-        "grpo.async_grpo.in_flight_weight_updates",
-        "in-flight weight updates (a refit while responses are being generated, so one "
-        f"response may be sampled with two weights versions) are {NOT_YET}: hpcrl's async "
-        "GRPO samples each batch with one weights version, at most "
-        "grpo.async_grpo.max_trajectory_age_steps old",
-        False,
-    ),
-    inert(
-        "grpo.async_grpo.recompute_kv_cache_after_weight_updates",
-        "hpcrl resets vLLM's prefix cache after every refit, so no response is ever "
-        "continued from a cache the old weights computed",
-    ),
     # ---------------------------------------------------------------- GRPO math
     off_only(
         "loss_fn.positive_example_nll_weight",
@@ -281,12 +271,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     inert(
         "sft.val_micro_batch_size",
         "micro-batch of the validation pass: how the validation loss is batched, not its value",
-    ),
-    off_only(
-        "sft.val_at_end",
-        f"a validation after the last step is {NOT_YET}: choose sft.val_period to divide "
-        "sft.max_num_steps",
-        False,
     ),
     # ---------------------------------------------------------------- logger
     inert(

@@ -83,10 +83,6 @@ class ReadOnlyWhen:
 
 
 READ_ONLY_WHEN = (
-    ReadOnlyWhen("grpo.async_grpo.in_flight_weight_updates", "grpo.async_grpo.enabled"),
-    ReadOnlyWhen(
-        "grpo.async_grpo.recompute_kv_cache_after_weight_updates", "grpo.async_grpo.enabled"
-    ),
     ReadOnlyWhen("grpo.async_grpo.max_generation_failures", "grpo.async_grpo.enabled"),
 )
 

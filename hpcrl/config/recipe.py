@@ -32,6 +32,7 @@ from hpcrl.config.recipe_algorithms import (  # noqa: F401  (re-exported: one sc
     RewardShapingCfg,
     SftCfg,
 )
+from hpcrl.config.recipe_lora import LoraCfg  # noqa: F401  (re-exported)
 from hpcrl.config.recipe_megatron import (  # noqa: F401  (re-exported: one schema, four files)
     DistributedDataParallelCfg,
     MegatronCfg,

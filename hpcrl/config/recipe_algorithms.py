@@ -28,6 +28,12 @@ class AsyncGrpoCfg:
 
     enabled: bool = False
     max_trajectory_age_steps: int = bounded(1, at_least(1, "set it to 1 or more"), when="enabled")
+    # Refit the engines right after each training step, at the next decode step of the
+    # generations in flight, instead of behind them (hpcrl.core.generation.in_flight).
+    in_flight_weight_updates: bool = False
+    # With in-flight refits: the requests in flight recompute their KV caches with the new
+    # weights (else they attend to what the old weights cached).
+    recompute_kv_cache_after_weight_updates: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -80,6 +86,7 @@ class GrpoCfg:
     overlong_filtering: bool = False  # truncated responses (no stop) are left out of the loss
     val_period: int = 0  # <= 0: no periodic validation (NeMo RL's -1 and 0)
     val_at_start: bool = False
+    val_at_end: bool = False  # also validate after the last step (NeMo RL's meaning)
     seed: int = bounded(42, seed_bound())
     # None: off, as NeMo RL reads `async_grpo: null` (its single-controller configs write it)
     async_grpo: AsyncGrpoCfg | None = attrs.field(factory=AsyncGrpoCfg)
@@ -124,6 +131,7 @@ class SftCfg:
     max_num_epochs: int = bounded(1, at_least(1, "e.g. 1"))
     val_period: int = 0  # <= 0: no periodic validation
     val_at_start: bool = False
+    val_at_end: bool = False  # also validate after the last step (NeMo RL's meaning)
     # validation on the first val_batches x val_global_batch_size examples (None: all)
     val_batches: int | None = None
     val_global_batch_size: int | None = None

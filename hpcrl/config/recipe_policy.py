@@ -23,6 +23,7 @@ from hpcrl.config.field_bounds import (
     batch_bound,
     bounded,
 )
+from hpcrl.config.recipe_lora import LoraCfg
 from hpcrl.config.recipe_megatron import MegatronCfg
 
 _ROUND = at_least(1, "set {path}=64 (or 1 for no rounding)")
@@ -138,6 +139,23 @@ class GenerationCfg:
             why="sampling keeps the top_k most likely tokens; vLLM refuses anything below -1",
         ),
     )  # fmt: skip
+    # Validation samples (as in NeMo RL, never greedily) at these; None: temperature, top_p
+    # (NeMo RL writes ${.temperature} and ${.top_p}; its val_top_k is left to its key registry,
+    # which accepts only ${.top_k}, as NeMo RL honours no other value).
+    val_temperature: float | None = bounded(
+        None,
+        FieldBound(
+            low=0.0, message="must not be negative",
+            fix="leave it out (validation then samples at policy.generation.temperature)",
+        ),
+    )  # fmt: skip
+    val_top_p: float | None = bounded(
+        None,
+        FieldBound(
+            low=0.0, low_open=True, high=1.0,
+            fix="leave it out (validation then samples at policy.generation.top_p)",
+        ),
+    )  # fmt: skip
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
     colocated: ColocatedCfg = attrs.field(factory=ColocatedCfg)
@@ -196,6 +214,7 @@ class AutomodelCfg:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    lora_cfg: LoraCfg = attrs.field(factory=LoraCfg)
     # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
     # policy workers), as megatron_cfg.env_vars is for a Megatron one
     env_vars: dict[str, str] = attrs.field(factory=dict)

@@ -23,6 +23,7 @@ from hpcrl.config.errors import Problem
 from hpcrl.config.field_bounds import check_field_bounds
 from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
+from hpcrl.config.lora_rules import LORA_RULES
 from hpcrl.config.loss_rules import LOSS_RULES
 from hpcrl.config.megatron_rules import MEGATRON_RULES
 from hpcrl.config.node_split import rule_node_split
@@ -366,6 +367,7 @@ RECIPE_RULES = (
     rule_node_split,
     rule_automodel_context_parallel,
     *LOSS_RULES,
+    *LORA_RULES,
     *MEGATRON_RULES,
     *OVERRIDE_RULES,
     *OPTIMIZER_RULES,

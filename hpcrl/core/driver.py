@@ -156,7 +156,7 @@ def _training_rows(recipe: Recipe, tokenizer: Any) -> list[dict]:
 def _validation_rows(recipe: Recipe, tokenizer: Any) -> list[dict] | None:
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
-    if settings.val_period <= 0 and not settings.val_at_start:
+    if settings.val_period <= 0 and not settings.val_at_start and not settings.val_at_end:
         return None
     if recipe.data.train_path is None:
         from hpcrl.core.data.named import load_named_rows
@@ -343,7 +343,14 @@ def _run_logged_steps(
     with PreemptionWatch(run_dir).installed() as watch:
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
-            if validate and validation_due(step, settings.val_period, False):
+            due = validation_due(
+                step,
+                settings.val_period,
+                False,
+                val_at_end=settings.val_at_end,
+                last_step=num_steps,
+            )
+            if validate and due:
                 record.update(validate())
             record.update(_memory_metrics(policy, memory))
             writer.write(record)

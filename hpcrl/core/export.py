@@ -86,7 +86,9 @@ def export_checkpoint(
         from hpcrl.core.backends.automodel.export import export_dcp_to_hf
 
         tokenizer_path = recipe.policy.tokenizer.name or model_path
-        export_dcp_to_hf(checkpoint, partial, model_path, tokenizer_path, say)
+        lora = recipe.policy.automodel_cfg.lora_cfg
+        scale = lora.scale if lora.enabled else None
+        export_dcp_to_hf(checkpoint, partial, model_path, tokenizer_path, say, lora_scale=scale)
     write_record(partial, run_dir, checkpoint, step, recipe.backend, "hpcrl export")
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)

@@ -126,10 +126,16 @@ class AsyncGenerationPolicy(Policy, Protocol):
     """A policy whose generation runs on engines of their own, so it can overlap training:
     ``submit_generation`` refits the engines if needed, starts sampling and returns at once;
     ``collect_generation`` waits for that submission's output. Submissions are sampled in
-    order, each with the weights the policy had when it was submitted."""
+    order, each with the weights the policy had when it was submitted, unless
+    ``refit_in_flight`` moves the engines to newer weights while they sample."""
 
     def submit_generation(self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int) -> Any:
         """Start sampling; returns a handle for ``collect_generation``."""
 
     def collect_generation(self, pending: Any) -> GenerationOutput:
         """The output of one ``submit_generation`` (waits for it)."""
+
+    def refit_in_flight(self, recompute_kv_cache: bool) -> None:
+        """Load the latest weights into the engines at the next step of the generations
+        they are running, not behind them (``hpcrl.core.generation.in_flight``); those
+        generations go on with the new weights. Returns without waiting."""

@@ -265,6 +265,9 @@ class RecordingAsyncPolicy(RecordingPolicy):
     def collect_generation(self, pending: Any) -> Generated:
         return self.generate(*pending)
 
+    def refit_in_flight(self, recompute_kv_cache: bool) -> None:
+        self.calls.append(("refit_in_flight", recompute_kv_cache))
+
 
 def step_fn_probe(recipe: Recipe, tmp: Path) -> Any:
     """Which step function the driver builds (hpcrl.core.driver._make_step_fn)."""
@@ -279,7 +282,7 @@ def step_fn_probe(recipe: Recipe, tmp: Path) -> Any:
 
 
 def async_step_probe(recipe: Recipe, tmp: Path) -> Any:
-    """The first step of async GRPO: what it submits ahead and trains on."""
+    """The first step of async GRPO: what it submits ahead and how it refits the engines."""
     from hpcrl.core.algorithms.async_grpo import AsyncGrpoStep
     from hpcrl.core.data.jsonl import EpochSampler
 
@@ -288,7 +291,7 @@ def async_step_probe(recipe: Recipe, tmp: Path) -> Any:
     sampler = EpochSampler(rows(), seed=0, shuffle=False)
     step = AsyncGrpoStep(policy, recipe, tok, ScriptedEnv(), sampler, last_step=6)
     step(1)
-    return [call for call in policy.calls if call[0] == "submit"]
+    return [call for call in policy.calls if call[0] in ("submit", "refit_in_flight")]
 
 
 def sft_step_probe(recipe: Recipe, tmp: Path) -> Any:
@@ -313,6 +316,13 @@ def sampler_probe(recipe: Recipe, tmp: Path) -> Any:
 
     sampler = training_sampler(recipe, rows())
     return [row["answer"] for row in sampler.next_batch(NUM_ROWS)]
+
+
+def validation_sampling_probe(recipe: Recipe, tmp: Path) -> Any:
+    """The sampling settings validation generates with."""
+    from hpcrl.core.algorithms.validation import validation_sampling
+
+    return plain(validation_sampling(recipe.policy.generation))
 
 
 def validation_rows_probe(recipe: Recipe, tmp: Path) -> Any:
@@ -582,3 +592,29 @@ def _describe_logger(logger: Any) -> Any:
         experiment = client.get_experiment(run_info.experiment_id)
         fields.update(experiment=experiment.name, run_name=run_info.run_name)
     return fields
+
+
+def lora_probe(recipe: Recipe, tmp: Path) -> Any:
+    """``apply_lora`` with the recipe's ``lora_cfg`` on the tiny model (seeded): which
+    linears got adapters, their shapes, scale, dropout and initial A; {} without LoRA."""
+    from hpcrl.core.backends.automodel.lora import LoraLinear, apply_lora
+    from hpcrl.core.backends.automodel.model import load_hf_model
+    from hpcrl.core.models.tiny import ensure_tiny_model
+
+    cfg = recipe.policy.automodel_cfg.lora_cfg
+    if not cfg.enabled:
+        return {}
+    torch.manual_seed(0)
+    model = load_hf_model(ensure_tiny_model("tiny:qwen2"), "cpu")
+    apply_lora(model, cfg)
+    return {
+        name: {
+            "a": list(module.lora_A.weight.shape),
+            "b": list(module.lora_B.weight.shape),
+            "scale": module.scale,
+            "dropout": [module.dropout_p, module.dropout_position],
+            "a_sum": round(float(module.lora_A.weight.detach().sum()), 4),
+        }
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLinear)
+    }

@@ -34,6 +34,7 @@ def test_kept_checkpoints_are_the_top_k_by_the_metric(ray_cluster, tmp_path) -> 
         "policy.optimizer.kwargs.lr=1.0e-2",
         f"data.val_path={REPO_ROOT / 'recipes' / 'data' / 'toy_count.jsonl'}",
         "grpo.max_val_samples=64",
+        "policy.generation.val_temperature=0.0",  # greedy answers (NeMo RL's default: sampled)
         "checkpointing.enabled=true",
         "checkpointing.save_period=2",
         "checkpointing.keep_top_k=2",

@@ -64,6 +64,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.STEPS: probes.steps_probe,
     consumers.SAMPLER: probes.sampler_probe,
     consumers.VAL_ROWS: probes.validation_rows_probe,
+    consumers.VAL_SAMPLING: probes.validation_sampling_probe,
     consumers.RUN_STEPS: probes.run_steps_probe,
     consumers.STORE: probes.run_steps_probe,
     consumers.LOGGERS: probes.loggers_probe,
@@ -85,6 +86,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.AM_SCHED: probes.automodel_optimizer_probe,
     consumers.AM_CLIP: probes.clip_probe,
     consumers.AM_PLAN: probes.parallelize_probe,
+    consumers.AM_LORA: probes.lora_probe,
     consumers.MG_PROVIDER: probes.megatron_provider_probe,
     consumers.MG_OVERRIDES: probes.megatron_provider_probe,
     consumers.MG_CONVERT: probes.conversion_probe,
@@ -153,6 +155,9 @@ MG_OFFLOAD = {
     "policy.megatron_cfg.optimizer.optimizer_offload_fraction": 0.5,
 }
 RECOMPUTE = {"policy.megatron_cfg.activation_checkpointing": True}
+LORA = "policy.automodel_cfg.lora_cfg"
+LORA_ON = {f"{LORA}.enabled": True}
+LORA_PICKED = {**LORA_ON, f"{LORA}.match_all_linear": False}
 FINE_OFFLOAD = {
     "policy.megatron_cfg.fine_grained_activation_offloading": True,
     "policy.megatron_cfg.offload_modules": ["attn_norm"],
@@ -221,6 +226,19 @@ CHANGES: dict[str, Change] = {
     "policy.automodel_cfg.dp_replicate_size": Change(2),
     "policy.automodel_cfg.tensor_parallel_size": Change(2),
     "policy.automodel_cfg.cpu_offload": Change(True),
+    f"{LORA}.enabled": Change(True),
+    f"{LORA}.target_modules": Change(
+        ["*q_proj"], {**LORA_PICKED, f"{LORA}.target_modules": ["*_proj"]}
+    ),
+    f"{LORA}.exclude_modules": Change(
+        ["*mlp*"], {**LORA_PICKED, f"{LORA}.exclude_modules": ["lm_head"]}
+    ),
+    f"{LORA}.match_all_linear": Change(False, LORA_ON, also={f"{LORA}.exclude_modules": ["*mlp*"]}),
+    f"{LORA}.dim": Change(4, LORA_ON),
+    f"{LORA}.alpha": Change(8, LORA_ON),
+    f"{LORA}.dropout": Change(0.1, LORA_ON),
+    f"{LORA}.dropout_position": Change("pre", LORA_ON),
+    f"{LORA}.lora_A_init": Change("uniform", LORA_ON),
     "policy.megatron_cfg.enabled": Change(True, base="grpo", also=TO_MEGATRON),
     "policy.megatron_cfg.pipeline_model_parallel_size": Change(2),
     "policy.megatron_cfg.num_layers_in_first_pipeline_stage": Change(
@@ -278,9 +296,25 @@ CHANGES: dict[str, Change] = {
     "grpo.max_num_epochs": Change(2, {"grpo.max_num_steps": 1000}),
     "grpo.val_period": Change(3),
     "grpo.val_at_start": Change(True),
+    "policy.generation.val_temperature": Change(0.6),
+    "policy.generation.val_top_p": Change(0.9),
+    # 6 steps, validation every 4: [4] becomes [4, 6]
+    "grpo.val_at_end": Change(True, {"grpo.val_period": 4}),
     "grpo.async_grpo.enabled": Change(True, {**SEPARATE, **IS}),
     "grpo.async_grpo.max_trajectory_age_steps": Change(
         2, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
+    ),
+    "grpo.async_grpo.in_flight_weight_updates": Change(
+        True, {**SEPARATE, **IS, "grpo.async_grpo.enabled": True}
+    ),
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates": Change(
+        True,
+        {
+            **SEPARATE,
+            **IS,
+            "grpo.async_grpo.enabled": True,
+            "grpo.async_grpo.in_flight_weight_updates": True,
+        },
     ),
     "grpo.use_dynamic_sampling": Change(True),
     "grpo.dynamic_sampling_max_gen_batches": Change(1, {"grpo.use_dynamic_sampling": True}),
@@ -315,6 +349,7 @@ CHANGES: dict[str, Change] = {
     "sft.max_num_epochs": Change(2, {"sft.max_num_steps": 1000}),
     "sft.val_period": Change(3),
     "sft.val_at_start": Change(True),
+    "sft.val_at_end": Change(True, {"sft.val_period": 4}),
     "sft.val_batches": Change(2, {"sft.val_global_batch_size": 4}),
     "sft.val_global_batch_size": Change(4, {"sft.val_batches": 2}),
     "loss_fn.reference_policy_kl_type": Change("k1"),

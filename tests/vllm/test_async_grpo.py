@@ -29,10 +29,11 @@ from tests.vllm.test_grpo_vllm import (  # noqa: E402
 NUM_STEPS = 16
 
 
-def async_recipe(model_path: str, max_age: int):
+def async_recipe(model_path: str, max_age: int, extra: tuple[str, ...] = ()):
     from hpcrl.config import load_recipe
 
     overrides = [
+        *extra,
         f"policy.model_name={model_path}",
         f"grpo.max_num_steps={NUM_STEPS}",
         "grpo.async_grpo.enabled=true",
@@ -45,12 +46,14 @@ def async_recipe(model_path: str, max_age: int):
     return loaded.recipe, loaded.source_path.parent
 
 
-def run_async_grpo(model_path: str, max_age: int, num_steps: int, run_dir: Path) -> list[dict]:
+def run_async_grpo(
+    model_path: str, max_age: int, num_steps: int, run_dir: Path, extra: tuple[str, ...] = ()
+) -> list[dict]:
     from hpcrl.core.data.jsonl import EpochSampler, load_jsonl
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.environments.build import build_environment
 
-    recipe, recipe_dir = async_recipe(model_path, max_age)
+    recipe, recipe_dir = async_recipe(model_path, max_age, extra)
     rows = load_jsonl(recipe_dir / Path(recipe.data.train_path), ["prompt", "answer"])
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
     training = start_policy(recipe, model_path, world_size=2)
@@ -103,3 +106,31 @@ def test_async_grpo_bounded_staleness_learns(ray_cluster, tmp_path) -> None:
     assert all(
         m["engine_generated_tokens"] == round(m["response_length_mean"] * 32) > 0 for m in metrics
     )
+
+
+IN_FLIGHT = (
+    "grpo.async_grpo.in_flight_weight_updates=true",
+    "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true",
+)
+
+
+@pytest.mark.slow
+def test_async_grpo_with_in_flight_weight_updates_learns(ray_cluster, tmp_path) -> None:  # noqa: F811
+    """NeMo RL's in-flight weight updates: the engine is refit right after each training
+    step, beside the batch it is sampling. Ages still count from submission (so the bound
+    holds), the importance-sampling correction still sees the sampler's own log-probs, and
+    the policy learns as much as without them."""
+    model_path = build_tiny_model(tmp_path / "tiny-qwen2")
+    metrics = run_async_grpo(model_path, 1, NUM_STEPS, tmp_path / "run", extra=IN_FLIGHT)
+
+    assert [m["trajectory_age_steps"] for m in metrics] == [0] + [1] * (NUM_STEPS - 1)
+    # A refit after every training step but the last, each timed (never skipped).
+    assert all("time_refit_s" in m for m in metrics[:-1]) and "time_refit_s" not in metrics[-1]
+    refits = [m["generation_refits_in_flight"] for m in metrics]
+    assert all(count in (0.0, 1.0) for count in refits), refits  # one engine, one per step
+    rewards = [m["reward_mean"] for m in metrics]
+    assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.3, rewards
+    assert all(
+        m["engine_generated_tokens"] == round(m["response_length_mean"] * 32) > 0 for m in metrics
+    )
+    print("in-flight refits per step:", refits)

@@ -10,6 +10,16 @@ importance sampling (``loss_fn.use_importance_sampling_correction``, which the c
 require with async); a batch older than the bound is never trained on (an internal invariant:
 the look-ahead equals the bound).
 
+With ``in_flight_weight_updates`` (NeMo RL's meaning) the engines are refit right after each
+training step, without waiting for the batches they are sampling: those go on with the new
+weights from their next token (``recompute_kv_cache_after_weight_updates``: after recomputing
+their KV caches with them; ``hpcrl.core.generation.in_flight``). A batch's age still counts
+from its submission, so from the oldest weights any of its tokens came from (a batch never
+starts before the refit issued ahead of it has landed: ``GenerationGroup.submit`` waits for
+it): the bound holds as before, and the sampler's per-token log-probs, which the importance-sampling correction
+reads, are those of whichever weights sampled each token. ``generation_refits_in_flight``
+counts the refits that landed while the batch was being sampled (summed over engines).
+
 Metrics per step add ``trajectory_age_steps``, ``time_generate_wait_s`` (how long the trainer
 waited for its batch: ~0 when generation is fully hidden) and ``time_generate_s`` (the batch's
 wall time from submission to collection, overlapping earlier steps).
@@ -82,6 +92,8 @@ class AsyncGrpoStep:
         self.last_step = last_step
         assert recipe.grpo.async_grpo is not None  # built only when async_enabled
         self.max_age = max(0, recipe.grpo.async_grpo.max_trajectory_age_steps)
+        self.in_flight_weight_updates = recipe.grpo.async_grpo.in_flight_weight_updates
+        self.recompute_kv_cache = recipe.grpo.async_grpo.recompute_kv_cache_after_weight_updates
         self.in_flight: deque[InFlightBatch] = deque()
 
     def _submit(self, step: int, submit_step: int) -> None:
@@ -133,6 +145,9 @@ class AsyncGrpoStep:
         sequence_metrics = finish_train_batch(self.recipe, rollouts, batch)
         with timer.phase("train"):
             train_metrics = train_on_batch(self.policy, self.recipe, batch)
+        if self.in_flight_weight_updates and step < self.last_step:
+            with timer.phase("refit"):
+                self.policy.refit_in_flight(self.recompute_kv_cache)
         step_s = time.perf_counter() - started
         record = step_record(step, train_metrics, rollouts, timer, step_s, generate_s, age)
         return {**record, **sequence_metrics, "generation_logprob_gap": gap}

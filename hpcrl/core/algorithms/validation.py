@@ -1,7 +1,10 @@
-"""Validation on ``data.val_path`` every ``val_period`` steps (and at start if asked).
+"""Validation on ``data.val_path`` every ``val_period`` steps (and at start, at end if asked).
 
-GRPO: one greedy response per validation prompt, scored by the environment →
-``val_reward_mean`` (NeMo RL's ``val:accuracy``) and ``val_avg_length``. SFT: masked
+GRPO: one response per validation prompt, sampled as NeMo RL samples it (never greedily: at
+``policy.generation.val_temperature`` / ``val_top_p``, which default to the training
+``temperature`` / ``top_p``; the same seed every time, so two validations differ only by the
+weights), scored by the environment → ``val_reward_mean`` (NeMo RL's ``val:accuracy``) and
+``val_avg_length``. SFT: masked
 cross-entropy of the validation pairs under the current weights (no update) → ``val_loss``.
 """
 
@@ -12,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import GenerationCfg, Recipe
 from hpcrl.core.algorithms.grpo import context_length, decode_responses
 from hpcrl.core.algorithms.sft import build_sft_batch
 from hpcrl.core.data.prompts import encode_prompt, fit_prompt, prompt_length_limit
@@ -21,19 +24,23 @@ from hpcrl.core.policy import Policy
 ValidateFn = Callable[[], dict[str, float]]
 
 
-def validation_due(step: int, val_period: int, val_at_start: bool) -> bool:
+def validation_due(
+    step: int, val_period: int, val_at_start: bool, *, val_at_end: bool = False, last_step: int = 0
+) -> bool:
     """Step 0 means 'before the first step'. As in NeMo RL, val_at_start validates before
-    the first step whatever val_period says, and a val_period of 0 or less (its -1) turns
-    periodic validation off."""
+    the first step whatever val_period says, val_at_end after the last one (``last_step``)
+    whatever it says, and a val_period of 0 or less (its -1) turns periodic validation off."""
     if step == 0:
         return val_at_start
+    if val_at_end and step == last_step:
+        return True
     return val_period > 0 and step % val_period == 0
 
 
 def grpo_validation(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, rows: Sequence[dict]
 ) -> dict[str, float]:
-    """Greedy responses to every validation prompt, mean reward."""
+    """A sampled response to every validation prompt (``validation_sampling``), mean reward."""
     import torch
 
     data = recipe.data
@@ -46,9 +53,8 @@ def grpo_validation(
         fit_prompt(row.get("prompt_ids") or encode_prompt(tokenizer, p, use_chat, kwargs), limit)[0]
         for row, p in zip(rows, prompts, strict=True)
     ]
-    greedy = attrs.evolve(recipe.policy.generation, temperature=0.0)
     policy.prepare_for_generation()
-    generation = policy.generate(prompt_ids, greedy, 0)
+    generation = policy.generate(prompt_ids, validation_sampling(recipe.policy.generation), 0)
     policy.prepare_for_training()
     answers = [str(row.get(data.answer_key, "")) for row in rows]
     rewards = torch.tensor(env.score(prompts, decode_responses(tokenizer, generation), answers))
@@ -59,6 +65,19 @@ def grpo_validation(
         "val_avg_length": float(generation.response_lengths.float().mean()),
         "val_num_prompts": float(len(rows)),
     }
+
+
+def validation_sampling(generation: GenerationCfg) -> GenerationCfg:
+    """The training sampling settings with the validation ones in their place."""
+    return attrs.evolve(
+        generation,
+        temperature=(
+            generation.temperature
+            if generation.val_temperature is None
+            else generation.val_temperature
+        ),
+        top_p=generation.top_p if generation.val_top_p is None else generation.val_top_p,
+    )
 
 
 def sft_validation(

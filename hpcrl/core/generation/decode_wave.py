@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from hpcrl.core.generation.engine_options import EngineOptions, GenerationStats
+from hpcrl.core.generation.in_flight import InFlightRefits
 from hpcrl.core.generation.kv_cache import DecodeState
 from hpcrl.core.generation.sampling import row_uniforms
 from hpcrl.core.token_distribution import TokenDistribution
@@ -35,6 +36,9 @@ class WaveEngine(Protocol):
     last_stats: GenerationStats
     _state: DecodeState | None
     sample_tokens: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    in_flight: InFlightRefits  # in-flight refits land between two decode steps
+    last_refit_positions: list[list[int]]  # per row of the call: where they landed
+    recompute_kv_cache: bool  # the refit that just landed asks for the cache again
 
     def decode_step(self, rows: int, columns: int) -> None: ...
 
@@ -80,6 +84,7 @@ class Wave:
         import torch
 
         self.engine, self.prompts, self.cfg, self.seed = engine, prompts, cfg, seed
+        self.row_ids = row_ids
         self.distribution = TokenDistribution.of_generation(cfg)
         state = engine._state
         assert state is not None
@@ -124,6 +129,8 @@ class Wave:
         num_steps = self.num_steps
         for index in range(num_steps):
             if index > 0:
+                if self.engine.in_flight.at_step_boundary():
+                    self._after_refit(index)
                 self._decode(index)
             self._sample(index)
             last = index + 1 == num_steps
@@ -137,6 +144,33 @@ class Wave:
         stats.decode_s += _synchronized_elapsed(self.engine.device, started)
         count = self.count
         return self.tokens[:count], self.logprobs[:count], self.lengths[:count]
+
+    def _after_refit(self, index: int) -> None:
+        """New weights landed before token ``index``: record where, per row; with
+        ``recompute_kv_cache`` prefill every slot's prompt + tokens ``:index - 1`` again
+        with them (token ``index - 1`` is the next decode step's input)."""
+        engine = self.engine
+        engine.last_stats.refits_in_flight += 1
+        lengths = self.lengths[: self.count].tolist()
+        finished = self.finished.tolist()
+        live_rows = {
+            row for slot, row in enumerate(self.slot_rows[: self.slots].tolist())
+            if row < self.count and not finished[slot]
+        }  # fmt: skip
+        for row in sorted(live_rows):
+            engine.last_refit_positions[self.row_ids[row]].append(lengths[row])
+        if not engine.recompute_kv_cache:
+            return
+        engine.recompute_kv_cache = False
+        tokens = self.tokens[:, : index - 1].tolist()
+        sequences = [
+            [*self.prompts[min(row, self.count - 1)], *tokens[min(row, self.count - 1)]]
+            for row in self.slot_rows[: self.slots].tolist()
+        ]  # idle slots (the scratch row) take a real row's: nobody reads them
+        self.state.prefill(
+            sequences, self.end_column + index - 1, engine.options.prefill_tokens_per_chunk
+        )
+        engine.last_stats.recomputes += 1
 
     def _decode(self, index: int) -> None:
         """Token ``index`` for every slot: feed token ``index - 1`` at its column."""

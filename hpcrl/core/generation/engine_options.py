@@ -42,6 +42,8 @@ class GenerationStats:
     compactions: int = 0
     graph_captures: int = 0
     generated_tokens: int = 0
+    refits_in_flight: int = 0  # in-flight refits that landed between two decode steps
+    recomputes: int = 0  # of those, the ones that prefilled the wave's cache again
 
     def as_metrics(self) -> dict[str, float]:
         return {
@@ -52,4 +54,6 @@ class GenerationStats:
             "generation_row_steps": float(self.row_steps),
             "generation_compactions": float(self.compactions),
             "generation_graph_captures": float(self.graph_captures),
+            "generation_refits_in_flight": float(self.refits_in_flight),
+            "generation_kv_recomputes": float(self.recomputes),
         }

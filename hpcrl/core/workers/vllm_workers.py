@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from hpcrl.run.jobspec import GenerationPlacement
 
 ENGINE_ROLE = "generation engine"  # how a failure names one (WorkerFailed)
+REFIT_GROUP = "refit"  # the engine actors' concurrency group of in-flight refits
 
 
 @attrs.frozen(kw_only=True)
@@ -93,6 +94,22 @@ class GenerationWorker:
         assert self.engine is not None, "setup first"
         self.engine.update_weights(named_tensors)
 
+    def update_weights_in_flight(
+        self, named_tensors: list[tuple[str, torch.Tensor]], recompute_kv_cache: bool
+    ) -> bool:
+        """Runs in the actor's ``refit`` concurrency group, beside a running ``generate``
+        (``hpcrl.core.generation.in_flight``); True when a generation was running."""
+        assert self.engine is not None, "setup first"
+        refit = getattr(self.engine, "update_weights_in_flight", None)
+        assert refit is not None, f"{type(self.engine).__name__} has no in-flight refit"
+        return bool(refit(named_tensors, recompute_kv_cache))
+
+    def decode_steps(self) -> int:
+        """Steps the running (or last) generation has taken; called in the ``refit``
+        group, beside it (how a caller sees a generation under way)."""
+        in_flight = getattr(self.engine, "in_flight", None)
+        return 0 if in_flight is None else int(in_flight.steps)
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
@@ -109,6 +126,7 @@ class GenerationGroup:
         self.pids: list[int] = []
         self.weights_version = 0  # the engines start from spec.model_path
         self._pending_updates: list[Any] = []
+        self._pending_in_flight = False  # the pending updates run beside generations
         self._placement_group: Any = None
 
     def start(self, timeout_s: float = 600.0) -> None:
@@ -117,7 +135,9 @@ class GenerationGroup:
 
         self._placement_group = self._reserve(timeout_s)
         bundle = self._bundle()
-        remote_cls = ray.remote(GenerationWorker)
+        # generate and update_weights run one at a time, in submission order (the default
+        # group); an in-flight refit runs beside them in a group of its own.
+        remote_cls = ray.remote(concurrency_groups={REFIT_GROUP: 1})(GenerationWorker)
         env = worker_env(self.layout.device)
         self.actors = [
             remote_cls.options(
@@ -171,6 +191,10 @@ class GenerationGroup:
 
         from hpcrl.core.workers.sharding import pad_prompts_evenly
 
+        if self._pending_in_flight:
+            # An in-flight refit is not ordered with generations: it must have landed before
+            # this one starts, or its first tokens would come from older weights than it records.
+            self.wait_for_updates()
         shards, num_real = pad_prompts_evenly(prompt_ids, len(self.actors))
         cfg_ref = ray.put(cfg)
         refs = [
@@ -197,8 +221,25 @@ class GenerationGroup:
         self._pending_updates = [a.update_weights.remote(weights_ref) for a in self.actors]
         self.weights_version = version
 
+    def update_weights_in_flight(
+        self, weights_ref: Any, version: int, recompute_kv_cache: bool
+    ) -> None:
+        """Every engine loads the weights behind ``weights_ref`` at the next step of the
+        generation it is running (or at once when idle), not behind the generations
+        submitted before; does not wait (as ``update_weights``)."""
+        self.wait_for_updates()
+        self._pending_updates = [
+            a.update_weights_in_flight.options(concurrency_group=REFIT_GROUP).remote(
+                weights_ref, recompute_kv_cache
+            )
+            for a in self.actors
+        ]
+        self._pending_in_flight = True
+        self.weights_version = version
+
     def wait_for_updates(self) -> None:
         pending, self._pending_updates = self._pending_updates, []
+        self._pending_in_flight = False
         get_all(pending, "update_weights", role=ENGINE_ROLE)
 
     def shutdown(self) -> None:

@@ -44,14 +44,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def _state_options(adapters_only: bool) -> StateDictOptions:
+    """``adapters_only`` (LoRA): the trained parameters only, the frozen base weights come
+    from the model folder on load (load is not strict about them, ``dcp.load`` is about
+    every adapter tensor it is asked for)."""
+    return StateDictOptions(ignore_frozen_params=adapters_only, strict=not adapters_only)
+
+
 def save(
     checkpoint_dir: str,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     step: int,
+    *,
+    adapters_only: bool = False,
 ) -> None:
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_options(adapters_only))
     dcp.save(
         {"model": model_sd, "optim": optim_sd},
         checkpoint_id=os.path.join(checkpoint_dir, DCP_SUBDIR),
@@ -62,7 +71,12 @@ def save(
 
 
 def load(
-    checkpoint_dir: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    checkpoint_dir: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    *,
+    adapters_only: bool = False,
 ) -> int:
     """Restore in place; returns the optimizer step count saved.
 
@@ -73,11 +87,16 @@ def load(
     """
     saved_world_size = len(_saved_rank_files(checkpoint_dir))
     # get_state_dict on a fresh optimizer creates its state, which dcp.load then fills.
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = _state_options(adapters_only)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=os.path.join(checkpoint_dir, DCP_SUBDIR))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=options,
     )
     rank = dist.get_rank()
     local = torch.load(rank_file(checkpoint_dir, rank % saved_world_size), weights_only=False)
@@ -108,11 +127,19 @@ def _saved_rank_files(checkpoint_dir: str) -> list[str]:
 
 
 def export_hf(
-    out_dir: str, model: torch.nn.Module, hf_config: Any, tokenizer_path: str, prefix: str
+    out_dir: str,
+    model: torch.nn.Module,
+    hf_config: Any,
+    tokenizer_path: str,
+    prefix: str,
+    *,
+    lora_scale: float | None = None,
 ) -> None:
-    """Gather full weights to rank 0 (on CPU) and write a HF checkpoint + tokenizer there."""
+    """Gather full weights to rank 0 (on CPU) and write a HF checkpoint + tokenizer there;
+    ``lora_scale`` set: LoRA adapters merged into the weights they adapt (a plain HF model)."""
     from transformers import AutoModelForCausalLM
 
+    from hpcrl.core.backends.automodel.lora import merge_adapters
     from hpcrl.core.models.tokenizer import load_tokenizer
 
     full = get_model_state_dict(
@@ -120,6 +147,8 @@ def export_hf(
     )
     if dist.get_rank() == 0:
         weights = {key.removeprefix(prefix): value for key, value in full.items()}
+        if lora_scale is not None:
+            weights = dict(merge_adapters(weights.items(), lora_scale))
         config = copy.deepcopy(hf_config)
         config.use_cache = True  # training switched it off; whoever generates wants it
         with torch.device("meta"):

@@ -57,15 +57,20 @@ def export_dcp_to_hf(
     model_path: str,
     tokenizer_path: str,
     say: ExportProgress | None = None,
+    lora_scale: float | None = None,
 ) -> None:
     """Write ``checkpoint_dir``'s weights as a HF folder (safetensors, config, generation
-    config, tokenizer) to ``out_dir``, in the dtype training kept them in."""
+    config, tokenizer) to ``out_dir``, in the dtype training kept them in. ``lora_scale``
+    set (a LoRA run, whose checkpoints hold the adapters only): the base weights from
+    ``model_path`` with the adapters merged into them."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hpcrl.core.models.tokenizer import load_tokenizer
 
     weights = read_model_tensors(checkpoint_dir, say)
+    if lora_scale is not None:
+        weights = merged_onto_base(weights, model_path, lora_scale, str(checkpoint_dir), say)
     dtype = next(iter(weights.values())).dtype
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
@@ -84,6 +89,33 @@ def export_dcp_to_hf(
         say(f"writing the Hugging Face folder {out_dir} (safetensors, config, tokenizer)")
     model.save_pretrained(out_dir)
     load_tokenizer(tokenizer_path).save_pretrained(out_dir)
+
+
+def merged_onto_base(
+    adapters: dict[str, Any],
+    model_path: str,
+    lora_scale: float,
+    checkpoint_dir: str,
+    say: ExportProgress | None = None,
+) -> dict[str, Any]:
+    """The base model's weights (fp32, as training loads them) with the checkpoint's LoRA
+    adapters merged in: ``W + lora_scale * B @ A``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hpcrl.core.backends.automodel.lora import adapter_names, merge_adapters
+
+    found = adapter_names(adapters)
+    if not found:
+        raise FileNotFoundError(
+            f"{checkpoint_dir} holds no LoRA adapters, yet the run's recipe enables "
+            "policy.automodel_cfg.lora_cfg: it was not written by this run"
+        )
+    if say is not None:
+        say(f"merging {len(found) // 2} LoRA adapters into the base weights of {model_path}")
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    named = list(base.state_dict().items()) + [(name, adapters[name]) for name in found]
+    return dict(merge_adapters(named, lora_scale))
 
 
 def _tied_names(model: Any) -> set[str]:

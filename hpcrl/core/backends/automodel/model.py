@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hpcrl.core.backends.automodel.lora import LoraLinear
 from hpcrl.core.token_distribution import (
     LogitTransform,
     TokenDistribution,
@@ -28,20 +29,22 @@ DEFAULT_CHUNK_TOKENS = 4096
 
 def _chunk_logprobs(
     hidden: torch.Tensor,
-    weight: torch.Tensor,
+    head: torch.Tensor | nn.Module,
     targets: torch.Tensor,
     transform: LogitTransform,
     dist: TokenDistribution,
 ) -> torch.Tensor:
-    """[..., 2]: processed and unfiltered log-probs of one chunk (one tensor: checkpointable)."""
-    logits = transform.apply(F.linear(hidden, weight).float())
+    """[..., 2]: processed and unfiltered log-probs of one chunk (one tensor: checkpointable).
+    ``head``: the lm_head weight, or the lm_head module when it carries a LoRA adapter."""
+    projected = F.linear(hidden, head) if isinstance(head, torch.Tensor) else head(hidden)
+    logits = transform.apply(projected.float())
     processed, unfiltered = token_logprobs_from_logits(logits, targets, dist)
     return torch.stack([processed, unfiltered], dim=-1)
 
 
 def token_logprobs(
     hidden: torch.Tensor,
-    lm_head_weight: torch.Tensor,
+    lm_head_weight: torch.Tensor | nn.Module,
     input_ids: torch.Tensor,
     chunk_tokens: int,
     *,
@@ -117,10 +120,10 @@ class TokenLogprobModel(nn.Module):
             position_ids=position_ids,
             use_cache=False,
         )
-        weight = self.hf.get_output_embeddings().weight
+        head = self.hf.get_output_embeddings()
         return token_logprobs(
             decoder_out.last_hidden_state,
-            weight,
+            head if isinstance(head, LoraLinear) else head.weight,
             input_ids,
             self.chunk_tokens,
             transform=self.logit_transform,

@@ -1,6 +1,8 @@
 """Parallelism for Hugging Face causal LMs, applied in torchtitan's order:
 ``apply_tp`` → ``apply_activation_checkpointing`` → ``apply_compile`` → ``apply_fsdp``
-(or ``apply_autocast`` when a single rank holds the whole model: nothing to shard).
+(or ``apply_autocast`` when a single rank holds the whole model: nothing to shard). LoRA
+adapters (``hpcrl.core.backends.automodel.lora.apply_lora``) go on before all of them, so
+that FSDP shards each block's adapters with the block.
 
 Each function changes the model in place and knows nothing about training. Decoder blocks
 are found through ``decoder_layers`` (``model.model.layers`` for Llama/Qwen2-style models).
@@ -146,6 +148,7 @@ class ParallelizeSteps:
     """Which ``apply_*`` steps a model gets, in the order they run; param_dtype: the
     compute dtype's name (FSDP's mixed precision, or autocast without FSDP), None: fp32."""
 
+    lora: bool
     tp: bool
     activation_checkpointing: bool
     compile: bool
@@ -157,8 +160,10 @@ class ParallelizeSteps:
 def parallelize_steps(
     cfg: Any, precision: str, shape: MeshShape, *, on_gpu: bool, compiles: bool, training: bool
 ) -> ParallelizeSteps:
-    """The steps for ``policy.automodel_cfg`` (``cfg``) and ``policy.precision`` on a mesh."""
+    """The steps for ``policy.automodel_cfg`` (``cfg``) and ``policy.precision`` on a mesh.
+    LoRA adapters go on the trained model only: the reference model is the base model."""
     return ParallelizeSteps(
+        lora=training and cfg.lora_cfg.enabled,
         tp=shape.tp > 1,
         activation_checkpointing=training and cfg.activation_checkpointing,
         compile=compiles,

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hpcrl.core.backends.automodel import checkpoint
+from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary, merge_adapters
 from hpcrl.core.backends.automodel.model import (
     TokenLogprobModel,
     hf_named_tensors,
@@ -83,6 +84,11 @@ def _check_supported(recipe: Recipe) -> None:
         raise ValueError(
             "policy.automodel_cfg.context_parallel_size: the automodel backend has no context "
             f"parallelism yet (got {cfg.context_parallel_size}); set it to 1"
+        )
+    if cfg.lora_cfg.enabled and cfg.tensor_parallel_size > 1:
+        raise ValueError(
+            "policy.automodel_cfg.lora_cfg: LoRA with tensor_parallel_size > 1 is not supported "
+            "by the automodel backend yet; set tensor_parallel_size=1"
         )
     if cfg.sequence_parallel:
         raise ValueError(
@@ -147,7 +153,8 @@ class AutomodelWorker:
         self.model = self._build_sharded(model_path, training=True)
         assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
         self.optimizer = build_optimizer(
-            self.model.parameters(),
+            # Only what trains: with LoRA the adapters, never the frozen base weights.
+            [param for param in self.model.parameters() if param.requires_grad],
             recipe.policy.optimizer,
             # With CPU offload the optimizer steps on host-side parameters.
             fused=self.device.type == "cuda" and not cfg.cpu_offload,
@@ -178,6 +185,10 @@ class AutomodelWorker:
         hf_model = load_hf_model(
             model_path, self.rank_info.device, self.recipe.policy.hf_config_overrides
         )
+        if steps.lora:
+            adapted = apply_lora(hf_model, self.recipe.policy.automodel_cfg.lora_cfg)
+            if self.rank_info.rank == 0:
+                print(lora_summary(adapted, hf_model), flush=True)
         if steps.tp:
             apply_tp(hf_model, self.mesh["tp"])
         if steps.activation_checkpointing:
@@ -332,7 +343,15 @@ class AutomodelWorker:
         state = get_model_state_dict(
             self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
         )
-        return [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
+        named = [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
+        scale = self._lora_scale
+        return named if scale is None else merge_adapters(named, scale)
+
+    @property
+    def _lora_scale(self) -> float | None:
+        """alpha / dim of the adapters the trained model carries; None: no LoRA."""
+        lora = self.recipe.policy.automodel_cfg.lora_cfg
+        return lora.scale if lora.enabled else None
 
     def _dp_rank(self) -> int:
         coords = self.mesh.get_coordinate()
@@ -360,14 +379,34 @@ class AutomodelWorker:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        checkpoint.save(checkpoint_dir, self.model, self.optimizer, self.scheduler, self.step)
+        checkpoint.save(
+            checkpoint_dir,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.step,
+            adapters_only=self._lora_scale is not None,
+        )
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
-        self.step = checkpoint.load(checkpoint_dir, self.model, self.optimizer, self.scheduler)
+        self.step = checkpoint.load(
+            checkpoint_dir,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            adapters_only=self._lora_scale is not None,
+        )
 
     def export_hf(self, out_dir: str) -> None:
         tokenizer_path = self.recipe.policy.tokenizer.name or self.model_path
-        checkpoint.export_hf(out_dir, self.model, self.model.hf.config, tokenizer_path, "hf.")
+        checkpoint.export_hf(
+            out_dir,
+            self.model,
+            self.model.hf.config,
+            tokenizer_path,
+            "hf.",
+            lora_scale=self._lora_scale,
+        )
 
     def collect_state(self) -> dict[str, Any]:
         peak_gb = 0.0
