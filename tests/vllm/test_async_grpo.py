@@ -115,7 +115,7 @@ IN_FLIGHT = (
 
 
 @pytest.mark.slow
-def test_async_grpo_with_in_flight_weight_updates_learns(ray_cluster, tmp_path) -> None:  # noqa: F811
+def test_async_grpo_with_in_flight_weight_updates_learns(ray_cluster, tmp_path) -> None:
     """NeMo RL's in-flight weight updates: the engine is refit right after each training
     step, beside the batch it is sampling. Ages still count from submission (so the bound
     holds), the importance-sampling correction still sees the sampler's own log-probs, and
