@@ -9,8 +9,7 @@ import pytest
 from hpcrl.config import ConfigError
 from hpcrl.config.checkpoint_metrics import record_key
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl, nemo_rl_resolved
-
-from .recipe_dicts import problems_for
+from tests.recipe_builder import problems_for
 
 PATH = "checkpointing.metric_name"
 GRPO_NAMES = ", ".join(

@@ -23,7 +23,7 @@ from hpcrl.config.foreign_keys import FOREIGN_KEYS, WILDCARD, schema_paths
 from hpcrl.config.nemo_rl_filter import nemo_rl_parts
 from hpcrl.config.nemo_rl_keys import registry
 from hpcrl.config.recipe import Recipe
-from tests.config.recipe_dicts import base_dict, with_keys
+from tests.recipe_builder import base_dict, with_keys
 
 
 def test_the_committed_table_is_what_the_code_says():

@@ -4,8 +4,7 @@ import pytest
 
 from hpcrl.config import ConfigError, structure_profile, structure_recipe, unstructure
 from hpcrl.config.errors import NO_VALUE
-
-from .recipe_dicts import base_dict, with_keys
+from tests.recipe_builder import base_dict, with_keys
 
 
 def problems_of(data, structure=structure_recipe):

@@ -7,8 +7,7 @@ import attrs
 from hpcrl.config import structure_profile
 from hpcrl.config.field_bounds import FieldBound, at_least, bounded, check_field_bounds
 from hpcrl.config.profile_rules import check_profile
-
-from .recipe_dicts import problems_for
+from tests.recipe_builder import problems_for
 
 
 def shown(problems):

@@ -3,7 +3,7 @@ would be wrong (Megatron context parallelism, per-token loss override, Automodel
 
 import pytest
 
-from .recipe_dicts import problems_for
+from tests.recipe_builder import problems_for
 
 M = "policy.megatron_cfg"
 
@@ -77,8 +77,7 @@ def test_truncated_importance_sampling_bad_settings_name_their_key(keys, path):
 def test_unknown_truncation_type_is_a_schema_error():
     from hpcrl.config import structure_recipe
     from hpcrl.config.errors import ConfigError
-
-    from .recipe_dicts import base_dict, with_keys
+    from tests.recipe_builder import base_dict, with_keys
 
     data = with_keys(
         base_dict("megatron", "grpo"), loss_fn__truncated_importance_sampling_type="tiss"

@@ -13,8 +13,7 @@ from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl
 from tests.plan.planning_inputs import isolate_from_user_profiles
-
-from .recipe_dicts import base_dict, problems_for, with_keys
+from tests.recipe_builder import base_dict, problems_for, with_keys
 
 R = "policy.generation.colocated.resources"
 

@@ -2,8 +2,7 @@
 torch schedulers with milestones) load as NeMo RL writes them; mistakes name their key."""
 
 from hpcrl.config import structure_recipe
-
-from .recipe_dicts import base_dict, paths, problems_for, with_keys
+from tests.recipe_builder import base_dict, paths, problems_for, with_keys
 
 NEMO_RL_OPTIMIZER = {
     "name": "torch.optim.AdamW",

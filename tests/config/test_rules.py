@@ -6,8 +6,7 @@ from hpcrl.config import structure_recipe
 from hpcrl.config.megatron_rules import megatron_recompute
 from hpcrl.config.override_rules import FIRST_CLASS_MODEL_OVERRIDES
 from hpcrl.config.rules import MODEL_OVERRIDES_CHECKED_IN_JOB, check_recipe, provider_field_problems
-
-from .recipe_dicts import base_dict, paths, problems_for, with_keys
+from tests.recipe_builder import base_dict, paths, problems_for, with_keys
 
 M = "policy.megatron_cfg"
 OPT = "policy.megatron_cfg.optimizer"

@@ -24,10 +24,10 @@ def write_run_dir(
     3 worker slots, needs them here)."""
     import yaml
 
-    from hpcrl.config import load_recipe
+    from tests.recipe_builder import shipped_recipe
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    loaded = load_recipe(REPO_ROOT / "recipes" / recipe, list(overrides))
+    loaded = shipped_recipe(recipe, overrides)
     (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(loaded.resolved_dict))
     write_local_plan(run_dir, *profile_overrides)
     return run_dir

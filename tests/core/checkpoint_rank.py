@@ -15,9 +15,10 @@ def train_and_save_run(rank: int, world_size: int, model_path: str, checkpoint_d
 
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
     from hpcrl.core.backends.base import RankInfo
-    from tests.core.parallel_harness import full_weights, make_batch, make_recipe, masked_nll_loss
+    from tests.core.parallel_harness import full_weights, make_batch, masked_nll_loss
+    from tests.recipe_builder import tiny_automodel_recipe
 
-    recipe = make_recipe(lr=5e-3)
+    recipe = tiny_automodel_recipe(lr=5e-3)
     recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, model_name=model_path))
     info = RankInfo(rank=rank, world_size=world_size, local_rank=rank,
                     local_world_size=world_size, node_rank=0, master_addr="127.0.0.1",

@@ -17,9 +17,9 @@ RANK, ALPHA = 4, 8.0
 
 def lora_recipe(model_path: str) -> Any:
     from hpcrl.config.recipe import LoraCfg
-    from tests.core.parallel_harness import make_recipe, with_automodel
+    from tests.recipe_builder import tiny_automodel_recipe, with_automodel
 
-    recipe = make_recipe(lr=LR)
+    recipe = tiny_automodel_recipe(lr=LR)
     recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, model_name=model_path))
     # Kaiming-uniform A: NeMo Automodel's "xavier" (U(0, 1)) makes a tiny model's few steps
     # noisy, and the loss test wants a clear fall

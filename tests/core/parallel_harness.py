@@ -1,5 +1,6 @@
-"""Shared pieces of the worker-group and parallelism tests: a local Ray cluster, a recipe for
-the tiny model, a deterministic batch, a masked-NLL loss and a single-process reference.
+"""Shared pieces of the worker-group and parallelism tests (their fixtures ``ray_cluster`` and
+``tiny_model_path`` are in tests/conftest.py): a recipe for the tiny model, a deterministic
+batch, a masked-NLL loss and a single-process reference.
 
 The reference is deliberately independent of the backend's code: plain HF forward, full
 log_softmax, ``torch.nn.utils.clip_grad_norm_``, AdamW — no FSDP, no chunking.
@@ -7,91 +8,18 @@ log_softmax, ``torch.nn.utils.clip_grad_norm_``, AdamW — no FSDP, no chunking.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-import pytest
 import torch
 
 from hpcrl.config.recipe import (
-    AutomodelCfg,
-    DataCfg,
-    MegatronCfg,
-    OptimizerCfg,
-    PolicyCfg,
     Recipe,
-    SftCfg,
 )
 from hpcrl.core.workers.actor import TrainingWorker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    """A fresh local Ray (never a stale cluster) for one test module."""
-    import ray
-
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    # Workers import the loss function below by module path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
-    ray.init(
-        address="local",
-        _node_ip_address="127.0.0.1",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=True,
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from hpcrl.core.models.tiny import ensure_tiny_model
-
-    return ensure_tiny_model("tiny:qwen2", cache_dir=str(tmp_path_factory.mktemp("models")))
-
-
-def make_recipe(
-    *,
-    dp_replicate: int = 1,
-    tp: int = 1,
-    lr: float = 1e-3,
-    micro_batch_size: int = 2,
-    manual_gc_interval: int = 0,
-    activation_checkpointing: bool = False,
-) -> Recipe:
-    return Recipe(
-        policy=PolicyCfg(
-            model_name="tiny:qwen2",
-            train_global_batch_size=8,
-            train_micro_batch_size=micro_batch_size,
-            precision="float32",
-            max_grad_norm=1.0,
-            optimizer=OptimizerCfg(
-                name="torch.optim.AdamW", kwargs={"lr": lr, "weight_decay": 0.01}
-            ),
-            automodel_cfg=AutomodelCfg(
-                enabled=True,
-                dp_replicate_size=dp_replicate,
-                tensor_parallel_size=tp,
-                activation_checkpointing=activation_checkpointing,
-            ),
-            megatron_cfg=MegatronCfg(
-                manual_gc=manual_gc_interval > 0, manual_gc_interval=manual_gc_interval
-            ),
-        ),
-        data=DataCfg(train_path="unused.jsonl"),
-        sft=SftCfg(max_num_steps=20),
-    )
 
 
 def make_batch(seed: int, batch_size: int = 8, seq_len: int = 16, vocab: int = 100) -> dict:
@@ -185,8 +113,3 @@ def start_policy(recipe: Recipe, model_path: str, world_size: int, engine_ranks:
     return RayPolicy(
         recipe, model_path, layout, worker_class_path(recipe.backend), actor_class=DiagnosticWorker
     )
-
-
-def with_automodel(recipe: Recipe, **changes: object) -> Recipe:
-    automodel = attrs.evolve(recipe.policy.automodel_cfg, **changes)
-    return attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=automodel))

@@ -15,13 +15,11 @@ from hpcrl.config.recipe import LrSchedulerCfg
 from tests.core.parallel_harness import (
     full_weights,
     make_batch,
-    make_recipe,
     masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
     reference_logprobs,
     start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +35,7 @@ def dropout_nll_loss(
 
 
 def scheduled_recipe():
-    recipe = make_recipe()
+    recipe = tiny_automodel_recipe()
     # NeMo RL's form: 2 linear warm-up steps, then cosine decay over the rest.
     scheduler = (
         LrSchedulerCfg(
@@ -53,7 +51,7 @@ def scheduled_recipe():
     return attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, scheduler=scheduler))
 
 
-def test_resume_gives_identical_losses(ray_cluster, tiny_model_path, tmp_path):  # noqa: F811
+def test_resume_gives_identical_losses(ray_cluster, tiny_model_path, tmp_path):
     recipe = scheduled_recipe()
     loss_fn = functools.partial(dropout_nll_loss, keep=0.7)
     batches = [make_batch(seed) for seed in range(5)]
@@ -108,11 +106,11 @@ def test_load_rejects_incomplete_checkpoint(tmp_path):
 
 
 def test_export_hf_from_tensor_parallel_reloads_with_same_logprobs(
-    ray_cluster,  # noqa: F811
-    tiny_model_path,  # noqa: F811
+    ray_cluster,
+    tiny_model_path,
     tmp_path,
 ):
-    recipe = make_recipe(tp=2)
+    recipe = tiny_automodel_recipe(tp=2)
     out_dir = str(tmp_path / "hf")
     batch = make_batch(seed=7)
     policy = start_policy(recipe, tiny_model_path, world_size=2)

@@ -21,11 +21,10 @@ from tests.core._driver_harness import (  # noqa: E402
     write_local_plan,
     write_run_dir,
 )
-from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 
 @pytest.mark.slow
-def test_kept_checkpoints_are_the_top_k_by_the_metric(ray_cluster, tmp_path) -> None:  # noqa: F811
+def test_kept_checkpoints_are_the_top_k_by_the_metric(ray_cluster, tmp_path) -> None:
     """Validation and a checkpoint every 2 steps, keep_top_k 2 by val:accuracy with
     higher_is_better false: the tiny model's greedy answers get more accurate as it learns,
     so the two least accurate are early checkpoints, not the newest two."""

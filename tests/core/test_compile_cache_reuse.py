@@ -33,7 +33,8 @@ import torch.distributed as dist
 from hpcrl.core.backends.automodel.worker import AutomodelWorker
 from hpcrl.core.backends.base import RankInfo
 from hpcrl.core.compile_stats import compile_cache_counts
-from tests.core.parallel_harness import make_batch, make_recipe
+from tests.core.parallel_harness import make_batch
+from tests.recipe_builder import tiny_automodel_recipe
 
 torch.set_num_threads(1)
 with socket.socket() as sock:
@@ -43,7 +44,7 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, w
 worker = type("CompilingWorker", (AutomodelWorker,), {"compile_on_cpu": True})()
 info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                 master_addr="127.0.0.1", master_port=port, device="cpu")
-worker.setup(make_recipe(micro_batch_size=2), info, sys.argv[1])
+worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, sys.argv[1])
 logprobs = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
 print(json.dumps({**compile_cache_counts(), "logprob_sum": float(logprobs.sum())}), flush=True)
 os._exit(0)  # gloo's threads may abort a normal interpreter exit (shared/notes)

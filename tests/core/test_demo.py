@@ -27,7 +27,6 @@ require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
-from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 from tests.shipped_cpu_recipes import assert_finite_steps, quickstart_argv  # noqa: E402
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
@@ -110,7 +109,7 @@ def test_quickstart_command_runs_the_demo_to_the_documented_reward(tmp_path) -> 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
-def test_demo_recipe_reaches_the_documented_reward(ray_cluster, tmp_path, capsys, seed) -> None:  # noqa: F811
+def test_demo_recipe_reaches_the_documented_reward(ray_cluster, tmp_path, capsys, seed) -> None:
     # Seed 2 also turns a NeMo RL logger on: the driver feeds it every step record.
     tensorboard = ["logger.tensorboard_enabled=true"] if seed == 2 else []
     run_dir = write_run_dir(tmp_path / "run", RECIPE, [f"grpo.seed={seed}", *tensorboard])

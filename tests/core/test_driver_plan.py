@@ -20,10 +20,10 @@ from hpcrl.run.jobspec_file import JOBSPEC_FILE, read_jobspec, write_jobspec
 from tests.core._driver_harness import REPO_ROOT, write_local_plan, write_run_dir
 from tests.plan.planning_inputs import (
     isolate_from_user_profiles,
-    megatron_recipe,
     plain_slurm_profile,
     pyxis_profile,
 )
+from tests.recipe_builder import megatron_recipe
 
 
 @pytest.fixture(autouse=True)

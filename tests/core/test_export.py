@@ -31,13 +31,11 @@ from hpcrl.run.export_progress import ExportProgress  # noqa: E402
 from tests.core._driver_harness import write_run_dir  # noqa: E402
 from tests.core.parallel_harness import (  # noqa: E402
     make_batch,
-    make_recipe,
     masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
     reference_logprobs,
     start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe  # noqa: E402
 
 pytestmark = pytest.mark.slow  # Ray workers on the 2-core machine
 
@@ -58,12 +56,12 @@ def safetensors_of(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def test_export_of_an_fsdp_checkpoint_has_the_trained_policys_logprobs(
-    ray_cluster,  # noqa: F811
-    tiny_model_path,  # noqa: F811
+    ray_cluster,
+    tiny_model_path,
     tmp_path,
     capsys,
 ):
-    recipe = make_recipe(lr=5e-3)
+    recipe = tiny_automodel_recipe(lr=5e-3)
     recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, model_name=tiny_model_path))
     checkpoint = tmp_path / "checkpoints" / "step_000002"
     batch = make_batch(seed=11)
@@ -108,7 +106,7 @@ SFT_RUN = (
 
 
 def test_save_consolidated_then_hpcrl_export_on_the_shipped_sft_recipe(
-    ray_cluster,  # noqa: F811
+    ray_cluster,
     tmp_path,
     capsys,
     monkeypatch,

@@ -19,7 +19,8 @@ from hpcrl.config.recipe import (  # noqa: E402
 from hpcrl.core.workers import vllm_workers  # noqa: E402
 from hpcrl.plan.planner import plan  # noqa: E402
 from hpcrl.run.jobspec_file import read_jobspec, write_jobspec  # noqa: E402
-from tests.plan.planning_inputs import automodel_recipe, pyxis_profile, with_policy  # noqa: E402
+from tests.plan.planning_inputs import pyxis_profile  # noqa: E402
+from tests.recipe_builder import automodel_recipe, with_policy  # noqa: E402
 
 NODES = ["driver-node", "node-b", "node-c", "node-d"]  # the training group's node order
 

@@ -12,13 +12,12 @@ require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
-from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
 
 
 @pytest.mark.slow
-def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) -> None:  # noqa: F811
+def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) -> None:
     run_dir = write_run_dir(
         tmp_path / "run",
         RECIPE,
@@ -87,7 +86,7 @@ def assert_generation_figures(m: dict, rollouts: int) -> None:
 
 @pytest.mark.slow
 def test_preempted_run_resumes_where_it_stopped_with_the_same_results(
-    ray_cluster,  # noqa: F811
+    ray_cluster,
     tmp_path,
 ) -> None:
     overrides = [

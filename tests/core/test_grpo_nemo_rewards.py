@@ -27,9 +27,9 @@ from hpcrl.core.algorithms.grpo import (  # noqa: E402
 )
 from hpcrl.core.algorithms.reward_terms import shape_rewards  # noqa: E402
 from hpcrl.core.data.prompts import fit_prompt, prompt_key  # noqa: E402
-from tests.config.recipe_dicts import base_dict, with_keys  # noqa: E402
 from tests.core import nemo_rl_reference as ref  # noqa: E402
 from tests.nemo_rl_snapshots import RELEASES, nemo_rl_config  # noqa: E402
+from tests.recipe_builder import base_dict, with_keys  # noqa: E402
 
 
 def recipe_with(**dotted) -> Recipe:

@@ -11,14 +11,8 @@ import textwrap
 
 import pytest
 
-from tests.core.parallel_harness import (
-    make_batch,
-    make_recipe,
-    masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
-    start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
-)
+from tests.core.parallel_harness import make_batch, masked_nll_loss, start_policy
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +47,8 @@ def gc_enabled_in_forked_child(backend: object) -> bool:
     return answer == b"1"
 
 
-def test_collections_on_every_rank_at_the_same_steps(ray_cluster, tiny_model_path):  # noqa: F811
-    recipe = make_recipe(manual_gc_interval=3)
+def test_collections_on_every_rank_at_the_same_steps(ray_cluster, tiny_model_path):
+    recipe = tiny_automodel_recipe(manual_gc_interval=3)
     policy = start_policy(recipe, tiny_model_path, world_size=2)
     try:
         enabled_after_setup = policy.group.call_same("run", install_gc_recorder)
@@ -101,7 +95,7 @@ def test_manual_gc_interval_must_be_positive():
 
     from hpcrl.core.workers.manual_gc import ManualGc
 
-    recipe = make_recipe()
+    recipe = tiny_automodel_recipe()
     bad = attrs.evolve(recipe.policy.megatron_cfg, manual_gc=True, manual_gc_interval=0)
     recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, megatron_cfg=bad))
     with pytest.raises(ValueError, match=r"policy\.megatron_cfg\.manual_gc_interval: 0"):

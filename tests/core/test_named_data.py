@@ -15,7 +15,7 @@ from hpcrl.config.datasets import resolve_data_sections
 from hpcrl.config.recipe import Recipe
 from hpcrl.config.rules import check_recipe
 from hpcrl.core.data.named import load_named_rows
-from tests.config.recipe_dicts import base_dict, with_keys
+from tests.recipe_builder import base_dict, with_keys
 
 COT = "Think step by step and put the answer in \\boxed{{}}.\n{}\n"
 CHAT = (

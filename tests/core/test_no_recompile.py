@@ -20,12 +20,8 @@ from hpcrl.core.backends.automodel.model import TokenLogprobModel  # noqa: E402
 from hpcrl.core.backends.automodel.worker import AutomodelWorker  # noqa: E402
 from hpcrl.core.backends.base import RankInfo  # noqa: E402
 from hpcrl.core.workers.sharding import split_micro_batches  # noqa: E402
-from tests.core.parallel_harness import (  # noqa: E402
-    make_batch,
-    make_recipe,
-    masked_nll_loss,
-    tiny_model_path,  # noqa: F401  (fixture)
-)
+from tests.core.parallel_harness import make_batch, masked_nll_loss  # noqa: E402
+from tests.recipe_builder import tiny_automodel_recipe  # noqa: E402
 
 
 class CountingBackend:
@@ -40,7 +36,7 @@ class CountingBackend:
 
 
 @pytest.fixture
-def compiled_worker(tiny_model_path):  # noqa: F811
+def compiled_worker(tiny_model_path):
     import torch.distributed as dist
 
     with socket.socket() as sock:
@@ -66,7 +62,7 @@ def compiled_worker(tiny_model_path):  # noqa: F811
     # the worker reports this process's graph count, which reset() leaves as it is: graphs
     # that earlier tests compiled (tests/core/test_fused_sampler.py) must not count here
     torch._dynamo.utils.counters.clear()
-    worker.setup(make_recipe(micro_batch_size=2), info, tiny_model_path)
+    worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, tiny_model_path)
     try:
         yield worker, backend
     finally:
@@ -127,7 +123,7 @@ def test_right_padding_is_told_from_other_layouts() -> None:
     assert not is_right_padded(torch.tensor([[1, 0, 1, 0]]))  # a hole
 
 
-def test_right_padded_rows_score_the_same_without_a_mask(tiny_model_path) -> None:  # noqa: F811
+def test_right_padded_rows_score_the_same_without_a_mask(tiny_model_path) -> None:
     """The backend drops the mask of right-padded micro-batches (causal attention alone);
     every real token's log-prob stays what the masked forward gives. A left-padded
     micro-batch keeps its mask."""

@@ -13,20 +13,18 @@ from transformers import AutoModelForCausalLM
 from hpcrl.config.recipe import SequencePackingCfg
 from tests.core.parallel_harness import (
     make_batch,
-    make_recipe,
     masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
     reference_logprobs,
     reference_training,
     start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
 
 def packing_recipe():
-    recipe = make_recipe()
+    recipe = tiny_automodel_recipe()
     packing = SequencePackingCfg(
         enabled=True, train_mb_tokens=40, logprob_mb_tokens=48, sequence_length_round=8
     )
@@ -39,7 +37,7 @@ def packing_recipe():
     return attrs.evolve(recipe, policy=policy)
 
 
-def test_packed_training_matches_single_unpacked_process(ray_cluster, tiny_model_path):  # noqa: F811
+def test_packed_training_matches_single_unpacked_process(ray_cluster, tiny_model_path):
     recipe = packing_recipe()
     batches = [make_batch(seed) for seed in range(3)]
     policy = start_policy(recipe, tiny_model_path, world_size=2)

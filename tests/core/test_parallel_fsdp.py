@@ -9,27 +9,25 @@ from transformers import AutoModelForCausalLM
 from tests.core.parallel_harness import (
     full_weights,
     make_batch,
-    make_recipe,
     masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
     reference_logprobs,
     reference_training,
     start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def fsdp_policy(ray_cluster, tiny_model_path):  # noqa: F811
-    policy = start_policy(make_recipe(), tiny_model_path, world_size=2)
+def fsdp_policy(ray_cluster, tiny_model_path):
+    policy = start_policy(tiny_automodel_recipe(), tiny_model_path, world_size=2)
     yield policy
     policy.shutdown()
 
 
-def test_fsdp_training_matches_single_process(fsdp_policy, tiny_model_path):  # noqa: F811
-    recipe = make_recipe()
+def test_fsdp_training_matches_single_process(fsdp_policy, tiny_model_path):
+    recipe = tiny_automodel_recipe()
     batches = [make_batch(seed) for seed in range(4)]
     metrics = [fsdp_policy.train(batch, masked_nll_loss) for batch in batches]
     ref_losses, ref_weights = reference_training(tiny_model_path, recipe, batches)
@@ -45,7 +43,7 @@ def test_fsdp_training_matches_single_process(fsdp_policy, tiny_model_path):  # 
         torch.testing.assert_close(weights[name], ref, atol=1e-5, rtol=0, msg=name)
 
 
-def test_logprobs_come_back_in_batch_order(fsdp_policy, tiny_model_path):  # noqa: F811
+def test_logprobs_come_back_in_batch_order(fsdp_policy, tiny_model_path):
     batch = make_batch(seed=11, batch_size=7)  # uneven over 2 ranks: padded, then trimmed
     current = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     current.load_state_dict(fsdp_policy.group.call_same("run", full_weights)[0])

@@ -10,19 +10,17 @@ from tests.core.parallel_harness import (
     full_weights,
     local_shards,
     make_batch,
-    make_recipe,
     masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
     reference_training,
     start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
 
-def test_hsdp_matches_single_process_and_replicas_agree(ray_cluster, tiny_model_path):  # noqa: F811
-    recipe = make_recipe(dp_replicate=2, micro_batch_size=1)
+def test_hsdp_matches_single_process_and_replicas_agree(ray_cluster, tiny_model_path):
+    recipe = tiny_automodel_recipe(dp_replicate=2, micro_batch_size=1)
     batches = [make_batch(seed) for seed in range(3)]
     policy = start_policy(recipe, tiny_model_path, world_size=4)
     try:

@@ -13,13 +13,11 @@ from hpcrl.config.recipe import LrSchedulerCfg
 from tests.core.parallel_harness import (
     full_weights,
     make_batch,
-    make_recipe,
     masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
     reference_training,
     start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +27,8 @@ def local_q_proj_shape(backend: object) -> tuple[int, ...]:
     return tuple(layer.self_attn.q_proj.weight.to_local().shape)
 
 
-def test_tp2_fsdp2_mesh_matches_single_process(ray_cluster, tiny_model_path):  # noqa: F811
-    recipe = make_recipe(tp=2)
+def test_tp2_fsdp2_mesh_matches_single_process(ray_cluster, tiny_model_path):
+    recipe = tiny_automodel_recipe(tp=2)
     batches = [make_batch(seed) for seed in range(3)]
     policy = start_policy(recipe, tiny_model_path, world_size=4)
     try:
@@ -78,12 +76,12 @@ def train_steps(policy, batches) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def saved_at_fsdp2(ray_cluster, tiny_model_path, tmp_path_factory):  # noqa: F811
+def saved_at_fsdp2(ray_cluster, tiny_model_path, tmp_path_factory):
     """3 steps on FSDP over 2 workers, a checkpoint, then the 2 steps the saving run went on
     with (metrics and final weights): what every resumed layout must reproduce."""
     batches = [make_batch(seed) for seed in range(5)]
     checkpoint_dir = str(tmp_path_factory.mktemp("layouts") / "step_3")
-    policy = start_policy(scheduled(make_recipe()), tiny_model_path, world_size=2)
+    policy = start_policy(scheduled(tiny_automodel_recipe()), tiny_model_path, world_size=2)
     try:
         train_steps(policy, batches[:3])
         policy.save_checkpoint(checkpoint_dir, {"step": 3})
@@ -97,9 +95,11 @@ def saved_at_fsdp2(ray_cluster, tiny_model_path, tmp_path_factory):  # noqa: F81
 @pytest.mark.parametrize(
     ("world_size", "tp"), [pytest.param(4, 1, id="fsdp4"), pytest.param(2, 2, id="tp2")]
 )
-def test_checkpoint_resumes_in_another_layout(saved_at_fsdp2, tiny_model_path, world_size, tp):  # noqa: F811
+def test_checkpoint_resumes_in_another_layout(saved_at_fsdp2, tiny_model_path, world_size, tp):
     checkpoint_dir, batches, continued, continued_weights = saved_at_fsdp2
-    policy = start_policy(scheduled(make_recipe(tp=tp)), tiny_model_path, world_size=world_size)
+    policy = start_policy(
+        scheduled(tiny_automodel_recipe(tp=tp)), tiny_model_path, world_size=world_size
+    )
     try:
         assert policy.load_checkpoint(checkpoint_dir) == {"step": 3}
         steps_after_load = [state["step"] for state in policy.collect_state()]

@@ -11,7 +11,7 @@ from hpcrl.core.backends.automodel.optim import clip_gradients
 from hpcrl.core.backends.automodel.parallelize import MeshShape
 from hpcrl.core.backends.automodel.worker import _check_supported
 from hpcrl.core.token_distribution import LogitTransform, TokenDistribution
-from tests.core.parallel_harness import make_recipe, with_automodel
+from tests.recipe_builder import tiny_automodel_recipe, with_automodel
 
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 64, 10_000])
@@ -85,5 +85,5 @@ def test_mesh_shape_derives_dp_shard_and_rejects_layouts_that_do_not_factor():
 )
 def test_unsupported_options_fail_at_setup_with_their_key(changes, message):
     with pytest.raises(ValueError, match=message):
-        _check_supported(with_automodel(make_recipe(), **changes))
-    _check_supported(make_recipe())  # the defaults are fine
+        _check_supported(with_automodel(tiny_automodel_recipe(), **changes))
+    _check_supported(tiny_automodel_recipe())  # the defaults are fine

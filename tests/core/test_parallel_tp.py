@@ -8,13 +8,11 @@ import torch
 from tests.core.parallel_harness import (
     full_weights,
     make_batch,
-    make_recipe,
     masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
     reference_training,
     start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +23,8 @@ def local_q_proj_shape(backend: object) -> tuple[int, ...]:
     return tuple(inner.self_attn.q_proj.weight.to_local().shape)
 
 
-def test_tp_with_activation_checkpointing_matches_single_process(ray_cluster, tiny_model_path):  # noqa: F811
-    recipe = make_recipe(tp=2, activation_checkpointing=True)
+def test_tp_with_activation_checkpointing_matches_single_process(ray_cluster, tiny_model_path):
+    recipe = tiny_automodel_recipe(tp=2, activation_checkpointing=True)
     batches = [make_batch(seed) for seed in range(4)]
     policy = start_policy(recipe, tiny_model_path, world_size=2)
     try:

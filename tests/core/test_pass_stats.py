@@ -20,15 +20,12 @@ from hpcrl.core.backends.automodel.worker import AutomodelWorker  # noqa: E402
 from hpcrl.core.backends.base import RankInfo  # noqa: E402
 from hpcrl.core.workers.micro_batches import row_extents  # noqa: E402
 from hpcrl.core.workers.sharding import split_micro_batches  # noqa: E402
-from tests.core.parallel_harness import (  # noqa: E402
-    make_batch,
-    make_recipe,
-    tiny_model_path,  # noqa: F401  (fixture)
-)
+from tests.core.parallel_harness import make_batch  # noqa: E402
+from tests.recipe_builder import tiny_automodel_recipe  # noqa: E402
 
 
 @pytest.fixture
-def worker(tiny_model_path):  # noqa: F811
+def worker(tiny_model_path):
     import torch.distributed as dist
 
     with socket.socket() as sock:
@@ -38,7 +35,7 @@ def worker(tiny_model_path):  # noqa: F811
     info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                     master_addr="127.0.0.1", master_port=port, device="cpu")  # fmt: skip
     worker = AutomodelWorker()
-    worker.setup(make_recipe(micro_batch_size=2), info, tiny_model_path)
+    worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, tiny_model_path)
     try:
         yield worker
     finally:

@@ -7,14 +7,12 @@ import attrs
 import pytest
 import torch
 
-from hpcrl.config import structure_recipe
 from hpcrl.config.recipe import EnvCfg, MathEnvCfg, RewardScalingCfg, RewardShapingCfg
-from hpcrl.config.rules import check_recipe
 from hpcrl.core.algorithms.dynamic_sampling import rows_with_signal, sample_dynamically
 from hpcrl.core.algorithms.grpo import Rollouts
 from hpcrl.core.algorithms.reward_terms import overlong_penalty, scale_rewards
 from hpcrl.core.workers.ray_policy import GenerationResult
-from tests.config.recipe_dicts import base_dict, with_keys
+from tests.recipe_builder import problems_for
 
 
 def test_scaling_clamps_then_maps_linearly():
@@ -92,7 +90,7 @@ def test_dynamic_sampling_gives_up_naming_the_settings():
 
 
 def grpo_problems(**dotted):
-    return check_recipe(structure_recipe(with_keys(base_dict("automodel"), **dotted)))
+    return problems_for("automodel", "grpo", **dotted)
 
 
 def test_grpo_option_rules_name_their_keys():

@@ -10,11 +10,10 @@ require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
-from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 
 @pytest.mark.slow
-def test_sft_loss_falls_on_the_tiny_recipe(ray_cluster, tmp_path) -> None:  # noqa: F811
+def test_sft_loss_falls_on_the_tiny_recipe(ray_cluster, tmp_path) -> None:
     val_path = REPO_ROOT / "recipes" / "data" / "sft_tiny.jsonl"
     overrides = [f"data.val_path={val_path}", "sft.val_period=10", "sft.val_at_start=true"]
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", overrides)

@@ -18,14 +18,8 @@ from hpcrl.core.workers.sharding import (
     split_batch,
     split_micro_batches,
 )
-from tests.core.parallel_harness import (
-    make_batch,
-    make_recipe,
-    masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
-    start_policy,
-    tiny_model_path,  # noqa: F401  (fixture)
-)
+from tests.core.parallel_harness import make_batch, masked_nll_loss, start_policy
+from tests.recipe_builder import tiny_automodel_recipe
 
 
 def rank_facts(backend: object) -> dict:
@@ -53,8 +47,8 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_group_wires_ranks_generates_in_order_and_leaves_nothing(
-    ray_cluster,  # noqa: F811
-    tiny_model_path,  # noqa: F811
+    ray_cluster,
+    tiny_model_path,
     tmp_path,
 ):
     import ray
@@ -64,7 +58,7 @@ def test_group_wires_ranks_generates_in_order_and_leaves_nothing(
 
     prompts = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34]]  # 3 prompts over 2 ranks: padded
     cfg = GenerationCfg(max_new_tokens=6, temperature=0.0)
-    policy = start_policy(make_recipe(lr=3e-2), tiny_model_path, world_size=2)
+    policy = start_policy(tiny_automodel_recipe(lr=3e-2), tiny_model_path, world_size=2)
     try:
         facts = policy.group.call_same("run", rank_facts)
         out = policy.generate(prompts, cfg, seed=5)
@@ -119,7 +113,7 @@ def test_group_wires_ranks_generates_in_order_and_leaves_nothing(
 
 
 @pytest.mark.slow
-def test_too_few_nodes_is_a_clear_error(ray_cluster):  # noqa: F811
+def test_too_few_nodes_is_a_clear_error(ray_cluster):
     from hpcrl.core.workers.group import pick_nodes
 
     with pytest.raises(RuntimeError, match="needs 2 Ray nodes but 1 joined"):

@@ -15,11 +15,10 @@ from tests.core.parallel_harness import (
     REPO_ROOT,
     DiagnosticWorker,
     make_batch,
-    make_recipe,
     masked_nll_loss,
     reference_training,
-    tiny_model_path,  # noqa: F401  (fixture)
 )
+from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -100,14 +99,14 @@ def assert_failures_name_the_rank(policy, release) -> None:
     assert policy.group.failed  # shutdown kills the workers without asking them to close
 
 
-def test_ranks_land_on_their_nodes_and_train_together(two_node_cluster, tiny_model_path, tmp_path):  # noqa: F811
+def test_ranks_land_on_their_nodes_and_train_together(two_node_cluster, tiny_model_path, tmp_path):
     import ray
 
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.workers.group import GroupLayout
     from hpcrl.core.workers.ray_policy import RayPolicy
 
-    recipe = make_recipe()
+    recipe = tiny_automodel_recipe()
     batches = [make_batch(seed) for seed in range(2)]
     messages: list[str] = []
     layout = GroupLayout(num_nodes=2, workers_per_node=1, device="cpu")

@@ -9,7 +9,8 @@ from pathlib import Path
 from hpcrl.plan.planner import plan
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.run.jobspec_file import write_jobspec
-from tests.plan.planning_inputs import automodel_recipe, plain_slurm_profile, pyxis_profile
+from tests.plan.planning_inputs import plain_slurm_profile, pyxis_profile
+from tests.recipe_builder import automodel_recipe
 
 
 def write_node_plan(

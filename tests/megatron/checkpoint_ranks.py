@@ -7,7 +7,8 @@ import multiprocessing
 
 import attrs
 
-from tests.megatron.harness import make_recipe, setup_worker, train_steps
+from tests.megatron.harness import setup_worker, train_steps
+from tests.recipe_builder import tiny_megatron_recipe
 
 
 def save_in_format(worker, checkpoint_dir: str, optimizer_format: str) -> None:
@@ -29,14 +30,16 @@ def checkpoint_resume_run(
     """Train 2 steps, save (``train_dir``: dp_reshardable, the default; ``reshardable_dir``:
     fully_reshardable), train 2 more; then a fresh worker loads ``train_dir`` (parallel reads)
     and trains the same 2 steps: both continuations must agree."""
-    worker, place = setup_worker(rank, world_size, make_recipe(hf_path), hf_path, ckpt_root)
+    worker, place = setup_worker(
+        rank, world_size, tiny_megatron_recipe(hf_path), hf_path, ckpt_root
+    )
     train_steps(worker, place, 2)
     worker.save_checkpoint(train_dir)
     save_in_format(worker, reshardable_dir, "fully_reshardable")
     continued = train_steps(worker, place, 2)
     worker.close()
 
-    read_in_parallel = make_recipe(hf_path, parallel_read_threads=2)
+    read_in_parallel = tiny_megatron_recipe(hf_path, parallel_read_threads=2)
     resumed_worker, place = setup_worker(rank, world_size, read_in_parallel, hf_path, ckpt_root)
     fresh_loss = train_steps(resumed_worker, place, 1)[0]["loss"]
     resumed_worker.close()
@@ -58,7 +61,7 @@ def load_then_train_run(
     rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, layout: dict
 ) -> dict:
     """A fresh worker in ``layout`` loads ``train_dir`` and trains the same 2 steps."""
-    recipe = make_recipe(hf_path, **layout)
+    recipe = tiny_megatron_recipe(hf_path, **layout)
     worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
     worker.load_checkpoint(train_dir)
     resumed = train_steps(worker, place, 2)

@@ -3,6 +3,10 @@
 Every test here carries the ``megatron`` marker (added by tests/conftest.py), whose gate fails
 it under CI when megatron-core/bridge are missing. Locally, without them, the whole folder
 skips here, before its modules (some import megatron-core) are collected.
+
+``converted`` (a tiny HF Llama and its Megatron conversion) is made once per session: every
+test only reads it (workers train from it and save elsewhere), and a conversion costs tens of
+seconds on the 2-core machine. tests/megatron/test_conversion.py tests converting itself.
 """
 
 from __future__ import annotations
@@ -27,3 +31,11 @@ def megatron_cpu() -> Iterator[None]:
     import_bridge()
     with cpu_compat():
         yield
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """(HF model path, Megatron conversion root) of a tiny Llama, read-only for tests."""
+    from tests.megatron.harness import build_converted
+
+    return build_converted(tmp_path_factory.mktemp("megatron"))

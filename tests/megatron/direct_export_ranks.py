@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.megatron import harness
+from tests.recipe_builder import tiny_megatron_recipe
 
 
 def export_and_reference_run(rank: int, world_size: int, hf_path: str, ckpt_root: str) -> dict:
@@ -15,7 +16,7 @@ def export_and_reference_run(rank: int, world_size: int, hf_path: str, ckpt_root
     from hpcrl.core.backends.megatron.generation import export_hf_weights
 
     worker, place = harness.setup_worker(
-        rank, world_size, harness.make_recipe(hf_path), hf_path, ckpt_root
+        rank, world_size, tiny_megatron_recipe(hf_path), hf_path, ckpt_root
     )
     batch = harness.fixed_batch()
     num_tokens = float(batch["token_mask"].sum())

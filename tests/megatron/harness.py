@@ -12,9 +12,16 @@ import os
 import socket
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
+
+from tests.recipe_builder import (
+    TINY_MEGATRON_GLOBAL_BATCH,
+    TINY_MEGATRON_SEQ_LEN,
+    tiny_megatron_recipe,
+)
 
 
 def prepare_cpu_process(skip_patches: frozenset[str] = frozenset()) -> None:
@@ -23,6 +30,22 @@ def prepare_cpu_process(skip_patches: frozenset[str] = frozenset()) -> None:
     from hpcrl.core.backends.megatron.cpu_compat import apply_for_process
 
     apply_for_process(skip_patches)
+
+
+def build_converted(base: Path, model_type: str = "llama") -> tuple[str, str]:
+    """A tiny HF model of ``model_type`` under ``base`` and its Megatron conversion, made the
+    way a job's rank 0 makes it (workers given ``root`` then reuse it)."""
+    from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
+    from hpcrl.core.backends.megatron.hf_import import make_converter
+    from tests.megatron.tiny_hf import build_tiny_hf_model
+
+    hf_path = str(build_tiny_hf_model(base / "hf", model_type))
+    root = str(base / "converted")
+    ensure_megatron_checkpoint(
+        hf_path, hf_path, root, force=False, rank=0,
+        convert=make_converter({}, prepare=prepare_cpu_process),
+    )  # fmt: skip
+    return hf_path, root
 
 
 def free_port() -> int:
@@ -206,8 +229,8 @@ def ensure_on_rank(rank: int, world_size: int, root: str, count_file: str) -> st
 
 
 # --------------------------------------------------------------------------- backend runs
-SEQ_LEN = 16
-GLOBAL_BATCH = 8
+SEQ_LEN = TINY_MEGATRON_SEQ_LEN
+GLOBAL_BATCH = TINY_MEGATRON_GLOBAL_BATCH
 
 
 def masked_nll(logprobs, micro_batch, num_global_tokens):
@@ -229,64 +252,6 @@ def fixed_batch(seed: int = 0) -> dict:
         "attention_mask": torch.ones_like(input_ids),
         "token_mask": token_mask,
     }
-
-
-def make_recipe(
-    model_name: str,
-    *,
-    tp: int = 1,
-    pp: int = 1,
-    dist_opt: bool = True,
-    micro_batch_size: int = 2,
-    lr: float = 1e-3,
-    manual_gc_interval: int = 0,
-    parallel_read_threads: int = 1,
-    model_overrides: dict | None = None,
-    offload_fraction: float = 0.0,
-    precision: str = "float32",
-    optimizer_format: str = "dp_reshardable",
-):
-    from hpcrl.config.recipe import (
-        DataCfg,
-        MegatronCfg,
-        MegatronCheckpointCfg,
-        MegatronOptimizerCfg,
-        PolicyCfg,
-        Recipe,
-        SftCfg,
-    )
-
-    megatron_cfg = MegatronCfg(
-        enabled=True,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        optimizer=MegatronOptimizerCfg(
-            lr=lr,
-            use_distributed_optimizer=dist_opt,
-            clip_grad=1.0,
-            weight_decay=0.01,
-            optimizer_cpu_offload=offload_fraction > 0,
-            optimizer_offload_fraction=offload_fraction,
-        ),
-        manual_gc=manual_gc_interval > 0,
-        manual_gc_interval=manual_gc_interval,
-        checkpoint=MegatronCheckpointCfg(
-            parallel_read_threads=parallel_read_threads, optimizer_format=optimizer_format
-        ),
-        model_overrides=model_overrides or {},
-    )
-    return Recipe(
-        policy=PolicyCfg(
-            model_name=model_name,
-            train_global_batch_size=GLOBAL_BATCH,
-            train_micro_batch_size=micro_batch_size,
-            precision=precision,
-            max_total_sequence_length=SEQ_LEN,
-            megatron_cfg=megatron_cfg,
-        ),
-        data=DataCfg(train_path="unused.jsonl"),
-        sft=SftCfg(max_num_steps=10, seed=7),
-    )
 
 
 UNPLANNED_SUFFIX = ".from-the-environment"
@@ -332,7 +297,7 @@ def train_run(
     rank: int, world_size: int, recipe_kwargs: dict, hf_path: str, ckpt_root: str, steps: int
 ) -> dict:
     """Set up the real MegatronWorker, train ``steps`` steps on a fixed batch."""
-    recipe = make_recipe(hf_path, **recipe_kwargs)
+    recipe = tiny_megatron_recipe(hf_path, **recipe_kwargs)
     worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
     batch = fixed_batch()
     num_tokens = float(batch["token_mask"].sum())
@@ -360,7 +325,7 @@ def manual_gc_run(
     """Train with manual GC; record automatic-GC state and the full collections per step."""
     import gc
 
-    recipe = make_recipe(hf_path, manual_gc_interval=interval)
+    recipe = tiny_megatron_recipe(hf_path, manual_gc_interval=interval)
     gc_was_enabled_before = gc.isenabled()
     worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
     enabled_after_setup = gc.isenabled()
@@ -409,7 +374,7 @@ def _gc_enabled_in_forked_child() -> bool:
 
 def roundtrip_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, tp: int, out_dir: str):
     """Load the conversion at TP=``tp``, return log-probs (reporting rank) and export to HF."""
-    recipe = make_recipe(hf_path, tp=tp)
+    recipe = tiny_megatron_recipe(hf_path, tp=tp)
     worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
     logprobs = worker.logprobs(shard(fixed_batch(), place))
     worker.export_hf(out_dir)
@@ -440,7 +405,7 @@ def offload_fractions_run(
     offload_standin.apply_for_process_lifetime()
     results = {}
     for fraction in fractions:
-        recipe = make_recipe(hf_path, offload_fraction=fraction, precision="bfloat16")
+        recipe = tiny_megatron_recipe(hf_path, offload_fraction=fraction, precision="bfloat16")
         worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
         history = train_steps(worker, place, steps)
         facts = offload_standin.offload_facts(worker.optimizer)
@@ -460,7 +425,9 @@ def generate_run(
     from hpcrl.config.recipe import GenerationCfg
     from hpcrl.core.generation.torch_engine import TorchEngine
 
-    worker, place = setup_worker(rank, world_size, make_recipe(hf_path, tp=tp), hf_path, ckpt_root)
+    worker, place = setup_worker(
+        rank, world_size, tiny_megatron_recipe(hf_path, tp=tp), hf_path, ckpt_root
+    )
     engine = TorchEngine(AutoConfig.from_pretrained(hf_path), device="cpu", dtype=torch.float32)
     cfg = GenerationCfg(max_new_tokens=8, temperature=0.0)
     engine.update_weights(worker.export_hf_weights())

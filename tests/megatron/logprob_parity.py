@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from tests.megatron import harness
+from tests.recipe_builder import tiny_megatron_recipe
 
 GENERATIONS = {
     "t1": {"temperature": 1.0},
@@ -50,7 +51,7 @@ def parity_probe(logprobs, micro_batch, num_global_tokens):
 def grpo_recipe(hf_path: str, tp: int) -> Any:
     from hpcrl.config.recipe import GrpoCfg
 
-    recipe = harness.make_recipe(hf_path, tp=tp, lr=0.0)  # lr 0: weights stay the HF ones
+    recipe = tiny_megatron_recipe(hf_path, tp=tp, lr=0.0)  # lr 0: weights stay the HF ones
     return attrs.evolve(recipe, sft=None, grpo=GrpoCfg(num_prompts_per_step=2))
 
 

@@ -5,6 +5,7 @@ micro-batches and THD packs — log-probs, loss and every gradient compared."""
 from __future__ import annotations
 
 from tests.megatron import harness
+from tests.recipe_builder import tiny_megatron_recipe
 
 
 def mixed_batch(rows: int, width: int, seed: int) -> dict:
@@ -40,7 +41,7 @@ def packing_run(rank: int, world_size: int, hf_path: str, ckpt_root: str) -> dic
         row_lengths,
     )
 
-    recipe = harness.make_recipe(hf_path, dist_opt=False)
+    recipe = tiny_megatron_recipe(hf_path, dist_opt=False)
     worker, _ = harness.setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
     batch = mixed_batch(8, harness.SEQ_LEN, seed=3)
     tokens = float(batch["token_mask"].sum())

@@ -10,14 +10,13 @@ from __future__ import annotations
 import pytest
 
 from tests.megatron import checkpoint_ranks, harness
-from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
 
 # Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def resume_run(converted, tmp_path_factory):  # noqa: F811
+def resume_run(converted, tmp_path_factory):
     """2 DP ranks: train 2 steps, save in both formats, train 2 more; a fresh worker loads the
     default one and trains the same 2 steps. Both checkpoints stay for other layouts to load."""
     hf_path, root = converted
@@ -55,7 +54,7 @@ def assert_continues_like(results: list[dict], continued: list[dict]) -> None:
             assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
 
 
-def test_checkpoint_resumes_at_another_data_parallel_size(converted, resume_run):  # noqa: F811
+def test_checkpoint_resumes_at_another_data_parallel_size(converted, resume_run):
     """The DP 2 run's default checkpoint, loaded by 4 DP ranks, continues like the DP 2 run."""
     hf_path, root = converted
     train_dir, _, dp2_results = resume_run
@@ -72,7 +71,7 @@ def test_checkpoint_resumes_at_another_data_parallel_size(converted, resume_run)
     ids=["tp2-pp2-dp1", "tp2-dp1"],
 )
 def test_fully_reshardable_checkpoint_resumes_at_another_tp_or_pp(
-    converted,  # noqa: F811
+    converted,
     resume_run,
     world_size,
     loading_layout,

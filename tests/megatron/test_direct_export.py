@@ -14,30 +14,16 @@ import pytest
 import torch
 
 from tests.megatron import direct_export_ranks, harness
-from tests.megatron.tiny_hf import build_tiny_hf_model
 
 # Spawns a gloo rank that builds a real megatron-core model: about a minute per model.
 pytestmark = pytest.mark.slow
-
-
-def _converted(base, model_type: str) -> tuple[str, str]:
-    from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
-    from hpcrl.core.backends.megatron.hf_import import make_converter
-
-    hf_path = str(build_tiny_hf_model(base / "hf", model_type))
-    root = str(base / "converted")
-    ensure_megatron_checkpoint(
-        hf_path, hf_path, root, force=False, rank=0,
-        convert=make_converter({}, prepare=harness.prepare_cpu_process),
-    )  # fmt: skip
-    return hf_path, root
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
 def test_direct_export_equals_the_bridge_and_the_reference_swap_restores(
     tmp_path, model_type: str
 ) -> None:
-    hf_path, root = _converted(tmp_path, model_type)
+    hf_path, root = harness.build_converted(tmp_path, model_type)
     (result,) = harness.run_ranks(1, direct_export_ranks.export_and_reference_run, hf_path, root)
     for direct, bridged in result["exports"]:
         assert sorted(direct) == sorted(bridged)

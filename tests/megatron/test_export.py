@@ -13,15 +13,15 @@ from hpcrl.core.export import export_checkpoint
 from hpcrl.run.checkpoints import EXPORT_RECORD
 from hpcrl.run.export_progress import ExportProgress
 from tests.megatron import export_ranks, harness
-from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
 from tests.megatron.test_roundtrip import _hf_logprobs
+from tests.recipe_builder import tiny_megatron_recipe
 
 # Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
 pytestmark = pytest.mark.slow
 
 
 def test_export_of_a_tensor_parallel_checkpoint_has_the_trained_policys_logprobs(
-    converted,  # noqa: F811
+    converted,
     tmp_path,
     capfd,
 ):
@@ -33,7 +33,7 @@ def test_export_of_a_tensor_parallel_checkpoint_has_the_trained_policys_logprobs
     ((initial, trained),) = [r for r in results if r is not None]
 
     capfd.readouterr()
-    recipe = harness.make_recipe(hf_path, tp=2)
+    recipe = tiny_megatron_recipe(hf_path, tp=2)
     out = export_checkpoint(recipe, checkpoint, tmp_path / "hf", tmp_path, ExportProgress())
     said = capfd.readouterr().out  # the phases, said by the spawned export process
     phases = [line.split("] ", 1)[1] for line in said.splitlines() if "hpcrl export: [" in line]

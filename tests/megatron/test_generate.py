@@ -11,7 +11,6 @@ from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.padding import pad_prompts
 from hpcrl.core.generation.torch_sampler import generate
 from tests.megatron import harness
-from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
 
 # Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
 pytestmark = pytest.mark.slow
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.slow
 PROMPTS = [[5, 9, 14, 20], [33, 7], [50, 51, 52, 53, 54, 55], [4]]
 
 
-def test_tp2_greedy_generation_equals_hf(converted):  # noqa: F811
+def test_tp2_greedy_generation_equals_hf(converted):
     from transformers import AutoModelForCausalLM
 
     hf_path, root = converted

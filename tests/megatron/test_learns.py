@@ -15,7 +15,6 @@ require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
 from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
-from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 
 
 @pytest.fixture
@@ -26,7 +25,7 @@ def megatron_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_sft_loss_falls_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:  # noqa: F811
+def test_sft_loss_falls_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:
     overrides = [
         *megatron_on_cpu,
         "policy.automodel_cfg.enabled=false",
@@ -80,7 +79,7 @@ def assert_job_export_equals_hpcrl_export(run_dir: Path, out: Path) -> None:
 
 
 @pytest.mark.slow
-def test_grpo_learns_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:  # noqa: F811
+def test_grpo_learns_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:
     overrides = [
         *megatron_on_cpu,
         "grpo.max_num_steps=12",

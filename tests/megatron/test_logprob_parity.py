@@ -15,25 +15,6 @@ from tests.megatron.tiny_hf import build_tiny_hf_model
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory) -> tuple[str, str]:
-    from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
-    from hpcrl.core.backends.megatron.hf_import import make_converter
-
-    base = tmp_path_factory.mktemp("megatron_parity")
-    hf_path = str(build_tiny_hf_model(base / "hf", "llama"))
-    root = str(base / "converted")
-    ensure_megatron_checkpoint(
-        hf_path,
-        hf_path,
-        root,
-        force=False,
-        rank=0,
-        convert=make_converter({}, prepare=harness.prepare_cpu_process),
-    )
-    return hf_path, root
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_logprobs_equal_the_hf_forward_under_the_sampling_distribution(converted, tp):

@@ -10,11 +10,10 @@ import pytest
 from hpcrl.config.recipe import MegatronCfg
 from hpcrl.core.backends.megatron.manual_gc import manual_gc_for
 from tests.megatron import harness
-from tests.megatron.test_parallel import converted  # noqa: F401  (module fixture)
 
 
 @pytest.mark.slow
-def test_worker_collects_every_interval_steps(converted):  # noqa: F811
+def test_worker_collects_every_interval_steps(converted):
     hf_path, root = converted
     (result,) = harness.run_ranks(1, harness.manual_gc_run, hf_path, root, 2, 5)
     assert result["before"] is True

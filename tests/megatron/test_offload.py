@@ -130,14 +130,12 @@ OFFLOAD_STEPS = 4
 
 
 @pytest.mark.slow
-def test_offload_fractions_train_like_no_offload(tmp_path):
+def test_offload_fractions_train_like_no_offload(converted):
     """megatron-core's HybridDeviceOptimizer moves the first ``fraction`` of the parameter
     elements to host copies with their own optimizer; the updates must not change: the same
     losses, gradient norms and learning rates at every step, to the bit. The facts show the
     split really happened."""
-    from tests.megatron.test_parallel import build_converted
-
-    hf_path, root = build_converted(tmp_path)
+    hf_path, root = converted
     fractions = [0.0, 0.5, 1.0]
     (runs,) = harness.run_ranks(
         1, harness.offload_fractions_run, hf_path, root, fractions, OFFLOAD_STEPS

@@ -11,12 +11,11 @@ import pytest
 
 from tests.megatron import harness
 from tests.megatron.packing_ranks import packing_run
-from tests.megatron.test_parallel import converted  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
 
-def test_packed_and_dynamic_equal_fixed(converted):  # noqa: F811
+def test_packed_and_dynamic_equal_fixed(converted):
     hf_path, root = converted
     result = harness.run_ranks(1, packing_run, hf_path, root)[0]
     fixed = result["fixed"]

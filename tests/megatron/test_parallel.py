@@ -6,36 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tests.megatron import harness
-from tests.megatron.tiny_hf import build_tiny_hf_model
 
 # Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
 pytestmark = pytest.mark.slow
 
 STEPS = 4
-
-
-def build_converted(base) -> tuple[str, str]:
-    """A tiny HF Llama under ``base`` and its conversion (the workers then reuse it)."""
-    from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
-    from hpcrl.core.backends.megatron.hf_import import make_converter
-
-    hf_path = str(build_tiny_hf_model(base / "hf", "llama"))
-    root = str(base / "converted")
-    ensure_megatron_checkpoint(
-        hf_path,
-        hf_path,
-        root,
-        force=False,
-        rank=0,
-        convert=make_converter({}, prepare=harness.prepare_cpu_process),
-    )
-    return hf_path, root
-
-
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory) -> tuple[str, str]:
-    """A tiny HF Llama and its conversion (done once, here; the workers reuse it)."""
-    return build_converted(tmp_path_factory.mktemp("megatron"))
 
 
 @pytest.fixture(scope="module")

@@ -1,24 +1,14 @@
-"""Recipes and cluster profiles built directly from the schema classes, for planner tests.
+"""Cluster profiles and the submitting host built directly from the schema classes, for
+planner tests (their recipes: tests/recipe_builder.py).
 
 Shared by tests/plan and tests/render.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import attrs
 
 from hpcrl.config.profile import ClusterProfile, ContainerCfg, SlurmCfg
-from hpcrl.config.recipe import (
-    AutomodelCfg,
-    ClusterCfg,
-    DataCfg,
-    GrpoCfg,
-    MegatronCfg,
-    PolicyCfg,
-    Recipe,
-)
 from hpcrl.plan.bundle import BundleContents
 from hpcrl.plan.gpus import LocalGpus
 from hpcrl.plan.submit_host import SubmitHost
@@ -54,12 +44,6 @@ GOLDEN_HOST = SubmitHost(
 )
 
 
-#: An existing data file: the planner checks that data.train_path exists (and lasts: its
-#: 256 rows give GRPO's default 100 steps of 8 prompts in GRPO_EPOCHS epochs).
-SHIPPED_DATA = str(Path(__file__).resolve().parents[2] / "recipes" / "data" / "toy_count.jsonl")
-GRPO_EPOCHS = 4
-
-
 def isolate_from_user_profiles(monkeypatch, tmp_path) -> None:
     """$HOME fixed (the job's home when a profile sets none); no user or site profiles, so
     ``--cluster NAME`` finds only the shipped ones whoever runs the tests."""
@@ -78,36 +62,6 @@ def clear_shell_checkpoint_dir(monkeypatch) -> None:
 
     for name in SHELL_CHECKPOINT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-
-
-def automodel_recipe(num_nodes: int = 1, gpus_per_node: int = 8, **automodel: object) -> Recipe:
-    return Recipe(
-        policy=PolicyCfg(
-            model_name="Qwen/Qwen2-1.5B",
-            train_global_batch_size=64,
-            automodel_cfg=AutomodelCfg(enabled=True, **automodel),
-        ),
-        data=DataCfg(train_path=SHIPPED_DATA),
-        grpo=GrpoCfg(max_num_epochs=GRPO_EPOCHS),
-        cluster=ClusterCfg(num_nodes=num_nodes, gpus_per_node=gpus_per_node),
-    )
-
-
-def megatron_recipe(num_nodes: int = 2, gpus_per_node: int = 8, **megatron: object) -> Recipe:
-    return Recipe(
-        policy=PolicyCfg(
-            model_name="Qwen/Qwen2-1.5B",
-            train_global_batch_size=64,
-            megatron_cfg=MegatronCfg(enabled=True, **megatron),
-        ),
-        data=DataCfg(train_path=SHIPPED_DATA),
-        grpo=GrpoCfg(max_num_epochs=GRPO_EPOCHS),
-        cluster=ClusterCfg(num_nodes=num_nodes, gpus_per_node=gpus_per_node),
-    )
-
-
-def with_policy(recipe: Recipe, **changes: object) -> Recipe:
-    return attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, **changes))
 
 
 def pyxis_profile(**changes: object) -> ClusterProfile:

@@ -16,14 +16,12 @@ from tests.plan.planning_inputs import (
     GOLDEN_HOST,
     GOLDEN_PYTHON,
     GOLDEN_RUN_DIR,
-    automodel_recipe,
     isolate_from_user_profiles,
     local_profile,
-    megatron_recipe,
     plain_slurm_profile,
     pyxis_profile,
-    with_policy,
 )
+from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
 
 BUNDLE = "/runs/.hpcrl-bundles/hpcrl-0.1.0-0123456789abcdef"
 TAIL = ("-u", "-m", "submitit.core._submit", f"{GOLDEN_RUN_DIR}/submitit")

@@ -8,13 +8,8 @@ import pytest
 from hpcrl.config import ConfigError
 from hpcrl.plan.planner import plan
 from hpcrl.run.jobspec_file import read_jobspec, write_jobspec
-from tests.plan.planning_inputs import (
-    GOLDEN_HOST,
-    GOLDEN_RUN_DIR,
-    automodel_recipe,
-    local_profile,
-    pyxis_profile,
-)
+from tests.plan.planning_inputs import GOLDEN_HOST, GOLDEN_RUN_DIR, local_profile, pyxis_profile
+from tests.recipe_builder import automodel_recipe
 
 DEFAULT = "/runs/.hpcrl-cache/torch-compile"  # GOLDEN_HOST keeps bundles in /runs
 

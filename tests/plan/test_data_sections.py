@@ -9,8 +9,9 @@ import attrs
 
 from hpcrl.config.recipe import DataCfg, DatasetCfg
 from hpcrl.run.jobspec_file import read_jobspec, write_jobspec
-from tests.plan.planning_inputs import automodel_recipe, pyxis_profile
+from tests.plan.planning_inputs import pyxis_profile
 from tests.plan.test_planner import make_plan
+from tests.recipe_builder import automodel_recipe
 
 COT = "/prompts/cot.txt"
 MATH = "math_hf_data_processor"

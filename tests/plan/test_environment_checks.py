@@ -19,12 +19,11 @@ from hpcrl.plan.planner import plan
 from hpcrl.plan.requirements import SUPPORTED
 from tests.plan.planning_inputs import (
     GOLDEN_HOST,
-    automodel_recipe,
     isolate_from_user_profiles,
     local_profile,
     pyxis_profile,
-    with_policy,
 )
+from tests.recipe_builder import automodel_recipe, with_policy
 
 MODEL = "Qwen/Qwen2.5-0.5B"
 

@@ -18,15 +18,8 @@ from hpcrl.config.recipe import (
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from hpcrl.run.jobspec import GenerationPlacement
-from tests.plan.planning_inputs import (
-    GOLDEN_HOME,
-    GOLDEN_RUN_DIR,
-    automodel_recipe,
-    local_profile,
-    megatron_recipe,
-    pyxis_profile,
-    with_policy,
-)
+from tests.plan.planning_inputs import GOLDEN_HOME, GOLDEN_RUN_DIR, local_profile, pyxis_profile
+from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
 
 RESOURCES = "policy.generation.colocated.resources"
 

@@ -12,7 +12,8 @@ from hpcrl.config import load_profile
 from hpcrl.config.errors import ConfigError
 from hpcrl.plan.images import enroot_form_of
 from hpcrl.plan.planner import plan
-from tests.plan.planning_inputs import GOLDEN_RUN_DIR, megatron_recipe, pyxis_profile
+from tests.plan.planning_inputs import GOLDEN_RUN_DIR, pyxis_profile
+from tests.recipe_builder import megatron_recipe
 
 
 def plan_errors(profile) -> list[str]:

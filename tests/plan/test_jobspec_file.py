@@ -21,11 +21,8 @@ from hpcrl.run.jobspec_file import (
     read_jobspec,
     write_jobspec,
 )
-from tests.plan.planning_inputs import (
-    isolate_from_user_profiles,
-    megatron_recipe,
-    plain_slurm_profile,
-)
+from tests.plan.planning_inputs import isolate_from_user_profiles, plain_slurm_profile
+from tests.recipe_builder import megatron_recipe
 from tests.render.test_golden import shipped_profiles
 
 PAIRS = [(recipe, profile) for recipe in list_recipes() for profile in shipped_profiles()]

@@ -15,13 +15,11 @@ from tests.plan.planning_inputs import (
     GOLDEN_HOME,
     GOLDEN_HOST,
     GOLDEN_RUN_DIR,
-    automodel_recipe,
     local_profile,
-    megatron_recipe,
     plain_slurm_profile,
     pyxis_profile,
-    with_policy,
 )
+from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
 
 
 def make_plan(recipe, profile, **kwargs):

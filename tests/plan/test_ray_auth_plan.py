@@ -8,13 +8,8 @@ import pytest
 from hpcrl.config.errors import ConfigError
 from hpcrl.plan.planner import plan
 from hpcrl.plan.ray_auth import NO_AUTH_RISK
-from tests.plan.planning_inputs import (
-    GOLDEN_RUN_DIR,
-    automodel_recipe,
-    megatron_recipe,
-    plain_slurm_profile,
-    pyxis_profile,
-)
+from tests.plan.planning_inputs import GOLDEN_RUN_DIR, plain_slurm_profile, pyxis_profile
+from tests.recipe_builder import automodel_recipe, megatron_recipe
 
 
 def make_plan(recipe, profile):

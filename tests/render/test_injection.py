@@ -28,7 +28,8 @@ from hpcrl.config.errors import ConfigError
 from hpcrl.config.profile import ContainerCfg, SlurmCfg
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
-from tests.plan.planning_inputs import GOLDEN_HOME, local_profile, megatron_recipe, pyxis_profile
+from tests.plan.planning_inputs import GOLDEN_HOME, local_profile, pyxis_profile
+from tests.recipe_builder import megatron_recipe
 from tests.render.fuzz_injection import count_example, injection_examples
 from tests.render.sbatch_parser import parse_sbatch_argument
 from tests.render.shell import assert_bash_parses

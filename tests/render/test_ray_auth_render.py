@@ -14,11 +14,8 @@ from hpcrl.config.errors import ConfigError
 from hpcrl.plan.planner import plan
 from hpcrl.render.run_folder import write_run_folder
 from hpcrl.render.script import render_sbatch
-from tests.plan.planning_inputs import (
-    automodel_recipe,
-    isolate_from_user_profiles,
-    plain_slurm_profile,
-)
+from tests.plan.planning_inputs import isolate_from_user_profiles, plain_slurm_profile
+from tests.recipe_builder import automodel_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 NO_AUTH_PROFILE = (REPO / "cluster_profiles" / "slurm-test.yaml").read_text().replace(

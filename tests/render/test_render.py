@@ -20,12 +20,11 @@ from tests.plan.planning_inputs import (
     GOLDEN_HOST,
     GOLDEN_PYTHON,
     GOLDEN_RUN_DIR,
-    automodel_recipe,
     local_profile,
-    megatron_recipe,
     plain_slurm_profile,
     pyxis_profile,
 )
+from tests.recipe_builder import automodel_recipe, megatron_recipe
 from tests.render.shell import assert_bash_parses, assert_shellcheck_clean
 
 

@@ -14,7 +14,7 @@ import pytest
 from hpcrl.config import load_profile
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
-from tests.plan.planning_inputs import automodel_recipe
+from tests.recipe_builder import automodel_recipe
 from tests.render.sbatch_parser import parse_sbatch_argument
 
 HOSTILE_VALUES = [

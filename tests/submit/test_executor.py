@@ -96,7 +96,8 @@ def test_local_executor_refuses_a_script_without_the_task_command(tmp_path: Path
 def _local_gpu_spec(run_dir: Path, gpu_ids: tuple[str, ...]):
     from hpcrl.plan.gpus import LocalGpus
     from hpcrl.plan.planner import plan
-    from tests.plan.planning_inputs import GOLDEN_HOST, automodel_recipe, local_profile
+    from tests.plan.planning_inputs import GOLDEN_HOST, local_profile
+    from tests.recipe_builder import automodel_recipe
 
     host = attrs.evolve(GOLDEN_HOST, local_gpus=LocalGpus(gpu_ids, "test"), python=sys.executable)
     profile = local_profile(device="gpu", gpus_per_node="auto")
@@ -126,7 +127,8 @@ def test_the_executor_runs_the_bundle_entry_as_its_python(tmp_path: Path) -> Non
     from hpcrl.plan.planner import plan
     from hpcrl.render.script import render_sbatch
     from hpcrl.submit.submission import build_executor
-    from tests.plan.planning_inputs import GOLDEN_HOST, automodel_recipe, local_profile
+    from tests.plan.planning_inputs import GOLDEN_HOST, local_profile
+    from tests.recipe_builder import automodel_recipe
 
     spec = plan(
         automodel_recipe(num_nodes=1, gpus_per_node=2), local_profile(code="bundle"),

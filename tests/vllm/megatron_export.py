@@ -19,6 +19,8 @@ import argparse
 import os
 from pathlib import Path
 
+from tests.recipe_builder import tiny_megatron_recipe
+
 STEPS = 3
 # Large enough that three Adam steps change most greedy continuations of the tiny model.
 LR = 0.05
@@ -31,7 +33,7 @@ def export_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, out_dir
 
     from tests.megatron import harness
 
-    recipe = harness.make_recipe(hf_path, tp=world_size, lr=LR)
+    recipe = tiny_megatron_recipe(hf_path, tp=world_size, lr=LR)
     worker, place = harness.setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
     before = [(name, t.clone()) for name, t in worker.export_hf_weights()]
     batch = harness.fixed_batch()

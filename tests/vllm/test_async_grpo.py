@@ -17,7 +17,7 @@ from hpcrl.core.algorithms.async_grpo import AsyncGrpoStep  # noqa: E402
 from hpcrl.core.workers.ray_policy import RayPolicy  # noqa: E402
 from hpcrl.core.workers.vllm_policy import wrap_policy  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT, local_plan, mean  # noqa: E402
-from tests.core.parallel_harness import ray_cluster, start_policy  # noqa: E402,F401
+from tests.core.parallel_harness import start_policy  # noqa: E402
 from tests.vllm.harness import build_tiny_model  # noqa: E402
 from tests.vllm.test_grpo_vllm import (  # noqa: E402
     PLACEMENTS,
@@ -91,7 +91,7 @@ def test_driver_routes_async_recipes_to_the_async_step() -> None:
 
 
 @pytest.mark.slow
-def test_async_grpo_bounded_staleness_learns(ray_cluster, tmp_path) -> None:  # noqa: F811
+def test_async_grpo_bounded_staleness_learns(ray_cluster, tmp_path) -> None:
     model_path = build_tiny_model(tmp_path / "tiny-qwen2")
     metrics = run_async_grpo(model_path, max_age=1, num_steps=NUM_STEPS, run_dir=tmp_path / "run")
 
@@ -115,7 +115,7 @@ IN_FLIGHT = (
 
 
 @pytest.mark.slow
-def test_async_grpo_with_in_flight_weight_updates_learns(ray_cluster, tmp_path) -> None:  # noqa: F811
+def test_async_grpo_with_in_flight_weight_updates_learns(ray_cluster, tmp_path) -> None:
     """NeMo RL's in-flight weight updates: the engine is refit right after each training
     step, beside the batch it is sampling. Ages still count from submission (so the bound
     holds), the importance-sampling correction still sees the sampler's own log-probs, and

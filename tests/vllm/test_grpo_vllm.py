@@ -16,7 +16,6 @@ from tests.core._driver_harness import (  # noqa: E402
     read_metrics,
     write_run_dir,
 )
-from tests.core.parallel_harness import ray_cluster  # noqa: E402,F401  (fixture)
 from tests.vllm.harness import build_tiny_model  # noqa: E402
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
@@ -63,7 +62,7 @@ def vllm_model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
 def test_grpo_with_vllm_generation_learns(
-    ray_cluster,  # noqa: F811
+    ray_cluster,
     vllm_model_path: str,
     placement: str,
     tmp_path,

@@ -15,7 +15,6 @@ import torch
 
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
-from tests.core.parallel_harness import ray_cluster  # noqa: F401  (fixture)
 from tests.vllm.harness import (
     VLLM_CFG,
     build_tiny_model,
@@ -155,7 +154,7 @@ def test_refit_while_idle_applies_at_once(tiny) -> None:
         torch.testing.assert_close(sampled, want, atol=ATOL, rtol=0)
 
 
-def test_engine_actor_refits_beside_its_running_generation(ray_cluster, tiny) -> None:  # noqa: F811
+def test_engine_actor_refits_beside_its_running_generation(ray_cluster, tiny) -> None:
     """Through Ray, as async GRPO drives it: a generation running, a second one queued behind
     it; the in-flight refit lands inside the first (not between the two, where a plain
     refit would queue), and the second samples from the new weights alone."""

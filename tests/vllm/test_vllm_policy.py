@@ -20,13 +20,8 @@ from hpcrl.config.recipe import (  # noqa: E402
 )
 from hpcrl.core.workers.vllm_policy import VllmPolicy, wrap_policy  # noqa: E402
 from hpcrl.run.jobspec import GenerationPlacement  # noqa: E402
-from tests.core.parallel_harness import (  # noqa: E402
-    make_batch,
-    make_recipe,
-    masked_nll_loss,
-    ray_cluster,  # noqa: F401  (fixture)
-    start_policy,
-)
+from tests.core.parallel_harness import make_batch, masked_nll_loss, start_policy  # noqa: E402
+from tests.recipe_builder import tiny_automodel_recipe  # noqa: E402
 from tests.vllm.harness import (  # noqa: E402
     VLLM_CFG,
     build_tiny_model,
@@ -45,7 +40,7 @@ SEPARATE_PLACEMENT = GenerationPlacement(
 
 
 def vllm_recipe(colocated: bool, tensor_parallel_size: int = 1) -> Recipe:
-    recipe = make_recipe(lr=3e-2)
+    recipe = tiny_automodel_recipe(lr=3e-2)
     generation = GenerationCfg(
         backend="vllm",
         vllm_cfg=attrs.evolve(VLLM_CFG, tensor_parallel_size=tensor_parallel_size),
@@ -99,7 +94,7 @@ def _children(pids: list[int]) -> list[int]:
     ids=["colocated", "separate", "colocated-tp2"],
 )
 def test_vllm_follows_training_steps_and_matches_torch_sampler(
-    ray_cluster,  # noqa: F811
+    ray_cluster,
     vllm_model_path: str,
     colocated: bool,
     tensor_parallel_size: int,

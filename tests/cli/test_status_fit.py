@@ -1,7 +1,7 @@
 """``hpcrl status`` fits the terminal (issue 26 item 1): at 80, 100 and 120 columns, 12 runs
 with long names and long causes take one line each (the table at 167264e took 140 lines at
 100 columns, names cut into 7-character pieces); ``--wide`` and ``status RUN`` show every
-field in full. sacct is a stand-in script on PATH (tests/submit/test_status_view.py)."""
+field in full. sacct is a stand-in script on PATH (tests/cli/test_status_view.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from hpcrl.cli.main import main
 from hpcrl.run.causes import AttemptCause, write_cause
 from hpcrl.run.logger_destinations import write_destinations
 from hpcrl.submit.status_table import cut_text, fit_columns
+from tests.cli.test_status_view import SACCT, _run_folder
 from tests.plan.planning_inputs import isolate_from_user_profiles
-from tests.submit.test_status_view import SACCT, _run_folder
 
 NAMES = [f"grpo-qwen2-1.5b-2n8g-megatron-eos-{index:02d}ab401fdb" for index in range(12)]
 CAUSE = AttemptCause(

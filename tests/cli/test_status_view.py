@@ -28,7 +28,7 @@ JOBS = {
 SQUEUE_LINES = "102|Priority\n104_1|JobArrayTaskLimit\n"
 
 SACCT = """#!PYTHON
-# stand-in for sacct (tests/submit/test_status_view.py): one row per known job asked for
+# stand-in for sacct (tests/cli/test_status_view.py): one row per known job asked for
 import json, sys
 args = sys.argv[1:]
 jobs = json.loads(open(JOBS_FILE).read())

@@ -1,0 +1,2 @@
+"""Tests of the command line (hpcrl/cli): argument and override parsing, usage errors, what
+validate/render/show/status/diff/completion print, printed commands, user defaults."""
