@@ -102,14 +102,13 @@ def check_step_metrics(run_dir: Path, num_steps: int) -> list[dict[str, Any]]:
 
 
 def job_state(run_dir: Path, cwd: Path, env: dict[str, str]) -> str:
-    """The state ``hpcrl status RUN`` shows for a run folder."""
-    result = hpcrl(["status", str(run_dir)], cwd, env, timeout_s=120)
+    """The state ``hpcrl status --json RUN`` gives a run folder (the form kept for scripts:
+    the human view of one run is a block of ``key  value`` lines, not a table row)."""
+    result = hpcrl(["status", "--json", str(run_dir)], cwd, env, timeout_s=120)
     assert result.returncode == 0, output_of(result)
-    states = ("COMPLETED", "FAILED", "CANCELLED", "RUNNING", "PENDING", "TIMEOUT", "UNKNOWN")
-    for line in result.stdout.splitlines():
-        if run_dir.name in line:
-            return next((state for state in states if state in line), line)
-    raise AssertionError(f"no row for {run_dir.name}:\n{result.stdout}")
+    runs = json.loads(result.stdout)
+    assert len(runs) == 1, result.stdout
+    return str(runs[0]["state"])
 
 
 def _pids_whose(path_name: str, needle: bytes) -> list[int]:
