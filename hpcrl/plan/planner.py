@@ -133,6 +133,7 @@ def plan(
         task_argv=(*code.entry_argv, *SUBMITIT_TASK_TAIL, launch["submitit_folder"]),
         checks=tuple(findings.checks),
         generation=generation,
+        colocated_engine_ranks=generation_checks.colocated_engine_ranks(recipe),
         visible_gpus=visible_gpus,
         **launch,
     )

@@ -266,6 +266,9 @@ class JobSpec:
     requeue: bool = True
     checks: tuple[Check, ...] = ()
     generation: GenerationPlacement | None = None  # separate vLLM generation workers only
+    # Colocated vLLM: consecutive training ranks of one node per engine (tp × pp); rank
+    # k·n builds engine k over the group's GPUs / cores. 1 for every other generation.
+    colocated_engine_ranks: int = 1
     # Local GPU profiles: the GPUs of this machine the job uses (CUDA_VISIBLE_DEVICES ids).
     visible_gpus: tuple[str, ...] | None = None
 

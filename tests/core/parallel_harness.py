@@ -101,12 +101,15 @@ def local_shards(backend: object) -> dict[str, torch.Tensor]:
     }
 
 
-def start_policy(recipe: Recipe, model_path: str, world_size: int):
+def start_policy(recipe: Recipe, model_path: str, world_size: int, engine_ranks: int = 1):
+    """``engine_ranks``: ranks per colocated vLLM engine (``JobSpec.colocated_engine_ranks``)."""
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.workers.group import GroupLayout
     from hpcrl.core.workers.ray_policy import RayPolicy
 
-    layout = GroupLayout(num_nodes=1, workers_per_node=world_size, device="cpu")
+    layout = GroupLayout(
+        num_nodes=1, workers_per_node=world_size, device="cpu", engine_ranks=engine_ranks
+    )
     return RayPolicy(
         recipe, model_path, layout, worker_class_path(recipe.backend), actor_class=DiagnosticWorker
     )

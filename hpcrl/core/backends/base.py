@@ -42,6 +42,8 @@ class RankInfo:
     device: str  # "cuda" or "cpu"
     # JobSpec.megatron_checkpoint_dir: where HF→Megatron conversions live (Megatron only).
     megatron_checkpoint_dir: str | None = None
+    # JobSpec.colocated_engine_ranks: consecutive ranks per colocated vLLM engine.
+    engine_ranks: int = 1
 
 
 @attrs.frozen(kw_only=True)

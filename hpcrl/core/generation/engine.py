@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, Recipe, VllmCfg
+    from hpcrl.core.generation.engine_devices import EngineDevices
 
 # Sampling precision of the torch engine on GPUs (CPU engines run in float32).
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
@@ -80,7 +81,8 @@ class EngineSpec:
         a larger cache than fits, the engine samples in waves instead."""
         return self.backend == "vllm" and self.device == "cuda"
 
-    def build(self) -> GenerationEngine:
+    def build(self, devices: EngineDevices | None = None) -> GenerationEngine:
+        """``devices``: a colocated engine spanning several training ranks (vLLM only)."""
         if self.backend == "vllm":
             from hpcrl.core.generation.vllm_engine import VllmEngine
 
@@ -92,7 +94,9 @@ class EngineSpec:
                 max_model_len=self.max_model_len,
                 extra_kwargs=self.vllm_kwargs,
                 hf_overrides=self.hf_config_overrides,
+                devices=devices,
             )
+        assert devices is None, "the torch engine runs inside its rank"
         return self._build_torch()
 
     def _build_torch(self) -> GenerationEngine:

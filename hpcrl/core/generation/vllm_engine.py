@@ -20,11 +20,12 @@ for CPUs) in tests; see docs/vllm.md for the versions exercised.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.generation.in_flight import InFlightRefits
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, VllmCfg
+    from hpcrl.core.generation.engine_devices import EngineDevices
 
 # vLLM defaults the CPU KV cache to most of the host's RAM; bounded unless the recipe says.
 DEFAULT_CPU_KV_CACHE_MB = 64
@@ -147,7 +149,10 @@ class VllmEngine:
         in_process: bool | None = None,
         extra_kwargs: dict[str, Any] | None = None,
         hf_overrides: Mapping[str, Any] | None = None,
+        devices: EngineDevices | None = None,
     ) -> None:
+        """``devices``: the GPUs / CPU cores of a colocated engine's processes (a training
+        rank that builds an engine spanning its group's devices); None: vLLM's defaults."""
         if in_process is None:
             # Tensor/pipeline parallel engines need worker processes of their own.
             in_process = cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1
@@ -156,17 +161,23 @@ class VllmEngine:
 
         self.in_process = in_process
         self.model_path = model_path
-        self.llm = LLM(
-            **engine_kwargs(
-                model_path,
-                cfg,
-                device=device,
-                seed=seed,
-                max_model_len=max_model_len,
-                extra_kwargs=extra_kwargs,
-                hf_overrides=hf_overrides,
-            )
+        kwargs = engine_kwargs(
+            model_path,
+            cfg,
+            device=device,
+            seed=seed,
+            max_model_len=max_model_len,
+            extra_kwargs=extra_kwargs,
+            hf_overrides=hf_overrides,
         )
+        if devices is None:
+            self.llm = LLM(**kwargs)
+        else:
+            # Inside a Ray placement group vLLM would pick its Ray executor and ask Ray for
+            # GPUs the training ranks already hold: its own processes on the group's devices.
+            kwargs.setdefault("distributed_executor_backend", "mp")
+            with _environment(devices.env):
+                self.llm = LLM(**kwargs)
         self.weights_version = 0
         self.in_flight = InFlightRefits(self._load_weights)
         self._request_counter = itertools.count()
@@ -304,6 +315,23 @@ class VllmEngine:
         import gc
 
         gc.collect()
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in os.environ while vLLM starts its processes (they inherit them), then
+    back: this process's own CUDA context and threads were set up before and stay as they
+    are, and later children of the training rank must not inherit the engine's devices."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class _RowOutput:

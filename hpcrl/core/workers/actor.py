@@ -10,6 +10,9 @@ recipe's spec (the torch engine, or colocated vLLM), and refitted from the backe
 ``export_hf_weights()`` whenever the weights changed since its last refit (every optimizer
 step and checkpoint load bumps the worker's weights version). Every rank refits together
 (gathering sharded weights is a collective), then samples its own shard independently.
+A colocated vLLM engine of tp × pp > 1 spans a group of that many ranks
+(``hpcrl.core.workers.engine_group``): only the group's first rank holds it, loads the
+refit and samples the group's shard; the others join the refit's gather and return None.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.compile_stats import compile_cache_counts
 from hpcrl.core.metrics import HostMemoryTracker
+from hpcrl.core.workers.engine_group import EngineGroup
 from hpcrl.core.workers.manual_gc import ManualGc
 from hpcrl.core.workers.micro_batches import materialize
 from hpcrl.core.workers.out_of_memory import cuda_memory_gb, names_gpu_out_of_memory
@@ -32,7 +36,12 @@ if TYPE_CHECKING:
 
     from hpcrl.config.recipe import GenerationCfg, Recipe
     from hpcrl.core.backends.base import BackendWorker, DataParallelPlace, RankInfo
-    from hpcrl.core.generation.engine import EngineSpec, GenerationEngine, ShardGeneration
+    from hpcrl.core.generation.engine import (
+        EngineSpec,
+        GenerationEngine,
+        ShardGeneration,
+    )
+    from hpcrl.core.generation.engine_devices import EngineDevices
     from hpcrl.core.policy import Batch, LossFn
     from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
@@ -50,7 +59,10 @@ class TrainingWorker:
         self._optimizer_steps = 0
         self._engine_spec: EngineSpec | None = None
         self._engine: GenerationEngine | None = None
+        self._engine_group: EngineGroup | None = None
+        self._engine_devices: EngineDevices | None = None  # a multi-rank engine's leader only
         self._weights_version = 0  # bumped whenever the backend's weights change
+        self._refitted = 0  # the weights version this rank's engine group last loaded
         self._host_memory = HostMemoryTracker()
 
     # ------------------------------------------------------------------ placement
@@ -98,9 +110,26 @@ class TrainingWorker:
         place = self._backend.setup(recipe, rank_info, model_path)
         self._place = place
         self._engine_spec = colocated_engine_spec(recipe, model_path, rank_info.device)
+        self._engine_group = EngineGroup(
+            rank=rank_info.rank, ranks_per_engine=rank_info.engine_ranks
+        )
+        if self._engine_spec is not None and rank_info.engine_ranks > 1:
+            self._engine_devices = self._group_devices(rank_info)
         self._manual_gc = ManualGc.from_recipe(recipe)
         self._manual_gc.after_setup()
         return place
+
+    def _group_devices(self, rank_info: RankInfo) -> EngineDevices | None:
+        """The devices of this rank's engine group, for its leader (None elsewhere)."""
+        from hpcrl.core.workers.engine_group import cpu_engine_devices, cuda_engine_devices
+
+        group = self._engine_group
+        assert group is not None
+        if rank_info.device == "cuda":
+            devices = cuda_engine_devices(group)  # a collective: every rank
+        else:
+            devices = cpu_engine_devices(group, rank_info.local_rank, rank_info.local_world_size)
+        return devices if group.leads else None
 
     def close(self) -> None:
         """Free everything, then the process group (order avoids gloo's exit abort)."""
@@ -150,16 +179,25 @@ class TrainingWorker:
     @names_gpu_out_of_memory("generate")
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
-    ) -> ShardGeneration:
-        """Sample this rank's shard with the colocated engine (all ranks call together)."""
+    ) -> ShardGeneration | None:
+        """Sample this rank's shard with the colocated engine (all ranks call together);
+        None on a rank whose engine group's first rank samples for it."""
         from hpcrl.core.generation.engine import ShardGeneration, shard_seed
 
-        assert self._place is not None, "setup first"
+        assert self._place is not None and self._engine_group is not None, "setup first"
         started = time.perf_counter()
         engine = self._current_engine()
+        if engine is None:
+            return None
         refit_s = time.perf_counter() - started
         started = time.perf_counter()
-        fields = engine.generate(prompt_ids, cfg, shard_seed(seed, self._place.dp_rank))
+        # One seed per data shard: per data-parallel rank, or per engine group.
+        shard = (
+            self._place.dp_rank
+            if self._engine_group.ranks_per_engine == 1
+            else self._engine_group.index
+        )
+        fields = engine.generate(prompt_ids, cfg, shard_seed(seed, shard))
         sample_s = time.perf_counter() - started
         metrics = {
             **engine.generation_metrics(),
@@ -168,19 +206,27 @@ class TrainingWorker:
         }
         return ShardGeneration(fields=fields, metrics=metrics)
 
-    def _current_engine(self) -> GenerationEngine:
-        """The engine, built on first use and holding the backend's current weights."""
-        assert self._backend is not None, "setup first"
-        if self._engine is None:
-            if self._engine_spec is None:
-                raise RuntimeError(
-                    "this run samples on separate generation workers "
-                    "(policy.generation.colocated.enabled: false); training workers hold no engine"
-                )
-            self._engine = self._engine_spec.build()
-        if self._engine.weights_version != self._weights_version:
-            self._engine.update_weights(self._backend.export_hf_weights())
-            self._engine.weights_version = self._weights_version
+    def _current_engine(self) -> GenerationEngine | None:
+        """The engine, built on first use and holding the backend's current weights; None
+        on a rank whose group's engine another rank holds (it still joins the refit)."""
+        assert self._backend is not None and self._engine_group is not None, "setup first"
+        if self._engine_spec is None:
+            raise RuntimeError(
+                "this run samples on separate generation workers "
+                "(policy.generation.colocated.enabled: false); training workers hold no engine"
+            )
+        if self._engine is None and self._engine_group.leads:
+            self._engine = self._engine_spec.build(self._engine_devices)
+        # The engine's own label where this rank holds one (the torch engine starts with
+        # none loaded); else the group's last refit, which its holder shares (a vLLM engine
+        # starts at version 0 with the checkpoint's weights, as the trainer does).
+        loaded = self._engine.weights_version if self._engine is not None else self._refitted
+        if loaded != self._weights_version:
+            weights = self._backend.export_hf_weights()  # a collective: every rank
+            if self._engine is not None:
+                self._engine.update_weights(weights)
+                self._engine.weights_version = self._weights_version
+            self._refitted = self._weights_version
         return self._engine
 
     @names_gpu_out_of_memory("put_hf_weights")

@@ -37,6 +37,7 @@ class GroupLayout:
     threads_per_worker: int = 1  # torch intra-op threads on the CPU path
     master_port: int | None = None  # None: a free port on rank 0's node
     megatron_checkpoint_dir: str | None = None  # JobSpec.megatron_checkpoint_dir (Megatron)
+    engine_ranks: int = 1  # JobSpec.colocated_engine_ranks: ranks per colocated vLLM engine
 
     @property
     def world_size(self) -> int:
@@ -239,6 +240,7 @@ class RayWorkerGroup:
                 master_port=master_port,
                 device=self.layout.device,
                 megatron_checkpoint_dir=self.layout.megatron_checkpoint_dir,
+                engine_ranks=self.layout.engine_ranks,
             )
             for rank in range(self.layout.world_size)
         ]

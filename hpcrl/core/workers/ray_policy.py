@@ -190,9 +190,28 @@ class RayPolicy:
     def generate(
         self, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int
     ) -> GenerationResult:
-        """Every rank samples its data-parallel shard with its colocated engine."""
-        shards, num_real = pad_prompts_evenly(prompt_ids, self.dp_size)
-        parts = self._gather(self.group.call_all("generate", self._shard_args(shards, cfg, seed)))
+        """Every rank samples its data-parallel shard with its colocated engine; with
+        engines spanning ``n`` ranks, each group's first rank samples the group's shard."""
+        import ray
+
+        ranks_per_engine = self.group.layout.engine_ranks
+        if ranks_per_engine == 1:
+            shards, num_real = pad_prompts_evenly(prompt_ids, self.dp_size)
+            args = self._shard_args(shards, cfg, seed)
+            parts = self._gather(self.group.call_all("generate", args))
+            return join_shards(parts, num_real, self.pad_token_id)
+        world = self.group.layout.world_size
+        shards, num_real = pad_prompts_evenly(prompt_ids, world // ranks_per_engine)
+        cfg_ref, seed_ref, nothing = ray.put(cfg), ray.put(seed), ray.put([])
+        shard_refs = [ray.put(shard) for shard in shards]
+        args = [
+            (shard_refs[rank // ranks_per_engine] if rank % ranks_per_engine == 0 else nothing,
+             cfg_ref, seed_ref)
+            for rank in range(world)
+        ]  # fmt: skip
+        per_rank = self.group.call_all("generate", args)
+        parts = per_rank[::ranks_per_engine]  # the groups' first ranks, in engine order
+        assert all(part is not None for part in parts), "every group's first rank samples"
         return join_shards(parts, num_real, self.pad_token_id)
 
     def put_hf_weights(self) -> Any:
