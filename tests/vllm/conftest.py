@@ -18,3 +18,16 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 def _needs_vllm() -> None:
     if not is_installed("vllm"):
         unavailable("vllm", f"vllm is not installed in this environment; {VLLM_HINT}")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """A tiny random Qwen2 saved as an HF folder: (path, its HF model in eval mode, tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.vllm.harness import build_tiny_model
+
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return path, model, AutoTokenizer.from_pretrained(path)

@@ -113,3 +113,12 @@ def _alive(psutil, pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def perturbed(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """Every weight scaled and shifted by a fixed pattern (a stand-in for a training step)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        name: tensor * 1.5 + 0.05 * torch.randn(tensor.shape, generator=gen)
+        for name, tensor in model.state_dict().items()
+    }

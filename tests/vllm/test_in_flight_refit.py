@@ -17,8 +17,8 @@ from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
 from tests.vllm.harness import (
     VLLM_CFG,
-    build_tiny_model,
     encode,
+    perturbed,
     response_logprobs,
     responses,
     teacher_forced_logprobs,
@@ -29,24 +29,6 @@ from tests.vllm.harness import (
 SAMPLING = GenerationCfg(temperature=1.0, max_new_tokens=48)
 REFIT_AFTER_STEPS = 6
 ATOL = 2e-4
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return path, model, AutoTokenizer.from_pretrained(path)
-
-
-def _perturbed(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every weight scaled and shifted by a fixed pattern (a stand-in for a training step)."""
-    gen = torch.Generator().manual_seed(11)
-    return {
-        name: tensor * 1.5 + 0.05 * torch.randn(tensor.shape, generator=gen)
-        for name, tensor in model.state_dict().items()
-    }
 
 
 def _refit_mid_generation(
@@ -87,7 +69,7 @@ def test_refit_lands_mid_generation_and_later_tokens_use_the_new_weights(
     path, model, tokenizer = tiny
     prompts = encode(tokenizer)
     original = {k: v.clone() for k, v in model.state_dict().items()}
-    new_weights = _perturbed(model)
+    new_weights = perturbed(model, seed=11)
     engine = VllmEngine(path, VLLM_CFG, device="cpu", seed=0, in_process=True)
     try:
         out, landed = _refit_mid_generation(engine, prompts, new_weights, recompute)
@@ -137,7 +119,7 @@ def test_refit_while_idle_applies_at_once(tiny) -> None:
     path, model, tokenizer = tiny
     engine = VllmEngine(path, VLLM_CFG, device="cpu", seed=0, in_process=True)
     try:
-        landed = engine.update_weights_in_flight(_perturbed(model).items(), False)
+        landed = engine.update_weights_in_flight(perturbed(model, seed=11).items(), False)
         out = engine.generate(encode(tokenizer)[:4], SAMPLING, seed=1)
         metrics = engine.generation_metrics()
     finally:
@@ -145,7 +127,7 @@ def test_refit_while_idle_applies_at_once(tiny) -> None:
     assert landed is False and engine.last_refit_positions == [[], [], [], []]
     assert metrics["generation_refits_in_flight"] == 0
     original = {k: v.clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(_perturbed(model))
+    model.load_state_dict(perturbed(model, seed=11))
     try:
         forced = response_logprobs_of(model, out)
     finally:
@@ -172,7 +154,7 @@ def test_engine_actor_refits_beside_its_running_generation(ray_cluster, tiny) ->
     layout = GenerationLayout(
         first_node=0, num_nodes=1, engines_per_node=1, gpus_per_engine=0, device="cpu"
     )
-    new_weights = _perturbed(model)
+    new_weights = perturbed(model, seed=11)
     group = GenerationGroup(layout, spec)
     group.start()
     try:

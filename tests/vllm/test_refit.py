@@ -9,27 +9,9 @@ import torch
 
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
-from tests.vllm.harness import VLLM_CFG, build_tiny_model, encode, responses, torch_sampler_generate
+from tests.vllm.harness import VLLM_CFG, encode, perturbed, responses, torch_sampler_generate
 
 GREEDY = GenerationCfg(temperature=0.0, max_new_tokens=16)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return path, model, AutoTokenizer.from_pretrained(path)
-
-
-def _perturbed(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every weight scaled and shifted by a fixed pattern (a stand-in for a training step)."""
-    gen = torch.Generator().manual_seed(7)
-    return {
-        name: tensor * 1.5 + 0.05 * torch.randn(tensor.shape, generator=gen)
-        for name, tensor in model.state_dict().items()
-    }
 
 
 @pytest.mark.parametrize("in_process", [True, False], ids=["in-process", "multiprocess"])
@@ -40,7 +22,7 @@ def test_refit_follows_new_weights_and_restores_exactly(tiny, in_process: bool) 
     engine = VllmEngine(path, VLLM_CFG, device="cpu", in_process=in_process)
     try:
         before = engine.generate(prompts, GREEDY, seed=0)
-        new_weights = _perturbed(model)
+        new_weights = perturbed(model, seed=7)
         engine.update_weights(new_weights.items())
         after = engine.generate(prompts, GREEDY, seed=0)
         engine.update_weights(list(original.items()))
