@@ -123,7 +123,10 @@ class ColocatedCfg:
 class GenerationCfg:
     """How rollouts are sampled (``policy.generation``)."""
 
-    backend: Literal["torch", "vllm"] = "torch"
+    # torch: hpcrl's in-process sampler; megatron: NeMo RL's name for sampling in process from
+    # the Megatron policy's own weights, which hpcrl does with the same sampler fed by the
+    # Megatron refit (hpcrl.config.generation_rules says what it accepts); vllm: vLLM engines
+    backend: Literal["torch", "vllm", "megatron"] = "torch"
     max_new_tokens: int = bounded(64, POSITIVE_COUNT)
     temperature: float = bounded(
         1.0, FieldBound(low=0.0, message="must not be negative", fix="set {path}=1.0")
