@@ -83,10 +83,15 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
     down."""
     recipe = jobspec.recipe
     from hpcrl.core.data.prompts import load_tokenizer
+    from hpcrl.core.models.buildable import unbuildable_model
     from hpcrl.core.models.tiny import resolve_model_path
 
     report_phase(run_dir, f"loading {recipe.policy.model_name} and the data")
     model_path = resolve_model_path(recipe.policy.model_name)
+    unbuildable = unbuildable_model(recipe, model_path)
+    if unbuildable is not None:  # validate could not read the model's config.json
+        print(f"hpcrl: {unbuildable.one_line()}", file=sys.stderr, flush=True)
+        return PLAN_ERROR_EXIT_CODE
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
     rows = _training_rows(recipe, tokenizer)
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
