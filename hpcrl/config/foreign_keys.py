@@ -94,6 +94,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "same, hpcrl computes them unchunked",
     ),
     inert(
+        "policy.refit_buffer_size_gb",
+        "GiB of weights NeMo RL packs into each bucket of a colocated refit (null: a share of "
+        "free memory): in how many pieces the same weights reach the engine, not which",
+    ),
+    inert(
         "policy.offload_optimizer_for_logprob",
         "moves optimizer state to the CPU while log-probs are computed: where memory lives, "
         "not what is computed",
