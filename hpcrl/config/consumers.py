@@ -161,6 +161,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.megatron_cfg.fine_grained_activation_offloading": (MG_PROVIDER,),
     "policy.megatron_cfg.offload_modules": (MG_PROVIDER,),
     "policy.megatron_cfg.cuda_graph_impl": (MG_PROVIDER,),
+    "policy.megatron_cfg.attention_backend": (MG_PROVIDER,),
     "policy.megatron_cfg.freeze_moe_router": (MG_PROVIDER,),
     "policy.megatron_cfg.moe_router_dtype": (MG_PROVIDER,),
     "policy.megatron_cfg.moe_router_load_balancing_type": (MG_PROVIDER,),

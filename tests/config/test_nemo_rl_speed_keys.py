@@ -53,3 +53,18 @@ def test_the_packer_packs_what_fits_and_stops_on_a_longer_sequence():
     assert all(spec.pack_width <= 256 for spec in plan)
     with pytest.raises(ValueError, match="a sequence of 320 tokens does not fit a pack of 256"):
         plan_shards([[100, 320]], 512, settings)
+
+
+def test_attention_backend_reaches_the_provider_and_needs_te_for_its_kernels():
+    """NeMo RL sets megatron-core's AttnBackend[name] on the model config (its grpo-cispo
+    recipe: flash); hpcrl does the same in apply_megatron_cfg (tests/core/
+    test_consumers_downstream.py), and a TE kernel on a machine without TE is refused."""
+    from hpcrl.core.backends.megatron.offload import requirement_problems
+
+    path = "policy.megatron_cfg.attention_backend"
+    loaded = load_as_hpcrl(config_path("grpo_math_1B_megatron.yaml"), [f"++{path}=flash"])
+    megatron = loaded.recipe.policy.megatron_cfg
+    assert megatron.attention_backend == "flash"
+    (problem,) = requirement_problems(megatron, te_available=False, cuda_available=True)
+    assert (problem.path, problem.value) == (path, "flash")
+    assert requirement_problems(megatron, te_available=True, cuda_available=True) == []

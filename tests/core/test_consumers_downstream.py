@@ -262,6 +262,7 @@ CHANGES: dict[str, Change] = {
     ),
     "policy.megatron_cfg.offload_modules": Change(["mlp_norm"], FINE_OFFLOAD),
     "policy.megatron_cfg.cuda_graph_impl": Change("local"),
+    "policy.megatron_cfg.attention_backend": Change("flash"),
     "policy.megatron_cfg.moe_router_dtype": Change("fp64"),
     "policy.megatron_cfg.moe_router_load_balancing_type": Change("aux_loss"),
     "policy.megatron_cfg.moe_router_bias_update_rate": Change(0.001),
