@@ -294,6 +294,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "checkpointing.metric_name": (STORE,),
     "checkpointing.higher_is_better": (STORE,),
     "checkpointing.save_consolidated": (STORE,),
+    "checkpointing.checkpoint_must_save_by": (RUN_STEPS,),
     # ------------------------------------------------------------------ logger
     "logger.log_dir": (LOGGERS,),
     "logger.wandb_enabled": (LOGGERS,),

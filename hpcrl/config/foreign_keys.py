@@ -297,12 +297,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         None,
     ),
     # ---------------------------------------------------------------- checkpointing
-    off_only(
-        "checkpointing.checkpoint_must_save_by",
-        f"a wall-clock save deadline is {NOT_YET}: hpcrl saves when Slurm signals the time "
-        "limit (the profile's slurm.signal_delay_s) and the job is requeued",
-        None,
-    ),
     inert(
         "checkpointing.model_save_format",
         "file format of NeMo RL's HF weight export; hpcrl's checkpoints are DCP (Automodel) or "

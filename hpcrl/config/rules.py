@@ -36,6 +36,7 @@ from hpcrl.config.override_rules import (
 )
 from hpcrl.config.range_rules import RANGE_RULES
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.save_deadline import rule_save_deadline
 
 __all__ = [
     "check_recipe",
@@ -381,4 +382,5 @@ RECIPE_RULES = (
     *RANGE_RULES,
     *ENV_RULES,
     *CHECKPOINT_METRIC_RULES,
+    rule_save_deadline,
 )

@@ -35,6 +35,7 @@ from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, format_progress
 from hpcrl.core.phase import report_phase
 from hpcrl.core.policy import Policy
+from hpcrl.core.save_deadline import SaveDeadline
 from hpcrl.core.workers.group import GroupLayout
 from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
 from hpcrl.run.jobspec import JobSpec
@@ -346,6 +347,7 @@ def _run_logged_steps(
         report_phase(run_dir, "validating before step 1")
         loggers.log(_validate_at_start(validate, writer))
     report_phase(run_dir, f"training from step {first_step}", first_step=first_step)
+    deadline = SaveDeadline.from_text(recipe.checkpointing.checkpoint_must_save_by)
     with PreemptionWatch(run_dir).installed() as watch:
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
@@ -368,9 +370,28 @@ def _run_logged_steps(
                 print(f"preemption requested: saved {saved} after step {step}; exiting with "
                       f"code {PREEMPTED_EXIT_CODE} to be requeued", flush=True)  # fmt: skip
                 return PREEMPTED_EXIT_CODE
+            if deadline is not None and deadline.step_done() and step < num_steps:
+                return _stop_at_save_deadline(store, step, extra, record)
             if store.due(step) or (step == num_steps and store.save_period):
                 store.save(step, extra, record)
     return 0
+
+
+def _stop_at_save_deadline(
+    store: CheckpointStore, step: int, extra: dict[str, Any], record: dict[str, Any]
+) -> int:
+    """checkpointing.checkpoint_must_save_by reached: as NeMo RL, save (when checkpointing
+    is on) and stop. With a checkpoint the job is requeued and resumes from it, as after
+    Slurm's time-limit signal; without one, training ends here, as NeMo RL's does."""
+    key = "checkpointing.checkpoint_must_save_by"
+    if not store.save_period:
+        print(f"{key} reached after step {step}: stopping training early without a "
+              "checkpoint (checkpointing.enabled is false), as NeMo RL does", flush=True)  # fmt: skip
+        return 0
+    saved = store.save(step, extra, record)
+    print(f"{key} reached after step {step}: saved {saved}; exiting with code "
+          f"{PREEMPTED_EXIT_CODE} to be requeued and resume from it", flush=True)  # fmt: skip
+    return PREEMPTED_EXIT_CODE
 
 
 def _validate_at_start(

@@ -375,6 +375,7 @@ CHANGES: dict[str, Change] = {
     "checkpointing.enabled": Change(False),
     "checkpointing.checkpoint_dir": Change(CHECKPOINTS_ELSEWHERE),
     "checkpointing.save_period": Change(3),
+    "checkpointing.checkpoint_must_save_by": Change("00:00:00:00"),
     "checkpointing.keep_top_k": Change(1),
     "checkpointing.metric_name": Change("train:reward", {"checkpointing.keep_top_k": 2}),
     "checkpointing.higher_is_better": Change(
