@@ -2,7 +2,7 @@
 ``DD:HH:MM:SS`` and counted from the start of the training loop. After each step NeMo RL
 saves and stops once the time spent, plus one average step, reaches it
 (``nemo_rl.utils.timer.TimeoutChecker`` with ``fit_last_save_time``); hpcrl does the same
-(``hpcrl.core.save_deadline``). Parsed here, for the rule and for the job."""
+(``hpcrl.core.save_deadline``), ending the run unfinished so ``hpcrl resume`` continues it. Parsed here, for the rule and for the job."""
 
 from __future__ import annotations
 

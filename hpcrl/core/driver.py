@@ -381,16 +381,18 @@ def _stop_at_save_deadline(
     store: CheckpointStore, step: int, extra: dict[str, Any], record: dict[str, Any]
 ) -> int:
     """checkpointing.checkpoint_must_save_by reached: as NeMo RL, save (when checkpointing
-    is on) and stop. With a checkpoint the job is requeued and resumes from it, as after
-    Slurm's time-limit signal; without one, training ends here, as NeMo RL's does."""
+    is on) and stop. With a checkpoint the driver exits with the preempted code, so the run
+    ends unfinished and ``hpcrl resume`` continues it from that checkpoint (the node
+    entrypoint requeues by itself only after Slurm's signal); without one, training ends
+    here, as NeMo RL's does."""
     key = "checkpointing.checkpoint_must_save_by"
     if not store.save_period:
         print(f"{key} reached after step {step}: stopping training early without a "
               "checkpoint (checkpointing.enabled is false), as NeMo RL does", flush=True)  # fmt: skip
         return 0
     saved = store.save(step, extra, record)
-    print(f"{key} reached after step {step}: saved {saved}; exiting with code "
-          f"{PREEMPTED_EXIT_CODE} to be requeued and resume from it", flush=True)  # fmt: skip
+    print(f"{key} reached after step {step}: saved {saved}; stopping unfinished (exit code "
+          f"{PREEMPTED_EXIT_CODE}): hpcrl resume RUN continues from it", flush=True)  # fmt: skip
     return PREEMPTED_EXIT_CODE
 
 

@@ -1,7 +1,8 @@
 """``checkpointing.checkpoint_must_save_by`` as NeMo RL's TimeoutChecker (fit_last_save_time)
 treats it, with its recipes' value '00:03:45:00': after each step, once the time spent plus
-the average step reaches the deadline, save and stop, once. hpcrl then exits to be requeued
-(and resumes from that checkpoint); without checkpointing it stops as NeMo RL does."""
+the average step reaches the deadline, save and stop, once. hpcrl then exits unfinished (the
+preempted exit code; ``hpcrl resume`` continues from that checkpoint); without checkpointing
+it stops as NeMo RL does."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def _run(tmp_path, overrides: list[str]) -> tuple[int, list[int]]:
     return run_steps(policy, recipe, step_fn, sampler, run_dir, 6, None), done
 
 
-def test_a_reached_deadline_saves_and_exits_to_be_requeued(tmp_path):
+def test_a_reached_deadline_saves_and_exits_unfinished(tmp_path):
     code, done = _run(
         tmp_path,
         [f"{KEY}=00:00:00:00", "checkpointing.enabled=true", "checkpointing.save_period=5"],
