@@ -352,6 +352,12 @@ class NotConsumed:
 
 
 NOT_CONSUMED: dict[str, NotConsumed] = {
+    "policy.generation.refit_transport": NotConsumed(
+        "inert",
+        "how NeMo RL moves the trainer's weights into vLLM (NCCL reshard, lossless sparse "
+        "deltas over S3/ZeroMQ, NIXL): the same weights arrive; hpcrl refits through its own "
+        "path (hpcrl.config.generation_rules refuses it without vLLM, as NeMo RL does)",
+    ),
     "grpo.val_batch_size": NotConsumed(
         "inert",
         "how many validation prompts NeMo RL generates per call; hpcrl samples every "

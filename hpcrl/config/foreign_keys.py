@@ -246,6 +246,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only(
         "policy.generation.vllm_cfg.num_first_layers_in_bf16", f"FP8 generation is {NOT_YET}", 0
     ),
+    inert(
+        "policy.generation.refit_cfg",
+        "tuning of NeMo RL's refit transports (buckets, compression, storage, workers, "
+        "retries): how the same weights travel to vLLM, not which",
+    ),
     *(
         inert(f"policy.generation.mcore_generation_config.{name}", why)
         for name, why in {

@@ -55,7 +55,24 @@ def rule_megatron_generation_stop_tokens(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_refit_transport_needs_vllm(recipe: Recipe) -> list[Problem]:
+    """NeMo RL raises for a refit transport under any backend but vLLM (grpo.py setup)."""
+    generation = recipe.policy.generation
+    if generation.refit_transport is None or generation.backend == "vllm":
+        return []
+    return [
+        Problem(
+            path="policy.generation.refit_transport",
+            value=generation.refit_transport,
+            message="a refit transport moves weights into vLLM engines; NeMo RL refuses it "
+            f"with the {generation.backend} backend, which has none",
+            fix="set policy.generation.refit_transport=null, or policy.generation.backend=vllm",
+        )
+    ]
+
+
 GENERATION_RULES = (
     rule_megatron_generation_needs_megatron_policy,
     rule_megatron_generation_stop_tokens,
+    rule_refit_transport_needs_vllm,
 )

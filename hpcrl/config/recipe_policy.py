@@ -165,6 +165,13 @@ class GenerationCfg:
     vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
     # more vllm.LLM keyword arguments, as NeMo RL passes them (rules refuse hpcrl's own)
     vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)
+    # how NeMo RL moves the trainer's weights into vLLM (null: its IPC/NCCL default); every
+    # built-in transport delivers the same weights (the sparse ones lossless deltas), and
+    # hpcrl refits through its own path: vLLM only, as NeMo RL requires
+    # (hpcrl.config.generation_rules); a custom "module:Class" engine is refused
+    refit_transport: Literal["nccl_reshard", "vllm_s3_sparse", "vllm_zmq_sparse", "nixl"] | None = (
+        None
+    )
 
 
 # --------------------------------------------------------------------------- micro-batching

@@ -68,3 +68,24 @@ def test_attention_backend_reaches_the_provider_and_needs_te_for_its_kernels():
     (problem,) = requirement_problems(megatron, te_available=False, cuda_available=True)
     assert (problem.path, problem.value) == (path, "flash")
     assert requirement_problems(megatron, te_available=True, cuda_available=True) == []
+
+
+def test_a_built_in_refit_transport_is_accepted_with_vllm_only():
+    """NeMo RL's grpo_math_8B_megatron_nixl.yaml: NIXL moves the same weights into vLLM
+    (its sparse transports send lossless XOR/overwrite deltas); hpcrl refits through its
+    own path. NeMo RL raises for a transport without vLLM; so does hpcrl, and a custom
+    ``module:Class`` checkpoint engine (code hpcrl cannot vouch for) is refused."""
+    from hpcrl.config import ConfigError
+
+    loaded = load_as_hpcrl(config_path("grpo_math_8B_megatron_nixl.yaml"))
+    assert loaded.recipe.policy.generation.refit_transport == "nixl"
+    assert "policy.generation.refit_cfg" in {key.path for key in loaded.unused_nemo_rl_keys}
+    for overrides, message in (
+        (["policy.generation.backend=torch", "policy.generation.colocated.enabled=true"],
+         "NeMo RL refuses it with the torch backend"),
+        (["policy.generation.refit_transport=my.engines:Fast"], "'my.engines:Fast' is not one of"),
+    ):  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            load_as_hpcrl(config_path("grpo_math_8B_megatron_nixl.yaml"), overrides)
+        texts = [p.format() for p in caught.value.errors if p.path.endswith("refit_transport")]
+        assert len(texts) == 1 and message in texts[0], texts
