@@ -25,7 +25,8 @@
 #   5. 8b-automodel.log  (named only) the Automodel 8B sweep over the optimizer offload
 #                        fraction (AUTOMODEL_FRACTIONS, default 0.5,1.0,0), $STEPS_8B steps
 #                        each; AUTOMODEL_AXES=fsdp-offload: over FSDP's cpu_offload x
-#                        activation checkpointing instead
+#                        activation checkpointing instead; AUTOMODEL_EXTRA: more overrides
+#                        for every point (e.g. loss_fn.reference_policy_kl_penalty=0)
 #   6. 8b-megatron-ac.log (named only) the Megatron sweep again with activation checkpointing
 #   7. gpu-tests.log     (named only) tests/gpu's Automodel end-to-end test (hpcrl submit --wait
 #                        on local-gpu) with the installed wheel of this checkout, as
@@ -77,7 +78,7 @@ fi
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HPCRL_CACHE=/tmp/hpcrl-cache
 export PYTHON SMOKE CLUSTER RECIPE_8B MODEL_8B STEPS_8B REPO MEGATRON_DIR=/tmp/hpcrl-megatron
 export AUTOMODEL_FRACTIONS="${AUTOMODEL_FRACTIONS:-0.5,1.0,0}" AUTOMODEL_AXES="${AUTOMODEL_AXES:-fraction}"
-export AUTOMODEL_ZIP="${AUTOMODEL_ZIP:-0}"
+export AUTOMODEL_ZIP="${AUTOMODEL_ZIP:-0}" AUTOMODEL_EXTRA="${AUTOMODEL_EXTRA:-}"
 if [ "$SMOKE" != 1 ]; then  # a GPU process left by an earlier call on this machine, by id
     for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
         echo "stopping GPU process $pid left by an earlier call"; kill -KILL "$pid"
@@ -194,7 +195,8 @@ automodel_sweep() {
     local recipe="$RECIPE_8B-automodel"
     [ "$SMOKE" = 1 ] && { recipe=grpo-tiny-1n-cpu; axes=(--zip "policy.automodel_cfg.optimizer_offload_fraction=0.5,1.0"); }
     "$PYTHON" -m hpcrl.cli.main sweep "$recipe" --cluster "$CLUSTER" -o /tmp/sweep-8b-automodel \
-        --wait "${axes[@]}" "policy.model_name=$MODEL_PATH" "grpo.max_num_steps=$STEPS_8B"
+        --wait "${axes[@]}" "policy.model_name=$MODEL_PATH" "grpo.max_num_steps=$STEPS_8B" \
+        ${AUTOMODEL_EXTRA:-}
 }
 gpu_tests() {  # tests/gpu's Automodel test, as tests/gpu/device_run.sh runs it
     [ "$SMOKE" = 1 ] && { echo "SMOKE: tests/gpu needs a GPU"; return 0; }
