@@ -164,6 +164,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.megatron_cfg.fine_grained_activation_offloading": (MG_PROVIDER,),
     "policy.megatron_cfg.offload_modules": (MG_PROVIDER,),
     "policy.megatron_cfg.cuda_graph_impl": (MG_PROVIDER,),
+    "policy.megatron_cfg.attention_backend": (MG_PROVIDER,),
     "policy.megatron_cfg.freeze_moe_router": (MG_PROVIDER,),
     "policy.megatron_cfg.moe_router_dtype": (MG_PROVIDER,),
     "policy.megatron_cfg.moe_router_load_balancing_type": (MG_PROVIDER,),
@@ -296,6 +297,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "checkpointing.metric_name": (STORE,),
     "checkpointing.higher_is_better": (STORE,),
     "checkpointing.save_consolidated": (STORE,),
+    "checkpointing.checkpoint_must_save_by": (RUN_STEPS,),
     # ------------------------------------------------------------------ logger
     "logger.log_dir": (LOGGERS,),
     "logger.wandb_enabled": (LOGGERS,),
@@ -353,6 +355,12 @@ class NotConsumed:
 
 
 NOT_CONSUMED: dict[str, NotConsumed] = {
+    "policy.generation.refit_transport": NotConsumed(
+        "inert",
+        "how NeMo RL moves the trainer's weights into vLLM (NCCL reshard, lossless sparse "
+        "deltas over S3/ZeroMQ, NIXL): the same weights arrive; hpcrl refits through its own "
+        "path (hpcrl.config.generation_rules refuses it without vLLM, as NeMo RL does)",
+    ),
     "grpo.val_batch_size": NotConsumed(
         "inert",
         "how many validation prompts NeMo RL generates per call; hpcrl samples every "

@@ -123,7 +123,10 @@ class ColocatedCfg:
 class GenerationCfg:
     """How rollouts are sampled (``policy.generation``)."""
 
-    backend: Literal["torch", "vllm"] = "torch"
+    # torch: hpcrl's in-process sampler; megatron: NeMo RL's name for sampling in process from
+    # the Megatron policy's own weights, which hpcrl does with the same sampler fed by the
+    # Megatron refit (hpcrl.config.generation_rules says what it accepts); vllm: vLLM engines
+    backend: Literal["torch", "vllm", "megatron"] = "torch"
     max_new_tokens: int = bounded(64, POSITIVE_COUNT)
     temperature: float = bounded(
         1.0, FieldBound(low=0.0, message="must not be negative", fix="set {path}=1.0")
@@ -162,6 +165,13 @@ class GenerationCfg:
     vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
     # more vllm.LLM keyword arguments, as NeMo RL passes them (rules refuse hpcrl's own)
     vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)
+    # how NeMo RL moves the trainer's weights into vLLM (null: its IPC/NCCL default); every
+    # built-in transport delivers the same weights (the sparse ones lossless deltas), and
+    # hpcrl refits through its own path: vLLM only, as NeMo RL requires
+    # (hpcrl.config.generation_rules); a custom "module:Class" engine is refused
+    refit_transport: Literal["nccl_reshard", "vllm_s3_sparse", "vllm_zmq_sparse", "nixl"] | None = (
+        None
+    )
 
 
 # --------------------------------------------------------------------------- micro-batching

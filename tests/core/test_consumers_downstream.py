@@ -263,6 +263,7 @@ CHANGES: dict[str, Change] = {
     ),
     "policy.megatron_cfg.offload_modules": Change(["mlp_norm"], FINE_OFFLOAD),
     "policy.megatron_cfg.cuda_graph_impl": Change("local"),
+    "policy.megatron_cfg.attention_backend": Change("flash"),
     "policy.megatron_cfg.moe_router_dtype": Change("fp64"),
     "policy.megatron_cfg.moe_router_load_balancing_type": Change("aux_loss"),
     "policy.megatron_cfg.moe_router_bias_update_rate": Change(0.001),
@@ -375,6 +376,7 @@ CHANGES: dict[str, Change] = {
     "checkpointing.enabled": Change(False),
     "checkpointing.checkpoint_dir": Change(CHECKPOINTS_ELSEWHERE),
     "checkpointing.save_period": Change(3),
+    "checkpointing.checkpoint_must_save_by": Change("00:00:00:00"),
     "checkpointing.keep_top_k": Change(1),
     "checkpointing.metric_name": Change("train:reward", {"checkpointing.keep_top_k": 2}),
     "checkpointing.higher_is_better": Change(
