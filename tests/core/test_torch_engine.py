@@ -337,8 +337,8 @@ def test_prefill_pads_its_packed_tokens_to_one_multiple(qwen2) -> None:
     engine = TorchEngine.from_hf_model(model)
     seen: list[int] = []
     pointwise = engine.decoder.pointwise
-    norm = pointwise.rms_norm
-    pointwise.rms_norm = lambda x, *rest: seen.append(x.shape[0]) or norm(x, *rest)
+    norm = pointwise.add_rms_norm
+    pointwise.add_rms_norm = lambda x, *rest: seen.append(x.shape[0]) or norm(x, *rest)
     padded = _responses(engine.generate(ids, greedy, 0, stop_token_ids=()))
     prefill_counts = [count for count in seen if count > 4]  # decode steps: 4 slots at most
     assert prefill_counts and {c % kv_cache.PREFILL_TOKEN_MULTIPLE for c in prefill_counts} == {0}
