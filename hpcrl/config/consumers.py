@@ -64,6 +64,7 @@ SFT_EXAMPLE = "hpcrl.core.data.named:sft_example"
 ENV = "hpcrl.core.environments.build:build_environment"
 AM_OPTIM = "hpcrl.core.backends.automodel.optim:build_optimizer"
 AM_SCHED = "hpcrl.core.backends.automodel.optim:build_lr_scheduler"
+AM_TRAIN_OPTIM = "hpcrl.core.backends.automodel.optim:build_training_optimizer"
 AM_CLIP = "hpcrl.core.backends.automodel.worker:AutomodelWorker.train_step"
 AM_PLAN = "hpcrl.core.backends.automodel.parallelize:parallelize_steps"
 AM_LORA = "hpcrl.core.backends.automodel.lora:apply_lora"
@@ -134,6 +135,8 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.tensor_parallel_size": (LAYOUT,),
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
+    # hpcrl's own key (NeMo RL's dtensor_cfg has none)
+    "policy.automodel_cfg.optimizer_offload_fraction": (AM_TRAIN_OPTIM,),
     "policy.automodel_cfg.env_vars": (JOB_ENV,),
     "policy.automodel_cfg.lora_cfg.enabled": (AM_PLAN,),
     "policy.automodel_cfg.lora_cfg.target_modules": (AM_LORA,),

@@ -213,6 +213,18 @@ class AutomodelCfg:
     sequence_parallel: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    # hpcrl's own (NeMo RL's dtensor_cfg has none; megatron_cfg.optimizer's key of the same
+    # name is its model): the share of the parameters whose AdamW state lives in host memory
+    # and steps there, parameters and gradients staying on the GPU. 0: none, 1.0: all.
+    optimizer_offload_fraction: float = bounded(
+        0.0,
+        FieldBound(
+            low=0.0, high=1.0,
+            message="must be in [0, 1] (the share of the parameters whose optimizer state lives in host memory)",
+            fix="set {path} to 0 (all on the GPU), 0.5 or 1.0 (all on the host)",
+        ),
+        when="enabled",
+    )  # fmt: skip
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
     lora_cfg: LoraCfg = attrs.field(factory=LoraCfg)
     # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its

@@ -84,6 +84,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.ENV: probes.env_probe,
     consumers.AM_OPTIM: probes.automodel_optimizer_probe,
     consumers.AM_SCHED: probes.automodel_optimizer_probe,
+    consumers.AM_TRAIN_OPTIM: probes.automodel_training_optimizer_probe,
     consumers.AM_CLIP: probes.clip_probe,
     consumers.AM_PLAN: probes.parallelize_probe,
     consumers.AM_LORA: probes.lora_probe,
@@ -585,6 +586,17 @@ def earlier_results() -> dict[tuple[str, str], Any]:
     return {}
 
 
+#: hpcrl's own keys with consumer sites (no NeMo RL field, so not in the compat table)
+HPCRL_KEYS = {"policy.automodel_cfg.optimizer_offload_fraction": Change(0.5)}
+
+
+@pytest.mark.parametrize("key", sorted(HPCRL_KEYS))
+def test_an_hpcrl_key_changes_what_its_sites_build(key, bases, earlier_results, tmp_path):
+    """The same check for hpcrl's own keys (``optimizer_offload_fraction``: the JobSpec's
+    recipe reaches the worker's optimizer construction, which offloads a share)."""
+    test_an_implemented_key_changes_what_its_sites_build(key, bases, earlier_results, tmp_path)
+
+
 @pytest.mark.parametrize("key", implemented_keys())
 def test_an_implemented_key_changes_what_its_sites_build(key, bases, earlier_results, tmp_path):
     recipes, data = bases
@@ -593,7 +605,11 @@ def test_an_implemented_key_changes_what_its_sites_build(key, bases, earlier_res
     ):
         change = dataset_change(key, data)
     else:
-        change = CHANGES.get(key) or auto_change(recipes[base_of(key, Change(None))], key)
+        change = (
+            CHANGES.get(key)
+            or HPCRL_KEYS.get(key)
+            or auto_change(recipes[base_of(key, Change(None))], key)
+        )
     base = with_keys(recipes[base_of(key, change)], change.context)
     value = change.value
     if value == CHECKPOINTS_ELSEWHERE:
