@@ -219,7 +219,10 @@ class AutomodelWorker:
             )
         else:
             apply_autocast(root, param_dtype)
-        if not training:
+        # A compiled reference keeps requires_grad as loaded (its passes run under no_grad
+        # only): frozen, it failed the guards of the policy's log-prob graph and compiled a
+        # graph of its own in every run's first step (docs/performance.md, item 3).
+        if not training and not steps.compile:
             root.requires_grad_(False)
         return root
 
