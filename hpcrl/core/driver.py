@@ -33,14 +33,14 @@ from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, format_progress
-from hpcrl.core.phase import report_phase
+from hpcrl.core.phase import ATTEMPT_ID_VARIABLE, report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.save_deadline import SaveDeadline
 from hpcrl.core.workers.group import GroupLayout
 from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
-from hpcrl.run.markers import PREEMPTED_EXIT_CODE
+from hpcrl.run.markers import PREEMPTED_EXIT_CODE, SAVE_DEADLINE, write_marker
 from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
 PLAN_ERROR_EXIT_CODE = 2
@@ -371,14 +371,18 @@ def _run_logged_steps(
                       f"code {PREEMPTED_EXIT_CODE} to be requeued", flush=True)  # fmt: skip
                 return PREEMPTED_EXIT_CODE
             if deadline is not None and deadline.step_done() and step < num_steps:
-                return _stop_at_save_deadline(store, step, extra, record)
+                return _stop_at_save_deadline(store, step, extra, record, run_dir)
             if store.due(step) or (step == num_steps and store.save_period):
                 store.save(step, extra, record)
     return 0
 
 
 def _stop_at_save_deadline(
-    store: CheckpointStore, step: int, extra: dict[str, Any], record: dict[str, Any]
+    store: CheckpointStore,
+    step: int,
+    extra: dict[str, Any],
+    record: dict[str, Any],
+    run_dir: Path,
 ) -> int:
     """checkpointing.checkpoint_must_save_by reached: as NeMo RL, save (when checkpointing
     is on) and stop. With a checkpoint the driver exits with the preempted code, so the run
@@ -391,6 +395,10 @@ def _stop_at_save_deadline(
               "checkpoint (checkpointing.enabled is false), as NeMo RL does", flush=True)  # fmt: skip
         return 0
     saved = store.save(step, extra, record)
+    # the node entrypoint reads it: the attempt's end is this stop, not a failure
+    attempt = os.environ.get(ATTEMPT_ID_VARIABLE)
+    if attempt:
+        write_marker(run_dir, SAVE_DEADLINE, attempt, step=step, checkpoint=str(saved))
     print(f"{key} reached after step {step}: saved {saved}; stopping unfinished (exit code "
           f"{PREEMPTED_EXIT_CODE}): hpcrl resume RUN continues from it", flush=True)  # fmt: skip
     return PREEMPTED_EXIT_CODE

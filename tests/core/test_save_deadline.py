@@ -16,9 +16,10 @@ require_module("transformers")
 from hpcrl.config import ConfigError, load_recipe  # noqa: E402
 from hpcrl.core.data.jsonl import EpochSampler  # noqa: E402
 from hpcrl.core.driver import run_steps  # noqa: E402
+from hpcrl.core.phase import ATTEMPT_ID_VARIABLE  # noqa: E402
 from hpcrl.core.save_deadline import SaveDeadline  # noqa: E402
 from hpcrl.run.checkpoints import complete_checkpoints  # noqa: E402
-from hpcrl.run.markers import PREEMPTED_EXIT_CODE  # noqa: E402
+from hpcrl.run.markers import PREEMPTED_EXIT_CODE, SAVE_DEADLINE, read_marker  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT  # noqa: E402
 from tests.core.consumer_probes import RecordingPolicy, rows, tokenizer  # noqa: E402
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl  # noqa: E402
@@ -67,13 +68,18 @@ def _run(tmp_path, overrides: list[str]) -> tuple[int, list[int]]:
     return run_steps(policy, recipe, step_fn, sampler, run_dir, 6, None), done
 
 
-def test_a_reached_deadline_saves_and_exits_unfinished(tmp_path):
+def test_a_reached_deadline_saves_and_exits_unfinished(tmp_path, monkeypatch):
+    monkeypatch.setenv(ATTEMPT_ID_VARIABLE, "77.0")  # as the job's driver process sets it
     code, done = _run(
         tmp_path,
         [f"{KEY}=00:00:00:00", "checkpointing.enabled=true", "checkpointing.save_period=5"],
     )
     assert (code, done) == (PREEMPTED_EXIT_CODE, [1])
-    assert [step for step, _ in complete_checkpoints(tmp_path / "run" / "checkpoints")] == [1]
+    (saved,) = complete_checkpoints(tmp_path / "run" / "checkpoints")
+    assert saved[0] == 1
+    # what the node entrypoint names as the attempt's end (tests/job/test_diagnosis.py)
+    stop = read_marker(tmp_path / "run", SAVE_DEADLINE, "77.0")
+    assert stop is not None and (stop["step"], stop["checkpoint"]) == (1, str(saved[1]))
 
 
 def test_without_checkpointing_it_stops_as_nemo_rl_does(tmp_path):
