@@ -170,8 +170,15 @@ export OPT=policy.megatron_cfg.optimizer
 megatron_sweep() {  # SWEEP_DIR [extra args]
     local sweep=$1
     shift
-    local backend_args=(--zip "$OPT.optimizer_cpu_offload=true,false,true"
-                        --zip "$OPT.optimizer_offload_fraction=0.5,0,1.0"
+    # MEGATRON_FRACTIONS picks the points (default 0.5,0,1.0); offload is on for every
+    # fraction but 0 (megatron-core refuses a 0 fraction with the offload on)
+    local fractions=${MEGATRON_FRACTIONS:-0.5,0,1.0} offload_list=() offloads fraction
+    for fraction in ${fractions//,/ }; do
+        [ "$fraction" = 0 ] && offload_list+=(false) || offload_list+=(true)
+    done
+    offloads=$(IFS=,; echo "${offload_list[*]}")
+    local backend_args=(--zip "$OPT.optimizer_cpu_offload=$offloads"
+                        --zip "$OPT.optimizer_offload_fraction=$fractions"
                         "policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR=$MEGATRON_DIR")
     local recipe="$RECIPE_8B-megatron"
     [ "$SMOKE" = 1 ] && { recipe=grpo-tiny-1n-cpu; backend_args=(--grid "grpo.seed=1,2"); }
