@@ -37,6 +37,7 @@ from hpcrl.config.recipe_megatron import (  # noqa: F401  (re-exported: one sche
     DistributedDataParallelCfg,
     MegatronCfg,
     MegatronCheckpointCfg,
+    MegatronPeftCfg,
     MegatronOptimizerCfg,
     MegatronSchedulerCfg,
     OffloadModule,
