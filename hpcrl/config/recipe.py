@@ -37,8 +37,8 @@ from hpcrl.config.recipe_megatron import (  # noqa: F401  (re-exported: one sche
     DistributedDataParallelCfg,
     MegatronCfg,
     MegatronCheckpointCfg,
-    MegatronPeftCfg,
     MegatronOptimizerCfg,
+    MegatronPeftCfg,
     MegatronSchedulerCfg,
     OffloadModule,
 )

@@ -43,12 +43,17 @@ def build_lora(cfg: MegatronPeftCfg) -> Any:
     )
 
 
+def lora_for(cfg: MegatronPeftCfg) -> Any:
+    """megatron-bridge's ``LoRA`` for ``cfg``, or None when ``cfg`` is off."""
+    return build_lora(cfg) if cfg.enabled else None
+
+
 def lora_pre_wrap_hook(cfg: MegatronPeftCfg) -> Callable[[list], list]:
     """The hook megatron-bridge runs on the bare chunks before any wrap: adapters on, base
     frozen; fails with the config's path when no linear was chosen."""
 
     def apply(chunks: list) -> list:
-        adapted = build_lora(cfg)(chunks, training=True)
+        adapted = lora_for(cfg)(chunks, training=True)
         if not adapter_parameter_names(adapted):
             linears = sorted({name.rpartition(".")[2] for name in linear_names(adapted)})
             raise ValueError(
