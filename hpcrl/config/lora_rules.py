@@ -6,7 +6,7 @@ sense. What the model's own module names match is checked when the job builds th
 from __future__ import annotations
 
 from hpcrl.config.errors import Problem
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import MegatronPeftCfg, Recipe
 
 LORA = "policy.automodel_cfg.lora_cfg"
 
@@ -105,12 +105,15 @@ PEFT = "policy.megatron_cfg.peft"
 
 def rule_megatron_peft(recipe: Recipe) -> list[Problem]:
     """``policy.megatron_cfg.peft``: what megatron-bridge's LoRA would assert on, and the two
-    keys hpcrl does not honour, refused by name before the queue wait."""
+    keys hpcrl does not honour (refused whenever the Megatron backend is on, as off-only
+    keys are), by name before the queue wait."""
     megatron = recipe.policy.megatron_cfg
     cfg = megatron.peft
-    if not (megatron.enabled and cfg.enabled):
+    if not megatron.enabled:
         return []
-    problems = []
+    problems = _megatron_peft_off_only(cfg)
+    if not cfg.enabled:
+        return problems
     if cfg.target_modules and cfg.exclude_modules:
         problems.append(
             Problem(
@@ -131,6 +134,11 @@ def rule_megatron_peft(recipe: Recipe) -> list[Problem]:
             Problem(path=f"{PEFT}.dropout", value=cfg.dropout, message="dropout is a "
                     "probability below 1", fix=f"set {PEFT}.dropout between 0.0 (off) and 1.0")
         )  # fmt: skip
+    return problems
+
+
+def _megatron_peft_off_only(cfg: MegatronPeftCfg) -> list[Problem]:
+    problems = []
     if cfg.a2a_experimental:
         problems.append(
             Problem(
