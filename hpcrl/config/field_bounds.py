@@ -10,7 +10,9 @@ them, never stopping at the first (an attrs validator would raise at the first).
 Each range comes from what the job, a library it calls or the scheduler can really do with
 the value, and the message says which: a value past it would be accepted here and fail (or
 silently wrap around) after the queue wait. A bound may hold only while a switch of its own
-section is on (``when="enabled"``). Ranges that involve another section's field
+section, and of every section around it that has one, is on (``when="enabled"``: a field
+of ``policy.megatron_cfg.optimizer`` is checked while ``policy.megatron_cfg.enabled`` is
+true; a tuple names several switches). Ranges that involve another section's field
 (``max_new_tokens`` within ``max_total_sequence_length``, vLLM's sizes while
 ``policy.generation.backend`` is vllm) are cross-field rules (``hpcrl.config.rules`` and the
 ``*_rules`` modules).
@@ -107,10 +109,11 @@ def _number(value: float | None) -> str:
     return f"{value:,}"
 
 
-def bounded(default: Any, *bounds: FieldBound, when: str | None = None) -> Any:
+def bounded(default: Any, *bounds: FieldBound, when: str | tuple[str, ...] | None = None) -> Any:
     """An attrs field with ``default`` whose values must lie within every one of ``bounds``
     (each reported on its own); with ``when``, only while that switch of the same section is
-    true (``when="enabled"``: settings under a disabled backend are not checked)."""
+    true, and in every enclosing section that has that switch (``when="enabled"``: settings
+    under a disabled backend are not checked); a tuple names several switches, all on."""
     return attrs.field(default=default, metadata={_BOUNDS_KEY: bounds, _WHEN_KEY: when})
 
 
@@ -124,21 +127,36 @@ def check_field_bounds(config: Any, path: str = "") -> list[Problem]:
     return list(_field_problems(config, path))
 
 
-def _field_problems(config: Any, path: str) -> Iterator[Problem]:
+def _field_problems(config: Any, path: str, enclosing: tuple[Any, ...] = ()) -> Iterator[Problem]:
+    sections = (config, *enclosing)  # innermost first: where a ``when`` switch is looked up
     for field in attrs.fields(type(config)):
         value = getattr(config, field.name)
         field_path = f"{path}.{field.name}" if path else field.name
         when = field.metadata.get(_WHEN_KEY)
-        for bound in bounds_of(field) if when is None or getattr(config, when) else ():
+        for bound in bounds_of(field) if when is None or _switch(sections, when) else ():
             problem = bound.problem(field_path, value)
             if problem is not None:
                 yield problem
         if attrs.has(type(value)):
-            yield from _field_problems(value, field_path)
+            yield from _field_problems(value, field_path, sections)
         elif isinstance(value, tuple | list):
             for index, item in enumerate(value):
                 if attrs.has(type(item)):
-                    yield from _field_problems(item, f"{field_path}[{index}]")
+                    yield from _field_problems(item, f"{field_path}[{index}]", sections)
+
+
+def _switch(sections: tuple[Any, ...], when: str | tuple[str, ...]) -> bool:
+    """Whether every switch in ``when`` is on in each enclosing section that has it (the
+    field's own first): ``enabled`` of ``policy.megatron_cfg`` for a field of
+    ``policy.megatron_cfg.optimizer``; both ``enabled`` of ``lora_cfg`` and of
+    ``automodel_cfg`` for a LoRA field."""
+    names = (when,) if isinstance(when, str) else when
+    return all(
+        bool(getattr(section, name))
+        for name in names
+        for section in sections
+        if hasattr(section, name)
+    )
 
 
 # --------------------------------------------------------------------------- shared bounds

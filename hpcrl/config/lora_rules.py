@@ -1,7 +1,9 @@
 """Load-time rules of ``policy.automodel_cfg.lora_cfg`` (NeMo RL's ``dtensor_cfg.lora_cfg``):
-which linears get adapters must be said one way only, and the adapters' shape must make
-sense. What the model's own module names match is checked when the job builds the model
-(``hpcrl.core.backends.automodel.lora.apply_lora``)."""
+which linears get adapters must be said one way only, and LoRA with tensor parallelism. The
+adapters' rank and dropout are bounded beside their fields (``hpcrl.config.recipe_lora``).
+What the model's own module names match is checked when the job builds the model
+(``hpcrl.core.backends.automodel.lora.apply_lora``). ``policy.megatron_cfg.peft``: what
+megatron-bridge's LoRA asserts on, and the keys hpcrl does not honour (``rule_megatron_peft``)."""
 
 from __future__ import annotations
 
@@ -50,32 +52,6 @@ def rule_lora_targets(recipe: Recipe) -> list[Problem]:
             )
         ]
     return []
-
-
-def rule_lora_shape(recipe: Recipe) -> list[Problem]:
-    cfg = recipe.policy.automodel_cfg.lora_cfg
-    if not (recipe.policy.automodel_cfg.enabled and cfg.enabled):
-        return []
-    problems = []
-    if cfg.dim < 1:
-        problems.append(
-            Problem(
-                path=f"{LORA}.dim",
-                value=cfg.dim,
-                message="the LoRA rank must be at least 1",
-                fix=f"set {LORA}.dim to a positive rank (8, 16, 32, ...)",
-            )
-        )
-    if not 0.0 <= cfg.dropout < 1.0:
-        problems.append(
-            Problem(
-                path=f"{LORA}.dropout",
-                value=cfg.dropout,
-                message="a dropout probability must lie in [0, 1)",
-                fix=f"set {LORA}.dropout between 0.0 (off) and 1.0",
-            )
-        )
-    return problems
 
 
 def rule_lora_tensor_parallel(recipe: Recipe) -> list[Problem]:
@@ -162,4 +138,4 @@ def _megatron_peft_off_only(cfg: MegatronPeftCfg) -> list[Problem]:
     return problems
 
 
-LORA_RULES = (rule_lora_targets, rule_lora_shape, rule_lora_tensor_parallel, rule_megatron_peft)
+LORA_RULES = (rule_lora_targets, rule_lora_tensor_parallel, rule_megatron_peft)

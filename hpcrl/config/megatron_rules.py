@@ -45,22 +45,6 @@ def rule_context_parallel(recipe: Recipe) -> list[Problem]:
     ]
 
 
-def rule_parallel_read_threads(recipe: Recipe) -> list[Problem]:
-    if not megatron_enabled(recipe):
-        return []
-    threads = recipe.policy.megatron_cfg.checkpoint.parallel_read_threads
-    if threads >= 1:
-        return []
-    return [
-        Problem(
-            path=f"{MEGATRON}.checkpoint.parallel_read_threads",
-            value=threads,
-            message="must be a positive integer",
-            fix=f"set {MEGATRON}.checkpoint.parallel_read_threads=1 (PyTorch's own reader) or more threads",
-        )
-    ]
-
-
 def rule_sequence_parallel(recipe: Recipe) -> list[Problem]:
     """megatron-core refuses SP without TP, and EP with TP without SP (ModelParallelConfig)."""
     if not megatron_enabled(recipe):
@@ -124,16 +108,7 @@ def rule_recompute(recipe: Recipe) -> list[Problem]:
             for name in RECOMPUTE_FIELDS
             if getattr(cfg, name) is not None
         ]
-    problems = []
-    if cfg.recompute_num_layers is not None and cfg.recompute_num_layers < 1:
-        problems.append(
-            Problem(
-                path=f"{MEGATRON}.recompute_num_layers",
-                value=cfg.recompute_num_layers,
-                message="must be a positive layer count (layers per recompute group)",
-                fix=f"set {MEGATRON}.recompute_num_layers=1, or remove it (1 is the default)",
-            )
-        )
+    problems = []  # a layer count below 1: the field's own bound (recipe_megatron)
     if cfg.recompute_granularity == "selective":
         for name in ("recompute_method", "recompute_num_layers"):
             if getattr(cfg, name) is not None:
@@ -168,12 +143,13 @@ def rule_optimizer_offload(recipe: Recipe) -> list[Problem]:
         )
     if not optimizer.optimizer_cpu_offload:
         return problems + _offload_options_without_offload(optimizer, path)
-    if not 0.0 < optimizer.optimizer_offload_fraction <= 1.0:
+    # the field's own bound, [0, 1], is beside it (recipe_megatron); 0 is in it, offloading nothing
+    if optimizer.optimizer_offload_fraction == 0.0:
         problems.append(
             Problem(
                 path=f"{path}.optimizer_offload_fraction",
                 value=optimizer.optimizer_offload_fraction,
-                message=f"must be in (0, 1] when {path}.optimizer_cpu_offload is true (the share of optimizer state kept on the CPU)",
+                message=f"must be above 0 when {path}.optimizer_cpu_offload is true (the share of optimizer state kept on the CPU; 0 keeps none there)",
                 fix=f"set {path}.optimizer_offload_fraction to e.g. 0.5 or 1.0, or {path}.optimizer_cpu_offload=false",
             )
         )
@@ -189,9 +165,22 @@ def rule_optimizer_offload(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+def rule_megatron_min_lr(recipe: Recipe) -> list[Problem]:
+    """``min_lr`` is where the learning rate decays to: not above ``lr`` (checked under a
+    disabled megatron_cfg too, as it always was)."""
+    opt = recipe.policy.megatron_cfg.optimizer
+    path = f"{MEGATRON}.optimizer"
+    if not opt.min_lr > opt.lr >= 0.0:
+        return []
+    return [
+        Problem(path=f"{path}.min_lr", value=opt.min_lr, message=f"above {path}.lr ({opt.lr})",
+                fix=f"set {path}.min_lr <= {path}.lr")
+    ]  # fmt: skip
+
+
 def _offload_options_without_offload(optimizer: Any, path: str) -> list[Problem]:
     problems = []
-    if optimizer.optimizer_offload_fraction != 0.0:
+    if 0.0 < optimizer.optimizer_offload_fraction <= 1.0:  # outside [0, 1]: the field's bound
         problems.append(
             _ignored(
                 f"{path}.optimizer_offload_fraction",
@@ -390,8 +379,8 @@ MEGATRON_RULES = (
     rule_context_parallel,
     rule_sequence_parallel,
     rule_recompute,
-    rule_parallel_read_threads,
     rule_optimizer_offload,
+    rule_megatron_min_lr,
     rule_manual_gc,
     rule_fine_grained_offload,
 )

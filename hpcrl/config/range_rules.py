@@ -94,18 +94,6 @@ def _scheduler_kwarg_ranges(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-def rule_megatron_min_lr(recipe: Recipe) -> list[Problem]:
-    """``min_lr`` is where the learning rate decays to: not above ``lr``."""
-    opt = recipe.policy.megatron_cfg.optimizer
-    path = "policy.megatron_cfg.optimizer"
-    if not opt.min_lr > opt.lr >= 0.0:
-        return []
-    return [
-        Problem(path=f"{path}.min_lr", value=opt.min_lr, message=f"above {path}.lr ({opt.lr})",
-                fix=f"set {path}.min_lr <= {path}.lr")
-    ]  # fmt: skip
-
-
 def rule_consolidated_needs_checkpoints(recipe: Recipe) -> list[Problem]:
     cfg = recipe.checkpointing
     problems = []
@@ -151,6 +139,5 @@ def rule_response_fits_sequence(recipe: Recipe) -> list[Problem]:
 RANGE_RULES = (
     rule_response_fits_sequence,
     rule_optimizer_ranges,
-    rule_megatron_min_lr,
     rule_consolidated_needs_checkpoints,
 )

@@ -10,6 +10,8 @@ from typing import Literal
 
 import attrs
 
+from hpcrl.config.field_bounds import FieldBound, bounded
+
 
 @attrs.frozen(kw_only=True)
 class LoraCfg:
@@ -26,9 +28,22 @@ class LoraCfg:
     target_modules: tuple[str, ...] = ()
     exclude_modules: tuple[str, ...] = ()
     match_all_linear: bool = True
-    dim: int = 8  # the rank r: A is [dim, in_features], B is [out_features, dim]
+    # the rank r: A is [dim, in_features], B is [out_features, dim]. Checked while this
+    # section and policy.automodel_cfg are enabled (``when``: every enclosing switch)
+    dim: int = bounded(
+        8,
+        FieldBound(low=1, message="the LoRA rank must be at least 1",
+                   fix="set {path} to a positive rank (8, 16, 32, ...)"),
+        when="enabled",
+    )  # fmt: skip
     alpha: float = 32.0  # the adapter's output is scaled by alpha / dim
-    dropout: float = 0.0
+    dropout: float = bounded(
+        0.0,
+        FieldBound(low=0.0, high=1.0, high_open=True,
+                   message="a dropout probability must lie in [0, 1)",
+                   fix="set {path} between 0.0 (off) and 1.0"),
+        when="enabled",
+    )  # fmt: skip
     dropout_position: Literal["pre", "post"] = "post"  # on A's input, or on the scaled output
     lora_A_init: Literal["xavier", "uniform"] = "xavier"  # B always starts at zero
     # NeMo Automodel's Triton kernel for the same product; hpcrl computes it with PyTorch

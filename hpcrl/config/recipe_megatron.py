@@ -49,7 +49,14 @@ class MegatronOptimizerCfg:
     # ${policy.max_grad_norm}, null when the Automodel backend clips nothing)
     clip_grad: float | None = bounded(1.0, AT_LEAST_ZERO)
     optimizer_cpu_offload: bool = False
-    optimizer_offload_fraction: float = 0.0
+    # The share of optimizer state megatron-core keeps on the host; that it is above 0 while
+    # optimizer_cpu_offload is on is a cross-field rule (megatron_rules.rule_optimizer_offload)
+    optimizer_offload_fraction: float = bounded(
+        0.0,
+        FieldBound(low=0.0, high=1.0, why="the share of optimizer state kept on the CPU",
+                   fix="set {path} to e.g. 0.5 or 1.0"),
+        when="enabled",
+    )  # fmt: skip
     overlap_cpu_optimizer_d2h_h2d: bool = False
 
 
@@ -90,7 +97,12 @@ class MegatronCheckpointCfg:
     fully_parallel_save: bool = True
     fully_parallel_load: bool = True
     async_save: bool = False
-    parallel_read_threads: int = 1  # 1 = PyTorch's own FileSystemReader
+    parallel_read_threads: int = bounded(  # 1 = PyTorch's own FileSystemReader
+        1,
+        FieldBound(low=1, message="must be a positive integer",
+                   fix="set {path}=1 (PyTorch's own reader) or more threads"),
+        when="enabled",
+    )  # fmt: skip
     # The distributed optimizer's state on disk (megatron-core's names): "dp_reshardable" keeps
     # its buffers as they are (no gathers) and resumes at another DP size only;
     # "fully_reshardable" gathers it over DP into model-space tensors at save and resumes at
@@ -143,7 +155,12 @@ class MegatronCfg:
     activation_checkpointing: bool = False
     recompute_granularity: Literal["full", "selective"] | None = None
     recompute_method: Literal["uniform", "block"] | None = None
-    recompute_num_layers: int | None = None
+    recompute_num_layers: int | None = bounded(
+        None,
+        FieldBound(low=1, message="must be a positive layer count (layers per recompute group)",
+                   fix="set {path}=1, or remove it (1 is the default)"),
+        when=("enabled", "activation_checkpointing"),
+    )  # fmt: skip
     recompute_modules: tuple[str, ...] = ()
     cpu_offloading: bool = False
     cpu_offloading_num_layers: int = 0

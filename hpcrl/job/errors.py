@@ -7,6 +7,12 @@ show the cause instead of waiting for their own deadlines.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcrl.config.errors import Problem
+
 
 class BootstrapError(RuntimeError):
     """The per-node Ray bootstrap failed; ``str(error)`` is the full message for the user.
@@ -112,4 +118,10 @@ class SlurmRequeues(RuntimeError):
 
 class PreflightFailed(BootstrapError):
     """This node's Python cannot run the job (missing or out-of-range packages, hpcrl from the
-    wrong place); raised before Ray starts, the message lists every problem and the fix."""
+    wrong place, a machine without what the plan needs); raised before Ray starts. The message
+    is one line naming every problem and its fix; ``problems`` holds them as ``Problem``
+    records (empty for a plan this hpcrl cannot read)."""
+
+    def __init__(self, message: str, problems: Sequence[Problem] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems)

@@ -200,43 +200,48 @@ def ray_has_token_auth(search_path: list[str] | None = None) -> bool:
     return any((Path(folder) / relative).is_file() for folder in folders)
 
 
-def fix_for(checks: list[PackageCheck], inputs: PreflightInputs) -> str:
-    """What to change, for the failing packages."""
-    failing = [check for check in checks if check.problem]
-    wanted = ", ".join(_wanted(check) for check in failing)
+def package_problems(checks: list[PackageCheck], inputs: PreflightInputs) -> list[Problem]:
+    """A ``Problem`` per missing or out-of-range package. ``path`` is the profile key that
+    chose the job's Python (``container.image``, or ``python`` without a container), ``value``
+    what it holds, ``message`` which package is wrong and what needs it, ``fix`` what to
+    change (the bundle as well, for a pure-Python package)."""
+    return [_package_problem(check, inputs) for check in checks if check.problem]
+
+
+def _package_problem(check: PackageCheck, inputs: PreflightInputs) -> Problem:
+    wanted, needed_for = _wanted(check), check.requirement.needed_for
+    if check.version:
+        message = f"{check.distribution} {check.version} is outside {wanted} ({needed_for})"
+    else:
+        message = f"{check.distribution} is missing ({needed_for} needs {wanted})"
     if inputs.container_image is not None:
+        path, value = "container.image", inputs.container_image
         fix = f"use a container image with {wanted} (the profile's container.image)"
     else:
-        fix = f"install {wanted} for this Python, or set the profile's python to one that has them"
-    pure = [_wanted(check) for check in failing if check.requirement.pure_python]
-    if pure:
+        path, value = "python", " ".join(inputs.code.python)
+        fix = f"install {wanted} for this Python, or set the profile's python to one that has it"
+    if check.requirement.pure_python:
         fix += (
-            f"; pure-Python {', '.join(pure)} can come with the code bundle instead: install it "
-            "where hpcrl runs and list it in the profile's bundle_packages (with code: bundle)"
+            f"; pure-Python {wanted} can come with the code bundle instead: install it where "
+            "hpcrl runs and list it in the profile's bundle_packages (with code: bundle)"
         )
-    return fix
+    return Problem(path=path, value=value, message=message, fix=fix)
 
 
 def _wanted(check: PackageCheck) -> str:
     return f"{check.requirement.distributions[0]}{check.requirement.spec}"
 
 
-def summarize(
-    checks: list[PackageCheck], code_problems: list[Problem], inputs: PreflightInputs
-) -> str:
-    """One line: every problem, then the fix."""
-    parts = [
-        f"{check.distribution} {check.version} is outside {_wanted(check)}"
-        if check.version
-        else f"{check.distribution} is missing ({check.requirement.needed_for} needs {_wanted(check)})"
-        for check in checks
-        if check.problem
-    ]
-    text = f"{sys.executable} (Python {sys.version.split()[0]}) cannot run this job: "
-    text += "; ".join(parts + [problem.one_line() for problem in code_problems])
-    if parts:
-        text += f". Fix: {fix_for(checks, inputs)}"
-    return text
+def failure_summary(problems: list[Problem]) -> str:
+    """One line for the failure marker, ``hpcrl status`` and the task's stderr: which Python,
+    then every problem (``Problem.one_line``), numbered when there are several."""
+    lines = [problem.one_line() for problem in problems]
+    listed = (
+        lines[0]
+        if len(lines) == 1
+        else " ".join(f"({n}) {line}" for n, line in enumerate(lines, 1))
+    )
+    return f"{sys.executable} (Python {sys.version.split()[0]}) cannot run this job: {listed}"
 
 
 def run_preflight(run_dir: str, environ: Mapping[str, str], requeue_count: int = 0) -> None:
@@ -247,22 +252,22 @@ def run_preflight(run_dir: str, environ: Mapping[str, str], requeue_count: int =
     try:
         inputs = read_inputs(run_path)
     except JobSpecError as error:  # no plan, or one this hpcrl cannot read: nothing to check
-        _fail(run_path, task, [f"{python}; hpcrl {hpcrl.__version__}"], str(error))
+        _fail(run_path, task, [f"{python}; hpcrl {hpcrl.__version__}"], [], str(error))
     checks = [check_package(requirement) for requirement in inputs.code.requirements]
     hpcrl_from, code_problems = check_code(inputs.code, environ)
     auth_line, auth_problems = check_ray_auth_support(checks, inputs)
-    code_problems += auth_problems
+    problems = package_problems(checks, inputs) + code_problems + auth_problems
     report = [
         f"{python}; hpcrl {hpcrl.__version__} from {hpcrl_from}",
         *(f"preflight: {check.line()}" for check in checks),
         *([f"preflight: {auth_line}"] if auth_line else []),
     ]
-    if code_problems or any(check.problem for check in checks):
-        _fail(run_path, task, report, summarize(checks, code_problems, inputs))
+    if problems:  # the machine checks below import torch: only once the packages are there
+        _fail(run_path, task, report, problems)
     machine_line, machine_problems = check_machine(inputs, environ)
     report += [f"preflight: {machine_line}"] if machine_line else []
     if machine_problems:
-        _fail(run_path, task, report, "; ".join(p.one_line() for p in machine_problems))
+        _fail(run_path, task, report, machine_problems)
     _log(run_path, task, report)
 
 
@@ -280,13 +285,23 @@ def check_machine(inputs: PreflightInputs, environ: Mapping[str, str]) -> tuple[
     return f"{status:<14} this machine for the plan (device: {device})", problems
 
 
-def _fail(run_dir: Path, task: SlurmTask, report: list[str], summary: str) -> NoReturn:
-    """Log, mark the node failed (other nodes and ``hpcrl status`` see the line) and raise."""
-    _log(run_dir, task, [*report, f"preflight FAILED: {summary}"])
+def _fail(
+    run_dir: Path,
+    task: SlurmTask,
+    report: list[str],
+    problems: list[Problem],
+    summary: str | None = None,
+) -> NoReturn:
+    """Log, mark the node failed (other nodes and ``hpcrl status`` see the line) and raise
+    ``PreflightFailed`` holding the problems. ``summary``: the line to report instead of the
+    problems' (a plan this hpcrl cannot read, which has no key to name)."""
+    summary = summary or failure_summary(problems)
+    several = [f"preflight: problem: {p.one_line()}" for p in problems] if len(problems) > 1 else []
+    _log(run_dir, task, [*report, *several, f"preflight FAILED: {summary}"])
     write_marker(run_dir, failed_marker_name(task.node_rank), task.attempt_id,
                  message=f"preflight on node {task.node_rank} ({task.node_name}): {summary}")  # fmt: skip
     sys.excepthook = _quiet_hook(sys.excepthook)
-    raise PreflightFailed(summary)
+    raise PreflightFailed(summary, problems)
 
 
 def _log(run_dir: Path, task: SlurmTask, lines: list[str]) -> None:

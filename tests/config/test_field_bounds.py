@@ -101,3 +101,38 @@ def test_a_bound_with_a_switch_holds_only_while_its_section_is_enabled():
     )  # fmt: skip
     off = problems_for("automodel", policy__megatron_cfg__tensor_model_parallel_size=0)
     assert "policy.megatron_cfg.tensor_model_parallel_size" not in shown(off)
+
+
+def test_a_when_switch_is_looked_up_in_the_nearest_enclosing_section_that_has_it():
+    """``optimizer_offload_fraction`` (``when="enabled"``) lives in
+    ``policy.megatron_cfg.optimizer``, which has no ``enabled``: ``policy.megatron_cfg``'s
+    switch decides."""
+    from hpcrl.config.field_bounds import check_field_bounds
+    from hpcrl.config.recipe_megatron import MegatronCfg, MegatronOptimizerCfg
+
+    optimizer = MegatronOptimizerCfg(optimizer_offload_fraction=1.5)
+    assert check_field_bounds(MegatronCfg(enabled=False, optimizer=optimizer)) == []
+    (problem,) = check_field_bounds(MegatronCfg(enabled=True, optimizer=optimizer), "m")
+    assert (problem.path, problem.value) == ("m.optimizer.optimizer_offload_fraction", 1.5)
+    assert problem.message == "must be in [0, 1]: the share of optimizer state kept on the CPU"
+
+
+def test_a_when_switch_must_be_on_in_every_enclosing_section_that_has_it():
+    """LoRA's rank is checked only while both ``lora_cfg.enabled`` and
+    ``automodel_cfg.enabled`` are on; a tuple names several switches of a section."""
+    from hpcrl.config.field_bounds import check_field_bounds
+    from hpcrl.config.recipe_lora import LoraCfg
+    from hpcrl.config.recipe_megatron import MegatronCfg
+    from hpcrl.config.recipe_policy import AutomodelCfg
+
+    lora = LoraCfg(enabled=True, dim=0)
+    assert check_field_bounds(AutomodelCfg(enabled=False, lora_cfg=lora)) == []
+    assert check_field_bounds(AutomodelCfg(enabled=True, lora_cfg=LoraCfg(dim=0))) == []
+    (problem,) = check_field_bounds(AutomodelCfg(enabled=True, lora_cfg=lora), "a")
+    assert (problem.path, problem.message) == ("a.lora_cfg.dim", "the LoRA rank must be at least 1")
+    recompute = {"recompute_num_layers": 0}
+    assert check_field_bounds(MegatronCfg(enabled=True, **recompute)) == []
+    (problem,) = check_field_bounds(
+        MegatronCfg(enabled=True, activation_checkpointing=True, **recompute), "m"
+    )
+    assert problem.path == "m.recompute_num_layers"

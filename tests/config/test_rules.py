@@ -62,18 +62,38 @@ def test_exactly_one_algorithm():
 
 
 # --------------------------------------------------------------------------- optimizer offload
-@pytest.mark.parametrize("fraction", [0.0, -0.5, 1.5])
-def test_offload_fraction_outside_zero_one(fraction):
+@pytest.mark.parametrize("offload", [True, False])
+@pytest.mark.parametrize("fraction", [-0.5, 1.5])
+def test_offload_fraction_outside_zero_one_is_the_fields_own_bound(fraction, offload):
+    """[0, 1] is declared beside the field: one error whether offload is on or off (the
+    "has no effect" warning is only for a value the field could hold)."""
+    (problem,) = problems_for(
+        policy__megatron_cfg__optimizer={
+            "optimizer_cpu_offload": offload,
+            "optimizer_offload_fraction": fraction,
+        }
+    )
+    assert (problem.path, problem.value, problem.severity) == (
+        f"{OPT}.optimizer_offload_fraction",
+        fraction,
+        "error",
+    )
+    assert problem.message == "must be in [0, 1]: the share of optimizer state kept on the CPU"
+    assert problem.fix == f"set {OPT}.optimizer_offload_fraction to e.g. 0.5 or 1.0"
+
+
+def test_offload_fraction_zero_with_offload_on_is_the_cross_field_rule():
     problem = only(
         problems_for(
             policy__megatron_cfg__optimizer={
                 "optimizer_cpu_offload": True,
-                "optimizer_offload_fraction": fraction,
+                "optimizer_offload_fraction": 0.0,
             }
         )
     )
-    assert (problem.path, problem.value) == (f"{OPT}.optimizer_offload_fraction", fraction)
-    assert "(0, 1]" in problem.message and f"{OPT}.optimizer_offload_fraction" in problem.fix
+    assert (problem.path, problem.value) == (f"{OPT}.optimizer_offload_fraction", 0.0)
+    assert problem.message.startswith(f"must be above 0 when {OPT}.optimizer_cpu_offload is true")
+    assert f"{OPT}.optimizer_cpu_offload=false" in problem.fix
 
 
 @pytest.mark.parametrize("fraction", [0.25, 1.0])

@@ -22,9 +22,10 @@ from hpcrl.job.preflight import (
     check_code,
     check_package,
     check_ray_auth_support,
+    failure_summary,
+    package_problems,
     ray_has_token_auth,
     run_preflight,
-    summarize,
 )
 from hpcrl.plan.requirements import SUPPORTED
 from hpcrl.run.jobspec import CodeBundle, ContainerSpec, JobCode
@@ -149,24 +150,46 @@ def inputs(
     return PreflightInputs(code=code, container_image=image, ray_auth=ray_auth)
 
 
-def test_summary_names_every_problem_and_the_fix_in_one_line():
+def test_each_failing_package_is_a_problem_naming_the_key_the_package_and_the_fix():
     checks = [
         check(TORCH, torch="2.5.1"),
         check(RAY),
         check(TRANSFORMERS, transformers="5.17.0"),
         check(BRIDGE),
     ]
-    text = summarize(checks, [], inputs())
+    torch, ray, bridge = package_problems(checks, inputs(image="img:1"))
+    assert [p.path for p in (torch, ray, bridge)] == ["container.image"] * 3
+    assert torch.value == "img:1"
+    assert torch.message == "torch 2.5.1 is outside torch>=2.9,<2.14 (every job)"
+    assert (
+        torch.fix == "use a container image with torch>=2.9,<2.14 (the profile's container.image)"
+    )
+    assert ray.message == "ray is missing (every job needs ray>=2.49,<2.61)"
+    assert bridge.message.startswith("megatron-bridge is missing (the Megatron backend needs ")
+    assert "pure-Python megatron-bridge" in bridge.fix and "bundle_packages" in bridge.fix
+    assert "pure-Python" not in torch.fix
+    (local,) = package_problems([check(RAY)], inputs(image=None))
+    assert (local.path, local.value) == ("python", "/usr/bin/env python3")
+    assert local.fix == (
+        "install ray>=2.49,<2.61 for this Python, or set the profile's python to one that has it"
+    )
+
+
+def test_the_failure_line_names_the_python_then_every_problem_numbered():
+    checks = [check(TORCH, torch="2.5.1"), check(RAY)]
+    text = failure_summary(package_problems(checks, inputs(image="img:1")))
     assert "\n" not in text
-    assert "torch 2.5.1 is outside torch>=2.9,<2.14" in text
-    assert "ray is missing (every job needs ray>=2.49,<2.61)" in text
-    assert "megatron-bridge is missing (the Megatron backend needs megatron-bridge" in text
-    assert "transformers" not in text.split("Fix:")[0]
-    fix = text.split("Fix: ")[1]
-    assert fix.startswith("use a container image with torch>=2.9,<2.14, ray>=2.49,<2.61, megatron")
-    assert "pure-Python megatron-bridge" in fix and "bundle_packages" in fix
-    local = summarize(checks, [], inputs(image=None))
-    assert "set the profile's python to one that has them" in local
+    assert text == (
+        f"{sys.executable} (Python {sys.version.split()[0]}) cannot run this job: "
+        "(1) container.image = 'img:1': torch 2.5.1 is outside torch>=2.9,<2.14 (every job); "
+        "fix: use a container image with torch>=2.9,<2.14 (the profile's container.image) "
+        "(2) container.image = 'img:1': ray is missing (every job needs ray>=2.49,<2.61); "
+        "fix: use a container image with ray>=2.49,<2.61 (the profile's container.image)"
+    )
+    one = failure_summary(package_problems([check(RAY)], inputs(image="img:1")))
+    assert one.endswith("cannot run this job: container.image = 'img:1': ray is missing "
+                        "(every job needs ray>=2.49,<2.61); fix: use a container image with "
+                        "ray>=2.49,<2.61 (the profile's container.image)")  # fmt: skip
 
 
 def test_code_from_the_bundle_or_the_planned_installed_version():
@@ -203,6 +226,8 @@ def test_a_failing_node_marks_itself_logs_and_raises(tmp_path, monkeypatch):
         with pytest.raises(PreflightFailed) as caught:
             run_preflight(str(tmp_path), environ)
         assert "hpcrl-no-such-package is missing" in str(caught.value)
+        (problem,) = caught.value.problems
+        assert (problem.path, problem.value) == ("container.image", "img:1")
         assert sys.excepthook is not hook  # prints one line at exit, not the traceback
     finally:
         sys.excepthook = hook
@@ -345,7 +370,8 @@ def test_a_node_with_ray_2_49_and_ray_auth_token_fails_naming_the_version_and_fi
     text = str(caught.value)
     assert "ray 2.49.2 predates Ray token authentication (ray>=2.52)" in text
     assert "use a container image with ray>=2.52" in text and "set ray_auth: none" in text
-    assert "Fix: " not in text  # no package is out of its own range
+    # no package is out of its own range: the one problem is the profile's ray_auth
+    assert [(p.path, p.value) for p in caught.value.problems] == [("ray_auth", "token")]
     marker = json.loads((run_dir / "status" / "node0.failed").read_text())
     assert "ray 2.49.2 predates" in marker["message"]
     log = (run_dir / "logs" / "node0" / "attempt0" / "node.log").read_text()

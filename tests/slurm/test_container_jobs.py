@@ -187,7 +187,7 @@ def test_an_image_without_ray_fails_on_slurm_before_ray_naming_ray(images, image
     assert failed, output_of(result)
     flat = result.stdout.replace("\n", " ")
     assert "ray is missing (every job needs ray>=2.49,<2.61)" in flat, output_of(result)
-    assert "Fix: use a container image with ray>=2.49,<2.61 (the profile's container.image)" in flat
+    assert "fix: use a container image with ray>=2.49,<2.61 (the profile's container.image)" in flat
     job_id = read_job_record(run).job_id
     wait_sacct_states(job_id, ["FAILED"])
     elapsed_s = int(
