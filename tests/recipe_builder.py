@@ -28,6 +28,7 @@ from hpcrl.config.recipe import (
     MegatronCfg,
     MegatronCheckpointCfg,
     MegatronOptimizerCfg,
+    MegatronPeftCfg,
     OptimizerCfg,
     PolicyCfg,
     Recipe,
@@ -175,6 +176,7 @@ def tiny_megatron_recipe(
     offload_fraction: float = 0.0,
     precision: str = "float32",
     optimizer_format: str = "dp_reshardable",
+    peft: MegatronPeftCfg | None = None,
 ) -> Recipe:
     """SFT on the Megatron backend of the tiny HF model at ``model_name`` (a path), shaped
     for tests/megatron/harness.py's batches."""
@@ -196,6 +198,7 @@ def tiny_megatron_recipe(
             parallel_read_threads=parallel_read_threads, optimizer_format=optimizer_format
         ),
         model_overrides=model_overrides or {},
+        peft=peft or MegatronPeftCfg(),
     )
     return Recipe(
         policy=PolicyCfg(

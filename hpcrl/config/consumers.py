@@ -69,6 +69,7 @@ AM_CLIP = "hpcrl.core.backends.automodel.worker:AutomodelWorker.train_step"
 AM_PLAN = "hpcrl.core.backends.automodel.parallelize:parallelize_steps"
 AM_LORA = "hpcrl.core.backends.automodel.lora:apply_lora"
 MG_PROVIDER = "hpcrl.core.backends.megatron.provider:apply_megatron_cfg"
+MG_LORA = "hpcrl.core.backends.megatron.lora:lora_for"
 MG_OVERRIDES = "hpcrl.core.backends.megatron.provider:prepare_provider"
 MG_CONVERT = "hpcrl.core.backends.megatron.worker:MegatronWorker._ensure_conversion"
 MG_OPTIM = "hpcrl.core.backends.megatron.model:optimizer_config"
@@ -150,6 +151,15 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
+    "policy.megatron_cfg.peft.enabled": (MG_LORA,),
+    "policy.megatron_cfg.peft.target_modules": (MG_LORA,),
+    "policy.megatron_cfg.peft.exclude_modules": (MG_LORA,),
+    "policy.megatron_cfg.peft.dim": (MG_LORA,),
+    "policy.megatron_cfg.peft.alpha": (MG_LORA,),
+    "policy.megatron_cfg.peft.dropout": (MG_LORA,),
+    "policy.megatron_cfg.peft.dropout_position": (MG_LORA,),
+    "policy.megatron_cfg.peft.lora_A_init_method": (MG_LORA,),
+    "policy.megatron_cfg.peft.lora_B_init_method": (MG_LORA,),
     "policy.megatron_cfg.tensor_model_parallel_size": (LAYOUT, MG_PROVIDER),
     "policy.megatron_cfg.pipeline_model_parallel_size": (LAYOUT, MG_PROVIDER),
     "policy.megatron_cfg.expert_model_parallel_size": (LAYOUT, MG_PROVIDER),
@@ -386,6 +396,18 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "inert",
         "how often NeMo RL's Megatron worker returns cached CUDA memory to the driver "
         "(torch.cuda.empty_cache): memory, not values",
+    ),
+    "policy.megatron_cfg.peft.a2a_experimental": NotConsumed(
+        "off_only",
+        "the all-to-all exchange of expert adapters is not supported by hpcrl yet",
+        off="false",
+        rule="hpcrl.config.lora_rules:rule_megatron_peft",
+    ),
+    "policy.megatron_cfg.peft.lora_dtype": NotConsumed(
+        "off_only",
+        "adapters take the model's parameter dtype; a dtype of their own is not supported yet",
+        off="null",
+        rule="hpcrl.config.lora_rules:rule_megatron_peft",
     ),
     "policy.automodel_cfg.lora_cfg.use_triton": NotConsumed(
         "inert",

@@ -172,12 +172,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "from the checkpoint's config.json",
     ),
     off_only("policy.megatron_cfg.fp8_cfg", f"FP8 training is {NOT_YET}", None),
-    off_only(
-        "policy.megatron_cfg.peft",
-        f"LoRA (PEFT) on the Megatron backend is {NOT_YET}; the Automodel backend has it "
-        "(policy.dtensor_cfg.lora_cfg, with the same dim, alpha and module keys)",
-        None,
-    ),
     inert(
         "policy.megatron_cfg.defer_fp32_logits",
         "when megatron-core's bf16 logits are cast to fp32: at once (hpcrl) or in NeMo RL's "

@@ -2,12 +2,13 @@
 which linears get adapters must be said one way only, and LoRA with tensor parallelism. The
 adapters' rank and dropout are bounded beside their fields (``hpcrl.config.recipe_lora``).
 What the model's own module names match is checked when the job builds the model
-(``hpcrl.core.backends.automodel.lora.apply_lora``)."""
+(``hpcrl.core.backends.automodel.lora.apply_lora``). ``policy.megatron_cfg.peft``: what
+megatron-bridge's LoRA asserts on, and the keys hpcrl does not honour (``rule_megatron_peft``)."""
 
 from __future__ import annotations
 
 from hpcrl.config.errors import Problem
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import MegatronPeftCfg, Recipe
 
 LORA = "policy.automodel_cfg.lora_cfg"
 
@@ -75,4 +76,66 @@ def rule_lora_tensor_parallel(recipe: Recipe) -> list[Problem]:
     ]
 
 
-LORA_RULES = (rule_lora_targets, rule_lora_tensor_parallel)
+PEFT = "policy.megatron_cfg.peft"
+
+
+def rule_megatron_peft(recipe: Recipe) -> list[Problem]:
+    """``policy.megatron_cfg.peft``: what megatron-bridge's LoRA would assert on, and the two
+    keys hpcrl does not honour (refused whenever the Megatron backend is on, as off-only
+    keys are), by name before the queue wait."""
+    megatron = recipe.policy.megatron_cfg
+    cfg = megatron.peft
+    if not megatron.enabled:
+        return []
+    problems = _megatron_peft_off_only(cfg)
+    if not cfg.enabled:
+        return problems
+    if cfg.target_modules and cfg.exclude_modules:
+        problems.append(
+            Problem(
+                path=f"{PEFT}.exclude_modules",
+                value=list(cfg.exclude_modules),
+                message="megatron-bridge's LoRA takes target_modules or exclude_modules, not "
+                f"both (target_modules={list(cfg.target_modules)})",
+                fix=f"empty {PEFT}.exclude_modules or {PEFT}.target_modules",
+            )
+        )
+    if cfg.dim < 1:
+        problems.append(
+            Problem(path=f"{PEFT}.dim", value=cfg.dim, message="the LoRA rank must be at "
+                    "least 1", fix=f"set {PEFT}.dim to a positive rank (8, 16, 32, ...)")
+        )  # fmt: skip
+    if not 0.0 <= cfg.dropout < 1.0:
+        problems.append(
+            Problem(path=f"{PEFT}.dropout", value=cfg.dropout, message="dropout is a "
+                    "probability below 1", fix=f"set {PEFT}.dropout between 0.0 (off) and 1.0")
+        )  # fmt: skip
+    return problems
+
+
+def _megatron_peft_off_only(cfg: MegatronPeftCfg) -> list[Problem]:
+    problems = []
+    if cfg.a2a_experimental:
+        problems.append(
+            Problem(
+                path=f"{PEFT}.a2a_experimental",
+                value=True,
+                message="the all-to-all exchange of expert adapters (MoE with expert "
+                "parallelism) is not supported by hpcrl yet",
+                fix=f"set {PEFT}.a2a_experimental=false",
+            )
+        )
+    if cfg.lora_dtype not in (None, "None"):
+        problems.append(
+            Problem(
+                path=f"{PEFT}.lora_dtype",
+                value=cfg.lora_dtype,
+                message="adapters in a dtype of their own are not supported by hpcrl yet: they "
+                "take the model's parameter dtype",
+                fix=f"set {PEFT}.lora_dtype=null",
+            )
+        )
+    return problems
+
+
+LORA_RULES = (rule_lora_targets, rule_lora_tensor_parallel, rule_megatron_peft)

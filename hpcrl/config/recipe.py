@@ -38,6 +38,7 @@ from hpcrl.config.recipe_megatron import (  # noqa: F401  (re-exported: one sche
     MegatronCfg,
     MegatronCheckpointCfg,
     MegatronOptimizerCfg,
+    MegatronPeftCfg,
     MegatronSchedulerCfg,
     OffloadModule,
 )

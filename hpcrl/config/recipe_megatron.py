@@ -111,6 +111,34 @@ class MegatronCheckpointCfg:
 
 
 @attrs.frozen(kw_only=True)
+class MegatronPeftCfg:
+    """LoRA adapters on megatron-core's linear layers (``policy.megatron_cfg.peft``), applied
+    by megatron-bridge's own ``LoRA`` as NeMo RL's Megatron worker applies it:
+    ``y = W x + (alpha / dim) * B(A(x))``, W frozen, only A (``linear_in``) and B
+    (``linear_out``) trained; tensor-parallel adapters beside tensor-parallel linears.
+
+    Which linears: ``target_modules`` (megatron names such as ``linear_qkv``, ``linear_proj``,
+    ``linear_fc1``, ``linear_fc2``, or wildcard patterns of the full module name); empty:
+    every linear except those ``exclude_modules`` names (megatron-bridge's matcher).
+    """
+
+    enabled: bool = False
+    target_modules: tuple[str, ...] = ()
+    exclude_modules: tuple[str, ...] = ()
+    dim: int = 8  # the rank r
+    alpha: float = 32.0  # the adapter's output is scaled by alpha / dim
+    dropout: float = 0.0
+    dropout_position: Literal["pre", "post"] = "post"
+    # megatron-bridge's init names: xavier = xavier_normal_, normal = N(0, 0.2),
+    # kaiming = kaiming_uniform_(a=sqrt(5)), zero
+    lora_A_init_method: Literal["xavier", "normal", "kaiming", "zero"] = "xavier"
+    lora_B_init_method: Literal["xavier", "normal", "kaiming", "zero"] = "zero"
+    a2a_experimental: bool = False  # refused when true (rules): expert-parallel adapters
+    # NeMo RL's example writes the string "None" (the model's dtype); anything else is refused
+    lora_dtype: str | None = None
+
+
+@attrs.frozen(kw_only=True)
 class MegatronCfg:
     """Megatron backend: megatron-core through megatron-bridge (``policy.megatron_cfg``)."""
 
@@ -167,3 +195,4 @@ class MegatronCfg:
     distributed_data_parallel_config: DistributedDataParallelCfg = attrs.field(
         factory=DistributedDataParallelCfg
     )
+    peft: MegatronPeftCfg = attrs.field(factory=MegatronPeftCfg)

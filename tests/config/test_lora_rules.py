@@ -1,6 +1,6 @@
 """LoRA settings hpcrl cannot honour, or that say nothing, are refused at load time with the
-path, the value, the reason and the fix; NeMo RL's LoRA recipes on the Megatron backend are
-refused by name, pointing at the Automodel backend's LoRA."""
+path, the value, the reason and the fix; NeMo RL's LoRA recipes on the Megatron backend load
+(megatron_cfg.peft), with the settings hpcrl does not honour refused by name."""
 
 from __future__ import annotations
 
@@ -47,9 +47,33 @@ def test_rank_and_dropout_out_of_range_are_refused():
     }
 
 
-def test_megatron_lora_is_refused_naming_the_automodel_backend():
-    errors = errors_of("recipes/llm/grpo-qwen3-8b-base-1n8g-megatron-lora.yaml", [])
-    text = errors["policy.megatron_cfg.peft"]
-    assert "Megatron backend is not supported yet" in text
-    assert "policy.dtensor_cfg.lora_cfg" in text
-    assert "set policy.megatron_cfg.peft.enabled=false" in text
+MEGATRON_LORA = "recipes/llm/grpo-qwen3-8b-base-1n8g-megatron-lora.yaml"
+PEFT = "policy.megatron_cfg.peft"
+
+
+def test_nemo_rls_megatron_lora_recipe_loads_with_its_settings():
+    """Its own values (dim 128, alpha 128) over grpo_math_1B's defaults (dropout_position
+    post, xavier/zero, lora_dtype "None" as NeMo RL's YAML writes it)."""
+    recipe = load_as_hpcrl(config_path(MEGATRON_LORA), []).recipe
+    peft = recipe.policy.megatron_cfg.peft
+    assert (peft.enabled, peft.dim, peft.alpha, peft.dropout_position) == (True, 128, 128, "post")
+    assert (peft.lora_A_init_method, peft.lora_B_init_method) == ("xavier", "zero")
+    assert (peft.target_modules, peft.exclude_modules) == ((), ())
+
+
+def test_megatron_lora_settings_hpcrl_does_not_honour_are_refused_by_name():
+    errors = errors_of(
+        MEGATRON_LORA,
+        [
+            f"{PEFT}.a2a_experimental=true",
+            f"{PEFT}.lora_dtype=bfloat16",
+            f"{PEFT}.target_modules=[linear_qkv]",
+            f"{PEFT}.exclude_modules=[linear_fc2]",
+            f"{PEFT}.dim=0",
+        ],
+    )
+    assert "expert adapters" in errors[f"{PEFT}.a2a_experimental"]
+    assert f"fix: set {PEFT}.a2a_experimental=false" in errors[f"{PEFT}.a2a_experimental"]
+    assert f"fix: set {PEFT}.lora_dtype=null" in errors[f"{PEFT}.lora_dtype"]
+    assert "not both" in errors[f"{PEFT}.exclude_modules"]
+    assert "rank must be at least 1" in errors[f"{PEFT}.dim"]

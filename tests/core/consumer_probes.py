@@ -646,3 +646,20 @@ def lora_probe(recipe: Recipe, tmp: Path) -> Any:
         for name, module in model.named_modules()
         if isinstance(module, LoraLinear)
     }
+
+
+def megatron_lora_probe(recipe: Recipe, tmp: Path) -> Any:
+    """The megatron-bridge ``LoRA`` that ``lora_for`` builds from ``megatron_cfg.peft`` (the
+    object that adapts the model): its settings; None without LoRA."""
+    import dataclasses
+
+    from hpcrl.core.backends.megatron.lora import lora_for
+
+    lora = lora_for(recipe.policy.megatron_cfg.peft)
+    if lora is None:
+        return None
+    names = ("target_modules", "exclude_modules", "dim", "alpha", "dropout", "dropout_position",
+             "lora_A_init_method", "lora_B_init_method")  # fmt: skip
+    fields = {f.name for f in dataclasses.fields(lora)}
+    assert set(names) <= fields, sorted(fields)
+    return {name: getattr(lora, name) for name in names}

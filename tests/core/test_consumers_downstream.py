@@ -89,6 +89,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.AM_PLAN: probes.parallelize_probe,
     consumers.AM_LORA: probes.lora_probe,
     consumers.MG_PROVIDER: probes.megatron_provider_probe,
+    consumers.MG_LORA: probes.megatron_lora_probe,
     consumers.MG_OVERRIDES: probes.megatron_provider_probe,
     consumers.MG_CONVERT: probes.conversion_probe,
     consumers.MG_OPTIM: probes.megatron_optimizer_probe,
@@ -159,6 +160,8 @@ RECOMPUTE = {"policy.megatron_cfg.activation_checkpointing": True}
 LORA = "policy.automodel_cfg.lora_cfg"
 LORA_ON = {f"{LORA}.enabled": True}
 LORA_PICKED = {**LORA_ON, f"{LORA}.match_all_linear": False}
+PEFT = "policy.megatron_cfg.peft"
+PEFT_ON = {f"{PEFT}.enabled": True}
 FINE_OFFLOAD = {
     "policy.megatron_cfg.fine_grained_activation_offloading": True,
     "policy.megatron_cfg.offload_modules": ["attn_norm"],
@@ -241,6 +244,15 @@ CHANGES: dict[str, Change] = {
     f"{LORA}.dropout_position": Change("pre", LORA_ON),
     f"{LORA}.lora_A_init": Change("uniform", LORA_ON),
     "policy.megatron_cfg.enabled": Change(True, base="grpo", also=TO_MEGATRON),
+    f"{PEFT}.enabled": Change(True),
+    f"{PEFT}.target_modules": Change(["linear_qkv"], PEFT_ON),
+    f"{PEFT}.exclude_modules": Change(["*linear_fc2"], PEFT_ON),
+    f"{PEFT}.dim": Change(4, PEFT_ON),
+    f"{PEFT}.alpha": Change(8, PEFT_ON),
+    f"{PEFT}.dropout": Change(0.1, PEFT_ON),
+    f"{PEFT}.dropout_position": Change("pre", PEFT_ON),
+    f"{PEFT}.lora_A_init_method": Change("kaiming", PEFT_ON),
+    f"{PEFT}.lora_B_init_method": Change("normal", PEFT_ON),
     "policy.megatron_cfg.pipeline_model_parallel_size": Change(2),
     "policy.megatron_cfg.num_layers_in_first_pipeline_stage": Change(
         1, {"policy.megatron_cfg.pipeline_model_parallel_size": 2}

@@ -196,3 +196,32 @@ def save_hf_pretrained(bridge: Any, model_chunks: list, out_dir: str) -> None:
     """``bridge.save_hf_pretrained`` (config, tokenizer files and weights; every rank calls)."""
     with _nothing_is_quantized_without_modelopt():
         bridge.save_hf_pretrained(model_chunks, out_dir, show_progress=False)
+
+
+_PEFT_TE_FLAGS = {
+    "megatron.bridge.peft.module_matcher": (
+        "HAVE_TE_COL_LINEAR", "HAVE_TE_LN_COL_LINEAR", "HAVE_TE_ROW_LINEAR", "HAVE_TE",
+    ),
+    "megatron.bridge.peft.utils": ("HAVE_TE",),
+}  # fmt: skip
+
+
+def import_bridge_lora() -> Any:
+    """megatron-bridge's ``LoRA`` class. Without TE, megatron-core defines its TE linear names
+    as ``MagicMock`` stand-ins, which the bridge's ``safe_import_from`` takes for the real
+    classes (``HAVE_TE_COL_LINEAR`` True): its module matcher then calls ``isinstance`` with
+    a MagicMock and fails (``TypeError: isinstance() arg 2 must be a type``) on every model.
+    Without TE installed the flags are set to what they mean, no TE linear exists (0.3.x and
+    0.6.x name them alike); with TE nothing changes."""
+    import_bridge()
+    import importlib
+
+    if not transformer_engine_installed():
+        for module_name, flags in _PEFT_TE_FLAGS.items():
+            module = importlib.import_module(module_name)
+            for flag in flags:
+                if hasattr(module, flag):
+                    setattr(module, flag, False)
+    from megatron.bridge.peft.lora import LoRA
+
+    return LoRA

@@ -42,9 +42,13 @@ def optimizer_format(worker: Any) -> str:
 def _sharded_state(worker: Any, is_loading: bool, state_format: str) -> dict:
     from megatron.core.utils import unwrap_model
 
+    from hpcrl.core.backends.megatron.lora import adapters_only
+
     model_state = {}
     for index, chunk in enumerate(unwrap_model(worker.model_chunks)):
-        model_state[f"model{index}"] = chunk.sharded_state_dict()
+        state = chunk.sharded_state_dict()
+        # With LoRA the base weights stay those of the conversion: the adapters alone are saved
+        model_state[f"model{index}"] = adapters_only(state) if worker.cfg.peft.enabled else state
     # The distributed optimizer reads the format from here; the others ignore it.
     format_name = DP_RESHARDABLE if state_format == PER_PARAMETER else state_format
     optimizer_state = worker.optimizer.sharded_state_dict(

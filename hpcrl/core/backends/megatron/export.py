@@ -130,10 +130,16 @@ def build_model_without_init(recipe: Recipe, cfg: MegatronCfg, model_path: str) 
     from hpcrl.core.backends.megatron.provider import prepare_provider
 
     policy = recipe.policy
-    provider = build_provider(model_path, load_weights=False)
+    # With LoRA the checkpoint holds the adapters alone: the base weights are the HF model's
+    lora = cfg.peft.enabled
+    provider = build_provider(model_path, load_weights=lora)
     prepare_provider(provider, cfg, policy.precision, policy.max_total_sequence_length)
     provider.perform_initialization = False
     provider.finalize()
+    if lora:
+        from hpcrl.core.backends.megatron.lora import lora_pre_wrap_hook
+
+        provider.register_pre_wrap_hook(lora_pre_wrap_hook(cfg.peft))
     return provider.provide_distributed_model(
         wrap_with_ddp=False, use_cpu_initialization=True, data_parallel_random_init=False
     )
@@ -150,11 +156,20 @@ def load_model_weights(model_chunks: list, megatron_dir: Path) -> None:
             f"{megatron_dir} is missing: not a checkpoint of hpcrl's Megatron backend (an "
             "Automodel run's checkpoint holds dcp/ instead)"
         )
+    from hpcrl.core.backends.megatron.lora import adapters_only, is_adapter_key
+
     for index, chunk in enumerate(unwrap_model(model_chunks)):
-        wanted: dict[str, Any] = {f"model{index}": chunk.sharded_state_dict()}
+        state = chunk.sharded_state_dict()
+        adapted = any(is_adapter_key(key) for key in state)
+        wanted: dict[str, Any] = {f"model{index}": adapters_only(state) if adapted else state}
         loaded = dist_checkpointing.load(wanted, str(megatron_dir))
         missing, unexpected = chunk.load_state_dict(loaded[f"model{index}"], strict=False)
-        missing = [key for key in missing if not key.endswith("_extra_state")]
+        # a LoRA model's base weights came from the HF checkpoint, not from this one
+        missing = [
+            key
+            for key in missing
+            if not key.endswith("_extra_state") and not (adapted and not is_adapter_key(key))
+        ]
         if missing or unexpected:
             raise ValueError(
                 f"{megatron_dir} does not fit the model built from the run's recipe: missing "

@@ -177,11 +177,16 @@ def load_weights(model_chunks: list, weights_dir: Path) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
 
+    from hpcrl.core.backends.megatron.lora import is_adapter_key, to_module_names, without_adapters
+
     for chunk in unwrap_model(model_chunks):
-        sharded = chunk.sharded_state_dict()
+        # LoRA adapters are not in a conversion: they keep their initial values
+        sharded = without_adapters(chunk.sharded_state_dict())
         loaded = dist_checkpointing.load(sharded, str(weights_dir))
-        missing, unexpected = chunk.load_state_dict(loaded, strict=False)
-        missing = [key for key in missing if not key.endswith("_extra_state")]
+        missing, unexpected = chunk.load_state_dict(to_module_names(loaded, chunk), strict=False)
+        missing = [
+            key for key in missing if not key.endswith("_extra_state") and not is_adapter_key(key)
+        ]
         assert not missing and not unexpected, (
             f"weights mismatch: missing {missing}, unexpected {unexpected}"
         )

@@ -57,6 +57,12 @@ def build_model(provider: Any, cfg: MegatronCfg, on_cpu: bool) -> list:
             "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp=true: Megatron "
             "FSDP is not supported by hpcrl's Megatron backend yet; use the distributed optimizer"
         )
+    if cfg.peft.enabled:
+        from hpcrl.core.backends.megatron.lora import lora_pre_wrap_hook
+
+        # registered (not passed): a hook passed to provide_distributed_model replaces the
+        # provider's own ones, such as the bridge's loading of HF weights
+        provider.register_pre_wrap_hook(lora_pre_wrap_hook(cfg.peft))
     chunks = provider.provide_distributed_model(
         wrap_with_ddp=False, use_cpu_initialization=on_cpu, data_parallel_random_init=False
     )

@@ -160,6 +160,10 @@ class MegatronWorker:
         chunks = mcore_model.build_model(provider, self.cfg, on_cpu=self.rank_info.device == "cpu")
         with parallel_reads(self.cfg.checkpoint.parallel_read_threads):
             hf_import.load_weights(chunks, conversion_dir / hf_import.WEIGHTS_SUBDIR)
+        if self.cfg.peft.enabled and self.rank_info.rank == 0:
+            from hpcrl.core.backends.megatron.lora import lora_summary
+
+            print(lora_summary(chunks), file=sys.stderr, flush=True)
         return chunks
 
     # ------------------------------------------------------------------ weights
@@ -252,7 +256,8 @@ class MegatronWorker:
         from hpcrl.core.backends.megatron import direct_export
         from hpcrl.core.backends.megatron.generation import export_hf_weights
 
-        if direct_export.applies():
+        # direct_export maps base parameter names only; the bridge merges LoRA adapters
+        if direct_export.applies() and not self.cfg.peft.enabled:
             direct = direct_export.direct_hf_weights(self.model_chunks, self.provider)
             if direct is not None:
                 return direct
