@@ -22,8 +22,11 @@
 #                        $STEPS_8B steps each (default 2), then hpcrl status and report of the
 #                        sweep: which points fit (OOM rows with their peak), step time, peak
 #                        GPU / host memory
-#   5. 8b-automodel.log  (named only) the Automodel 8B sweep over cpu_offload x activation
-#                        checkpointing
+#   5. 8b-automodel.log  (named only) the Automodel 8B sweep over the optimizer offload
+#                        fraction (AUTOMODEL_FRACTIONS, default 0.5,1.0,0), $STEPS_8B steps
+#                        each; AUTOMODEL_AXES=fsdp-offload: over FSDP's cpu_offload x
+#                        activation checkpointing instead; AUTOMODEL_EXTRA: more overrides
+#                        for every point (e.g. loss_fn.reference_policy_kl_penalty=0)
 #   6. 8b-megatron-ac.log (named only) the Megatron sweep again with activation checkpointing
 #   7. gpu-tests.log     (named only) tests/gpu's Automodel end-to-end test (hpcrl submit --wait
 #                        on local-gpu) with the installed wheel of this checkout, as
@@ -74,6 +77,8 @@ else
 fi
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 HPCRL_CACHE=/tmp/hpcrl-cache
 export PYTHON SMOKE CLUSTER RECIPE_8B MODEL_8B STEPS_8B REPO MEGATRON_DIR=/tmp/hpcrl-megatron
+export AUTOMODEL_FRACTIONS="${AUTOMODEL_FRACTIONS:-0.5,1.0,0}" AUTOMODEL_AXES="${AUTOMODEL_AXES:-fraction}"
+export AUTOMODEL_ZIP="${AUTOMODEL_ZIP:-0}" AUTOMODEL_EXTRA="${AUTOMODEL_EXTRA:-}"
 if [ "$SMOKE" != 1 ]; then  # a GPU process left by an earlier call on this machine, by id
     for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
         echo "stopping GPU process $pid left by an earlier call"; kill -KILL "$pid"
@@ -174,17 +179,24 @@ megatron_sweep() {  # SWEEP_DIR [extra args]
         "${backend_args[@]}" "policy.model_name=$MODEL_PATH" "grpo.max_num_steps=$STEPS_8B" "$@"
 }
 automodel_sweep() {
-    local axes=(--grid "policy.automodel_cfg.cpu_offload=false,true"
-                --grid "policy.automodel_cfg.activation_checkpointing=false,true")
-    # AUTOMODEL_ZIP=1: three points instead of four (a call too short for the grid): no
-    # offload, no offload with activation checkpointing, offload with checkpointing
-    [ "${AUTOMODEL_ZIP:-0}" = 1 ] && axes=(
-        --zip "policy.automodel_cfg.cpu_offload=false,false,true"
-        --zip "policy.automodel_cfg.activation_checkpointing=false,true,true")
+    # the optimizer offload fraction (hpcrl's policy.automodel_cfg.optimizer_offload_fraction:
+    # AdamW's state of that share of the parameters in host memory, stepped there), in the
+    # order AUTOMODEL_FRACTIONS gives (default: the likely fits first, then the known OOM)
+    local axes=(--zip "policy.automodel_cfg.optimizer_offload_fraction=${AUTOMODEL_FRACTIONS:-0.5,1.0,0}")
+    # AUTOMODEL_AXES=fsdp-offload: the earlier sweep over FSDP's cpu_offload x activation
+    # checkpointing; AUTOMODEL_ZIP=1 with it: three of its four points
+    if [ "${AUTOMODEL_AXES:-fraction}" = fsdp-offload ]; then
+        axes=(--grid "policy.automodel_cfg.cpu_offload=false,true"
+              --grid "policy.automodel_cfg.activation_checkpointing=false,true")
+        [ "${AUTOMODEL_ZIP:-0}" = 1 ] && axes=(
+            --zip "policy.automodel_cfg.cpu_offload=false,false,true"
+            --zip "policy.automodel_cfg.activation_checkpointing=false,true,true")
+    fi
     local recipe="$RECIPE_8B-automodel"
-    [ "$SMOKE" = 1 ] && { recipe=grpo-tiny-1n-cpu; axes=(--grid "grpo.seed=1,2"); }
+    [ "$SMOKE" = 1 ] && { recipe=grpo-tiny-1n-cpu; axes=(--zip "policy.automodel_cfg.optimizer_offload_fraction=0.5,1.0"); }
     "$PYTHON" -m hpcrl.cli.main sweep "$recipe" --cluster "$CLUSTER" -o /tmp/sweep-8b-automodel \
-        --wait "${axes[@]}" "policy.model_name=$MODEL_PATH" "grpo.max_num_steps=$STEPS_8B"
+        --wait "${axes[@]}" "policy.model_name=$MODEL_PATH" "grpo.max_num_steps=$STEPS_8B" \
+        ${AUTOMODEL_EXTRA:-}
 }
 gpu_tests() {  # tests/gpu's Automodel test, as tests/gpu/device_run.sh runs it
     [ "$SMOKE" = 1 ] && { echo "SMOKE: tests/gpu needs a GPU"; return 0; }

@@ -174,6 +174,11 @@ def run_validate(args: argparse.Namespace) -> int:
     from hpcrl.cli.terminal import output_width
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)
+    from hpcrl.plan.architecture import architecture_note
+
+    note = architecture_note(prepared.loaded.recipe, prepared.spec, os.environ)
+    if note:
+        print(f"  {note}", flush=True)
     print_warnings(prepared, None)
     lines = unused_keys_lines(prepared.loaded.unused_nemo_rl_keys, args.verbose)
     if lines:

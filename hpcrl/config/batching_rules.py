@@ -35,13 +35,21 @@ def rule_one_batching_mode(recipe: Recipe) -> list[Problem]:
 
 
 def rule_token_budgets(recipe: Recipe) -> list[Problem]:
-    """Every sequence must fit a micro-batch: budgets of at least max_total_sequence_length."""
+    """A budget below max_total_sequence_length: NeMo RL accepts it and fails only when a
+    sequence that long arrives (its packer raises, its dynamic batching asserts); hpcrl's
+    packer raises the same way (``hpcrl.core.workers.micro_batches``), its dynamic batching
+    gives such a row a micro-batch of its own. A warning, so the user knows before the job."""
     policy = recipe.policy
     longest = policy.max_total_sequence_length
     problems = []
     for path, cfg in ((DYN, policy.dynamic_batching), (PACK, policy.sequence_packing)):
         if not cfg.enabled:
             continue
+        outcome = (
+            "stops the job with an error, as it stops NeMo RL's"
+            if path == PACK
+            else "gets a micro-batch of its own, over this budget (NeMo RL stops on it)"
+        )
         for key in ("train_mb_tokens", "logprob_mb_tokens"):
             budget = getattr(cfg, key)
             if budget is not None and budget < longest:
@@ -49,10 +57,12 @@ def rule_token_budgets(recipe: Recipe) -> list[Problem]:
                     Problem(
                         path=f"{path}.{key}",
                         value=budget,
-                        message=f"smaller than policy.max_total_sequence_length ({longest}): the "
-                        "longest sequence would fit no micro-batch",
+                        severity="warning",
+                        message=f"smaller than policy.max_total_sequence_length ({longest}): a "
+                        f"sequence longer than {budget} tokens {outcome}",
                         fix=f"set {path}.{key} to at least {longest} (NeMo RL writes "
-                        "max_total_sequence_length x micro-batch size)",
+                        "max_total_sequence_length x micro-batch size) if sequences may grow "
+                        "that long",
                     )
                 )
     return problems

@@ -121,7 +121,7 @@ def _outside_schema(parts: tuple[str, ...]) -> tuple[str, str]:
             return INERT, entry.reason
         return OFF_ONLY, f"off: {entry.off_text() or 'enabled: false'}; {entry.reason}"
     unread = unread_section(parts)
-    if unread is not None:
+    if unread is not None and unread.read_with_backend is None:
         return INERT, unread.reason
     if parts[0] == "env" and len(parts) >= 2:
         return INERT, env_reason(parts[1])

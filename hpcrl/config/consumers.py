@@ -64,6 +64,7 @@ SFT_EXAMPLE = "hpcrl.core.data.named:sft_example"
 ENV = "hpcrl.core.environments.build:build_environment"
 AM_OPTIM = "hpcrl.core.backends.automodel.optim:build_optimizer"
 AM_SCHED = "hpcrl.core.backends.automodel.optim:build_lr_scheduler"
+AM_TRAIN_OPTIM = "hpcrl.core.backends.automodel.optim:build_training_optimizer"
 AM_CLIP = "hpcrl.core.backends.automodel.worker:AutomodelWorker.train_step"
 AM_PLAN = "hpcrl.core.backends.automodel.parallelize:parallelize_steps"
 AM_LORA = "hpcrl.core.backends.automodel.lora:apply_lora"
@@ -134,6 +135,8 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.tensor_parallel_size": (LAYOUT,),
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
+    # hpcrl's own key (NeMo RL's dtensor_cfg has none)
+    "policy.automodel_cfg.optimizer_offload_fraction": (AM_TRAIN_OPTIM,),
     "policy.automodel_cfg.env_vars": (JOB_ENV,),
     "policy.automodel_cfg.lora_cfg.enabled": (AM_PLAN,),
     "policy.automodel_cfg.lora_cfg.target_modules": (AM_LORA,),
@@ -161,6 +164,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.megatron_cfg.fine_grained_activation_offloading": (MG_PROVIDER,),
     "policy.megatron_cfg.offload_modules": (MG_PROVIDER,),
     "policy.megatron_cfg.cuda_graph_impl": (MG_PROVIDER,),
+    "policy.megatron_cfg.attention_backend": (MG_PROVIDER,),
     "policy.megatron_cfg.freeze_moe_router": (MG_PROVIDER,),
     "policy.megatron_cfg.moe_router_dtype": (MG_PROVIDER,),
     "policy.megatron_cfg.moe_router_load_balancing_type": (MG_PROVIDER,),
@@ -293,6 +297,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "checkpointing.metric_name": (STORE,),
     "checkpointing.higher_is_better": (STORE,),
     "checkpointing.save_consolidated": (STORE,),
+    "checkpointing.checkpoint_must_save_by": (RUN_STEPS,),
     # ------------------------------------------------------------------ logger
     "logger.log_dir": (LOGGERS,),
     "logger.wandb_enabled": (LOGGERS,),
@@ -350,6 +355,12 @@ class NotConsumed:
 
 
 NOT_CONSUMED: dict[str, NotConsumed] = {
+    "policy.generation.refit_transport": NotConsumed(
+        "inert",
+        "how NeMo RL moves the trainer's weights into vLLM (NCCL reshard, lossless sparse "
+        "deltas over S3/ZeroMQ, NIXL): the same weights arrive; hpcrl refits through its own "
+        "path (hpcrl.config.generation_rules refuses it without vLLM, as NeMo RL does)",
+    ),
     "grpo.val_batch_size": NotConsumed(
         "inert",
         "how many validation prompts NeMo RL generates per call; hpcrl samples every "

@@ -94,6 +94,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "same, hpcrl computes them unchunked",
     ),
     inert(
+        "policy.refit_buffer_size_gb",
+        "GiB of weights NeMo RL packs into each bucket of a colocated refit (null: a share of "
+        "free memory): in how many pieces the same weights reach the engine, not which",
+    ),
+    inert(
         "policy.offload_optimizer_for_logprob",
         "moves optimizer state to the CPU while log-probs are computed: where memory lives, "
         "not what is computed",
@@ -241,6 +246,46 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only(
         "policy.generation.vllm_cfg.num_first_layers_in_bf16", f"FP8 generation is {NOT_YET}", 0
     ),
+    inert(
+        "policy.generation.refit_cfg",
+        "tuning of NeMo RL's refit transports (buckets, compression, storage, workers, "
+        "retries): how the same weights travel to vLLM, not which",
+    ),
+    *(
+        inert(f"policy.generation.mcore_generation_config.{name}", why)
+        for name, why in {
+            **dict.fromkeys(
+                (
+                    "buffer_size_gb",
+                    "buffer_guaranteed_fraction",
+                    "block_size_tokens",
+                    "max_tokens",
+                    "max_requests",
+                    "unified_memory_level",
+                    "kv_cache_management_mode",
+                ),
+                "how much memory and how many tokens per step NeMo RL's Megatron inference "
+                "engine holds (its KV cache blocks and buffers): how fast it samples, not what",
+            ),
+            **dict.fromkeys(
+                (
+                    "num_cuda_graphs",
+                    "use_cuda_graphs_for_non_decode_steps",
+                    "cuda_graph_impl",
+                    "inference_cuda_graph_scope",
+                    "enable_chunked_prefill",
+                    "enable_prefix_caching",
+                    "materialize_only_last_token_logits",
+                ),
+                "how NeMo RL's Megatron inference engine runs the same forward (CUDA graphs, "
+                "chunked prefill, cached prefixes, last-token logits): speed, not the samples",
+            ),
+            "logging_step_interval": "how often NeMo RL's Megatron inference engine logs",
+            "refit_backend": "the copy service of NeMo RL's non-colocated Megatron refit; "
+            "hpcrl samples in process (colocated) from the refitted weights",
+            "activation_checkpointing": "recomputation in backward; inference runs no backward",
+        }.items()
+    ),  # fmt: skip
     # ---------------------------------------------------------------- GRPO math
     off_only(
         "loss_fn.positive_example_nll_weight",
@@ -257,12 +302,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         None,
     ),
     # ---------------------------------------------------------------- checkpointing
-    off_only(
-        "checkpointing.checkpoint_must_save_by",
-        f"a wall-clock save deadline is {NOT_YET}: hpcrl saves when Slurm signals the time "
-        "limit (the profile's slurm.signal_delay_s) and the job is requeued",
-        None,
-    ),
     inert(
         "checkpointing.model_save_format",
         "file format of NeMo RL's HF weight export; hpcrl's checkpoints are DCP (Automodel) or "

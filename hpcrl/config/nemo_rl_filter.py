@@ -42,6 +42,8 @@ class UnreadSection:
 
     path: str  # dotted
     reason: str
+    #: the policy.generation.backend under which hpcrl reads the section (None: never)
+    read_with_backend: str | None = None
 
 
 UNREAD_SECTIONS = (
@@ -68,7 +70,8 @@ UNREAD_SECTIONS = (
     UnreadSection(
         "policy.generation.mcore_generation_config",
         "settings of NeMo RL's Megatron generation backend, read only when "
-        "policy.generation.backend is megatron (hpcrl refuses that backend by name)",
+        "policy.generation.backend is megatron",
+        read_with_backend="megatron",
     ),
 )
 
@@ -124,7 +127,8 @@ def take_out_nemo_rl_keys(data: dict[str, Any], raw: Mapping[str, Any], schema: 
         for parts, value, entry in accepted
     ]
     unused = switched_off + unused
-    walk = _Walk(raw=raw, problems=problems, unused=unused)
+    backend = _at(kept, ("policy", "generation", "backend"))
+    walk = _Walk(raw=raw, problems=problems, unused=unused, backend=backend)
     walk.section(kept, (), schema)
     return Judged(kept=kept, problems=problems, unused=tuple(unused))
 
@@ -134,6 +138,7 @@ class _Walk:
     raw: Mapping[str, Any]
     problems: list[Problem]
     unused: list[UnusedKey]
+    backend: Any = None  # policy.generation.backend as written
 
     def section(self, data: dict[str, Any], parts: tuple[str, ...], cls: type) -> None:
         """Keys of a schema section: fields walk on, the others are judged."""
@@ -154,7 +159,7 @@ class _Walk:
         it."""
         path = ".".join(parts)
         unread = unread_section(parts)
-        if unread is not None:
+        if unread is not None and unread.read_with_backend != self.backend:
             self.unused.append(UnusedKey(path=path, value=value, why=unread.reason))
             return True
         if parts[0] == "env" and len(parts) == 2:

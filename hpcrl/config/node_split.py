@@ -93,13 +93,19 @@ def rule_node_split(recipe: Recipe) -> list[Problem]:
     """What NeMo RL's setup asserts about a non-colocated split, as problems."""
     if not has_separate_generation(recipe):
         return []
-    if recipe.policy.generation.backend == "torch":
+    backend = recipe.policy.generation.backend
+    if backend in ("torch", "megatron"):
         return [
             Problem(
                 path=f"{COLOCATED}.enabled",
                 value=False,
-                message="policy.generation.backend torch samples inside the training workers; "
-                "generation workers of their own need the vLLM backend",
+                message=f"policy.generation.backend {backend} samples inside the training "
+                "workers; generation workers of their own need the vLLM backend"
+                + (
+                    " (NeMo RL's dedicated Megatron inference model is not built by hpcrl)"
+                    if backend == "megatron"
+                    else ""
+                ),
                 fix=f"set policy.generation.backend=vllm, or {COLOCATED}.enabled=true",
             )
         ]

@@ -283,4 +283,51 @@ def _milestone_problems(num_named: int, marks: list[tuple[int, LrSchedulerCfg]])
     return []
 
 
-OPTIMIZER_RULES = (rule_optimizer, rule_scheduler)
+OFFLOAD = "policy.automodel_cfg.optimizer_offload_fraction"
+#: what the host-side step (hpcrl.core.backends.automodel.host_offload) cannot do
+_OFFLOAD_REFUSED_KWARGS = ("capturable", "differentiable")
+
+
+def rule_optimizer_offload(recipe: Recipe) -> list[Problem]:
+    """``optimizer_offload_fraction`` > 0 steps part of Adam/AdamW on the host: another
+    optimizer, FSDP's ``cpu_offload`` (which puts all of it on the host already) or a
+    capturable/differentiable Adam cannot go with it."""
+    cfg = recipe.policy.automodel_cfg
+    fraction = cfg.optimizer_offload_fraction
+    opt = recipe.policy.optimizer
+    if not cfg.enabled or fraction <= 0 or opt is None:
+        return []
+    problems = []
+    if class_name(opt.name) not in ("Adam", "AdamW"):
+        problems.append(
+            Problem(
+                path=OFFLOAD,
+                value=fraction,
+                message=f"offloads Adam's state; {OPT}.name is {opt.name}",
+                fix=f"set {OPT}.name=torch.optim.AdamW (or Adam), or {OFFLOAD}=0",
+            )
+        )
+    if cfg.cpu_offload:
+        problems.append(
+            Problem(
+                path=OFFLOAD,
+                value=fraction,
+                message="policy.automodel_cfg.cpu_offload=true keeps all optimizer state "
+                "(and the parameters) in host memory already",
+                fix=f"choose one: {OFFLOAD}=0, or policy.automodel_cfg.cpu_offload=false",
+            )
+        )
+    for key in _OFFLOAD_REFUSED_KWARGS:
+        if opt.kwargs.get(key) is True:
+            problems.append(
+                Problem(
+                    path=f"{OPT}.kwargs.{key}",
+                    value=True,
+                    message=f"the host-side step of {OFFLOAD}={fraction:g} is not {key}",
+                    fix=f"set {OPT}.kwargs.{key}=false, or {OFFLOAD}=0",
+                )
+            )
+    return problems
+
+
+OPTIMIZER_RULES = (rule_optimizer, rule_scheduler, rule_optimizer_offload)

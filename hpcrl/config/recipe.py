@@ -142,6 +142,9 @@ class CheckpointingCfg:
     # NeMo RL's key: also write each saved checkpoint's weights as a Hugging Face folder
     # (safetensors, config, tokenizer) in <checkpoint>/hf, which from_pretrained and vLLM load
     save_consolidated: bool = False
+    # NeMo RL's wall-clock save deadline, DD:HH:MM:SS from the training loop's start: save
+    # and stop once the next step would end past it (hpcrl.config.save_deadline)
+    checkpoint_must_save_by: str | None = None
 
 
 @attrs.frozen(kw_only=True)

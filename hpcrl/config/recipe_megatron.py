@@ -122,6 +122,9 @@ class MegatronCfg:
     fine_grained_activation_offloading: bool = False
     offload_modules: tuple[str, ...] = ()  # names checked by rules (see OffloadModule)
     cuda_graph_impl: Literal["none", "local", "transformer_engine", "full_iteration"] = "none"
+    # megatron-core's AttnBackend, as NeMo RL sets it on the model config (None: the
+    # provider's own, auto); flash/fused/unfused pick Transformer Engine's kernels
+    attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] | None = None
     empty_unused_memory_level: int = 0
     freeze_moe_router: bool = False
     # MoE provider settings, NeMo RL's names; None/False: the provider's own value

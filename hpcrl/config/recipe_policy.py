@@ -123,7 +123,10 @@ class ColocatedCfg:
 class GenerationCfg:
     """How rollouts are sampled (``policy.generation``)."""
 
-    backend: Literal["torch", "vllm"] = "torch"
+    # torch: hpcrl's in-process sampler; megatron: NeMo RL's name for sampling in process from
+    # the Megatron policy's own weights, which hpcrl does with the same sampler fed by the
+    # Megatron refit (hpcrl.config.generation_rules says what it accepts); vllm: vLLM engines
+    backend: Literal["torch", "vllm", "megatron"] = "torch"
     max_new_tokens: int = bounded(64, POSITIVE_COUNT)
     temperature: float = bounded(
         1.0, FieldBound(low=0.0, message="must not be negative", fix="set {path}=1.0")
@@ -162,6 +165,13 @@ class GenerationCfg:
     vllm_cfg: VllmCfg = attrs.field(factory=VllmCfg)
     # more vllm.LLM keyword arguments, as NeMo RL passes them (rules refuse hpcrl's own)
     vllm_kwargs: dict[str, Any] = attrs.field(factory=dict)
+    # how NeMo RL moves the trainer's weights into vLLM (null: its IPC/NCCL default); every
+    # built-in transport delivers the same weights (the sparse ones lossless deltas), and
+    # hpcrl refits through its own path: vLLM only, as NeMo RL requires
+    # (hpcrl.config.generation_rules); a custom "module:Class" engine is refused
+    refit_transport: Literal["nccl_reshard", "vllm_s3_sparse", "vllm_zmq_sparse", "nixl"] | None = (
+        None
+    )
 
 
 # --------------------------------------------------------------------------- micro-batching
@@ -213,6 +223,18 @@ class AutomodelCfg:
     sequence_parallel: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False
+    # hpcrl's own (NeMo RL's dtensor_cfg has none; megatron_cfg.optimizer's key of the same
+    # name is its model): the share of the parameters whose AdamW state lives in host memory
+    # and steps there, parameters and gradients staying on the GPU. 0: none, 1.0: all.
+    optimizer_offload_fraction: float = bounded(
+        0.0,
+        FieldBound(
+            low=0.0, high=1.0,
+            message="must be in [0, 1] (the share of the parameters whose optimizer state lives in host memory)",
+            fix="set {path} to 0 (all on the GPU), 0.5 or 1.0 (all on the host)",
+        ),
+        when="enabled",
+    )  # fmt: skip
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
     lora_cfg: LoraCfg = attrs.field(factory=LoraCfg)
     # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its

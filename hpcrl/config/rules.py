@@ -22,6 +22,7 @@ from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
 from hpcrl.config.field_bounds import check_field_bounds
 from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
+from hpcrl.config.generation_rules import GENERATION_RULES
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.lora_rules import LORA_RULES
 from hpcrl.config.loss_rules import LOSS_RULES
@@ -35,6 +36,7 @@ from hpcrl.config.override_rules import (
 )
 from hpcrl.config.range_rules import RANGE_RULES
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.save_deadline import rule_save_deadline
 
 __all__ = [
     "check_recipe",
@@ -365,6 +367,7 @@ RECIPE_RULES = (
     rule_vllm_kwargs,
     rule_chat_template_kwargs,
     rule_node_split,
+    *GENERATION_RULES,
     rule_automodel_context_parallel,
     *LOSS_RULES,
     *LORA_RULES,
@@ -379,4 +382,5 @@ RECIPE_RULES = (
     *RANGE_RULES,
     *ENV_RULES,
     *CHECKPOINT_METRIC_RULES,
+    rule_save_deadline,
 )

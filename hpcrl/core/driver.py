@@ -33,13 +33,14 @@ from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers
 from hpcrl.core.metrics import HostMemoryTracker, format_progress
-from hpcrl.core.phase import report_phase
+from hpcrl.core.phase import ATTEMPT_ID_VARIABLE, report_phase
 from hpcrl.core.policy import Policy
+from hpcrl.core.save_deadline import SaveDeadline
 from hpcrl.core.workers.group import GroupLayout
 from hpcrl.run.checkpoints import checkpoint_folder, complete_checkpoints
 from hpcrl.run.jobspec import JobSpec
 from hpcrl.run.jobspec_file import JobSpecError, read_jobspec
-from hpcrl.run.markers import PREEMPTED_EXIT_CODE
+from hpcrl.run.markers import PREEMPTED_EXIT_CODE, SAVE_DEADLINE, write_marker
 from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
 PLAN_ERROR_EXIT_CODE = 2
@@ -83,10 +84,15 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
     down."""
     recipe = jobspec.recipe
     from hpcrl.core.data.prompts import load_tokenizer
+    from hpcrl.core.models.buildable import unbuildable_model
     from hpcrl.core.models.tiny import resolve_model_path
 
     report_phase(run_dir, f"loading {recipe.policy.model_name} and the data")
     model_path = resolve_model_path(recipe.policy.model_name)
+    unbuildable = unbuildable_model(recipe, model_path)
+    if unbuildable is not None:  # validate could not read the model's config.json
+        print(f"hpcrl: {unbuildable.one_line()}", file=sys.stderr, flush=True)
+        return PLAN_ERROR_EXIT_CODE
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
     rows = _training_rows(recipe, tokenizer)
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
@@ -341,6 +347,7 @@ def _run_logged_steps(
         report_phase(run_dir, "validating before step 1")
         loggers.log(_validate_at_start(validate, writer))
     report_phase(run_dir, f"training from step {first_step}", first_step=first_step)
+    deadline = SaveDeadline.from_text(recipe.checkpointing.checkpoint_must_save_by)
     with PreemptionWatch(run_dir).installed() as watch:
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
@@ -363,9 +370,38 @@ def _run_logged_steps(
                 print(f"preemption requested: saved {saved} after step {step}; exiting with "
                       f"code {PREEMPTED_EXIT_CODE} to be requeued", flush=True)  # fmt: skip
                 return PREEMPTED_EXIT_CODE
+            if deadline is not None and deadline.step_done() and step < num_steps:
+                return _stop_at_save_deadline(store, step, extra, record, run_dir)
             if store.due(step) or (step == num_steps and store.save_period):
                 store.save(step, extra, record)
     return 0
+
+
+def _stop_at_save_deadline(
+    store: CheckpointStore,
+    step: int,
+    extra: dict[str, Any],
+    record: dict[str, Any],
+    run_dir: Path,
+) -> int:
+    """checkpointing.checkpoint_must_save_by reached: as NeMo RL, save (when checkpointing
+    is on) and stop. With a checkpoint the driver exits with the preempted code, so the run
+    ends unfinished and ``hpcrl resume`` continues it from that checkpoint (the node
+    entrypoint requeues by itself only after Slurm's signal); without one, training ends
+    here, as NeMo RL's does."""
+    key = "checkpointing.checkpoint_must_save_by"
+    if not store.save_period:
+        print(f"{key} reached after step {step}: stopping training early without a "
+              "checkpoint (checkpointing.enabled is false), as NeMo RL does", flush=True)  # fmt: skip
+        return 0
+    saved = store.save(step, extra, record)
+    # the node entrypoint reads it: the attempt's end is this stop, not a failure
+    attempt = os.environ.get(ATTEMPT_ID_VARIABLE)
+    if attempt:
+        write_marker(run_dir, SAVE_DEADLINE, attempt, step=step, checkpoint=str(saved))
+    print(f"{key} reached after step {step}: saved {saved}; stopping unfinished (exit code "
+          f"{PREEMPTED_EXIT_CODE}): hpcrl resume RUN continues from it", flush=True)  # fmt: skip
+    return PREEMPTED_EXIT_CODE
 
 
 def _validate_at_start(

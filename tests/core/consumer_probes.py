@@ -451,6 +451,34 @@ def automodel_optimizer_probe(recipe: Recipe, tmp: Path) -> Any:
     return {"type": type(optimizer).__name__, "hypers": plain(hypers), "trace": plain(trace)}
 
 
+def automodel_training_optimizer_probe(recipe: Recipe, tmp: Path) -> Any:
+    """The optimizer the Automodel worker builds (``build_training_optimizer`` with the
+    worker's arguments) from the recipe the job reads: planned on the eos profile, its
+    JobSpec written to a run folder and read back, as the node entrypoint does."""
+    from hpcrl.config import load_profile
+    from hpcrl.core.backends.automodel.optim import build_training_optimizer
+    from hpcrl.plan.planner import plan
+    from hpcrl.run.jobspec_file import read_jobspec, write_jobspec
+
+    spec = plan(recipe, load_profile("eos"), run_dir=str(tmp / "run"), recipe_source="p.yaml")
+    (tmp / "run").mkdir(exist_ok=True)
+    write_jobspec(spec)
+    job_recipe = read_jobspec(tmp / "run").recipe
+    cfg = job_recipe.policy.automodel_cfg
+    assert job_recipe.policy.optimizer is not None
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.ones(n)) for n in (4, 4)]
+    optimizer = build_training_optimizer(
+        params,
+        job_recipe.policy.optimizer,
+        on_gpu=False,
+        cpu_offload=cfg.cpu_offload,
+        offload_fraction=cfg.optimizer_offload_fraction,
+    )
+    on_host = [getattr(optimizer, "is_on_host", lambda p: False)(p) for p in params]
+    return {"type": type(optimizer).__name__, "on_host": on_host}
+
+
 def clip_probe(recipe: Recipe, tmp: Path) -> Any:
     """AutomodelWorker.train_step clips with ``clip_gradients(params, max_grad_norm)``; this
     replays that call on one parameter with a known gradient."""

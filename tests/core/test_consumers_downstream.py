@@ -84,6 +84,7 @@ PROBES: dict[str, probes.Probe] = {
     consumers.ENV: probes.env_probe,
     consumers.AM_OPTIM: probes.automodel_optimizer_probe,
     consumers.AM_SCHED: probes.automodel_optimizer_probe,
+    consumers.AM_TRAIN_OPTIM: probes.automodel_training_optimizer_probe,
     consumers.AM_CLIP: probes.clip_probe,
     consumers.AM_PLAN: probes.parallelize_probe,
     consumers.AM_LORA: probes.lora_probe,
@@ -262,6 +263,7 @@ CHANGES: dict[str, Change] = {
     ),
     "policy.megatron_cfg.offload_modules": Change(["mlp_norm"], FINE_OFFLOAD),
     "policy.megatron_cfg.cuda_graph_impl": Change("local"),
+    "policy.megatron_cfg.attention_backend": Change("flash"),
     "policy.megatron_cfg.moe_router_dtype": Change("fp64"),
     "policy.megatron_cfg.moe_router_load_balancing_type": Change("aux_loss"),
     "policy.megatron_cfg.moe_router_bias_update_rate": Change(0.001),
@@ -374,6 +376,7 @@ CHANGES: dict[str, Change] = {
     "checkpointing.enabled": Change(False),
     "checkpointing.checkpoint_dir": Change(CHECKPOINTS_ELSEWHERE),
     "checkpointing.save_period": Change(3),
+    "checkpointing.checkpoint_must_save_by": Change("00:00:00:00"),
     "checkpointing.keep_top_k": Change(1),
     "checkpointing.metric_name": Change("train:reward", {"checkpointing.keep_top_k": 2}),
     "checkpointing.higher_is_better": Change(
@@ -585,6 +588,17 @@ def earlier_results() -> dict[tuple[str, str], Any]:
     return {}
 
 
+#: hpcrl's own keys with consumer sites (no NeMo RL field, so not in the compat table)
+HPCRL_KEYS = {"policy.automodel_cfg.optimizer_offload_fraction": Change(0.5)}
+
+
+@pytest.mark.parametrize("key", sorted(HPCRL_KEYS))
+def test_an_hpcrl_key_changes_what_its_sites_build(key, bases, earlier_results, tmp_path):
+    """The same check for hpcrl's own keys (``optimizer_offload_fraction``: the JobSpec's
+    recipe reaches the worker's optimizer construction, which offloads a share)."""
+    test_an_implemented_key_changes_what_its_sites_build(key, bases, earlier_results, tmp_path)
+
+
 @pytest.mark.parametrize("key", implemented_keys())
 def test_an_implemented_key_changes_what_its_sites_build(key, bases, earlier_results, tmp_path):
     recipes, data = bases
@@ -593,7 +607,11 @@ def test_an_implemented_key_changes_what_its_sites_build(key, bases, earlier_res
     ):
         change = dataset_change(key, data)
     else:
-        change = CHANGES.get(key) or auto_change(recipes[base_of(key, Change(None))], key)
+        change = (
+            CHANGES.get(key)
+            or HPCRL_KEYS.get(key)
+            or auto_change(recipes[base_of(key, Change(None))], key)
+        )
     base = with_keys(recipes[base_of(key, change)], change.context)
     value = change.value
     if value == CHECKPOINTS_ELSEWHERE:

@@ -177,3 +177,63 @@ def test_packed_and_dynamic_micro_batches_compile_only_in_the_first_step(compile
         graphs_after_step.append(backend.graphs)
     assert graphs_after_step[0] > 0, "the blocks were compiled"
     assert graphs_after_step == [graphs_after_step[0]] * len(graphs_after_step), graphs_after_step
+
+
+def test_every_decoder_block_runs_one_compiled_frame() -> None:
+    """``apply_compile`` compiles each block, yet dynamo traces the blocks' shared code once:
+    with nn-module inlining the weights are graph inputs, so a 4-block model is one frame
+    and one graph, whatever the number of blocks (a warm run's trace costs one block)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from hpcrl.core.backends.automodel.parallelize import apply_compile
+
+    config = Qwen2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (2, 24))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+    backend = CountingBackend()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    try:
+        apply_compile(model, backend=backend)
+        with torch.no_grad():
+            got = model(ids, use_cache=False).logits
+        frames = dict(torch._dynamo.utils.counters["frames"])
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert backend.graphs == 1
+    assert frames == {"total": 1, "ok": 1}
+
+
+def test_the_reference_pass_reuses_the_policys_log_prob_graph(compiled_worker) -> None:
+    """The reference model's parameters keep ``requires_grad`` when compiled (its passes run
+    under no_grad): a frozen copy failed the policy graph's guards and built a graph of its
+    own in every run's first step. The shared graph still reads each model's own weights:
+    after a train step the policy's log-probs move, the reference's do not."""
+    worker, backend = compiled_worker
+    batch = make_batch(0, batch_size=2, seq_len=24)
+    initial = worker.logprobs(batch)
+    graphs = backend.graphs
+    assert graphs > 0, "the blocks were compiled"
+    reference = worker.reference_logprobs(batch)
+    assert backend.graphs == graphs, "the reference pass built a graph of its own"
+    assert torch.equal(reference, initial)
+    for _ in range(3):
+        worker.train_step([batch], masked_nll_loss, float(batch["token_mask"].sum()))
+    trained = worker.logprobs(batch)
+    after = worker.reference_logprobs(batch)
+    real = batch["attention_mask"].bool()
+    assert (trained[real] - initial[real]).abs().max() > 1e-3, "the policy trained"
+    assert torch.equal(after, initial)
+    assert not any(param.grad is not None for param in worker.reference.parameters())
+    assert worker.collect_state()["compiled_graphs"] == backend.graphs

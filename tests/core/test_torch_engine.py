@@ -337,8 +337,8 @@ def test_prefill_pads_its_packed_tokens_to_one_multiple(qwen2) -> None:
     engine = TorchEngine.from_hf_model(model)
     seen: list[int] = []
     pointwise = engine.decoder.pointwise
-    norm = pointwise.rms_norm
-    pointwise.rms_norm = lambda x, *rest: seen.append(x.shape[0]) or norm(x, *rest)
+    norm = pointwise.add_rms_norm
+    pointwise.add_rms_norm = lambda x, *rest: seen.append(x.shape[0]) or norm(x, *rest)
     padded = _responses(engine.generate(ids, greedy, 0, stop_token_ids=()))
     prefill_counts = [count for count in seen if count > 4]  # decode steps: 4 slots at most
     assert prefill_counts and {c % kv_cache.PREFILL_TOKEN_MULTIPLE for c in prefill_counts} == {0}
@@ -353,3 +353,46 @@ def test_prefill_pads_its_packed_tokens_to_one_multiple(qwen2) -> None:
     finally:
         kv_cache.PREFILL_TOKEN_MULTIPLE = original
     assert padded == unpadded
+
+
+@pytest.mark.parametrize("name", ["tiny:qwen2", "tiny:qwen3"])
+def test_the_first_norm_shares_the_blocks_compiled_norm(name: str) -> None:
+    """The decoder's first norm goes through ``add_rms_norm`` (plus exact zeros), the piece
+    every block compiles anyway: a model without q/k norms never compiles ``rms_norm`` (one
+    compiled piece fewer in a run's first step), Qwen3's q/k norms keep it for one rank of
+    input. Greedy tokens and log-probs stay the eager engine's."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from hpcrl.core.generation import decoder
+
+    class CountingBackend:
+        def __init__(self) -> None:
+            self.graphs = 0
+
+        def __call__(self, graph_module, example_inputs):
+            self.graphs += 1
+            return graph_module.forward
+
+    model, tokenizer = _load(name)
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    cfg = GenerationCfg(temperature=0.0, max_new_tokens=8)
+    eager = TorchEngine.from_hf_model(model).generate(ids, cfg, seed=0)
+    engine = TorchEngine.from_hf_model(model)
+    backend = CountingBackend()
+    torch._dynamo.reset()
+    try:
+        engine.decoder.pointwise = decoder.Pointwise.fused(backend=backend)
+        fused = engine.generate(ids, cfg, seed=0)
+        entries = {
+            piece: len(_debug_get_cache_entry_list(getattr(decoder, piece).__code__))
+            for piece in ("rms_norm", "add_rms_norm")
+        }
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(fused["input_ids"], eager["input_ids"])
+    torch.testing.assert_close(
+        fused["generation_logprobs"], eager["generation_logprobs"], atol=1e-5, rtol=0
+    )
+    want_rms_norm = 1 if name == "tiny:qwen3" else 0
+    assert entries == {"rms_norm": want_rms_norm, "add_rms_norm": 1}
+    assert backend.graphs > 0

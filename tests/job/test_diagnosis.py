@@ -13,11 +13,18 @@ import pytest
 from hpcrl.core.workers.failures import WorkerFailed
 from hpcrl.job.diagnosis import describe_driver_error, diagnose, killed_by
 from hpcrl.job.errors import RayExited
-from hpcrl.job.node import _record_failure, report_failure
+from hpcrl.job.node import _record_failure, _record_save_deadline, report_failure
 from hpcrl.job.ray_cluster import ray_exit_detail
 from hpcrl.job.settings import read_node_settings
 from hpcrl.run.causes import read_cause
-from hpcrl.run.markers import DRIVER_ERROR, RAY_READY, failed_marker_name, write_marker
+from hpcrl.run.markers import (
+    DRIVER_ERROR,
+    PREEMPTED_EXIT_CODE,
+    RAY_READY,
+    SAVE_DEADLINE,
+    failed_marker_name,
+    write_marker,
+)
 from tests.job.plans import write_node_plan
 
 DRIVER_LOG = "logs/node0/attempt0/driver.log"
@@ -172,3 +179,24 @@ def test_a_worker_out_of_gpu_memory_is_named_with_its_phase_and_peak(run):
                          error_type="ValueError", message=text)  # fmt: skip
     write_marker(run, DRIVER_ERROR, "4242.0", **describe_driver_error(other))
     assert diagnose(settings_of(run), returncode=1, wait_s=0).kind == "worker_raised"
+
+
+def test_a_stop_at_the_save_deadline_is_named_with_how_to_go_on_not_as_a_failure(run):
+    settings = settings_of(run)
+    logger = logging.getLogger("test")
+    # the driver's exit code alone (3, as after a preemption) is not such a stop
+    assert not _record_save_deadline(settings, PREEMPTED_EXIT_CODE, logger)
+    write_marker(run, SAVE_DEADLINE, "4241.0", step=2, checkpoint="x")  # an earlier job's
+    assert not _record_save_deadline(settings, PREEMPTED_EXIT_CODE, logger)
+    assert read_cause(run, 0) is None
+
+    write_marker(run, SAVE_DEADLINE, "4242.0", step=3, checkpoint=f"{run}/checkpoints/step_3")
+    assert not _record_save_deadline(settings, 1, logger)  # it failed after writing it
+    assert _record_save_deadline(settings, PREEMPTED_EXIT_CODE, logger)
+
+    cause = read_cause(run, 0)
+    assert cause is not None and not cause.requeued and not cause.retryable
+    assert cause.line() == (
+        f"stopped at checkpointing.checkpoint_must_save_by after step 3: checkpoint saved "
+        f"({run}/checkpoints/step_3); hpcrl resume {run} continues the run from it"
+    )

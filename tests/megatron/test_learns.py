@@ -80,8 +80,12 @@ def assert_job_export_equals_hpcrl_export(run_dir: Path, out: Path) -> None:
 
 @pytest.mark.slow
 def test_grpo_learns_on_megatron(ray_cluster, megatron_on_cpu, tmp_path) -> None:
+    """With NeMo RL's ``policy.generation.backend: megatron``: rollouts sampled in process from
+    the Megatron policy's current weights (the recipe's own backend, torch, takes the same
+    path: ``engine_spec`` maps both to hpcrl's sampler fed by the Megatron refit)."""
     overrides = [
         *megatron_on_cpu,
+        "policy.generation.backend=megatron",
         "grpo.max_num_steps=12",
         "policy.megatron_cfg.optimizer.lr=1.0e-2",
         "policy.megatron_cfg.optimizer.min_lr=1.0e-2",

@@ -213,21 +213,22 @@ class Pointwise:
     masked_softmax: Callable[..., Any] = masked_softmax
 
     @classmethod
-    def fused(cls) -> Pointwise:
+    def fused(cls, backend: Any = "inductor") -> Pointwise:
         """One kernel per piece (GPU), each compiled once for every shape
         (``compiled.compiled_piece``: prefill and every decode batch size share one
         compilation). A piece that fails to compile runs eagerly instead; no piece is first
         called inside a graph capture (the norms, rotary and MLP pieces first run in the
         eager prefill, ``masked_softmax`` in the eager warm-up steps that precede every
-        capture)."""
+        capture). ``backend``: torch.compile's. A piece never called is never compiled:
+        ``rms_norm`` serves only the q/k norms (Qwen3)."""
         from hpcrl.core.generation.compiled import compiled_piece as compiled
 
         return cls(
-            rms_norm=compiled(rms_norm),
-            add_rms_norm=compiled(add_rms_norm),
-            rotate_pair=compiled(rotate_pair),
-            silu_mul=compiled(silu_mul),
-            masked_softmax=compiled(masked_softmax),
+            rms_norm=compiled(rms_norm, backend=backend),
+            add_rms_norm=compiled(add_rms_norm, backend=backend),
+            rotate_pair=compiled(rotate_pair, backend=backend),
+            silu_mul=compiled(silu_mul, backend=backend),
+            masked_softmax=compiled(masked_softmax, backend=backend),
         )
 
 
@@ -359,8 +360,15 @@ class Decoder:
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
         """All blocks over ``[n, hidden]`` rows; returns the final-normed hidden states."""
+        import torch
+
         shape, pw = self.shape, self.pointwise
-        normed = pw.rms_norm(hidden, self.layers[0].input_norm, shape.rms_eps)
+        # The first norm through the blocks' own ``add_rms_norm`` (adding exact zeros): one
+        # compiled piece fewer to trace and load in a run's first step (docs/performance.md,
+        # item 3), and ``rms_norm`` is left to the q/k norms of the models that have them.
+        _, normed = pw.add_rms_norm(
+            hidden, torch.zeros_like(hidden), self.layers[0].input_norm, shape.rms_eps
+        )
         for index, layer in enumerate(self.layers):
 
             def attend_here(

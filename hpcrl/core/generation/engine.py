@@ -122,7 +122,9 @@ def engine_spec(recipe: Recipe, model_path: str, device: str) -> EngineSpec:
     algorithm = recipe.grpo if recipe.grpo is not None else recipe.sft
     vllm_cfg: VllmCfg | None = generation.vllm_cfg if generation.backend == "vllm" else None
     return EngineSpec(
-        backend=generation.backend,
+        # megatron: NeMo RL's in-process generation from the Megatron policy's weights, which
+        # hpcrl's torch engine does from the refit (hpcrl.config.generation_rules)
+        backend="vllm" if generation.backend == "vllm" else "torch",
         model_path=model_path,
         tokenizer_path=recipe.policy.tokenizer.name or model_path,
         device=device,

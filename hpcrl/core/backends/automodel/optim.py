@@ -31,6 +31,63 @@ def build_optimizer(
     return getattr(torch.optim, class_name(cfg.name))(params, **kwargs)
 
 
+def build_training_optimizer(
+    params: Iterable[torch.nn.Parameter],
+    cfg: OptimizerCfg,
+    *,
+    on_gpu: bool,
+    cpu_offload: bool,
+    offload_fraction: float,
+    host_threads: int | None = None,
+) -> torch.optim.Optimizer:
+    """The Automodel worker's optimizer: ``build_optimizer`` (fused on the GPU unless FSDP's
+    CPU offload steps it on the host), or with ``offload_fraction`` > 0
+    (``policy.automodel_cfg.optimizer_offload_fraction``) the same Adam/AdamW with that share
+    of its state in host memory (``host_offload.HostOffloadAdam``; the config rules admit
+    the fraction only with Adam or AdamW and without ``cpu_offload``)."""
+    if offload_fraction <= 0:
+        return build_optimizer(params, cfg, fused=on_gpu and not cpu_offload)
+    from hpcrl.config.optimizers import class_name
+    from hpcrl.core.backends.automodel.host_offload import HostOffloadAdam
+
+    assert class_name(cfg.name) in ("Adam", "AdamW") and not cpu_offload, cfg.name
+    kwargs = dict(cfg.kwargs)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if on_gpu and "fused" not in kwargs and "foreach" not in kwargs:
+        kwargs["fused"] = True  # the device-side part, as without offload
+    return HostOffloadAdam(
+        [p for p in params if p.requires_grad],
+        offload_fraction=offload_fraction,
+        host_threads=host_threads,
+        decoupled_weight_decay=class_name(cfg.name) == "AdamW",
+        **kwargs,
+    )
+
+
+def host_threads_per_worker(local_world_size: int) -> int:
+    """torch threads for a GPU worker's host-side optimizer step: this node's cores shared by
+    its workers (Ray starts a one-CPU actor with one thread)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, local_world_size))
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Every device-side state tensor of ``optimizer`` to ``device`` (around generation);
+    state an offloading optimizer keeps on the host stays there."""
+    from hpcrl.core.backends.automodel.host_offload import HostOffloadAdam
+
+    if isinstance(optimizer, HostOffloadAdam):
+        optimizer.move_device_state(device)
+        return
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
+
+
 def build_lr_scheduler(
     optimizer: torch.optim.Optimizer, entries: Sequence[LrSchedulerCfg] | None
 ) -> torch.optim.lr_scheduler.LRScheduler:

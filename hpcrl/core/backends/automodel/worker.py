@@ -42,7 +42,13 @@ from hpcrl.core.backends.automodel.model import (
     hf_named_tensors,
     load_hf_model,
 )
-from hpcrl.core.backends.automodel.optim import build_lr_scheduler, build_optimizer, clip_gradients
+from hpcrl.core.backends.automodel.optim import (
+    build_lr_scheduler,
+    build_training_optimizer,
+    clip_gradients,
+    host_threads_per_worker,
+    move_optimizer_state,
+)
 from hpcrl.core.backends.automodel.parallelize import (
     MeshShape,
     apply_activation_checkpointing,
@@ -152,12 +158,18 @@ class AutomodelWorker:
         self.mesh = build_mesh(rank_info.device, self.shape)
         self.model = self._build_sharded(model_path, training=True)
         assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
-        self.optimizer = build_optimizer(
+        self.optimizer = build_training_optimizer(
             # Only what trains: with LoRA the adapters, never the frozen base weights.
             [param for param in self.model.parameters() if param.requires_grad],
             recipe.policy.optimizer,
-            # With CPU offload the optimizer steps on host-side parameters.
-            fused=self.device.type == "cuda" and not cfg.cpu_offload,
+            on_gpu=self.device.type == "cuda",
+            cpu_offload=cfg.cpu_offload,
+            offload_fraction=cfg.optimizer_offload_fraction,
+            host_threads=(
+                host_threads_per_worker(rank_info.local_world_size)
+                if self.device.type == "cuda"
+                else None
+            ),
         )
         self.scheduler = build_lr_scheduler(self.optimizer, recipe.policy.scheduler)
         self.reference: TokenLogprobModel | None = None
@@ -207,7 +219,10 @@ class AutomodelWorker:
             )
         else:
             apply_autocast(root, param_dtype)
-        if not training:
+        # A compiled reference keeps requires_grad as loaded (its passes run under no_grad
+        # only): frozen, it failed the guards of the policy's log-prob graph and compiled a
+        # graph of its own in every run's first step (docs/performance.md, item 3).
+        if not training and not steps.compile:
             root.requires_grad_(False)
         return root
 
@@ -369,10 +384,7 @@ class AutomodelWorker:
     def _move_optimizer_state(self, device: torch.device) -> None:
         if self.device.type == "cpu" or self.recipe.policy.automodel_cfg.cpu_offload:
             return
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and key != "step":
-                    state[key] = value.to(device, non_blocking=True)
+        move_optimizer_state(self.optimizer, device)
         if device.type == "cpu":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()

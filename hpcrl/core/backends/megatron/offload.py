@@ -37,6 +37,8 @@ def requirement_problems(
         te_settings.append(("cuda_graph_impl", "transformer_engine"))
     if cfg.sequence_parallel:
         te_settings.append(("sequence_parallel", True))
+    if cfg.attention_backend in ("flash", "fused", "unfused"):
+        te_settings.append(("attention_backend", cfg.attention_backend))
     if not te_available:
         problems += [
             Problem(

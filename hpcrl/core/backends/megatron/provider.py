@@ -75,6 +75,19 @@ def use_local_spec(provider: Any) -> list[str]:
     return turned_off
 
 
+def apply_attention_backend(provider: Any, name: str) -> None:
+    """megatron-core's ``AttnBackend[name]`` on the provider, as NeMo RL sets it; the NVTE_*
+    kernel switches are dropped from the environment, as NeMo RL drops them, so that
+    Transformer Engine follows the named backend rather than a stale variable."""
+    import os
+
+    from megatron.core.transformer.enums import AttnBackend
+
+    for variable in ("NVTE_FUSED_ATTN", "NVTE_FLASH_ATTN", "NVTE_UNFUSED_ATTN"):
+        os.environ.pop(variable, None)
+    provider.attention_backend = AttnBackend[name]
+
+
 def apply_megatron_cfg(provider: Any, cfg: MegatronCfg, precision: str, seq_length: int) -> None:
     """Copy the first-class recipe fields onto the provider (before overrides)."""
     import torch
@@ -106,6 +119,8 @@ def apply_megatron_cfg(provider: Any, cfg: MegatronCfg, precision: str, seq_leng
         provider.bias_activation_fusion = True
     if cfg.freeze_moe_router:
         provider.moe_router_freeze = True
+    if cfg.attention_backend is not None:
+        apply_attention_backend(provider, cfg.attention_backend)
     has_te = transformer_engine_available()
     for name in MOE_PROVIDER_FIELDS:
         value = getattr(cfg, name)

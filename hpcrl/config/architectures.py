@@ -1,0 +1,77 @@
+"""Which Hugging Face model architectures each part of hpcrl can build, read from a model's
+``config.json`` (its ``model_type`` and ``architectures``), and the refusal when a recipe
+names one its backend cannot build. Text only: the login node reads the file when it can see
+it (``hpcrl.plan.architecture``), the job when it starts (``hpcrl.core.driver``), with the
+same message.
+
+- The Automodel backend trains a Hugging Face causal LM with its own tensor-parallel plan of
+  q/k/v/o and gate/up/down projections over ``model.layers``
+  (``hpcrl.core.backends.automodel.parallelize``): Llama-shaped decoders.
+- hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
+  with it) implements the same decoders (``hpcrl.core.generation.decoder``).
+- The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import Recipe
+
+#: model_type values of the Llama-shaped decoders both builders implement
+LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
+AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED
+SAMPLER_MODEL_TYPES = LLAMA_SHAPED
+MODEL = "policy.model_name"
+
+
+def builders(recipe: Recipe) -> list[tuple[str, tuple[str, ...], str]]:
+    """(what builds the model, the model_types it builds, the fix) for each part of hpcrl
+    that will build ``recipe``'s model from its Hugging Face config."""
+    found: list[tuple[str, tuple[str, ...], str]] = []
+    if recipe.backend == "automodel":
+        found.append((
+            "hpcrl's Automodel backend (policy.automodel_cfg)", AUTOMODEL_MODEL_TYPES,
+            "train it with the Megatron backend (policy.megatron_cfg.enabled=true, "
+            "policy.automodel_cfg.enabled=false), or pick a model of one of these types",
+        ))  # fmt: skip
+    generation = recipe.policy.generation.backend
+    if recipe.algorithm == "grpo" and generation in ("torch", "megatron"):
+        found.append((
+            f"hpcrl's in-process sampler (policy.generation.backend {generation})",
+            SAMPLER_MODEL_TYPES, "set policy.generation.backend=vllm",
+        ))  # fmt: skip
+    return found
+
+
+def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+    """The refusal of a model ``recipe``'s backend cannot build, None when it can."""
+    model_type = hf_config.get("model_type")
+    for builder, model_types, fix in builders(recipe):
+        if model_type in model_types:
+            continue
+        architectures = hf_config.get("architectures") or []
+        named = f"{architectures[0]} (model_type {model_type!r})" if architectures else (
+            f"model_type {model_type!r}"
+        )  # fmt: skip
+        return Problem(
+            path=MODEL,
+            value=recipe.policy.model_name,
+            message=f"a {named} model, which {builder} cannot build: it builds "
+            f"{', '.join(model_types)} decoders",
+            fix=fix,
+        )
+    return None
+
+
+def read_hf_config(folder: Path) -> dict[str, Any] | None:
+    """``folder/config.json`` as a dict; None when it is not there or not readable."""
+    try:
+        loaded = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None

@@ -1,0 +1,70 @@
+"""Can hpcrl build the recipe's model? Read from the model's ``config.json`` on this machine
+when it is here: a local folder (through the container mounts), or a snapshot in the Hugging
+Face cache the job reads (``hpcrl.plan.hf_cache``). An architecture the recipe's backend
+cannot build is an error naming ``policy.model_name`` (``hpcrl.config.architectures``); when
+the file is not here, ``validate`` says that the job checks it as it starts
+(``hpcrl.core.driver``), with the same message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hpcrl.config.architectures import architecture_problem, builders, read_hf_config
+from hpcrl.config.errors import Problem
+from hpcrl.config.recipe import Recipe
+from hpcrl.plan.hf_cache import BUILT_IN_PREFIX, HUB_ID, job_hub_cache, on_this_machine
+from hpcrl.run.jobspec import JobSpec
+
+
+def model_config_here(
+    recipe: Recipe, spec: JobSpec, environ: Mapping[str, str]
+) -> dict[str, Any] | None:
+    """The model's config.json as the job will read it, when this machine can see it."""
+    name = recipe.policy.model_name
+    local = on_this_machine(spec, name) if name.startswith("/") else Path(name)
+    if local is not None and local.is_dir():
+        return read_hf_config(local)
+    if not HUB_ID.fullmatch(name):
+        return None
+    hub = on_this_machine(spec, job_hub_cache(spec, environ))
+    if hub is None:
+        return None
+    snapshots = hub / f"models--{name.replace('/', '--')}" / "snapshots"
+    try:
+        folders = sorted(snapshots.iterdir())
+    except OSError:
+        return None
+    return next((c for c in map(read_hf_config, folders) if c is not None), None)
+
+
+def _checked(recipe: Recipe) -> bool:
+    return bool(builders(recipe)) and not recipe.policy.model_name.startswith(BUILT_IN_PREFIX)
+
+
+def check_model_architecture(
+    recipe: Recipe, spec: JobSpec, environ: Mapping[str, str]
+) -> list[Problem]:
+    if not _checked(recipe):
+        return []
+    config = model_config_here(recipe, spec, environ)
+    problem = None if config is None else architecture_problem(recipe, config)
+    return [] if problem is None else [problem]
+
+
+def architecture_note(recipe: Recipe, spec: JobSpec, environ: Mapping[str, str]) -> str | None:
+    """What ``validate`` says about the model's architecture (None: nothing to say)."""
+    if not _checked(recipe):
+        return None
+    config = model_config_here(recipe, spec, environ)
+    if config is not None:
+        return f"architecture: {config.get('model_type')!r}, built by " + ", ".join(
+            builder for builder, _, _ in builders(recipe)
+        )
+    return (
+        f"architecture: the config.json of {recipe.policy.model_name} is not readable here "
+        "(no local folder, not in the job's Hugging Face cache), so the job checks the "
+        "architecture as it starts"
+    )

@@ -1,0 +1,90 @@
+"""A model whose architecture the recipe's backend cannot build (NeMo RL's NemotronH recipes:
+model_type nemotron_h) is refused by name: at plan time when its config.json is readable here
+(a local folder, or the job's Hugging Face cache), else by the job as it starts, with the
+same message; ``validate`` says which of the two happens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+
+from hpcrl.config.recipe import GenerationCfg
+from hpcrl.core.models.buildable import unbuildable_model
+from hpcrl.plan.architecture import architecture_note, check_model_architecture
+from hpcrl.plan.planner import plan
+from tests.plan.planning_inputs import local_profile
+from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
+
+NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"]}
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+AUTOMODEL_REFUSAL = (
+    "policy.model_name = '{name}': a NemotronHForCausalLM (model_type 'nemotron_h') model, "
+    "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
+    "qwen2, qwen3, mistral decoders; fix: train it with the Megatron backend "
+    "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
+    "of one of these types"
+)
+
+
+def model_folder(root: Path, config: dict) -> str:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps(config))
+    return str(root)
+
+
+def planned(recipe, tmp_path):
+    small = attrs.evolve(recipe, cluster=attrs.evolve(recipe.cluster, num_nodes=1, gpus_per_node=2))
+    small = with_policy(small, train_global_batch_size=8)
+    return small, plan(small, local_profile(), run_dir=str(tmp_path / "run"), recipe_source="t")
+
+
+def test_a_local_nemotron_h_folder_is_refused_for_the_automodel_backend(tmp_path):
+    name = model_folder(tmp_path / "nemotron", NEMOTRON_H)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name=name), tmp_path)
+    (problem,) = check_model_architecture(recipe, spec, {})
+    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=name)
+    # the job, had validate not seen the file, refuses it with the same words
+    assert unbuildable_model(recipe, name) == problem
+
+
+def test_a_model_in_the_jobs_hub_cache_is_read(tmp_path):
+    snapshot = tmp_path / "hub" / "models--nvidia--Nano" / "snapshots" / "abc123"
+    model_folder(snapshot, NEMOTRON_H)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name="nvidia/Nano"), tmp_path)
+    environ = {"HF_HUB_CACHE": str(tmp_path / "hub")}
+    (problem,) = check_model_architecture(recipe, spec, environ)
+    assert problem.path == "policy.model_name" and "nemotron_h" in problem.message
+    assert check_model_architecture(recipe, spec, {"HF_HUB_CACHE": str(tmp_path / "none")}) == []
+
+
+def test_the_in_process_sampler_refuses_it_under_megatron_and_vllm_does_not(tmp_path):
+    name = model_folder(tmp_path / "nemotron", NEMOTRON_H)
+    recipe = with_policy(megatron_recipe(), model_name=name)
+    megatron_generation = with_policy(recipe, generation=GenerationCfg(backend="megatron"))
+    recipe, spec = planned(megatron_generation, tmp_path)
+    (problem,) = check_model_architecture(recipe, spec, {})
+    assert problem.message == (
+        "a NemotronHForCausalLM (model_type 'nemotron_h') model, which hpcrl's in-process "
+        "sampler (policy.generation.backend megatron) cannot build: it builds llama, qwen2, "
+        "qwen3, mistral decoders"
+    )
+    assert problem.fix == "set policy.generation.backend=vllm"
+    vllm = with_policy(recipe, generation=GenerationCfg(backend="vllm"))
+    assert check_model_architecture(vllm, spec, {}) == []  # megatron-bridge and vLLM decide
+
+
+def test_validate_says_where_the_architecture_is_checked(tmp_path):
+    name = model_folder(tmp_path / "llama", LLAMA)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name=name), tmp_path)
+    assert check_model_architecture(recipe, spec, {}) == []
+    assert architecture_note(recipe, spec, {}) == (
+        "architecture: 'llama', built by hpcrl's Automodel backend (policy.automodel_cfg), "
+        "hpcrl's in-process sampler (policy.generation.backend torch)"
+    )
+    hub_name = with_policy(recipe, model_name="nvidia/Nano")
+    assert architecture_note(hub_name, spec, {"HF_HUB_CACHE": str(tmp_path)}) == (
+        "architecture: the config.json of nvidia/Nano is not readable here (no local folder, "
+        "not in the job's Hugging Face cache), so the job checks the architecture as it starts"
+    )
