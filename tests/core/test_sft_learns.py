@@ -15,12 +15,18 @@ from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_
 @pytest.mark.slow
 def test_sft_loss_falls_on_the_tiny_recipe(ray_cluster, tmp_path) -> None:
     val_path = REPO_ROOT / "recipes" / "data" / "sft_tiny.jsonl"
-    overrides = [f"data.val_path={val_path}", "sft.val_period=10", "sft.val_at_start=true"]
+    # Validation on the first 32 of the 200 pairs (4 batches of 8): all 200 three times were
+    # 150 forward micro-batches a worker, more than the 20 training steps' 40 (issue 26).
+    overrides = [
+        f"data.val_path={val_path}", "sft.val_period=10", "sft.val_at_start=true",
+        "sft.val_batches=4", "sft.val_global_batch_size=8",
+    ]  # fmt: skip
     run_dir = write_run_dir(tmp_path / "run", "sft-tiny-1n-cpu.yaml", overrides)
     assert run_training(str(run_dir)) == 0
     records = read_metrics(run_dir)
     validations = {m["step"]: m["val_loss"] for m in records if "val_loss" in m}
     assert sorted(validations) == [0, 10, 20]
+    assert {m["val_num_examples"] for m in records if "val_loss" in m} == {32}
     assert validations[20] < 0.6 * validations[0]
     metrics = [m for m in records if m["step"] > 0]
     assert [m["step"] for m in metrics] == list(range(1, 21))
