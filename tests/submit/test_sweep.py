@@ -99,7 +99,7 @@ def test_one_bad_point_fails_the_sweep_naming_its_values_and_path(tmp_path: Path
     errors = [p for p in error.value.problems if p.is_error]
     assert len(errors) == 1
     assert errors[0].path == FRACTION and errors[0].value == 1.5
-    assert errors[0].message.startswith(f"[sweep point 1: {FRACTION}=1.5] must be in (0, 1]")
+    assert errors[0].message.startswith(f"[sweep point 1: {FRACTION}=1.5] must be in [0, 1]")
     assert not (tmp_path / "sw").exists(), "nothing is written before every point is valid"
 
 
