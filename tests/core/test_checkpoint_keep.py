@@ -2,7 +2,7 @@
 the top k periodic checkpoints by checkpointing.metric_name (higher_is_better; a checkpoint
 without the metric ranks last, ties go to the newer) or else the newest k, and always the
 newest checkpoint, which a resumed run starts from. A real CPU run:
-tests/core/test_checkpoint_keep_run.py."""
+tests/core/test_grpo_learns.py::test_grpo_with_kl_penalty_and_leave_one_out_learns_and_keeps_the_top_k_checkpoints."""
 
 from pathlib import Path
 

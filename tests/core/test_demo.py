@@ -7,9 +7,11 @@ own seed, runs through the Quickstart's command exactly as the README prints it 
 console script of this venv, ``submit --cluster local --wait``, a shell whose PATH has no venv
 on it): local executor, rendered script, node entrypoint, Ray bootstrap, the real driver.
 That run is also the demo recipe's shipped-CPU-recipe test (tests/shipped_cpu_recipes.py).
-Seeds 1 and 2 run the same recipe in this process through ``run_training`` (the call the
-node's driver makes), on one local Ray shared by both, so they pay for no bootstrap; the
-recipe, its 2 workers and its 20 steps are unchanged.
+Seed 2 runs the same recipe in this process through ``run_training`` (the call the node's
+driver makes), so it pays for no bootstrap; the recipe, its 2 workers and its 20 steps are
+unchanged. Seed 1 is held to the same level by tests/submit/test_resume_rerun.py, whose
+cancelled and resumed run of this recipe is that seed's 20 steps (a run of its own here cost
+~40 CPU-s of CI; issue 26).
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ from tests.require import require_module
 require_module("ray")
 
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
-from tests.shipped_cpu_recipes import assert_finite_steps, quickstart_argv  # noqa: E402
+from tests.core._driver_harness import REPO_ROOT, read_metrics, write_run_dir  # noqa: E402
+from tests.shipped_cpu_recipes import (  # noqa: E402
+    DEMO_NUM_STEPS,
+    assert_demo_reaches_the_documented_reward,
+    assert_finite_steps,
+    quickstart_argv,
+)
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
-NUM_STEPS = 20
-# docs/algorithms.md: first-5 → last-5 mean reward 0.13 → 0.85 (seed 42), 0.12 → 0.83
-# (seed 1), 0.15 → 0.81 (seed 2). The tests hold each seed to the documented level.
-DOCUMENTED_LAST5_REWARD = 0.7
-# The tiny random model starts near 0.1 (about one character in ten is a digit).
-MAX_FIRST5_REWARD = 0.35
+NUM_STEPS = DEMO_NUM_STEPS
 QUICKSTART_TIMEOUT_S = 850.0  # CI's per-test limit is 900 s
 METRIC_KEYS = {
     "step",
@@ -59,11 +61,7 @@ METRIC_KEYS = {
 
 
 def assert_documented_reward(metrics: list[dict]) -> None:
-    assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))
-    rewards = [m["reward_mean"] for m in metrics]
-    print(f"reward first-5 {mean(rewards[:5]):.2f} -> last-5 {mean(rewards[-5:]):.2f}")
-    assert mean(rewards[:5]) <= MAX_FIRST5_REWARD, rewards
-    assert mean(rewards[-5:]) >= DOCUMENTED_LAST5_REWARD, rewards
+    assert_demo_reaches_the_documented_reward(metrics)
     assert METRIC_KEYS <= set(metrics[0])
     assert "engine_generated_tokens" not in metrics[0]  # the torch sampler, not an engine
     assert metrics[-1]["peak_host_rss_gb"] > 0.1
@@ -108,16 +106,14 @@ def test_quickstart_command_runs_the_demo_to_the_documented_reward(tmp_path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
-def test_demo_recipe_reaches_the_documented_reward(ray_cluster, tmp_path, capsys, seed) -> None:
-    # Seed 2 also turns a NeMo RL logger on: the driver feeds it every step record.
-    tensorboard = ["logger.tensorboard_enabled=true"] if seed == 2 else []
-    run_dir = write_run_dir(tmp_path / "run", RECIPE, [f"grpo.seed={seed}", *tensorboard])
+def test_demo_recipe_reaches_the_documented_reward_at_seed_2(ray_cluster, tmp_path, capsys) -> None:
+    # It also turns a NeMo RL logger on: the driver feeds it every step record.
+    overrides = ["grpo.seed=2", "logger.tensorboard_enabled=true"]
+    run_dir = write_run_dir(tmp_path / "run", RECIPE, overrides)
     assert run_training(str(run_dir)) == 0
     metrics = read_metrics(run_dir)
     assert_documented_reward(metrics)
-    if tensorboard:
-        assert_tensorboard_holds_the_losses(run_dir / "logs" / "tensorboard", metrics)
+    assert_tensorboard_holds_the_losses(run_dir / "logs" / "tensorboard", metrics)
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert len(progress) == NUM_STEPS
     assert progress[0].startswith("step 1/20  reward ")

@@ -3,21 +3,40 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.require import require_module
 
 require_module("ray")
 
+from hpcrl.config.checkpoint_metrics import RECORDED  # noqa: E402
 from hpcrl.core.driver import run_training  # noqa: E402
-from tests.core._driver_harness import REPO_ROOT, mean, read_metrics, write_run_dir  # noqa: E402
+from hpcrl.run.checkpoints import complete_checkpoints  # noqa: E402
+from tests.core._driver_harness import (  # noqa: E402
+    REPO_ROOT,
+    mean,
+    read_metrics,
+    write_local_plan,
+    write_run_dir,
+)
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
 
 
 @pytest.mark.slow
-def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) -> None:
+def test_grpo_with_kl_penalty_and_leave_one_out_learns_and_keeps_the_top_k_checkpoints(
+    ray_cluster, tmp_path
+) -> None:
+    """Also the real run of tests/core/test_checkpoint_keep.py (issue 26: it was a run of its
+    own, test_checkpoint_keep_run.py, one more start-up of the same workers): validation and
+    a checkpoint every 2 steps, keep_top_k 2 by val:accuracy with higher_is_better false (NeMo
+    RL's GRPO default metric, which hpcrl once looked up under a key nothing recorded, and so
+    kept the newest): the greedy answers get more accurate as the model learns, so the two
+    least accurate are early checkpoints, not the newest two; a resumed run starts from the
+    newest all the same."""
     run_dir = write_run_dir(
         tmp_path / "run",
         RECIPE,
@@ -27,18 +46,25 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
             "loss_fn.reference_policy_kl_penalty=0.01",
             "policy.optimizer.kwargs.lr=1.0e-2",
             f"data.val_path={REPO_ROOT / 'recipes' / 'data' / 'toy_count.jsonl'}",
-            "grpo.val_period=6",
+            "grpo.val_period=2",
             "grpo.val_at_start=true",
+            "grpo.max_val_samples=64",
             # greedy validation (NeMo RL samples it at the training temperature by default):
             # the same answers every time, so the accuracy below moves only with the weights
             "policy.generation.val_temperature=0.0",
+            "checkpointing.enabled=true",
+            "checkpointing.save_period=2",
+            "checkpointing.keep_top_k=2",
+            "checkpointing.metric_name=val:accuracy",
+            "checkpointing.higher_is_better=false",
         ],
     )
     assert run_training(str(run_dir)) == 0
     records = read_metrics(run_dir)
     validations = {m["step"]: m["val_reward_mean"] for m in records if "val_reward_mean" in m}
-    assert sorted(validations) == [0, 6, 12]
+    assert sorted(validations) == [0, 2, 4, 6, 8, 10, 12]
     assert validations[12] >= validations[0] + 0.3, validations  # greedy answers improve too
+    assert_kept_the_top_k_then_resumes_from_the_newest(run_dir, records, validations)
     metrics = [m for m in records if m["step"] > 0]
     assert [m["step"] for m in metrics] == list(range(1, 13))
     rewards = [m["reward_mean"] for m in metrics]
@@ -70,6 +96,32 @@ def test_grpo_with_kl_penalty_and_leave_one_out_learns(ray_cluster, tmp_path) ->
         assert m["logprobs_real_tokens"] == m["train_real_tokens"]
         assert m["time_train_worker_s"] <= m["time_train_s"]
         assert_generation_figures(m, rollouts=32)
+
+
+def assert_kept_the_top_k_then_resumes_from_the_newest(
+    run_dir: Path, records: list[dict], validations: dict[int, float]
+) -> None:
+    accuracy = {step: value for step, value in validations.items() if step > 0}  # saved steps
+    # Every NeMo RL metric name hpcrl accepts for GRPO is in the records it writes (step 0's
+    # record holds the validation before step 1 alone).
+    trained = [m for m in records if m["step"] > 0]
+    for (algorithm, prefix), names in RECORDED.items():
+        if algorithm == "grpo":
+            steps = [m for m in trained if m["step"] in accuracy] if prefix == "val" else trained
+            assert all(set(names.values()) <= set(m) for m in steps), (prefix, names)
+    # NeMo RL's order: lower is better here, ties go to the newer checkpoint.
+    best_two = sorted(accuracy, key=lambda step: (-accuracy[step], step), reverse=True)[:2]
+    kept = [step for step, _ in complete_checkpoints(run_dir / "checkpoints")]
+    assert kept == sorted({*best_two, 12}), accuracy  # the top 2 by the metric, and the newest
+    assert sorted(best_two) != [10, 12], accuracy  # not what keeping the newest would keep
+
+    # A resumed run continues from the newest checkpoint, whatever its metric.
+    resolved = yaml.safe_load((run_dir / "recipe.resolved.yaml").read_text())
+    resolved["grpo"]["max_num_steps"] = 14
+    (run_dir / "recipe.resolved.yaml").write_text(yaml.safe_dump(resolved))
+    write_local_plan(run_dir)  # the job trains the planned recipe (jobspec.json)
+    assert run_training(str(run_dir)) == 0
+    assert [m["step"] for m in read_metrics(run_dir)] == [0, *range(1, 15)]
 
 
 def assert_generation_figures(m: dict, rollouts: int) -> None:

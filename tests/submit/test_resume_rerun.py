@@ -5,6 +5,10 @@ checkpoint is complete, and resumed in its own folder: the next attempt starts a
 newest checkpoint, ``metrics.jsonl`` ends up holding every step once, in order (the lines of
 the steps the cancelled attempt ran past its checkpoint dropped), and each attempt's logs
 stay apart. The run is then re-run as a new run with an override.
+
+The run is the demo recipe's own 20 steps at seed 1: resumed exactly, it is that seed's run,
+held to the reward docs/algorithms.md documents (tests/core/test_demo.py holds seeds 42 and
+2; a run of seed 1 of its own there cost ~40 CPU-s of CI, issue 26).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 import yaml
 
 from hpcrl.run.job_record import read_job_record
+from tests.shipped_cpu_recipes import DEMO_NUM_STEPS, assert_demo_reaches_the_documented_reward
 from tests.submit.jobs_harness import (
     RECIPES,
     hpcrl,
@@ -31,8 +36,9 @@ from tests.submit.jobs_harness import (
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 RECIPE = str(RECIPES / "grpo-tiny-1n-cpu.yaml")
-NUM_STEPS = 12  # far more than run before the cancel lands (~1 s a step)
+NUM_STEPS = DEMO_NUM_STEPS  # far more than run before the cancel lands (~1 s a step)
 OVERRIDES = [
+    "grpo.seed=1",
     f"grpo.max_num_steps={NUM_STEPS}",
     "checkpointing.enabled=true",
     "checkpointing.save_period=2",
@@ -91,6 +97,9 @@ def test_resume_continues_at_the_checkpoint_and_rerun_starts_a_new_run(tmp_path:
     assert any("running, starting Ray" in line for line in lines[:first_training]), lines
     # One folder, one line per step: what the first attempt ran past its checkpoint dropped.
     assert_every_step_once_and_finite(run, NUM_STEPS)
+    assert_demo_reaches_the_documented_reward(
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    )
     record = read_job_record(run)
     assert (record.earlier_job_ids, record.attempt_offset) == ((first.job_id,), 1)
     # Each attempt's logs apart: the node entrypoint's folders and the attempt banners.

@@ -3,8 +3,10 @@ the check that no engine process outlives its engine."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -106,6 +108,50 @@ def wait_until_gone(pids: Sequence[int], timeout_s: float = 30.0) -> list[int]:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.2)
+
+
+class WorkerProcesses:
+    """What ``watch_worker_processes`` saw: the pids of the training workers (Ray actors of
+    class ``TrainingWorker``) and of the processes they started (a TP engine's vLLM engine
+    core and per-rank workers; Python's multiprocessing resource tracker aside)."""
+
+    def __init__(self) -> None:
+        self.workers: set[int] = set()
+        self.started_by_workers: set[int] = set()
+
+    def record(self, psutil) -> None:
+        for process in psutil.Process().children(recursive=True):
+            try:
+                if "TrainingWorker" not in " ".join(process.cmdline()):
+                    continue
+                self.workers.add(process.pid)
+                for child in process.children(recursive=True):
+                    if "resource_tracker" not in " ".join(child.cmdline()):
+                        self.started_by_workers.add(child.pid)
+            except psutil.Error:  # ended between the listing and the look
+                continue
+
+
+@contextmanager
+def watch_worker_processes(every_s: float = 0.5) -> Iterator[WorkerProcesses]:
+    """Records, while the block runs (a whole ``run_training`` in this process, whose worker
+    pids a test cannot ask for), every training worker below this process and what it
+    started, for ``wait_until_gone`` after the block."""
+    import psutil
+
+    seen, stop = WorkerProcesses(), threading.Event()
+
+    def poll() -> None:
+        while not stop.wait(every_s):
+            seen.record(psutil)
+
+    poller = threading.Thread(target=poll, name="watch-worker-processes", daemon=True)
+    poller.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        poller.join()
 
 
 def _alive(psutil, pid: int) -> bool:

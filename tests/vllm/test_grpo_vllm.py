@@ -1,6 +1,14 @@
 """GRPO through the driver with ``policy.generation.backend: vllm`` on the real Ray worker
 group (2 CPU ranks, FSDP2 over gloo): the toy-count reward rises to the level docs/vllm.md
-states, with the engines colocated in the training workers and on a separate worker."""
+states, with the engines colocated in the training workers (one engine per rank, or one of
+tensor_parallel_size 2 over both) and on a separate worker; at every step the engine's
+log-probs of what it sampled are the trainer's (the refit left no stale weight), and no
+worker or engine process outlives the run.
+
+colocated-tp2 is the one Ray-group run of a TP=2 engine (it was also a case of
+test_vllm_policy.py, ~90 CPU-s of CI for the same start-up; issue 26): its greedy parity
+with a TP=1 engine and across a refit is tests/vllm/test_colocated_tp.py's, a TP=1 engine's
+greedy parity with the torch sampler on the Ray group test_vllm_policy.py's."""
 
 from __future__ import annotations
 
@@ -16,7 +24,11 @@ from tests.core._driver_harness import (  # noqa: E402
     read_metrics,
     write_run_dir,
 )
-from tests.vllm.harness import build_tiny_model  # noqa: E402
+from tests.vllm.harness import (  # noqa: E402
+    build_tiny_model,
+    wait_until_gone,
+    watch_worker_processes,
+)
 
 RECIPE = "grpo-tiny-1n-cpu.yaml"
 NUM_STEPS = 16
@@ -52,6 +64,11 @@ SEPARATE_SLOTS = 3
 DOCUMENTED_LAST5_REWARD = 0.4
 # The tiny random model starts near 0.1 (about one character in ten is a digit).
 MAX_FIRST5_REWARD = 0.35
+# NeMo RL's max_seq_mult_prob_error: the largest over sequences of the mean over tokens of
+# e^|engine log-prob - trainer log-prob|. Within 1e-5 of 1 with responses of at most 16
+# tokens keeps every token's gap below 2e-4 (test_vllm_policy.py's bound); measured 1 + 2.4e-7
+# (colocated-tp2, 2026-12-04).
+MAX_SEQ_MULT_PROB_GAP = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +93,12 @@ def test_grpo_with_vllm_generation_learns(
     # separate: 2 training ranks + 1 generation worker on the one node
     slots = (f"worker_slots_per_node={SEPARATE_SLOTS}",) if placement == "separate" else ()
     run_dir = write_run_dir(tmp_path / "run", RECIPE, overrides, profile_overrides=slots)
-    assert run_training(str(run_dir)) == 0
+    with watch_worker_processes() as processes:
+        assert run_training(str(run_dir)) == 0
+    assert len(processes.workers) == 2, processes.workers  # the recipe's 2 training ranks
+    if placement == "colocated-tp2":  # vLLM's engine core + one process per TP rank
+        assert len(processes.started_by_workers) >= 3, processes.started_by_workers
+    assert wait_until_gone([*processes.workers, *processes.started_by_workers]) == []
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))
     # vLLM's own request stats counted exactly the tokens each step trained on: the engine,
@@ -85,6 +107,7 @@ def test_grpo_with_vllm_generation_learns(
     for m in metrics:
         assert m["engine_generated_tokens"] == round(m["response_length_mean"] * rollouts_per_step)
         assert m["engine_generated_tokens"] > 0
+        assert m["max_seq_mult_prob_error"] == pytest.approx(1.0, abs=MAX_SEQ_MULT_PROB_GAP), m
     rewards = [m["reward_mean"] for m in metrics]
     print(f"{placement}: reward first-5 {mean(rewards[:5]):.2f} -> last-5 {mean(rewards[-5:]):.2f}")
     assert mean(rewards[:5]) <= MAX_FIRST5_REWARD, rewards

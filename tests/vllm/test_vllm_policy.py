@@ -1,7 +1,13 @@
 """vLLM generation on the real Ray worker group (2 CPU ranks, FSDP2 over gloo), colocated in
 the training workers and on a separate generation worker: same greedy tokens as the torch
 sampler on the trainer's weights, before and after a training step (refit from the gathered
-FSDP state dict), and no worker or engine process left afterwards."""
+FSDP state dict), and no worker or engine process left afterwards.
+
+A colocated engine of tensor_parallel_size 2 over both ranks runs on the Ray group in
+tests/vllm/test_grpo_vllm.py (colocated-tp2: the trainer's log-probs at every one of 16
+steps, its engine processes gone after the run); its greedy parity is
+tests/vllm/test_colocated_tp.py's (a TP=2 engine samples as a TP=1 engine and follows a
+refit). It was a case here too, one more start-up of the same group (issue 26)."""
 
 from __future__ import annotations
 
@@ -39,11 +45,11 @@ SEPARATE_PLACEMENT = GenerationPlacement(
 )  # fmt: skip
 
 
-def vllm_recipe(colocated: bool, tensor_parallel_size: int = 1) -> Recipe:
+def vllm_recipe(colocated: bool) -> Recipe:
     recipe = tiny_automodel_recipe(lr=3e-2)
     generation = GenerationCfg(
         backend="vllm",
-        vllm_cfg=attrs.evolve(VLLM_CFG, tensor_parallel_size=tensor_parallel_size),
+        vllm_cfg=VLLM_CFG,
         colocated=ColocatedCfg(
             enabled=colocated,
             resources=GenerationResourcesCfg(num_nodes=1, gpus_per_node=1),
@@ -88,34 +94,22 @@ def _children(pids: list[int]) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("colocated", "tensor_parallel_size"),
-    [(True, 1), (False, 1), (True, 2)],
-    ids=["colocated", "separate", "colocated-tp2"],
-)
+@pytest.mark.parametrize("colocated", [True, False], ids=["colocated", "separate"])
 def test_vllm_follows_training_steps_and_matches_torch_sampler(
     ray_cluster,
     vllm_model_path: str,
     colocated: bool,
-    tensor_parallel_size: int,
     tmp_path,
 ) -> None:
-    """colocated-tp2: one engine of tensor_parallel_size 2 over both training ranks (the
-    plan's JobSpec.colocated_engine_ranks = 2), rank 0 holds it, both ranks join the refit."""
-    recipe = vllm_recipe(colocated, tensor_parallel_size)
-    training = start_policy(
-        recipe, vllm_model_path, world_size=2, engine_ranks=tensor_parallel_size
-    )
+    recipe = vllm_recipe(colocated)
+    training = start_policy(recipe, vllm_model_path, world_size=2)
     policy = wrap_policy(training, recipe, vllm_model_path, "cpu", SEPARATE_PLACEMENT)
     pids = []
     try:
         pids = _engine_side_pids(policy) + training.group.call_same("pid")
         worker_pids = list(pids)
         before = policy.generate(PROMPTS, _greedy(), seed=0)
-        # A TP engine runs as vLLM processes of its own (engine core + one per TP rank),
-        # children of the rank that holds it; an in-process engine has none.
-        engine_processes = _children(worker_pids)
-        pids += engine_processes
+        pids += _children(worker_pids)  # an in-process engine's helpers, if any
         policy.export_hf(str(tmp_path / "before"))
         for step in range(2):
             policy.train(make_batch(step), masked_nll_loss)
@@ -131,8 +125,6 @@ def test_vllm_follows_training_steps_and_matches_torch_sampler(
         policy.shutdown()
 
     assert isinstance(policy, VllmPolicy) is not colocated
-    if tensor_parallel_size > 1:
-        assert len(engine_processes) >= 3, engine_processes
     torch_before = _torch_sampler_on(str(tmp_path / "before"), _greedy())
     torch_after = _torch_sampler_on(str(tmp_path / "after"), _greedy())
     assert responses(attrs.asdict(before)) == responses(torch_before)
