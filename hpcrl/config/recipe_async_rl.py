@@ -1,7 +1,7 @@
 """``async_rl``: NeMo RL's single-controller asynchronous GRPO (its ``run_grpo_single_controller``
 entry point), read onto hpcrl's asynchronous GRPO. Part of the recipe schema
 (``hpcrl.config.recipe`` re-exports every name); cross-field rules in
-``hpcrl.config.async_rl_rules``; NeMo RL's resiliency blocks (``rollout_failure``,
+``hpcrl.config.async_rl_rules``; what the job runs: ``hpcrl.config.async_settings``; NeMo RL's resiliency blocks (``rollout_failure``,
 ``stall_watchdog``, ``generation_fleet_health``, ``generation_router``) in
 ``hpcrl.config.foreign_keys``.
 
@@ -17,15 +17,11 @@ finished groups a step trains on; hpcrl refuses them by name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import attrs
 
 from hpcrl.config.field_bounds import POSITIVE_COUNT, at_least, bounded
-from hpcrl.config.recipe_algorithms import AsyncGrpoCfg
-
-if TYPE_CHECKING:
-    from hpcrl.config.recipe import Recipe
 
 SamplerName = Literal["in_order", "windowed", "weight_fifo", "ready_first", "custom"]
 
@@ -58,24 +54,3 @@ class AsyncRlCfg:
     # unconsumed groups NeMo RL buffers; must hold the lookahead's batches (async_rl_rules)
     max_buffered_rollouts: int = bounded(64, POSITIVE_COUNT)
     diagnostics: bool = False  # NeMo RL prints a preview of each finished rollout
-
-
-def async_grpo_settings(recipe: Recipe) -> AsyncGrpoCfg | None:
-    """The asynchronous GRPO a recipe asks for, in either spelling: NeMo RL's ``async_rl``
-    (in_order sampler, lookahead >= 1; lookahead 0 is synchronous) or ``grpo.async_grpo``
-    (enabled); None: synchronous GRPO. The rules refuse both spellings at once."""
-    if recipe.grpo is None:
-        return None
-    if recipe.async_rl is not None:
-        lookahead = recipe.async_rl.sampler.max_lookahead_versions
-        if lookahead == 0:
-            return None
-        return AsyncGrpoCfg(
-            enabled=True,
-            max_trajectory_age_steps=lookahead,
-            in_flight_weight_updates=True,
-            recompute_kv_cache_after_weight_updates=(
-                recipe.async_rl.recompute_kv_cache_after_weight_updates
-            ),
-        )
-    return recipe.grpo.async_grpo if recipe.grpo.async_enabled else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from hpcrl.config.advantage_rules import ADVANTAGE_RULES
 from hpcrl.config.async_rl_rules import ASYNC_RL_RULES
+from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.batching_rules import BATCHING_RULES
 from hpcrl.config.checkpoint_metrics import CHECKPOINT_METRIC_RULES
 from hpcrl.config.datasets import DATA_RULES
@@ -37,7 +38,6 @@ from hpcrl.config.override_rules import (
 )
 from hpcrl.config.range_rules import RANGE_RULES
 from hpcrl.config.recipe import Recipe
-from hpcrl.config.recipe_async_rl import async_grpo_settings
 from hpcrl.config.save_deadline import rule_save_deadline
 
 __all__ = [

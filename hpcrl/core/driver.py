@@ -26,10 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.checkpoint_metrics import record_key
 from hpcrl.config.data_steps import num_steps_in_epochs, required_keys, rows_per_step
 from hpcrl.config.recipe import Recipe
-from hpcrl.config.recipe_async_rl import async_grpo_settings
 from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
 from hpcrl.core.loggers import MetricLoggers, build_loggers

@@ -3,15 +3,15 @@
 bound on trajectory age, refit in flight as the single controller does (lookahead 0 is
 synchronous GRPO); what hpcrl cannot honour is refused by key with its fix, and NeMo RL's own
 setup checks are made at validate time. The run that trains with this form is
-tests/vllm/test_async_grpo.py::test_nemo_rl_async_rl_form_trains_one_batch_ahead."""
+tests/vllm/test_async_grpo.py::test_nemo_rl_async_rl_form_trains_one_batch_ahead_refit_in_flight."""
 
 from __future__ import annotations
 
 import pytest
 
 from hpcrl.config import ConfigError
+from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.recipe import AsyncGrpoCfg
-from hpcrl.config.recipe_async_rl import async_grpo_settings
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl
 
 SC_1B = "grpo_math_1B_megatron_single_controller.yaml"

@@ -145,7 +145,7 @@ def test_nemo_rl_async_rl_form_trains_one_batch_ahead_refit_in_flight(
     each training step, beside the batch it is sampling. Ages still count from submission (so
     the lookahead bounds them), the importance-sampling correction still sees the sampler's
     own log-probs, and the policy learns as much as without in-flight refits."""
-    from hpcrl.config.recipe_async_rl import async_grpo_settings
+    from hpcrl.config.async_settings import async_grpo_settings
 
     model_path = build_tiny_model(tmp_path / "tiny-qwen2")
     recipe, _ = async_recipe(model_path, 1, form=single_controller_form)

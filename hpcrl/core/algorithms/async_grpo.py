@@ -37,8 +37,8 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.recipe import Recipe
-from hpcrl.config.recipe_async_rl import async_grpo_settings
 from hpcrl.core.algorithms.grpo import (
     PromptBatch,
     Rollouts,
