@@ -16,7 +16,6 @@ and second wall, torch.compile's seconds, cache hits / misses, first / second; w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
