@@ -81,6 +81,11 @@ if profiler: profiler.enable()
 timed("first_step_s", lambda: step("_1"))
 if profiler: profiler.disable()
 figures.update(compile_cache_counts())
+pieces = [getattr(engine.decoder.pointwise, n) for n in ("add_rms_norm", "rotate_pair", "silu_mul", "masked_softmax")]
+kept = [getattr(p, "precompiled", None) for p in pieces]
+figures["aot_loads"] = sum(k.loads for k in kept if k)
+figures["aot_builds"] = sum(k.builds for k in kept if k)
+figures["aot_failures"] = [f[:300] for k in kept if k for f in k.failures]
 timed("second_step_s", lambda: step("_2"))
 figures["first_over_second"] = round(figures["first_step_s"] / figures["second_step_s"], 2)
 from torch._dynamo.utils import compile_times, counters
