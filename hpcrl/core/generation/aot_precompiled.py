@@ -92,20 +92,24 @@ class PrecompiledPieces:
         import torch
 
         path = self.path_for(signature)
+        # torch 2.11 attaches aot_compile to torch.compile's result only with this flag
+        # (its default there is off; 2.13's is on)
         try:
-            if path.exists():
-                with path.open("rb") as saved:
-                    compiled = torch.compiler.load_compiled_function(
-                        saved,
-                        f_globals=self.traced.__globals__,
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                if path.exists():
+                    with path.open("rb") as saved:
+                        compiled = torch.compiler.load_compiled_function(
+                            saved, f_globals=self.traced.__globals__
+                        )
+                    self.loads += 1
+                else:
+                    compiled = torch.compile(self.traced, dynamic=True, fullgraph=True).aot_compile(
+                        (tuple(args), {})
                     )
-                self.loads += 1
-            else:
-                compiled = torch.compile(self.traced, dynamic=True, fullgraph=True).aot_compile(
-                    (tuple(args), {})
-                )
-                _save(compiled, path)
-                self.builds += 1
+                    _save(compiled, path)
+                    self.builds += 1
+            compiled.disable_guard_check()  # checked by matching, once per call
+            compiled.guard_check  # noqa: B018  (a torch without it fails here, not in a call)
         except Exception as error:  # any failure costs the ordinary compilation only
             self.failures.append(f"{type(error).__name__}: {error}")
             warnings.warn(
@@ -114,7 +118,6 @@ class PrecompiledPieces:
                 stacklevel=4,
             )
             return None
-        compiled.disable_guard_check()  # checked by matching, once per call
         return compiled
 
 
