@@ -102,9 +102,13 @@ def test_nothing_is_kept_without_a_cache_folder_or_with_another_backend(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     assert PrecompiledPieces.for_piece(add_rms_norm, "inductor") is None
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     assert PrecompiledPieces.for_piece(add_rms_norm, "eager") is None
+    monkeypatch.delenv("TORCHINDUCTOR_FX_GRAPH_CACHE")  # torch's own export of the folder
+    assert PrecompiledPieces.for_piece(add_rms_norm, "inductor") is None
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     kept = PrecompiledPieces.for_piece(add_rms_norm, "inductor")
     assert kept is not None and kept.folder == tmp_path / AOT_SUBDIR
 
@@ -113,6 +117,7 @@ def test_arguments_of_another_kind_get_a_file_of_their_own(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     kept = PrecompiledPieces.for_piece(add_rms_norm, "inductor")
     assert kept is not None
     x = torch.zeros(2, 3)

@@ -33,6 +33,10 @@ import attrs
 
 AOT_SUBDIR = "hpcrl-aot"  # under TORCHINDUCTOR_CACHE_DIR, beside Inductor's own entries
 CACHE_DIR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+#: Set by hpcrl's job script beside the folder (``compile_cache.compile_cache_env``), never by
+#: torch, which exports ``TORCHINDUCTOR_CACHE_DIR`` itself (its default folder, for its compile
+#: workers) once Inductor has run: that alone must not switch this on in any process.
+PLANNED_VARIABLE = "TORCHINDUCTOR_FX_GRAPH_CACHE"
 
 
 @attrs.define
@@ -51,12 +55,14 @@ class PrecompiledPieces:
 
     @classmethod
     def for_piece(cls, fn: Callable[..., Any], backend: Any) -> PrecompiledPieces | None:
-        """None when nothing can be kept: another backend, no compile cache folder, or a
-        torch without ahead-of-time compilation."""
+        """None when nothing can be kept: another backend, no compile cache folder planned
+        (both variables, as hpcrl's jobs set them), or a torch without ahead-of-time
+        compilation."""
         import torch
 
         folder = os.environ.get(CACHE_DIR_VARIABLE)
-        if backend != "inductor" or not folder:
+        planned = os.environ.get(PLANNED_VARIABLE) == "1"
+        if backend != "inductor" or not folder or not planned:
             return None
         if not hasattr(torch.compiler, "load_compiled_function"):
             return None
@@ -103,9 +109,7 @@ class PrecompiledPieces:
                         )
                     self.loads += 1
                 else:
-                    compiled = torch.compile(self.traced, dynamic=True, fullgraph=True).aot_compile(
-                        (tuple(args), {})
-                    )
+                    compiled = self._build(args)
                     _save(compiled, path)
                     self.builds += 1
             compiled.disable_guard_check()  # checked by matching, once per call
@@ -119,6 +123,25 @@ class PrecompiledPieces:
             )
             return None
         return compiled
+
+    def _build(self, args: Sequence[Any]) -> Any:
+        """``aot_compile`` cannot restart a trace: a float argument that dynamo first traces
+        as a symbol and then restarts to specialise (``TensorifyScalarRestartAnalysis``, the
+        sampler's temperature on CPU) is specialised from the start on a second try (its
+        value is in the file's name already)."""
+        import torch
+
+        def compile_once() -> Any:
+            compiled = torch.compile(self.traced, dynamic=True, fullgraph=True)
+            return compiled.aot_compile((tuple(args), {}))
+
+        try:
+            return compile_once()
+        except Exception as error:
+            if type(error).__name__ != "TensorifyScalarRestartAnalysis":
+                raise
+        with torch._dynamo.config.patch(specialize_float=True):
+            return compile_once()
 
 
 def _with_modules_in_globals(fn: Callable[..., Any]) -> Callable[..., Any]:
