@@ -1,4 +1,4 @@
-"""Which hpcrl files ``optimizer_offload_fraction`` runs through, and which it enters, on its
+"""Which hpcrl files ``optimizer_offload_fraction`` runs through, crosses and enters on its
 way from a recipe to Megatron's optimizer (issue 27's "Done when" measure).
 
 The path, as a job takes it: the login side loads
@@ -10,25 +10,51 @@ its input, runs the machine checks once (the preflight's; older trees ran them i
 and in each rank's worker) and builds megatron-core's ``OptimizerConfig`` as the Megatron
 worker does (``hpcrl.core.backends.megatron.model.optimizer_config``; no torch.distributed).
 
-Two counts, of files under ``<tree>/hpcrl/``, traced with ``sys.settrace``:
+Three counts, of files under ``<tree>/hpcrl/``, traced with ``sys.settrace``:
 
 - **runs**: files with at least one function call while the path runs;
-- **enters**: files with a function frame (module and class bodies, which run at import,
-  are not the value travelling) that, at some executed line, has among its local variables the value or its section: the float equal to the fraction (0.5; the recipe
-  and profile hold no other 0.5), the typed section (a ``MegatronOptimizerCfg``), or the
-  section as plain data (a mapping whose ``optimizer_offload_fraction`` is the value: the
-  YAML mapping, its merged copies, the unstructured JSON dict; not the schema's own tables,
-  such as a type-hints dict, which name the key without the value). A frame holding only an enclosing
-  object (the whole ``Recipe``, ``MegatronCfg``, the recipe's whole mapping) does not count:
-  passing the recipe along is not handling the value.
+- **enters** (strict): files with a function frame (module and class bodies, which run at
+  import, are not the value travelling) that, at some executed line, has among its local
+  variables the value or its section: the float equal to the fraction (0.5; the recipe and
+  profile hold no other 0.5), the typed section (a ``MegatronOptimizerCfg``), or the section
+  as plain data (a mapping whose ``optimizer_offload_fraction`` is the value: the YAML
+  mapping, its merged copies, the unstructured JSON dict; not the schema's own tables, such
+  as a type-hints dict, which name the key without the value). A frame holding only an
+  enclosing object (the whole ``Recipe``, the recipe's whole mapping) does not count;
+- **crosses** (calibrated to the issue's figure): as "enters", and also frames holding the
+  Megatron section that carries the value's section (a ``MegatronCfg``, or a mapping whose
+  ``optimizer`` is the section as plain data). ``crossings`` counts each side's files
+  (login + job): a file the value crosses on both sides, as 167264e's job re-loading the
+  YAML crossed the loader, the converter and the rules again, is crossed twice.
+
+Why "crosses" reads so: issue 27 says that at 167264e the value "is validated 3 times and
+crosses ~16 files"; it gives no method. Each plain reading, at 167264e (files, login / job /
+distinct / crossings = login + job):
+
+| a frame counts when it holds | login | job | distinct | crossings |
+|---|---|---|---|---|
+| the value or its section ("enters") | 5 | 6 | 6 | 11 |
+| ... or the Megatron section around it ("crosses") | 7 | 8 | 9 | 15 |
+| ... or ``policy`` around that | 9 | 10 | 11 | 19 |
+| ... or the whole Recipe / recipe mapping / JobSpec | 25 | 20 | 28 | 45 |
+| (not traced) hpcrl files naming ``optimizer_offload_fraction`` | | | 4 | |
+
+Only "crosses" counted in crossings comes to ~16 (15), and only there is the value
+"validated 3 times": ``megatron_rules`` on the login side, ``megatron_rules`` again in the
+job's re-load, and ``megatron/offload.py`` (``optimizer_cpu_offload`` "requires CUDA", in
+each rank), which holds the Megatron section, not the value's own, so "enters" misses it.
+This script makes the Megatron worker's two calls (the machine check, ``optimizer_config``)
+itself; a real job also crosses the worker's own files that hold the Megatron section
+(``megatron/worker.py``, ``megatron/provider.py``, ...), on both trees alike, untraced here.
 
 Usage (any tree, e.g. a ``git worktree add --detach`` of an older commit; run it with a venv
 that has hpcrl's dependencies, megatron-core included)::
 
     .venv/bin/python benchmarks/offload_fraction_path.py [TREE] [--files]
 
-It prints one JSON object: the counts per side and in all (``--files``: the files too).
-tests/test_stage_boundaries.py runs it on this tree and holds "enters" to a ceiling.
+It prints one JSON object: the counts per side and in all, and the crossings (``--files``:
+the files too). tests/test_stage_boundaries.py runs it on this tree and holds "enters" and
+"crosses" to a ceiling.
 """
 
 from __future__ import annotations
@@ -46,6 +72,10 @@ PROFILE = "eos"
 KEY = "optimizer_offload_fraction"
 FRACTION = 0.5
 SECTION_TYPE = "MegatronOptimizerCfg"
+#: The section that holds the value's section (``policy.megatron_cfg``), and its key for it.
+CARRIER_TYPE = "MegatronCfg"
+SECTION_KEY = "optimizer"
+SIDES = ("login", "job")
 
 
 class PathTrace:
@@ -54,8 +84,9 @@ class PathTrace:
     def __init__(self, tree: Path) -> None:
         self.package = str(tree / "hpcrl") + "/"
         self.side: str | None = None
-        self.runs: dict[str, set[str]] = {"login": set(), "job": set()}
-        self.enters: dict[str, set[str]] = {"login": set(), "job": set()}
+        self.runs: dict[str, set[str]] = {side: set() for side in SIDES}
+        self.enters: dict[str, set[str]] = {side: set() for side in SIDES}
+        self.crosses: dict[str, set[str]] = {side: set() for side in SIDES}
 
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
         if event != "call" or self.side is None:
@@ -71,11 +102,14 @@ class PathTrace:
 
     def _local_tracer(self, name: str) -> Any:
         entered = self.enters[self.side]  # type: ignore[index]
+        crossed = self.crosses[self.side]  # type: ignore[index]
 
         def trace_lines(frame: Any, event: str, arg: Any) -> Any:
+            if name not in crossed and any(map(carries_value, frame.f_locals.values())):
+                crossed.add(name)
             if name not in entered and any(map(holds_value, frame.f_locals.values())):
                 entered.add(name)
-            return trace_lines if name not in entered else None
+            return trace_lines if name not in entered else None  # entered: crossed too
 
         return trace_lines
 
@@ -92,6 +126,19 @@ def holds_value(value: Any) -> bool:
         except Exception:  # a mapping that cannot answer (a half-built OmegaConf node)
             return False
         return type(found) is float and found == FRACTION
+    return False
+
+
+def carries_value(value: Any) -> bool:
+    """The value, its section, or the Megatron section that holds them, typed or as a
+    mapping whose ``optimizer`` is the section (see the module docstring)."""
+    if holds_value(value) or type(value).__name__ == CARRIER_TYPE:
+        return True
+    if isinstance(value, Mapping):
+        try:
+            return holds_value(value.get(SECTION_KEY))
+        except Exception:  # a mapping that cannot answer (a half-built OmegaConf node)
+            return False
     return False
 
 
@@ -168,15 +215,20 @@ def measure(tree: Path) -> dict[str, Any]:
         finally:
             sys.settrace(None)
     assert fraction == FRACTION, fraction
-    return {
+    result = {
         kind: {
             "login": len(found["login"]),
             "job": len(found["job"]),
             "all": len(found["login"] | found["job"]),
             "files": {side: sorted(files) for side, files in found.items()},
         }
-        for kind, found in (("runs", trace.runs), ("enters", trace.enters))
-    }
+        for kind, found in (
+            ("runs", trace.runs), ("enters", trace.enters), ("crosses", trace.crosses)
+        )
+    }  # fmt: skip
+    # a file the value crosses on both sides is crossed twice (167264e's job re-loaded it)
+    result["crosses"]["crossings"] = result["crosses"]["login"] + result["crosses"]["job"]
+    return result
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,11 @@ the value, and the message says which: a value past it would be accepted here an
 silently wrap around) after the queue wait. A bound may hold only while a switch of its own
 section, and of every section around it that has one, is on (``when="enabled"``: a field
 of ``policy.megatron_cfg.optimizer`` is checked while ``policy.megatron_cfg.enabled`` is
-true; a tuple names several switches). Ranges that involve another section's field
+true; a tuple names several switches). One bound of a field may have switches of its own
+(``FieldBound(when=...)``, looked up the same way): ``optimizer_offload_fraction`` is in
+[0, 1] while Megatron is enabled, and above 0 while ``optimizer_cpu_offload`` is on too.
+A field outside several of its bounds is reported once, by the first. Ranges that involve
+another section's field
 (``max_new_tokens`` within ``max_total_sequence_length``, vLLM's sizes while
 ``policy.generation.backend`` is vllm) are cross-field rules (``hpcrl.config.rules`` and the
 ``*_rules`` modules).
@@ -61,7 +65,9 @@ class FieldBound:
     ``low``/``high``: the ends (None: unbounded), inclusive unless ``low_open``/``high_open``.
     ``message``: what is wrong (default: "must be <the range>", then ": <why>" when given).
     ``allowed``: the range in words when plain numbers would mislead (``top_k``).
-    ``fix``: what to change; ``{path}`` in it becomes the field's key path."""
+    ``fix``: what to change; ``{path}`` in it (and in ``message``) becomes the field's key
+    path, ``{section}`` the path of the section that holds the field.
+    ``when``: switches that must be on, as ``bounded``'s, for this bound to hold."""
 
     low: float | None = None
     high: float | None = None
@@ -71,6 +77,7 @@ class FieldBound:
     message: str | None = None
     why: str = ""
     allowed: str | None = None
+    when: str | tuple[str, ...] | None = None
 
     def contains(self, value: int | float) -> bool:
         low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
@@ -97,8 +104,12 @@ class FieldBound:
         message = self.message or f"must be {self.describe()}" + (
             f": {self.why}" if self.why else ""
         )
+        section = path.rpartition(".")[0]
         return Problem(
-            path=path, value=value, message=message, fix=self.fix.replace("{path}", path)
+            path=path,
+            value=value,
+            message=message.replace("{path}", path).replace("{section}", section),
+            fix=self.fix.replace("{path}", path).replace("{section}", section),
         )
 
 
@@ -111,7 +122,7 @@ def _number(value: float | None) -> str:
 
 def bounded(default: Any, *bounds: FieldBound, when: str | tuple[str, ...] | None = None) -> Any:
     """An attrs field with ``default`` whose values must lie within every one of ``bounds``
-    (each reported on its own); with ``when``, only while that switch of the same section is
+    (a value outside several is reported by the first); with ``when``, only while that switch of the same section is
     true, and in every enclosing section that has that switch (``when="enabled"``: settings
     under a disabled backend are not checked); a tuple names several switches, all on."""
     return attrs.field(default=default, metadata={_BOUNDS_KEY: bounds, _WHEN_KEY: when})
@@ -133,8 +144,8 @@ def _field_problems(config: Any, path: str, enclosing: tuple[Any, ...] = ()) -> 
         value = getattr(config, field.name)
         field_path = f"{path}.{field.name}" if path else field.name
         when = field.metadata.get(_WHEN_KEY)
-        for bound in bounds_of(field) if when is None or _switch(sections, when) else ():
-            problem = bound.problem(field_path, value)
+        if when is None or _switch(sections, when):
+            problem = _first_problem(bounds_of(field), sections, field_path, value)
             if problem is not None:
                 yield problem
         if attrs.has(type(value)):
@@ -143,6 +154,17 @@ def _field_problems(config: Any, path: str, enclosing: tuple[Any, ...] = ()) -> 
             for index, item in enumerate(value):
                 if attrs.has(type(item)):
                     yield from _field_problems(item, f"{field_path}[{index}]", sections)
+
+
+def _first_problem(
+    bounds: tuple[FieldBound, ...], sections: tuple[Any, ...], path: str, value: Any
+) -> Problem | None:
+    for bound in bounds:
+        if bound.when is None or _switch(sections, bound.when):
+            problem = bound.problem(path, value)
+            if problem is not None:
+                return problem
+    return None
 
 
 def _switch(sections: tuple[Any, ...], when: str | tuple[str, ...]) -> bool:

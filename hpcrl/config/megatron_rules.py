@@ -143,16 +143,7 @@ def rule_optimizer_offload(recipe: Recipe) -> list[Problem]:
         )
     if not optimizer.optimizer_cpu_offload:
         return problems + _offload_options_without_offload(optimizer, path)
-    # the field's own bound, [0, 1], is beside it (recipe_megatron); 0 is in it, offloading nothing
-    if optimizer.optimizer_offload_fraction == 0.0:
-        problems.append(
-            Problem(
-                path=f"{path}.optimizer_offload_fraction",
-                value=optimizer.optimizer_offload_fraction,
-                message=f"must be above 0 when {path}.optimizer_cpu_offload is true (the share of optimizer state kept on the CPU; 0 keeps none there)",
-                fix=f"set {path}.optimizer_offload_fraction to e.g. 0.5 or 1.0, or {path}.optimizer_cpu_offload=false",
-            )
-        )
+    # the fraction's bounds, (0, 1] while offloading, are beside it (recipe_megatron)
     if not optimizer.use_distributed_optimizer:
         problems.append(
             Problem(

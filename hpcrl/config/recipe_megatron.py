@@ -49,12 +49,18 @@ class MegatronOptimizerCfg:
     # ${policy.max_grad_norm}, null when the Automodel backend clips nothing)
     clip_grad: float | None = bounded(1.0, AT_LEAST_ZERO)
     optimizer_cpu_offload: bool = False
-    # The share of optimizer state megatron-core keeps on the host; that it is above 0 while
-    # optimizer_cpu_offload is on is a cross-field rule (megatron_rules.rule_optimizer_offload)
+    # The share of optimizer state megatron-core keeps on the host; set while
+    # optimizer_cpu_offload is off it is ignored (megatron_rules.rule_optimizer_offload)
     optimizer_offload_fraction: float = bounded(
         0.0,
         FieldBound(low=0.0, high=1.0, why="the share of optimizer state kept on the CPU",
                    fix="set {path} to e.g. 0.5 or 1.0"),
+        FieldBound(
+            low=0.0, low_open=True, when="optimizer_cpu_offload",
+            message="must be above 0 when {section}.optimizer_cpu_offload is true (the share "
+            "of optimizer state kept on the CPU; 0 keeps none there)",
+            fix="set {path} to e.g. 0.5 or 1.0, or {section}.optimizer_cpu_offload=false",
+        ),
         when="enabled",
     )  # fmt: skip
     overlap_cpu_optimizer_d2h_h2d: bool = False

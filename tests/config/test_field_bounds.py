@@ -136,3 +136,31 @@ def test_a_when_switch_must_be_on_in_every_enclosing_section_that_has_it():
         MegatronCfg(enabled=True, activation_checkpointing=True, **recompute), "m"
     )
     assert problem.path == "m.recompute_num_layers"
+
+
+def test_a_bound_with_its_own_switch_holds_only_while_it_is_on_and_a_field_is_reported_once():
+    """``optimizer_offload_fraction``: [0, 1] while Megatron is enabled, and above 0 while
+    ``optimizer_cpu_offload`` is on too; a value outside both is reported by the first."""
+    from hpcrl.config.recipe_megatron import MegatronCfg, MegatronOptimizerCfg
+
+    def fraction_problems(enabled, offload, fraction):
+        optimizer = MegatronOptimizerCfg(
+            optimizer_cpu_offload=offload, optimizer_offload_fraction=fraction
+        )
+        return check_field_bounds(MegatronCfg(enabled=enabled, optimizer=optimizer), "m")
+
+    assert fraction_problems(enabled=True, offload=False, fraction=0.0) == []
+    assert fraction_problems(enabled=False, offload=True, fraction=0.0) == []
+    assert fraction_problems(enabled=True, offload=True, fraction=0.5) == []
+    (zero,) = fraction_problems(enabled=True, offload=True, fraction=0.0)
+    assert (zero.path, zero.value) == ("m.optimizer.optimizer_offload_fraction", 0.0)
+    assert zero.message == (
+        "must be above 0 when m.optimizer.optimizer_cpu_offload is true (the share of "
+        "optimizer state kept on the CPU; 0 keeps none there)"
+    )
+    assert zero.fix == (
+        "set m.optimizer.optimizer_offload_fraction to e.g. 0.5 or 1.0, or "
+        "m.optimizer.optimizer_cpu_offload=false"
+    )
+    (negative,) = fraction_problems(enabled=True, offload=True, fraction=-0.5)
+    assert negative.message == "must be in [0, 1]: the share of optimizer state kept on the CPU"

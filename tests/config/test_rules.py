@@ -82,7 +82,7 @@ def test_offload_fraction_outside_zero_one_is_the_fields_own_bound(fraction, off
     assert problem.fix == f"set {OPT}.optimizer_offload_fraction to e.g. 0.5 or 1.0"
 
 
-def test_offload_fraction_zero_with_offload_on_is_the_cross_field_rule():
+def test_offload_fraction_zero_with_offload_on_is_refused_by_the_fields_own_bound():
     problem = only(
         problems_for(
             policy__megatron_cfg__optimizer={
