@@ -259,6 +259,14 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.async_grpo.recompute_kv_cache_after_weight_updates": (
         "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
     ),
+    # NeMo RL's async_rl, read onto the same loop (hpcrl.config.recipe_async_rl)
+    "async_rl.sampler.max_lookahead_versions": (
+        "hpcrl.core.driver:_make_step_fn",
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
+    "async_rl.recompute_kv_cache_after_weight_updates": (
+        "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
+    ),
     "grpo.use_dynamic_sampling": (STEP_ROLLOUTS,),
     "grpo.dynamic_sampling_max_gen_batches": (STEP_ROLLOUTS,),
     "grpo.batch_multiplier": (STEP_ROLLOUTS,),
@@ -376,6 +384,41 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "how many validation prompts NeMo RL generates per call; hpcrl samples every "
         "validation prompt in one call, each row with its own seed: the batch size does not "
         "change what is sampled",
+    ),
+    "async_rl.sampler.name": NotConsumed(
+        "off_only",
+        "hpcrl's asynchronous GRPO is NeMo RL's in_order sampler (each step trains on its own "
+        "whole batch, generated at most max_lookahead_versions steps earlier); the samplers "
+        "that pick finished groups out of order are not supported yet",
+        off="in_order",
+        rule="hpcrl.config.async_rl_rules:rule_async_rl_sampler",
+    ),
+    "async_rl.sampler.max_staleness_versions": NotConsumed(
+        "inert",
+        "the staleness window of the windowed, weight_fifo and ready_first samplers, which "
+        "async_rl.sampler.name refuses; in_order reads max_lookahead_versions",
+    ),
+    "async_rl.min_groups_for_streaming_train": NotConsumed(
+        "off_only",
+        "streaming a step's prompt groups into training as they finish is not supported yet: "
+        "hpcrl trains a step on its whole batch",
+        off="${grpo.num_prompts_per_step}",
+        rule="hpcrl.config.async_rl_rules:rule_async_rl_streaming",
+    ),
+    "async_rl.max_inflight_prompts": NotConsumed(
+        "inert",
+        "how many of NeMo RL's per-prompt rollouts run at once; hpcrl submits a step's whole "
+        "batch to the engines, which batch it themselves: how fast, not which weights (the "
+        "lookahead bounds those either way) nor what is sampled",
+    ),
+    "async_rl.max_buffered_rollouts": NotConsumed(
+        "inert",
+        "room for finished groups in NeMo RL's buffer (backpressure); hpcrl holds the "
+        "lookahead's batches and no more. Too small to hold them is refused "
+        "(hpcrl.config.async_rl_rules), as NeMo RL refuses it",
+    ),
+    "async_rl.diagnostics": NotConsumed(
+        "inert", "NeMo RL prints a preview of each finished rollout: the log, not the run"
     ),
     "data.num_workers": NotConsumed(
         "inert",

@@ -76,10 +76,45 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only("distillation", f"distillation is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("rm", f"reward-model training is {NOT_YET}: hpcrl trains GRPO and SFT", None),
     off_only("ppo", f"PPO is {NOT_YET}: hpcrl trains GRPO and SFT", None),
+    # ---------------------------------------------------------------- async_rl's resiliency
+    # (the schema holds its sampler and batch settings: hpcrl.config.recipe_async_rl)
     off_only(
-        "async_rl",
-        "NeMo RL's single-controller GRPO runtime (async_rl: its sampler, streaming trainer "
-        f"and rollout retries) is {NOT_YET}; hpcrl's asynchronous GRPO is grpo.async_grpo",
+        "async_rl.rollout_failure.max_skipped_prompts",
+        "dropping a prompt whose rollouts keep failing and training the step without it is "
+        f"{NOT_YET}: in hpcrl a rollout that fails ends the run, as NeMo RL does at 0",
+        0,
+    ),
+    off_only(
+        "async_rl.rollout_failure.max_consecutive_dropped_prompts",
+        "dropping prompts while the generation fleet keeps failing and training the steps "
+        f"without them is {NOT_YET}: in hpcrl a rollout that fails ends the run, as NeMo RL "
+        "does at 0",
+        0,
+    ),
+    inert(
+        "async_rl.rollout_failure",
+        "how often and after how long NeMo RL retries a failed rollout (a fresh sample of the "
+        "same prompt) before it ends the run, and what replaces a dropped prompt, which only "
+        "the drop budgets above allow: how a run meets faults, not what a step trains on",
+    ),
+    off_only(
+        "async_rl.stall_watchdog.stall_action",
+        f"ending a run whose rollouts stall is {NOT_YET} (NeMo RL's warn only reports it)",
+        "warn",
+    ),
+    inert(
+        "async_rl.stall_watchdog",
+        "when NeMo RL's watchdog reports rollouts that made no progress: a warning in the "
+        "log, not what is trained",
+    ),
+    off_only(
+        "async_rl.generation_fleet_health",
+        f"health probes and quarantine of NeMo RL's generation shards are {NOT_YET}",
+        None,
+    ),
+    off_only(
+        "async_rl.generation_router",
+        f"NeMo RL's router in front of NeMo-Gym is {NOT_YET} (hpcrl has no NeMo-Gym)",
         None,
     ),
     # ---------------------------------------------------------------- policy, both backends

@@ -32,6 +32,7 @@ from hpcrl.config.recipe_algorithms import (  # noqa: F401  (re-exported: one sc
     RewardShapingCfg,
     SftCfg,
 )
+from hpcrl.config.recipe_async_rl import AsyncRlCfg, AsyncRlSamplerCfg  # noqa: F401  (re-exported)
 from hpcrl.config.recipe_lora import LoraCfg  # noqa: F401  (re-exported)
 from hpcrl.config.recipe_megatron import (  # noqa: F401  (re-exported: one schema, four files)
     DistributedDataParallelCfg,
@@ -237,6 +238,8 @@ class Recipe:
     data: DataCfg = attrs.field(factory=DataCfg)
     grpo: GrpoCfg | None = None
     sft: SftCfg | None = None
+    # NeMo RL's single-controller async GRPO (hpcrl.config.recipe_async_rl); None: not given
+    async_rl: AsyncRlCfg | None = None
     loss_fn: LossFnCfg = attrs.field(factory=LossFnCfg)
     env: EnvCfg = attrs.field(factory=EnvCfg)
     checkpointing: CheckpointingCfg = attrs.field(factory=CheckpointingCfg)

@@ -15,6 +15,8 @@ optimizer step accumulates gradients over micro-batches of ``train_micro_batch_s
 from __future__ import annotations
 
 from hpcrl.config.advantage_rules import ADVANTAGE_RULES
+from hpcrl.config.async_rl_rules import ASYNC_RL_RULES
+from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.batching_rules import BATCHING_RULES
 from hpcrl.config.checkpoint_metrics import CHECKPOINT_METRIC_RULES
 from hpcrl.config.datasets import DATA_RULES
@@ -218,16 +220,24 @@ def rule_grpo_settings(recipe: Recipe) -> list[Problem]:
 
 
 def rule_async_grpo(recipe: Recipe) -> list[Problem]:
-    if recipe.grpo is None or recipe.grpo.async_grpo is None or not recipe.grpo.async_enabled:
+    if async_grpo_settings(recipe) is None:
         return []
+    # NeMo RL's single controller (async_rl) trains without the correction when told to;
+    # its grpo.async_grpo loop refuses to.
+    nemo_rl_sc = recipe.async_rl is not None
+    off = (
+        "async_rl.sampler.max_lookahead_versions=0"
+        if nemo_rl_sc
+        else "grpo.async_grpo.enabled=false"
+    )
     problems = []
-    if not recipe.loss_fn.use_importance_sampling_correction:
+    if not nemo_rl_sc and not recipe.loss_fn.use_importance_sampling_correction:
         problems.append(
             Problem(
                 path="loss_fn.use_importance_sampling_correction",
                 value=False,
                 message="async GRPO trains on rollouts from an older policy; without the correction the gradient is biased",
-                fix="set loss_fn.use_importance_sampling_correction=true or grpo.async_grpo.enabled=false",
+                fix=f"set loss_fn.use_importance_sampling_correction=true or {off}",
             )
         )
     generation = recipe.policy.generation
@@ -243,7 +253,7 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
                 path=bad_path,
                 value=bad_value,
                 message="async GRPO samples the next batches on vLLM generation workers of their own while the trainer trains",
-                fix="set policy.generation.backend=vllm and policy.generation.colocated.enabled=false (with its resources), or grpo.async_grpo.enabled=false",
+                fix=f"set policy.generation.backend=vllm and policy.generation.colocated.enabled=false (with its resources), or {off}",
             )
         )
     return problems
@@ -363,6 +373,7 @@ RECIPE_RULES = (
     rule_batch_divisible,
     rule_grpo_settings,
     rule_async_grpo,
+    *ASYNC_RL_RULES,
     rule_vllm_sizes,
     rule_vllm_kwargs,
     rule_chat_template_kwargs,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.checkpoint_metrics import record_key
 from hpcrl.config.data_steps import num_steps_in_epochs, required_keys, rows_per_step
 from hpcrl.config.recipe import Recipe
@@ -218,7 +219,7 @@ def _make_validate_fn(
 def _make_step_fn(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, num_steps: int
 ) -> Callable[[int], dict]:
-    if recipe.grpo is not None and recipe.grpo.async_enabled:
+    if async_grpo_settings(recipe) is not None:
         # The config rules guarantee vLLM on generation workers of their own.
         from hpcrl.core.algorithms.async_grpo import make_async_grpo_step_fn
 

@@ -75,7 +75,14 @@ def test_an_off_only_field_is_refused_by_its_rule_at_any_other_value(path):
     entry = consumers.NOT_CONSUMED[path]
     module_name, function_name = entry.rule.split(":")
     rule = getattr(importlib.import_module(module_name), function_name)
-    other = {"1": 2, "false": True, "math": "reward_model", "null": "bfloat16"}[entry.off]
+    other = {
+        "1": 2,
+        "false": True,
+        "math": "reward_model",
+        "null": "bfloat16",
+        "in_order": "windowed",
+        "${grpo.num_prompts_per_step}": 1,  # base_dict's is 4
+    }[entry.off]
     data = base_dict("automodel" if "automodel_cfg" in path else "megatron")
     if path.startswith("data."):
         # a local ResponseDataset for train and validation; data.default fills both

@@ -5,7 +5,7 @@ the snapshot (tests/nemo_rl_snapshots.py) and held to what NeMo RL's code does w
 - ``grpo.batch_multiplier: 1.5``: a float there, ``int(num_prompts_per_step × it)`` prompts
   per dynamic-sampling batch, and exactly 1 without dynamic sampling (NeMo RL asserts it);
 - ``grpo.async_grpo: null`` (its single-controller configs): off; those configs' own
-  runtime (``async_rl``) is refused by name, as one error;
+  ``async_rl`` is read onto hpcrl's async GRPO (tests/config/test_async_rl.py);
 - one scheduler with ``milestones: []`` (as its dpo-mistral-nemo recipe writes it):
   SequentialLR over that one scheduler, i.e. the scheduler alone;
 - ``OpenMathInstruct-2`` as an SFT data set (sft_openmathinstruct2.yaml): NeMo RL's one
@@ -65,13 +65,6 @@ def test_async_grpo_null_is_off():
     grpo = loaded.recipe.grpo
     assert loaded.resolved_dict["grpo"]["async_grpo"] is None
     assert grpo.async_grpo is None and not grpo.async_enabled
-
-
-def test_the_single_controller_runtime_is_one_refusal_by_name():
-    errors = errors_of("grpo_math_1B_megatron_single_controller.yaml", [])
-    assert list(errors) == ["async_rl"]
-    assert "NeMo RL's single-controller GRPO runtime" in errors["async_rl"]
-    assert errors["async_rl"].endswith("fix: remove async_rl or set it to null")
 
 
 def test_one_scheduler_with_empty_milestones_is_that_scheduler():

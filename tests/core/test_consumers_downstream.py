@@ -131,6 +131,12 @@ SHAPING = {
 }
 SCALING = {"grpo.reward_scaling.enabled": True}
 IS = {"loss_fn.use_importance_sampling_correction": True}
+#: NeMo RL's single-controller form, as its configs write it (no IS correction needed)
+SC = {
+    "async_rl.sampler.name": "in_order",
+    "async_rl.min_groups_for_streaming_train": 24,  # SEPARATE's grpo.num_prompts_per_step
+    "async_rl.max_buffered_rollouts": 96,  # room for lookahead 2
+}
 TIS = {**IS, "loss_fn.truncated_importance_sampling_type": "icepop"}
 TIS_BOUNDS = {
     **TIS,
@@ -330,6 +336,9 @@ CHANGES: dict[str, Change] = {
             "grpo.async_grpo.in_flight_weight_updates": True,
         },
     ),
+    # NeMo RL's async_rl form (in_order, lookahead 1 unless changed): the same loop
+    "async_rl.sampler.max_lookahead_versions": Change(2, {**SEPARATE, **SC}),
+    "async_rl.recompute_kv_cache_after_weight_updates": Change(True, {**SEPARATE, **SC}),
     "grpo.use_dynamic_sampling": Change(True),
     "grpo.dynamic_sampling_max_gen_batches": Change(1, {"grpo.use_dynamic_sampling": True}),
     "grpo.batch_multiplier": Change(2, {"grpo.use_dynamic_sampling": True}),

@@ -29,15 +29,37 @@ from tests.vllm.test_grpo_vllm import (  # noqa: E402
 NUM_STEPS = 16
 
 
-def async_recipe(model_path: str, max_age: int, extra: tuple[str, ...] = ()):
+def legacy_form(max_age: int) -> tuple[str, ...]:
+    """hpcrl's (and NeMo RL's run_grpo) spelling of async GRPO."""
+    return (
+        "grpo.async_grpo.enabled=true",
+        f"grpo.async_grpo.max_trajectory_age_steps={max_age}",
+    )
+
+
+def single_controller_form(lookahead: int) -> tuple[str, ...]:
+    """NeMo RL's single-controller spelling, as its configs write it (async_grpo nulled,
+    the step's whole batch awaited, room for the lookahead's batches); refits in flight."""
+    return (
+        "grpo.async_grpo=null",
+        "async_rl.sampler.name=in_order",
+        f"async_rl.sampler.max_lookahead_versions={lookahead}",
+        "async_rl.recompute_kv_cache_after_weight_updates=true",
+        "async_rl.min_groups_for_streaming_train=${grpo.num_prompts_per_step}",
+        "async_rl.max_inflight_prompts=${grpo.num_prompts_per_step}",
+        "async_rl.max_buffered_rollouts=64",
+        "data_plane.enabled=true",
+    )
+
+
+def async_recipe(model_path: str, max_age: int, extra: tuple[str, ...] = (), form=legacy_form):
     from hpcrl.config import load_recipe
 
     overrides = [
         *extra,
         f"policy.model_name={model_path}",
         f"grpo.max_num_steps={NUM_STEPS}",
-        "grpo.async_grpo.enabled=true",
-        f"grpo.async_grpo.max_trajectory_age_steps={max_age}",
+        *form(max_age),
         "loss_fn.use_importance_sampling_correction=true",
         *VLLM_OVERRIDES,
         *PLACEMENTS["separate"],
@@ -47,13 +69,18 @@ def async_recipe(model_path: str, max_age: int, extra: tuple[str, ...] = ()):
 
 
 def run_async_grpo(
-    model_path: str, max_age: int, num_steps: int, run_dir: Path, extra: tuple[str, ...] = ()
+    model_path: str,
+    max_age: int,
+    num_steps: int,
+    run_dir: Path,
+    extra: tuple[str, ...] = (),
+    form=legacy_form,
 ) -> list[dict]:
     from hpcrl.core.data.jsonl import EpochSampler, load_jsonl
     from hpcrl.core.data.prompts import load_tokenizer
     from hpcrl.core.environments.build import build_environment
 
-    recipe, recipe_dir = async_recipe(model_path, max_age, extra)
+    recipe, recipe_dir = async_recipe(model_path, max_age, extra, form)
     rows = load_jsonl(recipe_dir / Path(recipe.data.train_path), ["prompt", "answer"])
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
     training = start_policy(recipe, model_path, world_size=2)
@@ -108,20 +135,26 @@ def test_async_grpo_bounded_staleness_learns(ray_cluster, tmp_path) -> None:
     )
 
 
-IN_FLIGHT = (
-    "grpo.async_grpo.in_flight_weight_updates=true",
-    "grpo.async_grpo.recompute_kv_cache_after_weight_updates=true",
-)
-
-
 @pytest.mark.slow
-def test_async_grpo_with_in_flight_weight_updates_learns(ray_cluster, tmp_path) -> None:
-    """NeMo RL's in-flight weight updates: the engine is refit right after each training
-    step, beside the batch it is sampling. Ages still count from submission (so the bound
-    holds), the importance-sampling correction still sees the sampler's own log-probs, and
-    the policy learns as much as without them."""
+def test_nemo_rl_async_rl_form_trains_one_batch_ahead_refit_in_flight(
+    ray_cluster, tmp_path
+) -> None:
+    """NeMo RL's single-controller form (``async_rl``: in_order sampler, lookahead 1,
+    recompute_kv_cache_after_weight_updates) trains as hpcrl's async GRPO with in-flight
+    weight updates, which the single controller always does: the engine is refit right after
+    each training step, beside the batch it is sampling. Ages still count from submission (so
+    the lookahead bounds them), the importance-sampling correction still sees the sampler's
+    own log-probs, and the policy learns as much as without in-flight refits."""
+    from hpcrl.config.async_settings import async_grpo_settings
+
     model_path = build_tiny_model(tmp_path / "tiny-qwen2")
-    metrics = run_async_grpo(model_path, 1, NUM_STEPS, tmp_path / "run", extra=IN_FLIGHT)
+    recipe, _ = async_recipe(model_path, 1, form=single_controller_form)
+    settings = async_grpo_settings(recipe)
+    assert settings is not None and recipe.grpo is not None and recipe.grpo.async_grpo is None
+    assert (settings.max_trajectory_age_steps, settings.in_flight_weight_updates) == (1, True)
+    metrics = run_async_grpo(
+        model_path, 1, NUM_STEPS, tmp_path / "run", form=single_controller_form
+    )
 
     assert [m["trajectory_age_steps"] for m in metrics] == [0] + [1] * (NUM_STEPS - 1)
     # A refit after every training step but the last, each timed (never skipped).

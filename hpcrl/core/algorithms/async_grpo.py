@@ -37,6 +37,7 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.grpo import (
     PromptBatch,
@@ -90,10 +91,12 @@ class AsyncGrpoStep:
         self.env = env
         self.sampler = sampler
         self.last_step = last_step
-        assert recipe.grpo.async_grpo is not None  # built only when async_enabled
-        self.max_age = max(0, recipe.grpo.async_grpo.max_trajectory_age_steps)
-        self.in_flight_weight_updates = recipe.grpo.async_grpo.in_flight_weight_updates
-        self.recompute_kv_cache = recipe.grpo.async_grpo.recompute_kv_cache_after_weight_updates
+        # grpo.async_grpo, or NeMo RL's async_rl read onto it (hpcrl.config.recipe_async_rl)
+        settings = async_grpo_settings(recipe)
+        assert settings is not None  # built only for asynchronous GRPO
+        self.max_age = max(0, settings.max_trajectory_age_steps)
+        self.in_flight_weight_updates = settings.in_flight_weight_updates
+        self.recompute_kv_cache = settings.recompute_kv_cache_after_weight_updates
         self.in_flight: deque[InFlightBatch] = deque()
 
     def _submit(self, step: int, submit_step: int) -> None:

@@ -1,5 +1,13 @@
 """torch.compile for the torch engine's small pieces (pointwise blocks, the sampler): one
-compilation for every shape, and eager code when the compiler fails."""
+compilation for every shape, and eager code when the compiler fails.
+
+A run's first call of a piece costs dynamo's trace even when Inductor's caches hold the
+kernels (docs/performance.md, item 3: on the H200 most of a warm first step was dynamo
+tracing, under symbolic shapes). With a compile cache folder (``TORCHINDUCTOR_CACHE_DIR``,
+which hpcrl's jobs always set: ``hpcrl.plan.compile_cache``) a piece is therefore compiled
+ahead of time at its first call (``torch.compile(...).aot_compile``) and saved there
+(``aot_precompiled.py``); the next run loads it and only checks its guards: no trace.
+"""
 
 from __future__ import annotations
 
@@ -16,11 +24,19 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
     one symbol and the first unequal pair would recompile). A size that is 1 at a call still
     gets a compilation of its own unless the caller marks it unbacked
     (``torch._dynamo.decorators.mark_unbacked``).
+
+    With Inductor and a compile cache folder, the compilations are the ahead-of-time ones
+    saved in that folder (``aot_precompiled.PrecompiledPieces``): a call whose arguments
+    pass a saved compilation's guards runs it; any other call goes through torch.compile
+    as above.
     """
     import torch
     import torch.fx.experimental._config as fx_config
 
+    from hpcrl.core.generation.aot_precompiled import PrecompiledPieces
+
     chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)}
+    precompiled = PrecompiledPieces.for_piece(fn, backend)
 
     def call(*args: Any) -> Any:
         # set and restored by hand: fx_config.patch costs the host several times as much,
@@ -28,6 +44,10 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
         duck_shape = fx_config.use_duck_shape
         fx_config.use_duck_shape = False
         try:
+            if precompiled is not None and chosen["fn"] is not fn:
+                ready = precompiled.matching(args)
+                if ready is not None:
+                    return ready(*args)
             return chosen["fn"](*args)
         except Exception as error:  # any compiler failure
             if chosen["fn"] is fn:
@@ -40,4 +60,5 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
         finally:
             fx_config.use_duck_shape = duck_shape
 
+    call.precompiled = precompiled  # type: ignore[attr-defined]  # what tests and benchmarks read
     return call

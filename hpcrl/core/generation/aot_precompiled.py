@@ -1,0 +1,212 @@
+"""The torch engine's compiled pieces, compiled ahead of time and kept in the compile cache
+folder, so that a run's first call of a piece loads it instead of tracing it again.
+
+Inductor's caches (FX graph, AOTAutograd, Triton) spare a warm run the kernels' compilation,
+not dynamo's trace of the function, which under symbolic shapes was most of a warm first
+GRPO step on the H200 (docs/performance.md, item 3). torch's ahead-of-time compilation
+(``torch.compile(fn).aot_compile``, ``torch.compiler.load_compiled_function``) saves the
+traced, compiled function with its guards: loading it traces nothing. Each file holds one
+compilation of one piece, named by the piece, a digest of what it was compiled from (torch's
+and Triton's versions, the GPU, the source files of the piece's module and of the hpcrl
+functions it calls) and of its arguments' kinds (tensors' dtype, rank, device; plain
+values' repr). A loaded compilation runs a call only when its guards (dynamo's, saved with it)
+accept the arguments; a call that none accepts goes through torch.compile as before.
+
+Only with Inductor (the backend whose output serialises) and a compile cache folder
+(``TORCHINDUCTOR_CACHE_DIR``: hpcrl's jobs set it, ``hpcrl.plan.compile_cache``); anything
+failing here (a torch without the API, a file from a crashed writer) costs a warning and
+the ordinary compilation, never the call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+AOT_SUBDIR = "hpcrl-aot"  # under TORCHINDUCTOR_CACHE_DIR, beside Inductor's own entries
+CACHE_DIR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+#: Set by hpcrl's job script beside the folder (``compile_cache.compile_cache_env``), never by
+#: torch, which exports ``TORCHINDUCTOR_CACHE_DIR`` itself (its default folder, for its compile
+#: workers) once Inductor has run: that alone must not switch this on in any process.
+PLANNED_VARIABLE = "TORCHINDUCTOR_FX_GRAPH_CACHE"
+
+
+@attrs.define
+class PrecompiledPieces:
+    """The ahead-of-time compilations of one piece in this process (loaded or built)."""
+
+    fn: Callable[..., Any]
+    folder: Path
+    source_digest: str
+    traced: Callable[..., Any]  # fn with the modules its code imports among its globals
+    ready: list[Any] = attrs.field(factory=list)
+    signatures_tried: set[str] = attrs.field(factory=set)
+    loads: int = 0  # compilations read from the folder
+    builds: int = 0  # compilations made here and written there
+    failures: list[str] = attrs.field(factory=list)
+
+    @classmethod
+    def for_piece(cls, fn: Callable[..., Any], backend: Any) -> PrecompiledPieces | None:
+        """None when nothing can be kept: another backend, no compile cache folder planned
+        (both variables, as hpcrl's jobs set them), or a torch without ahead-of-time
+        compilation."""
+        import torch
+
+        folder = os.environ.get(CACHE_DIR_VARIABLE)
+        planned = os.environ.get(PLANNED_VARIABLE) == "1"
+        if backend != "inductor" or not folder or not planned:
+            return None
+        if not hasattr(torch.compiler, "load_compiled_function"):
+            return None
+        return cls(
+            fn=fn,
+            folder=Path(folder) / AOT_SUBDIR,
+            source_digest=_source_digest(fn),
+            traced=_with_modules_in_globals(fn),
+        )
+
+    def matching(self, args: Sequence[Any]) -> Callable[..., Any] | None:
+        """The compilation whose guards accept ``args``: one already here, else the one
+        saved for their signature (built and saved now when there is none); None when no
+        compilation takes them (then the caller compiles as usual)."""
+        for compiled in self.ready:
+            if compiled.guard_check(*args):
+                return compiled
+        signature = _arguments_signature(args)
+        if signature in self.signatures_tried:
+            return None
+        self.signatures_tried.add(signature)
+        compiled = self._load_or_build(signature, args)
+        if compiled is None:
+            return None
+        self.ready.append(compiled)
+        return compiled if compiled.guard_check(*args) else None
+
+    def path_for(self, signature: str) -> Path:
+        digest = hashlib.sha256(f"{self.source_digest}\n{signature}".encode()).hexdigest()
+        return self.folder / f"{self.fn.__name__}-{digest[:32]}.bin"
+
+    def _load_or_build(self, signature: str, args: Sequence[Any]) -> Any:
+        import torch
+
+        path = self.path_for(signature)
+        # torch 2.11 attaches aot_compile to torch.compile's result only with this flag
+        # (its default there is off; 2.13's is on)
+        try:
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                if path.exists():
+                    with path.open("rb") as saved:
+                        compiled = torch.compiler.load_compiled_function(
+                            saved, f_globals=self.traced.__globals__
+                        )
+                    self.loads += 1
+                else:
+                    compiled = self._build(args)
+                    _save(compiled, path)
+                    self.builds += 1
+            compiled.disable_guard_check()  # checked by matching, once per call
+            compiled.guard_check  # noqa: B018  (a torch without it fails here, not in a call)
+        except Exception as error:  # any failure costs the ordinary compilation only
+            self.failures.append(f"{type(error).__name__}: {error}")
+            warnings.warn(
+                f"{self.fn.__name__}: no ahead-of-time compilation in {self.folder} "
+                f"({type(error).__name__}: {str(error)[:200]}); compiling it in every run",
+                stacklevel=4,
+            )
+            return None
+        return compiled
+
+    def _build(self, args: Sequence[Any]) -> Any:
+        """``aot_compile`` cannot restart a trace: a float argument that dynamo first traces
+        as a symbol and then restarts to specialise (``TensorifyScalarRestartAnalysis``, the
+        sampler's temperature on CPU) is specialised from the start on a second try (its
+        value is in the file's name already)."""
+        import torch
+
+        def compile_once() -> Any:
+            compiled = torch.compile(self.traced, dynamic=True, fullgraph=True)
+            return compiled.aot_compile((tuple(args), {}))
+
+        try:
+            return compile_once()
+        except Exception as error:
+            if type(error).__name__ != "TensorifyScalarRestartAnalysis":
+                raise
+        with torch._dynamo.config.patch(specialize_float=True):
+            return compile_once()
+
+
+def _with_modules_in_globals(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (same code) whose globals also hold ``torch`` and ``torch.nn.functional``.
+
+    The pieces import torch inside their bodies (hpcrl's modules import it lazily); dynamo's
+    output then names the module by a global made from its ``id()`` in the compiling
+    process, which no later process has (torch 2.13: "Missing required external
+    references: ['___module_torch_<id>_c0']"). Found among the function's globals under its
+    own name, the module is named ``torch`` (``functional``) instead, which the loading
+    process passes back in."""
+    import torch
+    import torch.nn.functional
+
+    scope = {**fn.__globals__, "torch": torch, "functional": torch.nn.functional}
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__qualname__ = fn.__qualname__
+    copy.__module__ = fn.__module__
+    return copy
+
+
+def _save(compiled: Any, path: Path) -> None:
+    """Written under a temporary name, then renamed: concurrent runs share the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        compiled.save_compiled_function(str(temporary))
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _arguments_signature(args: Sequence[Any]) -> str:
+    import torch
+
+    parts = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            parts.append(f"T{arg.dtype}/{arg.dim()}/{arg.device.type}/{arg.requires_grad}")
+        else:
+            parts.append(f"{type(arg).__name__}={arg!r}")
+    return ",".join(parts)
+
+
+def _source_digest(fn: Callable[..., Any]) -> str:
+    """torch's and Triton's versions, the GPU, the source of ``fn``'s module and of the
+    hpcrl modules whose functions it can call."""
+    import torch
+
+    hasher = hashlib.sha256(f"torch {torch.__version__}".encode())
+    try:
+        import triton
+
+        hasher.update(f" triton {triton.__version__}".encode())
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        hasher.update(
+            f" {torch.cuda.get_device_name()} {torch.cuda.get_device_capability()}".encode()
+        )
+    files = {inspect.getsourcefile(fn)}
+    for value in fn.__globals__.values():
+        if inspect.isfunction(value) and value.__module__.startswith("hpcrl."):
+            files.add(inspect.getsourcefile(value))
+    for name in sorted(f for f in files if f):
+        hasher.update(Path(name).read_bytes())
+    return hasher.hexdigest()
