@@ -46,6 +46,8 @@ def ray_cluster() -> Iterator[None]:
     """A fresh local Ray (never a stale cluster) for one test module."""
     import ray
 
+    from hpcrl.core.ray_startup import local_ray_system_config
+
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # Workers import test code (losses, diagnostic actors) by module path.
     os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -57,6 +59,7 @@ def ray_cluster() -> Iterator[None]:
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=True,
+        _system_config=local_ray_system_config(),  # hpcrl's own local Ray is started so too
     )
     try:
         yield

@@ -76,7 +76,14 @@ def _ensure_ray() -> bool:
 
     if ray.is_initialized():
         return False
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False)
+    from hpcrl.core.ray_startup import local_ray_system_config
+
+    ray.init(
+        address="local",
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        _system_config=local_ray_system_config(),
+    )
     return True
 
 

@@ -5,6 +5,10 @@ profile's fixed ports (all below the OS ephemeral range), a per-node temp dir in
 only the job's user can enter, no dashboard,
 no usage stats, and the job's own token authentication (``hpcrl.job.ray_auth``). Workers always join an explicit ``--address``, never a cluster found
 through ``/tmp/ray/ray_current_cluster``.
+
+Two of Ray's start-up costs are switched off (``hpcrl.core.ray_startup``): the head's
+autoscaler monitor (a Slurm allocation has a fixed set of nodes) and the idle workers Ray
+prestarts for the first driver.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 import attrs
 
+from hpcrl.core.ray_startup import NO_PRESTART_ENV
 from hpcrl.job.errors import PortInUse, RayExited
 from hpcrl.job.network import first_busy_port
 from hpcrl.job.processes import start_in_own_session, stop_session
@@ -53,6 +58,7 @@ def ray_environment(base: Mapping[str, str], settings: NodeSettings) -> dict[str
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     # Ray otherwise drains for 30 s on SIGTERM before it stops.
     env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
+    env.update(NO_PRESTART_ENV)
     env.pop("RAY_ADDRESS", None)  # a stale address must not leak into `ray start`
     return env
 
@@ -64,6 +70,7 @@ def ray_start_argv(settings: NodeSettings) -> list[str]:
     argv = [ray_cli, "start", "--block", "--disable-usage-stats"]
     if settings.is_head:
         argv += ["--head", f"--port={ports.gcs_port}", "--include-dashboard=false"]
+        argv += ["--no-monitor"]  # the autoscaler's: nodes come from Slurm, never from Ray
         argv += [f"--ray-client-server-port={ports.client_server_port}"]
         argv += [f"--dashboard-port={ports.dashboard_port}"]
     else:

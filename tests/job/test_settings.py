@@ -141,9 +141,11 @@ def test_ray_start_command_for_head_and_worker(tmp_path, two_node_plan):
                  "--max-worker-port=19727", '--resources={"hpcrl_node_0": 1}',
                  "--num-gpus=0", "--num-cpus=4"):  # fmt: skip
         assert flag in head_argv
+    assert "--no-monitor" in head_argv  # no autoscaler: Slurm gives the nodes
     assert "--address=127.0.0.1:19216" in worker_argv
     assert not any(
-        arg.startswith(("--head", "--port", "--include-dashboard")) for arg in worker_argv
+        arg.startswith(("--head", "--port", "--include-dashboard", "--no-monitor"))
+        for arg in worker_argv
     )
     assert '--resources={"hpcrl_node_1": 1}' in worker_argv
 
@@ -155,6 +157,7 @@ def test_ray_environment_is_explicit_and_drops_a_stale_address(tmp_path, two_nod
     assert env["PATH"] == "/bin"
     assert env["RAY_USAGE_STATS_ENABLED"] == "0"
     assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+    assert env["RAY_prestart_worker_first_driver"] == "0"  # no idle workers nobody asked for
     assert env["RAY_AUTH_MODE"] == "token"  # tests/job/test_ray_auth.py has the rest
 
 
