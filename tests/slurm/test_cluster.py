@@ -178,7 +178,9 @@ def test_scontrol_requeue_runs_the_job_again(tmp_path: Path) -> None:
         'echo "run ${SLURM_RESTART_COUNT:-0}"\n'
         'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
         "  scontrol requeue $SLURM_JOB_ID\n"
-        "  sleep 60\n"
+        # exec: a shell whose child dies of the requeue's SIGTERM before it does prints
+        # "Terminated" into the output (CI, 2026-12-04): no shell is left to print it.
+        "  exec sleep 60\n"
         "fi\n"
     )
     out = run_slurm(
