@@ -177,3 +177,22 @@ def test_triton_engine_greedy_equals_hf() -> None:
     """On two architectures with grouped-query attention: the tokens Hugging Face's greedy
     ``generate`` picks, and the teacher-forced log-probs (test_torch_engine.py's check)."""
     run_interpreted("check_engine_greedy")
+
+
+def test_auto_decode_attention_is_the_batched_matmuls_off_cuda() -> None:
+    """``EngineOptions``' default, ``"auto"``, picks the Triton kernel only on CUDA (on CPU
+    Triton has its interpreter alone); an explicit choice is kept."""
+    from transformers import LlamaConfig
+
+    from hpcrl.core.generation.decoder import Decoder
+    from hpcrl.core.generation.engine_options import EngineOptions
+    from hpcrl.core.generation.kv_cache import resolve_decode_attention
+
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+        intermediate_size=128, vocab_size=32,
+    )  # fmt: skip
+    decoder = Decoder(config, torch.device("cpu"), torch.float32)
+    assert EngineOptions().decode_attention == "auto"
+    assert resolve_decode_attention("auto", decoder) == "bmm"
+    assert resolve_decode_attention("triton", decoder) == "triton"
