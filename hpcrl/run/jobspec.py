@@ -211,6 +211,20 @@ class Check:
 
 
 @attrs.frozen(kw_only=True)
+class MachineNeed:
+    """A planned setting that runs only on a machine that has ``needs``: Transformer Engine
+    importable, or CUDA (a GPU plan). Decided once by the planner (``hpcrl.plan.machine_needs``)
+    from the recipe; the job's preflight (``hpcrl.core.machine_checks``) holds the machine to
+    it and, where it falls short, reports ``path = value: message; fix: fix``."""
+
+    needs: Literal["transformer_engine", "cuda"]
+    path: str  # the recipe key, e.g. policy.megatron_cfg.sequence_parallel
+    value: bool | str  # as planned
+    message: str
+    fix: str
+
+
+@attrs.frozen(kw_only=True)
 class JobSpec:
     """A planned job (see ``hpcrl.plan.planner.plan``).
 
@@ -265,6 +279,8 @@ class JobSpec:
     max_requeues: int = 0
     requeue: bool = True
     checks: tuple[Check, ...] = ()
+    # What the job needs of the machine it lands on, in the order the preflight reports it.
+    machine_needs: tuple[MachineNeed, ...] = ()
     generation: GenerationPlacement | None = None  # separate vLLM generation workers only
     # Colocated vLLM: consecutive training ranks of one node per engine (tp × pp); rank
     # k·n builds engine k over the group's GPUs / cores. 1 for every other generation.
