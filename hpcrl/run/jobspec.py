@@ -246,6 +246,9 @@ class JobSpec:
     # unset: hpcrl.config.datasets.resolve_data_sections). The job reads it from here (never
     # recipe.resolved.yaml, which is for people, diff and rerun).
     recipe: Recipe
+    # What the job needs of the machine it lands on (hpcrl.plan.machine_needs), in the order
+    # the preflight reports it; no default, so a plan written without it is refused, not unchecked.
+    machine_needs: tuple[MachineNeed, ...]
     # The hpcrl command that wrote this script and reproduces it: `hpcrl render ... [-o DIR]`
     # for a single run (hpcrl submit runs it), `hpcrl sweep ...` for a sweep's scripts,
     # `hpcrl rerun RUN ...` for a rerun.
@@ -279,8 +282,6 @@ class JobSpec:
     max_requeues: int = 0
     requeue: bool = True
     checks: tuple[Check, ...] = ()
-    # What the job needs of the machine it lands on, in the order the preflight reports it.
-    machine_needs: tuple[MachineNeed, ...] = ()
     generation: GenerationPlacement | None = None  # separate vLLM generation workers only
     # Colocated vLLM: consecutive training ranks of one node per engine (tp × pp); rank
     # k·n builds engine k over the group's GPUs / cores. 1 for every other generation.
