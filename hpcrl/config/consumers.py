@@ -305,6 +305,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "loss_fn.truncated_importance_sampling_ratio_min": (IS_WEIGHTS,),
     "loss_fn.token_level_loss": (LOSS,),
     "loss_fn.force_on_policy_ratio": (LOSS,),
+    "loss_fn.use_cispo": (LOSS,),
     # ------------------------------------------------------------------ env
     "env.math.math_verify_impl": (ENV,),
     # ------------------------------------------------------------------ checkpointing

@@ -125,7 +125,40 @@ def rule_force_on_policy_ratio(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_cispo(recipe: Recipe) -> list[Problem]:
+    """CISPO weights each token's log-prob by its clipped ratio: settings that remove the
+    ratio, make it per sequence, cap the loss after it or average per sequence do not fit
+    (NeMo RL asserts the same in its loss function)."""
+    cfg = recipe.loss_fn
+    if not cfg.use_cispo:
+        return []
+    # (key, its value, the value that fits CISPO, why the value does not)
+    clashes = (
+        ("force_on_policy_ratio", cfg.force_on_policy_ratio, False, "forces the ratio to 1"),
+        (
+            "sequence_level_importance_ratios",
+            cfg.sequence_level_importance_ratios,
+            False,
+            "makes the ratio one per sequence; CISPO's is per token",
+        ),
+        ("ratio_clip_c", cfg.ratio_clip_c, None, "caps the PPO surrogate CISPO replaces"),
+        ("token_level_loss", cfg.token_level_loss, True, "CISPO's loss is a mean over tokens"),
+    )
+    return [
+        Problem(
+            path=f"{LOSS}.{key}",
+            value=value,
+            message=f"{LOSS}.use_cispo is true and this value {why}",
+            fix=f"set {LOSS}.{key}={'null' if fits is None else str(fits).lower()}, "
+            f"or {LOSS}.use_cispo=false",
+        )
+        for key, value, fits, why in clashes
+        if value != fits
+    ]
+
+
 LOSS_RULES = (
+    rule_cispo,
     rule_force_on_policy_ratio,
     rule_truncated_importance_sampling,
     rule_sequence_level_importance_ratios,

@@ -186,3 +186,6 @@ class LossFnCfg:
     # ratio = exp(logp − logp.detach()) = 1: the old log-probs are the current ones (one
     # optimizer step per rollout batch, which the rules require)
     force_on_policy_ratio: bool = False
+    # CISPO (MiniMax-M1): −A·sg(clamp(ratio))·logp per token, the clipped ratio a weight
+    # without gradient instead of PPO's min over two branches; every token keeps its gradient
+    use_cispo: bool = False

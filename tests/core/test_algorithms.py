@@ -65,6 +65,39 @@ def test_dual_clip_bounds_negative_advantage_loss() -> None:
     assert loss.item() == pytest.approx(5.0, abs=1e-6)
 
 
+def _nemo_rl_cispo_token_loss(lp, old, advantages, clip_low, clip_high):
+    """NeMo RL's ClippedPGLossFn with use_cispo (7ea279a), token level:
+    −A · (clamp(exp(lp − old), 1 − low, 1 + high)).detach() · lp."""
+    ratio = (lp - old).exp().clamp(1.0 - clip_low, 1.0 + clip_high)
+    return -advantages[:, None] * ratio.detach() * lp
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens() -> None:
+    # old = 0; ratios 1.5 and 0.5 clamp to 1.2 and 0.8 (ε 0.2). Loss −A·w·lp summed over
+    # the 4 tokens: −1.2·ln1.5 − 0.8·ln0.5 + 1.2·ln1.5 + 0.8·ln0.5 = 0. The gradient −A·w
+    # reaches every token, the two PPO's clip cuts off (test_ratio_clipping_at_known_values).
+    ln15, ln05 = math.log(1.5), math.log(0.5)
+    rows = ([[0.0, ln15, ln05], [0.0, ln15, ln05]], [[0.0] * 3] * 2, [1.0, -1.0])
+    mask = [[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]]
+    logprobs, batch = _batch(*rows, mask)
+    cfg = LossFnCfg(reference_policy_kl_penalty=0.0, use_cispo=True)
+    loss, metrics = grpo_loss(logprobs, batch, 4.0, cfg=cfg)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.0, abs=1e-6)
+    assert metrics["clip_fraction"] == pytest.approx(1.0)
+    expected = torch.tensor([[0.0, -1.2, -0.8], [0.0, 1.2, 0.8]]) / 4
+    assert torch.allclose(logprobs.grad, expected, atol=1e-6)
+    reference_lp = torch.tensor(rows[0], requires_grad=True)
+    reference = _nemo_rl_cispo_token_loss(
+        reference_lp, torch.tensor(rows[1]), torch.tensor(rows[2]), 0.2, 0.2
+    )
+    (reference * torch.tensor(mask)).sum().div(4.0).backward()
+    assert torch.allclose(logprobs.grad, reference_lp.grad, atol=1e-6)
+    ppo_lp, ppo_batch = _batch(*rows, mask)
+    grpo_loss(ppo_lp, ppo_batch, 4.0, cfg=NO_KL)[0].backward()
+    assert not torch.allclose(ppo_lp.grad, logprobs.grad)
+
+
 def test_kl_estimators_match_their_formulas() -> None:
     logprobs = torch.tensor([-1.0, -2.0])
     ref = torch.tensor([-1.5, -1.0])

@@ -104,6 +104,23 @@ def clipped_pg_token_loss(
     return loss, was_clipped
 
 
+def cispo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's loss per token: −A · sg(clamp(ratio, 1 − clip_low, 1 + clip_high)) · logp.
+    The gradient is −A · clipped ratio · ∇logp for every token, clipped or not (PPO's
+    clipped branch has none). Returns (loss [B, T], clipped [B, T]: the ratio was clamped)."""
+    import torch
+
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -advantages * weight * logprobs, weight != ratio
+
+
 def importance_weights(
     old_logprobs: torch.Tensor,
     generation_logprobs: torch.Tensor,
@@ -217,9 +234,14 @@ def grpo_loss(
     )
     generation = batch["generation_logprobs"].to(logprobs.dtype)
     advantages = batch["advantages"].to(logprobs.dtype)[:, None]
-    pg, was_clipped = clipped_pg_token_loss(
-        current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
-    )
+    if cfg.use_cispo:
+        pg, was_clipped = cispo_token_loss(
+            current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max
+        )
+    else:
+        pg, was_clipped = clipped_pg_token_loss(
+            current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
+        )
     metrics: dict[str, torch.Tensor] = {}
     if cfg.use_importance_sampling_correction:
         weights, is_metrics = importance_weights(old, generation, batch, num_global_tokens, cfg)
