@@ -132,7 +132,11 @@ def test_cispo_alone_loads():
     ("key", "value", "fix"),
     [
         ("ratio_clip_c", 3.0, "set loss_fn.ratio_clip_c=null, or loss_fn.use_cispo=false"),
-        ("token_level_loss", False, "set loss_fn.token_level_loss=true, or loss_fn.use_cispo=false"),
+        (
+            "token_level_loss",
+            False,
+            "set loss_fn.token_level_loss=true, or loss_fn.use_cispo=false",
+        ),
         (
             "sequence_level_importance_ratios",
             True,
@@ -143,7 +147,8 @@ def test_cispo_alone_loads():
 def test_cispo_refuses_what_replaces_its_per_token_ratio(key, value, fix):
     """NeMo RL asserts each of these in its loss function, on the GPUs."""
     found = [
-        p for p in problems_for(loss_fn__use_cispo=True, **{f"loss_fn__{key}": value})
+        p
+        for p in problems_for(loss_fn__use_cispo=True, **{f"loss_fn__{key}": value})
         if p.path == f"loss_fn.{key}" and "use_cispo" in p.message
     ]
     assert [p.fix for p in found] == [fix]
