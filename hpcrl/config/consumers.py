@@ -466,7 +466,8 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
     ),
     "policy.automodel_cfg.sequence_parallel": NotConsumed(
         "off_only",
-        "sequence parallelism is not supported by the Automodel backend yet",
+        "sequence parallelism is not supported by the Automodel backend yet (accepted with "
+        "tensor_parallel_size 1, where it has nothing to split: a warning)",
         off="false",
         rule="hpcrl.config.rules:rule_automodel_sequence_parallel",
     ),
