@@ -306,6 +306,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "loss_fn.token_level_loss": (LOSS,),
     "loss_fn.force_on_policy_ratio": (LOSS,),
     "loss_fn.use_cispo": (LOSS,),
+    "loss_fn.sequence_level_importance_ratios": (LOSS,),
     # ------------------------------------------------------------------ env
     "env.math.math_verify_impl": (ENV,),
     # ------------------------------------------------------------------ checkpointing
@@ -483,12 +484,6 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "Megatron FSDP is not supported by the Megatron backend yet",
         off="false",
         rule="hpcrl.config.rules:rule_megatron_custom_fsdp",
-    ),
-    "loss_fn.sequence_level_importance_ratios": NotConsumed(
-        "off_only",
-        "sequence-level importance ratios (GSPO) are not implemented",
-        off="false",
-        rule="hpcrl.config.loss_rules:rule_sequence_level_importance_ratios",
     ),
     "grpo.max_rollout_turns": NotConsumed(
         "off_only",

@@ -181,7 +181,9 @@ class LossFnCfg:
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
     truncated_importance_sampling_ratio: float | None = None  # upper bound of the weights
     truncated_importance_sampling_ratio_min: float | None = None  # lower bound
-    sequence_level_importance_ratios: bool = False  # GSPO; only false is supported
+    # GSPO: every token's ratio is its sequence's exp(mean(logp − old)) (with a per-sequence
+    # loss average, token_level_loss false, as NeMo RL asserts)
+    sequence_level_importance_ratios: bool = False
     token_level_loss: bool = True
     # ratio = exp(logp − logp.detach()) = 1: the old log-probs are the current ones (one
     # optimizer step per rollout batch, which the rules require)

@@ -125,7 +125,6 @@ def test_classification_follows_where_the_value_goes():
         "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
         "policy.dtensor_cfg.context_parallel_size",
         "policy.megatron_cfg.context_parallel_size",
-        "loss_fn.sequence_level_importance_ratios",
         "grpo.max_rollout_turns",
     ):
         assert classify(key)[0] == OFF_ONLY, key
