@@ -134,6 +134,8 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "loss_fn.truncated_importance_sampling_ratio_min": (IS_WEIGHTS,),
     "loss_fn.token_level_loss": (LOSS,),
     "loss_fn.force_on_policy_ratio": (LOSS,),
+    "loss_fn.use_cispo": (LOSS,),
+    "loss_fn.sequence_level_importance_ratios": (LOSS,),
     # ------------------------------------------------------------------ env
     "env.math.math_verify_impl": (ENV,),
     # ------------------------------------------------------------------ checkpointing

@@ -118,7 +118,8 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
     ),
     "policy.automodel_cfg.sequence_parallel": NotConsumed(
         "off_only",
-        "sequence parallelism is not supported by the Automodel backend yet",
+        "sequence parallelism is not supported by the Automodel backend yet (accepted with "
+        "tensor_parallel_size 1, where it has nothing to split: a warning)",
         off="false",
         rule="hpcrl.config.rules:rule_automodel_sequence_parallel",
     ),
@@ -134,12 +135,6 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "Megatron FSDP is not supported by the Megatron backend yet",
         off="false",
         rule="hpcrl.config.rules:rule_megatron_custom_fsdp",
-    ),
-    "loss_fn.sequence_level_importance_ratios": NotConsumed(
-        "off_only",
-        "sequence-level importance ratios (GSPO) are not implemented",
-        off="false",
-        rule="hpcrl.config.loss_rules:rule_sequence_level_importance_ratios",
     ),
     "grpo.max_rollout_turns": NotConsumed(
         "off_only",

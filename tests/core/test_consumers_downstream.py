@@ -381,6 +381,7 @@ CHANGES: dict[str, Change] = {
     "loss_fn.ratio_clip_min": Change(0.01),
     "loss_fn.ratio_clip_max": Change(0.01),
     "loss_fn.ratio_clip_c": Change(1.5),
+    "loss_fn.sequence_level_importance_ratios": Change(True, {"loss_fn.token_level_loss": False}),
     "loss_fn.use_on_policy_kl_approximation": Change(True),
     "loss_fn.use_importance_sampling_correction": Change(True),
     "loss_fn.truncated_importance_sampling_type": Change(
