@@ -141,8 +141,8 @@ class DecodeState:
         valid = self.valid[:b]
         if self.attention == "triton":
             # rotary inside the attention kernel: one kernel a layer fewer
-            attend = self._triton_attend(b, width, (cos[:, 0], sin[:, 0]))
-            normed = decoder.forward_rows(hidden, None, None, attend)
+            triton_attend = self._triton_attend(b, width, (cos[:, 0], sin[:, 0]))
+            normed = decoder.forward_rows(hidden, None, None, triton_attend)
             decoder.logits_into(normed, self.logits[:b])
             return
         valid.index_fill_(1, self.column, True)
