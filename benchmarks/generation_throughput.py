@@ -9,9 +9,11 @@ end), batches 64 and 256. Rows:
   ``hpcrl-eager-sampler``: the same with the eager sampler instead of the fused one;
   ``hpcrl-bucket64`` / ``hpcrl-bucket16``: decode attention read in 64-column buckets (the
   default until issue 12's second session; 32 now) / 16-column ones; ``hpcrl-sdpa``: decode attention through
-  ``scaled_dot_product_attention`` instead of two batched matmuls; ``hpcrl-triton``: the
-  cache write and the attention in two Triton kernels (``triton_attention``; each variant row
-  also reports its sampled log-probs against a teacher-forced forward);
+  ``scaled_dot_product_attention`` instead of two batched matmuls; ``hpcrl-triton``: rotary,
+  the cache write and the attention in two Triton kernels (``triton_attention``; what the
+  default, ``"auto"``, picks on CUDA); ``hpcrl-bmm``: two batched matmuls and a fused softmax
+  (the default before issue 25's item 4; each variant row also reports its sampled log-probs
+  against a teacher-forced forward);
 - ``hf-eager``: ``generate`` with its dynamic cache, eager;
 - ``hf-static``: ``generate(cache_implementation="static")``, which compiles the forward
   (torch.compile, CUDA graphs) itself: the strongest plain thing a user writes;
@@ -161,6 +163,7 @@ ENGINE_VARIANTS = {
     "hpcrl-bucket16": EngineOptions(column_bucket=16),
     "hpcrl-sdpa": EngineOptions(decode_attention="sdpa"),
     "hpcrl-triton": EngineOptions(decode_attention="triton"),
+    "hpcrl-bmm": EngineOptions(decode_attention="bmm"),
 }
 
 

@@ -105,6 +105,36 @@ def check_equals_eager(heads: str, kv_heads: str) -> None:
     assert torch.equal(got_valid, want_valid)
 
 
+def check_rotary_in_kernel(dtype_name: str) -> None:
+    """(child) q and k given unrotated with the rows' cos/sin: the same output and cache
+    writes as ``decoder.rotate`` first, then the kernel (float32: to 1e-5; bf16: to bf16
+    rounding, the rotation computed in float32 and rounded once both ways)."""
+    from hpcrl.core.generation import triton_attention
+    from hpcrl.core.generation.decoder import rotate
+
+    dtype = getattr(torch, dtype_name)
+    case = _case(seed=11, rows=5, heads=8, kv_heads=2, dtype=dtype)
+    gen = torch.Generator().manual_seed(3)
+    angles = torch.rand(5, 8, generator=gen) * 6.0
+    cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(dtype)
+    sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(dtype)
+    wide = lambda x: x.float()  # noqa: E731
+    rotated = {
+        "q": rotate(wide(case["q"]), wide(cos)[:, None], wide(sin)[:, None]).to(dtype),
+        "k": rotate(wide(case["k"]), wide(cos)[:, None], wide(sin)[:, None]).to(dtype),
+    }
+    want, want_keys, want_values, want_valid = _triton({**case, **rotated})
+    keys, values, valid = case["keys"].clone(), case["values"].clone(), case["valid"].clone()
+    got = triton_attention.decode_attention_triton(
+        case["q"], case["k"], case["v"], keys, values, valid, case["column"],
+        case["width"], case["scale"], rotary=(cos, sin),
+    )  # fmt: skip
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(keys, want_keys, atol=tolerance, rtol=tolerance)
+    assert torch.equal(values, want_values) and torch.equal(valid, want_valid)
+
+
 def check_bf16_rounding() -> None:
     """(child) bf16: the kernel keeps scores and probabilities in float32 where the eager
     path rounds them to bf16 (Hugging Face's eager numerics); both stay within bf16
@@ -133,6 +163,11 @@ def test_triton_decode_attention_equals_the_eager_path(heads: int, kv_heads: int
     run_interpreted("check_equals_eager", str(heads), str(kv_heads))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_triton_decode_attention_rotates_q_and_k_in_the_kernel(dtype: str) -> None:
+    run_interpreted("check_rotary_in_kernel", dtype)
+
+
 def test_triton_decode_attention_in_bf16_within_rounding() -> None:
     run_interpreted("check_bf16_rounding")
 
@@ -142,3 +177,22 @@ def test_triton_engine_greedy_equals_hf() -> None:
     """On two architectures with grouped-query attention: the tokens Hugging Face's greedy
     ``generate`` picks, and the teacher-forced log-probs (test_torch_engine.py's check)."""
     run_interpreted("check_engine_greedy")
+
+
+def test_auto_decode_attention_is_the_batched_matmuls_off_cuda() -> None:
+    """``EngineOptions``' default, ``"auto"``, picks the Triton kernel only on CUDA (on CPU
+    Triton has its interpreter alone); an explicit choice is kept."""
+    from transformers import LlamaConfig
+
+    from hpcrl.core.generation.decoder import Decoder
+    from hpcrl.core.generation.engine_options import EngineOptions
+    from hpcrl.core.generation.kv_cache import resolve_decode_attention
+
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+        intermediate_size=128, vocab_size=32,
+    )  # fmt: skip
+    decoder = Decoder(config, torch.device("cpu"), torch.float32)
+    assert EngineOptions().decode_attention == "auto"
+    assert resolve_decode_attention("auto", decoder) == "bmm"
+    assert resolve_decode_attention("triton", decoder) == "triton"

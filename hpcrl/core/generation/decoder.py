@@ -311,9 +311,14 @@ class Decoder:
 
     # ------------------------------------------------------------------ forwards
     def _qkv(
-        self, layer: LayerWeights, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [n, H, D], k and v [n, Hkv, D] of ``x [n, hidden]``, rotary applied."""
+        """q [n, H, D], k and v [n, Hkv, D] of ``x [n, hidden]``, rotary applied unless
+        ``cos``/``sin`` are None (the attention then rotates: ``triton_attention``)."""
         import torch.nn.functional as F
 
         shape, pw = self.shape, self.pointwise
@@ -325,7 +330,8 @@ class Decoder:
         if layer.q_norm is not None:
             q = pw.rms_norm(q, layer.q_norm, shape.rms_eps)
             k = pw.rms_norm(k, layer.k_norm, shape.rms_eps)
-        q, k = pw.rotate_pair(q, k, cos, sin)
+        if cos is not None and sin is not None:
+            q, k = pw.rotate_pair(q, k, cos, sin)
         return q, k, v
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
@@ -339,8 +345,8 @@ class Decoder:
         hidden: torch.Tensor,
         normed: torch.Tensor,
         attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One block on ``[n, hidden]`` rows; ``attend(q, k, v)`` stores k/v and returns the
         attention output ``[n, H*D]``. Returns (residual stream, its next-norm input)."""
@@ -355,11 +361,12 @@ class Decoder:
     def forward_rows(
         self,
         hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """All blocks over ``[n, hidden]`` rows; returns the final-normed hidden states."""
+        """All blocks over ``[n, hidden]`` rows; returns the final-normed hidden states.
+        ``cos``/``sin`` None: ``attend`` gets q and k unrotated and rotates them itself."""
         import torch
 
         shape, pw = self.shape, self.pointwise

@@ -26,8 +26,9 @@ class EngineOptions:
     # fewer unused columns, at one more CUDA graph per bucket (captured once, when first met).
     column_bucket: int = 32
     # "bmm": two batched matmuls and the softmax; "sdpa": scaled_dot_product_attention;
-    # "triton": the cache write and the attention in two Triton kernels (triton_attention)
-    decode_attention: DecodeAttention = "bmm"
+    # "triton": rotary, the cache write and the attention in two Triton kernels
+    # (triton_attention); "auto": "triton" on CUDA where it applies, else "bmm"
+    decode_attention: DecodeAttention = "auto"
 
 
 @attrs.define

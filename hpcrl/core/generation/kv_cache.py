@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from hpcrl.core.generation.decoder import Decoder
 
-DecodeAttention = Literal["bmm", "sdpa", "triton"]
+DecodeAttention = Literal["auto", "bmm", "sdpa", "triton"]
 
 # Masked attention scores: finite, so rows with nothing visible stay NaN-free.
 _MASKED_SCORE = -3.0e38
@@ -29,6 +29,20 @@ _MASKED_SCORE = -3.0e38
 #: steps 3-4, which turned out to be cuDNN's attention building a graph per new width: see
 #: ``_padded_attention`` and docs/performance.md, "Figures behind the code".)
 PREFILL_TOKEN_MULTIPLE = 64
+
+
+def resolve_decode_attention(choice: DecodeAttention, decoder: Decoder) -> DecodeAttention:
+    """``"auto"``: the Triton kernel on CUDA where it applies (head_dim a power of two), the
+    batched matmuls elsewhere (on CPU Triton has only its interpreter). Measured faster at
+    batch 64 and 256: docs/performance.md, issue 25 item 4."""
+    if choice != "auto":
+        return choice
+    head_dim = decoder.shape.head_dim
+    if decoder.device.type != "cuda" or head_dim & (head_dim - 1) != 0:
+        return "bmm"
+    import importlib.util
+
+    return "triton" if importlib.util.find_spec("triton") is not None else "bmm"
 
 
 def decode_attention(
@@ -88,7 +102,7 @@ class DecodeState:
         shape = decoder.shape
         device = decoder.device
         self.decoder, self.rows, self.columns = decoder, rows, columns
-        self.attention = attention
+        self.attention = resolve_decode_attention(attention, decoder)
         self.cache = torch.zeros(
             (shape.num_layers, 2, rows, shape.num_kv_heads, columns, shape.head_dim),
             device=device,
@@ -126,7 +140,9 @@ class DecodeState:
         sin = decoder.sin.index_select(0, positions)[:, None]
         valid = self.valid[:b]
         if self.attention == "triton":
-            normed = decoder.forward_rows(hidden, cos, sin, self._triton_attend(b, width))
+            # rotary inside the attention kernel: one kernel a layer fewer
+            triton_attend = self._triton_attend(b, width, (cos[:, 0], sin[:, 0]))
+            normed = decoder.forward_rows(hidden, None, None, triton_attend)
             decoder.logits_into(normed, self.logits[:b])
             return
         valid.index_fill_(1, self.column, True)
@@ -148,10 +164,11 @@ class DecodeState:
         decoder.logits_into(normed, self.logits[:b])
 
     def _triton_attend(
-        self, rows: int, width: int
+        self, rows: int, width: int, rotary: tuple[torch.Tensor, torch.Tensor]
     ) -> Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The decode step's attention as one Triton kernel per layer (cache write, visible
-        column and attention together: ``triton_attention``)."""
+        """The decode step's attention as two Triton kernels per layer (rotary, cache
+        write, visible column and attention together, then the blocks' combine:
+        ``triton_attention``); q and k come in unrotated."""
         from hpcrl.core.generation.triton_attention import decode_attention_triton
 
         valid = self.valid[:rows]
@@ -159,7 +176,7 @@ class DecodeState:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = self.cache[layer, 0, :rows], self.cache[layer, 1, :rows]
             return decode_attention_triton(
-                q, k, v, keys, values, valid, self.column, width, self.scale
+                q, k, v, keys, values, valid, self.column, width, self.scale, rotary
             )
 
         return attend

@@ -1,21 +1,26 @@
-"""Decode attention in two Triton kernels: the new token's k/v written into the cache, its
-column marked visible, and one query per row attending to the first ``width`` columns.
+"""Decode attention in two Triton kernels: the new token's q and k rotated (rotary, when the
+rows' cos/sin are given), its k/v written into the cache, its column marked visible, and one
+query per row attending to the first ``width`` columns.
 
-The eager path (``kv_cache.decode_attention``) runs six kernels per layer: two cache writes
-(``index_copy_``), the scores' batched matmul, the softmax (two kernels) and the
+The eager path (``kv_cache.decode_attention``) runs seven kernels per layer: rotary, two
+cache writes (``index_copy_``), the scores' batched matmul, the softmax (two kernels) and the
 probabilities' batched matmul. Here (flash-decoding): one program per (row, query head,
-block of ``BLOCK_N`` columns) reads that block's keys and values once and leaves its
-softmax's max, sum and weighted values; a second kernel per (row, head) combines the blocks.
-Splitting the columns keeps many independent loads in flight: one program per (row, head)
-walking the columns in a loop was slower than the eager kernels (measured:
-docs/performance.md, "Figures behind the code"). The current column's k/v come from the kernel's inputs,
-not the cache, so the program that writes them (the first column block of the group's first
-query head) races with nobody.
+block of ``BLOCK_N`` columns) rotates its query and the new key, reads that block's keys and
+values once and leaves its softmax's max, sum and weighted values; a second kernel per (row,
+head) combines the blocks. Splitting the columns keeps many independent loads in flight: one
+program per (row, head) walking the columns in a loop was slower than the eager kernels, and
+one program per (row, kv head, block) serving the whole query group with two tensor-core
+products was 5x slower at batch 256 (measured: docs/performance.md, "Figures behind the
+code"). The current column's k/v come from the kernel's inputs, not the cache, so the
+program that writes them (the first column block of the group's first query head) races
+with nobody.
 
-Numerics: scores, softmax and the weighted sum in float32, the output rounded once to the
-cache's dtype (the eager path rounds the scores and probabilities to bf16 as Hugging Face's
-eager attention does; the two agree to bf16 rounding). Checked against the eager path on CPU
-through Triton's interpreter (``TRITON_INTERPRET=1``, tests/core/test_triton_attention.py).
+Numerics: the rotation in float32, rounded once to the input's dtype (what the compiled
+``decoder.rotate_pair`` computes); scores, softmax and the weighted sum in float32, the
+output rounded once to the cache's dtype (the eager path rounds the scores and probabilities
+to bf16 as Hugging Face's eager attention does; the two agree to bf16 rounding). Checked
+against the eager path on CPU through Triton's interpreter (``TRITON_INTERPRET=1``,
+tests/core/test_triton_attention.py).
 
 Imports Triton: import this module only where the kernel runs (``kv_cache`` does, lazily).
 """
@@ -35,14 +40,17 @@ BLOCK_N = 64
 
 
 def _partial_kernel(
-    q_ptr, k_new_ptr, v_new_ptr, keys_ptr, values_ptr, valid_ptr, column_ptr, ml_ptr, acc_ptr,
+    q_ptr, k_new_ptr, v_new_ptr, cos_ptr, sin_ptr,
+    keys_ptr, values_ptr, valid_ptr, column_ptr, ml_ptr, acc_ptr,
     width, scale,
     stride_qb, stride_qh,
     stride_kb, stride_kh,
     stride_vnb, stride_vnh,
+    stride_rb,
     stride_cb, stride_ch, stride_cc,
     stride_vb,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+    ROTARY: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -50,7 +58,21 @@ def _partial_kernel(
     kv = head // GROUP
     d = tl.arange(0, D)
     column = tl.load(column_ptr)
-    k_new = tl.load(k_new_ptr + row * stride_kb + kv * stride_kh + d)
+    k_at = k_new_ptr + row * stride_kb + kv * stride_kh
+    q_at = q_ptr + row * stride_qb + head * stride_qh
+    k_new = tl.load(k_at + d)
+    q = tl.load(q_at + d).to(tl.float32)
+    if ROTARY:
+        # Hugging Face's rotate_half: x * cos + cat(-x[half:], x[:half]) * sin, in float32
+        # and rounded once (what the compiled ``decoder.rotate_pair`` computes)
+        partner = (d + D // 2) % D
+        cos = tl.load(cos_ptr + row * stride_rb + d).to(tl.float32)
+        sin = tl.load(sin_ptr + row * stride_rb + d).to(tl.float32)
+        sin = tl.where(d < D // 2, -sin, sin)
+        q_partner = tl.load(q_at + partner).to(tl.float32)
+        q = (q * cos + q_partner * sin).to(q_ptr.dtype.element_ty).to(tl.float32)
+        k_partner = tl.load(k_at + partner).to(tl.float32)
+        k_new = (k_new.to(tl.float32) * cos + k_partner * sin).to(k_new_ptr.dtype.element_ty)
     v_new = tl.load(v_new_ptr + row * stride_vnb + kv * stride_vnh + d)
     cache_row = row * stride_cb + kv * stride_ch
     if split == 0 and head % GROUP == 0:
@@ -65,7 +87,6 @@ def _partial_kernel(
     keys = tl.load(keys_ptr + offsets, mask=in_range[:, None], other=0.0)
     vals = tl.load(values_ptr + offsets, mask=in_range[:, None], other=0.0)
     seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
-    q = tl.load(q_ptr + row * stride_qb + head * stride_qh + d).to(tl.float32)
     visible = ((seen != 0) | current) & in_range
     keys = tl.where(current[:, None], k_new[None, :], keys).to(tl.float32)
     scores = tl.sum(keys * q[None, :], axis=1) * scale
@@ -116,10 +137,13 @@ def decode_attention_triton(
     column: torch.Tensor,
     width: int,
     scale: float,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Write ``k``/``v`` [b, Hkv, D] at cache column ``column`` (a 1-element device tensor)
     of ``keys``/``values`` [b, Hkv, C, D], mark it in ``valid`` [b, C] (bool), and return
-    the attention of ``q`` [b, H, D] over columns ``:width`` as [b, H*D]."""
+    the attention of ``q`` [b, H, D] over columns ``:width`` as [b, H*D]. ``rotary``: the
+    rows' ``(cos, sin)`` [b, D]; given, ``q`` and ``k`` come in unrotated and the kernel
+    rotates them (the cache receives the rotated keys)."""
     import torch
 
     b, num_heads, head_dim = q.shape
@@ -127,20 +151,24 @@ def decode_attention_triton(
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
     assert keys.stride() == values.stride() and keys.stride(3) == 1
     assert head_dim & (head_dim - 1) == 0, "head_dim must be a power of two"
+    cos, sin = rotary if rotary is not None else (q, q)
+    assert cos.stride() == sin.stride() and cos.stride(-1) == 1
     splits = triton.cdiv(width, BLOCK_N)
     padded_splits = triton.next_power_of_2(splits)
     partial, combine = _kernels()
     ml = torch.empty((b, num_heads, padded_splits, 2), dtype=torch.float32, device=q.device)
     acc = torch.empty((b, num_heads, padded_splits, head_dim), dtype=torch.float32, device=q.device)
     partial[(b, num_heads, splits)](
-        q, k, v, keys, values, valid.view(torch.uint8), column, ml, acc,
+        q, k, v, cos, sin, keys, values, valid.view(torch.uint8), column, ml, acc,
         width, scale,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1),
         v.stride(0), v.stride(1),
+        cos.stride(0),
         keys.stride(0), keys.stride(1), keys.stride(2),
         valid.stride(0),
         GROUP=num_heads // num_kv, D=head_dim, BLOCK=BLOCK_N, SPLITS=padded_splits,
+        ROTARY=rotary is not None,
     )  # fmt: skip
     out = torch.empty((b, num_heads * head_dim), dtype=q.dtype, device=q.device)
     combine[(b, num_heads)](
