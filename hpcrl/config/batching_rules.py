@@ -70,12 +70,10 @@ def rule_token_budgets(recipe: Recipe) -> list[Problem]:
 
 def rule_dynamic_batching_pipeline(recipe: Recipe) -> list[Problem]:
     """Pipeline stages exchange buffers of one shape: dynamic widths cannot pass them."""
-    mcfg = recipe.policy.megatron_cfg
-    if not (
-        recipe.policy.dynamic_batching.enabled
-        and mcfg.enabled
-        and mcfg.pipeline_model_parallel_size > 1
-    ):
+    if not recipe.policy.dynamic_batching.enabled or recipe.backend != "megatron":
+        return []
+    stages = recipe.policy.megatron_cfg.pipeline_model_parallel_size
+    if stages <= 1:
         return []
     return [
         Problem(
@@ -83,7 +81,7 @@ def rule_dynamic_batching_pipeline(recipe: Recipe) -> list[Problem]:
             value=True,
             message="dynamic batching gives micro-batches of different shapes, which pipeline "
             f"parallelism cannot pass between stages (pipeline_model_parallel_size="
-            f"{mcfg.pipeline_model_parallel_size})",
+            f"{stages})",
             fix=f"use {PACK}.enabled=true instead (packs are padded to one length), or "
             "pipeline_model_parallel_size=1",
         )

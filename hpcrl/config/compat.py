@@ -28,7 +28,7 @@ from pathlib import Path
 import attrs
 
 from hpcrl.config.aliases import ALIASES, rename_path
-from hpcrl.config.consumers import CONSUMED_BY, NOT_CONSUMED
+from hpcrl.config.consumers import CONSUMED_BY
 from hpcrl.config.foreign_keys import (
     FOREIGN_KEYS,
     UNSUPPORTED_SECTIONS,
@@ -36,6 +36,7 @@ from hpcrl.config.foreign_keys import (
     find_foreign_key,
     known_schema_paths,
 )
+from hpcrl.config.not_consumed import NOT_CONSUMED
 from hpcrl.config.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[2]

@@ -80,6 +80,7 @@ def build_converter() -> cattrs.Converter:
     strict.register_structure_hook(typing.Any, _structure_any)
     strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
     strict.register_structure_hook_factory(_is_literal, _literal_hook)
+    strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
     strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
     strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
     return strict
@@ -231,6 +232,13 @@ def _structure_bool(value: Any, _: type) -> bool:
     raise BadValue(
         f"expected true or false, got {_type_name(value)}", "set {path}: true or {path}: false"
     )
+
+
+def _structure_bool_or_str(value: Any, _: type) -> bool | str:
+    """A planned setting's value as the JobSpec records it (``MachineNeed.value``)."""
+    if isinstance(value, (bool, str)):
+        return value
+    raise BadValue(f"expected true, false or text, got {_type_name(value)}", "")
 
 
 def _structure_int(value: Any, _: type) -> int:

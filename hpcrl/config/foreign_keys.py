@@ -241,6 +241,13 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "whether NeMo RL drives vLLM through its async engine API; the same engine samples "
         "the same way (hpcrl's asynchrony is grpo.async_grpo)",
     ),
+    off_only(
+        "policy.generation.use_async_rollouts",
+        "NeMo RL's per-sample asynchronous rollouts (multi-turn environments, its async "
+        "engine); hpcrl's asynchrony is grpo.async_grpo",
+        False,
+        None,
+    ),
     inert(
         "policy.generation.vllm_cfg.use_tqdm",
         "vLLM's progress bar while NeMo RL generates: what the log shows, not what is sampled",

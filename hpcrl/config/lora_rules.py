@@ -83,10 +83,9 @@ def rule_megatron_peft(recipe: Recipe) -> list[Problem]:
     """``policy.megatron_cfg.peft``: what megatron-bridge's LoRA would assert on, and the two
     keys hpcrl does not honour (refused whenever the Megatron backend is on, as off-only
     keys are), by name before the queue wait."""
-    megatron = recipe.policy.megatron_cfg
-    cfg = megatron.peft
-    if not megatron.enabled:
+    if recipe.backend != "megatron":
         return []
+    cfg = recipe.policy.megatron_cfg.peft
     problems = _megatron_peft_off_only(cfg)
     if not cfg.enabled:
         return problems

@@ -75,17 +75,36 @@ def _truncation_lower_bound(kind: str, high: float | None, low: float | None) ->
 
 
 def rule_sequence_level_importance_ratios(recipe: Recipe) -> list[Problem]:
-    """NeMo RL's example configs carry the key (false); hpcrl accepts it, but not GSPO."""
-    if not recipe.loss_fn.sequence_level_importance_ratios:
+    """GSPO's sequence-level ratio goes with a loss averaged per sequence (NeMo RL asserts
+    token_level_loss false); hpcrl does not weight it by sequence-level importance
+    sampling, so the correction is refused with it."""
+    cfg = recipe.loss_fn
+    if not cfg.sequence_level_importance_ratios:
         return []
-    return [
-        Problem(
-            path=f"{LOSS}.sequence_level_importance_ratios",
-            value=True,
-            message="sequence-level importance ratios (GSPO) are not implemented in hpcrl",
-            fix=f"set {LOSS}.sequence_level_importance_ratios=false (token-level ratios)",
+    problems = []
+    if cfg.token_level_loss:
+        problems.append(
+            Problem(
+                path=f"{LOSS}.token_level_loss",
+                value=True,
+                message="sequence-level importance ratios (GSPO) go with a loss averaged per "
+                "sequence (NeMo RL asserts the same)",
+                fix=f"set {LOSS}.token_level_loss=false, or "
+                f"{LOSS}.sequence_level_importance_ratios=false",
+            )
         )
-    ]
+    if cfg.use_importance_sampling_correction:
+        problems.append(
+            Problem(
+                path=f"{LOSS}.use_importance_sampling_correction",
+                value=True,
+                message="the sequence-level importance-sampling correction that NeMo RL "
+                "applies with GSPO is not implemented by hpcrl",
+                fix=f"set {LOSS}.use_importance_sampling_correction=false, or "
+                f"{LOSS}.sequence_level_importance_ratios=false",
+            )
+        )
+    return problems
 
 
 def rule_grpo_sampling_temperature(recipe: Recipe) -> list[Problem]:
@@ -125,7 +144,40 @@ def rule_force_on_policy_ratio(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_cispo(recipe: Recipe) -> list[Problem]:
+    """CISPO weights each token's log-prob by its clipped ratio: settings that remove the
+    ratio, make it per sequence, cap the loss after it or average per sequence do not fit
+    (NeMo RL asserts the same in its loss function)."""
+    cfg = recipe.loss_fn
+    if not cfg.use_cispo:
+        return []
+    # (key, its value, the value that fits CISPO, why the value does not)
+    clashes = (
+        ("force_on_policy_ratio", cfg.force_on_policy_ratio, False, "forces the ratio to 1"),
+        (
+            "sequence_level_importance_ratios",
+            cfg.sequence_level_importance_ratios,
+            False,
+            "makes the ratio one per sequence; CISPO's is per token",
+        ),
+        ("ratio_clip_c", cfg.ratio_clip_c, None, "caps the PPO surrogate CISPO replaces"),
+        ("token_level_loss", cfg.token_level_loss, True, "CISPO's loss is a mean over tokens"),
+    )
+    return [
+        Problem(
+            path=f"{LOSS}.{key}",
+            value=value,
+            message=f"{LOSS}.use_cispo is true and this value {why}",
+            fix=f"set {LOSS}.{key}={'null' if fits is None else str(fits).lower()}, "
+            f"or {LOSS}.use_cispo=false",
+        )
+        for key, value, fits, why in clashes
+        if value != fits
+    ]
+
+
 LOSS_RULES = (
+    rule_cispo,
     rule_force_on_policy_ratio,
     rule_truncated_importance_sampling,
     rule_sequence_level_importance_ratios,

@@ -76,6 +76,29 @@ UNREAD_SECTIONS = (
 )
 
 
+#: NeMo RL's generation backends that hpcrl has no engine for: what each one is.
+OTHER_BACKENDS = {
+    "sglang": "NeMo RL's SGLang backend (SGLang inference servers, refitted from the policy "
+    "and configured by policy.generation.sglang_cfg)",
+    "trtllm": "NeMo RL's TensorRT-LLM backend (TensorRT-LLM engines with their own refit, "
+    "configured by policy.generation.trtllm_cfg)",
+    "dynamo": "NeMo RL's NVIDIA Dynamo backend (generation served by a Dynamo deployment, "
+    "configured by policy.generation.dynamo_cfg)",
+}
+
+
+def _other_backend(name: str) -> Problem:
+    return Problem(
+        path="policy.generation.backend",
+        value=name,
+        message=f"{OTHER_BACKENDS[name]} is another inference engine; hpcrl generates with "
+        "vLLM, the Megatron policy's own weights or its torch sampler, none of which is that "
+        "engine, so it is not run under this name",
+        fix="set policy.generation.backend=vllm (the same sampling settings: temperature, "
+        f"top_p, top_k, stop strings; the {name}_cfg section is then unused) or torch",
+    )
+
+
 @attrs.frozen
 class ReadOnlyWhen:
     """A NeMo RL key that NeMo RL reads only while the switch ``when`` (a dotted path) is
@@ -128,6 +151,10 @@ def take_out_nemo_rl_keys(data: dict[str, Any], raw: Mapping[str, Any], schema: 
     ]
     unused = switched_off + unused
     backend = _at(kept, ("policy", "generation", "backend"))
+    if isinstance(backend, str) and backend in OTHER_BACKENDS:
+        problems.append(_other_backend(backend))
+        # the refusal says it all; the rest of the recipe is checked as if it named vLLM
+        kept["policy"]["generation"]["backend"] = "vllm"
     walk = _Walk(raw=raw, problems=problems, unused=unused, backend=backend)
     walk.section(kept, (), schema)
     return Judged(kept=kept, problems=problems, unused=tuple(unused))

@@ -49,6 +49,30 @@ OPTIMIZER_KWARGS: dict[str, dict[str, str]] = {
     },
 }
 
+#: Transformer Engine's fused Adam (NeMo RL's large Automodel recipes): built from the job
+#: image's transformer_engine (CUDA only; NeMo RL's images carry it). Its state can be kept
+#: in lower precision (exp_avg_dtype, ...: "torch.bfloat16" as NeMo RL writes it) and its
+#: fp32 master weights kept by the optimizer (master_weights).
+TE_FUSED_ADAM = "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam"
+OPTIMIZER_KWARGS[TE_FUSED_ADAM] = {
+    "lr": "number",
+    "bias_correction": "bool",
+    "betas": "betas",
+    "eps": "number",
+    "adam_w_mode": "bool",
+    "weight_decay": "number",
+    "set_grad_none": "bool_or_null",
+    "capturable": "bool",
+    "master_weights": "bool",
+    "master_weight_dtype": "dtype",
+    "exp_avg_dtype": "dtype",
+    "exp_avg_sq_dtype": "dtype",
+    "use_decoupled_grad": "bool",
+    "store_param_remainders": "bool",
+}
+#: The dtypes a "dtype" kwarg may name (TE FusedAdam's state: fp32, fp16, bf16, fp8 as uint8).
+DTYPE_NAMES = ("torch.float32", "torch.float16", "torch.bfloat16", "torch.uint8")
+
 SCHEDULER_KWARGS: dict[str, dict[str, str]] = {
     "torch.optim.lr_scheduler.LinearLR": {
         "start_factor": "number",
@@ -93,6 +117,7 @@ def _kind_problem(path: str, value: Any, kind: str) -> Problem | None:
         and all(_finite_number(b) for b in value),
         "ints": isinstance(value, list | tuple)
         and all(isinstance(i, int) and not isinstance(i, bool) for i in value),
+        "dtype": value in DTYPE_NAMES,
     }[kind]
     if ok:
         return None
@@ -103,6 +128,7 @@ def _kind_problem(path: str, value: Any, kind: str) -> Problem | None:
         "bool_or_null": "true, false or null",
         "betas": "a list of two finite numbers, e.g. [0.9, 0.999]",
         "ints": "a list of whole numbers",
+        "dtype": f"one of {', '.join(DTYPE_NAMES)}",
     }[kind]
     return Problem(
         path=path, value=value, message=f"expected {wanted}", fix=f"set {path} to {wanted}"
@@ -330,4 +356,27 @@ def rule_optimizer_offload(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-OPTIMIZER_RULES = (rule_optimizer, rule_scheduler, rule_optimizer_offload)
+def rule_te_fused_adam_on_gpu(recipe: Recipe) -> list[Problem]:
+    """Transformer Engine's FusedAdam steps CUDA tensors only: FSDP's ``cpu_offload``, which
+    keeps the parameters and their state in host memory, cannot go with it."""
+    opt = recipe.policy.optimizer
+    cfg = recipe.policy.automodel_cfg
+    if opt is None or opt.name != TE_FUSED_ADAM or not cfg.enabled or not cfg.cpu_offload:
+        return []
+    return [
+        Problem(
+            path=f"{OPT}.name",
+            value=opt.name,
+            message="Transformer Engine's FusedAdam steps GPU tensors only, and "
+            "policy.automodel_cfg.cpu_offload keeps the parameters in host memory",
+            fix=f"set {OPT}.name=torch.optim.AdamW, or policy.automodel_cfg.cpu_offload=false",
+        )
+    ]
+
+
+OPTIMIZER_RULES = (
+    rule_optimizer,
+    rule_scheduler,
+    rule_optimizer_offload,
+    rule_te_fused_adam_on_gpu,
+)

@@ -114,8 +114,11 @@ class MathEnvCfg:
 
     num_workers: int = 1  # accepted: scoring runs in one process (same rewards)
     # hf_math_verify: Hugging Face math-verify (symbolic; needs the math-verify package);
+    # dapo_math_verify: NeMo RL's DAPO check (the normalised text after the last "Answer:");
     # hpcrl_numeric: hpcrl's numeric comparison of the last \boxed{} / stated / last number.
-    math_verify_impl: Literal["hf_math_verify", "hpcrl_numeric"] = "hf_math_verify"
+    math_verify_impl: Literal["hf_math_verify", "dapo_math_verify", "hpcrl_numeric"] = (
+        "hf_math_verify"
+    )
 
 
 @attrs.frozen(kw_only=True)

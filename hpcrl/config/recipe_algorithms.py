@@ -181,8 +181,13 @@ class LossFnCfg:
     truncated_importance_sampling_type: Literal["tis", "icepop", "seq-mask-tis"] | None = None
     truncated_importance_sampling_ratio: float | None = None  # upper bound of the weights
     truncated_importance_sampling_ratio_min: float | None = None  # lower bound
-    sequence_level_importance_ratios: bool = False  # GSPO; only false is supported
+    # GSPO: every token's ratio is its sequence's exp(mean(logp − old)) (with a per-sequence
+    # loss average, token_level_loss false, as NeMo RL asserts)
+    sequence_level_importance_ratios: bool = False
     token_level_loss: bool = True
     # ratio = exp(logp − logp.detach()) = 1: the old log-probs are the current ones (one
     # optimizer step per rollout batch, which the rules require)
     force_on_policy_ratio: bool = False
+    # CISPO (MiniMax-M1): −A·sg(clamp(ratio))·logp per token, the clipped ratio a weight
+    # without gradient instead of PPO's min over two branches; every token keeps its gradient
+    use_cispo: bool = False

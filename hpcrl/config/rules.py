@@ -130,19 +130,32 @@ def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
 
 
 def rule_automodel_sequence_parallel(recipe: Recipe) -> list[Problem]:
-    """The Automodel worker has no sequence-parallel plan (it refuses the setting at setup);
-    here it fails before the queue wait."""
+    """Sequence parallelism splits activations across tensor-parallel ranks: with
+    tensor_parallel_size 1 there is nothing to split and NeMo RL ignores it (with a
+    warning), as hpcrl does; with TP > 1 hpcrl's Automodel plan has no sequence-parallel
+    layout, which the worker would refuse at setup: here it fails before the queue wait."""
     cfg = recipe.policy.automodel_cfg
     if not cfg.enabled or not cfg.sequence_parallel:
         return []
+    path = f"{AUTOMODEL}.sequence_parallel"
+    if cfg.tensor_parallel_size == 1:
+        return [
+            Problem(
+                path=path,
+                value=True,
+                message="has no effect with tensor_parallel_size 1 (no activations to split "
+                "across tensor-parallel ranks; NeMo RL ignores it too)",
+                fix=f"set {path}=false to silence this",
+                severity="warning",
+            )
+        ]
     return [
         Problem(
-            path=f"{AUTOMODEL}.sequence_parallel",
+            path=path,
             value=True,
             message="sequence parallelism is not supported by hpcrl's Automodel backend yet "
             "(its tensor-parallel plan keeps activations whole on every TP rank)",
-            fix=f"set {AUTOMODEL}.sequence_parallel=false (the same results, more activation "
-            "memory per GPU)",
+            fix=f"set {path}=false (the same results, more activation memory per GPU)",
         )
     ]
 

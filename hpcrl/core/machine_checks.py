@@ -1,6 +1,7 @@
-"""What this machine must have for the planned job: CUDA for a GPU plan, Transformer Engine
-for the Megatron settings megatron-core implements only with it, CUDA for those it implements
-only on GPUs.
+"""What this machine must have for the planned job: CUDA for a GPU plan, and what the plan
+recorded the job's settings need (``JobSpec.machine_needs``, decided by
+``hpcrl.plan.machine_needs``): Transformer Engine for the Megatron settings megatron-core
+implements only with it, a GPU plan for those it implements only on GPUs.
 
 Checked once per node by the job's preflight (``hpcrl.job.preflight``) before Ray starts,
 from the typed ``JobSpec`` alone, and by ``python -m hpcrl.core.driver`` started by hand (no
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hpcrl.config.errors import Problem
-from hpcrl.core.backends.megatron.offload import requirement_problems, te_available
+from hpcrl.core.backends.megatron.offload import te_available
 from hpcrl.run.jobspec import JobSpec
 
 
@@ -46,18 +47,16 @@ def machine_problems(
                 "device: cpu profile",
             )  # fmt: skip
         )
-    recipe = jobspec.recipe
     on_gpus = jobspec.device == "gpu"
-    if recipe.backend == "megatron":
-        megatron = recipe.policy.megatron_cfg
-        problems += requirement_problems(megatron, transformer_engine(), cuda_available=on_gpus)
-    elif recipe.policy.automodel_cfg.cpu_offload and not on_gpus:
-        problems.append(
-            Problem(
-                path="policy.automodel_cfg.cpu_offload",
-                value=True,
-                message="needs GPU workers (it keeps parameters in host memory between GPU steps)",
-                fix="set it to false on CPU profiles",
-            )  # fmt: skip
-        )
+    te_found: bool | None = None  # probed once, only when a setting needs it
+    for need in jobspec.machine_needs:
+        if need.needs == "transformer_engine":
+            te_found = transformer_engine() if te_found is None else te_found
+            met = te_found
+        else:
+            met = on_gpus
+        if not met:
+            problems.append(
+                Problem(path=need.path, value=need.value, message=need.message, fix=need.fix)
+            )
     return problems

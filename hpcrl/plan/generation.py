@@ -98,11 +98,20 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
         f"{VLLM}.{key}",
         f"a colocated vLLM engine spans {VLLM}.tensor_parallel_size × pipeline_parallel_size "
         f"= {tp} × {pp} = {size} consecutive training ranks ({unit} each) of one node, and "
-        f"cluster.gpus_per_node = {per_node} {unit}s do not split into groups of {size}",
+        f"cluster.gpus_per_node = {per_node} {unit}s do not split into groups of {size}"
+        + (
+            " (an engine across nodes is not supported: each vLLM engine runs on one node)"
+            if size > per_node
+            else ""
+        ),
         value=value,
-        fix=f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}, "
-        f"or give generation its own {unit}s with {COLOCATED}.enabled=false and "
-        f"{RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node",
+        fix=f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
+        + (
+            ""
+            if size > per_node
+            else f", or give generation its own {unit}s with {COLOCATED}.enabled=false and "
+            f"{RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node"
+        ),
     )
 
 
@@ -169,6 +178,11 @@ def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
     divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
     resize = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
     message = f"{per_node} GPUs per node do not split into vLLM engines of {engine}"
+    if per_engine > split.gpus_per_node:
+        message += (
+            ": such an engine would span several nodes, and hpcrl places each vLLM engine "
+            "on the GPUs of one node (engines across nodes are not supported)"
+        )
     shared = split.first_generation_node < split.training_nodes
     multiples = list(range(per_engine, split.gpus_per_node, per_engine)) if shared else []
     if not multiples:

@@ -29,6 +29,7 @@ from hpcrl.plan.findings import Findings
 from hpcrl.plan.gpus import resolve_local_gpus
 from hpcrl.plan.images import check_image_reference
 from hpcrl.plan.layout import profile_path
+from hpcrl.plan.machine_needs import machine_needs
 from hpcrl.plan.placeholders import check_placeholders
 from hpcrl.plan.submit_host import SubmitHost, bundles_dir_for, describe_submit_host
 from hpcrl.run.jobspec import (
@@ -132,6 +133,7 @@ def plan(
         code=code,
         task_argv=(*code.entry_argv, *SUBMITIT_TASK_TAIL, launch["submitit_folder"]),
         checks=tuple(findings.checks),
+        machine_needs=machine_needs(recipe),
         generation=generation,
         colocated_engine_ranks=generation_checks.colocated_engine_ranks(recipe),
         visible_gpus=visible_gpus,

@@ -211,6 +211,20 @@ class Check:
 
 
 @attrs.frozen(kw_only=True)
+class MachineNeed:
+    """A planned setting that runs only on a machine that has ``needs``: Transformer Engine
+    importable, or CUDA (a GPU plan). Decided once by the planner (``hpcrl.plan.machine_needs``)
+    from the recipe; the job's preflight (``hpcrl.core.machine_checks``) holds the machine to
+    it and, where it falls short, reports ``path = value: message; fix: fix``."""
+
+    needs: Literal["transformer_engine", "cuda"]
+    path: str  # the recipe key, e.g. policy.megatron_cfg.sequence_parallel
+    value: bool | str  # as planned
+    message: str
+    fix: str
+
+
+@attrs.frozen(kw_only=True)
 class JobSpec:
     """A planned job (see ``hpcrl.plan.planner.plan``).
 
@@ -232,6 +246,9 @@ class JobSpec:
     # unset: hpcrl.config.datasets.resolve_data_sections). The job reads it from here (never
     # recipe.resolved.yaml, which is for people, diff and rerun).
     recipe: Recipe
+    # What the job needs of the machine it lands on (hpcrl.plan.machine_needs), in the order
+    # the preflight reports it; no default, so a plan written without it is refused, not unchecked.
+    machine_needs: tuple[MachineNeed, ...]
     # The hpcrl command that wrote this script and reproduces it: `hpcrl render ... [-o DIR]`
     # for a single run (hpcrl submit runs it), `hpcrl sweep ...` for a sweep's scripts,
     # `hpcrl rerun RUN ...` for a rerun.

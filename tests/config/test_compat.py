@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-from hpcrl.config import consumers
+from hpcrl.config import consumers, not_consumed
 from hpcrl.config.compat import (
     DEFAULT_ONLY,
     IMPLEMENTED,
@@ -56,15 +56,15 @@ def test_every_nemo_rl_field_of_the_schema_is_declared_once():
     ]
     assert len(nemo_rl_fields) > 200
     undeclared = [
-        p for p in nemo_rl_fields if p not in consumers.CONSUMED_BY | consumers.NOT_CONSUMED
+        p for p in nemo_rl_fields if p not in consumers.CONSUMED_BY | not_consumed.NOT_CONSUMED
     ]
-    twice = sorted(set(consumers.CONSUMED_BY) & set(consumers.NOT_CONSUMED))
-    declared = set(consumers.CONSUMED_BY) | set(consumers.NOT_CONSUMED)
+    twice = sorted(set(consumers.CONSUMED_BY) & set(not_consumed.NOT_CONSUMED))
+    declared = set(consumers.CONSUMED_BY) | set(not_consumed.NOT_CONSUMED)
     not_fields = sorted(declared - set(schema_paths(Recipe)))
     assert (undeclared, twice, not_fields) == ([], [], [])
 
 
-OFF_ONLY_FIELDS = sorted(p for p, e in consumers.NOT_CONSUMED.items() if e.status == "off_only")
+OFF_ONLY_FIELDS = sorted(p for p, e in not_consumed.NOT_CONSUMED.items() if e.status == "off_only")
 
 
 @pytest.mark.parametrize("path", OFF_ONLY_FIELDS)
@@ -72,7 +72,7 @@ def test_an_off_only_field_is_refused_by_its_rule_at_any_other_value(path):
     """The rule an off-only row names refuses a value other than the off one."""
     from hpcrl.config import structure_recipe
 
-    entry = consumers.NOT_CONSUMED[path]
+    entry = not_consumed.NOT_CONSUMED[path]
     module_name, function_name = entry.rule.split(":")
     rule = getattr(importlib.import_module(module_name), function_name)
     other = {
@@ -88,6 +88,10 @@ def test_an_off_only_field_is_refused_by_its_rule_at_any_other_value(path):
         # a local ResponseDataset for train and validation; data.default fills both
         local = {"dataset_name": "ResponseDataset", "data_path": __file__}
         data["data"] = {"train": dict(local), "validation": dict(local)}
+    # a value refused only beside another setting: that setting too
+    beside = {"policy.automodel_cfg.sequence_parallel": {"tensor_parallel_size": 2}}
+    for key, value in beside.get(path, {}).items():
+        data["policy"]["automodel_cfg"][key] = value
     recipe = structure_recipe(with_keys(data, **{path.replace(".", "__"): other}))
     refused = [p.path for p in rule(recipe) if p.is_error]
     # data.default fills data.train and data.validation: the rule names where it lands
@@ -121,7 +125,6 @@ def test_classification_follows_where_the_value_goes():
         "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
         "policy.dtensor_cfg.context_parallel_size",
         "policy.megatron_cfg.context_parallel_size",
-        "loss_fn.sequence_level_importance_ratios",
         "grpo.max_rollout_turns",
     ):
         assert classify(key)[0] == OFF_ONLY, key

@@ -118,7 +118,49 @@ def test_per_token_loss_override_is_refused_false_is_fine():
     )
 
 
-def test_gspo_key_is_accepted_only_false():
-    assert problems_for(loss_fn__sequence_level_importance_ratios=False) == []
-    problem = only(problems_for(loss_fn__sequence_level_importance_ratios=True))
-    assert problem.path == "loss_fn.sequence_level_importance_ratios"
+def test_gspo_loads_with_a_per_sequence_loss_as_nemo_rl_asserts():
+    gspo = {"loss_fn__sequence_level_importance_ratios": True}
+    assert problems_for(loss_fn__token_level_loss=False, **gspo) == []
+    problem = only(problems_for(**gspo))
+    assert problem.path == "loss_fn.token_level_loss"
+    assert problem.fix == (
+        "set loss_fn.token_level_loss=false, or loss_fn.sequence_level_importance_ratios=false"
+    )
+    problem = only(
+        problems_for(
+            loss_fn__token_level_loss=False,
+            loss_fn__use_importance_sampling_correction=True,
+            **gspo,
+        )
+    )
+    assert problem.path == "loss_fn.use_importance_sampling_correction"
+
+
+def test_cispo_alone_loads():
+    assert problems_for(loss_fn__use_cispo=True) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fix"),
+    [
+        ("ratio_clip_c", 3.0, "set loss_fn.ratio_clip_c=null, or loss_fn.use_cispo=false"),
+        (
+            "token_level_loss",
+            False,
+            "set loss_fn.token_level_loss=true, or loss_fn.use_cispo=false",
+        ),
+        (
+            "sequence_level_importance_ratios",
+            True,
+            "set loss_fn.sequence_level_importance_ratios=false, or loss_fn.use_cispo=false",
+        ),
+    ],
+)
+def test_cispo_refuses_what_replaces_its_per_token_ratio(key, value, fix):
+    """NeMo RL asserts each of these in its loss function, on the GPUs."""
+    found = [
+        p
+        for p in problems_for(loss_fn__use_cispo=True, **{f"loss_fn__{key}": value})
+        if p.path == f"loss_fn.{key}" and "use_cispo" in p.message
+    ]
+    assert [p.fix for p in found] == [fix]

@@ -170,3 +170,20 @@ def test_null_generation_num_nodes_on_one_node():
     from hpcrl.config.node_split import node_split
 
     assert node_split(loaded.recipe).training_world_size == 4
+
+
+def test_other_generation_engines_are_refused_by_what_they_are():
+    """NeMo RL's SGLang and TensorRT-LLM backends are other inference engines: refused in
+    one error each, naming the engine and the backend to switch to; nothing else of those
+    files is refused (use_async_rollouts: false is NeMo RL's off value)."""
+    sglang = errors_of("grpo_math_1B_sglang.yaml", [])
+    assert list(sglang) == ["policy.generation.backend"]
+    assert "NeMo RL's SGLang backend" in sglang["policy.generation.backend"]
+    assert "fix: set policy.generation.backend=vllm" in sglang["policy.generation.backend"]
+    trtllm = errors_of("recipes/llm/grpo-qwen3-1.7b-2n4g-fsdp2-trtllm.yaml", [])
+    assert list(trtllm) == ["policy.generation.backend"]
+    assert "TensorRT-LLM" in trtllm["policy.generation.backend"]
+    loaded = load_as_hpcrl(
+        config_path("grpo_math_1B_sglang.yaml"), ["policy.generation.backend=vllm"]
+    )
+    assert loaded.recipe.policy.generation.backend == "vllm"

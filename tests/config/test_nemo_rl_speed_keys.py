@@ -59,15 +59,13 @@ def test_attention_backend_reaches_the_provider_and_needs_te_for_its_kernels():
     """NeMo RL sets megatron-core's AttnBackend[name] on the model config (its grpo-cispo
     recipe: flash); hpcrl does the same in apply_megatron_cfg (tests/core/
     test_consumers_downstream.py), and a TE kernel on a machine without TE is refused."""
-    from hpcrl.core.backends.megatron.offload import requirement_problems
+    from hpcrl.plan.machine_needs import machine_needs
 
     path = "policy.megatron_cfg.attention_backend"
     loaded = load_as_hpcrl(config_path("grpo_math_1B_megatron.yaml"), [f"++{path}=flash"])
-    megatron = loaded.recipe.policy.megatron_cfg
-    assert megatron.attention_backend == "flash"
-    (problem,) = requirement_problems(megatron, te_available=False, cuda_available=True)
-    assert (problem.path, problem.value) == (path, "flash")
-    assert requirement_problems(megatron, te_available=True, cuda_available=True) == []
+    assert loaded.recipe.policy.megatron_cfg.attention_backend == "flash"
+    (need,) = machine_needs(loaded.recipe)
+    assert (need.needs, need.path, need.value) == ("transformer_engine", path, "flash")
 
 
 def test_a_built_in_refit_transport_is_accepted_with_vllm_only():

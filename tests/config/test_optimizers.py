@@ -185,3 +185,31 @@ def test_optimizer_offload_needs_adam_without_fsdp_cpu_offload():
     ) == ["policy.optimizer.kwargs.capturable"]
     # at 0 nothing is offloaded: nothing to refuse
     assert automodel(policy__automodel_cfg__cpu_offload=True, policy__optimizer=sgd) == []
+
+
+TE_FUSED_ADAM = {  # NeMo RL's dapo-gemma4-e2b-it-1n8g-fsdp2-automodel.yaml
+    "name": "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+    "kwargs": {
+        "lr": 2.0e-06,
+        "weight_decay": 0.1,
+        "master_weights": True,
+        "store_param_remainders": True,
+        "exp_avg_dtype": "torch.bfloat16",
+        "exp_avg_sq_dtype": "torch.bfloat16",
+    },
+}
+
+
+def test_te_fused_adam_loads_as_nemo_rl_writes_it():
+    assert automodel(policy__optimizer=TE_FUSED_ADAM) == []
+
+
+def test_te_fused_adam_dtype_and_offload_mistakes_name_their_key():
+    bad = {**TE_FUSED_ADAM, "kwargs": {"lr": 1e-6, "exp_avg_dtype": "bfloat16"}}
+    (problem,) = automodel(policy__optimizer=bad)
+    assert problem.path == "policy.optimizer.kwargs.exp_avg_dtype"
+    assert "torch.bfloat16" in problem.fix
+    problems = automodel(policy__optimizer=TE_FUSED_ADAM, policy__automodel_cfg__cpu_offload=True)
+    assert [p.fix for p in problems if p.path == "policy.optimizer.name"] == [
+        "set policy.optimizer.name=torch.optim.AdamW, or policy.automodel_cfg.cpu_offload=false"
+    ]

@@ -520,13 +520,18 @@ def test_recompute_method_needs_full_granularity():
     assert problem.path == f"{M}.recompute_method" and "(it is selective)" in problem.message
 
 
-def test_automodel_sequence_parallel_is_refused_at_load_time_whatever_the_tp_size():
-    """The worker would refuse it at setup, after the queue wait (issue 24)."""
-    for tp in (1, 2):
-        overrides = {"enabled": True, "tensor_parallel_size": tp, "sequence_parallel": True}
-        problem = only(problems_for("automodel", policy__automodel_cfg=overrides))
-        assert problem.path == "policy.automodel_cfg.sequence_parallel" and problem.is_error
-        assert "not supported by hpcrl's Automodel backend" in problem.message
+def test_automodel_sequence_parallel_is_refused_with_tp_and_a_warning_without():
+    """TP > 1: the worker would refuse it at setup, after the queue wait (issue 24). TP 1:
+    nothing to split across tensor-parallel ranks; NeMo RL's DTensor worker ignores it with
+    a warning (its GSPO recipes set it so), and so does hpcrl."""
+    overrides = {"enabled": True, "tensor_parallel_size": 2, "sequence_parallel": True}
+    problem = only(problems_for("automodel", policy__automodel_cfg=overrides))
+    assert problem.path == "policy.automodel_cfg.sequence_parallel" and problem.is_error
+    assert "not supported by hpcrl's Automodel backend" in problem.message
+    overrides["tensor_parallel_size"] = 1
+    problem = only(problems_for("automodel", policy__automodel_cfg=overrides), "warning")
+    assert problem.path == "policy.automodel_cfg.sequence_parallel" and not problem.is_error
+    assert "no effect with tensor_parallel_size 1" in problem.message
 
 
 def test_megatron_custom_fsdp_is_refused_at_load_time():

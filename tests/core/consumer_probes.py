@@ -530,7 +530,9 @@ def precision_aware_probe(recipe: Recipe, tmp: Path) -> Any:
     Transformer Engine (megatron-core's OptimizerConfig refuses it without TE, as here)."""
     from hpcrl.core.backends.megatron.offload import precision_aware_optimizer_on
 
-    return precision_aware_optimizer_on(recipe.policy.megatron_cfg, te_available=True)
+    optimizer = recipe.policy.megatron_cfg.optimizer
+    requested = optimizer.use_precision_aware_optimizer
+    return precision_aware_optimizer_on(requested, optimizer.optimizer_cpu_offload, True)
 
 
 def megatron_scheduler_probe(recipe: Recipe, tmp: Path) -> Any:

@@ -65,6 +65,39 @@ def test_dual_clip_bounds_negative_advantage_loss() -> None:
     assert loss.item() == pytest.approx(5.0, abs=1e-6)
 
 
+def _nemo_rl_cispo_token_loss(lp, old, advantages, clip_low, clip_high):
+    """NeMo RL's ClippedPGLossFn with use_cispo (7ea279a), token level:
+    −A · (clamp(exp(lp − old), 1 − low, 1 + high)).detach() · lp."""
+    ratio = (lp - old).exp().clamp(1.0 - clip_low, 1.0 + clip_high)
+    return -advantages[:, None] * ratio.detach() * lp
+
+
+def test_cispo_keeps_the_gradient_of_clipped_tokens() -> None:
+    # old = 0; ratios 1.5 and 0.5 clamp to 1.2 and 0.8 (ε 0.2). Loss −A·w·lp summed over
+    # the 4 tokens: −1.2·ln1.5 − 0.8·ln0.5 + 1.2·ln1.5 + 0.8·ln0.5 = 0. The gradient −A·w
+    # reaches every token, the two PPO's clip cuts off (test_ratio_clipping_at_known_values).
+    ln15, ln05 = math.log(1.5), math.log(0.5)
+    rows = ([[0.0, ln15, ln05], [0.0, ln15, ln05]], [[0.0] * 3] * 2, [1.0, -1.0])
+    mask = [[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]]
+    logprobs, batch = _batch(*rows, mask)
+    cfg = LossFnCfg(reference_policy_kl_penalty=0.0, use_cispo=True)
+    loss, metrics = grpo_loss(logprobs, batch, 4.0, cfg=cfg)
+    loss.backward()
+    assert loss.item() == pytest.approx(0.0, abs=1e-6)
+    assert metrics["clip_fraction"] == pytest.approx(1.0)
+    expected = torch.tensor([[0.0, -1.2, -0.8], [0.0, 1.2, 0.8]]) / 4
+    assert torch.allclose(logprobs.grad, expected, atol=1e-6)
+    reference_lp = torch.tensor(rows[0], requires_grad=True)
+    reference = _nemo_rl_cispo_token_loss(
+        reference_lp, torch.tensor(rows[1]), torch.tensor(rows[2]), 0.2, 0.2
+    )
+    (reference * torch.tensor(mask)).sum().div(4.0).backward()
+    assert torch.allclose(logprobs.grad, reference_lp.grad, atol=1e-6)
+    ppo_lp, ppo_batch = _batch(*rows, mask)
+    grpo_loss(ppo_lp, ppo_batch, 4.0, cfg=NO_KL)[0].backward()
+    assert not torch.allclose(ppo_lp.grad, logprobs.grad)
+
+
 def test_kl_estimators_match_their_formulas() -> None:
     logprobs = torch.tensor([-1.0, -2.0])
     ref = torch.tensor([-1.5, -1.0])
@@ -139,6 +172,47 @@ def test_sequence_level_normalisation_averages_rows_first() -> None:
     sequence, _ = grpo_loss(logprobs, batch, 4.0, cfg=attrs.evolve(NO_KL, token_level_loss=False))
     assert token.item() == pytest.approx(-0.5)
     assert sequence.item() == pytest.approx(0.0, abs=1e-7)
+
+
+def _nemo_rl_gspo_loss(lp, old, advantages, mask, clip):
+    """NeMo RL's ClippedPGLossFn with sequence_level_importance_ratios (7ea279a): the ratio
+    exp(masked_mean(lp − old)) repeated over the row's tokens, PPO's max of the two
+    branches, then the sequence-level mean (per row, then over rows)."""
+    seq = ((lp - old) * mask).sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8)
+    ratio = seq.exp().repeat(1, lp.shape[1])
+    a = advantages[:, None]
+    loss = torch.max(-a * ratio, -a * ratio.clamp(1.0 - clip, 1.0 + clip))
+    return ((loss * mask).sum(-1) / mask.sum(-1)).mean()
+
+
+def test_gspo_ratio_is_the_sequence_mean_and_its_gradient_spreads() -> None:
+    # log-ratios 0 and ln2 on each row's two tokens: GSPO's ratio is exp(ln2 / 2) = √2 for
+    # every token (token level: 2 and 1). Row 0 (A = +1): max(−√2, −1.2) = −1.2, clipped, no
+    # gradient; row 1 (A = −1): max(√2, 1.2) = √2. Loss (−1.2 + √2) / 2; row 1's gradient
+    # r/4 on each token (d exp(mean)/d lp_t = r/2, halved by the two-row mean).
+    ln2, root2 = math.log(2.0), math.sqrt(2.0)
+    rows = ([[0.0, ln2, 0.0], [0.0, ln2, 0.0]], [[0.0] * 3] * 2, [1.0, -1.0])
+    mask = [[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]]
+    cfg = attrs.evolve(NO_KL, sequence_level_importance_ratios=True, token_level_loss=False)
+    logprobs, batch = _batch(*rows, mask, num_global_sequences=[2.0, 2.0])
+    loss, metrics = grpo_loss(logprobs, batch, 4.0, cfg=cfg)
+    loss.backward()
+    assert loss.item() == pytest.approx((-1.2 + root2) / 2, abs=1e-6)
+    expected = torch.tensor([[0.0, 0.0, 0.0], [0.0, root2 / 4, root2 / 4]])
+    assert torch.allclose(logprobs.grad, expected, atol=1e-6)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)  # row 0's two tokens of four
+    reference_lp = torch.tensor(rows[0], requires_grad=True)
+    reference = _nemo_rl_gspo_loss(
+        reference_lp, torch.tensor(rows[1]), torch.tensor(rows[2]), torch.tensor(mask), 0.2
+    )
+    reference.backward()
+    assert reference.item() == pytest.approx(loss.item(), abs=1e-6)
+    assert torch.allclose(logprobs.grad, reference_lp.grad, atol=1e-6)
+    token_lp, token_batch = _batch(*rows, mask, num_global_sequences=[2.0, 2.0])
+    token_level = attrs.evolve(cfg, sequence_level_importance_ratios=False)
+    assert grpo_loss(token_lp, token_batch, 4.0, cfg=token_level)[0].item() != pytest.approx(
+        loss.item()
+    )
 
 
 def test_sft_loss_is_masked_mean_negative_logprob_and_picklable() -> None:

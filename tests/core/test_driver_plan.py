@@ -137,3 +137,27 @@ def test_the_driver_command_names_a_bad_plan_without_a_traceback(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith(f"hpcrl: {run_dir / JOBSPEC_FILE} cannot be read as JSON (")
     assert "Traceback" not in err
+
+
+def test_the_machine_needs_are_decided_by_the_plan_and_read_back_from_jobspec_json(tmp_path):
+    """The plan records each setting that needs Transformer Engine or CUDA with its value (a
+    flag or a name); the job reads the same list back and checks only that."""
+    recipe = megatron_recipe(num_nodes=1, gpus_per_node=2, sequence_parallel=True,
+                             tensor_model_parallel_size=2, attention_backend="flash")  # fmt: skip
+    spec = plan(recipe, plain_slurm_profile(), run_dir=str(tmp_path), recipe_source="grpo-x")
+    assert [(need.needs, need.path, need.value) for need in spec.machine_needs] == [
+        ("transformer_engine", "policy.megatron_cfg.sequence_parallel", True),
+        ("transformer_engine", "policy.megatron_cfg.attention_backend", "flash"),
+    ]
+    write_jobspec(spec)
+    read_back = read_jobspec(tmp_path)
+    assert read_back.machine_needs == spec.machine_needs
+    problems = machine_problems(read_back, cuda_available=has_gpu, transformer_engine=has_no_gpu)
+    assert [(problem.path, problem.value) for problem in problems] == [
+        ("policy.megatron_cfg.sequence_parallel", True),
+        ("policy.megatron_cfg.attention_backend", "flash"),
+    ]
+    assert machine_problems(read_back, cuda_available=has_gpu, transformer_engine=has_gpu) == []
+    # the preflight holds the node to the plan's list, not to the recipe's sections
+    unneeded = attrs.evolve(read_back, machine_needs=())
+    assert machine_problems(unneeded, cuda_available=has_gpu, transformer_engine=has_no_gpu) == []

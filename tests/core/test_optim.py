@@ -79,3 +79,56 @@ def test_optimizer_class_and_kwargs_reach_torch():
     assert type(optimizer) is torch.optim.AdamW
     assert optimizer.param_groups[0]["betas"] == (0.8, 0.9)
     assert optimizer.param_groups[0]["foreach"] is False
+
+
+class _StandInFusedAdam(torch.optim.AdamW):
+    """Stand-in for Transformer Engine's FusedAdam, which installs and runs only with CUDA
+    (not on this machine): an AdamW that keeps the arguments the TE class takes."""
+
+    def __init__(self, params, lr, master_weights=False, exp_avg_dtype=torch.float32, **rest):
+        self.received = {"lr": lr, "master_weights": master_weights, "exp_avg_dtype": exp_avg_dtype}
+        self.received.update(rest)
+        super().__init__(params, lr=lr, weight_decay=rest.get("weight_decay", 0.01))
+
+
+def test_te_fused_adam_is_built_with_nemo_rl_kwargs_and_dtypes(monkeypatch):
+    """NeMo RL's gemma4 DAPO recipes name TE's FusedAdam with bf16 state and fp32 master
+    weights: hpcrl builds that class with those arguments, the dtype strings as torch dtypes,
+    and without the torch-only ``fused`` flag it adds on the GPU for torch's Adam."""
+    import sys
+    import types
+
+    module = types.ModuleType("transformer_engine.pytorch.optimizers.fused_adam")
+    module.FusedAdam = _StandInFusedAdam
+    monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.optimizers.fused_adam", module)
+    kwargs = {
+        "lr": 2.0e-06,
+        "weight_decay": 0.1,
+        "master_weights": True,
+        "store_param_remainders": True,
+        "exp_avg_dtype": "torch.bfloat16",
+        "exp_avg_sq_dtype": "torch.bfloat16",
+    }
+    cfg = OptimizerCfg(
+        name="transformer_engine.pytorch.optimizers.fused_adam.FusedAdam", kwargs=kwargs
+    )
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    optimizer = build_optimizer([torch.nn.Parameter(torch.ones(3)), frozen], cfg, fused=True)
+    assert type(optimizer) is _StandInFusedAdam
+    assert optimizer.received == {
+        **kwargs,
+        "exp_avg_dtype": torch.bfloat16,
+        "exp_avg_sq_dtype": torch.bfloat16,
+    }
+    assert [p.shape for p in optimizer.param_groups[0]["params"]] == [(3,)]  # trainable only
+
+
+def test_te_fused_adam_without_transformer_engine_names_the_key(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)
+    cfg = OptimizerCfg(
+        name="transformer_engine.pytorch.optimizers.fused_adam.FusedAdam", kwargs={"lr": 1.0}
+    )
+    with pytest.raises(ValueError, match="policy.optimizer.name: .*Transformer Engine"):
+        build_optimizer([torch.nn.Parameter(torch.ones(3))], cfg)

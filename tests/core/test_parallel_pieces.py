@@ -80,10 +80,15 @@ def test_mesh_shape_derives_dp_shard_and_rejects_layouts_that_do_not_factor():
     ("changes", "message"),
     [
         ({"context_parallel_size": 2}, r"context_parallel_size: .* set it to 1"),
-        ({"sequence_parallel": True}, r"sequence_parallel: not supported"),
+        (
+            {"sequence_parallel": True, "tensor_parallel_size": 2},
+            r"sequence_parallel: not supported",
+        ),
     ],
 )
 def test_unsupported_options_fail_at_setup_with_their_key(changes, message):
     with pytest.raises(ValueError, match=message):
         _check_supported(with_automodel(tiny_automodel_recipe(), **changes))
     _check_supported(tiny_automodel_recipe())  # the defaults are fine
+    # TP 1: nothing to split, ignored as in NeMo RL (a load-time warning says so)
+    _check_supported(with_automodel(tiny_automodel_recipe(), sequence_parallel=True))

@@ -8,33 +8,48 @@ import attrs
 import pytest
 
 from hpcrl.config.recipe import MegatronCfg, MegatronOptimizerCfg
-from hpcrl.core.backends.megatron.offload import requirement_problems
+from hpcrl.core.machine_checks import machine_problems
+from hpcrl.plan.planner import plan
 from tests.megatron import harness
+from tests.plan.planning_inputs import plain_slurm_profile, pyxis_profile
+from tests.recipe_builder import megatron_recipe
 
 
-def test_te_settings_without_te_name_each_key():
-    cfg = MegatronCfg(
-        enabled=True,
+def needs_problems(tmp_path, recipe, device, te_available):
+    """What the preflight reports for ``recipe`` planned on ``device`` (a pyxis GPU profile
+    or a plain Slurm CPU one), on a node that has CUDA and has Transformer Engine or not."""
+    profile = pyxis_profile() if device == "gpu" else plain_slurm_profile()
+    spec = plan(recipe, profile, run_dir=str(tmp_path), recipe_source="grpo-x")
+    assert spec.device == device
+    te_found = lambda: te_available  # noqa: E731
+    return machine_problems(spec, cuda_available=lambda: True, transformer_engine=te_found)
+
+
+def test_te_settings_without_te_name_each_key(tmp_path):
+    recipe = megatron_recipe(
+        num_nodes=1,
+        gpus_per_node=2,
         fine_grained_activation_offloading=True,
         offload_modules=("core_attn",),
         cuda_graph_impl="transformer_engine",
     )
-    problems = requirement_problems(cfg, te_available=False, cuda_available=True)
+    problems = needs_problems(tmp_path, recipe, "gpu", te_available=False)
     assert len(problems) == 2
     lines = [problem.one_line() for problem in problems]
     assert lines[0].startswith("policy.megatron_cfg.fine_grained_activation_offloading = True: ")
     assert lines[1].startswith("policy.megatron_cfg.cuda_graph_impl = 'transformer_engine': ")
     assert all("requires Transformer Engine" in line for line in lines)
-    assert requirement_problems(cfg, te_available=True, cuda_available=True) == []
+    assert needs_problems(tmp_path, recipe, "gpu", te_available=True) == []
 
 
-def test_optimizer_cpu_offload_needs_cuda():
-    cfg = MegatronCfg(
-        enabled=True,
+def test_optimizer_cpu_offload_needs_cuda(tmp_path):
+    recipe = megatron_recipe(
+        num_nodes=1,
+        gpus_per_node=2,
         optimizer=MegatronOptimizerCfg(optimizer_cpu_offload=True, optimizer_offload_fraction=0.5),
     )
-    assert requirement_problems(cfg, te_available=False, cuda_available=True) == []
-    (problem,) = requirement_problems(cfg, te_available=False, cuda_available=False)
+    assert needs_problems(tmp_path, recipe, "gpu", te_available=False) == []
+    (problem,) = needs_problems(tmp_path, recipe, "cpu", te_available=False)
     assert problem.path == "policy.megatron_cfg.optimizer.optimizer_cpu_offload"
     assert problem.message.startswith("requires CUDA") and "turn it off" in problem.fix
 
@@ -73,13 +88,12 @@ def test_precision_aware_optimizer_is_switched_off_only_without_te_and_offload(m
             enabled=True, optimizer=MegatronOptimizerCfg(**{**fields, **optimizer_fields})
         )
 
-    plain, offloaded = cfg_with(), cfg_with(optimizer_cpu_offload=True)
-    assert precision_aware_optimizer_on(plain, te_available=True)
-    assert not precision_aware_optimizer_on(plain, te_available=False)
-    assert precision_aware_optimizer_on(offloaded, te_available=False)
-    assert not precision_aware_optimizer_on(cfg_with(use_precision_aware_optimizer=False), True)
+    assert precision_aware_optimizer_on(True, optimizer_cpu_offload=False, te_available=True)
+    assert not precision_aware_optimizer_on(True, optimizer_cpu_offload=False, te_available=False)
+    assert precision_aware_optimizer_on(True, optimizer_cpu_offload=True, te_available=False)
+    assert not precision_aware_optimizer_on(False, optimizer_cpu_offload=False, te_available=True)
     # No TE here: megatron-core builds the config instead of raising "requires FusedAdam"
-    assert optimizer_config(plain, "bfloat16").use_precision_aware_optimizer is False
+    assert optimizer_config(cfg_with(), "bfloat16").use_precision_aware_optimizer is False
 
 
 def test_generic_optimizer_move_is_skipped_when_megatron_owns_placement():

@@ -236,6 +236,14 @@ def test_colocated_engines_that_do_not_tile_a_node_are_refused():
     )
 
 
+def test_a_colocated_engine_larger_than_a_node_says_engines_stay_on_one_node():
+    """NeMo RL's DeepSeek-V3 recipes run 32-GPU engines across 4 nodes; hpcrl does not, and
+    giving generation its own GPUs would not help: the fix names engine sizes only."""
+    problem = error_text(colocated(4, 8, tp=32), pyxis_profile())[f"{VLLM}.tensor_parallel_size"]
+    assert "(an engine across nodes is not supported: each vLLM engine runs on one node)" in problem
+    assert problem.endswith(f"fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8]")
+
+
 def test_single_gpu_colocated_engines_plan():
     spec = make_plan(colocated(2, 8), pyxis_profile())
     assert (spec.num_nodes, spec.world_size, spec.generation) == (2, 16, None)
@@ -262,10 +270,8 @@ def test_colocated_cpu_engines_take_one_slot_per_engine_process():
             f"error: {VLLM}.tensor_parallel_size = 4: a colocated vLLM engine spans "
             f"{ENGINE_SIZE} = 4 × 1 = 4 consecutive training ranks (CPU worker slot each) of "
             "one node, and cluster.gpus_per_node = 2 CPU worker slots do not split into groups "
-            "of 4\n"
-            f"  fix: set {ENGINE_SIZE} to one of [1, 2], or give generation its own CPU worker "
-            f"slots with policy.generation.colocated.enabled=false and {RESOURCES}.num_nodes and "
-            f"{RESOURCES}.gpus_per_node"
+            "of 4 (an engine across nodes is not supported: each vLLM engine runs on one node)\n"
+            f"  fix: set {ENGINE_SIZE} to one of [1, 2]"
         )
     }
 
@@ -281,7 +287,9 @@ def test_separate_engines_never_sized_past_a_node():
     recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=16)
     assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"] == (
         f"error: {RESOURCES}.gpus_per_node = 8: 8 GPUs per node do not split into vLLM engines "
-        f"of {ENGINE_SIZE} = 16 × 1 = 16 GPUs\n"
+        f"of {ENGINE_SIZE} = 16 × 1 = 16 GPUs: such an engine would span several nodes, and "
+        "hpcrl places each vLLM engine on the GPUs of one node (engines across nodes are not "
+        "supported)\n"
         f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8]"
     )
     recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 6, tp=4, pp=4)

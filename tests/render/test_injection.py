@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from hpcrl.config.errors import ConfigError
 from hpcrl.config.profile import ContainerCfg, SlurmCfg
+from hpcrl.plan.images import enroot_form_of
 from hpcrl.plan.planner import plan
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import GOLDEN_HOME, local_profile, pyxis_profile
@@ -73,6 +74,9 @@ no_nul = st.text(
 hostile = st.lists(st.one_of(st.sampled_from(PAYLOADS), no_nul), min_size=1, max_size=5).map(
     "".join
 )
+# container images: hostile, but not in Docker's registry/path form (e.g. "a.b/c"), which the
+# planner refuses and names the enroot form of (tests/plan cover that refusal)
+image_like = hostile.filter(lambda text: enroot_form_of(text.strip()) in (None, text.strip()))
 # #SBATCH values: the planner refuses non-printable characters there
 one_line = hostile.map(lambda text: "".join(ch for ch in text if ch.isprintable()))
 # mounts and the run folder: no separator characters (the planner rejects those), absolute
@@ -150,7 +154,7 @@ def assert_env_passed(spec, env: dict[str, str]) -> None:
     partition=one_line,
     qos=one_line,
     sbatch_value=one_line,
-    image=hostile,
+    image=image_like,
     mount=path_like,
     workdir=hostile,
     srun_arg=hostile,

@@ -77,6 +77,10 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def _sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_detaches_from_a_local_job_and_cancel_stops_it_and_its_ray(tmp_path: Path) -> None:
     """``submit --wait`` in a terminal of its own (a new session: its process group is the
     foreground group that a terminal's Ctrl-C signals as a whole), Ctrl-C once the driver
@@ -85,9 +89,13 @@ def test_ctrl_c_detaches_from_a_local_job_and_cancel_stops_it_and_its_ray(tmp_pa
     run = tmp_path / "run"
     args = ["submit", ONE_NODE_RECIPE, "--cluster", "local", "-o", str(run), "--wait"]
     env = job_env("tests.submit.drivers:sleep_forever", **own_ray_ports_env(os.getpid() % 30 + 30))
+    # A terminal's shell starts its foreground command with SIGINT at its default; pytest may
+    # have inherited it ignored (a script's `cmd &`: CI here ran `.ci/run ... &`), and Python
+    # then never raises KeyboardInterrupt (measured: the CLI slept through the Ctrl-C).
     waiting = subprocess.Popen(
         [sys.executable, "-m", "hpcrl.cli.main", *args], cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_sigint_as_in_a_terminal,
     )  # fmt: skip
     record = None
     try:

@@ -104,6 +104,34 @@ def clipped_pg_token_loss(
     return loss, was_clipped
 
 
+def sequence_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """GSPO's log-ratio: each sequence's mean over its masked tokens of logp − old, on every
+    token of the sequence ([B, T]; the gradient flows through the mean). A sequence without
+    tokens gets 0 (ratio 1)."""
+    total = ((logprobs - old_logprobs) * mask).sum(dim=-1, keepdim=True)
+    mean = total / mask.sum(dim=-1, keepdim=True).clamp(min=1.0)
+    return mean.expand_as(logprobs)
+
+
+def cispo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's loss per token: −A · sg(clamp(ratio, 1 − clip_low, 1 + clip_high)) · logp.
+    The gradient is −A · clipped ratio · ∇logp for every token, clipped or not (PPO's
+    clipped branch has none). Returns (loss [B, T], clipped [B, T]: the ratio was clamped)."""
+    import torch
+
+    ratio = torch.exp(logprobs - old_logprobs).detach()
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return -advantages * weight * logprobs, weight != ratio
+
+
 def importance_weights(
     old_logprobs: torch.Tensor,
     generation_logprobs: torch.Tensor,
@@ -217,9 +245,21 @@ def grpo_loss(
     )
     generation = batch["generation_logprobs"].to(logprobs.dtype)
     advantages = batch["advantages"].to(logprobs.dtype)[:, None]
-    pg, was_clipped = clipped_pg_token_loss(
-        current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
+    # the log-ratio each token's surrogate uses: its own, or (GSPO) its sequence's mean
+    log_ratio = (
+        sequence_log_ratio(current, old, mask)
+        if cfg.sequence_level_importance_ratios
+        else current - old
     )
+    zeros = torch.zeros_like(log_ratio)
+    if cfg.use_cispo:
+        pg, was_clipped = cispo_token_loss(
+            current, old, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max
+        )
+    else:
+        pg, was_clipped = clipped_pg_token_loss(
+            log_ratio, zeros, advantages, cfg.ratio_clip_min, cfg.ratio_clip_max, cfg.ratio_clip_c
+        )
     metrics: dict[str, torch.Tensor] = {}
     if cfg.use_importance_sampling_correction:
         weights, is_metrics = importance_weights(old, generation, batch, num_global_tokens, cfg)
@@ -234,7 +274,7 @@ def grpo_loss(
         kl_loss = _normalise(kl, batch, mask, num_global_tokens, level)
         loss = pg_loss + cfg.reference_policy_kl_penalty * kl_loss
         metrics["kl"] = metrics["kl_penalty"] = kl_loss.detach()
-    ratio = torch.exp(current.detach() - old)
+    ratio = torch.exp(log_ratio.detach())
     clamped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
     metrics["pg_loss"] = pg_loss.detach()
     metrics["clip_fraction"] = (was_clipped.to(mask.dtype) * mask).sum() / num_global_tokens

@@ -40,6 +40,10 @@ def _nemo_rl_math(cfg: EnvCfg) -> Environment:
     assert cfg.math is not None
     if cfg.math.math_verify_impl == "hpcrl_numeric":
         return MathEnvironment(**cfg.kwargs)
+    if cfg.math.math_verify_impl == "dapo_math_verify":
+        from hpcrl.core.environments.dapo_math_env import DapoMathEnvironment
+
+        return DapoMathEnvironment()
     from hpcrl.core.environments.math_verify_env import MathVerifyEnvironment
 
     return MathVerifyEnvironment()

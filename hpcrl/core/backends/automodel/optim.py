@@ -19,16 +19,41 @@ def build_optimizer(
     checked both against ``hpcrl.config.optimizers``). Call right after ``fully_shard`` so
     the optimizer holds the sharded parameters. ``fused``: one kernel per step (GPU only),
     used unless the recipe sets ``fused`` or ``foreach`` itself."""
-    from hpcrl.config.optimizers import OPTIMIZER_KWARGS, class_name
+    from hpcrl.config.optimizers import OPTIMIZER_KWARGS, TE_FUSED_ADAM, class_name
 
     assert cfg.name in OPTIMIZER_KWARGS, f"the config rules admit no optimizer {cfg.name!r}"
     params = [p for p in params if p.requires_grad]
     kwargs = dict(cfg.kwargs)
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
+    if cfg.name == TE_FUSED_ADAM:
+        return te_fused_adam()(params, **_with_dtypes(kwargs))
     if fused and "fused" not in kwargs and "foreach" not in kwargs:
         kwargs["fused"] = True
     return getattr(torch.optim, class_name(cfg.name))(params, **kwargs)
+
+
+def te_fused_adam() -> type[torch.optim.Optimizer]:
+    """Transformer Engine's FusedAdam from the job's Python, or an error naming the key."""
+    try:
+        from transformer_engine.pytorch.optimizers.fused_adam import FusedAdam
+    except ImportError as error:
+        raise ValueError(
+            "policy.optimizer.name: transformer_engine.pytorch.optimizers.fused_adam.FusedAdam "
+            f"needs Transformer Engine in the job's Python ({error}); NeMo RL's images carry "
+            "it, or set policy.optimizer.name=torch.optim.AdamW"
+        ) from None
+    return FusedAdam
+
+
+def _with_dtypes(kwargs: dict) -> dict:
+    """NeMo RL's "torch.bfloat16" strings (the config rules admit a few) as torch dtypes."""
+    from hpcrl.config.optimizers import DTYPE_NAMES
+
+    return {
+        key: getattr(torch, value.removeprefix("torch.")) if value in DTYPE_NAMES else value
+        for key, value in kwargs.items()
+    }
 
 
 def build_training_optimizer(

@@ -96,7 +96,7 @@ def _check_supported(recipe: Recipe) -> None:
             "policy.automodel_cfg.lora_cfg: LoRA with tensor_parallel_size > 1 is not supported "
             "by the automodel backend yet; set tensor_parallel_size=1"
         )
-    if cfg.sequence_parallel:
+    if cfg.sequence_parallel and cfg.tensor_parallel_size > 1:
         raise ValueError(
             "policy.automodel_cfg.sequence_parallel: not supported by the automodel backend "
             "yet; set it to false"

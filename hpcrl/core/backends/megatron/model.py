@@ -99,7 +99,9 @@ def optimizer_config(cfg: MegatronCfg, precision: str) -> Any:
         adam_eps=opt.adam_eps,
         sgd_momentum=opt.sgd_momentum,
         use_distributed_optimizer=opt.use_distributed_optimizer,
-        use_precision_aware_optimizer=precision_aware_optimizer_on(cfg, te_available()),
+        use_precision_aware_optimizer=precision_aware_optimizer_on(
+            opt.use_precision_aware_optimizer, opt.optimizer_cpu_offload, te_available()
+        ),
         clip_grad=opt.clip_grad,
         optimizer_cpu_offload=opt.optimizer_cpu_offload,
         optimizer_offload_fraction=opt.optimizer_offload_fraction,

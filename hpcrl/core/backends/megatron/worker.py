@@ -100,7 +100,8 @@ class MegatronWorker:
     def _say_precision_aware_optimizer_is_off(self, cfg: Any) -> None:
         requested = cfg.optimizer.use_precision_aware_optimizer
         if requested and self.rank_info.rank == 0:
-            if not offload.precision_aware_optimizer_on(cfg, offload.te_available()):
+            offloaded = cfg.optimizer.optimizer_cpu_offload
+            if not offload.precision_aware_optimizer_on(True, offloaded, offload.te_available()):
                 print(
                     "hpcrl: Transformer Engine is not installed and optimizer_cpu_offload is "
                     "off: policy.megatron_cfg.optimizer.use_precision_aware_optimizer is "

@@ -1,0 +1,163 @@
+"""The NeMo RL fields of the schema that nothing acts on, and why that is right
+(``NOT_CONSUMED``): the other half of ``hpcrl.config.consumers``, which lists where each
+implemented field takes effect. ``tests/config/test_compat.py`` holds every NeMo RL field of
+the schema to exactly one of the two.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+
+@attrs.frozen
+class NotConsumed:
+    """A schema field nothing acts on, and why that is right.
+
+    inert: whatever it holds, nothing could change (``reason`` says why); off_only: only
+    ``off`` is accepted, the rule ``rule`` (``module:function``) refuses any other value
+    with the reason."""
+
+    status: Literal["inert", "off_only"]
+    reason: str
+    off: str = ""
+    rule: str = ""
+
+
+NOT_CONSUMED: dict[str, NotConsumed] = {
+    "policy.generation.refit_transport": NotConsumed(
+        "inert",
+        "how NeMo RL moves the trainer's weights into vLLM (NCCL reshard, lossless sparse "
+        "deltas over S3/ZeroMQ, NIXL): the same weights arrive; hpcrl refits through its own "
+        "path (hpcrl.config.generation_rules refuses it without vLLM, as NeMo RL does)",
+    ),
+    "grpo.val_batch_size": NotConsumed(
+        "inert",
+        "how many validation prompts NeMo RL generates per call; hpcrl samples every "
+        "validation prompt in one call, each row with its own seed: the batch size does not "
+        "change what is sampled",
+    ),
+    "async_rl.sampler.name": NotConsumed(
+        "off_only",
+        "hpcrl's asynchronous GRPO is NeMo RL's in_order sampler (each step trains on its own "
+        "whole batch, generated at most max_lookahead_versions steps earlier); the samplers "
+        "that pick finished groups out of order are not supported yet",
+        off="in_order",
+        rule="hpcrl.config.async_rl_rules:rule_async_rl_sampler",
+    ),
+    "async_rl.sampler.max_staleness_versions": NotConsumed(
+        "inert",
+        "the staleness window of the windowed, weight_fifo and ready_first samplers, which "
+        "async_rl.sampler.name refuses; in_order reads max_lookahead_versions",
+    ),
+    "async_rl.min_groups_for_streaming_train": NotConsumed(
+        "off_only",
+        "streaming a step's prompt groups into training as they finish is not supported yet: "
+        "hpcrl trains a step on its whole batch",
+        off="${grpo.num_prompts_per_step}",
+        rule="hpcrl.config.async_rl_rules:rule_async_rl_streaming",
+    ),
+    "async_rl.max_inflight_prompts": NotConsumed(
+        "inert",
+        "how many of NeMo RL's per-prompt rollouts run at once; hpcrl submits a step's whole "
+        "batch to the engines, which batch it themselves: how fast, not which weights (the "
+        "lookahead bounds those either way) nor what is sampled",
+    ),
+    "async_rl.max_buffered_rollouts": NotConsumed(
+        "inert",
+        "room for finished groups in NeMo RL's buffer (backpressure); hpcrl holds the "
+        "lookahead's batches and no more. Too small to hold them is refused "
+        "(hpcrl.config.async_rl_rules), as NeMo RL refuses it",
+    ),
+    "async_rl.diagnostics": NotConsumed(
+        "inert", "NeMo RL prints a preview of each finished rollout: the log, not the run"
+    ),
+    "data.num_workers": NotConsumed(
+        "inert",
+        "worker processes of NeMo RL's data loader: how fast rows are read, not which rows "
+        "(hpcrl's sampler reads them in the driver, in the seed's order)",
+    ),
+    "env.math.num_workers": NotConsumed(
+        "inert",
+        "processes NeMo RL scores responses with; hpcrl scores them in one process: the same "
+        "rewards",
+    ),
+    "policy.megatron_cfg.checkpoint.async_save": NotConsumed(
+        "inert",
+        "NeMo RL writes Megatron checkpoints from a background worker when set; hpcrl writes "
+        "them before the step returns: the same checkpoint, written at another time",
+    ),
+    "policy.megatron_cfg.empty_unused_memory_level": NotConsumed(
+        "inert",
+        "how often NeMo RL's Megatron worker returns cached CUDA memory to the driver "
+        "(torch.cuda.empty_cache): memory, not values",
+    ),
+    "policy.megatron_cfg.peft.a2a_experimental": NotConsumed(
+        "off_only",
+        "the all-to-all exchange of expert adapters is not supported by hpcrl yet",
+        off="false",
+        rule="hpcrl.config.lora_rules:rule_megatron_peft",
+    ),
+    "policy.megatron_cfg.peft.lora_dtype": NotConsumed(
+        "off_only",
+        "adapters take the model's parameter dtype; a dtype of their own is not supported yet",
+        off="null",
+        rule="hpcrl.config.lora_rules:rule_megatron_peft",
+    ),
+    "policy.automodel_cfg.lora_cfg.use_triton": NotConsumed(
+        "inert",
+        "NeMo Automodel's Triton kernel for the adapter's product B(A(x)); hpcrl computes the "
+        "same product with PyTorch's matmuls: the same values",
+    ),
+    "policy.automodel_cfg.context_parallel_size": NotConsumed(
+        "off_only",
+        "the Automodel backend has no context parallelism",
+        off="1",
+        rule="hpcrl.config.rules:rule_automodel_context_parallel",
+    ),
+    "policy.automodel_cfg.sequence_parallel": NotConsumed(
+        "off_only",
+        "sequence parallelism is not supported by the Automodel backend yet (accepted with "
+        "tensor_parallel_size 1, where it has nothing to split: a warning)",
+        off="false",
+        rule="hpcrl.config.rules:rule_automodel_sequence_parallel",
+    ),
+    "policy.megatron_cfg.context_parallel_size": NotConsumed(
+        "off_only",
+        "context parallelism is not supported by the Megatron backend yet (sequences are not "
+        "split across CP ranks)",
+        off="1",
+        rule="hpcrl.config.megatron_rules:rule_context_parallel",
+    ),
+    "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp": NotConsumed(
+        "off_only",
+        "Megatron FSDP is not supported by the Megatron backend yet",
+        off="false",
+        rule="hpcrl.config.rules:rule_megatron_custom_fsdp",
+    ),
+    "grpo.max_rollout_turns": NotConsumed(
+        "off_only",
+        "multi-turn rollouts (environments that answer back) are not supported yet",
+        off="1",
+        rule="hpcrl.config.grpo_option_rules:rule_single_turn",
+    ),
+    "data.train.env_name": NotConsumed(
+        "off_only",
+        "hpcrl has NeMo RL's math environment only",
+        off="math",
+        rule="hpcrl.config.datasets:rule_named_sets",
+    ),
+    "data.validation.env_name": NotConsumed(
+        "off_only",
+        "hpcrl has NeMo RL's math environment only",
+        off="math",
+        rule="hpcrl.config.datasets:rule_named_sets",
+    ),
+    "data.default.env_name": NotConsumed(
+        "off_only",
+        "hpcrl has NeMo RL's math environment only",
+        off="math",
+        rule="hpcrl.config.datasets:rule_named_sets",
+    ),
+}
