@@ -30,9 +30,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if MEGATRON_DIR in Path(item.path).parents:
             item.add_marker(pytest.mark.megatron)
+    items[:] = local_ray_modules_together(items)
+
+
+def uses_local_ray(item: pytest.Item) -> bool:
+    return RAY_FIXTURE in getattr(item, "fixturenames", ())
+
+
+def local_ray_modules_together(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Each folder's test modules in their order, those that use ``ray_cluster`` last, those
+    whose first test does so at the very end: consecutive modules then share one local Ray
+    (~7 CPU-s a start, issue 26). Tests keep their order within their module."""
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(Path(item.path), []).append(item)
+
+    folder_order = {path.parent: index for index, path in reversed(list(enumerate(modules)))}
+
+    def rank(path: Path) -> tuple[int, int]:
+        tests = modules[path]
+        if not any(uses_local_ray(t) for t in tests):
+            return folder_order[path.parent], 0
+        return folder_order[path.parent], 2 if uses_local_ray(tests[0]) else 1
+
+    ordered = sorted(modules, key=rank)  # stable: modules of one rank keep their order
+    return [item for path in ordered for item in modules[path]]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    shared_ray = item.config.stash.get(SHARED_RAY_KEY, None)
+    if shared_ray is not None and not uses_local_ray(item):
+        shared_ray.stop_unless_in(Path(item.path))
     if item.get_closest_marker("slurm") is not None:
         from tests.slurm.harness import require_slurm
 
@@ -41,30 +69,72 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require_megatron()
 
 
+class SharedLocalRay:
+    """One local Ray (never a stale cluster of another session) that consecutive test modules
+    using ``ray_cluster`` share: each start and stop costs ~7 CPU-s (docs/ci-time.md), one per
+    module was ~100 CPU-s of CI (issue 26). It is stopped before the first test outside the
+    module that last asked for it, unless that test asks for it too: a test that does not
+    use ``ray_cluster`` sees a live Ray only where it did when each module had its own (after
+    its own module's first Ray test), and a test that starts a Ray itself finds none."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.module: Path | None = None
+
+    def start_for(self, module: Path) -> None:
+        self.module = module
+        if self.running:
+            return
+        import ray
+
+        from hpcrl.core.ray_startup import local_ray_system_config
+
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        # Workers import test code (losses, diagnostic actors) by module path.
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            num_cpus=4,
+            include_dashboard=False,
+            log_to_driver=True,
+            _system_config=local_ray_system_config(),  # hpcrl's own local Ray is started so too
+        )
+        self.running = True
+
+    def stop_unless_in(self, module: Path | None) -> None:
+        if self.running and module != self.module:
+            import ray
+
+            ray.shutdown()
+            self.running = False
+
+
+SHARED_RAY_KEY = pytest.StashKey[SharedLocalRay]()
+RAY_FIXTURE = "ray_cluster"
+
+
+@pytest.fixture(scope="session")
+def _shared_local_ray(request: pytest.FixtureRequest) -> Iterator[SharedLocalRay]:
+    shared_ray = SharedLocalRay()
+    request.config.stash[SHARED_RAY_KEY] = shared_ray
+    try:
+        yield shared_ray
+    finally:
+        shared_ray.stop_unless_in(None)
+        del request.config.stash[SHARED_RAY_KEY]
+
+
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    """A fresh local Ray (never a stale cluster) for one test module."""
+def ray_cluster(request: pytest.FixtureRequest, _shared_local_ray: SharedLocalRay) -> None:
+    """A local Ray for one test module: started fresh in this session (never a stale
+    cluster), shared with the modules next to it that ask for it too (SharedLocalRay)."""
+    _shared_local_ray.start_for(Path(request.path))
     import ray
 
-    from hpcrl.core.ray_startup import local_ray_system_config
-
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    # Workers import test code (losses, diagnostic actors) by module path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
-    ray.init(
-        address="local",
-        _node_ip_address="127.0.0.1",
-        num_cpus=4,
-        include_dashboard=False,
-        log_to_driver=True,
-        _system_config=local_ray_system_config(),  # hpcrl's own local Ray is started so too
-    )
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    assert ray.is_initialized(), "the shared local Ray was shut down by someone else"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import multiprocessing
 
 import attrs
 
-from tests.megatron.harness import setup_worker, train_steps
+from tests.megatron.harness import fixed_batch, setup_worker, shard, train_steps
 from tests.recipe_builder import tiny_megatron_recipe
 
 
@@ -58,14 +58,26 @@ def checkpoint_resume_run(
 
 
 def load_then_train_run(
-    rank: int, world_size: int, hf_path: str, ckpt_root: str, train_dir: str, layout: dict
+    rank: int,
+    world_size: int,
+    hf_path: str,
+    ckpt_root: str,
+    train_dir: str,
+    layout: dict,
+    save_dir: str | None = None,
 ) -> dict:
-    """A fresh worker in ``layout`` loads ``train_dir`` and trains the same 2 steps."""
+    """A fresh worker in ``layout`` loads ``train_dir`` and trains the same 2 steps. With
+    ``save_dir`` it then saves a training checkpoint there (the recipe's default format) and
+    returns its log-probs of ``fixed_batch`` at that checkpoint (the export test's policy)."""
     recipe = tiny_megatron_recipe(hf_path, **layout)
     worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
     worker.load_checkpoint(train_dir)
     resumed = train_steps(worker, place, 2)
     state = dict(worker.collect_state())
+    saved_logprobs = None
+    if save_dir is not None:
+        worker.save_checkpoint(save_dir)
+        saved_logprobs = worker.logprobs(shard(fixed_batch(), place))
     worker.close()
-    return {"resumed": resumed, "state": state,
+    return {"resumed": resumed, "state": state, "saved_logprobs": saved_logprobs,
             "place": (place.dp_rank, place.dp_size, place.returns_results)}  # fmt: skip

@@ -3,13 +3,22 @@ reads) continues exactly like the run that saved, on 2 data-parallel ranks with 
 distributed optimizer. The default (dp_reshardable) checkpoint saved at DP 2 resumes at DP 4,
 and fails at once at another TP or PP, naming both layouts; the fully_reshardable one saved at
 TP 1 x DP 2 resumes at TP 2 x PP 2 (every axis changes) and at TP 2 alone with the same
-losses."""
+losses. The TP 2 run's own checkpoint is the one ``hpcrl export`` turns into a Hugging Face
+folder with the trained policy's log-probs (was tests/megatron/test_export.py, whose own
+3-step TP 2 training run cost a start-up of 2 Megatron ranks; issue 26)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from hpcrl.core.export import export_checkpoint
+from hpcrl.run.checkpoints import EXPORT_RECORD
+from hpcrl.run.export_progress import ExportProgress
 from tests.megatron import checkpoint_ranks, harness
+from tests.megatron.test_roundtrip import _hf_logprobs
+from tests.recipe_builder import tiny_megatron_recipe
 
 # Spawns gloo ranks that build real megatron-core models: minutes on the 2-core machine.
 pytestmark = pytest.mark.slow
@@ -65,33 +74,84 @@ def test_checkpoint_resumes_at_another_data_parallel_size(converted, resume_run)
     assert_continues_like(results, dp2_results[0]["continued"])
 
 
-@pytest.mark.parametrize(
-    ("world_size", "loading_layout"),
-    [(4, {"tp": 2, "pp": 2}), (2, {"tp": 2})],
-    ids=["tp2-pp2-dp1", "tp2-dp1"],
-)
-def test_fully_reshardable_checkpoint_resumes_at_another_tp_or_pp(
-    converted,
-    resume_run,
-    world_size,
-    loading_layout,
-):
-    """Saved at TP 1 x PP 1 x DP 2, loaded at TP 2 x PP 2 x DP 1 (every axis changes) and at
-    TP 2 x DP 1 (same world size, TP alone): model weights and the distributed optimizer's
-    state both reshard. The loading run keeps the default format setting: a load follows the
-    format the checkpoint records."""
+@pytest.fixture(scope="module")
+def tp2_resumed(converted, resume_run, tmp_path_factory):
+    """2 ranks at TP 2 x DP 1 load the fully_reshardable checkpoint, train the same 2 steps and
+    save a training checkpoint of their own (the default format) in a run folder: the
+    resharding test's run and the export test's tensor-parallel checkpoint (one start-up of
+    2 Megatron ranks fewer in CI; issue 26)."""
     hf_path, root = converted
-    _, reshardable_dir, dp2_results = resume_run
+    _, reshardable_dir, _ = resume_run
+    run_dir = tmp_path_factory.mktemp("megatron-tp2-run")
+    checkpoint = run_dir / "checkpoints" / "step_000004"
     results = harness.run_ranks(
-        world_size,
+        2,
         checkpoint_ranks.load_then_train_run,
         hf_path,
         root,
         reshardable_dir,
-        loading_layout,
+        {"tp": 2},
+        str(checkpoint),
+    )
+    return run_dir, checkpoint, results
+
+
+def test_fully_reshardable_checkpoint_resumes_at_another_tp_and_pp(converted, resume_run):
+    """Saved at TP 1 x PP 1 x DP 2, loaded at TP 2 x PP 2 x DP 1 (every axis changes): model
+    weights and the distributed optimizer's state both reshard. The loading run keeps the
+    default format setting: a load follows the format the checkpoint records."""
+    hf_path, root = converted
+    _, reshardable_dir, dp2_results = resume_run
+    results = harness.run_ranks(
+        4,
+        checkpoint_ranks.load_then_train_run,
+        hf_path,
+        root,
+        reshardable_dir,
+        {"tp": 2, "pp": 2},
     )
     assert {r["place"][:2] for r in results} == {(0, 1)}
     assert_continues_like(results, dp2_results[0]["continued"])
+
+
+def test_fully_reshardable_checkpoint_resumes_at_another_tp(resume_run, tp2_resumed):
+    """The same checkpoint loaded at TP 2 x DP 1 (same world size, TP alone)."""
+    _, _, dp2_results = resume_run
+    _, _, results = tp2_resumed
+    assert {r["place"][:2] for r in results} == {(0, 1)}
+    assert_continues_like(results, dp2_results[0]["continued"])
+
+
+def test_export_of_a_tensor_parallel_checkpoint_has_the_trained_policys_logprobs(
+    converted,
+    tp2_resumed,
+    capfd,
+):
+    """A Megatron training checkpoint written by 2 tensor-parallel ranks (gloo) exported by
+    ``hpcrl.core.export`` (what ``hpcrl export`` runs: one process, TP=1, torch_dist
+    resharded, megatron-bridge's HF writer): ``from_pretrained`` on the folder gives the
+    log-probs the trained policy had at the checkpoint, not the initial model's."""
+    hf_path, _ = converted
+    run_dir, checkpoint, results = tp2_resumed
+    (trained,) = [r["saved_logprobs"] for r in results if r["place"][2]]
+    initial = _hf_logprobs(hf_path, harness.fixed_batch()["input_ids"])  # converted from it
+
+    capfd.readouterr()
+    recipe = tiny_megatron_recipe(hf_path, tp=2)
+    out = export_checkpoint(recipe, checkpoint, run_dir / "hf", run_dir, ExportProgress())
+    said = capfd.readouterr().out  # the phases, said by the spawned export process
+    phases = [line.split("] ", 1)[1] for line in said.splitlines() if "hpcrl export: [" in line]
+    assert phases == [
+        f"building the model of {hf_path} on one rank (TP=PP=1)",
+        f"loading the checkpoint's model tensors from {checkpoint / 'megatron'}",
+        f"writing the Hugging Face folder {run_dir / 'hf.partial'} (megatron-bridge)",
+    ]
+    exported = _hf_logprobs(str(out), harness.fixed_batch()["input_ids"])
+    assert (exported - trained).abs().max().item() < 1e-5
+    assert (exported - initial).abs().max().item() > 1e-2  # the trained weights, not the initial
+    record = json.loads((out / EXPORT_RECORD).read_text())
+    assert (record["step"], record["backend"]) == (4, "megatron")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "hf"]
 
 
 def layout(tp: int, pp: int, dp: int) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """What ``hpcrl export`` refuses, each in one line with the fix (exit 2), and how it picks the
 checkpoint (newest, ``--step N``, ``--best`` by ``checkpointing.metric_name``); and what the
 export module says when the Python it runs in lacks a package. No conversion runs here (the
-real exports: tests/core/test_export.py, tests/megatron/test_export.py, the Slurm job:
+real exports: tests/core/test_export.py, tests/megatron/test_checkpoint.py (its export test), the Slurm job:
 tests/slurm/test_export_job.py)."""
 
 from __future__ import annotations

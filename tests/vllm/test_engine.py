@@ -19,7 +19,6 @@ from tests.vllm.harness import (
     responses,
     teacher_forced_logprobs,
     torch_sampler_generate,
-    wait_until_gone,
 )
 
 
@@ -143,28 +142,3 @@ def test_stop_token_ids_and_stop_strings_cut_like_the_torch_sampler(tiny, engine
     )
     assert tokenizer.decode(by_text[1]).endswith(stop_text)
     assert len(by_text[1]) <= start + 2
-
-
-def test_multiprocess_engine_shuts_down_its_processes(tiny) -> None:
-    """The engine core in a child process (what tensor-parallel GPU engines use) generates
-    the same greedy tokens, and ``shutdown`` leaves no process behind."""
-    import psutil
-
-    path, model, tokenizer = tiny
-    prompts = encode(tokenizer)[:4]
-    cfg = GenerationCfg(temperature=0.0, max_new_tokens=8)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    engine = VllmEngine(path, VLLM_CFG, device="cpu", in_process=False)
-    try:
-        # Python's multiprocessing resource tracker (one per parent, exits with it) aside.
-        children = [
-            p.pid
-            for p in psutil.Process().children(recursive=True)
-            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())
-        ]
-        got = responses(engine.generate(prompts, cfg, seed=0))
-    finally:
-        engine.shutdown()
-    assert children, "a multi-process engine runs its core in a child process"
-    assert got == responses(torch_sampler_generate(model, tokenizer, prompts, cfg))
-    assert wait_until_gone(children) == []

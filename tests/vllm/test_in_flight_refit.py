@@ -115,27 +115,6 @@ def test_refit_lands_mid_generation_and_later_tokens_use_the_new_weights(
         torch.testing.assert_close(sampled, forced, atol=ATOL, rtol=0)
 
 
-def test_refit_while_idle_applies_at_once(tiny) -> None:
-    path, model, tokenizer = tiny
-    engine = VllmEngine(path, VLLM_CFG, device="cpu", seed=0, in_process=True)
-    try:
-        landed = engine.update_weights_in_flight(perturbed(model, seed=11).items(), False)
-        out = engine.generate(encode(tokenizer)[:4], SAMPLING, seed=1)
-        metrics = engine.generation_metrics()
-    finally:
-        engine.shutdown()
-    assert landed is False and engine.last_refit_positions == [[], [], [], []]
-    assert metrics["generation_refits_in_flight"] == 0
-    original = {k: v.clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(perturbed(model, seed=11))
-    try:
-        forced = response_logprobs_of(model, out)
-    finally:
-        model.load_state_dict(original)
-    for sampled, want in zip(response_logprobs(out), forced, strict=True):
-        torch.testing.assert_close(sampled, want, atol=ATOL, rtol=0)
-
-
 def test_engine_actor_refits_beside_its_running_generation(ray_cluster, tiny) -> None:
     """Through Ray, as async GRPO drives it: a generation running, a second one queued behind
     it; the in-flight refit lands inside the first (not between the two, where a plain
