@@ -44,6 +44,19 @@ GRPO_EPOCHS = 4
 #: The batch shape tests/megatron/harness.py's ranks train on (``tiny_megatron_recipe``).
 TINY_MEGATRON_SEQ_LEN = 16
 TINY_MEGATRON_GLOBAL_BATCH = 8
+#: NeMo RL's optimizer section for Transformer Engine's FusedAdam, as its
+#: dapo-gemma4-e2b-it-1n8g-fsdp2-automodel.yaml writes it (dtypes as strings).
+TE_FUSED_ADAM = {
+    "name": "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+    "kwargs": {
+        "lr": 2.0e-06,
+        "weight_decay": 0.1,
+        "master_weights": True,
+        "store_param_remainders": True,
+        "exp_avg_dtype": "torch.bfloat16",
+        "exp_avg_sq_dtype": "torch.bfloat16",
+    },
+}
 
 
 # --------------------------------------------------------------------------- plain dicts

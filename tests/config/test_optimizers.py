@@ -2,7 +2,7 @@
 torch schedulers with milestones) load as NeMo RL writes them; mistakes name their key."""
 
 from hpcrl.config import structure_recipe
-from tests.recipe_builder import base_dict, paths, problems_for, with_keys
+from tests.recipe_builder import TE_FUSED_ADAM, base_dict, paths, problems_for, with_keys
 
 NEMO_RL_OPTIMIZER = {
     "name": "torch.optim.AdamW",
@@ -185,19 +185,6 @@ def test_optimizer_offload_needs_adam_without_fsdp_cpu_offload():
     ) == ["policy.optimizer.kwargs.capturable"]
     # at 0 nothing is offloaded: nothing to refuse
     assert automodel(policy__automodel_cfg__cpu_offload=True, policy__optimizer=sgd) == []
-
-
-TE_FUSED_ADAM = {  # NeMo RL's dapo-gemma4-e2b-it-1n8g-fsdp2-automodel.yaml
-    "name": "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
-    "kwargs": {
-        "lr": 2.0e-06,
-        "weight_decay": 0.1,
-        "master_weights": True,
-        "store_param_remainders": True,
-        "exp_avg_dtype": "torch.bfloat16",
-        "exp_avg_sq_dtype": "torch.bfloat16",
-    },
-}
 
 
 def test_te_fused_adam_loads_as_nemo_rl_writes_it():

@@ -8,6 +8,7 @@ import torch
 
 from hpcrl.config.recipe import LrSchedulerCfg, OptimizerCfg
 from hpcrl.core.backends.automodel.optim import build_lr_scheduler, build_optimizer
+from tests.recipe_builder import TE_FUSED_ADAM
 
 LR = 0.2
 
@@ -101,17 +102,8 @@ def test_te_fused_adam_is_built_with_nemo_rl_kwargs_and_dtypes(monkeypatch):
     module = types.ModuleType("transformer_engine.pytorch.optimizers.fused_adam")
     module.FusedAdam = _StandInFusedAdam
     monkeypatch.setitem(sys.modules, "transformer_engine.pytorch.optimizers.fused_adam", module)
-    kwargs = {
-        "lr": 2.0e-06,
-        "weight_decay": 0.1,
-        "master_weights": True,
-        "store_param_remainders": True,
-        "exp_avg_dtype": "torch.bfloat16",
-        "exp_avg_sq_dtype": "torch.bfloat16",
-    }
-    cfg = OptimizerCfg(
-        name="transformer_engine.pytorch.optimizers.fused_adam.FusedAdam", kwargs=kwargs
-    )
+    kwargs = TE_FUSED_ADAM["kwargs"]
+    cfg = OptimizerCfg(name=TE_FUSED_ADAM["name"], kwargs=kwargs)
     frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
     optimizer = build_optimizer([torch.nn.Parameter(torch.ones(3)), frozen], cfg, fused=True)
     assert type(optimizer) is _StandInFusedAdam
