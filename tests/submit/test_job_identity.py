@@ -123,6 +123,29 @@ def test_a_reused_pid_is_not_this_local_jobs_controller(fake_controller, tmp_pat
     os.kill(fake_controller, 0)  # still there
 
 
+def test_a_controller_polled_right_after_submission_is_running(tmp_path: Path) -> None:
+    """The kernel ends ``Popen`` before it writes the new argv: a poll in that window reads an
+    empty /proc cmdline (CI's sweep once took such a point for FAILED at 0 s)."""
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    command = [sys.executable, "-c", "import time; time.sleep(60)", "submitit.local._local"]
+    # A real just-started controller reads RUNNING (a poll lands in the window only now and
+    # then: 41 of 300 immediate /proc reads here); the window itself is checked below.
+    for _ in range(10):
+        proc = subprocess.Popen(command, start_new_session=True)
+        try:
+            local = record(executor="local", job_id=str(proc.pid), slurm_cluster=None,
+                           submitit_folder=str(tmp_path / "submitit"), submitted_at=now)  # fmt: skip
+            assert job_state.query_status(local).state == "RUNNING"
+        finally:
+            proc.kill()
+            proc.wait()
+    started = T0 + 1.0
+    assert job_state.is_local_controller(b"", "S", started, T0)  # argv not written yet
+    assert not job_state.is_local_controller(b"", "Z", started, T0)
+    assert not job_state.is_local_controller(b"bash\x00", "S", started, T0)
+    assert not job_state.is_local_controller(b"", "S", T0 + 86_400.0, T0)  # another process
+
+
 def _sweep(tmp_path: Path, states: tuple[str, ...], submit: int) -> tuple[Path, Sacct]:
     """A sweep folder of array 41 with one point per state; sacct answers its tasks' rows."""
     from hpcrl.run.job_record import write_job_record
