@@ -5,10 +5,10 @@
 For each shape (TinyLlama's 32 query / 4 kv heads of 64, and Llama-3.1-8B's 32 / 8 of 128),
 batch and cache width, every ``triton_attention.KernelLaunch`` in the grid (per query head or
 per query group; column block; warps) runs captured in a CUDA graph, as the engine's decode
-step runs it, 20 calls a replay; printed: µs per call, the ratio to today's default launch
+step runs it, 20 calls a replay; printed: µs per call, the ratio to the old default launch (``OLD_LAUNCH``)
 and to the eager batched matmuls (``kv_cache.decode_attention`` plus the cache writes), and
 the share of the k/v bytes' copy-bandwidth bound. Each launch's output is first checked
-against the default launch's (bf16 rounding); a launch that differs is printed as FAIL and
+against the old launch's (bf16 rounding); a launch that differs is printed as FAIL and
 never ranked. The last lines name the fastest launch per batch (summed over the widths).
 """
 
@@ -29,15 +29,16 @@ from hpcrl.core.generation.kv_cache import decode_attention  # noqa: E402
 from hpcrl.core.generation.triton_attention import (  # noqa: E402
     KernelLaunch,
     decode_attention_triton,
-    launch_for,
 )
 
 SHAPES = {"tinyllama-1.1b": (32, 4, 64), "llama-3.1-8b": (32, 8, 128)}
+#: the launch before the default changed (one program per query head, 64 columns, 4 warps)
+OLD_LAUNCH = KernelLaunch(block_n=64, num_warps=4, grouped=False)
 CALLS_PER_REPLAY = 20
 REPLAYS = 15
 
 
-def launch_grid() -> list[KernelLaunch]:
+def launch_grid(kinds: str = "per-head,grouped") -> list[KernelLaunch]:
     per_head = [
         KernelLaunch(block_n=block, num_warps=warps)
         for block, warps in itertools.product((16, 32, 64, 128), (1, 2, 4, 8))
@@ -46,7 +47,7 @@ def launch_grid() -> list[KernelLaunch]:
         KernelLaunch(block_n=block, num_warps=warps, grouped=True)
         for block, warps in itertools.product((16, 32, 64, 128), (1, 2, 4, 8))
     ]
-    return per_head + grouped
+    return (per_head if "per-head" in kinds else []) + (grouped if "grouped" in kinds else [])
 
 
 def make_case(batch: int, shape: tuple[int, int, int], width: int) -> dict:
@@ -138,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--widths", default="64,128,192")
     parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--kinds", default="per-head,grouped", help="which launches to time")
     args = parser.parse_args(argv)
     bandwidth = copy_bandwidth_bytes_per_s()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    default = KernelLaunch()  # the launch before launch_for (one for every batch)
+    old = OLD_LAUNCH
     for shape_name in args.shapes.split(","):
         shape = SHAPES[shape_name]
         for batch in (int(b) for b in args.batches.split(",")):
@@ -152,23 +154,23 @@ def main(argv: list[str] | None = None) -> int:
                 kv_bytes = batch * shape[1] * width * shape[2] * 2 * 2
                 bound_us = kv_bytes / bandwidth * 1e6
                 eager_us = time_in_graph_us(eager_call(make_case(batch, shape, width)))
-                want = triton_call(make_case(batch, shape, width), default)()
-                base_us = time_in_graph_us(triton_call(case, default))
-                print(f"  eager bmm {eager_us:8.1f} µs   default {base_us:8.1f} µs   "
+                want = triton_call(make_case(batch, shape, width), old)()
+                base_us = time_in_graph_us(triton_call(case, old))
+                print(f"  eager bmm {eager_us:8.1f} µs   old launch {base_us:8.1f} µs   "
                       f"k/v bound {bound_us:6.1f} µs")  # fmt: skip
-                for launch in launch_grid():
+                for launch in launch_grid(args.kinds):
                     got = triton_call(make_case(batch, shape, width), launch)()
                     if not torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2):
-                        print(f"  FAIL {launch}: differs from the default launch")
+                        print(f"  FAIL {launch}: differs from the old launch")
                         continue
                     us = time_in_graph_us(triton_call(case, launch))
                     totals[launch] = totals.get(launch, 0.0) + us
-                    print(f"  {launch!s:70s} {us:8.1f} µs  {base_us / us:5.2f}x default  "
+                    print(f"  {launch!s:70s} {us:8.1f} µs  {base_us / us:5.2f}x old  "
                           f"{eager_us / us:5.2f}x eager  {bound_us / us:6.1%} of bound")  # fmt: skip
             best = min(totals, key=totals.__getitem__)
-            chosen = launch_for(batch)
+            chosen = KernelLaunch()
             print(f"BEST {shape_name} batch {batch}: {best} ({totals[best]:.1f} µs over the "
-                  f"widths; old default {totals.get(default, 0):.1f}; launch_for "
+                  f"widths; old default {totals.get(old, 0):.1f}; now "
                   f"{chosen} {totals.get(chosen, 0):.1f})")  # fmt: skip
     return 0
 

@@ -169,14 +169,14 @@ class DecodeState:
         """The decode step's attention as two Triton kernels per layer (rotary, cache
         write, visible column and attention together, then the blocks' combine:
         ``triton_attention``); q and k come in unrotated."""
-        from hpcrl.core.generation.triton_attention import decode_attention_triton, launch_for
+        from hpcrl.core.generation.triton_attention import decode_attention_triton
 
-        valid, launch = self.valid[:rows], launch_for(rows)
+        valid = self.valid[:rows]
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = self.cache[layer, 0, :rows], self.cache[layer, 1, :rows]
             return decode_attention_triton(
-                q, k, v, keys, values, valid, self.column, width, self.scale, rotary, launch
+                q, k, v, keys, values, valid, self.column, width, self.scale, rotary
             )
 
         return attend

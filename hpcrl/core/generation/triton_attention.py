@@ -4,16 +4,17 @@ query per row attending to the first ``width`` columns.
 
 The eager path (``kv_cache.decode_attention``) runs seven kernels per layer: rotary, two
 cache writes (``index_copy_``), the scores' batched matmul, the softmax (two kernels) and the
-probabilities' batched matmul. Here (flash-decoding): one program per (row, query head,
-block of ``BLOCK_N`` columns) rotates its query and the new key, reads that block's keys and
-values once and leaves its softmax's max, sum and weighted values; a second kernel per (row,
-head) combines the blocks. Splitting the columns keeps many independent loads in flight: one
-program per (row, head) walking the columns in a loop was slower than the eager kernels, and
-one program per (row, kv head, block) serving the whole query group with two tensor-core
-products was 5x slower at batch 256 (measured: docs/performance.md, "Figures behind the
-code"). The current column's k/v come from the kernel's inputs, not the cache, so the
-program that writes them (the first column block of the group's first query head) races
-with nobody.
+probabilities' batched matmul. Here (flash-decoding): one program per (row, kv head, block
+of columns) rotates the new key, reads that block's keys and values once and, for each query
+head of the group in turn (elementwise products in registers, no tensor-core tile),
+rotates the query and leaves its softmax's max, sum and weighted values; a second kernel
+per (row, head) combines the blocks. Small blocks with one warp keep many independent loads
+in flight (``KernelLaunch``'s default; the per-query-head program, re-reading the block for
+each head, is kept as ``grouped=False``). One program per (row, head) walking the columns
+in a loop was slower than the eager kernels, and a grouped program with two tensor-core
+products on a 16-row padded tile 5x slower at batch 256 (docs/performance.md, "Figures
+behind the code"). The current column's k/v come from the kernel's inputs, not the cache,
+so the programs that write them (the first column block's) race with nobody.
 
 Numerics: the rotation in float32, rounded once to the input's dtype (what the compiled
 ``decoder.rotate_pair`` computes); scores, softmax and the weighted sum in float32, the
@@ -36,8 +37,6 @@ import triton.language as tl
 
 if TYPE_CHECKING:
     import torch
-
-BLOCK_N = 64
 
 
 def _partial_kernel(
@@ -190,27 +189,18 @@ def _combine_kernel(
 @attrs.frozen
 class KernelLaunch:
     """How the partial kernel is launched: its column block, warps and pipeline stages, and
-    whether one program serves a whole query group (``grouped``) or one query head."""
+    whether one program serves a whole query group (``grouped``) or one query head.
 
-    block_n: int = BLOCK_N
-    num_warps: int = 4
+    The default was the fastest of 32 launches at 64 and at 256 rows on one H200
+    (``benchmarks/decode_attention_kernels.py``, docs/performance.md: TinyLlama's heads, widths
+    64/128/192 summed: 43.1 µs at 64 rows and 130.9 at 256, against 75.8 and 273 for the
+    per-head launch over 64 columns with four warps used before): many small programs, each
+    reading its block once for the whole group, keep the most loads in flight."""
+
+    block_n: int = 16
+    num_warps: int = 1
     num_stages: int = 3
-    grouped: bool = False
-
-
-#: Rows from which one program per query group beats one per query head. Measured on one
-#: H200 (benchmarks/decode_attention_kernels.py, docs/performance.md): at 64 rows the
-#: per-head kernel over 32 columns with one warp is fastest (50.5 µs over widths 64/128/192
-#: against 75.8 for the old launch), at 256 the grouped kernel over 64 columns with two
-#: warps (171 against 273); more, smaller programs hide the loads' latency at few rows.
-GROUPED_FROM_ROWS = 128
-
-
-def launch_for(rows: int) -> KernelLaunch:
-    """The partial kernel's launch for a decode step of ``rows`` rows."""
-    if rows >= GROUPED_FROM_ROWS:
-        return KernelLaunch(block_n=64, num_warps=2, grouped=True)
-    return KernelLaunch(block_n=32, num_warps=1)
+    grouped: bool = True
 
 
 @functools.cache
