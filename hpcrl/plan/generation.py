@@ -40,8 +40,8 @@ IN_PROCESS = {
 #: How ``validate`` says non-colocated Megatron generation is run.
 SEPARATE_MEGATRON = (
     "megatron, not colocated: on generation workers of their own (NeMo RL builds a dedicated "
-    "Megatron inference model there), one hpcrl torch sampler per GPU holding the whole "
-    "model, refitted from the Megatron policy's current weights (megatron-bridge's export, "
+    "Megatron inference model there), one hpcrl torch sampler per GPU (CPU worker slot) "
+    "holding the whole model, refitted from the Megatron policy's current weights (megatron-bridge's export, "
     "through Ray's object store) before every generation; sampling honours temperature, "
     "top_p, top_k, max_new_tokens, the EOS token and stop_strings"
 )
