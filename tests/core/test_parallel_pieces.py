@@ -8,7 +8,11 @@ import torch
 
 from hpcrl.core.backends.automodel.model import token_logprobs
 from hpcrl.core.backends.automodel.optim import clip_gradients
-from hpcrl.core.backends.automodel.parallelize import MeshShape
+from hpcrl.core.backends.automodel.parallelize import (
+    MeshShape,
+    _sequence_parallel_block_plan,
+    parallelize_steps,
+)
 from hpcrl.core.backends.automodel.worker import _check_supported
 from hpcrl.core.token_distribution import LogitTransform, TokenDistribution
 from tests.recipe_builder import tiny_automodel_recipe, with_automodel
@@ -76,19 +80,31 @@ def test_mesh_shape_derives_dp_shard_and_rejects_layouts_that_do_not_factor():
         MeshShape.for_world(6, dp_replicate=4, tp=1)
 
 
-@pytest.mark.parametrize(
-    ("changes", "message"),
-    [
-        ({"context_parallel_size": 2}, r"context_parallel_size: .* set it to 1"),
-        (
-            {"sequence_parallel": True, "tensor_parallel_size": 2},
-            r"sequence_parallel: not supported",
-        ),
-    ],
-)
-def test_unsupported_options_fail_at_setup_with_their_key(changes, message):
-    with pytest.raises(ValueError, match=message):
-        _check_supported(with_automodel(tiny_automodel_recipe(), **changes))
+def test_unsupported_options_fail_at_setup_with_their_key():
+    with pytest.raises(ValueError, match=r"context_parallel_size: .* set it to 1"):
+        _check_supported(with_automodel(tiny_automodel_recipe(), context_parallel_size=2))
     _check_supported(tiny_automodel_recipe())  # the defaults are fine
-    # TP 1: nothing to split, ignored as in NeMo RL (a load-time warning says so)
-    _check_supported(with_automodel(tiny_automodel_recipe(), sequence_parallel=True))
+    for tp in (1, 2):  # TP 1: nothing to split, ignored as in NeMo RL (a config warning)
+        recipe = with_automodel(tiny_automodel_recipe(tp=tp), sequence_parallel=True)
+        _check_supported(recipe)
+
+
+def test_sequence_parallel_is_planned_with_tp_only_and_refuses_blocks_it_does_not_fit():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = with_automodel(tiny_automodel_recipe(), sequence_parallel=True).policy.automodel_cfg
+    shapes = [MeshShape(dp_replicate=1, dp_shard=1, tp=tp) for tp in (1, 2)]
+    steps = [
+        parallelize_steps(cfg, "float32", s, on_gpu=False, compiles=False, training=True)
+        for s in shapes
+    ]
+    planned = [s.sequence_parallel for s in steps]
+    assert planned == [False, True]
+
+    sizes = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, num_hidden_layers=1, **sizes))
+    assert set(_sequence_parallel_block_plan(model)) >= {"input_layernorm", "mlp.down_proj"}
+    model.model.layers[0].pre_feedforward_layernorm = torch.nn.Identity()  # Gemma-like block
+    refusal = r"^policy.automodel_cfg.sequence_parallel: .*'pre_feedforward_layernorm'.*false$"
+    with pytest.raises(ValueError, match=refusal):
+        _sequence_parallel_block_plan(model)

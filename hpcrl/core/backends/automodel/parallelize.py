@@ -72,11 +72,12 @@ def decoder_layers(hf_model: Any) -> Any:
     return layers
 
 
-def apply_tp(hf_model: Any, tp_mesh: DeviceMesh) -> None:
+def apply_tp(hf_model: Any, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False) -> None:
     """Column-parallel q/k/v and gate/up, row-parallel o and down, per decoder block.
 
     HF attention reshapes with ``-1`` heads, so each rank simply runs its share of heads;
-    embeddings, norms and lm_head stay replicated across the TP group.
+    embeddings and lm_head stay replicated across the TP group, and so do the norms unless
+    ``sequence_parallel`` (``apply_sequence_parallel``) splits them along the sequence.
     """
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -102,8 +103,90 @@ def apply_tp(hf_model: Any, tp_mesh: DeviceMesh) -> None:
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
+    if sequence_parallel:
+        plan.update(_sequence_parallel_block_plan(hf_model))
     for layer in decoder_layers(hf_model):
         parallelize_module(layer, tp_mesh, plan)
+    if sequence_parallel:
+        _split_and_gather_sequence(hf_model, tp_mesh)
+
+
+# The block layout sequence parallelism assumes: x + attn(norm(x)), then x + mlp(norm(x)).
+# A block with more modules (Gemma's extra norms, MoE routers) would mix split and whole
+# activations, so it is refused rather than run with a layout that does not fit it.
+SEQUENCE_PARALLEL_BLOCK = frozenset(
+    {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+)
+
+
+def _sequence_parallel_block_plan(hf_model: Any) -> dict[str, Any]:
+    """Megatron-style sequence parallelism inside each block (as torchtitan plans it): the
+    residual stream and the norms hold a 1/TP slice of the sequence (``Shard(1)``); the
+    input of attention and of the MLP is all-gathered to the whole sequence, and the
+    row-parallel outputs are reduce-scattered back to slices instead of all-reduced."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    layers = decoder_layers(hf_model)
+    children = {name for name, _ in layers[0].named_children()}
+    if children != SEQUENCE_PARALLEL_BLOCK:
+        raise ValueError(
+            f"policy.automodel_cfg.sequence_parallel: {type(layers[0]).__name__} has the "
+            f"modules {sorted(children)}, not the Llama/Qwen2/Mistral block "
+            f"{sorted(SEQUENCE_PARALLEL_BLOCK)} the sequence-parallel plan is made for; "
+            "set sequence_parallel=false"
+        )
+    return {
+        "input_layernorm": SequenceParallel(),
+        # HF passes attention its hidden states by keyword, the MLP by position.
+        "self_attn": PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)},
+            desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            use_local_output=True,
+        ),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+        "post_attention_layernorm": SequenceParallel(),
+        "mlp": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        ),
+        "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def _split_and_gather_sequence(hf_model: Any, tp_mesh: DeviceMesh) -> None:
+    """The first block takes its slice of the whole sequence; the final norm runs on slices
+    and hands the whole sequence on. The embeddings stay whole on purpose: HF builds the
+    attention mask and rotary positions from their length, before any block runs. Sequence
+    lengths must be multiples of TP (``AutomodelWorker`` pads them)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    first_block = decoder_layers(hf_model)[0]
+    parallelize_module(
+        first_block,
+        tp_mesh,
+        PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+    )
+    norm = hf_model.get_decoder().norm
+    parallelize_module(norm, tp_mesh, SequenceParallel())
+    parallelize_module(
+        norm,
+        tp_mesh,
+        PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True
+        ),
+    )
 
 
 def apply_activation_checkpointing(hf_model: Any) -> None:
@@ -150,6 +233,7 @@ class ParallelizeSteps:
 
     lora: bool
     tp: bool
+    sequence_parallel: bool
     activation_checkpointing: bool
     compile: bool
     fsdp: bool
@@ -165,6 +249,8 @@ def parallelize_steps(
     return ParallelizeSteps(
         lora=training and cfg.lora_cfg.enabled,
         tp=shape.tp > 1,
+        # With TP 1 there is nothing to split: ignored, as NeMo RL does (a config warning).
+        sequence_parallel=shape.tp > 1 and cfg.sequence_parallel,
         activation_checkpointing=training and cfg.activation_checkpointing,
         compile=compiles,
         fsdp=needs_fsdp(shape, cfg.cpu_offload),

@@ -29,6 +29,7 @@ gets a graph specialised to one row, once, in the first step that has one (docs/
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -95,11 +96,6 @@ def _check_supported(recipe: Recipe) -> None:
         raise ValueError(
             "policy.automodel_cfg.lora_cfg: LoRA with tensor_parallel_size > 1 is not supported "
             "by the automodel backend yet; set tensor_parallel_size=1"
-        )
-    if cfg.sequence_parallel and cfg.tensor_parallel_size > 1:
-        raise ValueError(
-            "policy.automodel_cfg.sequence_parallel: not supported by the automodel backend "
-            "yet; set it to false"
         )
 
 
@@ -202,7 +198,7 @@ class AutomodelWorker:
             if self.rank_info.rank == 0:
                 print(lora_summary(adapted, hf_model), flush=True)
         if steps.tp:
-            apply_tp(hf_model, self.mesh["tp"])
+            apply_tp(hf_model, self.mesh["tp"], sequence_parallel=steps.sequence_parallel)
         if steps.activation_checkpointing:
             apply_activation_checkpointing(hf_model)
         if steps.compile:
@@ -237,12 +233,23 @@ class AutomodelWorker:
         """No attention mask needed (host-side check of the CPU micro-batch)."""
         return "packed_input_ids" not in micro and is_right_padded(micro["attention_mask"])
 
+    @property
+    def sequence_multiple(self) -> int:
+        """What every sequence length on the device is a multiple of: the compile bucket
+        (module docstring) and, with sequence parallelism, TP (each TP rank gets an equal
+        slice); padding never counts (``pad_sequence_dim``, ``pad_pack``)."""
+        multiple = SEQUENCE_BUCKET if self.compiles else 1
+        if self.recipe.policy.automodel_cfg.sequence_parallel and self.shape.tp > 1:
+            multiple = math.lcm(multiple, self.shape.tp)
+        return multiple
+
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """On the device; compiled passes get their sequence dim bucketed (module docstring)."""
-        if self.compiles:
+        """On the device, the sequence dim padded to ``sequence_multiple``."""
+        multiple = self.sequence_multiple
+        if multiple > 1:
             if "packed_input_ids" in batch:
-                batch = pad_pack(batch, SEQUENCE_BUCKET)
-            batch = pad_sequence_dim(batch, SEQUENCE_BUCKET)
+                batch = pad_pack(batch, multiple)
+            batch = pad_sequence_dim(batch, multiple)
         return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
 
     def train_step(
