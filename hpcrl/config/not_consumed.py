@@ -116,13 +116,6 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         off="1",
         rule="hpcrl.config.rules:rule_automodel_context_parallel",
     ),
-    "policy.automodel_cfg.sequence_parallel": NotConsumed(
-        "off_only",
-        "sequence parallelism is not supported by the Automodel backend yet (accepted with "
-        "tensor_parallel_size 1, where it has nothing to split: a warning)",
-        off="false",
-        rule="hpcrl.config.rules:rule_automodel_sequence_parallel",
-    ),
     "policy.megatron_cfg.context_parallel_size": NotConsumed(
         "off_only",
         "context parallelism is not supported by the Megatron backend yet (sequences are not "

@@ -130,32 +130,21 @@ def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
 
 
 def rule_automodel_sequence_parallel(recipe: Recipe) -> list[Problem]:
-    """Sequence parallelism splits activations across tensor-parallel ranks: with
-    tensor_parallel_size 1 there is nothing to split and NeMo RL ignores it (with a
-    warning), as hpcrl does; with TP > 1 hpcrl's Automodel plan has no sequence-parallel
-    layout, which the worker would refuse at setup: here it fails before the queue wait."""
+    """Sequence parallelism splits activations across tensor-parallel ranks
+    (``hpcrl.core.backends.automodel.parallelize.apply_tp``): with tensor_parallel_size 1
+    there is nothing to split and NeMo RL ignores it with a warning, as hpcrl does."""
     cfg = recipe.policy.automodel_cfg
-    if not cfg.enabled or not cfg.sequence_parallel:
+    if not cfg.enabled or not cfg.sequence_parallel or cfg.tensor_parallel_size != 1:
         return []
     path = f"{AUTOMODEL}.sequence_parallel"
-    if cfg.tensor_parallel_size == 1:
-        return [
-            Problem(
-                path=path,
-                value=True,
-                message="has no effect with tensor_parallel_size 1 (no activations to split "
-                "across tensor-parallel ranks; NeMo RL ignores it too)",
-                fix=f"set {path}=false to silence this",
-                severity="warning",
-            )
-        ]
     return [
         Problem(
             path=path,
             value=True,
-            message="sequence parallelism is not supported by hpcrl's Automodel backend yet "
-            "(its tensor-parallel plan keeps activations whole on every TP rank)",
-            fix=f"set {path}=false (the same results, more activation memory per GPU)",
+            message="has no effect with tensor_parallel_size 1 (no activations to split "
+            "across tensor-parallel ranks; NeMo RL ignores it too)",
+            fix=f"set {path}=false to silence this",
+            severity="warning",
         )
     ]
 

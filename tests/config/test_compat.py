@@ -88,10 +88,6 @@ def test_an_off_only_field_is_refused_by_its_rule_at_any_other_value(path):
         # a local ResponseDataset for train and validation; data.default fills both
         local = {"dataset_name": "ResponseDataset", "data_path": __file__}
         data["data"] = {"train": dict(local), "validation": dict(local)}
-    # a value refused only beside another setting: that setting too
-    beside = {"policy.automodel_cfg.sequence_parallel": {"tensor_parallel_size": 2}}
-    for key, value in beside.get(path, {}).items():
-        data["policy"]["automodel_cfg"][key] = value
     recipe = structure_recipe(with_keys(data, **{path.replace(".", "__"): other}))
     refused = [p.path for p in rule(recipe) if p.is_error]
     # data.default fills data.train and data.validation: the rule names where it lands
@@ -120,8 +116,13 @@ def test_classification_follows_where_the_value_goes():
     assert classify("data.num_workers")[0] == INERT
     assert classify("env.math.num_workers")[0] == INERT
     assert classify("policy.megatron_cfg.empty_unused_memory_level")[0] == INERT
+    # implemented since the Automodel TP plan splits the sequence (issue 24)
+    assert classify("policy.dtensor_cfg.sequence_parallel") == (
+        IMPLEMENTED,
+        "read as `policy.automodel_cfg.sequence_parallel`; read by "
+        "`hpcrl.core.backends.automodel.parallelize:parallelize_steps`",
+    )
     for key in (
-        "policy.dtensor_cfg.sequence_parallel",
         "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
         "policy.dtensor_cfg.context_parallel_size",
         "policy.megatron_cfg.context_parallel_size",

@@ -13,16 +13,21 @@ the snapshot (tests/nemo_rl_snapshots.py) and held to what NeMo RL's code does w
 - ``megatron_cfg.optimizer.clip_grad: ${policy.max_grad_norm}`` = null under a disabled
   megatron_cfg: never read; enabled, megatron-core cannot take null (refused, fix named);
 - ``colocated.resources.num_nodes: null`` for a one-node split (NeMo RL's grpo_math_1B
-  writes it): generation shares the one node (tests/config/test_node_split.py has the rest).
+  writes it): generation shares the one node (tests/config/test_node_split.py has the rest);
+- ``dtensor_cfg.sequence_parallel: true`` with TP 8 (sft-qwen2.5-32b-4n8g-fsdp2tp8sp): the
+  Automodel TP plan splits the sequence across TP ranks (tests/core/test_parallel_tp.py).
 """
 
 from __future__ import annotations
 
 import yaml
 
-from hpcrl.config import ConfigError
+from hpcrl.config import ConfigError, load_profile
 from hpcrl.config.datasets import effective
+from hpcrl.plan.planner import plan
+from hpcrl.render.script import render_sbatch
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl
+from tests.plan.planning_inputs import isolate_from_user_profiles
 
 
 def errors_of(relative: str, overrides: list[str]) -> dict[str, str]:
@@ -187,3 +192,17 @@ def test_other_generation_engines_are_refused_by_what_they_are():
         config_path("grpo_math_1B_sglang.yaml"), ["policy.generation.backend=vllm"]
     )
     assert loaded.recipe.policy.generation.backend == "vllm"
+
+
+def test_sequence_parallel_with_tp8_loads_plans_and_renders(monkeypatch, tmp_path):
+    isolate_from_user_profiles(monkeypatch, tmp_path)
+    path = config_path("recipes/llm/sft-qwen2.5-32b-4n8g-fsdp2tp8sp-actckpt.v3.yaml")
+    loaded = load_as_hpcrl(path)
+    automodel = loaded.recipe.policy.automodel_cfg
+    assert (automodel.tensor_parallel_size, automodel.sequence_parallel) == (8, True)
+    assert [p.path for p in loaded.warnings] == ["policy.dtensor_cfg"]  # its older name
+    spec = plan(loaded.recipe, load_profile("eos"), run_dir="/runs/sp", recipe_source=str(path))
+    assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (4, 8, 32)
+    assert "# 4 node(s) × 8 GPUs; layout dp_replicate=1 × dp_shard=4 × tp=8 × cp=1.\n" in (
+        render_sbatch(spec)
+    )

@@ -520,14 +520,13 @@ def test_recompute_method_needs_full_granularity():
     assert problem.path == f"{M}.recompute_method" and "(it is selective)" in problem.message
 
 
-def test_automodel_sequence_parallel_is_refused_with_tp_and_a_warning_without():
-    """TP > 1: the worker would refuse it at setup, after the queue wait (issue 24). TP 1:
-    nothing to split across tensor-parallel ranks; NeMo RL's DTensor worker ignores it with
-    a warning (its GSPO recipes set it so), and so does hpcrl."""
+def test_automodel_sequence_parallel_is_accepted_with_tp_and_a_warning_without():
+    """TP > 1: the Automodel plan splits the sequence across TP ranks (issue 24;
+    tests/core/test_parallel_tp.py). TP 1: nothing to split across tensor-parallel ranks;
+    NeMo RL's DTensor worker ignores it with a warning (its GSPO recipes set it so), and so
+    does hpcrl."""
     overrides = {"enabled": True, "tensor_parallel_size": 2, "sequence_parallel": True}
-    problem = only(problems_for("automodel", policy__automodel_cfg=overrides))
-    assert problem.path == "policy.automodel_cfg.sequence_parallel" and problem.is_error
-    assert "not supported by hpcrl's Automodel backend" in problem.message
+    assert problems_for("automodel", policy__automodel_cfg=overrides) == []
     overrides["tensor_parallel_size"] = 1
     problem = only(problems_for("automodel", policy__automodel_cfg=overrides), "warning")
     assert problem.path == "policy.automodel_cfg.sequence_parallel" and not problem.is_error
