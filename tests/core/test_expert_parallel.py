@@ -1,0 +1,185 @@
+"""Expert parallelism on the Automodel backend (``hpcrl.core.backends.automodel.expert_parallel``)
+with real torch.distributed on CPU: 2 gloo ranks, a tiny Qwen3-MoE model built locally.
+
+EP=2 (each rank keeps half of the experts, FSDP2 over both ranks for the rest) and EP=1
+(plain FSDP2 over both ranks) take the same AdamW steps on the same per-rank batches as one
+process over the whole batch: same losses, same gradient norms, same updated weights.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.require import require_module
+
+STEPS = 2
+LR = 1e-2  # an AdamW step moves each weight by ~LR: atol 2e-5 is 0.2% of one
+MAX_NORM = 0.5
+
+
+def build_tiny_moe(path: Path, model_type: str = "qwen3_moe") -> str:
+    require_module("transformers")
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
+
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts_per_tok=2,
+        max_position_embeddings=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    if model_type == "qwen3_moe":
+        config: Any = Qwen3MoeConfig(
+            num_experts=4, moe_intermediate_size=16, norm_topk_prob=True, **common
+        )
+    else:
+        config = MixtralConfig(num_local_experts=4, **common)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(path)
+    return str(path)
+
+
+def rank_batches(rank: int, world: int) -> list[torch.Tensor]:
+    """Per step: this rank's rows of one global batch (ranks get different lengths)."""
+    out = []
+    for step in range(STEPS):
+        gen = torch.Generator().manual_seed(step)
+        full = torch.randint(0, 64, (world * 2, 12), generator=gen)
+        rows = full[rank * 2 : rank * 2 + 2]
+        out.append(rows[:, : 12 - 3 * rank])  # uneven token counts across the EP group
+    return out
+
+
+def nll(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids).logits[:, :-1].float()
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="sum"
+    )
+
+
+def global_tokens(world: int, step_batches: list[list[torch.Tensor]], step: int) -> float:
+    return float(sum(b[step][:, 1:].numel() for b in step_batches))
+
+
+def reference(model_path: str, world: int) -> tuple[list[float], list[float], dict]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    per_rank = [rank_batches(r, world) for r in range(world)]
+    losses, norms = [], []
+    for step in range(STEPS):
+        total = global_tokens(world, per_rank, step)
+        loss = sum(nll(model, per_rank[r][step]) for r in range(world)) / total
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _run_rank(rank: int, world: int, port: int, model_path: str, ep: int, out: str) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from hpcrl.core.backends.automodel.expert_parallel import (
+        apply_expert_parallel,
+        build_ep_mesh,
+        gather_expert_tensors,
+    )
+    from hpcrl.core.backends.automodel.optim import clip_gradients
+    from hpcrl.core.backends.automodel.parallelize import (
+        MeshShape,
+        apply_fsdp,
+        build_mesh,
+        data_parallel_mesh,
+    )
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        shape = MeshShape.for_world(world, 1, 1)
+        mesh = build_mesh("cpu", shape)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        layout, ep_mesh = None, build_ep_mesh("cpu", world, ep)
+        if ep > 1:
+            layout = apply_expert_parallel(model, ep_mesh, {})
+        apply_fsdp(
+            model, model, data_parallel_mesh(mesh, shape), param_dtype=None, cpu_offload=False
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        per_rank = [rank_batches(r, world) for r in range(world)]
+        losses, norms = [], []
+        for step in range(STEPS):
+            total = global_tokens(world, per_rank, step)
+            loss = nll(model, per_rank[rank][step]) / total
+            (loss * world).backward()  # FSDP2 averages over dp (as the worker does)
+            norms.append(clip_gradients(list(model.parameters()), MAX_NORM))
+            optimizer.step()
+            optimizer.zero_grad()
+            summed = loss.detach().clone()
+            dist.all_reduce(summed)
+            losses.append(float(summed))
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        named = [(k, v.detach().clone()) for k, v in state.items()]
+        if layout is not None:
+            named = gather_expert_tensors(named, layout, ep_mesh.get_group("ep"))
+        torch.save({"losses": losses, "norms": norms, "weights": dict(named)}, f"{out}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_ranks(model_path: str, world: int, ep: int, out: Path) -> list[dict]:
+    mp.start_processes(
+        _run_rank,
+        args=(world, _free_port(), model_path, ep, str(out)),
+        nprocs=world,
+        start_method="fork",
+    )
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "world", "ep"),
+    [
+        ("qwen3_moe", 2, 1),  # plain FSDP2: the baseline EP must equal
+        ("qwen3_moe", 2, 2),  # EP over all dp ranks, experts unsharded
+        ("mixtral", 2, 2),
+        ("qwen3_moe", 4, 2),  # two EP groups: experts FSDP-sharded over their 2 holders
+    ],
+)
+def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(
+    tmp_path, model_type, world, ep
+):
+    model_path = build_tiny_moe(tmp_path / "moe", model_type)
+    want_losses, want_norms, want_weights = reference(model_path, world=world)
+    results = run_ranks(model_path, world, ep, tmp_path / "result")
+    for result in results:
+        assert result["losses"] == pytest.approx(want_losses, rel=1e-5)
+        assert result["norms"] == pytest.approx(want_norms, rel=1e-5)
+        assert sorted(result["weights"]) == sorted(want_weights)
+        for name, tensor in want_weights.items():
+            torch.testing.assert_close(result["weights"][name], tensor, atol=2e-5, rtol=1e-5)
+    # The steps moved every expert: the comparison is not one of untouched weights.
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(model_path).state_dict()
+    for name in want_weights:
+        if ".experts." in name:
+            assert not torch.equal(initial[name], want_weights[name]), name
