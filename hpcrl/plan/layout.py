@@ -197,6 +197,8 @@ def _automodel_layout(
         _report_product(AUTOMODEL, sizes, product, world_size, findings)
         return None
     dp_shard = world_size // product
+    if not _expert_parallel_fits(cfg, dp_shard, findings):
+        return None
     return ParallelLayout(
         backend="automodel",
         world_size=world_size,
@@ -205,7 +207,49 @@ def _automodel_layout(
         dp_shard=dp_shard,
         tp=cfg.tensor_parallel_size,
         cp=cfg.context_parallel_size,
+        ep=cfg.expert_parallel_size,
     )
+
+
+def _expert_parallel_fits(cfg: AutomodelCfg, dp_shard: int, findings: Findings) -> bool:
+    """EP groups are carved from the FSDP shard ranks (NeMo RL: ep divides dp × cp; hpcrl has
+    no context parallelism on this backend, and EP is built for plain FSDP2 only)."""
+    ep = cfg.expert_parallel_size
+    if ep == 1:
+        return True
+    path = f"{AUTOMODEL}.expert_parallel_size"
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        findings.error(path, "must be a positive integer", value=ep, fix=f"set {path}=1 or more")
+        return False
+    others = {
+        "dp_replicate_size": (cfg.dp_replicate_size, "HSDP replicas"),
+        "tensor_parallel_size": (cfg.tensor_parallel_size, "tensor parallelism"),
+        "cpu_offload": (cfg.cpu_offload, "FSDP2's CPU offload"),
+        "lora_cfg.enabled": (cfg.lora_cfg.enabled, "LoRA adapters"),
+    }
+    ok = True
+    for key, (value, what) in others.items():
+        if value not in (1, False):
+            findings.error(
+                path,
+                f"expert parallelism together with {what} ({AUTOMODEL}.{key}={value}) is not "
+                "supported by the automodel backend yet",
+                value=ep,
+                fix=f"set {path}=1, or {AUTOMODEL}.{key}={1 if isinstance(value, int) and not isinstance(value, bool) else 'false'}",
+            )
+            ok = False
+    if ok and dp_shard % ep:
+        valid = [d for d in _divisors(dp_shard) if d > 1]
+        findings.error(
+            path,
+            f"must divide the data-parallel shard size {dp_shard} (training ranks / "
+            "(dp_replicate_size × tensor_parallel_size × context_parallel_size)): each "
+            "expert group is that many data-parallel ranks",
+            value=ep,
+            fix=f"set {path} to one of {valid}" if valid else f"set {path}=1",
+        )
+        ok = False
+    return ok
 
 
 def _megatron_layout(

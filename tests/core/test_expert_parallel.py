@@ -183,3 +183,61 @@ def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(
     for name in want_weights:
         if ".experts." in name:
             assert not torch.equal(initial[name], want_weights[name]), name
+
+
+def _worker_rank(rank: int, world: int, port: int, model_path: str, out: str) -> None:
+    """The Automodel worker itself at EP=2: one train step on this rank's rows, its exported
+    weights, then a checkpoint saved and loaded into a fresh worker."""
+    import attrs
+
+    from hpcrl.core.backends.automodel.worker import AutomodelWorker
+    from hpcrl.core.backends.base import RankInfo
+    from tests.core.parallel_harness import make_batch, masked_nll_loss
+    from tests.recipe_builder import tiny_automodel_recipe, with_automodel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        recipe = with_automodel(tiny_automodel_recipe(lr=5e-3), expert_parallel_size=2)
+        recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, model_name=model_path))
+        info = RankInfo(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+                        node_rank=0, master_addr="127.0.0.1", master_port=port, device="cpu")  # fmt: skip
+        worker = AutomodelWorker()
+        worker.setup(recipe, info, model_path)
+        batch = make_batch(seed=5, vocab=64)
+        rows = {key: value[rank * 4 : rank * 4 + 4] for key, value in batch.items()}
+        micro = [{key: value[i : i + 2] for key, value in rows.items()} for i in (0, 2)]
+        metrics = worker.train_step(micro, masked_nll_loss, float(batch["token_mask"].sum()))
+        trained = dict(worker.export_hf_weights())
+        worker.save_checkpoint(f"{out}.ckpt")
+        worker.close()
+        fresh = AutomodelWorker()
+        fresh.setup(recipe, info, model_path)
+        fresh.load_checkpoint(f"{out}.ckpt")
+        loaded = dict(fresh.export_hf_weights())
+        torch.save({"metrics": metrics, "trained": trained, "loaded": loaded}, f"{out}.{rank}")
+        fresh.close()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_automodel_worker_at_ep2_trains_exports_and_checkpoints_as_one_process(tmp_path):
+    from tests.core.parallel_harness import make_batch, reference_training
+    from tests.recipe_builder import tiny_automodel_recipe
+
+    model_path = build_tiny_moe(tmp_path / "moe")
+    out = tmp_path / "result"
+    mp.start_processes(
+        _worker_rank, args=(2, _free_port(), model_path, str(out)), nprocs=2, start_method="fork"
+    )
+    _, want = reference_training(
+        model_path, tiny_automodel_recipe(lr=5e-3), [make_batch(seed=5, vocab=64)]
+    )
+    for rank in range(2):
+        result = torch.load(f"{out}.{rank}", weights_only=False)
+        assert sorted(result["trained"]) == sorted(want)
+        for name, tensor in want.items():
+            torch.testing.assert_close(result["trained"][name], tensor, atol=2e-5, rtol=1e-5)
+            assert torch.equal(result["loaded"][name], result["trained"][name]), name
