@@ -150,6 +150,34 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "picks one of NeMo RL's two DTensor worker implementations of the same training "
         "step; hpcrl has one Automodel backend",
     ),
+    # moe_parallelizer: NeMo Automodel's MoE parallelizer options (expert_parallel_size)
+    off_only(
+        "policy.automodel_cfg.moe_parallelizer.ignore_router_for_ac",
+        "saving the router's outputs through activation checkpointing is not supported yet "
+        "(hpcrl recomputes each decoder block whole, router included)",
+        False,
+        None,
+    ),
+    off_only(
+        "policy.automodel_cfg.moe_parallelizer.lm_head_precision",
+        f"an lm_head in its own precision is {NOT_YET} (it computes in policy.precision)",
+        None,
+    ),
+    inert(
+        "policy.automodel_cfg.moe_parallelizer.reshard_after_forward",
+        "whether FSDP frees the gathered weights after each forward of NeMo Automodel's MoE "
+        "models: memory against communication, not what is computed",
+    ),
+    inert(
+        "policy.automodel_cfg.moe_parallelizer.wrap_outer_model",
+        "which module NeMo Automodel's MoE parallelizer wraps with FSDP last: how weights "
+        "are grouped for sharding, not what is computed",
+    ),
+    inert(
+        "policy.automodel_cfg.clear_cache_every_n_steps",
+        "empties the CUDA caching allocator every N micro-batches of NeMo RL's DTensor "
+        "worker: memory fragmentation, not what is computed",
+    ),
     off_only(
         "policy.automodel_cfg.custom_parallel_plan",
         f"custom tensor-parallel plans are {NOT_YET} (hpcrl applies its own plan)",

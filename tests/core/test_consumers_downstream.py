@@ -235,6 +235,7 @@ CHANGES: dict[str, Change] = {
     "policy.automodel_cfg.enabled": Change(False, also=TO_MEGATRON),
     "policy.automodel_cfg.dp_replicate_size": Change(2),
     "policy.automodel_cfg.tensor_parallel_size": Change(2),
+    "policy.automodel_cfg.expert_parallel_size": Change(2),
     "policy.automodel_cfg.cpu_offload": Change(True),
     f"{LORA}.enabled": Change(True),
     f"{LORA}.target_modules": Change(
