@@ -221,21 +221,23 @@ def _expert_parallel_fits(cfg: AutomodelCfg, dp_shard: int, findings: Findings) 
     if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
         findings.error(path, "must be a positive integer", value=ep, fix=f"set {path}=1 or more")
         return False
-    others = {
-        "dp_replicate_size": (cfg.dp_replicate_size, "HSDP replicas"),
-        "tensor_parallel_size": (cfg.tensor_parallel_size, "tensor parallelism"),
-        "cpu_offload": (cfg.cpu_offload, "FSDP2's CPU offload"),
-        "lora_cfg.enabled": (cfg.lora_cfg.enabled, "LoRA adapters"),
-    }
+    # (key, value, what it is, the value that works with EP)
+    others = (
+        ("dp_replicate_size", cfg.dp_replicate_size, "HSDP replicas", 1),
+        ("tensor_parallel_size", cfg.tensor_parallel_size, "tensor parallelism", 1),
+        ("cpu_offload", cfg.cpu_offload, "FSDP2's CPU offload", False),
+        ("optimizer_offload_fraction", cfg.optimizer_offload_fraction, "optimizer offload", 0.0),
+        ("lora_cfg.enabled", cfg.lora_cfg.enabled, "LoRA adapters", False),
+    )
     ok = True
-    for key, (value, what) in others.items():
-        if value not in (1, False):
+    for key, value, what, works in others:
+        if value != works:
             findings.error(
                 path,
                 f"expert parallelism together with {what} ({AUTOMODEL}.{key}={value}) is not "
                 "supported by the automodel backend yet",
                 value=ep,
-                fix=f"set {path}=1, or {AUTOMODEL}.{key}={1 if isinstance(value, int) and not isinstance(value, bool) else 'false'}",
+                fix=f"set {path}=1, or {AUTOMODEL}.{key}={str(works).lower()}",
             )
             ok = False
     if ok and dp_shard % ep:

@@ -64,12 +64,24 @@ def test_an_expert_parallel_size_that_does_not_divide_the_shard_ranks_is_refused
     [
         ("policy.dtensor_cfg.tensor_parallel_size=2", "tensor parallelism"),
         ("++policy.automodel_cfg.dp_replicate_size=2", "HSDP replicas"),
+        ("policy.dtensor_cfg.cpu_offload=true", "FSDP2's CPU offload"),
+        ("++policy.automodel_cfg.optimizer_offload_fraction=0.5", "optimizer offload"),
+        ("policy.dtensor_cfg.lora_cfg.enabled=true", "LoRA adapters"),
     ],
 )
 def test_expert_parallelism_with_layouts_it_is_not_built_for_is_refused(override, what):
     found = plan_errors(SFT_EP4, override)
     assert f"expert parallelism together with {what}" in found[EP]
     assert f"  fix: set {EP}=1, or " in found[EP]
+
+
+def test_the_refusal_of_tensor_parallelism_beside_experts_reads_in_full():
+    found = plan_errors(SFT_EP4, "policy.dtensor_cfg.tensor_parallel_size=2")
+    assert found[EP] == (
+        f"error: {EP} = 4: expert parallelism together with tensor parallelism "
+        "(policy.automodel_cfg.tensor_parallel_size=2) is not supported by the automodel "
+        f"backend yet\n  fix: set {EP}=1, or policy.automodel_cfg.tensor_parallel_size=1"
+    )
 
 
 def _recipe(ep: int, tp: int = 1):

@@ -43,6 +43,9 @@ def build_tiny_moe(path: Path, model_type: str = "qwen3_moe") -> str:
         config = MixtralConfig(num_local_experts=4, **common)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(path)
+    from hpcrl.core.models.tiny import build_char_tokenizer
+
+    build_char_tokenizer().save_pretrained(path)  # hpcrl export writes one beside the weights
     return str(path)
 
 
@@ -204,8 +207,8 @@ def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(
 
 
 def _worker_rank(rank: int, world: int, port: int, model_path: str, out: str) -> None:
-    """The Automodel worker itself at EP=2: one train step on this rank's rows, its exported
-    weights, then a checkpoint saved and loaded into a fresh worker."""
+    """The Automodel worker itself at EP=2: one train step on this rank's rows, its weights
+    for refit and as an HF export, then a checkpoint saved and loaded into a fresh worker."""
     import attrs
 
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
@@ -228,6 +231,7 @@ def _worker_rank(rank: int, world: int, port: int, model_path: str, out: str) ->
         micro = [{key: value[i : i + 2] for key, value in rows.items()} for i in (0, 2)]
         metrics = worker.train_step(micro, masked_nll_loss, float(batch["token_mask"].sum()))
         trained = dict(worker.export_hf_weights())
+        worker.export_hf(f"{out}.hf")
         worker.save_checkpoint(f"{out}.ckpt")
         worker.close()
         fresh = AutomodelWorker()
@@ -254,6 +258,12 @@ def test_automodel_worker_at_ep2_trains_exports_and_checkpoints_as_one_process(t
     _, want = reference_training(
         model_path, tiny_automodel_recipe(lr=5e-3), [make_batch(seed=5, vocab=64)]
     )
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(f"{out}.hf").state_dict()
+    assert sorted(exported) == sorted(want)
+    for name, tensor in want.items():
+        torch.testing.assert_close(exported[name], tensor, atol=2e-5, rtol=1e-5)
     for rank in range(2):
         result = torch.load(f"{out}.{rank}", weights_only=False)
         assert sorted(result["trained"]) == sorted(want)
