@@ -240,6 +240,15 @@ def _expert_parallel_fits(cfg: AutomodelCfg, dp_shard: int, findings: Findings) 
                 fix=f"set {path}=1, or {AUTOMODEL}.{key}={str(works).lower()}",
             )
             ok = False
+    if ok and cfg.torch_compile:
+        findings.warn(
+            "expert_parallel",
+            f"{AUTOMODEL}.torch_compile",
+            "decoder blocks are not compiled under expert parallelism (their MoE blocks run "
+            "collectives and data-dependent expert loops); the model trains eager",
+            value=True,
+            fix=f"set {AUTOMODEL}.torch_compile=false to say so, or {path}=1 to compile",
+        )
     if ok and dp_shard % ep:
         valid = [d for d in _divisors(dp_shard) if d > 1]
         findings.error(

@@ -50,6 +50,13 @@ def test_nemo_rl_expert_parallel_recipes_validate_and_render(relative, overrides
     assert "#SBATCH" in render_sbatch(spec)
 
 
+def test_validate_says_that_blocks_are_not_compiled_under_expert_parallelism():
+    with pytest.raises(ConfigError) as caught:  # a warning rides along with an error
+        planned(SFT_EP4, "policy.dtensor_cfg.expert_parallel_size=3")
+    warnings = {p.path: p.message for p in caught.value.problems if not p.is_error}
+    assert "not compiled under expert parallelism" in warnings["policy.automodel_cfg.torch_compile"]
+
+
 def test_an_expert_parallel_size_that_does_not_divide_the_shard_ranks_is_refused():
     found = plan_errors(SFT_EP4, "policy.dtensor_cfg.expert_parallel_size=3")
     assert found[EP] == (
