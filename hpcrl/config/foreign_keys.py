@@ -199,6 +199,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "whether NeMo Automodel patches the model's attention to PyTorch SDPA: which kernel "
         "computes attention, not what it computes",
     ),
+    inert(
+        "policy.automodel_cfg.automodel_kwargs.attn_implementation",
+        "which Hugging Face kernel computes attention (eager, sdpa, flash_attention_2), not "
+        "what it computes; hpcrl's Automodel backend loads the model with PyTorch SDPA",
+    ),
     off_only(
         "policy.automodel_cfg.automodel_kwargs.backend.fake_balanced_gate",
         "a fake balanced MoE router (NeMo Automodel's test switch) is not supported",
