@@ -35,8 +35,11 @@ def build_tiny_moe(path: Path, model_type: str = "qwen3_moe") -> str:
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts_per_tok=2,
         max_position_embeddings=64, tie_word_embeddings=False,
     )  # fmt: skip
-    if model_type == "qwen3_moe":
-        config: Any = Qwen3MoeConfig(
+    if model_type == "qwen3_moe_sparse":  # 16 experts, top-1: some get no token on a rank
+        common["num_experts_per_tok"] = 1
+        config: Any = Qwen3MoeConfig(num_experts=16, moe_intermediate_size=8, **common)
+    elif model_type == "qwen3_moe":
+        config = Qwen3MoeConfig(
             num_experts=4, moe_intermediate_size=16, norm_topk_prob=True, **common
         )
     else:
@@ -182,7 +185,9 @@ def run_ranks(
         ("qwen3_moe", 2, 1, False),  # plain FSDP2: the baseline EP must equal
         ("qwen3_moe", 2, 2, False),  # EP over all dp ranks, experts unsharded
         ("mixtral", 2, 2, True),  # with activation checkpointing (recomputed exchange)
-        ("qwen3_moe", 4, 2, False),  # two EP groups: experts FSDP-sharded over their 2 holders
+        # two EP groups: experts FSDP-sharded over their 2 holders, some routed no token in
+        # one group and some in the other (their FSDP collectives must still pair up)
+        ("qwen3_moe_sparse", 4, 2, False),
     ],
 )
 def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(

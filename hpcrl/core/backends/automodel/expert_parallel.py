@@ -13,7 +13,9 @@ Token exchange, written for gloo (which has no all-to-all), per MoE layer and pa
    experts on the tokens routed to them: a partial output for all the group's tokens;
 3. an all-reduce sums the partial outputs and each rank keeps its own rows.
 Backward mirrors it (the all-reduce's gradient is an all-gather, the all-gather's is an
-all-reduce of which a rank keeps its rows). Cost per layer, forward, with T tokens per rank
+all-reduce of which a rank keeps its rows). An expert no token of the whole batch is routed
+to is skipped by all its holders (a small all-reduce of per-expert counts among them), as
+one process skips it: no gradient, so AdamW leaves it untouched. Cost per layer, forward, with T tokens per rank
 and hidden size H: all-gather ep·T·H and all-reduce ep·T·H elements, and every rank routes
 ep·T tokens. An all-to-all (NCCL) moves only the routed k·T·H/ep·(ep−1) and is what
 NeMo Automodel uses; this exchange is exact, not fast.
@@ -69,6 +71,14 @@ class ExpertLayout:
 
     def owned(self) -> range:
         return range(self.ep_rank * self.per_rank, (self.ep_rank + 1) * self.per_rank)
+
+
+@attrs.frozen
+class ExpertGroups:
+    """The EP group (token exchange) and the holders of this rank's experts (None: alone)."""
+
+    ep: Any
+    holders: Any
 
 
 class AbsentExpert(nn.Module):
@@ -127,6 +137,8 @@ def apply_expert_parallel(
 
     ep_group = ep_mesh.get_group("ep")
     ep = ep_mesh["ep"].size()
+    holders = ep_mesh.get_group("ep_shard") if ep_mesh["ep_shard"].size() > 1 else None
+    groups = ExpertGroups(ep=ep_group, holders=holders)
     layout = ExpertLayout(check_expert_parallel(hf_model, ep), ep, ep_mesh.get_local_rank("ep"))
     owned = set(layout.owned())
     for block in moe_blocks(hf_model):
@@ -140,7 +152,7 @@ def apply_expert_parallel(
             fully_shard(expert, mesh=ep_mesh["ep_shard"], **fsdp_kwargs)
             for param in expert.parameters():
                 setattr(param, EXPERT_GROUP_ATTR, ep_group)
-        block.forward = types.MethodType(_expert_parallel_forward(layout, ep_group), block)
+        block.forward = types.MethodType(_expert_parallel_forward(layout, groups), block)
     hf_model.expert_layout = layout
     return layout
 
@@ -173,16 +185,22 @@ class _GradScale(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _expert_parallel_forward(layout: ExpertLayout, group: Any) -> Any:
+def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
     def forward(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         batch, length, hidden = hidden_states.shape
         local = hidden_states.reshape(-1, hidden)
-        sizes = _group_token_counts(local.shape[0], group, local.device)
-        gathered = _GatherTokens.apply(local, group, sizes)
+        sizes = _group_token_counts(local.shape[0], groups.ep, local.device)
+        gathered = _GatherTokens.apply(local, groups.ep, sizes)
         router_logits = block.gate(gathered)
-        partial = _owned_experts_output(block, layout, gathered, router_logits)
-        out = _SumToOwner.apply(partial, group, sizes)
-        rank = dist.get_rank(group)
+        weights, selected = _route(block, router_logits, gathered.dtype)
+        selected = selected.masked_fill(~_real_rows(sizes, local.device)[:, None], -1)
+        partial = torch.zeros_like(gathered)
+        for index in _experts_to_run(layout, selected, groups.holders):
+            rows, slot = torch.where(selected == index)
+            expert_out = block.experts[index](gathered[rows]) * weights[rows, slot, None]
+            partial = partial.index_add(0, rows, expert_out.to(gathered.dtype))
+        out = _SumToOwner.apply(partial, groups.ep, sizes)
+        rank = dist.get_rank(groups.ep)
         start = rank * max(sizes)
         own_logits = router_logits[start : start + sizes[rank]]
         return out.reshape(batch, length, hidden), own_logits
@@ -190,24 +208,37 @@ def _expert_parallel_forward(layout: ExpertLayout, group: Any) -> Any:
     return forward
 
 
-def _owned_experts_output(
-    block: nn.Module, layout: ExpertLayout, tokens: torch.Tensor, router_logits: torch.Tensor
-) -> torch.Tensor:
-    """Hugging Face's routing (softmax → top-k → renormalise), this rank's experts only.
-    Every owned expert runs, on no tokens if none are routed to it, so that the FSDP
-    collectives of its ep_shard ranks (other tokens, other routes) stay in step."""
+def _route(
+    block: nn.Module, router_logits: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's routing: softmax → top-k (→ renormalised); (weights, expert indices)."""
     weights = F.softmax(router_logits, dim=1, dtype=torch.float)
     weights, selected = torch.topk(weights, block.top_k, dim=-1)
     renormalise = MOE_BLOCKS[type(block).__name__]
     if renormalise if renormalise is not None else block.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    weights = weights.to(tokens.dtype)
-    output = torch.zeros_like(tokens)
-    for index in layout.owned():
-        rows, slot = torch.where(selected == index)
-        expert_out = block.experts[index](tokens[rows]) * weights[rows, slot, None]
-        output = output.index_add(0, rows, expert_out.to(tokens.dtype))
-    return output
+    return weights.to(dtype), selected
+
+
+def _real_rows(sizes: list[int], device: torch.device) -> torch.Tensor:
+    """Which rows of the gathered tokens are tokens (not the padding up to the longest rank)."""
+    longest = max(sizes)
+    position = torch.arange(longest, device=device)
+    return torch.cat([position < size for size in sizes])
+
+
+def _experts_to_run(layout: ExpertLayout, selected: torch.Tensor, holders: Any) -> list[int]:
+    """This rank's experts that some token of the whole data-parallel batch is routed to.
+
+    One process skips an expert no token reaches (no gradient: AdamW leaves it alone, no
+    weight decay, no momentum step); so does EP, and it decides it from the count over all
+    the expert's holders, so that they run (and FSDP-reduce) the same experts: an expert
+    some other group routes tokens to runs here on no tokens."""
+    owned = list(layout.owned())
+    counts = torch.stack([(selected == index).sum() for index in owned])
+    if holders is not None:
+        dist.all_reduce(counts, group=holders)
+    return [index for index, count in zip(owned, counts.tolist(), strict=True) if count > 0]
 
 
 def _group_token_counts(count: int, group: Any, device: torch.device) -> list[int]:
