@@ -350,8 +350,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                 "chunked prefill, cached prefixes, last-token logits): speed, not the samples",
             ),
             "logging_step_interval": "how often NeMo RL's Megatron inference engine logs",
-            "refit_backend": "the copy service of NeMo RL's non-colocated Megatron refit; "
-            "hpcrl samples in process (colocated) from the refitted weights",
+            "refit_backend": "the transport of NeMo RL's non-colocated Megatron refit "
+            "(gloo, nccl, nvshmem); hpcrl moves the same weights through Ray's object store",
             "activation_checkpointing": "recomputation in backward; inference runs no backward",
         }.items()
     ),  # fmt: skip
