@@ -213,7 +213,8 @@ def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(
 
 def _worker_rank(rank: int, world: int, port: int, model_path: str, out: str) -> None:
     """The Automodel worker itself at EP=2: one train step on this rank's rows, its weights
-    for refit and as an HF export, then a checkpoint saved and loaded into a fresh worker."""
+    for refit and as an HF export, then a checkpoint saved and loaded into a fresh worker at
+    EP=2 and into one without EP."""
     import attrs
 
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
@@ -243,8 +244,16 @@ def _worker_rank(rank: int, world: int, port: int, model_path: str, out: str) ->
         fresh.setup(recipe, info, model_path)
         fresh.load_checkpoint(f"{out}.ckpt")
         loaded = dict(fresh.export_hf_weights())
-        torch.save({"metrics": metrics, "trained": trained, "loaded": loaded}, f"{out}.{rank}")
         fresh.close()
+        plain = AutomodelWorker()  # the same checkpoint resumed without EP (DCP reshards)
+        plain.setup(with_automodel(recipe, expert_parallel_size=1), info, model_path)
+        plain.load_checkpoint(f"{out}.ckpt")
+        resharded = dict(plain.export_hf_weights())
+        plain.close()
+        torch.save(
+            {"metrics": metrics, "trained": trained, "loaded": loaded, "resharded": resharded},
+            f"{out}.{rank}",
+        )
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -275,3 +284,4 @@ def test_automodel_worker_at_ep2_trains_exports_and_checkpoints_as_one_process(t
         for name, tensor in want.items():
             torch.testing.assert_close(result["trained"][name], tensor, atol=2e-5, rtol=1e-5)
             assert torch.equal(result["loaded"][name], result["trained"][name]), name
+            assert torch.equal(result["resharded"][name], result["trained"][name]), name
