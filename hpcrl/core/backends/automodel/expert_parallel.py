@@ -242,9 +242,9 @@ def _experts_to_run(layout: ExpertLayout, selected: torch.Tensor, holders: Any) 
 
 
 def _group_token_counts(count: int, group: Any, device: torch.device) -> list[int]:
-    counts = [torch.zeros((), dtype=torch.long, device=device) for _ in range(group.size())]
-    dist.all_gather(counts, torch.tensor(count, dtype=torch.long, device=device), group=group)
-    return [int(c) for c in counts]
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(group.size())]
+    dist.all_gather(counts, torch.tensor([count], dtype=torch.long, device=device), group=group)
+    return [int(c) for c in torch.cat(counts).tolist()]
 
 
 class _GatherTokens(torch.autograd.Function):
