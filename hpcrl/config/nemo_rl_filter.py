@@ -28,7 +28,7 @@ from typing import Any
 import attrs
 
 from hpcrl.config.errors import NO_VALUE, Problem
-from hpcrl.config.foreign_keys import filter_foreign_keys
+from hpcrl.config.foreign_keys import TakenOut, take_out_foreign_keys
 from hpcrl.config.suggestions import did_you_mean
 
 #: hpcrl's section names -> NeMo RL's (the registry speaks NeMo RL's; hpcrl.config.aliases)
@@ -136,36 +136,49 @@ def take_out_nemo_rl_keys(data: dict[str, Any], raw: Mapping[str, Any], schema: 
     """``data`` without the keys its schema does not hold, with a problem for each refused
     one and a record of each accepted one. ``raw``: the same config as written (before
     interpolation), to recognise a default written as ``${...}``."""
-    data = copy.deepcopy(data)  # the caller's dict is the resolved recipe: left whole
-    switched_off = _take_out_switched_off(data)
-    accepted: list[tuple[tuple[str, ...], Any, Any]] = []
-    kept, problems = filter_foreign_keys(data, schema, accepted=accepted)
-    unused = [
-        UnusedKey(
-            path=".".join(parts),
-            value=value,
-            why=entry.reason if entry.status == "inert" else f"off ({entry.off_text()})",
-            at_default=entry.status != "inert",
-        )
-        for parts, value, entry in accepted
-    ]
-    unused = switched_off + unused
+    kept = copy.deepcopy(data)  # the caller's dict is the resolved recipe: left whole
+    switched_off = _take_out_switched_off(kept)
+    problems: list[Problem] = []
     backend = _at(kept, ("policy", "generation", "backend"))
     if isinstance(backend, str) and backend in OTHER_BACKENDS:
         problems.append(_other_backend(backend))
         # the refusal says it all; the rest of the recipe is checked as if it named vLLM
         kept["policy"]["generation"]["backend"] = "vllm"
-    walk = _Walk(raw=raw, problems=problems, unused=unused, backend=backend)
+    walk = _Walk(raw=raw, problems=problems, unused=[], backend=backend)
     walk.section(kept, (), schema)
-    return Judged(kept=kept, problems=problems, unused=tuple(unused))
+    # foreign_keys' decisions first, in its table's order (as that table reads)
+    foreign = sorted(walk.foreign, key=lambda taken: taken.order)
+    refused = [taken.refusal for taken in foreign if taken.refusal is not None]
+    accepted = [
+        UnusedKey(
+            path=".".join(taken.parts),
+            value=taken.value,
+            why=taken.entry.reason
+            if taken.entry.status == "inert"
+            else f"off ({taken.entry.off_text()})",
+            at_default=taken.entry.status != "inert",
+        )
+        for taken in foreign
+        if taken.refusal is None
+    ]
+    return Judged(
+        kept=kept,
+        problems=refused + problems,
+        unused=(*switched_off, *accepted, *walk.unused),
+    )
 
 
 @attrs.define
 class _Walk:
+    """One walk over the recipe's schema sections: each key the schema does not hold is
+    judged where it stands (``foreign_keys``' table, then the sections NeMo RL reads only
+    under a setting hpcrl refuses, then NeMo RL's key registry) and taken out."""
+
     raw: Mapping[str, Any]
     problems: list[Problem]
     unused: list[UnusedKey]
     backend: Any = None  # policy.generation.backend as written
+    foreign: list[TakenOut] = attrs.field(factory=list)  # foreign_keys' decisions
 
     def section(self, data: dict[str, Any], parts: tuple[str, ...], cls: type) -> None:
         """Keys of a schema section: fields walk on, the others are judged."""
@@ -177,8 +190,10 @@ class _Walk:
                 if sub is not None and isinstance(data[key], dict):
                     self.section(data[key], here, sub)
                 continue
-            if not self.judge(here, data[key]):
-                self.problems.append(_unknown_in_section(here, data[key], cls))
+            taken, rest = take_out_foreign_keys(here, data[key])
+            self.foreign += taken
+            if rest is not NO_VALUE and not self.judge(here, rest):
+                self.problems.append(_unknown_in_section(here, rest, cls))
             del data[key]
 
     def judge(self, parts: tuple[str, ...], value: Any) -> bool:
