@@ -133,7 +133,12 @@ def main() -> None:
         help_times = timed([*hpcrl, "--help"])
         render = timed([*hpcrl, "render", RECIPE, "--cluster", PROFILE, "-o", str(cwd / "run")])
         validate = timed([*hpcrl, "validate", RECIPE, "--cluster", PROFILE])
-        container = [*hpcrl, "render", CONTAINER_RECIPE, "--cluster", CONTAINER_PROFILE, "-o"]
+        # the container profile mounts /tmp only: the data must be under it (validate refuses
+        # a data file no container mount reaches)
+        data = cwd / "data.jsonl"
+        data.write_text('{"prompt": "1+1", "answer": "2"}\n' * 64, encoding="utf-8")
+        container = [*hpcrl, "render", CONTAINER_RECIPE, "--cluster", CONTAINER_PROFILE,
+                     f"data.train_path={data}", "-o"]  # fmt: skip
         new_bundle = timed(lambda index: [*container, str(cwd / f"fresh{index}" / "run")])
         bundle_reused = timed(lambda index: [*container, str(cwd / "shared" / f"run{index}")])
         bundle_mb = _folder_mb(next((cwd / "shared" / ".hpcrl-bundles").iterdir()))

@@ -172,6 +172,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "whether NeMo Automodel patches the model's attention to PyTorch SDPA: which kernel "
         "computes attention, not what it computes",
     ),
+    inert(
+        "policy.automodel_cfg.automodel_kwargs.attn_implementation",
+        "which Hugging Face kernel computes attention (eager, sdpa, flash_attention_2), not "
+        "what it computes; hpcrl's Automodel backend loads the model with PyTorch SDPA",
+    ),
     off_only(
         "policy.automodel_cfg.automodel_kwargs.backend.fake_balanced_gate",
         "a fake balanced MoE router (NeMo Automodel's test switch) is not supported",
@@ -318,8 +323,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                 "chunked prefill, cached prefixes, last-token logits): speed, not the samples",
             ),
             "logging_step_interval": "how often NeMo RL's Megatron inference engine logs",
-            "refit_backend": "the copy service of NeMo RL's non-colocated Megatron refit; "
-            "hpcrl samples in process (colocated) from the refitted weights",
+            "refit_backend": "the transport of NeMo RL's non-colocated Megatron refit "
+            "(gloo, nccl, nvshmem); hpcrl moves the same weights through Ray's object store",
             "activation_checkpointing": "recomputation in backward; inference runs no backward",
         }.items()
     ),  # fmt: skip

@@ -1,14 +1,15 @@
-"""Rules of ``policy.generation.backend: megatron``: NeMo RL's sampling in process from the
-Megatron policy's own weights, on the training workers.
+"""Rules of ``policy.generation.backend: megatron``: NeMo RL's sampling from the Megatron
+policy's own weights, on the training workers (colocated) or on a dedicated inference model
+of its own GPUs (not colocated).
 
-hpcrl samples for it with its torch sampler inside each Megatron worker, fed the policy's
-current weights by the Megatron refit (megatron-bridge's HF export) before every generation:
-the same model, the same sampling (temperature, top_p, top_k, max_new_tokens, the EOS token
-and stop_strings, which are what NeMo RL's Megatron generation honours). What that cannot
-be is refused here: generation from a policy that is not a Megatron model, and stop tokens
-NeMo RL's Megatron generation does not stop at. A dedicated inference model on workers of
-its own is refused by ``hpcrl.config.node_split.rule_node_split``; the engine options of
-``policy.generation.mcore_generation_config`` by ``hpcrl.config.nemo_rl_filter``.
+hpcrl samples for it with its torch sampler, inside each Megatron worker or in generation
+workers of their own (``hpcrl.plan.generation``), fed the policy's current weights by the
+Megatron refit (megatron-bridge's HF export) before every generation: the same model, the
+same sampling (temperature, top_p, top_k, max_new_tokens, the EOS token and stop_strings,
+which are what NeMo RL's Megatron generation honours). What that cannot be is refused here:
+generation from a policy that is not a Megatron model, and stop tokens NeMo RL's Megatron
+generation does not stop at; the engine options of ``policy.generation.mcore_generation_config``
+by ``hpcrl.config.nemo_rl_filter``.
 """
 
 from __future__ import annotations

@@ -93,20 +93,17 @@ def rule_node_split(recipe: Recipe) -> list[Problem]:
     """What NeMo RL's setup asserts about a non-colocated split, as problems."""
     if not has_separate_generation(recipe):
         return []
-    backend = recipe.policy.generation.backend
-    if backend in ("torch", "megatron"):
+    if recipe.policy.generation.backend == "torch":
+        # hpcrl's own backend name for sampling inside the training ranks; NeMo RL's
+        # megatron backend on workers of their own is served by the same sampler there.
         return [
             Problem(
                 path=f"{COLOCATED}.enabled",
                 value=False,
-                message=f"policy.generation.backend {backend} samples inside the training "
-                "workers; generation workers of their own need the vLLM backend"
-                + (
-                    " (NeMo RL's dedicated Megatron inference model is not built by hpcrl)"
-                    if backend == "megatron"
-                    else ""
-                ),
-                fix=f"set policy.generation.backend=vllm, or {COLOCATED}.enabled=true",
+                message="policy.generation.backend torch samples inside the training "
+                "workers; generation workers of their own need the vLLM or megatron backend",
+                fix=f"set policy.generation.backend=vllm (or megatron with the Megatron "
+                f"policy), or {COLOCATED}.enabled=true",
             )
         ]
     total, per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node

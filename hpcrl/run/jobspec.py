@@ -61,7 +61,9 @@ class ParallelLayout:
 
 @attrs.frozen(kw_only=True)
 class GenerationPlacement:
-    """Where separate (non-colocated) vLLM generation workers run among the job's nodes.
+    """Where separate (non-colocated) generation workers run among the job's nodes: vLLM
+    engines, or (``policy.generation.backend: megatron``) hpcrl's torch sampler refitted from
+    the Megatron policy, as NeMo RL's dedicated Megatron inference model is.
 
     Nodes are numbered as the job orders them (node 0 is the driver's). Training always takes
     nodes ``0 .. training_nodes-1``; generation takes ``num_nodes`` nodes from ``first_node``:
@@ -76,6 +78,7 @@ class GenerationPlacement:
     slots_per_engine: int  # vllm_cfg.tensor_parallel_size × pipeline_parallel_size (GPU)
     training_nodes: int
     training_slots_per_node: int
+    backend: str = "vllm"  # policy.generation.backend: vllm | megatron
 
     @property
     def shares_nodes(self) -> bool:
@@ -90,12 +93,20 @@ class GenerationPlacement:
         """One line for the script, e.g. ``training on nodes 0-1 (8 GPUs each); vLLM
         generation on node 2 (8 GPUs each; 4 engine(s) of 2)``."""
         other = "the other " if self.shares_nodes else ""
+        engine = _SEPARATE_ENGINES[self.backend]
         return (
             f"training on {_nodes(0, self.training_nodes)} ({self.training_slots_per_node} "
-            f"{unit} each); vLLM generation on {_nodes(self.first_node, self.num_nodes)} "
+            f"{unit} each); {engine} on {_nodes(self.first_node, self.num_nodes)} "
             f"({other}{self.slots_per_node} {unit} each; {self.num_engines} engine(s) of "
             f"{self.slots_per_engine})"
         )
+
+
+#: How ``describe`` names the separate engines of each generation backend.
+_SEPARATE_ENGINES = {
+    "vllm": "vLLM generation",
+    "megatron": "Megatron generation (hpcrl's torch sampler, refitted from the policy)",
+}
 
 
 def _nodes(first: int, count: int) -> str:

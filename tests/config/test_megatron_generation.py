@@ -1,6 +1,7 @@
 """``policy.generation.backend: megatron`` (NeMo RL's generation from the Megatron policy
 itself): NeMo RL's own recipe loads and plans, ``validate`` says how hpcrl samples for it,
-and what hpcrl cannot do the same way is refused with its path, reason and fix. That it
+the non-colocated form plans generation workers of their own, and what hpcrl cannot do the
+same way is refused with its path, reason and fix. That it
 samples from the policy's current weights under the sampling distribution and learns:
 tests/megatron/test_generate.py and tests/megatron/test_learns.py."""
 
@@ -9,13 +10,15 @@ from __future__ import annotations
 import pytest
 
 from hpcrl.config import ConfigError
-from hpcrl.core.generation.engine import engine_spec
-from hpcrl.plan.generation import IN_PROCESS
+from hpcrl.core.generation.engine import colocated_engine_spec, engine_spec
+from hpcrl.plan.generation import IN_PROCESS, SEPARATE_MEGATRON
 from hpcrl.plan.planner import plan
+from hpcrl.render.script import render_sbatch
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl
 from tests.plan.planning_inputs import GOLDEN_RUN_DIR, pyxis_profile
 
 RECIPE = "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml"
+NON_COLOCATED = "recipes/llm/grpo-llama3.2-1b-instruct-2n8g-megatron_generation-noncolocated.yaml"
 
 
 def errors_of(relative: str, overrides: list[str]) -> dict[str, str]:
@@ -53,15 +56,38 @@ def test_megatron_generation_with_the_automodel_policy_is_refused():
     )
 
 
-def test_a_dedicated_megatron_inference_model_is_refused():
-    errors = errors_of(
-        "recipes/llm/grpo-llama3.2-1b-instruct-2n8g-megatron_generation-noncolocated.yaml", []
-    )
-    assert list(errors) == ["policy.generation.colocated.enabled"]
+def test_nemo_rl_non_colocated_megatron_generation_plans_on_workers_of_its_own():
+    # NeMo RL builds a dedicated Megatron inference model on the generation node, synced
+    # from the policy before every generation; hpcrl samples there with its torch sampler,
+    # fed the same weights by the refit (one engine per GPU).
+    loaded = load_as_hpcrl(config_path(NON_COLOCATED))
+    recipe = loaded.recipe
+    spec = plan(recipe, pyxis_profile(), run_dir=GOLDEN_RUN_DIR, recipe_source="nemo-rl")
+    assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (2, 8, 8)
+    assert spec.generation is not None
+    assert (spec.generation.backend, spec.generation.first_node) == ("megatron", 1)
+    assert (spec.generation.num_engines, spec.generation.slots_per_engine) == (8, 1)
+    said = [c.message for c in spec.checks if c.name == "generation" and c.status == "passed"]
+    assert said == [
+        "training on node 0 (8 GPUs each); Megatron generation (hpcrl's torch sampler, "
+        "refitted from the policy) on node 1 (8 GPUs each; 8 engine(s) of 1)",
+        SEPARATE_MEGATRON,
+    ]
     assert (
-        "(NeMo RL's dedicated Megatron inference model is not built by hpcrl)"
-        in (errors["policy.generation.colocated.enabled"])
+        "# Split: training on node 0 (8 GPUs each); Megatron generation (hpcrl's torch "
+        "sampler, refitted from the policy) on node 1 (8 GPUs each; 8 engine(s) of 1).\n"
+        in render_sbatch(spec)
     )
+    # training ranks hold no engine; the separate workers build hpcrl's sampler
+    assert colocated_engine_spec(recipe, "/m", "cuda") is None
+    assert engine_spec(recipe, "/m", "cuda").backend == "torch"
+    # the refit transport of NeMo RL's dedicated model is accepted for what it is
+    (entry,) = [
+        key
+        for key in loaded.unused_nemo_rl_keys
+        if key.path == "policy.generation.mcore_generation_config.refit_backend"
+    ]
+    assert "Ray's object store" in entry.why
 
 
 def test_stop_token_ids_nemo_rl_megatron_generation_ignores_are_refused():

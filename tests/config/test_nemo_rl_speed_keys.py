@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpcrl.config.errors import ConfigError
 from hpcrl.config.recipe import SequencePackingCfg
 from hpcrl.core.workers.micro_batches import BatchingSettings, plan_shards
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl
@@ -27,6 +28,21 @@ def test_refit_buffer_size_is_accepted_as_a_bucket_size():
     (entry,) = [key for key in loaded.unused_nemo_rl_keys if key.path == path]
     assert entry.value == 8 and not entry.at_default
     assert "in how many pieces the same weights reach the engine" in entry.why
+
+
+def test_automodel_attn_implementation_is_a_kernel_choice():
+    """NeMo RL passes automodel_kwargs to from_pretrained (its dapo-mistral-medium recipe:
+    attn_implementation: eager); which kernel computes attention is accepted with the
+    reason, any other extra from_pretrained argument is still refused."""
+    kwargs = "policy.dtensor_cfg.automodel_kwargs"
+    loaded = load_as_hpcrl(
+        config_path("grpo_math_1B.yaml"), [f"+{kwargs}.attn_implementation=eager"]
+    )
+    path = f"{kwargs}.attn_implementation"  # named as the user wrote it
+    (entry,) = [key for key in loaded.unused_nemo_rl_keys if key.path == path]
+    assert entry.value == "eager" and "not what it computes" in entry.why
+    with pytest.raises(ConfigError, match=r"automodel_kwargs.*extra from_pretrained arguments"):
+        load_as_hpcrl(config_path("grpo_math_1B.yaml"), [f"+{kwargs}.trust_remote_code=true"])
 
 
 def test_a_packing_budget_below_the_longest_sequence_warns_as_nemo_rl_fails_late():

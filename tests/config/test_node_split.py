@@ -125,8 +125,9 @@ def test_the_torch_engine_cannot_have_workers_of_its_own():
     assert formatted(split_problems(1, 8, None, 4, backend="torch")) == {
         "policy.generation.colocated.enabled": "error: policy.generation.colocated.enabled = "
         "False: policy.generation.backend torch samples inside the training workers; "
-        "generation workers of their own need the vLLM backend\n"
-        "  fix: set policy.generation.backend=vllm, or policy.generation.colocated.enabled=true"
+        "generation workers of their own need the vLLM or megatron backend\n"
+        "  fix: set policy.generation.backend=vllm (or megatron with the Megatron policy), or "
+        "policy.generation.colocated.enabled=true"
     }
 
 

@@ -82,13 +82,23 @@ def _eager(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
     return out, keys, values, valid
 
 
-def _triton(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _launches() -> list:
+    """The default launch (one program per query group, 16 columns: many splits to combine)
+    and the per-head kernel over 64 columns: both must give the eager path's results."""
+    from hpcrl.core.generation.triton_attention import KernelLaunch
+
+    return [KernelLaunch(), KernelLaunch(block_n=64, num_warps=4, grouped=False)]
+
+
+def _triton(
+    case: dict, launch: object = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     from hpcrl.core.generation import triton_attention
 
     keys, values, valid = case["keys"].clone(), case["values"].clone(), case["valid"].clone()
     out = triton_attention.decode_attention_triton(
         case["q"], case["k"], case["v"], keys, values, valid, case["column"],
-        case["width"], case["scale"],
+        case["width"], case["scale"], launch=launch or triton_attention.KernelLaunch(),
     )  # fmt: skip
     return out, keys, values, valid
 
@@ -99,10 +109,11 @@ def check_equals_eager(heads: str, kv_heads: str) -> None:
     case = _case(seed=heads_n * 10 + kv_n, rows=5, heads=heads_n, kv_heads=kv_n,
                  dtype=torch.float32)  # fmt: skip
     want, want_keys, want_values, want_valid = _eager(case)
-    got, got_keys, got_values, got_valid = _triton(case)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert torch.equal(got_keys, want_keys) and torch.equal(got_values, want_values)
-    assert torch.equal(got_valid, want_valid)
+    for launch in _launches():
+        got, got_keys, got_values, got_valid = _triton(case, launch)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=str(launch))
+        assert torch.equal(got_keys, want_keys) and torch.equal(got_values, want_values)
+        assert torch.equal(got_valid, want_valid)
 
 
 def check_rotary_in_kernel(dtype_name: str) -> None:
@@ -124,15 +135,16 @@ def check_rotary_in_kernel(dtype_name: str) -> None:
         "k": rotate(wide(case["k"]), wide(cos)[:, None], wide(sin)[:, None]).to(dtype),
     }
     want, want_keys, want_values, want_valid = _triton({**case, **rotated})
-    keys, values, valid = case["keys"].clone(), case["values"].clone(), case["valid"].clone()
-    got = triton_attention.decode_attention_triton(
-        case["q"], case["k"], case["v"], keys, values, valid, case["column"],
-        case["width"], case["scale"], rotary=(cos, sin),
-    )  # fmt: skip
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
-    torch.testing.assert_close(keys, want_keys, atol=tolerance, rtol=tolerance)
-    assert torch.equal(values, want_values) and torch.equal(valid, want_valid)
+    for launch in _launches():
+        keys, values, valid = (case[name].clone() for name in ("keys", "values", "valid"))
+        got = triton_attention.decode_attention_triton(
+            case["q"], case["k"], case["v"], keys, values, valid, case["column"],
+            case["width"], case["scale"], rotary=(cos, sin), launch=launch,
+        )  # fmt: skip
+        torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance, msg=str(launch))
+        torch.testing.assert_close(keys, want_keys, atol=tolerance, rtol=tolerance)
+        assert torch.equal(values, want_values) and torch.equal(valid, want_valid)
 
 
 def check_bf16_rounding() -> None:

@@ -1,7 +1,7 @@
 """The one generation seam: what a worker's engine does, and the spec every engine is built from.
 
 A training worker (``hpcrl.core.workers.actor.TrainingWorker``) holds at most one colocated
-engine; separate vLLM workers (``hpcrl.core.workers.vllm_workers``) hold one each. Both
+engine; separate generation workers (``hpcrl.core.workers.vllm_workers``) hold one each. Both
 kinds of engine, hpcrl's ``TorchEngine`` and ``VllmEngine``, take the same calls:
 
 - ``generate(prompt_ids, cfg, seed)`` → ``GenerationOutput``'s fields for one shard;
@@ -139,9 +139,8 @@ def engine_spec(recipe: Recipe, model_path: str, device: str) -> EngineSpec:
 
 def colocated_engine_spec(recipe: Recipe, model_path: str, device: str) -> EngineSpec | None:
     """The spec of the engine each training worker holds; None when generation runs on
-    separate vLLM workers."""
-    generation = recipe.policy.generation
-    if generation.backend == "vllm" and not generation.colocated.enabled:
+    separate workers (vLLM engines, or the torch sampler of non-colocated Megatron generation)."""
+    if not recipe.policy.generation.colocated.enabled:
         return None
     return engine_spec(recipe, model_path, device)
 

@@ -4,16 +4,17 @@ query per row attending to the first ``width`` columns.
 
 The eager path (``kv_cache.decode_attention``) runs seven kernels per layer: rotary, two
 cache writes (``index_copy_``), the scores' batched matmul, the softmax (two kernels) and the
-probabilities' batched matmul. Here (flash-decoding): one program per (row, query head,
-block of ``BLOCK_N`` columns) rotates its query and the new key, reads that block's keys and
-values once and leaves its softmax's max, sum and weighted values; a second kernel per (row,
-head) combines the blocks. Splitting the columns keeps many independent loads in flight: one
-program per (row, head) walking the columns in a loop was slower than the eager kernels, and
-one program per (row, kv head, block) serving the whole query group with two tensor-core
-products was 5x slower at batch 256 (measured: docs/performance.md, "Figures behind the
-code"). The current column's k/v come from the kernel's inputs, not the cache, so the
-program that writes them (the first column block of the group's first query head) races
-with nobody.
+probabilities' batched matmul. Here (flash-decoding): one program per (row, kv head, block
+of columns) rotates the new key, reads that block's keys and values once and, for each query
+head of the group in turn (elementwise products in registers, no tensor-core tile),
+rotates the query and leaves its softmax's max, sum and weighted values; a second kernel
+per (row, head) combines the blocks. Small blocks with one warp keep many independent loads
+in flight (``KernelLaunch``'s default; the per-query-head program, re-reading the block for
+each head, is kept as ``grouped=False``). One program per (row, head) walking the columns
+in a loop was slower than the eager kernels, and a grouped program with two tensor-core
+products on a 16-row padded tile 5x slower at batch 256 (docs/performance.md, "Figures
+behind the code"). The current column's k/v come from the kernel's inputs, not the cache,
+so the programs that write them (the first column block's) race with nobody.
 
 Numerics: the rotation in float32, rounded once to the input's dtype (what the compiled
 ``decoder.rotate_pair`` computes); scores, softmax and the weighted sum in float32, the
@@ -30,13 +31,12 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import triton
 import triton.language as tl
 
 if TYPE_CHECKING:
     import torch
-
-BLOCK_N = 64
 
 
 def _partial_kernel(
@@ -102,6 +102,72 @@ def _partial_kernel(
     tl.store(acc_ptr + slot * D + d, acc)
 
 
+def _grouped_partial_kernel(
+    q_ptr, k_new_ptr, v_new_ptr, cos_ptr, sin_ptr,
+    keys_ptr, values_ptr, valid_ptr, column_ptr, ml_ptr, acc_ptr,
+    width, scale,
+    stride_qb, stride_qh,
+    stride_kb, stride_kh,
+    stride_vnb, stride_vnh,
+    stride_rb,
+    stride_cb, stride_ch, stride_cc,
+    stride_vb,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
+    ROTARY: tl.constexpr,
+):  # fmt: skip
+    """``_partial_kernel`` with one program per (row, kv head, block) serving its whole query
+    group from one load of the block's keys and values (the query heads in an unrolled loop
+    of elementwise products; same numerics, same ``ml``/``acc`` slots)."""
+    row = tl.program_id(0)
+    kv = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = tl.num_programs(1) * GROUP
+    d = tl.arange(0, D)
+    column = tl.load(column_ptr)
+    k_at = k_new_ptr + row * stride_kb + kv * stride_kh
+    k_new = tl.load(k_at + d)
+    partner = (d + D // 2) % D
+    if ROTARY:
+        cos = tl.load(cos_ptr + row * stride_rb + d).to(tl.float32)
+        sin = tl.load(sin_ptr + row * stride_rb + d).to(tl.float32)
+        sin = tl.where(d < D // 2, -sin, sin)
+        k_partner = tl.load(k_at + partner).to(tl.float32)
+        k_new = (k_new.to(tl.float32) * cos + k_partner * sin).to(k_new_ptr.dtype.element_ty)
+    v_new = tl.load(v_new_ptr + row * stride_vnb + kv * stride_vnh + d)
+    cache_row = row * stride_cb + kv * stride_ch
+    if split == 0:
+        tl.store(keys_ptr + cache_row + column * stride_cc + d, k_new)
+        tl.store(values_ptr + cache_row + column * stride_cc + d, v_new)
+        if kv == 0:
+            tl.store(valid_ptr + row * stride_vb + column, 1)
+    cols = split * BLOCK + tl.arange(0, BLOCK)
+    in_range = cols < width
+    current = cols == column
+    offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
+    keys = tl.load(keys_ptr + offsets, mask=in_range[:, None], other=0.0)
+    vals = tl.load(values_ptr + offsets, mask=in_range[:, None], other=0.0)
+    seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
+    visible = ((seen != 0) | current) & in_range
+    keys = tl.where(current[:, None], k_new[None, :], keys).to(tl.float32)
+    vals = tl.where(current[:, None], v_new[None, :], vals).to(tl.float32)
+    for member in tl.static_range(GROUP):
+        head = kv * GROUP + member
+        q_at = q_ptr + row * stride_qb + head * stride_qh
+        q = tl.load(q_at + d).to(tl.float32)
+        if ROTARY:
+            q_partner = tl.load(q_at + partner).to(tl.float32)
+            q = (q * cos + q_partner * sin).to(q_ptr.dtype.element_ty).to(tl.float32)
+        scores = tl.sum(keys * q[None, :], axis=1) * scale
+        scores = tl.where(visible, scores, -3.0e38)
+        m = tl.max(scores, axis=0)
+        p = tl.where(visible, tl.exp(scores - m), 0.0)
+        acc = tl.sum(p[:, None] * vals, axis=0)
+        slot = (row * num_heads + head) * SPLITS + split
+        tl.store(ml_ptr + slot * 2, m)
+        tl.store(ml_ptr + slot * 2 + 1, tl.sum(p, axis=0))
+        tl.store(acc_ptr + slot * D + d, acc)
+
+
 def _combine_kernel(
     ml_ptr, acc_ptr, out_ptr, splits, stride_ob,
     D: tl.constexpr, SPLITS: tl.constexpr,
@@ -120,11 +186,32 @@ def _combine_kernel(
     tl.store(out_ptr + row * stride_ob + head * D + d, out.to(out_ptr.dtype.element_ty))
 
 
+@attrs.frozen
+class KernelLaunch:
+    """How the partial kernel is launched: its column block, warps and pipeline stages, and
+    whether one program serves a whole query group (``grouped``) or one query head.
+
+    The default was the fastest of 32 launches at 64 and at 256 rows on one H200
+    (``benchmarks/decode_attention_kernels.py``, docs/performance.md: TinyLlama's heads, widths
+    64/128/192 summed: 43.1 µs at 64 rows and 130.9 at 256, against 75.8 and 273 for the
+    per-head launch over 64 columns with four warps used before): many small programs, each
+    reading its block once for the whole group, keep the most loads in flight."""
+
+    block_n: int = 16
+    num_warps: int = 1
+    num_stages: int = 3
+    grouped: bool = True
+
+
 @functools.cache
-def _kernels() -> tuple[Any, Any]:
+def _kernels() -> tuple[Any, Any, Any]:
     """The jitted kernels, built on first use: ``triton.jit`` decides then whether they run
     compiled or in the interpreter (``TRITON_INTERPRET``)."""
-    return triton.jit(_partial_kernel), triton.jit(_combine_kernel)
+    return (
+        triton.jit(_partial_kernel),
+        triton.jit(_grouped_partial_kernel),
+        triton.jit(_combine_kernel),
+    )
 
 
 def decode_attention_triton(
@@ -138,12 +225,14 @@ def decode_attention_triton(
     width: int,
     scale: float,
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    launch: KernelLaunch = KernelLaunch(),
 ) -> torch.Tensor:
     """Write ``k``/``v`` [b, Hkv, D] at cache column ``column`` (a 1-element device tensor)
     of ``keys``/``values`` [b, Hkv, C, D], mark it in ``valid`` [b, C] (bool), and return
     the attention of ``q`` [b, H, D] over columns ``:width`` as [b, H*D]. ``rotary``: the
     rows' ``(cos, sin)`` [b, D]; given, ``q`` and ``k`` come in unrotated and the kernel
-    rotates them (the cache receives the rotated keys)."""
+    rotates them (the cache receives the rotated keys). ``launch``: how the partial kernel
+    runs (``benchmarks/decode_attention_kernels.py`` measures the choices)."""
     import torch
 
     b, num_heads, head_dim = q.shape
@@ -153,12 +242,14 @@ def decode_attention_triton(
     assert head_dim & (head_dim - 1) == 0, "head_dim must be a power of two"
     cos, sin = rotary if rotary is not None else (q, q)
     assert cos.stride() == sin.stride() and cos.stride(-1) == 1
-    splits = triton.cdiv(width, BLOCK_N)
+    splits = triton.cdiv(width, launch.block_n)
     padded_splits = triton.next_power_of_2(splits)
-    partial, combine = _kernels()
+    per_head, per_group, combine = _kernels()
+    partial = per_group if launch.grouped else per_head
+    programs_per_row = num_kv if launch.grouped else num_heads
     ml = torch.empty((b, num_heads, padded_splits, 2), dtype=torch.float32, device=q.device)
     acc = torch.empty((b, num_heads, padded_splits, head_dim), dtype=torch.float32, device=q.device)
-    partial[(b, num_heads, splits)](
+    partial[(b, programs_per_row, splits)](
         q, k, v, cos, sin, keys, values, valid.view(torch.uint8), column, ml, acc,
         width, scale,
         q.stride(0), q.stride(1),
@@ -167,8 +258,8 @@ def decode_attention_triton(
         cos.stride(0),
         keys.stride(0), keys.stride(1), keys.stride(2),
         valid.stride(0),
-        GROUP=num_heads // num_kv, D=head_dim, BLOCK=BLOCK_N, SPLITS=padded_splits,
-        ROTARY=rotary is not None,
+        GROUP=num_heads // num_kv, D=head_dim, BLOCK=launch.block_n, SPLITS=padded_splits,
+        ROTARY=rotary is not None, num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     out = torch.empty((b, num_heads * head_dim), dtype=q.dtype, device=q.device)
     combine[(b, num_heads)](

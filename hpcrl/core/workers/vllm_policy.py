@@ -1,4 +1,6 @@
-"""``VllmPolicy``: a training policy whose generation runs on separate vLLM workers.
+"""``VllmPolicy``: a training policy whose generation runs on separate workers (vLLM
+engines; for ``policy.generation.backend: megatron``, hpcrl's torch sampler, which the same
+refit feeds the Megatron policy's weights as NeMo RL's dedicated Megatron inference model).
 
 Colocated engines (the torch engine, or vLLM with ``policy.generation.colocated.enabled``)
 need no wrapper: each training worker holds its engine and ``RayPolicy.generate`` samples
@@ -121,15 +123,15 @@ def wrap_policy(
     device: str,
     placement: GenerationPlacement | None = None,
 ) -> Policy:
-    """``training`` itself when its workers sample (torch engine, colocated vLLM); else a
+    """``training`` itself when its workers sample (colocated generation); else a
     ``VllmPolicy`` with separate engines. ``placement``: the plan's separate generation
     workers (``JobSpec.generation``; required for them). On failure the training policy is
     shut down too (the caller never got a handle)."""
     generation = recipe.policy.generation
-    if generation.backend != "vllm" or generation.colocated.enabled:
+    if generation.colocated.enabled:
         return training
     # The planner places every separate generation side (hpcrl.plan.generation).
-    assert placement is not None, "separate vLLM workers need the plan's JobSpec.generation"
+    assert placement is not None, "separate engines need the plan's JobSpec.generation"
     group = None
     try:
         spec = engine_spec(recipe, model_path, device)

@@ -1,4 +1,5 @@
-"""Non-colocated generation: vLLM engines in Ray actors of their own placement group.
+"""Non-colocated generation: engines (vLLM's, or hpcrl's torch sampler for Megatron
+generation) in Ray actors of their own placement group.
 
 ``policy.generation.colocated.resources`` names the nodes and GPUs per node of the
 generation side; each engine takes ``tensor_parallel_size × pipeline_parallel_size`` of
@@ -124,7 +125,10 @@ class GenerationGroup:
         self.spec = spec
         self.actors: list[Any] = []
         self.pids: list[int] = []
-        self.weights_version = 0  # the engines start from spec.model_path
+        # vLLM engines start from spec.model_path's weights; the torch engine with none, so
+        # the first generation waits for a refit (NeMo RL syncs its dedicated Megatron
+        # inference model from the policy at setup, too)
+        self.weights_version = 0 if spec.backend == "vllm" else -1
         self._pending_updates: list[Any] = []
         self._pending_in_flight = False  # the pending updates run beside generations
         self._placement_group: Any = None
@@ -175,7 +179,7 @@ class GenerationGroup:
         if not ready:
             ray.util.remove_placement_group(group)
             raise RuntimeError(
-                f"could not place {self.layout.num_engines} vLLM engines "
+                f"could not place {self.layout.num_engines} generation engines "
                 f"({per_node} per node on {self.layout.num_nodes} nodes, each "
                 f"{self._bundle()}) within {timeout_s:.0f} s; Ray has "
                 f"{ray.available_resources()}. Check policy.generation.colocated.resources "
