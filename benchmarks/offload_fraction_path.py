@@ -47,10 +47,12 @@ This script makes the Megatron worker's two calls (the machine check, ``optimize
 itself; a real job also crosses the worker's own files that hold the Megatron section
 (``megatron/worker.py``, ``megatron/provider.py``, ...), on both trees alike, untraced here.
 
-Today's tree (docs/architecture.md has the table): enters 7 / 2 / 8, crosses 8 / 2 / 9, 10
-crossings (half of 167264e's 15 would be 7); the job side enters and crosses only the
+Today's tree (docs/architecture.md has the table): enters 5 / 2 / 6, crosses 5 / 2 / 6, 7
+crossings (half of 167264e's 15 or fewer); the job side enters and crosses only the
 converter and ``megatron/model.py``, since the preflight reads the machine needs the plan
-wrote (``JobSpec.machine_needs``) instead of the Megatron section.
+wrote (``JobSpec.machine_needs``) instead of the Megatron section; the login side's NeMo RL
+filter judges only the keys structuring finds outside the schema, and ``plan/layout`` is
+given the parallel sizes.
 
 Usage (any tree, e.g. a ``git worktree add --detach`` of an older commit; run it with a venv
 that has hpcrl's dependencies, megatron-core included)::

@@ -24,7 +24,12 @@ from hpcrl.config.recipe import Recipe
 
 #: model_type values of the Llama-shaped decoders both builders implement
 LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
-AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED
+#: MoE decoders of the same shape whose Hugging Face MoE blocks the Automodel backend can
+#: split over expert-parallel ranks (hpcrl.core.backends.automodel.expert_parallel), with
+#: the config key holding the expert count
+MOE_EXPERT_COUNT_KEYS = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}
+AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS)
+EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
 SAMPLER_MODEL_TYPES = LLAMA_SHAPED
 MODEL = "policy.model_name"
 
@@ -65,6 +70,46 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             f"{', '.join(model_types)} decoders",
             fix=fix,
         )
+    if recipe.backend == "automodel":
+        return _moe_layout_problem(recipe, hf_config)
+    return None
+
+
+def _moe_layout_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+    """Expert parallelism needs experts (as many as a multiple of the EP size); the MoE
+    blocks have no tensor-parallel plan."""
+    cfg = recipe.policy.automodel_cfg
+    model_type = hf_config.get("model_type")
+    count_key = MOE_EXPERT_COUNT_KEYS.get(str(model_type))
+    ep = cfg.expert_parallel_size
+    if count_key is None:
+        if ep == 1:
+            return None
+        return Problem(
+            path=EXPERT_PARALLEL, value=ep,
+            message=f"model {recipe.policy.model_name} (model_type {model_type!r}) has no "
+            "experts to split: expert parallelism applies to MoE models "
+            f"({', '.join(MOE_EXPERT_COUNT_KEYS)})",
+            fix=f"set {EXPERT_PARALLEL}=1",
+        )  # fmt: skip
+    if cfg.tensor_parallel_size > 1:
+        return Problem(
+            path="policy.automodel_cfg.tensor_parallel_size", value=cfg.tensor_parallel_size,
+            message=f"the automodel backend has no tensor-parallel plan for {model_type} MoE "
+            "blocks",
+            fix="set policy.automodel_cfg.tensor_parallel_size=1 (split the experts with "
+            f"{EXPERT_PARALLEL} instead)",
+        )  # fmt: skip
+    experts = hf_config.get(count_key)
+    if isinstance(experts, int) and experts % ep:
+        valid = [d for d in range(1, experts + 1) if experts % d == 0]
+        return Problem(
+            path=EXPERT_PARALLEL, value=ep,
+            message=f"does not divide the model's {experts} experts ({count_key} in "
+            "config.json): every expert-parallel rank keeps the same number of experts",
+            fix=f"set {EXPERT_PARALLEL} to a divisor of {experts} that divides the "
+            f"data-parallel size: one of {valid}",
+        )  # fmt: skip
     return None
 
 

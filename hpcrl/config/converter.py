@@ -128,6 +128,35 @@ def try_structure(
         return None, [_leaf_issue(exc, prefix, root, cls)]
 
 
+def keys_outside_schema(data: Mapping[str, Any], cls: type) -> list[tuple[PathParts, Any]]:
+    """The keys of ``data`` that ``cls`` does not hold, found as structuring meets them (it
+    reads every section anyway): (the path of the schema section holding one, the key as
+    written) for each; keys inside list items are left out (structuring reports those)."""
+    try:
+        converter().structure(dict(data), cls)
+    except BaseValidationError as exc:
+        return [(parts, key) for parts, key in _extra_keys(exc, ()) if not _in_list(parts)]
+    except BadValue:
+        pass
+    return []
+
+
+def _extra_keys(exc: BaseException, parts: PathParts) -> list[tuple[PathParts, Any]]:
+    if isinstance(exc, ForbiddenExtraKeysError):
+        return [(parts, key) for key in exc.extra_fields]
+    if isinstance(exc, BaseValidationError):
+        return [
+            found
+            for sub in exc.exceptions
+            for found in _extra_keys(sub, _child_location(sub, parts)[0])
+        ]
+    return []
+
+
+def _in_list(parts: PathParts) -> bool:
+    return any(isinstance(part, int) for part in parts)
+
+
 def format_path(parts: PathParts) -> str:
     text = ""
     for part in parts:

@@ -27,8 +27,9 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.converter import PathParts, keys_outside_schema
 from hpcrl.config.errors import NO_VALUE, Problem
-from hpcrl.config.foreign_keys import filter_foreign_keys
+from hpcrl.config.foreign_keys import TakenOut, take_out_foreign_keys
 from hpcrl.config.suggestions import did_you_mean
 
 #: hpcrl's section names -> NeMo RL's (the registry speaks NeMo RL's; hpcrl.config.aliases)
@@ -135,51 +136,106 @@ class Judged:
 def take_out_nemo_rl_keys(data: dict[str, Any], raw: Mapping[str, Any], schema: type) -> Judged:
     """``data`` without the keys its schema does not hold, with a problem for each refused
     one and a record of each accepted one. ``raw``: the same config as written (before
-    interpolation), to recognise a default written as ``${...}``."""
-    data = copy.deepcopy(data)  # the caller's dict is the resolved recipe: left whole
-    switched_off = _take_out_switched_off(data)
-    accepted: list[tuple[tuple[str, ...], Any, Any]] = []
-    kept, problems = filter_foreign_keys(data, schema, accepted=accepted)
-    unused = [
-        UnusedKey(
-            path=".".join(parts),
-            value=value,
-            why=entry.reason if entry.status == "inert" else f"off ({entry.off_text()})",
-            at_default=entry.status != "inert",
-        )
-        for parts, value, entry in accepted
-    ]
-    unused = switched_off + unused
+    interpolation), to recognise a default written as ``${...}``.
+
+    The keys judged are those structuring finds outside the schema (``keys_outside_schema``:
+    the converter reads every section anyway), taken in the order the recipe writes them; a
+    section holding none is never looked at here."""
+    kept = copy.deepcopy(data)  # the caller's dict is the resolved recipe: left whole
+    switched_off = _take_out_switched_off(kept)
+    problems: list[Problem] = []
     backend = _at(kept, ("policy", "generation", "backend"))
     if isinstance(backend, str) and backend in OTHER_BACKENDS:
         problems.append(_other_backend(backend))
         # the refusal says it all; the rest of the recipe is checked as if it named vLLM
         kept["policy"]["generation"]["backend"] = "vllm"
-    walk = _Walk(raw=raw, problems=problems, unused=unused, backend=backend)
-    walk.section(kept, (), schema)
-    return Judged(kept=kept, problems=problems, unused=tuple(unused))
+    judge = _Judge(raw=raw, problems=problems, unused=[], backend=backend)
+    outside = _in_schema_sections(schema, keys_outside_schema(kept, schema))
+    for parts, key, cls in _as_written(kept, outside):
+        judge.outside(_at(kept, parts), parts, key, cls)
+    # foreign_keys' decisions first, in its table's order (as that table reads)
+    foreign = sorted(judge.foreign, key=lambda taken: taken.order)
+    refused = [taken.refusal for taken in foreign if taken.refusal is not None]
+    accepted = [
+        UnusedKey(
+            path=".".join(taken.parts),
+            value=taken.value,
+            why=taken.entry.reason
+            if taken.entry.status == "inert"
+            else f"off ({taken.entry.off_text()})",
+            at_default=taken.entry.status != "inert",
+        )
+        for taken in foreign
+        if taken.refusal is None
+    ]
+    return Judged(
+        kept=kept,
+        problems=refused + problems,
+        unused=(*switched_off, *accepted, *judge.unused),
+    )
+
+
+def _in_schema_sections(
+    schema: type, found: list[tuple[PathParts, Any]]
+) -> list[tuple[tuple[str, ...], Any, type]]:
+    """``found`` (section path, key) whose path is a chain of schema sections (not a list's
+    items: structuring reports those), each with its section's class."""
+    sections = []
+    for parts, key in found:
+        names = tuple(part for part in parts if isinstance(part, str))
+        cls = _section_at(schema, names) if len(names) == len(parts) else None
+        if cls is not None:
+            sections.append((names, key, cls))
+    return sections
+
+
+def _as_written(
+    data: dict[str, Any], found: list[tuple[tuple[str, ...], Any, type]]
+) -> list[tuple[tuple[str, ...], Any, type]]:
+    """``found`` in the order the recipe writes the keys: depth first, each section's keys
+    in their order (the order problems were always listed in)."""
+
+    def position(item: tuple[tuple[str, ...], Any, type]) -> list[int]:
+        node: Any = data
+        index = []
+        for part in (*item[0], item[1]):
+            index.append(list(node).index(part))
+            node = node[part]
+        return index
+
+    return sorted(found, key=position)
+
+
+def _section_at(schema: type, parts: tuple[str, ...]) -> type | None:
+    """The schema section class at ``parts`` (None: not a chain of section fields)."""
+    cls: type | None = schema
+    for part in parts:
+        if cls is None:
+            return None
+        cls = _section_fields(cls).get(part)
+    return cls
 
 
 @attrs.define
-class _Walk:
+class _Judge:
+    """Judges each key the schema does not hold where it stands: ``foreign_keys``' table,
+    then the sections NeMo RL reads only under a setting hpcrl refuses, then NeMo RL's key
+    registry; and takes it out."""
+
     raw: Mapping[str, Any]
     problems: list[Problem]
     unused: list[UnusedKey]
     backend: Any = None  # policy.generation.backend as written
+    foreign: list[TakenOut] = attrs.field(factory=list)  # foreign_keys' decisions
 
-    def section(self, data: dict[str, Any], parts: tuple[str, ...], cls: type) -> None:
-        """Keys of a schema section: fields walk on, the others are judged."""
-        fields = _section_fields(cls)
-        for key in list(data):
-            here = parts + (str(key),)
-            if key in fields:
-                sub = fields[key]
-                if sub is not None and isinstance(data[key], dict):
-                    self.section(data[key], here, sub)
-                continue
-            if not self.judge(here, data[key]):
-                self.problems.append(_unknown_in_section(here, data[key], cls))
-            del data[key]
+    def outside(self, section: dict[str, Any], parts: tuple[str, ...], key: Any, cls: type) -> None:
+        """The key ``key`` of the schema section ``section`` (at ``parts``, of class ``cls``)."""
+        here = (*parts, str(key))
+        taken, rest = take_out_foreign_keys(here, section[key])
+        self.foreign += taken
+        if rest is not NO_VALUE and not self.judge(here, rest):
+            self.problems.append(_unknown_in_section(here, rest, cls))
+        del section[key]
 
     def judge(self, parts: tuple[str, ...], value: Any) -> bool:
         """Decide one key outside the schema (accepted or refused); False when nobody knows

@@ -220,6 +220,9 @@ class AutomodelCfg:
     )  # fmt: skip
     tensor_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
     context_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
+    # > 1: each MoE layer's experts split over groups of this many data-parallel ranks
+    # (hpcrl.core.backends.automodel.expert_parallel); must divide the dp_shard size
+    expert_parallel_size: int = bounded(1, PARALLEL_SIZE, when="enabled")
     sequence_parallel: bool = False
     activation_checkpointing: bool = False
     cpu_offload: bool = False

@@ -6,12 +6,22 @@ import attrs
 
 from hpcrl.config.node_split import has_separate_generation, node_split
 from hpcrl.config.profile import ClusterProfile
-from hpcrl.config.recipe import AutomodelCfg, MegatronCfg, Recipe
+from hpcrl.config.recipe import AutomodelCfg, Recipe
 from hpcrl.plan.findings import Findings
 from hpcrl.run.jobspec import ParallelLayout
 
 AUTOMODEL = "policy.automodel_cfg"
 MEGATRON = "policy.megatron_cfg"
+#: The parallel sizes each backend's layout is made of, by their keys in its section: the
+#: layout is given these values, not the section (it reads no other setting).
+AUTOMODEL_SIZES = ("dp_replicate_size", "tensor_parallel_size", "context_parallel_size")
+MEGATRON_SIZES = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
 
 
 def profile_path(profile: ClusterProfile, key: str) -> str:
@@ -137,9 +147,14 @@ def plan_layout(
     split = node_split(recipe)
     world_size = split.training_world_size
     if recipe.backend == "megatron":
-        layout = _megatron_layout(recipe.policy.megatron_cfg, world_size, findings)
+        sizes = {key: getattr(recipe.policy.megatron_cfg, key) for key in MEGATRON_SIZES}
+        layout = _megatron_layout(sizes, world_size, findings)
     else:
-        layout = _automodel_layout(recipe.policy.automodel_cfg, world_size, findings)
+        automodel = recipe.policy.automodel_cfg
+        sizes = {key: getattr(automodel, key) for key in AUTOMODEL_SIZES}
+        layout = _automodel_layout(sizes, automodel.expert_parallel_size, world_size, findings)
+        if layout is not None and not _expert_parallel_fits(automodel, layout.dp_shard, findings):
+            return None
     if layout is None:
         return None
     # Training ranks per node: fewer than the node holds when the recipe leaves some idle.
@@ -183,16 +198,14 @@ def check_batch_sizes(recipe: Recipe, layout: ParallelLayout, findings: Findings
 
 
 def _automodel_layout(
-    cfg: AutomodelCfg, world_size: int, findings: Findings
+    sizes: dict[str, int], ep: int, world_size: int, findings: Findings
 ) -> ParallelLayout | None:
-    sizes = {
-        "dp_replicate_size": cfg.dp_replicate_size,
-        "tensor_parallel_size": cfg.tensor_parallel_size,
-        "context_parallel_size": cfg.context_parallel_size,
-    }
+    """``sizes``: ``AUTOMODEL_SIZES`` by key, as the recipe holds them; ``ep``: the expert
+    parallel size (checked against the layout by ``_expert_parallel_fits``)."""
     if not _sizes_positive(AUTOMODEL, sizes, findings):
         return None
-    product = cfg.dp_replicate_size * cfg.tensor_parallel_size * cfg.context_parallel_size
+    dp_replicate, tp, cp = (sizes[key] for key in AUTOMODEL_SIZES)
+    product = dp_replicate * tp * cp
     if world_size % product:
         _report_product(AUTOMODEL, sizes, product, world_size, findings)
         return None
@@ -200,38 +213,80 @@ def _automodel_layout(
     return ParallelLayout(
         backend="automodel",
         world_size=world_size,
-        dp=cfg.dp_replicate_size * dp_shard,
-        dp_replicate=cfg.dp_replicate_size,
+        dp=dp_replicate * dp_shard,
+        dp_replicate=dp_replicate,
         dp_shard=dp_shard,
-        tp=cfg.tensor_parallel_size,
-        cp=cfg.context_parallel_size,
+        tp=tp,
+        cp=cp,
+        ep=ep,
     )
+
+
+def _expert_parallel_fits(cfg: AutomodelCfg, dp_shard: int, findings: Findings) -> bool:
+    """EP groups are carved from the FSDP shard ranks (NeMo RL: ep divides dp × cp; hpcrl has
+    no context parallelism on this backend, and EP is built for plain FSDP2 only)."""
+    ep = cfg.expert_parallel_size
+    if ep == 1:
+        return True
+    path = f"{AUTOMODEL}.expert_parallel_size"
+    if not isinstance(ep, int) or isinstance(ep, bool) or ep < 1:
+        findings.error(path, "must be a positive integer", value=ep, fix=f"set {path}=1 or more")
+        return False
+    # (key, value, what it is, the value that works with EP)
+    others = (
+        ("dp_replicate_size", cfg.dp_replicate_size, "HSDP replicas", 1),
+        ("tensor_parallel_size", cfg.tensor_parallel_size, "tensor parallelism", 1),
+        ("cpu_offload", cfg.cpu_offload, "FSDP2's CPU offload", False),
+        ("optimizer_offload_fraction", cfg.optimizer_offload_fraction, "optimizer offload", 0.0),
+        ("lora_cfg.enabled", cfg.lora_cfg.enabled, "LoRA adapters", False),
+    )
+    ok = True
+    for key, value, what, works in others:
+        if value != works:
+            findings.error(
+                path,
+                f"expert parallelism together with {what} ({AUTOMODEL}.{key}={value}) is not "
+                "supported by the automodel backend yet",
+                value=ep,
+                fix=f"set {path}=1, or {AUTOMODEL}.{key}={str(works).lower()}",
+            )
+            ok = False
+    if ok and cfg.torch_compile:
+        findings.warn(
+            "expert_parallel",
+            f"{AUTOMODEL}.torch_compile",
+            "decoder blocks are not compiled under expert parallelism (their MoE blocks run "
+            "collectives and data-dependent expert loops); the model trains eager",
+            value=True,
+            fix=f"set {AUTOMODEL}.torch_compile=false to say so, or {path}=1 to compile",
+        )
+    if ok and dp_shard % ep:
+        valid = [d for d in _divisors(dp_shard) if d > 1]
+        findings.error(
+            path,
+            f"must divide the data-parallel shard size {dp_shard} (training ranks / "
+            "(dp_replicate_size × tensor_parallel_size × context_parallel_size)): each "
+            "expert group is that many data-parallel ranks",
+            value=ep,
+            fix=f"set {path} to one of {valid}" if valid else f"set {path}=1",
+        )
+        ok = False
+    return ok
 
 
 def _megatron_layout(
-    cfg: MegatronCfg, world_size: int, findings: Findings
+    sizes: dict[str, int], world_size: int, findings: Findings
 ) -> ParallelLayout | None:
-    sizes = {
-        "tensor_model_parallel_size": cfg.tensor_model_parallel_size,
-        "pipeline_model_parallel_size": cfg.pipeline_model_parallel_size,
-        "context_parallel_size": cfg.context_parallel_size,
-        "expert_model_parallel_size": cfg.expert_model_parallel_size,
-        "expert_tensor_parallel_size": cfg.expert_tensor_parallel_size,
-    }
+    """``sizes``: ``MEGATRON_SIZES`` by key, as the recipe holds them."""
     if not _sizes_positive(MEGATRON, sizes, findings):
         return None
-    tp, pp, cp = (
-        cfg.tensor_model_parallel_size,
-        cfg.pipeline_model_parallel_size,
-        cfg.context_parallel_size,
-    )
+    tp, pp, cp, ep, etp = (sizes[key] for key in MEGATRON_SIZES)
     model_parallel = tp * pp * cp
     if world_size % model_parallel:
         dense = {key: sizes[key] for key in list(sizes)[:3]}
         _report_product(MEGATRON, dense, model_parallel, world_size, findings)
         return None
     # megatron-core: the expert layout (ep × etp) must tile the ranks of one pipeline stage.
-    ep, etp = cfg.expert_model_parallel_size, cfg.expert_tensor_parallel_size
     ranks_per_stage = world_size // pp
     if ranks_per_stage % (ep * etp):
         valid = [d for d in _divisors(ranks_per_stage // etp)] if ranks_per_stage % etp == 0 else []

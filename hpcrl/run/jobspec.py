@@ -44,7 +44,7 @@ class ParallelLayout:
     dp_replicate: int = 1  # automodel HSDP replicas (one per node when it divides nodes)
     dp_shard: int = 1  # automodel FSDP shard group size
     pp: int = 1  # megatron pipeline stages
-    ep: int = 1  # megatron expert parallel size
+    ep: int = 1  # expert parallel size (automodel: EP groups of ep ranks inside dp_shard)
     etp: int = 1  # megatron expert tensor parallel size
 
     def describe(self) -> str:
@@ -52,6 +52,8 @@ class ParallelLayout:
         if self.backend == "automodel":
             sizes = [("dp_replicate", self.dp_replicate), ("dp_shard", self.dp_shard)]
             sizes += [("tp", self.tp), ("cp", self.cp)]
+            if self.ep > 1:
+                sizes += [("ep", self.ep)]
         else:
             sizes = [("tp", self.tp), ("pp", self.pp), ("cp", self.cp), ("dp", self.dp)]
             if self.ep > 1 or self.etp > 1:

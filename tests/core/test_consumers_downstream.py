@@ -239,6 +239,7 @@ CHANGES: dict[str, Change] = {
     "policy.automodel_cfg.sequence_parallel": Change(
         True, {"policy.automodel_cfg.tensor_parallel_size": 2}
     ),
+    "policy.automodel_cfg.expert_parallel_size": Change(2),
     "policy.automodel_cfg.cpu_offload": Change(True),
     f"{LORA}.enabled": Change(True),
     f"{LORA}.target_modules": Change(

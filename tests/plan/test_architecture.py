@@ -22,7 +22,7 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 AUTOMODEL_REFUSAL = (
     "policy.model_name = '{name}': a NemotronHForCausalLM (model_type 'nemotron_h') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
-    "qwen2, qwen3, mistral decoders; fix: train it with the Megatron backend "
+    "qwen2, qwen3, mistral, qwen3_moe, mixtral decoders; fix: train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
     "of one of these types"
 )

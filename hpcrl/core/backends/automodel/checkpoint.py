@@ -134,19 +134,27 @@ def export_hf(
     prefix: str,
     *,
     lora_scale: float | None = None,
+    gathered: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Gather full weights to rank 0 (on CPU) and write a HF checkpoint + tokenizer there;
-    ``lora_scale`` set: LoRA adapters merged into the weights they adapt (a plain HF model)."""
+    ``lora_scale`` set: LoRA adapters merged into the weights they adapt (a plain HF model).
+    ``gathered``: the full weights with HF names already on every rank (expert parallelism
+    gathers its experts itself), used instead of the model's state dict."""
     from transformers import AutoModelForCausalLM
 
     from hpcrl.core.backends.automodel.lora import merge_adapters
     from hpcrl.core.models.tokenizer import load_tokenizer
 
-    full = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    if gathered is None:
+        full = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
     if dist.get_rank() == 0:
-        weights = {key.removeprefix(prefix): value for key, value in full.items()}
+        weights = (
+            {key: value.cpu() for key, value in gathered.items()}
+            if gathered is not None
+            else {key.removeprefix(prefix): value for key, value in full.items()}
+        )
         if lora_scale is not None:
             weights = dict(merge_adapters(weights.items(), lora_scale))
         config = copy.deepcopy(hf_config)

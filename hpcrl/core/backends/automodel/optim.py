@@ -154,16 +154,48 @@ def _grads_by_mesh(params: Iterable[torch.nn.Parameter]) -> dict[object, list[to
 
 
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    """Global L2 norm of all gradients, whatever mesh each (D)Tensor lives on."""
+    """Global L2 norm of all gradients, whatever mesh each (D)Tensor lives on. The experts of
+    expert parallelism (tagged with their EP group) differ per EP rank: their squared norm
+    is summed over the group (every rank of it calls the all-reduce: each keeps experts)."""
+    import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
+    from hpcrl.core.backends.automodel.expert_parallel import EXPERT_GROUP_ATTR
+
+    params = list(params)
     total_sq = torch.zeros((), dtype=torch.float32)
-    for group in _grads_by_mesh(params).values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group], norm_type=2.0)
+    expert_groups: dict[object, torch.Tensor] = {}
+    for param in params:
+        group = getattr(param, EXPERT_GROUP_ATTR, None)
+        if group is not None:
+            expert_groups.setdefault(group, torch.zeros((), dtype=torch.float32))
+    for (_, group), members in _grads_by_mesh_and_group(params).items():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        total_sq = total_sq + norm.float().cpu() ** 2
+        if group is None:
+            total_sq = total_sq + norm.float().cpu() ** 2
+        else:
+            expert_groups[group] = expert_groups[group] + norm.float().cpu() ** 2
+    for group, expert_sq in expert_groups.items():
+        device = next(p for p in params if getattr(p, EXPERT_GROUP_ATTR, None) is group).device
+        summed = expert_sq.to(device)
+        dist.all_reduce(summed, group=group)
+        total_sq = total_sq + summed.cpu()
     return total_sq.sqrt()
+
+
+def _grads_by_mesh_and_group(
+    params: Iterable[torch.nn.Parameter],
+) -> dict[tuple[object, object], list[torch.nn.Parameter]]:
+    from hpcrl.core.backends.automodel.expert_parallel import EXPERT_GROUP_ATTR
+
+    by_key: dict[tuple[object, object], list[torch.nn.Parameter]] = {}
+    for mesh, members in _grads_by_mesh(params).items():
+        for param in members:
+            group = getattr(param, EXPERT_GROUP_ATTR, None)
+            by_key.setdefault((mesh, group), []).append(param)
+    return by_key
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> float:

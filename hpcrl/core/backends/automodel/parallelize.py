@@ -1,5 +1,6 @@
 """Parallelism for Hugging Face causal LMs, applied in torchtitan's order:
-``apply_tp`` → ``apply_activation_checkpointing`` → ``apply_compile`` → ``apply_fsdp``
+``apply_tp`` → ``apply_expert_parallel`` (``expert_parallel``) →
+``apply_activation_checkpointing`` → ``apply_compile`` → ``apply_fsdp``
 (or ``apply_autocast`` when a single rank holds the whole model: nothing to shard). LoRA
 adapters (``hpcrl.core.backends.automodel.lora.apply_lora``) go on before all of them, so
 that FSDP shards each block's adapters with the block.
@@ -234,6 +235,7 @@ class ParallelizeSteps:
     lora: bool
     tp: bool
     sequence_parallel: bool
+    expert_parallel: int  # EP size; 1: off
     activation_checkpointing: bool
     compile: bool
     fsdp: bool
@@ -245,14 +247,18 @@ def parallelize_steps(
     cfg: Any, precision: str, shape: MeshShape, *, on_gpu: bool, compiles: bool, training: bool
 ) -> ParallelizeSteps:
     """The steps for ``policy.automodel_cfg`` (``cfg``) and ``policy.precision`` on a mesh.
-    LoRA adapters go on the trained model only: the reference model is the base model."""
+    LoRA adapters go on the trained model only: the reference model is the base model.
+    Under expert parallelism the decoder blocks stay eager: their MoE blocks run collectives
+    and data-dependent expert loops (``expert_parallel``) that torch.compile would break on."""
+    ep = cfg.expert_parallel_size
     return ParallelizeSteps(
         lora=training and cfg.lora_cfg.enabled,
         tp=shape.tp > 1,
         # With TP 1 there is nothing to split: ignored, as NeMo RL does (a config warning).
         sequence_parallel=shape.tp > 1 and cfg.sequence_parallel,
+        expert_parallel=ep,
         activation_checkpointing=training and cfg.activation_checkpointing,
-        compile=compiles,
+        compile=compiles and ep == 1,
         fsdp=needs_fsdp(shape, cfg.cpu_offload),
         cpu_offload=cfg.cpu_offload,
         param_dtype=precision if on_gpu else None,
@@ -273,6 +279,21 @@ def apply_autocast(root: torch.nn.Module, compute_dtype: torch.dtype | None) -> 
     root.autocast_dtype = compute_dtype
 
 
+def fsdp_policies(param_dtype: torch.dtype | None, cpu_offload: bool) -> dict[str, Any]:
+    """``fully_shard``'s mixed-precision and offload arguments (all but the mesh)."""
+    import torch
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    kwargs: dict[str, Any] = {}
+    if param_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=param_dtype, reduce_dtype=torch.float32
+        )
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    return kwargs
+
+
 def apply_fsdp(
     root: torch.nn.Module,
     hf_model: Any,
@@ -286,16 +307,9 @@ def apply_fsdp(
     ``param_dtype`` set: compute in it with fp32 gradient reduction. Build the optimizer
     right after this call (see training-stack-facts, trap 1).
     """
-    import torch
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import fully_shard
 
-    kwargs: dict[str, Any] = {"mesh": dp_mesh}
-    if param_dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=param_dtype, reduce_dtype=torch.float32
-        )
-    if cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+    kwargs: dict[str, Any] = {"mesh": dp_mesh, **fsdp_policies(param_dtype, cpu_offload)}
     layers = decoder_layers(hf_model)
     # With one data-parallel rank there is nothing to free by resharding, only copies to redo.
     sharded = dp_mesh.size() > 1

@@ -37,6 +37,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hpcrl.core.backends.automodel import checkpoint
+from hpcrl.core.backends.automodel.expert_parallel import (
+    apply_expert_parallel,
+    build_ep_mesh,
+    gather_expert_tensors,
+)
 from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary, merge_adapters
 from hpcrl.core.backends.automodel.model import (
     TokenLogprobModel,
@@ -59,6 +64,7 @@ from hpcrl.core.backends.automodel.parallelize import (
     apply_tp,
     build_mesh,
     data_parallel_mesh,
+    fsdp_policies,
     parallelize_steps,
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
@@ -152,6 +158,11 @@ class AutomodelWorker:
             rank_info.world_size, cfg.dp_replicate_size, cfg.tensor_parallel_size
         )
         self.mesh = build_mesh(rank_info.device, self.shape)
+        self.ep_mesh = (
+            build_ep_mesh(rank_info.device, rank_info.world_size, cfg.expert_parallel_size)
+            if cfg.expert_parallel_size > 1
+            else None
+        )
         self.model = self._build_sharded(model_path, training=True)
         assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
         self.optimizer = build_training_optimizer(
@@ -197,14 +208,19 @@ class AutomodelWorker:
             adapted = apply_lora(hf_model, self.recipe.policy.automodel_cfg.lora_cfg)
             if self.rank_info.rank == 0:
                 print(lora_summary(adapted, hf_model), flush=True)
+        param_dtype = DTYPES[steps.param_dtype] if steps.param_dtype is not None else None
         if steps.tp:
             apply_tp(hf_model, self.mesh["tp"], sequence_parallel=steps.sequence_parallel)
+        if steps.expert_parallel > 1:
+            assert self.ep_mesh is not None
+            apply_expert_parallel(
+                hf_model, self.ep_mesh, fsdp_policies(param_dtype, steps.cpu_offload)
+            )
         if steps.activation_checkpointing:
             apply_activation_checkpointing(hf_model)
         if steps.compile:
             apply_compile(hf_model, backend=self.compile_backend)
         root = TokenLogprobModel(hf_model)
-        param_dtype = DTYPES[steps.param_dtype] if steps.param_dtype is not None else None
         if steps.fsdp:
             apply_fsdp(
                 root,
@@ -366,6 +382,9 @@ class AutomodelWorker:
             self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
         )
         named = [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
+        if self.ep_mesh is not None:
+            layout = self.model.hf.expert_layout
+            named = gather_expert_tensors(named, layout, self.ep_mesh.get_group("ep"))
         scale = self._lora_scale
         return named if scale is None else merge_adapters(named, scale)
 
@@ -425,6 +444,7 @@ class AutomodelWorker:
             tokenizer_path,
             "hf.",
             lora_scale=self._lora_scale,
+            gathered=dict(self.export_hf_weights()) if self.ep_mesh is not None else None,
         )
 
     def collect_state(self) -> dict[str, Any]:
@@ -442,7 +462,7 @@ class AutomodelWorker:
         return self.passes.take()
 
     def close(self) -> None:
-        for name in ("model", "reference", "optimizer", "scheduler", "mesh"):
+        for name in ("model", "reference", "optimizer", "scheduler", "mesh", "ep_mesh"):
             if hasattr(self, name):
                 delattr(self, name)
         gc.collect()

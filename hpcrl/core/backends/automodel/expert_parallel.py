@@ -1,0 +1,309 @@
+"""Expert parallelism (EP) for Hugging Face MoE decoders on the Automodel backend.
+
+``policy.automodel_cfg.expert_parallel_size`` (NeMo RL's ``dtensor_cfg.expert_parallel_size``)
+= ep splits the data-parallel ranks into EP groups of ep consecutive ranks; rank r of a group
+keeps experts ``[r·E/ep, (r+1)·E/ep)`` of every MoE layer and drops the rest. The ranks that
+keep the same experts (one per EP group, dp/ep of them: the "ep_shard" ranks) shard those
+experts with FSDP2 among themselves; everything else (attention, norms, router, embeddings)
+is sharded by FSDP2 over all dp ranks, as without EP.
+
+Token exchange, written for gloo (which has no all-to-all), per MoE layer and pass:
+1. every rank of the EP group all-gathers the group's tokens (padded to the longest rank);
+2. every rank routes all of them (the router is the same on every rank) and runs its own
+   experts on the tokens routed to them: a partial output for all the group's tokens;
+3. an all-reduce sums the partial outputs and each rank keeps its own rows.
+Backward mirrors it (the all-reduce's gradient is an all-gather, the all-gather's is an
+all-reduce of which a rank keeps its rows). An expert no token of the whole batch is routed
+to is skipped by all its holders (a small all-reduce of per-expert counts among them), as
+one process skips it: no gradient, so AdamW leaves it untouched. Cost per layer, forward, with T tokens per rank
+and hidden size H: all-gather ep·T·H and all-reduce ep·T·H elements, and every rank routes
+ep·T tokens. An all-to-all (NCCL) moves only the routed k·T·H/ep·(ep−1) and is what
+NeMo Automodel uses; this exchange is exact, not fast.
+
+Gradients: the training loss of every rank is scaled by dp (FSDP2 averages over dp). An
+expert's gradient already sums the whole EP group's tokens, and FSDP2 then averages it over
+the dp/ep ranks that hold it: the expert's gradient comes out ep times too large, so each
+owned expert scales its weight gradients by 1/ep (not the gradient it passes back to the
+tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
+
+Supported MoE blocks: the Hugging Face Qwen3-MoE and Mixtral blocks (``MOE_BLOCKS``): a
+``gate`` linear router, softmax → top-k (→ renormalised), an ``experts`` list.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from hpcrl.core.backends.automodel.parallelize import decoder_layers
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+#: HF MoE block class → whether it renormalises the top-k weights (None: the config's
+#: ``norm_topk_prob`` decides)
+MOE_BLOCKS: dict[str, bool | None] = {
+    "Qwen3MoeSparseMoeBlock": None,
+    "MixtralSparseMoeBlock": True,
+}
+EP_MESH_DIM_NAMES = ("ep_shard", "ep")
+#: set on every parameter of an owned expert (after FSDP): the EP group its norm sums over
+EXPERT_GROUP_ATTR = "hpcrl_expert_group"
+
+
+@attrs.frozen
+class ExpertLayout:
+    """Which experts this rank keeps: ``ep_rank``-th slice of ``num_experts`` over ``ep``."""
+
+    num_experts: int
+    ep: int
+    ep_rank: int
+
+    @property
+    def per_rank(self) -> int:
+        return self.num_experts // self.ep
+
+    def owned(self) -> range:
+        return range(self.ep_rank * self.per_rank, (self.ep_rank + 1) * self.per_rank)
+
+
+@attrs.frozen
+class ExpertGroups:
+    """The EP group (token exchange) and the holders of this rank's experts (None: alone)."""
+
+    ep: Any
+    holders: Any
+
+
+class AbsentExpert(nn.Module):
+    """Placeholder for an expert another EP rank keeps (keeps the owned experts' names)."""
+
+
+def build_ep_mesh(device_type: str, world_size: int, ep: int) -> DeviceMesh:
+    """(ep_shard, ep) over all ranks: EP groups of ``ep`` consecutive ranks."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    ranks = torch.arange(world_size).reshape(world_size // ep, ep)
+    return DeviceMesh(device_type, ranks, mesh_dim_names=EP_MESH_DIM_NAMES)
+
+
+def moe_blocks(hf_model: Any) -> list[nn.Module]:
+    """The MoE blocks of a decoder (``layer.mlp``; Mixtral: ``layer.block_sparse_moe``)."""
+    blocks = []
+    for layer in decoder_layers(hf_model):
+        for attribute in ("mlp", "block_sparse_moe"):
+            block = getattr(layer, attribute, None)
+            if type(block).__name__ in MOE_BLOCKS:
+                blocks.append(block)
+    return blocks
+
+
+def check_expert_parallel(hf_model: Any, ep: int) -> int:
+    """The model's expert count; ValueError when EP over ``ep`` ranks cannot apply to it."""
+    key = "policy.automodel_cfg.expert_parallel_size"
+    blocks = moe_blocks(hf_model)
+    if not blocks:
+        raise ValueError(
+            f"{key}={ep}: {type(hf_model).__name__} has no MoE layers of a supported kind "
+            f"({', '.join(MOE_BLOCKS)}); set {key}=1"
+        )
+    num_experts = len(blocks[0].experts)
+    if num_experts % ep:
+        raise ValueError(
+            f"{key}={ep} does not divide the model's {num_experts} experts; "
+            f"set {key} to a divisor of {num_experts}"
+        )
+    if getattr(blocks[0], "jitter_noise", 0.0):
+        raise ValueError(
+            f"{key}={ep}: router_jitter_noise > 0 would draw different noise on each EP rank; "
+            "set policy.hf_config_overrides.router_jitter_noise=0"
+        )
+    return num_experts
+
+
+def apply_expert_parallel(
+    hf_model: Any, ep_mesh: DeviceMesh, fsdp_kwargs: dict[str, Any]
+) -> ExpertLayout:
+    """Keep this rank's experts, FSDP-shard them over ``ep_mesh["ep_shard"]`` with
+    ``fsdp_kwargs`` (mixed precision, offload), and route every MoE block through the EP
+    group ``ep_mesh["ep"]``. Run before ``apply_fsdp`` (which then skips the experts)."""
+    from torch.distributed.fsdp import fully_shard
+
+    ep_group = ep_mesh.get_group("ep")
+    ep = ep_mesh["ep"].size()
+    holders = ep_mesh.get_group("ep_shard") if ep_mesh["ep_shard"].size() > 1 else None
+    groups = ExpertGroups(ep=ep_group, holders=holders)
+    layout = ExpertLayout(check_expert_parallel(hf_model, ep), ep, ep_mesh.get_local_rank("ep"))
+    owned = set(layout.owned())
+    for block in moe_blocks(hf_model):
+        for index in range(layout.num_experts):
+            if index not in owned:
+                block.experts[index] = AbsentExpert()
+                continue
+            expert = block.experts[index]
+            expert.register_forward_pre_hook(_scale_input_gradient(ep))
+            expert.register_forward_hook(_scale_output_gradient(ep))
+            fully_shard(expert, mesh=ep_mesh["ep_shard"], **fsdp_kwargs)
+            for param in expert.parameters():
+                setattr(param, EXPERT_GROUP_ATTR, ep_group)
+        block.forward = types.MethodType(_expert_parallel_forward(layout, groups), block)
+    hf_model.expert_layout = layout
+    return layout
+
+
+def _scale_input_gradient(ep: int) -> Any:
+    def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        del module
+        return (_GradScale.apply(args[0], float(ep)),)
+
+    return hook
+
+
+def _scale_output_gradient(ep: int) -> Any:
+    # Together with the input hook: the weights' gradients scaled by 1/ep, the tokens' not.
+    def hook(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        del module, args
+        return _GradScale.apply(output, 1.0 / ep)
+
+    return hook
+
+
+class _GradScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
+    def forward(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch, length, hidden = hidden_states.shape
+        local = hidden_states.reshape(-1, hidden)
+        sizes = _group_token_counts(local.shape[0], groups.ep, local.device)
+        gathered = _GatherTokens.apply(local, groups.ep, sizes)
+        router_logits = block.gate(gathered)
+        weights, selected = _route(block, router_logits, gathered.dtype)
+        selected = selected.masked_fill(~_real_rows(sizes, local.device)[:, None], -1)
+        partial = torch.zeros_like(gathered)
+        for index in _experts_to_run(layout, selected, groups.holders):
+            rows, slot = torch.where(selected == index)
+            expert_out = block.experts[index](gathered[rows]) * weights[rows, slot, None]
+            partial = partial.index_add(0, rows, expert_out.to(gathered.dtype))
+        out = _SumToOwner.apply(partial, groups.ep, sizes)
+        rank = dist.get_rank(groups.ep)
+        start = rank * max(sizes)
+        own_logits = router_logits[start : start + sizes[rank]]
+        return out.reshape(batch, length, hidden), own_logits
+
+    return forward
+
+
+def _route(
+    block: nn.Module, router_logits: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hugging Face's routing: softmax → top-k (→ renormalised); (weights, expert indices)."""
+    weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+    weights, selected = torch.topk(weights, block.top_k, dim=-1)
+    renormalise = MOE_BLOCKS[type(block).__name__]
+    if renormalise if renormalise is not None else block.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(dtype), selected
+
+
+def _real_rows(sizes: list[int], device: torch.device) -> torch.Tensor:
+    """Which rows of the gathered tokens are tokens (not the padding up to the longest rank)."""
+    longest = max(sizes)
+    position = torch.arange(longest, device=device)
+    return torch.cat([position < size for size in sizes])
+
+
+def _experts_to_run(layout: ExpertLayout, selected: torch.Tensor, holders: Any) -> list[int]:
+    """This rank's experts that some token of the whole data-parallel batch is routed to.
+
+    One process skips an expert no token reaches (no gradient: AdamW leaves it alone, no
+    weight decay, no momentum step); so does EP, and it decides it from the count over all
+    the expert's holders, so that they run (and FSDP-reduce) the same experts: an expert
+    some other group routes tokens to runs here on no tokens."""
+    owned = list(layout.owned())
+    counts = torch.stack([(selected == index).sum() for index in owned])
+    if holders is not None:
+        dist.all_reduce(counts, group=holders)
+    return [index for index, count in zip(owned, counts.tolist(), strict=True) if count > 0]
+
+
+def _group_token_counts(count: int, group: Any, device: torch.device) -> list[int]:
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(group.size())]
+    dist.all_gather(counts, torch.tensor([count], dtype=torch.long, device=device), group=group)
+    return [int(c) for c in torch.cat(counts).tolist()]
+
+
+class _GatherTokens(torch.autograd.Function):
+    """[T_r, H] per rank → [ep·T_max, H] (rank q's tokens at rows q·T_max …, zero-padded)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        longest = max(sizes)
+        padded = F.pad(local, (0, 0, 0, longest - local.shape[0])).contiguous()
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        rank, longest = dist.get_rank(ctx.group), max(ctx.sizes)
+        return total[rank * longest : rank * longest + ctx.sizes[rank]], None, None
+
+
+class _SumToOwner(torch.autograd.Function):
+    """[ep·T_max, H] partial outputs per rank → the sum over ranks, this rank's rows."""
+
+    @staticmethod
+    def forward(ctx: Any, partial: torch.Tensor, group: Any, sizes: list[int]) -> torch.Tensor:
+        ctx.group, ctx.sizes = group, sizes
+        total = partial.contiguous().clone()
+        dist.all_reduce(total, group=group)
+        rank, longest = dist.get_rank(group), max(sizes)
+        return total[rank * longest : rank * longest + sizes[rank]]
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        longest = max(ctx.sizes)
+        padded = F.pad(grad, (0, 0, 0, longest - grad.shape[0])).contiguous()
+        parts = [torch.empty_like(padded) for _ in ctx.sizes]
+        dist.all_gather(parts, padded, group=ctx.group)
+        return torch.cat(parts), None, None
+
+
+def gather_expert_tensors(
+    named: list[tuple[str, torch.Tensor]], layout: ExpertLayout, group: Any
+) -> list[tuple[str, torch.Tensor]]:
+    """Full (unsharded) ``named`` weights of this rank → the same list with every EP rank's
+    experts (all ranks of the group call it together). Expert names: ``….experts.<i>.…``."""
+    other = [(name, tensor) for name, tensor in named if ".experts." not in name]
+    experts = {name: tensor for name, tensor in named if ".experts." in name}
+    first = layout.owned()[0]
+    templates = sorted(name for name in experts if f".experts.{first}." in name)
+    gathered: list[tuple[str, torch.Tensor]] = []
+    for template in templates:
+        prefix, suffix = template.split(f".experts.{first}.", 1)
+        stacked = torch.stack([
+            experts[f"{prefix}.experts.{i}.{suffix}"] for i in layout.owned()
+        ]).contiguous()  # fmt: skip
+        parts = [torch.empty_like(stacked) for _ in range(layout.ep)]
+        dist.all_gather(parts, stacked, group=group)
+        for index, tensor in enumerate(torch.cat(parts)):
+            gathered.append((f"{prefix}.experts.{index}.{suffix}", tensor))
+    return other + gathered
