@@ -23,7 +23,7 @@ from hpcrl.config.datasets import DATA_RULES
 from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
 from hpcrl.config.field_bounds import check_field_bounds
-from hpcrl.config.foreign_keys import UNSUPPORTED_SECTIONS
+from hpcrl.config.foreign_key_table import UNSUPPORTED_SECTIONS
 from hpcrl.config.generation_rules import GENERATION_RULES
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.lora_rules import LORA_RULES
