@@ -200,8 +200,11 @@ def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(
         assert result["losses"] == pytest.approx(want_losses, rel=1e-5)
         assert result["norms"] == pytest.approx(want_norms, rel=1e-5)
         assert sorted(result["weights"]) == sorted(want_weights)
+        # AdamW (lr 1e-2) normalises each update: an element whose gradient is near zero
+        # turns the all-reduce's summation order into an update difference (CI, one OpenMP
+        # thread: 2.3e-5 on 1 of 256); a wrong expert or group moves elements by ~1e-2
         for name, tensor in want_weights.items():
-            torch.testing.assert_close(result["weights"][name], tensor, atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(result["weights"][name], tensor, atol=1e-4, rtol=1e-5)
     # The steps moved every expert: the comparison is not one of untouched weights.
     from transformers import AutoModelForCausalLM
 
