@@ -346,6 +346,10 @@ def _run_logged_steps(
     if dropped:
         print(f"{writer.path.name}: dropped {dropped} line(s) of steps from {first_step} on "
               "(an earlier attempt ran them after the checkpoint; they run again)", flush=True)  # fmt: skip
+    if first_step > 1:
+        # Said only once metrics.jsonl holds no step this attempt runs again: whoever reads
+        # this line and then the file's last step sees this attempt's progress.
+        print(f"resumed from {store.checkpoint_dir} at step {first_step - 1}", flush=True)
     memory = HostMemoryTracker()
     if (
         validate
@@ -432,7 +436,6 @@ def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int
     if extra is None:
         return 1
     sampler.restore(DataPosition.from_dict(extra["data_position"]))
-    print(f"resumed from {store.checkpoint_dir} at step {extra['step']}", flush=True)
     return int(extra["step"]) + 1
 
 

@@ -45,6 +45,12 @@ class InFlightRefits:
         self.applied_while_running = 0  # in the current (or last) generation call
         self.steps = 0  # step boundaries the current (or last) generation call passed
 
+    @property
+    def pending(self) -> bool:
+        """A refit is staged and waits for the next step boundary."""
+        with self._lock:
+            return self._staged is not None
+
     def update(self, named_tensors: list[tuple[str, Any]], recompute_kv_cache: bool) -> bool:
         """Load these weights at the running generation's next step boundary, or now when
         none runs; returns once they are loaded. True when a generation was running."""
