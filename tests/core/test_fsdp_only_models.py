@@ -45,6 +45,8 @@ SHAPES: dict[str, dict[str, Any]] = {
         n_group=1, topk_group=1, head_dim=8,
     ),
     "qwen2_moe": dict(num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=16),
+    # Gemma 3's text decoder: four norms per block, scaled embeddings, local + global layers
+    "gemma3_text": dict(head_dim=8, query_pre_attn_scalar=8, sliding_window=4, sliding_window_pattern=2),
 }  # fmt: skip
 
 
