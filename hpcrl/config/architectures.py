@@ -33,8 +33,8 @@ LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
 #: the config key holding the expert count
 MOE_EXPERT_COUNT_KEYS = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
-#: attention, MoE or extra-norm blocks are not Llama-shaped), no expert parallelism. gpt_oss is not one:
-#: transformers gives it no SDPA attention, which the backend loads models with.
+#: attention, MoE or extra-norm blocks are not Llama-shaped), no expert parallelism. gpt_oss
+#: is not one: transformers gives it no SDPA attention, which the backend loads models with.
 FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text")
 AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS) + FSDP_ONLY_MODEL_TYPES
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
