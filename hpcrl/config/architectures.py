@@ -38,6 +38,7 @@ MOE_EXPERT_COUNT_KEYS = {"qwen3_moe": "num_experts", "mixtral": "num_local_exper
 FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text")
 AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS) + FSDP_ONLY_MODEL_TYPES
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
+CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
 SAMPLER_MODEL_TYPES = LLAMA_SHAPED
 MODEL = "policy.model_name"
@@ -85,19 +86,26 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
 
 
 def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
-    """A decoder FSDP alone shards has no tensor-parallel plan."""
+    """A decoder FSDP alone shards has no tensor-parallel plan, and was tested without
+    context parallelism (NeMo RL itself refuses CP for Gemma 3)."""
     model_type = hf_config.get("model_type")
-    tp = recipe.policy.automodel_cfg.tensor_parallel_size
-    if model_type not in FSDP_ONLY_MODEL_TYPES or tp == 1:
+    cfg = recipe.policy.automodel_cfg
+    if model_type not in FSDP_ONLY_MODEL_TYPES:
         return None
-    return Problem(
-        path=TENSOR_PARALLEL, value=tp,
-        message=f"model {recipe.policy.model_name} is a {model_type} decoder, which the "
-        "automodel backend shards with FSDP alone: its tensor-parallel plan is made for "
-        f"{', '.join(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS))} decoders",
-        fix=f"set {TENSOR_PARALLEL}=1, or train it with the Megatron backend "
-        "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)",
-    )  # fmt: skip
+    split = [(TENSOR_PARALLEL, cfg.tensor_parallel_size, "its tensor-parallel plan is made "
+              f"for {', '.join(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS))} decoders"),
+             (CONTEXT_PARALLEL, cfg.context_parallel_size, "context parallelism is not tested "
+              "on these decoders")]  # fmt: skip
+    for path, size, why in split:
+        if size > 1:
+            return Problem(
+                path=path, value=size,
+                message=f"model {recipe.policy.model_name} is a {model_type} decoder, which "
+                f"the automodel backend shards with FSDP alone: {why}",
+                fix=f"set {path}=1, or train it with the Megatron backend "
+                "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)",
+            )  # fmt: skip
+    return None
 
 
 def _moe_layout_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:

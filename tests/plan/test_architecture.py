@@ -136,3 +136,11 @@ def test_an_fsdp_only_decoder_from_the_table_needs_tensor_parallel_size_1(tmp_pa
         "policy.automodel_cfg.tensor_parallel_size=1, or train it with the Megatron backend "
         "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)"
     )
+    cp = attrs.evolve(recipe.policy.automodel_cfg, context_parallel_size=2)
+    (context,) = check_model_architecture(
+        attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=cp)), spec, no_cache
+    )
+    assert (context.path, context.value) == ("policy.automodel_cfg.context_parallel_size", 2)
+    assert context.message.endswith(
+        "shards with FSDP alone: its context parallelism is not built for it"
+    )
