@@ -104,6 +104,15 @@ def test_installed_wheel_renders_the_golden_script(installed_wheel, tmp_path):
         timeout=60,
     ).stdout.split()
     assert all(path.startswith(str(installed_wheel)) for path in where), where
+    # the model table is package data validate reads from the wheel
+    table = (
+        "from hpcrl.config.hf_model_table import known_hf_config as k; print(k('Qwen/Qwen3-32B'))"
+    )
+    read = subprocess.run(
+        [sys.executable, "-c", table], capture_output=True, text=True, env=environ, cwd=work,
+        check=True, timeout=60,
+    )  # fmt: skip
+    assert read.stdout == "{'model_type': 'qwen3', 'architectures': ['Qwen3ForCausalLM']}\n"
     result = subprocess.run(
         [
             str(installed_wheel / "bin" / "hpcrl"),

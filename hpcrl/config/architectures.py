@@ -6,7 +6,11 @@ same message.
 
 - The Automodel backend trains a Hugging Face causal LM with its own tensor-parallel plan of
   q/k/v/o and gate/up/down projections over ``model.layers``
-  (``hpcrl.core.backends.automodel.parallelize``): Llama-shaped decoders.
+  (``hpcrl.core.backends.automodel.parallelize``): Llama-shaped decoders, and the MoE blocks
+  of ``MOE_EXPERT_COUNT_KEYS`` split over expert-parallel ranks. FSDP2 alone shards any
+  decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
+  transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
+  without expert parallelism: tests/core/test_fsdp_only_models.py builds each one.
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -28,7 +32,13 @@ LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
 #: split over expert-parallel ranks (hpcrl.core.backends.automodel.expert_parallel), with
 #: the config key holding the expert count
 MOE_EXPERT_COUNT_KEYS = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}
-AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS)
+#: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
+#: attention, MoE or extra-norm blocks are not Llama-shaped), no expert parallelism. gpt_oss
+#: is not one: transformers gives it no SDPA attention, which the backend loads models with.
+FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text")
+AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS) + FSDP_ONLY_MODEL_TYPES
+TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
+CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
 SAMPLER_MODEL_TYPES = LLAMA_SHAPED
 MODEL = "policy.model_name"
@@ -71,7 +81,30 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             fix=fix,
         )
     if recipe.backend == "automodel":
-        return _moe_layout_problem(recipe, hf_config)
+        return _fsdp_only_problem(recipe, hf_config) or _moe_layout_problem(recipe, hf_config)
+    return None
+
+
+def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+    """A decoder FSDP alone shards has no tensor-parallel plan, and was tested without
+    context parallelism (NeMo RL itself refuses CP for Gemma 3)."""
+    model_type = hf_config.get("model_type")
+    cfg = recipe.policy.automodel_cfg
+    if model_type not in FSDP_ONLY_MODEL_TYPES:
+        return None
+    split = [(TENSOR_PARALLEL, cfg.tensor_parallel_size, "its tensor-parallel plan is made "
+              f"for {', '.join(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS))} decoders"),
+             (CONTEXT_PARALLEL, cfg.context_parallel_size, "context parallelism is not tested "
+              "on these decoders")]  # fmt: skip
+    for path, size, why in split:
+        if size > 1:
+            return Problem(
+                path=path, value=size,
+                message=f"model {recipe.policy.model_name} is a {model_type} decoder, which "
+                f"the automodel backend shards with FSDP alone: {why}",
+                fix=f"set {path}=1, or train it with the Megatron backend "
+                "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)",
+            )  # fmt: skip
     return None
 
 
@@ -88,13 +121,13 @@ def _moe_layout_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem
         return Problem(
             path=EXPERT_PARALLEL, value=ep,
             message=f"model {recipe.policy.model_name} (model_type {model_type!r}) has no "
-            "experts to split: expert parallelism applies to MoE models "
-            f"({', '.join(MOE_EXPERT_COUNT_KEYS)})",
+            "experts the automodel backend can split: its expert parallelism applies to "
+            f"{', '.join(MOE_EXPERT_COUNT_KEYS)} models",
             fix=f"set {EXPERT_PARALLEL}=1",
         )  # fmt: skip
     if cfg.tensor_parallel_size > 1:
         return Problem(
-            path="policy.automodel_cfg.tensor_parallel_size", value=cfg.tensor_parallel_size,
+            path=TENSOR_PARALLEL, value=cfg.tensor_parallel_size,
             message=f"the automodel backend has no tensor-parallel plan for {model_type} MoE "
             "blocks",
             fix="set policy.automodel_cfg.tensor_parallel_size=1 (split the experts with "

@@ -102,7 +102,10 @@ def _recipe(ep: int, tp: int = 1):
 def test_a_model_without_experts_or_with_an_indivisible_count_is_refused_by_its_config():
     dense = architecture_problem(_recipe(4), {"model_type": "qwen2"})
     assert dense is not None and dense.path == EP and dense.value == 4
-    assert "has no experts to split" in dense.message and dense.fix == f"set {EP}=1"
+    assert (
+        "has no experts the automodel backend can split" in dense.message
+        and dense.fix == f"set {EP}=1"
+    )
 
     uneven = architecture_problem(_recipe(4), {"model_type": "qwen3_moe", "num_experts": 6})
     assert uneven is not None and uneven.path == EP

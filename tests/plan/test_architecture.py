@@ -1,7 +1,7 @@
 """A model whose architecture the recipe's backend cannot build (NeMo RL's NemotronH recipes:
 model_type nemotron_h) is refused by name: at plan time when its config.json is readable here
-(a local folder, or the job's Hugging Face cache), else by the job as it starts, with the
-same message; ``validate`` says which of the two happens."""
+(a local folder, or the job's Hugging Face cache) or hpcrl's table of NeMo RL's models lists
+it, else by the job as it starts, with the same message; ``validate`` says which happens."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 AUTOMODEL_REFUSAL = (
     "policy.model_name = '{name}': a NemotronHForCausalLM (model_type 'nemotron_h') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
-    "qwen2, qwen3, mistral, qwen3_moe, mixtral decoders; fix: train it with the Megatron backend "
+    "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, glm4_moe, qwen2_moe, gemma3_text "
+    "decoders; fix: "
+    "train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
     "of one of these types"
 )
@@ -80,11 +82,65 @@ def test_validate_says_where_the_architecture_is_checked(tmp_path):
     recipe, spec = planned(with_policy(automodel_recipe(), model_name=name), tmp_path)
     assert check_model_architecture(recipe, spec, {}) == []
     assert architecture_note(recipe, spec, {}) == (
-        "architecture: 'llama', built by hpcrl's Automodel backend (policy.automodel_cfg), "
+        "architecture: 'llama' (config.json), built by hpcrl's Automodel backend (policy.automodel_cfg), "
         "hpcrl's in-process sampler (policy.generation.backend torch)"
     )
     hub_name = with_policy(recipe, model_name="nvidia/Nano")
     assert architecture_note(hub_name, spec, {"HF_HUB_CACHE": str(tmp_path)}) == (
         "architecture: the config.json of nvidia/Nano is not readable here (no local folder, "
-        "not in the job's Hugging Face cache), so the job checks the architecture as it starts"
+        "not in the job's Hugging Face cache) and hpcrl's table of NeMo RL's models does not "
+        "list it, so the job checks the architecture as it starts"
+    )
+
+
+NANO_V3 = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
+
+
+def test_a_hub_name_without_its_config_json_is_refused_from_the_table(tmp_path):
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name=NANO_V3), tmp_path)
+    no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
+    (problem,) = check_model_architecture(recipe, spec, no_cache)
+    # the words of the config.json-based refusal, word for word
+    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=NANO_V3)
+    assert architecture_note(recipe, spec, no_cache) == (
+        "architecture: 'nemotron_h' (hpcrl's table of NeMo RL's models), built by hpcrl's "
+        "Automodel backend (policy.automodel_cfg), hpcrl's in-process sampler "
+        "(policy.generation.backend torch)"
+    )
+
+
+def test_a_readable_config_json_wins_over_the_table(tmp_path):
+    snapshot = tmp_path / "hub" / f"models--{NANO_V3.replace('/', '--')}" / "snapshots" / "a1"
+    model_folder(snapshot, LLAMA)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name=NANO_V3), tmp_path)
+    assert check_model_architecture(recipe, spec, {"HF_HUB_CACHE": str(tmp_path / "hub")}) == []
+
+
+def test_an_fsdp_only_decoder_from_the_table_needs_tensor_parallel_size_1(tmp_path):
+    moonlight = with_policy(
+        automodel_recipe(),
+        model_name="moonshotai/Moonlight-16B-A3B-Instruct",
+        generation=GenerationCfg(backend="vllm"),
+    )
+    no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
+    recipe, spec = planned(moonlight, tmp_path)
+    assert check_model_architecture(recipe, spec, no_cache) == []
+    cfg = attrs.evolve(recipe.policy.automodel_cfg, tensor_parallel_size=2)
+    split = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=cfg))
+    (problem,) = check_model_architecture(split, spec, no_cache)
+    assert problem.one_line() == (
+        "policy.automodel_cfg.tensor_parallel_size = 2: model "
+        "moonshotai/Moonlight-16B-A3B-Instruct is a deepseek_v3 decoder, which the automodel "
+        "backend shards with FSDP alone: its tensor-parallel plan is made for llama, qwen2, "
+        "qwen3, mistral, qwen3_moe, mixtral decoders; fix: set "
+        "policy.automodel_cfg.tensor_parallel_size=1, or train it with the Megatron backend "
+        "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)"
+    )
+    cp = attrs.evolve(recipe.policy.automodel_cfg, context_parallel_size=2)
+    (context,) = check_model_architecture(
+        attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=cp)), spec, no_cache
+    )
+    assert (context.path, context.value) == ("policy.automodel_cfg.context_parallel_size", 2)
+    assert context.message.endswith(
+        "FSDP alone: context parallelism is not tested on these decoders"
     )
