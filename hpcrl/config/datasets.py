@@ -29,6 +29,8 @@ class NamedDataset:
     fields: str = "problem_answer"  # how rows become messages (hpcrl.core.data.named)
     repeat_validation: int = 1
     algorithm: str = "grpo"  # what the set is made for
+    # NeMo RL's loader of the set reads data.*.max_samples (the others ignore it)
+    reads_max_samples: bool = False
 
 
 NAMED_DATASETS: dict[str, NamedDataset] = {
@@ -70,6 +72,15 @@ NAMED_DATASETS: dict[str, NamedDataset] = {
         carve_validation=0.05,
         fields="messages",
         algorithm="sft",
+        reads_max_samples=True,
+    ),
+    "Nemotron-Cascade-2-SFT-Math": NamedDataset(
+        hub_id="nvidia/Nemotron-Cascade-2-SFT-Data",
+        config_name="math",
+        carve_validation=0.05,
+        fields="messages",
+        algorithm="sft",
+        reads_max_samples=True,
     ),
     # A local JSONL/JSON/parquet file or folder with input_key/output_key columns.
     "ResponseDataset": NamedDataset(hub_id="", fields="input_output", algorithm="any"),
@@ -196,6 +207,7 @@ def _section_problems(recipe: Recipe, section: DatasetCfg, path: str) -> list[Pr
                 fix=f"set {path}.repeat=1, or remove it",
             )
         )
+    problems += _max_samples_problems(section, path, name)
     for key in ("prompt_file", "system_prompt_file", "data_path"):
         value = getattr(section, key)
         if value is not None and not Path(value).exists():
@@ -209,6 +221,23 @@ def _section_problems(recipe: Recipe, section: DatasetCfg, path: str) -> list[Pr
                 )
             )
     return problems
+
+
+def _max_samples_problems(section: DatasetCfg, path: str, name: str) -> list[Problem]:
+    """NeMo RL cuts rows only in the loaders that read max_samples; the others take it as a
+    spare keyword and load every row, so a cap there would not be what NeMo RL does."""
+    if section.max_samples is None or NAMED_DATASETS[name].reads_max_samples:
+        return []
+    readers = [n for n, named in NAMED_DATASETS.items() if named.reads_max_samples]
+    return [
+        Problem(
+            path=f"{path}.max_samples",
+            value=section.max_samples,
+            message=f"NeMo RL's loader of {name} does not read max_samples (it loads every "
+            f"row); of the sets hpcrl loads, only {', '.join(readers)} take a subset",
+            fix=f"remove {path}.max_samples",
+        )
+    ]
 
 
 def _processor_problems(

@@ -77,6 +77,9 @@ class DatasetCfg:
     processor: str | None = None  # math_hf_data_processor | math_data_processor | sft_processor
     env_name: str | None = None
     repeat: int | None = None  # the set's rows this many times over (NeMo RL's AIME: 16)
+    # a seeded random subset of this many rows, taken before validation is carved out (as
+    # NeMo RL's loaders that read it do; <= 0 or null: every row)
+    max_samples: int | None = None
 
 
 @attrs.frozen(kw_only=True)

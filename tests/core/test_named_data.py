@@ -208,3 +208,47 @@ def test_dataset_missing_offline_names_the_cache(tokenizer, monkeypatch, tmp_pat
     recipe = grpo_recipe(data__train={"dataset_name": "DeepScaler"})
     with pytest.raises(DatasetUnavailable, match="agentica-org/DeepScaleR-Preview-Dataset"):
         load_named_rows(planned(recipe), tokenizer, "train")
+
+
+def test_max_samples_takes_a_seeded_subset_before_validation_is_carved(tmp_path, tokenizer):
+    """NeMo RL's tulu3 / Nemotron-Cascade loaders: shuffle with the seed, keep the first
+    max_samples rows, then hold out split_validation_size of those."""
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(40)
+    ]  # fmt: skip
+    path = tmp_path / "tulu.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = base_dict("automodel", "sft")
+    del data["data"]
+
+    def loaded(**section) -> tuple[list, list]:
+        train = {"dataset_name": "tulu3_sft_mixture", "data_path": str(path), **section}
+        recipe = structure_recipe(with_keys(data, data__train=train))
+        assert check_recipe(recipe) == []
+        return (
+            load_named_rows(planned(recipe), tokenizer, "train"),
+            load_named_rows(planned(recipe), tokenizer, "validation"),
+        )
+
+    def users(rows: list) -> set[str]:
+        return {tokenizer.decode(r["input_ids"]).split("<user>")[1].split("</user>")[0] for r in rows}
+
+    train, val = loaded(max_samples=10, split_validation_size=0.2, seed=42)
+    assert (len(train), len(val)) == (8, 2)
+    kept = users(train) | users(val)
+    assert len(kept) == 10 and kept != {f"q{i}" for i in range(10)}  # a random subset
+    again, _ = loaded(max_samples=10, split_validation_size=0.2, seed=42)
+    assert users(again) == users(train)
+    other_train, other_val = loaded(max_samples=10, split_validation_size=0.2, seed=7)
+    assert users(other_train) | users(other_val) != kept
+    whole_train, whole_val = loaded(max_samples=0, split_validation_size=0.2)  # NeMo RL: no cap
+    assert (len(whole_train), len(whole_val)) == (32, 8)
+
+
+def test_max_samples_on_a_set_whose_nemo_rl_loader_ignores_it_is_refused():
+    recipe = grpo_recipe(data__train={"dataset_name": "DeepScaler", "max_samples": 100})
+    (problem,) = check_recipe(recipe)
+    assert problem.path == "data.train.max_samples"
+    assert "NeMo RL's loader of DeepScaler does not read max_samples" in problem.message
+    assert "tulu3_sft_mixture, Nemotron-Cascade-2-SFT-Math" in problem.message

@@ -104,13 +104,22 @@ def _messages(
     section: DatasetCfg, split: str, seed: int, carve_part: str | None
 ) -> list[list[dict]]:
     name, named = _named(section)
-    table = _load_table(section, named, split)
+    table = _cap(section, _load_table(section, named, split), seed)
     fraction = _carve(section)
     if carve_part is not None and fraction > 0:
         table = table.train_test_split(test_size=fraction, seed=seed)[
             "train" if carve_part == "train" else "test"
         ]
     return [to_messages(named.fields, row, section) for row in table]
+
+
+def _cap(section: DatasetCfg, table: Any, seed: int) -> Any:
+    """NeMo RL's ``max_samples``: a seeded shuffle, then its first rows, before validation is
+    carved out (the rule allows it only on sets whose NeMo RL loader reads it)."""
+    limit = section.max_samples
+    if limit is None or limit <= 0 or not _named(section)[1].reads_max_samples:
+        return table
+    return table.shuffle(seed=seed).select(range(min(limit, len(table))))
 
 
 def _load_table(section: DatasetCfg, named: NamedDataset, split: str) -> Any:
