@@ -32,6 +32,13 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "deltas over S3/ZeroMQ, NIXL): the same weights arrive; hpcrl refits through its own "
         "path (hpcrl.config.generation_rules refuses it without vLLM, as NeMo RL does)",
     ),
+    "grpo.skip_reference_policy_logprobs_calculation": NotConsumed(
+        "inert",
+        "true is accepted only with loss_fn.reference_policy_kl_penalty 0 (NeMo RL asserts "
+        "it; hpcrl.config.grpo_option_rules refuses it otherwise), and at penalty 0 hpcrl "
+        "never computes the reference policy's log-probs (NeMo RL turns the switch on itself "
+        "then): either value trains the same",
+    ),
     "grpo.val_batch_size": NotConsumed(
         "inert",
         "how many validation prompts NeMo RL generates per call; hpcrl samples every "

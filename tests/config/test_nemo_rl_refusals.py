@@ -138,7 +138,8 @@ def test_a_set_of_the_other_algorithm_names_the_right_ones():
         "error: data.train.dataset_name = 'DAPOMath17K': a data set for GRPO, but this recipe "
         "trains SFT\n"
         "  fix: pick a data set hpcrl loads for SFT: OpenMathInstruct-2, openmathinstruct2, "
-        "squad, tulu3_sft_mixture, ResponseDataset (docs/algorithms.md, data sets)"
+        "squad, tulu3_sft_mixture, Nemotron-Cascade-2-SFT-Math, "
+        "ResponseDataset (docs/algorithms.md, data sets)"
     )
 
 
@@ -222,3 +223,46 @@ def test_max_samples_and_the_nemotron_cascade_math_set_load_from_nemo_rls_file()
     train = effective(loaded.recipe, "train")
     assert train is not None
     assert (train.dataset_name, train.max_samples) == ("Nemotron-Cascade-2-SFT-Math", 100000)
+
+
+def test_skip_reference_logprobs_with_no_kl_penalty_skips_them():
+    """grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller: skip the reference
+    log-probs with the KL penalty at 0 (accepted: its other refusals are the ready_first
+    sampler and streaming training). With a penalty NeMo RL asserts; hpcrl refuses."""
+    import torch
+
+    from hpcrl.core.algorithms.grpo import add_logprobs
+
+    relative = "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller.yaml"
+    assert "grpo.skip_reference_policy_logprobs_calculation" not in errors_of(relative, [])
+    recipe = load_as_hpcrl(
+        config_path("grpo_math_1B.yaml"),
+        ["grpo.skip_reference_policy_logprobs_calculation=true",
+         "loss_fn.reference_policy_kl_penalty=0"],
+    ).recipe  # fmt: skip
+    assert recipe.grpo is not None and recipe.grpo.skip_reference_policy_logprobs_calculation
+
+    class NoReference:
+        """A policy whose reference model must not be asked for log-probs."""
+
+        def get_logprobs(self, batch):
+            return torch.zeros(1, 3)
+
+        def get_reference_logprobs(self, batch):
+            raise AssertionError("reference log-probs computed")
+
+    batch: dict = {}
+    add_logprobs(NoReference(), recipe, batch)  # type: ignore[arg-type]
+    assert set(batch) == {"old_logprobs"}
+    error = errors_of(
+        "grpo_math_1B.yaml",
+        ["grpo.skip_reference_policy_logprobs_calculation=true",
+         "loss_fn.reference_policy_kl_penalty=0.01"],
+    )["grpo.skip_reference_policy_logprobs_calculation"]  # fmt: skip
+    assert error == (
+        "error: grpo.skip_reference_policy_logprobs_calculation = True: the KL penalty "
+        "(loss_fn.reference_policy_kl_penalty = 0.01) needs the reference policy's log-probs, "
+        "so they cannot be skipped (NeMo RL asserts the penalty is 0 too)\n"
+        "  fix: set loss_fn.reference_policy_kl_penalty=0, or "
+        "grpo.skip_reference_policy_logprobs_calculation=false"
+    )
