@@ -129,6 +129,15 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "not what is computed",
     ),
     off_only(
+        "policy.activation_checkpointing_enabled",
+        "NeMo RL's code never reads this key (two of its configs carry it, at false): true "
+        "would turn nothing on there or here; activation checkpointing is "
+        "policy.dtensor_cfg.activation_checkpointing (Automodel) or "
+        "policy.megatron_cfg.activation_checkpointing",
+        False,
+        None,
+    ),
+    off_only(
         "policy.tokenizer.is_tokenizer_processor",
         f"multimodal processors are {NOT_YET}",
         False,

@@ -266,3 +266,19 @@ def test_skip_reference_logprobs_with_no_kl_penalty_skips_them():
         "  fix: set loss_fn.reference_policy_kl_penalty=0, or "
         "grpo.skip_reference_policy_logprobs_calculation=false"
     )
+
+
+def test_activation_checkpointing_enabled_is_read_by_no_one():
+    """grpo-moonlight-16b-automodel-1n8g-ep8 writes policy.activation_checkpointing_enabled:
+    false, a key NeMo RL's code never reads: the file loads, and the recipe is the same as
+    without it; true is refused, naming the keys that do checkpoint activations."""
+    relative = "recipes/llm/grpo-moonlight-16b-automodel-1n8g-ep8.yaml"
+    with_key = load_as_hpcrl(config_path(relative)).recipe
+    without = load_as_hpcrl(
+        config_path(relative), ["~policy.activation_checkpointing_enabled"]
+    ).recipe
+    assert with_key == without
+    error = errors_of(relative, ["policy.activation_checkpointing_enabled=true"])
+    assert "policy.dtensor_cfg.activation_checkpointing (Automodel)" in error[
+        "policy.activation_checkpointing_enabled"
+    ]
