@@ -43,7 +43,8 @@ def rule_dynamic_sampling(recipe: Recipe) -> list[Problem]:
                 path=f"{G}.batch_multiplier",
                 value=multiplier,
                 message="generates extra prompts for dynamic sampling to choose from, so it "
-                "must be 1 without use_dynamic_sampling",
+                "must be 1 without use_dynamic_sampling; NeMo RL stops on it too (its GRPO "
+                "setup asserts batch_multiplier == 1 unless use_dynamic_sampling is true)",
                 fix=f"set {G}.batch_multiplier=1, or {G}.use_dynamic_sampling=true",
             )
         )

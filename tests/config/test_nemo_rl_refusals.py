@@ -59,9 +59,21 @@ def test_batch_multiplier_is_a_float_as_in_nemo_rl():
     error = errors_of("grpo_math_1B.yaml", ["grpo.batch_multiplier=1.5"])["grpo.batch_multiplier"]
     assert error == (
         "error: grpo.batch_multiplier = 1.5: generates extra prompts for dynamic sampling to "
-        "choose from, so it must be 1 without use_dynamic_sampling\n"
+        "choose from, so it must be 1 without use_dynamic_sampling; NeMo RL stops on it too "
+        "(its GRPO setup asserts batch_multiplier == 1 unless use_dynamic_sampling is true)\n"
         "  fix: set grpo.batch_multiplier=1, or grpo.use_dynamic_sampling=true"
     )
+
+
+def test_prorlv2_1_moe_batch_multiplier_without_dynamic_sampling_is_refused_as_in_nemo_rl():
+    """prorlv2_1_moe.v2.yaml turns dynamic sampling off over prorlv2.v2.yaml and keeps its
+    batch_multiplier 1.5: NeMo RL's grpo setup asserts on that pair, so the file does not run
+    there either; hpcrl refuses it with the same reason and nothing else."""
+    errors = errors_of("prorlv2_1_moe.v2.yaml", [])
+    assert list(errors) == ["grpo.batch_multiplier"]
+    assert "NeMo RL stops on it too" in errors["grpo.batch_multiplier"]
+    loaded = load_as_hpcrl(config_path("prorlv2_1_moe.v2.yaml"), ["grpo.batch_multiplier=1"])
+    assert loaded.recipe.grpo is not None and not loaded.recipe.grpo.use_dynamic_sampling
 
 
 def test_async_grpo_null_is_off():
