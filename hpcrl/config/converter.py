@@ -243,6 +243,8 @@ def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any
         message, fix = "required key is missing", f"add {path}: <{_type_name_of(field_type)}>"
     elif isinstance(exc, BadValue):
         message, fix = exc.message, exc.fix.replace("{path}", path)
+    elif _is_dataset_section(field_type) and isinstance(value, list):
+        message, fix = _dataset_list_refusal(path, value)
     elif _is_section(field_type) and not isinstance(value, Mapping):
         message = f"expected a section of keys (key: value), got {_type_name(value)}"
         fix = f"write {path}: followed by indented keys" + (
@@ -252,6 +254,26 @@ def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any
         message, fix = f"invalid value: {exc}", ""
     problem = Problem(path=path, value=value, message=message, fix=fix)
     return StructureIssue(parts=parts, problem=problem, field_type=field_type)
+
+
+def _is_dataset_section(field_type: Any) -> bool:
+    from hpcrl.config.recipe import DatasetCfg
+
+    return field_type is DatasetCfg or DatasetCfg in getattr(field_type, "__args__", ())
+
+
+def _dataset_list_refusal(path: str, value: list) -> tuple[str, str]:
+    """NeMo RL's list of data sets under data.train / data.validation: what it would do, and
+    that hpcrl loads one set per section."""
+    names = [item.get("dataset_name") for item in value if isinstance(item, Mapping)]
+    message = (
+        f"a list of {len(value)} data sets ({', '.join(map(str, names))}): NeMo RL loads each "
+        "(data.default filling it) and concatenates them into one set (validation: the "
+        "listed sets plus each training set's held-out share); several data sets in one "
+        "section are not supported by hpcrl yet, it loads one"
+    )
+    fix = f"keep one: write {path}: followed by the indented keys of one data set"
+    return message, fix
 
 
 # --------------------------------------------------------------------------- strict scalars

@@ -294,3 +294,15 @@ def test_activation_checkpointing_enabled_is_read_by_no_one():
     assert "policy.dtensor_cfg.activation_checkpointing (Automodel)" in error[
         "policy.activation_checkpointing_enabled"
     ]
+
+
+def test_multiple_datasets_refuses_the_lists_not_the_dataloader_keys():
+    """grpo_multiple_datasets.yaml: num_prompts_per_dataloader and custom_dataloader are
+    read by NeMo RL only with use_multiple_dataloader: true (false in the file), so they are
+    not what stops it; its lists of training and validation sets are, each named."""
+    errors = errors_of("grpo_multiple_datasets.yaml", [])
+    assert sorted(errors) == ["data.train", "data.validation"]
+    assert "a list of 2 data sets (OpenMathInstruct-2, DeepScaler)" in errors["data.train"]
+    assert "keep one: write data.train:" in errors["data.train"]
+    switched_on = errors_of("grpo_multiple_datasets.yaml", ["data.use_multiple_dataloader=true"])
+    assert {"data.use_multiple_dataloader", "data.num_prompts_per_dataloader"} <= set(switched_on)
