@@ -369,6 +369,21 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "environments return one reward)",
         None,
     ),
+    # ---------------------------------------------------------------- environments, data
+    off_only(
+        "env.sliding_puzzle_game",
+        "NeMo RL's sliding-puzzle game (its own entry point, examples/run_grpo_sliding_puzzle.py: "
+        "puzzles generated as the data set and a multi-turn environment that answers each "
+        f"move) is {NOT_YET}: hpcrl trains on data sets with the single-turn math "
+        "environment",
+        None,
+    ),
+    inert(
+        "data.add_system_prompt",
+        "read only by NeMo RL's sliding-puzzle entry point, for the puzzle prompts it "
+        "generates (env.sliding_puzzle_game is refused by name); no data set or processor of "
+        "NeMo RL reads it",
+    ),
     # ---------------------------------------------------------------- checkpointing
     inert(
         "checkpointing.model_save_format",

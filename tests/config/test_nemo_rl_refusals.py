@@ -306,3 +306,15 @@ def test_multiple_datasets_refuses_the_lists_not_the_dataloader_keys():
     assert "keep one: write data.train:" in errors["data.train"]
     switched_on = errors_of("grpo_multiple_datasets.yaml", ["data.use_multiple_dataloader=true"])
     assert {"data.use_multiple_dataloader", "data.num_prompts_per_dataloader"} <= set(switched_on)
+
+
+def test_sliding_puzzle_is_refused_by_its_environment_not_add_system_prompt():
+    """grpo_sliding_puzzle.yaml runs through NeMo RL's own sliding-puzzle entry point, the
+    only reader of data.add_system_prompt: the refusal names the game (and its multi-turn
+    rollouts), and add_system_prompt alone on a math recipe changes nothing."""
+    errors = errors_of("grpo_sliding_puzzle.yaml", [])
+    assert sorted(errors) == ["env.sliding_puzzle_game", "grpo.max_rollout_turns"]
+    assert "NeMo RL's sliding-puzzle game" in errors["env.sliding_puzzle_game"]
+    plain = load_as_hpcrl(config_path("grpo_math_1B.yaml")).recipe
+    with_key = load_as_hpcrl(config_path("grpo_math_1B.yaml"), ["+data.add_system_prompt=true"])
+    assert with_key.recipe == plain
