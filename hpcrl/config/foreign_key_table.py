@@ -151,13 +151,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ),
     # moe_parallelizer: NeMo Automodel's MoE parallelizer options (expert_parallel_size)
     off_only(
-        "policy.automodel_cfg.moe_parallelizer.ignore_router_for_ac",
-        "saving the router's outputs through activation checkpointing is not supported yet "
-        "(hpcrl recomputes each decoder block whole, router included)",
-        False,
-        None,
-    ),
-    off_only(
         "policy.automodel_cfg.moe_parallelizer.lm_head_precision",
         f"an lm_head in its own precision is {NOT_YET} (it computes in policy.precision)",
         None,

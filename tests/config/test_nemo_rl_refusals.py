@@ -318,3 +318,29 @@ def test_sliding_puzzle_is_refused_by_its_environment_not_add_system_prompt():
     plain = load_as_hpcrl(config_path("grpo_math_1B.yaml")).recipe
     with_key = load_as_hpcrl(config_path("grpo_math_1B.yaml"), ["+data.add_system_prompt=true"])
     assert with_key.recipe == plain
+
+
+def test_ignore_router_for_ac_reaches_the_automodel_plan():
+    """dapo-nanov3.5-30BA3B-4n8g-automodel: activation checkpointing with EP 8 and
+    moe_parallelizer.ignore_router_for_ac: true, which NeMo RL hands to Automodel's MoE
+    parallelizer (only under EP): the plan keeps the routers' projections
+    (tests/core/test_expert_parallel.py: not recomputed, same gradients)."""
+    from hpcrl.core.backends.automodel.parallelize import MeshShape, parallelize_steps
+
+    relative = "recipes/llm/dapo-nanov3.5-30BA3B-4n8g-automodel.yaml"
+    policy = load_as_hpcrl(config_path(relative)).recipe.policy
+    cfg = policy.automodel_cfg
+    assert cfg.moe_parallelizer.ignore_router_for_ac is True
+    shape = MeshShape.for_world(32, cfg.dp_replicate_size, cfg.tensor_parallel_size)
+
+    def steps(**changes):
+        import attrs
+
+        changed = attrs.evolve(cfg, **changes)
+        return parallelize_steps(
+            changed, policy.precision, shape, on_gpu=True, compiles=True, training=True
+        )
+
+    assert steps().save_router_outputs
+    assert not steps(expert_parallel_size=1).save_router_outputs  # NeMo RL: EP only
+    assert not steps(activation_checkpointing=False).save_router_outputs

@@ -241,6 +241,13 @@ CHANGES: dict[str, Change] = {
         True, {"policy.automodel_cfg.tensor_parallel_size": 2}
     ),
     "policy.automodel_cfg.expert_parallel_size": Change(2),
+    "policy.automodel_cfg.moe_parallelizer.ignore_router_for_ac": Change(
+        True,
+        {
+            "policy.automodel_cfg.activation_checkpointing": True,
+            "policy.automodel_cfg.expert_parallel_size": 2,
+        },
+    ),
     "policy.automodel_cfg.cpu_offload": Change(True),
     f"{LORA}.enabled": Change(True),
     f"{LORA}.target_modules": Change(
