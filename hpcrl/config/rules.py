@@ -254,11 +254,28 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
             Problem(
                 path=bad_path,
                 value=bad_value,
-                message="async GRPO samples the next batches on vLLM generation workers of their own while the trainer trains",
+                message=_async_generation_message(generation.backend),
                 fix=f"set policy.generation.backend=vllm and policy.generation.colocated.enabled=false (with its resources), or {off}",
             )
         )
     return problems
+
+
+def _async_generation_message(backend: str) -> str:
+    own_workers = (
+        "async GRPO samples the next batches on vLLM generation workers of their own while "
+        "the trainer trains"
+    )
+    if backend != "megatron":
+        return own_workers
+    # NeMo RL's trajectory collector treats Megatron inference as an async engine: rollouts
+    # for later steps run between train steps on the same workers, weights updated in flight.
+    return (
+        "NeMo RL runs async GRPO with the Megatron policy generating (its trajectory "
+        "collector takes rollouts for later steps from the colocated Megatron inference "
+        "engine between train steps, updating its weights in flight); hpcrl does not support "
+        f"that yet: {own_workers}"
+    )
 
 
 def rule_vllm_sizes(recipe: Recipe) -> list[Problem]:

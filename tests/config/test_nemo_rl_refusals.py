@@ -344,3 +344,17 @@ def test_ignore_router_for_ac_reaches_the_automodel_plan():
     assert steps().save_router_outputs
     assert not steps(expert_parallel_size=1).save_router_outputs  # NeMo RL: EP only
     assert not steps(activation_checkpointing=False).save_router_outputs
+
+
+def test_async_grpo_with_megatron_generation_names_what_nemo_rl_does():
+    """grpo-nanov3-30BA3B-4n4g-megatron_async_colocated: NeMo RL runs async GRPO with its
+    colocated Megatron inference engine (in-flight weight updates); hpcrl's async GRPO
+    needs vLLM workers of their own, and says so as the one refusal of the file."""
+    relative = "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_async_colocated.yaml"
+    errors = errors_of(relative, [])
+    assert list(errors) == ["policy.generation.backend"]
+    assert "NeMo RL runs async GRPO with the Megatron policy generating" in errors[
+        "policy.generation.backend"
+    ]
+    assert "hpcrl does not support that yet" in errors["policy.generation.backend"]
+    assert "grpo.async_grpo.enabled=false" in errors["policy.generation.backend"]
