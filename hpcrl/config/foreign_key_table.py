@@ -249,6 +249,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "instead of one per sequence, numerically identical by its own account: kernel "
         "launches, not values",
     ),
+    inert(
+        "policy.megatron_cfg.fused_linear_logprobs_chunk_size",
+        "sequence chunk of NeMo RL's fused log-probs (use_fused_linear_logprobs): how many "
+        "positions are computed at once, not their values",
+    ),
     # ---------------------------------------------------------------- placement, transport
     inert(
         "cluster.segment_size",

@@ -39,6 +39,14 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "never computes the reference policy's log-probs (NeMo RL turns the switch on itself "
         "then): either value trains the same",
     ),
+    "policy.megatron_cfg.use_fused_linear_logprobs": NotConsumed(
+        "inert",
+        "NeMo RL's memory saving: log-probs computed from the hidden states in sequence "
+        "chunks, the same values as its unfused path, which hpcrl computes (with the full "
+        "logits: the memory saving itself is not implemented); "
+        "hpcrl.config.fused_logprobs_rules refuses what NeMo RL refuses with it, and a "
+        "temperature other than 1, where its fused path computes something else",
+    ),
     "grpo.val_batch_size": NotConsumed(
         "inert",
         "how many validation prompts NeMo RL generates per call; hpcrl samples every "

@@ -24,6 +24,7 @@ from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
 from hpcrl.config.field_bounds import check_field_bounds
 from hpcrl.config.foreign_key_table import UNSUPPORTED_SECTIONS
+from hpcrl.config.fused_logprobs_rules import FUSED_LOGPROBS_RULES
 from hpcrl.config.generation_rules import GENERATION_RULES
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.lora_rules import LORA_RULES
@@ -406,6 +407,7 @@ RECIPE_RULES = (
     *OPTIMIZER_RULES,
     *BATCHING_RULES,
     *GRPO_OPTION_RULES,
+    *FUSED_LOGPROBS_RULES,
     *ADVANTAGE_RULES,
     *DATA_RULES,
     rule_field_bounds,

@@ -291,9 +291,10 @@ def test_activation_checkpointing_enabled_is_read_by_no_one():
     ).recipe
     assert with_key == without
     error = errors_of(relative, ["policy.activation_checkpointing_enabled=true"])
-    assert "policy.dtensor_cfg.activation_checkpointing (Automodel)" in error[
-        "policy.activation_checkpointing_enabled"
-    ]
+    assert (
+        "policy.dtensor_cfg.activation_checkpointing (Automodel)"
+        in error["policy.activation_checkpointing_enabled"]
+    )
 
 
 def test_multiple_datasets_refuses_the_lists_not_the_dataloader_keys():
@@ -353,8 +354,40 @@ def test_async_grpo_with_megatron_generation_names_what_nemo_rl_does():
     relative = "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_async_colocated.yaml"
     errors = errors_of(relative, [])
     assert list(errors) == ["policy.generation.backend"]
-    assert "NeMo RL runs async GRPO with the Megatron policy generating" in errors[
-        "policy.generation.backend"
-    ]
+    assert (
+        "NeMo RL runs async GRPO with the Megatron policy generating"
+        in errors["policy.generation.backend"]
+    )
     assert "hpcrl does not support that yet" in errors["policy.generation.backend"]
     assert "grpo.async_grpo.enabled=false" in errors["policy.generation.backend"]
+
+
+def test_fused_linear_logprobs_accepted_where_its_values_are_the_unfused_ones():
+    """sft-qwen2.5-math7b-1n8g-megatron_fused_linear_logprobs and its GRPO sibling load: the
+    fused path is NeMo RL's memory saving with the unfused values (hpcrl computes those).
+    What NeMo RL asserts against is refused, and so is a GRPO temperature other than 1,
+    where NeMo RL's fused path divides log-probs instead of logits by it."""
+    sft = "recipes/llm/sft-qwen2.5-math7b-1n8g-megatron_fused_linear_logprobs.yaml"
+    grpo = "recipes/llm/grpo-qwen3-30ba3b-2n8g-megatron_fused_linear_logprobs.yaml"
+    for relative in (sft, grpo):
+        assert load_as_hpcrl(
+            config_path(relative)
+        ).recipe.policy.megatron_cfg.use_fused_linear_logprobs
+    overlap = "policy.megatron_cfg.distributed_data_parallel_config.overlap_param_gather"
+    errors = errors_of(sft, [f"{overlap}=true"])
+    assert list(errors) == [overlap] and "NeMo RL asserts" in errors[overlap]
+    errors = errors_of(
+        grpo,
+        ["policy.generation.temperature=0.7", "policy.generation.top_p=0.9",
+         "policy.sequence_packing.enabled=true"],
+    )  # fmt: skip
+    assert {
+        "policy.generation.temperature",
+        "policy.generation.top_p",
+        "policy.sequence_packing.enabled",
+    } <= set(errors)
+    assert "divides the log-probs, not the logits" in errors["policy.generation.temperature"]
+    assert (
+        "policy.megatron_cfg.use_fused_linear_logprobs=false"
+        in errors["policy.generation.temperature"]
+    )

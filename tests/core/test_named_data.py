@@ -232,7 +232,9 @@ def test_max_samples_takes_a_seeded_subset_before_validation_is_carved(tmp_path,
         )
 
     def users(rows: list) -> set[str]:
-        return {tokenizer.decode(r["input_ids"]).split("<user>")[1].split("</user>")[0] for r in rows}
+        return {
+            tokenizer.decode(r["input_ids"]).split("<user>")[1].split("</user>")[0] for r in rows
+        }
 
     train, val = loaded(max_samples=10, split_validation_size=0.2, seed=42)
     assert (len(train), len(val)) == (8, 2)
