@@ -81,6 +81,7 @@ def build_converter() -> cattrs.Converter:
     strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
     strict.register_structure_hook_factory(_is_literal, _literal_hook)
     strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
+    strict.register_structure_hook_factory(_is_one_or_many, lambda t: _one_or_many_hook(t, strict))
     strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
     strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
     return strict
@@ -243,8 +244,6 @@ def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any
         message, fix = "required key is missing", f"add {path}: <{_type_name_of(field_type)}>"
     elif isinstance(exc, BadValue):
         message, fix = exc.message, exc.fix.replace("{path}", path)
-    elif _is_dataset_section(field_type) and isinstance(value, list):
-        message, fix = _dataset_list_refusal(path, value)
     elif _is_section(field_type) and not isinstance(value, Mapping):
         message = f"expected a section of keys (key: value), got {_type_name(value)}"
         fix = f"write {path}: followed by indented keys" + (
@@ -254,26 +253,6 @@ def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any
         message, fix = f"invalid value: {exc}", ""
     problem = Problem(path=path, value=value, message=message, fix=fix)
     return StructureIssue(parts=parts, problem=problem, field_type=field_type)
-
-
-def _is_dataset_section(field_type: Any) -> bool:
-    from hpcrl.config.recipe import DatasetCfg
-
-    return field_type is DatasetCfg or DatasetCfg in getattr(field_type, "__args__", ())
-
-
-def _dataset_list_refusal(path: str, value: list) -> tuple[str, str]:
-    """NeMo RL's list of data sets under data.train / data.validation: what it would do, and
-    that hpcrl loads one set per section."""
-    names = [item.get("dataset_name") for item in value if isinstance(item, Mapping)]
-    message = (
-        f"a list of {len(value)} data sets ({', '.join(map(str, names))}): NeMo RL loads each "
-        "(data.default filling it) and concatenates them into one set (validation: the "
-        "listed sets plus each training set's held-out share); several data sets in one "
-        "section are not supported by hpcrl yet, it loads one"
-    )
-    fix = f"keep one: write {path}: followed by the indented keys of one data set"
-    return message, fix
 
 
 # --------------------------------------------------------------------------- strict scalars
@@ -414,6 +393,30 @@ def _tuple_hook(type_: Any, converter: cattrs.Converter):
         if errors:
             raise cattrs.IterableValidationError("While structuring a list", errors, type_)
         return tuple(items)
+
+    return structure
+
+
+def _is_one_or_many(type_: Any) -> bool:
+    """``C | tuple[C, ...] | None`` for an attrs class C: one section or a list of them
+    (NeMo RL's ``data.train``: one data set, or several concatenated)."""
+    members = [arg for arg in typing.get_args(type_) if arg is not type(None)]
+    if len(members) != 2:
+        return False
+    single = next((m for m in members if isinstance(m, type) and attrs.has(m)), None)
+    return single is not None and tuple[single, ...] in members  # type: ignore[valid-type]
+
+
+def _one_or_many_hook(type_: Any, converter: cattrs.Converter):
+    single = next(m for m in typing.get_args(type_) if isinstance(m, type) and attrs.has(m))
+    many = _tuple_hook(tuple[single, ...], converter)  # type: ignore[valid-type]
+
+    def structure(value: Any, _: type) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, list | tuple):
+            return many(value, type_)
+        return converter.structure(value, single)
 
     return structure
 

@@ -96,9 +96,10 @@ class DataCfg:
     max_input_seq_length: int | None = bounded(None, at_least(1, "or null: no limit"))
     shuffle: bool = True
     num_workers: int = bounded(0, at_least(0, "0: load in the driver"))
-    # NeMo RL's named data sets
-    train: DatasetCfg | None = None
-    validation: DatasetCfg | None = None
+    # NeMo RL's named data sets: one section, or a list of them (NeMo RL concatenates the
+    # sets, each read with its own keys; hpcrl.core.data.named)
+    train: DatasetCfg | tuple[DatasetCfg, ...] | None = None
+    validation: DatasetCfg | tuple[DatasetCfg, ...] | None = None
     default: DatasetCfg | None = None
     dataset_name: str | None = None  # older NeMo RL configs: one set for train and validation
     prompt_file: str | None = None

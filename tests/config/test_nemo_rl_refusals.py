@@ -297,14 +297,32 @@ def test_activation_checkpointing_enabled_is_read_by_no_one():
     )
 
 
-def test_multiple_datasets_refuses_the_lists_not_the_dataloader_keys():
-    """grpo_multiple_datasets.yaml: num_prompts_per_dataloader and custom_dataloader are
-    read by NeMo RL only with use_multiple_dataloader: true (false in the file), so they are
-    not what stops it; its lists of training and validation sets are, each named."""
-    errors = errors_of("grpo_multiple_datasets.yaml", [])
-    assert sorted(errors) == ["data.train", "data.validation"]
-    assert "a list of 2 data sets (OpenMathInstruct-2, DeepScaler)" in errors["data.train"]
-    assert "keep one: write data.train:" in errors["data.train"]
+def test_multiple_datasets_load_as_lists_each_with_data_default():
+    """grpo_multiple_datasets.yaml: lists of training and validation sets, each filled by
+    data.default (its prompt file and processor), kept as lists through the plan (the job's
+    recipe, jobspec.json's structuring included); num_prompts_per_dataloader and
+    custom_dataloader are read by NeMo RL only with use_multiple_dataloader: true (false in
+    the file), which stays refused. The rows: tests/core/test_named_data.py."""
+    from hpcrl.config import structure_recipe, unstructure
+    from hpcrl.config.datasets import effective_all, resolve_data_sections
+
+    recipe = load_as_hpcrl(config_path("grpo_multiple_datasets.yaml")).recipe
+    train = effective_all(recipe, "train")
+    assert [(path, s.dataset_name) for path, s in train] == [
+        ("data.train[0]", "OpenMathInstruct-2"),
+        ("data.train[1]", "DeepScaler"),
+    ]
+    assert train[0][1].split_validation_size == 0.05 and train[0][1].seed == 42
+    planned = resolve_data_sections(recipe)
+    assert isinstance(planned.data.train, tuple) and isinstance(planned.data.validation, tuple)
+    for section in (*planned.data.train, *planned.data.validation):
+        assert section.prompt_file is not None and section.prompt_file.endswith("cot.txt")
+        assert section.processor == "math_hf_data_processor"
+    assert [(v.dataset_name, v.repeat) for v in planned.data.validation] == [
+        ("AIME2024", 16),
+        ("DAPOMathAIME2024", None),
+    ]
+    assert structure_recipe(unstructure(planned)) == planned  # jobspec.json's round trip
     switched_on = errors_of("grpo_multiple_datasets.yaml", ["data.use_multiple_dataloader=true"])
     assert {"data.use_multiple_dataloader", "data.num_prompts_per_dataloader"} <= set(switched_on)
 
