@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from hpcrl.config.consumer_sites import (
     ADVANTAGES,
+    CAP,
     CARVE,
     DATA_SEED,
     ENV,
@@ -181,6 +182,7 @@ _DATASET_SITES: dict[str, tuple[str, ...]] = {
     "system_prompt_file": (MATH_PROMPT,),
     "processor": (MATH_PROMPT,),
     "repeat": (NAMED,),
+    "max_samples": (CAP,),
 }
 for _section in ("data.train", "data.validation", "data.default"):
     for _key, _sites in _DATASET_SITES.items():

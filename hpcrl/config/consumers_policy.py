@@ -97,6 +97,7 @@ POLICY_CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.sequence_parallel": (AM_PLAN,),
     "policy.automodel_cfg.expert_parallel_size": (LAYOUT, AM_PLAN),
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
+    "policy.automodel_cfg.moe_parallelizer.ignore_router_for_ac": (AM_PLAN,),
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
     # hpcrl's own key (NeMo RL's dtensor_cfg has none)
     "policy.automodel_cfg.optimizer_offload_fraction": (AM_TRAIN_OPTIM,),

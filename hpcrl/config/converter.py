@@ -81,6 +81,7 @@ def build_converter() -> cattrs.Converter:
     strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
     strict.register_structure_hook_factory(_is_literal, _literal_hook)
     strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
+    strict.register_structure_hook_factory(_is_one_or_many, lambda t: _one_or_many_hook(t, strict))
     strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
     strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
     return strict
@@ -392,6 +393,30 @@ def _tuple_hook(type_: Any, converter: cattrs.Converter):
         if errors:
             raise cattrs.IterableValidationError("While structuring a list", errors, type_)
         return tuple(items)
+
+    return structure
+
+
+def _is_one_or_many(type_: Any) -> bool:
+    """``C | tuple[C, ...] | None`` for an attrs class C: one section or a list of them
+    (NeMo RL's ``data.train``: one data set, or several concatenated)."""
+    members = [arg for arg in typing.get_args(type_) if arg is not type(None)]
+    if len(members) != 2:
+        return False
+    single = next((m for m in members if isinstance(m, type) and attrs.has(m)), None)
+    return single is not None and tuple[single, ...] in members  # type: ignore[valid-type]
+
+
+def _one_or_many_hook(type_: Any, converter: cattrs.Converter):
+    single = next(m for m in typing.get_args(type_) if isinstance(m, type) and attrs.has(m))
+    many = _tuple_hook(tuple[single, ...], converter)  # type: ignore[valid-type]
+
+    def structure(value: Any, _: type) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, list | tuple):
+            return many(value, type_)
+        return converter.structure(value, single)
 
     return structure
 

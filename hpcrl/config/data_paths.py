@@ -35,8 +35,9 @@ def absolutize_data_files(data: dict[str, Any], recipe_dir: Path) -> None:
     targets: list[tuple[dict[str, Any], tuple[str, ...]]] = [(data, FLAT_FILE_KEYS)]
     for name in SECTIONS:
         section = data.get(name)
-        if isinstance(section, dict):
-            targets.append((section, SECTION_FILE_KEYS))
+        for one in section if isinstance(section, list) else [section]:  # NeMo RL's lists
+            if isinstance(one, dict):
+                targets.append((one, SECTION_FILE_KEYS))
     for section, keys in targets:
         for key in keys:
             value = section.get(key)

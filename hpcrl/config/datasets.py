@@ -29,6 +29,8 @@ class NamedDataset:
     fields: str = "problem_answer"  # how rows become messages (hpcrl.core.data.named)
     repeat_validation: int = 1
     algorithm: str = "grpo"  # what the set is made for
+    # NeMo RL's loader of the set reads data.*.max_samples (the others ignore it)
+    reads_max_samples: bool = False
 
 
 NAMED_DATASETS: dict[str, NamedDataset] = {
@@ -70,6 +72,15 @@ NAMED_DATASETS: dict[str, NamedDataset] = {
         carve_validation=0.05,
         fields="messages",
         algorithm="sft",
+        reads_max_samples=True,
+    ),
+    "Nemotron-Cascade-2-SFT-Math": NamedDataset(
+        hub_id="nvidia/Nemotron-Cascade-2-SFT-Data",
+        config_name="math",
+        carve_validation=0.05,
+        fields="messages",
+        algorithm="sft",
+        reads_max_samples=True,
     ),
     # A local JSONL/JSON/parquet file or folder with input_key/output_key columns.
     "ResponseDataset": NamedDataset(hub_id="", fields="input_output", algorithm="any"),
@@ -89,10 +100,18 @@ def names_for(algorithm: str) -> list[str]:
 
 
 def effective(recipe: Recipe, which: str) -> DatasetCfg | None:
-    """``data.train`` / ``data.validation`` with ``data.default`` filling unset keys; the
-    older flat form (``data.dataset_name``) as a train section. None: no named set."""
+    """The first of ``effective_all``'s sections (None: none)."""
+    sections = effective_all(recipe, which)
+    return sections[0][1] if sections else None
+
+
+def effective_all(recipe: Recipe, which: str) -> list[tuple[str, DatasetCfg]]:
+    """``data.train`` / ``data.validation``, each of its sets (one, or the list NeMo RL
+    concatenates) with ``data.default`` filling unset keys, beside its key path; the older
+    flat form (``data.dataset_name``) as one train section."""
     data = recipe.data
     section = getattr(data, which)
+    path = f"data.{which}"
     if section is None and which == "train" and data.dataset_name is not None:
         section = DatasetCfg(
             dataset_name=data.dataset_name,
@@ -102,9 +121,16 @@ def effective(recipe: Recipe, which: str) -> DatasetCfg | None:
             seed=data.seed,
             output_key=data.output_key,
         )
+        path = "data"
     if section is None:
-        return None
-    default = data.default or DatasetCfg()
+        return []
+    if isinstance(section, DatasetCfg):
+        return [(path, _with_default(section, data.default))]
+    return [(f"{path}[{i}]", _with_default(one, data.default)) for i, one in enumerate(section)]
+
+
+def _with_default(section: DatasetCfg, default: DatasetCfg | None) -> DatasetCfg:
+    default = default or DatasetCfg()
     merged = {
         field.name: getattr(section, field.name)
         if getattr(section, field.name) is not None
@@ -114,14 +140,22 @@ def effective(recipe: Recipe, which: str) -> DatasetCfg | None:
     return DatasetCfg(**merged)
 
 
+def _resolved(recipe: Recipe, which: str) -> DatasetCfg | tuple[DatasetCfg, ...] | None:
+    sections = [section for _, section in effective_all(recipe, which)]
+    if isinstance(getattr(recipe.data, which), tuple):
+        return tuple(sections)
+    return sections[0] if sections else None
+
+
 def resolve_data_sections(recipe: Recipe) -> Recipe:
-    """``recipe`` as the plan hands it to the job: ``data.train`` and ``data.validation`` are
-    their ``effective`` sections, and ``data.default`` and the older flat keys, merged into
-    them, are unset, so the job reads each section as it is and never merges again."""
+    """``recipe`` as the plan hands it to the job: ``data.train`` and ``data.validation`` hold
+    their ``effective_all`` sections (a list stays a list), and ``data.default`` and the
+    older flat keys, merged into them, are unset, so the job reads each section as it is and
+    never merges again."""
     data = attrs.evolve(
         recipe.data,
-        train=effective(recipe, "train"),
-        validation=effective(recipe, "validation"),
+        train=_resolved(recipe, "train"),
+        validation=_resolved(recipe, "validation"),
         default=None,
         dataset_name=None,
         split=None,
@@ -135,8 +169,8 @@ def resolve_data_sections(recipe: Recipe) -> Recipe:
 
 def rule_data_source(recipe: Recipe) -> list[Problem]:
     """Exactly one training source: ``data.train_path`` or a named/local NeMo RL set."""
-    train = effective(recipe, "train")
-    if (recipe.data.train_path is None) != (train is None):
+    train = effective_all(recipe, "train")
+    if (recipe.data.train_path is None) != (not train):
         return []
     both = recipe.data.train_path is not None
     return [
@@ -155,11 +189,8 @@ def rule_data_source(recipe: Recipe) -> list[Problem]:
 def rule_named_sets(recipe: Recipe) -> list[Problem]:
     problems = []
     for which in ("train", "validation"):
-        section = effective(recipe, which)
-        if section is None:
-            continue
-        path = f"data.{which}" if getattr(recipe.data, which) is not None else "data"
-        problems += _section_problems(recipe, section, path)
+        for path, section in effective_all(recipe, which):
+            problems += _section_problems(recipe, section, path)
     return problems
 
 
@@ -196,6 +227,7 @@ def _section_problems(recipe: Recipe, section: DatasetCfg, path: str) -> list[Pr
                 fix=f"set {path}.repeat=1, or remove it",
             )
         )
+    problems += _max_samples_problems(section, path, name)
     for key in ("prompt_file", "system_prompt_file", "data_path"):
         value = getattr(section, key)
         if value is not None and not Path(value).exists():
@@ -209,6 +241,23 @@ def _section_problems(recipe: Recipe, section: DatasetCfg, path: str) -> list[Pr
                 )
             )
     return problems
+
+
+def _max_samples_problems(section: DatasetCfg, path: str, name: str) -> list[Problem]:
+    """NeMo RL cuts rows only in the loaders that read max_samples; the others take it as a
+    spare keyword and load every row, so a cap there would not be what NeMo RL does."""
+    if section.max_samples is None or NAMED_DATASETS[name].reads_max_samples:
+        return []
+    readers = [n for n, named in NAMED_DATASETS.items() if named.reads_max_samples]
+    return [
+        Problem(
+            path=f"{path}.max_samples",
+            value=section.max_samples,
+            message=f"NeMo RL's loader of {name} does not read max_samples (it loads every "
+            f"row); of the sets hpcrl loads, only {', '.join(readers)} take a subset",
+            fix=f"remove {path}.max_samples",
+        )
+    ]
 
 
 def _processor_problems(

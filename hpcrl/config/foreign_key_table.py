@@ -129,6 +129,15 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "not what is computed",
     ),
     off_only(
+        "policy.activation_checkpointing_enabled",
+        "NeMo RL's code never reads this key (two of its configs carry it, at false): true "
+        "would turn nothing on there or here; activation checkpointing is "
+        "policy.dtensor_cfg.activation_checkpointing (Automodel) or "
+        "policy.megatron_cfg.activation_checkpointing",
+        False,
+        None,
+    ),
+    off_only(
         "policy.tokenizer.is_tokenizer_processor",
         f"multimodal processors are {NOT_YET}",
         False,
@@ -141,13 +150,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "step; hpcrl has one Automodel backend",
     ),
     # moe_parallelizer: NeMo Automodel's MoE parallelizer options (expert_parallel_size)
-    off_only(
-        "policy.automodel_cfg.moe_parallelizer.ignore_router_for_ac",
-        "saving the router's outputs through activation checkpointing is not supported yet "
-        "(hpcrl recomputes each decoder block whole, router included)",
-        False,
-        None,
-    ),
     off_only(
         "policy.automodel_cfg.moe_parallelizer.lm_head_precision",
         f"an lm_head in its own precision is {NOT_YET} (it computes in policy.precision)",
@@ -246,6 +248,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "NeMo RL's Megatron worker computes the loss of a packed micro-batch in one pass "
         "instead of one per sequence, numerically identical by its own account: kernel "
         "launches, not values",
+    ),
+    inert(
+        "policy.megatron_cfg.fused_linear_logprobs_chunk_size",
+        "sequence chunk of NeMo RL's fused log-probs (use_fused_linear_logprobs): how many "
+        "positions are computed at once, not their values",
     ),
     # ---------------------------------------------------------------- placement, transport
     inert(
@@ -359,6 +366,21 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "per-reward weights of the gdpo estimator, which is not supported (hpcrl's "
         "environments return one reward)",
         None,
+    ),
+    # ---------------------------------------------------------------- environments, data
+    off_only(
+        "env.sliding_puzzle_game",
+        "NeMo RL's sliding-puzzle game (its own entry point, examples/run_grpo_sliding_puzzle.py: "
+        "puzzles generated as the data set and a multi-turn environment that answers each "
+        f"move) is {NOT_YET}: hpcrl trains on data sets with the single-turn math "
+        "environment",
+        None,
+    ),
+    inert(
+        "data.add_system_prompt",
+        "read only by NeMo RL's sliding-puzzle entry point, for the puzzle prompts it "
+        "generates (env.sliding_puzzle_game is refused by name); no data set or processor of "
+        "NeMo RL reads it",
     ),
     # ---------------------------------------------------------------- checkpointing
     inert(

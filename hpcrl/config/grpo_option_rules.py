@@ -43,7 +43,8 @@ def rule_dynamic_sampling(recipe: Recipe) -> list[Problem]:
                 path=f"{G}.batch_multiplier",
                 value=multiplier,
                 message="generates extra prompts for dynamic sampling to choose from, so it "
-                "must be 1 without use_dynamic_sampling",
+                "must be 1 without use_dynamic_sampling; NeMo RL stops on it too (its GRPO "
+                "setup asserts batch_multiplier == 1 unless use_dynamic_sampling is true)",
                 fix=f"set {G}.batch_multiplier=1, or {G}.use_dynamic_sampling=true",
             )
         )
@@ -126,4 +127,29 @@ def _shaping_problems(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-GRPO_OPTION_RULES = (rule_single_turn, rule_dynamic_sampling, rule_reward_terms)
+def rule_skip_reference_logprobs(recipe: Recipe) -> list[Problem]:
+    """Skipping the reference log-probs leaves the KL term nothing to compare with: NeMo RL
+    asserts the penalty is 0 then; at 0 hpcrl skips them whatever the switch says."""
+    grpo = recipe.grpo
+    penalty = recipe.loss_fn.reference_policy_kl_penalty
+    if grpo is None or not grpo.skip_reference_policy_logprobs_calculation or penalty == 0:
+        return []
+    return [
+        Problem(
+            path=f"{G}.skip_reference_policy_logprobs_calculation",
+            value=True,
+            message=f"the KL penalty (loss_fn.reference_policy_kl_penalty = {penalty}) needs "
+            "the reference policy's log-probs, so they cannot be skipped (NeMo RL asserts "
+            "the penalty is 0 too)",
+            fix=f"set loss_fn.reference_policy_kl_penalty=0, or "
+            f"{G}.skip_reference_policy_logprobs_calculation=false",
+        )
+    ]
+
+
+GRPO_OPTION_RULES = (
+    rule_single_turn,
+    rule_dynamic_sampling,
+    rule_reward_terms,
+    rule_skip_reference_logprobs,
+)

@@ -111,6 +111,9 @@ class ReadOnlyWhen:
 
 READ_ONLY_WHEN = (
     ReadOnlyWhen("grpo.async_grpo.max_generation_failures", "grpo.async_grpo.enabled"),
+    # one dataloader per training set (NeMo RL's MultipleDataloaderWrapper) reads these
+    ReadOnlyWhen("data.num_prompts_per_dataloader", "data.use_multiple_dataloader"),
+    ReadOnlyWhen("data.custom_dataloader", "data.use_multiple_dataloader"),
 )
 
 

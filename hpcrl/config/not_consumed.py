@@ -32,6 +32,21 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "deltas over S3/ZeroMQ, NIXL): the same weights arrive; hpcrl refits through its own "
         "path (hpcrl.config.generation_rules refuses it without vLLM, as NeMo RL does)",
     ),
+    "grpo.skip_reference_policy_logprobs_calculation": NotConsumed(
+        "inert",
+        "true is accepted only with loss_fn.reference_policy_kl_penalty 0 (NeMo RL asserts "
+        "it; hpcrl.config.grpo_option_rules refuses it otherwise), and at penalty 0 hpcrl "
+        "never computes the reference policy's log-probs (NeMo RL turns the switch on itself "
+        "then): either value trains the same",
+    ),
+    "policy.megatron_cfg.use_fused_linear_logprobs": NotConsumed(
+        "inert",
+        "NeMo RL's memory saving: log-probs computed from the hidden states in sequence "
+        "chunks, the same values as its unfused path, which hpcrl computes (with the full "
+        "logits: the memory saving itself is not implemented); "
+        "hpcrl.config.fused_logprobs_rules refuses what NeMo RL refuses with it, and a "
+        "temperature other than 1, where its fused path computes something else",
+    ),
     "grpo.val_batch_size": NotConsumed(
         "inert",
         "how many validation prompts NeMo RL generates per call; hpcrl samples every "

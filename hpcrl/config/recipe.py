@@ -77,6 +77,9 @@ class DatasetCfg:
     processor: str | None = None  # math_hf_data_processor | math_data_processor | sft_processor
     env_name: str | None = None
     repeat: int | None = None  # the set's rows this many times over (NeMo RL's AIME: 16)
+    # a seeded random subset of this many rows, taken before validation is carved out (as
+    # NeMo RL's loaders that read it do; <= 0 or null: every row)
+    max_samples: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -93,9 +96,10 @@ class DataCfg:
     max_input_seq_length: int | None = bounded(None, at_least(1, "or null: no limit"))
     shuffle: bool = True
     num_workers: int = bounded(0, at_least(0, "0: load in the driver"))
-    # NeMo RL's named data sets
-    train: DatasetCfg | None = None
-    validation: DatasetCfg | None = None
+    # NeMo RL's named data sets: one section, or a list of them (NeMo RL concatenates the
+    # sets, each read with its own keys; hpcrl.core.data.named)
+    train: DatasetCfg | tuple[DatasetCfg, ...] | None = None
+    validation: DatasetCfg | tuple[DatasetCfg, ...] | None = None
     default: DatasetCfg | None = None
     dataset_name: str | None = None  # older NeMo RL configs: one set for train and validation
     prompt_file: str | None = None

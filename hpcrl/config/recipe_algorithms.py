@@ -98,6 +98,9 @@ class GrpoCfg:
     )
     # prompts per generation batch = int(num_prompts_per_step x this), as in NeMo RL (a float)
     batch_multiplier: float = 1.0
+    # true needs loss_fn.reference_policy_kl_penalty 0 (NeMo RL asserts it); at 0 hpcrl never
+    # computes reference log-probs, as NeMo RL then turns this on itself
+    skip_reference_policy_logprobs_calculation: bool = False
     reward_shaping: RewardShapingCfg = attrs.field(factory=RewardShapingCfg)
     reward_scaling: RewardScalingCfg = attrs.field(factory=RewardScalingCfg)
     adv_estimator: AdvEstimatorCfg = attrs.field(factory=AdvEstimatorCfg)

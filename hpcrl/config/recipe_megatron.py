@@ -178,6 +178,9 @@ class MegatronCfg:
     attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] | None = None
     empty_unused_memory_level: int = 0
     freeze_moe_router: bool = False
+    # NeMo RL's memory saving (log-probs from hidden states in chunks): the same values as
+    # the unfused path, which hpcrl computes (hpcrl.config.fused_logprobs_rules)
+    use_fused_linear_logprobs: bool = False
     # MoE provider settings, NeMo RL's names; None/False: the provider's own value
     moe_router_dtype: Literal["fp32", "fp64"] | None = None
     moe_router_load_balancing_type: str | None = None

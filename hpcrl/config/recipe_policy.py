@@ -202,6 +202,18 @@ class SequencePackingCfg:
 
 # --------------------------------------------------------------------------- automodel_cfg
 @attrs.frozen(kw_only=True)
+class MoeParallelizerCfg:
+    """NeMo Automodel's MoE parallelizer options (``policy.automodel_cfg.moe_parallelizer``);
+    NeMo RL hands them to it only under expert parallelism (``expert_parallel_size`` > 1).
+    The other keys of NeMo RL's section: ``hpcrl.config.foreign_key_table``."""
+
+    # with activation checkpointing and EP: keep each MoE router's projection from the
+    # forward pass instead of recomputing it in backward (routing cannot change on
+    # recompute); null/false: the whole block is recomputed
+    ignore_router_for_ac: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
 class AutomodelCfg:
     """Automodel backend: HF model + FSDP2 / HSDP / TP (``policy.automodel_cfg``).
 
@@ -239,6 +251,7 @@ class AutomodelCfg:
         when="enabled",
     )  # fmt: skip
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
+    moe_parallelizer: MoeParallelizerCfg = attrs.field(factory=MoeParallelizerCfg)
     lora_cfg: LoraCfg = attrs.field(factory=LoraCfg)
     # exported in job.sbatch for an Automodel job (NeMo RL: dtensor_cfg.env_vars, on its
     # policy workers), as megatron_cfg.env_vars is for a Megatron one

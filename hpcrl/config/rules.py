@@ -24,6 +24,7 @@ from hpcrl.config.env_rules import ENV_RULES
 from hpcrl.config.errors import Problem
 from hpcrl.config.field_bounds import check_field_bounds
 from hpcrl.config.foreign_key_table import UNSUPPORTED_SECTIONS
+from hpcrl.config.fused_logprobs_rules import FUSED_LOGPROBS_RULES
 from hpcrl.config.generation_rules import GENERATION_RULES
 from hpcrl.config.grpo_option_rules import GRPO_OPTION_RULES
 from hpcrl.config.lora_rules import LORA_RULES
@@ -254,11 +255,28 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
             Problem(
                 path=bad_path,
                 value=bad_value,
-                message="async GRPO samples the next batches on vLLM generation workers of their own while the trainer trains",
+                message=_async_generation_message(generation.backend),
                 fix=f"set policy.generation.backend=vllm and policy.generation.colocated.enabled=false (with its resources), or {off}",
             )
         )
     return problems
+
+
+def _async_generation_message(backend: str) -> str:
+    own_workers = (
+        "async GRPO samples the next batches on vLLM generation workers of their own while "
+        "the trainer trains"
+    )
+    if backend != "megatron":
+        return own_workers
+    # NeMo RL's trajectory collector treats Megatron inference as an async engine: rollouts
+    # for later steps run between train steps on the same workers, weights updated in flight.
+    return (
+        "NeMo RL runs async GRPO with the Megatron policy generating (its trajectory "
+        "collector takes rollouts for later steps from the colocated Megatron inference "
+        "engine between train steps, updating its weights in flight); hpcrl does not support "
+        f"that yet: {own_workers}"
+    )
 
 
 def rule_vllm_sizes(recipe: Recipe) -> list[Problem]:
@@ -389,6 +407,7 @@ RECIPE_RULES = (
     *OPTIMIZER_RULES,
     *BATCHING_RULES,
     *GRPO_OPTION_RULES,
+    *FUSED_LOGPROBS_RULES,
     *ADVANTAGE_RULES,
     *DATA_RULES,
     rule_field_bounds,

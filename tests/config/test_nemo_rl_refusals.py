@@ -59,9 +59,21 @@ def test_batch_multiplier_is_a_float_as_in_nemo_rl():
     error = errors_of("grpo_math_1B.yaml", ["grpo.batch_multiplier=1.5"])["grpo.batch_multiplier"]
     assert error == (
         "error: grpo.batch_multiplier = 1.5: generates extra prompts for dynamic sampling to "
-        "choose from, so it must be 1 without use_dynamic_sampling\n"
+        "choose from, so it must be 1 without use_dynamic_sampling; NeMo RL stops on it too "
+        "(its GRPO setup asserts batch_multiplier == 1 unless use_dynamic_sampling is true)\n"
         "  fix: set grpo.batch_multiplier=1, or grpo.use_dynamic_sampling=true"
     )
+
+
+def test_prorlv2_1_moe_batch_multiplier_without_dynamic_sampling_is_refused_as_in_nemo_rl():
+    """prorlv2_1_moe.v2.yaml turns dynamic sampling off over prorlv2.v2.yaml and keeps its
+    batch_multiplier 1.5: NeMo RL's grpo setup asserts on that pair, so the file does not run
+    there either; hpcrl refuses it with the same reason and nothing else."""
+    errors = errors_of("prorlv2_1_moe.v2.yaml", [])
+    assert list(errors) == ["grpo.batch_multiplier"]
+    assert "NeMo RL stops on it too" in errors["grpo.batch_multiplier"]
+    loaded = load_as_hpcrl(config_path("prorlv2_1_moe.v2.yaml"), ["grpo.batch_multiplier=1"])
+    assert loaded.recipe.grpo is not None and not loaded.recipe.grpo.use_dynamic_sampling
 
 
 def test_async_grpo_null_is_off():
@@ -138,7 +150,8 @@ def test_a_set_of_the_other_algorithm_names_the_right_ones():
         "error: data.train.dataset_name = 'DAPOMath17K': a data set for GRPO, but this recipe "
         "trains SFT\n"
         "  fix: pick a data set hpcrl loads for SFT: OpenMathInstruct-2, openmathinstruct2, "
-        "squad, tulu3_sft_mixture, ResponseDataset (docs/algorithms.md, data sets)"
+        "squad, tulu3_sft_mixture, Nemotron-Cascade-2-SFT-Math, "
+        "ResponseDataset (docs/algorithms.md, data sets)"
     )
 
 
@@ -205,4 +218,194 @@ def test_sequence_parallel_with_tp8_loads_plans_and_renders(monkeypatch, tmp_pat
     assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (4, 8, 32)
     assert "# 4 node(s) × 8 GPUs; layout dp_replicate=1 × dp_shard=4 × tp=8 × cp=1.\n" in (
         render_sbatch(spec)
+    )
+
+
+def test_max_samples_and_the_nemotron_cascade_math_set_load_from_nemo_rls_file():
+    """sft-qwen3-0.6B-1n8g-megatron-yarn-128k: data.train.max_samples (a seeded subset,
+    tests/core/test_named_data.py) and its data set are read; what still refuses the file
+    is its Megatron rope override and context parallelism, not its data."""
+    relative = "recipes/llm/sft-qwen3-0.6B-1n8g-megatron-yarn-128k.yaml"
+    errors = errors_of(relative, [])
+    assert not {path for path in errors if path.startswith("data.")}, errors
+    loaded = load_as_hpcrl(
+        config_path(relative),
+        ["policy.megatron_cfg.context_parallel_size=1", "~policy.hf_config_overrides"],
+    )
+    train = effective(loaded.recipe, "train")
+    assert train is not None
+    assert (train.dataset_name, train.max_samples) == ("Nemotron-Cascade-2-SFT-Math", 100000)
+
+
+def test_skip_reference_logprobs_with_no_kl_penalty_skips_them():
+    """grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller: skip the reference
+    log-probs with the KL penalty at 0 (accepted: its other refusals are the ready_first
+    sampler and streaming training). With a penalty NeMo RL asserts; hpcrl refuses."""
+    import torch
+
+    from hpcrl.core.algorithms.grpo import add_logprobs
+
+    relative = "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller.yaml"
+    assert "grpo.skip_reference_policy_logprobs_calculation" not in errors_of(relative, [])
+    recipe = load_as_hpcrl(
+        config_path("grpo_math_1B.yaml"),
+        ["grpo.skip_reference_policy_logprobs_calculation=true",
+         "loss_fn.reference_policy_kl_penalty=0"],
+    ).recipe  # fmt: skip
+    assert recipe.grpo is not None and recipe.grpo.skip_reference_policy_logprobs_calculation
+
+    class NoReference:
+        """A policy whose reference model must not be asked for log-probs."""
+
+        def get_logprobs(self, batch):
+            return torch.zeros(1, 3)
+
+        def get_reference_logprobs(self, batch):
+            raise AssertionError("reference log-probs computed")
+
+    batch: dict = {}
+    add_logprobs(NoReference(), recipe, batch)  # type: ignore[arg-type]
+    assert set(batch) == {"old_logprobs"}
+    error = errors_of(
+        "grpo_math_1B.yaml",
+        ["grpo.skip_reference_policy_logprobs_calculation=true",
+         "loss_fn.reference_policy_kl_penalty=0.01"],
+    )["grpo.skip_reference_policy_logprobs_calculation"]  # fmt: skip
+    assert error == (
+        "error: grpo.skip_reference_policy_logprobs_calculation = True: the KL penalty "
+        "(loss_fn.reference_policy_kl_penalty = 0.01) needs the reference policy's log-probs, "
+        "so they cannot be skipped (NeMo RL asserts the penalty is 0 too)\n"
+        "  fix: set loss_fn.reference_policy_kl_penalty=0, or "
+        "grpo.skip_reference_policy_logprobs_calculation=false"
+    )
+
+
+def test_activation_checkpointing_enabled_is_read_by_no_one():
+    """grpo-moonlight-16b-automodel-1n8g-ep8 writes policy.activation_checkpointing_enabled:
+    false, a key NeMo RL's code never reads: the file loads, and the recipe is the same as
+    without it; true is refused, naming the keys that do checkpoint activations."""
+    relative = "recipes/llm/grpo-moonlight-16b-automodel-1n8g-ep8.yaml"
+    with_key = load_as_hpcrl(config_path(relative)).recipe
+    without = load_as_hpcrl(
+        config_path(relative), ["~policy.activation_checkpointing_enabled"]
+    ).recipe
+    assert with_key == without
+    error = errors_of(relative, ["policy.activation_checkpointing_enabled=true"])
+    assert (
+        "policy.dtensor_cfg.activation_checkpointing (Automodel)"
+        in error["policy.activation_checkpointing_enabled"]
+    )
+
+
+def test_multiple_datasets_load_as_lists_each_with_data_default():
+    """grpo_multiple_datasets.yaml: lists of training and validation sets, each filled by
+    data.default (its prompt file and processor), kept as lists through the plan (the job's
+    recipe, jobspec.json's structuring included); num_prompts_per_dataloader and
+    custom_dataloader are read by NeMo RL only with use_multiple_dataloader: true (false in
+    the file), which stays refused. The rows: tests/core/test_named_data.py."""
+    from hpcrl.config import structure_recipe, unstructure
+    from hpcrl.config.datasets import effective_all, resolve_data_sections
+
+    recipe = load_as_hpcrl(config_path("grpo_multiple_datasets.yaml")).recipe
+    train = effective_all(recipe, "train")
+    assert [(path, s.dataset_name) for path, s in train] == [
+        ("data.train[0]", "OpenMathInstruct-2"),
+        ("data.train[1]", "DeepScaler"),
+    ]
+    assert train[0][1].split_validation_size == 0.05 and train[0][1].seed == 42
+    planned = resolve_data_sections(recipe)
+    assert isinstance(planned.data.train, tuple) and isinstance(planned.data.validation, tuple)
+    for section in (*planned.data.train, *planned.data.validation):
+        assert section.prompt_file is not None and section.prompt_file.endswith("cot.txt")
+        assert section.processor == "math_hf_data_processor"
+    assert [(v.dataset_name, v.repeat) for v in planned.data.validation] == [
+        ("AIME2024", 16),
+        ("DAPOMathAIME2024", None),
+    ]
+    assert structure_recipe(unstructure(planned)) == planned  # jobspec.json's round trip
+    switched_on = errors_of("grpo_multiple_datasets.yaml", ["data.use_multiple_dataloader=true"])
+    assert {"data.use_multiple_dataloader", "data.num_prompts_per_dataloader"} <= set(switched_on)
+
+
+def test_sliding_puzzle_is_refused_by_its_environment_not_add_system_prompt():
+    """grpo_sliding_puzzle.yaml runs through NeMo RL's own sliding-puzzle entry point, the
+    only reader of data.add_system_prompt: the refusal names the game (and its multi-turn
+    rollouts), and add_system_prompt alone on a math recipe changes nothing."""
+    errors = errors_of("grpo_sliding_puzzle.yaml", [])
+    assert sorted(errors) == ["env.sliding_puzzle_game", "grpo.max_rollout_turns"]
+    assert "NeMo RL's sliding-puzzle game" in errors["env.sliding_puzzle_game"]
+    plain = load_as_hpcrl(config_path("grpo_math_1B.yaml")).recipe
+    with_key = load_as_hpcrl(config_path("grpo_math_1B.yaml"), ["+data.add_system_prompt=true"])
+    assert with_key.recipe == plain
+
+
+def test_ignore_router_for_ac_reaches_the_automodel_plan():
+    """dapo-nanov3.5-30BA3B-4n8g-automodel: activation checkpointing with EP 8 and
+    moe_parallelizer.ignore_router_for_ac: true, which NeMo RL hands to Automodel's MoE
+    parallelizer (only under EP): the plan keeps the routers' projections
+    (tests/core/test_expert_parallel.py: not recomputed, same gradients)."""
+    from hpcrl.core.backends.automodel.parallelize import MeshShape, parallelize_steps
+
+    relative = "recipes/llm/dapo-nanov3.5-30BA3B-4n8g-automodel.yaml"
+    policy = load_as_hpcrl(config_path(relative)).recipe.policy
+    cfg = policy.automodel_cfg
+    assert cfg.moe_parallelizer.ignore_router_for_ac is True
+    shape = MeshShape.for_world(32, cfg.dp_replicate_size, cfg.tensor_parallel_size)
+
+    def steps(**changes):
+        import attrs
+
+        changed = attrs.evolve(cfg, **changes)
+        return parallelize_steps(
+            changed, policy.precision, shape, on_gpu=True, compiles=True, training=True
+        )
+
+    assert steps().save_router_outputs
+    assert not steps(expert_parallel_size=1).save_router_outputs  # NeMo RL: EP only
+    assert not steps(activation_checkpointing=False).save_router_outputs
+
+
+def test_async_grpo_with_megatron_generation_names_what_nemo_rl_does():
+    """grpo-nanov3-30BA3B-4n4g-megatron_async_colocated: NeMo RL runs async GRPO with its
+    colocated Megatron inference engine (in-flight weight updates); hpcrl's async GRPO
+    needs vLLM workers of their own, and says so as the one refusal of the file."""
+    relative = "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_async_colocated.yaml"
+    errors = errors_of(relative, [])
+    assert list(errors) == ["policy.generation.backend"]
+    assert (
+        "NeMo RL runs async GRPO with the Megatron policy generating"
+        in errors["policy.generation.backend"]
+    )
+    assert "hpcrl does not support that yet" in errors["policy.generation.backend"]
+    assert "grpo.async_grpo.enabled=false" in errors["policy.generation.backend"]
+
+
+def test_fused_linear_logprobs_accepted_where_its_values_are_the_unfused_ones():
+    """sft-qwen2.5-math7b-1n8g-megatron_fused_linear_logprobs and its GRPO sibling load: the
+    fused path is NeMo RL's memory saving with the unfused values (hpcrl computes those).
+    What NeMo RL asserts against is refused, and so is a GRPO temperature other than 1,
+    where NeMo RL's fused path divides log-probs instead of logits by it."""
+    sft = "recipes/llm/sft-qwen2.5-math7b-1n8g-megatron_fused_linear_logprobs.yaml"
+    grpo = "recipes/llm/grpo-qwen3-30ba3b-2n8g-megatron_fused_linear_logprobs.yaml"
+    for relative in (sft, grpo):
+        assert load_as_hpcrl(
+            config_path(relative)
+        ).recipe.policy.megatron_cfg.use_fused_linear_logprobs
+    overlap = "policy.megatron_cfg.distributed_data_parallel_config.overlap_param_gather"
+    errors = errors_of(sft, [f"{overlap}=true"])
+    assert list(errors) == [overlap] and "NeMo RL asserts" in errors[overlap]
+    errors = errors_of(
+        grpo,
+        ["policy.generation.temperature=0.7", "policy.generation.top_p=0.9",
+         "policy.sequence_packing.enabled=true"],
+    )  # fmt: skip
+    assert {
+        "policy.generation.temperature",
+        "policy.generation.top_p",
+        "policy.sequence_packing.enabled",
+    } <= set(errors)
+    assert "divides the log-probs, not the logits" in errors["policy.generation.temperature"]
+    assert (
+        "policy.megatron_cfg.use_fused_linear_logprobs=false"
+        in errors["policy.generation.temperature"]
     )

@@ -77,6 +77,7 @@ PROBES: dict[str, probes.Probe] = {
     consumer_sites.SPLIT: probes.named_data_probe,
     consumer_sites.DATA_SEED: probes.named_data_probe,
     consumer_sites.CARVE: probes.named_data_probe,
+    consumer_sites.CAP: probes.named_data_probe,
     consumer_sites.LOCAL: probes.named_data_probe,
     consumer_sites.FIELDS: probes.named_data_probe,
     consumer_sites.MATH_PROMPT: probes.named_data_probe,
@@ -240,6 +241,13 @@ CHANGES: dict[str, Change] = {
         True, {"policy.automodel_cfg.tensor_parallel_size": 2}
     ),
     "policy.automodel_cfg.expert_parallel_size": Change(2),
+    "policy.automodel_cfg.moe_parallelizer.ignore_router_for_ac": Change(
+        True,
+        {
+            "policy.automodel_cfg.activation_checkpointing": True,
+            "policy.automodel_cfg.expert_parallel_size": 2,
+        },
+    ),
     "policy.automodel_cfg.cpu_offload": Change(True),
     f"{LORA}.enabled": Change(True),
     f"{LORA}.target_modules": Change(
@@ -449,6 +457,7 @@ DATASET_CHANGES: dict[str, Any] = {
     "system_prompt_file": "system_prompt",
     "processor": "math_data_processor",
     "repeat": 3,
+    "max_samples": 5,
 }
 
 
@@ -461,6 +470,11 @@ def base_recipes(tmp: Path) -> dict[str, dict[str, Any]]:
             for i in range(12)
         ]
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chats = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"{i}"}]}
+        for i in range(12)
+    ]  # fmt: skip
+    (data / "chats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
     (data / "prompt.txt").write_text("Solve: {}\n")
     (data / "other_prompt").write_text("Think, then solve: {}\n")
     (data / "system_prompt").write_text("You are careful.\n")
@@ -528,6 +542,9 @@ def dataset_change(key: str, data: Path) -> Change:
         context[f"{where}.processor"] = processor
         if name == "processor":
             context[f"{where}.system_prompt_file"] = prompt
+    if name == "max_samples":  # read by the SFT sets whose NeMo RL loader reads it
+        chats = {"dataset_name": "tulu3_sft_mixture", "data_path": str(data / "chats.jsonl")}
+        return Change(value, {"data.train": chats, "data.validation": None}, base="sft")
     if section == "data":
         if name == "output_key":  # the SFT set whose rows it picks the target of
             return Change(value, {"data.dataset_name": "openmathinstruct2"}, base="flat_sft")

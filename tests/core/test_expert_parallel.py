@@ -288,3 +288,51 @@ def test_automodel_worker_at_ep2_trains_exports_and_checkpoints_as_one_process(t
             torch.testing.assert_close(result["trained"][name], tensor, atol=2e-5, rtol=1e-5)
             assert torch.equal(result["loaded"][name], result["trained"][name]), name
             assert torch.equal(result["resharded"][name], result["trained"][name]), name
+
+
+def test_ignore_router_for_ac_keeps_the_router_projection_from_the_forward(tmp_path):
+    """NeMo Automodel's ignore_router_for_ac under activation checkpointing: the recompute in
+    backward takes each MoE router's projection from the forward pass (counted as it reaches
+    the dispatcher: once per layer, not twice), and the gradients stay those of no
+    checkpointing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import AutoModelForCausalLM
+
+    from hpcrl.core.backends.automodel.expert_parallel import moe_blocks, router_saving_context
+    from hpcrl.core.backends.automodel.parallelize import apply_activation_checkpointing
+
+    path = build_tiny_moe(tmp_path / "moe")
+    ids = rank_batches(0, 1)[0]
+
+    class RouterMatmuls(TorchDispatchMode):
+        def __init__(self, shape: tuple[int, ...]) -> None:
+            super().__init__()
+            self.shape, self.count = shape, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.mm.default and tuple(args[1].shape) == self.shape:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def run(mode: str) -> tuple[int, list[torch.Tensor]]:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        (hidden, experts) = moe_blocks(model)[0].gate.weight.shape[::-1]
+        if mode != "none":
+            saving = router_saving_context(model) if mode == "save" else None
+            apply_activation_checkpointing(model, saving)
+        counter = RouterMatmuls((hidden, experts))
+        with counter:
+            nll(model, ids).backward()
+        return counter.count, [p.grad.clone() for p in model.parameters()]
+
+    plain_count, plain_grads = run("none")
+    recompute_count, _ = run("recompute")
+    saved_count, saved_grads = run("save")
+    layers = 2
+    # forward: one router matmul per layer; the gate's weight gradient and the gradient to
+    # its input are two more matmuls of other shapes, not counted
+    assert plain_count == layers
+    assert recompute_count == 2 * layers  # the whole block, router included, runs again
+    assert saved_count == layers  # the router's projection is taken from the forward
+    for got, want in zip(saved_grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -208,3 +208,86 @@ def test_dataset_missing_offline_names_the_cache(tokenizer, monkeypatch, tmp_pat
     recipe = grpo_recipe(data__train={"dataset_name": "DeepScaler"})
     with pytest.raises(DatasetUnavailable, match="agentica-org/DeepScaleR-Preview-Dataset"):
         load_named_rows(planned(recipe), tokenizer, "train")
+
+
+def test_max_samples_takes_a_seeded_subset_before_validation_is_carved(tmp_path, tokenizer):
+    """NeMo RL's tulu3 / Nemotron-Cascade loaders: shuffle with the seed, keep the first
+    max_samples rows, then hold out split_validation_size of those."""
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+        for i in range(40)
+    ]  # fmt: skip
+    path = tmp_path / "tulu.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = base_dict("automodel", "sft")
+    del data["data"]
+
+    def loaded(**section) -> tuple[list, list]:
+        train = {"dataset_name": "tulu3_sft_mixture", "data_path": str(path), **section}
+        recipe = structure_recipe(with_keys(data, data__train=train))
+        assert check_recipe(recipe) == []
+        return (
+            load_named_rows(planned(recipe), tokenizer, "train"),
+            load_named_rows(planned(recipe), tokenizer, "validation"),
+        )
+
+    def users(rows: list) -> set[str]:
+        return {
+            tokenizer.decode(r["input_ids"]).split("<user>")[1].split("</user>")[0] for r in rows
+        }
+
+    train, val = loaded(max_samples=10, split_validation_size=0.2, seed=42)
+    assert (len(train), len(val)) == (8, 2)
+    kept = users(train) | users(val)
+    assert len(kept) == 10 and kept != {f"q{i}" for i in range(10)}  # a random subset
+    again, _ = loaded(max_samples=10, split_validation_size=0.2, seed=42)
+    assert users(again) == users(train)
+    other_train, other_val = loaded(max_samples=10, split_validation_size=0.2, seed=7)
+    assert users(other_train) | users(other_val) != kept
+    whole_train, whole_val = loaded(max_samples=0, split_validation_size=0.2)  # NeMo RL: no cap
+    assert (len(whole_train), len(whole_val)) == (32, 8)
+
+
+def test_max_samples_on_a_set_whose_nemo_rl_loader_ignores_it_is_refused():
+    recipe = grpo_recipe(data__train={"dataset_name": "DeepScaler", "max_samples": 100})
+    (problem,) = check_recipe(recipe)
+    assert problem.path == "data.train.max_samples"
+    assert "NeMo RL's loader of DeepScaler does not read max_samples" in problem.message
+    assert "tulu3_sft_mixture, Nemotron-Cascade-2-SFT-Math" in problem.message
+
+
+def test_lists_of_sets_concatenate_as_nemo_rl_does(openmath, tokenizer, tmp_path):
+    """NeMo RL's data.train / data.validation lists: training rows are each set's training
+    part in order, each templated by its own section (data.default filling the rest);
+    validation rows are each training set's held-out part, then each listed validation set
+    (its repeat applied)."""
+    for name, count in (("extra", 3), ("val_a", 2), ("val_b", 1)):
+        lines = [json.dumps({"input": f"{name} {i}", "output": str(i)}) for i in range(count)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines))
+    (tmp_path / "plain.txt").write_text("Plainly: {}")
+    recipe = grpo_recipe(
+        data__train=[
+            {"dataset_name": "OpenMathInstruct-2", "data_path": str(openmath / "OpenMathInstruct-2"),
+             "split_validation_size": 0.25},
+            {"dataset_name": "ResponseDataset", "data_path": str(tmp_path / "extra.jsonl"),
+             "prompt_file": str(tmp_path / "plain.txt")},
+        ],
+        data__validation=[
+            {"dataset_name": "ResponseDataset", "data_path": str(tmp_path / "val_a.jsonl"), "repeat": 2},
+            {"dataset_name": "ResponseDataset", "data_path": str(tmp_path / "val_b.jsonl")},
+        ],
+        data__default={"prompt_file": str(openmath / "cot.txt")},
+    )  # fmt: skip
+    assert check_recipe(recipe) == []
+    train = load_named_rows(planned(recipe), tokenizer, "train")
+    val = load_named_rows(planned(recipe), tokenizer, "validation")
+    assert len(train) == 30 + 3
+    assert all(r["prompt"].startswith("Think step by step") for r in train[:30])
+    assert [r["prompt"] for r in train[30:]] == [f"Plainly: extra {i}" for i in range(3)]
+    assert len(val) == 10 + 2 * 2 + 1
+    held_out = {r["prompt"] for r in val[:10]}
+    assert not held_out & {r["prompt"] for r in train[:30]}  # the first set's held-out part
+    assert [r["prompt"].split("\n")[1] for r in val[10:]] == [
+        "val_a 0", "val_a 1", "val_a 0", "val_a 1", "val_b 0"
+    ]  # fmt: skip
+    assert [r["answer"] for r in val[10:]] == ["0", "1", "0", "1", "0"]

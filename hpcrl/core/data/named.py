@@ -41,6 +41,8 @@ def load_named_rows(recipe: Recipe, tokenizer: Any, which: str) -> list[dict] | 
         "an unplanned recipe: the plan resolves data.default and the flat data.* keys into "
         "data.train/validation (hpcrl.config.datasets.resolve_data_sections)"
     )
+    if isinstance(data.train, tuple) or isinstance(data.validation, tuple):
+        return _listed_rows(recipe, tokenizer, which)
     train = data.train
     if train is None:
         return None
@@ -49,7 +51,7 @@ def load_named_rows(recipe: Recipe, tokenizer: Any, which: str) -> list[dict] | 
     if which == "validation" and section is None:
         messages = _paired_validation(train, seed)
     else:
-        assert section is not None
+        assert isinstance(section, DatasetCfg)
         carve = "train" if which == "train" else None  # a named validation set is used whole
         messages = _messages(section, _split_of(section, which), seed, carve_part=carve)
     if messages is None:
@@ -58,6 +60,40 @@ def load_named_rows(recipe: Recipe, tokenizer: Any, which: str) -> list[dict] | 
         messages = messages * section.repeat
     cfg = section or train
     return [_process(recipe, tokenizer, cfg, m) for m in messages]
+
+
+def _listed_rows(recipe: Recipe, tokenizer: Any, which: str) -> list[dict] | None:
+    """NeMo RL's lists of data sets, concatenated in order, each row processed with its own
+    set's keys: training takes each set's training part; validation takes each training
+    set's held-out part (split_validation_size), then each listed validation set whole."""
+    rows: list[dict] = []
+    for train in _as_list(recipe.data.train):
+        seed = _seed(recipe, train)
+        if which == "train":
+            part = _messages(train, _split_of(train, "train"), seed, carve_part="train")
+            rows += _processed(recipe, tokenizer, train, part)
+        elif _carve(train) > 0:
+            held_out = _messages(train, _split_of(train, "train"), seed, carve_part="validation")
+            rows += _processed(recipe, tokenizer, train, held_out)
+    if which == "validation":
+        for section in _as_list(recipe.data.validation):
+            seed = _seed(recipe, section)
+            whole = _messages(section, _split_of(section, "validation"), seed, carve_part=None)
+            rows += _processed(recipe, tokenizer, section, whole)
+    return rows or None
+
+
+def _as_list(sections: DatasetCfg | tuple[DatasetCfg, ...] | None) -> tuple[DatasetCfg, ...]:
+    if sections is None:
+        return ()
+    return sections if isinstance(sections, tuple) else (sections,)
+
+
+def _processed(
+    recipe: Recipe, tokenizer: Any, section: DatasetCfg, messages: list[list[dict]]
+) -> list[dict]:
+    messages = messages * (section.repeat or 1)
+    return [_process(recipe, tokenizer, section, m) for m in messages]
 
 
 def _seed(recipe: Recipe, section: DatasetCfg) -> int:
@@ -104,13 +140,22 @@ def _messages(
     section: DatasetCfg, split: str, seed: int, carve_part: str | None
 ) -> list[list[dict]]:
     name, named = _named(section)
-    table = _load_table(section, named, split)
+    table = _cap(section, _load_table(section, named, split), seed)
     fraction = _carve(section)
     if carve_part is not None and fraction > 0:
         table = table.train_test_split(test_size=fraction, seed=seed)[
             "train" if carve_part == "train" else "test"
         ]
     return [to_messages(named.fields, row, section) for row in table]
+
+
+def _cap(section: DatasetCfg, table: Any, seed: int) -> Any:
+    """NeMo RL's ``max_samples``: a seeded shuffle, then its first rows, before validation is
+    carved out (the rule allows it only on sets whose NeMo RL loader reads it)."""
+    limit = section.max_samples
+    if limit is None or limit <= 0 or not _named(section)[1].reads_max_samples:
+        return table
+    return table.shuffle(seed=seed).select(range(min(limit, len(table))))
 
 
 def _load_table(section: DatasetCfg, named: NamedDataset, split: str) -> Any:

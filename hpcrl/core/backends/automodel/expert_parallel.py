@@ -104,6 +104,28 @@ def moe_blocks(hf_model: Any) -> list[nn.Module]:
     return blocks
 
 
+def router_saving_context(hf_model: Any) -> Any:
+    """NeMo Automodel's ``ignore_router_for_ac``: a selective-checkpoint context that keeps
+    the MoE routers' projections (the ``gate`` linears of ``moe_blocks``) from the forward
+    pass, so a recomputed block routes its tokens as the forward did. The projections are
+    found by their weight's shape as they reach the dispatcher (mm against the transposed
+    weight, addmm with a bias, or linear), as Automodel does."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    shapes = {tuple(block.gate.weight.shape) for block in moe_blocks(hf_model)}
+    shapes |= {shape[::-1] for shape in shapes}
+    aten = torch.ops.aten
+    weight_at = {aten.mm.default: 1, aten.addmm.default: 2, aten.linear.default: 1}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        where = weight_at.get(func)
+        if where is not None and len(args) > where and tuple(args[where].shape) in shapes:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return lambda: create_selective_checkpoint_contexts(policy)
+
+
 def check_expert_parallel(hf_model: Any, ep: int) -> int:
     """The model's expert count; ValueError when EP over ``ep`` ranks cannot apply to it."""
     key = "policy.automodel_cfg.expert_parallel_size"

@@ -190,13 +190,16 @@ def _split_and_gather_sequence(hf_model: Any, tp_mesh: DeviceMesh) -> None:
     )
 
 
-def apply_activation_checkpointing(hf_model: Any) -> None:
-    """Recompute each decoder block in backward (non-reentrant)."""
+def apply_activation_checkpointing(hf_model: Any, context_fn: Any = None) -> None:
+    """Recompute each decoder block in backward (non-reentrant). ``context_fn``: a
+    selective-checkpoint context (``expert_parallel.router_saving_context``: what the
+    recompute takes from the forward pass instead); None: the whole block is recomputed."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    extra = {} if context_fn is None else {"context_fn": context_fn}
     layers = decoder_layers(hf_model)
     for index, layer in enumerate(layers):
-        layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False, **extra)
 
 
 def apply_compile(hf_model: Any, backend: Any = "inductor") -> None:
@@ -237,6 +240,7 @@ class ParallelizeSteps:
     sequence_parallel: bool
     expert_parallel: int  # EP size; 1: off
     activation_checkpointing: bool
+    save_router_outputs: bool  # with activation checkpointing under EP (ignore_router_for_ac)
     compile: bool
     fsdp: bool
     cpu_offload: bool
@@ -258,6 +262,11 @@ def parallelize_steps(
         sequence_parallel=shape.tp > 1 and cfg.sequence_parallel,
         expert_parallel=ep,
         activation_checkpointing=training and cfg.activation_checkpointing,
+        # NeMo RL hands moe_parallelizer to Automodel only under EP
+        save_router_outputs=training
+        and cfg.activation_checkpointing
+        and ep > 1
+        and cfg.moe_parallelizer.ignore_router_for_ac is True,
         compile=compiles and ep == 1,
         fsdp=needs_fsdp(shape, cfg.cpu_offload),
         cpu_offload=cfg.cpu_offload,

@@ -41,6 +41,7 @@ from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
     build_ep_mesh,
     gather_expert_tensors,
+    router_saving_context,
 )
 from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary, merge_adapters
 from hpcrl.core.backends.automodel.model import (
@@ -217,7 +218,8 @@ class AutomodelWorker:
                 hf_model, self.ep_mesh, fsdp_policies(param_dtype, steps.cpu_offload)
             )
         if steps.activation_checkpointing:
-            apply_activation_checkpointing(hf_model)
+            saving = router_saving_context(hf_model) if steps.save_router_outputs else None
+            apply_activation_checkpointing(hf_model, saving)
         if steps.compile:
             apply_compile(hf_model, backend=self.compile_backend)
         root = TokenLogprobModel(hf_model)
