@@ -68,7 +68,9 @@ def data_parallel_mesh(mesh: DeviceMesh, shape: MeshShape) -> DeviceMesh:
     shard_dim = "dp_shard"
     if shape.cp > 1:
         shard_dim = "dp_shard_cp"
-        mesh["dp_shard", "cp"]._flatten(shard_dim)
+        flat = mesh["dp_shard", "cp"]._flatten(shard_dim)
+        if shape.dp_replicate == 1:
+            return flat
     if shape.dp_replicate > 1:
         return mesh["dp_replicate", shard_dim]
     return mesh[shard_dim]
