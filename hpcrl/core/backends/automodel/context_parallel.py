@@ -31,6 +31,7 @@ import torch
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from hpcrl.config.recipe import Recipe
     from hpcrl.core.token_distribution import TokenDistribution
 
 # The name the attention function is registered under (``config._attn_implementation``).
@@ -112,9 +113,36 @@ def context_parallel_attention(
         valid = cp.key_valid.to(query.device)[:, None, None, :]
         mask = causal[None, None] & (valid | itself[None, None])
     kwargs.pop("is_causal", None)
+    window = kwargs.pop("sliding_window", None)
+    if window is not None:  # transformers' sliding window: keys within the last ``window``
+        recent = key_pos[None, :] > query_pos[:, None] - window
+        mask = mask & recent[None, None]
     return sdpa_attention_forward(
         module, query, keys, values, mask, *args, is_causal=False, **kwargs
     )
+
+
+def check_context_parallel(recipe: Recipe) -> None:
+    """What CP does not run with (the config rule
+    ``hpcrl.config.rules:rule_automodel_context_parallel`` says why, before the queue wait)."""
+    cfg = recipe.policy.automodel_cfg
+    if cfg.context_parallel_size <= 1:
+        return
+    if recipe.policy.sequence_packing.enabled:
+        raise ValueError(
+            "policy.automodel_cfg.context_parallel_size > 1 does not run with "
+            "policy.sequence_packing; set policy.sequence_packing.enabled=false"
+        )
+    if cfg.sequence_parallel and cfg.tensor_parallel_size > 1:
+        raise ValueError(
+            "policy.automodel_cfg.context_parallel_size > 1 does not run with "
+            "sequence_parallel at tensor_parallel_size > 1; set sequence_parallel=false"
+        )
+    if cfg.expert_parallel_size > 1:
+        raise ValueError(
+            "policy.automodel_cfg.context_parallel_size > 1 does not run with "
+            "expert_parallel_size > 1; set expert_parallel_size=1"
+        )
 
 
 def apply_context_parallel(hf_model: Any) -> None:

@@ -39,6 +39,7 @@ import torch
 from hpcrl.core.backends.automodel import checkpoint
 from hpcrl.core.backends.automodel.context_parallel import (
     apply_context_parallel,
+    check_context_parallel,
     context_parallel_logprobs,
 )
 from hpcrl.core.backends.automodel.expert_parallel import (
@@ -97,11 +98,7 @@ def _check_supported(recipe: Recipe) -> None:
     """What this backend does not implement. What the planned device cannot run
     (``cpu_offload`` on CPU) the job's preflight refused already (hpcrl.core.machine_checks)."""
     cfg = recipe.policy.automodel_cfg
-    if cfg.context_parallel_size > 1 and recipe.policy.sequence_packing.enabled:
-        raise ValueError(
-            "policy.automodel_cfg.context_parallel_size > 1 does not run with "
-            "policy.sequence_packing (hpcrl.config.rules:rule_automodel_context_parallel)"
-        )
+    check_context_parallel(recipe)
     if cfg.lora_cfg.enabled and cfg.tensor_parallel_size > 1:
         raise ValueError(
             "policy.automodel_cfg.lora_cfg: LoRA with tensor_parallel_size > 1 is not supported "
