@@ -81,3 +81,31 @@ def test_cp2_training_and_logprobs_match_single_process(ray_cluster, tiny_model_
             assert got.shape == probe["input_ids"].shape
             want = reference_logprobs(model, probe)
             torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
+
+
+def test_cp2_fsdp2_training_matches_single_process(ray_cluster, tiny_model_path):
+    """Mesh (dp_shard 2, cp 2): FSDP shards over all 4 ranks, each data-parallel rank's CP
+    pair splits its rows; the gradients average as without CP."""
+    recipe = with_automodel(tiny_automodel_recipe(), context_parallel_size=2)
+    batches = [make_batch(seed, seq_len=15) for seed in range(2)]
+    policy = start_policy(recipe, tiny_model_path, world_size=4)
+    try:
+        places = policy.group.places
+        metrics = [policy.train(batch, masked_nll_loss) for batch in batches]
+        weights = policy.group.call_same("run", full_weights)[0]
+    finally:
+        policy.shutdown()
+    ref_losses, ref_norms, ref_weights = reference_training_with_norms(
+        tiny_model_path, recipe, batches
+    )
+
+    assert [(p.dp_rank, p.dp_size, p.returns_results) for p in places] == [
+        (0, 2, True),
+        (0, 2, False),
+        (1, 2, True),
+        (1, 2, False),
+    ]
+    assert [m["loss"] for m in metrics] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    assert [m["grad_norm"] for m in metrics] == pytest.approx(ref_norms, rel=1e-4)
+    for name, ref in ref_weights.items():
+        torch.testing.assert_close(weights[name], ref, atol=1e-5, rtol=0, msg=name)

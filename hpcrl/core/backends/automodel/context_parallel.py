@@ -8,8 +8,8 @@ global position (rotary embeddings are the whole sequence's).
 
 Attention sees the whole sequence: ``apply_context_parallel`` switches the model to an
 attention function registered with transformers' ``AttentionInterface`` that all-gathers K
-and V over the CP group (``torch.distributed.nn``'s all-gather: its backward sums each
-rank's gradient contributions back to the rank that owns the piece) and masks by global
+and V over the CP group (an autograd all-gather: its backward sums each rank's gradient
+contributions back to the rank that owns the piece) and masks by global
 position. torch's ring attention (``torch.distributed.tensor.experimental.context_parallel``)
 runs only SDPA's CUDA flash/efficient kernels; this path runs on every device.
 
@@ -63,11 +63,41 @@ class ContextParallelInputs:
     key_valid: torch.Tensor | None
 
 
+class _GatherSequence(torch.autograd.Function):
+    """All-gather along ``dim``; backward sums every rank's gradient of the whole and hands
+    each rank its own piece (a reduce-scatter). Not ``torch.distributed.nn``'s all-gather:
+    on gloo its backward scatters from group ranks as if they were global ranks, which fails
+    in any group that does not start at global rank 0 (CP groups under FSDP × CP)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, group: ProcessGroup, dim: int) -> torch.Tensor:
+        import torch.distributed as dist
+
+        local = local.contiguous()
+        pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(pieces, local, group=group)
+        ctx.group, ctx.dim, ctx.width = group, dim, local.shape[dim]
+        return torch.cat(pieces, dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        import torch.distributed as dist
+
+        rank = dist.get_rank(ctx.group)
+        if dist.get_backend(ctx.group) == dist.Backend.NCCL:
+            chunks = [c.contiguous() for c in grad.split(ctx.width, dim=ctx.dim)]
+            out = torch.empty_like(chunks[rank])
+            dist.reduce_scatter(out, chunks, group=ctx.group)
+            return out, None, None
+        # gloo has no reduce-scatter: sum the whole, keep this rank's piece.
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total.narrow(ctx.dim, rank * ctx.width, ctx.width).contiguous(), None, None
+
+
 def gather_sequence(local: torch.Tensor, group: ProcessGroup, dim: int) -> torch.Tensor:
     """All CP ranks' pieces concatenated along ``dim`` in rank order (autograd-correct)."""
-    from torch.distributed.nn.functional import all_gather
-
-    return torch.cat(all_gather(local.contiguous(), group=group), dim=dim)
+    return _GatherSequence.apply(local, group, dim)
 
 
 def gather_keys_values(
