@@ -1,8 +1,9 @@
 """Context parallelism's pieces (``hpcrl.core.backends.automodel.context_parallel``) with real
 torch.distributed on CPU: 2 gloo ranks, one CP group, a tiny Qwen2 built in each process
 from the same seed. Against one process over the whole sequences: the same per-token
-log-probs (with and without an attention mask), and gradients whose sum over the CP group
-is CP × the single-process gradient (what FSDP's average over dp × cp then divides out).
+log-probs (with and without an attention mask; also under a sliding window), and gradients
+whose sum over the CP group is CP × the single-process gradient (what FSDP's average over
+dp × cp then divides out).
 
 Mutations of the three things CP must get right each change the log-probs: log-probs put
 back in rank order instead of sequence order (the chunk order), attention over the rank's
@@ -26,6 +27,7 @@ from tests.require import require_module
 CP = 2
 SEQ = 24  # a multiple of 2 x CP: 4 chunks of 6
 MUTATIONS = ("none", "rank_order", "no_kv_gather", "local_positions")
+WINDOW = 5  # a sliding window shorter than a chunk (6) and than the sequence
 
 
 def test_load_balanced_positions_pair_first_and_last_chunks() -> None:
@@ -37,11 +39,16 @@ def test_load_balanced_positions_pair_first_and_last_chunks() -> None:
         load_balanced_positions(6, 2, 0)
 
 
-def tiny_model() -> Any:
+def tiny_model(sliding_window: int | None = None) -> Any:
+    """``sliding_window``: every layer attends to that many recent keys only."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
+    window = {}
+    if sliding_window is not None:
+        window = dict(use_sliding_window=True, sliding_window=sliding_window, max_window_layers=0)
     config = Qwen2Config(
+        **window,
         vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         tie_word_embeddings=False, attn_implementation="sdpa", initializer_range=0.3,
@@ -107,6 +114,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     model = TokenLogprobModel(hf_model)
     group = dist.new_group(list(range(CP)))
     results = {name: run_variant(model, group, name) for name in MUTATIONS}
+    windowed = TokenLogprobModel(tiny_model(sliding_window=WINDOW))
+    apply_context_parallel(windowed.hf)
+    results["sliding_window"] = run_variant(windowed, group, "none")
     if rank == 0:
         torch.save(results, Path(out_dir) / "cp.pt")
     dist.barrier()
@@ -114,11 +124,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     os._exit(0)  # training-stack-facts, trap 2: gloo threads may abort a normal exit
 
 
-def reference() -> tuple[torch.Tensor, torch.Tensor]:
+def reference(sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One process, whole sequences, plain SDPA: log-probs and the loss gradient."""
     from hpcrl.core.backends.automodel.model import TokenLogprobModel
 
-    model = TokenLogprobModel(tiny_model())
+    model = TokenLogprobModel(tiny_model(sliding_window))
     ids, mask = batch()
     logprobs, _ = model(ids, None)
     (-(logprobs * mask).sum()).backward()
@@ -158,3 +168,14 @@ def test_each_context_parallel_mutation_changes_the_logprobs(
     _, mask = batch()
     causal, _, _ = cp_results[mutation]
     assert float(((causal - ref_logprobs) * mask).abs().max()) > 1e-1
+
+
+def test_context_parallel_keeps_a_sliding_window(cp_results: dict) -> None:
+    ref_logprobs, ref_grads = reference(sliding_window=WINDOW)
+    causal, masked, grads = cp_results["sliding_window"]
+    _, mask = batch()
+    torch.testing.assert_close(causal, ref_logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(masked * mask, ref_logprobs * mask, atol=1e-5, rtol=0)
+    torch.testing.assert_close(grads, CP * ref_grads, atol=1e-4, rtol=1e-4)
+    # The window changes what the model computes: the test would see a lost window.
+    assert float(((ref_logprobs - reference()[0]) * mask).abs().max()) > 1e-1
