@@ -95,6 +95,7 @@ POLICY_CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.dp_replicate_size": (LAYOUT,),
     "policy.automodel_cfg.tensor_parallel_size": (LAYOUT,),
     "policy.automodel_cfg.sequence_parallel": (AM_PLAN,),
+    "policy.automodel_cfg.context_parallel_size": (LAYOUT, AM_PLAN),
     "policy.automodel_cfg.expert_parallel_size": (LAYOUT, AM_PLAN),
     "policy.automodel_cfg.activation_checkpointing": (AM_PLAN,),
     "policy.automodel_cfg.moe_parallelizer.ignore_router_for_ac": (AM_PLAN,),

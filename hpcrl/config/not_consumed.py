@@ -125,12 +125,6 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "NeMo Automodel's Triton kernel for the adapter's product B(A(x)); hpcrl computes the "
         "same product with PyTorch's matmuls: the same values",
     ),
-    "policy.automodel_cfg.context_parallel_size": NotConsumed(
-        "off_only",
-        "the Automodel backend has no context parallelism",
-        off="1",
-        rule="hpcrl.config.rules:rule_automodel_context_parallel",
-    ),
     "policy.megatron_cfg.context_parallel_size": NotConsumed(
         "off_only",
         "context parallelism is not supported by the Megatron backend yet (sequences are not "

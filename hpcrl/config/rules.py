@@ -116,18 +116,39 @@ def rule_unsupported_sections(recipe: Recipe) -> list[Problem]:
 
 
 def rule_automodel_context_parallel(recipe: Recipe) -> list[Problem]:
-    """The worker refuses it at setup; here it fails before the queue wait."""
+    """Context parallelism (``hpcrl.core.backends.automodel.context_parallel``) splits every
+    row of a micro-batch over CP ranks. Refused where it cannot run: with sequence packing (a
+    pack's sequences would need per-sequence chunks; NeMo RL refuses it too) and with
+    sequence parallelism at TP > 1 (NeMo RL refuses it: a known DTensor issue; hpcrl's
+    sequence-parallel plan also splits the very rows CP has already split)."""
     cfg = recipe.policy.automodel_cfg
     if not cfg.enabled or cfg.context_parallel_size <= 1:
         return []
-    return [
-        Problem(
-            path=f"{AUTOMODEL}.context_parallel_size",
-            value=cfg.context_parallel_size,
-            message="the automodel backend has no context parallelism (sequences are not split across ranks)",
-            fix=f"set {AUTOMODEL}.context_parallel_size=1",
+    path, cp = f"{AUTOMODEL}.context_parallel_size", cfg.context_parallel_size
+    problems = []
+    if recipe.policy.sequence_packing.enabled:
+        problems.append(
+            Problem(
+                path=path,
+                value=cp,
+                message="context parallelism does not run with policy.sequence_packing "
+                "(NeMo RL refuses the pair too): a pack would need each of its sequences cut "
+                "into CP chunks",
+                fix=f"set policy.sequence_packing.enabled=false (policy.dynamic_batching "
+                f"also bounds micro-batches by tokens), or {path}=1",
+            )
         )
-    ]
+    if cfg.sequence_parallel and cfg.tensor_parallel_size > 1:
+        problems.append(
+            Problem(
+                path=path,
+                value=cp,
+                message="context parallelism does not run with sequence_parallel at "
+                "tensor_parallel_size > 1 (NeMo RL refuses the pair too, its issue 659)",
+                fix=f"set {AUTOMODEL}.sequence_parallel=false, or {path}=1",
+            )
+        )
+    return problems
 
 
 def rule_automodel_sequence_parallel(recipe: Recipe) -> list[Problem]:

@@ -223,8 +223,9 @@ def _automodel_layout(
 
 
 def _expert_parallel_fits(cfg: AutomodelCfg, dp_shard: int, findings: Findings) -> bool:
-    """EP groups are carved from the FSDP shard ranks (NeMo RL: ep divides dp × cp; hpcrl has
-    no context parallelism on this backend, and EP is built for plain FSDP2 only)."""
+    """EP groups are carved from the FSDP shard ranks (NeMo RL: ep divides dp × cp; hpcrl's
+    EP is built for plain FSDP2 only: its groups are consecutive ranks, which under context
+    parallelism would be CP peers holding parts of the same rows)."""
     ep = cfg.expert_parallel_size
     if ep == 1:
         return True
@@ -236,6 +237,7 @@ def _expert_parallel_fits(cfg: AutomodelCfg, dp_shard: int, findings: Findings) 
     others = (
         ("dp_replicate_size", cfg.dp_replicate_size, "HSDP replicas", 1),
         ("tensor_parallel_size", cfg.tensor_parallel_size, "tensor parallelism", 1),
+        ("context_parallel_size", cfg.context_parallel_size, "context parallelism", 1),
         ("cpu_offload", cfg.cpu_offload, "FSDP2's CPU offload", False),
         ("optimizer_offload_fraction", cfg.optimizer_offload_fraction, "optimizer offload", 0.0),
         ("lora_cfg.enabled", cfg.lora_cfg.enabled, "LoRA adapters", False),

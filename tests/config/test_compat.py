@@ -117,6 +117,13 @@ def test_classification_follows_where_the_value_goes():
     assert classify("data.num_workers")[0] == INERT
     assert classify("env.math.num_workers")[0] == INERT
     assert classify("policy.megatron_cfg.empty_unused_memory_level")[0] == INERT
+    # implemented since the Automodel backend splits rows over CP ranks (issue 24)
+    assert classify("policy.dtensor_cfg.context_parallel_size") == (
+        IMPLEMENTED,
+        "read as `policy.automodel_cfg.context_parallel_size`; read by "
+        "`hpcrl.plan.layout:plan_layout`, "
+        "`hpcrl.core.backends.automodel.parallelize:parallelize_steps`",
+    )
     # implemented since the Automodel TP plan splits the sequence (issue 24)
     assert classify("policy.dtensor_cfg.sequence_parallel") == (
         IMPLEMENTED,
@@ -125,7 +132,6 @@ def test_classification_follows_where_the_value_goes():
     )
     for key in (
         "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
-        "policy.dtensor_cfg.context_parallel_size",
         "policy.megatron_cfg.context_parallel_size",
         "grpo.max_rollout_turns",
     ):

@@ -100,11 +100,6 @@ def test_megatron_context_parallel_is_refused_with_the_reason():
     assert f"{M}.context_parallel_size=1" in problem.fix
 
 
-def test_automodel_context_parallel_is_refused_at_load_time():
-    problem = only(problems_for("automodel", policy__automodel_cfg__context_parallel_size=2))
-    assert (problem.path, problem.value) == ("policy.automodel_cfg.context_parallel_size", 2)
-
-
 def test_per_token_loss_override_is_refused_false_is_fine():
     key = f"{M}.model_overrides.calculate_per_token_loss"
     problem = only(

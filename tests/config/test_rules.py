@@ -357,8 +357,7 @@ def test_parallel_read_threads_positive(threads, ok):
 def test_automodel_parallel_sizes_at_least_one(name):
     problem = only(problems_for("automodel", **{f"policy__automodel_cfg__{name}": 0}))
     assert problem.path == f"policy.automodel_cfg.{name}" and problem.value == 0
-    if name != "context_parallel_size":  # > 1 is refused: tests/config/test_loss_rules.py
-        assert problems_for("automodel", **{f"policy__automodel_cfg__{name}": 2}) == []
+    assert problems_for("automodel", **{f"policy__automodel_cfg__{name}": 2}) == []
 
 
 def test_megatron_parallel_sizes_at_least_one():

@@ -494,7 +494,9 @@ def parallelize_probe(recipe: Recipe, tmp: Path) -> Any:
     from hpcrl.core.backends.automodel.parallelize import MeshShape, parallelize_steps
 
     cfg = recipe.policy.automodel_cfg
-    shape = MeshShape.for_world(8, cfg.dp_replicate_size, cfg.tensor_parallel_size)
+    shape = MeshShape.for_world(
+        8, cfg.dp_replicate_size, cfg.tensor_parallel_size, cfg.context_parallel_size
+    )
     return plain(
         parallelize_steps(
             cfg, recipe.policy.precision, shape, on_gpu=True, compiles=False, training=True

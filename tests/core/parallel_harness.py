@@ -55,6 +55,14 @@ def reference_training(
     model_path: str, recipe: Recipe, batches: list[dict]
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Losses per step and final weights of a single process on the same batches."""
+    losses, _, weights = reference_training_with_norms(model_path, recipe, batches)
+    return losses, weights
+
+
+def reference_training_with_norms(
+    model_path: str, recipe: Recipe, batches: list[dict]
+) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
+    """Losses and gradient norms (before clipping) per step, and final weights."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -62,16 +70,17 @@ def reference_training(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
     )
-    losses = []
+    losses, norms = [], []
     for batch in batches:
         num_tokens = float(batch["token_mask"].sum())
         loss, _ = masked_nll_loss(reference_logprobs(model, batch), batch, num_tokens)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.policy.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.policy.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(float(loss.detach()))
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+        norms.append(float(norm))
+    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class DiagnosticWorker(TrainingWorker):

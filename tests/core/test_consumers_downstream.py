@@ -236,6 +236,7 @@ CHANGES: dict[str, Change] = {
     "policy.automodel_cfg.enabled": Change(False, also=TO_MEGATRON),
     "policy.automodel_cfg.dp_replicate_size": Change(2),
     "policy.automodel_cfg.tensor_parallel_size": Change(2),
+    "policy.automodel_cfg.context_parallel_size": Change(2),
     # with TP 1 it has nothing to split (a config warning): both recipes get TP 2
     "policy.automodel_cfg.sequence_parallel": Change(
         True, {"policy.automodel_cfg.tensor_parallel_size": 2}

@@ -3,6 +3,7 @@ gradient clipping, and the setup errors for layouts and options it cannot run.""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -78,11 +79,23 @@ def test_mesh_shape_derives_dp_shard_and_rejects_layouts_that_do_not_factor():
     )
     with pytest.raises(ValueError, match="6 workers do not split into dp_replicate_size=4"):
         MeshShape.for_world(6, dp_replicate=4, tp=1)
+    # CP peers share rows: dp counts dp_replicate × dp_shard only.
+    shape = MeshShape.for_world(8, dp_replicate=1, tp=1, cp=4)
+    assert (shape.dp_shard, shape.cp, shape.dp_size) == (2, 4, 2)
+    with pytest.raises(ValueError, match="context_parallel_size=4 x dp_shard"):
+        MeshShape.for_world(6, dp_replicate=1, tp=1, cp=4)
 
 
 def test_unsupported_options_fail_at_setup_with_their_key():
-    with pytest.raises(ValueError, match=r"context_parallel_size: .* set it to 1"):
-        _check_supported(with_automodel(tiny_automodel_recipe(), context_parallel_size=2))
+    cp2 = with_automodel(tiny_automodel_recipe(), context_parallel_size=2)
+    _check_supported(cp2)
+    packed = attrs.evolve(
+        cp2.policy, sequence_packing=attrs.evolve(cp2.policy.sequence_packing, enabled=True)
+    )
+    with pytest.raises(ValueError, match=r"context_parallel_size > 1 .*sequence_packing"):
+        _check_supported(attrs.evolve(cp2, policy=packed))
+    with pytest.raises(ValueError, match=r"context_parallel_size > 1 .* sequence_parallel"):
+        _check_supported(with_automodel(cp2, tensor_parallel_size=2, sequence_parallel=True))
     _check_supported(tiny_automodel_recipe())  # the defaults are fine
     for tp in (1, 2):  # TP 1: nothing to split, ignored as in NeMo RL (a config warning)
         recipe = with_automodel(tiny_automodel_recipe(tp=tp), sequence_parallel=True)

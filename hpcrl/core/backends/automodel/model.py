@@ -50,21 +50,28 @@ def token_logprobs(
     *,
     transform: LogitTransform | None = None,
     dist: TokenDistribution | None = None,
+    targets: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out[b, t] = log p(input_ids[b, t] | :t)`` from final hidden states; ``out[:, 0] = 0``.
+    With ``targets``: ``out[b, t] = log p(targets[b, t] | hidden[b, t])``, no shift (context
+    parallelism: a rank's positions are not contiguous, it names each one's next token).
 
     Returns (processed, unfiltered) as ``token_logprobs_from_logits`` defines them; no
     ``transform``/``dist``: the plain log-softmax of ``hidden @ lm_head_weight.T``.
     """
     transform = transform or LogitTransform()
     dist = dist or TokenDistribution()
-    batch, seq = input_ids.shape
-    shifted_hidden = hidden[:, :-1]
-    targets = input_ids[:, 1:]
+    batch = input_ids.shape[0]
+    if targets is None:
+        shifted_hidden = hidden[:, :-1]
+        targets = input_ids[:, 1:]
+        pieces = [torch.zeros(batch, 1, 2, dtype=torch.float32, device=hidden.device)]
+    else:
+        shifted_hidden = hidden
+        pieces = []
     step = max(1, chunk_tokens // max(batch, 1))
     recompute = torch.is_grad_enabled()
-    pieces = [torch.zeros(batch, 1, 2, dtype=torch.float32, device=hidden.device)]
-    for start in range(0, seq - 1, step):
+    for start in range(0, targets.shape[1], step):
         args = (
             shifted_hidden[:, start : start + step],
             lm_head_weight,
@@ -97,15 +104,20 @@ class TokenLogprobModel(nn.Module):
         attention_mask: torch.Tensor | None,
         distribution: TokenDistribution | None = None,
         position_ids: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        context_parallel: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(processed, unfiltered) log-probs under ``distribution`` (a ``TokenDistribution``,
         default the model's own), as ``token_logprobs`` defines them. With ``position_ids``
         restarting at 0 per sequence and no attention mask: a packed row whose attention
-        stops at each sequence's start (transformers builds that mask from the positions)."""
+        stops at each sequence's start (transformers builds that mask from the positions).
+        ``targets`` and ``context_parallel``: one CP rank's share
+        (``hpcrl.core.backends.automodel.context_parallel.context_parallel_logprobs``)."""
+        args = (input_ids, attention_mask, distribution, position_ids, targets, context_parallel)
         if self.autocast_dtype is None:
-            return self._forward(input_ids, attention_mask, distribution, position_ids)
+            return self._forward(*args)
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype):
-            return self._forward(input_ids, attention_mask, distribution, position_ids)
+            return self._forward(*args)
 
     def _forward(
         self,
@@ -113,12 +125,17 @@ class TokenLogprobModel(nn.Module):
         attention_mask: torch.Tensor | None,
         distribution: TokenDistribution | None,
         position_ids: torch.Tensor | None,
+        targets: torch.Tensor | None,
+        context_parallel: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Passed on only when set: transformers hands extra keywords to the attention function.
+        extra = {} if context_parallel is None else {"context_parallel": context_parallel}
         decoder_out = self.hf.get_decoder()(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **extra,
         )
         head = self.hf.get_output_embeddings()
         return token_logprobs(
@@ -128,6 +145,7 @@ class TokenLogprobModel(nn.Module):
             self.chunk_tokens,
             transform=self.logit_transform,
             dist=distribution,
+            targets=targets,
         )
 
 

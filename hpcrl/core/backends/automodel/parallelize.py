@@ -19,46 +19,61 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "tp")
+MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "cp", "tp")
 
 
 @attrs.frozen(kw_only=True)
 class MeshShape:
-    """Sizes of the device mesh dims; dp_shard is what is left of the world."""
+    """Sizes of the device mesh dims; dp_shard is what is left of the world. cp: context
+    parallel ranks, which hold parts of the same sequences (``context_parallel``)."""
 
     dp_replicate: int
     dp_shard: int
     tp: int
+    cp: int = 1
 
     @classmethod
-    def for_world(cls, world_size: int, dp_replicate: int, tp: int) -> MeshShape:
-        if world_size % (dp_replicate * tp) != 0:
+    def for_world(cls, world_size: int, dp_replicate: int, tp: int, cp: int = 1) -> MeshShape:
+        if world_size % (dp_replicate * tp * cp) != 0:
             raise ValueError(
                 f"policy.automodel_cfg: {world_size} workers do not split into "
-                f"dp_replicate_size={dp_replicate} x tensor_parallel_size={tp} x dp_shard; "
-                f"make dp_replicate_size * tensor_parallel_size divide {world_size}"
+                f"dp_replicate_size={dp_replicate} x tensor_parallel_size={tp} x "
+                f"context_parallel_size={cp} x dp_shard; make their product divide {world_size}"
             )
-        return cls(dp_replicate=dp_replicate, dp_shard=world_size // (dp_replicate * tp), tp=tp)
+        dp_shard = world_size // (dp_replicate * tp * cp)
+        return cls(dp_replicate=dp_replicate, dp_shard=dp_shard, tp=tp, cp=cp)
 
     @property
     def dp_size(self) -> int:
+        """Data-parallel ranks: those that see different sequences (CP peers do not)."""
         return self.dp_replicate * self.dp_shard
 
 
 def build_mesh(device_type: str, shape: MeshShape) -> DeviceMesh:
-    """A 3-D mesh (dp_replicate, dp_shard, tp); size-1 dims are kept (they cost nothing)."""
+    """A 4-D mesh (dp_replicate, dp_shard, cp, tp); size-1 dims are kept (they cost nothing)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     return init_device_mesh(
-        device_type, (shape.dp_replicate, shape.dp_shard, shape.tp), mesh_dim_names=MESH_DIM_NAMES
+        device_type,
+        (shape.dp_replicate, shape.dp_shard, shape.cp, shape.tp),
+        mesh_dim_names=MESH_DIM_NAMES,
     )
 
 
 def data_parallel_mesh(mesh: DeviceMesh, shape: MeshShape) -> DeviceMesh:
-    """The mesh FSDP shards over: 2-D (replicate, shard) = HSDP when dp_replicate > 1."""
+    """The mesh FSDP shards over: 2-D (replicate, shard) = HSDP when dp_replicate > 1. Under
+    context parallelism FSDP shards over dp_shard × cp flattened: CP peers hold different
+    tokens of the same sequences, so their gradients are partial sums FSDP's reduction adds
+    up (``context_parallel`` explains the scale)."""
+    shard_dim = "dp_shard"
+    if shape.cp > 1:
+        shard_dim = "dp_shard_cp"
+        flat = mesh["dp_shard", "cp"]._flatten(shard_dim)
+        if shape.dp_replicate == 1:
+            return flat
     if shape.dp_replicate > 1:
-        return mesh["dp_replicate", "dp_shard"]
-    return mesh["dp_shard"]
+        return mesh["dp_replicate", shard_dim]
+    return mesh[shard_dim]
 
 
 def decoder_layers(hf_model: Any) -> Any:
@@ -237,6 +252,7 @@ class ParallelizeSteps:
 
     lora: bool
     tp: bool
+    context_parallel: bool
     sequence_parallel: bool
     expert_parallel: int  # EP size; 1: off
     activation_checkpointing: bool
@@ -258,6 +274,7 @@ def parallelize_steps(
     return ParallelizeSteps(
         lora=training and cfg.lora_cfg.enabled,
         tp=shape.tp > 1,
+        context_parallel=shape.cp > 1,
         # With TP 1 there is nothing to split: ignored, as NeMo RL does (a config warning).
         sequence_parallel=shape.tp > 1 and cfg.sequence_parallel,
         expert_parallel=ep,
@@ -267,7 +284,8 @@ def parallelize_steps(
         and cfg.activation_checkpointing
         and ep > 1
         and cfg.moe_parallelizer.ignore_router_for_ac is True,
-        compile=compiles and ep == 1,
+        # Context parallel attention gathers K/V inside every block: kept eager as well.
+        compile=compiles and ep == 1 and shape.cp == 1,
         fsdp=needs_fsdp(shape, cfg.cpu_offload),
         cpu_offload=cfg.cpu_offload,
         param_dtype=precision if on_gpu else None,
@@ -280,7 +298,7 @@ def needs_fsdp(shape: MeshShape, cpu_offload: bool) -> bool:
     With one data-parallel rank and no TP its per-block hooks, casts and reduce-scatters are
     pure overhead: they made the step CPU-bound (docs/performance.md, "Figures behind the code").
     """
-    return shape.dp_size > 1 or shape.tp > 1 or cpu_offload
+    return shape.dp_size > 1 or shape.tp > 1 or shape.cp > 1 or cpu_offload
 
 
 def apply_autocast(root: torch.nn.Module, compute_dtype: torch.dtype | None) -> None:

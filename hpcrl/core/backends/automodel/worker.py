@@ -37,6 +37,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hpcrl.core.backends.automodel import checkpoint
+from hpcrl.core.backends.automodel.context_parallel import (
+    apply_context_parallel,
+    check_context_parallel,
+    context_parallel_logprobs,
+)
 from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
     build_ep_mesh,
@@ -94,11 +99,7 @@ def _check_supported(recipe: Recipe) -> None:
     """What this backend does not implement. What the planned device cannot run
     (``cpu_offload`` on CPU) the job's preflight refused already (hpcrl.core.machine_checks)."""
     cfg = recipe.policy.automodel_cfg
-    if cfg.context_parallel_size != 1:
-        raise ValueError(
-            "policy.automodel_cfg.context_parallel_size: the automodel backend has no context "
-            f"parallelism yet (got {cfg.context_parallel_size}); set it to 1"
-        )
+    check_context_parallel(recipe)
     if cfg.lora_cfg.enabled and cfg.tensor_parallel_size > 1:
         raise ValueError(
             "policy.automodel_cfg.lora_cfg: LoRA with tensor_parallel_size > 1 is not supported "
@@ -122,12 +123,18 @@ def forward_logprobs(
     distribution: TokenDistribution | None = None,
     *,
     causal_only: bool = False,
+    cp_group: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(processed, unfiltered) token log-probs [rows, width] of one micro-batch; a pack runs
     as one row whose positions restart per sequence, then is unpacked to the rows the loss
-    expects. ``causal_only``: no attention mask (right-padded rows, module docstring)."""
+    expects. ``causal_only``: no attention mask (right-padded rows, module docstring).
+    ``cp_group``: the context-parallel group; this rank runs its share of every row."""
     if "packed_input_ids" not in micro:
         mask = None if causal_only else micro["attention_mask"]
+        if cp_group is not None:
+            return context_parallel_logprobs(
+                model, micro["input_ids"], mask, cp_group, distribution
+            )
         return model(micro["input_ids"], mask, distribution=distribution)
     processed, unfiltered = model(
         micro["packed_input_ids"],
@@ -156,9 +163,13 @@ class AutomodelWorker:
         self.distribution = training_distribution(recipe)
         cfg = recipe.policy.automodel_cfg
         self.shape = MeshShape.for_world(
-            rank_info.world_size, cfg.dp_replicate_size, cfg.tensor_parallel_size
+            rank_info.world_size,
+            cfg.dp_replicate_size,
+            cfg.tensor_parallel_size,
+            cfg.context_parallel_size,
         )
         self.mesh = build_mesh(rank_info.device, self.shape)
+        self.cp_group = self.mesh.get_group("cp") if self.shape.cp > 1 else None
         self.ep_mesh = (
             build_ep_mesh(rank_info.device, rank_info.world_size, cfg.expert_parallel_size)
             if cfg.expert_parallel_size > 1
@@ -185,11 +196,12 @@ class AutomodelWorker:
         self.passes = PassRecorder(self.device)
         coords = self.mesh.get_coordinate()
         assert coords is not None
-        replicate_index, shard_index, tp_index = coords
+        _, _, cp_index, tp_index = coords
+        # CP and TP peers hold the same data and results: one of them returns them.
         return DataParallelPlace(
-            dp_rank=replicate_index * self.shape.dp_shard + shard_index,
+            dp_rank=self._dp_rank(),
             dp_size=self.shape.dp_size,
-            returns_results=tp_index == 0,
+            returns_results=tp_index == 0 and cp_index == 0,
         )
 
     def _build_sharded(self, model_path: str, *, training: bool) -> TokenLogprobModel:
@@ -210,6 +222,8 @@ class AutomodelWorker:
             if self.rank_info.rank == 0:
                 print(lora_summary(adapted, hf_model), flush=True)
         param_dtype = DTYPES[steps.param_dtype] if steps.param_dtype is not None else None
+        if steps.context_parallel:
+            apply_context_parallel(hf_model)
         if steps.tp:
             apply_tp(hf_model, self.mesh["tp"], sequence_parallel=steps.sequence_parallel)
         if steps.expert_parallel > 1:
@@ -254,12 +268,13 @@ class AutomodelWorker:
     @property
     def sequence_multiple(self) -> int:
         """What every sequence length on the device is a multiple of: the compile bucket
-        (module docstring) and, with sequence parallelism, TP (each TP rank gets an equal
-        slice); padding never counts (``pad_sequence_dim``, ``pad_pack``)."""
+        (module docstring), with sequence parallelism TP (each TP rank gets an equal slice),
+        with context parallelism 2 x CP; padding never counts (``pad_sequence_dim``, ``pad_pack``)."""
         multiple = SEQUENCE_BUCKET if self.compiles else 1
         if self.recipe.policy.automodel_cfg.sequence_parallel and self.shape.tp > 1:
             multiple = math.lcm(multiple, self.shape.tp)
-        return multiple
+        # Context parallelism cuts every row into 2 x CP equal chunks.
+        return math.lcm(multiple, 2 * self.shape.cp) if self.shape.cp > 1 else multiple
 
     def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
         """On the device, the sequence dim padded to ``sequence_multiple``."""
@@ -308,13 +323,18 @@ class AutomodelWorker:
             micro = self._to_device(micro)
             stats.add_micro_batch(micro)
             logprobs, unfiltered = forward_logprobs(
-                self.model, micro, self.distribution, causal_only=causal_only
+                self.model,
+                micro,
+                self.distribution,
+                causal_only=causal_only,
+                cp_group=self.cp_group,
             )
             if self.distribution.filters:
                 micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
             loss, metrics = loss_fn(logprobs, micro, num_global_tokens)
             # FSDP averages gradients over data-parallel ranks; the loss is a share of a
-            # global sum, so scale back up to get the gradient of that sum.
+            # global sum, so scale back up to get the gradient of that sum (CP peers: the
+            # context_parallel module docstring).
             (loss * self.shape.dp_size).backward()
             totals["loss"] = totals["loss"] + loss.detach()
             for key, value in metrics.items():
@@ -325,8 +345,9 @@ class AutomodelWorker:
     def _sum_over_data_parallel(self, values: Mapping[str, Any]) -> dict[str, float]:
         """Sum (extrema: min/max) over data-parallel ranks; floats and device tensors alike,
         one read-back per kind (hpcrl.core.metric_reduction)."""
-        # TP peers hold the same numbers: their sums count once.
-        return all_reduce_metrics(values, sorted(values), self.device, sum_divisor=self.shape.tp)
+        # TP and CP peers hold the same numbers: their sums count once.
+        divisor = self.shape.tp * self.shape.cp
+        return all_reduce_metrics(values, sorted(values), self.device, sum_divisor=divisor)
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -355,7 +376,9 @@ class AutomodelWorker:
                 causal_only = self._causal_only(micro)
                 micro = self._to_device(micro)
                 stats.add_micro_batch(micro)
-                processed, _ = forward_logprobs(model, micro, distribution, causal_only=causal_only)
+                processed, _ = forward_logprobs(
+                    model, micro, distribution, causal_only=causal_only, cp_group=self.cp_group
+                )
                 pieces.append(processed[: len(spec.rows)])
             return scatter_rows(pieces, specs, *batch["input_ids"].shape).cpu()
 
@@ -399,7 +422,7 @@ class AutomodelWorker:
     def _dp_rank(self) -> int:
         coords = self.mesh.get_coordinate()
         assert coords is not None
-        replicate_index, shard_index, _ = coords
+        replicate_index, shard_index, _, _ = coords
         return replicate_index * self.shape.dp_shard + shard_index
 
     # ------------------------------------------------------------------ memory
@@ -464,7 +487,7 @@ class AutomodelWorker:
         return self.passes.take()
 
     def close(self) -> None:
-        for name in ("model", "reference", "optimizer", "scheduler", "mesh", "ep_mesh"):
+        for name in ("model", "reference", "optimizer", "scheduler", "cp_group", "mesh", "ep_mesh"):
             if hasattr(self, name):
                 delattr(self, name)
         gc.collect()
