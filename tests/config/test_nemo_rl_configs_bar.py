@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 BAR = 0.95
 #: How many GRPO/SFT configs of each release rendered when this was last raised (of 105,
 #: 177 and 207): it may only grow; raise it when a feature lands.
-FLOOR = {"v0.5.0": 80, "v0.7.0": 118, "main-7ea279a": 123}
+FLOOR = {"v0.5.0": 81, "v0.7.0": 123, "main-7ea279a": 128}
 #: ``Problem.format()`` on one line: ``error: PATH [= VALUE]: REASON fix: FIX``
 REFUSAL = re.compile(r"^error: (?P<path>[\w.\-\[\]]+)( = .+?)?: (?P<reason>.+) fix: (?P<fix>.+)$")
 
