@@ -22,7 +22,8 @@ def _weights(worker) -> dict:
 
 def cp_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, cp: int) -> dict:
     """{logprobs_unpacked, logprobs_packed, steps: [unpacked, packed metrics], logprobs_after,
-    weights} on the reporting rank (log-probs: zeros elsewhere, as the worker returns them)."""
+    weights} of this rank's DP shard; log-probs real on its reporting rank (zeros elsewhere,
+    as the worker returns them)."""
     from hpcrl.core.workers.micro_batches import (
         BatchingSettings,
         materialize,
@@ -32,8 +33,9 @@ def cp_run(rank: int, world_size: int, hf_path: str, ckpt_root: str, cp: int) ->
 
     recipe = tiny_megatron_recipe(hf_path, cp=cp)
     worker, place = harness.setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
-    batch = mixed_batch(8, harness.SEQ_LEN, seed=5)
-    tokens = float(batch["token_mask"].sum())
+    whole = mixed_batch(8, harness.SEQ_LEN, seed=5)
+    tokens = float(whole["token_mask"].sum())
+    batch = harness.shard(whole, place)  # this DP rank's rows (all of them at DP 1)
     plans = {
         way: plan_shards([row_lengths(batch)], harness.SEQ_LEN, settings)[0]
         for way, settings in (

@@ -115,7 +115,7 @@ def _forward(model: Any, micro_batch: Batch, shard: CpShard | None = None) -> to
     take them so)."""
     if "packed_input_ids" in micro_batch:
         ids, positions = micro_batch["packed_input_ids"], micro_batch["packed_position_ids"]
-        params = packed_seq_params(micro_batch["cu_seqlens"])
+        params = packed_seq_params(micro_batch["cu_seqlens"], context_parallel=shard is not None)
     else:
         ids, params = micro_batch["input_ids"], None
         if shard is not None:
@@ -166,16 +166,21 @@ def _unwrapped_config(chunk: Any) -> Any:
     return chunk.config
 
 
-def packed_seq_params(cu_seqlens: torch.Tensor) -> Any:
+def packed_seq_params(cu_seqlens: torch.Tensor, context_parallel: bool = False) -> Any:
+    """THD parameters of a pack whose sequences are already padded (``materialize``): under
+    CP the padded boundaries are given too, as Transformer Engine's CP attention reads them
+    (the same values: the padding is part of each sequence)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    padded = {"cu_seqlens_q_padded": cu_seqlens, "cu_seqlens_kv_padded": cu_seqlens}
     return PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=cu_seqlens,
         cu_seqlens_kv=cu_seqlens,
         max_seqlen_q=longest,
         max_seqlen_kv=longest,
+        **(padded if context_parallel else {}),
     )
 
 
