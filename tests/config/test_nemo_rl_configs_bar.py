@@ -66,7 +66,7 @@ def test_no_fewer_configs_render_than_before(outcomes):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 24: FP8, context parallelism, vLLM expert parallelism, other generation "
+    reason="issue 24: FP8, Automodel context parallelism, vLLM expert parallelism, other generation "
     "backends are refused: the bar is not met yet",
 )
 def test_95_percent_of_grpo_and_sft_configs_render(outcomes):

@@ -34,3 +34,21 @@ def test_cp2_equals_single_process(converted):
             assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
         for name, weight in single["weights"].items():
             assert (result["weights"][name] - weight).abs().max() < 1e-4, name
+
+
+def test_chunks_follow_megatron_core_load_balanced_order():
+    import torch
+
+    from hpcrl.core.backends.megatron.context_parallel import CpShard, chunk_positions
+
+    # One row of 8 at CP 2: chunks of 2; rank r holds chunks r and 3 - r.
+    assert chunk_positions([0, 8], 0, 2).tolist() == [0, 1, 6, 7]
+    assert chunk_positions([0, 8], 1, 2).tolist() == [2, 3, 4, 5]
+    # A pack of two sequences (8 and 4): each cut on its own, pieces in pack order.
+    assert chunk_positions([0, 8, 12], 0, 2).tolist() == [0, 1, 6, 7, 8, 11]
+    shard = CpShard.of([0, 8, 12], 1, 2)
+    row = torch.arange(12.0)[None, :] * 10
+    gathered = torch.cat([row[:, chunk_positions([0, 8, 12], r, 2)] for r in range(2)], dim=1)
+    assert torch.equal(shard.restore_order(gathered), row)
+    with pytest.raises(ValueError, match="multiple of 2 x context_parallel_size = 4"):
+        chunk_positions([0, 6], 0, 2)
