@@ -180,6 +180,7 @@ def tiny_megatron_recipe(
     *,
     tp: int = 1,
     pp: int = 1,
+    cp: int = 1,
     dist_opt: bool = True,
     micro_batch_size: int = 2,
     lr: float = 1e-3,
@@ -197,6 +198,7 @@ def tiny_megatron_recipe(
         enabled=True,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
         optimizer=MegatronOptimizerCfg(
             lr=lr,
             use_distributed_optimizer=dist_opt,

@@ -126,6 +126,7 @@ POLICY_CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.megatron_cfg.peft.lora_B_init_method": (MG_LORA,),
     "policy.megatron_cfg.tensor_model_parallel_size": (LAYOUT, MG_PROVIDER),
     "policy.megatron_cfg.pipeline_model_parallel_size": (LAYOUT, MG_PROVIDER),
+    "policy.megatron_cfg.context_parallel_size": (LAYOUT, MG_PROVIDER),
     "policy.megatron_cfg.expert_model_parallel_size": (LAYOUT, MG_PROVIDER),
     "policy.megatron_cfg.expert_tensor_parallel_size": (LAYOUT, MG_PROVIDER),
     "policy.megatron_cfg.num_layers_in_first_pipeline_stage": (MG_PROVIDER,),

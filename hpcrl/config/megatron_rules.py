@@ -25,26 +25,6 @@ def megatron_enabled(recipe: Recipe) -> bool:
     return recipe.policy.megatron_cfg.enabled
 
 
-def rule_context_parallel(recipe: Recipe) -> list[Problem]:
-    """hpcrl's Megatron step gives every rank whole sequences and scales the loss for DP
-    and micro-batches only; under CP megatron-core expects each CP rank to hold its share
-    of every sequence and multiplies the loss by the CP size, so gradients would come out
-    CP× too large, computed on the wrong inputs."""
-    if not megatron_enabled(recipe):
-        return []
-    size = recipe.policy.megatron_cfg.context_parallel_size
-    if size <= 1:
-        return []
-    return [
-        Problem(
-            path=f"{MEGATRON}.context_parallel_size",
-            value=size,
-            message="context parallelism is not supported by hpcrl's Megatron backend yet: it does not split sequences across CP ranks nor undo megatron-core's CP loss scaling, so gradients would be wrong",
-            fix=f"set {MEGATRON}.context_parallel_size=1 (use tensor/pipeline parallelism or activation checkpointing for long sequences)",
-        )
-    ]
-
-
 def rule_sequence_parallel(recipe: Recipe) -> list[Problem]:
     """megatron-core refuses SP without TP, and EP with TP without SP (ModelParallelConfig)."""
     if not megatron_enabled(recipe):
@@ -367,7 +347,6 @@ def rule_hf_config_overrides(recipe: Recipe) -> list[Problem]:
 MEGATRON_RULES = (
     rule_hf_config_overrides,
     rule_clip_grad,
-    rule_context_parallel,
     rule_sequence_parallel,
     rule_recompute,
     rule_optimizer_offload,

@@ -125,13 +125,6 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "NeMo Automodel's Triton kernel for the adapter's product B(A(x)); hpcrl computes the "
         "same product with PyTorch's matmuls: the same values",
     ),
-    "policy.megatron_cfg.context_parallel_size": NotConsumed(
-        "off_only",
-        "context parallelism is not supported by the Megatron backend yet (sequences are not "
-        "split across CP ranks)",
-        off="1",
-        rule="hpcrl.config.megatron_rules:rule_context_parallel",
-    ),
     "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp": NotConsumed(
         "off_only",
         "Megatron FSDP is not supported by the Megatron backend yet",

@@ -132,10 +132,10 @@ def test_classification_follows_where_the_value_goes():
     )
     for key in (
         "policy.megatron_cfg.distributed_data_parallel_config.use_custom_fsdp",
-        "policy.megatron_cfg.context_parallel_size",
         "grpo.max_rollout_turns",
     ):
         assert classify(key)[0] == OFF_ONLY, key
+    assert classify("policy.megatron_cfg.context_parallel_size")[0] == IMPLEMENTED
     # a key NeMo RL knows that hpcrl does not use, and its default
     status, note = classify("policy.generation.vllm_cfg.kv_cache_dtype")
     assert status == DEFAULT_ONLY and "'auto'" in note

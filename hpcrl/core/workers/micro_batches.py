@@ -65,9 +65,12 @@ class BatchingSettings:
         rows = policy.train_micro_batch_size
         if purpose == "logprobs":
             rows = policy.logprob_batch_size or policy.train_micro_batch_size
+        cp_multiple = _context_parallel_multiple(recipe)
         common: dict[str, Any] = {
             "rows_per_micro_batch": rows,
-            "divisible_by": max(1, policy.make_sequence_length_divisible_by or 1),
+            "divisible_by": math.lcm(
+                max(1, policy.make_sequence_length_divisible_by or 1), cp_multiple
+            ),
             "same_width": recipe.backend == "megatron"
             and policy.megatron_cfg.pipeline_model_parallel_size > 1,
         }
@@ -82,12 +85,23 @@ class BatchingSettings:
                 return cls(
                     mode=mode,
                     tokens_per_micro_batch=int(budget or policy.max_total_sequence_length),
-                    round_to=cfg.sequence_length_round,
+                    round_to=math.lcm(cfg.sequence_length_round, cp_multiple),
                     algorithm=algorithm,
                     seed=_seed_of(recipe),
                     **common,
                 )
         return cls(**common)
+
+
+def _context_parallel_multiple(recipe: Recipe) -> int:
+    """Megatron's context parallelism cuts every sequence into 2·CP chunks (each split over
+    TP too under sequence parallelism): packed sequences and pack lengths must divide so, as
+    NeMo RL pads them. Unpacked rows are padded by the backend's step itself."""
+    cfg = recipe.policy.megatron_cfg
+    if recipe.backend != "megatron" or cfg.context_parallel_size <= 1:
+        return 1
+    tp = cfg.tensor_model_parallel_size if cfg.sequence_parallel else 1
+    return 2 * cfg.context_parallel_size * tp
 
 
 def _seed_of(recipe: Recipe) -> int:

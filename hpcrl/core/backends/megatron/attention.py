@@ -12,11 +12,20 @@ checkpoints are unchanged. Cases SDPA does not express the same way (sliding-win
 softmax offsets, attention bias, causal masks with sq ≠ sk > 1) run the parent's forward
 unchanged. Packed sequences (THD layout, ``PackedSeqParams``), which the parent refuses, run
 as one SDPA call with a block-diagonal causal mask built from ``cu_seqlens``.
+
+Context parallelism (CP > 1), which the parent refuses: each CP rank holds its load-balanced
+chunks of every sequence (``context_parallel.py``). K and V are all-gathered over the CP group
+(the backward sums their gradients back to the rank that owns them) and each local query
+attends to the keys at or before its own global position, within its own packed sequence:
+exact attention, on any backend torch.distributed has (gloo included). It is what runs where
+Transformer Engine is absent; with TE, hpcrl builds TE's layer spec and megatron-core's own
+CP attention runs instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 from typing import Any
 
@@ -34,6 +43,18 @@ class SdpaCoreAttention(DotProductAttention):
     this TP rank; ng < np is grouped-query attention). Output [sq, b, np·hn], like the parent.
     """
 
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        # The parent asserts context_parallel_size == 1 (only TE's attention does CP); give it
+        # a copy that says 1 and keep the real config (CP handled in _cp_forward).
+        cp_size = int(getattr(config, "context_parallel_size", 1) or 1)
+        parent_config = config
+        if cp_size > 1:
+            parent_config = copy.copy(config)
+            parent_config.context_parallel_size = 1
+        super().__init__(parent_config, *args, **kwargs)
+        self.config = config
+        self.cp_size = cp_size
+
     def forward(
         self,
         query: torch.Tensor,
@@ -45,6 +66,10 @@ class SdpaCoreAttention(DotProductAttention):
         packed_seq_params: Any | None = None,
     ) -> torch.Tensor:
         # attn_mask_type is ignored, as the parent does: the mask type is the constructor's.
+        if self.cp_size > 1:
+            return self._cp_forward(
+                query, key, value, attention_mask, attention_bias, packed_seq_params
+            )
         if packed_seq_params is not None and self._packs_supported(attention_bias):
             return self._packed_forward(query, key, value, packed_seq_params)
         mask_args = self._sdpa_mask(attention_mask, query.size(0), key.size(0))
@@ -106,6 +131,77 @@ class SdpaCoreAttention(DotProductAttention):
             )  # fmt: skip
         # [1, np, t, hn] -> [t, np·hn]
         return context[0].permute(1, 0, 2).reshape(total, self.hidden_size_per_partition)
+
+    def _cp_forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attention_bias: torch.Tensor | None,
+        packed_seq_params: Any | None,
+    ) -> torch.Tensor:
+        """This CP rank's queries against every rank's keys/values (module docstring).
+        Unpacked: query [sq/CP, b, np, hn]; packed: [t/CP, np, hn] with global ``cu_seqlens``."""
+        from hpcrl.core.backends.megatron.context_parallel import (
+            all_rank_positions,
+            chunk_positions,
+            cp_group_and_size,
+            gather_summed,
+        )
+
+        self._refuse_under_cp(attention_mask, attention_bias)
+        packed = packed_seq_params is not None
+        if packed_seq_params is not None:
+            bounds_t = packed_seq_params.cu_seqlens_q_padded
+            if bounds_t is None:
+                bounds_t = packed_seq_params.cu_seqlens_q
+            bounds = [int(b) for b in bounds_t.tolist()]
+            query, key, value = (t.unsqueeze(1) for t in (query, key, value))
+        else:
+            bounds = [0, query.size(0) * self.cp_size]
+        group, cp_rank, cp_size = cp_group_and_size()
+        key, value = (gather_summed(t, 0, group) for t in (key, value))
+        device = query.device
+        q_pos = chunk_positions(bounds, cp_rank, cp_size, device)
+        k_pos = all_rank_positions(bounds, cp_size, device)
+        inner = torch.tensor(bounds[1:-1], dtype=torch.long, device=device)
+        q_seg = torch.bucketize(q_pos, inner, right=True)
+        k_seg = torch.bucketize(k_pos, inner, right=True)
+        allowed = (q_seg[:, None] == k_seg[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+        seq_q, batch = query.size(0), query.size(1)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        dropout_p = self.attention_dropout.p if self.training else 0.0
+        kwargs = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
+        with self._dropout_rng(dropout_p):
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=dropout_p,
+                scale=self._effective_scale(), **kwargs,
+            )  # fmt: skip
+        out = context.permute(2, 0, 1, 3).reshape(seq_q, batch, self.hidden_size_per_partition)
+        return out[:, 0] if packed else out
+
+    def _refuse_under_cp(
+        self, attention_mask: torch.Tensor | None, attention_bias: torch.Tensor | None
+    ) -> None:
+        unsupported = [
+            name
+            for name, present in (
+                ("an explicit attention mask", attention_mask is not None),
+                ("an attention bias", attention_bias is not None),
+                ("softmax offsets", self.softmax_offset is not None),
+                ("sliding-window attention", self.scale_mask_softmax.window_size is not None),
+                ("a non-causal mask", self.attn_mask_type != AttnMaskType.causal),
+            )
+            if present
+        ]
+        if unsupported:
+            raise NotImplementedError(
+                "policy.megatron_cfg.context_parallel_size > 1 without Transformer Engine runs "
+                f"hpcrl's CP attention, which does not support {', '.join(unsupported)}; set "
+                "policy.megatron_cfg.context_parallel_size=1 or run where Transformer Engine "
+                "is installed"
+            )
 
     def _sdpa_mask(
         self, attention_mask: torch.Tensor | None, seq_q: int, seq_k: int

@@ -124,6 +124,18 @@ PATCHES = (
         ),
     ),
     CpuPatch(
+        name="no_pinned_memory",
+        why="Under context parallelism RoPE picks this rank's chunks with an index tensor "
+        "made with pin_memory=True, which a CPU-only torch refuses; the mode drops the flag.",
+        requires=(
+            (
+                "megatron.core.models.common.embeddings.rope_utils:get_pos_emb_on_this_cp_rank",
+                "pin_memory=True",
+            ),
+        ),
+        lines=("0.16.",),  # checked on 0.16 (CI); the mode drops the flag on any line
+    ),
+    CpuPatch(
         name="cuda_type_names",
         why="The optimizers accept params only if param.type() is a torch.cuda.*Tensor "
         "name; the mode reports CPU tensors under their CUDA type names.",
@@ -259,12 +271,15 @@ def _is_cuda_device(device: object) -> bool:
 
 
 class _CudaOnCpuMode(TorchFunctionMode):
-    """device='cuda' → cpu, Tensor.cuda() → no-op, Tensor.type() → torch.cuda.* names."""
+    """device='cuda' → cpu, pin_memory → off, Tensor.cuda() → no-op, Tensor.type() →
+    torch.cuda.* names."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if _is_cuda_device(kwargs.get("device")):
             kwargs["device"] = "cpu"
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
         if func is torch.Tensor.cuda:
             return args[0]
         if func is torch.Tensor.to and args[1:2] and _is_cuda_device(args[1]):
