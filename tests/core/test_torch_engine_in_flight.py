@@ -6,11 +6,9 @@ over the old cache, neither model's)."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
+from tests.in_flight_gate import refit_at_step
 from tests.require import require_module
 
 torch = require_module("torch")
@@ -55,35 +53,11 @@ def _forced(model, out: dict) -> list:
 def _generate_with_refit(
     engine: TorchEngine, ids: list, weights: dict, recompute: bool, after: int = REFIT_AFTER_STEPS
 ):
-    """Generate while another thread refits once the wave has passed ``after`` step
-    boundaries. The generating thread holds at that boundary until the refit is staged: on a
-    loaded machine the refit thread may otherwise not run before the wave ends, and the refit
-    would land after it (a race of the test, not of the engine)."""
-    landed: list[bool] = []
-    reached = threading.Event()
-    boundary = engine.in_flight.at_step_boundary
-
-    def gated_boundary() -> bool:
-        if engine.in_flight.steps + 1 == after:
-            reached.set()
-            deadline = time.monotonic() + 60
-            while not engine.in_flight.pending and time.monotonic() < deadline:
-                time.sleep(0.0005)
-        return boundary()
-
-    def refit() -> None:
-        reached.wait(timeout=60)
-        landed.append(engine.update_weights_in_flight(weights.items(), recompute))
-
-    engine.in_flight.at_step_boundary = gated_boundary  # type: ignore[method-assign]
-    thread = threading.Thread(target=refit)
-    thread.start()
-    try:
+    with refit_at_step(
+        engine, after, lambda: engine.update_weights_in_flight(weights.items(), recompute)
+    ) as landed:
         # No stop tokens: every row runs all 40 steps, so the refit finds all of them running.
         out = engine.generate(ids, SAMPLING, seed=2, stop_token_ids=())
-    finally:
-        thread.join(timeout=60)
-        engine.in_flight.at_step_boundary = boundary  # type: ignore[method-assign]
     return out, landed
 
 

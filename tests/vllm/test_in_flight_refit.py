@@ -7,7 +7,6 @@ they are not. The next generation sees no prefix cached by the old weights."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
+from tests.in_flight_gate import refit_at_step
 from tests.vllm.harness import (
     VLLM_CFG,
     encode,
@@ -34,22 +34,15 @@ ATOL = 2e-4
 def _refit_mid_generation(
     engine: VllmEngine, prompts: list[list[int]], new_weights: dict, recompute: bool
 ) -> tuple[dict, list[bool]]:
-    """Generate on this thread; from a second thread, once REFIT_AFTER_STEPS decode steps
-    have run, refit in flight. Returns the output and what the refit call returned."""
-    landed: list[bool] = []
-
-    def refit() -> None:
-        deadline = time.monotonic() + 120
-        while engine.in_flight.steps < REFIT_AFTER_STEPS and time.monotonic() < deadline:
-            time.sleep(0.001)
-        landed.append(engine.update_weights_in_flight(new_weights.items(), recompute))
-
-    refitter = threading.Thread(target=refit)
-    refitter.start()
-    try:
+    """Generate on this thread; from a second thread, at the REFIT_AFTER_STEPS-th decode step
+    boundary, refit in flight. Returns the output and what the refit call returned."""
+    with refit_at_step(
+        engine,
+        REFIT_AFTER_STEPS,
+        lambda: engine.update_weights_in_flight(new_weights.items(), recompute),
+        timeout_s=300,
+    ) as landed:
         out = engine.generate(prompts, SAMPLING, seed=5)
-    finally:
-        refitter.join(timeout=300)
     return out, landed
 
 
