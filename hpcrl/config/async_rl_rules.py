@@ -8,9 +8,17 @@ from __future__ import annotations
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
 
+# What each refused sampler does that hpcrl's loop cannot (NeMo RL's staleness_sampler.py).
+# hpcrl's generation takes and returns whole batches of num_prompts_per_step prompts in data
+# order and step s trains on exactly batch s: there are no finished groups to pick among.
 _OTHER_SAMPLERS = {
-    "windowed": "trains on any finished group within the staleness window, freshest or "
-    "first-finished first, and drops groups that aged out",
+    "windowed": "dispatches prompt groups one by one without waiting for the trainer (bounded "
+    "only by async_rl.max_buffered_rollouts and max_inflight_prompts), each stamped with the "
+    "weight version it started on; a step at trainer version v takes, as they finish, any "
+    "finished groups started on versions v-{window}..v, earliest dispatched first, passing "
+    "over unfinished ones (sample_freshest_first: least stale first), so which prompts a step "
+    "trains on depends on which generations finished first; finished groups older than the window are evicted "
+    "untrained and unfinished ones aborted",
     "weight_fifo": "drains finished groups oldest weight version first, whichever prompts "
     "they hold",
     "ready_first": "trains on whichever groups finish first, across weight versions",
@@ -28,9 +36,11 @@ def rule_async_rl_sampler(recipe: Recipe) -> list[Problem]:
         Problem(
             path="async_rl.sampler.name",
             value=sampler.name,
-            message=f"NeMo RL's {sampler.name} sampler ({_OTHER_SAMPLERS[sampler.name]}) is "
-            "not supported yet: hpcrl trains each step on one whole batch of prompts, in data "
-            "order, as the in_order sampler does",
+            message=f"NeMo RL's {sampler.name} sampler "
+            f"({_OTHER_SAMPLERS[sampler.name].format(window=window)}) is not supported yet: "
+            "hpcrl generates whole batches of grpo.num_prompts_per_step prompts in data order "
+            "and trains each step on exactly one of them, every prompt once, none dropped (the "
+            "in_order sampler); it has no per-group rollouts to select among",
             fix=f"set async_rl.sampler.name=in_order and "
             f"async_rl.sampler.max_lookahead_versions={window} (the same bound on how old a "
             "rollout's weights may be; what grpo.async_grpo.max_trajectory_age_steps does)",
@@ -68,10 +78,15 @@ def rule_async_rl_streaming(recipe: Recipe) -> list[Problem]:
             "more prompt groups than it has (NeMo RL refuses it too)"
         )
     else:
+        # NeMo RL's chunks each get log-probs and advantages of whole groups and one
+        # optimizer step at the end is scaled by the whole step's token count: with the
+        # per-group grpo estimator the update is the whole batch's; what it changes is when
+        # training starts and, under windowed, which finished groups the later chunks take.
         message = (
-            f"streaming training (starting a step on {given} of its {wanted} prompt groups "
-            "and accumulating the rest as they finish) is not supported yet: hpcrl trains a "
-            "step on its whole batch at once"
+            f"streaming training (starting a step once {given} of its {wanted} prompt groups "
+            "have finished, training each chunk of finished groups as it comes and taking one "
+            "optimizer step when all have been trained) is not supported yet: hpcrl waits for "
+            "the step's whole batch, then trains on it"
         )
     return [
         Problem(

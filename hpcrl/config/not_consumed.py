@@ -69,7 +69,7 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
     "async_rl.min_groups_for_streaming_train": NotConsumed(
         "off_only",
         "streaming a step's prompt groups into training as they finish is not supported yet: "
-        "hpcrl trains a step on its whole batch",
+        "hpcrl waits for the step's whole batch, then trains on it",
         off="${grpo.num_prompts_per_step}",
         rule="hpcrl.config.async_rl_rules:rule_async_rl_streaming",
     ),

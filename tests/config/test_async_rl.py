@@ -72,16 +72,23 @@ def test_the_other_samplers_and_streaming_are_refused_by_key():
     errors = errors_of(SC_STREAMING, [])
     assert sorted(errors) == ["async_rl.min_groups_for_streaming_train", "async_rl.sampler.name"]
     assert errors["async_rl.sampler.name"] == (
-        "error: async_rl.sampler.name = 'windowed': NeMo RL's windowed sampler (trains on any "
-        "finished group within the staleness window, freshest or first-finished first, and "
-        "drops groups that aged out) is not supported yet: hpcrl trains each step on one whole "
-        "batch of prompts, in data order, as the in_order sampler does\n"
+        "error: async_rl.sampler.name = 'windowed': NeMo RL's windowed sampler (dispatches "
+        "prompt groups one by one without waiting for the trainer (bounded only by "
+        "async_rl.max_buffered_rollouts and max_inflight_prompts), each stamped with the weight "
+        "version it started on; a step at trainer version v takes, as they finish, any finished "
+        "groups started on versions v-1..v, earliest dispatched first, passing over unfinished "
+        "ones (sample_freshest_first: least stale first), so which prompts a step trains on "
+        "depends on which generations finished first; finished groups older than the window are "
+        "evicted untrained and unfinished ones aborted) is not supported yet: hpcrl generates "
+        "whole batches of grpo.num_prompts_per_step prompts in data order and trains each step "
+        "on exactly one of them, every prompt once, none dropped (the in_order sampler); it has "
+        "no per-group rollouts to select among\n"
         "  fix: set async_rl.sampler.name=in_order and async_rl.sampler.max_lookahead_versions=1 "
         "(the same bound on how old a rollout's weights may be; what "
         "grpo.async_grpo.max_trajectory_age_steps does)"
     )
     assert (
-        "streaming training (starting a step on 16 of its 64 prompt groups"
+        "streaming training (starting a step once 16 of its 64 prompt groups have finished"
         in errors["async_rl.min_groups_for_streaming_train"]
     )
 
