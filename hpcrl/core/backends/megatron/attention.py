@@ -81,21 +81,27 @@ class SdpaCoreAttention(DotProductAttention):
         seq_q, batch = query.size(0), query.size(1)
         # [s, b, heads, hn] -> [b, heads, s, hn]: strided views, last dim contiguous (SDPA ok).
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        context = self._sdpa(q, k, v, attn_mask, is_causal)
+        # [b, np, sq, hn] -> [sq, b, np·hn]
+        return context.permute(2, 0, 1, 3).reshape(seq_q, batch, self.hidden_size_per_partition)
+
+    def _sdpa(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        is_causal: bool,
+    ) -> torch.Tensor:
+        """SDPA over [b, heads, s, hn] views with this module's dropout, its RNG and scale
+        (grouped-query attention when K/V have fewer heads)."""
         dropout_p = self.attention_dropout.p if self.training else 0.0
         kwargs = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
         with self._dropout_rng(dropout_p):
-            context = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=attn_mask,
-                dropout_p=dropout_p,
-                is_causal=is_causal,
-                scale=self._effective_scale(),
-                **kwargs,
-            )
-        # [b, np, sq, hn] -> [sq, b, np·hn]
-        return context.permute(2, 0, 1, 3).reshape(seq_q, batch, self.hidden_size_per_partition)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                scale=self._effective_scale(), **kwargs,
+            )  # fmt: skip
 
     def _packs_supported(self, attention_bias: torch.Tensor | None) -> bool:
         return (
@@ -122,13 +128,7 @@ class SdpaCoreAttention(DotProductAttention):
         same = segment[:, None] == segment[None, :]
         allowed = same & torch.ones_like(same).tril()
         q, k, v = (t.permute(1, 0, 2).unsqueeze(0) for t in (query, key, value))
-        dropout_p = self.attention_dropout.p if self.training else 0.0
-        kwargs = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
-        with self._dropout_rng(dropout_p):
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, dropout_p=dropout_p,
-                scale=self._effective_scale(), **kwargs,
-            )  # fmt: skip
+        context = self._sdpa(q, k, v, allowed, is_causal=False)
         # [1, np, t, hn] -> [t, np·hn]
         return context[0].permute(1, 0, 2).reshape(total, self.hidden_size_per_partition)
 
@@ -171,13 +171,7 @@ class SdpaCoreAttention(DotProductAttention):
         allowed = (q_seg[:, None] == k_seg[None, :]) & (k_pos[None, :] <= q_pos[:, None])
         seq_q, batch = query.size(0), query.size(1)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        dropout_p = self.attention_dropout.p if self.training else 0.0
-        kwargs = {"enable_gqa": True} if k.size(1) != q.size(1) else {}
-        with self._dropout_rng(dropout_p):
-            context = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=allowed, dropout_p=dropout_p,
-                scale=self._effective_scale(), **kwargs,
-            )  # fmt: skip
+        context = self._sdpa(q, k, v, allowed, is_causal=False)
         out = context.permute(2, 0, 1, 3).reshape(seq_q, batch, self.hidden_size_per_partition)
         return out[:, 0] if packed else out
 
