@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import torch
 
+from hpcrl.core.cp_gather import gather_summed
+
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
@@ -63,50 +65,13 @@ class ContextParallelInputs:
     key_valid: torch.Tensor | None
 
 
-class _GatherSequence(torch.autograd.Function):
-    """All-gather along ``dim``; backward sums every rank's gradient of the whole and hands
-    each rank its own piece (a reduce-scatter). Not ``torch.distributed.nn``'s all-gather:
-    on gloo its backward scatters from group ranks as if they were global ranks, which fails
-    in any group that does not start at global rank 0 (CP groups under FSDP × CP)."""
-
-    @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, group: ProcessGroup, dim: int) -> torch.Tensor:
-        import torch.distributed as dist
-
-        local = local.contiguous()
-        pieces = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(pieces, local, group=group)
-        ctx.group, ctx.dim, ctx.width = group, dim, local.shape[dim]
-        return torch.cat(pieces, dim=dim)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        import torch.distributed as dist
-
-        rank = dist.get_rank(ctx.group)
-        if dist.get_backend(ctx.group) == dist.Backend.NCCL:
-            chunks = [c.contiguous() for c in grad.split(ctx.width, dim=ctx.dim)]
-            out = torch.empty_like(chunks[rank])
-            dist.reduce_scatter(out, chunks, group=ctx.group)
-            return out, None, None
-        # gloo has no reduce-scatter: sum the whole, keep this rank's piece.
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, group=ctx.group)
-        return total.narrow(ctx.dim, rank * ctx.width, ctx.width).contiguous(), None, None
-
-
-def gather_sequence(local: torch.Tensor, group: ProcessGroup, dim: int) -> torch.Tensor:
-    """All CP ranks' pieces concatenated along ``dim`` in rank order (autograd-correct)."""
-    return _GatherSequence.apply(local, group, dim)
-
-
 def gather_keys_values(
     key: torch.Tensor, value: torch.Tensor, cp: ContextParallelInputs
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole sequence's K and V ([B, kv_heads, S, D], in CP rank order) and the global
     position of each gathered key."""
-    keys = gather_sequence(key, cp.group, dim=2)
-    values = gather_sequence(value, cp.group, dim=2)
+    keys = gather_summed(key, 2, cp.group)
+    values = gather_summed(value, 2, cp.group)
     return keys, values, cp.key_positions
 
 
@@ -220,7 +185,7 @@ def context_parallel_logprobs(
         targets=targets,
         context_parallel=inputs,
     )
-    gathered = gather_sequence(torch.stack([processed, unfiltered], dim=-1), group, dim=1)
+    gathered = gather_summed(torch.stack([processed, unfiltered], dim=-1), 1, group)
     in_order = to_sequence_order(gathered, keys)  # [B, S, 2]: entry p scores token p + 1
     first = torch.zeros(batch, 1, 2, dtype=in_order.dtype, device=device)
     both = torch.cat([first, in_order[:, :-1]], dim=1)

@@ -147,8 +147,8 @@ class SdpaCoreAttention(DotProductAttention):
             all_rank_positions,
             chunk_positions,
             cp_group_and_size,
-            gather_summed,
         )
+        from hpcrl.core.cp_gather import gather_summed
 
         self._refuse_under_cp(attention_mask, attention_bias)
         packed = packed_seq_params is not None

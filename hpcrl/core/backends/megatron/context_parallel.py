@@ -1,5 +1,5 @@
 """Context parallelism (CP) for the Megatron backend: which tokens each CP rank holds, and
-the two collectives that make its results whole again.
+how its results are put back in order (the all-gathers are ``hpcrl.core.cp_gather``).
 
 megatron-core's layout, which its RoPE slicing (``get_pos_emb_on_this_cp_rank``, and
 ``_get_thd_freqs_on_this_cp_rank`` per packed sequence) and Transformer Engine's CP attention
@@ -79,65 +79,6 @@ class CpShard:
             self.gathered_index.numel(), device=self.gathered_index.device
         )
         return gathered.index_select(-1, inverse.to(gathered.device))
-
-
-def _gather_along(tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-    import torch.distributed as dist
-
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, tensor.contiguous(), group=group)
-    return torch.cat(parts, dim=dim)
-
-
-def _own_slice(tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-    import torch.distributed as dist
-
-    size = tensor.size(dim) // dist.get_world_size(group)
-    return tensor.narrow(dim, dist.get_rank(group) * size, size)
-
-
-class _GatherSummed(torch.autograd.Function):
-    """All-gather whose backward sums every rank's gradient of the whole tensor and keeps
-    this rank's slice (a reduce-scatter): for inputs that every rank then uses differently
-    (K/V: each rank's queries attend to all of them)."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return _gather_along(tensor, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        import torch.distributed as dist
-
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return _own_slice(grad, ctx.dim, ctx.group).contiguous(), None, None
-
-
-class _GatherReplicated(torch.autograd.Function):
-    """All-gather whose backward keeps this rank's slice of the gradient unsummed: for
-    values every rank then feeds into the same computation (per-token log-probs into the
-    same loss), where each rank's gradient of the whole is already the full gradient."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return _gather_along(tensor, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _own_slice(grad, ctx.dim, ctx.group).contiguous(), None, None
-
-
-def gather_summed(tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-    result: torch.Tensor = _GatherSummed.apply(tensor, dim, group)
-    return result
-
-
-def gather_replicated(tensor: torch.Tensor, dim: int, group: Any) -> torch.Tensor:
-    result: torch.Tensor = _GatherReplicated.apply(tensor, dim, group)
-    return result
 
 
 def cp_group_and_size() -> tuple[Any, int, int]:

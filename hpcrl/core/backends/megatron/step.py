@@ -79,10 +79,8 @@ def cp_token_logprobs(
     """``token_logprobs`` of whole [b, W] rows (``W = shard.width``) from this CP rank's logits
     [b, W/CP, V/TP] of its chunks: each local token scores the token after it in the whole row,
     then the ranks' scores are all-gathered and put back in row order."""
-    from hpcrl.core.backends.megatron.context_parallel import (
-        cp_group_and_size,
-        gather_replicated,
-    )
+    from hpcrl.core.backends.megatron.context_parallel import cp_group_and_size
+    from hpcrl.core.cp_gather import gather_replicated
 
     group, _, _ = cp_group_and_size()
     index = shard.local_index.to(input_ids.device)
