@@ -65,7 +65,10 @@ def reference_training_with_norms(
     """Losses and gradient norms (before clipping) per step, and final weights."""
     from transformers import AutoModelForCausalLM
 
+    from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
+
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    unfuse_experts(model)  # the layout the backend trains (expert_layout.py)
     cfg = recipe.policy.optimizer
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
@@ -80,7 +83,10 @@ def reference_training_with_norms(
         optimizer.zero_grad()
         losses.append(float(loss.detach()))
         norms.append(float(norm))
-    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    from hpcrl.core.backends.automodel.expert_layout import checkpoint_named_tensors
+
+    state = [(k, v.detach().clone()) for k, v in model.state_dict().items()]
+    return losses, norms, dict(checkpoint_named_tensors(model, state))
 
 
 class DiagnosticWorker(TrainingWorker):

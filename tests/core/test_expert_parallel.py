@@ -77,7 +77,12 @@ def global_tokens(world: int, step_batches: list[list[torch.Tensor]], step: int)
 def reference(model_path: str, world: int) -> tuple[list[float], list[float], dict]:
     from transformers import AutoModelForCausalLM
 
+    from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
+
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    # One process of the model the backend trains: per-expert modules under transformers 5
+    # too, where an expert no token reaches gets no gradient (expert_layout.py).
+    unfuse_experts(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     per_rank = [rank_batches(r, world) for r in range(world)]
     losses, norms = [], []
@@ -89,7 +94,15 @@ def reference(model_path: str, world: int) -> tuple[list[float], list[float], di
         optimizer.step()
         optimizer.zero_grad()
         losses.append(float(loss.detach()))
-    return losses, norms, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, norms, checkpoint_weights(model)
+
+
+def checkpoint_weights(model: Any) -> dict[str, torch.Tensor]:
+    """The model's weights under the checkpoint's names (transformers 5 fuses experts)."""
+    from hpcrl.core.backends.automodel.expert_layout import checkpoint_named_tensors
+
+    state = [(k, v.detach().clone()) for k, v in model.state_dict().items()]
+    return dict(checkpoint_named_tensors(model, state))
 
 
 def _run_rank(
@@ -98,6 +111,7 @@ def _run_rank(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM
 
+    from hpcrl.core.backends.automodel.expert_layout import checkpoint_named_tensors
     from hpcrl.core.backends.automodel.expert_parallel import (
         apply_expert_parallel,
         build_ep_mesh,
@@ -144,6 +158,7 @@ def _run_rank(
         named = [(k, v.detach().clone()) for k, v in state.items()]
         if layout is not None:
             named = gather_expert_tensors(named, layout, ep_mesh.get_group("ep"))
+        named = checkpoint_named_tensors(model, named)
         torch.save({"losses": losses, "norms": norms, "weights": dict(named)}, f"{out}.{rank}")
         dist.barrier()
     finally:
@@ -205,13 +220,14 @@ def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(
         # thread: 2.3e-5 on 1 of 256); a wrong expert or group moves elements by ~1e-2
         for name, tensor in want_weights.items():
             torch.testing.assert_close(result["weights"][name], tensor, atol=1e-4, rtol=1e-5)
-    # The steps moved every expert: the comparison is not one of untouched weights.
+    # The steps moved the experts: the comparison is not one of untouched weights (under
+    # the sparse routing an expert no token of the batch reaches keeps its weights).
     from transformers import AutoModelForCausalLM
 
-    initial = AutoModelForCausalLM.from_pretrained(model_path).state_dict()
-    for name in want_weights:
-        if ".experts." in name:
-            assert not torch.equal(initial[name], want_weights[name]), name
+    initial = checkpoint_weights(AutoModelForCausalLM.from_pretrained(model_path))
+    experts = [name for name in want_weights if ".experts." in name]
+    moved = [name for name in experts if not torch.equal(initial[name], want_weights[name])]
+    assert len(moved) >= 0.75 * len(experts), sorted(set(experts) - set(moved))
 
 
 def _worker_rank(rank: int, world: int, port: int, model_path: str, out: str) -> None:
@@ -277,7 +293,7 @@ def test_automodel_worker_at_ep2_trains_exports_and_checkpoints_as_one_process(t
     )
     from transformers import AutoModelForCausalLM
 
-    exported = AutoModelForCausalLM.from_pretrained(f"{out}.hf").state_dict()
+    exported = checkpoint_weights(AutoModelForCausalLM.from_pretrained(f"{out}.hf"))
     assert sorted(exported) == sorted(want)
     for name, tensor in want.items():
         torch.testing.assert_close(exported[name], tensor, atol=2e-5, rtol=1e-5)

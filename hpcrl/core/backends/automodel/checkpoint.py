@@ -142,6 +142,7 @@ def export_hf(
     gathers its experts itself), used instead of the model's state dict."""
     from transformers import AutoModelForCausalLM
 
+    from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
     from hpcrl.core.backends.automodel.lora import merge_adapters
     from hpcrl.core.models.tokenizer import load_tokenizer
 
@@ -161,6 +162,7 @@ def export_hf(
         config.use_cache = True  # training switched it off; whoever generates wants it
         with torch.device("meta"):
             hf_model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        unfuse_experts(hf_model)  # the per-expert names training keeps (expert_layout.py)
         hf_model.load_state_dict(weights, assign=True, strict=True)
         hf_model.tie_weights()
         hf_model.save_pretrained(out_dir)

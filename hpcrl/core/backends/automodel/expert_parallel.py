@@ -27,7 +27,9 @@ owned expert scales its weight gradients by 1/ep (not the gradient it passes bac
 tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
 
 Supported MoE blocks: the Hugging Face Qwen3-MoE and Mixtral blocks (``MOE_BLOCKS``): a
-``gate`` linear router, softmax → top-k (→ renormalised), an ``experts`` list.
+``gate`` router (transformers 4: a linear layer, softmax → top-k (→ renormalised) here;
+transformers 5: a module returning logits, top-k weights and indices) and a list of experts
+(transformers 5's fused experts are split into one by ``expert_layout.unfuse_experts``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from hpcrl.core.backends.automodel.expert_layout import PerExpertMLPs, unfuse_experts
 from hpcrl.core.backends.automodel.parallelize import decoder_layers
 
 if TYPE_CHECKING:
@@ -157,6 +160,7 @@ def apply_expert_parallel(
     group ``ep_mesh["ep"]``. Run before ``apply_fsdp`` (which then skips the experts)."""
     from torch.distributed.fsdp import fully_shard
 
+    unfuse_experts(hf_model)  # EP keeps whole experts: the per-expert layout (no-op if so)
     ep_group = ep_mesh.get_group("ep")
     ep = ep_mesh["ep"].size()
     holders = ep_mesh.get_group("ep_shard") if ep_mesh["ep_shard"].size() > 1 else None
@@ -208,38 +212,43 @@ class _GradScale(torch.autograd.Function):
 
 
 def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
-    def forward(block: nn.Module, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(block: nn.Module, hidden_states: torch.Tensor) -> Any:
         batch, length, hidden = hidden_states.shape
         local = hidden_states.reshape(-1, hidden)
         sizes = _group_token_counts(local.shape[0], groups.ep, local.device)
         gathered = _GatherTokens.apply(local, groups.ep, sizes)
-        router_logits = block.gate(gathered)
-        weights, selected = _route(block, router_logits, gathered.dtype)
+        router_logits, weights, selected = _route(block, gathered)
         selected = selected.masked_fill(~_real_rows(sizes, local.device)[:, None], -1)
         partial = torch.zeros_like(gathered)
         for index in _experts_to_run(layout, selected, groups.holders):
             rows, slot = torch.where(selected == index)
             expert_out = block.experts[index](gathered[rows]) * weights[rows, slot, None]
             partial = partial.index_add(0, rows, expert_out.to(gathered.dtype))
-        out = _SumToOwner.apply(partial, groups.ep, sizes)
+        out = _SumToOwner.apply(partial, groups.ep, sizes).reshape(batch, length, hidden)
+        if isinstance(block.experts, PerExpertMLPs):
+            return out  # transformers 5's block returns the hidden states alone
         rank = dist.get_rank(groups.ep)
         start = rank * max(sizes)
-        own_logits = router_logits[start : start + sizes[rank]]
-        return out.reshape(batch, length, hidden), own_logits
+        return out, router_logits[start : start + sizes[rank]]
 
     return forward
 
 
 def _route(
-    block: nn.Module, router_logits: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Hugging Face's routing: softmax → top-k (→ renormalised); (weights, expert indices)."""
-    weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+    block: nn.Module, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The block's own routing of ``tokens``: (router logits, top-k weights, expert indices).
+    transformers 5's routers return that triple; transformers 4's ``gate`` is the linear
+    projection, routed here as its block does: softmax → top-k (→ renormalised)."""
+    routed = block.gate(tokens)
+    if isinstance(routed, tuple):
+        return routed  # weights as the router gives them, as transformers' own loop uses them
+    weights = F.softmax(routed, dim=1, dtype=torch.float)
     weights, selected = torch.topk(weights, block.top_k, dim=-1)
     renormalise = MOE_BLOCKS[type(block).__name__]
     if renormalise if renormalise is not None else block.norm_topk_prob:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(dtype), selected
+    return routed, weights.to(tokens.dtype), selected
 
 
 def _real_rows(sizes: list[int], device: torch.device) -> torch.Tensor:

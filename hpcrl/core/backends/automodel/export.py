@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.core.backends.automodel.checkpoint import DCP_SUBDIR
+from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
 from hpcrl.core.backends.automodel.model import hf_named_tensors
 from hpcrl.run.export_progress import ExportProgress, gib
 
@@ -75,6 +76,7 @@ def export_dcp_to_hf(
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    unfuse_experts(model)  # the per-expert names training keeps (expert_layout.py)
     missing, unexpected = model.load_state_dict(weights, assign=True, strict=False)
     tied = _tied_names(model)
     missing = [name for name in missing if name not in tied]
@@ -114,6 +116,7 @@ def merged_onto_base(
     if say is not None:
         say(f"merging {len(found) // 2} LoRA adapters into the base weights of {model_path}")
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    unfuse_experts(base)
     named = list(base.state_dict().items()) + [(name, adapters[name]) for name in found]
     return dict(merge_adapters(named, lora_scale))
 

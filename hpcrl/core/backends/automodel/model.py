@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
 from hpcrl.core.backends.automodel.lora import LoraLinear
 from hpcrl.core.token_distribution import (
     LogitTransform,
@@ -175,6 +176,7 @@ def load_hf_model(
         attn_implementation="sdpa",
     )
     model.config.use_cache = False
+    unfuse_experts(model)
     if device == "cuda":
         model = model.to("cuda")
     return model

@@ -42,6 +42,7 @@ from hpcrl.core.backends.automodel.context_parallel import (
     check_context_parallel,
     context_parallel_logprobs,
 )
+from hpcrl.core.backends.automodel.expert_layout import checkpoint_named_tensors
 from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
     build_ep_mesh,
@@ -411,7 +412,9 @@ class AutomodelWorker:
             layout = self.model.hf.expert_layout
             named = gather_expert_tensors(named, layout, self.ep_mesh.get_group("ep"))
         scale = self._lora_scale
-        return named if scale is None else merge_adapters(named, scale)
+        if scale is not None:
+            named = merge_adapters(named, scale)
+        return checkpoint_named_tensors(self.model.hf, named)
 
     @property
     def _lora_scale(self) -> float | None:
