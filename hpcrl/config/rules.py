@@ -349,7 +349,9 @@ RESERVED_VLLM_KWARGS = {
 
 #: apply_chat_template arguments hpcrl sets itself (hpcrl.core.data.prompts.encode_prompt,
 #: hpcrl.core.data.named._render): policy.tokenizer.chat_template_kwargs may not give them.
-RESERVED_CHAT_TEMPLATE_KWARGS = ("conversation", "tokenize", "add_generation_prompt")
+RESERVED_CHAT_TEMPLATE_KWARGS = (
+    "conversation", "tokenize", "add_generation_prompt", "return_dict"
+)
 
 
 def rule_chat_template_kwargs(recipe: Recipe) -> list[Problem]:

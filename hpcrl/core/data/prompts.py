@@ -32,6 +32,8 @@ def encode_prompt(
                 [{"role": "user", "content": text}],
                 tokenize=True,
                 add_generation_prompt=True,
+                # transformers 5 returns a BatchEncoding by default, 4 a list of ids
+                return_dict=False,
                 **(template_kwargs or {}),
             )
         )
