@@ -10,7 +10,8 @@ same message.
   of ``MOE_EXPERT_COUNT_KEYS`` split over expert-parallel ranks. FSDP2 alone shards any
   decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
   transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
-  without expert parallelism: tests/core/test_fsdp_only_models.py builds each one.
+  without expert parallelism (deepseek_v3 also with it): tests/core/test_fsdp_only_models.py
+  builds each one.
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -31,12 +32,19 @@ LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
 #: MoE decoders of the same shape whose Hugging Face MoE blocks the Automodel backend can
 #: split over expert-parallel ranks (hpcrl.core.backends.automodel.expert_parallel), with
 #: the config key holding the expert count
-MOE_EXPERT_COUNT_KEYS = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}
+MOE_EXPERT_COUNT_KEYS = {
+    "qwen3_moe": "num_experts", "mixtral": "num_local_experts", "deepseek_v3": "n_routed_experts"
+}
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
-#: attention, MoE or extra-norm blocks are not Llama-shaped), no expert parallelism. gpt_oss
+#: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no
+#: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3). gpt_oss
 #: is not one: transformers gives it no SDPA attention, which the backend loads models with.
 FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text")
-AUTOMODEL_MODEL_TYPES = LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS) + FSDP_ONLY_MODEL_TYPES
+AUTOMODEL_MODEL_TYPES = tuple(
+    dict.fromkeys(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS) + FSDP_ONLY_MODEL_TYPES)
+)
+#: MoE decoders of Llama-shaped attention: the tensor-parallel plan's names fit them
+TP_MOE = ("qwen3_moe", "mixtral")
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
 CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
@@ -93,7 +101,7 @@ def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem 
     if model_type not in FSDP_ONLY_MODEL_TYPES:
         return None
     split = [(TENSOR_PARALLEL, cfg.tensor_parallel_size, "its tensor-parallel plan is made "
-              f"for {', '.join(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS))} decoders"),
+              f"for {', '.join(LLAMA_SHAPED + TP_MOE)} decoders"),
              (CONTEXT_PARALLEL, cfg.context_parallel_size, "context parallelism is not tested "
               "on these decoders")]  # fmt: skip
     for path, size, why in split:

@@ -42,6 +42,15 @@ def build_tiny_moe(path: Path, model_type: str = "qwen3_moe") -> str:
         config = Qwen3MoeConfig(
             num_experts=4, moe_intermediate_size=16, norm_topk_prob=True, **common
         )
+    elif model_type == "deepseek_v3":  # MLA, a dense first block, routed + shared experts
+        from transformers import DeepseekV3Config
+
+        config = DeepseekV3Config(
+            n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=16,
+            first_k_dense_replace=1, n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16,
+            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+            **{**common, "num_key_value_heads": 4},
+        )  # fmt: skip
     else:
         config = MixtralConfig(num_local_experts=4, **common)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -203,6 +212,7 @@ def run_ranks(
         # two EP groups: experts FSDP-sharded over their 2 holders, some routed no token in
         # one group and some in the other (their FSDP collectives must still pair up)
         ("qwen3_moe_sparse", 4, 2, False),
+        ("deepseek_v3", 2, 2, False),  # NeMo RL's Moonlight/DeepSeek-V3 EP recipes
     ],
 )
 def test_expert_parallel_matches_one_process_in_loss_norm_and_updated_weights(

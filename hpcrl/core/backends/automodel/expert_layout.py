@@ -11,8 +11,9 @@ per-expert layout under both:
   own names (``mlp.experts.<i>.gate_proj.weight``), so a checkpoint written under one
   transformers version resumes under the other and vLLM receives what it loads from disk.
 
-``unfuse_experts`` swaps each fused experts module for ``PerExpertMLPs``, which takes the
-same call and runs the same loop over the experts some token is routed to.
+``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3) swaps each fused experts module for
+``PerExpertMLPs``, which takes the same call and runs the same loop over the experts some
+token is routed to.
 
 ``checkpoint_named_tensors`` covers fused experts of the other MoE families (FSDP-only
 decoders): it maps state-dict names back to the checkpoint's with transformers' own reverse
@@ -31,6 +32,7 @@ from torch import nn
 FUSED_EXPERT_NAMES: dict[str, tuple[str, str, str]] = {
     "Qwen3MoeExperts": ("gate_proj", "up_proj", "down_proj"),
     "MixtralExperts": ("w1", "w3", "w2"),
+    "DeepseekV3Experts": ("gate_proj", "up_proj", "down_proj"),
 }
 
 

@@ -26,10 +26,12 @@ the dp/ep ranks that hold it: the expert's gradient comes out ep times too large
 owned expert scales its weight gradients by 1/ep (not the gradient it passes back to the
 tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
 
-Supported MoE blocks: the Hugging Face Qwen3-MoE and Mixtral blocks (``MOE_BLOCKS``): a
-``gate`` router (transformers 4: a linear layer, softmax → top-k (→ renormalised) here;
-transformers 5: a module returning logits, top-k weights and indices) and a list of experts
-(transformers 5's fused experts are split into one by ``expert_layout.unfuse_experts``).
+Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral and DeepSeek-V3 blocks
+(``MOE_BLOCKS``): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
+softmax → top-k (→ renormalised) here; otherwise a module that routes itself) and a list of
+experts (transformers 5's fused experts are split into one by
+``expert_layout.unfuse_experts``); DeepSeek-V3's shared experts run on each rank's own
+tokens, outside the exchange.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 MOE_BLOCKS: dict[str, bool | None] = {
     "Qwen3MoeSparseMoeBlock": None,
     "MixtralSparseMoeBlock": True,
+    "DeepseekV3MoE": None,  # its router module routes (sigmoid, grouped top-k, scaling)
 }
 EP_MESH_DIM_NAMES = ("ep_shard", "ep")
 #: set on every parameter of an owned expert (after FSDP): the EP group its norm sums over
@@ -225,8 +228,11 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
             expert_out = block.experts[index](gathered[rows]) * weights[rows, slot, None]
             partial = partial.index_add(0, rows, expert_out.to(gathered.dtype))
         out = _SumToOwner.apply(partial, groups.ep, sizes).reshape(batch, length, hidden)
-        if isinstance(block.experts, PerExpertMLPs):
-            return out  # transformers 5's block returns the hidden states alone
+        shared = getattr(block, "shared_experts", None)
+        if shared is not None:  # DeepSeek-V3: dense experts every token passes, on its rank
+            out = out + shared(hidden_states)
+        if router_logits is None:
+            return out  # the block returns its hidden states alone
         rank = dist.get_rank(groups.ep)
         start = rank * max(sizes)
         return out, router_logits[start : start + sizes[rank]]
@@ -236,13 +242,21 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
 
 def _route(
     block: nn.Module, tokens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The block's own routing of ``tokens``: (router logits, top-k weights, expert indices).
-    transformers 5's routers return that triple; transformers 4's ``gate`` is the linear
-    projection, routed here as its block does: softmax → top-k (→ renormalised)."""
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """The block's own routing of ``tokens``: (router logits for the block's output, or None
+    where the block returns its hidden states alone; top-k weights; expert indices).
+
+    transformers 5's routers return (logits, weights, indices) and their blocks hidden
+    states alone; transformers 4's DeepSeek-V3 router returns (indices, weights); its
+    Qwen3-MoE and Mixtral ``gate`` is the linear projection, routed here as those blocks do
+    (softmax → top-k (→ renormalised)), and those blocks return their router logits too."""
     routed = block.gate(tokens)
+    if isinstance(routed, tuple) and len(routed) == 3:
+        _, weights, selected = routed
+        return None, weights, selected  # weights as transformers' own loop uses them
     if isinstance(routed, tuple):
-        return routed  # weights as the router gives them, as transformers' own loop uses them
+        selected, weights = routed
+        return None, weights, selected
     weights = F.softmax(routed, dim=1, dtype=torch.float)
     weights, selected = torch.topk(weights, block.top_k, dim=-1)
     renormalise = MOE_BLOCKS[type(block).__name__]
