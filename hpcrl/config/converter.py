@@ -8,11 +8,10 @@ structuring error is collected and turned into a ``Problem`` with its full key p
 from __future__ import annotations
 
 import functools
-import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import cattrs
@@ -25,30 +24,11 @@ from cattrs.errors import (
 from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile, GpuCount
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.structure_hooks import BadValue, KeyNote, register_strict_hooks, type_name
 from hpcrl.config.suggestions import did_you_mean
 
 T = TypeVar("T")
 PathParts = tuple[str | int, ...]
-
-
-class BadValue(ValueError):
-    """A value of the wrong type or outside its choices; ``fix`` may use ``{path}``."""
-
-    def __init__(self, message: str, fix: str = ""):
-        super().__init__(message)
-        self.message = message
-        self.fix = fix
-
-
-class _KeyNote(str):
-    """Marks an error inside a dict field with the dict key (cattrs' notes hold list indexes)."""
-
-    key: str
-
-    def __new__(cls, key: str) -> _KeyNote:
-        note = super().__new__(cls, f"@ key {key!r}")
-        note.key = key
-        return note
 
 
 @attrs.frozen
@@ -73,17 +53,7 @@ def converter() -> cattrs.Converter:
 def build_converter() -> cattrs.Converter:
     """Build a fresh converter with hpcrl's strict hooks (use ``converter()`` instead)."""
     strict = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-    strict.register_structure_hook(bool, _structure_bool)
-    strict.register_structure_hook(int, _structure_int)
-    strict.register_structure_hook(float, _structure_float)
-    strict.register_structure_hook(str, _structure_str)
-    strict.register_structure_hook(typing.Any, _structure_any)
-    strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
-    strict.register_structure_hook_factory(_is_literal, _literal_hook)
-    strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
-    strict.register_structure_hook_factory(_is_one_or_many, lambda t: _one_or_many_hook(t, strict))
-    strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
-    strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
+    register_strict_hooks(strict, GpuCount)
     return strict
 
 
@@ -114,7 +84,7 @@ def try_structure(
         problem = Problem(
             path="<top>",
             value=data,
-            message=f"expected a mapping of keys to values, got {_type_name(data)}",
+            message=f"expected a mapping of keys to values, got {type_name(data)}",
             fix="the file must hold YAML keys at the top level (key: value)",
         )
         return None, [StructureIssue(parts=(), problem=problem)]
@@ -206,7 +176,7 @@ def _issues_from(
 
 def _child_location(exc: BaseException, parts: PathParts) -> tuple[PathParts, Any]:
     for note in getattr(exc, "__notes__", ()):
-        if isinstance(note, _KeyNote):
+        if isinstance(note, KeyNote):
             return parts + (note.key,), None
         if isinstance(note, IterableValidationNote):
             return parts + (note.index,), note.type
@@ -245,7 +215,7 @@ def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any
     elif isinstance(exc, BadValue):
         message, fix = exc.message, exc.fix.replace("{path}", path)
     elif _is_section(field_type) and not isinstance(value, Mapping):
-        message = f"expected a section of keys (key: value), got {_type_name(value)}"
+        message = f"expected a section of keys (key: value), got {type_name(value)}"
         fix = f"write {path}: followed by indented keys" + (
             ", or remove it" if value is None else ""
         )
@@ -255,222 +225,6 @@ def _leaf_issue(exc: BaseException, parts: PathParts, data: Any, field_type: Any
     return StructureIssue(parts=parts, problem=problem, field_type=field_type)
 
 
-# --------------------------------------------------------------------------- strict scalars
-def _structure_bool(value: Any, _: type) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise BadValue(
-        f"expected true or false, got {_type_name(value)}", "set {path}: true or {path}: false"
-    )
-
-
-def _structure_bool_or_str(value: Any, _: type) -> bool | str:
-    """A planned setting's value as the JobSpec records it (``MachineNeed.value``)."""
-    if isinstance(value, (bool, str)):
-        return value
-    raise BadValue(f"expected true, false or text, got {_type_name(value)}", "")
-
-
-def _structure_int(value: Any, _: type) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        # 2.0 or 1e20 is not silently an integer: YAML wrote a float, maybe by mistake.
-        whole = f"{int(value)}" if abs(value) < 1e15 else "a whole number"
-        raise BadValue(
-            f"expected an integer, got the number {value!r} (a float)",
-            f"write it without a decimal point or exponent, e.g. {{path}}: {whole}",
-        )
-    raise BadValue(
-        f"expected an integer, got {_type_name(value)}",
-        "set {path} to a whole number, e.g. {path}: 1",
-    )
-
-
-def _structure_gpu_count(value: Any, _: type) -> int | str:
-    if value == "auto":
-        return value
-    if isinstance(value, str):
-        raise BadValue(
-            f"expected a number of GPUs or auto, got the string {value!r}",
-            "set {path} to a whole number, or to auto (local profiles: count this machine's GPUs)",
-        )
-    return _structure_int(value, int)
-
-
-def _structure_float(value: Any, _: type) -> float:
-    number = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            pass
-    if number is not None and math.isfinite(number):
-        return number
-    if number is not None:
-        raise BadValue(
-            f"expected a finite number, got {value!r}",
-            "write a finite number, e.g. 0.5 or 1.0e-5 (null where the key allows it)",
-        )
-    raise BadValue(
-        f"expected a number, got {_type_name(value)}", "write a number, e.g. 0.5 or 1.0e-5"
-    )
-
-
-def _structure_str(value: Any, _: type) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return _number_as_text_error(value)
-    raise BadValue(f"expected a string, got {_type_name(value)}", 'quote the value: {path}: "..."')
-
-
-def _number_as_text_error(value: float) -> str:
-    if isinstance(value, int) and value >= 60:
-        raise BadValue(
-            f"expected a string, got the number {value} (YAML reads an unquoted H:MM:SS as a base-60 number)",
-            'quote the value, e.g. {path}: "04:00:00"',
-        )
-    raise BadValue(
-        f"expected a string, got the number {value}", f'quote the value: {{path}}: "{value}"'
-    )
-
-
-def _structure_any(value: Any, _: type) -> Any:
-    return value
-
-
-# --------------------------------------------------------------------------- Literal, tuple, dict
-def _is_literal(type_: Any) -> bool:
-    return typing.get_origin(type_) is Literal
-
-
-def _literal_hook(type_: Any):
-    choices = typing.get_args(type_)
-
-    def structure(value: Any, _: type) -> Any:
-        if value in choices and type(value) in {type(choice) for choice in choices}:
-            return value
-        listed = ", ".join(str(choice) for choice in choices)
-        guess = did_you_mean(str(value), [str(choice) for choice in choices])
-        fix = f"did you mean {guess}? " if guess else ""
-        raise BadValue(
-            f"{value!r} is not one of: {listed}", fix + "set {path} to one of: " + listed
-        )
-
-    return structure
-
-
-def _is_tuple(type_: Any) -> bool:
-    return typing.get_origin(type_) is tuple
-
-
-def _tuple_hook(type_: Any, converter: cattrs.Converter):
-    args = typing.get_args(type_)
-    variadic = len(args) == 2 and args[1] is Ellipsis
-
-    def structure(value: Any, _: type) -> tuple:
-        if value is None and variadic:
-            return ()  # NeMo RL writes null for "none" (stop_token_ids: null, ...)
-        if variadic and isinstance(value, Mapping) and _single_mapping_ok(args[0]):
-            value = [value]
-        if not isinstance(value, list | tuple):
-            raise BadValue(
-                f"expected a list, got {_type_name(value)}", "write a YAML list: {path}: [a, b]"
-            )
-        if not variadic and len(value) != len(args):
-            raise BadValue(f"expected a list of {len(args)} items, got {len(value)}", "")
-        item_types = [args[0]] * len(value) if variadic else list(args)
-        items, errors = [], []
-        for index, (item, item_type) in enumerate(zip(value, item_types, strict=True)):
-            try:
-                items.append(converter.structure(item, item_type))
-            except Exception as exc:  # collected and reported with their index
-                exc.add_note(IterableValidationNote(f"@ index {index}", index, item_type))
-                errors.append(exc)
-        if errors:
-            raise cattrs.IterableValidationError("While structuring a list", errors, type_)
-        return tuple(items)
-
-    return structure
-
-
-def _is_one_or_many(type_: Any) -> bool:
-    """``C | tuple[C, ...] | None`` for an attrs class C: one section or a list of them
-    (NeMo RL's ``data.train``: one data set, or several concatenated)."""
-    members = [arg for arg in typing.get_args(type_) if arg is not type(None)]
-    if len(members) != 2:
-        return False
-    single = next((m for m in members if isinstance(m, type) and attrs.has(m)), None)
-    return single is not None and tuple[single, ...] in members  # type: ignore[valid-type]
-
-
-def _one_or_many_hook(type_: Any, converter: cattrs.Converter):
-    single = next(m for m in typing.get_args(type_) if isinstance(m, type) and attrs.has(m))
-    many = _tuple_hook(tuple[single, ...], converter)  # type: ignore[valid-type]
-
-    def structure(value: Any, _: type) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, list | tuple):
-            return many(value, type_)
-        return converter.structure(value, single)
-
-    return structure
-
-
-def _single_mapping_ok(item_type: Any) -> bool:
-    """Lists whose items declare ``ACCEPTS_SINGLE_MAPPING`` (NeMo RL's ``policy.scheduler``)
-    also take one mapping for a list of one."""
-    return bool(getattr(item_type, "ACCEPTS_SINGLE_MAPPING", False))
-
-
-def _is_dict(type_: Any) -> bool:
-    return typing.get_origin(type_) is dict
-
-
-def _dict_hook(type_: Any, converter: cattrs.Converter):
-    _, value_type = typing.get_args(type_) or (str, Any)
-
-    def structure(value: Any, _: type) -> dict:
-        if value is None:
-            return {}  # NeMo RL writes null for "none" (env_vars: null, ...)
-        if not isinstance(value, Mapping):
-            raise BadValue(
-                f"expected a mapping (key: value), got {_type_name(value)}",
-                "write {path}: {KEY: VALUE}",
-            )
-        result, errors = {}, []
-        for key, item in value.items():
-            try:
-                result[str(key)] = _dict_item(item, value_type, converter)
-            except Exception as exc:
-                exc.add_note(_KeyNote(str(key)))
-                errors.append(exc)
-        if errors:
-            raise cattrs.IterableValidationError("While structuring a mapping", errors, type_)
-        return result
-
-    return structure
-
-
-def _dict_item(item: Any, value_type: Any, converter: cattrs.Converter) -> Any:
-    if (
-        value_type is str
-        and isinstance(item, float)
-        and (not math.isfinite(item) or "e" in repr(item))
-    ):
-        # .nan, .inf or 1e20 as text would not be what was typed ("nan", "1e+20")
-        raise BadValue(f"expected a string, got the number {item!r}", 'quote it: "..."')
-    if value_type is str and isinstance(item, int | float) and not isinstance(item, bool):
-        return str(item)  # environment variables: `NCCL_DEBUG_LEVEL: 1` means "1"
-    if value_type is str and isinstance(item, bool):
-        raise BadValue("expected a string, got a boolean", 'quote it: "1"/"0" or "true"/"false"')
-    return converter.structure(item, value_type)
-
-
 # --------------------------------------------------------------------------- helpers
 def _to_plain(value: Any) -> Any:
     if isinstance(value, Mapping):
@@ -478,23 +232,6 @@ def _to_plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_to_plain(item) for item in value]
     return value
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-    if type(value) in names:
-        return (
-            f"{names[type(value)]} ({value!r})"
-            if not isinstance(value, str)
-            else f"the string {value!r}"
-        )
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, list | tuple):
-        return "a list"
-    return type(value).__name__
 
 
 def _is_section(type_: Any) -> bool:
