@@ -10,8 +10,9 @@ same message.
   of ``MOE_EXPERT_COUNT_KEYS`` split over expert-parallel ranks. FSDP2 alone shards any
   decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
   transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
-  without expert parallelism (deepseek_v3 also with it): tests/core/test_fsdp_only_models.py
-  builds each one.
+  without expert parallelism (deepseek_v3, nemotron_h also with it):
+  tests/core/test_fsdp_only_models.py builds each one (nemotron_h, which transformers 5
+  brought: tests/transformers5/test_nemotron_h.py).
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -33,13 +34,18 @@ LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
 #: split over expert-parallel ranks (hpcrl.core.backends.automodel.expert_parallel), with
 #: the config key holding the expert count
 MOE_EXPERT_COUNT_KEYS = {
-    "qwen3_moe": "num_experts", "mixtral": "num_local_experts", "deepseek_v3": "n_routed_experts"
-}
+    "qwen3_moe": "num_experts", "mixtral": "num_local_experts",
+    "deepseek_v3": "n_routed_experts", "nemotron_h": "n_routed_experts",
+}  # fmt: skip
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
 #: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no
-#: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3). gpt_oss
+#: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, nemotron_h:
+#: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
 #: is not one: transformers gives it no SDPA attention, which the backend loads models with.
-FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text")
+FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h")
+#: model types whose transformers classes came with transformers 5 (NeMo RL's containers ship
+#: 5.x; the job refuses them at start under an older one: ``hpcrl.core.models.buildable``)
+TRANSFORMERS_5_MODEL_TYPES = ("nemotron_h",)
 AUTOMODEL_MODEL_TYPES = tuple(
     dict.fromkeys(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS) + FSDP_ONLY_MODEL_TYPES)
 )

@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpcrl.config.architectures import architecture_problem, builders, read_hf_config
+from hpcrl.config.architectures import (
+    TRANSFORMERS_5_MODEL_TYPES,
+    architecture_problem,
+    builders,
+    read_hf_config,
+)
 from hpcrl.config.errors import Problem
 from hpcrl.config.hf_model_table import known_hf_config
 from hpcrl.config.recipe import Recipe
@@ -73,9 +78,16 @@ def architecture_note(recipe: Recipe, spec: JobSpec, environ: Mapping[str, str])
         return None
     config, source = model_config_known(recipe, spec, environ)
     if config is not None:
-        return f"architecture: {config.get('model_type')!r} ({source}), built by " + ", ".join(
+        model_type = config.get("model_type")
+        note = f"architecture: {model_type!r} ({source}), built by " + ", ".join(
             builder for builder, _, _ in builders(recipe)
         )
+        if recipe.backend == "automodel" and model_type in TRANSFORMERS_5_MODEL_TYPES:
+            note += (
+                " with transformers 5's classes: the job's Python needs transformers >= 5 "
+                "(NeMo RL's containers have it; the job stops at start without it)"
+            )
+        return note
     return (
         f"architecture: the config.json of {recipe.policy.model_name} is not readable here "
         "(no local folder, not in the job's Hugging Face cache) and hpcrl's table of NeMo RL's "

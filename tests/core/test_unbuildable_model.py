@@ -8,30 +8,54 @@ import json
 
 import attrs
 
+from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.driver import PLAN_ERROR_EXIT_CODE, train_recipe
 from hpcrl.plan.planner import plan
 from tests.plan.planning_inputs import local_profile
 from tests.recipe_builder import automodel_recipe, with_policy
 
 
-def test_the_driver_refuses_a_nemotron_h_model_by_name(tmp_path, capsys):
-    folder = tmp_path / "nemotron"
+def refused(tmp_path, config: dict, capsys, generation: str = "torch") -> str:
+    """What the driver prints as it refuses a local model folder with this config.json."""
+    folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(
-        json.dumps({"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"]})
-    )
-    recipe = with_policy(automodel_recipe(), model_name=str(folder), train_global_batch_size=8)
+    (folder / "config.json").write_text(json.dumps(config))
+    recipe = with_policy(
+        automodel_recipe(), model_name=str(folder), train_global_batch_size=8,
+        generation=GenerationCfg(backend=generation),
+    )  # fmt: skip
     recipe = attrs.evolve(recipe, cluster=attrs.evolve(recipe.cluster, gpus_per_node=2))
     run_dir = tmp_path / "run"
     spec = plan(recipe, local_profile(), run_dir=str(run_dir), recipe_source="t")
     run_dir.mkdir()
     assert train_recipe(spec, run_dir) == PLAN_ERROR_EXIT_CODE
-    assert capsys.readouterr().err == (
-        f"hpcrl: policy.model_name = '{folder}': a NemotronHForCausalLM (model_type "
-        "'nemotron_h') model, which hpcrl's Automodel backend (policy.automodel_cfg) cannot "
-        "build: it builds llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, glm4_moe, "
-        "qwen2_moe, gemma3_text decoders; fix: train "
-        "it with the "
-        "Megatron backend (policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), "
-        "or pick a model of one of these types\n"
+    return capsys.readouterr().err.replace(str(folder), "MODEL")
+
+
+def test_the_driver_refuses_a_model_its_backend_cannot_build_by_name(tmp_path, capsys):
+    err = refused(
+        tmp_path, {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}, capsys
+    )
+    assert err == (
+        "hpcrl: policy.model_name = 'MODEL': a GptOssForCausalLM (model_type 'gpt_oss') model, "
+        "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
+        "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe, "
+        "qwen2_moe, gemma3_text decoders; fix: train it with the Megatron backend "
+        "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a "
+        "model of one of these types\n"
+    )
+
+
+def test_the_driver_refuses_nemotron_h_where_transformers_lacks_it(tmp_path, capsys):
+    """.venv keeps transformers 4 (megatron-bridge 0.3); Nemotron-H came with transformers 5,
+    which tests/transformers5 build it with."""
+    import transformers
+
+    assert int(transformers.__version__.split(".")[0]) < 5, "run this test in .venv"
+    config = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"]}
+    assert refused(tmp_path, config, capsys, generation="vllm") == (
+        "hpcrl: policy.model_name = 'MODEL': a 'nemotron_h' model, which transformers "
+        f"{transformers.__version__} in the job's Python cannot build (its classes came with "
+        "transformers 5); fix: give the profile a container image with transformers 5 or "
+        "newer (NeMo RL's containers ship transformers 5)\n"
     )

@@ -1,5 +1,5 @@
-"""A model whose architecture the recipe's backend cannot build (NeMo RL's NemotronH recipes:
-model_type nemotron_h) is refused by name: at plan time when its config.json is readable here
+"""A model whose architecture the recipe's backend cannot build (NeMo RL's gpt-oss recipes on
+the Automodel backend; its NemotronH recipes on hpcrl's in-process sampler) is refused by name: at plan time when its config.json is readable here
 (a local folder, or the job's Hugging Face cache) or hpcrl's table of NeMo RL's models lists
 it, else by the job as it starts, with the same message; ``validate`` says which happens."""
 
@@ -18,12 +18,13 @@ from tests.plan.planning_inputs import local_profile
 from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
 
 NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"]}
+GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 AUTOMODEL_REFUSAL = (
-    "policy.model_name = '{name}': a NemotronHForCausalLM (model_type 'nemotron_h') model, "
+    "policy.model_name = '{name}': a GptOssForCausalLM (model_type 'gpt_oss') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
-    "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, glm4_moe, qwen2_moe, gemma3_text "
-    "decoders; fix: "
+    "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe, qwen2_moe, "
+    "gemma3_text decoders; fix: "
     "train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
     "of one of these types"
@@ -42,8 +43,8 @@ def planned(recipe, tmp_path):
     return small, plan(small, local_profile(), run_dir=str(tmp_path / "run"), recipe_source="t")
 
 
-def test_a_local_nemotron_h_folder_is_refused_for_the_automodel_backend(tmp_path):
-    name = model_folder(tmp_path / "nemotron", NEMOTRON_H)
+def test_a_local_gpt_oss_folder_is_refused_for_the_automodel_backend(tmp_path):
+    name = model_folder(tmp_path / "gpt-oss", GPT_OSS)
     recipe, spec = planned(with_policy(automodel_recipe(), model_name=name), tmp_path)
     (problem,) = check_model_architecture(recipe, spec, {})
     assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=name)
@@ -52,12 +53,12 @@ def test_a_local_nemotron_h_folder_is_refused_for_the_automodel_backend(tmp_path
 
 
 def test_a_model_in_the_jobs_hub_cache_is_read(tmp_path):
-    snapshot = tmp_path / "hub" / "models--nvidia--Nano" / "snapshots" / "abc123"
-    model_folder(snapshot, NEMOTRON_H)
-    recipe, spec = planned(with_policy(automodel_recipe(), model_name="nvidia/Nano"), tmp_path)
+    snapshot = tmp_path / "hub" / "models--openai--oss" / "snapshots" / "abc123"
+    model_folder(snapshot, GPT_OSS)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name="openai/oss"), tmp_path)
     environ = {"HF_HUB_CACHE": str(tmp_path / "hub")}
     (problem,) = check_model_architecture(recipe, spec, environ)
-    assert problem.path == "policy.model_name" and "nemotron_h" in problem.message
+    assert problem.path == "policy.model_name" and "gpt_oss" in problem.message
     assert check_model_architecture(recipe, spec, {"HF_HUB_CACHE": str(tmp_path / "none")}) == []
 
 
@@ -94,18 +95,34 @@ def test_validate_says_where_the_architecture_is_checked(tmp_path):
 
 
 NANO_V3 = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
+GPT_OSS_20B = "openai/gpt-oss-20b"
 
 
 def test_a_hub_name_without_its_config_json_is_refused_from_the_table(tmp_path):
-    recipe, spec = planned(with_policy(automodel_recipe(), model_name=NANO_V3), tmp_path)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name=GPT_OSS_20B), tmp_path)
     no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
     (problem,) = check_model_architecture(recipe, spec, no_cache)
     # the words of the config.json-based refusal, word for word
-    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=NANO_V3)
+    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=GPT_OSS_20B)
     assert architecture_note(recipe, spec, no_cache) == (
-        "architecture: 'nemotron_h' (hpcrl's table of NeMo RL's models), built by hpcrl's "
+        "architecture: 'gpt_oss' (hpcrl's table of NeMo RL's models), built by hpcrl's "
         "Automodel backend (policy.automodel_cfg), hpcrl's in-process sampler "
         "(policy.generation.backend torch)"
+    )
+
+
+def test_validate_says_nemotron_h_needs_transformers_5_in_the_job(tmp_path):
+    vllm = with_policy(
+        automodel_recipe(), model_name=NANO_V3, generation=GenerationCfg(backend="vllm")
+    )
+    recipe, spec = planned(vllm, tmp_path)
+    no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
+    assert check_model_architecture(recipe, spec, no_cache) == []
+    assert architecture_note(recipe, spec, no_cache) == (
+        "architecture: 'nemotron_h' (hpcrl's table of NeMo RL's models), built by hpcrl's "
+        "Automodel backend (policy.automodel_cfg) with transformers 5's classes: the job's "
+        "Python needs transformers >= 5 (NeMo RL's containers have it; the job stops at start "
+        "without it)"
     )
 
 

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpcrl.config.architectures import architecture_problem, builders, read_hf_config
+from hpcrl.config.architectures import (
+    MODEL,
+    TRANSFORMERS_5_MODEL_TYPES,
+    architecture_problem,
+    builders,
+    read_hf_config,
+)
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
 
@@ -26,4 +32,26 @@ def unbuildable_model(recipe: Recipe, model_path: str) -> Problem | None:
         except Exception:  # noqa: BLE001 -- any hub failure: the model load names it
             return None
     config = read_hf_config(folder)
-    return None if config is None else architecture_problem(recipe, config)
+    if config is None:
+        return None
+    return architecture_problem(recipe, config) or transformers_lacks(recipe, config)
+
+
+def transformers_lacks(recipe: Recipe, hf_config: dict) -> Problem | None:
+    """The refusal of a model type this job's transformers does not know (the Automodel
+    backend builds it with transformers' own classes), None when it knows it."""
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    model_type = hf_config.get("model_type")
+    if recipe.backend != "automodel" or model_type in CONFIG_MAPPING_NAMES:
+        return None
+    needs = "5" if model_type in TRANSFORMERS_5_MODEL_TYPES else "a newer release"
+    return Problem(
+        path=MODEL,
+        value=recipe.policy.model_name,
+        message=f"a {model_type!r} model, which transformers {transformers.__version__} in "
+        f"the job's Python cannot build (its classes came with transformers {needs})",
+        fix=f"give the profile a container image with transformers {needs} or newer "
+        "(NeMo RL's containers ship transformers 5)",
+    )

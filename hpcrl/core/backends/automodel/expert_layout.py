@@ -11,7 +11,7 @@ per-expert layout under both:
   own names (``mlp.experts.<i>.gate_proj.weight``), so a checkpoint written under one
   transformers version resumes under the other and vLLM receives what it loads from disk.
 
-``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3) swaps each fused experts module for
+``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H) swaps each fused experts module for
 ``PerExpertMLPs``, which takes the same call and runs the same loop over the experts some
 token is routed to.
 
@@ -28,33 +28,53 @@ from typing import Any
 import torch
 from torch import nn
 
-#: transformers 5 fused experts class → the checkpoint's (gate, up, down) projection names
-FUSED_EXPERT_NAMES: dict[str, tuple[str, str, str]] = {
+#: transformers 5 fused experts class → the checkpoint's (gate, up, down) projection names;
+#: gate None: a plain MLP ``down(act(up(x)))`` whose ``up_proj`` is not fused with a gate
+FUSED_EXPERT_NAMES: dict[str, tuple[str | None, str, str]] = {
     "Qwen3MoeExperts": ("gate_proj", "up_proj", "down_proj"),
     "MixtralExperts": ("w1", "w3", "w2"),
     "DeepseekV3Experts": ("gate_proj", "up_proj", "down_proj"),
+    "NemotronHExperts": (None, "up_proj", "down_proj"),
 }
 
 
 class ExpertMLP(nn.Module):
-    """One expert: ``down(act(gate(x)) * up(x))`` with the checkpoint's projection names."""
+    """One expert with the checkpoint's projection names: ``down(act(gate(x)) * up(x))``, or
+    ``down(act(up(x)))`` for an expert without a gate (Nemotron-H)."""
 
     def __init__(
-        self, gate_up: torch.Tensor, down: torch.Tensor, act_fn: Any, names: Sequence[str]
+        self,
+        weights: Sequence[torch.Tensor],
+        act_fn: Any,
+        names: tuple[str | None, str, str],
     ) -> None:
         super().__init__()
-        self.projection_names = tuple(names)
-        intermediate = down.shape[1]
-        weights = (gate_up[:intermediate], gate_up[intermediate:], down)
+        self.projection_names = names
         for name, weight in zip(self.projection_names, weights, strict=True):
+            if name is None:
+                continue
             linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
             linear.weight = nn.Parameter(weight.detach().clone(), requires_grad=True)
             setattr(self, name, linear)
         self.act_fn = act_fn
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gate, up, down = (getattr(self, name) for name in self.projection_names)
-        return down(self.act_fn(gate(hidden)) * up(hidden))
+        gate_name, up_name, down_name = self.projection_names
+        up, down = getattr(self, up_name), getattr(self, down_name)
+        if gate_name is None:
+            return down(self.act_fn(up(hidden)))
+        return down(self.act_fn(getattr(self, gate_name)(hidden)) * up(hidden))
+
+
+def _expert_weights(experts: Any, index: int, gated: bool) -> tuple[Any, ...]:
+    """(gate, up, down) weights of expert ``index`` of a fused experts module (gate None
+    when the experts have none)."""
+    down = experts.down_proj[index]
+    if not gated:
+        return None, experts.up_proj[index], down
+    gate_up = experts.gate_up_proj[index]
+    intermediate = down.shape[1]
+    return gate_up[:intermediate], gate_up[intermediate:], down
 
 
 class PerExpertMLPs(nn.ModuleList):
@@ -87,9 +107,10 @@ def unfuse_experts(hf_model: Any) -> int:
         names = FUSED_EXPERT_NAMES.get(type(experts).__name__)
         if experts is None or names is None:
             continue
+        gated = names[0] is not None
         module.experts = PerExpertMLPs(
-            ExpertMLP(experts.gate_up_proj[e], experts.down_proj[e], experts.act_fn, names)
-            for e in range(experts.gate_up_proj.shape[0])
+            ExpertMLP(_expert_weights(experts, e, gated), experts.act_fn, names)
+            for e in range(experts.down_proj.shape[0])
         )
         replaced += 1
     return replaced

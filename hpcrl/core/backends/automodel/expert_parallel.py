@@ -45,7 +45,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from hpcrl.core.backends.automodel.expert_layout import PerExpertMLPs, unfuse_experts
+from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
 from hpcrl.core.backends.automodel.parallelize import decoder_layers
 
 if TYPE_CHECKING:
@@ -57,8 +57,12 @@ MOE_BLOCKS: dict[str, bool | None] = {
     "Qwen3MoeSparseMoeBlock": None,
     "MixtralSparseMoeBlock": True,
     "DeepseekV3MoE": None,  # its router module routes (sigmoid, grouped top-k, scaling)
+    "NemotronHMoE": None,  # the same router; plain (ungated) experts, optional latent space
 }
 EP_MESH_DIM_NAMES = ("ep_shard", "ep")
+#: a block's projections into and out of its experts' space (Nemotron-H's moe_latent_size;
+#: identities without it), applied around the exchange
+LATENT_PROJECTIONS = ("fc1_latent_proj", "fc2_latent_proj")
 #: set on every parameter of an owned expert (after FSDP): the EP group its norm sums over
 EXPERT_GROUP_ATTR = "hpcrl_expert_group"
 
@@ -100,10 +104,11 @@ def build_ep_mesh(device_type: str, world_size: int, ep: int) -> DeviceMesh:
 
 
 def moe_blocks(hf_model: Any) -> list[nn.Module]:
-    """The MoE blocks of a decoder (``layer.mlp``; Mixtral: ``layer.block_sparse_moe``)."""
+    """The MoE blocks of a decoder (``layer.mlp``; Mixtral: ``layer.block_sparse_moe``;
+    Nemotron-H: ``layer.mixer``)."""
     blocks = []
     for layer in decoder_layers(hf_model):
-        for attribute in ("mlp", "block_sparse_moe"):
+        for attribute in ("mlp", "block_sparse_moe", "mixer"):
             block = getattr(layer, attribute, None)
             if type(block).__name__ in MOE_BLOCKS:
                 blocks.append(block)
@@ -222,14 +227,20 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
         gathered = _GatherTokens.apply(local, groups.ep, sizes)
         router_logits, weights, selected = _route(block, gathered)
         selected = selected.masked_fill(~_real_rows(sizes, local.device)[:, None], -1)
-        partial = torch.zeros_like(gathered)
+        # Nemotron-H's experts may work in a latent space: in through fc1, out through fc2
+        into, out_of = (getattr(block, name, None) for name in LATENT_PROJECTIONS)
+        expert_in = gathered if into is None else into(gathered)
+        partial = torch.zeros_like(expert_in)
         for index in _experts_to_run(layout, selected, groups.holders):
             rows, slot = torch.where(selected == index)
-            expert_out = block.experts[index](gathered[rows]) * weights[rows, slot, None]
-            partial = partial.index_add(0, rows, expert_out.to(gathered.dtype))
-        out = _SumToOwner.apply(partial, groups.ep, sizes).reshape(batch, length, hidden)
+            expert_out = block.experts[index](expert_in[rows]) * weights[rows, slot, None]
+            partial = partial.index_add(0, rows, expert_out.to(expert_in.dtype))
+        out = _SumToOwner.apply(partial, groups.ep, sizes)
+        if out_of is not None:
+            out = out_of(out)
+        out = out.reshape(batch, length, hidden)
         shared = getattr(block, "shared_experts", None)
-        if shared is not None:  # DeepSeek-V3: dense experts every token passes, on its rank
+        if shared is not None:  # DeepSeek-V3, Nemotron-H: dense experts every token passes
             out = out + shared(hidden_states)
         if router_logits is None:
             return out  # the block returns its hidden states alone
