@@ -96,3 +96,17 @@ def test_metrics_and_refusals(reward_model_path: str, tmp_path: Path) -> None:
         RewardModelEnvironment(reward_model_path, precision="int8")
     with pytest.raises(ValueError, match="not a local folder"):
         RewardModelEnvironment(reward_model_path, tokenizer_path=str(tmp_path / "missing"))
+
+
+def test_ray_actor_scores_like_the_local_scorer(ray_cluster: None, reward_model_path: str) -> None:
+    """The scorer in its own Ray actor (a CPU worker slot here) returns the same rewards."""
+    from hpcrl.core.environments.reward_model_env import RewardModelEnvironment
+    from hpcrl.core.workers.reward_model_actor import RewardModelActor
+
+    kwargs = {"model_path": reward_model_path, "precision": "float32", "batch_size": 2}
+    local = RewardModelEnvironment(**kwargs).score_conversations(CONVERSATIONS)
+    actor = RewardModelActor(kwargs, device="cpu", cpus=1.0)
+    try:
+        assert actor.score_conversations(CONVERSATIONS) == pytest.approx(local, abs=1e-6)
+    finally:
+        actor.shutdown()
