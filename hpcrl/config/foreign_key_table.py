@@ -237,12 +237,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "when megatron-core's bf16 logits are cast to fp32: at once (hpcrl) or in NeMo RL's "
         "log-prob code, which casts them before the log-softmax; the same values, less memory",
     ),
-    off_only(
-        "policy.megatron_cfg.moe_enable_deepep",
-        f"DeepEP token dispatch is {NOT_YET}",
-        False,
-        None,
-    ),
     inert(
         "policy.sequence_packing.fuse_loss",
         "NeMo RL's Megatron worker computes the loss of a packed micro-batch in one pass "

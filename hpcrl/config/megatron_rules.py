@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.moe_dispatch import rule_flex_dispatcher
 from hpcrl.config.recipe import MegatronCfg, OffloadModule, Recipe
 from hpcrl.config.suggestions import did_you_mean
 
@@ -345,6 +346,7 @@ def rule_hf_config_overrides(recipe: Recipe) -> list[Problem]:
 
 
 MEGATRON_RULES = (
+    rule_flex_dispatcher,
     rule_hf_config_overrides,
     rule_clip_grad,
     rule_sequence_parallel,

@@ -191,6 +191,13 @@ class MegatronCfg:
     moe_per_layer_logging: bool = False
     moe_grouped_gemm: bool = False  # Transformer Engine only (switched off without it)
     moe_router_enable_expert_bias: bool = False
+    # The flex dispatcher's kernels (megatron-core; DeepEP/HybridEP, CUDA only): which backend,
+    # and HybridEP's SMs and NVLink-domain variables (hpcrl.config.moe_dispatch)
+    moe_enable_deepep: bool = False
+    moe_flex_dispatcher_backend: Literal["deepep", "hybridep"] | None = None
+    moe_hybridep_num_sms: int | None = None
+    hybridep_num_ranks_per_nvlink_domain: int | None = None
+    hybridep_use_mnnvl: bool | None = None
     apply_rope_fusion: bool = False
     bias_activation_fusion: bool = False
     env_vars: dict[str, str] = attrs.field(factory=dict)

@@ -1,7 +1,8 @@
 """What this machine must have for the planned job: CUDA for a GPU plan, and what the plan
 recorded the job's settings need (``JobSpec.machine_needs``, decided by
 ``hpcrl.plan.machine_needs``): Transformer Engine for the Megatron settings megatron-core
-implements only with it, a GPU plan for those it implements only on GPUs.
+implements only with it, DeepEP's kernels for its flex dispatcher, a GPU plan for those it
+implements only on GPUs.
 
 Checked once per node by the job's preflight (``hpcrl.job.preflight``) before Ray starts,
 from the typed ``JobSpec`` alone, and by ``python -m hpcrl.core.driver`` started by hand (no
@@ -27,13 +28,28 @@ def cuda_is_available() -> bool:
     return torch.cuda.is_available()
 
 
+def deep_ep_has(name: str) -> bool:
+    """Whether DeepEP's ``deep_ep`` package here provides ``name`` (``Buffer``, or
+    ``HybridEPBuffer`` in its hybrid-ep build), as megatron-core imports them."""
+    try:
+        import deep_ep
+    except ImportError:
+        return False
+    return hasattr(deep_ep, name)
+
+
+#: the machine need → what deep_ep must provide
+_DEEP_EP_NAMES = {"deep_ep": "Buffer", "hybrid_ep": "HybridEPBuffer"}
+
+
 def machine_problems(
     jobspec: JobSpec,
     cuda_available: Callable[[], bool] = cuda_is_available,
     transformer_engine: Callable[[], bool] = te_available,
+    deep_ep: Callable[[str], bool] = deep_ep_has,
 ) -> list[Problem]:
     """Every reason this node cannot run ``jobspec``, each naming the key, its value and
-    the fix; empty when it can. The two probes are injectable (tests)."""
+    the fix; empty when it can. The probes are injectable (tests)."""
     problems = []
     if jobspec.device == "gpu" and not cuda_available():
         problems.append(
@@ -53,6 +69,8 @@ def machine_problems(
         if need.needs == "transformer_engine":
             te_found = transformer_engine() if te_found is None else te_found
             met = te_found
+        elif need.needs in _DEEP_EP_NAMES:
+            met = deep_ep(_DEEP_EP_NAMES[need.needs])
         else:
             met = on_gpus
         if not met:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import attrs
 
+from hpcrl.config.moe_dispatch import flex_backend, flex_key
 from hpcrl.config.recipe import Recipe
 from hpcrl.run.jobspec import MachineNeed
 
@@ -30,7 +31,7 @@ _TE_FIX = "use a container with Transformer Engine or turn it off"
 @attrs.frozen
 class _Row:
     backend: Literal["megatron", "automodel"]
-    needs: Literal["transformer_engine", "cuda"]
+    needs: Literal["transformer_engine", "cuda", "deep_ep", "hybrid_ep"]
     path: str
     when: Callable[[Any], bool]  # the values that need it
     message: str
@@ -85,4 +86,30 @@ def machine_needs(recipe: Recipe) -> tuple[MachineNeed, ...]:
                     needs=row.needs, path=row.path, value=value, message=row.message, fix=row.fix
                 )  # fmt: skip
             )
-    return tuple(needs)
+    return tuple(needs) + _flex_dispatch_needs(recipe)
+
+
+def _flex_dispatch_needs(recipe: Recipe) -> tuple[MachineNeed, ...]:
+    """megatron-core's flex dispatcher runs DeepEP's kernels: CUDA and the ``deep_ep`` package
+    (its HybridEP buffer for hybridep; ``hpcrl.config.moe_dispatch``)."""
+    cfg = recipe.policy.megatron_cfg
+    backend = flex_backend(cfg)
+    if recipe.backend != "megatron" or backend is None:
+        return ()
+    path, value = flex_key(cfg)
+    kernel = "HybridEP" if backend == "hybridep" else "DeepEP"
+    return (
+        MachineNeed(
+            needs="hybrid_ep" if backend == "hybridep" else "deep_ep", path=path, value=value,
+            message=f"requires DeepEP's {kernel} kernels (deep_ep."
+            f"{'HybridEPBuffer' if backend == 'hybridep' else 'Buffer'} is not importable in "
+            "this environment; NeMo RL's containers ship deep_ep)",
+            fix="use a container with DeepEP (deep_ep, its hybrid-ep build for hybridep), or "
+            f"set {MEGATRON}.moe_token_dispatcher_type=alltoall (the same tokens and results)",
+        ),
+        MachineNeed(
+            needs="cuda", path=path, value=value,
+            message=f"requires CUDA (DeepEP's {kernel} kernels run on GPUs)",
+            fix=f"set {MEGATRON}.moe_token_dispatcher_type=alltoall on CPU profiles",
+        ),
+    )  # fmt: skip

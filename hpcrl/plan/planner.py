@@ -15,6 +15,7 @@ from typing import Any
 
 from hpcrl.config.datasets import resolve_data_sections
 from hpcrl.config.env_rules import VLLM_ENV_VARS, training_env_vars
+from hpcrl.config.moe_dispatch import hybridep_env
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan import generation as generation_checks
@@ -281,7 +282,7 @@ def _job_env(
     findings: Findings,
 ) -> tuple[tuple[str, str], ...]:
     """hpcrl's defaults < the profile's env < the training backend's env_vars (Megatron's or
-    Automodel's); sorted by name. vLLM's env_vars are checked here but set by each engine
+    Automodel's) < HybridEP's keys (``hpcrl.config.moe_dispatch``); sorted by name. vLLM's env_vars are checked here but set by each engine
     (``hpcrl.core.generation.vllm_engine.engine_env``), in its processes only. The compile
     caches' variables are hpcrl's alone (``compile_cache_dir`` sets them)."""
     env = dict(DEFAULT_ENV)
@@ -292,6 +293,8 @@ def _job_env(
                 env[name] = str(value)
     for name in recipe.policy.generation.vllm_cfg.env_vars:
         _check_env_name(f"{VLLM_ENV_VARS}.{name}", name, findings)
+    if recipe.backend == "megatron":
+        env.update(hybridep_env(recipe.policy.megatron_cfg, env))
     env.update(compile_env)
     env["HPCRL_RUN_DIR"] = run_dir
     return tuple(sorted(env.items()))

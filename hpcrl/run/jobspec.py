@@ -226,11 +226,12 @@ class Check:
 @attrs.frozen(kw_only=True)
 class MachineNeed:
     """A planned setting that runs only on a machine that has ``needs``: Transformer Engine
-    importable, or CUDA (a GPU plan). Decided once by the planner (``hpcrl.plan.machine_needs``)
+    importable, CUDA (a GPU plan), or DeepEP's kernels (``deep_ep``'s ``Buffer``, or its
+    ``HybridEPBuffer``: megatron-core's flex dispatcher). Decided once by the planner (``hpcrl.plan.machine_needs``)
     from the recipe; the job's preflight (``hpcrl.core.machine_checks``) holds the machine to
     it and, where it falls short, reports ``path = value: message; fix: fix``."""
 
-    needs: Literal["transformer_engine", "cuda"]
+    needs: Literal["transformer_engine", "cuda", "deep_ep", "hybrid_ep"]
     path: str  # the recipe key, e.g. policy.megatron_cfg.sequence_parallel
     value: bool | str  # as planned
     message: str

@@ -164,6 +164,8 @@ MG_OFFLOAD = {
     "policy.megatron_cfg.optimizer.optimizer_offload_fraction": 0.5,
 }
 RECOMPUTE = {"policy.megatron_cfg.activation_checkpointing": True}
+FLEX = {"policy.megatron_cfg.moe_token_dispatcher_type": "flex"}
+HYBRIDEP = {**FLEX, "policy.megatron_cfg.moe_flex_dispatcher_backend": "hybridep"}
 LORA = "policy.automodel_cfg.lora_cfg"
 LORA_ON = {f"{LORA}.enabled": True}
 LORA_PICKED = {**LORA_ON, f"{LORA}.match_all_linear": False}
@@ -300,6 +302,11 @@ CHANGES: dict[str, Change] = {
     "policy.megatron_cfg.moe_router_load_balancing_type": Change("aux_loss"),
     "policy.megatron_cfg.moe_router_bias_update_rate": Change(0.001),
     "policy.megatron_cfg.moe_token_dispatcher_type": Change("alltoall"),
+    "policy.megatron_cfg.moe_enable_deepep": Change(True, FLEX),
+    "policy.megatron_cfg.moe_flex_dispatcher_backend": Change("hybridep", FLEX),
+    "policy.megatron_cfg.moe_hybridep_num_sms": Change(32, HYBRIDEP),
+    "policy.megatron_cfg.hybridep_num_ranks_per_nvlink_domain": Change(4, HYBRIDEP),
+    "policy.megatron_cfg.hybridep_use_mnnvl": Change(True, HYBRIDEP),
     "policy.megatron_cfg.env_vars": Change({"PROBE_VAR": "1"}),
     "policy.megatron_cfg.env_vars.PYTORCH_CUDA_ALLOC_CONF": Change("expandable_segments:True"),
     "policy.megatron_cfg.optimizer.min_lr": Change(1e-6),

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
+from hpcrl.config.moe_dispatch import pack_multiple
+
 if TYPE_CHECKING:
     import torch
 
@@ -85,7 +87,11 @@ class BatchingSettings:
                 return cls(
                     mode=mode,
                     tokens_per_micro_batch=int(budget or policy.max_total_sequence_length),
-                    round_to=math.lcm(cfg.sequence_length_round, cp_multiple),
+                    round_to=math.lcm(
+                        cfg.sequence_length_round,
+                        cp_multiple,
+                        pack_multiple(recipe) if mode == "packed" else 1,
+                    ),
                     algorithm=algorithm,
                     seed=_seed_of(recipe),
                     **common,

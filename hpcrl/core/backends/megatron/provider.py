@@ -47,6 +47,8 @@ MOE_PROVIDER_FIELDS = (
     "moe_per_layer_logging",
     "moe_grouped_gemm",
     "moe_router_enable_expert_bias",
+    "moe_enable_deepep",
+    "moe_flex_dispatcher_backend",
 )
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -127,6 +129,14 @@ def apply_megatron_cfg(provider: Any, cfg: MegatronCfg, precision: str, seq_leng
         if value is None or value is False or (name in TE_ONLY_PROVIDER_FLAGS and not has_te):
             continue
         setattr(provider, name, value)
+    if cfg.moe_hybridep_num_sms is not None:
+        # megatron-core's newer name for it where it has one, as NeMo RL sets it
+        field = (
+            "moe_flex_dispatcher_num_sms"
+            if hasattr(provider, "moe_flex_dispatcher_num_sms")
+            else "moe_hybridep_num_sms"
+        )
+        setattr(provider, field, cfg.moe_hybridep_num_sms)
     params_dtype = getattr(torch, _DTYPES[precision])
     provider.params_dtype = params_dtype
     provider.bf16 = precision == "bfloat16"
