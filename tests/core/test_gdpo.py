@@ -154,3 +154,34 @@ def test_gdpo_refusals_name_path_value_reason_and_fix(dotted, path, value) -> No
     (problem,) = caught.value.problems
     assert (problem.path, problem.value) == (path, value)
     assert problem.message and problem.fix
+
+
+def test_nemo_rl_gdpo_config_loads_unmodified_with_its_estimator_and_environment() -> None:
+    """gdpo_math_1B.yaml (main 7ea279a, v0.7.0) as written: gdpo without leave-one-out over
+    math_multi_reward, named by data.default.env_name (the bar renders it on eos)."""
+    from hpcrl.config import load_recipe
+    from hpcrl.config.datasets import data_env_name
+    from tests.nemo_rl_snapshots import release_root
+
+    for release in ("main-7ea279a", "v0.7.0"):
+        recipe = load_recipe(release_root(release) / "examples/configs/gdpo_math_1B.yaml").recipe
+        assert recipe.grpo is not None
+        assert recipe.grpo.adv_estimator.name == "gdpo"
+        assert adv.estimator_flags(recipe.grpo) == (True, False)
+        assert data_env_name(recipe) == "math_multi_reward"
+        assert recipe.env.math_multi_reward is not None
+        assert recipe.env.math_multi_reward.num_workers == 8
+
+
+def test_data_sets_naming_two_environments_are_refused() -> None:
+    data = base_dict("automodel")
+    local = {"dataset_name": "ResponseDataset", "data_path": __file__}
+    data["data"] = {
+        "train": {**local, "env_name": "math_multi_reward"},
+        "validation": {**local, "env_name": "math"},
+    }
+    with pytest.raises(ConfigError) as caught:
+        validate_recipe_dict(data)
+    (problem,) = caught.value.problems
+    assert (problem.path, problem.value) == ("data.validation.env_name", "math")
+    assert "one environment" in problem.message and problem.fix
