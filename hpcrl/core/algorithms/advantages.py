@@ -164,7 +164,9 @@ def gdpo_advantages(
         )
     combined = sum(
         weight
-        * group_advantages(components[name], groups, normalize=normalize, leave_one_out=leave_one_out)
+        * group_advantages(
+            components[name], groups, normalize=normalize, leave_one_out=leave_one_out
+        )
         for weight, name in zip(weights, names, strict=True)
     )
     assert not isinstance(combined, int)
