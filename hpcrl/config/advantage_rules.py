@@ -9,11 +9,12 @@ from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
 
 ESTIMATOR = "grpo.adv_estimator"
-IMPLEMENTED_ESTIMATORS = ("grpo", "reinforce_plus_plus")
+IMPLEMENTED_ESTIMATORS = ("grpo", "gdpo", "reinforce_plus_plus")
+#: The reward components of NeMo RL's multi-reward environment, sorted as GDPO weighs them
+#: (hpcrl.core.environments.math_multi_reward_env.REWARD_NAMES; text here: no job imports).
+MULTI_REWARD_NAMES = ("reward/correctness", "reward/format", "reward/integer")
 #: NeMo RL's other estimators and why hpcrl cannot run them.
 REFUSED_ESTIMATORS = {
-    "gdpo": "GDPO combines per-component advantages of several named rewards "
-    "(reward/<name>); hpcrl's environments return one reward per response",
     "opd": "on-policy distillation takes its advantages from a teacher model's log-probs; "
     "hpcrl has no teacher models (distillation is not supported yet)",
 }
@@ -30,7 +31,58 @@ def rule_adv_estimator(recipe: Recipe) -> list[Problem]:
             path=f"{ESTIMATOR}.name",
             value=name,
             message=REFUSED_ESTIMATORS.get(name, unknown),
-            fix=f"set {ESTIMATOR}.name to grpo or reinforce_plus_plus",
+            fix=f"set {ESTIMATOR}.name to grpo, gdpo or reinforce_plus_plus",
+        )
+    ]
+
+
+def rule_gdpo_rewards(recipe: Recipe) -> list[Problem]:
+    """GDPO needs several named rewards per response: NeMo RL stops at its first step when
+    the environment returns one; here it is refused at load time. ``reward_weights`` takes
+    one weight per component."""
+    from hpcrl.config.datasets import data_env_name
+
+    grpo = recipe.grpo
+    if grpo is None:
+        return []
+    weights = grpo.adv_estimator.reward_weights
+    if grpo.adv_estimator.name != "gdpo":
+        if weights is None:
+            return []
+        return [
+            Problem(
+                path=f"{ESTIMATOR}.reward_weights",
+                value=list(weights),
+                message=f"weighs gdpo's reward components; the {grpo.adv_estimator.name} "
+                "estimator never reads it, so it would be ignored",
+                fix=f"remove {ESTIMATOR}.reward_weights, or set {ESTIMATOR}.name: gdpo",
+            )
+        ]
+    env_name = data_env_name(recipe)
+    if env_name != "math_multi_reward":
+        return [
+            Problem(
+                path=f"{ESTIMATOR}.name",
+                value="gdpo",
+                message="GDPO combines per-component advantages of several named rewards "
+                f"(reward/<name>), and this recipe's environment ({env_name}) returns one "
+                "reward per response",
+                fix="score with NeMo RL's multi-reward math environment "
+                "(data.default.env_name: math_multi_reward, or env.name: math_multi_reward "
+                f"with data.train_path), or set {ESTIMATOR}.name: grpo",
+            )
+        ]
+    if weights is None or len(weights) == len(MULTI_REWARD_NAMES):
+        return []
+    return [
+        Problem(
+            path=f"{ESTIMATOR}.reward_weights",
+            value=list(weights),
+            message=f"has {len(weights)} weights, but math_multi_reward returns "
+            f"{len(MULTI_REWARD_NAMES)} reward components ({', '.join(MULTI_REWARD_NAMES)}, "
+            "the order the weights apply in)",
+            fix=f"give {len(MULTI_REWARD_NAMES)} weights in that order, or remove "
+            f"{ESTIMATOR}.reward_weights (1.0 each)",
         )
     ]
 
@@ -53,4 +105,4 @@ def rule_advantage_clip(recipe: Recipe) -> list[Problem]:
     ]
 
 
-ADVANTAGE_RULES = (rule_adv_estimator, rule_advantage_clip)
+ADVANTAGE_RULES = (rule_adv_estimator, rule_gdpo_rewards, rule_advantage_clip)

@@ -71,6 +71,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "grpo.adv_estimator.normalize_rewards": (ESTIMATOR_FLAGS,),
     "grpo.adv_estimator.use_leave_one_out_baseline": (ESTIMATOR_FLAGS,),
     "grpo.adv_estimator.minus_baseline": (ADVANTAGES,),
+    "grpo.adv_estimator.reward_weights": (ADVANTAGES,),
     "grpo.advantage_clip_low": (ADVANTAGES,),
     "grpo.advantage_clip_high": (ADVANTAGES,),
     "grpo.seq_logprob_error_threshold": (FINISH_BATCH,),

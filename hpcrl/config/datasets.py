@@ -285,16 +285,55 @@ def _processor_problems(
                 f"{', '.join(names_for(recipe.algorithm))} (docs/algorithms.md, data sets)",
             )
         )
-    if section.env_name not in (None, "math"):
+    if section.env_name not in (None, *ENV_NAMES):
         problems.append(
             Problem(
                 path=f"{path}.env_name",
                 value=section.env_name,
-                message="hpcrl has the math environment only",
-                fix=f"set {path}.env_name: math",
+                message=f"hpcrl has NeMo RL's {' and '.join(ENV_NAMES)} environments only",
+                fix=f"set {path}.env_name: math (or math_multi_reward for GDPO's rewards)",
             )
         )
     return problems
 
 
-DATA_RULES = (rule_data_source, rule_named_sets)
+#: NeMo RL's environments hpcrl runs (hpcrl.core.environments.build).
+ENV_NAMES = ("math", "math_multi_reward")
+
+
+def _env_names(recipe: Recipe) -> dict[str, str]:
+    """The environment each data section names (unset: math), by key path."""
+    return {
+        path: section.env_name or "math"
+        for which in ("train", "validation")
+        for path, section in effective_all(recipe, which)
+    }
+
+
+def data_env_name(recipe: Recipe) -> str:
+    """The run's environment: math_multi_reward when ``env.name`` or the data sets name it
+    (``rule_one_env_name`` refuses a mix), else ``env.name``."""
+    names = set(_env_names(recipe).values())
+    return "math_multi_reward" if "math_multi_reward" in names else recipe.env.name
+
+
+def rule_one_env_name(recipe: Recipe) -> list[Problem]:
+    """One environment scores every rollout: NeMo RL routes each data set to its own, hpcrl
+    builds one per run, so the data sets must agree (``math_multi_reward`` with ``math`` is
+    a mix)."""
+    names = _env_names(recipe)
+    if len(set(names.values()) & set(ENV_NAMES)) < 2:
+        return []
+    path, name = next((p, n) for p, n in names.items() if n == "math")
+    return [
+        Problem(
+            path=f"{path}.env_name",
+            value=name,
+            message="other data sets of this recipe name math_multi_reward; hpcrl scores all "
+            "of a run's rollouts with one environment",
+            fix=f"set {path}.env_name: math_multi_reward, or every env_name to math",
+        )
+    ]
+
+
+DATA_RULES = (rule_data_source, rule_named_sets, rule_one_env_name)

@@ -355,12 +355,6 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         0.0,
         0,
     ),
-    off_only(
-        "grpo.adv_estimator.reward_weights",
-        "per-reward weights of the gdpo estimator, which is not supported (hpcrl's "
-        "environments return one reward)",
-        None,
-    ),
     # ---------------------------------------------------------------- environments, data
     off_only(
         "env.sliding_puzzle_game",

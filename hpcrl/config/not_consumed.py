@@ -98,6 +98,16 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "processes NeMo RL scores responses with; hpcrl scores them in one process: the same "
         "rewards",
     ),
+    "env.math_multi_reward.math_verify_impl": NotConsumed(
+        "inert",
+        "hf_math_verify is the only value NeMo RL's multi-reward worker takes (the schema "
+        "refuses any other), and its three rewards are plain string checks",
+    ),
+    "env.math_multi_reward.num_workers": NotConsumed(
+        "inert",
+        "processes NeMo RL scores responses with; hpcrl scores them in one process: the same "
+        "rewards",
+    ),
     "policy.megatron_cfg.checkpoint.async_save": NotConsumed(
         "inert",
         "NeMo RL writes Megatron checkpoints from a background worker when set; hpcrl writes "
@@ -139,19 +149,22 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
     ),
     "data.train.env_name": NotConsumed(
         "off_only",
-        "hpcrl has NeMo RL's math environment only",
+        "hpcrl has NeMo RL's math environment and, for GDPO, its math_multi_reward one "
+        "(hpcrl.core.environments.build); any other name is refused",
         off="math",
         rule="hpcrl.config.datasets:rule_named_sets",
     ),
     "data.validation.env_name": NotConsumed(
         "off_only",
-        "hpcrl has NeMo RL's math environment only",
+        "hpcrl has NeMo RL's math environment and, for GDPO, its math_multi_reward one "
+        "(hpcrl.core.environments.build); any other name is refused",
         off="math",
         rule="hpcrl.config.datasets:rule_named_sets",
     ),
     "data.default.env_name": NotConsumed(
         "off_only",
-        "hpcrl has NeMo RL's math environment only",
+        "hpcrl has NeMo RL's math environment and, for GDPO, its math_multi_reward one "
+        "(hpcrl.core.environments.build); any other name is refused",
         off="math",
         rule="hpcrl.config.datasets:rule_named_sets",
     ),

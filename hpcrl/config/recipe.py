@@ -126,12 +126,24 @@ class MathEnvCfg:
 
 
 @attrs.frozen(kw_only=True)
+class MathMultiRewardEnvCfg:
+    """NeMo RL's ``env.math_multi_reward``: the environment of data sets whose env_name is
+    math_multi_reward (hpcrl.core.environments.math_multi_reward_env; GDPO's rewards)."""
+
+    num_workers: int = 1  # accepted: scoring runs in one process (same rewards)
+    math_verify_impl: Literal["hf_math_verify"] = "hf_math_verify"  # NeMo RL's only choice
+
+
+@attrs.frozen(kw_only=True)
 class EnvCfg:
     """Reward environment (``env``)."""
 
-    name: Literal["math", "toy_count"] = "math"
+    # math_multi_reward: NeMo RL's three-reward math environment (for gdpo), which its
+    # configs pick by data.*.env_name
+    name: Literal["math", "toy_count", "math_multi_reward"] = "math"
     kwargs: dict[str, Any] = attrs.field(factory=dict)
     math: MathEnvCfg | None = None  # NeMo RL's form; None: hpcrl's numeric check
+    math_multi_reward: MathMultiRewardEnvCfg | None = None  # for data.*.env_name of that name
 
 
 @attrs.frozen(kw_only=True)

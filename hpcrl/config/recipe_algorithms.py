@@ -65,12 +65,15 @@ class RewardScalingCfg:
 @attrs.frozen(kw_only=True)
 class AdvEstimatorCfg:
     """``grpo.adv_estimator`` (NeMo RL v0.7.0+): which advantage estimator, and its options
-    (hpcrl.core.algorithms.advantages). gdpo and opd are refused by the rules."""
+    (hpcrl.core.algorithms.advantages). opd is refused by the rules."""
 
-    name: str = "grpo"  # grpo or reinforce_plus_plus
+    name: str = "grpo"  # grpo, gdpo or reinforce_plus_plus
     normalize_rewards: bool | None = None  # grpo; None: grpo.normalize_rewards
     use_leave_one_out_baseline: bool | None = None  # grpo; None: grpo.use_leave_one_out_...
     minus_baseline: bool = True  # reinforce_plus_plus: subtract the prompt group's mean
+    # gdpo: weight of each reward component's advantage, in the components' sorted name
+    # order; None: 1.0 each
+    reward_weights: tuple[float, ...] | None = None
 
 
 @attrs.frozen(kw_only=True)

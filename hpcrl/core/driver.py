@@ -151,9 +151,10 @@ def planned_num_steps(recipe: Recipe, num_rows: int) -> int:
 def _environment(recipe: Recipe) -> Any:
     if recipe.algorithm != "grpo":
         return None
+    from hpcrl.config.datasets import data_env_name
     from hpcrl.core.environments.build import build_environment
 
-    return build_environment(recipe.env)
+    return build_environment(recipe.env, data_env_name(recipe))
 
 
 def _training_rows(recipe: Recipe, tokenizer: Any) -> list[dict]:

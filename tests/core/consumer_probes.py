@@ -161,6 +161,26 @@ class ScriptedEnv:
         ]
 
 
+class ScriptedMultiRewardEnv(ScriptedEnv):
+    """The three named components of NeMo RL's multi-reward environment (env.name:
+    math_multi_reward): ScriptedEnv's rewards, the same in reverse order within each group
+    of 4, and 1 minus them."""
+
+    def score_components(self, prompts, responses, answers) -> dict[str, list[float]]:
+        first = ScriptedEnv.score(self, prompts, responses, answers)
+        second = [first[i - 2 * (i % 4) + 3] for i in range(len(first))]
+        third = [1.0 - value for value in first]
+        return {"reward/correctness": first, "reward/format": second, "reward/integer": third}
+
+    def score(self, prompts, responses, answers) -> list[float]:
+        parts = self.score_components(prompts, responses, answers).values()
+        return [sum(values) for values in zip(*parts, strict=True)]
+
+
+def environment_for(recipe: Recipe) -> Any:
+    return ScriptedMultiRewardEnv() if recipe.env.name == "math_multi_reward" else ScriptedEnv()
+
+
 def tokenizer(recipe: Recipe | None = None) -> Any:
     """The tiny model's tokenizer, with the recipe's chat template (as the driver loads it)."""
     template = recipe.policy.tokenizer.chat_template if recipe is not None else None
@@ -247,7 +267,7 @@ def grpo_step_probe(recipe: Recipe, tmp: Path) -> Any:
     policy = RecordingPolicy(tok.eos_token_id, tok.convert_tokens_to_ids("a"))
     sampler = EpochSampler(rows(), seed=0, shuffle=False)
     try:
-        record = grpo_step(policy, recipe, tok, ScriptedEnv(), sampler, step=1)
+        record = grpo_step(policy, recipe, tok, environment_for(recipe), sampler, step=1)
     except (RuntimeError, ValueError) as error:  # e.g. dynamic sampling running out of batches
         return {"calls": policy.calls, "raised": str(error)}
     volatile = ("time", "per_s", "tokens_per_s")

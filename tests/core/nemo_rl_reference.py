@@ -69,6 +69,22 @@ def grpo_advantages(prompts, rewards, normalize: bool, leave_one_out: bool):
     return out
 
 
+def gdpo_advantages(prompts, components, weights, normalize: bool, leave_one_out: bool):
+    """GDPOAdvantageEstimator.compute_advantage (one value per sample): ``components`` maps
+    reward/<name> to its rewards, taken in sorted name order; per component the grpo
+    advantage, then Σ w·A, then (A − mean) / std over the batch (torch.std: k − 1), or
+    A − mean where that std is 0."""
+    names = sorted(components)
+    weights = [1.0] * len(names) if weights is None else weights
+    combined = [0.0] * len(prompts)
+    for weight, name in zip(weights, names, strict=True):
+        part = grpo_advantages(prompts, components[name], normalize, leave_one_out)
+        combined = [c + weight * a for c, a in zip(combined, part, strict=True)]
+    mean = sum(combined) / len(combined)
+    std = math.sqrt(sum((c - mean) ** 2 for c in combined) / (len(combined) - 1))
+    return [(c - mean) / std if std > 0 else c - mean for c in combined]
+
+
 def reinforce_plus_plus_advantages(prompts, rewards, token_counts, minus_baseline: bool):
     """ReinforcePlusPlusAdvantageEstimator.compute_advantage without KL in the reward: the
     per-sample value broadcast to its tokens, normalised over all masked tokens."""

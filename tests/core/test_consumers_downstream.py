@@ -385,6 +385,9 @@ CHANGES: dict[str, Change] = {
     "grpo.adv_estimator.minus_baseline": Change(
         False, {"grpo.adv_estimator.name": "reinforce_plus_plus"}
     ),
+    "grpo.adv_estimator.reward_weights": Change(
+        [2.0, 0.5, 1.0], {"grpo.adv_estimator.name": "gdpo", "env.name": "math_multi_reward"}
+    ),
     "grpo.advantage_clip_low": Change(-0.1),
     "grpo.advantage_clip_high": Change(0.1),
     "grpo.seq_logprob_error_threshold": Change(1.0001),

@@ -18,12 +18,18 @@ Estimators (``grpo.adv_estimator.name``; formulas from NeMo RL's ``advantage_est
 over the batch's loss tokens: with n_i the tokens of rollout i that count in the loss,
 μ = Σ n_i a_i / Σ n_i, σ² = Σ n_i (a_i − μ)² / Σ n_i, A_i = (a_i − μ) / √max(σ², 1e-8).
 
+``gdpo`` (``normalize_rewards``, ``use_leave_one_out_baseline``, ``reward_weights``), over
+the environment's named reward components (``reward/<name>``, taken in sorted name order):
+each component c gets the ``grpo`` advantage A_c above, computed on its own rewards; then
+A = Σ_c w_c A_c (w: ``reward_weights``, 1.0 each when unset), and A is normalised over the
+whole batch: (A − mean) / std (sample std), or A − mean where std = 0.
+
 Then ``grpo.advantage_clip_low`` / ``advantage_clip_high`` clamp A (``clip_advantages``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -134,6 +140,41 @@ def reinforce_plus_plus_advantages(
     return ((values - mean) * variance.clamp(min=RPP_VARIANCE_FLOOR).rsqrt()).to(torch.float32)
 
 
+def gdpo_advantages(
+    components: Mapping[str, torch.Tensor],
+    groups: torch.Tensor | int,
+    *,
+    weights: Sequence[float] | None = None,
+    normalize: bool = True,
+    leave_one_out: bool = False,
+) -> torch.Tensor:
+    """The ``gdpo`` estimator (see the module docstring); ``components``: [N] rewards by
+    component name."""
+    names = sorted(components)
+    if len(names) < 2:
+        raise ValueError(
+            f"gdpo needs several reward components, the environment returned {names}; "
+            "set grpo.adv_estimator.name=grpo"
+        )
+    weights = [1.0] * len(names) if weights is None else list(weights)
+    if len(weights) != len(names):
+        raise ValueError(
+            f"grpo.adv_estimator.reward_weights has {len(weights)} weights for the "
+            f"{len(names)} components {names} (in that order)"
+        )
+    combined = sum(
+        weight
+        * group_advantages(
+            components[name], groups, normalize=normalize, leave_one_out=leave_one_out
+        )
+        for weight, name in zip(weights, names, strict=True)
+    )
+    assert not isinstance(combined, int)
+    mean = combined.mean()
+    std = combined.std() if combined.numel() > 1 else combined.new_zeros(())
+    return (combined - mean) / std if std > 0 else combined - mean
+
+
 def clip_advantages(advantages: torch.Tensor, low: float | None, high: float | None):
     """``grpo.advantage_clip_low`` / ``advantage_clip_high`` (None: that side unclipped)."""
     if low is not None:
@@ -144,11 +185,25 @@ def clip_advantages(advantages: torch.Tensor, low: float | None, high: float | N
 
 
 def estimate_advantages(
-    grpo: GrpoCfg, rewards: torch.Tensor, groups: torch.Tensor, loss_mask: torch.Tensor
+    grpo: GrpoCfg,
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    loss_mask: torch.Tensor,
+    components: Mapping[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """[N] advantages of one step's rollouts under ``grpo.adv_estimator``, clipped."""
+    """[N] advantages of one step's rollouts under ``grpo.adv_estimator``, clipped;
+    ``components``: the named rewards gdpo reads (scaled, as ``rewards``)."""
     estimator = grpo.adv_estimator
-    if estimator.name == "reinforce_plus_plus":
+    if estimator.name == "gdpo":
+        normalize, leave_one_out = estimator_flags(grpo)
+        advantages = gdpo_advantages(
+            components or {},
+            groups,
+            weights=estimator.reward_weights,
+            normalize=normalize,
+            leave_one_out=leave_one_out,
+        )
+    elif estimator.name == "reinforce_plus_plus":
         advantages = reinforce_plus_plus_advantages(
             rewards, groups, loss_mask, minus_baseline=estimator.minus_baseline
         )

@@ -101,8 +101,9 @@ def concat_rollouts(parts: Sequence[Any]) -> Any:
         values = [getattr(p, field.name) for p in parts]
         if isinstance(values[0], torch.Tensor):
             changes[field.name] = torch.cat(values)
-        else:
+        elif isinstance(values[0], list):
             changes[field.name] = [x for value in values for x in value]
+        # else: the same for every batch (the reward components' names)
     return attrs.evolve(parts[0], generation=generation_type(**joined), **changes)
 
 

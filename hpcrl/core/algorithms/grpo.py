@@ -54,6 +54,15 @@ class Rollouts:
     loss_multiplier: Any  # torch.Tensor [N] float: 0 = generated and scored, never trained on
     # Each row's prompt token ids without trailing pad tokens: equal keys, one advantage group.
     prompt_keys: list[tuple[int, ...]]
+    # A multi-reward environment's named rewards (scaled, not shaped), for gdpo: [N, K]
+    # columns in the order of the names; K = 0 for a one-reward environment.
+    reward_components: Any = None
+    reward_component_names: tuple[str, ...] = ()
+
+    def components(self) -> dict[str, Any]:
+        """The named reward components, [N] each ({} for a one-reward environment)."""
+        names = self.reward_component_names
+        return {name: self.reward_components[:, k] for k, name in enumerate(names)}
 
 
 def context_length(recipe: Recipe) -> int:
@@ -121,12 +130,12 @@ def score_rollouts(
         responses,
         context_length(recipe),
     )
-    scores = env.score(prompts.prompts, responses, prompts.answers)
-    shaped = shape_rewards(
-        recipe, torch.tensor(scores, dtype=torch.float32), generation.response_lengths, truncated
-    )
+    scores, names, components = score_responses(recipe, env, prompts, responses)
+    shaped = shape_rewards(recipe, scores, generation.response_lengths, truncated)
     pad = getattr(tokenizer, "pad_token_id", None)
     return Rollouts(
+        reward_components=components,
+        reward_component_names=names,
         prompts=prompts.prompts,
         answers=prompts.answers,
         responses=responses,
@@ -137,6 +146,27 @@ def score_rollouts(
         loss_multiplier=torch.tensor(prompts.loss_multiplier, dtype=torch.float32),
         prompt_keys=[prompt_key(ids, pad) for ids in prompts.prompt_ids],
     )
+
+
+def score_responses(
+    recipe: Recipe, env: Any, prompts: PromptBatch, responses: Sequence[str]
+) -> tuple[Any, tuple[str, ...], Any]:
+    """(rewards [N], component names, components [N, K]) from the environment. A
+    multi-reward environment (``score_components``) gives each response the sum of its
+    components, as NeMo RL's rollout does; the components are scaled as the reward is
+    (``grpo.reward_scaling``, NeMo RL's ``scale_rewards``), never shaped."""
+    import torch
+
+    from hpcrl.core.algorithms.reward_terms import scale_rewards
+
+    if not hasattr(env, "score_components"):
+        scores = env.score(prompts.prompts, responses, prompts.answers)
+        return torch.tensor(scores, dtype=torch.float32), (), torch.zeros(len(scores), 0)
+    named = env.score_components(prompts.prompts, responses, prompts.answers)
+    names = tuple(sorted(named))
+    raw = torch.tensor([named[name] for name in names], dtype=torch.float32).T
+    assert recipe.grpo is not None
+    return raw.sum(dim=1), names, scale_rewards(raw, recipe.grpo.reward_scaling)
 
 
 def truncated_responses(
@@ -217,7 +247,9 @@ def finish_train_batch(
         batch, rollouts.rewards, grpo.seq_logprob_error_threshold
     )
     groups = prompt_groups(rollouts.prompt_keys)
-    batch["advantages"] = estimate_advantages(grpo, rollouts.rewards, groups, batch["token_mask"])
+    batch["advantages"] = estimate_advantages(
+        grpo, rollouts.rewards, groups, batch["token_mask"], rollouts.components()
+    )
     return metrics
 
 
@@ -321,6 +353,8 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
         "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(generate_s, 1e-9),
         "time_step_s": step_s,
     }
+    for name, values in rollouts.components().items():  # reward/format -> reward_format_mean
+        metrics[f"{name.replace('/', '_')}_mean"] = float(values.mean())
     if generation.engine_generated_tokens is not None:  # an engine (vLLM) sampled them
         metrics["engine_generated_tokens"] = int(generation.engine_generated_tokens.sum())
     return metrics

@@ -15,21 +15,30 @@ class Environment(Protocol):
         """One reward per response (same order)."""
 
 
-def build_environment(cfg: EnvCfg) -> Environment:
-    """The environment for ``env.name`` with ``env.kwargs`` as constructor arguments."""
+def build_environment(cfg: EnvCfg, name: str | None = None) -> Environment:
+    """The environment ``name`` (default ``env.name``; the driver passes
+    hpcrl.config.datasets.data_env_name, which also reads NeMo RL's data.*.env_name) with
+    ``env.kwargs`` as constructor arguments. NeMo RL's ``math_multi_reward`` also has
+    ``score_components`` (its named rewards, for gdpo)."""
     from hpcrl.core.environments.math_env import MathEnvironment
+    from hpcrl.core.environments.math_multi_reward_env import MathMultiRewardEnvironment
     from hpcrl.core.environments.toy_count import ToyCountEnvironment
 
-    if cfg.math is not None and cfg.name == "math":
+    name = cfg.name if name is None else name
+    if cfg.math is not None and name == "math":
         return _nemo_rl_math(cfg)
-    classes: dict[str, Any] = {"math": MathEnvironment, "toy_count": ToyCountEnvironment}
-    if cfg.name not in classes:
-        raise ValueError(f"env.name: {cfg.name!r} is not one of {', '.join(sorted(classes))}")
+    classes: dict[str, Any] = {
+        "math": MathEnvironment,
+        "toy_count": ToyCountEnvironment,
+        "math_multi_reward": MathMultiRewardEnvironment,
+    }
+    if name not in classes:
+        raise ValueError(f"env.name: {name!r} is not one of {', '.join(sorted(classes))}")
     try:
-        return classes[cfg.name](**cfg.kwargs)
+        return classes[name](**cfg.kwargs)
     except TypeError as error:
         raise ValueError(
-            f"env.kwargs: {dict(cfg.kwargs)!r} do not fit env {cfg.name!r}: {error}"
+            f"env.kwargs: {dict(cfg.kwargs)!r} do not fit env {name!r}: {error}"
         ) from None
 
 
