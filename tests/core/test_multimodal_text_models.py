@@ -197,3 +197,25 @@ def test_fsdp_over_two_workers_trains_gemma3_as_one_process(ray_cluster, tmp_pat
     checkpoint = saved_tensors(path)
     vision = "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"
     torch.testing.assert_close(weights["model." + vision], checkpoint[vision], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("model_type", MULTIMODAL_TEXT_MODEL_TYPES)
+def test_refit_names_follow_the_layout_the_checkpoint_is_in(tmp_path, model_type):
+    """A legacy-layout checkpoint (what transformers 4 writes) gets its own names back; one
+    already in the model's layout keeps the model's names."""
+    from transformers import AutoModelForImageTextToText
+
+    from hpcrl.core.backends.automodel.multimodal import checkpoint_key_names, saved_key_names
+
+    path = build_tiny(tmp_path / model_type, model_type)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    legacy = saved_key_names(path)
+    rename = checkpoint_key_names(model, legacy)
+    assert {rename(name) for name in model.state_dict()} - legacy <= {
+        "language_model.lm_head.weight"
+    }
+    assert rename("model.vision_tower.x") == "vision_tower.x"
+    own_layout = set(model.state_dict())
+    keep = checkpoint_key_names(model, own_layout)
+    assert all(keep(name) == name for name in own_layout)
+    assert saved_key_names(str(tmp_path / "nowhere")) == set()

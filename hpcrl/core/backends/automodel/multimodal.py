@@ -12,8 +12,8 @@ holds no state for them.
 
 transformers renames these checkpoints' keys when it loads them (``language_model.model.*``
 becomes ``model.language_model.*``) and back when it saves; ``checkpoint_key_names`` applies
-the save-side renaming to the weights the backend hands to vLLM, so refit and saved folders
-both use the checkpoint's own layout.
+the save-side renaming to the weights the backend hands to vLLM when the checkpoint is in
+that layout, so refit and saved folders both use the checkpoint's own key names.
 """
 
 from __future__ import annotations
@@ -53,20 +53,44 @@ def freeze_vision(hf_model: Any) -> int:
     return frozen
 
 
-def checkpoint_key_names(hf_model: Any) -> Callable[[str], str]:
-    """Model state-dict name → the name the checkpoint stores it under: the reverse of
-    the class's ``_checkpoint_conversion_mapping``, as ``save_pretrained`` applies it."""
+def saved_key_names(model_path: str) -> set[str]:
+    """The tensor names a local checkpoint folder stores (its safetensors index, else the
+    header of its one ``model.safetensors``); empty when neither is there."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    folder = Path(model_path)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        return set()
+    with safe_open(str(single), "pt") as handle:
+        return set(handle.keys())
+
+
+def checkpoint_key_names(hf_model: Any, saved: set[str]) -> Callable[[str], str]:
+    """Model state-dict name → the name the checkpoint (whose names are ``saved``) stores it
+    under. transformers 4 loads legacy-layout keys through the class's
+    ``_checkpoint_conversion_mapping`` and reverses it on save; a checkpoint in that layout
+    gets its names back the same way. One already in the model's layout (what transformers
+    5 writes) keeps the model's names."""
     mapping: Mapping[str, str] = getattr(hf_model, "_checkpoint_conversion_mapping", None) or {}
     reverse = [
-        (re.compile("^" + re.escape(loaded.lstrip("^"))), saved.lstrip("^"))
-        for saved, loaded in mapping.items()
+        (re.compile("^" + re.escape(loaded.lstrip("^"))), saved_as.lstrip("^"))
+        for saved_as, loaded in mapping.items()
     ]
 
     def rename(name: str) -> str:
-        for pattern, saved in reverse:
-            renamed, count = pattern.subn(saved, name)
+        for pattern, saved_as in reverse:
+            renamed, count = pattern.subn(saved_as, name)
             if count:
                 return renamed
         return name
 
-    return rename
+    names = hf_model.state_dict().keys()
+    legacy = any(name not in saved and rename(name) in saved for name in names)
+    return rename if legacy else str
