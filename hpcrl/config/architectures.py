@@ -43,11 +43,16 @@ FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text")
 #: multimodal wrappers whose text decoder the Automodel backend trains on text, as NeMo RL
 #: does (hpcrl.core.backends.automodel.multimodal), with FSDP2 alone like the decoders above
 MULTIMODAL_TEXT_MODEL_TYPES = ("gemma3", "mistral3")
+#: FSDP-only decoders only transformers >= 5 has: validate accepts them (it cannot see the
+#: job's Python) and says so; the job refuses them as it starts when its transformers lacks
+#: the model (hpcrl.core.models.buildable)
+TRANSFORMERS5_MODEL_TYPES = ("glm4_moe_lite",)
 AUTOMODEL_MODEL_TYPES = (
     *LLAMA_SHAPED,
     *MOE_EXPERT_COUNT_KEYS,
     *FSDP_ONLY_MODEL_TYPES,
     *MULTIMODAL_TEXT_MODEL_TYPES,
+    *TRANSFORMERS5_MODEL_TYPES,
 )
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
 CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
@@ -102,7 +107,11 @@ def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem 
     context parallelism (NeMo RL itself refuses CP for Gemma 3)."""
     model_type = hf_config.get("model_type")
     cfg = recipe.policy.automodel_cfg
-    if model_type not in FSDP_ONLY_MODEL_TYPES + MULTIMODAL_TEXT_MODEL_TYPES:
+    if model_type not in (
+        *FSDP_ONLY_MODEL_TYPES,
+        *MULTIMODAL_TEXT_MODEL_TYPES,
+        *TRANSFORMERS5_MODEL_TYPES,
+    ):
         return None
     split = [(TENSOR_PARALLEL, cfg.tensor_parallel_size, "its tensor-parallel plan is made "
               f"for {', '.join(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS))} decoders"),

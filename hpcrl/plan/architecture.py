@@ -13,7 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hpcrl.config.architectures import architecture_problem, builders, read_hf_config
+from hpcrl.config.architectures import (
+    TRANSFORMERS5_MODEL_TYPES,
+    architecture_problem,
+    builders,
+    read_hf_config,
+)
 from hpcrl.config.errors import Problem
 from hpcrl.config.hf_model_table import known_hf_config
 from hpcrl.config.recipe import Recipe
@@ -73,8 +78,17 @@ def architecture_note(recipe: Recipe, spec: JobSpec, environ: Mapping[str, str])
         return None
     config, source = model_config_known(recipe, spec, environ)
     if config is not None:
-        return f"architecture: {config.get('model_type')!r} ({source}), built by " + ", ".join(
-            builder for builder, _, _ in builders(recipe)
+        model_type = config.get("model_type")
+        needs = (
+            " (the job's Python needs transformers >= 5 for it: the job refuses it as it "
+            "starts otherwise)"
+            if model_type in TRANSFORMERS5_MODEL_TYPES and recipe.backend == "automodel"
+            else ""
+        )
+        return (
+            f"architecture: {model_type!r} ({source}), built by "
+            + ", ".join(builder for builder, _, _ in builders(recipe))
+            + needs
         )
     return (
         f"architecture: the config.json of {recipe.policy.model_name} is not readable here "

@@ -22,7 +22,7 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 AUTOMODEL_REFUSAL = (
     "policy.model_name = '{name}': a NemotronHForCausalLM (model_type 'nemotron_h') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
-    "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 "
+    "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3, glm4_moe_lite "
     "decoders; fix: "
     "train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
@@ -172,4 +172,19 @@ def test_gemma3s_multimodal_wrapper_from_the_table_trains_with_fsdp_alone_and_no
         "on it is not tested; fix: set policy.automodel_cfg.lora_cfg.enabled=false, or train it "
         "with the Megatron backend (policy.megatron_cfg.enabled=true, "
         "policy.automodel_cfg.enabled=false)"
+    )
+
+
+def test_validate_accepts_glm_4_7_flash_and_says_the_job_needs_transformers_5(tmp_path):
+    glm = with_policy(
+        automodel_recipe(), model_name="zai-org/GLM-4.7-Flash",
+        generation=GenerationCfg(backend="vllm"),
+    )  # fmt: skip
+    no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
+    recipe, spec = planned(glm, tmp_path)
+    assert check_model_architecture(recipe, spec, no_cache) == []
+    assert architecture_note(recipe, spec, no_cache) == (
+        "architecture: 'glm4_moe_lite' (hpcrl's table of NeMo RL's models), built by hpcrl's "
+        "Automodel backend (policy.automodel_cfg) (the job's Python needs transformers >= 5 "
+        "for it: the job refuses it as it starts otherwise)"
     )

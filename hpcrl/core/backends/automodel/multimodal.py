@@ -94,3 +94,20 @@ def checkpoint_key_names(hf_model: Any, saved: set[str]) -> Callable[[str], str]
     names = hf_model.state_dict().keys()
     legacy = any(name not in saved and rename(name) in saved for name in names)
     return rename if legacy else str
+
+
+def in_checkpoint_layout(
+    hf_model: Any, named: list[tuple[str, Any]], saved: set[str]
+) -> list[tuple[str, Any]]:
+    """Full weights with the model's names → the names and tensors the checkpoint stores.
+    transformers 5 changes some layouts as it loads (experts fused into one 3D tensor, keys
+    moved) and undoes it on save (``revert_weight_conversion``), which this applies too;
+    transformers 4 only renames (``checkpoint_key_names``)."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: no such conversions
+        pass
+    else:
+        named = list(revert_weight_conversion(hf_model, dict(named)).items())
+    rename = checkpoint_key_names(hf_model, saved)
+    return [(rename(name), tensor) for name, tensor in named]

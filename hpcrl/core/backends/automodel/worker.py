@@ -54,7 +54,7 @@ from hpcrl.core.backends.automodel.model import (
     hf_named_tensors,
     load_hf_model,
 )
-from hpcrl.core.backends.automodel.multimodal import checkpoint_key_names, saved_key_names
+from hpcrl.core.backends.automodel.multimodal import in_checkpoint_layout, saved_key_names
 from hpcrl.core.backends.automodel.optim import (
     build_lr_scheduler,
     build_training_optimizer,
@@ -407,13 +407,13 @@ class AutomodelWorker:
         state = get_model_state_dict(
             self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
         )
-        saved_name = checkpoint_key_names(self.model.hf, saved_key_names(self.model_path))
-        named = [(saved_name(name), tensor.detach()) for name, tensor in hf_named_tensors(state)]
+        named = [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
         if self.ep_mesh is not None:
             layout = self.model.hf.expert_layout
             named = gather_expert_tensors(named, layout, self.ep_mesh.get_group("ep"))
         scale = self._lora_scale
-        return named if scale is None else merge_adapters(named, scale)
+        merged = named if scale is None else merge_adapters(named, scale)
+        return in_checkpoint_layout(self.model.hf, merged, saved_key_names(self.model_path))
 
     @property
     def _lora_scale(self) -> float | None:
