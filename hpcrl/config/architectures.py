@@ -11,7 +11,8 @@ same message.
   decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
   transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
   without expert parallelism: tests/core/test_fsdp_only_models.py builds each one.
-- Multimodal wrappers of a text decoder (``MULTIMODAL_TEXT_MODEL_TYPES``: Gemma 3, Mistral 3)
+- Multimodal wrappers of a text decoder (``MULTIMODAL_TEXT_MODEL_TYPES``: Gemma 3, Mistral 3,
+  Gemma 4)
   load whole as NeMo RL loads them, train their language model on text with the vision part
   frozen, FSDP2 alone, no LoRA (hpcrl.core.backends.automodel.multimodal;
   tests/core/test_multimodal_text_models.py).
@@ -42,18 +43,17 @@ MOE_EXPERT_COUNT_KEYS = {"qwen3_moe": "num_experts", "mixtral": "num_local_exper
 FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text")
 #: multimodal wrappers whose text decoder the Automodel backend trains on text, as NeMo RL
 #: does (hpcrl.core.backends.automodel.multimodal), with FSDP2 alone like the decoders above
-MULTIMODAL_TEXT_MODEL_TYPES = ("gemma3", "mistral3")
-#: FSDP-only decoders only transformers >= 5 has: validate accepts them (it cannot see the
+MULTIMODAL_TEXT_MODEL_TYPES = ("gemma3", "mistral3", "gemma4")
+#: FSDP-only models (decoders, and multimodal wrappers above) only transformers >= 5 has: validate accepts them (it cannot see the
 #: job's Python) and says so; the job refuses them as it starts when its transformers lacks
 #: the model (hpcrl.core.models.buildable)
-TRANSFORMERS5_MODEL_TYPES = ("glm4_moe_lite",)
-AUTOMODEL_MODEL_TYPES = (
-    *LLAMA_SHAPED,
-    *MOE_EXPERT_COUNT_KEYS,
-    *FSDP_ONLY_MODEL_TYPES,
-    *MULTIMODAL_TEXT_MODEL_TYPES,
-    *TRANSFORMERS5_MODEL_TYPES,
-)
+TRANSFORMERS5_MODEL_TYPES = ("glm4_moe_lite", "gemma4")
+AUTOMODEL_MODEL_TYPES = tuple(
+    dict.fromkeys((
+        *LLAMA_SHAPED, *MOE_EXPERT_COUNT_KEYS, *FSDP_ONLY_MODEL_TYPES,
+        *MULTIMODAL_TEXT_MODEL_TYPES, *TRANSFORMERS5_MODEL_TYPES,
+    ))
+)  # fmt: skip
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
 CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"

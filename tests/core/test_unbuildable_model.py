@@ -31,7 +31,7 @@ def test_the_driver_refuses_a_nemotron_h_model_by_name(tmp_path, capsys):
         f"hpcrl: policy.model_name = '{folder}': a NemotronHForCausalLM (model_type "
         "'nemotron_h') model, which hpcrl's Automodel backend (policy.automodel_cfg) cannot "
         "build: it builds llama, qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, glm4_moe, "
-        "qwen2_moe, gemma3_text, gemma3, mistral3, glm4_moe_lite decoders; fix: train "
+        "qwen2_moe, gemma3_text, gemma3, mistral3, gemma4, glm4_moe_lite decoders; fix: train "
         "it with the "
         "Megatron backend (policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), "
         "or pick a model of one of these types\n"
