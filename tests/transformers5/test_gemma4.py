@@ -7,6 +7,7 @@ included), the vision tower frozen. Runs under .venv-vllm (transformers 5).
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.core.parallel_harness import make_batch, masked_nll_loss
@@ -33,15 +34,23 @@ CONFIGS = {
         boa_token_id=124, eoa_token_index=125, audio_token_id=126,
     )
 }  # fmt: skip
+#: gemma-4-26B-A4B's shape: a MoE block (routed experts) in every layer
+CONFIGS["gemma4_moe"] = dict(
+    CONFIGS["gemma4"],
+    text_config=dict(TEXT, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                     moe_intermediate_size=16),
+)  # fmt: skip
 
 
+@pytest.mark.parametrize("variant", ["gemma4", "gemma4_moe"])
 def test_the_worker_trains_gemma4s_text_decoder_and_refits_in_the_checkpoint_layout(
     worker_on,  # noqa: F811 -- the imported fixture
     tmp_path,
+    variant,
 ):
     from hpcrl.core.workers.sharding import split_micro_batches
 
-    worker, path = worker_on("gemma4", CONFIGS)
+    worker, path = worker_on("gemma4", {"gemma4": CONFIGS[variant]})
     checkpoint = saved_tensors(path)
     assert type(worker.model.hf).__name__ == "Gemma4ForConditionalGeneration"
     batch = make_batch(seed=3, batch_size=4)
