@@ -11,8 +11,12 @@ same message.
   decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
   transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
   without expert parallelism (deepseek_v3, nemotron_h also with it):
-  tests/core/test_fsdp_only_models.py builds each one (nemotron_h, which transformers 5
-  brought: tests/transformers5/test_nemotron_h.py).
+  tests/core/test_fsdp_only_models.py builds each one (those transformers 5 brought:
+  tests/transformers5).
+- Multimodal wrappers of a text decoder (``MULTIMODAL_TEXT_MODEL_TYPES``: Gemma 3, Mistral 3,
+  Gemma 4) load whole as NeMo RL loads them, train their language model on text with the
+  vision part frozen, FSDP2 alone, no LoRA (hpcrl.core.backends.automodel.multimodal;
+  tests/core/test_multimodal_text_models.py).
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -42,13 +46,22 @@ MOE_EXPERT_COUNT_KEYS = {
 #: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, nemotron_h:
 #: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
 #: is not one: transformers gives it no SDPA attention, which the backend loads models with.
-FSDP_ONLY_MODEL_TYPES = ("deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h")
+FSDP_ONLY_MODEL_TYPES = (
+    "deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h", "glm4_moe_lite"
+)  # fmt: skip
+#: multimodal wrappers whose text decoder the Automodel backend trains on text, as NeMo RL
+#: does (hpcrl.core.backends.automodel.multimodal), with FSDP2 alone like the decoders above
+MULTIMODAL_TEXT_MODEL_TYPES = ("gemma3", "mistral3", "gemma4")
 #: model types whose transformers classes came with transformers 5 (NeMo RL's containers ship
-#: 5.x; the job refuses them at start under an older one: ``hpcrl.core.models.buildable``)
-TRANSFORMERS_5_MODEL_TYPES = ("nemotron_h",)
+#: 5.x): validate accepts them (it cannot see the job's Python) and says so; the job refuses
+#: them at start under an older one (``hpcrl.core.models.buildable``)
+TRANSFORMERS_5_MODEL_TYPES = ("nemotron_h", "glm4_moe_lite", "gemma4")
 AUTOMODEL_MODEL_TYPES = tuple(
-    dict.fromkeys(LLAMA_SHAPED + tuple(MOE_EXPERT_COUNT_KEYS) + FSDP_ONLY_MODEL_TYPES)
-)
+    dict.fromkeys((
+        *LLAMA_SHAPED, *MOE_EXPERT_COUNT_KEYS, *FSDP_ONLY_MODEL_TYPES,
+        *MULTIMODAL_TEXT_MODEL_TYPES,
+    ))
+)  # fmt: skip
 #: MoE decoders of Llama-shaped attention: the tensor-parallel plan's names fit them
 TP_MOE = ("qwen3_moe", "mixtral")
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
@@ -104,12 +117,20 @@ def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem 
     context parallelism (NeMo RL itself refuses CP for Gemma 3)."""
     model_type = hf_config.get("model_type")
     cfg = recipe.policy.automodel_cfg
-    if model_type not in FSDP_ONLY_MODEL_TYPES:
+    if model_type not in (*FSDP_ONLY_MODEL_TYPES, *MULTIMODAL_TEXT_MODEL_TYPES):
         return None
     split = [(TENSOR_PARALLEL, cfg.tensor_parallel_size, "its tensor-parallel plan is made "
               f"for {', '.join(LLAMA_SHAPED + TP_MOE)} decoders"),
              (CONTEXT_PARALLEL, cfg.context_parallel_size, "context parallelism is not tested "
               "on these decoders")]  # fmt: skip
+    if model_type in MULTIMODAL_TEXT_MODEL_TYPES and cfg.lora_cfg.enabled:
+        return Problem(
+            path="policy.automodel_cfg.lora_cfg.enabled", value=True,
+            message=f"model {recipe.policy.model_name} is a multimodal {model_type} wrapper "
+            "whose text decoder the automodel backend trains in full: LoRA on it is not tested",
+            fix="set policy.automodel_cfg.lora_cfg.enabled=false, or train it with the Megatron "
+            "backend (policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)",
+        )  # fmt: skip
     for path, size, why in split:
         if size > 1:
             return Problem(

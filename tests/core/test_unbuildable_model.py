@@ -40,7 +40,8 @@ def test_the_driver_refuses_a_model_its_backend_cannot_build_by_name(tmp_path, c
         "hpcrl: policy.model_name = 'MODEL': a GptOssForCausalLM (model_type 'gpt_oss') model, "
         "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
         "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe, "
-        "qwen2_moe, gemma3_text decoders; fix: train it with the Megatron backend "
+        "qwen2_moe, gemma3_text, glm4_moe_lite, gemma3, mistral3, gemma4 decoders; fix: train "
+        "it with the Megatron backend "
         "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a "
         "model of one of these types\n"
     )
@@ -58,4 +59,29 @@ def test_the_driver_refuses_nemotron_h_where_transformers_lacks_it(tmp_path, cap
         f"{transformers.__version__} in the job's Python cannot build (its classes came with "
         "transformers 5); fix: give the profile a container image with transformers 5 or "
         "newer (NeMo RL's containers ship transformers 5)\n"
+    )
+
+
+def test_a_transformers5_only_model_stops_the_job_when_its_transformers_lacks_it(tmp_path):
+    """glm4_moe_lite (GLM-4.7-Flash) is built by transformers >= 5 only: under this Python's
+    transformers 4 the job's check refuses it by name, as it starts."""
+    import transformers
+
+    from hpcrl.core.models.buildable import unbuildable_model
+
+    folder = tmp_path / "glm"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "glm4_moe_lite", "architectures": ["Glm4MoeLiteForCausalLM"]})
+    )
+    recipe = with_policy(
+        automodel_recipe(), model_name=str(folder), generation=GenerationCfg(backend="vllm")
+    )
+    assert transformers.__version__.startswith("4.")
+    problem = unbuildable_model(recipe, str(folder))
+    assert problem is not None and problem.one_line() == (
+        f"policy.model_name = '{folder}': a 'glm4_moe_lite' model, which transformers "
+        f"{transformers.__version__} in the job's Python cannot build (its classes came with "
+        "transformers 5); fix: give the profile a container image with transformers 5 or "
+        "newer (NeMo RL's containers ship transformers 5)"
     )

@@ -24,7 +24,7 @@ AUTOMODEL_REFUSAL = (
     "policy.model_name = '{name}': a GptOssForCausalLM (model_type 'gpt_oss') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
     "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe, qwen2_moe, "
-    "gemma3_text decoders; fix: "
+    "gemma3_text, glm4_moe_lite, gemma3, mistral3, gemma4 decoders; fix: "
     "train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
     "of one of these types"
@@ -160,4 +160,49 @@ def test_an_fsdp_only_decoder_from_the_table_needs_tensor_parallel_size_1(tmp_pa
     assert (context.path, context.value) == ("policy.automodel_cfg.context_parallel_size", 2)
     assert context.message.endswith(
         "FSDP alone: context parallelism is not tested on these decoders"
+    )
+
+
+def test_gemma3s_multimodal_wrapper_from_the_table_trains_with_fsdp_alone_and_no_lora(tmp_path):
+    gemma = with_policy(
+        automodel_recipe(), model_name="google/gemma-3-27b-it",
+        generation=GenerationCfg(backend="vllm"),
+    )  # fmt: skip
+    no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
+    recipe, spec = planned(gemma, tmp_path)
+    assert check_model_architecture(recipe, spec, no_cache) == []
+    tp = attrs.evolve(recipe.policy.automodel_cfg, tensor_parallel_size=4)
+    (split,) = check_model_architecture(
+        attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=tp)), spec, no_cache
+    )
+    assert (split.path, split.value) == ("policy.automodel_cfg.tensor_parallel_size", 4)
+    lora = attrs.evolve(
+        recipe.policy.automodel_cfg,
+        lora_cfg=attrs.evolve(recipe.policy.automodel_cfg.lora_cfg, enabled=True),
+    )
+    (adapted,) = check_model_architecture(
+        attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=lora)), spec, no_cache
+    )
+    assert adapted.one_line() == (
+        "policy.automodel_cfg.lora_cfg.enabled = True: model google/gemma-3-27b-it is a "
+        "multimodal gemma3 wrapper whose text decoder the automodel backend trains in full: LoRA "
+        "on it is not tested; fix: set policy.automodel_cfg.lora_cfg.enabled=false, or train it "
+        "with the Megatron backend (policy.megatron_cfg.enabled=true, "
+        "policy.automodel_cfg.enabled=false)"
+    )
+
+
+def test_validate_accepts_glm_4_7_flash_and_says_the_job_needs_transformers_5(tmp_path):
+    glm = with_policy(
+        automodel_recipe(), model_name="zai-org/GLM-4.7-Flash",
+        generation=GenerationCfg(backend="vllm"),
+    )  # fmt: skip
+    no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
+    recipe, spec = planned(glm, tmp_path)
+    assert check_model_architecture(recipe, spec, no_cache) == []
+    assert architecture_note(recipe, spec, no_cache) == (
+        "architecture: 'glm4_moe_lite' (hpcrl's table of NeMo RL's models), built by hpcrl's "
+        "Automodel backend (policy.automodel_cfg) with transformers 5's classes: the job's "
+        "Python needs transformers >= 5 (NeMo RL's containers have it; the job stops at start "
+        "without it)"
     )

@@ -140,10 +140,9 @@ def export_hf(
     ``lora_scale`` set: LoRA adapters merged into the weights they adapt (a plain HF model).
     ``gathered``: the full weights with HF names already on every rank (expert parallelism
     gathers its experts itself), used instead of the model's state dict."""
-    from transformers import AutoModelForCausalLM
-
     from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
     from hpcrl.core.backends.automodel.lora import merge_adapters
+    from hpcrl.core.backends.automodel.multimodal import auto_model_class
     from hpcrl.core.models.tokenizer import load_tokenizer
 
     if gathered is None:
@@ -161,7 +160,7 @@ def export_hf(
         config = copy.deepcopy(hf_config)
         config.use_cache = True  # training switched it off; whoever generates wants it
         with torch.device("meta"):
-            hf_model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            hf_model = auto_model_class(config).from_config(config, dtype=torch.float32)
         unfuse_experts(hf_model)  # the per-expert names training keeps (expert_layout.py)
         hf_model.load_state_dict(weights, assign=True, strict=True)
         hf_model.tie_weights()

@@ -65,8 +65,9 @@ def export_dcp_to_hf(
     set (a LoRA run, whose checkpoints hold the adapters only): the base weights from
     ``model_path`` with the adapters merged into them."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
+    from hpcrl.core.backends.automodel.multimodal import auto_model_class
     from hpcrl.core.models.tokenizer import load_tokenizer
 
     weights = read_model_tensors(checkpoint_dir, say)
@@ -75,7 +76,7 @@ def export_dcp_to_hf(
     dtype = next(iter(weights.values())).dtype
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = auto_model_class(config).from_config(config, dtype=dtype)
     unfuse_experts(model)  # the per-expert names training keeps (expert_layout.py)
     missing, unexpected = model.load_state_dict(weights, assign=True, strict=False)
     tied = _tied_names(model)
@@ -103,9 +104,10 @@ def merged_onto_base(
     """The base model's weights (fp32, as training loads them) with the checkpoint's LoRA
     adapters merged in: ``W + lora_scale * B @ A``."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from hpcrl.core.backends.automodel.lora import adapter_names, merge_adapters
+    from hpcrl.core.backends.automodel.multimodal import auto_model_class
 
     found = adapter_names(adapters)
     if not found:
@@ -115,7 +117,8 @@ def merged_onto_base(
         )
     if say is not None:
         say(f"merging {len(found) // 2} LoRA adapters into the base weights of {model_path}")
-    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(model_path)
+    base = auto_model_class(config).from_pretrained(model_path, dtype=torch.float32)
     unfuse_experts(base)
     named = list(base.state_dict().items()) + [(name, adapters[name]) for name in found]
     return dict(merge_adapters(named, lora_scale))

@@ -164,17 +164,16 @@ def load_hf_model(
     model_path: str, device: str, hf_config_overrides: Mapping[str, Any] | None = None
 ) -> nn.Module:
     """fp32 weights from a local HF folder (GPU runs compute in bf16 through FSDP's policy),
-    the model built from its config with ``policy.hf_config_overrides`` applied."""
-    from transformers import AutoModelForCausalLM
-
+    the model built from its config with ``policy.hf_config_overrides`` applied. A
+    multimodal wrapper loads whole, its vision part frozen (``multimodal``)."""
+    from hpcrl.core.backends.automodel.multimodal import auto_model_class, freeze_vision
     from hpcrl.core.models.hf_config import load_hf_config
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_path,
-        config=load_hf_config(model_path, hf_config_overrides or {}),
-        dtype=torch.float32,
-        attn_implementation="sdpa",
+    config = load_hf_config(model_path, hf_config_overrides or {})
+    model = auto_model_class(config).from_pretrained(
+        model_path, config=config, dtype=torch.float32, attn_implementation="sdpa"
     )
+    freeze_vision(model)
     model.config.use_cache = False
     unfuse_experts(model)
     if device == "cuda":

@@ -42,7 +42,6 @@ from hpcrl.core.backends.automodel.context_parallel import (
     check_context_parallel,
     context_parallel_logprobs,
 )
-from hpcrl.core.backends.automodel.expert_layout import checkpoint_named_tensors
 from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
     build_ep_mesh,
@@ -55,6 +54,7 @@ from hpcrl.core.backends.automodel.model import (
     hf_named_tensors,
     load_hf_model,
 )
+from hpcrl.core.backends.automodel.multimodal import in_checkpoint_layout, saved_key_names
 from hpcrl.core.backends.automodel.optim import (
     build_lr_scheduler,
     build_training_optimizer,
@@ -412,9 +412,8 @@ class AutomodelWorker:
             layout = self.model.hf.expert_layout
             named = gather_expert_tensors(named, layout, self.ep_mesh.get_group("ep"))
         scale = self._lora_scale
-        if scale is not None:
-            named = merge_adapters(named, scale)
-        return checkpoint_named_tensors(self.model.hf, named)
+        merged = named if scale is None else merge_adapters(named, scale)
+        return in_checkpoint_layout(self.model.hf, merged, saved_key_names(self.model_path))
 
     @property
     def _lora_scale(self) -> float | None:
