@@ -47,9 +47,24 @@ def flex_key(cfg: MegatronCfg) -> tuple[str, bool | str]:
 
 def rule_flex_dispatcher(recipe: Recipe) -> list[Problem]:
     """What megatron-core's TransformerConfig refuses, at validate time instead of in every
-    rank: DeepEP needs the flex dispatcher, and it is one backend or the other."""
+    rank: DeepEP needs the flex dispatcher, and it is one backend or the other; the shared
+    experts overlap only the alltoall dispatcher's communication."""
     cfg = recipe.policy.megatron_cfg
-    if not cfg.enabled or not cfg.moe_enable_deepep:
+    if not cfg.enabled:
+        return []
+    if cfg.moe_shared_expert_overlap and cfg.moe_token_dispatcher_type not in (None, "alltoall"):
+        return [
+            Problem(
+                path=f"{MEGATRON}.moe_shared_expert_overlap",
+                value=True,
+                message="megatron-core overlaps the shared experts only with the alltoall "
+                f"dispatcher's communication ({MEGATRON}.moe_token_dispatcher_type is "
+                f"{cfg.moe_token_dispatcher_type})",
+                fix=f"set {MEGATRON}.moe_shared_expert_overlap=false, or "
+                f"{MEGATRON}.moe_token_dispatcher_type=alltoall",
+            )
+        ]
+    if not cfg.moe_enable_deepep:
         return []
     if cfg.moe_token_dispatcher_type != "flex":
         return [

@@ -75,6 +75,21 @@ def test_what_megatron_core_refuses_is_refused_at_validate(megatron_cpu):
     assert "runs one backend" in problem.message
 
 
+def test_shared_expert_overlap_needs_the_alltoall_dispatcher(megatron_cpu):
+    overlap = with_megatron(
+        megatron_recipe(), moe_token_dispatcher_type="flex", moe_shared_expert_overlap=True
+    )
+    (problem,) = rule_flex_dispatcher(overlap)
+    assert (problem.path, problem.value) == (f"{MEGATRON}.moe_shared_expert_overlap", True)
+    provider = moe_provider()
+    provider.moe_shared_expert_intermediate_size = 32
+    apply_megatron_cfg(provider, overlap.policy.megatron_cfg, "float32", seq_length=16)
+    with pytest.raises(ValueError, match="moe_shared_expert_overlap only works with alltoall"):
+        provider.finalize()  # megatron-core's own refusal
+    alltoall = with_megatron(overlap, moe_token_dispatcher_type="alltoall")
+    assert rule_flex_dispatcher(alltoall) == []
+
+
 def test_hybridep_environment_key_then_job_environment_then_default():
     cfg = with_megatron(
         megatron_recipe(), moe_token_dispatcher_type="flex",
