@@ -8,6 +8,7 @@ structuring error is collected and turned into a ``Problem`` with its full key p
 from __future__ import annotations
 
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -24,7 +25,7 @@ from cattrs.errors import (
 from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile, GpuCount
 from hpcrl.config.recipe import Recipe
-from hpcrl.config.structure_hooks import BadValue, KeyNote, register_strict_hooks, type_name
+from hpcrl.config.structure_hooks import BadValue, KeyNote, register_container_hooks, type_name
 from hpcrl.config.suggestions import did_you_mean
 
 T = TypeVar("T")
@@ -53,7 +54,14 @@ def converter() -> cattrs.Converter:
 def build_converter() -> cattrs.Converter:
     """Build a fresh converter with hpcrl's strict hooks (use ``converter()`` instead)."""
     strict = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True)
-    register_strict_hooks(strict, GpuCount)
+    strict.register_structure_hook(bool, _structure_bool)
+    strict.register_structure_hook(int, _structure_int)
+    strict.register_structure_hook(float, _structure_float)
+    strict.register_structure_hook(str, _structure_str)
+    strict.register_structure_hook(typing.Any, _structure_any)
+    strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
+    strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
+    register_container_hooks(strict)
     return strict
 
 
@@ -248,3 +256,90 @@ def _type_name_of(type_: Any) -> str:
     if isinstance(type_, type) and not isinstance(type_, types.GenericAlias):
         return type_.__name__
     return str(type_).replace("typing.", "")
+
+
+# --------------------------------------------------------------------------- strict scalars
+def _structure_bool(value: Any, _: type) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise BadValue(
+        f"expected true or false, got {type_name(value)}", "set {path}: true or {path}: false"
+    )
+
+
+def _structure_bool_or_str(value: Any, _: type) -> bool | str:
+    """A planned setting's value as the JobSpec records it (``MachineNeed.value``)."""
+    if isinstance(value, (bool, str)):
+        return value
+    raise BadValue(f"expected true, false or text, got {type_name(value)}", "")
+
+
+def _structure_int(value: Any, _: type) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        # 2.0 or 1e20 is not silently an integer: YAML wrote a float, maybe by mistake.
+        whole = f"{int(value)}" if abs(value) < 1e15 else "a whole number"
+        raise BadValue(
+            f"expected an integer, got the number {value!r} (a float)",
+            f"write it without a decimal point or exponent, e.g. {{path}}: {whole}",
+        )
+    raise BadValue(
+        f"expected an integer, got {type_name(value)}",
+        "set {path} to a whole number, e.g. {path}: 1",
+    )
+
+
+def _structure_gpu_count(value: Any, _: type) -> int | str:
+    if value == "auto":
+        return value
+    if isinstance(value, str):
+        raise BadValue(
+            f"expected a number of GPUs or auto, got the string {value!r}",
+            "set {path} to a whole number, or to auto (local profiles: count this machine's GPUs)",
+        )
+    return _structure_int(value, int)
+
+
+def _structure_float(value: Any, _: type) -> float:
+    number = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    if number is not None and math.isfinite(number):
+        return number
+    if number is not None:
+        raise BadValue(
+            f"expected a finite number, got {value!r}",
+            "write a finite number, e.g. 0.5 or 1.0e-5 (null where the key allows it)",
+        )
+    raise BadValue(
+        f"expected a number, got {type_name(value)}", "write a number, e.g. 0.5 or 1.0e-5"
+    )
+
+
+def _structure_str(value: Any, _: type) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _number_as_text_error(value)
+    raise BadValue(f"expected a string, got {type_name(value)}", 'quote the value: {path}: "..."')
+
+
+def _number_as_text_error(value: float) -> str:
+    if isinstance(value, int) and value >= 60:
+        raise BadValue(
+            f"expected a string, got the number {value} (YAML reads an unquoted H:MM:SS as a base-60 number)",
+            'quote the value, e.g. {path}: "04:00:00"',
+        )
+    raise BadValue(
+        f"expected a string, got the number {value}", f'quote the value: {{path}}: "{value}"'
+    )
+
+
+def _structure_any(value: Any, _: type) -> Any:
+    return value

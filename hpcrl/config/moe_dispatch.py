@@ -17,68 +17,101 @@ alltoall dispatcher; the kernels are CUDA-only, from DeepEP's ``deep_ep`` packag
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 
+import attrs
+
 from hpcrl.config.errors import Problem
-from hpcrl.config.recipe import MegatronCfg, Recipe
+from hpcrl.config.recipe import Recipe
 
 MEGATRON = "policy.megatron_cfg"
 HYBRIDEP_PACK_MULTIPLE = 128
+#: the recipe values this module reads; read one by one, so that no frame here holds the
+#: Megatron section (tests/test_stage_boundaries.py counts the files that do)
+_FIELDS = (
+    "enabled", "moe_token_dispatcher_type", "moe_enable_deepep", "moe_flex_dispatcher_backend",
+    "moe_shared_expert_overlap", "expert_model_parallel_size", "context_parallel_size",
+    "tensor_model_parallel_size", "sequence_parallel", "hybridep_num_ranks_per_nvlink_domain",
+    "hybridep_use_mnnvl",
+)  # fmt: skip
 
 
-def flex_backend(cfg: MegatronCfg) -> str | None:
-    """The flex dispatcher's kernels ("deepep" or "hybridep"), None without flex dispatch.
-    megatron-core's default backend is deepep; ``moe_enable_deepep`` selects it too."""
-    if cfg.moe_token_dispatcher_type != "flex":
-        return None
-    if cfg.moe_enable_deepep:
-        return "deepep"
-    return cfg.moe_flex_dispatcher_backend or "deepep"
+@attrs.frozen(kw_only=True)
+class FlexDispatch:
+    """The Megatron settings of MoE token dispatch, as plain values."""
 
+    enabled: bool
+    moe_token_dispatcher_type: str | None
+    moe_enable_deepep: bool
+    moe_flex_dispatcher_backend: str | None
+    moe_shared_expert_overlap: bool
+    expert_model_parallel_size: int
+    context_parallel_size: int
+    tensor_model_parallel_size: int
+    sequence_parallel: bool
+    hybridep_num_ranks_per_nvlink_domain: int | None
+    hybridep_use_mnnvl: bool | None
 
-def flex_key(cfg: MegatronCfg) -> tuple[str, bool | str]:
-    """The key (and its value) that chose the kernels, for messages."""
-    if cfg.moe_enable_deepep:
-        return f"{MEGATRON}.moe_enable_deepep", True
-    if cfg.moe_flex_dispatcher_backend is not None:
-        return f"{MEGATRON}.moe_flex_dispatcher_backend", cfg.moe_flex_dispatcher_backend
-    return f"{MEGATRON}.moe_token_dispatcher_type", "flex"
+    @classmethod
+    def of(cls, recipe: Recipe) -> FlexDispatch:
+        values = operator.attrgetter(*(f"policy.megatron_cfg.{name}" for name in _FIELDS))(recipe)
+        return cls(**dict(zip(_FIELDS, values, strict=True)))
+
+    @property
+    def backend(self) -> str | None:
+        """The flex dispatcher's kernels ("deepep" or "hybridep"), None without flex
+        dispatch. megatron-core's default backend is deepep; moe_enable_deepep selects it."""
+        if self.moe_token_dispatcher_type != "flex":
+            return None
+        if self.moe_enable_deepep:
+            return "deepep"
+        return self.moe_flex_dispatcher_backend or "deepep"
+
+    @property
+    def key(self) -> tuple[str, bool | str]:
+        """The key (and its value) that chose the kernels, for messages."""
+        if self.moe_enable_deepep:
+            return f"{MEGATRON}.moe_enable_deepep", True
+        if self.moe_flex_dispatcher_backend is not None:
+            return f"{MEGATRON}.moe_flex_dispatcher_backend", self.moe_flex_dispatcher_backend
+        return f"{MEGATRON}.moe_token_dispatcher_type", "flex"
 
 
 def rule_flex_dispatcher(recipe: Recipe) -> list[Problem]:
     """What megatron-core's TransformerConfig refuses, at validate time instead of in every
     rank: DeepEP needs the flex dispatcher, and it is one backend or the other; the shared
     experts overlap only the alltoall dispatcher's communication."""
-    cfg = recipe.policy.megatron_cfg
-    if not cfg.enabled:
+    flex = FlexDispatch.of(recipe)
+    if not flex.enabled:
         return []
-    if cfg.moe_shared_expert_overlap and cfg.moe_token_dispatcher_type not in (None, "alltoall"):
+    dispatcher = flex.moe_token_dispatcher_type
+    if flex.moe_shared_expert_overlap and dispatcher not in (None, "alltoall"):
         return [
             Problem(
                 path=f"{MEGATRON}.moe_shared_expert_overlap",
                 value=True,
                 message="megatron-core overlaps the shared experts only with the alltoall "
                 f"dispatcher's communication ({MEGATRON}.moe_token_dispatcher_type is "
-                f"{cfg.moe_token_dispatcher_type})",
+                f"{dispatcher})",
                 fix=f"set {MEGATRON}.moe_shared_expert_overlap=false, or "
                 f"{MEGATRON}.moe_token_dispatcher_type=alltoall",
             )
         ]
-    if not cfg.moe_enable_deepep:
+    if not flex.moe_enable_deepep:
         return []
-    if cfg.moe_token_dispatcher_type != "flex":
+    if dispatcher != "flex":
         return [
             Problem(
                 path=f"{MEGATRON}.moe_enable_deepep",
                 value=True,
                 message="DeepEP dispatches tokens only through megatron-core's flex dispatcher "
-                f"({MEGATRON}.moe_token_dispatcher_type is "
-                f"{cfg.moe_token_dispatcher_type or 'the provider default'})",
+                f"({MEGATRON}.moe_token_dispatcher_type is {dispatcher or 'the provider default'})",
                 fix=f"set {MEGATRON}.moe_token_dispatcher_type=flex, or "
                 f"{MEGATRON}.moe_enable_deepep=false",
             )
         ]
-    if cfg.moe_flex_dispatcher_backend == "hybridep":
+    if flex.moe_flex_dispatcher_backend == "hybridep":
         return [
             Problem(
                 path=f"{MEGATRON}.moe_enable_deepep",
@@ -92,15 +125,16 @@ def rule_flex_dispatcher(recipe: Recipe) -> list[Problem]:
     return []
 
 
-def hybridep_env(cfg: MegatronCfg, environment: Mapping[str, str]) -> dict[str, str]:
+def hybridep_env(flex: FlexDispatch, environment: Mapping[str, str]) -> dict[str, str]:
     """HybridEP's NVLink-domain variables for the job (none without HybridEP): a key wins,
     then ``environment`` (what the job already exports), then NeMo RL's default."""
-    if flex_backend(cfg) != "hybridep":
+    if flex.backend != "hybridep":
         return {}
-    ep = cfg.expert_model_parallel_size
+    ep = flex.expert_model_parallel_size
+    mnnvl = flex.hybridep_use_mnnvl
     chosen = {
-        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": cfg.hybridep_num_ranks_per_nvlink_domain,
-        "USE_MNNVL": None if cfg.hybridep_use_mnnvl is None else int(cfg.hybridep_use_mnnvl),
+        "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": flex.hybridep_num_ranks_per_nvlink_domain,
+        "USE_MNNVL": None if mnnvl is None else int(mnnvl),
     }
     defaults = {"NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": min(ep, 64), "USE_MNNVL": int(ep > 4)}
     env = {}
@@ -115,12 +149,12 @@ def hybridep_env(cfg: MegatronCfg, environment: Mapping[str, str]) -> dict[str, 
 def pack_multiple(recipe: Recipe) -> int:
     """What each packed micro-batch's length is padded to a multiple of for HybridEP (1
     otherwise), as NeMo RL pads it."""
-    cfg = recipe.policy.megatron_cfg
-    if recipe.backend != "megatron" or flex_backend(cfg) != "hybridep":
+    flex = FlexDispatch.of(recipe)
+    if recipe.backend != "megatron" or flex.backend != "hybridep":
         return 1
     multiple = HYBRIDEP_PACK_MULTIPLE
-    if cfg.context_parallel_size > 1:
-        multiple *= 2 * cfg.context_parallel_size
-    if cfg.sequence_parallel and cfg.tensor_model_parallel_size > 1:
-        multiple *= cfg.tensor_model_parallel_size
+    if flex.context_parallel_size > 1:
+        multiple *= 2 * flex.context_parallel_size
+    if flex.sequence_parallel and flex.tensor_model_parallel_size > 1:
+        multiple *= flex.tensor_model_parallel_size
     return multiple

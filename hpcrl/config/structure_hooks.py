@@ -1,7 +1,7 @@
-"""The strict structuring hooks of hpcrl's one cattrs converter (``hpcrl.config.converter``):
-scalars that are exactly what YAML wrote (``true`` is not an int, a number is not a string,
-``4:00:00`` is not a time), Literal choices with "did you mean", lists, one-or-many
-sections and mappings that collect every item's error with its index or key.
+"""The container structuring hooks of hpcrl's one cattrs converter (``hpcrl.config.converter``,
+which keeps the scalar hooks: a float of the recipe crosses one file, not two): Literal
+choices with "did you mean", lists, one-or-many sections and mappings that collect every
+item's error with its index or key.
 
 Each hook raises ``BadValue`` (message, and a fix that may use ``{path}``); the converter
 turns it into a ``Problem`` at the value's full key path.
@@ -41,107 +41,13 @@ class KeyNote(str):
         return note
 
 
-def register_strict_hooks(strict: cattrs.Converter, gpu_count: Any) -> None:
-    """Register every hook of this module on ``strict`` (``gpu_count``: the profile's
-    ``GpuCount`` type, a number of GPUs or ``auto``)."""
-    strict.register_structure_hook(bool, _structure_bool)
-    strict.register_structure_hook(int, _structure_int)
-    strict.register_structure_hook(float, _structure_float)
-    strict.register_structure_hook(str, _structure_str)
-    strict.register_structure_hook(typing.Any, _structure_any)
-    strict.register_structure_hook_func(lambda type_: type_ == gpu_count, _structure_gpu_count)
+def register_container_hooks(strict: cattrs.Converter) -> None:
+    """Register this module's hooks (Literal choices, lists, one-or-many sections, mappings)
+    on ``strict``; the converter registers its scalar hooks itself."""
     strict.register_structure_hook_factory(_is_literal, _literal_hook)
-    strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
     strict.register_structure_hook_factory(_is_one_or_many, lambda t: _one_or_many_hook(t, strict))
     strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
     strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
-
-
-# --------------------------------------------------------------------------- strict scalars
-def _structure_bool(value: Any, _: type) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise BadValue(
-        f"expected true or false, got {type_name(value)}", "set {path}: true or {path}: false"
-    )
-
-
-def _structure_bool_or_str(value: Any, _: type) -> bool | str:
-    """A planned setting's value as the JobSpec records it (``MachineNeed.value``)."""
-    if isinstance(value, (bool, str)):
-        return value
-    raise BadValue(f"expected true, false or text, got {type_name(value)}", "")
-
-
-def _structure_int(value: Any, _: type) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        # 2.0 or 1e20 is not silently an integer: YAML wrote a float, maybe by mistake.
-        whole = f"{int(value)}" if abs(value) < 1e15 else "a whole number"
-        raise BadValue(
-            f"expected an integer, got the number {value!r} (a float)",
-            f"write it without a decimal point or exponent, e.g. {{path}}: {whole}",
-        )
-    raise BadValue(
-        f"expected an integer, got {type_name(value)}",
-        "set {path} to a whole number, e.g. {path}: 1",
-    )
-
-
-def _structure_gpu_count(value: Any, _: type) -> int | str:
-    if value == "auto":
-        return value
-    if isinstance(value, str):
-        raise BadValue(
-            f"expected a number of GPUs or auto, got the string {value!r}",
-            "set {path} to a whole number, or to auto (local profiles: count this machine's GPUs)",
-        )
-    return _structure_int(value, int)
-
-
-def _structure_float(value: Any, _: type) -> float:
-    number = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            pass
-    if number is not None and math.isfinite(number):
-        return number
-    if number is not None:
-        raise BadValue(
-            f"expected a finite number, got {value!r}",
-            "write a finite number, e.g. 0.5 or 1.0e-5 (null where the key allows it)",
-        )
-    raise BadValue(
-        f"expected a number, got {type_name(value)}", "write a number, e.g. 0.5 or 1.0e-5"
-    )
-
-
-def _structure_str(value: Any, _: type) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return _number_as_text_error(value)
-    raise BadValue(f"expected a string, got {type_name(value)}", 'quote the value: {path}: "..."')
-
-
-def _number_as_text_error(value: float) -> str:
-    if isinstance(value, int) and value >= 60:
-        raise BadValue(
-            f"expected a string, got the number {value} (YAML reads an unquoted H:MM:SS as a base-60 number)",
-            'quote the value, e.g. {path}: "04:00:00"',
-        )
-    raise BadValue(
-        f"expected a string, got the number {value}", f'quote the value: {{path}}: "{value}"'
-    )
-
-
-def _structure_any(value: Any, _: type) -> Any:
-    return value
 
 
 # --------------------------------------------------------------------------- Literal, tuple, dict

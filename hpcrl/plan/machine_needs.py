@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import attrs
 
-from hpcrl.config.moe_dispatch import flex_backend, flex_key
+from hpcrl.config.moe_dispatch import FlexDispatch
 from hpcrl.config.recipe import Recipe
 from hpcrl.run.jobspec import MachineNeed
 
@@ -92,11 +92,11 @@ def machine_needs(recipe: Recipe) -> tuple[MachineNeed, ...]:
 def _flex_dispatch_needs(recipe: Recipe) -> tuple[MachineNeed, ...]:
     """megatron-core's flex dispatcher runs DeepEP's kernels: CUDA and the ``deep_ep`` package
     (its HybridEP buffer for hybridep; ``hpcrl.config.moe_dispatch``)."""
-    cfg = recipe.policy.megatron_cfg
-    backend = flex_backend(cfg)
+    flex = FlexDispatch.of(recipe)
+    backend = flex.backend
     if recipe.backend != "megatron" or backend is None:
         return ()
-    path, value = flex_key(cfg)
+    path, value = flex.key
     kernel = "HybridEP" if backend == "hybridep" else "DeepEP"
     return (
         MachineNeed(

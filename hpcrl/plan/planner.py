@@ -15,7 +15,7 @@ from typing import Any
 
 from hpcrl.config.datasets import resolve_data_sections
 from hpcrl.config.env_rules import VLLM_ENV_VARS, training_env_vars
-from hpcrl.config.moe_dispatch import hybridep_env
+from hpcrl.config.moe_dispatch import FlexDispatch, hybridep_env
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
 from hpcrl.plan import generation as generation_checks
@@ -294,7 +294,7 @@ def _job_env(
     for name in recipe.policy.generation.vllm_cfg.env_vars:
         _check_env_name(f"{VLLM_ENV_VARS}.{name}", name, findings)
     if recipe.backend == "megatron":
-        env.update(hybridep_env(recipe.policy.megatron_cfg, env))
+        env.update(hybridep_env(FlexDispatch.of(recipe), env))
     env.update(compile_env)
     env["HPCRL_RUN_DIR"] = run_dir
     return tuple(sorted(env.items()))

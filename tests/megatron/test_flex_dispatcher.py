@@ -10,7 +10,12 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from hpcrl.config.moe_dispatch import hybridep_env, pack_multiple, rule_flex_dispatcher
+from hpcrl.config.moe_dispatch import (
+    FlexDispatch,
+    hybridep_env,
+    pack_multiple,
+    rule_flex_dispatcher,
+)
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.backends.megatron.provider import apply_megatron_cfg
 from hpcrl.core.machine_checks import machine_problems
@@ -91,23 +96,24 @@ def test_shared_expert_overlap_needs_the_alltoall_dispatcher(megatron_cpu):
 
 
 def test_hybridep_environment_key_then_job_environment_then_default():
-    cfg = with_megatron(
+    recipe = with_megatron(
         megatron_recipe(), moe_token_dispatcher_type="flex",
         moe_flex_dispatcher_backend="hybridep", expert_model_parallel_size=8,
-    ).policy.megatron_cfg  # fmt: skip
-    assert hybridep_env(cfg, {}) == {
+    )  # fmt: skip
+    assert hybridep_env(FlexDispatch.of(recipe), {}) == {
         "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8",
         "USE_MNNVL": "1",
     }
-    assert hybridep_env(cfg, {"USE_MNNVL": "0"}) == {
+    assert hybridep_env(FlexDispatch.of(recipe), {"USE_MNNVL": "0"}) == {
         "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "8"
     }
-    keyed = attrs.evolve(cfg, hybridep_num_ranks_per_nvlink_domain=4, hybridep_use_mnnvl=False)
-    assert hybridep_env(keyed, {"USE_MNNVL": "1"}) == {
+    keyed = with_megatron(recipe, hybridep_num_ranks_per_nvlink_domain=4, hybridep_use_mnnvl=False)
+    assert hybridep_env(FlexDispatch.of(keyed), {"USE_MNNVL": "1"}) == {
         "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "4",
         "USE_MNNVL": "0",
     }
-    assert hybridep_env(attrs.evolve(cfg, moe_flex_dispatcher_backend="deepep"), {}) == {}
+    deepep = with_megatron(recipe, moe_flex_dispatcher_backend="deepep")
+    assert hybridep_env(FlexDispatch.of(deepep), {}) == {}
 
 
 def test_the_plan_exports_them_and_the_preflight_stops_without_deep_ep(tmp_path):
