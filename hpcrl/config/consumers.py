@@ -22,6 +22,7 @@ from hpcrl.config.consumer_sites import (
     CARVE,
     DATA_SEED,
     ENV,
+    ENV_NAME,
     ESTIMATOR_FLAGS,
     EXPAND,
     FIELDS,
@@ -34,7 +35,9 @@ from hpcrl.config.consumer_sites import (
     MATH_PROMPT,
     NAMED,
     NAMED_SET,
+    NODE_SPLIT,
     PLAN,
+    RM_KWARGS,
     RUN_STEPS,
     SAMPLE,
     SAMPLER,
@@ -140,6 +143,18 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "loss_fn.sequence_level_importance_ratios": (LOSS,),
     # ------------------------------------------------------------------ env
     "env.math.math_verify_impl": (ENV,),
+    # the environment the data sets name: math, math_multi_reward or reward_model (whose
+    # GPUs the node split carves out)
+    "data.train.env_name": (ENV_NAME, NODE_SPLIT),
+    "data.validation.env_name": (ENV_NAME, NODE_SPLIT),
+    "data.default.env_name": (ENV_NAME, NODE_SPLIT),
+    "env.reward_model.model_name": (RM_KWARGS,),
+    "env.reward_model.tokenizer.name": (RM_KWARGS,),
+    "env.reward_model.precision": (RM_KWARGS,),
+    "env.reward_model.batch_size": (RM_KWARGS,),
+    "env.reward_model.max_model_len": (RM_KWARGS,),
+    "env.reward_model.resources.gpus_per_node": (NODE_SPLIT,),
+    "env.reward_model.resources.num_nodes": (NODE_SPLIT,),
     # ------------------------------------------------------------------ checkpointing
     "checkpointing.enabled": (STORE,),
     "checkpointing.checkpoint_dir": (STORE,),

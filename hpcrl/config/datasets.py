@@ -290,15 +290,16 @@ def _processor_problems(
             Problem(
                 path=f"{path}.env_name",
                 value=section.env_name,
-                message=f"hpcrl has NeMo RL's {' and '.join(ENV_NAMES)} environments only",
-                fix=f"set {path}.env_name: math (or math_multi_reward for GDPO's rewards)",
+                message=f"hpcrl has NeMo RL's {', '.join(ENV_NAMES)} environments only",
+                fix=f"set {path}.env_name: math (math_multi_reward for GDPO's rewards, "
+                "reward_model to score with env.reward_model's model)",
             )
         )
     return problems
 
 
 #: NeMo RL's environments hpcrl runs (hpcrl.core.environments.build).
-ENV_NAMES = ("math", "math_multi_reward")
+ENV_NAMES = ("math", "math_multi_reward", "reward_model")
 
 
 def _env_names(recipe: Recipe) -> dict[str, str]:
@@ -311,27 +312,29 @@ def _env_names(recipe: Recipe) -> dict[str, str]:
 
 
 def data_env_name(recipe: Recipe) -> str:
-    """The run's environment: math_multi_reward when ``env.name`` or the data sets name it
+    """The run's environment: the one the data sets name other than math
     (``rule_one_env_name`` refuses a mix), else ``env.name``."""
-    names = set(_env_names(recipe).values())
-    return "math_multi_reward" if "math_multi_reward" in names else recipe.env.name
+    names = sorted(set(_env_names(recipe).values()) - {"math"})
+    return names[0] if names else recipe.env.name
 
 
 def rule_one_env_name(recipe: Recipe) -> list[Problem]:
     """One environment scores every rollout: NeMo RL routes each data set to its own, hpcrl
-    builds one per run, so the data sets must agree (``math_multi_reward`` with ``math`` is
-    a mix)."""
+    builds one per run, so the data sets must agree (``math_multi_reward`` or
+    ``reward_model`` beside ``math`` is a mix)."""
     names = _env_names(recipe)
-    if len(set(names.values()) & set(ENV_NAMES)) < 2:
+    known = set(names.values()) & set(ENV_NAMES)
+    if len(known) < 2:
         return []
-    path, name = next((p, n) for p, n in names.items() if n == "math")
+    chosen = sorted(known - {"math"})[0]
+    path, name = next((p, n) for p, n in names.items() if n != chosen and n in ENV_NAMES)
     return [
         Problem(
             path=f"{path}.env_name",
             value=name,
-            message="other data sets of this recipe name math_multi_reward; hpcrl scores all "
-            "of a run's rollouts with one environment",
-            fix=f"set {path}.env_name: math_multi_reward, or every env_name to math",
+            message=f"other data sets of this recipe name {chosen}; hpcrl scores all of a "
+            "run's rollouts with one environment",
+            fix=f"set {path}.env_name: {chosen}, or every env_name to {name}",
         )
     ]
 

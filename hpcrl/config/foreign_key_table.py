@@ -175,6 +175,18 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         f"custom tensor-parallel plans are {NOT_YET} (hpcrl applies its own plan)",
         None,
     ),
+    # env.reward_model.dtensor_cfg: how NeMo RL shards its reward-model policy
+    inert(
+        "env.reward_model.dtensor_cfg._v2",
+        "picks one of NeMo RL's two DTensor worker implementations for its reward-model "
+        "policy; hpcrl's scorer runs the model's own forward",
+    ),
+    off_only(
+        "env.reward_model.dtensor_cfg.custom_parallel_plan",
+        "a tensor-parallel plan for the reward model: hpcrl's scorer holds the whole model "
+        "on each of its GPUs",
+        None,
+    ),
     # automodel_kwargs: the named entries first (each takes its key out), then what is left
     inert(
         "policy.automodel_cfg.automodel_kwargs.force_hf",

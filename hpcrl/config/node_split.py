@@ -11,6 +11,11 @@ slots on CPU profiles). Colocated generation shares every training rank. With
 - several nodes: generation takes ``resources.num_nodes`` whole nodes (its ``gpus_per_node``
   equals ``cluster.gpus_per_node``), the last ones, and training the nodes before them.
 
+A reward-model environment (data sets with ``env_name: reward_model``) is carved out first,
+as NeMo RL carves it: on a one-node job it takes ``env.reward_model.resources.gpus_per_node``
+GPUs of the node; on more nodes ``resources.num_nodes`` whole nodes, the last ones. The
+split above then applies to the policy's part (its nodes and GPUs per node).
+
 So a NeMo RL config's ``cluster.num_nodes`` is what the job allocates; nothing is added on
 top. The rule here refuses what NeMo RL's setup asserts against, with the key to change.
 """
@@ -19,8 +24,9 @@ from __future__ import annotations
 
 import attrs
 
+from hpcrl.config.datasets import data_env_name
 from hpcrl.config.errors import NO_VALUE, Problem
-from hpcrl.config.recipe import Recipe
+from hpcrl.config.recipe import Recipe, RewardModelResourcesCfg
 
 COLOCATED = "policy.generation.colocated"
 RESOURCES = f"{COLOCATED}.resources"
@@ -39,6 +45,11 @@ class NodeSplit:
     generation_nodes: int = 0
     generation_gpus_per_node: int = 0
     first_generation_node: int = 0
+    # the reward-model environment's scorers (0 nodes: none); first node 0: it shares the
+    # one node of the job
+    reward_model_nodes: int = 0
+    reward_model_gpus_per_node: int = 0
+    first_reward_model_node: int = 0
 
     @property
     def training_world_size(self) -> int:
@@ -54,38 +65,79 @@ def has_separate_generation(recipe: Recipe) -> bool:
     return recipe.algorithm == "grpo" and not recipe.policy.generation.colocated.enabled
 
 
+def reward_model_resources(recipe: Recipe) -> RewardModelResourcesCfg | None:
+    """``env.reward_model.resources`` when a GRPO run's data sets are scored by the reward
+    model (``hpcrl.config.reward_model_rules`` requires the section then)."""
+    if recipe.algorithm != "grpo" or data_env_name(recipe) != "reward_model":
+        return None
+    section = recipe.env.reward_model
+    return None if section is None else section.resources
+
+
+@attrs.frozen(kw_only=True)
+class _PolicyPart:
+    """What the reward model leaves to the policy (training and generation)."""
+
+    nodes: int
+    gpus_per_node: int
+    reward_model_nodes: int = 0
+    reward_model_gpus_per_node: int = 0
+
+
+def _policy_part(recipe: Recipe) -> _PolicyPart:
+    total, per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
+    resources = reward_model_resources(recipe)
+    if resources is None:
+        return _PolicyPart(nodes=total, gpus_per_node=per_node)
+    if total == 1:
+        return _PolicyPart(
+            nodes=1,
+            gpus_per_node=per_node - resources.gpus_per_node,
+            reward_model_nodes=1,
+            reward_model_gpus_per_node=resources.gpus_per_node,
+        )
+    return _PolicyPart(
+        nodes=total - resources.num_nodes,
+        gpus_per_node=per_node,
+        reward_model_nodes=resources.num_nodes,
+        reward_model_gpus_per_node=resources.gpus_per_node,
+    )
+
+
 def node_split(recipe: Recipe) -> NodeSplit:
     """The split of a recipe that ``rule_node_split`` accepts."""
-    total, per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
+    part = _policy_part(recipe)
+    roles = NodeSplit(
+        num_nodes=recipe.cluster.num_nodes,
+        gpus_per_node=recipe.cluster.gpus_per_node,
+        training_nodes=part.nodes,
+        training_gpus_per_node=part.gpus_per_node,
+        reward_model_nodes=part.reward_model_nodes,
+        reward_model_gpus_per_node=part.reward_model_gpus_per_node,
+        first_reward_model_node=(
+            part.nodes if part.reward_model_nodes and recipe.cluster.num_nodes > 1 else 0
+        ),
+    )
     if not has_separate_generation(recipe):
-        return NodeSplit(
-            num_nodes=total,
-            gpus_per_node=per_node,
-            training_nodes=total,
-            training_gpus_per_node=per_node,
-        )
+        return roles
     resources = recipe.policy.generation.colocated.resources
     generation_per_node = resources.gpus_per_node
     assert generation_per_node is not None, "rule_node_split requires it"
-    if total == 1:
-        return NodeSplit(
-            num_nodes=1,
-            gpus_per_node=per_node,
-            training_nodes=1,
-            training_gpus_per_node=per_node - generation_per_node,
+    if part.nodes == 1:
+        return attrs.evolve(
+            roles,
+            training_gpus_per_node=part.gpus_per_node - generation_per_node,
             generation_nodes=1,
             generation_gpus_per_node=generation_per_node,
         )
     generation_nodes = resources.num_nodes
     assert generation_nodes is not None, "rule_node_split requires it"
-    return NodeSplit(
-        num_nodes=total,
-        gpus_per_node=per_node,
-        training_nodes=total - generation_nodes,
-        training_gpus_per_node=per_node,
+    return attrs.evolve(
+        roles,
+        training_nodes=part.nodes - generation_nodes,
         generation_nodes=generation_nodes,
         generation_gpus_per_node=generation_per_node,
-        first_generation_node=total - generation_nodes,
+        first_generation_node=part.nodes - generation_nodes,
     )
 
 
@@ -106,12 +158,12 @@ def rule_node_split(recipe: Recipe) -> list[Problem]:
                 f"policy), or {COLOCATED}.enabled=true",
             )
         ]
-    total, per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
-    if total < 1 or per_node < 1:
-        return []  # rule_positive_counts reports them
-    if total == 1:
-        return _one_node_problems(recipe, per_node)
-    return _whole_node_problems(recipe, total, per_node)
+    part = _policy_part(recipe)
+    if part.nodes < 1 or part.gpus_per_node < 1:
+        return []  # rule_positive_counts (or rule_reward_model_split) reports them
+    if part.nodes == 1:
+        return _one_node_problems(recipe, part.gpus_per_node)
+    return _whole_node_problems(recipe, part.nodes, part.gpus_per_node)
 
 
 def _one_node_problems(recipe: Recipe, per_node: int) -> list[Problem]:

@@ -147,25 +147,80 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         off="1",
         rule="hpcrl.config.grpo_option_rules:rule_single_turn",
     ),
-    "data.train.env_name": NotConsumed(
-        "off_only",
-        "hpcrl has NeMo RL's math environment and, for GDPO, its math_multi_reward one "
-        "(hpcrl.core.environments.build); any other name is refused",
-        off="math",
-        rule="hpcrl.config.datasets:rule_named_sets",
+    "env.reward_model.processor": NotConsumed(
+        "inert",
+        "NeMo RL's reward-model environment does not read it (the data sets' processors "
+        "format the prompts)",
     ),
-    "data.validation.env_name": NotConsumed(
-        "off_only",
-        "hpcrl has NeMo RL's math environment and, for GDPO, its math_multi_reward one "
-        "(hpcrl.core.environments.build); any other name is refused",
-        off="math",
-        rule="hpcrl.config.datasets:rule_named_sets",
+    "env.reward_model.offload_optimizer_for_logprob": NotConsumed(
+        "inert", "the reward model has no optimizer to offload"
     ),
-    "data.default.env_name": NotConsumed(
+    "env.reward_model.dtensor_cfg.sequence_parallel": NotConsumed(
+        "inert",
+        "splits the sequence over tensor-parallel ranks, and the scorer has none (its "
+        "tensor_parallel_size must be 1): the same scores",
+    ),
+    "env.reward_model.reward_model_cfg.reward_model_type": NotConsumed(
+        "inert", "bradley_terry is the only value NeMo RL and the schema accept"
+    ),
+    "env.reward_model.checkpoint_path": NotConsumed(
         "off_only",
-        "hpcrl has NeMo RL's math environment and, for GDPO, its math_multi_reward one "
-        "(hpcrl.core.environments.build); any other name is refused",
-        off="math",
-        rule="hpcrl.config.datasets:rule_named_sets",
+        "the scorer loads model_name's Hugging Face folder, not a training checkpoint",
+        off="null",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.max_grad_norm": NotConsumed(
+        "off_only",
+        "the reward model never trains (NeMo RL asserts null)",
+        off="null",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.reward_model_cfg.enabled": NotConsumed(
+        "off_only",
+        "NeMo RL's reward-model environment asserts it",
+        off="true",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.dtensor_cfg.enabled": NotConsumed(
+        "off_only",
+        "NeMo RL runs reward models on its DTensor policy only",
+        off="true",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.dtensor_cfg.cpu_offload": NotConsumed(
+        "off_only",
+        "NeMo RL does not support it for reward models",
+        off="false",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.dtensor_cfg.activation_checkpointing": NotConsumed(
+        "off_only",
+        "the reward model never trains",
+        off="false",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.dtensor_cfg.tensor_parallel_size": NotConsumed(
+        "off_only",
+        "the scorer holds the whole model on each of its GPUs",
+        off="1",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.dtensor_cfg.context_parallel_size": NotConsumed(
+        "off_only",
+        "the scorer holds the whole model on each of its GPUs",
+        off="1",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.dynamic_batching.enabled": NotConsumed(
+        "off_only",
+        "NeMo RL does not support it for reward models",
+        off="false",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
+    ),
+    "env.reward_model.sequence_packing.enabled": NotConsumed(
+        "off_only",
+        "NeMo RL does not support it for reward models",
+        off="false",
+        rule="hpcrl.config.reward_model_rules:rule_reward_model_settings",
     ),
 }

@@ -56,6 +56,10 @@ from hpcrl.config.recipe_policy import (  # noqa: F401  (re-exported: one schema
     TokenizerCfg,
     VllmCfg,
 )
+from hpcrl.config.recipe_reward_model import (  # noqa: F401  (re-exported)
+    RewardModelEnvCfg,
+    RewardModelResourcesCfg,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -140,10 +144,11 @@ class EnvCfg:
 
     # math_multi_reward: NeMo RL's three-reward math environment (for gdpo), which its
     # configs pick by data.*.env_name
-    name: Literal["math", "toy_count", "math_multi_reward"] = "math"
+    name: Literal["math", "toy_count", "math_multi_reward", "reward_model"] = "math"
     kwargs: dict[str, Any] = attrs.field(factory=dict)
     math: MathEnvCfg | None = None  # NeMo RL's form; None: hpcrl's numeric check
     math_multi_reward: MathMultiRewardEnvCfg | None = None  # for data.*.env_name of that name
+    reward_model: RewardModelEnvCfg | None = None  # for data.*.env_name of that name
 
 
 @attrs.frozen(kw_only=True)

@@ -39,6 +39,7 @@ from hpcrl.config.override_rules import (
 )
 from hpcrl.config.range_rules import RANGE_RULES
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.reward_model_rules import REWARD_MODEL_RULES
 from hpcrl.config.save_deadline import rule_save_deadline
 
 __all__ = [
@@ -349,9 +350,7 @@ RESERVED_VLLM_KWARGS = {
 
 #: apply_chat_template arguments hpcrl sets itself (hpcrl.core.data.prompts.encode_prompt,
 #: hpcrl.core.data.named._render): policy.tokenizer.chat_template_kwargs may not give them.
-RESERVED_CHAT_TEMPLATE_KWARGS = (
-    "conversation", "tokenize", "add_generation_prompt", "return_dict"
-)
+RESERVED_CHAT_TEMPLATE_KWARGS = ("conversation", "tokenize", "add_generation_prompt", "return_dict")
 
 
 def rule_chat_template_kwargs(recipe: Recipe) -> list[Problem]:
@@ -420,6 +419,7 @@ RECIPE_RULES = (
     rule_vllm_sizes,
     rule_vllm_kwargs,
     rule_chat_template_kwargs,
+    *REWARD_MODEL_RULES,
     rule_node_split,
     *GENERATION_RULES,
     rule_automodel_context_parallel,

@@ -18,6 +18,7 @@ step boundary and the job should be requeued).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -121,14 +122,17 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
     )
     started = time.monotonic()
     report_phase(run_dir, f"starting {jobspec.world_size} workers")
-    policy = build_policy(recipe, jobspec, model_path, pad_token_id=tokenizer.pad_token_id or 0)
-    print(f"workers ready in {time.monotonic() - started:.1f}s", flush=True)
-    try:
+    with contextlib.ExitStack() as cleanup:  # stops the policy first, then the scorers
+        scorers = _start_reward_model(jobspec, run_dir)
+        if scorers is not None:
+            cleanup.callback(scorers.shutdown)
+            env = scorers
+        policy = build_policy(recipe, jobspec, model_path, pad_token_id=tokenizer.pad_token_id or 0)
+        cleanup.callback(policy.shutdown)
+        print(f"workers ready in {time.monotonic() - started:.1f}s", flush=True)
         step_fn = _make_step_fn(policy, recipe, tokenizer, env, sampler, num_steps)
         validate = _make_validate_fn(policy, jobspec, tokenizer, env, val_rows)
         return run_steps(policy, recipe, step_fn, sampler, run_dir, num_steps, validate)
-    finally:
-        policy.shutdown()
 
 
 def training_sampler(recipe: Recipe, rows: list[dict]) -> EpochSampler:
@@ -149,12 +153,26 @@ def planned_num_steps(recipe: Recipe, num_rows: int) -> int:
 
 
 def _environment(recipe: Recipe) -> Any:
-    if recipe.algorithm != "grpo":
-        return None
+    """The run's environment; None for SFT and for the reward model, whose scorers are
+    Ray actors of their own (``_start_reward_model``)."""
     from hpcrl.config.datasets import data_env_name
+
+    name = data_env_name(recipe)
+    if recipe.algorithm != "grpo" or name == "reward_model":
+        return None
     from hpcrl.core.environments.build import build_environment
 
-    return build_environment(recipe.env, data_env_name(recipe))
+    return build_environment(recipe.env, name)
+
+
+def _start_reward_model(jobspec: JobSpec, run_dir: Path) -> Any:
+    """The reward-model scorers on the GPUs the plan carved out for them (None without)."""
+    if jobspec.reward_model is None:
+        return None
+    from hpcrl.core.workers.reward_model_actor import start_scorers
+
+    report_phase(run_dir, f"starting {jobspec.reward_model.num_scorers} reward-model scorer(s)")
+    return start_scorers(jobspec, job_device(jobspec))
 
 
 def _training_rows(recipe: Recipe, tokenizer: Any) -> list[dict]:
@@ -247,6 +265,11 @@ def training_layout(jobspec: JobSpec) -> GroupLayout:
     if jobspec.generation is not None:
         num_nodes = jobspec.generation.training_nodes
         workers_per_node = jobspec.generation.training_slots_per_node
+    elif jobspec.reward_model is not None:  # the reward model's GPUs are carved out
+        from hpcrl.config.node_split import node_split
+
+        split = node_split(jobspec.recipe)
+        num_nodes, workers_per_node = split.training_nodes, split.training_gpus_per_node
     else:
         num_nodes, workers_per_node = jobspec.num_nodes, jobspec.slots_per_node
     return GroupLayout(

@@ -23,7 +23,7 @@ from hpcrl.config.node_split import NodeSplit, has_separate_generation, node_spl
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe, VllmCfg
 from hpcrl.plan.findings import Findings
-from hpcrl.run.jobspec import GenerationPlacement
+from hpcrl.run.jobspec import GenerationPlacement, RewardModelPlacement
 
 COLOCATED = "policy.generation.colocated"
 RESOURCES = f"{COLOCATED}.resources"
@@ -86,8 +86,8 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
     ):
         return
     tp, pp = generation.vllm_cfg.tensor_parallel_size, generation.vllm_cfg.pipeline_parallel_size
-    per_node = recipe.cluster.gpus_per_node
-    world = recipe.cluster.num_nodes * per_node
+    split = node_split(recipe)  # the policy's GPUs: a reward model's are carved out
+    per_node, world = split.training_gpus_per_node, split.training_world_size
     if tp < 1 or pp < 1 or world < 1:
         return  # the recipe rules report non-positive sizes
     gpu = profile.device == "gpu"
@@ -155,10 +155,22 @@ def plan_generation(
     )
 
 
+def plan_reward_model(recipe: Recipe) -> RewardModelPlacement | None:
+    """The reward-model scorers' placement (``rule_reward_model_split`` checked it)."""
+    split = node_split(recipe)
+    if split.reward_model_nodes == 0:
+        return None
+    return RewardModelPlacement(
+        first_node=split.first_reward_model_node,
+        num_nodes=split.reward_model_nodes,
+        slots_per_node=split.reward_model_gpus_per_node,
+    )
+
+
 def report_placement(
     placement: GenerationPlacement, profile: ClusterProfile, findings: Findings
 ) -> None:
-    findings.passed("generation", placement.describe(_unit(profile)))
+    findings.passed("generation", placement.describe(unit(profile)))
     if placement.backend == "megatron":
         findings.passed("generation", SEPARATE_MEGATRON)
 
@@ -221,5 +233,5 @@ def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
     )
 
 
-def _unit(profile: ClusterProfile) -> str:
+def unit(profile: ClusterProfile) -> str:
     return "GPUs" if profile.device == "gpu" else "CPU worker slots"

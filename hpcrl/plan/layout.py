@@ -73,12 +73,14 @@ def check_allocation(recipe: Recipe, profile: ClusterProfile, findings: Findings
 
 def _allocation_line(recipe: Recipe, profile: ClusterProfile) -> str:
     num_nodes, per_node = recipe.cluster.num_nodes, recipe.cluster.gpus_per_node
-    ranks = node_split(recipe).training_world_size
+    split = node_split(recipe)
+    ranks = split.training_world_size
     if num_nodes * per_node == ranks:
         return f"{num_nodes} node(s) × {per_node} {_unit(profile)} = {ranks} ranks"
+    others = "the reward model's and generation's" if split.reward_model_nodes else "generation's"
     return (
         f"{num_nodes} node(s) × {per_node} {_unit(profile)} for the whole job (cluster.*, "
-        f"generation's included, as in NeMo RL): {ranks} training ranks"
+        f"{others} included, as in NeMo RL): {ranks} training ranks"
     )
 
 

@@ -82,6 +82,9 @@ def plan(
     job_name = job_name or _job_name_from(recipe_source)
     _check_run_dir(run_dir, profile, findings)
     generation = generation_checks.plan_generation(recipe, profile, findings)
+    reward_model = generation_checks.plan_reward_model(recipe)
+    if reward_model is not None:
+        findings.passed("reward_model", reward_model.describe(generation_checks.unit(profile)))
     layout = _plan_layout(recipe, profile, generation, findings)
     # The job asks Slurm (and Ray, and a local job's CUDA_VISIBLE_DEVICES) for only the GPUs
     # it uses: a recipe may train on fewer than a node holds (check_allocation warns).
@@ -136,6 +139,7 @@ def plan(
         checks=tuple(findings.checks),
         machine_needs=machine_needs(recipe),
         generation=generation,
+        reward_model=reward_model,
         colocated_engine_ranks=generation_checks.colocated_engine_ranks(recipe),
         visible_gpus=visible_gpus,
         **launch,

@@ -104,6 +104,32 @@ class GenerationPlacement:
         )
 
 
+@attrs.frozen(kw_only=True)
+class RewardModelPlacement:
+    """Where the reward-model environment's scorers run (``env.reward_model.resources``,
+    carved out of the job as NeMo RL carves it: hpcrl.config.node_split): ``num_nodes``
+    nodes from ``first_node`` (node 0, shared with the policy, on a one-node job),
+    ``slots_per_node`` GPUs (CPU worker slots) each, one scorer on each."""
+
+    first_node: int
+    num_nodes: int
+    slots_per_node: int
+
+    @property
+    def num_scorers(self) -> int:
+        return self.num_nodes * self.slots_per_node
+
+    def describe(self, unit: str) -> str:
+        """One line, e.g. ``reward model: 1 GPU on node 0 (one scorer per GPU, ...)``."""
+        one = unit.removesuffix("s")
+        return (
+            f"reward model: {self.slots_per_node} {one if self.slots_per_node == 1 else unit} "
+            f"on {'each of ' if self.num_nodes > 1 else ''}"
+            f"{_nodes(self.first_node, self.num_nodes)} (one scorer per {one}, the whole "
+            "model on each; the conversations split evenly over them)"
+        )
+
+
 #: How ``describe`` names the separate engines of each generation backend.
 _SEPARATE_ENGINES = {
     "vllm": "vLLM generation",
@@ -297,6 +323,7 @@ class JobSpec:
     requeue: bool = True
     checks: tuple[Check, ...] = ()
     generation: GenerationPlacement | None = None  # separate vLLM generation workers only
+    reward_model: RewardModelPlacement | None = None  # the reward-model environment's scorers
     # Colocated vLLM: consecutive training ranks of one node per engine (tp × pp); rank
     # k·n builds engine k over the group's GPUs / cores. 1 for every other generation.
     colocated_engine_ranks: int = 1

@@ -79,8 +79,10 @@ def test_an_off_only_field_is_refused_by_its_rule_at_any_other_value(path):
     other = {
         "1": 2,
         "false": True,
-        "math": "reward_model",
-        "null": "bfloat16",
+        "true": False,
+        "null": "bfloat16"
+        if not path.startswith("env.reward_model.")
+        else ("/somewhere" if path.endswith("checkpoint_path") else 1.0),
         "in_order": "windowed",
         "${grpo.num_prompts_per_step}": 1,  # base_dict's is 4
     }[entry.off]
@@ -89,6 +91,9 @@ def test_an_off_only_field_is_refused_by_its_rule_at_any_other_value(path):
         # a local ResponseDataset for train and validation; data.default fills both
         local = {"dataset_name": "ResponseDataset", "data_path": __file__}
         data["data"] = {"train": dict(local), "validation": dict(local)}
+    if path.startswith("env.reward_model."):
+        # read only while the data sets are scored by the reward model
+        data["env"] = {"name": "reward_model", "reward_model": {"model_name": "rm"}}
     recipe = structure_recipe(with_keys(data, **{path.replace(".", "__"): other}))
     refused = [p.path for p in rule(recipe) if p.is_error]
     # data.default fills data.train and data.validation: the rule names where it lands

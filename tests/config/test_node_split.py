@@ -170,3 +170,114 @@ def test_nemo_rl_one_node_split_on_eos(eos):
         "# Split: training on node 0 (4 GPUs each); vLLM generation on node 0 "
         "(the other 4 GPUs each; 4 engine(s) of 1).\n" in render_sbatch(spec)
     )
+
+
+RM = "env.reward_model"
+
+
+def reward_model_recipe(num_nodes, gpus_per_node, rm_nodes, rm_gpus, **more):
+    """GRPO scored by the reward model (env.name; data sets' env_name reads the same)."""
+    from hpcrl.config import structure_recipe
+
+    data = with_keys(
+        base_dict("automodel"),
+        cluster={"num_nodes": num_nodes, "gpus_per_node": gpus_per_node},
+        env={
+            "name": "reward_model",
+            "reward_model": {
+                "model_name": "Skywork/Skywork-Reward-V2-Qwen3-0.6B",
+                "resources": {"num_nodes": rm_nodes, "gpus_per_node": rm_gpus},
+            },
+        },
+        **more,
+    )
+    return data, structure_recipe
+
+
+def test_the_reward_model_is_carved_out_as_nemo_rl_carves_it():
+    data, structure = reward_model_recipe(1, 8, 1, 2)
+    assert node_split(structure(data)) == NodeSplit(
+        num_nodes=1, gpus_per_node=8, training_nodes=1, training_gpus_per_node=6,
+        reward_model_nodes=1, reward_model_gpus_per_node=2, first_reward_model_node=0,
+    )  # fmt: skip
+    data, structure = reward_model_recipe(4, 8, 1, 4)
+    assert node_split(structure(data)) == NodeSplit(
+        num_nodes=4, gpus_per_node=8, training_nodes=3, training_gpus_per_node=8,
+        reward_model_nodes=1, reward_model_gpus_per_node=4, first_reward_model_node=3,
+    )  # fmt: skip
+    # non-colocated generation shares the policy's one node; the reward model has its own
+    data, structure = reward_model_recipe(
+        2, 8, 1, 8,
+        policy__generation={
+            "backend": "vllm",
+            "colocated": {"enabled": False, "resources": {"num_nodes": None, "gpus_per_node": 2}},
+        },
+    )  # fmt: skip
+    split = node_split(structure(data))
+    assert (split.training_nodes, split.training_gpus_per_node) == (1, 6)
+    assert (split.first_generation_node, split.generation_gpus_per_node) == (0, 2)
+    assert (split.first_reward_model_node, split.reward_model_nodes) == (1, 1)
+
+
+def rm_problems(num_nodes, gpus_per_node, rm_nodes, rm_gpus, **reward_model):
+    data, _ = reward_model_recipe(num_nodes, gpus_per_node, rm_nodes, rm_gpus)
+    data["env"]["reward_model"].update(reward_model)
+    return formatted(problems_for(**{key: data[key] for key in ("cluster", "env")}))
+
+
+def test_reward_model_refusals_name_path_value_reason_and_fix():
+    assert rm_problems(1, 8, 1, 7) == {}
+    assert rm_problems(1, 8, 1, 8) == {
+        f"{RM}.resources.gpus_per_node": f"error: {RM}.resources.gpus_per_node = 8: on a "
+        "one-node job the reward model takes this many of the node's cluster.gpus_per_node (8) "
+        "GPUs, which leaves 0 for the policy\n"
+        f"  fix: set {RM}.resources.gpus_per_node below 8 (e.g. 1), or raise "
+        "cluster.gpus_per_node, or cluster.num_nodes for nodes of the reward model's own"
+    }
+    assert set(rm_problems(2, 8, 2, 9)) == {
+        f"{RM}.resources.num_nodes",
+        f"{RM}.resources.gpus_per_node",
+    }
+    refused = rm_problems(
+        1, 8, 1, 1,
+        checkpoint_path="/ckpt",
+        dtensor_cfg={"enabled": True, "tensor_parallel_size": 2},
+        reward_model_cfg={"enabled": False},
+    )  # fmt: skip
+    assert refused == {
+        f"{RM}.reward_model_cfg.enabled": f"error: {RM}.reward_model_cfg.enabled = False: must "
+        "be true: NeMo RL's reward-model environment asserts it\n"
+        f"  fix: set {RM}.reward_model_cfg.enabled=true",
+        f"{RM}.checkpoint_path": f"error: {RM}.checkpoint_path = '/ckpt': must be null: hpcrl "
+        "loads the reward model from model_name's Hugging Face folder only, not from a "
+        "training checkpoint\n"
+        f"  fix: set {RM}.checkpoint_path=null",
+        f"{RM}.dtensor_cfg.tensor_parallel_size": f"error: {RM}.dtensor_cfg.tensor_parallel_size"
+        " = 2: hpcrl's reward-model scorer holds the whole model on each of its GPUs (the "
+        "conversations are split over them), so it does not shard the model\n"
+        f"  fix: set {RM}.dtensor_cfg.tensor_parallel_size=1 (the scores are the same)",
+    }
+
+
+def test_data_sets_scored_by_the_reward_model_need_its_section():
+    problems = problems_for(env={"name": "reward_model"})
+    assert formatted(problems) == {
+        RM: f"error: {RM}: the data sets are scored by the reward-model environment "
+        "(env_name: reward_model), whose model this section names\n"
+        f"  fix: add {RM} with model_name and resources (as NeMo RL's "
+        "examples/configs/grpo_rm_1B.yaml)"
+    }
+
+
+def test_nemo_rl_grpo_rm_1B_on_eos_gives_the_reward_model_one_of_two_gpus(eos):
+    path = config_path("grpo_rm_1B.yaml")
+    recipe = load_as_hpcrl(path).recipe
+    spec = plan(recipe, eos, run_dir="/runs/nemo-rl", recipe_source=str(path))
+    assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (1, 2, 1)
+    assert (spec.reward_model.first_node, spec.reward_model.num_scorers) == (0, 1)
+    assert recipe.env.reward_model.model_name == "Skywork/Skywork-Reward-V2-Qwen3-0.6B"
+    assert (recipe.env.reward_model.batch_size, recipe.env.reward_model.max_model_len) == (4, 2048)
+    assert (
+        "# Environment: reward model: 1 GPU on node 0 (one scorer per GPU, the whole model on "
+        "each; the conversations split evenly over them).\n" in render_sbatch(spec)
+    )

@@ -446,6 +446,14 @@ def env_probe(recipe: Recipe, tmp: Path) -> Any:
     return {"type": type(env).__name__, "rewards": env.score(["q"], ["\\boxed{2}"], ["2"])}
 
 
+def reward_model_probe(recipe: Recipe, tmp: Path) -> Any:
+    """The reward-model scorers' arguments (model_name as the node resolves it)."""
+    from hpcrl.core.workers.reward_model_actor import scorer_kwargs
+
+    section = recipe.env.reward_model
+    return None if section is None else scorer_kwargs(section, section.model_name)
+
+
 def hf_cache_probe(recipe: Recipe, tmp: Path) -> Any:
     from hpcrl.plan.hf_cache import model_names
 

@@ -83,6 +83,9 @@ PROBES: dict[str, probes.Probe] = {
     consumer_sites.MATH_PROMPT: probes.named_data_probe,
     consumer_sites.SFT_EXAMPLE: probes.named_data_probe,
     consumer_sites.ENV: probes.env_probe,
+    consumer_sites.ENV_NAME: probes.plan_probe,
+    consumer_sites.NODE_SPLIT: probes.plan_probe,
+    consumer_sites.RM_KWARGS: probes.reward_model_probe,
     consumer_sites.AM_OPTIM: probes.automodel_optimizer_probe,
     consumer_sites.AM_SCHED: probes.automodel_optimizer_probe,
     consumer_sites.AM_TRAIN_OPTIM: probes.automodel_training_optimizer_probe,
@@ -111,6 +114,13 @@ class Change:
     base: str = ""  # "" : chosen by the key's section
     also: dict[str, Any] = attrs.field(factory=dict)  # set with the key (it needs them)
 
+
+#: a GRPO recipe scored by the reward model (env.reward_model is read then)
+#: (half of the base's 8 GPUs: training keeps dp 4, which its batch sizes divide)
+RM: dict[str, Any] = {
+    "env.name": "reward_model",
+    "env.reward_model": {"model_name": "rm", "resources": {"gpus_per_node": 4}},
+}
 
 CHECKPOINTS_ELSEWHERE = "<tmp>/elsewhere"  # made absolute below the test's folder
 CHAT_TEMPLATE = (
@@ -419,6 +429,21 @@ CHANGES: dict[str, Change] = {
     "loss_fn.truncated_importance_sampling_ratio": Change(0.84, TIS_BOUNDS),
     "loss_fn.truncated_importance_sampling_ratio_min": Change(0.83, TIS_BOUNDS),
     "env.math.math_verify_impl": Change("hf_math_verify"),
+    "env.reward_model.model_name": Change("other-rm", RM),
+    "env.reward_model.tokenizer.name": Change("rm-tokenizer", RM),
+    "env.reward_model.precision": Change("float32", RM),
+    "env.reward_model.batch_size": Change(3, RM),
+    "env.reward_model.max_model_len": Change(64, RM),
+    "env.reward_model.resources.gpus_per_node": Change(6, RM),
+    "env.reward_model.resources.num_nodes": Change(
+        2,
+        {
+            "env.name": "reward_model",
+            "env.reward_model": {"model_name": "rm", "resources": {"gpus_per_node": 2}},
+            "cluster.num_nodes": 3,
+            "cluster.gpus_per_node": 2,
+        },
+    ),
     "checkpointing.enabled": Change(False),
     "checkpointing.checkpoint_dir": Change(CHECKPOINTS_ELSEWHERE),
     "checkpointing.save_period": Change(3),
@@ -457,6 +482,7 @@ CHANGES: dict[str, Change] = {
 }
 
 DATASET_CHANGES: dict[str, Any] = {
+    "env_name": "reward_model",
     "dataset_name": "AIME2024",
     "data_path": "other",
     "split": "test",
@@ -560,6 +586,9 @@ def dataset_change(key: str, data: Path) -> Change:
         if name == "output_key":  # the SFT set whose rows it picks the target of
             return Change(value, {"data.dataset_name": "openmathinstruct2"}, base="flat_sft")
         return Change("DeepScaler" if name == "dataset_name" else value, context, base="flat")
+    if name == "env_name":  # every data set names it (one environment per run)
+        also = {f"data.{which}.env_name": value for which in ("train", "validation")}
+        return Change(value, {"env.reward_model": RM["env.reward_model"]}, base="named", also=also)
     if section == "data.default" and name in ("dataset_name", "data_path"):
         context.update(DEFAULT_ONLY_SOURCE(data))
     also = {f"{section}.data_path": None} if name == "dataset_name" else {}

@@ -58,6 +58,8 @@ class Rollouts:
     # columns in the order of the names; K = 0 for a one-reward environment.
     reward_components: Any = None
     reward_component_names: tuple[str, ...] = ()
+    # the environment's own figures of this batch (the reward model's reward_model_env/*)
+    env_metrics: dict[str, float] = attrs.field(factory=dict)
 
     def components(self) -> dict[str, Any]:
         """The named reward components, [N] each ({} for a one-reward environment)."""
@@ -145,6 +147,7 @@ def score_rollouts(
         truncated=truncated,
         loss_multiplier=torch.tensor(prompts.loss_multiplier, dtype=torch.float32),
         prompt_keys=[prompt_key(ids, pad) for ids in prompts.prompt_ids],
+        env_metrics=dict(getattr(env, "last_metrics", {})),
     )
 
 
@@ -353,6 +356,7 @@ def rollout_metrics(rollouts: Rollouts, step_s: float, generate_s: float) -> dic
         "generated_tokens_per_s": float(generation.response_lengths.sum()) / max(generate_s, 1e-9),
         "time_step_s": step_s,
     }
+    metrics.update(rollouts.env_metrics)  # the environment's own (reward_model_env/*)
     for name, values in rollouts.components().items():  # reward/format -> reward_format_mean
         metrics[f"{name.replace('/', '_')}_mean"] = float(values.mean())
     if generation.engine_generated_tokens is not None:  # an engine (vLLM) sampled them

@@ -10,8 +10,9 @@ without special tokens. The score is the classifier's single logit from its own 
 (the HF sequence-classification head pools the last non-pad token; batches are right padded
 with the tokenizer's pad id, as NeMo RL pads them).
 
-Not wired into recipes yet: ``data.*.env_name: reward_model`` is still refused on the login
-side (hpcrl.config.datasets) until the GPU split and the Ray actor placement land.
+Recipes reach it through ``data.*.env_name: reward_model`` and ``env.reward_model``
+(hpcrl.config.recipe_reward_model); the driver runs one per GPU of its planned placement in
+Ray actors of their own (hpcrl.core.workers.reward_model_actor).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def reward_metrics(rewards: Sequence[float]) -> dict[str, float]:
 class RewardModelEnvironment:
     """Scores conversations with a local HF AutoModelForSequenceClassification (num_labels 1).
 
-    ``model_path`` and ``tokenizer_path`` are local folders (no hub download: the job side
-    loads with local_files_only). ``batch_size`` conversations go through one forward;
+    ``model_path`` and ``tokenizer_path`` are local folders or hub names found in the job's
+    Hugging Face cache (as the policy's model is loaded). ``batch_size`` conversations go through one forward;
     conversations longer than ``max_model_len`` tokens keep their first ``max_model_len``.
     """
 
@@ -152,10 +153,10 @@ def _load_local_tokenizer(path: str) -> Any:
 
     from hpcrl.core.models.tokenizer import load_tokenizer
 
-    if not Path(path).is_dir():
+    if path.startswith(("/", ".", "~")) and not Path(path).expanduser().is_dir():
         raise ValueError(
-            f"env.reward_model.tokenizer.name: {path!r} is not a local folder; hpcrl loads "
-            "reward models from disk only (download it first, then point the key at the folder)"
+            f"env.reward_model.tokenizer.name: {path!r} is not a local folder (a path must "
+            "name the folder of a Hugging Face tokenizer; a hub name is read from the cache)"
         )
     return load_tokenizer(path)
 
@@ -165,7 +166,7 @@ def _load_classifier(path: str, precision: str, device: str) -> Any:
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=getattr(torch, precision), local_files_only=True
+        path, dtype=getattr(torch, precision)
     )
     if model.config.num_labels != 1:
         raise ValueError(
