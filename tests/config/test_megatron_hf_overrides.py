@@ -42,7 +42,9 @@ def test_what_megatron_cannot_carry_is_refused_by_key():
         "policy.hf_config_overrides.num_hidden_layers",
         "policy.hf_config_overrides.rope_scaling.attention_factor",
     ]
-    linear = _override_errors(relative, ["policy.hf_config_overrides.rope_scaling.rope_type=linear"])
+    linear = _override_errors(
+        relative, ["policy.hf_config_overrides.rope_scaling.rope_type=linear"]
+    )
     assert linear == ["policy.hf_config_overrides.rope_scaling.rope_type"]
 
 

@@ -5,6 +5,7 @@ test module so that the spawned rank imports it by a stable path."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,3 +54,27 @@ def megatron_logprobs(
             # the export writes the config the run trained (what a later job loads)
             save_hf_pretrained(build_bridge(hf_path, overrides), [model], export_dir)
     return out
+
+
+def worker_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """The real MegatronWorker set up with ``policy.hf_config_overrides``: its conversion
+    directory, its model's RoPE, its log-probs of a fixed batch and its refit export."""
+    import attrs
+
+    from tests.megatron import harness
+    from tests.recipe_builder import tiny_megatron_recipe
+
+    recipe = tiny_megatron_recipe(hf_path)
+    recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, hf_config_overrides=overrides))
+    worker, place = harness.setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
+    batch = harness.fixed_batch()
+    (chunk,) = worker.model_chunks
+    return {
+        "conversions": sorted(path.name for path in Path(ckpt_root).iterdir()),
+        "rope": type(chunk.module.rotary_pos_emb).__name__,
+        "logprobs": worker.logprobs(batch),
+        "input_ids": batch["input_ids"],
+        "exported": sorted(name for name, _ in worker.export_hf_weights()),
+    }

@@ -2,7 +2,8 @@
 checkpoint): the provider carries a YaRN rope_scaling and max_position_embeddings (which
 megatron-bridge 0.3 alone drops to plain RoPE), the Megatron model built with them scores
 tokens as the HF model with the same overrides does (and not as either model without them),
-an export writes the overridden config, and a rope_theta the model would ignore is refused.
+an export writes the overridden config, a rope_theta the model would ignore is refused, and
+the real worker converts apart and scores as HF with the overrides.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def test_a_rope_theta_the_model_ignores_is_refused(megatron_cpu, qwen3):
     from hpcrl.core.backends.megatron.hf_import import build_provider
 
     other_theta = {"rope_scaling": {**NEMO_RL_YARN["rope_scaling"], "rope_theta": 1e6}}
-    with pytest.raises(ValueError, match=r"hf_config_overrides\.rope_scaling\.rope_theta = 1000000"):
+    with pytest.raises(
+        ValueError, match=r"hf_config_overrides\.rope_scaling\.rope_theta = 1000000"
+    ):
         build_provider(qwen3, load_weights=False, hf_config_overrides=other_theta)
 
 
@@ -147,3 +150,23 @@ def test_megatron_logprobs_equal_hf_with_the_same_overrides(qwen3, tmp_path):
     exported = json.loads(Path(export_dir, "config.json").read_text())
     assert exported["rope_scaling"]["factor"] == 4.0
     assert exported["max_position_embeddings"] == 128
+
+
+#: YaRN scaled to the worker tests' 16-token rows
+WORKER_YARN = {
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4}
+}
+
+
+def test_the_worker_converts_apart_and_scores_as_hf_with_the_overrides(qwen3, tmp_path):
+    root = str(tmp_path / "conversions")
+    (result,) = harness.run_ranks(1, hf_overrides_ranks.worker_run, qwen3, root, WORKER_YARN)
+    (conversion,) = [name for name in result["conversions"] if not name.endswith(".lock")]
+    assert "__hfovr_" in conversion
+    assert result["rope"] == "YarnRotaryEmbedding"
+    input_ids = result["input_ids"]
+    want = _hf_logprobs(qwen3, WORKER_YARN, input_ids)
+    got = result["logprobs"][:, 1:].double()  # column 0: no previous token
+    assert (got - want).abs().max().item() < TOLERANCE
+    assert (got - _hf_logprobs(qwen3, {}, input_ids)).abs().max().item() > 100 * TOLERANCE
+    assert "model.layers.0.self_attn.q_norm.weight" in result["exported"]
