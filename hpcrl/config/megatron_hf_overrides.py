@@ -7,7 +7,7 @@ is admitted only where it is known to reach the Megatron model with Hugging Face
 - ``max_position_embeddings``: the bridge maps it to the provider's ``seq_length``, which
   hpcrl sets from ``policy.max_total_sequence_length`` as for any model; it matters to
   the model, as in HF, as YaRN's ``original_max_position_embeddings`` when that is unset;
-- ``rope_scaling`` of ``rope_type: yarn``: megatron-core's YaRN RoPE, its fields completed
+- ``rope_scaling: null`` (plain RoPE) or of ``rope_type: yarn``: megatron-core's YaRN RoPE, its fields completed
   by hpcrl where megatron-bridge 0.3 leaves them unset or unused (tested for parity
   with the HF model in tests/megatron/test_hf_config_overrides.py).
 
@@ -65,6 +65,8 @@ def megatron_hf_override_problems(overrides: Mapping[str, Any]) -> list[Problem]
 
 def _rope_scaling_problems(value: Any) -> list[Problem]:
     path = f"{PATH}.rope_scaling"
+    if value is None:  # no scaling: the bridge then builds plain RoPE, as HF computes it
+        return []
     if not isinstance(value, Mapping):
         return [
             Problem(

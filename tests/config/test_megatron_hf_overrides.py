@@ -54,3 +54,4 @@ def test_the_reasons_name_the_fix():
     (missing,) = megatron_hf_override_problems({"rope_scaling": {"rope_type": "yarn"}})
     assert missing.path == "policy.hf_config_overrides.rope_scaling.factor"
     assert megatron_hf_override_problems({"max_position_embeddings": 1536}) == []
+    assert megatron_hf_override_problems({"rope_scaling": None}) == []

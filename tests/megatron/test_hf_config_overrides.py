@@ -61,6 +61,8 @@ def test_provider_carries_yarn_and_max_position_embeddings(megatron_cpu, qwen3):
 
     plain = build_provider(qwen3, load_weights=False)
     assert plain.position_embedding_type == "rope" and plain.seq_length == 256
+    unscaled = build_provider(qwen3, load_weights=False, hf_config_overrides={"rope_scaling": None})
+    assert unscaled.position_embedding_type == "rope"
 
     provider = build_provider(qwen3, load_weights=False, hf_config_overrides=NEMO_RL_YARN)
     assert provider.position_embedding_type == "yarn"
