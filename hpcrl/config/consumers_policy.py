@@ -21,6 +21,7 @@ from hpcrl.config.consumer_sites import (
     GEN_PLAN,
     JOB_ENV,
     LAYOUT,
+    MG_BUILD,
     MG_CONVERT,
     MG_DDP,
     MG_LORA,
@@ -112,7 +113,7 @@ POLICY_CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.lora_cfg.dropout": (AM_LORA,),
     "policy.automodel_cfg.lora_cfg.dropout_position": (AM_LORA,),
     "policy.automodel_cfg.lora_cfg.lora_A_init": (AM_LORA,),
-    "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS),
+    "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS, MG_BUILD, MG_CONVERT),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
     "policy.megatron_cfg.peft.enabled": (MG_LORA,),

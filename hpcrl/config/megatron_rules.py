@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.megatron_hf_overrides import megatron_hf_override_problems
 from hpcrl.config.moe_dispatch import rule_flex_dispatcher
 from hpcrl.config.recipe import MegatronCfg, OffloadModule, Recipe
 from hpcrl.config.suggestions import did_you_mean
@@ -325,24 +326,12 @@ def rule_clip_grad(recipe: Recipe) -> list[Problem]:
 
 
 def rule_hf_config_overrides(recipe: Recipe) -> list[Problem]:
-    """The Megatron backend builds its model from a Megatron checkpoint converted once per
-    model (``hpcrl.core.backends.megatron.conversion``) and its provider from the HF config
-    as it is on disk: a changed HF config would reach neither (nor the cache key of the
-    conversion), so the change would be silently lost."""
+    """The Megatron backend builds its provider, conversion and export from the HF config
+    with the overrides applied; keys it cannot carry into the Megatron model with Hugging
+    Face's meaning are refused by key (``megatron_hf_overrides``)."""
     if not megatron_enabled(recipe):
         return []
-    return [
-        Problem(
-            path=f"policy.hf_config_overrides.{key}",
-            value=value,
-            message="changes to the Hugging Face config are not applied by hpcrl's Megatron "
-            "backend yet (its provider and converted checkpoint come from the config on disk)",
-            fix=f"remove policy.hf_config_overrides.{key}, set the value in a copy of the "
-            "model's config.json, or train with the Automodel backend "
-            "(policy.automodel_cfg.enabled=true), which applies it",
-        )
-        for key, value in sorted(recipe.policy.hf_config_overrides.items())
-    ]
+    return megatron_hf_override_problems(recipe.policy.hf_config_overrides)
 
 
 MEGATRON_RULES = (

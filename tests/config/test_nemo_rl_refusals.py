@@ -223,15 +223,10 @@ def test_sequence_parallel_with_tp8_loads_plans_and_renders(monkeypatch, tmp_pat
 
 def test_max_samples_and_the_nemotron_cascade_math_set_load_from_nemo_rls_file():
     """sft-qwen3-0.6B-1n8g-megatron-yarn-128k: data.train.max_samples (a seeded subset,
-    tests/core/test_named_data.py) and its data set are read; what still refuses the file
-    is its Megatron rope override and context parallelism, not its data."""
+    tests/core/test_named_data.py) and its data set are read; the file loads as NeMo RL
+    wrote it (its YaRN override: tests/megatron/test_hf_config_overrides.py)."""
     relative = "recipes/llm/sft-qwen3-0.6B-1n8g-megatron-yarn-128k.yaml"
-    errors = errors_of(relative, [])
-    assert not {path for path in errors if path.startswith("data.")}, errors
-    loaded = load_as_hpcrl(
-        config_path(relative),
-        ["policy.megatron_cfg.context_parallel_size=1", "~policy.hf_config_overrides"],
-    )
+    loaded = load_as_hpcrl(config_path(relative))
     train = effective(loaded.recipe, "train")
     assert train is not None
     assert (train.dataset_name, train.max_samples) == ("Nemotron-Cascade-2-SFT-Math", 100000)

@@ -579,8 +579,9 @@ def megatron_ddp_probe(recipe: Recipe, tmp: Path) -> Any:
 
 def conversion_probe(recipe: Recipe, tmp: Path) -> Any:
     """MegatronWorker._ensure_conversion calls ensure_megatron_checkpoint with
-    ``force=megatron_cfg.force_reconvert_from_hf``; this replays that call over a complete
-    earlier conversion and reports whether it converted again."""
+    ``force=megatron_cfg.force_reconvert_from_hf`` and ``policy.hf_config_overrides`` (a
+    changed config is converted apart); this replays that call over a complete earlier
+    conversion of the unchanged config and reports whether it converted again."""
     from hpcrl.core.backends.megatron.conversion import (
         COMPLETE_MARKER,
         ensure_megatron_checkpoint,
@@ -605,6 +606,7 @@ def conversion_probe(recipe: Recipe, tmp: Path) -> Any:
         convert=convert,
         rank=0,
         progress=lambda message: None,
+        hf_config_overrides=recipe.policy.hf_config_overrides,
     )
     return converted
 

@@ -33,11 +33,14 @@ def _save_char_tokenizer(out_dir: Path) -> None:
 
 
 def build_tiny_hf_model(out_dir: Path, model_type: str, seed: int = 1234) -> Path:
-    """Write a 2-layer, hidden-64 ``model_type`` ("llama" | "qwen2") checkpoint to ``out_dir``."""
+    """Write a 2-layer, hidden-64 ``model_type`` ("llama" | "qwen2" | "qwen3") checkpoint to
+    ``out_dir``."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
+    config_cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[model_type]
+    # Qwen3's head_dim defaults to 128 rather than hidden_size / heads
+    extra = {"head_dim": 16} if model_type == "qwen3" else {}
     config = config_cls(
         vocab_size=VOCAB_SIZE,
         hidden_size=64,
@@ -52,6 +55,7 @@ def build_tiny_hf_model(out_dir: Path, model_type: str, seed: int = 1234) -> Pat
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
+        **extra,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)

@@ -4,7 +4,9 @@ Layout under the planned directory (``JobSpec.megatron_checkpoint_dir``, resolve
 from the job's environment: ``NRL_MEGATRON_CHECKPOINT_DIR`` > ``$HF_HOME/nemo_rl`` >
 ``~/.cache/huggingface/nemo_rl``; the worker gets it in ``RankInfo``)::
 
-    <root>/<model key>/            a finished conversion (has COMPLETE_MARKER)
+    <root>/<model key>/            a finished conversion (has COMPLETE_MARKER); with
+                                   ``policy.hf_config_overrides`` the key ends in
+                                   ``__hfovr_<hash of the overrides>`` (another model)
     <root>/<model key>.lock        flock: one converter at a time, across jobs and nodes
     <root>/.<model key>.tmp-<pid>  a conversion being written (or left by a crash)
 
@@ -23,14 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
 import shutil
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 COMPLETE_MARKER = "hpcrl_conversion_complete.json"
 TMP_INFIX = ".tmp-"
@@ -50,6 +54,17 @@ def model_key(model_name: str) -> str:
         raise ValueError(f"policy.model_name: {model_name!r} names no model")
     key = "--".join(re.sub(r"[^A-Za-z0-9._-]", "_", part) for part in parts)
     return key.lstrip(".") or "_"
+
+
+def conversion_key(model_name: str, hf_config_overrides: Mapping[str, Any]) -> str:
+    """``model_key``, told apart per ``policy.hf_config_overrides``: a conversion made from
+    a changed config (its run config, the HF model the bridge read) is not reused for
+    another change, nor for none."""
+    key = model_key(model_name)
+    if not hf_config_overrides:
+        return key
+    canonical = json.dumps(hf_config_overrides, sort_keys=True, separators=(",", ":"))
+    return f"{key}__hfovr_{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
 
 
 def is_complete(conversion_dir: Path) -> bool:
@@ -160,13 +175,14 @@ def ensure_megatron_checkpoint(
     progress: Progress = print_progress,
     lock_timeout_s: float = 4 * 3600.0,
     poll_s: float = 2.0,
+    hf_config_overrides: Mapping[str, Any] | None = None,
 ) -> Path:
     """Return the directory of a complete conversion of ``hf_path``, converting if needed.
 
     Call on every rank of the job: rank 0 converts (under the lock), the others wait for it
     at a barrier of the default process group (if one exists).
     """
-    final_dir = Path(root_dir) / model_key(model_name)
+    final_dir = Path(root_dir) / conversion_key(model_name, hf_config_overrides or {})
     if rank == 0:
         lock_path = final_dir.parent / f"{final_dir.name}.lock"
         with conversion_lock(lock_path, lock_timeout_s, poll_s, progress):

@@ -1,7 +1,7 @@
 """A Megatron training checkpoint (torch_dist, any TP/PP) as a Hugging Face folder.
 
 The model is built once more at TP=PP=CP=EP=1 from the run's HF checkpoint (provider with the
-recipe's precision and ``model_overrides``, as training built it), without random init;
+recipe's precision, ``model_overrides`` and ``hf_config_overrides``, as training built it), without random init;
 dist_checkpointing reshards the checkpoint's model tensors into it (the optimizer's are left
 on disk), and megatron-bridge writes the HF folder as the in-job export does
 (``MegatronWorker.export_hf``). It runs in a spawned process with a one-rank gloo group and,
@@ -120,7 +120,8 @@ def export_torch_dist_to_hf(
     say(f"loading the checkpoint's model tensors from {Path(checkpoint_dir) / MEGATRON_SUBDIR}")
     load_model_weights(chunks, Path(checkpoint_dir) / MEGATRON_SUBDIR)
     say(f"writing the Hugging Face folder {out_dir} (megatron-bridge)")
-    save_hf_pretrained(build_bridge(model_path), chunks, str(out_dir))
+    bridge = build_bridge(model_path, recipe.policy.hf_config_overrides)
+    save_hf_pretrained(bridge, chunks, str(out_dir))
 
 
 def build_model_without_init(recipe: Recipe, cfg: MegatronCfg, model_path: str) -> list:
@@ -132,7 +133,9 @@ def build_model_without_init(recipe: Recipe, cfg: MegatronCfg, model_path: str) 
     policy = recipe.policy
     # With LoRA the checkpoint holds the adapters alone: the base weights are the HF model's
     lora = cfg.peft.enabled
-    provider = build_provider(model_path, load_weights=lora)
+    provider = build_provider(
+        model_path, load_weights=lora, hf_config_overrides=policy.hf_config_overrides
+    )
     prepare_provider(provider, cfg, policy.precision, policy.max_total_sequence_length)
     provider.perform_initialization = False
     provider.finalize()

@@ -2,20 +2,22 @@
 
 megatron-bridge's ``export_hf_weights`` gathers TP/PP shards (every rank takes part) and
 converts names and layouts: the same conversion ``export_hf`` writes to disk. The bridge is
-built once from the worker's HF checkpoint.
+built once from the worker's HF checkpoint and ``policy.hf_config_overrides`` (the config an
+export writes beside the weights is the one the run trained).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 
-def build_bridge(model_path: str) -> Any:
-    from hpcrl.core.backends.megatron.bridge_compat import import_bridge
+def build_bridge(model_path: str, hf_config_overrides: Mapping[str, Any]) -> Any:
+    from hpcrl.core.backends.megatron.hf_overrides import bridge_with_overrides
 
-    return import_bridge().AutoBridge.from_hf_pretrained(model_path)
+    return bridge_with_overrides(model_path, hf_config_overrides)
 
 
 def export_hf_weights(bridge: Any, model_chunks: list) -> list[tuple[str, torch.Tensor]]:

@@ -36,15 +36,18 @@ def make_converter(
     model_overrides: Mapping[str, Any],
     prepare: Callable[[], None] | None = None,
     heartbeat_s: float = 30.0,
+    hf_config_overrides: Mapping[str, Any] | None = None,
 ) -> Converter:
     """The converter ``ensure_megatron_checkpoint`` calls. ``prepare`` runs first in the
     child: a CPU job's worker passes the CPU compatibility layer
-    (``cpu_compat.apply_for_process``), a GPU job None."""
+    (``cpu_compat.apply_for_process``), a GPU job None. ``hf_config_overrides``: the
+    recipe's ``policy.hf_config_overrides`` (the provider is built from the changed config)."""
     return functools.partial(
         convert_in_subprocess,
         model_overrides=dict(model_overrides),
         prepare=prepare,
         heartbeat_s=heartbeat_s,
+        hf_config_overrides=dict(hf_config_overrides or {}),
     )
 
 
@@ -56,10 +59,11 @@ def convert_in_subprocess(
     prepare: Callable[[], None] | None,
     heartbeat_s: float,
     progress: Progress = print_progress,
+    hf_config_overrides: Mapping[str, Any] | None = None,
 ) -> None:
     child = multiprocessing.get_context("spawn").Process(
         target=_convert_child,
-        args=(hf_path, out_dir, dict(model_overrides), prepare),
+        args=(hf_path, out_dir, dict(model_overrides), prepare, dict(hf_config_overrides or {})),
         name="hpcrl-megatron-convert",
     )
     started = time.monotonic()
@@ -81,7 +85,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _convert_child(hf_path: str, out_dir: str, overrides: dict, prepare: Callable | None) -> None:
+def _convert_child(
+    hf_path: str, out_dir: str, overrides: dict, prepare: Callable | None, hf_overrides: dict
+) -> None:
     started = time.monotonic()
 
     def stage(message: str) -> None:
@@ -101,7 +107,7 @@ def _convert_child(hf_path: str, out_dir: str, overrides: dict, prepare: Callabl
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         stage(f"reading HF checkpoint {hf_path}")
-        provider = build_provider(hf_path, load_weights=True)
+        provider = build_provider(hf_path, load_weights=True, hf_config_overrides=hf_overrides)
         apply_model_overrides(provider, overrides)
         provider.finalize()
         stage("building the Megatron model and copying weights (TP=1, PP=1, CPU)")
@@ -120,10 +126,16 @@ def _convert_child(hf_path: str, out_dir: str, overrides: dict, prepare: Callabl
     os._exit(0)
 
 
-def build_provider(hf_path: str, load_weights: bool) -> Any:
-    """A fresh provider from the HF config (local layer spec when TE is absent)."""
-    bridge = import_bridge().AutoBridge.from_hf_pretrained(hf_path)
+def build_provider(
+    hf_path: str, load_weights: bool, hf_config_overrides: Mapping[str, Any] | None = None
+) -> Any:
+    """A fresh provider from the HF config with ``policy.hf_config_overrides`` applied (local
+    layer spec when TE is absent; YaRN as Hugging Face reads it: ``hf_overrides.py``)."""
+    from hpcrl.core.backends.megatron.hf_overrides import bridge_with_overrides, complete_yarn
+
+    bridge = bridge_with_overrides(hf_path, hf_config_overrides or {})
     provider = bridge.to_megatron_provider(load_weights=load_weights)
+    complete_yarn(provider, bridge.hf_pretrained.config)
     if not transformer_engine_available():
         use_local_spec(provider)
     return provider

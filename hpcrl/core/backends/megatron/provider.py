@@ -68,7 +68,11 @@ def use_local_spec(provider: Any) -> list[str]:
     """Build with megatron-core's local (pure torch) layer spec; returns the flags turned off."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    provider.transformer_layer_spec = get_gpt_layer_local_spec()
+    # the spec holds the q/k norm modules itself: without them a Qwen3 (qk_layernorm) model
+    # would be built, and its norms' weights silently dropped, with no error
+    provider.transformer_layer_spec = get_gpt_layer_local_spec(
+        qk_layernorm=bool(getattr(provider, "qk_layernorm", False))
+    )
     turned_off = []
     for flag in TE_ONLY_PROVIDER_FLAGS:
         if getattr(provider, flag, False):

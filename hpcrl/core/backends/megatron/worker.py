@@ -127,8 +127,11 @@ class MegatronWorker:
         root = self.rank_info.megatron_checkpoint_dir
         # The planner resolves it for every Megatron recipe; the driver passes it on.
         assert root is not None, "RankInfo.megatron_checkpoint_dir is unset (no plan?)"
+        hf_overrides = self.recipe.policy.hf_config_overrides
         convert = hf_import.make_converter(
-            self.cfg.model_overrides, prepare=_converter_prepare(self.rank_info.device)
+            self.cfg.model_overrides,
+            prepare=_converter_prepare(self.rank_info.device),
+            hf_config_overrides=hf_overrides,
         )
         return ensure_megatron_checkpoint(
             self.recipe.policy.model_name,
@@ -137,6 +140,7 @@ class MegatronWorker:
             force=self.cfg.force_reconvert_from_hf,
             convert=convert,
             rank=self.rank_info.rank,
+            hf_config_overrides=hf_overrides,
         )
 
     def _build_model(self, conversion_dir: Path) -> list:
@@ -144,7 +148,9 @@ class MegatronWorker:
         from hpcrl.core.backends.megatron.provider import prepare_provider
 
         policy = self.recipe.policy
-        provider = hf_import.build_provider(self.model_path, load_weights=False)
+        provider = hf_import.build_provider(
+            self.model_path, load_weights=False, hf_config_overrides=policy.hf_config_overrides
+        )
         turned_off = prepare_provider(
             provider, self.cfg, policy.precision, policy.max_total_sequence_length
         )
@@ -268,7 +274,7 @@ class MegatronWorker:
         if getattr(self, "_bridge", None) is None:
             from hpcrl.core.backends.megatron.generation import build_bridge
 
-            self._bridge = build_bridge(self.model_path)
+            self._bridge = build_bridge(self.model_path, self.recipe.policy.hf_config_overrides)
         return self._bridge
 
     # ------------------------------------------------------------------ optimizer placement
