@@ -10,7 +10,7 @@ same message.
   of ``MOE_EXPERT_COUNT_KEYS`` split over expert-parallel ranks. FSDP2 alone shards any
   decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
   transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
-  without expert parallelism (deepseek_v3, nemotron_h also with it):
+  without expert parallelism (deepseek_v3, nemotron_h, glm4_moe_lite also with it):
   tests/core/test_fsdp_only_models.py builds each one (those transformers 5 brought:
   tests/transformers5).
 - Multimodal wrappers of a text decoder (``MULTIMODAL_TEXT_MODEL_TYPES``: Gemma 3, Mistral 3,
@@ -40,11 +40,12 @@ LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
 MOE_EXPERT_COUNT_KEYS = {
     "qwen3_moe": "num_experts", "mixtral": "num_local_experts",
     "deepseek_v3": "n_routed_experts", "nemotron_h": "n_routed_experts",
+    "glm4_moe_lite": "n_routed_experts",
 }  # fmt: skip
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
 #: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no
-#: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, nemotron_h:
-#: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
+#: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, glm4_moe_lite,
+#: nemotron_h: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
 #: is not one: transformers gives it no SDPA attention, which the backend loads models with.
 FSDP_ONLY_MODEL_TYPES = (
     "deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h", "glm4_moe_lite"

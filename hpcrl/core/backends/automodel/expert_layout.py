@@ -11,7 +11,7 @@ per-expert layout under both:
   own names (``mlp.experts.<i>.gate_proj.weight``), so a checkpoint written under one
   transformers version resumes under the other and vLLM receives what it loads from disk.
 
-``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H) swaps each fused experts module for
+``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H, GLM-4.7-Flash) swaps each fused experts module for
 ``PerExpertMLPs``, which takes the same call and runs the same loop over the experts some
 token is routed to.
 
@@ -35,6 +35,7 @@ FUSED_EXPERT_NAMES: dict[str, tuple[str | None, str, str]] = {
     "MixtralExperts": ("w1", "w3", "w2"),
     "DeepseekV3Experts": ("gate_proj", "up_proj", "down_proj"),
     "NemotronHExperts": (None, "up_proj", "down_proj"),
+    "Glm4MoeLiteExperts": ("gate_proj", "up_proj", "down_proj"),
 }
 
 

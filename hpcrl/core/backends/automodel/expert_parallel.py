@@ -26,7 +26,8 @@ the dp/ep ranks that hold it: the expert's gradient comes out ep times too large
 owned expert scales its weight gradients by 1/ep (not the gradient it passes back to the
 tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
 
-Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral and DeepSeek-V3 blocks
+Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H and
+GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name) blocks
 (``MOE_BLOCKS``): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
 softmax → top-k (→ renormalised) here; otherwise a module that routes itself) and a list of
 experts (transformers 5's fused experts are split into one by
@@ -58,6 +59,7 @@ MOE_BLOCKS: dict[str, bool | None] = {
     "MixtralSparseMoeBlock": True,
     "DeepseekV3MoE": None,  # its router module routes (sigmoid, grouped top-k, scaling)
     "NemotronHMoE": None,  # the same router; plain (ungated) experts, optional latent space
+    "Glm4MoeLiteMoE": None,  # GLM-4.7-Flash: DeepSeek-V3's block (router, shared experts)
 }
 EP_MESH_DIM_NAMES = ("ep_shard", "ep")
 #: a block's projections into and out of its experts' space (Nemotron-H's moe_latent_size;
