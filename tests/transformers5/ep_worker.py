@@ -21,14 +21,17 @@ ROWS = 4  # per rank: two micro-batches of 2
 LR = 5e-3
 
 
-def recipe_for(model_path: str, ep: int) -> Any:
+def recipe_for(model_path: str, ep: int, checkpointing: bool = False) -> Any:
+    """``checkpointing``: activation checkpointing, as NeMo RL's EP recipes of these models
+    set it (each block recomputed in backward: its token exchange runs again)."""
     from tests.recipe_builder import tiny_automodel_recipe, with_automodel, with_policy
 
-    recipe = with_policy(tiny_automodel_recipe(lr=LR), model_name=model_path)
+    recipe = tiny_automodel_recipe(lr=LR, activation_checkpointing=checkpointing)
+    recipe = with_policy(recipe, model_name=model_path)
     return with_automodel(recipe, expert_parallel_size=ep)
 
 
-def _rank(rank: int, port: int, model_path: str, ep: int, out: str) -> None:
+def _rank(rank: int, port: int, model_path: str, ep: int, checkpointing: bool, out: str) -> None:
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
     from hpcrl.core.backends.base import RankInfo
 
@@ -39,7 +42,7 @@ def _rank(rank: int, port: int, model_path: str, ep: int, out: str) -> None:
         info = RankInfo(rank=rank, world_size=WORLD, local_rank=rank, local_world_size=WORLD,
                         node_rank=0, master_addr="127.0.0.1", master_port=port, device="cpu")  # fmt: skip
         worker = AutomodelWorker()
-        worker.setup(recipe_for(model_path, ep), info, model_path)
+        worker.setup(recipe_for(model_path, ep, checkpointing), info, model_path)
         batch = make_batch(seed=5)
         rows = {key: value[rank * ROWS : (rank + 1) * ROWS] for key, value in batch.items()}
         logprobs = worker.logprobs(rows)
@@ -54,11 +57,10 @@ def _rank(rank: int, port: int, model_path: str, ep: int, out: str) -> None:
     _exit_cleanly()
 
 
-def worker_ranks(model_path: str, ep: int, out: str) -> list[dict[str, Any]]:
+def worker_ranks(model_path: str, ep: int, out: str, checkpointing: bool) -> list[dict[str, Any]]:
     """Each rank's log-probs of its rows, its train-step metrics and its refit weights."""
-    mp.start_processes(
-        _rank, args=(_free_port(), model_path, ep, out), nprocs=WORLD, start_method="fork"
-    )
+    args = (_free_port(), model_path, ep, checkpointing, out)
+    mp.start_processes(_rank, args=args, nprocs=WORLD, start_method="fork")
     return [torch.load(f"{out}.{r}", weights_only=False) for r in range(WORLD)]
 
 
@@ -94,10 +96,12 @@ def one_process(model_path: str) -> dict[str, Any]:
     }
 
 
-def assert_ep_matches_one_process(model_path: str, out: str, checkpoint: dict) -> None:
+def assert_ep_matches_one_process(
+    model_path: str, out: str, checkpoint: dict, checkpointing: bool
+) -> None:
     """EP over 2 ranks equals one process; its refits carry the checkpoint file's names."""
     want = one_process(model_path)
-    for rank, got in enumerate(worker_ranks(model_path, WORLD, out)):
+    for rank, got in enumerate(worker_ranks(model_path, WORLD, out, checkpointing)):
         rows = slice(rank * ROWS, (rank + 1) * ROWS)
         mask = want["mask"][rows]
         torch.testing.assert_close(

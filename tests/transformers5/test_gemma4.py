@@ -91,7 +91,8 @@ def test_the_worker_trains_gemma4s_text_decoder_and_refits_in_the_checkpoint_lay
         torch.testing.assert_close(from_dcp[name], tensor, atol=0, rtol=0, msg=name)
 
 
-def test_gemma4_moe_at_expert_parallel_2_equals_one_process(tmp_path):
+@pytest.mark.parametrize("checkpointing", [False, True])  # True: NeMo RL's recipe sets it
+def test_gemma4_moe_at_expert_parallel_2_equals_one_process(tmp_path, checkpointing):
     """gemma-4-26B-A4B's MoE layers (router and experts beside a dense MLP) with each of 2
     gloo ranks keeping 2 of the 4 experts: log-probs, one step's loss and gradient norm, and
     the weights refitted after it equal one process's; the refit stacks the experts back
@@ -103,4 +104,4 @@ def test_gemma4_moe_at_expert_parallel_2_equals_one_process(tmp_path):
     checkpoint = saved_tensors(path)
     fused = "model.language_model.layers.1.experts.gate_up_proj"
     assert tuple(checkpoint[fused].shape) == (4, 32, 32)  # [E, 2·I, H]
-    assert_ep_matches_one_process(path, str(tmp_path / "result"), checkpoint)
+    assert_ep_matches_one_process(path, str(tmp_path / "result"), checkpoint, checkpointing)
