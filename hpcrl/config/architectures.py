@@ -10,13 +10,14 @@ same message.
   of ``MOE_EXPERT_COUNT_KEYS`` split over expert-parallel ranks. FSDP2 alone shards any
   decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
   transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
-  without expert parallelism (deepseek_v3, nemotron_h also with it):
+  without expert parallelism (deepseek_v3, nemotron_h, glm4_moe_lite also with it):
   tests/core/test_fsdp_only_models.py builds each one (those transformers 5 brought:
   tests/transformers5).
 - Multimodal wrappers of a text decoder (``MULTIMODAL_TEXT_MODEL_TYPES``: Gemma 3, Mistral 3,
   Gemma 4) load whole as NeMo RL loads them, train their language model on text with the
-  vision part frozen, FSDP2 alone, no LoRA (hpcrl.core.backends.automodel.multimodal;
-  tests/core/test_multimodal_text_models.py).
+  vision part frozen, FSDP2 alone (Gemma 4 MoE also with expert parallelism), no LoRA
+  (hpcrl.core.backends.automodel.multimodal; tests/core/test_multimodal_text_models.py,
+  tests/transformers5/test_gemma4.py).
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -36,15 +37,17 @@ from hpcrl.config.recipe import Recipe
 LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
 #: MoE decoders of the same shape whose Hugging Face MoE blocks the Automodel backend can
 #: split over expert-parallel ranks (hpcrl.core.backends.automodel.expert_parallel), with
-#: the config key holding the expert count
+#: the config key holding the expert count (a multimodal wrapper's: in its ``text_config``;
+#: gemma4: the MoE Gemma 4, gemma-4-26B-A4B; its dense sizes have no experts, null there)
 MOE_EXPERT_COUNT_KEYS = {
     "qwen3_moe": "num_experts", "mixtral": "num_local_experts",
     "deepseek_v3": "n_routed_experts", "nemotron_h": "n_routed_experts",
+    "glm4_moe_lite": "n_routed_experts", "gemma4": "num_experts",
 }  # fmt: skip
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
 #: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no
-#: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, nemotron_h:
-#: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
+#: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, glm4_moe_lite,
+#: nemotron_h: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
 #: is not one: transformers gives it no SDPA attention, which the backend loads models with.
 FSDP_ONLY_MODEL_TYPES = (
     "deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h", "glm4_moe_lite"
@@ -150,7 +153,8 @@ def _moe_layout_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem
     model_type = hf_config.get("model_type")
     count_key = MOE_EXPERT_COUNT_KEYS.get(str(model_type))
     ep = cfg.expert_parallel_size
-    if count_key is None:
+    experts = _expert_count(hf_config, count_key) if count_key else None
+    if count_key is None or experts == 0:
         if ep == 1:
             return None
         return Problem(
@@ -168,7 +172,6 @@ def _moe_layout_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem
             fix="set policy.automodel_cfg.tensor_parallel_size=1 (split the experts with "
             f"{EXPERT_PARALLEL} instead)",
         )  # fmt: skip
-    experts = hf_config.get(count_key)
     if isinstance(experts, int) and experts % ep:
         valid = [d for d in range(1, experts + 1) if experts % d == 0]
         return Problem(
@@ -178,6 +181,17 @@ def _moe_layout_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem
             fix=f"set {EXPERT_PARALLEL} to a divisor of {experts} that divides the "
             f"data-parallel size: one of {valid}",
         )  # fmt: skip
+    return None
+
+
+def _expert_count(hf_config: Mapping[str, Any], key: str) -> Any:
+    """The config's expert count (a wrapper's: in its ``text_config``); 0 where the key is
+    there and null (a dense size of a family with MoE sizes: Gemma 4 31B), None where the
+    config does not say (a hub name known without its config.json)."""
+    text = hf_config.get("text_config")
+    for section in (hf_config, text if isinstance(text, Mapping) else {}):
+        if key in section:
+            return section[key] or 0
     return None
 
 

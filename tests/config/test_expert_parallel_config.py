@@ -19,6 +19,8 @@ EP = "policy.automodel_cfg.expert_parallel_size"
 SFT_EP4 = "recipes/llm/sft-nanov3-30BA3B-2n4g-fsdp2.yaml"  # 1 node × 4 GPUs (sft.yaml's), ep 4
 GRPO_EP16 = "recipes/llm/grpo-qwen3.5-35ba3b-2n8g-automodel-ep16.yaml"  # 2 × 8 GPUs, ep 16
 GRPO_EP8 = "recipes/llm/grpo-nemotron3-super-120BA12B-16n8g-automodel-ep8.yaml"  # 16 × 8, ep 8
+GLM_EP32 = "recipes/llm/grpo-glm47-flash-4n8g-automodel.yaml"  # GLM-4.7-Flash, 4 × 8, ep 32
+GEMMA4_EP32 = "recipes/llm/dapo-gemma4-26ba4b-it-4n8g-fsdp2-automodel.yaml"  # the same, Gemma 4
 
 
 def planned(relative: str, *overrides: str):
@@ -39,6 +41,8 @@ def plan_errors(relative: str, *overrides: str) -> dict[str, str]:
         (SFT_EP4, ("cluster.num_nodes=2",), 4, 8),  # two EP groups of 4
         (GRPO_EP16, (), 16, 16),
         (GRPO_EP8, (), 8, 128),  # 16 EP groups of 8
+        (GLM_EP32, (), 32, 32),
+        (GEMMA4_EP32, (), 32, 32),
     ],
 )
 def test_nemo_rl_expert_parallel_recipes_validate_and_render(relative, overrides, ep, dp_shard):
@@ -118,4 +122,17 @@ def test_a_model_without_experts_or_with_an_indivisible_count_is_refused_by_its_
 
     fits = {"model_type": "mixtral", "num_local_experts": 8}
     assert architecture_problem(_recipe(4), fits) is None
+    glm = {"model_type": "glm4_moe_lite", "n_routed_experts": 64}  # GLM-4.7-Flash's
+    assert architecture_problem(_recipe(4), glm) is None
+    glm_uneven = architecture_problem(_recipe(4), {**glm, "n_routed_experts": 6})
+    assert glm_uneven is not None and "n_routed_experts in config.json" in glm_uneven.message
+    # Gemma 4: the wrapper's count is in its text_config; its dense sizes have none (null)
+    gemma4 = {"model_type": "gemma4", "text_config": {"num_experts": 128}}  # 26B-A4B's
+    assert architecture_problem(_recipe(4), gemma4) is None
+    uneven_gemma4 = architecture_problem(_recipe(4), {**gemma4, "text_config": {"num_experts": 6}})
+    assert uneven_gemma4 is not None and "model's 6 experts" in uneven_gemma4.message
+    dense_gemma4 = {"model_type": "gemma4", "text_config": {"num_experts": None}}  # 31B's
+    dense = architecture_problem(_recipe(4), dense_gemma4)
+    assert dense is not None and "has no experts the automodel backend can split" in dense.message
+    assert architecture_problem(_recipe(1), dense_gemma4) is None
     assert architecture_problem(_recipe(1), {"model_type": "qwen2"}) is None

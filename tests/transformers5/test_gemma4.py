@@ -79,3 +79,29 @@ def test_the_worker_trains_gemma4s_text_decoder_and_refits_in_the_checkpoint_lay
     worker.export_hf(str(tmp_path / "export"))
     exported = saved_tensors(str(tmp_path / "export"))
     assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in checkpoint.items()}
+    # a DCP checkpoint (the experts per expert, as they train) exported as hpcrl export does:
+    # the checkpoint's layout again (gemma4_moe: the experts stacked back, fused)
+    from hpcrl.core.backends.automodel.export import export_dcp_to_hf
+
+    worker.save_checkpoint(str(tmp_path / "dcp"))
+    export_dcp_to_hf(tmp_path / "dcp", tmp_path / "from_dcp", path, path)
+    from_dcp = saved_tensors(str(tmp_path / "from_dcp"))
+    assert set(from_dcp) == set(exported)
+    for name, tensor in exported.items():
+        torch.testing.assert_close(from_dcp[name], tensor, atol=0, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])  # True: NeMo RL's recipe sets it
+def test_gemma4_moe_at_expert_parallel_2_equals_one_process(tmp_path, checkpointing):
+    """gemma-4-26B-A4B's MoE layers (router and experts beside a dense MLP) with each of 2
+    gloo ranks keeping 2 of the 4 experts: log-probs, one step's loss and gradient norm, and
+    the weights refitted after it equal one process's; the refit stacks the experts back
+    into the checkpoint's fused ``experts.gate_up_proj``/``down_proj``, which vLLM loads."""
+    from tests.core.test_multimodal_text_models import build_tiny
+    from tests.transformers5.ep_worker import assert_ep_matches_one_process
+
+    path = build_tiny(tmp_path / "gemma4", "gemma4", {"gemma4": CONFIGS["gemma4_moe"]})
+    checkpoint = saved_tensors(path)
+    fused = "model.language_model.layers.1.experts.gate_up_proj"
+    assert tuple(checkpoint[fused].shape) == (4, 32, 32)  # [E, 2·I, H]
+    assert_ep_matches_one_process(path, str(tmp_path / "result"), checkpoint, checkpointing)

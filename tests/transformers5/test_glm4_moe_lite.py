@@ -5,7 +5,9 @@ with FSDP alone (``TRANSFORMERS_5_MODEL_TYPES`` in hpcrl.config.architectures). 
 
 A tiny random checkpoint goes through one in-process worker (gloo, world size 1): its
 log-probs equal the model's own forward, steps on one batch lower the loss, and the weights
-it refits carry the checkpoint's key names and shapes.
+it refits carry the checkpoint's key names and shapes. Expert parallelism (its MoE block is
+DeepSeek-V3's under another name) over 2 gloo ranks equals one process (tests/transformers5/
+ep_worker.py).
 """
 
 from __future__ import annotations
@@ -25,23 +27,30 @@ CONFIG = dict(
 )  # fmt: skip
 
 
-def test_glm4_moe_lite_loads_matches_its_forward_trains_and_refits_its_names(tmp_path):
-    import torch.distributed as dist
-    from safetensors.torch import load_file
+def build(path: str) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hpcrl.core.backends.automodel.worker import AutomodelWorker
-    from hpcrl.core.backends.base import RankInfo
-    from hpcrl.core.models.buildable import unbuildable_model
     from hpcrl.core.models.tiny import build_char_tokenizer
-    from hpcrl.core.workers.sharding import split_micro_batches
-    from tests.recipe_builder import tiny_automodel_recipe, with_policy
 
-    path = str(tmp_path / "glm")
     torch.manual_seed(0)
     config = AutoConfig.for_model("glm4_moe_lite", **CONFIG)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
     build_char_tokenizer().save_pretrained(path)
+    return path
+
+
+def test_glm4_moe_lite_loads_matches_its_forward_trains_and_refits_its_names(tmp_path):
+    import torch.distributed as dist
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from hpcrl.core.backends.automodel.worker import AutomodelWorker
+    from hpcrl.core.backends.base import RankInfo
+    from hpcrl.core.models.buildable import unbuildable_model
+    from hpcrl.core.workers.sharding import split_micro_batches
+    from tests.recipe_builder import tiny_automodel_recipe, with_policy
+
+    path = build(str(tmp_path / "glm"))
     checkpoint = load_file(f"{path}/model.safetensors")
     recipe = with_policy(tiny_automodel_recipe(micro_batch_size=2, lr=1e-2), model_name=path)
     assert unbuildable_model(recipe, path) is None  # this Python's transformers has it
@@ -75,3 +84,19 @@ def test_glm4_moe_lite_loads_matches_its_forward_trains_and_refits_its_names(tmp
     assert {k: tuple(v.shape) for k, v in refit.items()} == {
         k: tuple(v.shape) for k, v in checkpoint.items()
     }
+
+
+def test_glm4_moe_lite_at_expert_parallel_2_equals_one_process(tmp_path):
+    """Each rank keeps 2 of the 4 routed experts; log-probs, one step's loss and gradient
+    norm (blocks recomputed in backward), and the weights refitted after it (the checkpoint's
+    per-expert names) are one process's."""
+    from safetensors.torch import load_file
+
+    from tests.transformers5.ep_worker import assert_ep_matches_one_process
+
+    path = build(str(tmp_path / "glm"))
+    checkpoint = load_file(f"{path}/model.safetensors")
+    assert "model.layers.1.mlp.experts.3.gate_proj.weight" in checkpoint  # vLLM loads these
+    # with activation checkpointing, as NeMo RL's GLM-4.7-Flash recipe (the exchange without
+    # it: DeepSeek-V3's block, tests/core/test_expert_parallel.py)
+    assert_ep_matches_one_process(path, str(tmp_path / "result"), checkpoint, checkpointing=True)

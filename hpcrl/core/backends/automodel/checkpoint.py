@@ -140,7 +140,7 @@ def export_hf(
     ``lora_scale`` set: LoRA adapters merged into the weights they adapt (a plain HF model).
     ``gathered``: the full weights with HF names already on every rank (expert parallelism
     gathers its experts itself), used instead of the model's state dict."""
-    from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
+    from hpcrl.core.backends.automodel.expert_layout import fuse_expert_tensors, unfuse_experts
     from hpcrl.core.backends.automodel.lora import merge_adapters
     from hpcrl.core.backends.automodel.multimodal import auto_model_class
     from hpcrl.core.models.tokenizer import load_tokenizer
@@ -161,7 +161,9 @@ def export_hf(
         config.use_cache = True  # training switched it off; whoever generates wants it
         with torch.device("meta"):
             hf_model = auto_model_class(config).from_config(config, dtype=torch.float32)
-        unfuse_experts(hf_model)  # the per-expert names training keeps (expert_layout.py)
+        # the per-expert names training keeps, save_pretrained the checkpoint's (expert_layout.py)
+        unfuse_experts(hf_model, keep_fused_on_disk=True)
+        weights = dict(fuse_expert_tensors(hf_model, list(weights.items())))
         hf_model.load_state_dict(weights, assign=True, strict=True)
         hf_model.tie_weights()
         hf_model.save_pretrained(out_dir)

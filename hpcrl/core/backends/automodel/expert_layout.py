@@ -11,17 +11,23 @@ per-expert layout under both:
   own names (``mlp.experts.<i>.gate_proj.weight``), so a checkpoint written under one
   transformers version resumes under the other and vLLM receives what it loads from disk.
 
-``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H) swaps each fused experts module for
+``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H, GLM-4.7-Flash) swaps each fused experts module for
 ``PerExpertMLPs``, which takes the same call and runs the same loop over the experts some
 token is routed to.
 
 ``checkpoint_named_tensors`` covers fused experts of the other MoE families (FSDP-only
 decoders): it maps state-dict names back to the checkpoint's with transformers' own reverse
 conversion (what ``save_pretrained`` writes), so refits reach vLLM in checkpoint names.
+
+Gemma 4's checkpoints keep the experts fused themselves (``experts.gate_up_proj``, which
+vLLM loads): they train per expert too (expert parallelism keeps whole experts), and
+``fuse_expert_tensors`` stacks them back wherever weights leave in the checkpoint's names
+(refit, ``hpcrl export``, ``save_consolidated``; ``FUSED_ON_DISK``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,7 +41,13 @@ FUSED_EXPERT_NAMES: dict[str, tuple[str | None, str, str]] = {
     "MixtralExperts": ("w1", "w3", "w2"),
     "DeepseekV3Experts": ("gate_proj", "up_proj", "down_proj"),
     "NemotronHExperts": (None, "up_proj", "down_proj"),
+    "Glm4MoeLiteExperts": ("gate_proj", "up_proj", "down_proj"),
+    "Gemma4TextExperts": ("gate_proj", "up_proj", "down_proj"),
 }
+#: fused experts classes whose checkpoints hold the fused 3-D weights as well
+#: (``gate_up_proj`` [E, 2·I, H]: gate rows first, ``down_proj`` [E, H, I])
+FUSED_ON_DISK = frozenset({"Gemma4TextExperts"})
+_PER_EXPERT = re.compile(r"(?P<index>\d+)\.(?P<projection>gate_proj|up_proj|down_proj)\.weight")
 
 
 class ExpertMLP(nn.Module):
@@ -79,7 +91,10 @@ def _expert_weights(experts: Any, index: int, gated: bool) -> tuple[Any, ...]:
 
 class PerExpertMLPs(nn.ModuleList):
     """A fused experts module's drop-in: ``(hidden [T, H], top_k_index [T, k], top_k_weights
-    [T, k]) → [T, H]``, each expert run on the tokens routed to it, weighted, summed."""
+    [T, k]) → [T, H]``, each expert run on the tokens routed to it, weighted, summed.
+    ``fused_on_disk``: the checkpoint keeps these experts fused (``FUSED_ON_DISK``)."""
+
+    fused_on_disk = False
 
     def forward(
         self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -98,29 +113,70 @@ class PerExpertMLPs(nn.ModuleList):
         return out
 
 
-def unfuse_experts(hf_model: Any) -> int:
+def unfuse_experts(hf_model: Any, keep_fused_on_disk: bool = False) -> int:
     """Replace every fused experts module (``FUSED_EXPERT_NAMES``) by ``PerExpertMLPs`` with
-    the same weights; the number replaced (0 under transformers 4 or a dense model)."""
+    the same weights; the number replaced (0 under transformers 4 or a dense model).
+    ``keep_fused_on_disk``: leave those of ``FUSED_ON_DISK`` fused (a model about to be saved
+    in the checkpoint's layout, its weights through ``fuse_expert_tensors``)."""
     replaced = 0
     for module in list(hf_model.modules()):
         experts: Any = getattr(module, "experts", None)
-        names = FUSED_EXPERT_NAMES.get(type(experts).__name__)
-        if experts is None or names is None:
+        kind = type(experts).__name__
+        names = FUSED_EXPERT_NAMES.get(kind)
+        if experts is None or names is None or (keep_fused_on_disk and kind in FUSED_ON_DISK):
             continue
         gated = names[0] is not None
         module.experts = PerExpertMLPs(
             ExpertMLP(_expert_weights(experts, e, gated), experts.act_fn, names)
             for e in range(experts.down_proj.shape[0])
         )
+        module.experts.fused_on_disk = kind in FUSED_ON_DISK
         replaced += 1
     return replaced
+
+
+def fuse_expert_tensors(
+    hf_model: Any, named: list[tuple[str, torch.Tensor]]
+) -> list[tuple[str, torch.Tensor]]:
+    """``named`` with the per-expert weights of experts their checkpoint keeps fused
+    (``FUSED_ON_DISK``, fused or unfused in ``hf_model``) stacked into the checkpoint's
+    ``experts.gate_up_proj`` and ``experts.down_proj``; other tensors unchanged."""
+    prefixes = set()
+    for name, module in hf_model.named_modules():
+        experts = getattr(module, "experts", None)
+        if getattr(experts, "fused_on_disk", False) or type(experts).__name__ in FUSED_ON_DISK:
+            prefixes.add(f"{name}.experts." if name else "experts.")
+    if not prefixes:
+        return named
+    kept: list[tuple[str, torch.Tensor]] = []
+    parts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    for name, tensor in named:
+        prefix, _, rest = name.rpartition(".experts.")
+        found = _PER_EXPERT.fullmatch(rest) if f"{prefix}.experts." in prefixes else None
+        if found is None:
+            kept.append((name, tensor))
+            continue
+        key = (int(found["index"]), found["projection"])
+        parts.setdefault(f"{prefix}.experts.", {})[key] = tensor
+    for prefix, weights in parts.items():
+        count = 1 + max(index for index, _ in weights)
+        gate_up = [
+            torch.cat([weights[e, "gate_proj"], weights[e, "up_proj"]]) for e in range(count)
+        ]
+        kept.append((f"{prefix}gate_up_proj", torch.stack(gate_up)))
+        kept.append(
+            (f"{prefix}down_proj", torch.stack([weights[e, "down_proj"] for e in range(count)]))
+        )
+    return kept
 
 
 def checkpoint_named_tensors(
     hf_model: Any, named: list[tuple[str, torch.Tensor]]
 ) -> list[tuple[str, torch.Tensor]]:
     """``named`` (state-dict names of ``hf_model``) in the checkpoint's names and layout:
-    transformers 5's reverse weight conversion where the model has one, else unchanged."""
+    experts fused where the checkpoint fuses them (``fuse_expert_tensors``), transformers 5's
+    reverse weight conversion where the model has one, else unchanged."""
+    named = fuse_expert_tensors(hf_model, named)
     try:
         from transformers.core_model_loading import revert_weight_conversion
     except ImportError:  # transformers 4: the state dict is the checkpoint's layout

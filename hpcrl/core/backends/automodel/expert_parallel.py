@@ -26,12 +26,16 @@ the dp/ep ranks that hold it: the expert's gradient comes out ep times too large
 owned expert scales its weight gradients by 1/ep (not the gradient it passes back to the
 tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
 
-Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral and DeepSeek-V3 blocks
+Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H and
+GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name) blocks
 (``MOE_BLOCKS``): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
 softmax → top-k (→ renormalised) here; otherwise a module that routes itself) and a list of
 experts (transformers 5's fused experts are split into one by
 ``expert_layout.unfuse_experts``); DeepSeek-V3's shared experts run on each rank's own
-tokens, outside the exchange.
+tokens, outside the exchange. Gemma 4's decoder layer routes itself and calls its experts
+(``EXPERT_CALL_LAYERS``; a dense MLP beside them, the router reading other states than the
+experts): there the experts' call is exchanged instead, the group's tokens gathered with
+their routing (expert indices, and weights with their gradient).
 """
 
 from __future__ import annotations
@@ -58,7 +62,11 @@ MOE_BLOCKS: dict[str, bool | None] = {
     "MixtralSparseMoeBlock": True,
     "DeepseekV3MoE": None,  # its router module routes (sigmoid, grouped top-k, scaling)
     "NemotronHMoE": None,  # the same router; plain (ungated) experts, optional latent space
+    "Glm4MoeLiteMoE": None,  # GLM-4.7-Flash: DeepSeek-V3's block (router, shared experts)
 }
+#: decoder layers that route their tokens and call ``experts(tokens, indices, weights)``
+#: themselves (Gemma 4's MoE layers): EP exchanges that call
+EXPERT_CALL_LAYERS = ("Gemma4TextDecoderLayer",)
 EP_MESH_DIM_NAMES = ("ep_shard", "ep")
 #: a block's projections into and out of its experts' space (Nemotron-H's moe_latent_size;
 #: identities without it), applied around the exchange
@@ -105,9 +113,14 @@ def build_ep_mesh(device_type: str, world_size: int, ep: int) -> DeviceMesh:
 
 def moe_blocks(hf_model: Any) -> list[nn.Module]:
     """The MoE blocks of a decoder (``layer.mlp``; Mixtral: ``layer.block_sparse_moe``;
-    Nemotron-H: ``layer.mixer``)."""
+    Nemotron-H: ``layer.mixer``; Gemma 4: the layer itself, where it has experts)."""
     blocks = []
     for layer in decoder_layers(hf_model):
+        if (
+            type(layer).__name__ in EXPERT_CALL_LAYERS
+            and getattr(layer, "experts", None) is not None
+        ):
+            blocks.append(layer)
         for attribute in ("mlp", "block_sparse_moe", "mixer"):
             block = getattr(layer, attribute, None)
             if type(block).__name__ in MOE_BLOCKS:
@@ -123,7 +136,7 @@ def router_saving_context(hf_model: Any) -> Any:
     weight, addmm with a bias, or linear), as Automodel does."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    shapes = {tuple(block.gate.weight.shape) for block in moe_blocks(hf_model)}
+    shapes = {tuple(_router_weight(block).shape) for block in moe_blocks(hf_model)}
     shapes |= {shape[::-1] for shape in shapes}
     aten = torch.ops.aten
     weight_at = {aten.mm.default: 1, aten.addmm.default: 2, aten.linear.default: 1}
@@ -135,6 +148,12 @@ def router_saving_context(hf_model: Any) -> Any:
         return CheckpointPolicy.PREFER_RECOMPUTE
 
     return lambda: create_selective_checkpoint_contexts(policy)
+
+
+def _router_weight(block: nn.Module) -> torch.Tensor:
+    """The weight projecting a block's tokens onto its experts (Gemma 4: ``router.proj``)."""
+    gate = getattr(block, "gate", None)
+    return gate.weight if gate is not None else block.router.proj.weight
 
 
 def check_expert_parallel(hf_model: Any, ep: int) -> int:
@@ -186,7 +205,11 @@ def apply_expert_parallel(
             fully_shard(expert, mesh=ep_mesh["ep_shard"], **fsdp_kwargs)
             for param in expert.parameters():
                 setattr(param, EXPERT_GROUP_ATTR, ep_group)
-        block.forward = types.MethodType(_expert_parallel_forward(layout, groups), block)
+        if type(block).__name__ in EXPERT_CALL_LAYERS:
+            experts = block.experts
+            experts.forward = types.MethodType(_expert_call_forward(layout, groups), experts)
+        else:
+            block.forward = types.MethodType(_expert_parallel_forward(layout, groups), block)
     hf_model.expert_layout = layout
     return layout
 
@@ -230,11 +253,7 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
         # Nemotron-H's experts may work in a latent space: in through fc1, out through fc2
         into, out_of = (getattr(block, name, None) for name in LATENT_PROJECTIONS)
         expert_in = gathered if into is None else into(gathered)
-        partial = torch.zeros_like(expert_in)
-        for index in _experts_to_run(layout, selected, groups.holders):
-            rows, slot = torch.where(selected == index)
-            expert_out = block.experts[index](expert_in[rows]) * weights[rows, slot, None]
-            partial = partial.index_add(0, rows, expert_out.to(expert_in.dtype))
+        partial = _partial_output(block.experts, layout, groups, expert_in, weights, selected)
         out = _SumToOwner.apply(partial, groups.ep, sizes)
         if out_of is not None:
             out = out_of(out)
@@ -249,6 +268,43 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
         return out, router_logits[start : start + sizes[rank]]
 
     return forward
+
+
+def _expert_call_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
+    """``experts(tokens [T, H], indices [T, k], weights [T, k]) → [T, H]`` over the EP group:
+    the tokens and their routing gathered, this rank's experts run, the sum kept per rank."""
+
+    def forward(
+        experts: nn.Module, tokens: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        sizes = _group_token_counts(tokens.shape[0], groups.ep, tokens.device)
+        gathered = _GatherTokens.apply(tokens, groups.ep, sizes)
+        gathered_weights = _GatherTokens.apply(weights, groups.ep, sizes)
+        with torch.no_grad():
+            selected = _GatherTokens.apply(indices, groups.ep, sizes)
+        selected = selected.masked_fill(~_real_rows(sizes, tokens.device)[:, None], -1)
+        partial = _partial_output(experts, layout, groups, gathered, gathered_weights, selected)
+        return _SumToOwner.apply(partial, groups.ep, sizes)
+
+    return forward
+
+
+def _partial_output(
+    experts: Any,
+    layout: ExpertLayout,
+    groups: ExpertGroups,
+    tokens: torch.Tensor,
+    weights: torch.Tensor,
+    selected: torch.Tensor,
+) -> torch.Tensor:
+    """This rank's experts run on the gathered tokens routed to them, weighted, summed: the
+    rank's share of the group's output (zero rows where none of its experts was chosen)."""
+    partial = torch.zeros_like(tokens)
+    for index in _experts_to_run(layout, selected, groups.holders):
+        rows, slot = torch.where(selected == index)
+        expert_out = experts[index](tokens[rows]) * weights[rows, slot, None]
+        partial = partial.index_add(0, rows, expert_out.to(tokens.dtype))
+    return partial
 
 
 def _route(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.core.backends.automodel.checkpoint import DCP_SUBDIR
-from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
+from hpcrl.core.backends.automodel.expert_layout import fuse_expert_tensors, unfuse_experts
 from hpcrl.core.backends.automodel.model import hf_named_tensors
 from hpcrl.run.export_progress import ExportProgress, gib
 
@@ -77,7 +77,9 @@ def export_dcp_to_hf(
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = auto_model_class(config).from_config(config, dtype=dtype)
-    unfuse_experts(model)  # the per-expert names training keeps (expert_layout.py)
+    # the per-expert names training keeps, save_pretrained the checkpoint's (expert_layout.py)
+    unfuse_experts(model, keep_fused_on_disk=True)
+    weights = dict(fuse_expert_tensors(model, list(weights.items())))
     missing, unexpected = model.load_state_dict(weights, assign=True, strict=False)
     tied = _tied_names(model)
     missing = [name for name in missing if name not in tied]
