@@ -148,6 +148,7 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "data.train.env_name": (ENV_NAME, NODE_SPLIT),
     "data.validation.env_name": (ENV_NAME, NODE_SPLIT),
     "data.default.env_name": (ENV_NAME, NODE_SPLIT),
+    "data.env_name": (ENV_NAME, NODE_SPLIT),
     "env.reward_model.model_name": (RM_KWARGS,),
     "env.reward_model.tokenizer.name": (RM_KWARGS,),
     "env.reward_model.precision": (RM_KWARGS,),

@@ -120,6 +120,7 @@ def effective_all(recipe: Recipe, which: str) -> list[tuple[str, DatasetCfg]]:
             system_prompt_file=data.system_prompt_file,
             seed=data.seed,
             output_key=data.output_key,
+            env_name=data.env_name,
         )
         path = "data"
     if section is None:

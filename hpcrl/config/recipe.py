@@ -106,6 +106,7 @@ class DataCfg:
     validation: DatasetCfg | tuple[DatasetCfg, ...] | None = None
     default: DatasetCfg | None = None
     dataset_name: str | None = None  # older NeMo RL configs: one set for train and validation
+    env_name: str | None = None  # older NeMo RL configs: the environment of that set
     prompt_file: str | None = None
     system_prompt_file: str | None = None
     split: str | None = None

@@ -269,8 +269,9 @@ def test_data_sets_scored_by_the_reward_model_need_its_section():
     }
 
 
-def test_nemo_rl_grpo_rm_1B_on_eos_gives_the_reward_model_one_of_two_gpus(eos):
-    path = config_path("grpo_rm_1B.yaml")
+@pytest.mark.parametrize("release", ["v0.5.0", "main-7ea279a"])  # data.env_name / data.default
+def test_nemo_rl_grpo_rm_1B_on_eos_gives_the_reward_model_one_of_two_gpus(eos, release):
+    path = config_path("grpo_rm_1B.yaml", release)
     recipe = load_as_hpcrl(path).recipe
     spec = plan(recipe, eos, run_dir="/runs/nemo-rl", recipe_source=str(path))
     assert (spec.num_nodes, spec.slots_per_node, spec.world_size) == (1, 2, 1)

@@ -582,13 +582,16 @@ def dataset_change(key: str, data: Path) -> Change:
     if name == "max_samples":  # read by the SFT sets whose NeMo RL loader reads it
         chats = {"dataset_name": "tulu3_sft_mixture", "data_path": str(data / "chats.jsonl")}
         return Change(value, {"data.train": chats, "data.validation": None}, base="sft")
+    if name == "env_name":  # every data set names it (one environment per run)
+        context = {"env.reward_model": RM["env.reward_model"]}
+        if section == "data":  # the older flat form: one set
+            return Change(value, context, base="flat")
+        also = {f"data.{which}.env_name": value for which in ("train", "validation")}
+        return Change(value, context, base="named", also=also)
     if section == "data":
         if name == "output_key":  # the SFT set whose rows it picks the target of
             return Change(value, {"data.dataset_name": "openmathinstruct2"}, base="flat_sft")
         return Change("DeepScaler" if name == "dataset_name" else value, context, base="flat")
-    if name == "env_name":  # every data set names it (one environment per run)
-        also = {f"data.{which}.env_name": value for which in ("train", "validation")}
-        return Change(value, {"env.reward_model": RM["env.reward_model"]}, base="named", also=also)
     if section == "data.default" and name in ("dataset_name", "data_path"):
         context.update(DEFAULT_ONLY_SOURCE(data))
     also = {f"{section}.data_path": None} if name == "dataset_name" else {}
