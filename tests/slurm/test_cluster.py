@@ -198,14 +198,15 @@ def test_scontrol_requeue_runs_the_job_again(tmp_path: Path) -> None:
 
 USR2_HANDLER = """
 import os, signal, subprocess, sys, time
-print("run", os.environ.get("SLURM_RESTART_COUNT", "0"), flush=True)
-if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
-    sys.exit(0)
 def requeue(signum, frame):
     print("got USR2", flush=True)
     subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
     sys.exit(0)
+# the handler first: a USR2 between the print and the handler would end the step unseen
 signal.signal(signal.SIGUSR2, requeue)
+print("run", os.environ.get("SLURM_RESTART_COUNT", "0"), flush=True)
+if os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+    sys.exit(0)
 while True:
     time.sleep(0.1)
 """
