@@ -4,10 +4,11 @@ wrapper (``gemma3``, what gemma-3-27b-it is) and its text decoder alone (``gemma
 with sequence parallelism), tiny random checkpoints with tied embeddings and sliding-window
 and global layers; and Qwen 3, whose q_norm/k_norm are per head like Gemma 3's.
 
-The Automodel worker itself (the real loading code) runs at TP 2 over 2 forked gloo ranks
-with activation checkpointing: its log-probs equal one process's, and one AdamW step gives
-that process's loss, gradient norm and updated weights, on both ranks alike. The reference
-is plain transformers: the whole model's forward, ``clip_grad_norm_`` and AdamW.
+The Automodel worker itself (the real loading code) runs at TP 2 on forked gloo ranks
+(the wrapper at TP 2 x FSDP 2 over 4, as the recipes combine them) with activation
+checkpointing: its log-probs equal one process's, and one AdamW step gives that process's
+loss, gradient norm and updated weights, on every rank alike. The reference is plain
+transformers: the whole model's forward, ``clip_grad_norm_`` and AdamW.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hpcrl.core.backends.automodel.multimodal import saved_key_names
 from tests.core.parallel_harness import make_batch, masked_nll_loss
 from tests.core.test_expert_parallel import _exit_cleanly, _free_port
 from tests.core.test_multimodal_text_models import CONFIGS, build_tiny, wrapper_logprobs
@@ -46,43 +48,41 @@ def build(folder: Path, model_type: str) -> str:
     return str(folder)
 
 
-def every_rank_full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole of every weight, on every rank (with HF names)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    return {key.removeprefix("hf."): value.detach().clone() for key, value in full.items()}
-
-
-def _run_rank(rank: int, port: int, model_path: str, sequence_parallel: bool, out: str) -> None:
-    """One TP rank: log-probs of the batch, then one train step on it (4 micro-batches of 2
-    rows); writes them, the shape of its q_proj shard and the full weights after the step."""
+def _run_rank(
+    rank: int, world: int, port: int, model_path: str, sequence_parallel: bool, out: str
+) -> None:
+    """One rank (TP 2; FSDP over the data-parallel ranks when ``world`` is 4): log-probs of
+    the batch, then one train step on its data-parallel share of the rows (micro-batches of
+    2); writes them, the shape of its q_proj shard and the weights it hands to vLLM after
+    the step (gathered from the shards, in the checkpoint's names)."""
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
     from hpcrl.core.backends.base import RankInfo
     from tests.recipe_builder import tiny_automodel_recipe, with_automodel, with_policy
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         recipe = tiny_automodel_recipe(tp=2, lr=LR, activation_checkpointing=True)
         recipe = with_automodel(recipe, sequence_parallel=sequence_parallel)
         recipe = with_policy(recipe, model_name=model_path)
-        info = RankInfo(rank=rank, world_size=2, local_rank=rank, local_world_size=2,
+        info = RankInfo(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
                         node_rank=0, master_addr="127.0.0.1", master_port=port, device="cpu")  # fmt: skip
         worker = AutomodelWorker()
-        worker.setup(recipe, info, model_path)
+        place = worker.setup(recipe, info, model_path)
         layer = worker.model.hf.get_decoder().layers[0]
         q_proj = getattr(layer, "_checkpoint_wrapped_module", layer).self_attn.q_proj.weight
         batch = make_batch(seed=3, seq_len=15)  # odd: SP pads it to a multiple of TP
         logprobs = worker.logprobs(batch)
-        micro = [{key: value[i : i + 2] for key, value in batch.items()} for i in range(0, 8, 2)]
+        share = 8 // place.dp_size
+        rows = range(place.dp_rank * share, (place.dp_rank + 1) * share, 2)
+        micro = [{key: value[i : i + 2] for key, value in batch.items()} for i in rows]
         metrics = worker.train_step(micro, masked_nll_loss, float(batch["token_mask"].sum()))
         result = {
             "q_shard": tuple(q_proj.to_local().shape),
             "logprobs": logprobs,
             "metrics": metrics,
-            "weights": every_rank_full_weights(worker.model),
+            "weights": dict(worker.export_hf_weights()),  # what vLLM is refitted with
         }
         torch.save(result, f"{out}.{rank}")
         worker.close()
@@ -94,9 +94,11 @@ def _run_rank(rank: int, port: int, model_path: str, sequence_parallel: bool, ou
 
 def reference_step(model_path: str) -> tuple[torch.Tensor, float, float, dict[str, torch.Tensor]]:
     """One process: log-probs, loss, gradient norm and the weights after one AdamW step of
-    the whole model (a wrapper's vision part frozen, as the backend freezes it)."""
+    the whole model (a wrapper's vision part frozen, as the backend freezes it), under the
+    names the checkpoint stores them by."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from hpcrl.core.backends.automodel.multimodal import in_checkpoint_layout
     from tests.recipe_builder import tiny_automodel_recipe
 
     wrapper = AutoConfig.from_pretrained(model_path).model_type == "gemma3"
@@ -119,28 +121,34 @@ def reference_step(model_path: str) -> tuple[torch.Tensor, float, float, dict[st
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm)
     optimizer.step()
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # the checkpoint's names, as refit gives them (tests/core/test_multimodal_text_models.py)
+    named = [(name, tensor.detach().clone()) for name, tensor in model.state_dict().items()]
+    weights = dict(in_checkpoint_layout(model, named, saved_key_names(model_path)))
     return logprobs, float(loss.detach()), float(norm), weights
 
 
 @pytest.mark.parametrize(
-    ("model_type", "sequence_parallel"),
-    [("gemma3", False), ("gemma3_text", True), ("qwen3", False)],
+    ("model_type", "world", "sequence_parallel"),
+    [
+        ("gemma3", 4, False),  # NeMo RL's fsdp2tpN shape: TP 2 x FSDP 2
+        ("gemma3_text", 2, True),
+        ("qwen3", 2, False),
+    ],
 )
 def test_tp2_worker_matches_one_process_in_logprobs_loss_norm_and_weights(
-    tmp_path, model_type, sequence_parallel
+    tmp_path, model_type, world, sequence_parallel
 ):
     path = build(tmp_path / model_type, model_type)
     out = tmp_path / "result"
     mp.start_processes(
-        _run_rank, args=(_free_port(), path, sequence_parallel, str(out)), nprocs=2,
+        _run_rank, args=(world, _free_port(), path, sequence_parallel, str(out)), nprocs=world,
         start_method="fork",
     )  # fmt: skip
-    results = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
+    results = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(world)]
     want_logprobs, want_loss, want_norm, want_weights = reference_step(path)
 
     # 4 heads of 8: each rank runs 2 of them (q_proj split by rows)
-    assert [r["q_shard"] for r in results] == [(16, 32), (16, 32)]
+    assert [r["q_shard"] for r in results] == [(16 // (world // 2), 32)] * world
     batch = make_batch(seed=3, seq_len=15)
     mask = batch["attention_mask"].bool()
     for result in results:
@@ -149,6 +157,7 @@ def test_tp2_worker_matches_one_process_in_logprobs_loss_norm_and_weights(
         assert result["metrics"]["grad_norm"] == pytest.approx(want_norm, rel=1e-5)
         got = result["weights"]
         assert sorted(got) == sorted(want_weights)
+        assert saved_key_names(path) <= set(got)  # every checkpoint tensor, by its own name
         # AdamW's first step moves each weight by about LR whatever its gradient's size: an
         # element of near-zero gradient turns summation order into a difference (5e-5 seen
         # on 1 of 1536); a wrong shard or an unreduced gradient moves elements by ~LR
@@ -156,7 +165,8 @@ def test_tp2_worker_matches_one_process_in_logprobs_loss_norm_and_weights(
             torch.testing.assert_close(
                 tensor, want_weights[name], atol=1e-4, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
             )
-    # TP peers hold the same replicated weights (q_norm/k_norm's gradients are summed over
-    # the heads of both ranks, not each rank's own)
-    for name, tensor in results[0]["weights"].items():
-        assert torch.equal(tensor, results[1]["weights"][name]), name
+    # every rank hands on the same weights: TP peers' replicated q_norm/k_norm too (their
+    # gradients are summed over the heads of both ranks, not each rank's own)
+    for other in results[1:]:
+        for name, tensor in results[0]["weights"].items():
+            assert torch.equal(tensor, other["weights"][name]), name

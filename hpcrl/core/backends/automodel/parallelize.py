@@ -133,7 +133,7 @@ def _tensor_parallel_block_plan(hf_model: Any, tp: int) -> dict[str, Any]:
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
-    attention = decoder_layers(hf_model)[0].self_attn
+    attention = getattr(decoder_layers(hf_model)[0], "self_attn", None)
     for norm in ("q_norm", "k_norm"):
         if hasattr(attention, norm):
             plan[f"self_attn.{norm}"] = _per_head_norm_style()
