@@ -7,8 +7,11 @@ and global layers; and Qwen 3, whose q_norm/k_norm are per head like Gemma 3's.
 The Automodel worker itself (the real loading code) runs at TP 2 on forked gloo ranks
 (the wrapper at TP 2 x FSDP 2 over 4, as the recipes combine them) with activation
 checkpointing: its log-probs equal one process's, and one AdamW step gives that process's
-loss, gradient norm and updated weights, on every rank alike. The reference is plain
-transformers: the whole model's forward, ``clip_grad_norm_`` and AdamW.
+loss, gradient norm and updated weights, on every rank alike (and, at TP 2 x FSDP 2, after
+a checkpoint is saved and loaded). The reference is plain transformers: the whole model's
+forward, ``clip_grad_norm_`` and AdamW. Blocks run eager: torch.compile with dynamic sizes
+of any TP block (with or without the q_norm/k_norm plan) recurses without end in AOT
+tracing under this CPU environment's torch 2.13; it traces under torch 2.11 on CUDA.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def _run_rank(
     """One rank (TP 2; FSDP over the data-parallel ranks when ``world`` is 4): log-probs of
     the batch, then one train step on its data-parallel share of the rows (micro-batches of
     2); writes them, the shape of its q_proj shard and the weights it hands to vLLM after
-    the step (gathered from the shards, in the checkpoint's names)."""
+    the step (gathered from the shards, in the checkpoint's names); at world 4, those of a
+    fresh worker that loads the checkpoint it saved too."""
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
     from hpcrl.core.backends.base import RankInfo
     from tests.recipe_builder import tiny_automodel_recipe, with_automodel, with_policy
@@ -84,8 +88,16 @@ def _run_rank(
             "metrics": metrics,
             "weights": dict(worker.export_hf_weights()),  # what vLLM is refitted with
         }
-        torch.save(result, f"{out}.{rank}")
+        if world == 4:
+            worker.save_checkpoint(f"{out}.ckpt")
         worker.close()
+        if world == 4:  # the checkpoint, loaded by a fresh worker of this layout
+            resumed = AutomodelWorker()
+            resumed.setup(recipe, info, model_path)
+            resumed.load_checkpoint(f"{out}.ckpt")
+            result["resumed"] = dict(resumed.export_hf_weights())
+            resumed.close()
+        torch.save(result, f"{out}.{rank}")
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -167,6 +179,9 @@ def test_tp2_worker_matches_one_process_in_logprobs_loss_norm_and_weights(
             )
     # every rank hands on the same weights: TP peers' replicated q_norm/k_norm too (their
     # gradients are summed over the heads of both ranks, not each rank's own)
-    for other in results[1:]:
+    # and (the wrapper at TP 2 x FSDP 2) a checkpoint gives them back exactly
+    for other in results:
         for name, tensor in results[0]["weights"].items():
             assert torch.equal(tensor, other["weights"][name]), name
+            if world == 4:
+                assert torch.equal(tensor, other["resumed"][name]), name
