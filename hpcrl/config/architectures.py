@@ -129,8 +129,9 @@ def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem 
               f"for {', '.join(LLAMA_SHAPED + TP_MOE + TP_GEMMA3)} decoders"),
              (CONTEXT_PARALLEL, cfg.context_parallel_size, "context parallelism is not tested "
               "on these decoders")]  # fmt: skip
+    sharded_by = "FSDP alone"
     if model_type in TP_GEMMA3:
-        split = split[1:]
+        split, sharded_by = split[1:], "FSDP and tensor parallelism"
     if model_type in MULTIMODAL_TEXT_MODEL_TYPES and cfg.lora_cfg.enabled:
         return Problem(
             path="policy.automodel_cfg.lora_cfg.enabled", value=True,
@@ -144,7 +145,7 @@ def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem 
             return Problem(
                 path=path, value=size,
                 message=f"model {recipe.policy.model_name} is a {model_type} decoder, which "
-                f"the automodel backend shards with FSDP alone: {why}",
+                f"the automodel backend shards with {sharded_by}: {why}",
                 fix=f"set {path}=1, or train it with the Megatron backend "
                 "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)",
             )  # fmt: skip
