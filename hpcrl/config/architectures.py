@@ -10,14 +10,15 @@ same message.
   of ``MOE_EXPERT_COUNT_KEYS`` split over expert-parallel ranks. FSDP2 alone shards any
   decoder's blocks the same way, so the decoders of ``FSDP_ONLY_MODEL_TYPES`` (which
   transformers builds itself, with SDPA attention) train too at tensor_parallel_size 1
+  (Gemma 3's, ``TP_GEMMA3``, at any size: the plan fits its blocks)
   without expert parallelism (deepseek_v3, nemotron_h, glm4_moe_lite also with it):
   tests/core/test_fsdp_only_models.py builds each one (those transformers 5 brought:
   tests/transformers5).
 - Multimodal wrappers of a text decoder (``MULTIMODAL_TEXT_MODEL_TYPES``: Gemma 3, Mistral 3,
   Gemma 4) load whole as NeMo RL loads them, train their language model on text with the
-  vision part frozen, FSDP2 alone (Gemma 4 MoE also with expert parallelism), no LoRA
-  (hpcrl.core.backends.automodel.multimodal; tests/core/test_multimodal_text_models.py,
-  tests/transformers5/test_gemma4.py).
+  vision part frozen, FSDP2 alone (Gemma 3's also with tensor parallelism, Gemma 4 MoE also
+  with expert parallelism), no LoRA (hpcrl.core.backends.automodel.multimodal;
+  tests/core/test_multimodal_text_models.py, tests/transformers5/test_gemma4.py).
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -67,6 +68,10 @@ AUTOMODEL_MODEL_TYPES = tuple(
 )  # fmt: skip
 #: MoE decoders of Llama-shaped attention: the tensor-parallel plan's names fit them
 TP_MOE = ("qwen3_moe", "mixtral")
+#: Gemma 3's decoder, alone and in its multimodal wrapper: FSDP-only otherwise (no context
+#: parallelism), but its projections are Llama's and the tensor-parallel plan fits them
+#: (tests/core/test_gemma3_tp.py)
+TP_GEMMA3 = ("gemma3_text", "gemma3")
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
 CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
@@ -116,16 +121,20 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
 
 
 def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
-    """A decoder FSDP alone shards has no tensor-parallel plan, and was tested without
-    context parallelism (NeMo RL itself refuses CP for Gemma 3)."""
+    """A decoder FSDP alone shards has no tensor-parallel plan (Gemma 3's has:
+    ``TP_GEMMA3``), and was tested without context parallelism (NeMo RL itself refuses CP
+    for Gemma 3)."""
     model_type = hf_config.get("model_type")
     cfg = recipe.policy.automodel_cfg
     if model_type not in (*FSDP_ONLY_MODEL_TYPES, *MULTIMODAL_TEXT_MODEL_TYPES):
         return None
     split = [(TENSOR_PARALLEL, cfg.tensor_parallel_size, "its tensor-parallel plan is made "
-              f"for {', '.join(LLAMA_SHAPED + TP_MOE)} decoders"),
+              f"for {', '.join(LLAMA_SHAPED + TP_MOE + TP_GEMMA3)} decoders"),
              (CONTEXT_PARALLEL, cfg.context_parallel_size, "context parallelism is not tested "
               "on these decoders")]  # fmt: skip
+    sharded_by = "FSDP alone"
+    if model_type in TP_GEMMA3:
+        split, sharded_by = split[1:], "FSDP and tensor parallelism"
     if model_type in MULTIMODAL_TEXT_MODEL_TYPES and cfg.lora_cfg.enabled:
         return Problem(
             path="policy.automodel_cfg.lora_cfg.enabled", value=True,
@@ -139,7 +148,7 @@ def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem 
             return Problem(
                 path=path, value=size,
                 message=f"model {recipe.policy.model_name} is a {model_type} decoder, which "
-                f"the automodel backend shards with FSDP alone: {why}",
+                f"the automodel backend shards with {sharded_by}: {why}",
                 fix=f"set {path}=1, or train it with the Megatron backend "
                 "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)",
             )  # fmt: skip

@@ -117,7 +117,10 @@ def test_sequence_parallel_is_planned_with_tp_only_and_refuses_blocks_it_does_no
     sizes = {"hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32, num_hidden_layers=1, **sizes))
     assert set(_sequence_parallel_block_plan(model)) >= {"input_layernorm", "mlp.down_proj"}
-    model.model.layers[0].pre_feedforward_layernorm = torch.nn.Identity()  # Gemma-like block
-    refusal = r"^policy.automodel_cfg.sequence_parallel: .*'pre_feedforward_layernorm'.*false$"
+    model.model.layers[0].pre_feedforward_layernorm = torch.nn.Identity()  # Gemma 3's block
+    model.model.layers[0].post_feedforward_layernorm = torch.nn.Identity()
+    assert set(_sequence_parallel_block_plan(model)) >= {"post_feedforward_layernorm"}
+    model.model.layers[0].router = torch.nn.Identity()  # a block the plan does not know
+    refusal = r"^policy.automodel_cfg.sequence_parallel: .*'router'.*false$"
     with pytest.raises(ValueError, match=refusal):
         _sequence_parallel_block_plan(model)

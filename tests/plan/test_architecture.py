@@ -149,7 +149,7 @@ def test_an_fsdp_only_decoder_from_the_table_needs_tensor_parallel_size_1(tmp_pa
         "policy.automodel_cfg.tensor_parallel_size = 2: model "
         "moonshotai/Moonlight-16B-A3B-Instruct is a deepseek_v3 decoder, which the automodel "
         "backend shards with FSDP alone: its tensor-parallel plan is made for llama, qwen2, "
-        "qwen3, mistral, qwen3_moe, mixtral decoders; fix: set "
+        "qwen3, mistral, qwen3_moe, mixtral, gemma3_text, gemma3 decoders; fix: set "
         "policy.automodel_cfg.tensor_parallel_size=1, or train it with the Megatron backend "
         "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false)"
     )
@@ -163,7 +163,7 @@ def test_an_fsdp_only_decoder_from_the_table_needs_tensor_parallel_size_1(tmp_pa
     )
 
 
-def test_gemma3s_multimodal_wrapper_from_the_table_trains_with_fsdp_alone_and_no_lora(tmp_path):
+def test_gemma3s_multimodal_wrapper_from_the_table_trains_with_tp_but_no_cp_or_lora(tmp_path):
     gemma = with_policy(
         automodel_recipe(), model_name="google/gemma-3-27b-it",
         generation=GenerationCfg(backend="vllm"),
@@ -171,11 +171,23 @@ def test_gemma3s_multimodal_wrapper_from_the_table_trains_with_fsdp_alone_and_no
     no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
     recipe, spec = planned(gemma, tmp_path)
     assert check_model_architecture(recipe, spec, no_cache) == []
-    tp = attrs.evolve(recipe.policy.automodel_cfg, tensor_parallel_size=4)
+    # NeMo RL's gemma-3-27b-it recipes: TP 4 and 8 (tests/core/test_gemma3_tp.py), with
+    # sequence parallelism too; context parallelism stays refused
+    for tp_size in (4, 8):
+        tp = attrs.evolve(
+            recipe.policy.automodel_cfg, tensor_parallel_size=tp_size, sequence_parallel=True
+        )
+        tp_recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=tp))
+        assert check_model_architecture(tp_recipe, spec, no_cache) == []
+    cp = attrs.evolve(recipe.policy.automodel_cfg, context_parallel_size=2)
     (split,) = check_model_architecture(
-        attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=tp)), spec, no_cache
+        attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, automodel_cfg=cp)), spec, no_cache
     )
-    assert (split.path, split.value) == ("policy.automodel_cfg.tensor_parallel_size", 4)
+    assert (split.path, split.value) == ("policy.automodel_cfg.context_parallel_size", 2)
+    assert split.message.endswith(
+        "shards with FSDP and tensor parallelism: context parallelism is not tested on these "
+        "decoders"
+    )
     lora = attrs.evolve(
         recipe.policy.automodel_cfg,
         lora_cfg=attrs.evolve(recipe.policy.automodel_cfg.lora_cfg, enabled=True),

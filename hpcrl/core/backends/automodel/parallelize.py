@@ -93,16 +93,30 @@ def apply_tp(hf_model: Any, tp_mesh: DeviceMesh, *, sequence_parallel: bool = Fa
 
     HF attention reshapes with ``-1`` heads, so each rank simply runs its share of heads;
     embeddings and lm_head stay replicated across the TP group, and so do the norms unless
-    ``sequence_parallel`` (``apply_sequence_parallel``) splits them along the sequence.
-    """
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    ``sequence_parallel`` (``_sequence_parallel_block_plan``) splits them along the sequence.
 
-    config = hf_model.config
-    tp = tp_mesh.size()
+    Gemma 3's text decoder, alone (``gemma3_text``) or inside its multimodal wrapper
+    (``gemma3``, whose vision tower stays whole on every rank), has Llama's projections and
+    takes the same plan: its q_norm/k_norm act on one head at a time (each rank holds whole
+    heads); its scaled embeddings, tied head and sliding-window masks do not depend on how
+    many heads a rank runs. Only sequence parallelism differs (its two extra norms).
+    """
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = _tensor_parallel_block_plan(hf_model, tp_mesh.size())
+    if sequence_parallel:
+        plan.update(_sequence_parallel_block_plan(hf_model))
+    for layer in decoder_layers(hf_model):
+        parallelize_module(layer, tp_mesh, plan)
+    if sequence_parallel:
+        _split_and_gather_sequence(hf_model, tp_mesh)
+
+
+def _tensor_parallel_block_plan(hf_model: Any, tp: int) -> dict[str, Any]:
+    """The per-block plan; a multimodal wrapper's sizes are those of its text config."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    config = hf_model.config.get_text_config()
     for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
         value = getattr(config, name, None) or config.num_attention_heads
         if value % tp != 0:
@@ -119,20 +133,34 @@ def apply_tp(hf_model: Any, tp_mesh: DeviceMesh, *, sequence_parallel: bool = Fa
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(),
     }
-    if sequence_parallel:
-        plan.update(_sequence_parallel_block_plan(hf_model))
-    for layer in decoder_layers(hf_model):
-        parallelize_module(layer, tp_mesh, plan)
-    if sequence_parallel:
-        _split_and_gather_sequence(hf_model, tp_mesh)
+    attention = getattr(decoder_layers(hf_model)[0], "self_attn", None)
+    for norm in ("q_norm", "k_norm"):
+        if hasattr(attention, norm):
+            plan[f"self_attn.{norm}"] = _per_head_norm_style()
+    return plan
 
 
-# The block layout sequence parallelism assumes: x + attn(norm(x)), then x + mlp(norm(x)).
-# A block with more modules (Gemma's extra norms, MoE routers) would mix split and whole
-# activations, so it is refused rather than run with a layout that does not fit it.
+def _per_head_norm_style() -> Any:
+    """Qwen 3's and Gemma 3's q_norm/k_norm: one weight of head_dim shared by every head,
+    run by each rank on its own heads. Left a plain tensor, its gradient on each rank would
+    come from that rank's heads alone and the TP peers' copies would drift apart. Held as a
+    TP-replicated DTensor whose input is split over the ranks, its gradient (a sum over all
+    rows) is all-reduced over them. Each row is normalised on its own, so the leading dim
+    the input is declared split on does not change a value: dim 0 fits every layout (heads
+    come before or after the sequence, depending on the model)."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    return SequenceParallel(sequence_dim=0, use_local_output=True)
+
+
+# The block layouts sequence parallelism knows. Llama's: x + attn(norm(x)), then
+# x + mlp(norm(x)). Gemma 3's norms the attention and MLP outputs again before each residual
+# add. A block with other modules (MoE routers) would mix split and whole activations, so it
+# is refused rather than run with a layout that does not fit it.
 SEQUENCE_PARALLEL_BLOCK = frozenset(
     {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
 )
+GEMMA3_BLOCK = SEQUENCE_PARALLEL_BLOCK | {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
 
 
 def _sequence_parallel_block_plan(hf_model: Any) -> dict[str, Any]:
@@ -149,14 +177,14 @@ def _sequence_parallel_block_plan(hf_model: Any) -> dict[str, Any]:
 
     layers = decoder_layers(hf_model)
     children = {name for name, _ in layers[0].named_children()}
-    if children != SEQUENCE_PARALLEL_BLOCK:
+    if children not in (SEQUENCE_PARALLEL_BLOCK, GEMMA3_BLOCK):
         raise ValueError(
             f"policy.automodel_cfg.sequence_parallel: {type(layers[0]).__name__} has the "
             f"modules {sorted(children)}, not the Llama/Qwen2/Mistral block "
-            f"{sorted(SEQUENCE_PARALLEL_BLOCK)} the sequence-parallel plan is made for; "
-            "set sequence_parallel=false"
+            f"{sorted(SEQUENCE_PARALLEL_BLOCK)} or Gemma 3's (two norms more) the "
+            "sequence-parallel plan is made for; set sequence_parallel=false"
         )
-    return {
+    plan = {
         "input_layernorm": SequenceParallel(),
         # HF passes attention its hidden states by keyword, the MLP by position.
         "self_attn": PrepareModuleInput(
@@ -171,6 +199,13 @@ def _sequence_parallel_block_plan(hf_model: Any) -> dict[str, Any]:
         ),
         "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
     }
+    if children == GEMMA3_BLOCK:
+        # Gemma's post-attention and post-MLP norms feed the residual add, which holds plain
+        # (local) slices: their outputs are handed on as such.
+        plan["post_attention_layernorm"] = SequenceParallel(use_local_output=True)
+        plan["pre_feedforward_layernorm"] = SequenceParallel()
+        plan["post_feedforward_layernorm"] = SequenceParallel(use_local_output=True)
+    return plan
 
 
 def _split_and_gather_sequence(hf_model: Any, tp_mesh: DeviceMesh) -> None:
