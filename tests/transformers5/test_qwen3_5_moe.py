@@ -118,3 +118,22 @@ def test_qwen3_5_moe_at_expert_parallel_2_equals_one_process(tmp_path):
     path = build_tiny(tmp_path / "qwen3_5_moe", "qwen3_5_moe", CONFIGS)
     checkpoint = saved_tensors(path)
     assert_ep_matches_one_process(path, str(tmp_path / "result"), checkpoint, checkpointing=True)
+
+
+def test_a_pack_would_carry_the_linear_attention_state_into_the_next_sequence(tmp_path):
+    """Why validate refuses sequence packing for qwen3_5_moe: in a row of two sequences
+    whose positions restart (how the backend runs a pack), transformers' torch Gated DeltaNet
+    runs its convolution and recurrent state across the boundary, so the second sequence's
+    hidden states differ from its own. When this fails, the refusal can go."""
+    from transformers import AutoModelForImageTextToText
+
+    path = build_tiny(tmp_path / "qwen3_5_moe", "qwen3_5_moe", CONFIGS)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    first, second = torch.randint(4, 100, (1, 7)), torch.randint(4, 100, (1, 5))
+    positions = torch.cat([torch.arange(7), torch.arange(5)])[None]
+    with torch.no_grad():
+        alone = model.get_decoder()(input_ids=second, use_cache=False).last_hidden_state
+        packed = model.get_decoder()(
+            input_ids=torch.cat([first, second], 1), position_ids=positions, use_cache=False
+        ).last_hidden_state
+    assert (packed[:, 7:] - alone).abs().max() > 1e-2
