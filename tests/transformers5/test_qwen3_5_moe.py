@@ -92,6 +92,15 @@ def test_the_worker_trains_qwen3_5_moes_text_decoder_and_refits_in_the_checkpoin
     worker.export_hf(str(tmp_path / "export"))
     exported = saved_tensors(str(tmp_path / "export"))
     assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in checkpoint.items()}
+    # a DCP checkpoint exported as hpcrl export does: the same folder
+    from hpcrl.core.backends.automodel.export import export_dcp_to_hf
+
+    worker.save_checkpoint(str(tmp_path / "dcp"))
+    export_dcp_to_hf(tmp_path / "dcp", tmp_path / "from_dcp", path, path)
+    from_dcp = saved_tensors(str(tmp_path / "from_dcp"))
+    assert set(from_dcp) == set(exported)
+    for name, tensor in exported.items():
+        torch.testing.assert_close(from_dcp[name], tensor, atol=0, rtol=0, msg=name)
 
     # the recipes' nested override reaches the text decoder's config
     overridden = load_hf_model(path, "cpu", OVERRIDES)
