@@ -15,10 +15,12 @@ same message.
   tests/core/test_fsdp_only_models.py builds each one (those transformers 5 brought:
   tests/transformers5).
 - Multimodal wrappers of a text decoder (``MULTIMODAL_TEXT_MODEL_TYPES``: Gemma 3, Mistral 3,
-  Gemma 4) load whole as NeMo RL loads them, train their language model on text with the
-  vision part frozen, FSDP2 alone (Gemma 3's also with tensor parallelism, Gemma 4 MoE also
-  with expert parallelism), no LoRA (hpcrl.core.backends.automodel.multimodal;
-  tests/core/test_multimodal_text_models.py, tests/transformers5/test_gemma4.py).
+  Gemma 4, Qwen3.5 MoE) load whole as NeMo RL loads them, train their language model on text
+  with the vision part frozen, FSDP2 alone (Gemma 3's also with tensor parallelism, Gemma 4
+  MoE and Qwen3.5 MoE also with expert parallelism), no LoRA
+  (hpcrl.core.backends.automodel.multimodal; tests/core/test_multimodal_text_models.py,
+  tests/transformers5/test_gemma4.py, test_qwen3_5_moe.py). Qwen3.5's linear-attention layers
+  are not packed (``NO_PACKING_MODEL_TYPES``).
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -43,7 +45,7 @@ LLAMA_SHAPED = ("llama", "qwen2", "qwen3", "mistral")
 MOE_EXPERT_COUNT_KEYS = {
     "qwen3_moe": "num_experts", "mixtral": "num_local_experts",
     "deepseek_v3": "n_routed_experts", "nemotron_h": "n_routed_experts",
-    "glm4_moe_lite": "n_routed_experts", "gemma4": "num_experts",
+    "glm4_moe_lite": "n_routed_experts", "gemma4": "num_experts", "qwen3_5_moe": "num_experts",
 }  # fmt: skip
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
 #: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no
@@ -55,11 +57,15 @@ FSDP_ONLY_MODEL_TYPES = (
 )  # fmt: skip
 #: multimodal wrappers whose text decoder the Automodel backend trains on text, as NeMo RL
 #: does (hpcrl.core.backends.automodel.multimodal), with FSDP2 alone like the decoders above
-MULTIMODAL_TEXT_MODEL_TYPES = ("gemma3", "mistral3", "gemma4")
+MULTIMODAL_TEXT_MODEL_TYPES = ("gemma3", "mistral3", "gemma4", "qwen3_5_moe")
 #: model types whose transformers classes came with transformers 5 (NeMo RL's containers ship
 #: 5.x): validate accepts them (it cannot see the job's Python) and says so; the job refuses
 #: them at start under an older one (``hpcrl.core.models.buildable``)
-TRANSFORMERS_5_MODEL_TYPES = ("nemotron_h", "glm4_moe_lite", "gemma4")
+TRANSFORMERS_5_MODEL_TYPES = ("nemotron_h", "glm4_moe_lite", "gemma4", "qwen3_5_moe")
+#: decoders with recurrent (linear-attention) layers whose state transformers' torch path
+#: carries across a pack's sequence boundaries (Qwen3.5's Gated DeltaNet: its kernels would
+#: need ``cu_seqlens``, which only flash-linear-attention honours): no sequence packing
+NO_PACKING_MODEL_TYPES = ("qwen3_5_moe",)
 AUTOMODEL_MODEL_TYPES = tuple(
     dict.fromkeys((
         *LLAMA_SHAPED, *MOE_EXPERT_COUNT_KEYS, *FSDP_ONLY_MODEL_TYPES,
@@ -116,8 +122,27 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             fix=fix,
         )
     if recipe.backend == "automodel":
-        return _fsdp_only_problem(recipe, hf_config) or _moe_layout_problem(recipe, hf_config)
+        return (
+            _fsdp_only_problem(recipe, hf_config)
+            or _moe_layout_problem(recipe, hf_config)
+            or _packing_problem(recipe, hf_config)
+        )
     return None
+
+
+def _packing_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+    """A pack would run a recurrent layer's state from one sequence into the next."""
+    model_type = hf_config.get("model_type")
+    if model_type not in NO_PACKING_MODEL_TYPES or not recipe.policy.sequence_packing.enabled:
+        return None
+    return Problem(
+        path="policy.sequence_packing.enabled", value=True,
+        message=f"model {recipe.policy.model_name} is a {model_type} model whose linear-"
+        "attention (Gated DeltaNet) layers the automodel backend runs with transformers' torch "
+        "path, which carries their state across a pack's sequence boundaries",
+        fix="set policy.sequence_packing.enabled=false (policy.dynamic_batching.enabled=true "
+        "batches by tokens without packing, as NeMo RL's Qwen3.5 recipes do)",
+    )  # fmt: skip
 
 
 def _fsdp_only_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:

@@ -136,3 +136,38 @@ def test_a_model_without_experts_or_with_an_indivisible_count_is_refused_by_its_
     assert dense is not None and "has no experts the automodel backend can split" in dense.message
     assert architecture_problem(_recipe(1), dense_gemma4) is None
     assert architecture_problem(_recipe(1), {"model_type": "qwen2"}) is None
+
+
+QWEN35_DAPO_EP32 = "recipes/llm/grpo-qwen3.5-35ba3b-dapo-4n8g-automodel.yaml"  # 4 × 8, ep 32
+
+
+@pytest.mark.parametrize("relative", [GRPO_EP16, QWEN35_DAPO_EP32])
+def test_nemo_rl_qwen3_5_moe_automodel_recipes_pass_the_architecture_check(relative, tmp_path):
+    """Qwen3.5 MoE (qwen3_5_moe, from hpcrl's table: no config.json here) is built by the
+    Automodel backend with transformers 5 (tests/transformers5/test_qwen3_5_moe.py), its
+    nested router_aux_loss_coef override kept; a pack is refused (its Gated DeltaNet layers
+    would carry state across the pack's sequences)."""
+    from hpcrl.plan.architecture import architecture_note, check_model_architecture
+
+    no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
+    recipe, spec = planned(relative)
+    assert recipe.policy.hf_config_overrides == {"text_config": {"router_aux_loss_coef": 0.0}}
+    assert recipe.policy.automodel_cfg.activation_checkpointing
+    assert check_model_architecture(recipe, spec, no_cache) == []
+    note = architecture_note(recipe, spec, no_cache)
+    assert note is not None and "'qwen3_5_moe'" in note and "transformers >= 5" in note
+    assert architecture_problem(recipe, {"model_type": "qwen3_5_moe",
+                                         "text_config": {"num_experts": 256}}) is None  # fmt: skip
+    packed = load_as_hpcrl(
+        config_path(relative),
+        ["policy.sequence_packing.enabled=true", "policy.dynamic_batching.enabled=false"],
+    ).recipe
+    problem = architecture_problem(packed, {"model_type": "qwen3_5_moe"})
+    assert problem is not None and problem.one_line() == (
+        "policy.sequence_packing.enabled = True: model Qwen/Qwen3.5-35B-A3B-Base is a "
+        "qwen3_5_moe model whose linear-attention (Gated DeltaNet) layers the automodel backend "
+        "runs with transformers' torch path, which carries their state across a pack's "
+        "sequence boundaries; fix: set policy.sequence_packing.enabled=false "
+        "(policy.dynamic_batching.enabled=true batches by tokens without packing, as NeMo RL's "
+        "Qwen3.5 recipes do)"
+    )

@@ -24,7 +24,7 @@ AUTOMODEL_REFUSAL = (
     "policy.model_name = '{name}': a GptOssForCausalLM (model_type 'gpt_oss') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
     "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe_lite, "
-    "gemma4, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 decoders; fix: "
+    "gemma4, qwen3_5_moe, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 decoders; fix: "
     "train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
     "of one of these types"

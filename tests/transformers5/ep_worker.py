@@ -97,11 +97,12 @@ def one_process(model_path: str) -> dict[str, Any]:
 
 
 def assert_ep_matches_one_process(
-    model_path: str, out: str, checkpoint: dict, checkpointing: bool
+    model_path: str, out: str, checkpoint: dict, checkpointing: bool, ep: int = WORLD
 ) -> None:
-    """EP over 2 ranks equals one process; its refits carry the checkpoint file's names."""
+    """EP over 2 ranks (``ep`` 1: FSDP alone over them) equals one process; its refits carry
+    the checkpoint file's names."""
     want = one_process(model_path)
-    for rank, got in enumerate(worker_ranks(model_path, WORLD, out, checkpointing)):
+    for rank, got in enumerate(worker_ranks(model_path, ep, out, checkpointing)):
         rows = slice(rank * ROWS, (rank + 1) * ROWS)
         mask = want["mask"][rows]
         torch.testing.assert_close(

@@ -11,7 +11,7 @@ per-expert layout under both:
   own names (``mlp.experts.<i>.gate_proj.weight``), so a checkpoint written under one
   transformers version resumes under the other and vLLM receives what it loads from disk.
 
-``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H, GLM-4.7-Flash) swaps each fused experts module for
+``unfuse_experts`` (Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H, GLM-4.7-Flash, Qwen3.5 MoE) swaps each fused experts module for
 ``PerExpertMLPs``, which takes the same call and runs the same loop over the experts some
 token is routed to.
 
@@ -43,6 +43,7 @@ FUSED_EXPERT_NAMES: dict[str, tuple[str | None, str, str]] = {
     "NemotronHExperts": (None, "up_proj", "down_proj"),
     "Glm4MoeLiteExperts": ("gate_proj", "up_proj", "down_proj"),
     "Gemma4TextExperts": ("gate_proj", "up_proj", "down_proj"),
+    "Qwen3_5MoeExperts": ("gate_proj", "up_proj", "down_proj"),
 }
 #: fused experts classes whose checkpoints hold the fused 3-D weights as well
 #: (``gate_up_proj`` [E, 2·I, H]: gate rows first, ``down_proj`` [E, H, I])

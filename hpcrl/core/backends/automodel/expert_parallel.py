@@ -26,13 +26,15 @@ the dp/ep ranks that hold it: the expert's gradient comes out ep times too large
 owned expert scales its weight gradients by 1/ep (not the gradient it passes back to the
 tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
 
-Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H and
-GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name) blocks
+Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H,
+GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name) and Qwen3.5 MoE
+(transformers 5 only) blocks
 (``MOE_BLOCKS``): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
 softmax → top-k (→ renormalised) here; otherwise a module that routes itself) and a list of
 experts (transformers 5's fused experts are split into one by
 ``expert_layout.unfuse_experts``); DeepSeek-V3's shared experts run on each rank's own
-tokens, outside the exchange. Gemma 4's decoder layer routes itself and calls its experts
+tokens, outside the exchange, and so does Qwen3.5's one shared expert with its sigmoid gate
+(``GATED_SHARED_EXPERT``). Gemma 4's decoder layer routes itself and calls its experts
 (``EXPERT_CALL_LAYERS``; a dense MLP beside them, the router reading other states than the
 experts): there the experts' call is exchanged instead, the group's tokens gathered with
 their routing (expert indices, and weights with their gradient).
@@ -63,7 +65,10 @@ MOE_BLOCKS: dict[str, bool | None] = {
     "DeepseekV3MoE": None,  # its router module routes (sigmoid, grouped top-k, scaling)
     "NemotronHMoE": None,  # the same router; plain (ungated) experts, optional latent space
     "Glm4MoeLiteMoE": None,  # GLM-4.7-Flash: DeepSeek-V3's block (router, shared experts)
+    "Qwen3_5MoeSparseMoeBlock": None,  # its router module routes; a gated shared expert
 }
+#: a block's shared expert and the linear whose sigmoid scales its output per token (Qwen3.5)
+GATED_SHARED_EXPERT = ("shared_expert", "shared_expert_gate")
 #: decoder layers that route their tokens and call ``experts(tokens, indices, weights)``
 #: themselves (Gemma 4's MoE layers): EP exchanges that call
 EXPERT_CALL_LAYERS = ("Gemma4TextDecoderLayer",)
@@ -258,9 +263,7 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
         if out_of is not None:
             out = out_of(out)
         out = out.reshape(batch, length, hidden)
-        shared = getattr(block, "shared_experts", None)
-        if shared is not None:  # DeepSeek-V3, Nemotron-H: dense experts every token passes
-            out = out + shared(hidden_states)
+        out = out + _shared_output(block, hidden_states)
         if router_logits is None:
             return out  # the block returns its hidden states alone
         rank = dist.get_rank(groups.ep)
@@ -268,6 +271,18 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
         return out, router_logits[start : start + sizes[rank]]
 
     return forward
+
+
+def _shared_output(block: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor | float:
+    """What a block's shared experts add for this rank's own tokens (0 without them):
+    DeepSeek-V3's and Nemotron-H's as they are, Qwen3.5's scaled by its sigmoid gate."""
+    shared = getattr(block, "shared_experts", None)
+    if shared is not None:
+        return shared(hidden_states)
+    expert, gate = (getattr(block, name, None) for name in GATED_SHARED_EXPERT)
+    if expert is None or gate is None:
+        return 0.0
+    return torch.sigmoid(gate(hidden_states)) * expert(hidden_states)
 
 
 def _expert_call_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:

@@ -1,6 +1,6 @@
 """Checkpoints whose Hugging Face architecture wraps a text decoder in a multimodal model
-(``MULTIMODAL_TEXT_MODEL_TYPES`` in hpcrl.config.architectures: Gemma 3's and Mistral 3's
-``...ForConditionalGeneration``), trained on text.
+(``MULTIMODAL_TEXT_MODEL_TYPES`` in hpcrl.config.architectures: Gemma 3's, Mistral 3's,
+Gemma 4's and Qwen3.5 MoE's ``...ForConditionalGeneration``), trained on text.
 
 NeMo RL loads these with ``AutoModelForImageTextToText`` (its ``AUTOMODEL_FACTORY``) and runs
 the whole model on text-only batches, so the vision tower and projector get no gradient and
@@ -25,7 +25,7 @@ from typing import Any
 from hpcrl.config.architectures import MULTIMODAL_TEXT_MODEL_TYPES
 
 #: submodules of the wrapper outside the language model: no gradient on text
-_VISION_PARTS = ("vision_tower", "multi_modal_projector", "embed_vision", "audio_tower")
+_VISION_PARTS = ("vision_tower", "multi_modal_projector", "embed_vision", "audio_tower", "visual")
 
 
 def is_multimodal_wrapper(config: Any) -> bool:
