@@ -47,10 +47,11 @@ MOE_EXPERT_COUNT_KEYS = {
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
 #: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no
 #: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, glm4_moe_lite,
-#: nemotron_h: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
-#: is not one: transformers gives it no SDPA attention, which the backend loads models with.
+#: nemotron_h: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only;
+#: gpt_oss: attention sinks, which transformers runs in its eager attention, not SDPA).
 FSDP_ONLY_MODEL_TYPES = (
-    "deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h", "glm4_moe_lite"
+    "deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h", "glm4_moe_lite",
+    "gpt_oss",
 )  # fmt: skip
 #: multimodal wrappers whose text decoder the Automodel backend trains on text, as NeMo RL
 #: does (hpcrl.core.backends.automodel.multimodal), with FSDP2 alone like the decoders above

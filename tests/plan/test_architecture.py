@@ -1,4 +1,4 @@
-"""A model whose architecture the recipe's backend cannot build (NeMo RL's gpt-oss recipes on
+"""A model whose architecture the recipe's backend cannot build (NeMo RL's MiniMax-M2 recipes on
 the Automodel backend; its NemotronH recipes on hpcrl's in-process sampler) is refused by name: at plan time when its config.json is readable here
 (a local folder, or the job's Hugging Face cache) or hpcrl's table of NeMo RL's models lists
 it, else by the job as it starts, with the same message; ``validate`` says which happens."""
@@ -18,13 +18,13 @@ from tests.plan.planning_inputs import local_profile
 from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
 
 NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"]}
-GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}
+MINIMAX = {"model_type": "minimax_m2", "architectures": ["MiniMaxM2ForCausalLM"]}
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 AUTOMODEL_REFUSAL = (
-    "policy.model_name = '{name}': a GptOssForCausalLM (model_type 'gpt_oss') model, "
+    "policy.model_name = '{name}': a MiniMaxM2ForCausalLM (model_type 'minimax_m2') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
     "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe_lite, "
-    "gemma4, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 decoders; fix: "
+    "gemma4, gpt_oss, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 decoders; fix: "
     "train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
     "of one of these types"
@@ -43,8 +43,8 @@ def planned(recipe, tmp_path):
     return small, plan(small, local_profile(), run_dir=str(tmp_path / "run"), recipe_source="t")
 
 
-def test_a_local_gpt_oss_folder_is_refused_for_the_automodel_backend(tmp_path):
-    name = model_folder(tmp_path / "gpt-oss", GPT_OSS)
+def test_a_local_minimax_folder_is_refused_for_the_automodel_backend(tmp_path):
+    name = model_folder(tmp_path / "minimax", MINIMAX)
     recipe, spec = planned(with_policy(automodel_recipe(), model_name=name), tmp_path)
     (problem,) = check_model_architecture(recipe, spec, {})
     assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=name)
@@ -53,12 +53,12 @@ def test_a_local_gpt_oss_folder_is_refused_for_the_automodel_backend(tmp_path):
 
 
 def test_a_model_in_the_jobs_hub_cache_is_read(tmp_path):
-    snapshot = tmp_path / "hub" / "models--openai--oss" / "snapshots" / "abc123"
-    model_folder(snapshot, GPT_OSS)
-    recipe, spec = planned(with_policy(automodel_recipe(), model_name="openai/oss"), tmp_path)
+    snapshot = tmp_path / "hub" / "models--MiniMaxAI--mm" / "snapshots" / "abc123"
+    model_folder(snapshot, MINIMAX)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name="MiniMaxAI/mm"), tmp_path)
     environ = {"HF_HUB_CACHE": str(tmp_path / "hub")}
     (problem,) = check_model_architecture(recipe, spec, environ)
-    assert problem.path == "policy.model_name" and "gpt_oss" in problem.message
+    assert problem.path == "policy.model_name" and "minimax_m2" in problem.message
     assert check_model_architecture(recipe, spec, {"HF_HUB_CACHE": str(tmp_path / "none")}) == []
 
 
@@ -95,17 +95,17 @@ def test_validate_says_where_the_architecture_is_checked(tmp_path):
 
 
 NANO_V3 = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
-GPT_OSS_20B = "openai/gpt-oss-20b"
+MINIMAX_M2 = "MiniMaxAI/MiniMax-M2.7"
 
 
 def test_a_hub_name_without_its_config_json_is_refused_from_the_table(tmp_path):
-    recipe, spec = planned(with_policy(automodel_recipe(), model_name=GPT_OSS_20B), tmp_path)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name=MINIMAX_M2), tmp_path)
     no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
     (problem,) = check_model_architecture(recipe, spec, no_cache)
     # the words of the config.json-based refusal, word for word
-    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=GPT_OSS_20B)
+    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=MINIMAX_M2)
     assert architecture_note(recipe, spec, no_cache) == (
-        "architecture: 'gpt_oss' (hpcrl's table of NeMo RL's models), built by hpcrl's "
+        "architecture: 'minimax_m2' (hpcrl's table of NeMo RL's models), built by hpcrl's "
         "Automodel backend (policy.automodel_cfg), hpcrl's in-process sampler "
         "(policy.generation.backend torch)"
     )

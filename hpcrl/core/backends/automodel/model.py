@@ -170,12 +170,22 @@ def load_hf_model(
     from hpcrl.core.models.hf_config import load_hf_config
 
     config = load_hf_config(model_path, hf_config_overrides or {})
-    model = auto_model_class(config).from_pretrained(
-        model_path, config=config, dtype=torch.float32, attn_implementation="sdpa"
-    )
+    model_class = auto_model_class(config)
+    model = model_class.from_pretrained(
+        model_path, config=config, dtype=torch.float32,
+        attn_implementation=attention_implementation(model_class, config),
+    )  # fmt: skip
     freeze_vision(model)
     model.config.use_cache = False
     unfuse_experts(model)
     if device == "cuda":
         model = model.to("cuda")
     return model
+
+
+def attention_implementation(auto_class: Any, config: Any) -> str:
+    """SDPA where transformers offers it for the class ``auto_class`` builds from ``config``,
+    else its eager attention: gpt-oss's attention sinks (one learned logit per head beside
+    the keys) have no SDPA form in transformers."""
+    model_class = auto_class._model_mapping[type(config)]
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
