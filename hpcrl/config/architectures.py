@@ -43,6 +43,7 @@ MOE_EXPERT_COUNT_KEYS = {
     "qwen3_moe": "num_experts", "mixtral": "num_local_experts",
     "deepseek_v3": "n_routed_experts", "nemotron_h": "n_routed_experts",
     "glm4_moe_lite": "n_routed_experts", "gemma4": "num_experts",
+    "gpt_oss": "num_local_experts",
 }  # fmt: skip
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
 #: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no

@@ -123,7 +123,7 @@ def _worker_rank(rank: int, world: int, port: int, model_path: str, ep: int, out
     _exit_cleanly()
 
 
-@pytest.mark.parametrize("ep", [1])
+@pytest.mark.parametrize("ep", [1, 2])
 def test_gpt_oss_over_two_ranks_equals_one_process(tmp_path, ep):
     from tests.core.parallel_harness import make_batch
 

@@ -27,8 +27,8 @@ owned expert scales its weight gradients by 1/ep (not the gradient it passes bac
 tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
 
 Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H and
-GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name) blocks
-(``MOE_BLOCKS``): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
+GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name) and gpt-oss
+blocks (``MOE_BLOCKS``; gpt-oss's ``router`` and its biased, clamped experts): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
 softmax → top-k (→ renormalised) here; otherwise a module that routes itself) and a list of
 experts (transformers 5's fused experts are split into one by
 ``expert_layout.unfuse_experts``); DeepSeek-V3's shared experts run on each rank's own
@@ -63,7 +63,11 @@ MOE_BLOCKS: dict[str, bool | None] = {
     "DeepseekV3MoE": None,  # its router module routes (sigmoid, grouped top-k, scaling)
     "NemotronHMoE": None,  # the same router; plain (ungated) experts, optional latent space
     "Glm4MoeLiteMoE": None,  # GLM-4.7-Flash: DeepSeek-V3's block (router, shared experts)
+    "GptOssMLP": None,  # its ``router`` routes (top-k of biased logits → softmax)
 }
+#: blocks that return (hidden states, router scores) whatever they route with: the decoder
+#: layer unpacks two values and drops the scores
+PAIR_RETURNING_BLOCKS = ("GptOssMLP",)
 #: decoder layers that route their tokens and call ``experts(tokens, indices, weights)``
 #: themselves (Gemma 4's MoE layers): EP exchanges that call
 EXPERT_CALL_LAYERS = ("Gemma4TextDecoderLayer",)
@@ -151,9 +155,13 @@ def router_saving_context(hf_model: Any) -> Any:
 
 
 def _router_weight(block: nn.Module) -> torch.Tensor:
-    """The weight projecting a block's tokens onto its experts (Gemma 4: ``router.proj``)."""
+    """The weight projecting a block's tokens onto its experts (Gemma 4: ``router.proj``;
+    gpt-oss: the ``router`` itself)."""
     gate = getattr(block, "gate", None)
-    return gate.weight if gate is not None else block.router.proj.weight
+    if gate is not None:
+        return gate.weight
+    router: Any = block.router
+    return router.proj.weight if hasattr(router, "proj") else router.weight
 
 
 def check_expert_parallel(hf_model: Any, ep: int) -> int:
@@ -261,6 +269,8 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
         shared = getattr(block, "shared_experts", None)
         if shared is not None:  # DeepSeek-V3, Nemotron-H: dense experts every token passes
             out = out + shared(hidden_states)
+        if type(block).__name__ in PAIR_RETURNING_BLOCKS:
+            return out, None  # the decoder layer drops the scores (no auxiliary loss here)
         if router_logits is None:
             return out  # the block returns its hidden states alone
         rank = dist.get_rank(groups.ep)
@@ -317,7 +327,11 @@ def _route(
     states alone; transformers 4's DeepSeek-V3 router returns (indices, weights); its
     Qwen3-MoE and Mixtral ``gate`` is the linear projection, routed here as those blocks do
     (softmax → top-k (→ renormalised)), and those blocks return their router logits too."""
-    routed = block.gate(tokens)
+    router = getattr(block, "gate", None)
+    routed = (block.router if router is None else router)(tokens)
+    if type(block).__name__ == "GptOssMLP" and len(routed) == 2:
+        scores, selected = routed  # transformers 4: dense scores [T, E], zero off the top-k
+        return None, scores.gather(-1, selected), selected
     if isinstance(routed, tuple) and len(routed) == 3:
         _, weights, selected = routed
         return None, weights, selected  # weights as transformers' own loop uses them
