@@ -125,6 +125,11 @@ def _worker_rank(rank: int, world: int, port: int, model_path: str, ep: int, out
 
 @pytest.mark.parametrize("ep", [1, 2])
 def test_gpt_oss_over_two_ranks_equals_one_process(tmp_path, ep):
+    check_two_ranks_equal_one_process(tmp_path, ep)
+
+
+def check_two_ranks_equal_one_process(tmp_path: Path, ep: int) -> None:
+    """Also run under transformers 5 (tests/transformers5/test_gpt_oss.py)."""
     from tests.core.parallel_harness import make_batch
 
     model_path = build_tiny_gpt_oss(tmp_path / "gpt-oss")
