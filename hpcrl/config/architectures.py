@@ -18,6 +18,8 @@ same message.
   vision part frozen, FSDP2 alone (Gemma 4 MoE also with expert parallelism), no LoRA
   (hpcrl.core.backends.automodel.multimodal; tests/core/test_multimodal_text_models.py,
   tests/transformers5/test_gemma4.py).
+- An MXFP4 checkpoint (gpt-oss) trains on the Automodel backend only dequantized to bf16 as it
+  loads (``policy.dequantize_base_checkpoint``, ``DEQUANTIZED_ON_LOAD``).
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -69,6 +71,10 @@ AUTOMODEL_MODEL_TYPES = tuple(
 )  # fmt: skip
 #: MoE decoders of Llama-shaped attention: the tensor-parallel plan's names fit them
 TP_MOE = ("qwen3_moe", "mixtral")
+#: quant_method values of checkpoints the Automodel backend loads dequantized with
+#: ``policy.dequantize_base_checkpoint`` (transformers' Mxfp4Config(dequantize=True))
+DEQUANTIZED_ON_LOAD = ("mxfp4",)
+DEQUANTIZE = "policy.dequantize_base_checkpoint"
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
 CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
@@ -113,7 +119,46 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             fix=fix,
         )
     if recipe.backend == "automodel":
-        return _fsdp_only_problem(recipe, hf_config) or _moe_layout_problem(recipe, hf_config)
+        return (
+            _fsdp_only_problem(recipe, hf_config)
+            or _moe_layout_problem(recipe, hf_config)
+            or _quantized_problem(recipe, hf_config)
+        )
+    return None
+
+
+def quant_method(hf_config: Mapping[str, Any]) -> str | None:
+    """``quantization_config.quant_method`` of a quantized checkpoint's config, else None."""
+    quantization = hf_config.get("quantization_config")
+    if not isinstance(quantization, Mapping):
+        return None
+    method = quantization.get("quant_method")
+    return str(method) if method is not None else None
+
+
+def _quantized_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+    """An MXFP4 checkpoint (gpt-oss's experts) trains only dequantized to bf16 as it loads;
+    vLLM would sample from the MXFP4 checkpoint itself, and refitting the trained bf16
+    weights into its MXFP4 layers is not tested."""
+    if quant_method(hf_config) not in DEQUANTIZED_ON_LOAD:
+        return None
+    name = recipe.policy.model_name
+    if not recipe.policy.dequantize_base_checkpoint:
+        return Problem(
+            path=DEQUANTIZE, value=False,
+            message=f"model {name} stores weights in MXFP4 (quantization_config.quant_method "
+            "'mxfp4' in config.json), which hpcrl's Automodel backend cannot train as they "
+            "are: it trains unquantized weights, dequantized to bf16 as the model loads",
+            fix=f"set {DEQUANTIZE}=true (as NeMo RL's gpt-oss recipes do)",
+        )  # fmt: skip
+    generation = recipe.policy.generation.backend
+    if recipe.algorithm == "grpo" and generation == "vllm":
+        return Problem(
+            path="policy.generation.backend", value=generation,
+            message=f"model {name} is an MXFP4 checkpoint, which vLLM would load quantized: "
+            "refitting the policy's dequantized bf16 weights into it is not tested",
+            fix=f"train it with SFT, or give {MODEL} a checkpoint saved unquantized (bf16)",
+        )  # fmt: skip
     return None
 
 

@@ -6,11 +6,15 @@ layer beside a full one), saved as a Hugging Face checkpoint.
 The backend's own worker over 2 gloo ranks, FSDP2 alone (EP 1) and with expert parallelism
 (EP 2: each rank keeps 2 of the 4 experts), equals one process: log-probs (1e-5), then one
 SFT step's loss and gradient norm, and the updated weights, which leave the worker (refit
-and ``hpcrl export``) under the checkpoint's own names and shapes.
+and ``hpcrl export``) under the checkpoint's own names and shapes. With the experts stored
+in MXFP4 (``tests/core/mxfp4_checkpoint.py``) and ``policy.dequantize_base_checkpoint``, the
+worker trains the dequantized weights as one process trains transformers' own dequantized
+model, and exports them unquantized (no quantization_config in the exported config.json).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,7 @@ def build_tiny_gpt_oss(folder: Path) -> str:
     from hpcrl.core.models.tiny import build_char_tokenizer
 
     config = AutoConfig.for_model(
-        "gpt_oss", vocab_size=128, hidden_size=32, intermediate_size=16, num_hidden_layers=2,
+        "gpt_oss", vocab_size=128, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
         tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
         layer_types=["sliding_attention", "full_attention"],
@@ -54,18 +58,23 @@ def saved_tensors(folder: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(folder) / "model.safetensors"))
 
 
-def one_process(model_path: str, batch: dict) -> dict[str, Any]:
+def one_process(model_path: str, batch: dict, mxfp4: bool) -> dict[str, Any]:
     """Log-probs, then one AdamW step as the backend trains it (per-expert layout), with the
-    weights in the checkpoint's names."""
-    from transformers import AutoModelForCausalLM
+    weights in the checkpoint's names. ``mxfp4``: transformers dequantizes the experts."""
+    from transformers import AutoModelForCausalLM, Mxfp4Config
 
     from hpcrl.core.backends.automodel.expert_layout import checkpoint_named_tensors, unfuse_experts
+    from hpcrl.core.backends.automodel.model import forget_dequantization
     from tests.core.parallel_harness import masked_nll_loss, reference_logprobs
     from tests.recipe_builder import tiny_automodel_recipe
 
     recipe = tiny_automodel_recipe(lr=LR)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    dequantized = {"quantization_config": Mxfp4Config(dequantize=True)} if mxfp4 else {}
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **dequantized)
+    model.float()  # the dequantized experts come in bf16
+    forget_dequantization(model)  # names as the weights leave: unquantized ones
     unfuse_experts(model)
+    initial = [(k, v.detach().clone()) for k, v in model.state_dict().items()]
     cfg = recipe.policy.optimizer
     assert cfg is not None
     optimizer = torch.optim.AdamW(
@@ -82,10 +91,13 @@ def one_process(model_path: str, batch: dict) -> dict[str, Any]:
         "loss": float(loss.detach()),
         "norm": float(norm),
         "weights": dict(checkpoint_named_tensors(model, state)),
+        "initial": dict(checkpoint_named_tensors(model, initial)),
     }
 
 
-def _worker_rank(rank: int, world: int, port: int, model_path: str, ep: int, out: str) -> None:
+def _worker_rank(
+    rank: int, world: int, port: int, model_path: str, ep: int, mxfp4: bool, out: str
+) -> None:
     import attrs
 
     from hpcrl.core.backends.automodel.expert_layout import GptOssExpert
@@ -99,7 +111,10 @@ def _worker_rank(rank: int, world: int, port: int, model_path: str, ep: int, out
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         recipe = with_automodel(tiny_automodel_recipe(lr=LR), expert_parallel_size=ep)
-        recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, model_name=model_path))
+        policy = attrs.evolve(
+            recipe.policy, model_name=model_path, dequantize_base_checkpoint=mxfp4
+        )
+        recipe = attrs.evolve(recipe, policy=policy)
         info = RankInfo(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
                         node_rank=0, master_addr="127.0.0.1", master_port=port, device="cpu")  # fmt: skip
         worker = AutomodelWorker()
@@ -116,32 +131,40 @@ def _worker_rank(rank: int, world: int, port: int, model_path: str, ep: int, out
         refit = dict(worker.export_hf_weights())
         worker.export_hf(f"{out}.hf")
         worker.close()
-        torch.save({"logprobs": logprobs, "metrics": metrics, "refit": refit, "kept": kept}, f"{out}.{rank}")
+        torch.save(
+            {"logprobs": logprobs, "metrics": metrics, "refit": refit, "kept": kept},
+            f"{out}.{rank}",
+        )
         dist.barrier()
     finally:
         dist.destroy_process_group()
     _exit_cleanly()
 
 
-@pytest.mark.parametrize("ep", [1, 2])
-def test_gpt_oss_over_two_ranks_equals_one_process(tmp_path, ep):
-    check_two_ranks_equal_one_process(tmp_path, ep)
+@pytest.mark.parametrize(("ep", "mxfp4"), [(1, False), (2, False), (2, True)])
+def test_gpt_oss_over_two_ranks_equals_one_process(tmp_path, ep, mxfp4):
+    check_two_ranks_equal_one_process(tmp_path, ep, mxfp4)
 
 
-def check_two_ranks_equal_one_process(tmp_path: Path, ep: int) -> None:
+def check_two_ranks_equal_one_process(tmp_path: Path, ep: int, mxfp4: bool) -> None:
     """Also run under transformers 5 (tests/transformers5/test_gpt_oss.py)."""
+    from tests.core.mxfp4_checkpoint import write_mxfp4_checkpoint
     from tests.core.parallel_harness import make_batch
 
     model_path = build_tiny_gpt_oss(tmp_path / "gpt-oss")
+    saved = saved_tensors(model_path)  # the unquantized checkpoint's names and shapes
+    if mxfp4:
+        write_mxfp4_checkpoint(model_path, tmp_path / "mxfp4")
+        model_path = str(tmp_path / "mxfp4")
     out = tmp_path / "result"
     mp.start_processes(
-        _worker_rank, args=(2, _free_port(), model_path, ep, str(out)), nprocs=2,
+        _worker_rank, args=(2, _free_port(), model_path, ep, mxfp4, str(out)), nprocs=2,
         start_method="fork",
     )  # fmt: skip
     batch = make_batch(seed=5, vocab=128)
-    want = one_process(model_path, batch)
-    saved = saved_tensors(model_path)
+    want = one_process(model_path, batch, mxfp4)
     exported = saved_tensors(f"{out}.hf")
+    assert "quantization_config" not in json.loads((out.with_suffix(".hf") / "config.json").read_text())
     # the checkpoint's names and shapes: fused experts [E, H, 2I] and their biases
     assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in saved.items()}
     assert sorted(want["weights"]) == sorted(saved)
@@ -160,5 +183,5 @@ def check_two_ranks_equal_one_process(tmp_path: Path, ep: int) -> None:
         for name, tensor in want["weights"].items():
             torch.testing.assert_close(result["refit"][name], tensor, atol=2e-5, rtol=1e-5)
             torch.testing.assert_close(exported[name], tensor, atol=2e-5, rtol=1e-5)
-            moved += not torch.equal(tensor, saved[name])
+            moved += not torch.equal(tensor, want["initial"][name])
     assert moved >= 0.9 * 2 * len(saved)  # the step moved the weights compared

@@ -222,6 +222,22 @@ def apply_expert_parallel(
     return layout
 
 
+def pin_backward_prefetch(hf_model: Any) -> None:
+    """After ``apply_fsdp``: every decoder layer prefetches the previous one in backward, and
+    no owned expert prefetches anything. FSDP2's own choice is the unit before it in this
+    rank's forward order, which holds the experts this rank ran: a rank whose experts got no
+    token in a layer would issue the previous layer's all-gather at another point of the
+    backward than its EP peers, crossing their exchange's collectives (gloo: a size mismatch)."""
+    layers = decoder_layers(hf_model)
+    for previous, layer in zip(layers, layers[1:], strict=False):
+        layer.set_modules_to_backward_prefetch([previous])
+    for block in moe_blocks(hf_model):
+        for expert in block.experts:
+            if not isinstance(expert, AbsentExpert):
+                # a non-empty list turns the default off; unsharding itself again is a no-op
+                expert.set_modules_to_backward_prefetch([expert])
+
+
 def _scale_input_gradient(ep: int) -> Any:
     def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         del module
@@ -309,7 +325,11 @@ def _partial_output(
 ) -> torch.Tensor:
     """This rank's experts run on the gathered tokens routed to them, weighted, summed: the
     rank's share of the group's output (zero rows where none of its experts was chosen)."""
-    partial = torch.zeros_like(tokens)
+    # Zeros that stay on the autograd graph: where none of this rank's experts gets a token,
+    # the exchange's backward collectives still run here as on the other EP ranks, and the
+    # router gets its (zero) gradient, without which FSDP2 would leave it out of the layer's
+    # reduce-scatter here and not on the other ranks.
+    partial = tokens * 0.0 + weights.sum() * 0.0
     for index in _experts_to_run(layout, selected, groups.holders):
         rows, slot = torch.where(selected == index)
         expert_out = experts[index](tokens[rows]) * weights[rows, slot, None]
