@@ -130,6 +130,7 @@ def _worker_rank(
         metrics = worker.train_step(micro, masked_nll_loss, float(batch["token_mask"].sum()))
         refit = dict(worker.export_hf_weights())
         worker.export_hf(f"{out}.hf")
+        worker.save_checkpoint(f"{out}.dcp")  # per expert, as they train
         worker.close()
         torch.save(
             {"logprobs": logprobs, "metrics": metrics, "refit": refit, "kept": kept},
@@ -164,7 +165,16 @@ def check_two_ranks_equal_one_process(tmp_path: Path, ep: int, mxfp4: bool) -> N
     batch = make_batch(seed=5, vocab=128)
     want = one_process(model_path, batch, mxfp4)
     exported = saved_tensors(f"{out}.hf")
-    assert "quantization_config" not in json.loads((out.with_suffix(".hf") / "config.json").read_text())
+    # hpcrl export of the DCP checkpoint: the same tensors, fused as the checkpoint fuses them
+    from hpcrl.core.backends.automodel.export import export_dcp_to_hf
+
+    export_dcp_to_hf(f"{out}.dcp", tmp_path / "from_dcp", model_path, model_path)
+    from_dcp = saved_tensors(str(tmp_path / "from_dcp"))
+    assert sorted(from_dcp) == sorted(exported)
+    for name, tensor in exported.items():
+        assert torch.equal(from_dcp[name], tensor), name
+    for folder in (f"{out}.hf", tmp_path / "from_dcp"):  # the weights are not MXFP4 any more
+        assert "quantization_config" not in json.loads((Path(folder) / "config.json").read_text())
     # the checkpoint's names and shapes: fused experts [E, H, 2I] and their biases
     assert {k: v.shape for k, v in exported.items()} == {k: v.shape for k, v in saved.items()}
     assert sorted(want["weights"]) == sorted(saved)

@@ -206,3 +206,22 @@ def test_validate_accepts_glm_4_7_flash_and_says_the_job_needs_transformers_5(tm
         "Python needs transformers >= 5 (NeMo RL's containers have it; the job stops at start "
         "without it)"
     )
+
+
+def test_gpt_oss_20b_from_the_table_trains_only_dequantized():
+    """NeMo RL's sft-gpt-oss-20b recipes: the table knows its experts are MXFP4."""
+    from hpcrl.config.architectures import architecture_problem
+    from hpcrl.config.hf_model_table import known_hf_config
+    from tests.recipe_builder import tiny_automodel_recipe
+
+    table = known_hf_config("openai/gpt-oss-20b")
+    assert table is not None and table["quantization_config"] == {"quant_method": "mxfp4"}
+    sft = with_policy(tiny_automodel_recipe(), model_name="openai/gpt-oss-20b")
+    problem = architecture_problem(sft, table)
+    assert problem is not None
+    assert (problem.path, problem.value) == ("policy.dequantize_base_checkpoint", False)
+    assert problem.fix == (
+        "set policy.dequantize_base_checkpoint=true (as NeMo RL's gpt-oss recipes do)"
+    )
+    dequantized = with_policy(sft, dequantize_base_checkpoint=True)
+    assert architecture_problem(dequantized, table) is None

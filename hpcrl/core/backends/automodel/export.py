@@ -125,9 +125,13 @@ def merged_onto_base(
         say(f"merging {len(found) // 2} LoRA adapters into the base weights of {model_path}")
     config = AutoConfig.from_pretrained(model_path)
     # an MXFP4 base loads dequantized, as training loaded it (its recipe had to say so)
-    base = auto_model_class(config).from_pretrained(
-        model_path, dtype=torch.float32, **dequantized_loading(config, dequantize=True)
-    ).float()
+    base = (
+        auto_model_class(config)
+        .from_pretrained(
+            model_path, dtype=torch.float32, **dequantized_loading(config, dequantize=True)
+        )
+        .float()
+    )
     unfuse_experts(base)
     named = list(base.state_dict().items()) + [(name, adapters[name]) for name in found]
     return dict(merge_adapters(named, lora_scale))

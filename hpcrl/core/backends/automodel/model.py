@@ -181,8 +181,8 @@ def load_hf_model(
         attn_implementation=attention_implementation(model_class, config),
         **dequantized_loading(config, dequantize),
     )  # fmt: skip
-    model.float()  # dequantized weights arrive in bf16
     if dequantize:
+        model.float()  # dequantized weights arrive in bf16
         forget_dequantization(model)
     freeze_vision(model)
     model.config.use_cache = False

@@ -44,9 +44,9 @@ from hpcrl.core.backends.automodel.context_parallel import (
 )
 from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
-    pin_backward_prefetch,
     build_ep_mesh,
     gather_expert_tensors,
+    pin_backward_prefetch,
     router_saving_context,
 )
 from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary, merge_adapters
