@@ -21,6 +21,8 @@ same message.
   (hpcrl.core.backends.automodel.multimodal; tests/core/test_multimodal_text_models.py,
   tests/transformers5/test_gemma4.py, test_qwen3_5_moe.py). Qwen3.5's linear-attention layers
   are not packed (``NO_PACKING_MODEL_TYPES``).
+- An MXFP4 checkpoint (gpt-oss) trains on the Automodel backend only dequantized to bf16 as it
+  loads (``policy.dequantize_base_checkpoint``, ``DEQUANTIZED_ON_LOAD``).
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
@@ -46,14 +48,16 @@ MOE_EXPERT_COUNT_KEYS = {
     "qwen3_moe": "num_experts", "mixtral": "num_local_experts",
     "deepseek_v3": "n_routed_experts", "nemotron_h": "n_routed_experts",
     "glm4_moe_lite": "n_routed_experts", "gemma4": "num_experts", "qwen3_5_moe": "num_experts",
+    "gpt_oss": "num_local_experts",
 }  # fmt: skip
 #: decoders the Automodel backend shards with FSDP2 alone: no tensor-parallel plan (their
 #: attention, MoE or extra-norm blocks are not Llama-shaped), no context parallelism, and no
 #: expert parallelism unless ``MOE_EXPERT_COUNT_KEYS`` lists them (deepseek_v3, glm4_moe_lite,
-#: nemotron_h: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only). gpt_oss
-#: is not one: transformers gives it no SDPA attention, which the backend loads models with.
+#: nemotron_h: Nemotron-H's Mamba-2/attention/MLP or MoE hybrid, transformers 5 only;
+#: gpt_oss: attention sinks, which transformers runs in its eager attention, not SDPA).
 FSDP_ONLY_MODEL_TYPES = (
-    "deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h", "glm4_moe_lite"
+    "deepseek_v3", "glm4_moe", "qwen2_moe", "gemma3_text", "nemotron_h", "glm4_moe_lite",
+    "gpt_oss",
 )  # fmt: skip
 #: multimodal wrappers whose text decoder the Automodel backend trains on text, as NeMo RL
 #: does (hpcrl.core.backends.automodel.multimodal), with FSDP2 alone like the decoders above
@@ -78,6 +82,11 @@ TP_MOE = ("qwen3_moe", "mixtral")
 #: parallelism), but its projections are Llama's and the tensor-parallel plan fits them
 #: (tests/core/test_gemma3_tp.py)
 TP_GEMMA3 = ("gemma3_text", "gemma3")
+
+#: quant_method values of checkpoints the Automodel backend loads dequantized with
+#: ``policy.dequantize_base_checkpoint`` (transformers' Mxfp4Config(dequantize=True))
+DEQUANTIZED_ON_LOAD = ("mxfp4",)
+DEQUANTIZE = "policy.dequantize_base_checkpoint"
 TENSOR_PARALLEL = "policy.automodel_cfg.tensor_parallel_size"
 CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
@@ -126,7 +135,43 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             _fsdp_only_problem(recipe, hf_config)
             or _moe_layout_problem(recipe, hf_config)
             or _packing_problem(recipe, hf_config)
+            or _quantized_problem(recipe, hf_config)
         )
+    return None
+
+
+def quant_method(hf_config: Mapping[str, Any]) -> str | None:
+    """``quantization_config.quant_method`` of a quantized checkpoint's config, else None."""
+    quantization = hf_config.get("quantization_config")
+    if not isinstance(quantization, Mapping):
+        return None
+    method = quantization.get("quant_method")
+    return str(method) if method is not None else None
+
+
+def _quantized_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+    """An MXFP4 checkpoint (gpt-oss's experts) trains only dequantized to bf16 as it loads;
+    vLLM would sample from the MXFP4 checkpoint itself, and refitting the trained bf16
+    weights into its MXFP4 layers is not tested."""
+    if quant_method(hf_config) not in DEQUANTIZED_ON_LOAD:
+        return None
+    name = recipe.policy.model_name
+    if not recipe.policy.dequantize_base_checkpoint:
+        return Problem(
+            path=DEQUANTIZE, value=False,
+            message=f"model {name} stores weights in MXFP4 (quantization_config.quant_method "
+            "'mxfp4' in config.json), which hpcrl's Automodel backend cannot train as they "
+            "are: it trains unquantized weights, dequantized to bf16 as the model loads",
+            fix=f"set {DEQUANTIZE}=true (as NeMo RL's gpt-oss recipes do)",
+        )  # fmt: skip
+    generation = recipe.policy.generation.backend
+    if recipe.algorithm == "grpo" and generation == "vllm":
+        return Problem(
+            path="policy.generation.backend", value=generation,
+            message=f"model {name} is an MXFP4 checkpoint, which vLLM would load quantized: "
+            "refitting the policy's dequantized bf16 weights into it is not tested",
+            fix=f"train it with SFT, or give {MODEL} a checkpoint saved unquantized (bf16)",
+        )  # fmt: skip
     return None
 
 

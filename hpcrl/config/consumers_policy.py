@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from hpcrl.config.consumer_sites import (
     AM_CLIP,
+    AM_DEQUANTIZE,
     AM_LOAD,
     AM_LORA,
     AM_OPTIM,
@@ -114,6 +115,7 @@ POLICY_CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.lora_cfg.dropout_position": (AM_LORA,),
     "policy.automodel_cfg.lora_cfg.lora_A_init": (AM_LORA,),
     "policy.hf_config_overrides": (AM_LOAD, ENGINE, VLLM_ARGS, MG_BUILD, MG_CONVERT),
+    "policy.dequantize_base_checkpoint": (AM_DEQUANTIZE,),
     # ------------------------------------------------------------------ megatron_cfg
     "policy.megatron_cfg.enabled": (LAYOUT,),
     "policy.megatron_cfg.peft.enabled": (MG_LORA,),

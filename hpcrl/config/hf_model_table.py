@@ -27,7 +27,8 @@ def read_table() -> dict[str, Any]:
 
 def known_hf_config(model_name: str) -> dict[str, Any] | None:
     """The fields of ``model_name``'s config.json the table knows, shaped as config.json
-    holds them (``model_type``, ``architectures``, the expert-count key with its count);
+    holds them (``model_type``, ``architectures``, the expert-count key with its count, a
+    quantized checkpoint's ``quantization_config.quant_method``);
     None when the table does not list the name."""
     entry = read_table()["models"].get(model_name)
     if entry is None:
@@ -39,4 +40,6 @@ def known_hf_config(model_name: str) -> dict[str, Any] | None:
     experts = entry.get("experts")
     if experts is not None and experts.get("count") is not None:
         config[experts["key"]] = experts["count"]
+    if "quant_method" in entry:  # a quantized checkpoint (gpt-oss: MXFP4 experts)
+        config["quantization_config"] = {"quant_method": entry["quant_method"]}
     return config

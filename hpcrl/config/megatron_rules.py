@@ -334,7 +334,24 @@ def rule_hf_config_overrides(recipe: Recipe) -> list[Problem]:
     return megatron_hf_override_problems(recipe.policy.hf_config_overrides)
 
 
+def rule_dequantize_base_checkpoint(recipe: Recipe) -> list[Problem]:
+    """NeMo RL reads ``policy.dequantize_base_checkpoint`` in its DTensor (Automodel) workers
+    only; on the Megatron backend megatron-bridge converts the checkpoint itself."""
+    if not (megatron_enabled(recipe) and recipe.policy.dequantize_base_checkpoint):
+        return []
+    return [
+        Problem(
+            path="policy.dequantize_base_checkpoint", value=True,
+            message="is read by the Automodel backend only (as NeMo RL reads it): the Megatron "
+            "backend converts the Hugging Face checkpoint with megatron-bridge, which this "
+            "setting does not change",
+            fix="remove policy.dequantize_base_checkpoint (or set it to false)",
+        )
+    ]  # fmt: skip
+
+
 MEGATRON_RULES = (
+    rule_dequantize_base_checkpoint,
     rule_flex_dispatcher,
     rule_hf_config_overrides,
     rule_clip_grad,

@@ -299,3 +299,7 @@ class PolicyCfg:
     # changes to the model's Hugging Face config (hpcrl.core.models.hf_config), for training
     # and sampling alike; a nested mapping changes the sub-config it names
     hf_config_overrides: dict[str, Any] = attrs.field(factory=dict)
+    # NeMo RL's: load a quantized checkpoint's weights dequantized (gpt-oss's MXFP4 experts
+    # to bf16) for the Automodel backend to train; no effect on an unquantized checkpoint.
+    # An MXFP4 checkpoint without it is refused (hpcrl.config.architectures).
+    dequantize_base_checkpoint: bool = False

@@ -245,6 +245,21 @@ def hf_model_probe(recipe: Recipe, tmp: Path) -> Any:
     return model.config.to_dict()
 
 
+def dequantize_probe(recipe: Recipe, tmp: Path) -> Any:
+    """How the Automodel backend loads an MXFP4 gpt-oss checkpoint under ``recipe``: the
+    arguments it hands transformers' from_pretrained, or its refusal (the config alone)."""
+    from transformers import GptOssConfig
+
+    from hpcrl.core.backends.automodel.model import dequantized_loading
+
+    config = GptOssConfig(quantization_config={"quant_method": "mxfp4"})
+    try:
+        loading = dequantized_loading(config, recipe.policy.dequantize_base_checkpoint)
+    except ValueError as refusal:
+        return f"refused: {refusal}"
+    return {name: value.to_dict() for name, value in loading.items()}
+
+
 def distribution_probe(recipe: Recipe, tmp: Path) -> Any:
     from hpcrl.core.token_distribution import TokenDistribution
 

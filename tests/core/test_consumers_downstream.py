@@ -38,6 +38,7 @@ PROBES: dict[str, probes.Probe] = {
     consumer_sites.VLLM_ARGS: probes.engine_probe,
     consumer_sites.VLLM_ENV: probes.engine_probe,
     consumer_sites.AM_LOAD: probes.hf_model_probe,
+    consumer_sites.AM_DEQUANTIZE: probes.dequantize_probe,
     "hpcrl.core.generation.engine:colocated_engine_spec": probes.plan_probe,
     "hpcrl.core.data.prompts:load_tokenizer": probes.engine_probe,
     consumer_sites.DIST: probes.distribution_probe,

@@ -125,6 +125,7 @@ def _run_rank(
         apply_expert_parallel,
         build_ep_mesh,
         gather_expert_tensors,
+        pin_backward_prefetch,
     )
     from hpcrl.core.backends.automodel.optim import clip_gradients
     from hpcrl.core.backends.automodel.parallelize import (
@@ -150,6 +151,8 @@ def _run_rank(
         apply_fsdp(
             model, model, data_parallel_mesh(mesh, shape), param_dtype=None, cpu_offload=False
         )
+        if layout is not None:  # as the worker does
+            pin_backward_prefetch(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
         per_rank = [rank_batches(r, world) for r in range(world)]
         losses, norms = [], []

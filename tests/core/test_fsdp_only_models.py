@@ -2,7 +2,7 @@
 hpcrl.config.architectures: no tensor-parallel plan, no expert parallelism) build and train
 through the backend's own code: tiny random models of each type, built by transformers.
 
-Each loads as the backend loads models (SDPA attention), has the decoder blocks FSDP shards,
+Each loads as the backend loads models (SDPA attention; gpt-oss's sinks: eager), has the decoder blocks FSDP shards,
 and gives the backend's chunked log-probs equal to the model's own forward. A DeepSeek-V3
 decoder (MLA attention, a dense first block, routed + shared experts: NeMo RL's Moonlight and
 DeepSeek-V3 recipes) trained by FSDP over 2 Ray workers (gloo) matches one process: same
@@ -47,7 +47,14 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen2_moe": dict(num_experts=4, moe_intermediate_size=16, shared_expert_intermediate_size=16),
     # Gemma 3's text decoder: four norms per block, scaled embeddings, local + global layers
     "gemma3_text": dict(head_dim=8, query_pre_attn_scalar=8, sliding_window=4, sliding_window_pattern=2),
+    # attention sinks, a sliding-window layer, biased experts (more: tests/core/test_gpt_oss.py)
+    "gpt_oss": dict(
+        num_local_experts=4, intermediate_size=16, head_dim=8, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+    ),
 }  # fmt: skip
+#: transformers has no SDPA form of their attention: the backend loads them with eager
+EAGER_ATTENTION = ("gpt_oss",)
 
 
 def build_tiny(folder: Path, model_type: str) -> str:
@@ -77,7 +84,8 @@ def test_it_loads_as_the_backend_loads_it_and_its_logprobs_match(tmp_path, model
     path = build_tiny(tmp_path / model_type, model_type)
     hf = load_hf_model(path, "cpu")
     assert hf.config.model_type == model_type
-    assert hf.config._attn_implementation == "sdpa"
+    want_attention = "eager" if model_type in EAGER_ATTENTION else "sdpa"
+    assert hf.config._attn_implementation == want_attention
     assert len(decoder_layers(hf)) == 2
     batch = make_batch(seed=3, batch_size=4)
     with torch.no_grad():

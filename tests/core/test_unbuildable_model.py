@@ -34,13 +34,15 @@ def refused(tmp_path, config: dict, capsys, generation: str = "torch") -> str:
 
 def test_the_driver_refuses_a_model_its_backend_cannot_build_by_name(tmp_path, capsys):
     err = refused(
-        tmp_path, {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}, capsys
+        tmp_path, {"model_type": "minimax_m2", "architectures": ["MiniMaxM2ForCausalLM"]}, capsys
     )
     assert err == (
-        "hpcrl: policy.model_name = 'MODEL': a GptOssForCausalLM (model_type 'gpt_oss') model, "
+        "hpcrl: policy.model_name = 'MODEL': a MiniMaxM2ForCausalLM (model_type 'minimax_m2') "
+        "model, "
         "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
         "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe_lite, "
-        "gemma4, qwen3_5_moe, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 decoders; "
+        "gemma4, qwen3_5_moe, gpt_oss, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 "
+        "decoders; "
         "fix: train it with the Megatron backend "
         "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a "
         "model of one of these types\n"

@@ -1,4 +1,4 @@
-"""A model whose architecture the recipe's backend cannot build (NeMo RL's gpt-oss recipes on
+"""A model whose architecture the recipe's backend cannot build (NeMo RL's MiniMax-M2 recipes on
 the Automodel backend; its NemotronH recipes on hpcrl's in-process sampler) is refused by name: at plan time when its config.json is readable here
 (a local folder, or the job's Hugging Face cache) or hpcrl's table of NeMo RL's models lists
 it, else by the job as it starts, with the same message; ``validate`` says which happens."""
@@ -18,13 +18,14 @@ from tests.plan.planning_inputs import local_profile
 from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
 
 NEMOTRON_H = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"]}
-GPT_OSS = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"]}
+MINIMAX = {"model_type": "minimax_m2", "architectures": ["MiniMaxM2ForCausalLM"]}
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
 AUTOMODEL_REFUSAL = (
-    "policy.model_name = '{name}': a GptOssForCausalLM (model_type 'gpt_oss') model, "
+    "policy.model_name = '{name}': a MiniMaxM2ForCausalLM (model_type 'minimax_m2') model, "
     "which hpcrl's Automodel backend (policy.automodel_cfg) cannot build: it builds llama, "
     "qwen2, qwen3, mistral, qwen3_moe, mixtral, deepseek_v3, nemotron_h, glm4_moe_lite, "
-    "gemma4, qwen3_5_moe, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 decoders; fix: "
+    "gemma4, qwen3_5_moe, gpt_oss, glm4_moe, qwen2_moe, gemma3_text, gemma3, mistral3 decoders; "
+    "fix: "
     "train it with the Megatron backend "
     "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a model "
     "of one of these types"
@@ -43,8 +44,8 @@ def planned(recipe, tmp_path):
     return small, plan(small, local_profile(), run_dir=str(tmp_path / "run"), recipe_source="t")
 
 
-def test_a_local_gpt_oss_folder_is_refused_for_the_automodel_backend(tmp_path):
-    name = model_folder(tmp_path / "gpt-oss", GPT_OSS)
+def test_a_local_minimax_folder_is_refused_for_the_automodel_backend(tmp_path):
+    name = model_folder(tmp_path / "minimax", MINIMAX)
     recipe, spec = planned(with_policy(automodel_recipe(), model_name=name), tmp_path)
     (problem,) = check_model_architecture(recipe, spec, {})
     assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=name)
@@ -53,12 +54,12 @@ def test_a_local_gpt_oss_folder_is_refused_for_the_automodel_backend(tmp_path):
 
 
 def test_a_model_in_the_jobs_hub_cache_is_read(tmp_path):
-    snapshot = tmp_path / "hub" / "models--openai--oss" / "snapshots" / "abc123"
-    model_folder(snapshot, GPT_OSS)
-    recipe, spec = planned(with_policy(automodel_recipe(), model_name="openai/oss"), tmp_path)
+    snapshot = tmp_path / "hub" / "models--MiniMaxAI--mm" / "snapshots" / "abc123"
+    model_folder(snapshot, MINIMAX)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name="MiniMaxAI/mm"), tmp_path)
     environ = {"HF_HUB_CACHE": str(tmp_path / "hub")}
     (problem,) = check_model_architecture(recipe, spec, environ)
-    assert problem.path == "policy.model_name" and "gpt_oss" in problem.message
+    assert problem.path == "policy.model_name" and "minimax_m2" in problem.message
     assert check_model_architecture(recipe, spec, {"HF_HUB_CACHE": str(tmp_path / "none")}) == []
 
 
@@ -95,17 +96,17 @@ def test_validate_says_where_the_architecture_is_checked(tmp_path):
 
 
 NANO_V3 = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-Base-BF16"
-GPT_OSS_20B = "openai/gpt-oss-20b"
+MINIMAX_M2 = "MiniMaxAI/MiniMax-M2.7"
 
 
 def test_a_hub_name_without_its_config_json_is_refused_from_the_table(tmp_path):
-    recipe, spec = planned(with_policy(automodel_recipe(), model_name=GPT_OSS_20B), tmp_path)
+    recipe, spec = planned(with_policy(automodel_recipe(), model_name=MINIMAX_M2), tmp_path)
     no_cache = {"HF_HUB_CACHE": str(tmp_path / "empty")}
     (problem,) = check_model_architecture(recipe, spec, no_cache)
     # the words of the config.json-based refusal, word for word
-    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=GPT_OSS_20B)
+    assert problem.one_line() == AUTOMODEL_REFUSAL.format(name=MINIMAX_M2)
     assert architecture_note(recipe, spec, no_cache) == (
-        "architecture: 'gpt_oss' (hpcrl's table of NeMo RL's models), built by hpcrl's "
+        "architecture: 'minimax_m2' (hpcrl's table of NeMo RL's models), built by hpcrl's "
         "Automodel backend (policy.automodel_cfg), hpcrl's in-process sampler "
         "(policy.generation.backend torch)"
     )
@@ -218,3 +219,22 @@ def test_validate_accepts_glm_4_7_flash_and_says_the_job_needs_transformers_5(tm
         "Python needs transformers >= 5 (NeMo RL's containers have it; the job stops at start "
         "without it)"
     )
+
+
+def test_gpt_oss_20b_from_the_table_trains_only_dequantized():
+    """NeMo RL's sft-gpt-oss-20b recipes: the table knows its experts are MXFP4."""
+    from hpcrl.config.architectures import architecture_problem
+    from hpcrl.config.hf_model_table import known_hf_config
+    from tests.recipe_builder import tiny_automodel_recipe
+
+    table = known_hf_config("openai/gpt-oss-20b")
+    assert table is not None and table["quantization_config"] == {"quant_method": "mxfp4"}
+    sft = with_policy(tiny_automodel_recipe(), model_name="openai/gpt-oss-20b")
+    problem = architecture_problem(sft, table)
+    assert problem is not None
+    assert (problem.path, problem.value) == ("policy.dequantize_base_checkpoint", False)
+    assert problem.fix == (
+        "set policy.dequantize_base_checkpoint=true (as NeMo RL's gpt-oss recipes do)"
+    )
+    dequantized = with_policy(sft, dequantize_base_checkpoint=True)
+    assert architecture_problem(dequantized, table) is None

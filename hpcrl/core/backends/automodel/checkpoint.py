@@ -142,6 +142,7 @@ def export_hf(
     gathers its experts itself), used instead of the model's state dict."""
     from hpcrl.core.backends.automodel.expert_layout import fuse_expert_tensors, unfuse_experts
     from hpcrl.core.backends.automodel.lora import merge_adapters
+    from hpcrl.core.backends.automodel.model import drop_quantization
     from hpcrl.core.backends.automodel.multimodal import auto_model_class
     from hpcrl.core.models.tokenizer import load_tokenizer
 
@@ -157,7 +158,7 @@ def export_hf(
         )
         if lora_scale is not None:
             weights = dict(merge_adapters(weights.items(), lora_scale))
-        config = copy.deepcopy(hf_config)
+        config = drop_quantization(copy.deepcopy(hf_config))
         config.use_cache = True  # training switched it off; whoever generates wants it
         with torch.device("meta"):
             hf_model = auto_model_class(config).from_config(config, dtype=torch.float32)

@@ -23,6 +23,11 @@ Gemma 4's checkpoints keep the experts fused themselves (``experts.gate_up_proj`
 vLLM loads): they train per expert too (expert parallelism keeps whole experts), and
 ``fuse_expert_tensors`` stacks them back wherever weights leave in the checkpoint's names
 (refit, ``hpcrl export``, ``save_consolidated``; ``FUSED_ON_DISK``).
+
+gpt-oss keeps its experts fused under both transformers versions and on disk
+(``experts.gate_up_proj`` [E, H, 2·I] with gate and up columns interleaved, biases, a clamped
+SwiGLU): ``GptOssExpert`` holds one expert's slices under the same parameter names
+(``experts.<i>.gate_up_proj`` [H, 2·I], …), which ``fuse_expert_tensors`` stacks back.
 """
 
 from __future__ import annotations
@@ -44,11 +49,16 @@ FUSED_EXPERT_NAMES: dict[str, tuple[str | None, str, str]] = {
     "Glm4MoeLiteExperts": ("gate_proj", "up_proj", "down_proj"),
     "Gemma4TextExperts": ("gate_proj", "up_proj", "down_proj"),
     "Qwen3_5MoeExperts": ("gate_proj", "up_proj", "down_proj"),
+    # gate and up interleaved in one tensor, with biases: split by ``GptOssExpert``
+    "GptOssExperts": ("gate_up_proj", "gate_up_proj", "down_proj"),
 }
 #: fused experts classes whose checkpoints hold the fused 3-D weights as well
 #: (``gate_up_proj`` [E, 2·I, H]: gate rows first, ``down_proj`` [E, H, I])
-FUSED_ON_DISK = frozenset({"Gemma4TextExperts"})
+FUSED_ON_DISK = frozenset({"Gemma4TextExperts", "GptOssExperts"})
 _PER_EXPERT = re.compile(r"(?P<index>\d+)\.(?P<projection>gate_proj|up_proj|down_proj)\.weight")
+#: gpt-oss's fused parameters, each [E, ...]: one expert's slice keeps the name
+GPT_OSS_EXPERT_PARAMS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+_STACKED_EXPERT = re.compile(r"(?P<index>\d+)\.(?P<name>" + "|".join(GPT_OSS_EXPERT_PARAMS) + ")")
 
 
 class ExpertMLP(nn.Module):
@@ -77,6 +87,28 @@ class ExpertMLP(nn.Module):
         if gate_name is None:
             return down(self.act_fn(up(hidden)))
         return down(self.act_fn(getattr(self, gate_name)(hidden)) * up(hidden))
+
+
+class GptOssExpert(nn.Module):
+    """One gpt-oss expert, transformers' ``GptOssExperts`` math for one expert index:
+    ``x @ gate_up_proj + bias`` split into interleaved gate (even) and up (odd) columns,
+    gate clamped above and up on both sides at ``limit``, ``(up + 1) · gate · σ(α·gate)``,
+    then ``@ down_proj + bias``."""
+
+    def __init__(self, experts: Any, index: int) -> None:
+        super().__init__()
+        for name in GPT_OSS_EXPERT_PARAMS:
+            weight = getattr(experts, name)[index].detach().clone()
+            setattr(self, name, nn.Parameter(weight, requires_grad=True))
+        self.alpha, self.limit = float(experts.alpha), float(experts.limit)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        gate_up = hidden @ self.gate_up_proj + self.gate_up_proj_bias
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        glu = gate * torch.sigmoid(gate * self.alpha)
+        return ((up + 1) * glu) @ self.down_proj + self.down_proj_bias
 
 
 def _expert_weights(experts: Any, index: int, gated: bool) -> tuple[Any, ...]:
@@ -114,6 +146,35 @@ class PerExpertMLPs(nn.ModuleList):
         return out
 
 
+class GptOssPerExpertMLPs(PerExpertMLPs):
+    """``GptOssExperts``' call: transformers 4 passes tokens [B, S, H] or [T, H] and dense
+    routing weights [T, E], transformers 5 tokens [T, H] and top-k weights [T, k]."""
+
+    fused_on_disk = True
+
+    def forward(  # transformers' keyword names: transformers 4 passes them by name
+        self, hidden: torch.Tensor, router_indices: torch.Tensor, routing_weights: torch.Tensor
+    ) -> torch.Tensor:
+        if routing_weights.shape[-1] != router_indices.shape[-1]:  # dense [T, E]: the top-k
+            routing_weights = routing_weights.gather(-1, router_indices)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return super().forward(flat, router_indices, routing_weights).reshape(hidden.shape)
+
+
+def _per_expert(experts: Any, kind: str, names: tuple[str | None, str, str]) -> PerExpertMLPs:
+    if kind == "GptOssExperts":
+        return GptOssPerExpertMLPs(
+            GptOssExpert(experts, e) for e in range(experts.down_proj.shape[0])
+        )
+    gated = names[0] is not None
+    unfused = PerExpertMLPs(
+        ExpertMLP(_expert_weights(experts, e, gated), experts.act_fn, names)
+        for e in range(experts.down_proj.shape[0])
+    )
+    unfused.fused_on_disk = kind in FUSED_ON_DISK
+    return unfused
+
+
 def unfuse_experts(hf_model: Any, keep_fused_on_disk: bool = False) -> int:
     """Replace every fused experts module (``FUSED_EXPERT_NAMES``) by ``PerExpertMLPs`` with
     the same weights; the number replaced (0 under transformers 4 or a dense model).
@@ -126,12 +187,7 @@ def unfuse_experts(hf_model: Any, keep_fused_on_disk: bool = False) -> int:
         names = FUSED_EXPERT_NAMES.get(kind)
         if experts is None or names is None or (keep_fused_on_disk and kind in FUSED_ON_DISK):
             continue
-        gated = names[0] is not None
-        module.experts = PerExpertMLPs(
-            ExpertMLP(_expert_weights(experts, e, gated), experts.act_fn, names)
-            for e in range(experts.down_proj.shape[0])
-        )
-        module.experts.fused_on_disk = kind in FUSED_ON_DISK
+        module.experts = _per_expert(experts, kind, names)
         replaced += 1
     return replaced
 
@@ -151,14 +207,23 @@ def fuse_expert_tensors(
         return named
     kept: list[tuple[str, torch.Tensor]] = []
     parts: dict[str, dict[tuple[int, str], torch.Tensor]] = {}
+    stacked: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in named:
         prefix, _, rest = name.rpartition(".experts.")
-        found = _PER_EXPERT.fullmatch(rest) if f"{prefix}.experts." in prefixes else None
-        if found is None:
+        fused_here = f"{prefix}.experts." in prefixes
+        found = _PER_EXPERT.fullmatch(rest) if fused_here else None
+        slice_of = _STACKED_EXPERT.fullmatch(rest) if fused_here else None
+        if slice_of is not None:  # gpt-oss: the fused tensor is the experts' slices stacked
+            stacked.setdefault(f"{prefix}.experts.{slice_of['name']}", {})[
+                int(slice_of["index"])
+            ] = tensor
+        elif found is None:
             kept.append((name, tensor))
-            continue
-        key = (int(found["index"]), found["projection"])
-        parts.setdefault(f"{prefix}.experts.", {})[key] = tensor
+        else:
+            key = (int(found["index"]), found["projection"])
+            parts.setdefault(f"{prefix}.experts.", {})[key] = tensor
+    for fused_name, slices in stacked.items():
+        kept.append((fused_name, torch.stack([slices[e] for e in range(len(slices))])))
     for prefix, weights in parts.items():
         count = 1 + max(index for index, _ in weights)
         gate_up = [

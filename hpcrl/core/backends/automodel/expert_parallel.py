@@ -27,9 +27,9 @@ owned expert scales its weight gradients by 1/ep (not the gradient it passes bac
 tokens). The gradient norm of the experts is the sum over the EP group (``grad_norm``).
 
 Supported MoE blocks: the Hugging Face Qwen3-MoE, Mixtral, DeepSeek-V3, Nemotron-H,
-GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name) and Qwen3.5 MoE
-(transformers 5 only) blocks
-(``MOE_BLOCKS``): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
+GLM-4.7-Flash (transformers 5 only; DeepSeek-V3's block under another name), Qwen3.5 MoE
+(transformers 5 only) and gpt-oss blocks (``MOE_BLOCKS``; gpt-oss's ``router`` and its
+biased, clamped experts): a ``gate`` router (transformers 4's Qwen3-MoE and Mixtral: a linear layer,
 softmax → top-k (→ renormalised) here; otherwise a module that routes itself) and a list of
 experts (transformers 5's fused experts are split into one by
 ``expert_layout.unfuse_experts``); DeepSeek-V3's shared experts run on each rank's own
@@ -66,9 +66,13 @@ MOE_BLOCKS: dict[str, bool | None] = {
     "NemotronHMoE": None,  # the same router; plain (ungated) experts, optional latent space
     "Glm4MoeLiteMoE": None,  # GLM-4.7-Flash: DeepSeek-V3's block (router, shared experts)
     "Qwen3_5MoeSparseMoeBlock": None,  # its router module routes; a gated shared expert
+    "GptOssMLP": None,  # its ``router`` routes (top-k of biased logits → softmax)
 }
 #: a block's shared expert and the linear whose sigmoid scales its output per token (Qwen3.5)
 GATED_SHARED_EXPERT = ("shared_expert", "shared_expert_gate")
+#: blocks that return (hidden states, router scores) whatever they route with: the decoder
+#: layer unpacks two values and drops the scores
+PAIR_RETURNING_BLOCKS = ("GptOssMLP",)
 #: decoder layers that route their tokens and call ``experts(tokens, indices, weights)``
 #: themselves (Gemma 4's MoE layers): EP exchanges that call
 EXPERT_CALL_LAYERS = ("Gemma4TextDecoderLayer",)
@@ -156,9 +160,13 @@ def router_saving_context(hf_model: Any) -> Any:
 
 
 def _router_weight(block: nn.Module) -> torch.Tensor:
-    """The weight projecting a block's tokens onto its experts (Gemma 4: ``router.proj``)."""
+    """The weight projecting a block's tokens onto its experts (Gemma 4: ``router.proj``;
+    gpt-oss: the ``router`` itself)."""
     gate = getattr(block, "gate", None)
-    return gate.weight if gate is not None else block.router.proj.weight
+    if gate is not None:
+        return gate.weight
+    router: Any = block.router
+    return router.proj.weight if hasattr(router, "proj") else router.weight
 
 
 def check_expert_parallel(hf_model: Any, ep: int) -> int:
@@ -219,6 +227,22 @@ def apply_expert_parallel(
     return layout
 
 
+def pin_backward_prefetch(hf_model: Any) -> None:
+    """After ``apply_fsdp``: every decoder layer prefetches the previous one in backward, and
+    no owned expert prefetches anything. FSDP2's own choice is the unit before it in this
+    rank's forward order, which holds the experts this rank ran: a rank whose experts got no
+    token in a layer would issue the previous layer's all-gather at another point of the
+    backward than its EP peers, crossing their exchange's collectives (gloo: a size mismatch)."""
+    layers = decoder_layers(hf_model)
+    for previous, layer in zip(layers, layers[1:], strict=False):
+        layer.set_modules_to_backward_prefetch([previous])
+    for block in moe_blocks(hf_model):
+        for expert in block.experts:
+            if not isinstance(expert, AbsentExpert):
+                # a non-empty list turns the default off; unsharding itself again is a no-op
+                expert.set_modules_to_backward_prefetch([expert])
+
+
 def _scale_input_gradient(ep: int) -> Any:
     def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         del module
@@ -264,6 +288,8 @@ def _expert_parallel_forward(layout: ExpertLayout, groups: ExpertGroups) -> Any:
             out = out_of(out)
         out = out.reshape(batch, length, hidden)
         out = out + _shared_output(block, hidden_states)
+        if type(block).__name__ in PAIR_RETURNING_BLOCKS:
+            return out, None  # the decoder layer drops the scores (no auxiliary loss here)
         if router_logits is None:
             return out  # the block returns its hidden states alone
         rank = dist.get_rank(groups.ep)
@@ -314,7 +340,11 @@ def _partial_output(
 ) -> torch.Tensor:
     """This rank's experts run on the gathered tokens routed to them, weighted, summed: the
     rank's share of the group's output (zero rows where none of its experts was chosen)."""
-    partial = torch.zeros_like(tokens)
+    # Zeros that stay on the autograd graph: where none of this rank's experts gets a token,
+    # the exchange's backward collectives still run here as on the other EP ranks, and the
+    # router gets its (zero) gradient, without which FSDP2 would leave it out of the layer's
+    # reduce-scatter here and not on the other ranks.
+    partial = tokens * 0.0 + weights.sum() * 0.0
     for index in _experts_to_run(layout, selected, groups.holders):
         rows, slot = torch.where(selected == index)
         expert_out = experts[index](tokens[rows]) * weights[rows, slot, None]
@@ -332,7 +362,11 @@ def _route(
     states alone; transformers 4's DeepSeek-V3 router returns (indices, weights); its
     Qwen3-MoE and Mixtral ``gate`` is the linear projection, routed here as those blocks do
     (softmax → top-k (→ renormalised)), and those blocks return their router logits too."""
-    routed = block.gate(tokens)
+    router = getattr(block, "gate", None)
+    routed = (block.router if router is None else router)(tokens)
+    if type(block).__name__ == "GptOssMLP" and len(routed) == 2:
+        scores, selected = routed  # transformers 4: dense scores [T, E], zero off the top-k
+        return None, scores.gather(-1, selected), selected
     if isinstance(routed, tuple) and len(routed) == 3:
         _, weights, selected = routed
         return None, weights, selected  # weights as transformers' own loop uses them

@@ -17,7 +17,11 @@ from typing import Any
 
 from hpcrl.core.backends.automodel.checkpoint import DCP_SUBDIR
 from hpcrl.core.backends.automodel.expert_layout import fuse_expert_tensors, unfuse_experts
-from hpcrl.core.backends.automodel.model import hf_named_tensors
+from hpcrl.core.backends.automodel.model import (
+    dequantized_loading,
+    drop_quantization,
+    hf_named_tensors,
+)
 from hpcrl.run.export_progress import ExportProgress, gib
 
 MODEL_KEY_PREFIX = "model."
@@ -74,7 +78,7 @@ def export_dcp_to_hf(
     if lora_scale is not None:
         weights = merged_onto_base(weights, model_path, lora_scale, str(checkpoint_dir), say)
     dtype = next(iter(weights.values())).dtype
-    config = AutoConfig.from_pretrained(model_path)
+    config = drop_quantization(AutoConfig.from_pretrained(model_path))
     with torch.device("meta"):
         model = auto_model_class(config).from_config(config, dtype=dtype)
     # the per-expert names training keeps, save_pretrained the checkpoint's (expert_layout.py)
@@ -120,7 +124,14 @@ def merged_onto_base(
     if say is not None:
         say(f"merging {len(found) // 2} LoRA adapters into the base weights of {model_path}")
     config = AutoConfig.from_pretrained(model_path)
-    base = auto_model_class(config).from_pretrained(model_path, dtype=torch.float32)
+    # an MXFP4 base loads dequantized, as training loaded it (its recipe had to say so)
+    base = (
+        auto_model_class(config)
+        .from_pretrained(
+            model_path, dtype=torch.float32, **dequantized_loading(config, dequantize=True)
+        )
+        .float()
+    )
     unfuse_experts(base)
     named = list(base.state_dict().items()) + [(name, adapters[name]) for name in found]
     return dict(merge_adapters(named, lora_scale))

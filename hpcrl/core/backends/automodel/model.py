@@ -161,21 +161,90 @@ def hf_named_tensors(state_dict: Mapping[str, torch.Tensor]) -> list[tuple[str, 
 
 
 def load_hf_model(
-    model_path: str, device: str, hf_config_overrides: Mapping[str, Any] | None = None
+    model_path: str,
+    device: str,
+    hf_config_overrides: Mapping[str, Any] | None = None,
+    dequantize: bool = False,
 ) -> nn.Module:
     """fp32 weights from a local HF folder (GPU runs compute in bf16 through FSDP's policy),
     the model built from its config with ``policy.hf_config_overrides`` applied. A
-    multimodal wrapper loads whole, its vision part frozen (``multimodal``)."""
+    multimodal wrapper loads whole, its vision part frozen (``multimodal``). ``dequantize``
+    (``policy.dequantize_base_checkpoint``): an MXFP4 checkpoint's weights come out of
+    transformers' own dequantization (bf16), then fp32 like the rest."""
     from hpcrl.core.backends.automodel.multimodal import auto_model_class, freeze_vision
     from hpcrl.core.models.hf_config import load_hf_config
 
     config = load_hf_config(model_path, hf_config_overrides or {})
-    model = auto_model_class(config).from_pretrained(
-        model_path, config=config, dtype=torch.float32, attn_implementation="sdpa"
-    )
+    model_class = auto_model_class(config)
+    model = model_class.from_pretrained(
+        model_path, config=config, dtype=torch.float32,
+        attn_implementation=attention_implementation(model_class, config),
+        **dequantized_loading(config, dequantize),
+    )  # fmt: skip
+    if dequantize:
+        model.float()  # dequantized weights arrive in bf16
+        forget_dequantization(model)
     freeze_vision(model)
     model.config.use_cache = False
     unfuse_experts(model)
     if device == "cuda":
         model = model.to("cuda")
     return model
+
+
+def dequantized_loading(config: Any, dequantize: bool) -> dict[str, Any]:
+    """from_pretrained's arguments that load ``config``'s checkpoint dequantized: none for an
+    unquantized checkpoint (``dequantize`` changes nothing there); ValueError for an MXFP4
+    one without ``dequantize`` (validate and the driver refuse it before: architectures)."""
+    from hpcrl.config.architectures import DEQUANTIZE, DEQUANTIZED_ON_LOAD, quant_method
+
+    quantization = getattr(config, "quantization_config", None)
+    if quantization is None:
+        return {}
+    as_dict = quantization if isinstance(quantization, dict) else quantization.to_dict()
+    method = quant_method({"quantization_config": as_dict})
+    if method not in DEQUANTIZED_ON_LOAD:
+        return {}  # other quantized checkpoints load as transformers loads them
+    if not dequantize:
+        raise ValueError(
+            f"{DEQUANTIZE}=False: the checkpoint stores weights in {method.upper()}, which "
+            f"the Automodel backend trains only dequantized; set {DEQUANTIZE}=true"
+        )
+    from transformers import Mxfp4Config
+
+    return {"quantization_config": Mxfp4Config(dequantize=True)}
+
+
+#: the suffixes of MXFP4 tensors in a checkpoint (``<weight>_blocks``, ``<weight>_scales``)
+MXFP4_TENSOR_SUFFIXES = ("_blocks", "_scales")
+
+
+def forget_dequantization(model: Any) -> None:
+    """transformers 5 records the conversions it loaded the checkpoint with, and
+    ``revert_weight_conversion`` (refit, export: ``expert_layout.checkpoint_named_tensors``)
+    undoes them: the dequantization's would turn the bf16 weights back into MXFP4 names.
+    The weights leave unquantized, under the names the dequantization gave them."""
+    conversions = getattr(model, "_weight_conversions", None)
+    if not conversions:
+        return  # transformers 4: no record
+    model._weight_conversions = [
+        conversion for conversion in conversions
+        if not any(str(pattern).endswith(MXFP4_TENSOR_SUFFIXES)
+                   for pattern in getattr(conversion, "source_patterns", ()))
+    ]  # fmt: skip
+
+
+def drop_quantization(config: Any) -> Any:
+    """``config`` without its ``quantization_config``: the weights written beside it are the
+    dequantized ones training holds, which a reader must not take for MXFP4 blocks."""
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    return config
+
+
+def attention_implementation(auto_class: Any, config: Any) -> str:
+    """SDPA where transformers offers it for the class ``auto_class`` builds from ``config``,
+    else its eager attention: gpt-oss's attention sinks (one learned logit per head beside
+    the keys) have no SDPA form in transformers."""
+    model_class = auto_class._model_mapping[type(config)]
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"

@@ -46,6 +46,7 @@ from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
     build_ep_mesh,
     gather_expert_tensors,
+    pin_backward_prefetch,
     router_saving_context,
 )
 from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary, merge_adapters
@@ -215,9 +216,11 @@ class AutomodelWorker:
             compiles=self.compiles,
             training=training,
         )
+        policy = self.recipe.policy
         hf_model = load_hf_model(
-            model_path, self.rank_info.device, self.recipe.policy.hf_config_overrides
-        )
+            model_path, self.rank_info.device, policy.hf_config_overrides,
+            dequantize=policy.dequantize_base_checkpoint,
+        )  # fmt: skip
         if steps.lora:
             adapted = apply_lora(hf_model, self.recipe.policy.automodel_cfg.lora_cfg)
             if self.rank_info.rank == 0:
@@ -246,6 +249,8 @@ class AutomodelWorker:
                 param_dtype=param_dtype,
                 cpu_offload=steps.cpu_offload,
             )
+            if steps.expert_parallel > 1:
+                pin_backward_prefetch(hf_model)
         else:
             apply_autocast(root, param_dtype)
         # A compiled reference keeps requires_grad as loaded (its passes run under no_grad
