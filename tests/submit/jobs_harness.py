@@ -84,11 +84,27 @@ CANCELLED_LINE = re.compile(
 )
 
 
+def logs_once_they_stop_growing(
+    run: Path, cwd: Path, timeout_s: float = 30
+) -> tuple[list[str], list[str]]:
+    """``hpcrl logs`` and ``hpcrl logs --raw`` of one moment: processes of a cancelled job may
+    still be writing their last lines (a loaded CI machine, 2026-12-05: 2 more raw lines than
+    when the shown ones were read), so both are read until the raw log reads the same around
+    the shown one."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        raw_before = hpcrl(["logs", str(run), "--raw"], cwd, job_env()).stdout.splitlines()
+        shown = hpcrl(["logs", str(run)], cwd, job_env()).stdout.splitlines()
+        raw = hpcrl(["logs", str(run), "--raw"], cwd, job_env()).stdout.splitlines()
+        if raw == raw_before or time.monotonic() > deadline:
+            return shown, raw
+        time.sleep(1)
+
+
 def assert_cancelled_logs_end_quietly(run: Path, job_id: str, cwd: Path) -> None:
     """``hpcrl logs`` of a cancelled job ends with the one line saying so, without the
     shutdown noise that ``--raw`` still shows (issue 26 item 7)."""
-    shown = hpcrl(["logs", str(run)], cwd, job_env()).stdout.splitlines()
-    raw = hpcrl(["logs", str(run), "--raw"], cwd, job_env()).stdout.splitlines()
+    shown, raw = logs_once_they_stop_growing(run, cwd)
     match = CANCELLED_LINE.fullmatch(shown[-1]) if shown else None
     assert match is not None and match["job"] == job_id, shown[-5:]
     hidden = int(match["hidden"] or 0)
