@@ -125,7 +125,9 @@ def main() -> None:
     # `python -m hpcrl.cli.main` is what the console script runs; it also works where hpcrl
     # is on PYTHONPATH (e.g. `pip install --target`) rather than in a venv with a bin/.
     hpcrl = [sys.executable, "-m", "hpcrl.cli.main"]
-    with tempfile.TemporaryDirectory() as folder:
+    # Under /tmp whatever TMPDIR says: the container profile mounts /tmp only, and validate
+    # refuses a data file outside every mount (a TMPDIR elsewhere made the bundle rows fail).
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
         cwd = Path(folder)
 
         def timed(argv: Any, repeats: int = args.repeats) -> tuple[list[float], list[float]]:
