@@ -21,6 +21,7 @@ import hashlib
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import attrs
@@ -30,8 +31,10 @@ from hpcrl.config.locate import shipped_package_dir
 from hpcrl.run.jobspec import BUNDLE_ENTRY
 
 #: The job side's pure-Python dependencies: what hpcrl.job and hpcrl.core import (directly
-#: or through hpcrl.config) beside the image's packages. tests/plan/test_bundle.py imports the
-#: job side and checks that nothing else is needed.
+#: or through hpcrl.config) beside the image's packages, plus what these require as installed
+#: here (``required_distributions``): omegaconf 2.3 needs antlr4-python3-runtime, 2.4 vendors
+#: it, so a fixed list failed on an environment without it. tests/render/test_bundle.py
+#: imports the job side and checks that nothing else is needed.
 BASE_PACKAGES = (
     "submitit",
     "cloudpickle",
@@ -39,9 +42,9 @@ BASE_PACKAGES = (
     "attrs",
     "cattrs",
     "omegaconf",
-    "antlr4-python3-runtime",
     "PyYAML",
 )
+_REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 #: Packages mapped into hpcrl from folders at the repository root (setup.cfg package_dir).
 RESOURCE_PACKAGES = ("hpcrl.templates", "hpcrl.recipes", "hpcrl.cluster_profiles")
 #: Distributions whose compiled extension is optional: the extension is left out.
@@ -79,9 +82,8 @@ def collect_bundle(extra_packages: tuple[str, ...] = ()) -> BundleContents:
     files = _hpcrl_files()
     files.append((BUNDLE_ENTRY, str(Path(hpcrl.__file__).parent / "job" / "bundle_entry.py")))
     packages, problems = [], []
-    wanted = list(BASE_PACKAGES) + [
-        name for name in extra_packages if normalized(name) not in _normalized(BASE_PACKAGES)
-    ]
+    base = required_distributions(BASE_PACKAGES)
+    wanted = base + [name for name in extra_packages if normalized(name) not in _normalized(base)]
     for name in wanted:
         found = _distribution_files(name)
         if isinstance(found, str):
@@ -103,8 +105,56 @@ def collect_bundle(extra_packages: tuple[str, ...] = ()) -> BundleContents:
     )
 
 
-def _normalized(names: tuple[str, ...]) -> set[str]:
+def _normalized(names: Iterable[str]) -> set[str]:
     return {normalized(name) for name in names}
+
+
+def required_distributions(
+    roots: Iterable[str],
+    requires: Callable[[str], list[str] | None] | None = None,
+    installed: Callable[[str], bool] | None = None,
+) -> list[str]:
+    """``roots`` and, transitively, the distributions they require as installed here, in
+    first-seen order. Extras are skipped; a requirement under another marker (a Python
+    version, a platform) counts only if it is installed, since pip installs it exactly when
+    its marker holds. A root or unconditional requirement that is missing stays in the list:
+    ``collect_bundle`` reports it."""
+    import importlib.metadata  # only when a bundle is collected
+
+    def _requires(name: str) -> list[str] | None:
+        try:
+            return importlib.metadata.requires(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    requires = requires or _requires
+    installed = installed or _has_distribution
+    order, seen, pending = [], set(), list(roots)
+    while pending:
+        name = pending.pop(0)
+        if normalized(name) in seen:
+            continue
+        seen.add(normalized(name))
+        order.append(name)
+        for requirement in requires(name) or ():
+            spec, _, marker = requirement.partition(";")
+            found = _REQUIREMENT_NAME.match(spec)
+            if found is None or "extra" in marker:
+                continue
+            if marker.strip() and not installed(found.group(1)):
+                continue
+            pending.append(found.group(1))
+    return order
+
+
+def _has_distribution(name: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def _hpcrl_files() -> list[tuple[str, str]]:

@@ -13,7 +13,13 @@ import attrs
 import pytest
 
 from hpcrl.job import bundle_entry
-from hpcrl.plan.bundle import BASE_PACKAGES, _digest, collect_bundle, normalized
+from hpcrl.plan.bundle import (
+    BASE_PACKAGES,
+    _digest,
+    collect_bundle,
+    normalized,
+    required_distributions,
+)
 from hpcrl.render import bundle_writer
 from hpcrl.render.bundle_writer import MANIFEST_NAME, BundleChanged, write_bundle
 from hpcrl.run.jobspec import CodeBundle
@@ -47,7 +53,6 @@ def test_contents_are_hpcrl_as_a_wheel_lays_it_out_and_the_pure_packages():
         "submitit/core/_submit.py",
         "cattrs/__init__.py",
         "omegaconf/__init__.py",
-        "antlr4/__init__.py",
         "yaml/__init__.py",
         "typing_extensions.py",
         "cloudpickle/__init__.py",
@@ -55,13 +60,38 @@ def test_contents_are_hpcrl_as_a_wheel_lays_it_out_and_the_pure_packages():
         assert expected in paths, expected
     assert not [p for p in paths if p.endswith((".pyc", ".so")) or "__pycache__" in p]
     assert {normalized(name) for name, _ in contents.packages} == {
-        normalized(name) for name in BASE_PACKAGES
+        normalized(name) for name in required_distributions(BASE_PACKAGES)
     }
     assert dict(contents.packages)["submitit"] == "1.5.4"
     assert contents.problems == ()
     assert (REPO / "hpcrl" / "job" / "bundle_entry.py").read_text() == Path(
         dict(contents.files)["hpcrl_entry.py"]
     ).read_text()
+
+
+def test_the_packages_follow_what_the_installed_versions_require():
+    """omegaconf 2.3 requires antlr4-python3-runtime, 2.4 vendors it: a fixed list named it
+    and the GPU machine's environment (omegaconf 2.4, no antlr4) could not render a bundle
+    (``antlr4-python3-runtime cannot go into the code bundle``). Extras never count; a
+    requirement under a marker counts when it is installed (pip installed it: the marker held)."""
+    table = {
+        "omegaconf": ["antlr4-python3-runtime==4.9.*", "PyYAML>=5.1.0", 'sphinx; extra == "dev"'],
+        "cattrs": ["attrs>=25.4.0", "exceptiongroup>=1.1.1; python_version < '3.11'",
+                   "typing-extensions>=4.14.0", "tomli>=1.1.0; python_version < '3.11'"],
+        "exceptiongroup": ["typing-extensions>=4.6.0; python_version < '3.13'"],
+    }  # fmt: skip
+    installed = {"exceptiongroup", "typing-extensions"}
+    found = required_distributions(
+        ("cattrs", "omegaconf"), requires=table.get, installed=lambda name: name in installed
+    )
+    assert found == [
+        "cattrs", "omegaconf", "attrs", "exceptiongroup", "typing-extensions",
+        "antlr4-python3-runtime", "PyYAML",
+    ]  # fmt: skip
+    table["omegaconf"] = ["PyYAML>=5.1.0", 'PyYAML>=5.1.0; extra == "dev"']  # 2.4
+    assert "antlr4-python3-runtime" not in required_distributions(
+        ("omegaconf",), requires=table.get, installed=lambda name: True
+    )
 
 
 def test_a_bare_checkout_on_sys_path_bundles_its_shipped_folders(tmp_path):
