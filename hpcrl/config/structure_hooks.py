@@ -18,6 +18,7 @@ import attrs
 import cattrs
 from cattrs.errors import IterableValidationNote
 
+from hpcrl.config.foreign_key_table import UNSUPPORTED_CHOICES
 from hpcrl.config.suggestions import did_you_mean
 
 
@@ -62,6 +63,8 @@ def _literal_hook(type_: Any):
         if value in choices and type(value) in {type(choice) for choice in choices}:
             return value
         listed = ", ".join(str(choice) for choice in choices)
+        if isinstance(value, str) and value in UNSUPPORTED_CHOICES:
+            raise BadValue(UNSUPPORTED_CHOICES[value], "set {path} to one of: " + listed)
         guess = did_you_mean(str(value), [str(choice) for choice in choices])
         fix = f"did you mean {guess}? " if guess else ""
         raise BadValue(

@@ -436,3 +436,22 @@ def test_engines_across_nodes_are_laid_out_then_refused(monkeypatch, tmp_path):
         message = errors[tp]
         assert f"(vLLM engines across nodes: {layout}; each through vLLM's Ray" in message, name
         assert "hpcrl's job does not start an engine across nodes yet" in message, name
+
+
+def test_fp8_rollouts_and_training_are_refused_with_their_reason():
+    """NeMo RL's own FP8 recipe: every FP8 key names FP8 and why, including
+    ``vllm_cfg.precision: fp8``, a value of a schema key (it once said only "'fp8' is not one
+    of: float32, bfloat16, float16")."""
+    errors = errors_of("grpo_math_8B_megatron_fp8.yaml", [])
+    for path, what in (
+        ("policy.generation.vllm_cfg.precision", "FP8 generation is not supported yet"),
+        ("policy.generation.vllm_cfg.use_deep_gemm", "FP8 generation is not supported yet"),
+        ("policy.megatron_cfg.fp8_cfg", "FP8 training is not supported yet"),
+    ):
+        assert what in errors[path], errors[path]
+    assert "no FP8 kernels" in errors["policy.generation.vllm_cfg.precision"]
+    assert "Transformer Engine" in errors["policy.megatron_cfg.fp8_cfg"]
+    assert (
+        "set policy.generation.vllm_cfg.precision to one of: float32, bfloat16, float16"
+        in (errors["policy.generation.vllm_cfg.precision"])
+    )

