@@ -303,6 +303,9 @@ class RecordingAsyncPolicy(RecordingPolicy):
     def refit_in_flight(self, recompute_kv_cache: bool) -> None:
         self.calls.append(("refit_in_flight", recompute_kv_cache))
 
+    def generation_ready(self, pending: Any) -> bool:
+        return True
+
 
 def step_fn_probe(recipe: Recipe, tmp: Path) -> Any:
     """Which step function the driver builds (hpcrl.core.driver._make_step_fn)."""
