@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 
 import attrs
-
 import pytest
 
 from hpcrl.core.algorithms.group_selection import (
@@ -48,7 +47,7 @@ def reference_admits(batch_index, version, window):
 def buffer_of(weights, ready):
     return [
         BufferedGroup(index=i, start_version=w, ready=r)
-        for i, (w, r) in enumerate(zip(weights, ready))
+        for i, (w, r) in enumerate(zip(weights, ready, strict=True))
     ]
 
 
