@@ -11,13 +11,20 @@ faulthandler prints its stack). Usage: PYTHON .ci/pytest_without_teardown.py PYT
 import os
 import sys
 
-# As `python -m pytest` does: the working directory (the repository) first on the path, so
-# `tests` imports as a package.
-sys.path[0] = os.getcwd()
 
-import pytest  # noqa: E402
+def main() -> None:
+    # As `python -m pytest` does: the working directory (the repository) first on the path, so
+    # `tests` imports as a package.
+    sys.path[0] = os.getcwd()
+    import pytest
 
-exit_status = int(pytest.console_main())
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(exit_status)
+    exit_status = int(pytest.console_main())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_status)
+
+
+# The guard matters: a "spawn" child process (tests that start ranks or a multiprocessing
+# Manager) imports the main module again, and without it would run the whole suite again.
+if __name__ == "__main__":
+    main()

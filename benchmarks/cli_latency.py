@@ -39,6 +39,10 @@ PROFILE = "local"
 CONTAINER_RECIPE, CONTAINER_PROFILE = "grpo-tiny-2n-cpu", "slurm-test-pyxis"
 
 
+class CommandFailed(Exception):
+    """A measured command did not succeed (its stderr's end in the message)."""
+
+
 def time_command(
     argv: list[str] | Callable[[int], list[str]],
     repeats: int,
@@ -53,14 +57,13 @@ def time_command(
         command = argv(index) if callable(argv) else argv
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        subprocess.run(
-            command,
-            cwd=cwd,
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        result = subprocess.run(
+            command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
         )
+        if result.returncode != 0:
+            raise CommandFailed(
+                f"{' '.join(command)} exited {result.returncode}: {result.stderr[-2000:]}"
+            )
         wall.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
@@ -139,9 +142,17 @@ def main() -> None:
         data.write_text('{"prompt": "1+1", "answer": "2"}\n' * 64, encoding="utf-8")
         container = [*hpcrl, "render", CONTAINER_RECIPE, "--cluster", CONTAINER_PROFILE,
                      f"data.train_path={data}", "-o"]  # fmt: skip
-        new_bundle = timed(lambda index: [*container, str(cwd / f"fresh{index}" / "run")])
-        bundle_reused = timed(lambda index: [*container, str(cwd / "shared" / f"run{index}")])
-        bundle_mb = _folder_mb(next((cwd / "shared" / ".hpcrl-bundles").iterdir()))
+        # The bundle rows are not the goal's: a failure there (the GPU machine, twice) is
+        # printed with its cause and the rest is still measured.
+        bundle_rows: tuple[Any, Any, float] | str
+        try:
+            bundle_rows = (
+                timed(lambda index: [*container, str(cwd / f"fresh{index}" / "run")]),
+                timed(lambda index: [*container, str(cwd / "shared" / f"run{index}")]),
+                _folder_mb(next((cwd / "shared" / ".hpcrl-bundles").iterdir())),
+            )
+        except CommandFailed as error:
+            bundle_rows = str(error)
         torch_times = timed([*python, "-c", "import torch"], args.torch_repeats)
     per_point_s, per_render_s = in_process_renders(100)
     baseline = (statistics.median(bare[0]), statistics.median(bare[1]))
@@ -157,8 +168,15 @@ def main() -> None:
     print(row("hpcrl --help", help_times, baseline))
     print(row(f"hpcrl validate {RECIPE} --cluster {PROFILE}", validate, baseline))
     print(row(f"hpcrl render {RECIPE} --cluster {PROFILE}", render, baseline))
-    print(row(f"render --cluster {CONTAINER_PROFILE}, writes the bundle", new_bundle, baseline))
-    print(row(f"render --cluster {CONTAINER_PROFILE}, bundle exists", bundle_reused, baseline))
+    if isinstance(bundle_rows, str):
+        print(f"| render --cluster {CONTAINER_PROFILE} | failed: see below |")
+    else:
+        print(
+            row(
+                f"render --cluster {CONTAINER_PROFILE}, writes the bundle", bundle_rows[0], baseline
+            )
+        )
+        print(row(f"render --cluster {CONTAINER_PROFILE}, bundle exists", bundle_rows[1], baseline))
     print(row('python -c "import torch"', torch_times, baseline))
     best_validate, best_pass = min(validate[0]), min(bare[0])
     print(
@@ -178,7 +196,10 @@ def main() -> None:
         f"in-process, 100 sweep points: load+plan+render {per_point_s * 1000:.1f} ms/point, "
         f"plan+render {per_render_s * 1000:.2f} ms/point"
     )
-    print(f"code bundle: {bundle_mb:.1f} MB on disk")
+    if isinstance(bundle_rows, str):
+        print(f"render --cluster {CONTAINER_PROFILE} failed, not measured: {bundle_rows}")
+    else:
+        print(f"code bundle: {bundle_rows[2]:.1f} MB on disk")
 
 
 def _bytecode_note(env: dict[str, str]) -> str:

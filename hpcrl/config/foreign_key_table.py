@@ -67,6 +67,20 @@ VLLM_EXPERT_PARALLEL = (
     "instead: the same model and samples, another memory layout"
 )
 
+#: Why multi-token prediction (megatron_cfg.mtp_*) is refused: what the installed
+#: megatron-core 0.16 / megatron-bridge 0.3 cannot do (tests/megatron/test_mtp_refusal.py
+#: pins each fact, so an upgrade that lifts them fails that test and reopens the question).
+MTP_REFUSAL = (
+    f"Megatron multi-token prediction is {NOT_YET}. NeMo RL sets mtp_num_layers, "
+    "mtp_loss_scaling_factor, mtp_use_repeated_layer and mtp_detach_heads on a newer "
+    "Megatron-LM than the megatron-core 0.16 hpcrl runs, whose MambaModel (the model of "
+    "NemotronH / Nemotron 3 Super, the recipes that set it) builds no MTP layers, whose "
+    "TransformerConfig has no mtp_use_repeated_layer or mtp_detach_heads, and whose GPTModel "
+    "computes the MTP loss only from labels passed to its forward, then returns the main "
+    "head's loss instead of the logits that log-probs and the RL loss need; hpcrl would "
+    "train without the MTP loss or layers, which is not what NeMo RL does"
+)
+
 #: Sections the schema holds (their keys are checked, as DESIGN.md's manual-GC contract asks)
 #: but nothing trains with yet: a recipe that gives one is an error (rules.py).
 UNSUPPORTED_SECTIONS: dict[str, str] = {
@@ -258,6 +272,15 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
         "from the checkpoint's config.json",
     ),
     off_only("policy.megatron_cfg.fp8_cfg", f"FP8 training is {NOT_YET}", None),
+    off_only("policy.megatron_cfg.mtp_num_layers", MTP_REFUSAL, 0, None),
+    *(
+        inert(
+            f"policy.megatron_cfg.{name}",
+            "read by NeMo RL's multi-token prediction only when policy.megatron_cfg."
+            "mtp_num_layers is above 0, which hpcrl refuses; at 0 or null it changes nothing",
+        )
+        for name in ("mtp_loss_scaling_factor", "mtp_use_repeated_layer", "mtp_detach_heads")
+    ),
     inert(
         "policy.megatron_cfg.defer_fp32_logits",
         "when megatron-core's bf16 logits are cast to fp32: at once (hpcrl) or in NeMo RL's "

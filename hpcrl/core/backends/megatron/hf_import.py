@@ -136,6 +136,13 @@ def build_provider(
     bridge = bridge_with_overrides(hf_path, hf_config_overrides or {})
     provider = bridge.to_megatron_provider(load_weights=load_weights)
     complete_yarn(provider, bridge.hf_pretrained.config)
+    # hpcrl runs no multi-token prediction (policy.megatron_cfg.mtp_num_layers is accepted
+    # at 0 or null only, as NeMo RL's recipes set it: MTP off). megatron-bridge copies an HF
+    # config's num_nextn_predict_layers (GLM-4.5, MiMo) into mtp_num_layers, whose MTP layers
+    # megatron-core 0.16 runs only with labels in the forward; None is its "off" (0 still
+    # enters its MTP loss code). The HF checkpoint's MTP weights are then not read.
+    if getattr(provider, "mtp_num_layers", None) is not None:
+        provider.mtp_num_layers = None
     if not transformer_engine_available():
         use_local_spec(provider)
     return provider
