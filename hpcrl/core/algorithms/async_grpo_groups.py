@@ -15,8 +15,10 @@ is which finished groups the step takes. Unlike NeMo RL a group that falls out o
 while sampling is not aborted: it finishes and is then evicted (the same groups are trained,
 the engines do the wasted work). The engines are refit in flight after each step.
 
-Not reachable from a recipe yet: ``hpcrl.config.async_rl_rules`` still refuses these samplers
-until a run on vLLM engines (tests/vllm/test_async_grpo.py) proves the loop learns.
+Built by ``hpcrl.core.algorithms.async_grpo.make_async_grpo_step_fn``; the window is
+``async_rl.sampler.max_staleness_versions`` and ``hpcrl.config.async_rl_rules`` makes NeMo RL's
+setup checks (buffer room, ready_first's importance-sampling correction). Run on vLLM engines
+in tests/vllm/test_async_grpo_groups.py.
 """
 
 from __future__ import annotations
