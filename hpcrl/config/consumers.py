@@ -54,6 +54,9 @@ from hpcrl.config.consumer_sites import (
 )
 from hpcrl.config.consumers_policy import POLICY_CONSUMED_BY
 
+#: NeMo RL's windowed and ready_first samplers (async_rl.sampler.name) read onto hpcrl
+GROUPED = "hpcrl.core.algorithms.async_grpo_groups:GroupedAsyncGrpoStep.__init__"
+
 #: schema path (hpcrl's spelling) -> the sites that read its value and act on it
 CONSUMED_BY: dict[str, tuple[str, ...]] = {
     **POLICY_CONSUMED_BY,
@@ -101,6 +104,12 @@ CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "async_rl.recompute_kv_cache_after_weight_updates": (
         "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__",
     ),
+    # NeMo RL's windowed and ready_first samplers: the grouped loop
+    "async_rl.sampler.name": ("hpcrl.core.driver:_make_step_fn", GROUPED),
+    "async_rl.sampler.max_staleness_versions": (GROUPED,),
+    "async_rl.min_groups_for_streaming_train": (GROUPED,),
+    "async_rl.max_inflight_prompts": (GROUPED,),
+    "async_rl.max_buffered_rollouts": (GROUPED,),
     "grpo.use_dynamic_sampling": (STEP_ROLLOUTS,),
     "grpo.dynamic_sampling_max_gen_batches": (STEP_ROLLOUTS,),
     "grpo.batch_multiplier": (STEP_ROLLOUTS,),

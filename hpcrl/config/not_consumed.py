@@ -53,38 +53,6 @@ NOT_CONSUMED: dict[str, NotConsumed] = {
         "validation prompt in one call, each row with its own seed: the batch size does not "
         "change what is sampled",
     ),
-    "async_rl.sampler.name": NotConsumed(
-        "off_only",
-        "hpcrl's asynchronous GRPO is NeMo RL's in_order sampler (each step trains on its own "
-        "whole batch, generated at most max_lookahead_versions steps earlier); the samplers "
-        "that pick finished groups out of order are not supported yet",
-        off="in_order",
-        rule="hpcrl.config.async_rl_rules:rule_async_rl_sampler",
-    ),
-    "async_rl.sampler.max_staleness_versions": NotConsumed(
-        "inert",
-        "the staleness window of the windowed, weight_fifo and ready_first samplers, which "
-        "async_rl.sampler.name refuses; in_order reads max_lookahead_versions",
-    ),
-    "async_rl.min_groups_for_streaming_train": NotConsumed(
-        "off_only",
-        "streaming a step's prompt groups into training as they finish is not supported yet: "
-        "hpcrl waits for the step's whole batch, then trains on it",
-        off="${grpo.num_prompts_per_step}",
-        rule="hpcrl.config.async_rl_rules:rule_async_rl_streaming",
-    ),
-    "async_rl.max_inflight_prompts": NotConsumed(
-        "inert",
-        "how many of NeMo RL's per-prompt rollouts run at once; hpcrl submits a step's whole "
-        "batch to the engines, which batch it themselves: how fast, not which weights (the "
-        "lookahead bounds those either way) nor what is sampled",
-    ),
-    "async_rl.max_buffered_rollouts": NotConsumed(
-        "inert",
-        "room for finished groups in NeMo RL's buffer (backpressure); hpcrl holds the "
-        "lookahead's batches and no more. Too small to hold them is refused "
-        "(hpcrl.config.async_rl_rules), as NeMo RL refuses it",
-    ),
     "async_rl.diagnostics": NotConsumed(
         "inert", "NeMo RL prints a preview of each finished rollout: the log, not the run"
     ),

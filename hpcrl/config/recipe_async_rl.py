@@ -11,8 +11,9 @@ trainer: batch s is generated with weights at most that many optimizer steps old
 whole, in data order, at step s. That is hpcrl's ``grpo.async_grpo`` with
 ``max_trajectory_age_steps`` = the lookahead (0: synchronous GRPO), with the engines refit in
 flight (the single controller always refits without waiting for the rollouts in flight). The
-other samplers (``windowed``, ``weight_fifo``, ``ready_first``, ``custom``) choose which
-finished groups a step trains on; hpcrl refuses them by name.
+``windowed`` and ``ready_first`` samplers choose which finished prompt groups a step trains
+on, within ``max_staleness_versions`` (``hpcrl.core.algorithms.async_grpo_groups``); hpcrl
+refuses ``weight_fifo`` and ``custom`` by name.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ SamplerName = Literal["in_order", "windowed", "weight_fifo", "ready_first", "cus
 @attrs.frozen(kw_only=True)
 class AsyncRlSamplerCfg:
     """``async_rl.sampler``: which finished rollouts a training step takes (NeMo RL's
-    staleness sampler; hpcrl implements ``in_order``)."""
+    staleness sampler; hpcrl implements ``in_order``, ``windowed`` and ``ready_first``)."""
 
     name: SamplerName = "in_order"
     # in_order: how many batches generation may run ahead of the trainer (0: synchronous)
     max_lookahead_versions: int = bounded(1, at_least(0, "0 (synchronous) or more"))
-    # windowed / weight_fifo / ready_first only (refused): their staleness window
+    # windowed / ready_first (weight_fifo is refused): their staleness window
     max_staleness_versions: int = bounded(1, at_least(0, "0 or more"))
 
 
@@ -45,12 +46,12 @@ class AsyncRlCfg:
     sampler: AsyncRlSamplerCfg = attrs.field(factory=AsyncRlSamplerCfg)
     # the requests in flight recompute their KV caches after each in-flight refit
     recompute_kv_cache_after_weight_updates: bool = False
-    # groups a step waits for before training starts; hpcrl trains on the whole batch, so
-    # it must be grpo.num_prompts_per_step (async_rl_rules)
+    # finished groups a step takes at least per chunk; in_order trains on the whole batch, so
+    # there it must be grpo.num_prompts_per_step (async_rl_rules)
     min_groups_for_streaming_train: int = bounded(32, POSITIVE_COUNT)
-    # rollouts NeMo RL runs at once; hpcrl submits a step's whole batch (cannot change which
-    # weights a batch is sampled with beyond the lookahead bound)
+    # prompt groups generating at once (windowed / ready_first); in_order submits a step's
+    # whole batch
     max_inflight_prompts: int = bounded(32, POSITIVE_COUNT)
-    # unconsumed groups NeMo RL buffers; must hold the lookahead's batches (async_rl_rules)
+    # unconsumed groups buffered; must hold the lookahead's batches (async_rl_rules)
     max_buffered_rollouts: int = bounded(64, POSITIVE_COUNT)
     diagnostics: bool = False  # NeMo RL prints a preview of each finished rollout

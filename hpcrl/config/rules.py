@@ -251,7 +251,7 @@ def rule_async_grpo(recipe: Recipe) -> list[Problem]:
     # its grpo.async_grpo loop refuses to.
     nemo_rl_sc = recipe.async_rl is not None
     off = (
-        "async_rl.sampler.max_lookahead_versions=0"
+        "async_rl.sampler.max_lookahead_versions=0 (with async_rl.sampler.name=in_order)"
         if nemo_rl_sc
         else "grpo.async_grpo.enabled=false"
     )

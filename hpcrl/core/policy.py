@@ -135,6 +135,9 @@ class AsyncGenerationPolicy(Policy, Protocol):
     def collect_generation(self, pending: Any) -> GenerationOutput:
         """The output of one ``submit_generation`` (waits for it)."""
 
+    def generation_ready(self, pending: Any) -> bool:
+        """Whether ``collect_generation(pending)`` would return at once (does not wait)."""
+
     def refit_in_flight(self, recompute_kv_cache: bool) -> None:
         """Load the latest weights into the engines at the next step of the generations
         they are running, not behind them (``hpcrl.core.generation.in_flight``); those

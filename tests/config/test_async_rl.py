@@ -1,9 +1,11 @@
 """NeMo RL's ``async_rl`` (its single-controller async GRPO) read from its own example files
 (the snapshots, tests/nemo_rl_snapshots.py): the in_order sampler's lookahead becomes hpcrl's
 bound on trajectory age, refit in flight as the single controller does (lookahead 0 is
-synchronous GRPO); what hpcrl cannot honour is refused by key with its fix, and NeMo RL's own
-setup checks are made at validate time. The run that trains with this form is
-tests/vllm/test_async_grpo.py::test_nemo_rl_async_rl_form_trains_one_batch_ahead_refit_in_flight."""
+synchronous GRPO); the windowed and ready_first samplers run the grouped loop; what hpcrl
+cannot honour is refused by key with its fix, and NeMo RL's own setup checks are made at
+validate time. The runs that train with this form are
+tests/vllm/test_async_grpo.py::test_nemo_rl_async_rl_form_trains_one_batch_ahead_refit_in_flight
+and tests/vllm/test_async_grpo_groups.py."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ SC_SYNC = "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-megatron-single-cont
 SC_STREAMING = (
     "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-async-1off-single-controller-streaming2.yaml"
 )
+SC_READY_FIRST = "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller.yaml"
 
 
 def errors_of(relative: str, overrides: list[str]) -> dict[str, str]:
@@ -68,29 +71,61 @@ def test_zero_lookahead_is_synchronous_grpo():
     assert async_grpo_settings(recipe) is None
 
 
-def test_the_other_samplers_and_streaming_are_refused_by_key():
-    errors = errors_of(SC_STREAMING, [])
-    assert sorted(errors) == ["async_rl.min_groups_for_streaming_train", "async_rl.sampler.name"]
-    assert errors["async_rl.sampler.name"] == (
-        "error: async_rl.sampler.name = 'windowed': NeMo RL's windowed sampler (dispatches "
-        "prompt groups one by one without waiting for the trainer (bounded only by "
-        "async_rl.max_buffered_rollouts and max_inflight_prompts), each stamped with the weight "
-        "version it started on; a step at trainer version v takes, as they finish, any finished "
-        "groups started on versions v-1..v, earliest dispatched first, passing over unfinished "
-        "ones (sample_freshest_first: least stale first), so which prompts a step trains on "
-        "depends on which generations finished first; finished groups older than the window are "
-        "evicted untrained and unfinished ones aborted) is not supported yet: hpcrl generates "
-        "whole batches of grpo.num_prompts_per_step prompts in data order and trains each step "
-        "on exactly one of them, every prompt once, none dropped (the in_order sampler); it has "
-        "no per-group rollouts to select among\n"
-        "  fix: set async_rl.sampler.name=in_order and async_rl.sampler.max_lookahead_versions=1 "
-        "(the same bound on how old a rollout's weights may be; what "
-        "grpo.async_grpo.max_trajectory_age_steps does)"
-    )
-    assert (
-        "streaming training (starting a step once 16 of its 64 prompt groups have finished"
-        in errors["async_rl.min_groups_for_streaming_train"]
-    )
+def test_windowed_and_ready_first_load_onto_the_grouped_loop():
+    """NeMo RL's streaming2 (windowed) and ready-first configs load as they are: async GRPO
+    whose window is max(1, max_staleness_versions), streaming 16 of 64 groups."""
+    for name, relative in (("windowed", SC_STREAMING), ("ready_first", SC_READY_FIRST)):
+        recipe = load_as_hpcrl(config_path(relative)).recipe
+        assert recipe.async_rl is not None and recipe.grpo is not None
+        assert (recipe.async_rl.sampler.name, recipe.async_rl.sampler.max_staleness_versions) == (
+            name,
+            1,
+        )
+        assert (
+            recipe.async_rl.min_groups_for_streaming_train,
+            recipe.grpo.num_prompts_per_step,
+        ) == (16, 64)
+        settings = async_grpo_settings(recipe)
+        assert settings is not None and settings.max_trajectory_age_steps == 1
+    # window 0 still runs asynchronously (dispatch never waits for the trainer under windowed)
+    fresh = load_as_hpcrl(
+        config_path(SC_STREAMING), ["async_rl.sampler.max_staleness_versions=0"]
+    ).recipe
+    settings = async_grpo_settings(fresh)
+    assert settings is not None and settings.max_trajectory_age_steps == 1
+
+
+@pytest.mark.parametrize(
+    ("relative", "override", "path", "says"),
+    [
+        # NeMo RL's validate_single_controller_config: ready_first's off-policy groups
+        (SC_READY_FIRST, "loss_fn.use_importance_sampling_correction=false",
+         "loss_fn.use_importance_sampling_correction",
+         "fix: set loss_fn.use_importance_sampling_correction=true"),
+        (SC_READY_FIRST, "loss_fn.force_on_policy_ratio=true", "loss_fn.force_on_policy_ratio",
+         "fix: set loss_fn.force_on_policy_ratio=false"),
+        # its required buffer capacity: the live batch and one per version of the window
+        (SC_READY_FIRST, "async_rl.max_buffered_rollouts=127", "async_rl.max_buffered_rollouts",
+         "128 prompt groups (grpo.num_prompts_per_step x (1 + 1)"),
+        (SC_READY_FIRST, "async_rl.sampler.max_staleness_versions=2",
+         "async_rl.max_buffered_rollouts", "fix: set async_rl.max_buffered_rollouts=192 or more"),
+        # windowed has no capacity rule of NeMo RL's, but must hold the streaming threshold
+        (SC_STREAMING, "async_rl.max_buffered_rollouts=15", "async_rl.max_buffered_rollouts",
+         "fix: set async_rl.max_buffered_rollouts=16 or more"),
+        (SC_STREAMING, "async_rl.min_groups_for_streaming_train=65",
+         "async_rl.min_groups_for_streaming_train",
+         "must not exceed grpo.num_prompts_per_step (64)"),
+        # in_order still waits for its whole batch; weight_fifo and custom are refused
+        (SC_STREAMING, "async_rl.sampler.name=in_order", "async_rl.min_groups_for_streaming_train",
+         "streaming training with the in_order sampler (starting a step once 16 of its 64"),
+        (SC_STREAMING, "async_rl.sampler.name=weight_fifo", "async_rl.sampler.name",
+         "NeMo RL's weight_fifo sampler (drains finished groups oldest weight version first"),
+    ],
+)  # fmt: skip
+def test_the_group_samplers_are_checked_as_nemo_rl_checks_them(relative, override, path, says):
+    errors = errors_of(relative, [override])
+    assert list(errors) == [path], errors
+    assert says in errors[path]
 
 
 @pytest.mark.parametrize(

@@ -234,14 +234,16 @@ def test_max_samples_and_the_nemotron_cascade_math_set_load_from_nemo_rls_file()
 
 def test_skip_reference_logprobs_with_no_kl_penalty_skips_them():
     """grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller: skip the reference
-    log-probs with the KL penalty at 0 (accepted: its other refusals are the ready_first
-    sampler and streaming training). With a penalty NeMo RL asserts; hpcrl refuses."""
+    log-probs with the KL penalty at 0 (the file loads as it is: tests/config/test_async_rl.py).
+    With a penalty NeMo RL asserts; hpcrl refuses."""
     import torch
 
     from hpcrl.core.algorithms.grpo import add_logprobs
 
     relative = "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller.yaml"
-    assert "grpo.skip_reference_policy_logprobs_calculation" not in errors_of(relative, [])
+    ready_first = load_as_hpcrl(config_path(relative)).recipe
+    assert ready_first.grpo is not None
+    assert ready_first.grpo.skip_reference_policy_logprobs_calculation
     recipe = load_as_hpcrl(
         config_path("grpo_math_1B.yaml"),
         ["grpo.skip_reference_policy_logprobs_calculation=true",

@@ -303,6 +303,9 @@ class RecordingAsyncPolicy(RecordingPolicy):
     def refit_in_flight(self, recompute_kv_cache: bool) -> None:
         self.calls.append(("refit_in_flight", recompute_kv_cache))
 
+    def generation_ready(self, pending: Any) -> bool:
+        return True
+
 
 def step_fn_probe(recipe: Recipe, tmp: Path) -> Any:
     """Which step function the driver builds (hpcrl.core.driver._make_step_fn)."""
@@ -327,6 +330,48 @@ def async_step_probe(recipe: Recipe, tmp: Path) -> Any:
     step = AsyncGrpoStep(policy, recipe, tok, ScriptedEnv(), sampler, last_step=6)
     step(1)
     return [call for call in policy.calls if call[0] in ("submit", "refit_in_flight")]
+
+
+class StaggeredAsyncPolicy(RecordingAsyncPolicy):
+    """Groups finish one at a time, in submission order: the n-th after n+1 polls."""
+
+    def submit_generation(self, prompt_ids: list[list[int]], cfg: Any, seed: int) -> Any:
+        polls = sum(call[0] == "submit" for call in self.calls)
+        return [*super().submit_generation(prompt_ids, cfg, seed), polls]
+
+    def collect_generation(self, pending: Any) -> Generated:
+        return self.generate(*pending[:3])
+
+    def generation_ready(self, pending: Any) -> bool:
+        pending[3] -= 1
+        return pending[3] < 0
+
+
+def grouped_step_probe(recipe: Recipe, tmp: Path) -> Any:
+    """Two steps of the grouped async GRPO (windowed / ready_first): the groups each
+    dispatched and took (index, start version), its chunks and evictions."""
+    from hpcrl.config.async_settings import GROUP_SAMPLERS
+    from hpcrl.core.algorithms.async_grpo_groups import GroupedAsyncGrpoStep
+    from hpcrl.core.data.jsonl import EpochSampler
+
+    if recipe.async_rl is None or recipe.async_rl.sampler.name not in GROUP_SAMPLERS:
+        return None  # the driver builds AsyncGrpoStep (step_fn_probe)
+    tok = tokenizer(recipe)
+    policy = StaggeredAsyncPolicy(tok.eos_token_id, tok.convert_tokens_to_ids("a"))
+    sampler = EpochSampler(rows(), seed=0, shuffle=False)
+    step = GroupedAsyncGrpoStep(policy, recipe, tok, ScriptedEnv(), sampler)
+    result = []
+    for index in (1, 2):
+        record = step(index)
+        result.append(
+            {
+                "dispatched": step.dispatched,
+                "taken": [(g.index, g.start_version) for g in step.last_taken],
+                "chunks": record["streaming_chunks"],
+                "evicted": record["evicted_stale_prompt_groups"],
+            }
+        )
+    return result
 
 
 def sft_step_probe(recipe: Recipe, tmp: Path) -> Any:

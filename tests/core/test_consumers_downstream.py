@@ -103,6 +103,9 @@ PROBES: dict[str, probes.Probe] = {
     consumer_sites.MG_DDP: probes.megatron_ddp_probe,
     "hpcrl.core.driver:_make_step_fn": probes.step_fn_probe,
     "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__": probes.async_step_probe,
+    "hpcrl.core.algorithms.async_grpo_groups:GroupedAsyncGrpoStep.__init__": (
+        probes.grouped_step_probe
+    ),
 }
 
 
@@ -148,6 +151,12 @@ SC = {
     "async_rl.sampler.name": "in_order",
     "async_rl.min_groups_for_streaming_train": 24,  # SEPARATE's grpo.num_prompts_per_step
     "async_rl.max_buffered_rollouts": 96,  # room for lookahead 2
+}
+#: NeMo RL's ready_first sampler, every group it may dispatch in flight at once
+READY_FIRST = {
+    **IS,
+    "async_rl.sampler.name": "ready_first",
+    "async_rl.max_inflight_prompts": 96,
 }
 TIS = {**IS, "loss_fn.truncated_importance_sampling_type": "icepop"}
 TIS_BOUNDS = {
@@ -371,6 +380,14 @@ CHANGES: dict[str, Change] = {
     # NeMo RL's async_rl form (in_order, lookahead 1 unless changed): the same loop
     "async_rl.sampler.max_lookahead_versions": Change(2, {**SEPARATE, **SC}),
     "async_rl.recompute_kv_cache_after_weight_updates": Change(True, {**SEPARATE, **SC}),
+    # the grouped loop (windowed / ready_first): which finished groups each step takes
+    "async_rl.sampler.name": Change("windowed", {**SEPARATE, **SC}),
+    "async_rl.sampler.max_staleness_versions": Change(2, {**SEPARATE, **SC, **READY_FIRST}),
+    "async_rl.min_groups_for_streaming_train": Change(1, {**SEPARATE, **SC, **READY_FIRST}),
+    "async_rl.max_inflight_prompts": Change(8, {**SEPARATE, **SC, **READY_FIRST}),
+    "async_rl.max_buffered_rollouts": Change(
+        50, {**SEPARATE, **SC, **READY_FIRST, "async_rl.sampler.name": "windowed"}
+    ),
     "grpo.use_dynamic_sampling": Change(True),
     "grpo.dynamic_sampling_max_gen_batches": Change(1, {"grpo.use_dynamic_sampling": True}),
     "grpo.batch_multiplier": Change(2, {"grpo.use_dynamic_sampling": True}),

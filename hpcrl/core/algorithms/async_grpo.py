@@ -37,7 +37,7 @@ from typing import Any
 
 import attrs
 
-from hpcrl.config.async_settings import async_grpo_settings
+from hpcrl.config.async_settings import GROUP_SAMPLERS, async_grpo_settings
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.grpo import (
     PromptBatch,
@@ -195,5 +195,17 @@ StepFn = Callable[[int], dict[str, Any]]
 def make_async_grpo_step_fn(
     policy: Policy, recipe: Recipe, tokenizer: Any, env: Any, sampler: EpochSampler, last_step: int
 ) -> StepFn:
-    """The driver's step function when ``grpo.async_grpo.enabled``."""
+    """The driver's step function for asynchronous GRPO: NeMo RL's windowed and ready_first
+    samplers (``async_rl.sampler.name``) pick finished prompt groups
+    (``async_grpo_groups``); in_order and ``grpo.async_grpo`` train whole batches in order."""
+    if recipe.async_rl is not None and recipe.async_rl.sampler.name in GROUP_SAMPLERS:
+        from hpcrl.core.algorithms.async_grpo_groups import GroupedAsyncGrpoStep
+
+        if not isinstance(policy, AsyncGenerationPolicy):
+            raise ValueError(
+                f"async_rl.sampler.name={recipe.async_rl.sampler.name} needs vLLM on separate "
+                "generation workers; set policy.generation.backend=vllm and "
+                "policy.generation.colocated.enabled=false (with colocated.resources)"
+            )
+        return GroupedAsyncGrpoStep(policy, recipe, tokenizer, env, sampler)
     return AsyncGrpoStep(policy, recipe, tokenizer, env, sampler, last_step)

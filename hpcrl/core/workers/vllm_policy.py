@@ -63,6 +63,12 @@ class VllmPolicy:
         shards = self.generation_group.collect(pending)
         return join_shards(shards, pending.num_real, self.training.pad_token_id)
 
+    def generation_ready(self, pending: PendingShards) -> bool:
+        import ray
+
+        done, _ = ray.wait(list(pending.refs), num_returns=len(pending.refs), timeout=0)
+        return len(done) == len(pending.refs)
+
     def _refit_generation_group(self) -> None:
         if self.generation_group.weights_version == self.weights_version:
             return
