@@ -298,16 +298,7 @@ def _run_logged_steps(
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
-    first_step = _resume(store, sampler, run_dir)
-    # A step 0 line (validation before step 1) runs again only when the run starts over.
-    dropped = writer.drop_steps_from(first_step if first_step > 1 else 0)
-    if dropped:
-        print(f"{writer.path.name}: dropped {dropped} line(s) of steps from {first_step} on "
-              "(an earlier attempt ran them after the checkpoint; they run again)", flush=True)  # fmt: skip
-    if first_step > 1:
-        # Said only once metrics.jsonl holds no step this attempt runs again: whoever reads
-        # this line and then the file's last step sees this attempt's progress.
-        print(f"resumed from {store.checkpoint_dir} at step {first_step - 1}", flush=True)
+    first_step = _resume_metrics(store, sampler, run_dir, writer)
     memory = HostMemoryTracker()
     if (
         validate
@@ -383,6 +374,24 @@ def _validate_at_start(
     shown = "  ".join(f"{key} {value:.4f}" for key, value in values.items())
     print(f"validation before step 1  {shown}", flush=True)
     return record
+
+
+def _resume_metrics(
+    store: CheckpointStore, sampler: EpochSampler, run_dir: Path, writer: MetricsWriter
+) -> int:
+    """``_resume``, then metrics.jsonl cut back to the steps before the first one to run;
+    returns that first step."""
+    first_step = _resume(store, sampler, run_dir)
+    # A step 0 line (validation before step 1) runs again only when the run starts over.
+    dropped = writer.drop_steps_from(first_step if first_step > 1 else 0)
+    if dropped:
+        print(f"{writer.path.name}: dropped {dropped} line(s) of steps from {first_step} on "
+              "(an earlier attempt ran them after the checkpoint; they run again)", flush=True)  # fmt: skip
+    if first_step > 1:
+        # Said only once metrics.jsonl holds no step this attempt runs again: whoever reads
+        # this line and then the file's last step sees this attempt's progress.
+        print(f"resumed from {store.checkpoint_dir} at step {first_step - 1}", flush=True)
+    return first_step
 
 
 def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int:
