@@ -3,7 +3,7 @@ answered (``hpcrl.plan.compile_cache`` points them at a folder runs share).
 
 A run whose first step recompiles everything shows only misses; a run that found the
 previous run's work shows hits. Reported per rank through the workers' ``collect_state``
-and written into every metrics.jsonl line (``hpcrl.core.driver``), so a slow first step
+and written into every metrics.jsonl line (``hpcrl.core.metrics.step_memory_metrics``), so a slow first step
 can be told apart: compiling (misses), tracing only (hits), or something else, by
 ``compile_time_s``: the seconds torch.compile has taken in this process so far (dynamo's
 tracing, cache lookups and loads, Inductor's compilation of what missed, and the backward
@@ -24,6 +24,13 @@ _CACHE_COUNTERS = {
 #: dynamo's timers (``torch._dynamo.utils.compilation_time_metrics``) that add up to the
 #: compile time: a frame's whole compilation, and a backward compiled at its first call.
 _COMPILE_TIMERS = ("_compile.compile_inner", "backward._backward_impl")
+
+
+def compiled_graph_count() -> int:
+    """Graphs torch.compile has built in this process so far (recompilations included)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def compile_cache_counts() -> dict[str, float]:

@@ -29,12 +29,14 @@ from typing import Any
 
 from hpcrl.config.async_settings import async_grpo_settings
 from hpcrl.config.checkpoint_metrics import record_key
-from hpcrl.config.data_steps import num_steps_in_epochs, required_keys, rows_per_step
+from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
-from hpcrl.core.data.jsonl import DataPosition, EpochSampler, load_jsonl
+from hpcrl.core.data.jsonl import DataPosition, EpochSampler
+from hpcrl.core.data.run_rows import training_rows, validation_rows
+from hpcrl.core.environments.job_environment import recipe_environment, start_reward_model
 from hpcrl.core.loggers import MetricLoggers, build_loggers
-from hpcrl.core.metrics import HostMemoryTracker, format_progress
+from hpcrl.core.metrics import HostMemoryTracker, format_progress, step_memory_metrics
 from hpcrl.core.phase import ATTEMPT_ID_VARIABLE, report_phase
 from hpcrl.core.policy import Policy
 from hpcrl.core.save_deadline import SaveDeadline
@@ -103,7 +105,7 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
         print(f"hpcrl: {unbuildable.one_line()}", file=sys.stderr, flush=True)
         return PLAN_ERROR_EXIT_CODE
     tokenizer = load_tokenizer(model_path, recipe.policy.tokenizer)
-    rows = _training_rows(recipe, tokenizer)
+    rows = training_rows(recipe, tokenizer)
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None  # the config rules require one algorithm section
     sampler = training_sampler(recipe, rows)
@@ -113,8 +115,8 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
               f"rows at {rows_per_step(recipe)} per step give {num_steps} step(s) in "
               f"{settings.max_num_epochs} epoch(s) ({recipe.algorithm}.max_num_epochs): the run "
               f"stops after step {num_steps}", flush=True)  # fmt: skip
-    val_rows = _validation_rows(recipe, tokenizer)
-    env = _environment(recipe)  # before the workers: a bad env.kwargs fails fast
+    val_rows = validation_rows(recipe, tokenizer)
+    env = recipe_environment(recipe)  # before the workers: a bad env.kwargs fails fast
     print(
         f"{recipe.algorithm} on {recipe.policy.model_name} ({recipe.backend}): {num_steps} steps, "
         f"{len(rows)} data rows, {jobspec.world_size} workers; starting workers",
@@ -123,7 +125,7 @@ def train_recipe(jobspec: JobSpec, run_dir: Path) -> int:
     started = time.monotonic()
     report_phase(run_dir, f"starting {jobspec.world_size} workers")
     with contextlib.ExitStack() as cleanup:  # stops the policy first, then the scorers
-        scorers = _start_reward_model(jobspec, run_dir)
+        scorers = start_reward_model(jobspec, run_dir, job_device(jobspec))
         if scorers is not None:
             cleanup.callback(scorers.shutdown)
             env = scorers
@@ -150,74 +152,6 @@ def planned_num_steps(recipe: Recipe, num_rows: int) -> int:
         settings.max_num_steps,
         num_steps_in_epochs(num_rows, rows_per_step(recipe), settings.max_num_epochs),
     )
-
-
-def _environment(recipe: Recipe) -> Any:
-    """The run's environment; None for SFT and for the reward model, whose scorers are
-    Ray actors of their own (``_start_reward_model``)."""
-    from hpcrl.config.datasets import data_env_name
-
-    name = data_env_name(recipe)
-    if recipe.algorithm != "grpo" or name == "reward_model":
-        return None
-    from hpcrl.core.environments.build import build_environment
-
-    return build_environment(recipe.env, name)
-
-
-def _start_reward_model(jobspec: JobSpec, run_dir: Path) -> Any:
-    """The reward-model scorers on the GPUs the plan carved out for them (None without)."""
-    if jobspec.reward_model is None:
-        return None
-    from hpcrl.core.workers.reward_model_actor import start_scorers
-
-    report_phase(run_dir, f"starting {jobspec.reward_model.num_scorers} reward-model scorer(s)")
-    return start_scorers(jobspec, job_device(jobspec))
-
-
-def _training_rows(recipe: Recipe, tokenizer: Any) -> list[dict]:
-    """``data.train_path`` (JSONL) or NeMo RL's named set (``hpcrl.core.data.named``)."""
-    if recipe.data.train_path is not None:
-        return load_jsonl(Path(recipe.data.train_path), required_keys(recipe))
-    from hpcrl.core.data.named import load_named_rows
-
-    rows = load_named_rows(recipe, tokenizer, "train")
-    assert rows is not None, "the data rules require a training source"
-    return rows
-
-
-def _validation_rows(recipe: Recipe, tokenizer: Any) -> list[dict] | None:
-    settings = recipe.grpo if recipe.grpo is not None else recipe.sft
-    assert settings is not None
-    if settings.val_period <= 0 and not settings.val_at_start and not settings.val_at_end:
-        return None
-    if recipe.data.train_path is None:
-        from hpcrl.core.data.named import load_named_rows
-
-        rows = load_named_rows(recipe, tokenizer, "validation")
-        if rows is None:
-            print("validation skipped: the data set has no validation part", flush=True)
-            return None
-        return _limit_validation(recipe, rows)
-    if recipe.data.val_path is None:
-        print(
-            f"validation skipped: {recipe.algorithm}.val_period is {settings.val_period} but "
-            "data.val_path is not set",
-            flush=True,
-        )
-        return None
-    rows = load_jsonl(Path(recipe.data.val_path), required_keys(recipe))
-    return _limit_validation(recipe, rows)
-
-
-def _limit_validation(recipe: Recipe, rows: list[dict]) -> list[dict]:
-    """``grpo.max_val_samples``, or ``sft.val_batches`` x ``sft.val_global_batch_size``."""
-    if recipe.grpo is not None and recipe.grpo.max_val_samples is not None:
-        return rows[: recipe.grpo.max_val_samples]
-    sft = recipe.sft
-    if sft is not None and sft.val_batches and sft.val_global_batch_size:
-        return rows[: sft.val_batches * sft.val_global_batch_size]
-    return rows
 
 
 def _make_validate_fn(
@@ -364,16 +298,7 @@ def _run_logged_steps(
     settings = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert settings is not None
     store = checkpoint_store(policy, recipe, run_dir)
-    first_step = _resume(store, sampler, run_dir)
-    # A step 0 line (validation before step 1) runs again only when the run starts over.
-    dropped = writer.drop_steps_from(first_step if first_step > 1 else 0)
-    if dropped:
-        print(f"{writer.path.name}: dropped {dropped} line(s) of steps from {first_step} on "
-              "(an earlier attempt ran them after the checkpoint; they run again)", flush=True)  # fmt: skip
-    if first_step > 1:
-        # Said only once metrics.jsonl holds no step this attempt runs again: whoever reads
-        # this line and then the file's last step sees this attempt's progress.
-        print(f"resumed from {store.checkpoint_dir} at step {first_step - 1}", flush=True)
+    first_step = _resume_metrics(store, sampler, run_dir, writer)
     memory = HostMemoryTracker()
     if (
         validate
@@ -396,7 +321,7 @@ def _run_logged_steps(
             )
             if validate and due:
                 record.update(validate())
-            record.update(_memory_metrics(policy, memory))
+            record.update(step_memory_metrics(policy.collect_state(), memory))
             writer.write(record)
             loggers.log(record)
             print(format_progress(step, num_steps, record), flush=True)
@@ -451,6 +376,24 @@ def _validate_at_start(
     return record
 
 
+def _resume_metrics(
+    store: CheckpointStore, sampler: EpochSampler, run_dir: Path, writer: MetricsWriter
+) -> int:
+    """``_resume``, then metrics.jsonl cut back to the steps before the first one to run;
+    returns that first step."""
+    first_step = _resume(store, sampler, run_dir)
+    # A step 0 line (validation before step 1) runs again only when the run starts over.
+    dropped = writer.drop_steps_from(first_step if first_step > 1 else 0)
+    if dropped:
+        print(f"{writer.path.name}: dropped {dropped} line(s) of steps from {first_step} on "
+              "(an earlier attempt ran them after the checkpoint; they run again)", flush=True)  # fmt: skip
+    if first_step > 1:
+        # Said only once metrics.jsonl holds no step this attempt runs again: whoever reads
+        # this line and then the file's last step sees this attempt's progress.
+        print(f"resumed from {store.checkpoint_dir} at step {first_step - 1}", flush=True)
+    return first_step
+
+
 def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int:
     """Restore the newest checkpoint if any; the first step still to run."""
     found = complete_checkpoints(store.checkpoint_dir)
@@ -461,39 +404,6 @@ def _resume(store: CheckpointStore, sampler: EpochSampler, run_dir: Path) -> int
         return 1
     sampler.restore(DataPosition.from_dict(extra["data_position"]))
     return int(extra["step"]) + 1
-
-
-def _memory_metrics(policy: Policy, memory: HostMemoryTracker) -> dict[str, float | None]:
-    """Memory peaks, torch.compile's graph count so far (a rise after the first steps is a
-    recompilation stall), its caches' hits and misses and the seconds it took so far
-    (``hpcrl.core.compile_stats``), and
-    rank 0's figures of this step's train and log-prob passes
-    (``hpcrl.core.backends.pass_stats``)."""
-    states = policy.collect_state()
-    peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
-    peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
-    worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
-    graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
-    cache = {  # the rank that compiled most (ranks compile the same graphs)
-        key: max(float(s[key]) for s in states if key in s)
-        for key in (
-            "compile_cache_hits",
-            "compile_cache_misses",
-            "compile_cache_bypasses",
-            "compile_time_s",
-        )
-        if any(key in s for s in states)
-    }
-    driver_gb = memory.sample()
-    passes = dict(states[0].get("pass_metrics") or {}) if states else {}
-    return {
-        "peak_gpu_mem_gb": peak_gpu_gb,
-        "peak_host_rss_gb": driver_gb + sum(worker_rss),
-        "peak_host_rss_driver_gb": driver_gb,
-        "compiled_graphs": max(graphs) if graphs else None,
-        **cache,
-        **passes,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

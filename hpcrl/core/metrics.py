@@ -1,9 +1,10 @@
-"""Memory peaks per step and the one progress line per step (the step records themselves
+"""Memory peaks per step (the driver's and its workers'), compile figures, and the one
+progress line per step (the step records themselves
 go to ``metrics.jsonl`` through ``hpcrl.run.metrics_file.MetricsWriter``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 BYTES_PER_GB = 2**30
@@ -43,6 +44,41 @@ def _self_high_water_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+def step_memory_metrics(
+    states: Sequence[Mapping[str, Any]], memory: HostMemoryTracker
+) -> dict[str, float | None]:
+    """A step record's memory and compile figures from the workers' ``collect_state()``
+    (``states``, rank order) and the driver's own ``memory``: memory peaks,
+    torch.compile's graph count so far (a rise after the first steps is a recompilation
+    stall), its caches' hits and misses and the seconds it took so far
+    (``hpcrl.core.compile_stats``), and rank 0's figures of this step's train and log-prob
+    passes (``hpcrl.core.backends.pass_stats``)."""
+    peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
+    peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
+    worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
+    graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
+    cache = {  # the rank that compiled most (ranks compile the same graphs)
+        key: max(float(s[key]) for s in states if key in s)
+        for key in (
+            "compile_cache_hits",
+            "compile_cache_misses",
+            "compile_cache_bypasses",
+            "compile_time_s",
+        )
+        if any(key in s for s in states)
+    }
+    driver_gb = memory.sample()
+    passes = dict(states[0].get("pass_metrics") or {}) if states else {}
+    return {
+        "peak_gpu_mem_gb": peak_gpu_gb,
+        "peak_host_rss_gb": driver_gb + sum(worker_rss),
+        "peak_host_rss_driver_gb": driver_gb,
+        "compiled_graphs": max(graphs) if graphs else None,
+        **cache,
+        **passes,
+    }
 
 
 def format_progress(step: int, num_steps: int, record: Mapping[str, Any]) -> str:

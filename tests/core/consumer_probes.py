@@ -406,9 +406,9 @@ def validation_sampling_probe(recipe: Recipe, tmp: Path) -> Any:
 
 
 def validation_rows_probe(recipe: Recipe, tmp: Path) -> Any:
-    from hpcrl.core.driver import _limit_validation
+    from hpcrl.core.data.run_rows import limit_validation
 
-    return len(_limit_validation(recipe, rows(100)))
+    return len(limit_validation(recipe, rows(100)))
 
 
 def run_steps_probe(recipe: Recipe, tmp: Path) -> Any:

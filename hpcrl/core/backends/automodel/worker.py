@@ -77,6 +77,7 @@ from hpcrl.core.backends.automodel.parallelize import (
 )
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.pass_stats import PassRecorder, PassStats
+from hpcrl.core.compile_stats import compiled_graph_count
 from hpcrl.core.metric_reduction import accumulate, all_reduce_metrics
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
 from hpcrl.core.token_distribution import TokenDistribution, training_distribution
@@ -498,10 +499,3 @@ class AutomodelWorker:
             if hasattr(self, name):
                 delattr(self, name)
         gc.collect()
-
-
-def compiled_graph_count() -> int:
-    """Graphs torch.compile has built in this process so far (recompilations included)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
