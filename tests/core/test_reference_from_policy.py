@@ -41,3 +41,23 @@ def test_reference_from_policy_equals_checkpoint_build(model_path, tmp_path, ran
         if tp == 1:
             assert result["lora_source"] == "checkpoint"
             assert torch.equal(result["lora_reference"], result["from_checkpoint"])
+
+
+def test_parameters_move_uninitialised_with_ties_kept(tmp_path) -> None:
+    """The GPU path of ``unloaded_hf_model`` (parameters made on the device, not copied from
+    never-written host pages), here onto the meta device: tied embeddings stay one
+    parameter, requires_grad stays, buffers (rotary inv_freq) stay as module init made them."""
+    from hpcrl.core.backends.automodel.logprobs import parameters_on, unloaded_hf_model
+
+    path = ensure_tiny_model("tiny:qwen3", cache_dir=str(tmp_path))
+    model = unloaded_hf_model(path, "cpu")
+    model.model.embed_tokens.weight.requires_grad_(False)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    count = len(list(model.parameters()))
+    parameters_on(model, torch.device("meta"))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert len(list(model.parameters())) == count
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert not model.model.embed_tokens.weight.requires_grad
+    assert all(p.requires_grad for n, p in model.named_parameters() if "embed" not in n)
+    assert buffers and all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())

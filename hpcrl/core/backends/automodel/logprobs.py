@@ -80,13 +80,31 @@ def unloaded_hf_model(model_path: str, device: str, hf_config_overrides: Any = N
             config, dtype=torch.float32,
             attn_implementation=attention_implementation(model_class, config),
         )  # fmt: skip
+    model.tie_weights()  # from_pretrained ties; from_config under no_init_weights does not
     model.eval()  # as from_pretrained returns it
     freeze_vision(model)
     model.config.use_cache = False
     unfuse_experts(model)
     if device == "cuda":
-        model = model.to("cuda")
+        parameters_on(model, torch.device("cuda"))
+        model = model.to("cuda")  # the buffers, as load_hf_model moves them
     return model
+
+
+def parameters_on(model: nn.Module, device: torch.device) -> None:
+    """Every parameter replaced by an uninitialised one on ``device``, ties and requires_grad
+    kept, buffers left as they are. For the GPU: the host tensors were never written, and
+    ``.to("cuda")`` would read all of their pages (zero-fill faults and a host-to-device copy
+    of the model's size) for values the copy overwrites."""
+    moved: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in moved:
+                empty = torch.empty_like(param, device=device)
+                moved[id(param)] = nn.Parameter(empty, requires_grad=param.requires_grad)
+            module._parameters[name] = moved[id(param)]
 
 
 def _clean(name: str) -> str:
