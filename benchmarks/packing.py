@@ -120,7 +120,7 @@ def build_model(args: argparse.Namespace, folder: str):
 
 def train_step(root, optimizer, batch, plan, device: str) -> float:
     from hpcrl.core.algorithms.losses import sft_loss
-    from hpcrl.core.backends.automodel.worker import forward_logprobs
+    from hpcrl.core.backends.automodel.logprobs import forward_logprobs
     from hpcrl.core.workers.micro_batches import materialize
 
     num_tokens = float(batch["token_mask"].sum())

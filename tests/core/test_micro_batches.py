@@ -155,7 +155,7 @@ def tiny_root(tmp_path_factory):
 
 
 def loss_and_grads(root, batch, settings):
-    from hpcrl.core.backends.automodel.worker import forward_logprobs
+    from hpcrl.core.backends.automodel.logprobs import forward_logprobs
 
     root.zero_grad(set_to_none=True)
     loss_fn = functools.partial(grpo_loss, cfg=LossFnCfg(token_level_loss=False))
@@ -197,7 +197,7 @@ def test_automodel_losses_and_grads_equal_the_unpacked_path(tiny_root, settings)
 
 
 def test_packed_logprobs_equal_unpacked(tiny_root):
-    from hpcrl.core.backends.automodel.worker import forward_logprobs
+    from hpcrl.core.backends.automodel.logprobs import forward_logprobs
 
     lengths = grpo_shaped_lengths(6, seed=8, longest=64)
     batch = grpo_batch(lengths, 64, seed=8)
@@ -213,7 +213,7 @@ def test_packed_logprobs_equal_unpacked(tiny_root):
 def test_pack_padded_to_a_bucket_keeps_its_logprobs(tiny_root):
     """Compiled Automodel passes pad a pack to the next sequence bucket (``pad_pack``); the
     fill is a sequence of its own, so no real token's log-prob changes."""
-    from hpcrl.core.backends.automodel.worker import forward_logprobs
+    from hpcrl.core.backends.automodel.logprobs import forward_logprobs
     from hpcrl.core.workers.sharding import pad_pack, pad_sequence_dim
 
     lengths = grpo_shaped_lengths(6, seed=9, longest=64)

@@ -127,8 +127,9 @@ def test_right_padded_rows_score_the_same_without_a_mask(tiny_model_path) -> Non
     """The backend drops the mask of right-padded micro-batches (causal attention alone);
     every real token's log-prob stays what the masked forward gives. A left-padded
     micro-batch keeps its mask."""
+    from hpcrl.core.backends.automodel.logprobs import forward_logprobs
     from hpcrl.core.backends.automodel.model import load_hf_model
-    from hpcrl.core.backends.automodel.worker import AutomodelWorker, forward_logprobs
+    from hpcrl.core.backends.automodel.worker import AutomodelWorker
 
     root = TokenLogprobModel(load_hf_model(tiny_model_path, "cpu")).eval()
     batch = make_batch(3, batch_size=6, seq_len=41)
@@ -228,6 +229,9 @@ def test_the_reference_pass_reuses_the_policys_log_prob_graph(compiled_worker) -
     reference = worker.reference_logprobs(batch)
     assert backend.graphs == graphs, "the reference pass built a graph of its own"
     assert torch.equal(reference, initial)
+    # built from the policy's weights in memory (no train step yet), equal to the
+    # checkpoint build (tests/core/test_reference_from_policy.py: 2 ranks)
+    assert worker.reference_source == "policy"
     for _ in range(3):
         worker.train_step([batch], masked_nll_loss, float(batch["token_mask"].sum()))
     trained = worker.logprobs(batch)

@@ -170,3 +170,26 @@ def export_hf(
         hf_model.save_pretrained(out_dir)
         load_tokenizer(tokenizer_path).save_pretrained(out_dir)
     dist.barrier()
+
+
+@torch.no_grad()
+def full_hf_weights(
+    model: Any, ep_mesh: Any, lora_scale: float | None, model_path: str
+) -> list[tuple[str, torch.Tensor]]:
+    """Full weights of the training root with Hugging Face names on every rank (gathering
+    FSDP/TP shards is a collective), on this rank's device. ``cpu_offload`` stays off: with
+    it only rank 0 would receive tensors, and every rank feeds its own engine. ``ep_mesh``:
+    experts gathered over it; ``lora_scale``: adapters merged at that scale."""
+    from hpcrl.core.backends.automodel.expert_parallel import gather_expert_tensors
+    from hpcrl.core.backends.automodel.lora import merge_adapters
+    from hpcrl.core.backends.automodel.model import hf_named_tensors
+    from hpcrl.core.backends.automodel.multimodal import in_checkpoint_layout, saved_key_names
+
+    state = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
+    )
+    named = [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
+    if ep_mesh is not None:
+        named = gather_expert_tensors(named, model.hf.expert_layout, ep_mesh.get_group("ep"))
+    merged = named if lora_scale is None else merge_adapters(named, lora_scale)
+    return in_checkpoint_layout(model.hf, merged, saved_key_names(model_path))

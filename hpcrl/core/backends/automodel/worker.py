@@ -40,22 +40,20 @@ from hpcrl.core.backends.automodel import checkpoint
 from hpcrl.core.backends.automodel.context_parallel import (
     apply_context_parallel,
     check_context_parallel,
-    context_parallel_logprobs,
 )
 from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
     build_ep_mesh,
-    gather_expert_tensors,
     pin_backward_prefetch,
     router_saving_context,
 )
-from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary, merge_adapters
-from hpcrl.core.backends.automodel.model import (
-    TokenLogprobModel,
-    hf_named_tensors,
-    load_hf_model,
+from hpcrl.core.backends.automodel.logprobs import (
+    copy_policy_state,
+    forward_logprobs,
+    unloaded_hf_model,
 )
-from hpcrl.core.backends.automodel.multimodal import in_checkpoint_layout, saved_key_names
+from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary
+from hpcrl.core.backends.automodel.model import TokenLogprobModel, load_hf_model
 from hpcrl.core.backends.automodel.optim import (
     build_lr_scheduler,
     build_training_optimizer,
@@ -85,7 +83,6 @@ from hpcrl.core.workers.micro_batches import (
     MicroBatchSpec,
     logprob_micro_batches,
     scatter_rows,
-    unpack_logprobs,
 )
 from hpcrl.core.workers.sharding import is_right_padded, pad_pack, pad_rows, pad_sequence_dim
 
@@ -118,34 +115,6 @@ def _seed_everything(recipe: Recipe, rank: int) -> None:
     seed = (algorithm_cfg.seed if algorithm_cfg is not None else 0) * 1_000 + rank
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def forward_logprobs(
-    model: TokenLogprobModel,
-    micro: Batch,
-    distribution: TokenDistribution | None = None,
-    *,
-    causal_only: bool = False,
-    cp_group: Any = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(processed, unfiltered) token log-probs [rows, width] of one micro-batch; a pack runs
-    as one row whose positions restart per sequence, then is unpacked to the rows the loss
-    expects. ``causal_only``: no attention mask (right-padded rows, module docstring).
-    ``cp_group``: the context-parallel group; this rank runs its share of every row."""
-    if "packed_input_ids" not in micro:
-        mask = None if causal_only else micro["attention_mask"]
-        if cp_group is not None:
-            return context_parallel_logprobs(
-                model, micro["input_ids"], mask, cp_group, distribution
-            )
-        return model(micro["input_ids"], mask, distribution=distribution)
-    processed, unfiltered = model(
-        micro["packed_input_ids"],
-        None,
-        position_ids=micro["packed_position_ids"],
-        distribution=distribution,
-    )
-    return unpack_logprobs(processed, micro), unpack_logprobs(unfiltered, micro)
 
 
 class AutomodelWorker:
@@ -195,6 +164,10 @@ class AutomodelWorker:
         )
         self.scheduler = build_lr_scheduler(self.optimizer, recipe.policy.scheduler)
         self.reference: TokenLogprobModel | None = None
+        # Where the reference came from ("policy" or "checkpoint"), once built.
+        self.reference_source: str | None = None
+        # The policy holds the weights it loaded: no train step, no checkpoint loaded.
+        self.policy_weights_initial = True
         self.step = 0
         self.passes = PassRecorder(self.device)
         coords = self.mesh.get_coordinate()
@@ -207,8 +180,11 @@ class AutomodelWorker:
             returns_results=tp_index == 0 and cp_index == 0,
         )
 
-    def _build_sharded(self, model_path: str, *, training: bool) -> TokenLogprobModel:
-        """Load, then parallelize in torchtitan's order: TP → AC → compile → FSDP."""
+    def _build_sharded(
+        self, model_path: str, *, training: bool, unloaded: bool = False
+    ) -> TokenLogprobModel:
+        """Load, then parallelize in torchtitan's order: TP → AC → compile → FSDP.
+        ``unloaded``: no weight read (``logprobs.unloaded_hf_model``), the caller fills them."""
         steps = parallelize_steps(
             self.recipe.policy.automodel_cfg,
             self.recipe.policy.precision,
@@ -218,10 +194,15 @@ class AutomodelWorker:
             training=training,
         )
         policy = self.recipe.policy
-        hf_model = load_hf_model(
-            model_path, self.rank_info.device, policy.hf_config_overrides,
-            dequantize=policy.dequantize_base_checkpoint,
-        )  # fmt: skip
+        if unloaded:
+            hf_model = unloaded_hf_model(
+                model_path, self.rank_info.device, policy.hf_config_overrides
+            )
+        else:
+            hf_model = load_hf_model(
+                model_path, self.rank_info.device, policy.hf_config_overrides,
+                dequantize=policy.dequantize_base_checkpoint,
+            )  # fmt: skip
         if steps.lora:
             adapted = apply_lora(hf_model, self.recipe.policy.automodel_cfg.lora_cfg)
             if self.rank_info.rank == 0:
@@ -298,6 +279,7 @@ class AutomodelWorker:
         """Loss and metrics stay on the device until the step's one read-back (after the
         all-reduce): the host never waits for a micro-batch to finish."""
         self.model.train()
+        self.policy_weights_initial = False
         real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
         with self.passes.measure("train", real_tokens) as stats:
             started = time.perf_counter()
@@ -397,29 +379,35 @@ class AutomodelWorker:
     ) -> torch.Tensor:
         if self.reference is None:
             # Built on first use (all ranks call together): SFT never pays for it.
-            self.reference = self._build_sharded(self.model_path, training=False)
+            self.reference = self._build_reference()
         return self._logprobs_with(
             "reference", self.reference, batch, self.distribution.without_filters(), plan
         )
 
-    # ------------------------------------------------------------------ weights out
-    @torch.no_grad()
-    def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """Full weights with Hugging Face names on every rank (gathering FSDP/TP shards is a
-        collective), on this rank's device. ``cpu_offload`` stays off: with it only rank 0
-        would receive tensors, and every rank feeds its own engine."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def _build_reference(self) -> TokenLogprobModel:
+        """From the policy's weights in memory while they are the loaded ones and nothing
+        transforms them on load (LoRA, dequantization), else from the checkpoint
+        (``logprobs`` module docstring). Every rank decides alike: same recipe, same steps."""
+        policy = self.recipe.policy
+        if (
+            self.policy_weights_initial
+            and not policy.automodel_cfg.lora_cfg.enabled
+            and not policy.dequantize_base_checkpoint
+        ):
+            reference = self._build_sharded(self.model_path, training=False, unloaded=True)
+            if copy_policy_state(reference, self.model):
+                self.reference_source = "policy"
+                return reference
+            del reference
+        self.reference_source = "checkpoint"
+        return self._build_sharded(self.model_path, training=False)
 
-        state = get_model_state_dict(
-            self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)
+    # ------------------------------------------------------------------ weights out
+    def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """Full weights with Hugging Face names on every rank (``checkpoint.full_hf_weights``)."""
+        return checkpoint.full_hf_weights(
+            self.model, self.ep_mesh, self._lora_scale, self.model_path
         )
-        named = [(name, tensor.detach()) for name, tensor in hf_named_tensors(state)]
-        if self.ep_mesh is not None:
-            layout = self.model.hf.expert_layout
-            named = gather_expert_tensors(named, layout, self.ep_mesh.get_group("ep"))
-        scale = self._lora_scale
-        merged = named if scale is None else merge_adapters(named, scale)
-        return in_checkpoint_layout(self.model.hf, merged, saved_key_names(self.model_path))
 
     @property
     def _lora_scale(self) -> float | None:
@@ -460,6 +448,7 @@ class AutomodelWorker:
         )
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
+        self.policy_weights_initial = False
         self.step = checkpoint.load(
             checkpoint_dir,
             self.model,
