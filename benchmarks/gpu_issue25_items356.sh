@@ -30,7 +30,8 @@
 #   6. 8b-megatron-ac.log (named only) the Megatron sweep again with activation checkpointing
 #   7. gpu-tests.log     (named only) tests/gpu's Automodel end-to-end test (hpcrl submit --wait
 #                        on local-gpu) with the installed wheel of this checkout, as
-#                        tests/gpu/device_run.sh runs it                             (~110 s)
+#                        tests/gpu/device_run.sh runs it                             (~110 s);
+#                        GPU_TESTS_K picks others (pytest -k), e.g. "automodel or megatron_grpo"
 # plus summary.txt, versions.txt (with nvidia-smi and free) and sweeps.tgz (each sweep's
 # metrics, causes and status files, no checkpoints) in $OUT: at most 8 files come back.
 #
@@ -210,7 +211,7 @@ gpu_tests() {  # tests/gpu's Automodel test, as tests/gpu/device_run.sh runs it
     cd /tmp || return 1
     PYTHONPATH=/tmp/site HPCRL_REQUIRE_GPU=1 HPCRL_GPU_TEST_OUT=/tmp/hpcrl-gpu-runs \
         "$PYTHON" -m pytest -p no:cacheprovider -s -v -rfEs --timeout=900 "$REPO/tests/gpu" \
-        -k "automodel or wheel or documented"
+        -k "${GPU_TESTS_K:-automodel or wheel or documented}"
 }
 
 export -f cli_latency build_8b megatron_sweep automodel_sweep gpu_tests
