@@ -52,6 +52,10 @@ class PrecompiledPieces:
     loads: int = 0  # compilations read from the folder
     builds: int = 0  # compilations made here and written there
     failures: list[str] = attrs.field(factory=list)
+    #: What names one compilation's file (besides the source digest): the arguments' kinds.
+    signature_of: Callable[[Sequence[Any]], str] = attrs.field(
+        factory=lambda: _arguments_signature
+    )
 
     @classmethod
     def for_piece(cls, fn: Callable[..., Any], backend: Any) -> PrecompiledPieces | None:
@@ -80,7 +84,7 @@ class PrecompiledPieces:
         for compiled in self.ready:
             if compiled.guard_check(*args):
                 return compiled
-        signature = _arguments_signature(args)
+        signature = self.signature_of(args)
         if signature in self.signatures_tried:
             return None
         self.signatures_tried.add(signature)

@@ -239,7 +239,8 @@ class AutomodelWorker:
             saving = router_saving_context(hf_model) if steps.save_router_outputs else None
             apply_activation_checkpointing(hf_model, saving)
         if steps.compile:
-            apply_compile(hf_model, backend=self.compile_backend)
+            plain = not (steps.fsdp or steps.activation_checkpointing or steps.tp)
+            apply_compile(hf_model, backend=self.compile_backend, ahead_of_time=plain)
         root = TokenLogprobModel(hf_model)
         if steps.fsdp:
             apply_fsdp(
