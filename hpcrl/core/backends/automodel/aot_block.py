@@ -58,7 +58,8 @@ def precompiled_blocks(backend: Any) -> PrecompiledPieces | None:
 
 def block_signature(call: Sequence[Any]) -> str:
     """The block's class, structure and versions, the arguments' kinds (tensors: dtype,
-    rank, device, requires_grad; others: their repr), grad mode and autocast."""
+    rank, device, requires_grad; others: their repr), grad mode, train / eval mode and
+    autocast: a call the guards of every kept compilation reject gets one of its own."""
     import torch
     import transformers
     from torch.utils._pytree import tree_flatten
@@ -69,7 +70,7 @@ def block_signature(call: Sequence[Any]) -> str:
         f"{type(layer).__module__}.{type(layer).__qualname__} transformers {transformers.__version__}",
         repr(layer),
         str(spec),
-        f"grad={torch.is_grad_enabled()}",
+        f"grad={torch.is_grad_enabled()} training={layer.training}",
     ]
     for device in ("cpu", "cuda"):
         if torch.is_autocast_enabled(device):
