@@ -41,16 +41,19 @@ info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_ran
 worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, sys.argv[1])
 counters = torch._dynamo.utils.counters
 first = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
+reference = worker.reference_logprobs(make_batch(0, batch_size=2, seq_len=24))
 batch = make_batch(1, batch_size=2, seq_len=31)
 metrics = worker.train_step([batch], masked_nll_loss, float(batch["token_mask"].sum()))
 after = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
 blocks = [layer._compiled_call_impl for layer in decoder_layers(worker.model.hf)]
 aot = getattr(blocks[0], "precompiled", None)
+reference_block = decoder_layers(worker.reference.hf)[0]._compiled_call_impl
+shared = getattr(reference_block, "precompiled", None) is aot
 print(json.dumps({
     "frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
-    "first": first.tolist(), "after": after.tolist(), "loss": float(metrics["loss"]),
+    "first": first.tolist(), "reference": reference.tolist(), "after": after.tolist(), "loss": float(metrics["loss"]),
     "loads": aot.loads if aot else None, "builds": aot.builds if aot else None,
-    "failures": aot.failures if aot else None,
+    "failures": aot.failures if aot else None, "shared": shared,
 }), flush=True)
 os._exit(0)  # gloo's threads may abort a normal interpreter exit (shared/notes)
 """
@@ -81,10 +84,12 @@ def test_a_warm_run_loads_the_blocks_forward_and_backward_tracing_nothing(tmp_pa
     cold = one_run(model, planned)
     assert cold["failures"] == [] and cold["builds"] == 2 and cold["loads"] == 0, cold
     warm = one_run(model, planned)
+    # 2 files (no_grad, grad) loaded once: the reference model's blocks share them
+    assert warm["shared"] and cold["shared"]
     assert warm["failures"] == [] and warm["loads"] == 2 and warm["builds"] == 0, warm
     assert warm["frames"] == 0 and warm["graphs"] == 0, warm
     for run in (cold, warm):
-        for key in ("first", "after"):
+        for key in ("first", "reference", "after"):
             torch.testing.assert_close(
                 torch.tensor(run[key]), torch.tensor(plain[key]), atol=1e-5, rtol=0
             )
