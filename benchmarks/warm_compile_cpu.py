@@ -70,7 +70,8 @@ timed("logprobs_s", lambda: worker.logprobs(batch))
 timed("reference_s", lambda: worker.reference_logprobs(batch))
 timed("train_s", lambda: worker.train_step([batch], masked_nll_loss, float(batch["token_mask"].sum())))
 figures.update(compile_cache_counts())
-figures["frames"] = len(compilation_time_metrics["_compile.compile_inner"])
+# frames dynamo traced (an ahead-of-time load or build goes through no compile_inner)
+figures["frames"] = len(compilation_time_metrics.get("_compile.compile_inner", []))
 figures["graphs"] = counters["stats"]["unique_graphs"]
 print(json.dumps(figures), flush=True)
 os._exit(0)  # gloo's threads may abort a normal interpreter exit

@@ -130,3 +130,32 @@ def test_arguments_of_another_kind_get_a_file_of_their_own(
     ]
     paths = {kept.path_for(s) for s in [base, *others]}
     assert len(paths) == 4
+
+
+def breaks_the_graph(x: torch.Tensor) -> torch.Tensor:
+    torch._dynamo.graph_break()  # aot_compile needs one full graph: its build fails
+    return x + 1
+
+
+def test_a_failed_build_is_not_tried_again_in_the_next_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A build that failed once (a graph break, found by dynamo before Inductor runs) would
+    fail in every run, each paying the trace before the ordinary compilation."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    x = torch.ones(3)
+    first = PrecompiledPieces.for_piece(breaks_the_graph, "inductor")
+    assert first is not None
+    with pytest.warns(UserWarning, match="no ahead-of-time compilation"):
+        assert first.matching((x,)) is None
+    assert first.builds == 0 and len(first.failures) == 1
+    assert list((tmp_path / AOT_SUBDIR).glob("breaks_the_graph-*.failed"))
+    counters.clear()
+    second = PrecompiledPieces.for_piece(breaks_the_graph, "inductor")  # the next run's
+    assert second is not None
+    assert second.matching((x,)) is None
+    assert "an earlier build failed" in second.failures[0]
+    assert counters["frames"]["total"] == 0  # nothing traced

@@ -36,6 +36,10 @@ from hpcrl.core.compile_stats import compile_cache_counts
 from tests.core.parallel_harness import make_batch
 from tests.recipe_builder import tiny_automodel_recipe
 
+import hpcrl.core.backends.automodel.aot_block as aot_block
+# Inductor's caches as the blocks that are not compiled ahead of time use them (FSDP, activation
+# checkpointing, TP: parallelize.apply_compile); the ahead-of-time path: test_aot_block.py
+aot_block.precompiled_blocks = lambda backend: None
 torch.set_num_threads(1)
 with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))

@@ -52,6 +52,8 @@ class PrecompiledPieces:
     loads: int = 0  # compilations read from the folder
     builds: int = 0  # compilations made here and written there
     failures: list[str] = attrs.field(factory=list)
+    #: What names one compilation's file (besides the source digest): the arguments' kinds.
+    signature_of: Callable[[Sequence[Any]], str] = attrs.field(factory=lambda: _arguments_signature)
 
     @classmethod
     def for_piece(cls, fn: Callable[..., Any], backend: Any) -> PrecompiledPieces | None:
@@ -80,7 +82,7 @@ class PrecompiledPieces:
         for compiled in self.ready:
             if compiled.guard_check(*args):
                 return compiled
-        signature = _arguments_signature(args)
+        signature = self.signature_of(args)
         if signature in self.signatures_tried:
             return None
         self.signatures_tried.add(signature)
@@ -98,6 +100,11 @@ class PrecompiledPieces:
         import torch
 
         path = self.path_for(signature)
+        refused = path.with_suffix(".failed")
+        if refused.exists():  # a build failed here before: don't pay its trace in every run
+            self.failures.append(f"an earlier build failed: {refused.read_text()[:200]}")
+            return None
+        building = not path.exists()
         # torch 2.11 attaches aot_compile to torch.compile's result only with this flag
         # (its default there is off; 2.13's is on)
         try:
@@ -116,6 +123,8 @@ class PrecompiledPieces:
             compiled.guard_check  # noqa: B018  (a torch without it fails here, not in a call)
         except Exception as error:  # any failure costs the ordinary compilation only
             self.failures.append(f"{type(error).__name__}: {error}")
+            if building:  # the same source, torch and arguments would fail again
+                _write_refusal(refused, f"{type(error).__name__}: {error}")
             warnings.warn(
                 f"{self.fn.__name__}: no ahead-of-time compilation in {self.folder} "
                 f"({type(error).__name__}: {str(error)[:200]}); compiling it in every run",
@@ -173,6 +182,14 @@ def _save(compiled: Any, path: Path) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _write_refusal(path: Path, reason: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(reason)
+    except OSError:  # a read-only cache: the build is only tried again
+        pass
 
 
 def _arguments_signature(args: Sequence[Any]) -> str:

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
+    from hpcrl.core.generation.aot_precompiled import PrecompiledPieces
+
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "cp", "tp")
 
 
@@ -252,7 +254,9 @@ def apply_activation_checkpointing(hf_model: Any, context_fn: Any = None) -> Non
         layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False, **extra)
 
 
-def apply_compile(hf_model: Any, backend: Any = "inductor") -> None:
+def apply_compile(
+    hf_model: Any, backend: Any = "inductor", *, precompiled: PrecompiledPieces | None = None
+) -> None:
     """``torch.compile`` each decoder block, batch and sequence sizes dynamic from the start.
 
     Static sizes would recompile on the first new length (automatic dynamic shapes then make
@@ -265,9 +269,15 @@ def apply_compile(hf_model: Any, backend: Any = "inductor") -> None:
     traced as symbols (dynamo's default), they made every first compilation trace the block
     twice (a restart of the analysis when Inductor specialised them back), a cache miss in
     every run included (docs/performance.md, "Figures behind the code").
+
+    ``precompiled`` (``aot_block.precompiled_blocks``: plain blocks only, no FSDP, checkpoint
+    wrapper or TP, and a planned compile cache): the blocks' calls load a saved compilation
+    instead of being traced; any call it does not take goes through the compilation above.
     """
     import torch._dynamo
     import torch.fx.experimental._config as fx_config
+
+    from hpcrl.core.backends.automodel.aot_block import AheadOfTimeBlockCall
 
     fx_config.use_duck_shape = False
     torch._dynamo.config.specialize_float = True
@@ -278,6 +288,9 @@ def apply_compile(hf_model: Any, backend: Any = "inductor") -> None:
         torch._dynamo.config.recompile_limit = needed
     for layer in layers:
         layer.compile(fullgraph=False, dynamic=True, backend=backend)
+        if precompiled is not None:
+            fallback = layer._compiled_call_impl
+            layer._compiled_call_impl = AheadOfTimeBlockCall(layer, precompiled, fallback)
 
 
 @attrs.frozen(kw_only=True)

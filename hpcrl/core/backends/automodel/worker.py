@@ -88,6 +88,7 @@ from hpcrl.core.workers.sharding import is_right_padded, pad_pack, pad_rows, pad
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
+    from hpcrl.core.generation.aot_precompiled import PrecompiledPieces
     from hpcrl.core.policy import Batch, LossFn
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -180,6 +181,15 @@ class AutomodelWorker:
             returns_results=tp_index == 0 and cp_index == 0,
         )
 
+    def _precompiled_blocks(self) -> PrecompiledPieces | None:
+        """One per worker: the reference model's blocks run the policy's loaded compilations
+        (a second load of the same file otherwise)."""
+        from hpcrl.core.backends.automodel.aot_block import precompiled_blocks
+
+        if not hasattr(self, "_block_compilations"):
+            self._block_compilations = precompiled_blocks(self.compile_backend)
+        return self._block_compilations
+
     def _build_sharded(
         self, model_path: str, *, training: bool, unloaded: bool = False
     ) -> TokenLogprobModel:
@@ -221,7 +231,9 @@ class AutomodelWorker:
             saving = router_saving_context(hf_model) if steps.save_router_outputs else None
             apply_activation_checkpointing(hf_model, saving)
         if steps.compile:
-            apply_compile(hf_model, backend=self.compile_backend)
+            plain = not (steps.fsdp or steps.activation_checkpointing or steps.tp)
+            precompiled = self._precompiled_blocks() if plain else None
+            apply_compile(hf_model, backend=self.compile_backend, precompiled=precompiled)
         root = TokenLogprobModel(hf_model)
         if steps.fsdp:
             apply_fsdp(
