@@ -39,17 +39,8 @@ import attrs
 
 from hpcrl.config.async_settings import GROUP_SAMPLERS, async_grpo_settings
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.grpo import (
-    PromptBatch,
-    Rollouts,
-    add_logprobs,
-    build_train_batch,
-    expand_prompts,
-    finish_train_batch,
-    rollout_metrics,
-    score_rollouts,
-    train_on_batch,
-)
+from hpcrl.core.algorithms.async_train_step import step_record, train_on_rollouts
+from hpcrl.core.algorithms.grpo import PromptBatch, Rollouts, expand_prompts, score_rollouts
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.data.jsonl import EpochSampler
 from hpcrl.core.policy import AsyncGenerationPolicy, Policy
@@ -141,52 +132,15 @@ class AsyncGrpoStep:
         generate_s = time.perf_counter() - in_flight.submitted_at_s
         age = step - in_flight.submitted_at_step  # in GRPO steps (optimizer steps may be more)
         assert 0 <= age <= self.max_age, f"trajectory age {age} > bound {self.max_age}"
-        batch = build_train_batch(self.recipe, rollouts)
-        with timer.phase("logprobs"):
-            add_logprobs(self.policy, self.recipe, batch)
-        gap = logprob_gap(batch)
-        sequence_metrics = finish_train_batch(self.recipe, rollouts, batch)
-        with timer.phase("train"):
-            train_metrics = train_on_batch(self.policy, self.recipe, batch)
+        train_metrics, sequence_metrics, gap = train_on_rollouts(
+            self.policy, self.recipe, rollouts, timer
+        )
         if self.in_flight_weight_updates and step < self.last_step:
             with timer.phase("refit"):
                 self.policy.refit_in_flight(self.recompute_kv_cache)
         step_s = time.perf_counter() - started
         record = step_record(step, train_metrics, rollouts, timer, step_s, generate_s, age)
         return {**record, **sequence_metrics, "generation_logprob_gap": gap}
-
-
-def logprob_gap(batch: dict[str, Any]) -> float:
-    """Mean |trainer log-prob - sampler log-prob| over response tokens: ~0 for fresh
-    samples, grows with the policy change since they were sampled."""
-    import torch
-
-    # With top-k/top-p a token outside the trainer's kept set has log-prob -inf: not counted.
-    mask = batch["token_mask"] * torch.isfinite(batch["old_logprobs"])
-    diff = (batch["old_logprobs"] - batch["generation_logprobs"]).abs()
-    diff = torch.where(mask.bool(), diff, torch.zeros_like(diff))
-    return float(diff.sum() / mask.sum().clamp(min=1.0))
-
-
-def step_record(
-    step: int,
-    train_metrics: dict[str, float],
-    rollouts: Rollouts,
-    timer: StepTimer,
-    step_s: float,
-    generate_s: float,
-    age: int,
-) -> dict[str, Any]:
-    """The metrics keys of ``grpo_step`` plus the async ones (see the module docstring)."""
-    return {
-        "step": step,
-        **train_metrics,
-        **rollout_metrics(rollouts, step_s, generate_s),
-        **timer.as_metrics(),
-        "time_generate_s": generate_s,
-        "trajectory_age_steps": age,
-        "sample_response": rollouts.responses[0],
-    }
 
 
 StepFn = Callable[[int], dict[str, Any]]

@@ -30,17 +30,13 @@ from typing import Any
 import attrs
 
 from hpcrl.config.recipe import Recipe
-from hpcrl.core.algorithms.async_grpo import logprob_gap, step_record
+from hpcrl.core.algorithms.async_train_step import step_record, train_on_rollouts
 from hpcrl.core.algorithms.dynamic_sampling import concat_rollouts
 from hpcrl.core.algorithms.group_selection import BufferedGroup, make_selection
 from hpcrl.core.algorithms.grpo import (
     PromptBatch,
-    add_logprobs,
-    build_train_batch,
     expand_prompts,
-    finish_train_batch,
     score_rollouts,
-    train_on_batch,
 )
 from hpcrl.core.algorithms.loop import StepTimer, generation_seed
 from hpcrl.core.data.jsonl import EpochSampler
@@ -160,13 +156,9 @@ class GroupedAsyncGrpoStep:
         rollouts = concat_rollouts([g.payload.rollouts for g in taken])
         generate_s = time.perf_counter() - min(g.payload.submitted_at_s for g in taken)
         age = self.trainer_version - min(g.start_version for g in taken)
-        batch = build_train_batch(self.recipe, rollouts)
-        with timer.phase("logprobs"):
-            add_logprobs(self.policy, self.recipe, batch)
-        gap = logprob_gap(batch)
-        sequence_metrics = finish_train_batch(self.recipe, rollouts, batch)
-        with timer.phase("train"):
-            train_metrics = train_on_batch(self.policy, self.recipe, batch)
+        train_metrics, sequence_metrics, gap = train_on_rollouts(
+            self.policy, self.recipe, rollouts, timer
+        )
         self.trainer_version += 1
         with timer.phase("refit"):
             self.policy.refit_in_flight(self.recompute_kv_cache)
