@@ -27,7 +27,6 @@ import attrs
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from hpcrl.job.diagnosis import diagnose, head_lost
-from hpcrl.job.driver_process import ATTEMPT_VARIABLE
 from hpcrl.job.errors import (
     BootstrapError,
     DriverFailed,
@@ -37,16 +36,17 @@ from hpcrl.job.errors import (
     RequeueRequested,
     SlurmRequeues,
 )
+from hpcrl.job.head_driver import start_driver, watch_driver
 from hpcrl.job.network import port_accepts
-from hpcrl.job.processes import start_in_own_session, stop_session
+from hpcrl.job.processes import stop_session
 from hpcrl.job.ray_auth import prepare_job_token
-from hpcrl.job.ray_cluster import RayNode, ray_environment, tail
+from hpcrl.job.ray_cluster import RayNode, tail
 from hpcrl.job.requeues import (
     name_slurm_ended_attempt,
     stop_slurm_requeues_when_used_up,
     task0_err_log,
 )
-from hpcrl.job.settings import TORCH_MASTER_PORT_VARIABLE, NodeSettings, read_node_settings
+from hpcrl.job.settings import NodeSettings, read_node_settings
 from hpcrl.run.causes import (
     NODE_FAIL,
     PREEMPTED,
@@ -65,7 +65,6 @@ from hpcrl.run.markers import (
     PREEMPTED_EXIT_CODE,
     SAVE_DEADLINE,
     failed_marker_name,
-    node_failures,
     node_log_dir,
     read_marker,
     write_marker,
@@ -75,10 +74,6 @@ from hpcrl.run.polling import wait_until
 LOGGER_NAME = "hpcrl.job"
 WORKER_POLL_INTERVAL_S = 0.5
 HEAD_GONE_AFTER_FAILED_CONNECTS = 2  # one refused connect on a loaded node is not "gone"
-NODE_FAILURES_POLL_S = 1.0  # node 0 looks for other nodes' failure reports this often
-#: After another node reported a failure, how long the driver gets to fail by itself (its
-#: own error names the rank) before node 0 stops it; a collective may otherwise wait forever.
-NODE_FAILURE_GRACE_S = 15.0
 #: How long a failing node 0 looks for srun's "Node failure" line (Slurm's KillWait, 30 s by
 #: default, is the time it has before SIGKILL).
 SRUN_NODE_FAILURE_WAIT_S = 2.0
@@ -211,31 +206,23 @@ def run_node(settings: NodeSettings, environ: Mapping[str, str], on_driver_start
 
 
 def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
-    # The driver process starts together with the head (its Python and Ray imports overlap the
-    # head's start-up) and waits for the GCS port itself.
     log_dir = node_log_dir(settings.run_dir, 0, settings.task.run_attempt)
-    driver_env = ray_environment(environ, settings) | {
-        "RAY_ADDRESS": settings.gcs_address,
-        "PYTHONUNBUFFERED": "1",
-        ATTEMPT_VARIABLE: str(settings.task.attempt),
-        # The training group's rendezvous port, from the job's band like Ray's ports.
-        TORCH_MASTER_PORT_VARIABLE: str(settings.ray_ports.torch_master_port),
-    }
-    driver = start_in_own_session(
-        [sys.executable, "-u", "-m", "hpcrl.job.driver_process", str(settings.run_dir)],
-        env=driver_env, stdout_path=log_dir / "driver.log", stderr_path=log_dir / "driver.log",
-    )  # fmt: skip
-    logger.info("started Ray head and driver %s (log: %s)", settings.driver, log_dir / "driver.log")
-    if on_driver_start is not None:
-        on_driver_start(driver)
     own_failure: RayExited | None = None
-    try:
-        _watch_driver(settings, driver, ray_node, logger)
-    except RayExited as error:  # this node's Ray: the attempt cannot go on
-        logger.error("%s", error)
-        ray_node.failed, own_failure = True, error
-    finally:
-        stop_session(driver, settings.stop_timeout_s)  # whatever the driver left running
+    head_started_again = True
+    while head_started_again:  # at most once more: RayNode allows one start-up retry
+        driver = start_driver(settings, environ)
+        logger.info(
+            "started Ray head and driver %s (log: %s)", settings.driver, log_dir / "driver.log"
+        )
+        if on_driver_start is not None:
+            on_driver_start(driver)
+        try:
+            head_started_again = watch_driver(settings, driver, ray_node, logger)
+        except RayExited as error:  # this node's Ray: the attempt cannot go on
+            logger.error("%s", error)
+            ray_node.failed, own_failure, head_started_again = True, error, False
+        finally:
+            stop_session(driver, settings.stop_timeout_s)  # whatever the driver left running
     code = 1 if own_failure else exit_code_of(driver.returncode)
     failure = read_marker(settings.run_dir, failed_marker_name(0), settings.task.attempt_id)
     if failure is not None:  # the driver's bootstrap failed (it wrote why)
@@ -247,29 +234,6 @@ def _run_head(settings, ray_node, environ, logger, on_driver_start) -> int:
     write_marker(settings.run_dir, DONE, settings.task.attempt_id, exit_code=code)
     logger.info("driver exited with code %d", code)
     return code
-
-
-def _watch_driver(settings, driver, ray_node: RayNode, logger: logging.Logger) -> None:
-    """Until the driver exits: this node's Ray must live (RayExited), and when another node
-    reports a failure the driver gets NODE_FAILURE_GRACE_S to fail on its own, then it is
-    stopped (a collective with a dead peer can wait far longer)."""
-    next_look_s = failed_since_s = None
-    while driver.poll() is None:
-        ray_node.check_alive()
-        now_s = time.monotonic()
-        if failed_since_s is None and (next_look_s is None or now_s >= next_look_s):
-            next_look_s = now_s + NODE_FAILURES_POLL_S
-            reports = node_failures(settings.run_dir, settings.task.attempt_id,
-                                    range(1, settings.num_nodes))  # fmt: skip
-            if reports:
-                failed_since_s = now_s
-                logger.error("node %d reported a failure: %s", reports[0][0],
-                             reports[0][1].get("message", "").splitlines()[:1])  # fmt: skip
-        if failed_since_s is not None and now_s - failed_since_s >= NODE_FAILURE_GRACE_S:
-            logger.error("driver still running %.0fs after a node failed; stopping it",
-                         NODE_FAILURE_GRACE_S)  # fmt: skip
-            return
-        time.sleep(0.2)  # short polls keep submitit's USR2 handler responsive
 
 
 def _stopped_for_preemption(settings: NodeSettings, code: int) -> bool:

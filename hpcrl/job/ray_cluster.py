@@ -31,7 +31,7 @@ from hpcrl.job.network import first_busy_port
 from hpcrl.job.processes import start_in_own_session, stop_session
 from hpcrl.job.ray_auth import apply_ray_auth, make_private_ray_dir
 from hpcrl.job.settings import NodeSettings
-from hpcrl.run.markers import node_log_dir
+from hpcrl.run.markers import HEAD, node_log_dir, read_marker
 
 # Ports every node binds, and those only the head binds (named as in RayPortsCfg).
 NODE_PORT_NAMES = (
@@ -110,10 +110,13 @@ def ports_to_check(settings: NodeSettings) -> list[tuple[str, int]]:
 
 
 # `ray start` gives its raylet a hard-coded 30 s to register with the GCS; on an overloaded
-# node that can pass although nothing is wrong. A worker then starts Ray once more (a head
-# cannot: its GCS, and with it the cluster, would be new).
+# node that can pass although nothing is wrong. A worker then starts Ray once more. So does the
+# head while no worker has been told to join (the driver writes the ``head`` marker only once
+# node 0's raylet registered): a new GCS on the same port is then a new cluster nobody is in
+# yet, and the driver's node-table reader reconnects to it (CI, 2026-12-05: a head that missed
+# the window on a loaded 2-core machine cost the attempt).
 STARTUP_TIMEOUT_TEXT = "timed out during startup"
-MAX_WORKER_STARTUP_RETRIES = 1
+MAX_STARTUP_RETRIES = 1
 
 
 @attrs.define
@@ -162,26 +165,24 @@ class RayNode:
             stdout_path=self.log_dir / "ray.out", stderr_path=self.log_dir / "ray.err",
         )  # fmt: skip
 
-    def check_alive(self) -> None:
-        """Raise RayExited when ``ray start --block`` has ended on its own."""
+    def check_alive(self) -> bool:
+        """Raise RayExited when ``ray start --block`` has ended on its own; True when it ended
+        by missing Ray's start-up window and was started again (once)."""
         process = self.process
         assert process is not None, "RayNode.start launches Ray before anything checks it"
         code = process.poll()
         if code is None:
-            return
+            return False
         error_tail = tail(self.log_dir / "ray.err")
-        if (
-            not self.settings.is_head
-            and self.startup_retries < MAX_WORKER_STARTUP_RETRIES
-            and STARTUP_TIMEOUT_TEXT in error_tail
-        ):
+        if self._may_start_again(error_tail):
             logging.getLogger("hpcrl.job").warning(
-                "Ray's raylet missed its 30 s registration window (busy node?); starting it again"
+                "Ray's raylet missed its 30 s registration window (busy node?); starting %s again",
+                "the head" if self.settings.is_head else "it",
             )
             stop_session(process, self.settings.stop_timeout_s)
             self.startup_retries += 1
             self._launch("-")
-            return
+            return True
         detail = f"its Ray exited ({ray_exit_detail(self.log_dir) or f'code {code}'})"
         raise RayExited(
             f"Ray on node {self.settings.task.node_name} exited with code {code} while the "
@@ -190,6 +191,14 @@ class RayNode:
             detail=detail,
             log=str((self.log_dir / "ray.out").relative_to(self.settings.run_dir)),
         )
+
+    def _may_start_again(self, error_tail: str) -> bool:
+        if self.startup_retries >= MAX_STARTUP_RETRIES or STARTUP_TIMEOUT_TEXT not in error_tail:
+            return False
+        if not self.settings.is_head:
+            return True
+        task = self.settings.task
+        return read_marker(self.settings.run_dir, HEAD, task.attempt_id) is None
 
     def stop(self, keep_ray_logs: bool) -> list[str]:
         """Stop every Ray process of this node; returns the names that needed SIGKILL."""

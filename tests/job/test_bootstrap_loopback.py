@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -57,6 +59,54 @@ def test_two_nodes_join_and_the_probe_runs_work_on_each(job):
     assert "Ray ready: 2 nodes" in (job.run_dir / "logs/node0/attempt0/driver.log").read_text()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", job.gcs_port), timeout=1).close()
+
+
+# Node 0 whose first `ray start` is a real head that never registers as rank 0 (its resource
+# renamed) and then fails as Ray's 30 s start-up window does; the later start is the real one.
+HEAD_MISSING_ITS_START_UP_WINDOW = """
+import sys
+import hpcrl.job.ray_cluster as ray_cluster
+real_launch_argv, launches = ray_cluster.launch_argv, []
+def launch_argv(settings, go_file):
+    argv = real_launch_argv(settings, go_file)
+    launches.append(argv)
+    if len(launches) > 1:
+        return argv
+    unregistered = [arg.replace("hpcrl_node_0", "not_rank_0") for arg in argv]
+    failing = ('"$@" & ray=$!; sleep 10; kill $ray; wait $ray; '
+               'echo "Exception: The current node timed out during startup." >&2; exit 1')
+    return ["sh", "-c", failing, "sh", *unregistered]
+ray_cluster.launch_argv = launch_argv
+from hpcrl.job.node import main
+sys.exit(main(sys.argv[1]))
+"""
+
+
+def test_a_head_that_missed_rays_start_up_window_starts_again_with_its_driver(job):
+    """CI, 2026-12-05: on a loaded machine node 0's raylet missed Ray's 30 s registration
+    window and the attempt was lost. Before any worker is told to join, the head starts once
+    more, and so does the driver: its GCS reader, connected to the first GCS, would abort on
+    the new one (Ray's WrongClusterID check)."""
+    started = time.monotonic()
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-c", HEAD_MISSING_ITS_START_UP_WINDOW, str(job.run_dir)],
+            env=job.node_env(0), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ),
+        job.start_node(1),
+    ]  # fmt: skip
+    head, worker = (wait_node(node, started) for node in nodes)
+
+    assert (head.exit_code, worker.exit_code) == (0, 0), head.output + worker.output
+    probe = json.loads((job.run_dir / "probe.json").read_text())
+    assert (probe["problems"], probe["num_alive_nodes"]) == ([], 2)
+    logs = job.run_dir / "logs/node0/attempt0"
+    node_log = (logs / "node.log").read_text()
+    assert "missed its 30 s registration window (busy node?); starting the head again" in node_log
+    assert "starting the driver again: the Ray head it waited for is a new one" in node_log
+    assert node_log.count("started Ray head and driver") == 2
+    assert (logs / "ray.err").read_text().count("timed out during startup") == 1
+    assert "Ray ready: 2 nodes" in (logs / "driver.log").read_text()
 
 
 def test_failing_driver_exit_code_reaches_the_job(job):

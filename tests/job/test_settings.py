@@ -186,10 +186,20 @@ def test_checkpoint_writes_preempt_and_requeues_until_the_limit(
     assert not read_cause(tmp_path, 1).requeued
 
 
-def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch, two_node_plan):
-    """`ray start` is replaced by a stand-in that fails the way an overloaded raylet does."""
+@pytest.mark.parametrize(
+    ("rank", "workers_told_to_join", "restarts"),
+    [(1, True, 1), (0, False, 1), (0, True, 0)],
+    ids=["worker", "head-before-anyone-joined", "head-after-workers-were-told-to-join"],
+)
+def test_ray_starts_once_more_after_a_startup_timeout_unless_it_is_a_head_others_joined(
+    tmp_path, monkeypatch, two_node_plan, rank, workers_told_to_join, restarts
+):
+    """`ray start` is replaced by a stand-in that fails the way an overloaded raylet does. A
+    head may start again only while the driver has not yet announced it to the workers (the
+    ``head`` marker): their raylets would be in the GCS that a restart replaces."""
     import hpcrl.job.ray_cluster as ray_cluster
     from hpcrl.job.errors import RayExited
+    from hpcrl.run.markers import HEAD, write_marker
 
     failing = [
         "sh",
@@ -198,17 +208,21 @@ def test_worker_restarts_ray_once_after_a_startup_timeout(tmp_path, monkeypatch,
     ]
     monkeypatch.setattr(ray_cluster, "launch_argv", lambda settings, go_file: failing)
     monkeypatch.setattr(ray_cluster, "first_busy_port", lambda ip, ports: None)
-    node = ray_cluster.RayNode.start(read_node_settings(tmp_path, slurm_env(1)), {}, hold=False)
-    node.process.wait()
+    settings = read_node_settings(tmp_path, slurm_env(rank))
+    if workers_told_to_join:
+        write_marker(tmp_path, HEAD, settings.task.attempt_id, ip="127.0.0.1", gcs_port=1)
+    node = ray_cluster.RayNode.start(settings, {}, hold=False)
 
-    node.check_alive()  # first failure: started again
-    assert node.startup_retries == 1
+    for _ in range(restarts):
+        node.process.wait()
+        node.check_alive()  # a failure within the window: started again
+    assert node.startup_retries == restarts
     node.process.wait()
     with pytest.raises(RayExited, match="Ray on node localhost exited with code 1"):
         node.check_alive()
     node.stop(keep_ray_logs=False)
-    ray_err = (tmp_path / "logs/node1/attempt0/ray.err").read_text()
-    assert ray_err.count("timed out during startup") == 2
+    ray_err = (tmp_path / f"logs/node{rank}/attempt0/ray.err").read_text()
+    assert ray_err.count("timed out during startup") == restarts + 1
 
 
 def test_the_ray_launcher_waits_for_go_and_gives_up_without_it(tmp_path, monkeypatch):
