@@ -5,7 +5,9 @@ engine (compiled pieces, CUDA graphs) generates, then the real ``AutomodelWorker
 blocks) runs the policy's log-prob pass, the reference's and a train step; then all of it
 again (the steady figures of the same process). The first process of a variant fills its
 compile cache (cold), the later ones find it (warm). Printed per process: each phase's first
-and second wall, torch.compile's seconds, cache hits / misses, first / second; with
+and second wall, torch.compile's seconds, cache hits / misses, full GCs and their seconds in
+each step (after the actor's ``ManualGc.after_setup``, which ``WFS_AFTER_SETUP=0`` leaves
+out: ``--variant plain:WFS_AFTER_SETUP=0,CACHE=base``), first / second; with
 ``--profile`` the warm process's cProfile top functions (where the warm seconds go).
 
     python benchmarks/warm_first_step_gpu.py --cache /tmp/wfs [--variant NAME=ENV=V,...]
@@ -49,7 +51,8 @@ def timed(name, call):
     return result
 with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]
-dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                        device_id=torch.device("cuda", 0) if on_gpu else None)  # as the actor
 recipe = tiny_automodel_recipe(micro_batch_size=32)
 recipe = attrs.evolve(recipe, policy=attrs.evolve(recipe.policy, model_name=sys.argv[3],
                                                   precision="bfloat16" if on_gpu else "float32"))
@@ -57,6 +60,18 @@ worker = AutomodelWorker()
 info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                 master_addr="127.0.0.1", master_port=port, device="cuda" if on_gpu else "cpu")
 timed("setup_s", lambda: worker.setup(recipe, info, path))
+if os.environ.get("WFS_AFTER_SETUP", "1") == "1":  # what the worker's Ray actor does next
+    from hpcrl.core.workers.manual_gc import ManualGc
+    ManualGc.from_recipe(recipe).after_setup()
+full_gcs = []  # (phase, generation, perf_counter) of every collection from here on
+import gc
+gc.callbacks.append(lambda phase, info: full_gcs.append((phase, info["generation"], time.perf_counter())))
+def gc_figures(tag):
+    starts = [t for p, g, t in full_gcs if p == "start" and g == 2]
+    stops = [t for p, g, t in full_gcs if p == "stop" and g == 2]
+    figures["full_gcs" + tag] = len(starts)
+    figures["full_gc_s" + tag] = round(sum(b - a for a, b in zip(starts, stops)), 3)
+    full_gcs.clear()
 hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if on_gpu else torch.float32).to(info.device).eval()
 engine = TorchEngine.from_hf_model(hf)
 del hf
@@ -80,6 +95,7 @@ profiler = cProfile.Profile() if profile else None
 if profiler: profiler.enable()
 timed("first_step_s", lambda: step("_1"))
 if profiler: profiler.disable()
+gc_figures("_1")
 figures.update(compile_cache_counts())
 pieces = [getattr(engine.decoder.pointwise, n) for n in ("add_rms_norm", "rotate_pair", "silu_mul", "masked_softmax")]
 kept = [getattr(p, "precompiled", None) for p in pieces]
@@ -87,6 +103,7 @@ figures["aot_loads"] = sum(k.loads for k in kept if k)
 figures["aot_builds"] = sum(k.builds for k in kept if k)
 figures["aot_failures"] = [f[:300] for k in kept if k for f in k.failures]
 timed("second_step_s", lambda: step("_2"))
+gc_figures("_2")
 figures["first_over_second"] = round(figures["first_step_s"] / figures["second_step_s"], 2)
 from torch._dynamo.utils import compile_times, counters
 figures["graphs"] = counters["stats"]["unique_graphs"]

@@ -65,16 +65,22 @@ def test_collections_on_every_rank_at_the_same_steps(ray_cluster, tiny_model_pat
     assert child_gc == [True, True]
 
 
-def test_manual_gc_off_leaves_automatic_gc_alone():
+def test_manual_gc_off_leaves_automatic_gc_on_with_setups_objects_frozen():
     """In a fresh interpreter (the test process's GC must not be touched)."""
     script = textwrap.dedent(
         """
         import gc
         from hpcrl.core.workers.manual_gc import ManualGc
+        import torch  # a heap like a worker's (setup's imports and objects)
+        assert len(gc.get_objects()) > 100_000
         off = ManualGc(enabled=False, interval_steps=0)
         off.after_setup()
-        assert gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() > 100_000
         assert not any(off.after_optimizer_step(step) for step in range(1, 10))
+        # What an automatic full collection walks from now on: not setup's heap.
+        assert len(gc.get_objects()) < 10_000, len(gc.get_objects())
+        off.restore()
+        assert gc.isenabled() and gc.get_freeze_count() == 0
         on = ManualGc(enabled=True, interval_steps=4)
         on.after_setup()
         assert not gc.isenabled() and gc.get_freeze_count() > 0
