@@ -73,3 +73,57 @@ def test_a_warm_run_loads_the_blocks_forward_and_backward_tracing_nothing(tmp_pa
         assert run["loss"] == pytest.approx(plain["loss"], rel=1e-5)
     # the train step moved the weights: equal "after" log-probs mean equal gradients
     assert (torch.tensor(plain["after"]) - torch.tensor(plain["first"])).abs().max() > 1e-4
+
+
+def test_a_call_no_compilation_takes_computes_its_signature_once_per_kind(monkeypatch, tmp_path):
+    """The fallback path (here every kind of call's build failed in an earlier run: its
+    ``.failed`` file): each block computes a kind of call's signature once, not in every call
+    (the block's repr and the arguments' pytree: ~57 us a call), and a kind of its own for
+    each grad mode, train mode and kind of arguments. No compilation: blocks run eager."""
+    torch = require_module("torch")
+    from hpcrl.core.backends.automodel import aot_block
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, hidden, mask=None, scale=1.0):
+            out = self.linear(hidden) * scale
+            return out if mask is None else out * mask
+
+    computed = []
+    signature_of = aot_block.block_signature
+
+    def counted(call):
+        computed.append(call)
+        return signature_of(call)
+
+    monkeypatch.setattr(aot_block, "block_signature", counted)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    precompiled = aot_block.precompiled_blocks("inductor")
+    assert precompiled is not None
+    hidden, mask = torch.randn(2, 3, 8), torch.ones(2, 3, 1)
+    kinds = [(False, False, {}), (False, False, {"mask": mask}), (True, True, {})]
+    kinds.append((False, False, {"scale": 2.0}))  # (grad mode, train mode, keyword arguments)
+    blocks = [Block(), Block()]
+    signatures = set()
+    for grad, train, kwargs in kinds:
+        with torch.set_grad_enabled(grad):
+            signature = signature_of((blocks[0].train(train), (hidden,), kwargs))
+        signatures.add(signature)
+        refused = precompiled.path_for(signature).with_suffix(".failed")
+        refused.parent.mkdir(parents=True, exist_ok=True)
+        refused.write_text("RuntimeError: a build that failed in an earlier run")
+    calls = [aot_block.AheadOfTimeBlockCall(b, precompiled, b._call_impl) for b in blocks]
+    for _ in range(3):
+        for block, call in zip(blocks, calls, strict=True):
+            for grad, train, kwargs in kinds:
+                block.train(train)
+                with torch.set_grad_enabled(grad):
+                    got = call(hidden, **kwargs)
+                    torch.testing.assert_close(got, block(hidden, **kwargs), rtol=0, atol=0)
+    assert len(computed) == len(blocks) * len(kinds)  # not once in each of the 24 calls
+    assert len(signatures) == len(kinds) and precompiled.signatures_tried == signatures
+    assert len(precompiled.failures) == len(kinds)  # each kind tried once, then the fallback
