@@ -148,7 +148,8 @@ def grouped_step(tmp_path, delays, **async_rl):
     from hpcrl.core.algorithms.async_grpo_groups import GroupedAsyncGrpoStep
     from hpcrl.core.data.jsonl import EpochSampler
     from tests.core import consumer_probes as probes
-    from tests.core.test_consumers_downstream import IS, SEPARATE, base_recipes, with_keys
+    from tests.core.consumer_changes import IS, SEPARATE
+    from tests.core.test_consumers_downstream import base_recipes, with_keys
 
     keys = {
         **SEPARATE,
