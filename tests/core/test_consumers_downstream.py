@@ -1,8 +1,8 @@
 """Every NeMo RL key the compat table calls "implemented" changes what its consumer sites
 build (issue 24, item 5): the key is set to a value other than the base recipe's, and the
 probes of its declared sites (``hpcrl.config.consumers.CONSUMED_BY``; what each probe runs:
-``consumer_probes``) must give a different result. A key whose sites all build the same
-thing either way is not implemented, whatever the schema says.
+``consumer_probes``, ``backend_probes``) must give a different result. A key whose sites all
+build the same thing either way is not implemented, whatever the schema says.
 
 Each key is tested on the base recipe where it takes effect (Megatron keys on a Megatron
 recipe, vLLM keys with vLLM generation, ...); ``CHANGES`` (consumer_changes.py) gives the
@@ -23,6 +23,7 @@ from hpcrl.config import consumer_sites, consumers
 from hpcrl.config.compat import IMPLEMENTED, nemo_rl_rows
 from hpcrl.config.converter import unstructure
 from hpcrl.config.load_and_check import validate_recipe_dict
+from tests.core import backend_probes
 from tests.core import consumer_probes as probes
 from tests.core.consumer_changes import (
     CHANGES,
@@ -94,20 +95,20 @@ PROBES: dict[str, probes.Probe] = {
     consumer_sites.ENV_NAME: probes.plan_probe,
     consumer_sites.NODE_SPLIT: probes.plan_probe,
     consumer_sites.RM_KWARGS: probes.reward_model_probe,
-    consumer_sites.AM_OPTIM: probes.automodel_optimizer_probe,
-    consumer_sites.AM_SCHED: probes.automodel_optimizer_probe,
-    consumer_sites.AM_TRAIN_OPTIM: probes.automodel_training_optimizer_probe,
-    consumer_sites.AM_CLIP: probes.clip_probe,
-    consumer_sites.AM_PLAN: probes.parallelize_probe,
-    consumer_sites.AM_LORA: probes.lora_probe,
-    consumer_sites.MG_PROVIDER: probes.megatron_provider_probe,
-    consumer_sites.MG_LORA: probes.megatron_lora_probe,
-    consumer_sites.MG_OVERRIDES: probes.megatron_provider_probe,
-    consumer_sites.MG_CONVERT: probes.conversion_probe,
-    consumer_sites.MG_OPTIM: probes.megatron_optimizer_probe,
-    consumer_sites.MG_SCHED: probes.megatron_scheduler_probe,
-    "hpcrl.core.backends.megatron.offload:precision_aware_optimizer_on": probes.precision_aware_probe,
-    consumer_sites.MG_DDP: probes.megatron_ddp_probe,
+    consumer_sites.AM_OPTIM: backend_probes.automodel_optimizer_probe,
+    consumer_sites.AM_SCHED: backend_probes.automodel_optimizer_probe,
+    consumer_sites.AM_TRAIN_OPTIM: backend_probes.automodel_training_optimizer_probe,
+    consumer_sites.AM_CLIP: backend_probes.clip_probe,
+    consumer_sites.AM_PLAN: backend_probes.parallelize_probe,
+    consumer_sites.AM_LORA: backend_probes.lora_probe,
+    consumer_sites.MG_PROVIDER: backend_probes.megatron_provider_probe,
+    consumer_sites.MG_LORA: backend_probes.megatron_lora_probe,
+    consumer_sites.MG_OVERRIDES: backend_probes.megatron_provider_probe,
+    consumer_sites.MG_CONVERT: backend_probes.conversion_probe,
+    consumer_sites.MG_OPTIM: backend_probes.megatron_optimizer_probe,
+    consumer_sites.MG_SCHED: backend_probes.megatron_scheduler_probe,
+    "hpcrl.core.backends.megatron.offload:precision_aware_optimizer_on": backend_probes.precision_aware_probe,
+    consumer_sites.MG_DDP: backend_probes.megatron_ddp_probe,
     "hpcrl.core.driver:_make_step_fn": probes.step_fn_probe,
     "hpcrl.core.algorithms.async_grpo:AsyncGrpoStep.__init__": probes.async_step_probe,
     "hpcrl.core.algorithms.async_grpo_groups:GroupedAsyncGrpoStep.__init__": (
