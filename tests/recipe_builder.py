@@ -104,6 +104,13 @@ def paths(problems: list[Problem], severity: str = "error") -> list[str]:
     return [problem.path for problem in problems if problem.severity == severity]
 
 
+def only(problems: list[Problem], severity: str = "error") -> Problem:
+    """The one problem of ``severity`` (fails naming them all when there is not exactly one)."""
+    chosen = [problem for problem in problems if problem.severity == severity]
+    assert len(chosen) == 1, [problem.format() for problem in problems]
+    return chosen[0]
+
+
 # --------------------------------------------------------------------------- for the planner
 def automodel_recipe(num_nodes: int = 1, gpus_per_node: int = 8, **automodel: object) -> Recipe:
     return Recipe(

@@ -3,15 +3,9 @@ would be wrong (Megatron context parallelism, per-token loss override, Automodel
 
 import pytest
 
-from tests.recipe_builder import problems_for
+from tests.recipe_builder import only, problems_for
 
 M = "policy.megatron_cfg"
-
-
-def only(problems):
-    errors = [problem for problem in problems if problem.severity == "error"]
-    assert len(errors) == 1, [problem.format() for problem in problems]
-    return errors[0]
 
 
 @pytest.mark.parametrize(

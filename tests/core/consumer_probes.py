@@ -3,7 +3,7 @@ for ``test_consumers_downstream.py``: a probe per site runs the site (or, where 
 call its caller makes) on CPU and returns what it produced. Two recipes that differ in one
 key must give different probe results wherever that key takes effect.
 
-Stand-ins (this module's ``RecordingPolicy``, ``ScriptedEnv`` and the provider namespaces):
+Stand-ins (``recording_policy``'s ``RecordingPolicy`` and ``ScriptedEnv``, the provider namespaces):
 the real policy needs Ray workers and a model, the real environment a verifier; the stand-ins
 record what the algorithm hands them (the generation settings, the batches, the loss it
 computes on fixed log-probs) so the algorithm's own code runs unchanged around them.
@@ -11,200 +11,29 @@ computes on fixed log-probs) so the algorithm's own code runs unchanged around t
 
 from __future__ import annotations
 
-import functools
-import json
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
-import torch
 
 from hpcrl.config.recipe import Recipe
+from tests.core.recording_policy import (
+    NUM_ROWS,
+    RecordingAsyncPolicy,
+    RecordingPolicy,
+    ScriptedEnv,
+    StaggeredAsyncPolicy,
+    environment_for,
+    plain,
+    rows,
+    tokenizer,
+)
 
 Probe = Callable[[Recipe, Path], Any]
-NUM_ROWS = 40
 
 
-def plain(value: Any) -> Any:
-    """Tensors, attrs objects, namespaces and dtypes as comparable plain data."""
-    if isinstance(value, torch.Tensor):
-        return [float(f"{x:.9g}") for x in value.detach().flatten().tolist()]
-    if attrs.has(type(value)):
-        return plain(attrs.asdict(value, recurse=False))
-    if isinstance(value, types.SimpleNamespace):
-        return plain(vars(value))
-    if isinstance(value, Mapping):
-        return {str(key): plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(item) for item in value]
-    if isinstance(value, float):
-        return float(f"{value:.9g}")
-    if isinstance(value, int | str | bool) or value is None:
-        return value
-    return repr(value)
-
-
-# --------------------------------------------------------------------------- stand-ins
-@attrs.frozen
-class Generated:
-    """A ``GenerationOutput``: right-padded prompt + response rows."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-    generation_logprobs: torch.Tensor
-    prompt_lengths: torch.Tensor
-    response_lengths: torch.Tensor
-    metrics: Mapping[str, float] = attrs.field(factory=dict)
-    engine_generated_tokens: Any = None
-
-
-class RecordingPolicy:
-    """A policy stand-in: generates a fixed pattern (every third response runs to
-    max_new_tokens without a stop; the rest stop early with EOS), returns fixed log-probs,
-    and trains by computing the loss it is given on fixed log-probs. Records every call."""
-
-    def __init__(self, eos_token_id: int, token_id: int) -> None:
-        self.eos, self.token = eos_token_id, token_id
-        self.calls: list[Any] = []
-
-    def prepare_for_generation(self) -> None: ...
-
-    def prepare_for_training(self) -> None: ...
-
-    def generate(self, prompt_ids: list[list[int]], cfg: Any, seed: int) -> Generated:
-        self.calls.append(("generate", plain(cfg), seed, [len(ids) for ids in prompt_ids]))
-        rows = []
-        for index, ids in enumerate(prompt_ids):
-            full = index % 3 == 0
-            length = cfg.max_new_tokens if full else max(1, index % cfg.max_new_tokens)
-            response = [self.token] * length if full else [self.token] * (length - 1) + [self.eos]
-            rows.append((list(ids), response))
-        return _assemble(rows)
-
-    def get_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return _fixed_logprobs(batch["input_ids"].shape, shift=0.1)
-
-    def get_reference_logprobs(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return _fixed_logprobs(batch["input_ids"].shape, shift=0.3)
-
-    def train(self, batch: Mapping[str, torch.Tensor], loss_fn: Any) -> dict[str, float]:
-        # Old log-probs are shift 0.1: ratios exp(0.7) and exp(-0.5), both outside the clips.
-        rows, cols = batch["input_ids"].shape
-        alternating = torch.arange(cols, dtype=torch.float32).remainder(2) * 1.2 - 0.6
-        base = _fixed_logprobs(batch["input_ids"].shape, shift=0.1)
-        logprobs = (base + alternating.expand(rows, cols)).requires_grad_()
-        tokens = float(batch["token_mask"].sum())
-        full = dict(batch)
-        full.setdefault("num_global_sequences", torch.tensor(float(batch["input_ids"].shape[0])))
-        loss, metrics = loss_fn(logprobs, full, max(tokens, 1.0))
-        loss.backward()
-        grad = float(logprobs.grad.abs().sum())
-        self.calls.append(("train", int(batch["input_ids"].shape[0]), round(float(loss), 6)))
-        values = {key: float(value) for key, value in metrics.items()}
-        return {"loss": float(loss), "grad_norm": grad, **values}
-
-    def save_checkpoint(self, checkpoint_dir: str, extra_state: Mapping[str, Any]) -> None:
-        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        (Path(checkpoint_dir) / "extra_state.json").write_text(json.dumps(dict(extra_state)))
-        (Path(checkpoint_dir) / "COMPLETE").write_text("")
-
-    def load_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
-        return json.loads((Path(checkpoint_dir) / "extra_state.json").read_text())
-
-    def export_hf(self, out_dir: str) -> None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (Path(out_dir) / "model.safetensors").write_text("")
-
-    def collect_state(self) -> list[Mapping[str, Any]]:
-        return []
-
-    def shutdown(self) -> None: ...
-
-
-def _fixed_logprobs(shape: torch.Size, shift: float) -> torch.Tensor:
-    rows, cols = shape
-    grid = torch.arange(rows * cols, dtype=torch.float32).reshape(rows, cols)
-    return -0.5 - shift - 0.01 * (grid % 7)
-
-
-def _assemble(rows: list[tuple[list[int], list[int]]]) -> Generated:
-    width = max(len(prompt) + len(response) for prompt, response in rows)
-    count = len(rows)
-    input_ids = torch.zeros((count, width), dtype=torch.long)
-    attention = torch.zeros((count, width), dtype=torch.long)
-    response_mask = torch.zeros((count, width), dtype=torch.float32)
-    for row, (prompt, response) in enumerate(rows):
-        ids = prompt + response
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        response_mask[row, len(prompt) : len(ids)] = 1.0
-    return Generated(
-        input_ids=input_ids,
-        attention_mask=attention,
-        response_mask=response_mask,
-        generation_logprobs=-0.45 * response_mask,
-        prompt_lengths=torch.tensor([len(p) for p, _ in rows]),
-        response_lengths=torch.tensor([len(r) for _, r in rows]),
-    )
-
-
-class ScriptedEnv:
-    """Rewards by prompt and position: 0 for every response to an even-numbered prompt (no
-    signal in its group), else 0, 1/3, 2/3, 1 by position."""
-
-    def score(self, prompts: list[str], responses: list[str], answers: list[str]) -> list[float]:
-        return [
-            0.0 if int(answer) % 4 == 0 else (index % 4) / 3 for index, answer in enumerate(answers)
-        ]
-
-
-class ScriptedMultiRewardEnv(ScriptedEnv):
-    """The three named components of NeMo RL's multi-reward environment (env.name:
-    math_multi_reward): ScriptedEnv's rewards, the same in reverse order within each group
-    of 4, and 1 minus them."""
-
-    def score_components(self, prompts, responses, answers) -> dict[str, list[float]]:
-        first = ScriptedEnv.score(self, prompts, responses, answers)
-        second = [first[i - 2 * (i % 4) + 3] for i in range(len(first))]
-        third = [1.0 - value for value in first]
-        return {"reward/correctness": first, "reward/format": second, "reward/integer": third}
-
-    def score(self, prompts, responses, answers) -> list[float]:
-        parts = self.score_components(prompts, responses, answers).values()
-        return [sum(values) for values in zip(*parts, strict=True)]
-
-
-def environment_for(recipe: Recipe) -> Any:
-    return ScriptedMultiRewardEnv() if recipe.env.name == "math_multi_reward" else ScriptedEnv()
-
-
-def tokenizer(recipe: Recipe | None = None) -> Any:
-    """The tiny model's tokenizer, with the recipe's chat template (as the driver loads it)."""
-    template = recipe.policy.tokenizer.chat_template if recipe is not None else None
-    return _tokenizer(template)
-
-
-@functools.cache
-def _tokenizer(chat_template: str | None) -> Any:
-    from hpcrl.config.recipe import TokenizerCfg
-    from hpcrl.core.data.prompts import load_tokenizer
-    from hpcrl.core.models.tiny import resolve_model_path
-
-    cfg = TokenizerCfg(chat_template=chat_template)
-    return load_tokenizer(resolve_model_path("tiny:qwen2"), cfg)
-
-
-def rows(count: int = NUM_ROWS) -> list[dict]:
-    return [
-        {"prompt": f"What is {i} + {i}? " * (1 + i % 5), "answer": str(2 * i), "response": "x" * i}
-        for i in range(count)
-    ]
-
-
-# --------------------------------------------------------------------------- probes
 def plan_probe(recipe: Recipe, tmp: Path) -> Any:
     """The JobSpec and job.sbatch planned on the shipped eos profile (no overrides)."""
     from hpcrl.config import load_profile
@@ -290,23 +119,6 @@ def grpo_step_probe(recipe: Recipe, tmp: Path) -> Any:
     return {"calls": policy.calls, "record": plain(kept)}
 
 
-class RecordingAsyncPolicy(RecordingPolicy):
-    """RecordingPolicy with the submit/collect pair of separate generation workers."""
-
-    def submit_generation(self, prompt_ids: list[list[int]], cfg: Any, seed: int) -> Any:
-        self.calls.append(("submit", seed, len(prompt_ids)))
-        return (prompt_ids, cfg, seed)
-
-    def collect_generation(self, pending: Any) -> Generated:
-        return self.generate(*pending)
-
-    def refit_in_flight(self, recompute_kv_cache: bool) -> None:
-        self.calls.append(("refit_in_flight", recompute_kv_cache))
-
-    def generation_ready(self, pending: Any) -> bool:
-        return True
-
-
 def step_fn_probe(recipe: Recipe, tmp: Path) -> Any:
     """Which step function the driver builds (hpcrl.core.driver._make_step_fn)."""
     from hpcrl.core.data.jsonl import EpochSampler
@@ -330,21 +142,6 @@ def async_step_probe(recipe: Recipe, tmp: Path) -> Any:
     step = AsyncGrpoStep(policy, recipe, tok, ScriptedEnv(), sampler, last_step=6)
     step(1)
     return [call for call in policy.calls if call[0] in ("submit", "refit_in_flight")]
-
-
-class StaggeredAsyncPolicy(RecordingAsyncPolicy):
-    """Groups finish one at a time, in submission order: the n-th after n+1 polls."""
-
-    def submit_generation(self, prompt_ids: list[list[int]], cfg: Any, seed: int) -> Any:
-        polls = sum(call[0] == "submit" for call in self.calls)
-        return [*super().submit_generation(prompt_ids, cfg, seed), polls]
-
-    def collect_generation(self, pending: Any) -> Generated:
-        return self.generate(*pending[:3])
-
-    def generation_ready(self, pending: Any) -> bool:
-        pending[3] -= 1
-        return pending[3] < 0
 
 
 def grouped_step_probe(recipe: Recipe, tmp: Path) -> Any:
@@ -445,6 +242,8 @@ def run_steps_probe(recipe: Recipe, tmp: Path) -> Any:
 
 
 FIXED_MESSAGES = [{"role": "user", "content": "2+2"}, {"role": "assistant", "content": "4"}]
+
+
 FIXED_ROW = {
     "problem": "p",
     "expected_answer": "1",
@@ -520,157 +319,6 @@ def hf_cache_probe(recipe: Recipe, tmp: Path) -> Any:
     return model_names(recipe)
 
 
-def automodel_optimizer_probe(recipe: Recipe, tmp: Path) -> Any:
-    from hpcrl.core.backends.automodel.optim import build_lr_scheduler, build_optimizer
-
-    assert recipe.policy.optimizer is not None
-    torch.manual_seed(0)
-    param = torch.nn.Parameter(torch.ones(4))
-    optimizer = build_optimizer([param], recipe.policy.optimizer)
-    scheduler = build_lr_scheduler(optimizer, recipe.policy.scheduler)
-    trace = []
-    for _ in range(6):
-        optimizer.zero_grad()
-        (param * torch.arange(4.0)).sum().backward()
-        optimizer.step()
-        scheduler.step()
-        trace.append((optimizer.param_groups[0]["lr"], param.detach().clone()))
-    hypers = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-    return {"type": type(optimizer).__name__, "hypers": plain(hypers), "trace": plain(trace)}
-
-
-def automodel_training_optimizer_probe(recipe: Recipe, tmp: Path) -> Any:
-    """The optimizer the Automodel worker builds (``build_training_optimizer`` with the
-    worker's arguments) from the recipe the job reads: planned on the eos profile, its
-    JobSpec written to a run folder and read back, as the node entrypoint does."""
-    from hpcrl.config import load_profile
-    from hpcrl.core.backends.automodel.optim import build_training_optimizer
-    from hpcrl.plan.planner import plan
-    from hpcrl.run.jobspec_file import read_jobspec, write_jobspec
-
-    spec = plan(recipe, load_profile("eos"), run_dir=str(tmp / "run"), recipe_source="p.yaml")
-    (tmp / "run").mkdir(exist_ok=True)
-    write_jobspec(spec)
-    job_recipe = read_jobspec(tmp / "run").recipe
-    cfg = job_recipe.policy.automodel_cfg
-    assert job_recipe.policy.optimizer is not None
-    torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.ones(n)) for n in (4, 4)]
-    optimizer = build_training_optimizer(
-        params,
-        job_recipe.policy.optimizer,
-        on_gpu=False,
-        cpu_offload=cfg.cpu_offload,
-        offload_fraction=cfg.optimizer_offload_fraction,
-    )
-    on_host = [getattr(optimizer, "is_on_host", lambda p: False)(p) for p in params]
-    return {"type": type(optimizer).__name__, "on_host": on_host}
-
-
-def clip_probe(recipe: Recipe, tmp: Path) -> Any:
-    """AutomodelWorker.train_step clips with ``clip_gradients(params, max_grad_norm)``; this
-    replays that call on one parameter with a known gradient."""
-    from hpcrl.core.backends.automodel.optim import clip_gradients
-
-    param = torch.nn.Parameter(torch.zeros(4))
-    param.grad = torch.full((4,), 3.0)
-    clip_gradients([param], recipe.policy.max_grad_norm)
-    return plain(param.grad)
-
-
-def parallelize_probe(recipe: Recipe, tmp: Path) -> Any:
-    from hpcrl.core.backends.automodel.parallelize import MeshShape, parallelize_steps
-
-    cfg = recipe.policy.automodel_cfg
-    shape = MeshShape.for_world(
-        8, cfg.dp_replicate_size, cfg.tensor_parallel_size, cfg.context_parallel_size
-    )
-    return plain(
-        parallelize_steps(
-            cfg, recipe.policy.precision, shape, on_gpu=True, compiles=False, training=True
-        )
-    )
-
-
-def megatron_provider_probe(recipe: Recipe, tmp: Path) -> Any:
-    """The provider fields hpcrl sets (apply_megatron_cfg and model_overrides through
-    prepare_provider) on a namespace standing in for megatron-bridge's provider, as on a
-    machine with Transformer Engine (the TE-only flags are switched off without it)."""
-    from unittest import mock
-
-    from hpcrl.core.backends.megatron import provider as module
-
-    target = types.SimpleNamespace(hidden_dropout=0.0, attention_dropout=0.0)
-    with mock.patch.object(module, "transformer_engine_available", return_value=True):
-        module.prepare_provider(
-            target, recipe.policy.megatron_cfg, recipe.policy.precision, seq_length=128
-        )
-    return plain(target)
-
-
-def megatron_optimizer_probe(recipe: Recipe, tmp: Path) -> Any:
-    from hpcrl.core.backends.megatron.model import optimizer_config
-
-    built = optimizer_config(recipe.policy.megatron_cfg, recipe.policy.precision)
-    return plain(vars(built))
-
-
-def precision_aware_probe(recipe: Recipe, tmp: Path) -> Any:
-    """Whether megatron-core is asked for the precision-aware optimizer on a machine with
-    Transformer Engine (megatron-core's OptimizerConfig refuses it without TE, as here)."""
-    from hpcrl.core.backends.megatron.offload import precision_aware_optimizer_on
-
-    optimizer = recipe.policy.megatron_cfg.optimizer
-    requested = optimizer.use_precision_aware_optimizer
-    return precision_aware_optimizer_on(requested, optimizer.optimizer_cpu_offload, True)
-
-
-def megatron_scheduler_probe(recipe: Recipe, tmp: Path) -> Any:
-    from hpcrl.core.backends.megatron.model import scheduler_settings
-
-    return plain(scheduler_settings(recipe.policy.megatron_cfg, total_steps=100))
-
-
-def megatron_ddp_probe(recipe: Recipe, tmp: Path) -> Any:
-    from hpcrl.core.backends.megatron.model import ddp_config
-
-    return plain(vars(ddp_config(recipe.policy.megatron_cfg)))
-
-
-def conversion_probe(recipe: Recipe, tmp: Path) -> Any:
-    """MegatronWorker._ensure_conversion calls ensure_megatron_checkpoint with
-    ``force=megatron_cfg.force_reconvert_from_hf`` and ``policy.hf_config_overrides`` (a
-    changed config is converted apart); this replays that call over a complete earlier
-    conversion of the unchanged config and reports whether it converted again."""
-    from hpcrl.core.backends.megatron.conversion import (
-        COMPLETE_MARKER,
-        ensure_megatron_checkpoint,
-        model_key,
-    )
-
-    root = tmp / "conversions"
-    done = root / model_key("m")
-    done.mkdir(parents=True)
-    (done / COMPLETE_MARKER).write_text("")
-    converted: list[str] = []
-
-    def convert(hf_path: str, out_dir: str) -> None:
-        converted.append(hf_path)
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-
-    ensure_megatron_checkpoint(
-        "m",
-        "/hf/m",
-        str(root),
-        force=recipe.policy.megatron_cfg.force_reconvert_from_hf,
-        convert=convert,
-        rank=0,
-        progress=lambda message: None,
-        hf_config_overrides=recipe.policy.hf_config_overrides,
-    )
-    return converted
-
-
 def loggers_probe(recipe: Recipe, tmp: Path) -> Any:
     """The loggers build_loggers starts and what each was configured with: TensorBoard and
     MLflow on files for real; W&B through a recorder of ``wandb.init`` (its service process
@@ -714,46 +362,3 @@ def _describe_logger(logger: Any) -> Any:
         experiment = client.get_experiment(run_info.experiment_id)
         fields.update(experiment=experiment.name, run_name=run_info.run_name)
     return fields
-
-
-def lora_probe(recipe: Recipe, tmp: Path) -> Any:
-    """``apply_lora`` with the recipe's ``lora_cfg`` on the tiny model (seeded): which
-    linears got adapters, their shapes, scale, dropout and initial A; {} without LoRA."""
-    from hpcrl.core.backends.automodel.lora import LoraLinear, apply_lora
-    from hpcrl.core.backends.automodel.model import load_hf_model
-    from hpcrl.core.models.tiny import ensure_tiny_model
-
-    cfg = recipe.policy.automodel_cfg.lora_cfg
-    if not cfg.enabled:
-        return {}
-    torch.manual_seed(0)
-    model = load_hf_model(ensure_tiny_model("tiny:qwen2"), "cpu")
-    apply_lora(model, cfg)
-    return {
-        name: {
-            "a": list(module.lora_A.weight.shape),
-            "b": list(module.lora_B.weight.shape),
-            "scale": module.scale,
-            "dropout": [module.dropout_p, module.dropout_position],
-            "a_sum": round(float(module.lora_A.weight.detach().sum()), 4),
-        }
-        for name, module in model.named_modules()
-        if isinstance(module, LoraLinear)
-    }
-
-
-def megatron_lora_probe(recipe: Recipe, tmp: Path) -> Any:
-    """The megatron-bridge ``LoRA`` that ``lora_for`` builds from ``megatron_cfg.peft`` (the
-    object that adapts the model): its settings; None without LoRA."""
-    import dataclasses
-
-    from hpcrl.core.backends.megatron.lora import lora_for
-
-    lora = lora_for(recipe.policy.megatron_cfg.peft)
-    if lora is None:
-        return None
-    names = ("target_modules", "exclude_modules", "dim", "alpha", "dropout", "dropout_position",
-             "lora_A_init_method", "lora_B_init_method")  # fmt: skip
-    fields = {f.name for f in dataclasses.fields(lora)}
-    assert set(names) <= fields, sorted(fields)
-    return {name: getattr(lora, name) for name in names}

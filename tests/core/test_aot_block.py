@@ -9,36 +9,19 @@ backward with gradients), a log-prob pass after it (what the gradients did).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.core.compiling_worker import run_child
 from tests.require import require_module
 
-REPO = Path(__file__).resolve().parents[2]
 ONE_RUN = """
-import json, os, socket, sys
+import sys
 import torch
-import torch.distributed as dist
-from hpcrl.core.backends.automodel.worker import AutomodelWorker
-from hpcrl.core.backends.base import RankInfo
-from tests.core.parallel_harness import make_batch, masked_nll_loss
-from tests.recipe_builder import tiny_automodel_recipe
 from hpcrl.core.backends.automodel.parallelize import decoder_layers
+from tests.core.compiling_worker import compiling_worker, report_and_exit
+from tests.core.parallel_harness import make_batch, masked_nll_loss
 
-torch.set_num_threads(1)
-with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-worker = type("CompilingWorker", (AutomodelWorker,), {"compile_on_cpu": True})()
-info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                master_addr="127.0.0.1", master_port=port, device="cpu")
-worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, sys.argv[1])
+worker = compiling_worker(sys.argv[1])
 counters = torch._dynamo.utils.counters
 first = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
 reference = worker.reference_logprobs(make_batch(0, batch_size=2, seq_len=24))
@@ -49,23 +32,17 @@ blocks = [layer._compiled_call_impl for layer in decoder_layers(worker.model.hf)
 aot = getattr(blocks[0], "precompiled", None)
 reference_block = decoder_layers(worker.reference.hf)[0]._compiled_call_impl
 shared = getattr(reference_block, "precompiled", None) is aot
-print(json.dumps({
+report_and_exit({
     "frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
     "first": first.tolist(), "reference": reference.tolist(), "after": after.tolist(), "loss": float(metrics["loss"]),
     "loads": aot.loads if aot else None, "builds": aot.builds if aot else None,
     "failures": aot.failures if aot else None, "shared": shared,
-}), flush=True)
-os._exit(0)  # gloo's threads may abort a normal interpreter exit (shared/notes)
+})
 """
 
 
 def one_run(model: str, env: dict[str, str]) -> dict:
-    result = subprocess.run(
-        [sys.executable, "-c", ONE_RUN, model], capture_output=True, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=900,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_child(ONE_RUN, model, env, timeout_s=900)
 
 
 @pytest.mark.slow  # Inductor's C++ kernels compile for minutes on the 2-core CI box
@@ -96,3 +73,57 @@ def test_a_warm_run_loads_the_blocks_forward_and_backward_tracing_nothing(tmp_pa
         assert run["loss"] == pytest.approx(plain["loss"], rel=1e-5)
     # the train step moved the weights: equal "after" log-probs mean equal gradients
     assert (torch.tensor(plain["after"]) - torch.tensor(plain["first"])).abs().max() > 1e-4
+
+
+def test_a_call_no_compilation_takes_computes_its_signature_once_per_kind(monkeypatch, tmp_path):
+    """The fallback path (here every kind of call's build failed in an earlier run: its
+    ``.failed`` file): each block computes a kind of call's signature once, not in every call
+    (the block's repr and the arguments' pytree: ~57 us a call), and a kind of its own for
+    each grad mode, train mode and kind of arguments. No compilation: blocks run eager."""
+    torch = require_module("torch")
+    from hpcrl.core.backends.automodel import aot_block
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, hidden, mask=None, scale=1.0):
+            out = self.linear(hidden) * scale
+            return out if mask is None else out * mask
+
+    computed = []
+    signature_of = aot_block.block_signature
+
+    def counted(call):
+        computed.append(call)
+        return signature_of(call)
+
+    monkeypatch.setattr(aot_block, "block_signature", counted)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    precompiled = aot_block.precompiled_blocks("inductor")
+    assert precompiled is not None
+    hidden, mask = torch.randn(2, 3, 8), torch.ones(2, 3, 1)
+    kinds = [(False, False, {}), (False, False, {"mask": mask}), (True, True, {})]
+    kinds.append((False, False, {"scale": 2.0}))  # (grad mode, train mode, keyword arguments)
+    blocks = [Block(), Block()]
+    signatures = set()
+    for grad, train, kwargs in kinds:
+        with torch.set_grad_enabled(grad):
+            signature = signature_of((blocks[0].train(train), (hidden,), kwargs))
+        signatures.add(signature)
+        refused = precompiled.path_for(signature).with_suffix(".failed")
+        refused.parent.mkdir(parents=True, exist_ok=True)
+        refused.write_text("RuntimeError: a build that failed in an earlier run")
+    calls = [aot_block.AheadOfTimeBlockCall(b, precompiled, b._call_impl) for b in blocks]
+    for _ in range(3):
+        for block, call in zip(blocks, calls, strict=True):
+            for grad, train, kwargs in kinds:
+                block.train(train)
+                with torch.set_grad_enabled(grad):
+                    got = call(hidden, **kwargs)
+                    torch.testing.assert_close(got, block(hidden, **kwargs), rtol=0, atol=0)
+    assert len(computed) == len(blocks) * len(kinds)  # not once in each of the 24 calls
+    assert len(signatures) == len(kinds) and precompiled.signatures_tried == signatures
+    assert len(precompiled.failures) == len(kinds)  # each kind tried once, then the fallback

@@ -1,5 +1,5 @@
 """Async GRPO with ``grpo.async_grpo.in_flight_weight_updates`` around a recording policy
-(tests/core/consumer_probes.py): the engines are refit right after each training step (not
+(tests/core/recording_policy.py): the engines are refit right after each training step (not
 at the next submission, behind the batches in flight), with the recipe's
 ``recompute_kv_cache_after_weight_updates``; ages still count from submission, within the
 bound. The real engines: tests/vllm/test_in_flight_refit.py, tests/vllm/test_async_grpo.py."""
@@ -17,7 +17,7 @@ from hpcrl.config import load_recipe  # noqa: E402
 from hpcrl.core.algorithms.async_grpo import AsyncGrpoStep  # noqa: E402
 from hpcrl.core.data.jsonl import EpochSampler  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT  # noqa: E402
-from tests.core.consumer_probes import (  # noqa: E402
+from tests.core.recording_policy import (  # noqa: E402
     RecordingAsyncPolicy,
     ScriptedEnv,
     rows,

@@ -10,48 +10,30 @@ metrics.jsonl (``hpcrl.core.compile_stats``). Counters are asserted, not times.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from hpcrl.cli.main import main
+from tests.core.compiling_worker import run_child
 from tests.plan.planning_inputs import isolate_from_user_profiles
 from tests.require import require_module
 
-REPO = Path(__file__).resolve().parents[2]
 #: One compiling worker's run, in a process of its own (argv: the model's folder).
 ONE_RUN = """
-import json, os, socket, sys
-import torch
-import torch.distributed as dist
-from hpcrl.core.backends.automodel.worker import AutomodelWorker
-from hpcrl.core.backends.base import RankInfo
-from hpcrl.core.compile_stats import compile_cache_counts
-from tests.core.parallel_harness import make_batch
-from tests.recipe_builder import tiny_automodel_recipe
-
+import sys
 import hpcrl.core.backends.automodel.aot_block as aot_block
+from hpcrl.core.compile_stats import compile_cache_counts
+from tests.core.compiling_worker import compiling_worker, report_and_exit
+from tests.core.parallel_harness import make_batch
+
 # Inductor's caches as the blocks that are not compiled ahead of time use them (FSDP, activation
 # checkpointing, TP: parallelize.apply_compile); the ahead-of-time path: test_aot_block.py
 aot_block.precompiled_blocks = lambda backend: None
-torch.set_num_threads(1)
-with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-worker = type("CompilingWorker", (AutomodelWorker,), {"compile_on_cpu": True})()
-info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
-                master_addr="127.0.0.1", master_port=port, device="cpu")
-worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, sys.argv[1])
+worker = compiling_worker(sys.argv[1])
 logprobs = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
-print(json.dumps({**compile_cache_counts(), "logprob_sum": float(logprobs.sum())}), flush=True)
-os._exit(0)  # gloo's threads may abort a normal interpreter exit (shared/notes)
+report_and_exit({**compile_cache_counts(), "logprob_sum": float(logprobs.sum())})
 """
 CACHE_EXPORT = re.compile(r"^export (TORCHINDUCTOR_\w+|TRITON_CACHE_DIR)=(.*)$", re.MULTILINE)
 
@@ -62,12 +44,7 @@ def job_script_cache_env(script: str) -> dict[str, str]:
 
 
 def one_run(model: str, env: dict[str, str]) -> dict[str, float]:
-    result = subprocess.run(
-        [sys.executable, "-c", ONE_RUN, model], capture_output=True, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), **env}, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_child(ONE_RUN, model, env, timeout_s=600)
 
 
 @pytest.mark.slow  # Inductor's C++ kernels compile for ~30-70 s on the 2-core CI box

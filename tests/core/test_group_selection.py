@@ -115,10 +115,12 @@ class ScriptedFinishPolicy:
     group finishes at its ``delays[i]``-th readiness poll."""
 
     def __init__(self, delays):
-        from tests.core import consumer_probes as probes
+        from tests.core import recording_policy as stand_ins
 
-        tok = probes.tokenizer()
-        self.inner = probes.RecordingAsyncPolicy(tok.eos_token_id, tok.convert_tokens_to_ids("a"))
+        tok = stand_ins.tokenizer()
+        self.inner = stand_ins.RecordingAsyncPolicy(
+            tok.eos_token_id, tok.convert_tokens_to_ids("a")
+        )
         self.delays, self.seeds, self.polls = delays, [], {}
 
     def __getattr__(self, name):
@@ -147,8 +149,9 @@ def grouped_step(tmp_path, delays, **async_rl):
     from hpcrl.config.load_and_check import validate_recipe_dict
     from hpcrl.core.algorithms.async_grpo_groups import GroupedAsyncGrpoStep
     from hpcrl.core.data.jsonl import EpochSampler
-    from tests.core import consumer_probes as probes
-    from tests.core.test_consumers_downstream import IS, SEPARATE, base_recipes, with_keys
+    from tests.core import recording_policy as stand_ins
+    from tests.core.consumer_changes import IS, SEPARATE
+    from tests.core.test_consumers_downstream import base_recipes, with_keys
 
     keys = {
         **SEPARATE,
@@ -181,9 +184,9 @@ def grouped_step(tmp_path, delays, **async_rl):
         recipe, async_rl=attrs.evolve(recipe.async_rl, sampler=sampler, **settings)
     )
     policy = ScriptedFinishPolicy(delays)
-    sampler = EpochSampler(probes.rows(), seed=0, shuffle=False)
+    sampler = EpochSampler(stand_ins.rows(), seed=0, shuffle=False)
     return GroupedAsyncGrpoStep(
-        policy, recipe, probes.tokenizer(recipe), probes.ScriptedEnv(), sampler
+        policy, recipe, stand_ins.tokenizer(recipe), stand_ins.ScriptedEnv(), sampler
     )
 
 

@@ -17,7 +17,7 @@ from hpcrl.core.algorithms.losses import grpo_loss  # noqa: E402
 from hpcrl.core.algorithms.sequence_masking import mask_by_sequence_logprob_error  # noqa: E402
 from hpcrl.core.metric_reduction import accumulate, combine_optimizer_steps  # noqa: E402
 from tests.core import nemo_rl_reference as ref  # noqa: E402
-from tests.core.test_rl_math import random_batch  # noqa: E402
+from tests.core.rl_math_reference import random_batch  # noqa: E402
 
 METRICS = (
     "token_mult_prob_error",

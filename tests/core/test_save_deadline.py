@@ -21,7 +21,7 @@ from hpcrl.core.save_deadline import SaveDeadline  # noqa: E402
 from hpcrl.run.checkpoints import complete_checkpoints  # noqa: E402
 from hpcrl.run.markers import PREEMPTED_EXIT_CODE, SAVE_DEADLINE, read_marker  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT  # noqa: E402
-from tests.core.consumer_probes import RecordingPolicy, rows, tokenizer  # noqa: E402
+from tests.core.recording_policy import RecordingPolicy, rows, tokenizer  # noqa: E402
 from tests.nemo_rl_snapshots import config_path, load_as_hpcrl  # noqa: E402
 
 KEY = "checkpointing.checkpoint_must_save_by"

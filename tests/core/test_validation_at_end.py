@@ -22,7 +22,7 @@ from hpcrl.config import load_recipe  # noqa: E402
 from hpcrl.core.data.jsonl import EpochSampler  # noqa: E402
 from hpcrl.core.driver import run_steps  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT  # noqa: E402
-from tests.core.consumer_probes import RecordingPolicy, rows, tokenizer  # noqa: E402
+from tests.core.recording_policy import RecordingPolicy, rows, tokenizer  # noqa: E402
 
 
 def _validated_steps(tmp_path: Path, num_steps: int, overrides: list[str]) -> list[int]:

@@ -15,7 +15,7 @@ require_module("transformers")
 from hpcrl.config import load_recipe  # noqa: E402
 from hpcrl.core.algorithms.validation import grpo_validation, validation_sampling  # noqa: E402
 from tests.core._driver_harness import REPO_ROOT  # noqa: E402
-from tests.core.consumer_probes import RecordingPolicy, ScriptedEnv, rows, tokenizer  # noqa: E402
+from tests.core.recording_policy import RecordingPolicy, ScriptedEnv, rows, tokenizer  # noqa: E402
 from tests.nemo_rl_snapshots import (  # noqa: E402
     RELEASES,
     config_path,

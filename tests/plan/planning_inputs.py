@@ -1,5 +1,6 @@
 """Cluster profiles and the submitting host built directly from the schema classes, for
-planner tests (their recipes: tests/recipe_builder.py).
+planner tests (their recipes: tests/recipe_builder.py), and the planner called on them
+(``make_plan``, its errors and warnings).
 
 Shared by tests/plan and tests/render.
 """
@@ -7,10 +8,13 @@ Shared by tests/plan and tests/render.
 from __future__ import annotations
 
 import attrs
+import pytest
 
+from hpcrl.config.errors import ConfigError
 from hpcrl.config.profile import ClusterProfile, ContainerCfg, SlurmCfg
 from hpcrl.plan.bundle import BundleContents
 from hpcrl.plan.gpus import LocalGpus
+from hpcrl.plan.planner import plan
 from hpcrl.plan.submit_host import SubmitHost
 
 GOLDEN_RUN_DIR = "/runs/golden"
@@ -105,3 +109,21 @@ def local_profile(**changes: object) -> ClusterProfile:
         env={"HOME": GOLDEN_HOME},
     )
     return attrs.evolve(profile, **changes)
+
+
+def make_plan(recipe, profile, **kwargs):
+    kwargs.setdefault("run_dir", GOLDEN_RUN_DIR)
+    kwargs.setdefault("host", GOLDEN_HOST)
+    kwargs.setdefault("recipe_source", "recipes/grpo-test-2n8g.yaml")
+    return plan(recipe, profile, **kwargs)
+
+
+def plan_errors(recipe, profile, **kwargs) -> dict[str, object]:
+    """path -> Problem for every error the planner raised (fails when it raised none)."""
+    with pytest.raises(ConfigError) as caught:
+        make_plan(recipe, profile, **kwargs)
+    return {problem.path: problem for problem in caught.value.errors}
+
+
+def warnings_of(spec) -> dict[str, object]:
+    return {check.path: check for check in spec.warnings}

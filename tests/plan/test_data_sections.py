@@ -9,8 +9,7 @@ import attrs
 
 from hpcrl.config.recipe import DataCfg, DatasetCfg
 from hpcrl.run.jobspec_file import read_jobspec, write_jobspec
-from tests.plan.planning_inputs import pyxis_profile
-from tests.plan.test_planner import make_plan
+from tests.plan.planning_inputs import make_plan, pyxis_profile
 from tests.recipe_builder import automodel_recipe
 
 COT = "/prompts/cot.txt"

@@ -13,6 +13,9 @@ from tests.robust.harness import SECRET_ENV, Case
 
 RECIPE = "grpo-tiny-1n-cpu"
 SLURM_RECIPE = "grpo-tiny-2n-cpu"
+REPO = Path(__file__).resolve().parents[2]
+SLURM_PROFILE = REPO / "cluster_profiles" / "slurm-test.yaml"
+TOKEN = SECRET_ENV["HF_TOKEN"]
 
 
 # --------------------------------------------------------------------------- run folders

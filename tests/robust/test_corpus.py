@@ -17,7 +17,8 @@ import pytest
 
 from hpcrl.cli.main import main
 from hpcrl.config import load_recipe
-from tests.robust.corpus import RECIPE, build_corpus
+from tests.robust.corpus import build_corpus
+from tests.robust.corpus_runs import RECIPE
 from tests.robust.harness import (
     SECRET_VALUES,
     Case,

@@ -340,6 +340,32 @@ def parallelize_steps(
     )
 
 
+@attrs.define
+class BlockCompilations:
+    """A worker's ahead-of-time block compilations (``aot_block.precompiled_blocks``), looked
+    up by its first plain compiled model and shared by the models it builds after it: the
+    reference model's blocks run the policy's loaded compilations (a second load of the same
+    file otherwise)."""
+
+    backend: Any  # the decoder blocks' torch.compile backend
+    looked_up: bool = False
+    pieces: PrecompiledPieces | None = None
+
+
+def compile_blocks(hf_model: Any, steps: ParallelizeSteps, kept: BlockCompilations) -> None:
+    """The compile step (``steps.compile``): ``apply_compile``, ahead of time for plain blocks
+    only (FSDP's hooks, the checkpoint wrapper and TP are not traced into one graph there)."""
+    if not steps.compile:
+        return
+    plain = not (steps.fsdp or steps.activation_checkpointing or steps.tp)
+    if plain and not kept.looked_up:
+        from hpcrl.core.backends.automodel.aot_block import precompiled_blocks
+
+        kept.pieces = precompiled_blocks(kept.backend)
+        kept.looked_up = True
+    apply_compile(hf_model, backend=kept.backend, precompiled=kept.pieces if plain else None)
+
+
 def needs_fsdp(shape: MeshShape, cpu_offload: bool) -> bool:
     """FSDP only pays when there is something to shard or offload (as in torchtitan).
 

@@ -62,13 +62,14 @@ from hpcrl.core.backends.automodel.optim import (
     move_optimizer_state,
 )
 from hpcrl.core.backends.automodel.parallelize import (
+    BlockCompilations,
     MeshShape,
     apply_activation_checkpointing,
     apply_autocast,
-    apply_compile,
     apply_fsdp,
     apply_tp,
     build_mesh,
+    compile_blocks,
     data_parallel_mesh,
     fsdp_policies,
     parallelize_steps,
@@ -88,7 +89,6 @@ from hpcrl.core.workers.sharding import is_right_padded, pad_pack, pad_rows, pad
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
-    from hpcrl.core.generation.aot_precompiled import PrecompiledPieces
     from hpcrl.core.policy import Batch, LossFn
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -148,6 +148,7 @@ class AutomodelWorker:
             if cfg.expert_parallel_size > 1
             else None
         )
+        self.block_compilations = BlockCompilations(self.compile_backend)
         self.model = self._build_sharded(model_path, training=True)
         assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
         self.optimizer = build_training_optimizer(
@@ -180,15 +181,6 @@ class AutomodelWorker:
             dp_size=self.shape.dp_size,
             returns_results=tp_index == 0 and cp_index == 0,
         )
-
-    def _precompiled_blocks(self) -> PrecompiledPieces | None:
-        """One per worker: the reference model's blocks run the policy's loaded compilations
-        (a second load of the same file otherwise)."""
-        from hpcrl.core.backends.automodel.aot_block import precompiled_blocks
-
-        if not hasattr(self, "_block_compilations"):
-            self._block_compilations = precompiled_blocks(self.compile_backend)
-        return self._block_compilations
 
     def _build_sharded(
         self, model_path: str, *, training: bool, unloaded: bool = False
@@ -230,10 +222,7 @@ class AutomodelWorker:
         if steps.activation_checkpointing:
             saving = router_saving_context(hf_model) if steps.save_router_outputs else None
             apply_activation_checkpointing(hf_model, saving)
-        if steps.compile:
-            plain = not (steps.fsdp or steps.activation_checkpointing or steps.tp)
-            precompiled = self._precompiled_blocks() if plain else None
-            apply_compile(hf_model, backend=self.compile_backend, precompiled=precompiled)
+        compile_blocks(hf_model, steps, self.block_compilations)
         root = TokenLogprobModel(hf_model)
         if steps.fsdp:
             apply_fsdp(
