@@ -38,6 +38,7 @@ from hpcrl.core.generation.decoder import Pointwise, add_rms_norm
 
 torch.set_num_threads(1)
 piece = Pointwise.fused().add_rms_norm
+preloaded = piece.precompiled.loads  # before the first call
 generator = torch.Generator().manual_seed(0)
 weight = torch.randn(64, generator=generator)
 differences = []
@@ -50,7 +51,7 @@ with warnings.catch_warnings(record=True) as caught:
         differences.append(max((a - b).abs().max().item() for a, b in zip(got, want)))
 kept = piece.precompiled
 print(json.dumps({
-    "loads": kept.loads, "builds": kept.builds, "failures": kept.failures,
+    "preloaded": preloaded, "loads": kept.loads, "builds": kept.builds, "failures": kept.failures,
     "frames_traced": len(compilation_time_metrics.get("_compile.compile_inner", ())),
     "graphs": counters["stats"]["unique_graphs"],
     "max_difference": max(differences),
@@ -80,19 +81,24 @@ def test_a_second_process_loads_the_piece_and_traces_nothing(tmp_path: Path) -> 
     first = one_run(tmp_path)
     assert (first["builds"], first["loads"], first["failures"]) == (1, 0, [])
     assert first["max_difference"] <= 1e-5
-    (saved,) = (tmp_path / AOT_SUBDIR).iterdir()
-    assert saved.name.startswith("add_rms_norm-") and saved.suffix == ".bin"
+    (saved,) = (tmp_path / AOT_SUBDIR).glob("*.bin")
+    assert saved.name.startswith("add_rms_norm-")
+    (index,) = (tmp_path / AOT_SUBDIR).glob("*.index")
+    assert index.read_text() == saved.name + "\n"
 
     second = one_run(tmp_path)
-    # both shapes answered by the loaded compilation: dynamo traced no frame, built no graph
-    assert (second["loads"], second["builds"], second["failures"]) == (1, 0, [])
+    # loaded when the engine's pieces were made, before the first call; both shapes answered
+    # by it: dynamo traced no frame, built no graph, nothing was read at a call
+    assert (second["preloaded"], second["loads"], second["builds"]) == (1, 1, 0)
+    assert second["failures"] == []
     assert (second["frames_traced"], second["graphs"]) == (0, 0)
     assert second["max_difference"] <= 1e-5
     assert second["warnings"] == []
 
     saved.write_bytes(saved.read_bytes()[:100])  # a damaged file (a crashed writer, say)
     third = one_run(tmp_path)
-    assert (third["loads"], third["builds"], len(third["failures"])) == (0, 0, 1)
+    assert (third["preloaded"], third["loads"], third["builds"]) == (0, 0, 0)
+    assert len(third["failures"]) == 1
     assert third["frames_traced"] >= 1  # compiled as usual instead
     assert third["max_difference"] <= 1e-5
     assert any("no ahead-of-time compilation" in w for w in third["warnings"])

@@ -37,6 +37,8 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
 
     chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)}
     precompiled = PrecompiledPieces.for_piece(fn, backend)
+    if precompiled is not None:
+        precompiled.preload()  # an earlier run's compilations: loaded now, not at the first call
 
     def call(*args: Any) -> Any:
         # set and restored by hand: fx_config.patch costs the host several times as much,

@@ -118,6 +118,12 @@ class TrainingWorker:
         )
         if self._engine_spec is not None and rank_info.engine_ranks > 1:
             self._engine_devices = self._group_devices(rank_info)
+        spec = self._engine_spec
+        if spec is not None and spec.backend == "torch" and self._engine_group.leads:
+            # Built now, not at the first generate: it loads its compiled pieces (an earlier
+            # run's, from the compile cache) here. Its weights come at the first refit, its
+            # KV cache with the first batch: no memory held before the first step needs it.
+            self._engine = spec.build(self._engine_devices)
         self._manual_gc = ManualGc.from_recipe(recipe)
         self._manual_gc.after_setup()
         return place
