@@ -77,8 +77,8 @@ def _run_node_1(path: str, node, cores: tuple[int, ...], pipe) -> None:
 @pytest.mark.slow
 def test_tp2_engine_over_two_node_ranks_samples_as_tp1_and_follows_a_refit(tiny, tmp_path) -> None:
     """~35 s on 2 cores: the engine's start (two node ranks) is most of it."""
+    from hpcrl.core.generation.engine_devices import EngineNodeRank
     from hpcrl.core.generation.vllm_engine import VllmEngine
-    from hpcrl.core.generation.vllm_nodes import EngineNodeRank
 
     path, model, tokenizer = tiny
     prompts = encode(tokenizer)

@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, VllmCfg
-    from hpcrl.core.generation.engine_devices import EngineDevices
-    from hpcrl.core.generation.vllm_nodes import EngineNodeRank
+    from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
 
 # vLLM defaults the CPU KV cache to most of the host's RAM; bounded unless the recipe says.
 DEFAULT_CPU_KV_CACHE_MB = 64

@@ -14,11 +14,12 @@ tested here (tests/vllm/test_cross_node_engine.py: TP 2 over two node ranks).
 Refits go through files (``VllmEngine._update_through_files``: vLLM's engine core cannot
 take tensors as RPC arguments, "cannot pickle memoryview objects"); each worker reads the
 file itself, so for an engine across nodes that file must lie where every node of the
-engine sees it (``EngineNodeRank.refit_dir``), not in one node's /dev/shm.
+engine sees it (``hpcrl.core.generation.engine_devices.EngineNodeRank.refit_dir``), not in one node's /dev/shm.
 
-The job does not start such engines yet (the planner refuses them): this is the engine
-side that a job would run, one ``VllmEngine(node=...)`` on the engine's first node and one
-``EngineNodeWorkers`` on each of its other nodes.
+The job starts them for colocated engines (``hpcrl.core.workers.actor``: the group's first
+rank holds ``VllmEngine(node=...)``, the group's first rank on each other node an
+``EngineNodeWorkers``; tests/vllm/test_grpo_cross_node.py); the planner refuses the others
+(``hpcrl.plan.engine_nodes``).
 """
 
 from __future__ import annotations
@@ -26,33 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 if TYPE_CHECKING:
     from hpcrl.config.recipe import VllmCfg
-    from hpcrl.core.generation.engine_devices import EngineDevices
-
-
-@attrs.frozen(kw_only=True)
-class EngineNodeRank:
-    """One node of an engine of ``nnodes`` nodes, the engine's workers split evenly over
-    them (vLLM's world rank ``r`` on node ``r // (world / nnodes)``)."""
-
-    nnodes: int
-    node_rank: int  # 0: the node that holds the engine (LLM, engine core)
-    master_addr: str  # the engine's first node, where its rank-0 worker holds the store
-    master_port: int  # free on that node
-    refit_dir: str  # a folder every node of the engine sees: the refit files go there
-
-    def llm_kwargs(self) -> dict[str, Any]:
-        """What ``vllm.LLM`` / ``EngineArgs`` take to place this node's workers."""
-        return {
-            "distributed_executor_backend": "mp",
-            "nnodes": self.nnodes,
-            "node_rank": self.node_rank,
-            "master_addr": self.master_addr,
-            "master_port": self.master_port,
-        }
+    from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
 
 
 class EngineNodeWorkers:
