@@ -48,6 +48,8 @@ from hpcrl.run.markers import PREEMPTED_EXIT_CODE, SAVE_DEADLINE, write_marker
 from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
 PLAN_ERROR_EXIT_CODE = 2
+# In the run folder (every node sees it): refit files of colocated engines across nodes.
+ENGINE_REFIT_DIR = "engine-refits"
 
 
 def run_training(run_dir: str) -> int:
@@ -213,6 +215,7 @@ def training_layout(jobspec: JobSpec) -> GroupLayout:
         master_port=_job_master_port(),
         megatron_checkpoint_dir=jobspec.megatron_checkpoint_dir,
         engine_ranks=jobspec.colocated_engine_ranks,
+        engine_refit_dir=str(Path(jobspec.run_dir) / ENGINE_REFIT_DIR),
     )
 
 

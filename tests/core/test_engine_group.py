@@ -4,8 +4,15 @@ VLLM_CPU_OMP_THREADS_BIND (the real engine on these devices: tests/vllm/test_col
 
 from __future__ import annotations
 
+import os
+
 from hpcrl.core.generation.engine_devices import EngineDevices
-from hpcrl.core.workers.engine_group import EngineGroup, rank_cpu_cores
+from hpcrl.core.workers.engine_group import (
+    EngineGroup,
+    node_engine_devices,
+    rank_cpu_cores,
+    spans_nodes,
+)
 
 
 def test_groups_are_consecutive_ranks_led_by_the_first():
@@ -30,3 +37,14 @@ def test_each_rank_gets_its_share_of_the_node_cores():
 def test_engine_processes_see_the_group_devices():
     assert EngineDevices(cuda_devices=("4", "5")).env == {"CUDA_VISIBLE_DEVICES": "4,5"}
     assert EngineDevices(cpu_cores=((0, 1), (2, 3))).env == {"VLLM_CPU_OMP_THREADS_BIND": "0,1|2,3"}
+
+
+def test_a_group_across_nodes_gives_each_node_its_ranks_cores():
+    # 2 ranks per node, engines of 4 (2 whole nodes): rank 2, the group's first on its node,
+    # starts that node's 2 engine processes, one rank's share of the cores each (the real
+    # engine across nodes: tests/vllm/test_grpo_cross_node.py).
+    group = EngineGroup(rank=2, ranks_per_engine=4)
+    assert spans_nodes(group, 2) and not spans_nodes(group, 4)
+    devices = node_engine_devices(group, local_rank=0, local_world_size=2, device="cpu")
+    allowed = sorted(os.sched_getaffinity(0))
+    assert devices.cpu_cores == (rank_cpu_cores(0, 2, allowed), rank_cpu_cores(1, 2, allowed))

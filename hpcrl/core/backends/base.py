@@ -44,6 +44,9 @@ class RankInfo:
     megatron_checkpoint_dir: str | None = None
     # JobSpec.colocated_engine_ranks: consecutive ranks per colocated vLLM engine.
     engine_ranks: int = 1
+    # A folder every node sees (in the run folder): the refit files of a colocated engine
+    # whose ranks span several nodes (hpcrl.core.generation.vllm_nodes).
+    engine_refit_dir: str | None = None
 
 
 @attrs.frozen(kw_only=True)

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, Recipe, VllmCfg
-    from hpcrl.core.generation.engine_devices import EngineDevices
+    from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
+    from hpcrl.core.generation.vllm_nodes import EngineNodeWorkers
 
 # Sampling precision of the torch engine on GPUs (CPU engines run in float32).
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
@@ -81,8 +82,11 @@ class EngineSpec:
         a larger cache than fits, the engine samples in waves instead."""
         return self.backend == "vllm" and self.device == "cuda"
 
-    def build(self, devices: EngineDevices | None = None) -> GenerationEngine:
-        """``devices``: a colocated engine spanning several training ranks (vLLM only)."""
+    def build(
+        self, devices: EngineDevices | None = None, node: EngineNodeRank | None = None
+    ) -> GenerationEngine:
+        """``devices``: a colocated engine spanning several training ranks (vLLM only);
+        ``node``: node rank 0 of one whose ranks span several nodes."""
         if self.backend == "vllm":
             from hpcrl.core.generation.vllm_engine import VllmEngine
 
@@ -95,9 +99,29 @@ class EngineSpec:
                 extra_kwargs=self.vllm_kwargs,
                 hf_overrides=self.hf_config_overrides,
                 devices=devices,
+                node=node,
             )
-        assert devices is None, "the torch engine runs inside its rank"
+        assert devices is None and node is None, "the torch engine runs inside its rank"
         return self._build_torch()
+
+    def build_node_workers(
+        self, devices: EngineDevices | None, node: EngineNodeRank
+    ) -> EngineNodeWorkers:
+        """The workers of node rank ``node.node_rank`` > 0 of a vLLM engine across nodes."""
+        from hpcrl.core.generation.vllm_nodes import EngineNodeWorkers
+
+        assert self.backend == "vllm", "only vLLM engines span nodes"
+        return EngineNodeWorkers(
+            self.model_path,
+            self.vllm_cfg,
+            node,
+            device=self.device,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            extra_kwargs=self.vllm_kwargs,
+            hf_overrides=self.hf_config_overrides,
+            devices=devices,
+        )
 
     def _build_torch(self) -> GenerationEngine:
         import torch

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, VllmCfg
-    from hpcrl.core.generation.engine_devices import EngineDevices
+    from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
 
 # vLLM defaults the CPU KV cache to most of the host's RAM; bounded unless the recipe says.
 DEFAULT_CPU_KV_CACHE_MB = 64
@@ -150,12 +150,17 @@ class VllmEngine:
         extra_kwargs: dict[str, Any] | None = None,
         hf_overrides: Mapping[str, Any] | None = None,
         devices: EngineDevices | None = None,
+        node: EngineNodeRank | None = None,
     ) -> None:
         """``devices``: the GPUs / CPU cores of a colocated engine's processes (a training
-        rank that builds an engine spanning its group's devices); None: vLLM's defaults."""
+        rank that builds an engine spanning its group's devices); None: vLLM's defaults.
+        ``node``: node rank 0 of an engine whose workers span several nodes
+        (``hpcrl.core.generation.vllm_nodes``; the other nodes run ``EngineNodeWorkers``)."""
         if in_process is None:
             # Tensor/pipeline parallel engines need worker processes of their own.
             in_process = cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1
+        assert node is None or (node.node_rank == 0 and not in_process), node
+        self.node = node
         os.environ.update(engine_env(device, in_process, cfg.env_vars))
         from vllm import LLM
 
@@ -170,6 +175,8 @@ class VllmEngine:
             extra_kwargs=extra_kwargs,
             hf_overrides=hf_overrides,
         )
+        if node is not None:
+            kwargs.update(node.llm_kwargs())
         if devices is None:
             self.llm = LLM(**kwargs)
         else:
@@ -284,10 +291,14 @@ class VllmEngine:
         self.weights_version += 1
 
     def _update_through_files(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Engine core in other processes: hand the weights over as safetensors in RAM."""
+        """Engine core in other processes: hand the weights over as safetensors in RAM, or,
+        for an engine across nodes, in the folder every node of it sees."""
         from safetensors.torch import save_file
 
-        base = SHM_DIR if os.path.isdir(SHM_DIR) else None
+        if self.node is not None:
+            base: str | None = self.node.refit_dir
+        else:
+            base = SHM_DIR if os.path.isdir(SHM_DIR) else None
         folder = tempfile.mkdtemp(prefix="hpcrl-refit-", dir=base)
         try:
             tensors = {name: t.detach().cpu().contiguous() for name, t in named_tensors}

@@ -13,6 +13,9 @@ step and checkpoint load bumps the worker's weights version). Every rank refits 
 A colocated vLLM engine of tp × pp > 1 spans a group of that many ranks
 (``hpcrl.core.workers.engine_group``): only the group's first rank holds it, loads the
 refit and samples the group's shard; the others join the refit's gather and return None.
+A group larger than a node spans whole nodes: the group's first rank on each other node
+starts that node's engine workers (``EngineNodeWorkers``, ``hpcrl.core.generation.vllm_nodes``)
+beside the engine's start, and the engine's refit files go to a folder every node sees.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.compile_stats import compile_cache_counts
 from hpcrl.core.metrics import HostMemoryTracker
-from hpcrl.core.workers.engine_group import EngineGroup
+from hpcrl.core.workers.engine_group import EngineGroup, spans_nodes
 from hpcrl.core.workers.manual_gc import ManualGc
 from hpcrl.core.workers.micro_batches import materialize
 from hpcrl.core.workers.out_of_memory import cuda_memory_gb, names_gpu_out_of_memory
@@ -41,7 +44,8 @@ if TYPE_CHECKING:
         GenerationEngine,
         ShardGeneration,
     )
-    from hpcrl.core.generation.engine_devices import EngineDevices
+    from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
+    from hpcrl.core.generation.vllm_nodes import EngineNodeWorkers
     from hpcrl.core.policy import Batch, LossFn
     from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
@@ -61,6 +65,9 @@ class TrainingWorker:
         self._engine: GenerationEngine | None = None
         self._engine_group: EngineGroup | None = None
         self._engine_devices: EngineDevices | None = None  # a multi-rank engine's leader only
+        # An engine across nodes: this rank's node of it (first rank of the group per node).
+        self._engine_node: EngineNodeRank | None = None
+        self._node_workers: EngineNodeWorkers | None = None  # node rank > 0 of such an engine
         self._weights_version = 0  # bumped whenever the backend's weights change
         self._refitted = 0  # the weights version this rank's engine group last loaded
         self._host_memory = HostMemoryTracker()
@@ -116,7 +123,11 @@ class TrainingWorker:
         self._engine_group = EngineGroup(
             rank=rank_info.rank, ranks_per_engine=rank_info.engine_ranks
         )
-        if self._engine_spec is not None and rank_info.engine_ranks > 1:
+        if self._engine_spec is not None and spans_nodes(
+            self._engine_group, rank_info.local_world_size
+        ):
+            self._place_engine_across_nodes(rank_info)
+        elif self._engine_spec is not None and rank_info.engine_ranks > 1:
             self._engine_devices = self._group_devices(rank_info)
         spec = self._engine_spec
         if spec is not None and spec.backend == "torch" and self._engine_group.leads:
@@ -140,6 +151,26 @@ class TrainingWorker:
             devices = cpu_engine_devices(group, rank_info.local_rank, rank_info.local_world_size)
         return devices if group.leads else None
 
+    def _place_engine_across_nodes(self, rank_info: RankInfo) -> None:
+        """This rank's part of an engine larger than a node (collectives: every rank calls
+        it): the first rank of the group on each node runs that node's engine processes on
+        the devices of the group's ranks there, node rank 0 the engine itself."""
+        import ray
+
+        from hpcrl.core.workers.engine_group import engine_node_rank, node_engine_devices
+
+        group, local = self._engine_group, rank_info.local_rank
+        assert group is not None and rank_info.engine_refit_dir is not None
+        devices = node_engine_devices(group, local, rank_info.local_world_size, rank_info.device)
+        node = engine_node_rank(
+            group,
+            rank_info.local_world_size,
+            ray.util.get_node_ip_address(),
+            rank_info.engine_refit_dir,
+        )
+        if local == 0:
+            self._engine_devices, self._engine_node = devices, node
+
     def close(self) -> None:
         """Free everything, then the process group (order avoids gloo's exit abort)."""
         import torch.distributed as dist
@@ -147,6 +178,9 @@ class TrainingWorker:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+        if self._node_workers is not None:
+            self._node_workers.shutdown()
+            self._node_workers = None
         if self._backend is not None:
             self._backend.close()
         self._backend = None
@@ -225,7 +259,19 @@ class TrainingWorker:
                 "(policy.generation.colocated.enabled: false); training workers hold no engine"
             )
         if self._engine is None and self._engine_group.leads:
-            self._engine = self._engine_spec.build(self._engine_devices)
+            if self._engine_node is not None:
+                os.makedirs(self._engine_node.refit_dir, exist_ok=True)
+            self._engine = self._engine_spec.build(self._engine_devices, self._engine_node)
+        elif (
+            self._node_workers is None
+            and self._engine_node is not None
+            and self._engine_node.node_rank > 0
+        ):
+            # Node rank > 0: blocks until the group's engine and every node's workers start
+            # (all ranks are in this call together).
+            self._node_workers = self._engine_spec.build_node_workers(
+                self._engine_devices, self._engine_node
+            )
         # The engine's own label where this rank holds one (the torch engine starts with
         # none loaded); else the group's last refit, which its holder shares (a vLLM engine
         # starts at version 0 with the checkpoint's weights, as the trainer does).

