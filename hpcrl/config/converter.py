@@ -25,6 +25,7 @@ from cattrs.errors import (
 from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile, GpuCount
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.config.structure_hooks import BadValue, KeyNote, register_container_hooks, type_name
 from hpcrl.config.suggestions import did_you_mean
 
@@ -33,7 +34,7 @@ PathParts = tuple[str | int, ...]
 
 
 @attrs.frozen
-class StructureIssue:
+class StructureIssue(SharedMethods):
     """A structuring problem plus what the loader needs to prune it and retry."""
 
     parts: PathParts

@@ -28,6 +28,7 @@ import attrs
 
 import hpcrl
 from hpcrl.config.locate import shipped_package_dir
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.run.jobspec import BUNDLE_ENTRY
 
 #: The job side's pure-Python dependencies: what hpcrl.job and hpcrl.core import (directly
@@ -55,7 +56,7 @@ GIT_TIMEOUT_S = 2.0
 
 
 @attrs.frozen
-class BundleContents:
+class BundleContents(SharedMethods):
     """Everything a bundle holds, before it is written.
 
     ``files``: (path inside the bundle, absolute source file), sorted. ``generated``: (path,

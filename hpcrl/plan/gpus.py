@@ -15,6 +15,7 @@ from pathlib import Path
 import attrs
 
 from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.layout import profile_path
 
@@ -23,7 +24,7 @@ NVIDIA_SMI_TIMEOUT_S = 10.0
 
 
 @attrs.frozen
-class LocalGpus:
+class LocalGpus(SharedMethods):
     """GPU ids as ``CUDA_VISIBLE_DEVICES`` lists them (indices, or ``GPU-``/``MIG-`` UUIDs),
     and how they were found (for messages)."""
 
