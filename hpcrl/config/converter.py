@@ -26,7 +26,13 @@ from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile, GpuCount
 from hpcrl.config.recipe import Recipe
 from hpcrl.config.shared_methods import SharedMethods
-from hpcrl.config.structure_hooks import BadValue, KeyNote, register_container_hooks, type_name
+from hpcrl.config.structure_hooks import (
+    BadValue,
+    KeyNote,
+    register_attrs_class_hook,
+    register_container_hooks,
+    type_name,
+)
 from hpcrl.config.suggestions import did_you_mean
 
 T = TypeVar("T")
@@ -46,8 +52,9 @@ class StructureIssue(SharedMethods):
 def converter() -> cattrs.Converter:
     """The application's converter, built on first use and never changed afterwards.
 
-    Cached because cattrs compiles a structuring function per class on first use (~0.1 s
-    for the recipe's ~25 classes); rebuilding it for every load would pay that each time.
+    Cached because each class's hooks are built on first use (structuring: the field
+    handlers looked up, ``structure_hooks._attrs_class_hook``; unstructuring: a function
+    cattrs compiles per class); rebuilding it for every load would pay that each time.
     """
     return build_converter()
 
@@ -62,6 +69,7 @@ def build_converter() -> cattrs.Converter:
     strict.register_structure_hook(typing.Any, _structure_any)
     strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
     strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
+    register_attrs_class_hook(strict)
     register_container_hooks(strict)
     return strict
 
