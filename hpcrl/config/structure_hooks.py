@@ -16,12 +16,7 @@ from typing import Any, Literal
 
 import attrs
 import cattrs
-from cattrs.errors import (
-    AttributeValidationNote,
-    ClassValidationError,
-    ForbiddenExtraKeysError,
-    IterableValidationNote,
-)
+from cattrs.errors import IterableValidationNote
 
 from hpcrl.config.foreign_key_table import UNSUPPORTED_CHOICES
 from hpcrl.config.suggestions import did_you_mean
@@ -54,76 +49,6 @@ def register_container_hooks(strict: cattrs.Converter) -> None:
     strict.register_structure_hook_factory(_is_one_or_many, lambda t: _one_or_many_hook(t, strict))
     strict.register_structure_hook_factory(_is_tuple, lambda t: _tuple_hook(t, strict))
     strict.register_structure_hook_factory(_is_dict, lambda t: _dict_hook(t, strict))
-
-
-# --------------------------------------------------------------------------- attrs classes
-def register_attrs_class_hook(strict: cattrs.Converter) -> None:
-    """Structure every attrs class through ``_attrs_class_hook`` (one loop for all classes)
-    instead of cattrs' generated function per class. ``strict`` must forbid extra keys and
-    validate in detail (``hpcrl.config.converter.build_converter``): the hook always does."""
-    assert strict.forbid_extra_keys and strict.detailed_validation
-    strict.register_structure_hook_factory(attrs.has, lambda cls: _attrs_class_hook(cls, strict))
-
-
-def _attrs_class_hook(cls: type, converter: cattrs.Converter):
-    """What cattrs' generated structuring function for ``cls`` does (with
-    ``forbid_extra_keys`` and ``detailed_validation``), as one loop over the fields: cattrs
-    writes and compiles a function per class, ~0.5 ms each, ~20 ms at a command's first
-    recipe (docs/performance.md, item 6). The same steps in the same order, so the same
-    errors: each field's error noted with its name and type (``AttributeValidationNote``),
-    a missing required key a ``KeyError`` there, unknown keys one ``ForbiddenExtraKeysError``,
-    all raised together in a ``ClassValidationError``, as is a failure of ``cls(...)``
-    itself. Handlers are looked up now, as cattrs does (nested classes built first).
-    """
-    if any(isinstance(field.type, str) for field in attrs.fields(cls)):
-        attrs.resolve_types(cls)  # `from __future__ import annotations`: types as text
-    # (key, keyword, type, required, handler, note text) of each field __init__ takes
-    steps = [
-        (
-            field.name,
-            field.alias,
-            field.type,
-            field.default is attrs.NOTHING,
-            _field_handler(field.type, converter),
-            f"Structuring class {cls.__qualname__} @ attribute {field.name}",
-        )
-        for field in attrs.fields(cls)
-        if field.init
-    ]
-    allowed = {key for key, *_ in steps}
-    what = f"While structuring {cls.__name__}"
-
-    def structure(value: Any, _: type) -> Any:
-        given, errors = {}, []
-        for key, keyword, field_type, required, handler, note in steps:
-            if not required and key not in value:
-                continue
-            try:
-                given[keyword] = handler(value[key], field_type)
-            except Exception as exc:  # every field's error, reported with its key
-                exc.__notes__ = [
-                    *getattr(exc, "__notes__", []),
-                    AttributeValidationNote(note, key, field_type),
-                ]
-                errors.append(exc)
-        unknown = set(value.keys()) - allowed
-        if unknown:
-            errors.append(ForbiddenExtraKeysError("", cls, unknown))
-        if errors:
-            raise ClassValidationError(what, errors, cls)
-        try:
-            return cls(**given)
-        except Exception as exc:
-            raise ClassValidationError(what, [exc], cls)  # noqa: B904  (as cattrs raises it)
-
-    return structure
-
-
-def _field_handler(field_type: Any, converter: cattrs.Converter) -> Any:
-    try:
-        return converter.get_structure_hook(field_type, cache_result=False)
-    except RecursionError:  # a class holding itself: look it up when structuring
-        return converter.structure
 
 
 # --------------------------------------------------------------------------- Literal, tuple, dict

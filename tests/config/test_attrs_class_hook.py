@@ -1,4 +1,4 @@
-"""hpcrl.config.structure_hooks' one structuring loop for every attrs class answers exactly as
+"""hpcrl.config.converter's one structuring loop for every attrs class (``_attrs_class_hook``) answers exactly as
 cattrs' generated function per class: the same objects, and on bad input the same error tree
 (exception types, messages, notes with their field names and types), which the converter turns
 into problems with their key paths."""
