@@ -2,6 +2,7 @@
 ``import torch``.
 
     .venv/bin/python benchmarks/cli_latency.py [--repeats 5]
+    .venv/bin/python benchmarks/cli_latency.py --baseline-tree /tmp/base [--repeats 9]  # A/B
 
 Cold means a fresh process per run (the OS file cache stays warm, as on a login node after
 the first call). The in-process part loads, plans and renders a sweep-sized set of override
@@ -118,10 +119,24 @@ def main() -> None:
     parser.add_argument(
         "--as-is", action="store_true", help="keep PYTHONDONTWRITEBYTECODE for the commands"
     )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        metavar="PATH",
+        help="only compare hpcrl validate of the checkout at PATH with this one, alternating "
+        "(benchmarks/cli_latency_trees.py)",
+    )
     args = parser.parse_args()
     env = dict(os.environ)
     if not args.as_is:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if args.baseline_tree is not None:
+        from cli_latency_trees import GPU_RECIPE, compare_trees
+
+        with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+            commands = [(RECIPE, PROFILE), (GPU_RECIPE, "local-gpu")]
+            compare_trees(args.baseline_tree, commands, args.repeats, env, Path(folder))
+        return
     # `python -m hpcrl.cli.main` is what the console script runs; it also works where hpcrl
     # is on PYTHONPATH (e.g. `pip install --target`) rather than in a venv with a bin/.
     hpcrl = [sys.executable, "-m", "hpcrl.cli.main"]

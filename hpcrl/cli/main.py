@@ -1,8 +1,10 @@
 """The ``hpcrl`` command: an argparse dispatcher over the command modules.
 
 Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)`` and sets ``func`` on every
-subcommand it adds. Modules import their stages inside ``func``, so ``hpcrl --help`` loads
-nothing but argparse and the command modules themselves.
+subcommand it adds (the commands listed beside it). Modules import their stages inside
+``func``, so ``hpcrl --help`` loads nothing but argparse and the command modules themselves;
+a line naming a known command builds only its module's commands (the other modules and
+their parsers cost ~5 ms of every command: docs/performance.md, item 6).
 """
 
 from __future__ import annotations
@@ -13,18 +15,21 @@ import os
 import sys
 from collections.abc import Sequence
 
+#: Each command module and the commands it registers (tests/cli/test_scripting.py checks them).
 COMMAND_MODULES = (
-    "hpcrl.cli.prepare",
-    "hpcrl.cli.jobs",
-    "hpcrl.cli.again",
-    "hpcrl.cli.export",
-    "hpcrl.cli.report",
-    "hpcrl.cli.scripting",
+    ("hpcrl.cli.prepare", ("validate", "render", "show")),
+    ("hpcrl.cli.jobs", ("submit", "sweep", "status", "logs", "cancel")),
+    ("hpcrl.cli.again", ("resume", "rerun")),
+    ("hpcrl.cli.export", ("export",)),
+    ("hpcrl.cli.report", ("report",)),
+    ("hpcrl.cli.scripting", ("diff", "completion")),
 )
 DEBUG_FLAG = "--debug"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given a known ``command``, the parser of its module's commands only
+    (it parses that command's lines exactly as the whole one does)."""
     from hpcrl import __version__
 
     parser = argparse.ArgumentParser(
@@ -38,9 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="on an error, show Python's stack (also HPCRL_DEBUG=1)",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in COMMAND_MODULES:
+    owners = [module for module, commands in COMMAND_MODULES if command in commands]
+    for module_name in owners or [module for module, _ in COMMAND_MODULES]:
         importlib.import_module(module_name).register(subparsers)
     return parser
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The command a line starts with; None when it starts with an option (``hpcrl --help``,
+    ``hpcrl -h validate``: the whole parser answers) or is empty."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -61,8 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except with ``--debug`` (anywhere on the line) or ``HPCRL_DEBUG=1``, which raise it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in argv or os.environ.get("HPCRL_DEBUG") == "1"
-    parser = build_parser()
-    args = parse_args(parser, [arg for arg in argv if arg != DEBUG_FLAG])
+    words = [arg for arg in argv if arg != DEBUG_FLAG]
+    parser = build_parser(_command_word(words))
+    args = parse_args(parser, words)
     try:
         if args.override_mistakes:
             from hpcrl.config.errors import ConfigError

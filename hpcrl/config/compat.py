@@ -33,6 +33,7 @@ from hpcrl.config.foreign_key_table import FOREIGN_KEYS, UNSUPPORTED_SECTIONS, W
 from hpcrl.config.foreign_keys import find_foreign_key, known_schema_paths
 from hpcrl.config.not_consumed import NOT_CONSUMED
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.shared_methods import SharedMethods
 
 REPO = Path(__file__).resolve().parents[2]
 TABLE_FILE = REPO / "docs" / "nemo-rl-compat.md"
@@ -61,7 +62,7 @@ FREE_FORM = (
 
 
 @attrs.frozen
-class Row:
+class Row(SharedMethods):
     key: str  # NeMo RL's spelling
     status: str
     note: str

@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 from cattrs.errors import (
+    AttributeValidationNote,
     BaseValidationError,
+    ClassValidationError,
     ForbiddenExtraKeysError,
     IterableValidationNote,
 )
@@ -25,6 +27,7 @@ from cattrs.errors import (
 from hpcrl.config.errors import NO_VALUE, ConfigError, Problem
 from hpcrl.config.profile import ClusterProfile, GpuCount
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.config.structure_hooks import BadValue, KeyNote, register_container_hooks, type_name
 from hpcrl.config.suggestions import did_you_mean
 
@@ -33,7 +36,7 @@ PathParts = tuple[str | int, ...]
 
 
 @attrs.frozen
-class StructureIssue:
+class StructureIssue(SharedMethods):
     """A structuring problem plus what the loader needs to prune it and retry."""
 
     parts: PathParts
@@ -45,8 +48,9 @@ class StructureIssue:
 def converter() -> cattrs.Converter:
     """The application's converter, built on first use and never changed afterwards.
 
-    Cached because cattrs compiles a structuring function per class on first use (~0.1 s
-    for the recipe's ~25 classes); rebuilding it for every load would pay that each time.
+    Cached because each class's hooks are built on first use (structuring: the field
+    handlers looked up, ``_attrs_class_hook``; unstructuring: a function
+    cattrs compiles per class); rebuilding it for every load would pay that each time.
     """
     return build_converter()
 
@@ -61,8 +65,79 @@ def build_converter() -> cattrs.Converter:
     strict.register_structure_hook(typing.Any, _structure_any)
     strict.register_structure_hook_func(lambda type_: type_ == GpuCount, _structure_gpu_count)
     strict.register_structure_hook_func(lambda type_: type_ == bool | str, _structure_bool_or_str)
+    register_attrs_class_hook(strict)
     register_container_hooks(strict)
     return strict
+
+
+# --------------------------------------------------------------------------- attrs classes
+def register_attrs_class_hook(strict: cattrs.Converter) -> None:
+    """Structure every attrs class through ``_attrs_class_hook`` (one loop for all classes)
+    instead of cattrs' generated function per class. ``strict`` must forbid extra keys and
+    validate in detail (``hpcrl.config.converter.build_converter``): the hook always does."""
+    assert strict.forbid_extra_keys and strict.detailed_validation
+    strict.register_structure_hook_factory(attrs.has, lambda cls: _attrs_class_hook(cls, strict))
+
+
+def _attrs_class_hook(cls: type, strict: cattrs.Converter) -> Any:
+    """What cattrs' generated structuring function for ``cls`` does (with
+    ``forbid_extra_keys`` and ``detailed_validation``), as one loop over the fields: cattrs
+    writes and compiles a function per class, ~0.5 ms each, ~20 ms at a command's first
+    recipe (docs/performance.md, item 6). The same steps in the same order, so the same
+    errors: each field's error noted with its name and type (``AttributeValidationNote``),
+    a missing required key a ``KeyError`` there, unknown keys one ``ForbiddenExtraKeysError``,
+    all raised together in a ``ClassValidationError``, as is a failure of ``cls(...)``
+    itself. Handlers are looked up now, as cattrs does (nested classes built first).
+    """
+    if any(isinstance(field.type, str) for field in attrs.fields(cls)):
+        attrs.resolve_types(cls)  # `from __future__ import annotations`: types as text
+    # (key, keyword, type, required, handler, note text) of each field __init__ takes
+    steps = [
+        (
+            field.name,
+            field.alias,
+            field.type,
+            field.default is attrs.NOTHING,
+            _field_handler(field.type, strict),
+            f"Structuring class {cls.__qualname__} @ attribute {field.name}",
+        )
+        for field in attrs.fields(cls)
+        if field.init
+    ]
+    allowed = {key for key, *_ in steps}
+    what = f"While structuring {cls.__name__}"
+
+    def structure(value: Any, _: type) -> Any:
+        given, errors = {}, []
+        for key, keyword, field_type, required, handler, note in steps:
+            if not required and key not in value:
+                continue
+            try:
+                given[keyword] = handler(value[key], field_type)
+            except Exception as exc:  # every field's error, reported with its key
+                exc.__notes__ = [
+                    *getattr(exc, "__notes__", []),
+                    AttributeValidationNote(note, key, field_type),
+                ]
+                errors.append(exc)
+        unknown = set(value.keys()) - allowed
+        if unknown:
+            errors.append(ForbiddenExtraKeysError("", cls, unknown))
+        if errors:
+            raise ClassValidationError(what, errors, cls)
+        try:
+            return cls(**given)
+        except Exception as exc:
+            raise ClassValidationError(what, [exc], cls)  # noqa: B904  (as cattrs raises it)
+
+    return structure
+
+
+def _field_handler(field_type: Any, strict: cattrs.Converter) -> Any:
+    try:
+        return strict.get_structure_hook(field_type, cache_result=False)
+    except RecursionError:  # a class holding itself: look it up when structuring
+        return strict.structure
 
 
 # --------------------------------------------------------------------------- public API

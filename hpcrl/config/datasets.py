@@ -16,10 +16,11 @@ import attrs
 
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import DatasetCfg, Recipe
+from hpcrl.config.shared_methods import SharedMethods
 
 
 @attrs.frozen(kw_only=True)
-class NamedDataset:
+class NamedDataset(SharedMethods):
     hub_id: str
     config_name: str | None = None
     train_split: str = "train"

@@ -17,11 +17,13 @@ from typing import Any, Literal
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
+
 Severity = Literal["error", "warning"]
 
 
 @attrs.frozen
-class _NoValue:
+class _NoValue(SharedMethods):
     """Marks a problem that has no offending value (a missing key, a missing file)."""
 
     def __repr__(self) -> str:
@@ -32,7 +34,7 @@ NO_VALUE = _NoValue()
 
 
 @attrs.frozen(kw_only=True)
-class Problem:
+class Problem(SharedMethods):
     """One mistake (or doubtful choice) in a recipe or profile.
 
     path: full dotted key path, e.g. ``policy.megatron_cfg.optimizer.optimizer_offload_fraction``

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.shared_methods import SharedMethods
 
 #: numpy's legacy seeding (``np.random.seed``), which vLLM calls with the engine's seed, takes
 #: 32-bit seeds; torch takes 64 bits.
@@ -59,7 +60,7 @@ _WHEN_KEY = "hpcrl_bounds_when"
 
 
 @attrs.frozen(kw_only=True)
-class FieldBound:
+class FieldBound(SharedMethods):
     """The values one field may take and what to say when it holds another.
 
     ``low``/``high``: the ends (None: unbounded), inclusive unless ``low_open``/``high_open``.

@@ -10,12 +10,14 @@ from typing import Any, Literal
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
+
 Status = Literal["inert", "off_only"]
 WILDCARD = "*"
 
 
 @attrs.frozen
-class ForeignKey:
+class ForeignKey(SharedMethods):
     """A NeMo RL key path (``*`` matches any one key) and what hpcrl does with it.
 
     inert: always accepted, it cannot change results (``reason`` says why). off_only:

@@ -21,6 +21,7 @@ import attrs
 
 from hpcrl.config.errors import NO_VALUE, Problem
 from hpcrl.config.foreign_key_table import FOREIGN_KEYS, WILDCARD, ForeignKey
+from hpcrl.config.shared_methods import SharedMethods
 
 
 @functools.cache
@@ -66,7 +67,7 @@ def find_foreign_key(parts: tuple[str, ...]) -> ForeignKey | None:
 
 
 @attrs.frozen
-class TakenOut:
+class TakenOut(SharedMethods):
     """A foreign key taken out of a recipe: where it stands in ``FOREIGN_KEYS`` (``order``:
     problems and records keep the table's order), its key parts and value, its entry."""
 

@@ -37,6 +37,7 @@ from hpcrl.config.profile_rules import check_profile
 from hpcrl.config.recipe import Recipe
 from hpcrl.config.rules import check_recipe
 from hpcrl.config.secrets import PASS_ENV_FIX
+from hpcrl.config.shared_methods import SharedMethods
 
 #: Free-form mappings of environment variables (``policy.megatron_cfg.env_vars``): their
 #: values are exported in job.sbatch.
@@ -44,7 +45,7 @@ ENV_VARS_KEY = "env_vars"
 
 
 @attrs.frozen(kw_only=True)
-class LoadedRecipe:
+class LoadedRecipe(SharedMethods):
     """A validated recipe and where it came from.
 
     resolved_dict: the plain dict after `defaults:` merging, overrides and interpolation

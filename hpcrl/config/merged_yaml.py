@@ -42,6 +42,7 @@ from hpcrl.config.locate import non_file_kind
 from hpcrl.config.overrides import apply_overrides
 from hpcrl.config.resolvers import env_reads_recorded, register_resolvers, resolver_names
 from hpcrl.config.secrets import is_secret_name
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.config.yaml_limits import yaml_size_problem
 from hpcrl.config.yaml_text import dict_container
 
@@ -53,7 +54,7 @@ DATA_PATH_KEYS = ("train_path", "val_path")
 
 
 @attrs.frozen
-class BaseSearch:
+class BaseSearch(SharedMethods):
     """Where ``defaults:`` names are looked up after the file's own folder, and the keys
     each file keeps to itself (a base never hands them down)."""
 
@@ -63,7 +64,7 @@ class BaseSearch:
 
 
 @attrs.frozen
-class SecretRead:
+class SecretRead(SharedMethods):
     """A key whose value, as resolved, came (wholly, in part, or through other keys) from a
     secret-named variable (``hpcrl.config.secrets.is_secret_name``); text: as written."""
 
@@ -73,7 +74,7 @@ class SecretRead:
 
 
 @attrs.frozen
-class MergedConfig:
+class MergedConfig(SharedMethods):
     """A file after defaults, overrides and interpolation.
 
     resolved: plain dict with ``${...}`` resolved (None when a problem stopped loading), keys

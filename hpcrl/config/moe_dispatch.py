@@ -24,6 +24,7 @@ import attrs
 
 from hpcrl.config.errors import Problem
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.shared_methods import SharedMethods
 
 MEGATRON = "policy.megatron_cfg"
 HYBRIDEP_PACK_MULTIPLE = 128
@@ -38,7 +39,7 @@ _FIELDS = (
 
 
 @attrs.frozen(kw_only=True)
-class FlexDispatch:
+class FlexDispatch(SharedMethods):
     """The Megatron settings of MoE token dispatch, as plain values."""
 
     enabled: bool

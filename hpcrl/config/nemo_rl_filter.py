@@ -30,6 +30,7 @@ import attrs
 from hpcrl.config.converter import PathParts, keys_outside_schema
 from hpcrl.config.errors import NO_VALUE, Problem
 from hpcrl.config.foreign_keys import TakenOut, take_out_foreign_keys
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.config.suggestions import did_you_mean
 
 #: hpcrl's section names -> NeMo RL's (the registry speaks NeMo RL's; hpcrl.config.aliases)
@@ -37,7 +38,7 @@ NEMO_RL_NAMES = {("policy", "automodel_cfg"): ("policy", "dtensor_cfg")}
 
 
 @attrs.frozen
-class UnreadSection:
+class UnreadSection(SharedMethods):
     """A section NeMo RL reads only when ``when`` holds; hpcrl refuses that setting itself
     (``refused_by`` names where), so the section cannot change what hpcrl does."""
 
@@ -101,7 +102,7 @@ def _other_backend(name: str) -> Problem:
 
 
 @attrs.frozen
-class ReadOnlyWhen:
+class ReadOnlyWhen(SharedMethods):
     """A NeMo RL key that NeMo RL reads only while the switch ``when`` (a dotted path) is
     true: with the switch off it changes nothing whatever it holds."""
 
@@ -118,7 +119,7 @@ READ_ONLY_WHEN = (
 
 
 @attrs.frozen
-class UnusedKey:
+class UnusedKey(SharedMethods):
     """A NeMo RL key taken out of a recipe unrefused: its path (hpcrl's spelling), value and
     why it changes nothing. at_default: NeMo RL's default or off; else it cannot change
     results whatever it holds (``foreign_keys``' reason)."""
@@ -130,7 +131,7 @@ class UnusedKey:
 
 
 @attrs.frozen
-class Judged:
+class Judged(SharedMethods):
     kept: dict[str, Any]
     problems: list[Problem]
     unused: tuple[UnusedKey, ...]

@@ -30,6 +30,8 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
+
 #: NeMo RL releases whose configs hpcrl reads (docs/nemo-rl-compat.md, README).
 SUPPORTED_RELEASES = ("v0.5.0", "v0.7.0", "main-7ea279a")
 REGISTRY_DIR = Path(__file__).resolve().parent / "nemo_rl_releases"
@@ -40,7 +42,7 @@ def registry_file(release: str) -> Path:
 
 
 @attrs.frozen
-class Default:
+class Default(SharedMethods):
     """One default of a key and where it comes from (a base config or a config class)."""
 
     value: Any
@@ -51,7 +53,7 @@ class Default:
 
 
 @attrs.frozen
-class KnownKey:
+class KnownKey(SharedMethods):
     """What the supported releases say about one dotted key path (NeMo RL's spelling)."""
 
     path: str

@@ -24,6 +24,8 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
+
 ROOTS = ("nemo_rl/algorithms/grpo.py", "nemo_rl/algorithms/sft.py")
 ROOT_CLASS = "MasterConfig"
 CONFIG_BASES = frozenset({"TypedDict", "BaseModel"})
@@ -32,7 +34,7 @@ NO_DEFAULT = "<none>"
 
 
 @attrs.frozen
-class ClassInfo:
+class ClassInfo(SharedMethods):
     """One config class: its module (repository path), bases and annotated fields."""
 
     name: str
@@ -44,7 +46,7 @@ class ClassInfo:
 
 
 @attrs.frozen
-class FieldInfo:
+class FieldInfo(SharedMethods):
     name: str
     annotation: ast.expr = attrs.field(eq=False)
     not_required: bool
@@ -53,7 +55,7 @@ class FieldInfo:
 
 
 @attrs.frozen
-class SourceKey:
+class SourceKey(SharedMethods):
     """A dotted key path NeMo RL's classes define, where, and its declared default."""
 
     path: str

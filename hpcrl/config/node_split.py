@@ -27,13 +27,14 @@ import attrs
 from hpcrl.config.datasets import data_env_name
 from hpcrl.config.errors import NO_VALUE, Problem
 from hpcrl.config.recipe import Recipe, RewardModelResourcesCfg
+from hpcrl.config.shared_methods import SharedMethods
 
 COLOCATED = "policy.generation.colocated"
 RESOURCES = f"{COLOCATED}.resources"
 
 
 @attrs.frozen(kw_only=True)
-class NodeSplit:
+class NodeSplit(SharedMethods):
     """The job's nodes by role. ``generation_nodes`` is 0 when generation is colocated (it
     runs inside the training ranks); ``first_generation_node`` is 0 when generation shares
     the one node with training."""
@@ -75,7 +76,7 @@ def reward_model_resources(recipe: Recipe) -> RewardModelResourcesCfg | None:
 
 
 @attrs.frozen(kw_only=True)
-class _PolicyPart:
+class _PolicyPart(SharedMethods):
     """What the reward model leaves to the policy (training and generation)."""
 
     nodes: int

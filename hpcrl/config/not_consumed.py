@@ -10,9 +10,11 @@ from typing import Literal
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
+
 
 @attrs.frozen
-class NotConsumed:
+class NotConsumed(SharedMethods):
     """A schema field nothing acts on, and why that is right.
 
     inert: whatever it holds, nothing could change (``reason`` says why); off_only: only

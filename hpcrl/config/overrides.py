@@ -26,6 +26,7 @@ import attrs
 
 from hpcrl.config.aliases import alias_warning, rename_path, spellings_of
 from hpcrl.config.errors import Problem
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.config.suggestions import did_you_mean
 from hpcrl.config.yaml_text import dict_container
 
@@ -42,7 +43,7 @@ _NO_VALUE = object()  # ``~key`` without ``=value``
 
 
 @attrs.frozen
-class Override:
+class Override(SharedMethods):
     """One parsed override: what to do, dotted key parts and the YAML-typed value."""
 
     text: str

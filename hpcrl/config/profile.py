@@ -22,6 +22,7 @@ from hpcrl.config.field_bounds import (
     bounded,
     node_has_bound,
 )
+from hpcrl.config.shared_methods import SharedMethods
 
 #: A port the profile sets (unset ones come from the job's band: hpcrl.config.port_bands).
 _TCP_PORT = FieldBound(
@@ -31,7 +32,7 @@ _REMOVE_FOR_DEFAULT = "or remove it for Slurm's default"
 
 
 @attrs.frozen(kw_only=True)
-class ContainerCfg:
+class ContainerCfg(SharedMethods):
     """A pyxis/enroot container for every srun step (``container``)."""
 
     image: str
@@ -41,7 +42,7 @@ class ContainerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class RayPortsCfg:
+class RayPortsCfg(SharedMethods):
     """Ray's ports (and the training group's torch master port). A port left unset (None)
     comes from the job's own port band (``hpcrl.config.port_bands``), so two jobs on one node
     do not collide; a port set here is used by every job of the profile."""
@@ -66,7 +67,7 @@ class RayPortsCfg:
 
 
 @attrs.frozen(kw_only=True)
-class SlurmCfg:
+class SlurmCfg(SharedMethods):
     """Slurm settings (used when ``scheduler: slurm``)."""
 
     account: str | None = None
@@ -102,7 +103,7 @@ GpuCount = int | Literal["auto"]
 
 
 @attrs.frozen(kw_only=True)
-class ClusterProfile:
+class ClusterProfile(SharedMethods):
     """One site (``cluster_profiles/<name>.yaml``)."""
 
     name: str

@@ -60,10 +60,11 @@ from hpcrl.config.recipe_reward_model import (  # noqa: F401  (re-exported)
     RewardModelEnvCfg,
     RewardModelResourcesCfg,
 )
+from hpcrl.config.shared_methods import SharedMethods
 
 
 @attrs.frozen(kw_only=True)
-class DatasetCfg:
+class DatasetCfg(SharedMethods):
     """One of NeMo RL's ``data.train`` / ``data.validation`` / ``data.default`` sections
     (``hpcrl.config.datasets`` lists the names; ``default`` fills what the others leave
     unset). Named sets load through Hugging Face ``datasets`` from ``data_path`` (a local
@@ -87,7 +88,7 @@ class DatasetCfg:
 
 
 @attrs.frozen(kw_only=True)
-class DataCfg:
+class DataCfg(SharedMethods):
     """Training data (``data``): a local JSONL file (``train_path``, hpcrl's own form; relative
     paths resolve against the recipe's folder) or NeMo RL's data sets by name (``train`` /
     ``validation`` / ``default``, or the older flat ``dataset_name`` + ``prompt_file``)."""
@@ -118,7 +119,7 @@ class DataCfg:
 
 
 @attrs.frozen(kw_only=True)
-class MathEnvCfg:
+class MathEnvCfg(SharedMethods):
     """NeMo RL's ``env.math``: how responses are checked against the ground truth."""
 
     num_workers: int = 1  # accepted: scoring runs in one process (same rewards)
@@ -131,7 +132,7 @@ class MathEnvCfg:
 
 
 @attrs.frozen(kw_only=True)
-class MathMultiRewardEnvCfg:
+class MathMultiRewardEnvCfg(SharedMethods):
     """NeMo RL's ``env.math_multi_reward``: the environment of data sets whose env_name is
     math_multi_reward (hpcrl.core.environments.math_multi_reward_env; GDPO's rewards)."""
 
@@ -140,7 +141,7 @@ class MathMultiRewardEnvCfg:
 
 
 @attrs.frozen(kw_only=True)
-class EnvCfg:
+class EnvCfg(SharedMethods):
     """Reward environment (``env``)."""
 
     # math_multi_reward: NeMo RL's three-reward math environment (for gdpo), which its
@@ -153,7 +154,7 @@ class EnvCfg:
 
 
 @attrs.frozen(kw_only=True)
-class CheckpointingCfg:
+class CheckpointingCfg(SharedMethods):
     """Training checkpoints (``checkpointing``). checkpoint_dir None: <run folder>/checkpoints."""
 
     enabled: bool = False
@@ -175,7 +176,7 @@ class CheckpointingCfg:
 
 
 @attrs.frozen(kw_only=True)
-class WandbCfg:
+class WandbCfg(SharedMethods):
     """Weights & Biases (``logger.wandb``). Offline (files under the log folder) unless the job
     has WANDB_API_KEY or sets WANDB_MODE; the files can be synced later with ``wandb sync``."""
 
@@ -185,7 +186,7 @@ class WandbCfg:
 
 
 @attrs.frozen(kw_only=True)
-class TensorboardCfg:
+class TensorboardCfg(SharedMethods):
     """TensorBoard event files (``logger.tensorboard``). log_dir None: <log_dir>/tensorboard;
     relative: below logger.log_dir."""
 
@@ -193,7 +194,7 @@ class TensorboardCfg:
 
 
 @attrs.frozen(kw_only=True)
-class MlflowCfg:
+class MlflowCfg(SharedMethods):
     """MLflow (``logger.mlflow``). tracking_uri None: a file store in <log_dir>/mlruns."""
 
     experiment_name: str = "hpcrl"
@@ -202,7 +203,7 @@ class MlflowCfg:
 
 
 @attrs.frozen(kw_only=True)
-class GpuMonitoringCfg:
+class GpuMonitoringCfg(SharedMethods):
     """GPU utilisation and memory of every node, sampled while the job trains."""
 
     collection_interval: float = 10.0  # seconds between samples
@@ -210,7 +211,7 @@ class GpuMonitoringCfg:
 
 
 @attrs.frozen(kw_only=True)
-class LoggerCfg:
+class LoggerCfg(SharedMethods):
     """Where metrics go besides <run folder>/metrics.jsonl (``logger``), with NeMo RL's keys.
 
     log_dir: where the loggers write; relative paths are below the run folder. The loggers
@@ -229,7 +230,7 @@ class LoggerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class ClusterCfg:
+class ClusterCfg(SharedMethods):
     """The allocation the recipe is written for (``cluster``).
 
     On CPU profiles gpus_per_node counts worker slots (one training worker per slot).
@@ -240,7 +241,7 @@ class ClusterCfg:
 
 
 @attrs.frozen(kw_only=True)
-class ValueCfg:
+class ValueCfg(SharedMethods):
     """PPO value model (``value``); only its megatron_cfg manual-GC keys matter today."""
 
     model_name: str | None = None
@@ -248,7 +249,7 @@ class ValueCfg:
 
 
 @attrs.frozen(kw_only=True)
-class TeacherCfg:
+class TeacherCfg(SharedMethods):
     """Distillation teacher (``teacher``). Overrides apply on top of policy.megatron_cfg."""
 
     model_name: str | None = None
@@ -256,7 +257,7 @@ class TeacherCfg:
 
 
 @attrs.frozen(kw_only=True)
-class Recipe:
+class Recipe(SharedMethods):
     """A whole recipe after `defaults:` merging and overrides."""
 
     policy: PolicyCfg

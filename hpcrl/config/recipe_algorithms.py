@@ -19,11 +19,12 @@ from hpcrl.config.field_bounds import (
     seed_bound,
     steps_bound,
 )
+from hpcrl.config.shared_methods import SharedMethods
 
 
 # --------------------------------------------------------------------------- algorithms
 @attrs.frozen(kw_only=True)
-class AsyncGrpoCfg:
+class AsyncGrpoCfg(SharedMethods):
     """Overlap generation of the next batch with training on the current one."""
 
     enabled: bool = False
@@ -37,7 +38,7 @@ class AsyncGrpoCfg:
 
 
 @attrs.frozen(kw_only=True)
-class RewardShapingCfg:
+class RewardShapingCfg(SharedMethods):
     """``grpo.reward_shaping``, applied after ``reward_scaling``: DAPO's overlong penalty (a
     response longer than max_response_length − overlong_buffer_length loses
     overlong_buffer_penalty per buffer length beyond it, without a floor), or with
@@ -51,7 +52,7 @@ class RewardShapingCfg:
 
 
 @attrs.frozen(kw_only=True)
-class RewardScalingCfg:
+class RewardScalingCfg(SharedMethods):
     """``grpo.reward_scaling``: rewards clamped to [source_min, source_max] and mapped
     linearly onto [target_min, target_max] before advantages."""
 
@@ -63,7 +64,7 @@ class RewardScalingCfg:
 
 
 @attrs.frozen(kw_only=True)
-class AdvEstimatorCfg:
+class AdvEstimatorCfg(SharedMethods):
     """``grpo.adv_estimator`` (NeMo RL v0.7.0+): which advantage estimator, and its options
     (hpcrl.core.algorithms.advantages). opd is refused by the rules."""
 
@@ -77,7 +78,7 @@ class AdvEstimatorCfg:
 
 
 @attrs.frozen(kw_only=True)
-class GrpoCfg:
+class GrpoCfg(SharedMethods):
     """GRPO settings (``grpo``)."""
 
     num_prompts_per_step: int = bounded(8, POSITIVE_COUNT, batch_bound())
@@ -130,7 +131,7 @@ class GrpoCfg:
 
 
 @attrs.frozen(kw_only=True)
-class SftCfg:
+class SftCfg(SharedMethods):
     """SFT settings (``sft``)."""
 
     max_num_steps: int = bounded(100, POSITIVE_COUNT, steps_bound("sft"))
@@ -161,7 +162,7 @@ def _clip_epsilon(usual: str) -> FieldBound:
 
 
 @attrs.frozen(kw_only=True)
-class LossFnCfg:
+class LossFnCfg(SharedMethods):
     """Policy-gradient loss (``loss_fn``); SFT ignores it. Names, meanings and defaults are
     NeMo RL's (ClippedPGLossConfig); docs/algorithms.md gives every formula."""
 

@@ -23,12 +23,13 @@ from typing import Literal
 import attrs
 
 from hpcrl.config.field_bounds import POSITIVE_COUNT, at_least, bounded
+from hpcrl.config.shared_methods import SharedMethods
 
 SamplerName = Literal["in_order", "windowed", "weight_fifo", "ready_first", "custom"]
 
 
 @attrs.frozen(kw_only=True)
-class AsyncRlSamplerCfg:
+class AsyncRlSamplerCfg(SharedMethods):
     """``async_rl.sampler``: which finished rollouts a training step takes (NeMo RL's
     staleness sampler; hpcrl implements ``in_order``, ``windowed`` and ``ready_first``)."""
 
@@ -40,7 +41,7 @@ class AsyncRlSamplerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class AsyncRlCfg:
+class AsyncRlCfg(SharedMethods):
     """``async_rl``: NeMo RL's single-controller GRPO settings (module docstring)."""
 
     sampler: AsyncRlSamplerCfg = attrs.field(factory=AsyncRlSamplerCfg)

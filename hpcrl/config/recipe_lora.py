@@ -11,10 +11,11 @@ from typing import Literal
 import attrs
 
 from hpcrl.config.field_bounds import FieldBound, bounded
+from hpcrl.config.shared_methods import SharedMethods
 
 
 @attrs.frozen(kw_only=True)
-class LoraCfg:
+class LoraCfg(SharedMethods):
     """Low-rank adapters on the policy's linear layers, NeMo RL's (NeMo Automodel's) meaning:
     ``y = W x + b + (alpha / dim) * B(A(x))``, W and b frozen, only A and B trained.
 

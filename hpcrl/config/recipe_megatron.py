@@ -10,6 +10,7 @@ from typing import Any, Literal
 import attrs
 
 from hpcrl.config.field_bounds import AT_LEAST_ZERO, PARALLEL_SIZE, FieldBound, at_least, bounded
+from hpcrl.config.shared_methods import SharedMethods
 
 _ADAM_BETA = FieldBound(low=0.0, high=1.0, high_open=True, fix="e.g. 0.9 and 0.999")
 
@@ -27,7 +28,7 @@ OffloadModule = Literal[
 
 # --------------------------------------------------------------------------- megatron_cfg
 @attrs.frozen(kw_only=True)
-class MegatronOptimizerCfg:
+class MegatronOptimizerCfg(SharedMethods):
     """megatron-core OptimizerConfig subset (``policy.megatron_cfg.optimizer``)."""
 
     optimizer: str = "adam"  # adam | sgd; a str so the rule can report a bad value with its fix
@@ -67,7 +68,7 @@ class MegatronOptimizerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class MegatronSchedulerCfg:
+class MegatronSchedulerCfg(SharedMethods):
     """megatron-core OptimizerParamScheduler settings (``policy.megatron_cfg.scheduler``)."""
 
     start_weight_decay: float = 0.0
@@ -82,7 +83,7 @@ class MegatronSchedulerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class DistributedDataParallelCfg:
+class DistributedDataParallelCfg(SharedMethods):
     """megatron-core DistributedDataParallelConfig subset."""
 
     grad_reduce_in_fp32: bool = False
@@ -96,7 +97,7 @@ class DistributedDataParallelCfg:
 
 
 @attrs.frozen(kw_only=True)
-class MegatronCheckpointCfg:
+class MegatronCheckpointCfg(SharedMethods):
     """How Megatron checkpoints are read and written (``policy.megatron_cfg.checkpoint``)."""
 
     save_format: Literal["torch_dist"] = "torch_dist"
@@ -117,7 +118,7 @@ class MegatronCheckpointCfg:
 
 
 @attrs.frozen(kw_only=True)
-class MegatronPeftCfg:
+class MegatronPeftCfg(SharedMethods):
     """LoRA adapters on megatron-core's linear layers (``policy.megatron_cfg.peft``), applied
     by megatron-bridge's own ``LoRA`` as NeMo RL's Megatron worker applies it:
     ``y = W x + (alpha / dim) * B(A(x))``, W frozen, only A (``linear_in``) and B
@@ -145,7 +146,7 @@ class MegatronPeftCfg:
 
 
 @attrs.frozen(kw_only=True)
-class MegatronCfg:
+class MegatronCfg(SharedMethods):
     """Megatron backend: megatron-core through megatron-bridge (``policy.megatron_cfg``)."""
 
     enabled: bool = False

@@ -25,13 +25,14 @@ from hpcrl.config.field_bounds import (
 )
 from hpcrl.config.recipe_lora import LoraCfg
 from hpcrl.config.recipe_megatron import MegatronCfg
+from hpcrl.config.shared_methods import SharedMethods
 
 _ROUND = at_least(1, "set {path}=64 (or 1 for no rounding)")
 
 
 # --------------------------------------------------------------------------- policy.* (shared)
 @attrs.frozen(kw_only=True)
-class TokenizerCfg:
+class TokenizerCfg(SharedMethods):
     """Tokenizer to load; a local path or hub name (defaults to the model's)."""
 
     name: str | None = None
@@ -41,7 +42,7 @@ class TokenizerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class OptimizerCfg:
+class OptimizerCfg(SharedMethods):
     """``policy.optimizer`` of the Automodel backend, as NeMo RL writes it: a torch optimizer
     class path and its keyword arguments (``hpcrl.config.optimizers`` lists the classes and
     arguments accepted; the rules check them)."""
@@ -73,7 +74,7 @@ class OptimizerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class LrSchedulerCfg:
+class LrSchedulerCfg(SharedMethods):
     """One entry of NeMo RL's ``policy.scheduler`` list: a torch LR scheduler class path and
     its kwargs, or (one entry, when there are several schedulers) the ``milestones`` at which
     ``SequentialLR`` hands over from one to the next. A single mapping means a one-entry list."""
@@ -88,7 +89,7 @@ class LrSchedulerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class VllmCfg:
+class VllmCfg(SharedMethods):
     """Settings of the vLLM generation backend (``policy.generation.vllm_cfg``)."""
 
     precision: Literal["float32", "bfloat16", "float16"] = "bfloat16"
@@ -104,7 +105,7 @@ class VllmCfg:
 
 
 @attrs.frozen(kw_only=True)
-class GenerationResourcesCfg:
+class GenerationResourcesCfg(SharedMethods):
     """Where non-colocated generation workers run."""
 
     num_nodes: int | None = bounded(None, allocation_bound(MAX_NODES))
@@ -112,7 +113,7 @@ class GenerationResourcesCfg:
 
 
 @attrs.frozen(kw_only=True)
-class ColocatedCfg:
+class ColocatedCfg(SharedMethods):
     """Colocated: generation shares the training workers; otherwise it gets its own."""
 
     enabled: bool = True
@@ -120,7 +121,7 @@ class ColocatedCfg:
 
 
 @attrs.frozen(kw_only=True)
-class GenerationCfg:
+class GenerationCfg(SharedMethods):
     """How rollouts are sampled (``policy.generation``)."""
 
     # torch: hpcrl's in-process sampler; megatron: NeMo RL's name for sampling in process from
@@ -176,7 +177,7 @@ class GenerationCfg:
 
 # --------------------------------------------------------------------------- micro-batching
 @attrs.frozen(kw_only=True)
-class DynamicBatchingCfg:
+class DynamicBatchingCfg(SharedMethods):
     """NeMo RL's ``policy.dynamic_batching``: micro-batches of similar-length rows within a
     token budget, each cut to its longest row (``hpcrl.core.workers.micro_batches``)."""
 
@@ -187,7 +188,7 @@ class DynamicBatchingCfg:
 
 
 @attrs.frozen(kw_only=True)
-class SequencePackingCfg:
+class SequencePackingCfg(SharedMethods):
     """NeMo RL's ``policy.sequence_packing``: rows bin-packed into one long row per
     micro-batch, attention and positions restarting at each sequence."""
 
@@ -202,7 +203,7 @@ class SequencePackingCfg:
 
 # --------------------------------------------------------------------------- automodel_cfg
 @attrs.frozen(kw_only=True)
-class MoeParallelizerCfg:
+class MoeParallelizerCfg(SharedMethods):
     """NeMo Automodel's MoE parallelizer options (``policy.automodel_cfg.moe_parallelizer``);
     NeMo RL hands them to it only under expert parallelism (``expert_parallel_size`` > 1).
     The other keys of NeMo RL's section: ``hpcrl.config.foreign_key_table``."""
@@ -214,7 +215,7 @@ class MoeParallelizerCfg:
 
 
 @attrs.frozen(kw_only=True)
-class AutomodelCfg:
+class AutomodelCfg(SharedMethods):
     """Automodel backend: HF model + FSDP2 / HSDP / TP (``policy.automodel_cfg``).
 
     dp_shard is derived: world_size / (dp_replicate_size * tensor_parallel_size * context_parallel_size).
@@ -259,7 +260,7 @@ class AutomodelCfg:
 
 
 @attrs.frozen(kw_only=True)
-class PolicyCfg:
+class PolicyCfg(SharedMethods):
     """The model being trained (``policy``)."""
 
     model_name: str

@@ -17,12 +17,13 @@ import attrs
 
 from hpcrl.config.field_bounds import FieldBound, bounded
 from hpcrl.config.recipe_policy import TokenizerCfg
+from hpcrl.config.shared_methods import SharedMethods
 
 AT_LEAST_ONE = FieldBound(low=1, message="must be at least 1", fix="set {path} to 1 or more")
 
 
 @attrs.frozen(kw_only=True)
-class RewardModelResourcesCfg:
+class RewardModelResourcesCfg(SharedMethods):
     """Where the reward model runs, carved out of ``cluster`` as NeMo RL carves it: on a
     one-node job ``gpus_per_node`` of the node's GPUs (``num_nodes`` is not read); on more
     nodes ``num_nodes`` whole nodes of the job, ``gpus_per_node`` GPUs used on each."""
@@ -32,7 +33,7 @@ class RewardModelResourcesCfg:
 
 
 @attrs.frozen(kw_only=True)
-class RewardModelTypeCfg:
+class RewardModelTypeCfg(SharedMethods):
     """NeMo RL's ``reward_model_cfg``: it runs Bradley-Terry models only (one logit)."""
 
     enabled: bool = True
@@ -40,7 +41,7 @@ class RewardModelTypeCfg:
 
 
 @attrs.frozen(kw_only=True)
-class RewardModelDtensorCfg:
+class RewardModelDtensorCfg(SharedMethods):
     """NeMo RL's ``dtensor_cfg`` of the reward model: how its reward-model policy is sharded.
     hpcrl's scorer holds the whole model on each GPU: sizes other than 1 and the training
     switches are refused (hpcrl.config.reward_model_rules); ``sequence_parallel`` splits
@@ -55,7 +56,7 @@ class RewardModelDtensorCfg:
 
 
 @attrs.frozen(kw_only=True)
-class SwitchCfg:
+class SwitchCfg(SharedMethods):
     """A NeMo RL section that only switches a feature (``dynamic_batching``,
     ``sequence_packing`` of the reward model: NeMo RL asserts both off)."""
 
@@ -63,7 +64,7 @@ class SwitchCfg:
 
 
 @attrs.frozen(kw_only=True)
-class RewardModelEnvCfg:
+class RewardModelEnvCfg(SharedMethods):
     """NeMo RL's ``env.reward_model`` (its examples/configs/grpo_rm_1B.yaml)."""
 
     model_name: str

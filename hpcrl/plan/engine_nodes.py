@@ -21,6 +21,7 @@ from __future__ import annotations
 import attrs
 
 from hpcrl.config.errors import Problem
+from hpcrl.config.shared_methods import SharedMethods
 
 VLLM = "policy.generation.vllm_cfg"
 ENGINE_SIZE = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size"
@@ -38,7 +39,7 @@ NO_PIPELINE = (
 
 
 @attrs.frozen(kw_only=True)
-class EngineNodeLayout:
+class EngineNodeLayout(SharedMethods):
     """Engines of ``gpus_per_engine`` GPUs (a multiple of ``gpus_per_node``) over the nodes
     ``first_node .. first_node + num_nodes - 1``: engine ``k`` on the ``nodes_per_engine``
     consecutive nodes from ``first_node + k · nodes_per_engine``."""

@@ -19,6 +19,7 @@ import posixpath
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.plan.mounts import parse_mount, same_path_mount
 from hpcrl.run.jobspec import SUBMITIT_TASK_TAIL, JobSpec
 
@@ -32,7 +33,7 @@ TRAINING_ONLY_DIRECTIVES = frozenset(
 
 
 @attrs.frozen(kw_only=True)
-class ExportJob:
+class ExportJob(SharedMethods):
     """One export, planned. ``export_argv`` is what the task runs (the job's Python and
     code, then ``-m hpcrl.core.export RUN CHECKPOINT OUT``); ``task_argv`` is submitit's task
     command around it; ``run`` is the run's plan (env, setup lines, pass_env, code)."""

@@ -21,6 +21,7 @@ import re
 import attrs
 
 from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.layout import profile_path
 
@@ -39,7 +40,7 @@ _REGISTRY_HOST = re.compile(r"[^/]*[.:][^/]*|localhost")
 
 
 @attrs.frozen
-class ImageRay:
+class ImageRay(SharedMethods):
     """The Ray of the job's Python and where that is known from (for messages)."""
 
     version: str

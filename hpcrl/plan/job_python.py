@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +39,8 @@ def probe_versions(
     rows = [[list(r.distributions), r.module] for r in requirements]
     if len(python) == 1 and os.path.abspath(python[0]) == os.path.abspath(sys.executable):
         return package_probe.probe(rows, sys.path)
+    import subprocess  # here: the usual answer (this interpreter) starts no process
+
     script = Path(package_probe.__file__).read_text(encoding="utf-8")
     try:
         proc = subprocess.run([*python, "-c", script, json.dumps(rows)], capture_output=True,

@@ -19,6 +19,7 @@ import attrs
 
 from hpcrl.config.moe_dispatch import FlexDispatch
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.run.jobspec import MachineNeed
 
 MEGATRON = "policy.megatron_cfg"
@@ -29,7 +30,7 @@ _TE_FIX = "use a container with Transformer Engine or turn it off"
 
 
 @attrs.frozen
-class _Row:
+class _Row(SharedMethods):
     backend: Literal["megatron", "automodel"]
     needs: Literal["transformer_engine", "cuda", "deep_ep", "hybrid_ep"]
     path: str

@@ -15,6 +15,7 @@ import attrs
 from hpcrl.config.node_split import node_split
 from hpcrl.config.profile import ClusterProfile
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.plan.checkpoint_dir import resolve_megatron_checkpoint_dir
 from hpcrl.plan.findings import Findings
 from hpcrl.plan.layout import profile_path
@@ -24,7 +25,7 @@ SHELL_CHECKPOINT_VARIABLES = ("NRL_MEGATRON_CHECKPOINT_DIR", "HF_HOME")
 
 
 @attrs.frozen
-class Mount:
+class Mount(SharedMethods):
     host_path: str
     container_path: str
     flags: str | None

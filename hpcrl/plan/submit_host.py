@@ -17,6 +17,7 @@ import attrs
 
 import hpcrl
 from hpcrl.config.profile import ClusterProfile
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.plan.bundle import BundleContents, collect_bundle, hpcrl_git_sha
 from hpcrl.plan.gpus import LocalGpus, detect_local_gpus
 
@@ -25,7 +26,7 @@ BUNDLES_DIR_NAME = ".hpcrl-bundles"
 
 
 @attrs.frozen(kw_only=True)
-class SubmitHost:
+class SubmitHost(SharedMethods):
     """``python``: absolute path of the interpreter running hpcrl. ``bundle``: this
     environment's code bundle when the profile ships one. ``bundles_dir``: absolute folder
     holding bundles. ``local_gpus``: this machine's GPUs, for local GPU profiles only."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.run.metrics_file import METRICS_FILE
 
 STATUS_DIR = "status"
@@ -65,7 +66,7 @@ NODE_FAIL_DETAIL = (
 
 
 @attrs.frozen(kw_only=True)
-class AttemptCause:
+class AttemptCause(SharedMethods):
     """One attempt's end. ``what`` names the failure and its place ("node 1 (n2) lost",
     "worker rank 1 on node 1 (n2) raised ValueError: bad"); ``detail`` says more about it
     ("its Ray exited: raylet killed by signal 9"); ``log`` is relative to the run folder."""

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
+
 PROGRESS_PREFIX = "hpcrl export: "
 
 
 @attrs.frozen
-class ExportProgress:
+class ExportProgress(SharedMethods):
     """Picklable (the Megatron export says its phases from a spawned child)."""
 
     started_s: float = attrs.field(factory=time.monotonic)

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import attrs
 
 from hpcrl.config.errors import UserError
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.run.atomic_files import write_file
 
 JOB_RECORD_NAME = "job.json"
@@ -38,7 +39,7 @@ DAMAGED_FIX = (
 
 
 @attrs.frozen(kw_only=True)
-class JobRecord:
+class JobRecord(SharedMethods):
     """One submitted job (or one array task of a sweep).
 
     job_id: the scheduler's id as submitit spells it: ``123``, ``123_4`` (array task 4), or

@@ -19,6 +19,7 @@ import attrs
 
 from hpcrl.config.profile import RayPortsCfg
 from hpcrl.config.recipe import Recipe
+from hpcrl.config.shared_methods import SharedMethods
 
 #: Slurm sends this signal ``signal_delay_s`` before the time limit; submitit's job
 #: environment handles it (checkpoint + requeue), so it must stay USR2.
@@ -28,7 +29,7 @@ SUBMITIT_TASK_TAIL = ("-u", "-m", "submitit.core._submit")
 
 
 @attrs.frozen(kw_only=True)
-class ParallelLayout:
+class ParallelLayout(SharedMethods):
     """How ``world_size`` ranks split into parallel groups.
 
     Automodel uses ``dp_replicate × dp_shard × tp × cp``; Megatron ``tp × pp × cp × dp`` with
@@ -62,7 +63,7 @@ class ParallelLayout:
 
 
 @attrs.frozen(kw_only=True)
-class GenerationPlacement:
+class GenerationPlacement(SharedMethods):
     """Where separate (non-colocated) generation workers run among the job's nodes: vLLM
     engines, or (``policy.generation.backend: megatron``) hpcrl's torch sampler refitted from
     the Megatron policy, as NeMo RL's dedicated Megatron inference model is.
@@ -105,7 +106,7 @@ class GenerationPlacement:
 
 
 @attrs.frozen(kw_only=True)
-class RewardModelPlacement:
+class RewardModelPlacement(SharedMethods):
     """Where the reward-model environment's scorers run (``env.reward_model.resources``,
     carved out of the job as NeMo RL carves it: hpcrl.config.node_split): ``num_nodes``
     nodes from ``first_node`` (node 0, shared with the policy, on a one-node job),
@@ -160,7 +161,7 @@ def token_path(run_dir: str) -> str:
 
 
 @attrs.frozen(kw_only=True)
-class ContainerSpec:
+class ContainerSpec(SharedMethods):
     """The pyxis container every srun task runs in; mounts are ``host:container[:flags]``."""
 
     image: str
@@ -175,7 +176,7 @@ Need = Literal[
 
 
 @attrs.frozen(kw_only=True)
-class PackageRequirement:
+class PackageRequirement(SharedMethods):
     """A package the job's Python must have (``hpcrl.plan.requirements``); checked on every
     node before Ray starts. ``distributions``: the names it is published under, the first
     named in messages. ``spec``: ``>=a,<b`` clauses, ``||`` between alternatives, compared on
@@ -189,7 +190,7 @@ class PackageRequirement:
 
 
 @attrs.frozen(kw_only=True)
-class CodeBundle:
+class CodeBundle(SharedMethods):
     """hpcrl and its pure-Python packages, copied from the submitting environment into a
     folder named by a hash of its contents (``hpcrl.plan.bundle``), shared by every run of the
     same code. ``path`` is the same inside a container (mounted 1:1)."""
@@ -202,7 +203,7 @@ class CodeBundle:
 
 
 @attrs.frozen(kw_only=True)
-class JobCode:
+class JobCode(SharedMethods):
     """Which Python runs every task and where hpcrl comes from inside the job.
 
     ``python``: the interpreter's argv as the task starts it (``/usr/bin/env python3`` in a
@@ -236,7 +237,7 @@ BUNDLE_ENTRY = "hpcrl_entry.py"
 
 
 @attrs.frozen(kw_only=True)
-class Check:
+class Check(SharedMethods):
     """One pre-flight check that did not fail: what it checked and what it found."""
 
     name: str
@@ -250,7 +251,7 @@ class Check:
 
 
 @attrs.frozen(kw_only=True)
-class MachineNeed:
+class MachineNeed(SharedMethods):
     """A planned setting that runs only on a machine that has ``needs``: Transformer Engine
     importable, CUDA (a GPU plan), or DeepEP's kernels (``deep_ep``'s ``Buffer``, or its
     ``HybridEPBuffer``: megatron-core's flex dispatcher). Decided once by the planner (``hpcrl.plan.machine_needs``)
@@ -265,7 +266,7 @@ class MachineNeed:
 
 
 @attrs.frozen(kw_only=True)
-class JobSpec:
+class JobSpec(SharedMethods):
     """A planned job (see ``hpcrl.plan.planner.plan``).
 
     ``sbatch_directives`` are ``(key, value)`` pairs sorted by key; a ``None`` value is a bare

@@ -27,6 +27,8 @@ from typing import Any
 
 import attrs
 
+from hpcrl.config.shared_methods import SharedMethods
+
 METRICS_FILE = "metrics.jsonl"
 MAX_NOTED_LINES = 5
 
@@ -82,7 +84,7 @@ def _plain(value: Any) -> Any:
 
 
 @attrs.frozen(kw_only=True)
-class MetricsFile:
+class MetricsFile(SharedMethods):
     """The usable records of a metrics file, in step order, and what was skipped reading it."""
 
     records: tuple[dict[str, Any], ...]

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from hpcrl.config.errors import UserError
+from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.run.atomic_files import write_file
 
 SWEEP_RECORD_NAME = "sweep.json"
@@ -28,7 +29,7 @@ class SweepError(UserError):
 
 
 @attrs.frozen
-class SweepPoint:
+class SweepPoint(SharedMethods):
     index: int
     values: dict[str, str]  # dotted key -> value as typed (an override's right-hand side)
 
@@ -45,7 +46,7 @@ class SweepPoint:
 
 
 @attrs.frozen(kw_only=True)
-class SweepRecord:
+class SweepRecord(SharedMethods):
     """A submitted sweep: its points (with their run folders, relative to the sweep folder)."""
 
     name: str

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import subprocess
 import sys
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.cli.main import build_parser, main
+from hpcrl.cli.main import COMMAND_MODULES, build_parser, main
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 
@@ -66,9 +68,30 @@ COMMANDS = ("validate", "render", "show", "submit", "sweep", "status", "logs", "
             "resume", "rerun", "export", "report", "diff", "completion")  # fmt: skip
 
 
+def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (commands,) = [action for action in parser._actions if action.dest == "command"]
+    return dict(commands.choices)
+
+
 def test_the_completion_tests_list_every_command():
-    (commands,) = [action for action in build_parser()._actions if action.dest == "command"]
-    assert tuple(commands.choices) == COMMANDS
+    assert tuple(_choices(build_parser())) == COMMANDS
+
+
+def test_a_command_builds_its_own_module_only_and_parses_as_the_whole_parser():
+    """``hpcrl validate ...`` builds the parsers of hpcrl.cli.prepare alone (item 6 of issue
+    25: start-up time); the table of which module registers which command is right, and each
+    command's parser is the whole parser's."""
+    whole = _choices(build_parser())
+    assert [c for _, commands in COMMAND_MODULES for c in commands] == list(COMMANDS)
+    for module, commands in COMMAND_MODULES:
+        registered = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).register(registered)
+        assert tuple(registered.choices) == commands, module
+        for command in commands:
+            own = _choices(build_parser(command))
+            assert tuple(own) == commands
+            assert own[command].format_help() == whole[command].format_help()
+    assert tuple(_choices(build_parser("no-such-command"))) == COMMANDS
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "tcsh"])
