@@ -38,7 +38,14 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
     chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)}
     precompiled = PrecompiledPieces.for_piece(fn, backend)
     if precompiled is not None:
-        precompiled.preload()  # an earlier run's compilations: loaded now, not at the first call
+        # An earlier run's compilations, loaded now rather than at the first call, under the
+        # settings a call runs with (guards built under others reject the calls).
+        duck_shape = fx_config.use_duck_shape
+        fx_config.use_duck_shape = False
+        try:
+            precompiled.preload()
+        finally:
+            fx_config.use_duck_shape = duck_shape
 
     def call(*args: Any) -> Any:
         # set and restored by hand: fx_config.patch costs the host several times as much,

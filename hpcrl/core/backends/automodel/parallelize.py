@@ -363,8 +363,6 @@ def compile_blocks(hf_model: Any, steps: ParallelizeSteps, kept: BlockCompilatio
 
         kept.pieces = precompiled_blocks(kept.backend)
         kept.looked_up = True
-        if kept.pieces is not None:
-            kept.pieces.preload()  # an earlier run's: loaded in setup, not in the first step
     apply_compile(hf_model, backend=kept.backend, precompiled=kept.pieces if plain else None)
 
 
