@@ -129,15 +129,26 @@ class TrainingWorker:
             self._place_engine_across_nodes(rank_info)
         elif self._engine_spec is not None and rank_info.engine_ranks > 1:
             self._engine_devices = self._group_devices(rank_info)
-        spec = self._engine_spec
-        if spec is not None and spec.backend == "torch" and self._engine_group.leads:
-            # Built now, not at the first generate: it loads its compiled pieces (an earlier
-            # run's, from the compile cache) here. Its weights come at the first refit, its
-            # KV cache with the first batch: no memory held before the first step needs it.
-            self._engine = spec.build(self._engine_devices)
+        self._build_torch_engine_now()
         self._manual_gc = ManualGc.from_recipe(recipe)
         self._manual_gc.after_setup()
         return place
+
+    def _build_torch_engine_now(self) -> None:
+        """The torch engine is built in setup, not at the first generate: it loads its
+        compiled pieces (an earlier run's, from the compile cache) here. Its weights come at
+        the first refit, its KV cache with the first batch: no memory held before the first
+        step needs it. A model it cannot run is named where it always was, at the first
+        generate (a run that only trains never meets it)."""
+        from hpcrl.core.generation.decoder import UnsupportedModelError
+
+        spec, group = self._engine_spec, self._engine_group
+        if spec is None or spec.backend != "torch" or group is None or not group.leads:
+            return
+        try:
+            self._engine = spec.build(self._engine_devices)
+        except UnsupportedModelError:
+            self._engine = None
 
     def _group_devices(self, rank_info: RankInfo) -> EngineDevices | None:
         """The devices of this rank's engine group, for its leader (None elsewhere)."""
