@@ -7,8 +7,8 @@ installed. This hook gives ``megatron`` to every test under tests/megatron, and 
 (no test elsewhere marks itself; ``-m "not megatron"`` deselects exactly that folder).
 
 Fixtures more than one folder uses live here (pytest finds them by name: no test module
-imports a fixture): ``ray_cluster`` (tests/core, tests/megatron, tests/vllm) and
-``tiny_model_path``. They import Ray and hpcrl's job side lazily, inside the fixture, so that
+imports a fixture): ``ray_cluster`` (tests/core, tests/megatron, tests/vllm),
+``two_node_cluster`` (tests/core, tests/vllm) and ``tiny_model_path``. They import Ray and hpcrl's job side lazily, inside the fixture, so that
 collecting the login-side tests never loads them.
 """
 
@@ -135,6 +135,29 @@ def ray_cluster(request: pytest.FixtureRequest, _shared_local_ray: SharedLocalRa
     import ray
 
     assert ray.is_initialized(), "the shared local Ray was shut down by someone else"
+
+
+@pytest.fixture
+def two_node_cluster() -> Iterator[object]:
+    """A Ray cluster of two nodes on this machine (``ray.cluster_utils``), one CPU each, this
+    process connected to it; for one test (it must not meet the shared local Ray)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.fixture(scope="module")

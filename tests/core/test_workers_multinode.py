@@ -12,7 +12,6 @@ import time
 import pytest
 
 from tests.core.parallel_harness import (
-    REPO_ROOT,
     DiagnosticWorker,
     make_batch,
     masked_nll_loss,
@@ -21,27 +20,6 @@ from tests.core.parallel_harness import (
 from tests.recipe_builder import tiny_automodel_recipe
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def two_node_cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address)
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def node_of_rank(backend: object) -> tuple[int, str]:

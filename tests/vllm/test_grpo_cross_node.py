@@ -9,8 +9,6 @@ outlives the run (~65 s on 2 cores: two training workers, the engine's start acr
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.require import VLLM_HINT, require_module
@@ -19,7 +17,6 @@ require_module("ray", kind="vllm", hint=VLLM_HINT)
 
 from hpcrl.core.driver import ENGINE_REFIT_DIR, run_training  # noqa: E402
 from tests.core._driver_harness import read_metrics  # noqa: E402
-from tests.core.parallel_harness import REPO_ROOT  # noqa: E402
 from tests.vllm.harness import (  # noqa: E402
     build_tiny_model,
     wait_until_gone,
@@ -37,27 +34,6 @@ OVERRIDES = [
 ]
 # test_grpo_vllm.py's bound: every token's gap below 2e-4 with responses of <= 16 tokens.
 MAX_SEQ_MULT_PROB_GAP = 1e-5
-
-
-@pytest.fixture
-def two_node_cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
-    )
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-    )
-    cluster.add_node(num_cpus=1)
-    ray.init(address=cluster.address)
-    try:
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def _write_run_dir(run_dir, model_path: str, recipe: str):
