@@ -69,6 +69,15 @@ def response_logprobs(out: dict) -> list[torch.Tensor]:
     ]
 
 
+def assert_logprobs_close(out: dict, reference: dict, atol: float) -> None:
+    """Each row's response log-probs within `atol` of the reference's (same shapes)."""
+    for row, (got, want) in enumerate(
+        zip(response_logprobs(out), response_logprobs(reference), strict=True)
+    ):
+        assert got.shape == want.shape, row
+        assert torch.allclose(got, want, atol=atol, rtol=0), (row, (got - want).abs().max())
+
+
 def torch_sampler_generate(
     model, tokenizer, prompt_ids: list[list[int]], cfg: GenerationCfg, seed: int = 0
 ) -> dict:

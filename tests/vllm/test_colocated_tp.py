@@ -18,9 +18,9 @@ from hpcrl.core.generation.vllm_engine import VllmEngine
 from hpcrl.core.workers.engine_group import EngineGroup, cpu_engine_devices
 from tests.vllm.harness import (
     VLLM_CFG,
+    assert_logprobs_close,
     build_tiny_model,
     encode,
-    response_logprobs,
     responses,
     wait_until_gone,
 )
@@ -97,10 +97,10 @@ def test_tp2_engine_samples_as_tp1_and_follows_a_refit(tiny, tmp_path) -> None:
     assert wait_until_gone(engine_pids) == []
 
     assert responses(greedy) == responses(reference)
-    _assert_logprobs_close(greedy, reference)
+    assert_logprobs_close(greedy, reference, LOGPROB_TOLERANCE)
     # Seeded sampling draws the same tokens from the same distribution.
     assert responses(sampled) == responses(reference_sampled)
-    _assert_logprobs_close(sampled, reference_sampled)
+    assert_logprobs_close(sampled, reference_sampled, LOGPROB_TOLERANCE)
 
     # Parity after the refit: a fresh engine built from the new weights.
     fresh_path = tmp_path / "refitted"
@@ -119,18 +119,7 @@ def test_tp2_engine_samples_as_tp1_and_follows_a_refit(tiny, tmp_path) -> None:
     changed = sum(a != b for a, b in zip(responses(greedy), responses(refitted), strict=True))
     assert changed >= 12, f"only {changed}/16 greedy outputs changed with new weights"
     assert responses(refitted) == responses(expected)
-    _assert_logprobs_close(refitted, expected)
-
-
-def _assert_logprobs_close(out: dict, reference: dict) -> None:
-    for row, (got, want) in enumerate(
-        zip(response_logprobs(out), response_logprobs(reference), strict=True)
-    ):
-        assert got.shape == want.shape, row
-        assert torch.allclose(got, want, atol=LOGPROB_TOLERANCE, rtol=0), (
-            row,
-            (got - want).abs().max(),
-        )
+    assert_logprobs_close(refitted, expected, LOGPROB_TOLERANCE)
 
 
 def _perturbed(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -19,15 +19,14 @@ import socket
 
 import attrs
 import pytest
-import torch
 
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.engine_devices import EngineDevices
 from tests.vllm.harness import (
     VLLM_CFG,
+    assert_logprobs_close,
     encode,
     perturbed,
-    response_logprobs,
     responses,
     torch_sampler_generate,
     wait_until_gone,
@@ -127,20 +126,9 @@ def test_tp2_engine_over_two_node_ranks_samples_as_tp1_and_follows_a_refit(tiny,
     assert list(refit_dir.iterdir()) == []  # each refit's files are gone after it
 
     assert responses(greedy) == responses(reference)
-    _assert_logprobs_close(greedy, reference)
+    assert_logprobs_close(greedy, reference, LOGPROB_TOLERANCE)
     changed = sum(a != b for a, b in zip(responses(greedy), responses(refitted), strict=True))
     assert changed >= 12, f"only {changed}/16 greedy outputs changed with new weights"
     # Node rank 1's worker (half of every layer) took the new weights too.
     assert responses(refitted) == responses(reference_refitted)
-    _assert_logprobs_close(refitted, reference_refitted)
-
-
-def _assert_logprobs_close(out: dict, reference: dict) -> None:
-    for row, (got, want) in enumerate(
-        zip(response_logprobs(out), response_logprobs(reference), strict=True)
-    ):
-        assert got.shape == want.shape, row
-        assert torch.allclose(got, want, atol=LOGPROB_TOLERANCE, rtol=0), (
-            row,
-            (got - want).abs().max(),
-        )
+    assert_logprobs_close(refitted, reference_refitted, LOGPROB_TOLERANCE)
