@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hpcrl.config.recipe import GenerationCfg, VllmCfg
+from hpcrl.core.generation.engine import EngineSpec
 from hpcrl.core.models.tiny import TINY_SPECS, build_char_tokenizer, build_random_model
 
 # float32 so that greedy parity with the fp32 torch sampler is exact; 32 MiB of KV cache.
@@ -48,6 +49,15 @@ def build_tiny_model(folder: Path) -> str:
     model = build_random_model(TINY_VLLM_SPEC, vocab_size=len(tokenizer))
     model.save_pretrained(folder, safe_serialization=True)
     return str(folder)
+
+
+def vllm_spec(path: str, cfg: VllmCfg = VLLM_CFG, seed: int = 0) -> EngineSpec:
+    """The spec of a CPU vLLM engine over the model at ``path`` (what ``VllmEngine`` and
+    ``EngineNodeWorkers`` are built from)."""
+    return EngineSpec(
+        backend="vllm", model_path=path, tokenizer_path=path, device="cpu",
+        precision=cfg.precision, seed=seed, max_model_len=None, vllm_cfg=cfg,
+    )  # fmt: skip
 
 
 def encode(tokenizer, texts: Sequence[str] = PROMPT_TEXTS) -> list[list[int]]:
