@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcrl.core.generation.in_flight import InFlightRefits
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg, VllmCfg
-    from hpcrl.core.generation.engine import EngineSpec
     from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
 
 # vLLM defaults the CPU KV cache to most of the host's RAM; bounded unless the recipe says.
@@ -43,6 +42,23 @@ DEFAULT_CPU_KV_CACHE_MB = 64
 _ROW_SEED_STRIDE = 1_000_003
 # Where refit safetensors go for a multi-process engine (RAM-backed where available).
 SHM_DIR = "/dev/shm"
+
+
+class VllmSettings(Protocol):
+    """What a vLLM engine (and the workers of its other nodes) is built from:
+    ``hpcrl.core.generation.engine.EngineSpec``, whose ``llm_kwargs()`` is the one place its
+    settings become vLLM's arguments (a protocol here: that module builds the engines)."""
+
+    @property
+    def model_path(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def vllm_cfg(self) -> Any: ...  # VllmCfg
+
+    def llm_kwargs(self) -> dict[str, Any]: ...
 
 
 def engine_env(
@@ -141,7 +157,7 @@ class VllmEngine:
 
     def __init__(
         self,
-        spec: EngineSpec,
+        spec: VllmSettings,
         *,
         in_process: bool | None = None,
         devices: EngineDevices | None = None,

@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hpcrl.core.generation.engine import EngineSpec
     from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
+    from hpcrl.core.generation.vllm_engine import VllmSettings
 
 
 class EngineNodeWorkers:
@@ -39,7 +39,7 @@ class EngineNodeWorkers:
     on node rank 0 shuts down: ``shutdown`` ends them."""
 
     def __init__(
-        self, spec: EngineSpec, node: EngineNodeRank, *, devices: EngineDevices | None = None
+        self, spec: VllmSettings, node: EngineNodeRank, *, devices: EngineDevices | None = None
     ) -> None:
         import os
 
