@@ -18,8 +18,10 @@ engine sees it (``hpcrl.core.generation.engine_devices.EngineNodeRank.refit_dir`
 
 The job starts them for colocated engines (``hpcrl.core.workers.actor``: the group's first
 rank holds ``VllmEngine(node=...)``, the group's first rank on each other node an
-``EngineNodeWorkers``; tests/vllm/test_grpo_cross_node.py); the planner refuses the others
-(``hpcrl.plan.engine_nodes``).
+``EngineNodeWorkers``) and for engines on generation nodes of their own
+(``hpcrl.core.workers.vllm_workers``: the engine's ``GenerationWorker`` on its first node, an
+``EngineNodeActor`` on each other node); tests/vllm/test_grpo_cross_node.py runs both. The
+planner refuses pipeline parallelism across nodes (``hpcrl.plan.engine_nodes``).
 """
 
 from __future__ import annotations
