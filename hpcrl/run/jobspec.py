@@ -82,6 +82,8 @@ class GenerationPlacement(SharedMethods):
     training_nodes: int
     training_slots_per_node: int
     backend: str = "vllm"  # policy.generation.backend: vllm | megatron
+    # > 1: each vLLM engine spans this many whole nodes (hpcrl.plan.engine_nodes)
+    nodes_per_engine: int = 1
 
     @property
     def shares_nodes(self) -> bool:
@@ -101,7 +103,8 @@ class GenerationPlacement(SharedMethods):
             f"training on {_nodes(0, self.training_nodes)} ({self.training_slots_per_node} "
             f"{unit} each); {engine} on {_nodes(self.first_node, self.num_nodes)} "
             f"({other}{self.slots_per_node} {unit} each; {self.num_engines} engine(s) of "
-            f"{self.slots_per_engine})"
+            f"{self.slots_per_engine}"
+            + (f" across {self.nodes_per_engine} nodes each)" if self.nodes_per_engine > 1 else ")")
         )
 
 

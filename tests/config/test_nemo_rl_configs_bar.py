@@ -30,7 +30,7 @@ BAR = 0.95
 #: 177 and 207): it may only grow; raise it when a feature lands. (Lowered once, from 80,
 #: 118, 123, when validate learnt the architectures of NeMo RL's models from hpcrl's table:
 #: configs whose model hpcrl cannot build had passed because their config.json was not here.)
-FLOOR = {"v0.5.0": 93, "v0.7.0": 146, "main-7ea279a": 156}
+FLOOR = {"v0.5.0": 96, "v0.7.0": 149, "main-7ea279a": 159}
 #: ``Problem.format()`` on one line: ``error: PATH [= VALUE]: REASON fix: FIX``
 REFUSAL = re.compile(r"^error: (?P<path>[\w.\-\[\]]+)( = .+?)?: (?P<reason>.+) fix: (?P<fix>.+)$")
 

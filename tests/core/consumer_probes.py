@@ -46,20 +46,12 @@ def plan_probe(recipe: Recipe, tmp: Path) -> Any:
 
 def engine_probe(recipe: Recipe, tmp: Path) -> Any:
     from hpcrl.core.generation.engine import engine_spec
-    from hpcrl.core.generation.vllm_engine import engine_env, engine_kwargs
+    from hpcrl.core.generation.vllm_engine import engine_env
 
     spec = engine_spec(recipe, "/models/m", "cuda")
     kwargs = None
     if spec.vllm_cfg is not None:
-        kwargs = engine_kwargs(
-            spec.model_path,
-            spec.vllm_cfg,
-            device="cuda",
-            seed=spec.seed,
-            max_model_len=spec.max_model_len,
-            extra_kwargs=spec.vllm_kwargs,
-            hf_overrides=spec.hf_config_overrides,
-        )
+        kwargs = spec.llm_kwargs()
     env = engine_env("cuda", True, spec.vllm_cfg.env_vars) if spec.vllm_cfg is not None else None
     return {"spec": plain(spec), "vllm_kwargs": plain(kwargs), "vllm_env": env}
 

@@ -33,7 +33,7 @@ def four_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _planned_layout(
-    tmp_path, num_nodes: int, generation_per_node: int, tp: int = 1
+    tmp_path, num_nodes: int, generation_per_node: int, tp: int = 1, generation_nodes: int = 1
 ) -> vllm_workers.GenerationLayout:
     """``num_nodes`` × 8 GPUs in all (cluster.*, NeMo RL's meaning): on one node generation
     takes ``generation_per_node`` of them, on more the last node."""
@@ -42,7 +42,9 @@ def _planned_layout(
         vllm_cfg=VllmCfg(tensor_parallel_size=tp),
         colocated=ColocatedCfg(
             enabled=False,
-            resources=GenerationResourcesCfg(num_nodes=1, gpus_per_node=generation_per_node),
+            resources=GenerationResourcesCfg(
+                num_nodes=generation_nodes, gpus_per_node=generation_per_node
+            ),
         ),
     )
     recipe = with_policy(automodel_recipe(num_nodes, 8), generation=generation)
@@ -58,6 +60,15 @@ def test_own_nodes_follow_the_training_nodes(tmp_path, four_nodes) -> None:
     assert (layout.first_node, layout.num_nodes) == (2, 1)
     assert (layout.engines_per_node, layout.gpus_per_engine) == (4, 2)
     assert vllm_workers.generation_node_ids(layout.first_node, layout.num_nodes) == ["node-c"]
+
+
+def test_an_engine_larger_than_a_node_takes_an_actor_per_node(tmp_path, four_nodes) -> None:
+    # 4 × 8 GPUs: training on nodes 0-1, one tp 16 engine over generation nodes 2-3.
+    layout = _planned_layout(tmp_path, 4, 8, tp=16, generation_nodes=2)
+    assert (layout.first_node, layout.num_nodes, layout.nodes_per_engine) == (2, 2, 2)
+    # one engine; each of its nodes' actors holds the node's 8 GPUs
+    assert (layout.num_engines, layout.engines_per_node, layout.gpus_per_engine) == (1, 1, 8)
+    assert vllm_workers.generation_node_ids(2, 2) == ["node-c", "node-d"]
 
 
 def test_a_one_node_split_shares_the_driver_node(tmp_path, four_nodes) -> None:

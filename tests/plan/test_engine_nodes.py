@@ -1,12 +1,12 @@
 """vLLM engines larger than a node through the real planner: laid over whole nodes as NeMo RL
-lays them, shapes that would split a node refused; colocated tensor parallel engines planned
-(the job starts them across nodes: hpcrl.core.generation.vllm_nodes, tests/vllm/
-test_grpo_cross_node.py), separate ones and pipeline parallelism across nodes still refused
-with the reason (hpcrl.plan.engine_nodes)."""
+lays them, shapes that would split a node refused; tensor parallel engines planned, colocated
+or on generation nodes of their own (the job starts them across nodes:
+hpcrl.core.generation.vllm_nodes, tests/vllm/test_grpo_cross_node.py), pipeline parallelism
+across nodes still refused with the reason (hpcrl.plan.engine_nodes)."""
 
 from __future__ import annotations
 
-from hpcrl.plan.engine_nodes import NO_PIPELINE, NOT_STARTED, EngineNodeLayout
+from hpcrl.plan.engine_nodes import NO_PIPELINE, EngineNodeLayout
 from tests.plan.planning_inputs import pyxis_profile
 from tests.plan.test_generation_plan import (
     ENGINE_SIZE,
@@ -56,15 +56,27 @@ def test_pipeline_parallel_engines_across_nodes_are_refused():
     }
 
 
-def test_separate_engines_across_generation_nodes_are_laid_out_then_refused():
+def test_separate_engines_across_generation_nodes_are_laid_out_and_planned():
     # 4 nodes: 2 train, 2 generate with one 16-GPU engine (tp 16) of their own.
     recipe = separate(automodel_recipe(num_nodes=4, gpus_per_node=8), 2, 8, tp=16)
-    errors = error_text(recipe, pyxis_profile())
-    assert errors[TP] == (
-        f"error: {TP} = 16: {ENGINE_SIZE} = 16 GPUs span 2 whole nodes each (vLLM engines "
+    spec = make_plan(recipe, pyxis_profile())
+    placement = spec.generation
+    assert (placement.first_node, placement.num_nodes, placement.num_engines) == (2, 2, 1)
+    assert (placement.slots_per_engine, placement.nodes_per_engine) == (16, 2)
+    assert generation_checks(spec)[-2:] == [
+        "training on nodes 0-1 (8 GPUs each); vLLM generation on nodes 2-3 (8 GPUs each; "
+        "1 engine(s) of 16 across 2 nodes each)",
+        "separate: vLLM engines across nodes: 1 engine(s) of 16 GPUs (GPUs of their own), "
+        f"each on 2 whole nodes of 8 GPUs (engine 0: nodes 2-3); {EXECUTOR}",
+    ]
+
+
+def test_separate_pipeline_parallel_engines_across_nodes_stay_refused():
+    recipe = separate(automodel_recipe(num_nodes=4, gpus_per_node=8), 2, 8, tp=8, pp=2)
+    assert error_text(recipe, pyxis_profile())[PP] == (
+        f"error: {PP} = 2: {ENGINE_SIZE} = 16 GPUs span 2 whole nodes each (vLLM engines "
         "across nodes: 1 engine(s) of 16 GPUs (GPUs of their own), each on 2 whole nodes of 8 "
-        f"GPUs (engine 0: nodes 2-3); {EXECUTOR.replace('each', 'each would run', 1)}); "
-        f"{NOT_STARTED}\n{FIX}"
+        f"GPUs (engine 0: nodes 2-3); {EXECUTOR}); {NO_PIPELINE}\n{FIX}"
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hpcrl.config.recipe import GenerationCfg, VllmCfg
+from hpcrl.core.generation.engine import EngineSpec
 from hpcrl.core.models.tiny import TINY_SPECS, build_char_tokenizer, build_random_model
 
 # float32 so that greedy parity with the fp32 torch sampler is exact; 32 MiB of KV cache.
@@ -48,6 +49,15 @@ def build_tiny_model(folder: Path) -> str:
     model = build_random_model(TINY_VLLM_SPEC, vocab_size=len(tokenizer))
     model.save_pretrained(folder, safe_serialization=True)
     return str(folder)
+
+
+def vllm_spec(path: str, cfg: VllmCfg = VLLM_CFG, seed: int = 0) -> EngineSpec:
+    """The spec of a CPU vLLM engine over the model at ``path`` (what ``VllmEngine`` and
+    ``EngineNodeWorkers`` are built from)."""
+    return EngineSpec(
+        backend="vllm", model_path=path, tokenizer_path=path, device="cpu",
+        precision=cfg.precision, seed=seed, max_model_len=None, vllm_cfg=cfg,
+    )  # fmt: skip
 
 
 def encode(tokenizer, texts: Sequence[str] = PROMPT_TEXTS) -> list[list[int]]:
@@ -120,18 +130,20 @@ def wait_until_gone(pids: Sequence[int], timeout_s: float = 30.0) -> list[int]:
 
 
 class WorkerProcesses:
-    """What ``watch_worker_processes`` saw: the pids of the training workers (Ray actors of
-    class ``TrainingWorker``) and of the processes they started (a TP engine's vLLM engine
-    core and per-rank workers; Python's multiprocessing resource tracker aside)."""
+    """What ``watch_worker_processes`` saw: the pids of the workers (Ray actors of the classes
+    watched: ``TrainingWorker`` unless told) and of the processes they started (a TP engine's
+    vLLM engine core and per-rank workers; Python's multiprocessing resource tracker aside)."""
 
-    def __init__(self) -> None:
+    def __init__(self, classes: Sequence[str] = ("TrainingWorker",)) -> None:
+        self.classes = tuple(classes)
         self.workers: set[int] = set()
         self.started_by_workers: set[int] = set()
 
     def record(self, psutil) -> None:
         for process in psutil.Process().children(recursive=True):
             try:
-                if "TrainingWorker" not in " ".join(process.cmdline()):
+                command = " ".join(process.cmdline())
+                if not any(name in command for name in self.classes):
                     continue
                 self.workers.add(process.pid)
                 for child in process.children(recursive=True):
@@ -142,13 +154,15 @@ class WorkerProcesses:
 
 
 @contextmanager
-def watch_worker_processes(every_s: float = 0.5) -> Iterator[WorkerProcesses]:
+def watch_worker_processes(
+    every_s: float = 0.5, classes: Sequence[str] = ("TrainingWorker",)
+) -> Iterator[WorkerProcesses]:
     """Records, while the block runs (a whole ``run_training`` in this process, whose worker
     pids a test cannot ask for), every training worker below this process and what it
     started, for ``wait_until_gone`` after the block."""
     import psutil
 
-    seen, stop = WorkerProcesses(), threading.Event()
+    seen, stop = WorkerProcesses(classes), threading.Event()
 
     def poll() -> None:
         while not stop.wait(every_s):

@@ -22,6 +22,7 @@ from tests.vllm.harness import (
     build_tiny_model,
     encode,
     responses,
+    vllm_spec,
     wait_until_gone,
 )
 
@@ -76,13 +77,13 @@ def test_tp2_engine_samples_as_tp1_and_follows_a_refit(tiny, tmp_path) -> None:
     path, model, tokenizer = tiny
     prompts = encode(tokenizer)
     before = set(_children())
-    tp1 = VllmEngine(path, VLLM_CFG, device="cpu")
+    tp1 = VllmEngine(vllm_spec(path))
     try:
         reference = tp1.generate(prompts, GREEDY, seed=0)
         reference_sampled = tp1.generate(prompts, SAMPLED, seed=3)
     finally:
         tp1.shutdown()
-    tp2 = VllmEngine(path, TP2, device="cpu", devices=_group_devices())
+    tp2 = VllmEngine(vllm_spec(path, TP2), devices=_group_devices())
     engine_pids = sorted(_children() - before)
     try:
         greedy = tp2.generate(prompts, GREEDY, seed=0)
@@ -111,7 +112,7 @@ def test_tp2_engine_samples_as_tp1_and_follows_a_refit(tiny, tmp_path) -> None:
     finally:
         model.load_state_dict(original)
     tokenizer.save_pretrained(fresh_path)
-    fresh = VllmEngine(str(fresh_path), VLLM_CFG, device="cpu")
+    fresh = VllmEngine(vllm_spec(str(fresh_path)))
     try:
         expected = fresh.generate(prompts, GREEDY, seed=0)
     finally:

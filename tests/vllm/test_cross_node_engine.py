@@ -29,6 +29,7 @@ from tests.vllm.harness import (
     perturbed,
     responses,
     torch_sampler_generate,
+    vllm_spec,
     wait_until_gone,
 )
 
@@ -66,7 +67,7 @@ def _run_node_1(path: str, node, cores: tuple[int, ...], pipe) -> None:
     from hpcrl.core.generation.vllm_nodes import EngineNodeWorkers
 
     workers = EngineNodeWorkers(
-        path, TP2, node, device="cpu", devices=EngineDevices(cpu_cores=(cores,))
+        vllm_spec(path, TP2), node, devices=EngineDevices(cpu_cores=(cores,))
     )
     pipe.send(workers.worker_pids())
     pipe.recv()  # stop
@@ -104,7 +105,7 @@ def test_tp2_engine_over_two_node_ranks_samples_as_tp1_and_follows_a_refit(tiny,
     node_1.start()
     try:
         engine = VllmEngine(
-            path, TP2, device="cpu", devices=EngineDevices(cpu_cores=(cores_0,)), node=node_0
+            vllm_spec(path, TP2), devices=EngineDevices(cpu_cores=(cores_0,)), node=node_0
         )
         try:
             assert pipe.poll(60), "node rank 1 never reported its workers"

@@ -12,13 +12,13 @@ from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
 from tests.core.logprob_reference import reference_logprobs
 from tests.vllm.harness import (
-    VLLM_CFG,
     build_tiny_model,
     encode,
     response_logprobs,
     responses,
     teacher_forced_logprobs,
     torch_sampler_generate,
+    vllm_spec,
 )
 
 
@@ -33,7 +33,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple:
 
 @pytest.fixture(scope="module")
 def engine(tiny) -> Iterator[VllmEngine]:
-    engine = VllmEngine(tiny[0], VLLM_CFG, device="cpu", seed=0)
+    engine = VllmEngine(vllm_spec(tiny[0]))
     try:
         yield engine
     finally:

@@ -22,6 +22,7 @@ from tests.vllm.harness import (
     response_logprobs,
     responses,
     teacher_forced_logprobs,
+    vllm_spec,
 )
 
 # temperature 1, no top-k/top-p: the sampler's log-probs are the model's raw ones, which a
@@ -63,7 +64,7 @@ def test_refit_lands_mid_generation_and_later_tokens_use_the_new_weights(
     prompts = encode(tokenizer)
     original = {k: v.clone() for k, v in model.state_dict().items()}
     new_weights = perturbed(model, seed=11)
-    engine = VllmEngine(path, VLLM_CFG, device="cpu", seed=0, in_process=True)
+    engine = VllmEngine(vllm_spec(path), in_process=True)
     try:
         out, landed = _refit_mid_generation(engine, prompts, new_weights, recompute)
         refits_in_flight = engine.generation_metrics()["generation_refits_in_flight"]

@@ -26,7 +26,7 @@ import torch
 from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
 from tests.require import unavailable
-from tests.vllm.harness import VLLM_CFG, encode, responses, torch_sampler_generate
+from tests.vllm.harness import encode, responses, torch_sampler_generate, vllm_spec
 
 MAIN_PYTHON_VAR = "HPCRL_MAIN_PYTHON"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_refit_from_megatron_follows_trained_weights_and_restores(exported: Path
 
     tokenizer = load_tokenizer(hf_path)
     prompts = encode(tokenizer)
-    engine = VllmEngine(hf_path, VLLM_CFG, device="cpu", in_process=True)
+    engine = VllmEngine(vllm_spec(hf_path), in_process=True)
     try:
         original = engine.generate(prompts, GREEDY, seed=0)
         engine.update_weights(sorted(after.items()))

@@ -29,13 +29,13 @@ from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.generation.vllm_engine import VllmEngine
 from tests.job.ray_listeners import listening_tcp_sockets, listening_unix_sockets
 from tests.vllm.harness import (
-    VLLM_CFG,
     encode,
     perturbed,
     response_logprobs,
     responses,
     teacher_forced_logprobs,
     torch_sampler_generate,
+    vllm_spec,
     wait_until_gone,
 )
 
@@ -97,7 +97,7 @@ def test_refit_follows_new_weights_and_restores_exactly(tiny, in_process: bool) 
     original = {k: v.clone() for k, v in model.state_dict().items()}
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     listeners_before = listeners_of_this_process_tree()
-    engine = VllmEngine(path, VLLM_CFG, device="cpu", in_process=in_process)
+    engine = VllmEngine(vllm_spec(path), in_process=in_process)
     idle_refit = None
     try:
         children = new_children(children_before)

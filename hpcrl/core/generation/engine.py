@@ -82,6 +82,23 @@ class EngineSpec:
         a larger cache than fits, the engine samples in waves instead."""
         return self.backend == "vllm" and self.device == "cuda"
 
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The ``vllm.LLM`` / ``EngineArgs`` keyword arguments of this engine (vLLM only):
+        the one place the spec's settings become vLLM's, for the engine and for the
+        workers of its other nodes alike."""
+        from hpcrl.core.generation.vllm_engine import engine_kwargs
+
+        assert self.backend == "vllm", "the torch engine takes no vLLM arguments"
+        return engine_kwargs(
+            self.model_path,
+            self.vllm_cfg,
+            device=self.device,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            extra_kwargs=self.vllm_kwargs,
+            hf_overrides=self.hf_config_overrides,
+        )
+
     def build(
         self, devices: EngineDevices | None = None, node: EngineNodeRank | None = None
     ) -> GenerationEngine:
@@ -90,17 +107,7 @@ class EngineSpec:
         if self.backend == "vllm":
             from hpcrl.core.generation.vllm_engine import VllmEngine
 
-            return VllmEngine(
-                self.model_path,
-                self.vllm_cfg,
-                device=self.device,
-                seed=self.seed,
-                max_model_len=self.max_model_len,
-                extra_kwargs=self.vllm_kwargs,
-                hf_overrides=self.hf_config_overrides,
-                devices=devices,
-                node=node,
-            )
+            return VllmEngine(self, devices=devices, node=node)
         assert devices is None and node is None, "the torch engine runs inside its rank"
         return self._build_torch()
 
@@ -110,18 +117,7 @@ class EngineSpec:
         """The workers of node rank ``node.node_rank`` > 0 of a vLLM engine across nodes."""
         from hpcrl.core.generation.vllm_nodes import EngineNodeWorkers
 
-        assert self.backend == "vllm", "only vLLM engines span nodes"
-        return EngineNodeWorkers(
-            self.model_path,
-            self.vllm_cfg,
-            node,
-            device=self.device,
-            seed=self.seed,
-            max_model_len=self.max_model_len,
-            extra_kwargs=self.vllm_kwargs,
-            hf_overrides=self.hf_config_overrides,
-            devices=devices,
-        )
+        return EngineNodeWorkers(self, node, devices=devices)
 
     def _build_torch(self) -> GenerationEngine:
         import torch

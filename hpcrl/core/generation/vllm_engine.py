@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hpcrl.core.generation.in_flight import InFlightRefits
 
@@ -42,6 +42,23 @@ DEFAULT_CPU_KV_CACHE_MB = 64
 _ROW_SEED_STRIDE = 1_000_003
 # Where refit safetensors go for a multi-process engine (RAM-backed where available).
 SHM_DIR = "/dev/shm"
+
+
+class VllmSettings(Protocol):
+    """What a vLLM engine (and the workers of its other nodes) is built from:
+    ``hpcrl.core.generation.engine.EngineSpec``, whose ``llm_kwargs()`` is the one place its
+    settings become vLLM's arguments (a protocol here: that module builds the engines)."""
+
+    @property
+    def model_path(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def vllm_cfg(self) -> Any: ...  # VllmCfg
+
+    def llm_kwargs(self) -> dict[str, Any]: ...
 
 
 def engine_env(
@@ -140,41 +157,29 @@ class VllmEngine:
 
     def __init__(
         self,
-        model_path: str,
-        cfg: VllmCfg,
+        spec: VllmSettings,
         *,
-        device: str,
-        seed: int = 0,
-        max_model_len: int | None = None,
         in_process: bool | None = None,
-        extra_kwargs: dict[str, Any] | None = None,
-        hf_overrides: Mapping[str, Any] | None = None,
         devices: EngineDevices | None = None,
         node: EngineNodeRank | None = None,
     ) -> None:
-        """``devices``: the GPUs / CPU cores of a colocated engine's processes (a training
+        """``spec``: the engine's settings (``spec.llm_kwargs()``: vLLM's arguments).
+        ``devices``: the GPUs / CPU cores of a colocated engine's processes (a training
         rank that builds an engine spanning its group's devices); None: vLLM's defaults.
         ``node``: node rank 0 of an engine whose workers span several nodes
         (``hpcrl.core.generation.vllm_nodes``; the other nodes run ``EngineNodeWorkers``)."""
+        cfg = spec.vllm_cfg
         if in_process is None:
             # Tensor/pipeline parallel engines need worker processes of their own.
             in_process = cfg.tensor_parallel_size * cfg.pipeline_parallel_size == 1
         assert node is None or (node.node_rank == 0 and not in_process), node
         self.node = node
-        os.environ.update(engine_env(device, in_process, cfg.env_vars))
+        os.environ.update(engine_env(spec.device, in_process, cfg.env_vars))
         from vllm import LLM
 
         self.in_process = in_process
-        self.model_path = model_path
-        kwargs = engine_kwargs(
-            model_path,
-            cfg,
-            device=device,
-            seed=seed,
-            max_model_len=max_model_len,
-            extra_kwargs=extra_kwargs,
-            hf_overrides=hf_overrides,
-        )
+        self.model_path = spec.model_path
+        kwargs = spec.llm_kwargs()
         if node is not None:
             kwargs.update(node.llm_kwargs())
         if devices is None:

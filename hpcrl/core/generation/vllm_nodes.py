@@ -18,18 +18,19 @@ engine sees it (``hpcrl.core.generation.engine_devices.EngineNodeRank.refit_dir`
 
 The job starts them for colocated engines (``hpcrl.core.workers.actor``: the group's first
 rank holds ``VllmEngine(node=...)``, the group's first rank on each other node an
-``EngineNodeWorkers``; tests/vllm/test_grpo_cross_node.py); the planner refuses the others
-(``hpcrl.plan.engine_nodes``).
+``EngineNodeWorkers``) and for engines on generation nodes of their own
+(``hpcrl.core.workers.vllm_workers``: the engine's ``GenerationWorker`` on its first node, an
+``EngineNodeActor`` on each other node); tests/vllm/test_grpo_cross_node.py runs both. The
+planner refuses pipeline parallelism across nodes (``hpcrl.plan.engine_nodes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hpcrl.config.recipe import VllmCfg
     from hpcrl.core.generation.engine_devices import EngineDevices, EngineNodeRank
+    from hpcrl.core.generation.vllm_engine import VllmSettings
 
 
 class EngineNodeWorkers:
@@ -40,36 +41,18 @@ class EngineNodeWorkers:
     on node rank 0 shuts down: ``shutdown`` ends them."""
 
     def __init__(
-        self,
-        model_path: str,
-        cfg: VllmCfg,
-        node: EngineNodeRank,
-        *,
-        device: str,
-        seed: int = 0,
-        max_model_len: int | None = None,
-        extra_kwargs: dict[str, Any] | None = None,
-        hf_overrides: Mapping[str, Any] | None = None,
-        devices: EngineDevices | None = None,
+        self, spec: VllmSettings, node: EngineNodeRank, *, devices: EngineDevices | None = None
     ) -> None:
         import os
 
-        from hpcrl.core.generation.vllm_engine import _environment, engine_env, engine_kwargs
+        from hpcrl.core.generation.vllm_engine import _environment, engine_env
 
         assert node.node_rank > 0, "node rank 0 holds the engine itself (VllmEngine)"
-        os.environ.update(engine_env(device, False, cfg.env_vars))
+        os.environ.update(engine_env(spec.device, False, spec.vllm_cfg.env_vars))
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
-        kwargs = engine_kwargs(
-            model_path,
-            cfg,
-            device=device,
-            seed=seed,
-            max_model_len=max_model_len,
-            extra_kwargs=extra_kwargs,
-            hf_overrides=hf_overrides,
-        )
+        kwargs = spec.llm_kwargs()
         config = EngineArgs(**kwargs, **node.llm_kwargs()).create_engine_config(headless=True)
         with _environment(devices.env if devices is not None else {}):
             # monitor_workers=False: vLLM's monitor would shut the executor down from a

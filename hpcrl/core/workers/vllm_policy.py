@@ -128,10 +128,12 @@ def wrap_policy(
     model_path: str,
     device: str,
     placement: GenerationPlacement | None = None,
+    refit_dir: str | None = None,
 ) -> Policy:
     """``training`` itself when its workers sample (colocated generation); else a
     ``VllmPolicy`` with separate engines. ``placement``: the plan's separate generation
-    workers (``JobSpec.generation``; required for them). On failure the training policy is
+    workers (``JobSpec.generation``; required for them); ``refit_dir``: a folder every
+    generation node sees (required for engines across nodes). On failure the training policy is
     shut down too (the caller never got a handle)."""
     generation = recipe.policy.generation
     if generation.colocated.enabled:
@@ -141,7 +143,7 @@ def wrap_policy(
     group = None
     try:
         spec = engine_spec(recipe, model_path, device)
-        group = GenerationGroup(generation_layout(placement, device), spec)
+        group = GenerationGroup(generation_layout(placement, device), spec, refit_dir)
         group.start()
     except BaseException:
         try:

@@ -3,11 +3,15 @@ generation) in Ray actors of their own placement group.
 
 ``policy.generation.colocated.resources`` names the nodes and GPUs per node of the
 generation side; each engine takes ``tensor_parallel_size × pipeline_parallel_size`` of
-those GPUs, within one node (on CPU: one worker slot each). The planner decides all of it
-(``JobSpec.generation``: which nodes, from ``first_node`` — nodes of their own after the
-training ones, or the training nodes' remaining GPUs — and how many engines of how many
-GPUs; ``hpcrl.plan.generation`` checks that they tile the nodes) and the driver passes that
-placement here; Ray's GPU accounting keeps the two sides on different GPUs.
+those GPUs, within one node (on CPU: one worker slot each), or, larger than a node, whole
+nodes (``nodes_per_engine``): the engine's actor on its first node runs vLLM across them
+(node rank 0), an ``EngineNodeActor`` on each other node that node's workers
+(``hpcrl.core.generation.vllm_nodes``); refits go through files in the run folder. The
+planner decides all of it (``JobSpec.generation``: which nodes, from ``first_node`` — nodes
+of their own after the training ones, or the training nodes' remaining GPUs — and how many
+engines of how many GPUs; ``hpcrl.plan.generation`` checks that they tile the nodes) and the
+driver passes that placement here; Ray's GPU accounting keeps the two sides on different
+GPUs.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
     import torch
 
     from hpcrl.config.recipe import GenerationCfg
+    from hpcrl.core.generation.engine_devices import EngineNodeRank
+    from hpcrl.core.generation.vllm_nodes import EngineNodeWorkers
     from hpcrl.run.jobspec import GenerationPlacement
 
 ENGINE_ROLE = "generation engine"  # how a failure names one (WorkerFailed)
@@ -41,19 +47,31 @@ class GenerationLayout:
     gpus_per_engine: int  # 0 on CPU
     device: str
     cpus_per_engine: float = 0.25
+    nodes_per_engine: int = 1  # > 1: one engine across whole nodes (engines_per_node 1)
 
     @property
     def num_engines(self) -> int:
-        return self.num_nodes * self.engines_per_node
+        return self.num_nodes * self.engines_per_node // self.nodes_per_engine
 
 
 def generation_layout(placement: GenerationPlacement, device: str) -> GenerationLayout:
     """The engines as planned (``JobSpec.generation``); the planner already checked that
-    engines of ``slots_per_engine`` tile ``slots_per_node`` (CPU engines take one slot)."""
+    engines of ``slots_per_engine`` tile ``slots_per_node`` (CPU engines take one slot), or
+    that engines across nodes take whole nodes (each node's actor: the node's GPUs)."""
+    per_node = placement.slots_per_node
+    if placement.nodes_per_engine > 1:
+        return GenerationLayout(
+            first_node=placement.first_node,
+            num_nodes=placement.num_nodes,
+            engines_per_node=1,
+            gpus_per_engine=per_node if device == "cuda" else 0,
+            device=device,
+            nodes_per_engine=placement.nodes_per_engine,
+        )
     return GenerationLayout(
         first_node=placement.first_node,
         num_nodes=placement.num_nodes,
-        engines_per_node=placement.slots_per_node // placement.slots_per_engine,
+        engines_per_node=per_node // placement.slots_per_engine,
         gpus_per_engine=placement.slots_per_engine if device == "cuda" else 0,
         device=device,
     )
@@ -75,9 +93,23 @@ class GenerationWorker:
         os.environ.update(env)
         self.engine: GenerationEngine | None = None
 
-    def setup(self, spec: EngineSpec) -> int:
-        self.engine = spec.build()
+    def setup(self, spec: EngineSpec, node: EngineNodeRank | None = None) -> int:
+        """``node``: node rank 0 of an engine across nodes (its refit folder is made here)."""
+        if node is not None:
+            os.makedirs(node.refit_dir, exist_ok=True)
+        self.engine = spec.build(node=node)
         return os.getpid()
+
+    def engine_address(self) -> tuple[str, int]:
+        """Where an engine across nodes meets the other nodes' workers: this node's address
+        and a port free on it."""
+        import socket
+
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return ray.util.get_node_ip_address(), int(sock.getsockname()[1])
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], cfg: GenerationCfg, seed: int
@@ -117,13 +149,39 @@ class GenerationWorker:
             self.engine = None
 
 
+class EngineNodeActor:
+    """The workers of one node rank > 0 of an engine across generation nodes (wrapped with
+    ``ray.remote`` by ``GenerationGroup``); the engine's ``GenerationWorker`` drives them."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+        self.workers: EngineNodeWorkers | None = None
+
+    def setup(self, spec: EngineSpec, node: EngineNodeRank) -> int:
+        """Blocks until the engine and every node's workers have started (call it beside
+        the engine's ``setup``)."""
+        self.workers = spec.build_node_workers(None, node)
+        return os.getpid()
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.shutdown()
+            self.workers = None
+
+
 class GenerationGroup:
     """Start, feed, refit and stop the generation actors."""
 
-    def __init__(self, layout: GenerationLayout, spec: EngineSpec) -> None:
+    def __init__(
+        self, layout: GenerationLayout, spec: EngineSpec, refit_dir: str | None = None
+    ) -> None:
+        """``refit_dir``: a folder every generation node sees (engines across nodes)."""
+        assert layout.nodes_per_engine == 1 or refit_dir is not None, "engines across nodes"
         self.layout = layout
         self.spec = spec
-        self.actors: list[Any] = []
+        self.refit_dir = refit_dir
+        self.actors: list[Any] = []  # one per engine: where generate and refits go
+        self.node_actors: list[Any] = []  # the other nodes of engines across nodes
         self.pids: list[int] = []
         # vLLM engines start from spec.model_path's weights; the torch engine with none, so
         # the first generation waits for a refit (NeMo RL syncs its dedicated Megatron
@@ -141,22 +199,53 @@ class GenerationGroup:
         bundle = self._bundle()
         # generate and update_weights run one at a time, in submission order (the default
         # group); an in-flight refit runs beside them in a group of its own.
-        remote_cls = ray.remote(concurrency_groups={REFIT_GROUP: 1})(GenerationWorker)
+        engine_cls = ray.remote(concurrency_groups={REFIT_GROUP: 1})(GenerationWorker)
         env = worker_env(self.layout.device)
-        self.actors = [
-            remote_cls.options(
+
+        def place(cls: Any, index: int) -> Any:
+            return cls.options(
                 num_cpus=bundle["CPU"],
                 num_gpus=bundle.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self._placement_group, placement_group_bundle_index=index
                 ),
             ).remote(env)
-            for index in range(self.layout.num_engines)
-        ]
-        self.pids = get_all(
-            [a.setup.remote(self.spec) for a in self.actors], "setup", timeout_s=timeout_s,
-            role=ENGINE_ROLE,
+
+        span = self.layout.nodes_per_engine
+        self.actors = [place(engine_cls, k * span) for k in range(self.layout.num_engines)]
+        if span == 1:
+            setups = [a.setup.remote(self.spec) for a in self.actors]
+        else:
+            setups = self._start_across_nodes(place, timeout_s)
+        self.pids = get_all(setups, "setup", timeout_s=timeout_s, role=ENGINE_ROLE)
+
+    def _start_across_nodes(self, place: Any, timeout_s: float) -> list[Any]:
+        """Engines across nodes: each engine's actor (node rank 0) and, on each of its other
+        nodes, an ``EngineNodeActor``, all set up side by side (each waits for the others)."""
+        import ray
+
+        from hpcrl.core.generation.engine_devices import EngineNodeRank
+
+        span, refit_dir = self.layout.nodes_per_engine, self.refit_dir
+        assert refit_dir is not None
+        addresses = get_all(
+            [a.engine_address.remote() for a in self.actors], "engine_address",
+            timeout_s=timeout_s, role=ENGINE_ROLE,
         )  # fmt: skip
+        node_cls = ray.remote(EngineNodeActor)
+        setups = []
+        for k, (actor, (addr, port)) in enumerate(zip(self.actors, addresses, strict=True)):
+            first = EngineNodeRank(
+                nnodes=span, node_rank=0, master_addr=addr, master_port=port,
+                refit_dir=refit_dir,
+            )  # fmt: skip
+            setups.append(actor.setup.remote(self.spec, first))
+            for rank in range(1, span):
+                node_actor = place(node_cls, k * span + rank)
+                self.node_actors.append(node_actor)
+                node = attrs.evolve(first, node_rank=rank)
+                setups.append(node_actor.setup.remote(self.spec, node))
+        return setups
 
     def _bundle(self) -> dict[str, float]:
         if self.layout.device == "cuda":
@@ -169,7 +258,9 @@ class GenerationGroup:
 
         node_ids = generation_node_ids(self.layout.first_node, self.layout.num_nodes)
         per_node = self.layout.engines_per_node
-        indices = range(self.layout.num_engines)
+        # One bundle per engine, or per node of an engine across nodes (engine k's on
+        # bundles k·span .. k·span + span - 1, one per node).
+        indices = range(self.layout.num_engines * self.layout.nodes_per_engine)
         group = placement_group(
             [self._bundle() for _ in indices],
             strategy="PACK",
@@ -249,14 +340,17 @@ class GenerationGroup:
     def shutdown(self) -> None:
         import ray
 
+        # An engine across nodes and its other nodes' workers stop side by side (each
+        # would wait seconds for the other's workers otherwise).
+        actors = [*self.actors, *self.node_actors]
         try:
-            if self.actors and self.pids:
-                ray.get([actor.close.remote() for actor in self.actors], timeout=120)
+            if actors and self.pids:
+                ray.get([actor.close.remote() for actor in actors], timeout=120)
         except ray.exceptions.RayError as error:  # never raised over the failure that got here
             print(f"generation engines did not close cleanly ({error}); killing them", flush=True)
         finally:
-            release_actors(self.actors, self._placement_group)
-            self.actors, self._placement_group = [], None
+            release_actors(actors, self._placement_group)
+            self.actors, self.node_actors, self._placement_group = [], [], None
 
 
 def generation_node_ids(first_node: int, num_nodes: int) -> list[str]:
