@@ -46,13 +46,14 @@ class HeadUnreachable(BootstrapError):
 class PortInUse(BootstrapError):
     """A fixed Ray port is already taken on this node."""
 
-    def __init__(self, port: int, port_name: str, node_name: str, ip: str):
+    def __init__(self, port: int, port_name: str, node_name: str, ip: str, holder: str):
         super().__init__(
             f"port {port} already in use on node {node_name} ({ip}; ray_ports.{port_name}): "
-            "another process (a second job on a shared node, a stale Ray) holds it; change "
+            f"held by {holder} (a second job on a shared node? a stale Ray?); change "
             f"ray_ports.{port_name} in the cluster profile or free the port"
         )
         self.port, self.port_name, self.node_name = port, port_name, node_name
+        self.holder = holder
 
 
 class NodesMissing(BootstrapError):

@@ -45,3 +45,50 @@ def first_busy_port(ip: str, ports: Iterable[tuple[str, int]]) -> tuple[str, int
         if not port_is_free(ip, port):
             return name, port
     return None
+
+
+UNKNOWN_HOLDER = "unknown (not visible to this user)"
+HOLDER_COMMAND_MAX_CHARS = 160
+
+
+def port_holder(ip: str, port: int) -> str:
+    """Who holds TCP ``ip:port``: ``pid N (name): command line`` (truncated), or why not known.
+
+    Only asked once a port was found busy (it lists the node's sockets and maps them to
+    processes through /proc): a busy port otherwise gives no clue which process to look for
+    (CI, 2026-12-05: port 10001 busy at a job's start, holder never found). Another user's
+    sockets are listed without their process.
+    """
+    import psutil  # the job's dependency; imported here, the free-port path never needs it
+
+    try:
+        sockets = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:  # where listing needs root (macOS)
+        return UNKNOWN_HOLDER
+    holders = [
+        found for found in sockets
+        if found.laddr and found.laddr.port == port and found.laddr.ip in (ip, "0.0.0.0", "::")
+    ]  # fmt: skip
+    # A listener is the one that blocks a bind; connections of other sockets only share it.
+    holders.sort(key=lambda found: found.status != psutil.CONN_LISTEN)
+    pids = [found.pid for found in holders if found.pid is not None]
+    if not pids:
+        return UNKNOWN_HOLDER if holders else "unknown (no socket on it was listed a moment later)"
+    return _describe_process(pids[0])
+
+
+def _describe_process(pid: int) -> str:
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        name = process.name()
+        # One line (it goes into the attempt's one-line cause): newlines of a `-c` script too.
+        command = " ".join(" ".join(process.cmdline()).split())
+    except psutil.NoSuchProcess:
+        return f"pid {pid} (exited since)"
+    except psutil.AccessDenied:
+        return f"pid {pid} ({UNKNOWN_HOLDER})"
+    if len(command) > HOLDER_COMMAND_MAX_CHARS:
+        command = command[: HOLDER_COMMAND_MAX_CHARS - 3] + "..."
+    return f"pid {pid} ({name}): {command}"

@@ -27,7 +27,7 @@ import attrs
 
 from hpcrl.core.ray_startup import NO_PRESTART_ENV
 from hpcrl.job.errors import PortInUse, RayExited
-from hpcrl.job.network import first_busy_port
+from hpcrl.job.network import first_busy_port, port_holder
 from hpcrl.job.processes import start_in_own_session, stop_session
 from hpcrl.job.ray_auth import apply_ray_auth, make_private_ray_dir
 from hpcrl.job.settings import NodeSettings
@@ -139,7 +139,8 @@ class RayNode:
         busy = first_busy_port(settings.node_ip, ports_to_check(settings))
         if busy is not None:
             name, port = busy
-            raise PortInUse(port, name, settings.task.node_name, settings.node_ip)
+            holder = port_holder(settings.node_ip, port)
+            raise PortInUse(port, name, settings.task.node_name, settings.node_ip, holder)
         node = cls(settings=settings, environ=environ)
         node._launch(str(node.go_file) if hold else "-")
         return node

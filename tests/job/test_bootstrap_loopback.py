@@ -171,7 +171,8 @@ def test_port_in_use_is_named_and_the_worker_stops_early(job):
     assert head.exit_code == 1
     assert (
         f"port {busy_port} already in use on node localhost (127.0.0.1; "
-        "ray_ports.object_manager_port)" in head.output
+        "ray_ports.object_manager_port): held by pid "
+        f"{os.getpid()} (" in head.output  # this test's process holds it
     )
     assert worker.exit_code == 1
     assert "node 0 (localhost) failed: port " in worker.output

@@ -237,3 +237,61 @@ def test_the_ray_launcher_waits_for_go_and_gives_up_without_it(tmp_path, monkeyp
     parents = iter([41, 1])  # the parent dies: the process is re-parented
     monkeypatch.setattr(ray_launcher.os, "getppid", lambda: next(parents, 1))
     assert ray_launcher.wait_for_go(str(tmp_path / "never"), 30) is False
+
+
+HOLD_A_PORT = """
+import socket, sys, time  # hpcrl test: a port holder
+holder = socket.socket()
+holder.bind((sys.argv[1], 0))
+holder.listen()
+print(holder.getsockname()[1], flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_busy_port_names_the_process_holding_it(tmp_path, monkeypatch, two_node_plan):
+    """A child process listens on a port the node needs: the error names its pid and command
+    (CI once failed on a busy port whose holder nobody could tell afterwards)."""
+    import subprocess
+    import sys
+
+    import hpcrl.job.ray_cluster as ray_cluster
+    from hpcrl.job.errors import PortInUse
+
+    settings = read_node_settings(tmp_path, slurm_env(0))
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_PORT, settings.node_ip], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        busy_port = int(child.stdout.readline())
+        # Only the child's port is checked: the plan's fixed ports may be another test's now.
+        monkeypatch.setattr(
+            ray_cluster, "ports_to_check", lambda settings: [("client_server_port", busy_port)]
+        )
+        with pytest.raises(PortInUse) as raised:
+            ray_cluster.RayNode.start(settings, {}, hold=False)
+    finally:
+        child.kill()
+        child.wait()
+    message = str(raised.value)
+    assert message.startswith(
+        f"port {busy_port} already in use on node localhost ({settings.node_ip}; "
+        f"ray_ports.client_server_port): held by pid {child.pid} ("
+    ), message
+    assert "-c import socket, sys, time # hpcrl test: a port holder" in message, message
+    assert raised.value.holder.startswith(f"pid {child.pid} (python")
+    assert len(raised.value.holder) < 200  # the command line is cut short
+
+
+def test_a_port_holder_nobody_may_see_is_said_to_be_unknown(monkeypatch):
+    """Another user's socket is listed without its process (psutil gives no pid)."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from hpcrl.job.network import UNKNOWN_HOLDER, port_holder
+
+    address = SimpleNamespace(ip="127.0.0.1", port=10001)
+    hidden = SimpleNamespace(laddr=address, status=psutil.CONN_LISTEN, pid=None)
+    monkeypatch.setattr(psutil, "net_connections", lambda kind: [hidden])
+    assert port_holder("127.0.0.1", 10001) == UNKNOWN_HOLDER

@@ -18,11 +18,14 @@ from hpcrl.run.jobspec_file import read_jobspec  # noqa: E402
 from tests.core._driver_harness import mean, read_metrics, write_run_dir  # noqa: E402
 
 
-@pytest.fixture
-def megatron_on_cpu(tmp_path):
+@pytest.fixture(scope="module")
+def megatron_on_cpu(tmp_path_factory):
     # Exported by the worker before it resolves the conversion directory: keeps the
-    # conversion out of ~/.cache.
-    return [f"policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR={tmp_path / 'converted'}"]
+    # conversion out of ~/.cache. One directory for the module: both runs train tiny:qwen2,
+    # the first run's job converts it and the second's reuses it, as a second job of a user
+    # does (hpcrl.core.backends.megatron.conversion; ~11-20 s a conversion on 2 cores).
+    converted = tmp_path_factory.mktemp("converted")
+    return [f"policy.megatron_cfg.env_vars.NRL_MEGATRON_CHECKPOINT_DIR={converted}"]
 
 
 @pytest.mark.slow

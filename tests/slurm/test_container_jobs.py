@@ -40,6 +40,9 @@ from tests.submit.jobs_harness import RECIPES, TWO_NODE_RECIPE, output_of
 
 pytestmark = [pytest.mark.slurm]
 
+#: Steps of the bundle's training run (as tests/submit/test_code_shipping.py's local one).
+BUNDLE_RUN_STEPS = 3
+
 HPCRL = Path(sys.executable).parent / "hpcrl"
 SHELL_PATH = "/usr/local/bin:/usr/bin:/bin"
 REBUILD = "bash tests/slurm/cluster.sh start  # rebuilds the stand-in plugin in place"
@@ -156,14 +159,17 @@ def test_two_node_grpo_runs_from_the_bundle_in_an_image_without_hpcrl(
     profiles.mkdir()
     (profiles / "pyxis-image.yaml").write_text(pyxis_profile_text("pyxis-image", images["full"]))
     run = tmp_path / "runs" / "demo"
+    # A few steps: every step runs the same code (the demo saves no checkpoint and never
+    # validates); the 2-node demo's full run is tests/submit/test_slurm_faults.py's job.
     result = submit(
-        [TWO_NODE_RECIPE, "--cluster", "pyxis-image", "-o", str(run), "--wait"],
+        [TWO_NODE_RECIPE, "--cluster", "pyxis-image", "-o", str(run), "--wait",
+         f"grpo.max_num_steps={BUNDLE_RUN_STEPS}"],
         tmp_path, user_shell(profiles), timeout_s=1100,
     )  # fmt: skip
     assert result.returncode == 0, output_of(result)
     wait_sacct_states(read_job_record(run).job_id, ["COMPLETED"])
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in steps] == list(range(1, len(steps) + 1)) and len(steps) >= 10
+    assert [row["step"] for row in steps] == list(range(1, BUNDLE_RUN_STEPS + 1))
     (bundle,) = (tmp_path / "runs" / ".hpcrl-bundles").iterdir()
     for node in (0, 1):
         log = (run / "logs" / f"node{node}" / "attempt0" / "node.log").read_text()

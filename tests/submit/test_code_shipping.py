@@ -69,6 +69,10 @@ def node_log(run: Path) -> str:
     return (run / "logs" / "node0" / "attempt0" / "node.log").read_text()
 
 
+#: Steps of the bundle's training run (as tests/slurm/test_container_jobs.py's 2-node one).
+BUNDLE_RUN_STEPS = 3
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_local_job_runs_from_the_bundle_in_an_image_without_hpcrl(images, tmp_path):
@@ -77,13 +81,16 @@ def test_a_local_job_runs_from_the_bundle_in_an_image_without_hpcrl(images, tmp_
         tmp_path / "profiles", "image", LOCAL_CPU + f"python: {image_python}\ncode: bundle\n"
     )
     run = tmp_path / "runs" / "demo"
+    # A few steps: every step runs the same code (the demo saves no checkpoint and never
+    # validates); its 20 steps to the documented reward are tests/core/test_demo.py's.
     result = submit(
-        ["grpo-tiny-1n-cpu", "--cluster", "image", "-o", str(run), "--wait"],
+        ["grpo-tiny-1n-cpu", "--cluster", "image", "-o", str(run), "--wait",
+         f"grpo.max_num_steps={BUNDLE_RUN_STEPS}"],
         tmp_path, user_shell(tmp_path / "profiles", 11),
     )  # fmt: skip
     assert result.returncode == 0, output_of(result)
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in steps] == list(range(1, 21))
+    assert [row["step"] for row in steps] == list(range(1, BUNDLE_RUN_STEPS + 1))
     (bundle,) = (tmp_path / "runs" / ".hpcrl-bundles").iterdir()
     log = node_log(run)
     assert f"preflight: python {image_python} (Python " in log
