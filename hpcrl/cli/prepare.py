@@ -109,7 +109,7 @@ def prepare(
     from hpcrl.config.errors import raise_if_errors
     from hpcrl.plan.planner import plan, render_argv
     from hpcrl.plan.submit_host import bundles_dir_for, describe_submit_host
-    from hpcrl.render.run_folder import default_run_dir
+    from hpcrl.render.run_dir_name import default_run_dir
 
     problems: list[Problem] = []
     loaded = profile = None
