@@ -199,8 +199,7 @@ def shipped_package_dir(package: str) -> Path:
             raise ModuleNotFoundError(f"No module named {package!r}", name=package)
         return folder
     locations = list(spec.submodule_search_locations or ())
-    folder = Path(locations[0]) if locations else None
-    assert folder is not None and folder.is_dir(), (
+    assert locations and Path(locations[0]).is_dir(), (
         f"{package} must be installed as files, not zipped: {spec.origin}"
     )
-    return folder
+    return Path(locations[0])
