@@ -199,12 +199,14 @@ def _cython_runtime(name: str) -> bool:
 
 
 #: What validate and --help never load (docs/performance.md, item 6): the run folder's
-#: writing side (the code bundle writer, the folder lock: with them tempfile, secrets) and
+#: writing side (the code bundle writer, the folder lock: with them tempfile, secrets),
 #: importlib.resources (with zipfile, tempfile): the shipped folders and data files are found
-#: through their module specs (``hpcrl.config.locate``); ~6 ms of every validate here.
+#: through their module specs (``hpcrl.config.locate``); ~6 ms of every validate here; and
+#: subprocess: validate starts no process here (no git: the checkout's commit is named in
+#: written files only; no package probe: the job's Python is this one).
 NOT_AT_VALIDATE = frozenset({
     "hpcrl.render.run_folder", "hpcrl.render.bundle_writer", "hpcrl.run.folder_lock",
-    "importlib.resources",
+    "importlib.resources", "subprocess",
 })  # fmt: skip
 
 
