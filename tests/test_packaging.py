@@ -198,6 +198,18 @@ def _cython_runtime(name: str) -> bool:
     return name == "cython_runtime" or name.startswith("_cython_")
 
 
+#: What validate and --help never load (docs/performance.md, item 6): the run folder's
+#: writing side (the code bundle writer, the folder lock: with them tempfile, secrets),
+#: importlib.resources (with zipfile, tempfile): the shipped folders and data files are found
+#: through their module specs (``hpcrl.config.locate``); ~6 ms of every validate here; and
+#: subprocess: validate starts no process here (no git: the checkout's commit is named in
+#: written files only; no package probe: the job's Python is this one).
+NOT_AT_VALIDATE = frozenset({
+    "hpcrl.render.run_folder", "hpcrl.render.bundle_writer", "hpcrl.run.folder_lock",
+    "importlib.resources", "subprocess",
+})  # fmt: skip
+
+
 START_UP_COMMANDS = {
     # command: a module that proves the run went down that command's path
     "--help": "hpcrl.cli.jobs",  # (the parser: every command module, nothing they run)
@@ -234,6 +246,8 @@ def test_cli_start_up_imports_no_heavy_module(command, tmp_path):
     if command.startswith(("--help", "validate")):
         rendering = sorted(tops & {"jinja2", "submitit"})
         assert not rendering, f"hpcrl {command} renders and submits nothing: {rendering}"
+        writing = sorted(loaded & NOT_AT_VALIDATE)
+        assert not writing, f"hpcrl {command} writes nothing: {writing} (see NOT_AT_VALIDATE)"
 
 
 def test_export_start_up_imports_no_heavy_module(tmp_path):

@@ -95,6 +95,7 @@ def prepare(
     recipe_source: str | None = None,
     written_by: tuple[str, ...] | None = None,
     provenance: dict[str, str] | None = None,
+    writes: bool = True,
 ) -> Prepared:
     """Load both inputs (reporting both one's problems together), then plan, then look at what
     the job will find (``hpcrl.plan.environment``: the same check for every command); raise
@@ -104,12 +105,13 @@ def prepare(
     ``recipe_source``: the recipe as the run should name it (job name, default folder,
     manifest) when ``recipe`` is another file holding it (``hpcrl rerun``: a run's resolved
     recipe); ``written_by``: the command for the script (default ``hpcrl render ...``);
-    ``provenance``: more manifest entries (``hpcrl rerun``'s)."""
+    ``provenance``: more manifest entries (``hpcrl rerun``'s). ``writes=False`` (validate):
+    what only the written files hold is not gathered (the code's git commit)."""
     from hpcrl.config import ConfigError, load_profile_with_warnings, load_recipe
     from hpcrl.config.errors import raise_if_errors
     from hpcrl.plan.planner import plan, render_argv
     from hpcrl.plan.submit_host import bundles_dir_for, describe_submit_host
-    from hpcrl.render.run_folder import default_run_dir
+    from hpcrl.render.run_dir_name import default_run_dir
 
     problems: list[Problem] = []
     loaded = profile = None
@@ -130,7 +132,7 @@ def prepare(
         base = runs_dir if runs_dir is not None else _user_runs_dir()
         run_dir = default_run_dir(recipe_source or recipe, loaded.resolved_dict, profile, base)
     # Code bundles are kept beside the run folders and shared by every run of the same code.
-    host = describe_submit_host(profile, bundles_dir_for(run_dir.parent))
+    host = describe_submit_host(profile, bundles_dir_for(run_dir.parent), git_commit=writes)
     spec = plan(
         loaded.recipe,
         profile,
@@ -170,7 +172,7 @@ def _as_source(name_or_path: str) -> str:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    prepared = prepare(args.recipe, args.cluster, args.overrides)
+    prepared = prepare(args.recipe, args.cluster, args.overrides, writes=False)
     from hpcrl.cli.terminal import output_width
 
     print("\n".join(plan_lines(prepared.spec, output_width())), flush=True)

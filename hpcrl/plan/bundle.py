@@ -52,6 +52,7 @@ OPTIONAL_EXTENSIONS = frozenset({"pyyaml"})
 BUNDLE_FORMAT = "hpcrl-bundle-1"
 _COMPILED = re.compile(r"\.(so|pyd|dylib)(\.\d+)*$")  # extension modules, shared libraries
 GIT_TIMEOUT_S = 2.0
+OID_HEADER = "# branch.oid "  # git status --porcelain=v2 --branch: HEAD's commit
 
 
 @attrs.frozen
@@ -238,11 +239,29 @@ def _file_sha256(path: str) -> str:
 def hpcrl_git_sha() -> str | None:
     """``<sha>``, or ``<sha>-dirty`` with uncommitted changes, when hpcrl runs from a git
     checkout (an editable install); None otherwise."""
-    package_dir = Path(hpcrl.__file__).parent
+    return checkout_git_sha(Path(hpcrl.__file__).parent)
+
+
+def checkout_git_sha(package_dir: Path) -> str | None:
+    """``hpcrl_git_sha`` of the package in ``package_dir``."""
     if "site-packages" in package_dir.parts:
         return None  # an installed wheel: a repository around the venv says nothing about it
     if not any((folder / ".git").exists() for folder in package_dir.parents):
         return None  # not in a checkout (pip --target): no git process to start and wait for
+    # One git process for both (each costs a process start on the login node): the header
+    # "# branch.oid <sha>" ("(initial)" before the first commit) and a line per change.
+    status = _git(package_dir, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    if status is None:  # a git older than 2.11 (no porcelain v2): ask as before, twice
+        return _git_sha_two_calls(package_dir)
+    lines = status.splitlines()
+    head = next((line[len(OID_HEADER) :] for line in lines if line.startswith(OID_HEADER)), "")
+    if not re.fullmatch(r"[0-9a-f]{40}", head):
+        return None
+    changed = any(not line.startswith("# ") for line in lines if line)
+    return head + ("-dirty" if changed else "")
+
+
+def _git_sha_two_calls(package_dir: Path) -> str | None:
     head = _git(package_dir, "rev-parse", "HEAD")
     if head is None or not re.fullmatch(r"[0-9a-f]{40}", head):
         return None

@@ -44,16 +44,23 @@ def bundles_dir_for(runs_dir: Path) -> Path:
 
 
 def describe_submit_host(
-    profile: ClusterProfile, bundles_dir: Path, environ: Mapping[str, str] | None = None
+    profile: ClusterProfile,
+    bundles_dir: Path,
+    environ: Mapping[str, str] | None = None,
+    *,
+    git_commit: bool = True,
 ) -> SubmitHost:
     """This process's view, gathering only what ``profile`` needs (no bundle for installed
-    code, no GPU probe unless the profile runs locally on GPUs)."""
+    code, no GPU probe unless the profile runs locally on GPUs). ``git_commit=False``: the
+    checkout's commit is not asked (``git_sha`` None): only the written script and job spec
+    name it, and a ``git status`` of a large checkout on a login node's shared file system
+    takes long (``hpcrl validate`` writes neither)."""
     environ = os.environ if environ is None else environ
     local_gpu = profile.scheduler == "local" and profile.device == "gpu"
     return SubmitHost(
         python=os.path.abspath(sys.executable) if sys.executable else "",
         hpcrl_version=hpcrl.__version__,
-        git_sha=hpcrl_git_sha(),
+        git_sha=hpcrl_git_sha() if git_commit else None,
         bundles_dir=str(Path(bundles_dir).absolute()),
         bundle=collect_bundle(tuple(profile.bundle_packages))
         if profile.code_mode == "bundle"

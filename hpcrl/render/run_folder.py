@@ -7,7 +7,6 @@ Only the manifest records when and where it was written; the script stays determ
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,6 @@ import attrs
 
 import hpcrl
 from hpcrl.config.errors import ConfigError, Problem
-from hpcrl.config.profile import ClusterProfile
 from hpcrl.render.bundle_writer import write_bundle
 from hpcrl.run.atomic_files import replace_symlink, write_file
 from hpcrl.run.folder_lock import holds_submitted_job, unusable_folder
@@ -42,22 +40,6 @@ class RunFolder:
     resolved_recipe: Path
     jobspec: Path
     manifest: Path
-
-
-def plan_fingerprint(resolved_recipe: Mapping[str, Any], profile: ClusterProfile) -> str:
-    """8 hex digits that change whenever the resolved recipe or the profile changes."""
-    text = json.dumps(
-        {"recipe": resolved_recipe, "profile": attrs.asdict(profile)}, sort_keys=True, default=str
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def default_run_dir(
-    recipe_source: str, resolved_recipe: Mapping[str, Any], profile: ClusterProfile, base: Path
-) -> Path:
-    """``<base>/<recipe-stem>-<profile>-<fingerprint>``: equal inputs land in the same folder."""
-    stem = Path(recipe_source).name.removesuffix(".yaml").removesuffix(".yml")
-    return (base / f"{stem}-{profile.name}-{plan_fingerprint(resolved_recipe, profile)}").absolute()
 
 
 def _make_compile_cache(spec: JobSpec) -> None:

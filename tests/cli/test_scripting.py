@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.cli.main import COMMAND_MODULES, build_parser, main
+from hpcrl.cli.main import COMMAND_MODULES, SHORT_COMMANDS, build_parser, main
 from tests.plan.planning_inputs import isolate_from_user_profiles
 
 
@@ -197,3 +198,32 @@ def test_bash_completes_profile_and_recipe_names(cli, tmp_path):
     assert "grpo-mine.yaml" in found and "grpo-folder" in found and "grpo-tiny-1n-cpu" in found
     assert "grpo-notes.txt" not in found
     assert _complete(script, ["submit", "_"], work, env) == []  # no __init__.py, __pycache__
+
+
+def test_the_collector_stays_off_for_short_commands_only(cli, tmp_path):
+    """``hpcrl.cli.main.run`` (the script) turns Python's cyclic garbage collector off for
+    start-up (~10 ms of a validate: docs/performance.md, item 6): a short command keeps it off
+    to its end, any other gets it back before its work; ``main`` alone leaves it as found.
+    ``run`` freezes what the command made before the interpreter's exit (its last collection
+    skips it)."""
+    assert SHORT_COMMANDS < set(COMMANDS)
+    assert cli("validate", "grpo-tiny-1n-cpu", "--cluster", "local")[0] == 0
+    assert gc.isenabled()  # main() in a process of its own caller: untouched
+    gc.disable()  # as run() leaves it
+    try:
+        assert cli("validate", "grpo-tiny-1n-cpu", "--cluster", "local")[0] == 0
+        assert not gc.isenabled()
+        cli("status", str(tmp_path / "no-such-run"))  # fails, after the collector is back
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    script = subprocess.run(
+        [sys.executable, "-c", "import gc, sys; sys.argv[1:] = ['validate', 'grpo-tiny-1n-cpu', "
+         "'--cluster', 'local']; import atexit; "
+         "atexit.register(lambda: print(gc.isenabled(), gc.get_freeze_count() > 0)); "
+         "from hpcrl.cli.main import run; run()"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert script.returncode == 0, script.stderr
+    assert script.stdout.splitlines()[-1] == "False True"  # off, and frozen for the exit

@@ -46,3 +46,25 @@ def test_validate_shows_the_plan_once_each_warning_once_and_paths_whole(tmp_path
     (mounts_line,) = [line for line in out if line.startswith("  mounts ")]
     assert mounts_line.split() == ["mounts", "/lustre:/lustre"]
     assert out[-1] == f"OK: {RECIPE} plans on eos; nothing was written."
+
+
+def test_validate_asks_git_nothing_and_plans_what_render_plans(monkeypatch, capsys):
+    """The checkout's commit is named in the written script and job spec only: validate does
+    not ask git for it (a ``git status`` per validate, slow on a large checkout of a shared
+    file system: docs/performance.md, item 6); its plan lines are the render's."""
+    from hpcrl.cli.prepare import plan_lines, prepare
+    from hpcrl.plan import bundle
+
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(bundle, "_git", lambda directory, *args: asked.append(args) or None)
+    bundle.hpcrl_git_sha.cache_clear()
+    try:
+        assert main(["validate", "grpo-tiny-1n-cpu", "--cluster", "local"]) == 0
+        assert asked == []
+        validated = prepare("grpo-tiny-1n-cpu", "local", [], writes=False).spec
+        rendered = prepare("grpo-tiny-1n-cpu", "local", []).spec
+    finally:
+        bundle.hpcrl_git_sha.cache_clear()
+    assert plan_lines(validated, 100) == plan_lines(rendered, 100)
+    assert validated.code.git_sha is None
+    assert capsys.readouterr().out.splitlines()[-1].startswith("OK: grpo-tiny-1n-cpu plans")

@@ -13,6 +13,7 @@ import attrs
 import pytest
 
 from hpcrl.job import bundle_entry
+from hpcrl.plan import bundle as plan_bundle
 from hpcrl.plan.bundle import (
     BASE_PACKAGES,
     _digest,
@@ -266,3 +267,37 @@ def test_the_image_lacks_what_the_bundle_brings(image, tmp_path):
     assert found == {"torch": True, "ray": True, "hpcrl": False, "submitit": False,
                      "cattrs": False, "omegaconf": False}  # fmt: skip
     assert sys.executable != str(image / "bin" / "python3")
+
+
+def test_the_checkout_sha_takes_one_git_process_and_says_what_two_said(tmp_path, monkeypatch):
+    """``hpcrl_git_sha`` reads HEAD and whether tracked files changed from one ``git status
+    --porcelain=v2 --branch`` (one process start per validate, not two); the same answers as
+    ``rev-parse HEAD`` + ``status --porcelain``, which a git without porcelain v2 still gets."""
+    package = tmp_path / "repo" / "pkg"
+    package.mkdir(parents=True)
+    (package / "module.py").write_text("x = 1\n")
+    git = ["git", "-C", str(tmp_path / "repo"), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    assert plan_bundle.checkout_git_sha(package) is None  # no commit yet
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    calls: list[tuple[str, ...]] = []
+    real_git = plan_bundle._git
+    monkeypatch.setattr(
+        plan_bundle, "_git", lambda *args: calls.append(args[1:]) or real_git(*args)
+    )
+    (package / "untracked.py").write_text("y = 2\n")  # untracked: not a change of the code
+    assert plan_bundle.checkout_git_sha(package) == head
+    assert len(calls) == 1
+    assert plan_bundle._git_sha_two_calls(package) == head
+    (package / "module.py").write_text("x = 3\n")
+    assert plan_bundle.checkout_git_sha(package) == f"{head}-dirty"
+    assert plan_bundle._git_sha_two_calls(package) == f"{head}-dirty"
+    # a git that refuses porcelain v2 (older than 2.11): the two questions of before
+    monkeypatch.setattr(
+        plan_bundle, "_git", lambda *args: None if "--porcelain=v2" in args else real_git(*args)
+    )
+    assert plan_bundle.checkout_git_sha(package) == f"{head}-dirty"
+    assert plan_bundle.checkout_git_sha(tmp_path / "site-packages" / "pkg") is None

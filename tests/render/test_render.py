@@ -14,7 +14,8 @@ from submitit.slurm.slurm import _make_sbatch_string
 
 from hpcrl.config.errors import ConfigError
 from hpcrl.plan.planner import plan
-from hpcrl.render.run_folder import default_run_dir, git_sha, write_run_folder
+from hpcrl.render.run_dir_name import default_run_dir
+from hpcrl.render.run_folder import git_sha, write_run_folder
 from hpcrl.render.script import render_sbatch
 from tests.plan.planning_inputs import (
     GOLDEN_HOST,
