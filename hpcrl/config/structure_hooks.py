@@ -18,7 +18,7 @@ import attrs
 import cattrs
 from cattrs.errors import IterableValidationNote
 
-from hpcrl.config.foreign_key_table import UNSUPPORTED_CHOICES
+from hpcrl.config.refusal_reasons import UNSUPPORTED_CHOICES
 from hpcrl.config.suggestions import did_you_mean
 
 

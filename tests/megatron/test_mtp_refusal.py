@@ -16,7 +16,7 @@ def test_megatron_core_lacks_what_nemo_rl_mtp_needs(megatron_cpu):
     from megatron.core.models.mamba.mamba_model import MambaModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from hpcrl.config.foreign_key_table import MTP_REFUSAL
+    from hpcrl.config.refusal_reasons import MTP_REFUSAL
 
     fields = TransformerConfig.__dataclass_fields__
     assert "mtp_num_layers" in fields
