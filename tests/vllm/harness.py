@@ -142,8 +142,9 @@ class WorkerProcesses:
     def record(self, psutil) -> None:
         for process in psutil.Process().children(recursive=True):
             try:
-                command = " ".join(process.cmdline())
-                if not any(name in command for name in self.classes):
+                # A child a worker has just forked carries the worker's command line until
+                # it execs (seen once on a loaded CI box): a worker's parent is never one.
+                if not self._is_worker(process) or self._is_worker(process.parent()):
                     continue
                 self.workers.add(process.pid)
                 for child in process.children(recursive=True):
@@ -151,6 +152,12 @@ class WorkerProcesses:
                         self.started_by_workers.add(child.pid)
             except psutil.Error:  # ended between the listing and the look
                 continue
+
+    def _is_worker(self, process) -> bool:
+        if process is None:
+            return False
+        command = " ".join(process.cmdline())
+        return any(name in command for name in self.classes)
 
 
 @contextmanager
