@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 RECIPE = "grpo-tiny-1n-cpu"
+#: Plain files (no ${...}, no ???): validate reads them without OmegaConf (grpo-tiny-1n-cpu
+#: interpolates, in base/grpo.yaml)
+PLAIN_RECIPE = "sft-tiny-1n-cpu"
 PROFILE = "local"
 # A container profile ships the job's code: its first render in a runs folder writes the code
 # bundle (runs/.hpcrl-bundles/<hash>/), later renders of the same code only hash and reuse it.
@@ -134,7 +137,7 @@ def main() -> None:
         from cli_latency_trees import GPU_RECIPE, compare_trees
 
         with tempfile.TemporaryDirectory(dir="/tmp") as folder:
-            commands = [(RECIPE, PROFILE), (GPU_RECIPE, "local-gpu")]
+            commands = [(RECIPE, PROFILE), (PLAIN_RECIPE, PROFILE), (GPU_RECIPE, "local-gpu")]
             compare_trees(args.baseline_tree, commands, args.repeats, env, Path(folder))
         return
     # `python -m hpcrl.cli.main` is what the console script runs; it also works where hpcrl

@@ -208,12 +208,18 @@ NOT_AT_VALIDATE = frozenset({
     "hpcrl.render.run_folder", "hpcrl.render.bundle_writer", "hpcrl.run.folder_lock",
     "importlib.resources", "subprocess",
 })  # fmt: skip
+#: What validate of plain files (no ``${...}``, no ``???``, no override) never loads: OmegaConf
+#: and its vendored parser, ~40 ms here (hpcrl.config.plain_config; hpcrl.config.yaml_loader).
+NOT_AT_PLAIN_VALIDATE = frozenset({"omegaconf", "antlr4"})
+#: Shipped plain files, in START_UP_COMMANDS (grpo-tiny-1n-cpu interpolates: base/grpo.yaml).
+PLAIN_VALIDATE = "validate sft-tiny-1n-cpu --cluster local"
 
 
 START_UP_COMMANDS = {
     # command: a module that proves the run went down that command's path
     "--help": "hpcrl.cli.jobs",  # (the parser: every command module, nothing they run)
     "validate grpo-tiny-1n-cpu --cluster local": "hpcrl.plan.job_python",
+    PLAIN_VALIDATE: "hpcrl.plan.job_python",
     "validate grpo-llama-1b-1n1g-megatron --cluster slurm-test": "hpcrl.plan.checkpoint_dir",
     "render grpo-tiny-1n-cpu --cluster local -o run": "hpcrl.render.script",
     # slurm-test-pyxis mounts /tmp only: the data must be there (hpcrl.plan.environment)
@@ -248,6 +254,9 @@ def test_cli_start_up_imports_no_heavy_module(command, tmp_path):
         assert not rendering, f"hpcrl {command} renders and submits nothing: {rendering}"
         writing = sorted(loaded & NOT_AT_VALIDATE)
         assert not writing, f"hpcrl {command} writes nothing: {writing} (see NOT_AT_VALIDATE)"
+    if command == PLAIN_VALIDATE:
+        parsing = sorted(tops & NOT_AT_PLAIN_VALIDATE)
+        assert not parsing, f"hpcrl {command} needs no OmegaConf: {parsing} (NOT_AT_PLAIN_VALIDATE)"
 
 
 def test_export_start_up_imports_no_heavy_module(tmp_path):

@@ -41,9 +41,11 @@ CONFIG_LOADING = frozenset(
         "hpcrl.config.nemo_rl_filter",  # sets NeMo RL's keys of a loaded file aside
         "hpcrl.config.nemo_rl_keys_build",  # builds the shipped key registry from NeMo RL
         "hpcrl.config.overrides",
+        "hpcrl.config.plain_config",  # a merged tree that needs no OmegaConf
         "hpcrl.config.resolvers",
         "hpcrl.config.yaml_limits",  # a file's size and node count, before it is parsed
-        "hpcrl.config.yaml_text",  # parses YAML as OmegaConf does
+        "hpcrl.config.yaml_loader",  # parses YAML as OmegaConf does
+        "hpcrl.config.yaml_text",  # a YAML file as plain data
     }
 )
 #: (name, side); index = rank. Package prefixes map a module to its stage (the longest wins).

@@ -7,13 +7,15 @@ A base name is looked up in the file's own folder first, then in the caller's se
 (``BaseSearch``: for a profile the profile search path, which ends with the shipped profiles;
 for a recipe the shipped recipes), skipping the file itself, so ``eos.yaml`` on the search
 path may extend the shipped ``eos.yaml``. Keys in ``BaseSearch.own_keys`` (a profile's
-``name``) are never inherited from a base. One reader for every file: OmegaConf's YAML loader, and OmegaConf's interpolation
+``name``) are never inherited from a base. One reader for every file: hpcrl's YAML loader,
+which reads as OmegaConf's does (``hpcrl.config.yaml_loader``), and OmegaConf's interpolation
 (``${a.b}``, ``${oc.env:X}``, NeMo RL's ``${mul:a,b}`` and the other resolvers of
 ``hpcrl.config.resolvers``), resolved after overrides, on the login node (``${oc.env:X}``
 therefore reads the submitting shell). Per file, before merging: ``policy.dtensor_cfg`` is
 moved to ``automodel_cfg`` (``hpcrl.config.aliases``) and relative ``data.train_path``/
 ``val_path`` are made absolute against that file's folder, so a recipe that extends a shipped
-recipe still finds the shipped data.
+recipe still finds the shipped data. A merged config with no overrides and nothing for
+OmegaConf to do (``hpcrl.config.plain_config``) is returned as read, omegaconf not imported.
 
 An interpolation that cannot be resolved is reported and its key left out, so the schema and
 the rules still check everything else: all problems come in one round. So is a key whose
@@ -40,6 +42,7 @@ from hpcrl.config.errors import Problem
 from hpcrl.config.interpolation_size import oversized_values
 from hpcrl.config.locate import non_file_kind
 from hpcrl.config.overrides import apply_overrides
+from hpcrl.config.plain_config import is_plain, plain_copies
 from hpcrl.config.resolvers import env_reads_recorded, register_resolvers, resolver_names
 from hpcrl.config.secrets import is_secret_name
 from hpcrl.config.shared_methods import SharedMethods
@@ -99,18 +102,39 @@ def load_merged(
     schema: type,
     known: Callable[[tuple[str, ...]], bool] | None = None,
     search: BaseSearch = BaseSearch(),
+    *,
+    through_omegaconf: bool = False,
 ) -> MergedConfig:
     """Read ``path`` with its ``defaults:``, apply overrides, resolve interpolation.
 
     ``known``: keys outside ``schema`` that overrides may still set (see apply_overrides).
     ``search``: where base names are found besides the file's folder (``BaseSearch``).
+    ``through_omegaconf``: build the ``DictConfig`` even for a plain config (for the tests
+    that compare the two paths, ``hpcrl.config.plain_config``).
     """
-    from omegaconf import OmegaConf
-
     data, problems, spellings = _load_tree(path, chain=(), search=search)
     if data is None:
         return MergedConfig(resolved=None, raw={}, problems=problems)
     problems = _one_alias_warning(problems, spellings)
+    if not overrides and not through_omegaconf and is_plain(data):
+        resolved, raw = plain_copies(data)
+        aliases.drop_alias_nodes(resolved)  # as OmegaConf's path: a leftover old name goes
+        return MergedConfig(
+            resolved=resolved, raw=raw, problems=problems, spelled_as=aliases.spelled_as(spellings)
+        )
+    return _merged_through_omegaconf(data, problems, spellings, overrides, schema, known)
+
+
+def _merged_through_omegaconf(
+    data: dict[str, Any],
+    problems: list[Problem],
+    spellings: set[str],
+    overrides: Sequence[str],
+    schema: type,
+    known: Callable[[tuple[str, ...]], bool] | None,
+) -> MergedConfig:
+    from omegaconf import OmegaConf
+
     cfg = OmegaConf.create(data)
     cfg, override_problems, override_spellings = apply_overrides(cfg, overrides, schema, known)
     warned = {p.path for p in problems if not p.is_error}
