@@ -29,7 +29,8 @@ import attrs
 
 from hpcrl.config.aliases import ALIASES, rename_path
 from hpcrl.config.consumers import CONSUMED_BY
-from hpcrl.config.foreign_key_table import FOREIGN_KEYS, UNSUPPORTED_SECTIONS, WILDCARD
+from hpcrl.config.foreign_key_entry import WILDCARD
+from hpcrl.config.foreign_key_table import FOREIGN_KEYS, UNSUPPORTED_SECTIONS
 from hpcrl.config.foreign_keys import find_foreign_key, known_schema_paths
 from hpcrl.config.not_consumed import NOT_CONSUMED
 from hpcrl.config.recipe import Recipe

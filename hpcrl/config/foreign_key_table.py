@@ -5,11 +5,7 @@ sections hpcrl refuses whole (``UNSUPPORTED_SECTIONS``). ``foreign_keys`` looks 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
-
-import attrs
-
+from hpcrl.config.foreign_key_entry import ForeignKey, inert, off_only
 from hpcrl.config.refusal_reasons import (
     FP8_GENERATION,
     FP8_TRAINING,
@@ -20,49 +16,7 @@ from hpcrl.config.refusal_reasons import (
     NOT_YET,
     VLLM_EXPERT_PARALLEL,
 )
-from hpcrl.config.shared_methods import SharedMethods
 
-Status = Literal["inert", "off_only"]
-WILDCARD = "*"
-
-
-@attrs.frozen
-class ForeignKey(SharedMethods):
-    """A NeMo RL key path (``*`` matches any one key) and what hpcrl does with it.
-
-    inert: always accepted, it cannot change results (``reason`` says why). off_only:
-    accepted while it holds one of ``off_values`` (or, for a section, while its ``enabled``
-    is false), an error otherwise (``reason`` says what is not supported).
-    """
-
-    path: str
-    status: Status
-    reason: str
-    off_values: tuple[Any, ...] = ()
-
-    def accepts(self, value: Any) -> bool:
-        if self.status == "inert":
-            return True
-        if isinstance(value, Mapping):
-            return value.get("enabled", True) is False or (not value and {} in self.off_values)
-        return any(value == off and type(value) is type(off) for off in self.off_values)
-
-    def off_text(self) -> str:
-        shown = [_yaml(value) for value in self.off_values if not isinstance(value, dict)]
-        if any(isinstance(value, dict) for value in self.off_values):
-            shown.append("{}")
-        return " or ".join(shown)
-
-
-def inert(path: str, reason: str) -> ForeignKey:
-    return ForeignKey(path=path, status="inert", reason=reason)
-
-
-def off_only(path: str, reason: str, *off_values: Any) -> ForeignKey:
-    return ForeignKey(path=path, status="off_only", reason=reason, off_values=off_values)
-
-
-NULL_OFF: tuple[None, dict[str, Any]] = (None, {})
 #: Sections the schema holds (their keys are checked, as DESIGN.md's manual-GC contract asks)
 #: but nothing trains with yet: a recipe that gives one is an error (rules.py).
 UNSUPPORTED_SECTIONS: dict[str, str] = {
@@ -495,11 +449,3 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     off_only("logger.swanlab_enabled", f"SwanLab logging is {NOT_YET}", False),
     inert("logger.swanlab", "settings of the SwanLab logger, read only when swanlab_enabled"),
 )
-
-
-def _yaml(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return repr(value) if isinstance(value, str) else str(value)

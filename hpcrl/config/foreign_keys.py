@@ -20,7 +20,8 @@ from typing import Any
 import attrs
 
 from hpcrl.config.errors import NO_VALUE, Problem
-from hpcrl.config.foreign_key_table import FOREIGN_KEYS, WILDCARD, ForeignKey
+from hpcrl.config.foreign_key_entry import WILDCARD, ForeignKey
+from hpcrl.config.foreign_key_table import FOREIGN_KEYS
 from hpcrl.config.shared_methods import SharedMethods
 
 

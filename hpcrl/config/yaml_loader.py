@@ -99,24 +99,26 @@ class ConfigLoader(_SafeLoader):
             self.flatten_mapping(value_node)
             return list(value_node.value)
         if not isinstance(value_node, yaml.SequenceNode):
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"expected a mapping or list of mappings for merging, but found {value_node.id}",
-                value_node.start_mark,
-            )
+            raise _merge_error(node, "a mapping or list of mappings", value_node)
         pairs: list[tuple[yaml.Node, yaml.Node]] = []
         for subnode in value_node.value:
             if not isinstance(subnode, yaml.MappingNode):
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping",
-                    node.start_mark,
-                    f"expected a mapping for merging, but found {subnode.id}",
-                    subnode.start_mark,
-                )
+                raise _merge_error(node, "a mapping", subnode)
             self.flatten_mapping(subnode)
             pairs = list(subnode.value) + pairs
         return pairs
+
+
+def _merge_error(
+    node: yaml.MappingNode, expected: str, found: yaml.Node
+) -> yaml.constructor.ConstructorError:
+    """PyYAML's own words for a ``<<:`` value that cannot be merged."""
+    return yaml.constructor.ConstructorError(
+        "while constructing a mapping",
+        node.start_mark,
+        f"expected {expected} for merging, but found {found.id}",
+        found.start_mark,
+    )
 
 
 def _written_keys(node: yaml.MappingNode) -> set[str]:

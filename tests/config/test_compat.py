@@ -19,7 +19,8 @@ from hpcrl.config.compat import (
     nemo_rl_rows,
     render_table,
 )
-from hpcrl.config.foreign_key_table import FOREIGN_KEYS, WILDCARD
+from hpcrl.config.foreign_key_entry import WILDCARD
+from hpcrl.config.foreign_key_table import FOREIGN_KEYS
 from hpcrl.config.foreign_keys import schema_paths
 from hpcrl.config.nemo_rl_filter import nemo_rl_parts
 from hpcrl.config.nemo_rl_keys import registry
