@@ -64,6 +64,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from hpcrl.config.recipe import GenerationCfg  # noqa: E402
+from hpcrl.core.generation.decode_launch import KernelLaunch  # noqa: E402
 from hpcrl.core.generation.torch_engine import EngineOptions, TorchEngine  # noqa: E402
 from hpcrl.core.models.tiny import TINY_SPECS, tiny_config  # noqa: E402
 
@@ -85,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rows", default="hpcrl,hf-static,hpcrl-unfused,hf-eager")  # or variants
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument(
+        "--launch", default=None,
+        help="adds the row hpcrl-launch: the Triton decode attention launched as "
+        "'kind,block_n,num_warps,num_stages,target_programs' (e.g. dot,32,4,2,512)",
+    )  # fmt: skip
     parser.add_argument(
         "--baseline-json",
         type=Path,
@@ -165,6 +171,15 @@ ENGINE_VARIANTS = {
     "hpcrl-triton": EngineOptions(decode_attention="triton"),
     "hpcrl-bmm": EngineOptions(decode_attention="bmm"),
 }
+
+
+def engine_variants(args: argparse.Namespace) -> dict[str, EngineOptions]:
+    """The engine rows: ``ENGINE_VARIANTS`` and, with ``--launch``, ``hpcrl-launch`` (the
+    Triton decode attention launched as that text says, ``KernelLaunch.parse``)."""
+    if not getattr(args, "launch", None):
+        return ENGINE_VARIANTS
+    launch = KernelLaunch.parse(args.launch)
+    return {**ENGINE_VARIANTS, "hpcrl-launch": EngineOptions(decode_launch=launch)}
 
 
 def build_engine(model: Any, args: argparse.Namespace, options: EngineOptions) -> TorchEngine:
@@ -256,7 +271,7 @@ class Contender:
 def prepare_hpcrl(
     model: Any, prompts: list[list[int]], args: argparse.Namespace, variant: str
 ) -> Contender:
-    options = ENGINE_VARIANTS[variant]
+    options = engine_variants(args)[variant]
     engine = build_engine(model, args, options)
     cfg = GenerationCfg(temperature=1.0, max_new_tokens=args.new_tokens)
     run = lambda: engine.generate(prompts, cfg, seed=1, stop_token_ids=())  # noqa: E731
@@ -311,11 +326,12 @@ def prepare_hf(
 
 
 def prepare(model: Any, prompts: list[list[int]], args: argparse.Namespace, name: str) -> Contender:
-    if name in ENGINE_VARIANTS:
+    if name in engine_variants(args):
         return prepare_hpcrl(model, prompts, args, name)
     if name in ("hf-static", "hf-eager"):
         return prepare_hf(model, prompts, args, static=name == "hf-static")
-    raise ValueError(f"unknown row {name!r}: one of {[*ENGINE_VARIANTS, 'hf-static', 'hf-eager']}")
+    known = [*engine_variants(args), "hf-static", "hf-eager"]
+    raise ValueError(f"unknown row {name!r}: one of {known}")
 
 
 def round_order(names: list[str], round_index: int) -> list[str]:
@@ -522,8 +538,8 @@ def profile_engines(model: Any, args: argparse.Namespace, wanted: list[str]) -> 
         prompts = random_prompts(
             batch, args.prompt_min, args.prompt_max, model.config.vocab_size, batch
         )
-        for variant in [name for name in wanted if name in ENGINE_VARIANTS]:
-            engine = build_engine(model, args, ENGINE_VARIANTS[variant])
+        for variant in [name for name in wanted if name in engine_variants(args)]:
+            engine = build_engine(model, args, engine_variants(args)[variant])
             cfg = GenerationCfg(temperature=1.0, max_new_tokens=args.new_tokens)
             engine.generate(prompts, cfg, seed=1, stop_token_ids=())  # captures
             path = args.profile_dir / f"generate-{variant}-{batch}.txt"

@@ -12,6 +12,10 @@
 #   train           benchmarks/train_throughput.py --skip-megatron, loops $TRAIN_LOOPS
 #                   (default backend, backend-mask, plain), alternating rounds, GOAL lines,
 #                   with PROFILE=1 a profile summary per loop                      (~150 s)
+#   kernels         benchmarks/decode_attention_kernels.py --kinds $KERNEL_KINDS (default,dot):
+#                   the decode attention's launches in CUDA graphs; the fastest tensor-core
+#                   launch over both batches then runs in the engine as the generation
+#                   piece's row hpcrl-launch                                         (~90 s)
 #   generation      benchmarks/generation_throughput.py, rows $GEN_ROWS (default hpcrl,
 #                   hf-static: the configuration that ran at batch 256 in earlier sessions;
 #                   two calls with a Triton-attention row in the process segfaulted at 256,
@@ -38,16 +42,17 @@ OUT=${OUT:-/tmp/hpcrl-issue25-out}
 BUDGET_S=${BUDGET_S:-560}
 PYTHON=${PYTHON:-python3}
 SMOKE=${SMOKE:-0}
-ORDER=(attention train generation generation-triton grpo-automodel grpo-megatron)
+ORDER=(attention train kernels generation generation-triton grpo-automodel grpo-megatron)
 PIECES=${PIECES:-attention train generation grpo-automodel grpo-megatron}
 TRAIN_LOOPS=${TRAIN_LOOPS:-backend,backend-mask,plain}
 GEN_ROWS=${GEN_ROWS:-hpcrl,hf-static}
+KERNEL_KINDS=${KERNEL_KINDS:-default,dot}  # benchmarks/decode_attention_kernels.py --kinds
 PROFILE=${PROFILE:-0}  # 1: torch.profiler summaries (train, generation, the GRPO passes)
 # GEN_EXTRA="--no-self-checks": skip the shipped engine's greedy/log-prob/sync self-checks
 # (~30 s; every row still checks its sampled log-probs against a teacher-forced forward)
 GRPO_STEPS=${GRPO_STEPS:-8}
 wanted() { [[ " $PIECES " == *" $1 "* ]]; }
-declare -A NEEDS_S=([attention]=20 [train]=140 [generation]=${NEEDS_GENERATION_S:-150}
+declare -A NEEDS_S=([attention]=20 [train]=140 [kernels]=90 [generation]=${NEEDS_GENERATION_S:-150}
                     [generation-triton]=60 [grpo-automodel]=80 [grpo-megatron]=140)
 for piece in $PIECES; do
     [ -n "${NEEDS_S[$piece]:-}" ] || { echo "unknown piece $piece (one of ${ORDER[*]})"; exit 2; }
@@ -146,9 +151,20 @@ wanted train && bounded "$(at_most 240 train)" "$OUT/train.log" "$PYTHON" \
     benchmarks/train_throughput.py --skip-megatron --loops "$TRAIN_LOOPS" \
     "${PROFILE_ARGS[@]}" "${TRAIN_ARGS[@]}"
 
+wanted kernels && [ "$SMOKE" != 1 ] && bounded "$(at_most 180 kernels)" "$OUT/kernels.log" \
+    "$PYTHON" benchmarks/decode_attention_kernels.py --kinds "$KERNEL_KINDS" --shapes tinyllama-1.1b
+
+# With the kernels piece run: the engine also runs its fastest tensor-core launch (hpcrl-launch)
+LAUNCH_ARGS=()
+best_dot=$(sed -n 's/^BEST-LAUNCH tinyllama-1.1b all-batches dot: \([^ ]*\) .*/\1/p' \
+    "$OUT/kernels.log" 2>/dev/null | tail -1)
+if [ -n "$best_dot" ] && [[ ",$GEN_ROWS," != *",hpcrl-launch,"* ]]; then
+    GEN_ROWS="$GEN_ROWS,hpcrl-launch"
+fi
+[ -n "$best_dot" ] && LAUNCH_ARGS=(--launch "$best_dot")
 wanted generation && bounded "$(at_most 260 generation)" "$OUT/generation.log" "$PYTHON" \
     benchmarks/generation_throughput.py --rows "$GEN_ROWS" "${PROFILE_ARGS[@]}" \
-    --json-out "$PROF/generation.json" "${GEN_ARGS[@]}"
+    "${LAUNCH_ARGS[@]}" --json-out "$PROF/generation.json" "${GEN_ARGS[@]}"
 
 wanted generation-triton && bounded "$(at_most 150 generation-triton)" \
     "$OUT/generation-triton.log" "$PYTHON" benchmarks/generation_throughput.py \
@@ -186,7 +202,7 @@ PY
 {
     for log in "$OUT"/*.log; do
         echo "== $(basename "$log")"
-        grep -E "GOAL|BOUND|SYNC|self-check|summary |/ best plain|variant |TB/s|^backend|^plain|^default|^flash|^cudnn|^efficient|^ *(64|256) |where a steady step goes|median step|== exit|Error" "$log"
+        grep -E "GOAL|BOUND|BEST|SYNC|self-check|summary |/ best plain|variant |TB/s|^backend|^plain|^default|^flash|^cudnn|^efficient|^ *(64|256) |where a steady step goes|median step|== exit|Error" "$log"
     done
     cat "$OUT/backends.txt"
 } > "$OUT/summary.txt" 2>/dev/null

@@ -83,11 +83,19 @@ def _eager(case: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
 
 
 def _launches() -> list:
-    """The default launch (one program per query group, 16 columns: many splits to combine)
-    and the per-head kernel over 64 columns: both must give the eager path's results."""
+    """The default launch (one program per query group, 16 columns: many splits to combine),
+    the per-head kernel over 64 columns, and the tensor-core kernel both as one program per
+    (row, kv head) looping over every column and writing the output itself, and split so
+    that several programs loop over several blocks each and the combine runs: each must give
+    the eager path's results."""
     from hpcrl.core.generation.triton_attention import KernelLaunch
 
-    return [KernelLaunch(), KernelLaunch(block_n=64, num_warps=4, grouped=False)]
+    return [
+        KernelLaunch(),
+        KernelLaunch(block_n=64, num_warps=4, kind="per_head"),
+        KernelLaunch(block_n=16, num_warps=4, kind="dot", target_programs=1),
+        KernelLaunch(block_n=16, num_warps=4, kind="dot", target_programs=40),
+    ]
 
 
 def _triton(

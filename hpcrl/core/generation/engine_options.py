@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import attrs
 
+from hpcrl.core.generation.decode_launch import KernelLaunch
 from hpcrl.core.generation.kv_cache import DecodeAttention
 
 
@@ -29,6 +30,8 @@ class EngineOptions:
     # "triton": rotary, the cache write and the attention in two Triton kernels
     # (triton_attention); "auto": "triton" on CUDA where it applies, else "bmm"
     decode_attention: DecodeAttention = "auto"
+    # how the "triton" decode attention's kernel is launched (decode_launch.KernelLaunch)
+    decode_launch: KernelLaunch = KernelLaunch()
 
 
 @attrs.define

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from hpcrl.core.generation.decode_launch import KernelLaunch
 from hpcrl.core.generation.decoder import masked_softmax
 
 if TYPE_CHECKING:
@@ -95,7 +96,12 @@ class DecodeState:
     """Cache, masks and per-slot inputs for up to ``rows`` slots and ``columns`` positions."""
 
     def __init__(
-        self, decoder: Decoder, rows: int, columns: int, attention: DecodeAttention = "bmm"
+        self,
+        decoder: Decoder,
+        rows: int,
+        columns: int,
+        attention: DecodeAttention = "bmm",
+        launch: KernelLaunch | None = None,
     ) -> None:
         import torch
 
@@ -103,6 +109,7 @@ class DecodeState:
         device = decoder.device
         self.decoder, self.rows, self.columns = decoder, rows, columns
         self.attention = resolve_decode_attention(attention, decoder)
+        self.launch = launch or KernelLaunch()
         self.cache = torch.zeros(
             (shape.num_layers, 2, rows, shape.num_kv_heads, columns, shape.head_dim),
             device=device,
@@ -176,7 +183,7 @@ class DecodeState:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = self.cache[layer, 0, :rows], self.cache[layer, 1, :rows]
             return decode_attention_triton(
-                q, k, v, keys, values, valid, self.column, width, self.scale, rotary
+                q, k, v, keys, values, valid, self.column, width, self.scale, rotary, self.launch
             )
 
         return attend

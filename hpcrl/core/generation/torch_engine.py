@@ -251,7 +251,10 @@ class TorchEngine:
             columns = max(columns, state.columns if state else 0)
             self._state = None
             self._graphs.clear()  # they point at the old buffers
-            self._state = DecodeState(self.decoder, rows, columns, self.options.decode_attention)
+            self._state = DecodeState(
+                self.decoder, rows, columns, self.options.decode_attention,
+                self.options.decode_launch,
+            )  # fmt: skip
         return rows
 
     def _rows_that_fit(self, columns: int) -> int:

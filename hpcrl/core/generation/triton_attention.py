@@ -10,7 +10,7 @@ head of the group in turn (elementwise products in registers, no tensor-core til
 rotates the query and leaves its softmax's max, sum and weighted values; a second kernel
 per (row, head) combines the blocks. Small blocks with one warp keep many independent loads
 in flight (``KernelLaunch``'s default; the per-query-head program, re-reading the block for
-each head, is kept as ``grouped=False``). One program per (row, head) walking the columns
+each head, is kept as ``kind="per_head"``). One program per (row, head) walking the columns
 in a loop was slower than the eager kernels, and a grouped program with two tensor-core
 products on a 16-row padded tile 5x slower at batch 256 (docs/performance.md, "Figures
 behind the code"). The current column's k/v come from the kernel's inputs, not the cache,
@@ -29,14 +29,18 @@ Imports Triton: import this module only where the kernel runs (``kv_cache`` does
 from __future__ import annotations
 
 import functools
+import os
 from typing import TYPE_CHECKING, Any
 
-import attrs
 import triton
 import triton.language as tl
 
+from hpcrl.core.generation.decode_launch import KernelLaunch
+
 if TYPE_CHECKING:
     import torch
+
+__all__ = ["KernelLaunch", "decode_attention_triton"]
 
 
 def _partial_kernel(
@@ -168,6 +172,107 @@ def _grouped_partial_kernel(
         tl.store(acc_ptr + slot * D + d, acc)
 
 
+def _dot_partial_kernel(
+    q_ptr, k_new_ptr, v_new_ptr, cos_ptr, sin_ptr,
+    keys_ptr, values_ptr, valid_ptr, column_ptr, ml_ptr, acc_ptr, out_ptr,
+    width, scale, columns_per_split,
+    stride_qb, stride_qh,
+    stride_kb, stride_kh,
+    stride_vnb, stride_vnh,
+    stride_rb,
+    stride_cb, stride_ch, stride_cc,
+    stride_vb, stride_ob,
+    GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr, ROTARY: tl.constexpr, DIRECT: tl.constexpr, WIDE_DOT: tl.constexpr,
+):  # fmt: skip
+    """One program per (row, kv head, split) on the tensor cores: the query group as one
+    [GROUP_TILE, D] tile (rows past the group are zeros), a loop over the split's columns
+    BLOCK at a time with an online softmax, the scores and the weighted values each one
+    ``tl.dot``. The new token's column is left out of the loop and added last from the
+    kernel's inputs (no read of what the first split writes). ``DIRECT`` (one split): the
+    normalised output is written here and no combine runs. ``WIDE_DOT``: the products in
+    float32 from the same rounded inputs (float32 caches, where the tensor cores' default
+    would round to tf32, and Triton's interpreter, whose bf16 ``tl.dot`` is wrong in Triton
+    3.9): the same function as the bf16 products with float32 accumulation."""
+    row = tl.program_id(0)
+    kv = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = tl.num_programs(1) * GROUP
+    d = tl.arange(0, D)
+    member = tl.arange(0, GROUP_TILE)
+    in_group = member < GROUP
+    heads = kv * GROUP + member
+    column = tl.load(column_ptr)
+    k_at = k_new_ptr + row * stride_kb + kv * stride_kh
+    k_new = tl.load(k_at + d)
+    q_at = q_ptr + row * stride_qb + heads[:, None] * stride_qh
+    q = tl.load(q_at + d[None, :], mask=in_group[:, None], other=0.0)
+    if ROTARY:
+        partner = (d + D // 2) % D
+        cos = tl.load(cos_ptr + row * stride_rb + d).to(tl.float32)
+        sin = tl.load(sin_ptr + row * stride_rb + d).to(tl.float32)
+        sin = tl.where(d < D // 2, -sin, sin)
+        k_partner = tl.load(k_at + partner).to(tl.float32)
+        k_new = (k_new.to(tl.float32) * cos + k_partner * sin).to(k_new_ptr.dtype.element_ty)
+        q_partner = tl.load(q_at + partner[None, :], mask=in_group[:, None], other=0.0)
+        q = q.to(tl.float32) * cos[None, :] + q_partner.to(tl.float32) * sin[None, :]
+        q = q.to(q_ptr.dtype.element_ty)
+    v_new = tl.load(v_new_ptr + row * stride_vnb + kv * stride_vnh + d)
+    cache_row = row * stride_cb + kv * stride_ch
+    if split == 0:
+        tl.store(keys_ptr + cache_row + column * stride_cc + d, k_new)
+        tl.store(values_ptr + cache_row + column * stride_cc + d, v_new)
+        if kv == 0:
+            tl.store(valid_ptr + row * stride_vb + column, 1)
+    start = split * columns_per_split
+    stop = tl.minimum(start + columns_per_split, width)
+    m = tl.full((GROUP_TILE,), -3.0e38, tl.float32)
+    total = tl.zeros((GROUP_TILE,), tl.float32)
+    acc = tl.zeros((GROUP_TILE, D), tl.float32)
+    for first in range(start, stop, BLOCK):
+        cols = first + tl.arange(0, BLOCK)
+        in_range = cols < stop
+        offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
+        keys = tl.load(keys_ptr + offsets, mask=in_range[:, None], other=0.0)
+        vals = tl.load(values_ptr + offsets, mask=in_range[:, None], other=0.0)
+        seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
+        visible = (seen != 0) & in_range & (cols != column)
+        if WIDE_DOT:
+            wide_q, wide_keys = q.to(tl.float32), keys.to(tl.float32)
+            scores = tl.dot(wide_q, tl.trans(wide_keys), input_precision="ieee")
+        else:
+            scores = tl.dot(q, tl.trans(keys))
+        scores = tl.where(visible[None, :], scores * scale, -3.0e38)
+        m_next = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.where(visible[None, :], tl.exp(scores - m_next[:, None]), 0.0)
+        rescale = tl.exp(m - m_next)
+        total = total * rescale + tl.sum(p, axis=1)
+        if WIDE_DOT:
+            rounded_p = p.to(vals.dtype).to(tl.float32)
+            weighted = tl.dot(rounded_p, vals.to(tl.float32), input_precision="ieee")
+        else:
+            weighted = tl.dot(p.to(vals.dtype), vals)
+        acc = acc * rescale[:, None] + weighted
+        m = m_next
+    if (column >= start) & (column < stop):
+        own = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], axis=1) * scale
+        m_next = tl.maximum(m, own)
+        rescale = tl.exp(m - m_next)
+        p_own = tl.exp(own - m_next)
+        total = total * rescale + p_own
+        acc = acc * rescale[:, None] + p_own[:, None] * v_new.to(tl.float32)[None, :]
+        m = m_next
+    if DIRECT:
+        out = acc / total[:, None]
+        out_at = out_ptr + row * stride_ob + heads[:, None] * D + d[None, :]
+        tl.store(out_at, out.to(out_ptr.dtype.element_ty), mask=in_group[:, None])
+    else:
+        slot = (row * num_heads + heads) * SPLITS + split
+        tl.store(ml_ptr + slot * 2, m, mask=in_group)
+        tl.store(ml_ptr + slot * 2 + 1, total, mask=in_group)
+        tl.store(acc_ptr + slot[:, None] * D + d[None, :], acc, mask=in_group[:, None])
+
+
 def _combine_kernel(
     ml_ptr, acc_ptr, out_ptr, splits, stride_ob,
     D: tl.constexpr, SPLITS: tl.constexpr,
@@ -186,32 +291,21 @@ def _combine_kernel(
     tl.store(out_ptr + row * stride_ob + head * D + d, out.to(out_ptr.dtype.element_ty))
 
 
-@attrs.frozen
-class KernelLaunch:
-    """How the partial kernel is launched: its column block, warps and pipeline stages, and
-    whether one program serves a whole query group (``grouped``) or one query head.
-
-    The default was the fastest of 32 launches at 64 and at 256 rows on one H200
-    (``benchmarks/decode_attention_kernels.py``, docs/performance.md: TinyLlama's heads, widths
-    64/128/192 summed: 43.1 µs at 64 rows and 130.9 at 256, against 75.8 and 273 for the
-    per-head launch over 64 columns with four warps used before): many small programs, each
-    reading its block once for the whole group, keep the most loads in flight."""
-
-    block_n: int = 16
-    num_warps: int = 1
-    num_stages: int = 3
-    grouped: bool = True
+def _interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (what ``triton.jit`` reads)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any, Any]:
+def _kernels() -> dict[str, Any]:
     """The jitted kernels, built on first use: ``triton.jit`` decides then whether they run
     compiled or in the interpreter (``TRITON_INTERPRET``)."""
-    return (
-        triton.jit(_partial_kernel),
-        triton.jit(_grouped_partial_kernel),
-        triton.jit(_combine_kernel),
-    )
+    return {
+        "per_head": triton.jit(_partial_kernel),
+        "grouped": triton.jit(_grouped_partial_kernel),
+        "dot": triton.jit(_dot_partial_kernel),
+        "combine": triton.jit(_combine_kernel),
+    }
 
 
 def decode_attention_triton(
@@ -225,16 +319,18 @@ def decode_attention_triton(
     width: int,
     scale: float,
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
-    launch: KernelLaunch = KernelLaunch(),
+    launch: KernelLaunch | None = None,
 ) -> torch.Tensor:
     """Write ``k``/``v`` [b, Hkv, D] at cache column ``column`` (a 1-element device tensor)
     of ``keys``/``values`` [b, Hkv, C, D], mark it in ``valid`` [b, C] (bool), and return
     the attention of ``q`` [b, H, D] over columns ``:width`` as [b, H*D]. ``rotary``: the
     rows' ``(cos, sin)`` [b, D]; given, ``q`` and ``k`` come in unrotated and the kernel
     rotates them (the cache receives the rotated keys). ``launch``: how the partial kernel
-    runs (``benchmarks/decode_attention_kernels.py`` measures the choices)."""
+    runs (``benchmarks/decode_attention_kernels.py`` measures the choices; default
+    ``KernelLaunch()``)."""
     import torch
 
+    launch = launch or KernelLaunch()
     b, num_heads, head_dim = q.shape
     num_kv = k.shape[1]
     assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1
@@ -242,27 +338,40 @@ def decode_attention_triton(
     assert head_dim & (head_dim - 1) == 0, "head_dim must be a power of two"
     cos, sin = rotary if rotary is not None else (q, q)
     assert cos.stride() == sin.stride() and cos.stride(-1) == 1
-    splits = triton.cdiv(width, launch.block_n)
+    splits, columns_per_split = launch.splits(b, num_kv, width)
     padded_splits = triton.next_power_of_2(splits)
-    per_head, per_group, combine = _kernels()
-    partial = per_group if launch.grouped else per_head
-    programs_per_row = num_kv if launch.grouped else num_heads
-    ml = torch.empty((b, num_heads, padded_splits, 2), dtype=torch.float32, device=q.device)
-    acc = torch.empty((b, num_heads, padded_splits, head_dim), dtype=torch.float32, device=q.device)
-    partial[(b, programs_per_row, splits)](
-        q, k, v, cos, sin, keys, values, valid.view(torch.uint8), column, ml, acc,
-        width, scale,
-        q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1),
-        v.stride(0), v.stride(1),
-        cos.stride(0),
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        valid.stride(0),
-        GROUP=num_heads // num_kv, D=head_dim, BLOCK=launch.block_n, SPLITS=padded_splits,
-        ROTARY=rotary is not None, num_warps=launch.num_warps, num_stages=launch.num_stages,
-    )  # fmt: skip
+    kernels = _kernels()
     out = torch.empty((b, num_heads * head_dim), dtype=q.dtype, device=q.device)
-    combine[(b, num_heads)](
+    direct = launch.kind == "dot" and splits == 1
+    slots = (b, num_heads, 1 if direct else padded_splits)
+    ml = torch.empty((*slots, 2), dtype=torch.float32, device=q.device)
+    acc = torch.empty((*slots, head_dim), dtype=torch.float32, device=q.device)
+    group = num_heads // num_kv
+    common = (
+        q, k, v, cos, sin, keys, values, valid.view(torch.uint8), column, ml, acc,
+    )  # fmt: skip
+    strides = (
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), valid.stride(0),
+    )  # fmt: skip
+    tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+    if launch.kind == "dot":
+        kernels["dot"][(b, num_kv, splits)](
+            *common, out, width, scale, columns_per_split, *strides, out.stride(0),
+            GROUP=group, GROUP_TILE=max(16, triton.next_power_of_2(group)), D=head_dim,
+            BLOCK=launch.block_n, SPLITS=padded_splits, ROTARY=rotary is not None,
+            DIRECT=direct, WIDE_DOT=q.dtype == torch.float32 or _interpreted(), **tuning,
+        )  # fmt: skip
+        if direct:
+            return out
+    else:
+        programs_per_row = num_kv if launch.kind == "grouped" else num_heads
+        kernels[launch.kind][(b, programs_per_row, splits)](
+            *common, width, scale, *strides,
+            GROUP=group, D=head_dim, BLOCK=launch.block_n, SPLITS=padded_splits,
+            ROTARY=rotary is not None, **tuning,
+        )  # fmt: skip
+    kernels["combine"][(b, num_heads)](
         ml, acc, out, splits, out.stride(0), D=head_dim, SPLITS=padded_splits
     )  # fmt: skip
     return out
