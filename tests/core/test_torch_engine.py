@@ -71,8 +71,13 @@ def _hf_greedy(model, tokenizer, prompts: list[str], max_new: int, eos: int | No
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_greedy_equals_hf_generate_on_each_architecture(name: str, attention: str) -> None:
     """Both decode attentions (two batched matmuls; scaled_dot_product_attention)."""
+    check_greedy_equals_hf_generate(name, EngineOptions(decode_attention=attention))
+
+
+def check_greedy_equals_hf_generate(name: str, options: EngineOptions) -> None:
+    """The engine's greedy tokens are Hugging Face's, its log-probs the teacher-forced ones."""
     model, tokenizer = _load(name)
-    engine = TorchEngine.from_hf_model(model, options=EngineOptions(decode_attention=attention))
+    engine = TorchEngine.from_hf_model(model, options=options)
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     out = engine.generate(ids, GenerationCfg(temperature=0.0, max_new_tokens=16), seed=0)
     eos = tokenizer.eos_token_id

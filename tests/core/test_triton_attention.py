@@ -170,12 +170,18 @@ def check_bf16_rounding() -> None:
 
 
 def check_engine_greedy() -> None:
-    """(child) whole generations through ``EngineOptions(decode_attention="triton")``."""
+    """(child) whole generations through the Triton decode attention, its default launch
+    and the tensor-core one (``kind="dot"``, split so that the combine runs too)."""
     torch.set_num_threads(1)
+    from hpcrl.core.generation.engine_options import EngineOptions
+    from hpcrl.core.generation.triton_attention import KernelLaunch
     from tests.core import test_torch_engine as engine_tests
 
-    for name in ("tiny:llama", "tiny:qwen2"):
-        engine_tests.test_greedy_equals_hf_generate_on_each_architecture(name, "triton")
+    dot = KernelLaunch(block_n=16, num_warps=4, kind="dot", target_programs=16)
+    for launch in (KernelLaunch(), dot):
+        options = EngineOptions(decode_attention="triton", decode_launch=launch)
+        for name in ("tiny:llama", "tiny:qwen2"):
+            engine_tests.check_greedy_equals_hf_generate(name, options)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 1)], ids=["mha", "gqa2", "mqa"])
