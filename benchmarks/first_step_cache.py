@@ -37,6 +37,9 @@ CACHE_KEYS = (
     "compile_cache_misses",
     "compile_cache_bypasses",
     "compile_time_s",
+    "aot_loads",  # the blocks' and engine pieces' kept compilations (aot_precompiled)
+    "aot_builds",
+    "aot_guard_rejections",  # kept ones whose guards refused their calls: the log says why
 )
 
 
@@ -100,6 +103,8 @@ def print_run(name: str, figures: dict[str, Any]) -> None:
           f"first/steady {figures['first_over_steady']:.1f}x; compile cache after step 1: "
           f"hits {cache['compile_cache_hits']}, misses {cache['compile_cache_misses']}, "
           f"bypasses {cache['compile_cache_bypasses']}, graphs {cache['compiled_graphs']}; "
+          f"kept compilations: loads {cache['aot_loads']}, builds {cache['aot_builds']}, "
+          f"guard rejections {cache['aot_guard_rejections']}; "
           f"torch.compile's time by then {_seconds(figures['after_step_1']['compile_time_s'])}")  # fmt: skip
 
 

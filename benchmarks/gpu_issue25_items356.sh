@@ -222,6 +222,9 @@ wanted cli-latency && bounded "$(at_most 60 cli-latency)" "$OUT/cli-latency.log"
 # 2. first step with a warm compile cache
 wanted first-step && bounded "$(at_most 240 first-step)" "$OUT/first-step.log" "$PYTHON" \
     benchmarks/first_step_cache.py "${FIRST_STEP_ARGS[@]}" --cluster "$CLUSTER" --out-dir /tmp/first-step
+# a kept compilation whose guards refused its calls: the failing guard, from the workers' logs
+wanted first-step && grep -rhoE "[a-z_]+: the kept compilation [^ ]+ refuses the call it was kept for.{0,400}" \
+    /tmp/first-step 2>/dev/null | sort | uniq -c | head -5 | sed 's/^/REFUSED /' >> "$OUT/first-step.log"
 
 # 3.-6. the 8B model and its sweeps
 wanted 8b-build && bounded "$(at_most 150 8b-build)" "$OUT/8b-build.log" build_8b
@@ -246,7 +249,7 @@ wanted gpu-tests && bounded "$(at_most 240 gpu-tests)" "$OUT/gpu-tests.log" gpu_
     for piece in "${ORDER[@]}"; do
         wanted "$piece" || continue
         echo "===== $piece"
-        grep -E "^(GOAL|hpcrl validate|run [12] |first step|built|== (exit|stopped|skipped))|out of GPU memory|Traceback|Error" \
+        grep -E "^(GOAL|hpcrl validate|run [12] |first step|built|REFUSED|== (exit|stopped|skipped))|out of GPU memory|Traceback|Error" \
             "$OUT/$piece.log" 2>/dev/null | head -40
         # the status and report tables (the JSON after them stays in the .report file)
         [ -f "$OUT/$piece.report" ] && sed '/^{/,$d' "$OUT/$piece.report" | head -60

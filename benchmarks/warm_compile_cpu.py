@@ -26,8 +26,11 @@ import tempfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("generate_s", "logprobs_s", "reference_s", "train_s")
+PHASES = ("setup_s", "generate_s", "logprobs_s", "reference_s", "train_s")
 COUNTS = ("frames", "graphs", "compile_cache_hits", "compile_cache_misses", "compile_time_s")
+#: the kept compilations (aot_precompiled's tally): loaded in the worker's setup, at a first
+#: call, and refused by their guards; absent in trees older than the tally (printed as 0)
+AOT_COUNTS = ("aot_loads_in_setup", "aot_loads", "aot_guard_rejections")
 
 #: One warm (or cold) first step, in a fresh interpreter; prints one JSON line.
 ONE_STEP = """
@@ -64,7 +67,9 @@ dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, w
 worker = type("CompilingWorker", (AutomodelWorker,), {"compile_on_cpu": True})()
 info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                 master_addr="127.0.0.1", master_port=port, device="cpu")
-worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, path)
+loads_before = compile_cache_counts().get("aot_loads", 0)  # the engine's pieces'
+timed("setup_s", lambda: worker.setup(tiny_automodel_recipe(micro_batch_size=2), info, path))
+figures["aot_loads_in_setup"] = compile_cache_counts().get("aot_loads", 0) - loads_before
 batch = make_batch(0, batch_size=2, seq_len=24)
 timed("logprobs_s", lambda: worker.logprobs(batch))
 timed("reference_s", lambda: worker.reference_logprobs(batch))
@@ -104,13 +109,13 @@ def one_step(tree: Path, cache: Path, model: str) -> dict[str, float]:
 
 
 def median_of(runs: list[dict[str, float]], key: str) -> float:
-    return statistics.median(run[key] for run in runs)
+    return statistics.median(run.get(key, 0.0) for run in runs)
 
 
 def print_table(trees: dict[str, list[dict[str, float]]], colds: dict[str, dict]) -> None:
     names = list(trees)
     print(f"{'warm first step (median)':28s}" + "".join(f"{n:>14s}" for n in names) + "   ratio")
-    for key in COUNTS + PHASES:
+    for key in COUNTS + AOT_COUNTS + PHASES:
         values = [median_of(trees[name], key) for name in names]
         ratio = f"{values[0] / values[1]:7.2f}x" if values[1] else "      -"
         print(f"{key:28s}" + "".join(f"{v:14.2f}" for v in values) + "   " + ratio)

@@ -7,7 +7,9 @@ again (the steady figures of the same process). The first process of a variant f
 compile cache (cold), the later ones find it (warm). Printed per process: each phase's first
 and second wall, torch.compile's seconds, cache hits / misses, full GCs and their seconds in
 each step (after the actor's ``ManualGc.after_setup``, which ``WFS_AFTER_SETUP=0`` leaves
-out: ``--variant plain:WFS_AFTER_SETUP=0,CACHE=base``), first / second; with
+out: ``--variant plain:WFS_AFTER_SETUP=0,CACHE=base``; and after its ``pay_triton_key``,
+which ``WFS_TRITON_KEY=0`` leaves out), the kept compilations loaded in setup and any
+refusal of their guards with its reason, first / second; with
 ``--profile`` the warm process's cProfile top functions (where the warm seconds go).
 
     python benchmarks/warm_first_step_gpu.py --cache /tmp/wfs [--variant NAME=ENV=V,...]
@@ -60,6 +62,10 @@ worker = AutomodelWorker()
 info = RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0,
                 master_addr="127.0.0.1", master_port=port, device="cuda" if on_gpu else "cpu")
 timed("setup_s", lambda: worker.setup(recipe, info, path))
+figures["aot_loads_in_setup"] = compile_cache_counts().get("aot_loads", 0)  # the blocks' preload
+if os.environ.get("WFS_TRITON_KEY", "1") == "1":  # the actor's setup pays Triton's key
+    from hpcrl.core.workers.first_launch import pay_triton_key
+    timed("triton_key_s", pay_triton_key)
 if os.environ.get("WFS_AFTER_SETUP", "1") == "1":  # what the worker's Ray actor does next
     from hpcrl.core.workers.manual_gc import ManualGc
     ManualGc.from_recipe(recipe).after_setup()
@@ -99,9 +105,11 @@ gc_figures("_1")
 figures.update(compile_cache_counts())
 pieces = [getattr(engine.decoder.pointwise, n) for n in ("add_rms_norm", "rotate_pair", "silu_mul", "masked_softmax")]
 kept = [getattr(p, "precompiled", None) for p in pieces]
-figures["aot_loads"] = sum(k.loads for k in kept if k)
-figures["aot_builds"] = sum(k.builds for k in kept if k)
+figures["engine_aot_loads"] = sum(k.loads for k in kept if k)
+figures["engine_aot_builds"] = sum(k.builds for k in kept if k)
 figures["aot_failures"] = [f[:300] for k in kept if k for f in k.failures]
+blocks = worker.block_compilations.pieces  # a refusal's failing guard, as the log has it
+figures["block_rejections"] = [r[:600] for r in blocks.rejections] if blocks else None
 timed("second_step_s", lambda: step("_2"))
 gc_figures("_2")
 figures["first_over_second"] = round(figures["first_step_s"] / figures["second_step_s"], 2)

@@ -46,4 +46,17 @@ def compile_cache_counts() -> dict[str, float]:
     }
     seconds = sum(sum(compilation_time_metrics.get(name, ())) for name in _COMPILE_TIMERS)
     counts["compile_time_s"] = round(seconds, 3)
+    counts.update(ahead_of_time_counts())
     return counts
+
+
+def ahead_of_time_counts() -> dict[str, float]:
+    """{aot_loads, aot_builds, aot_guard_rejections}: the compilations kept ahead of time
+    (``hpcrl.core.generation.aot_precompiled``) that this process loaded, built, and whose
+    guards refused the kind of call they were kept for (the reason is in the worker's log).
+    Their loads are no cache hits of Inductor's: a warm run shows 0 hits and N loads.
+    Empty when that module was never imported here."""
+    module = sys.modules.get("hpcrl.core.generation.aot_precompiled")
+    if module is None:
+        return {}
+    return {key: float(value) for key, value in module.TALLY.items()}

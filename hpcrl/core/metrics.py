@@ -66,6 +66,9 @@ def step_memory_metrics(
             "compile_cache_misses",
             "compile_cache_bypasses",
             "compile_time_s",
+            "aot_loads",
+            "aot_builds",
+            "aot_guard_rejections",
         )
         if any(key in s for s in states)
     }

@@ -22,6 +22,8 @@ from tests.core.compiling_worker import compiling_worker, report_and_exit
 from tests.core.parallel_harness import make_batch, masked_nll_loss
 
 worker = compiling_worker(sys.argv[1])
+kept = worker.block_compilations.pieces
+preloaded = kept.loads if kept else None  # by the worker's setup, before any call
 counters = torch._dynamo.utils.counters
 first = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
 reference = worker.reference_logprobs(make_batch(0, batch_size=2, seq_len=24))
@@ -36,7 +38,8 @@ report_and_exit({
     "frames": counters["frames"]["total"], "graphs": counters["stats"]["unique_graphs"],
     "first": first.tolist(), "reference": reference.tolist(), "after": after.tolist(), "loss": float(metrics["loss"]),
     "loads": aot.loads if aot else None, "builds": aot.builds if aot else None,
-    "failures": aot.failures if aot else None, "shared": shared,
+    "failures": aot.failures if aot else None, "shared": shared, "preloaded": preloaded,
+    "rejections": aot.rejections if aot else None,
 })
 """
 
@@ -64,6 +67,9 @@ def test_a_warm_run_loads_the_blocks_forward_and_backward_tracing_nothing(tmp_pa
     # 2 files (no_grad, grad) loaded once: the reference model's blocks share them
     assert warm["shared"] and cold["shared"]
     assert warm["failures"] == [] and warm["loads"] == 2 and warm["builds"] == 0, warm
+    # both loaded in the worker's setup, none at a first call, and every call taken
+    assert warm["preloaded"] == 2 and warm["rejections"] == [], warm
+    assert cold["preloaded"] == 0 and cold["rejections"] == [], cold
     assert warm["frames"] == 0 and warm["graphs"] == 0, warm
     for run in (cold, warm):
         for key in ("first", "reference", "after"):

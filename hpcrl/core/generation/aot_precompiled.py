@@ -20,6 +20,7 @@ the ordinary compilation, never the call.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import os
@@ -37,6 +38,11 @@ CACHE_DIR_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 #: torch, which exports ``TORCHINDUCTOR_CACHE_DIR`` itself (its default folder, for its compile
 #: workers) once Inductor has run: that alone must not switch this on in any process.
 PLANNED_VARIABLE = "TORCHINDUCTOR_FX_GRAPH_CACHE"
+#: This process's ahead-of-time compilations, all pieces together: what the metrics line
+#: carries beside Inductor's cache hits (``hpcrl.core.compile_stats``). A rejection is a kept
+#: compilation whose guards refused the call it was kept for (counted once per kind of call,
+#: its reason in the worker's log): the call then compiled as if nothing were kept.
+TALLY: dict[str, int] = {"aot_loads": 0, "aot_builds": 0, "aot_guard_rejections": 0}
 
 
 @attrs.define
@@ -51,6 +57,8 @@ class PrecompiledPieces:
     signatures_tried: set[str] = attrs.field(factory=set)
     loads: int = 0  # compilations read from the folder
     loaded_paths: set[Path] = attrs.field(factory=set)  # in ``ready`` already
+    by_path: dict[Path, Any] = attrs.field(factory=dict)  # the ``ready`` ones, by their file
+    rejections: list[str] = attrs.field(factory=list)  # why a kept one refused its own kind
     builds: int = 0  # compilations made here and written there
     failures: list[str] = attrs.field(factory=list)
     #: What names one compilation's file (besides the source digest): the arguments' kinds.
@@ -87,11 +95,43 @@ class PrecompiledPieces:
         if signature in self.signatures_tried:
             return None
         self.signatures_tried.add(signature)
+        path = self.path_for(signature)
+        kept = self.by_path.get(path)
+        if kept is not None:  # preloaded for this very kind of call, and it refuses the call
+            self._record_rejection(kept, path, args)
+            return None
         compiled = self._load_or_build(signature, args)
         if compiled is None:
             return None
+        self._add_ready(compiled, path)
+        if compiled.guard_check(*args):
+            return compiled
+        self._record_rejection(compiled, path, args)
+        return None
+
+    def _add_ready(self, compiled: Any, path: Path) -> None:
         self.ready.append(compiled)
-        return compiled if compiled.guard_check(*args) else None
+        self.by_path[path] = compiled
+
+    def _record_rejection(self, compiled: Any, path: Path, args: Sequence[Any]) -> None:
+        """Why ``compiled``'s guards refuse ``args`` (dynamo's failing guard, as
+        ``check_verbose`` words it), kept and written to the log once per kind of call:
+        a kept compilation that refuses the calls it was made for compiles them again,
+        and nothing else would say which guard did it."""
+        try:
+            verbose = compiled._artifacts.guard_manager.check_verbose(
+                compiled.prepare_f_locals(*args)
+            )
+            reason = "; ".join(str(part) for part in verbose.verbose_code_parts)
+        except Exception as error:  # a torch without these internals: the count still tells
+            reason = f"(reason unavailable: {type(error).__name__}: {error})"
+        self.rejections.append(f"{path.name}: {reason}")
+        TALLY["aot_guard_rejections"] += 1
+        warnings.warn(
+            f"{self.fn.__name__}: the kept compilation {path.name} refuses the call it was "
+            f"kept for; compiling it again. Failing guard: {reason[:600]}",
+            stacklevel=3,
+        )
 
     def path_for(self, signature: str) -> Path:
         digest = hashlib.sha256(f"{self.source_digest}\n{signature}".encode()).hexdigest()
@@ -106,19 +146,27 @@ class PrecompiledPieces:
     def preload(self) -> int:
         """Load every compilation an earlier run of the same source saved (its index), so
         the first call only checks guards: loading one (deserialising its graphs, building
-        its guards) took ~0.1-0.3 s on a GPU, in the first GRPO step. Returns how many."""
+        its guards) took ~0.1-0.3 s on a GPU, in the first GRPO step. Returns how many.
+
+        Each is loaded under the autocast its calls ran under when it was kept (the index
+        says): dynamo's tensor guards take the thread's dispatch keys as they are while the
+        guards are built, autocast's among them, so guards built outside the autocast of a
+        bf16 block's calls refuse every one of them ("dispatch key set mismatch": the
+        blocks compiled again, 11.9 s, in a warm H200 run that preloaded them in setup)."""
         try:
-            names = dict.fromkeys(self.index_path.read_text().split())
+            lines = self.index_path.read_text().splitlines()
         except OSError:
             return 0
+        entries = dict(_index_entry(line) for line in lines if line.split())
         loaded = 0
-        for name in names:
+        for name, autocast in entries.items():
             path = self.folder / name
             if path.suffix != ".bin" or path in self.loaded_paths or not path.exists():
                 continue
-            compiled = self._load_saved(path)
+            with _autocast_as_kept(autocast):
+                compiled = self._load_saved(path)
             if compiled is not None:
-                self.ready.append(compiled)
+                self._add_ready(compiled, path)
                 loaded += 1
         return loaded
 
@@ -132,6 +180,7 @@ class PrecompiledPieces:
         except Exception:  # a torn file, say: the first call tries it again and reports it
             return None
         self.loads += 1
+        TALLY["aot_loads"] += 1
         self.loaded_paths.add(path)
         return compiled
 
@@ -142,13 +191,14 @@ class PrecompiledPieces:
             return torch.compiler.load_compiled_function(saved, f_globals=self.traced.__globals__)
 
     def _remember(self, path: Path) -> None:
-        """Add ``path`` to the index (appended: ranks and runs share the folder)."""
+        """Add ``path`` to the index (appended: ranks and runs share the folder), with the
+        autocast of the call that loaded or built it (``preload`` loads it under it)."""
         self.loaded_paths.add(path)
         try:
             known = self.index_path.read_text().split() if self.index_path.exists() else []
             if path.name not in known:
                 with self.index_path.open("a") as index:
-                    index.write(path.name + "\n")
+                    index.write(" ".join([path.name, *_autocast_now()]) + "\n")
         except OSError:  # a read-only cache: later runs load at their first call instead
             pass
 
@@ -170,10 +220,12 @@ class PrecompiledPieces:
                 if path.exists():
                     compiled = self._read(path)
                     self.loads += 1
+                    TALLY["aot_loads"] += 1
                 else:
                     compiled = self._build(args)
                     _save(compiled, path)
                     self.builds += 1
+                    TALLY["aot_builds"] += 1
             compiled.disable_guard_check()  # checked by matching, once per call
             compiled.guard_check  # noqa: B018  (a torch without it fails here, not in a call)
             self._remember(path)
@@ -207,6 +259,37 @@ class PrecompiledPieces:
                 raise
         with torch._dynamo.config.patch(specialize_float=True):
             return compile_once()
+
+
+def _autocast_now() -> list[str]:
+    """The autocast this thread runs under, one ``autocast:<device>:<dtype>`` a device."""
+    import torch
+
+    return [
+        f"autocast:{device}:{str(torch.get_autocast_dtype(device)).removeprefix('torch.')}"
+        for device in ("cpu", "cuda")
+        if torch.is_autocast_enabled(device)
+    ]
+
+
+def _index_entry(line: str) -> tuple[str, tuple[str, ...]]:
+    """An index line: the file's name, then the autocast it was kept under (none in lines
+    written before the autocast was recorded: those load as they always did)."""
+    name, *states = line.split()
+    return name, tuple(state for state in states if state.startswith("autocast:"))
+
+
+def _autocast_as_kept(states: Sequence[str]) -> contextlib.ExitStack:
+    """The autocast contexts an index entry names, entered by the caller."""
+    import torch
+
+    stack = contextlib.ExitStack()
+    for state in states:
+        _, device, dtype_name = state.split(":")
+        dtype = getattr(torch, dtype_name, None)
+        if isinstance(dtype, torch.dtype):
+            stack.enter_context(torch.autocast(device, dtype))
+    return stack
 
 
 def _with_modules_in_globals(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from hpcrl.core.compile_stats import compile_cache_counts
 from hpcrl.core.metrics import HostMemoryTracker
 from hpcrl.core.workers.engine_group import EngineGroup, spans_nodes
+from hpcrl.core.workers.first_launch import pay_triton_key
 from hpcrl.core.workers.manual_gc import ManualGc
 from hpcrl.core.workers.micro_batches import materialize
 from hpcrl.core.workers.out_of_memory import cuda_memory_gb, names_gpu_out_of_memory
@@ -130,6 +131,7 @@ class TrainingWorker:
         elif self._engine_spec is not None and rank_info.engine_ranks > 1:
             self._engine_devices = self._group_devices(rank_info)
         self._build_torch_engine_now()
+        pay_triton_key()  # once per process: here, not at the first step's first kernel
         self._manual_gc = ManualGc.from_recipe(recipe)
         self._manual_gc.after_setup()
         return place

@@ -172,6 +172,7 @@ class AutomodelWorker:
         self.policy_weights_initial = True
         self.step = 0
         self.passes = PassRecorder(self.device)
+        self.block_compilations.preload()  # last: nothing their guards read changes after it
         coords = self.mesh.get_coordinate()
         assert coords is not None
         _, _, cp_index, tp_index = coords

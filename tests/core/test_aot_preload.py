@@ -1,0 +1,75 @@
+"""Kept compilations preloaded before their first call (``PrecompiledPieces.preload``): the
+guards dynamo builds while loading take the thread's dispatch keys as they are then, and
+autocast is among them; so each file is loaded under the autocast its calls ran under (the
+index records it), else every call is refused, and a refusal is counted with dynamo's reason.
+
+Real ``aot_compile`` with Inductor on CPU, in this process; autocast on the CPU (bfloat16)
+stands for the bf16 CUDA autocast of the Automodel blocks on one GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from tests.require import require_module
+
+torch = require_module("torch")
+
+from hpcrl.core.generation import aot_precompiled  # noqa: E402
+from hpcrl.core.generation.aot_precompiled import PrecompiledPieces  # noqa: E402
+
+
+def scaled_block(layer, hidden):
+    """What is kept: a module called with its input, as the Automodel blocks are."""
+    return layer(hidden).relu() * 2
+
+
+def kept_pieces() -> PrecompiledPieces:
+    pieces = PrecompiledPieces.for_piece(scaled_block, "inductor")
+    assert pieces is not None
+    return pieces
+
+
+@pytest.mark.slow  # one Inductor C++ compilation (~20 s on the 2-core box)
+def test_a_preloaded_compilation_takes_the_calls_of_its_autocast(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    layer, hidden = torch.nn.Linear(16, 16), torch.randn(3, 5, 16)
+    autocast = torch.autocast("cpu", torch.bfloat16)
+    cold = kept_pieces()
+    with autocast:
+        want = scaled_block(layer, hidden)
+        built = cold.matching((layer, hidden))
+        assert built is not None and cold.builds == 1
+        torch.testing.assert_close(built(layer, hidden), want, rtol=0, atol=0)
+    index = cold.index_path.read_text().split()
+    assert index[1:] == ["autocast:cpu:bfloat16"], index
+
+    before = dict(aot_precompiled.TALLY)
+    warm = kept_pieces()  # the next run: loaded in setup, outside any autocast
+    assert warm.preload() == 1
+    with autocast:
+        loaded = warm.matching((layer, hidden))
+        assert loaded is not None, warm.rejections
+        torch.testing.assert_close(loaded(layer, hidden), want, rtol=0, atol=0)
+    assert warm.builds == 0 and warm.rejections == [] and warm.failures == []
+    assert aot_precompiled.TALLY["aot_loads"] == before["aot_loads"] + 1
+    assert aot_precompiled.TALLY["aot_guard_rejections"] == before["aot_guard_rejections"]
+
+    # An index line without the autocast (as written before it was recorded) loads outside
+    # it: its guards refuse the call, which is counted once with dynamo's failing guard.
+    cold.index_path.write_text(index[0] + "\n")
+    unmarked = kept_pieces()
+    assert unmarked.preload() == 1
+    with autocast, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            assert unmarked.matching((layer, hidden)) is None
+    assert len(unmarked.rejections) == 1, unmarked.rejections
+    assert "dispatch key set mismatch" in unmarked.rejections[0]
+    assert "AutocastCPU" in unmarked.rejections[0]
+    assert aot_precompiled.TALLY["aot_guard_rejections"] == before["aot_guard_rejections"] + 1
+    assert any("dispatch key set mismatch" in str(w.message) for w in caught)
+    assert unmarked.builds == 0  # refused: the caller's ordinary compilation takes the call
