@@ -60,7 +60,7 @@ print(json.dumps({
 """
 
 
-def one_run(cache: Path) -> dict:
+def one_run(cache: Path, program: str = ONE_RUN) -> dict:
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -68,7 +68,7 @@ def one_run(cache: Path) -> dict:
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
     }
     result = subprocess.run(
-        [sys.executable, "-c", ONE_RUN],
+        [sys.executable, "-c", program],
         capture_output=True, text=True, cwd=REPO, env=env, timeout=900, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -165,3 +165,56 @@ def test_a_failed_build_is_not_tried_again_in_the_next_run(
     assert second.matching((x,)) is None
     assert "an earlier build failed" in second.failures[0]
     assert counters["frames"]["total"] == 0  # nothing traced
+
+
+#: One process's sampling through the engine's fused sampler: a kept ``pick_tokens`` whose
+#: batch dimension a build marks unbacked (tokens and log-probs against the eager sampler).
+SAMPLER_RUN = """
+import json, warnings
+import torch
+from torch._dynamo.utils import compilation_time_metrics, counters
+from hpcrl.core.generation.aot_precompiled import TALLY
+from hpcrl.core.generation.sampling import fused_sampler, sample_tokens
+from hpcrl.core.token_distribution import TokenDistribution
+
+torch.set_num_threads(1)
+sample = fused_sampler()
+distribution = TokenDistribution(temperature=0.7, top_p=0.9)
+same_tokens, differences = [], []
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for batch in (7, 1, 5):  # 1: the last live row after compaction
+        generator = torch.Generator().manual_seed(batch)
+        logits = torch.randn(batch, 48, generator=generator) * 3
+        uniforms = torch.rand(batch, generator=generator)
+        got = sample(logits, distribution, uniforms, greedy=False)
+        want = sample_tokens(logits, distribution, uniforms, greedy=False)
+        same_tokens.append(bool(torch.equal(got[0], want[0])))
+        differences.append(float((got[1] - want[1]).abs().max()))
+print(json.dumps({
+    **TALLY, "frames_traced": len(compilation_time_metrics.get("_compile.compile_inner", ())),
+    "graphs": counters["stats"]["unique_graphs"], "same_tokens": same_tokens,
+    "max_difference": max(differences),
+    "warnings": [str(w.message) for w in caught if "pick_tokens" in str(w.message)],
+}))
+"""
+
+
+@pytest.mark.slow  # two processes, the first compiles with Inductor's C++ backend (~30 s)
+def test_the_kept_sampler_takes_the_next_process_calls_of_every_batch_size(
+    tmp_path: Path,
+) -> None:
+    """torch 2.13 refused the kept sampler in every warm process (2.1 s of tracing in a warm
+    CPU generate): its calls marked the batch dimension unbacked, and the saved guards lose
+    the mark ("_has_dynamo_dim_marking is present on runtime tensor but was absent at
+    compile time"). The mark is now made for a compilation only."""
+    first = one_run(tmp_path, SAMPLER_RUN)
+    assert (first["aot_builds"], first["aot_loads"]) == (1, 0)
+    assert first["graphs"] == 1  # every batch size, batch 1 included, from one compilation
+    second = one_run(tmp_path, SAMPLER_RUN)
+    assert (second["aot_loads"], second["aot_builds"], second["aot_guard_rejections"]) == (1, 0, 0)
+    assert (second["frames_traced"], second["graphs"]) == (0, 0)
+    assert second["warnings"] == []
+    for run in (first, second):
+        assert run["same_tokens"] == [True, True, True]
+        assert run["max_difference"] <= 1e-5

@@ -63,6 +63,8 @@ class PrecompiledPieces:
     failures: list[str] = attrs.field(factory=list)
     #: What names one compilation's file (besides the source digest): the arguments' kinds.
     signature_of: Callable[[Sequence[Any]], str] = attrs.field(factory=lambda: _arguments_signature)
+    #: Called with the arguments just before a build traces them (``compiled_piece``'s marks).
+    before_build: Callable[[Sequence[Any]], None] | None = None
 
     @classmethod
     def for_piece(cls, fn: Callable[..., Any], backend: Any) -> PrecompiledPieces | None:
@@ -222,6 +224,8 @@ class PrecompiledPieces:
                     self.loads += 1
                     TALLY["aot_loads"] += 1
                 else:
+                    if self.before_build is not None:
+                        self.before_build(args)
                     compiled = self._build(args)
                     _save(compiled, path)
                     self.builds += 1

@@ -11,11 +11,16 @@ ahead of time at its first call (``torch.compile(...).aot_compile``) and saved t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Callable[..., Any]:
+def compiled_piece(
+    fn: Callable[..., Any],
+    *,
+    backend: Any = "inductor",
+    mark_for_compile: Callable[[Sequence[Any]], None] | None = None,
+) -> Callable[..., Any]:
     """``fn`` through ``torch.compile(dynamic=True, fullgraph=True)``, falling back to ``fn``
     itself (with a warning) when compiling fails.
 
@@ -29,6 +34,12 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
     saved in that folder (``aot_precompiled.PrecompiledPieces``): a call whose arguments
     pass a saved compilation's guards runs it; any other call goes through torch.compile
     as above.
+
+    ``mark_for_compile(args)`` marks the arguments (``mark_unbacked``, say) for a compilation
+    only: before a build or torch.compile, never before a kept compilation's guard check.
+    Guards saved to a file lose a tensor's dimension marks, and newer torch (2.13) refuses a
+    marked tensor against them ("_has_dynamo_dim_marking is present on runtime tensor but was
+    absent at compile time"); guards built with a mark accept an unmarked tensor.
     """
     import torch
     import torch.fx.experimental._config as fx_config
@@ -37,6 +48,8 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
 
     chosen = {"fn": torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)}
     precompiled = PrecompiledPieces.for_piece(fn, backend)
+    if precompiled is not None and mark_for_compile is not None:
+        precompiled.before_build = mark_for_compile
     if precompiled is not None:
         # An earlier run's compilations, loaded now rather than at the first call, under the
         # settings a call runs with (guards built under others reject the calls).
@@ -57,6 +70,8 @@ def compiled_piece(fn: Callable[..., Any], *, backend: Any = "inductor") -> Call
                 ready = precompiled.matching(args)
                 if ready is not None:
                     return ready(*args)
+            if mark_for_compile is not None:
+                mark_for_compile(args)
             return chosen["fn"](*args)
         except Exception as error:  # any compiler failure
             if chosen["fn"] is fn:

@@ -27,7 +27,7 @@ as fast as the eager one, not faster: ``benchmarks/sampler_throughput.py`` measu
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hpcrl.core.token_distribution import filter_logits, processed_logits, scale_logits
@@ -146,7 +146,13 @@ def fused_sampler(backend: Any = "inductor") -> SampleTokens:
 
     from hpcrl.core.generation.compiled import compiled_piece
 
-    pick = compiled_piece(pick_tokens, backend=backend)
+    def mark_batch_unbacked(args: Sequence[Any]) -> None:
+        logits, uniforms = args[0], args[1]
+        mark_unbacked(logits, 0)
+        mark_unbacked(uniforms, 0)
+
+    # marked for a compilation only: a kept compilation's guards refuse marked tensors
+    pick = compiled_piece(pick_tokens, backend=backend, mark_for_compile=mark_batch_unbacked)
 
     def sample(
         logits: torch.Tensor,
@@ -157,8 +163,6 @@ def fused_sampler(backend: Any = "inductor") -> SampleTokens:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if greedy:
             return sample_tokens(logits, distribution, uniforms, greedy=True)
-        mark_unbacked(logits, 0)
-        mark_unbacked(uniforms, 0)
         d = distribution
         return pick(logits, uniforms, d.temperature, d.top_k, d.top_p)
 
