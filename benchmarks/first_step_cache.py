@@ -85,9 +85,21 @@ def first_step_figures(run_dir: Path) -> dict[str, Any]:
         "steady_median_s": median,
         "first_over_steady": times[0] / median,
         "first_step_phases_s": {key: first.get(key) for key in PHASES},
+        "every_phase_first_and_steady_s": _every_phase(steps[0], steps[len(times) - len(steady) :]),
         "after_step_1": {key: first.get(key) for key in (*CACHE_KEYS, "compiled_graphs")},
         "after_last_step": {key: steps[-1].get(key) for key in CACHE_KEYS},
         "steps": len(steps),
+    }
+
+
+def _every_phase(first: dict[str, Any], steady: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each ``time_*_s`` of step 1 beside its steady median: where the first step's extra
+    seconds are (prefill, decode, refit, the optimizer's step, ...), from one call's runs."""
+    keys = sorted(k for k, v in first.items() if k.startswith("time_") and k.endswith("_s")
+                  and k != "time_step_s" and isinstance(v, int | float))  # fmt: skip
+    return {
+        key: [float(first[key]), statistics.median(float(r.get(key, 0.0)) for r in steady)]
+        for key in keys
     }
 
 
@@ -106,6 +118,11 @@ def print_run(name: str, figures: dict[str, Any]) -> None:
           f"kept compilations: loads {cache['aot_loads']}, builds {cache['aot_builds']}, "
           f"guard rejections {cache['aot_guard_rejections']}; "
           f"torch.compile's time by then {_seconds(figures['after_step_1']['compile_time_s'])}")  # fmt: skip
+    every = "  ".join(
+        f"{key.removeprefix('time_').removesuffix('_s')} {first:.2f}/{steady:.2f}"
+        for key, (first, steady) in figures["every_phase_first_and_steady_s"].items()
+    )
+    print(f"{name} phases, step 1 / steady median s: {every}")
 
 
 def _seconds(value: Any) -> str:
