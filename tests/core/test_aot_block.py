@@ -24,12 +24,13 @@ from tests.core.parallel_harness import make_batch, masked_nll_loss
 worker = compiling_worker(sys.argv[1])
 kept = worker.block_compilations.pieces
 preloaded = kept.loads if kept else None  # by the worker's setup, before any call
+rng = torch.rand(3).tolist()  # the first calls in setup leave the random streams as they were
 counters = torch._dynamo.utils.counters
-first = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
-reference = worker.reference_logprobs(make_batch(0, batch_size=2, seq_len=24))
-batch = make_batch(1, batch_size=2, seq_len=31)
+first = worker.logprobs(make_batch(0, batch_size=2, seq_len=100))
+reference = worker.reference_logprobs(make_batch(0, batch_size=2, seq_len=100))
+batch = make_batch(1, batch_size=2, seq_len=110)
 metrics = worker.train_step([batch], masked_nll_loss, float(batch["token_mask"].sum()))
-after = worker.logprobs(make_batch(0, batch_size=2, seq_len=24))
+after = worker.logprobs(make_batch(0, batch_size=2, seq_len=100))
 blocks = [layer._compiled_call_impl for layer in decoder_layers(worker.model.hf)]
 aot = getattr(blocks[0], "precompiled", None)
 reference_block = decoder_layers(worker.reference.hf)[0]._compiled_call_impl
@@ -39,7 +40,8 @@ report_and_exit({
     "first": first.tolist(), "reference": reference.tolist(), "after": after.tolist(), "loss": float(metrics["loss"]),
     "loads": aot.loads if aot else None, "builds": aot.builds if aot else None,
     "failures": aot.failures if aot else None, "shared": shared, "preloaded": preloaded,
-    "rejections": aot.rejections if aot else None,
+    "rejections": aot.rejections if aot else None, "rng": rng,
+    "first_calls_s": worker.first_calls_s,
 })
 """
 
@@ -71,13 +73,18 @@ def test_a_warm_run_loads_the_blocks_forward_and_backward_tracing_nothing(tmp_pa
     assert warm["preloaded"] == 2 and warm["rejections"] == [], warm
     assert cold["preloaded"] == 0 and cold["rejections"] == [], cold
     assert warm["frames"] == 0 and warm["graphs"] == 0, warm
+    # the kept compilations' first calls were made in setup, in the warm run only
+    assert warm["first_calls_s"] is not None and warm["first_calls_s"] > 0
+    assert plain["first_calls_s"] is None and cold["first_calls_s"] is None
+    assert warm["rng"] == plain["rng"] == cold["rng"]
     for run in (cold, warm):
         for key in ("first", "reference", "after"):
             torch.testing.assert_close(
                 torch.tensor(run[key]), torch.tensor(plain[key]), atol=1e-5, rtol=0
             )
         assert run["loss"] == pytest.approx(plain["loss"], rel=1e-5)
-    # the train step moved the weights: equal "after" log-probs mean equal gradients
+    # the train step moved the weights: equal "after" log-probs mean equal gradients (the
+    # warm run's first calls in setup left none behind)
     assert (torch.tensor(plain["after"]) - torch.tensor(plain["first"])).abs().max() > 1e-4
 
 

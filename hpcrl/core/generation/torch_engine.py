@@ -293,8 +293,12 @@ class TorchEngine:
         graph.replay()
 
     def _capture(self, rows: int, columns: int) -> Any:
-        """Warm up on a side stream (the step is idempotent: same inputs, same writes), then
-        capture; all graphs share one memory pool (they never run concurrently)."""
+        """Warm up once on a side stream (the step is idempotent: same inputs, same writes),
+        then capture; all graphs share one memory pool (they never run concurrently). One
+        warm-up run, not two: it makes every lazy first-call set-up (a Triton kernel's
+        specialisation and load, cuBLAS's choice) happen outside the capture, and a second
+        only repeats the run; the five captures of a first step spent ~0.3 s of host time in
+        the Triton launcher alone (an H200 profile, docs/performance.md, item 3)."""
         import torch
 
         state = self._state
@@ -304,8 +308,7 @@ class TorchEngine:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):
-                state.decode_forward(rows, columns)
+            state.decode_forward(rows, columns)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: other threads' CUDA calls (NCCL's watchdog in a training worker)

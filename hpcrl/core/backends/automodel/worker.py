@@ -47,6 +47,7 @@ from hpcrl.core.backends.automodel.expert_parallel import (
     pin_backward_prefetch,
     router_saving_context,
 )
+from hpcrl.core.backends.automodel.first_calls import run_first_calls
 from hpcrl.core.backends.automodel.logprobs import (
     copy_policy_state,
     forward_logprobs,
@@ -172,7 +173,18 @@ class AutomodelWorker:
         self.policy_weights_initial = True
         self.step = 0
         self.passes = PassRecorder(self.device)
-        self.block_compilations.preload()  # last: nothing their guards read changes after it
+        preloaded = self.block_compilations.preload()  # last: what their guards read is final
+        # Seconds of the kept compilations' first calls, made here (None: nothing was kept).
+        self.first_calls_s: float | None = None
+        if preloaded and self.compiles:
+            micro_rows = max(recipe.policy.train_micro_batch_size, 2)
+            self.first_calls_s = run_first_calls(
+                self.model,
+                self.distribution,
+                micro_rows,
+                self.sequence_multiple,
+                self.device,
+            )
         coords = self.mesh.get_coordinate()
         assert coords is not None
         _, _, cp_index, tp_index = coords
