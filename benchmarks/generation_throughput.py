@@ -89,7 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--launch", default=None,
         help="adds the row hpcrl-launch: the Triton decode attention launched as "
-        "'kind,block_n,num_warps,num_stages,target_programs' (e.g. dot,32,4,2,512)",
+        "'kind,block_n,num_warps,num_stages,target_programs' (e.g. dot,32,4,2,512); several "
+        "joined by '+' add hpcrl-launch, hpcrl-launch2, ...",
     )  # fmt: skip
     parser.add_argument(
         "--baseline-json",
@@ -175,11 +176,14 @@ ENGINE_VARIANTS = {
 
 def engine_variants(args: argparse.Namespace) -> dict[str, EngineOptions]:
     """The engine rows: ``ENGINE_VARIANTS`` and, with ``--launch``, ``hpcrl-launch`` (the
-    Triton decode attention launched as that text says, ``KernelLaunch.parse``)."""
+    Triton decode attention launched as that text says, ``KernelLaunch.parse``), then
+    ``hpcrl-launch2``... for more launches joined by '+'."""
     if not getattr(args, "launch", None):
         return ENGINE_VARIANTS
-    launch = KernelLaunch.parse(args.launch)
-    return {**ENGINE_VARIANTS, "hpcrl-launch": EngineOptions(decode_launch=launch)}
+    launches = [KernelLaunch.parse(text) for text in args.launch.split("+")]
+    names = ["hpcrl-launch" + (str(i + 1) if i else "") for i in range(len(launches))]
+    rows = {name: EngineOptions(decode_launch=launch) for name, launch in zip(names, launches)}
+    return {**ENGINE_VARIANTS, **rows}
 
 
 def build_engine(model: Any, args: argparse.Namespace, options: EngineOptions) -> TorchEngine:

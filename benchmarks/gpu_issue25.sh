@@ -16,6 +16,10 @@
 #                   the decode attention's launches in CUDA graphs; the fastest tensor-core
 #                   launch over both batches then runs in the engine as the generation
 #                   piece's row hpcrl-launch                                         (~90 s)
+#   steps           benchmarks/decode_step_launches.py: the engine's whole decode step per
+#                   launch (every layer's cache, CUDA graphs, the buckets of a generate);
+#                   its fastest launches (over both batches, then per batch) run in the
+#                   engine as rows hpcrl-launch, hpcrl-launch2, ...                  (~150 s)
 #   generation      benchmarks/generation_throughput.py, rows $GEN_ROWS (default hpcrl,
 #                   hf-static: the configuration that ran at batch 256 in earlier sessions;
 #                   two calls with a Triton-attention row in the process segfaulted at 256,
@@ -42,7 +46,7 @@ OUT=${OUT:-/tmp/hpcrl-issue25-out}
 BUDGET_S=${BUDGET_S:-560}
 PYTHON=${PYTHON:-python3}
 SMOKE=${SMOKE:-0}
-ORDER=(attention train kernels generation generation-triton grpo-automodel grpo-megatron)
+ORDER=(attention train kernels steps generation generation-triton grpo-automodel grpo-megatron)
 PIECES=${PIECES:-attention train generation grpo-automodel grpo-megatron}
 TRAIN_LOOPS=${TRAIN_LOOPS:-backend,backend-mask,plain}
 GEN_ROWS=${GEN_ROWS:-hpcrl,hf-static}
@@ -52,7 +56,7 @@ PROFILE=${PROFILE:-0}  # 1: torch.profiler summaries (train, generation, the GRP
 # (~30 s; every row still checks its sampled log-probs against a teacher-forced forward)
 GRPO_STEPS=${GRPO_STEPS:-8}
 wanted() { [[ " $PIECES " == *" $1 "* ]]; }
-declare -A NEEDS_S=([attention]=20 [train]=140 [kernels]=90 [generation]=${NEEDS_GENERATION_S:-150}
+declare -A NEEDS_S=([attention]=20 [train]=140 [kernels]=90 [steps]=${NEEDS_STEPS_S:-150} [generation]=${NEEDS_GENERATION_S:-150}
                     [generation-triton]=60 [grpo-automodel]=80 [grpo-megatron]=140)
 for piece in $PIECES; do
     [ -n "${NEEDS_S[$piece]:-}" ] || { echo "unknown piece $piece (one of ${ORDER[*]})"; exit 2; }
@@ -129,8 +133,12 @@ bounded() {
 }
 
 SMOKE_TINY=
+SMOKE_STEPS=
+DEFAULT_LAUNCH=grouped,16,1,3,512  # KernelLaunch().as_text(): no engine row of its own
 if [ "$SMOKE" = 1 ]; then
     SMOKE_TINY=--tiny
+    SMOKE_STEPS="--device cpu --tiny --batches 2,4 --rounds 1 --kinds default,per-head \
+        --new-tokens 24 --prompt-min 4 --prompt-max 12"
     TRAIN_ARGS=(--device cpu --tiny --rounds 2 --steps 2 --warmup 1 --profile-steps 1)
     GEN_ARGS=(--tiny --no-self-checks)
     GRPO_A=(--tiny)
@@ -154,14 +162,25 @@ wanted train && bounded "$(at_most 240 train)" "$OUT/train.log" "$PYTHON" \
 wanted kernels && [ "$SMOKE" != 1 ] && bounded "$(at_most 180 kernels)" "$OUT/kernels.log" \
     "$PYTHON" benchmarks/decode_attention_kernels.py --kinds "$KERNEL_KINDS" --shapes tinyllama-1.1b
 
-# With the kernels piece run: the engine also runs its fastest tensor-core launch (hpcrl-launch)
+wanted steps && bounded "$(at_most 300 steps)" "$OUT/steps.log" \
+    env TRITON_INTERPRET="$SMOKE" "$PYTHON" benchmarks/decode_step_launches.py ${SMOKE_STEPS:-} \
+    --budget-s "$(( $(at_most 300 steps) - 60 ))"
+
+# The engine also runs the launches these pieces found fastest: the steps piece's (over both
+# batches, then per batch; not the shipped default), else the kernels piece's tensor-core one
+launches=$(sed -n 's/^BEST-STEP-LAUNCH [^:]*: \([^ ]*\) .*/\1/p' "$OUT/steps.log" 2>/dev/null \
+    | tac | grep -vx "$DEFAULT_LAUNCH" | awk '!seen[$0]++' | head -3)
+[ -z "$launches" ] && launches=$(sed -n \
+    's/^BEST-LAUNCH tinyllama-1.1b all-batches dot: \([^ ]*\) .*/\1/p' "$OUT/kernels.log" \
+    2>/dev/null | tail -1)
 LAUNCH_ARGS=()
-best_dot=$(sed -n 's/^BEST-LAUNCH tinyllama-1.1b all-batches dot: \([^ ]*\) .*/\1/p' \
-    "$OUT/kernels.log" 2>/dev/null | tail -1)
-if [ -n "$best_dot" ] && [[ ",$GEN_ROWS," != *",hpcrl-launch,"* ]]; then
-    GEN_ROWS="$GEN_ROWS,hpcrl-launch"
-fi
-[ -n "$best_dot" ] && LAUNCH_ARGS=(--launch "$best_dot")
+index=0
+for launch in $launches; do
+    index=$((index + 1))
+    row=hpcrl-launch$([ "$index" -gt 1 ] && echo "$index")
+    [[ ",$GEN_ROWS," != *",$row,"* ]] && GEN_ROWS="$GEN_ROWS,$row"
+done
+[ -n "$launches" ] && LAUNCH_ARGS=(--launch "$(echo $launches | tr ' ' '+')")
 wanted generation && bounded "$(at_most 260 generation)" "$OUT/generation.log" "$PYTHON" \
     benchmarks/generation_throughput.py --rows "$GEN_ROWS" "${PROFILE_ARGS[@]}" \
     "${LAUNCH_ARGS[@]}" --json-out "$PROF/generation.json" "${GEN_ARGS[@]}"
