@@ -181,8 +181,10 @@ def engine_variants(args: argparse.Namespace) -> dict[str, EngineOptions]:
     if not getattr(args, "launch", None):
         return ENGINE_VARIANTS
     launches = [KernelLaunch.parse(text) for text in args.launch.split("+")]
-    names = ["hpcrl-launch" + (str(i + 1) if i else "") for i in range(len(launches))]
-    rows = {name: EngineOptions(decode_launch=launch) for name, launch in zip(names, launches)}
+    rows = {
+        "hpcrl-launch" + (str(i + 1) if i else ""): EngineOptions(decode_launch=launch)
+        for i, launch in enumerate(launches)
+    }
     return {**ENGINE_VARIANTS, **rows}
 
 
