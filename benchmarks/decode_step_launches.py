@@ -77,9 +77,7 @@ def launch_grid(kinds: str) -> list[KernelLaunch]:
         ],
         "dot": [
             KernelLaunch(block_n=b, num_warps=w, num_stages=s, kind="dot", target_programs=t)
-            for t, b, w, s in itertools.product(
-                (1024, 4096, 256), (64, 32, 128), (4, 2), (1, 3)
-            )
+            for t, b, w, s in itertools.product((1024, 4096, 256), (64, 32, 128), (4, 2), (1, 3))
         ],
     }
     chosen = [KernelLaunch()] + [launch for kind in kinds.split(",") for launch in grid[kind]]
@@ -207,8 +205,11 @@ def measure_batch(
         print(f"\nbatch {rows} bucket {width} (column {column}, {weights[width]} steps): "
               f"default {default_ms:.3f} ms/step", flush=True)  # fmt: skip
         for launch, gap in gaps.items():
-            shown = f"{times[launch]:8.3f} ms  {default_ms / times[launch]:5.2f}x" \
-                if launch in times else "  FAIL (logits differ)"
+            shown = (
+                f"{times[launch]:8.3f} ms  {default_ms / times[launch]:5.2f}x"
+                if launch in times
+                else "  FAIL (logits differ)"
+            )
             print(f"  {launch.as_text():28s} {shown}  logits gap {gap:.4f}")
         torch.cuda.empty_cache() if args.device == "cuda" else None
     measured = [w for w in per_bucket]
