@@ -124,6 +124,24 @@ def check_equals_eager(heads: str, kv_heads: str) -> None:
         assert torch.equal(got_valid, want_valid)
 
 
+def check_unseen_columns_not_read() -> None:
+    """(child) The cache holds NaN wherever a row sees nothing (its left padding, the
+    current column's old content, the bucket's columns past it): every launch gives the
+    eager path's output on the clean cache, so none of those columns was read (a read one
+    would turn its zero weight times NaN into NaN). The engine's bandwidth depends on it:
+    a wave's short prompts leave many such columns (docs/performance.md, item 4)."""
+    case = _case(seed=5, rows=5, heads=8, kv_heads=2, dtype=torch.float32)
+    want, *_ = _eager(case)
+    unseen = ~case["valid"][:, None, :, None].expand_as(case["keys"])
+    poisoned = {
+        name: case[name].masked_fill(unseen, float("nan")) for name in ("keys", "values")
+    }  # fmt: skip
+    assert poisoned["keys"].isnan().any(dim=-1).sum() > case["keys"].shape[1] * 5 * 20
+    for launch in _launches():
+        got, *_ = _triton({**case, **poisoned}, launch)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=str(launch))
+
+
 def check_rotary_in_kernel(dtype_name: str) -> None:
     """(child) q and k given unrotated with the rows' cos/sin: the same output and cache
     writes as ``decoder.rotate`` first, then the kernel (float32: to 1e-5; bf16: to bf16
@@ -187,6 +205,10 @@ def check_engine_greedy() -> None:
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 1)], ids=["mha", "gqa2", "mqa"])
 def test_triton_decode_attention_equals_the_eager_path(heads: int, kv_heads: int) -> None:
     run_interpreted("check_equals_eager", str(heads), str(kv_heads))
+
+
+def test_triton_decode_attention_reads_no_column_a_row_does_not_see() -> None:
+    run_interpreted("check_unseen_columns_not_read")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

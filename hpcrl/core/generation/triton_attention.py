@@ -87,11 +87,14 @@ def _partial_kernel(
     cols = split * BLOCK + tl.arange(0, BLOCK)
     in_range = cols < width
     current = cols == column
-    offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
-    keys = tl.load(keys_ptr + offsets, mask=in_range[:, None], other=0.0)
-    vals = tl.load(values_ptr + offsets, mask=in_range[:, None], other=0.0)
     seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
     visible = ((seen != 0) | current) & in_range
+    # Only the cached columns the row sees are read: a left-padded row's leading columns and
+    # the bucket's columns past the current one cost no memory traffic
+    cached = visible & ~current
+    offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
+    keys = tl.load(keys_ptr + offsets, mask=cached[:, None], other=0.0)
+    vals = tl.load(values_ptr + offsets, mask=cached[:, None], other=0.0)
     keys = tl.where(current[:, None], k_new[None, :], keys).to(tl.float32)
     scores = tl.sum(keys * q[None, :], axis=1) * scale
     # -3e38, not -inf: a block with nothing visible then weighs 0 instead of giving NaN
@@ -147,11 +150,14 @@ def _grouped_partial_kernel(
     cols = split * BLOCK + tl.arange(0, BLOCK)
     in_range = cols < width
     current = cols == column
-    offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
-    keys = tl.load(keys_ptr + offsets, mask=in_range[:, None], other=0.0)
-    vals = tl.load(values_ptr + offsets, mask=in_range[:, None], other=0.0)
     seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
     visible = ((seen != 0) | current) & in_range
+    # Only the cached columns the row sees are read: a left-padded row's leading columns and
+    # the bucket's columns past the current one cost no memory traffic
+    cached = visible & ~current
+    offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
+    keys = tl.load(keys_ptr + offsets, mask=cached[:, None], other=0.0)
+    vals = tl.load(values_ptr + offsets, mask=cached[:, None], other=0.0)
     keys = tl.where(current[:, None], k_new[None, :], keys).to(tl.float32)
     vals = tl.where(current[:, None], v_new[None, :], vals).to(tl.float32)
     for member in tl.static_range(GROUP):
@@ -232,11 +238,11 @@ def _dot_partial_kernel(
     for first in range(start, stop, BLOCK):
         cols = first + tl.arange(0, BLOCK)
         in_range = cols < stop
-        offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
-        keys = tl.load(keys_ptr + offsets, mask=in_range[:, None], other=0.0)
-        vals = tl.load(values_ptr + offsets, mask=in_range[:, None], other=0.0)
         seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
         visible = (seen != 0) & in_range & (cols != column)
+        offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
+        keys = tl.load(keys_ptr + offsets, mask=visible[:, None], other=0.0)
+        vals = tl.load(values_ptr + offsets, mask=visible[:, None], other=0.0)
         if WIDE_DOT:
             wide_q, wide_keys = q.to(tl.float32), keys.to(tl.float32)
             scores = tl.dot(wide_q, tl.trans(wide_keys), input_precision="ieee")
