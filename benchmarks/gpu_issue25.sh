@@ -173,6 +173,7 @@ launches=$(sed -n 's/^BEST-STEP-LAUNCH [^:]*: \([^ ]*\) .*/\1/p' "$OUT/steps.log
 [ -z "$launches" ] && launches=$(sed -n \
     's/^BEST-LAUNCH tinyllama-1.1b all-batches dot: \([^ ]*\) .*/\1/p' "$OUT/kernels.log" \
     2>/dev/null | tail -1)
+launches="$launches ${EXTRA_LAUNCHES:-}"  # e.g. a baseline launch (KernelLaunch.parse's text)
 LAUNCH_ARGS=()
 index=0
 for launch in $launches; do
@@ -180,7 +181,7 @@ for launch in $launches; do
     row=hpcrl-launch$([ "$index" -gt 1 ] && echo "$index")
     [[ ",$GEN_ROWS," != *",$row,"* ]] && GEN_ROWS="$GEN_ROWS,$row"
 done
-[ -n "$launches" ] && LAUNCH_ARGS=(--launch "$(echo $launches | tr ' ' '+')")
+[ -n "${launches// /}" ] && LAUNCH_ARGS=(--launch "$(echo $launches | tr ' ' '+')")
 wanted generation && bounded "$(at_most 260 generation)" "$OUT/generation.log" "$PYTHON" \
     benchmarks/generation_throughput.py --rows "$GEN_ROWS" "${PROFILE_ARGS[@]}" \
     "${LAUNCH_ARGS[@]}" --json-out "$PROF/generation.json" "${GEN_ARGS[@]}"

@@ -117,7 +117,10 @@ def check_equals_eager(heads: str, kv_heads: str) -> None:
     case = _case(seed=heads_n * 10 + kv_n, rows=5, heads=heads_n, kv_heads=kv_n,
                  dtype=torch.float32)  # fmt: skip
     want, want_keys, want_values, want_valid = _eager(case)
-    for launch in _launches():
+    from hpcrl.core.generation.triton_attention import KernelLaunch
+
+    baselines = [KernelLaunch(read_unseen=True), KernelLaunch(kind="dot", read_unseen=True)]
+    for launch in _launches() + baselines:
         got, got_keys, got_values, got_valid = _triton(case, launch)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=str(launch))
         assert torch.equal(got_keys, want_keys) and torch.equal(got_values, want_values)

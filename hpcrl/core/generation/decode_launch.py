@@ -27,6 +27,9 @@ class KernelLaunch:
         default="grouped", validator=attrs.validators.in_(("per_head", "grouped", "dot"))
     )
     target_programs: int = 512  # "dot" only
+    # True: the loads read every column up to the bucket's width, the ones the row does not
+    # see included (the kernels before 2026-12-06; kept as benchmarks' baseline)
+    read_unseen: bool = False
 
     def splits(self, rows: int, kv_heads: int, width: int) -> tuple[int, int]:
         """(splits, columns per split) for ``width`` columns."""
@@ -38,11 +41,16 @@ class KernelLaunch:
         return -(-width // columns), columns
 
     def as_text(self) -> str:
-        """``kind,block_n,num_warps,num_stages,target_programs`` (what ``parse`` reads)."""
+        """``kind,block_n,num_warps,num_stages,target_programs[,read-unseen]`` (what
+        ``parse`` reads)."""
         fields = (self.block_n, self.num_warps, self.num_stages, self.target_programs)
-        return ",".join((self.kind, *map(str, fields)))
+        unseen = ("read-unseen",) if self.read_unseen else ()
+        return ",".join((self.kind, *map(str, fields), *unseen))
 
     @classmethod
     def parse(cls, text: str) -> KernelLaunch:
-        kind, block_n, num_warps, num_stages, target = text.split(",")
-        return cls(int(block_n), int(num_warps), int(num_stages), kind, int(target))
+        kind, block_n, num_warps, num_stages, target, *rest = text.split(",")
+        if rest not in ([], ["read-unseen"]):
+            raise ValueError(f"launch {text!r}: a sixth field can only be 'read-unseen'")
+        numbers = (int(block_n), int(num_warps), int(num_stages))
+        return cls(*numbers, kind, int(target), read_unseen=bool(rest))

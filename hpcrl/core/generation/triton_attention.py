@@ -54,7 +54,7 @@ def _partial_kernel(
     stride_cb, stride_ch, stride_cc,
     stride_vb,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
-    ROTARY: tl.constexpr,
+    ROTARY: tl.constexpr, READ_UNSEEN: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -91,7 +91,10 @@ def _partial_kernel(
     visible = ((seen != 0) | current) & in_range
     # Only the cached columns the row sees are read: a left-padded row's leading columns and
     # the bucket's columns past the current one cost no memory traffic
-    cached = visible & ~current
+    if READ_UNSEEN:
+        cached = in_range & ~current
+    else:
+        cached = visible & ~current
     offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
     keys = tl.load(keys_ptr + offsets, mask=cached[:, None], other=0.0)
     vals = tl.load(values_ptr + offsets, mask=cached[:, None], other=0.0)
@@ -120,7 +123,7 @@ def _grouped_partial_kernel(
     stride_cb, stride_ch, stride_cc,
     stride_vb,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, SPLITS: tl.constexpr,
-    ROTARY: tl.constexpr,
+    ROTARY: tl.constexpr, READ_UNSEEN: tl.constexpr,
 ):  # fmt: skip
     """``_partial_kernel`` with one program per (row, kv head, block) serving its whole query
     group from one load of the block's keys and values (the query heads in an unrolled loop
@@ -154,7 +157,10 @@ def _grouped_partial_kernel(
     visible = ((seen != 0) | current) & in_range
     # Only the cached columns the row sees are read: a left-padded row's leading columns and
     # the bucket's columns past the current one cost no memory traffic
-    cached = visible & ~current
+    if READ_UNSEEN:
+        cached = in_range & ~current
+    else:
+        cached = visible & ~current
     offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
     keys = tl.load(keys_ptr + offsets, mask=cached[:, None], other=0.0)
     vals = tl.load(values_ptr + offsets, mask=cached[:, None], other=0.0)
@@ -190,6 +196,7 @@ def _dot_partial_kernel(
     stride_vb, stride_ob,
     GROUP: tl.constexpr, GROUP_TILE: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     SPLITS: tl.constexpr, ROTARY: tl.constexpr, DIRECT: tl.constexpr, WIDE_DOT: tl.constexpr,
+    READ_UNSEEN: tl.constexpr,
 ):  # fmt: skip
     """One program per (row, kv head, split) on the tensor cores: the query group as one
     [GROUP_TILE, D] tile (rows past the group are zeros), a loop over the split's columns
@@ -241,8 +248,12 @@ def _dot_partial_kernel(
         seen = tl.load(valid_ptr + row * stride_vb + cols, mask=in_range, other=0)
         visible = (seen != 0) & in_range & (cols != column)
         offsets = cache_row + cols[:, None] * stride_cc + d[None, :]
-        keys = tl.load(keys_ptr + offsets, mask=visible[:, None], other=0.0)
-        vals = tl.load(values_ptr + offsets, mask=visible[:, None], other=0.0)
+        if READ_UNSEEN:
+            read = in_range
+        else:
+            read = visible
+        keys = tl.load(keys_ptr + offsets, mask=read[:, None], other=0.0)
+        vals = tl.load(values_ptr + offsets, mask=read[:, None], other=0.0)
         if WIDE_DOT:
             wide_q, wide_keys = q.to(tl.float32), keys.to(tl.float32)
             scores = tl.dot(wide_q, tl.trans(wide_keys), input_precision="ieee")
@@ -360,7 +371,10 @@ def decode_attention_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), keys.stride(0), keys.stride(1), keys.stride(2), valid.stride(0),
     )  # fmt: skip
-    tuning = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+    tuning = {
+        "num_warps": launch.num_warps, "num_stages": launch.num_stages,
+        "READ_UNSEEN": launch.read_unseen,
+    }  # fmt: skip
     if launch.kind == "dot":
         kernels["dot"][(b, num_kv, splits)](
             *common, out, width, scale, columns_per_split, *strides, out.stride(0),
