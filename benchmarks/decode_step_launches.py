@@ -11,8 +11,10 @@ runs as ``TorchEngine`` runs it: one ``DecodeState`` (the cache of every layer, 
 the benchmark's longest sequence), ``decode_forward(rows, width)`` captured in a CUDA graph
 (four idempotent steps a graph), at each column bucket a ``generate`` of
 ``generation_throughput.py``'s shape passes through. Per launch and batch it prints the step
-time per bucket and their mean weighted by the steps a generate spends in each bucket; every
-launch's logits are first checked against the shipped default's. The rounds alternate the
+time per bucket and their mean weighted by the steps a generate spends in each bucket, and its
+ratio to the grouped launch (``KernelLaunch()``, "the default" below: the engine's choice
+under 128 rows, ``decode_launch.launch_for_rows``); every launch's logits are first checked
+against the grouped launch's. The rounds alternate the
 launches' order. The last lines: ``BEST-STEP-LAUNCH batch <n>: <launch>`` and ``BEST-STEP-LAUNCH
 all-batches: <launch>`` (smallest mean ratio to the default), which
 ``benchmarks/gpu_issue25.sh`` passes to the engine rows.

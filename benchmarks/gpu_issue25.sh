@@ -134,7 +134,7 @@ bounded() {
 
 SMOKE_TINY=
 SMOKE_STEPS=
-DEFAULT_LAUNCH=grouped,16,1,3,512  # KernelLaunch().as_text(): no engine row of its own
+DEFAULT_LAUNCH=grouped,16,1,3,512  # KernelLaunch().as_text(), in the engine's hpcrl row (< 128 rows)
 if [ "$SMOKE" = 1 ]; then
     SMOKE_TINY=--tiny
     SMOKE_STEPS="--device cpu --tiny --batches 2,4 --rounds 1 --kinds default,per-head \

@@ -30,8 +30,9 @@ class EngineOptions:
     # "triton": rotary, the cache write and the attention in two Triton kernels
     # (triton_attention); "auto": "triton" on CUDA where it applies, else "bmm"
     decode_attention: DecodeAttention = "auto"
-    # how the "triton" decode attention's kernel is launched (decode_launch.KernelLaunch)
-    decode_launch: KernelLaunch = KernelLaunch()
+    # how the "triton" decode attention's kernel is launched (decode_launch.KernelLaunch);
+    # None: by the decode step's rows (decode_launch.launch_for_rows)
+    decode_launch: KernelLaunch | None = None
 
 
 @attrs.define

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
-from hpcrl.core.generation.decode_launch import KernelLaunch
+from hpcrl.core.generation.decode_launch import KernelLaunch, launch_for_rows
 from hpcrl.core.generation.decoder import masked_softmax
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class DecodeState:
         device = decoder.device
         self.decoder, self.rows, self.columns = decoder, rows, columns
         self.attention = resolve_decode_attention(attention, decoder)
-        self.launch = launch or KernelLaunch()
+        self.launch = launch  # None: by the step's rows (launch_for_rows)
         self.cache = torch.zeros(
             (shape.num_layers, 2, rows, shape.num_kv_heads, columns, shape.head_dim),
             device=device,
@@ -179,11 +179,12 @@ class DecodeState:
         from hpcrl.core.generation.triton_attention import decode_attention_triton
 
         valid = self.valid[:rows]
+        launch = self.launch or launch_for_rows(rows)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             keys, values = self.cache[layer, 0, :rows], self.cache[layer, 1, :rows]
             return decode_attention_triton(
-                q, k, v, keys, values, valid, self.column, width, self.scale, rotary, self.launch
+                q, k, v, keys, values, valid, self.column, width, self.scale, rotary, launch
             )
 
         return attend
