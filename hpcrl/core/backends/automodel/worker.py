@@ -37,24 +37,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hpcrl.core.backends.automodel import checkpoint
-from hpcrl.core.backends.automodel.context_parallel import (
-    apply_context_parallel,
-    check_context_parallel,
-)
-from hpcrl.core.backends.automodel.expert_parallel import (
-    apply_expert_parallel,
-    build_ep_mesh,
-    pin_backward_prefetch,
-    router_saving_context,
-)
+from hpcrl.core.backends.automodel.context_parallel import check_context_parallel
+from hpcrl.core.backends.automodel.expert_parallel import build_ep_mesh
 from hpcrl.core.backends.automodel.first_calls import run_first_calls
-from hpcrl.core.backends.automodel.logprobs import (
-    copy_policy_state,
-    forward_logprobs,
-    unloaded_hf_model,
-)
-from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary
-from hpcrl.core.backends.automodel.model import TokenLogprobModel, load_hf_model
+from hpcrl.core.backends.automodel.logprobs import copy_policy_state, forward_logprobs
+from hpcrl.core.backends.automodel.model import TokenLogprobModel
 from hpcrl.core.backends.automodel.optim import (
     build_lr_scheduler,
     build_training_optimizer,
@@ -62,19 +49,8 @@ from hpcrl.core.backends.automodel.optim import (
     host_threads_per_worker,
     move_optimizer_state,
 )
-from hpcrl.core.backends.automodel.parallelize import (
-    BlockCompilations,
-    MeshShape,
-    apply_activation_checkpointing,
-    apply_autocast,
-    apply_fsdp,
-    apply_tp,
-    build_mesh,
-    compile_blocks,
-    data_parallel_mesh,
-    fsdp_policies,
-    parallelize_steps,
-)
+from hpcrl.core.backends.automodel.parallelize import BlockCompilations, MeshShape, build_mesh
+from hpcrl.core.backends.automodel.sharded_model import RankPlacement, build_sharded_model
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.pass_stats import PassRecorder, PassStats
 from hpcrl.core.compile_stats import compiled_graph_count
@@ -92,7 +68,6 @@ if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
     from hpcrl.core.policy import Batch, LossFn
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Sequence lengths of compiled passes are padded to a multiple of this.
 SEQUENCE_BUCKET = 64
 
@@ -198,63 +173,13 @@ class AutomodelWorker:
     def _build_sharded(
         self, model_path: str, *, training: bool, unloaded: bool = False
     ) -> TokenLogprobModel:
-        """Load, then parallelize in torchtitan's order: TP → AC → compile → FSDP.
-        ``unloaded``: no weight read (``logprobs.unloaded_hf_model``), the caller fills them."""
-        steps = parallelize_steps(
-            self.recipe.policy.automodel_cfg,
-            self.recipe.policy.precision,
-            self.shape,
-            on_gpu=self.device.type == "cuda",
-            compiles=self.compiles,
-            training=training,
+        placement = RankPlacement(
+            self.rank_info.rank, self.rank_info.device, self.shape, self.mesh, self.ep_mesh
         )
-        policy = self.recipe.policy
-        if unloaded:
-            hf_model = unloaded_hf_model(
-                model_path, self.rank_info.device, policy.hf_config_overrides
-            )
-        else:
-            hf_model = load_hf_model(
-                model_path, self.rank_info.device, policy.hf_config_overrides,
-                dequantize=policy.dequantize_base_checkpoint,
-            )  # fmt: skip
-        if steps.lora:
-            adapted = apply_lora(hf_model, self.recipe.policy.automodel_cfg.lora_cfg)
-            if self.rank_info.rank == 0:
-                print(lora_summary(adapted, hf_model), flush=True)
-        param_dtype = DTYPES[steps.param_dtype] if steps.param_dtype is not None else None
-        if steps.context_parallel:
-            apply_context_parallel(hf_model)
-        if steps.tp:
-            apply_tp(hf_model, self.mesh["tp"], sequence_parallel=steps.sequence_parallel)
-        if steps.expert_parallel > 1:
-            assert self.ep_mesh is not None
-            apply_expert_parallel(
-                hf_model, self.ep_mesh, fsdp_policies(param_dtype, steps.cpu_offload)
-            )
-        if steps.activation_checkpointing:
-            saving = router_saving_context(hf_model) if steps.save_router_outputs else None
-            apply_activation_checkpointing(hf_model, saving)
-        compile_blocks(hf_model, steps, self.block_compilations)
-        root = TokenLogprobModel(hf_model)
-        if steps.fsdp:
-            apply_fsdp(
-                root,
-                hf_model,
-                data_parallel_mesh(self.mesh, self.shape),
-                param_dtype=param_dtype,
-                cpu_offload=steps.cpu_offload,
-            )
-            if steps.expert_parallel > 1:
-                pin_backward_prefetch(hf_model)
-        else:
-            apply_autocast(root, param_dtype)
-        # A compiled reference keeps requires_grad as loaded (its passes run under no_grad
-        # only): frozen, it failed the guards of the policy's log-prob graph and compiled a
-        # graph of its own in every run's first step (docs/performance.md, item 3).
-        if not training and not steps.compile:
-            root.requires_grad_(False)
-        return root
+        return build_sharded_model(
+            self.recipe, placement, model_path, self.block_compilations,
+            compiles=self.compiles, training=training, unloaded=unloaded,
+        )  # fmt: skip
 
     @property
     def compiles(self) -> bool:
