@@ -251,6 +251,10 @@ class TorchEngine:
             columns = max(columns, state.columns if state else 0)
             self._state = None
             self._graphs.clear()  # they point at the old buffers
+            # A fresh pool for the new graphs: capturing into the old one, released by its
+            # graphs while a block of it lived on, failed ("use_count > 0" INTERNAL ASSERT in
+            # the caching allocator; torch 2.11, an H100, tests/gpu/test_engine_waves.py)
+            self._graph_pool = None
             self._state = DecodeState(
                 self.decoder, rows, columns, self.options.decode_attention,
                 self.options.decode_launch,
