@@ -10,6 +10,12 @@ and to the eager batched matmuls (``kv_cache.decode_attention`` plus the cache w
 the share of the k/v bytes' copy-bandwidth bound. Each launch's output is first checked
 against the old launch's (bf16 rounding); a launch that differs is printed as FAIL and
 never ranked. The last lines name the fastest launch per batch (summed over the widths).
+
+Read its figures as the kernel's alone on a cache the GPU's L2 holds (one small cache, called
+20 times in a row), not as the engine's: ``benchmarks/decode_step_launches.py`` times the
+whole decode step with every layer's cache, which is what chooses the engine's launches
+(docs/performance.md, item 4, seventh session). ``llama-1b`` is the shape the engine
+benchmarks build (``tiny:llama-1b``: 16 query and 16 kv heads of 128).
 """
 
 from __future__ import annotations
@@ -31,7 +37,11 @@ from hpcrl.core.generation.triton_attention import (  # noqa: E402
     decode_attention_triton,
 )
 
-SHAPES = {"tinyllama-1.1b": (32, 4, 64), "llama-3.1-8b": (32, 8, 128)}
+SHAPES = {
+    "llama-1b": (16, 16, 128),
+    "tinyllama-1.1b": (32, 4, 64),
+    "llama-3.1-8b": (32, 8, 128),
+}
 #: the launch before the default changed (one program per query head, 64 columns, 4 warps)
 OLD_LAUNCH = KernelLaunch(block_n=64, num_warps=4, kind="per_head")
 CALLS_PER_REPLAY = 20

@@ -160,7 +160,7 @@ wanted train && bounded "$(at_most 240 train)" "$OUT/train.log" "$PYTHON" \
     "${PROFILE_ARGS[@]}" "${TRAIN_ARGS[@]}"
 
 wanted kernels && [ "$SMOKE" != 1 ] && bounded "$(at_most 180 kernels)" "$OUT/kernels.log" \
-    "$PYTHON" benchmarks/decode_attention_kernels.py --kinds "$KERNEL_KINDS" --shapes tinyllama-1.1b
+    "$PYTHON" benchmarks/decode_attention_kernels.py --kinds "$KERNEL_KINDS" --shapes llama-1b
 
 wanted steps && bounded "$(at_most 300 steps)" "$OUT/steps.log" \
     env TRITON_INTERPRET="$SMOKE" "$PYTHON" benchmarks/decode_step_launches.py ${SMOKE_STEPS:-} \
@@ -171,7 +171,7 @@ wanted steps && bounded "$(at_most 300 steps)" "$OUT/steps.log" \
 launches=$(sed -n 's/^BEST-STEP-LAUNCH [^:]*: \([^ ]*\) .*/\1/p' "$OUT/steps.log" 2>/dev/null \
     | tac | grep -vx "$DEFAULT_LAUNCH" | awk '!seen[$0]++' | head -3)
 [ -z "$launches" ] && launches=$(sed -n \
-    's/^BEST-LAUNCH tinyllama-1.1b all-batches dot: \([^ ]*\) .*/\1/p' "$OUT/kernels.log" \
+    's/^BEST-LAUNCH llama-1b all-batches dot: \([^ ]*\) .*/\1/p' "$OUT/kernels.log" \
     2>/dev/null | tail -1)
 launches="$launches ${EXTRA_LAUNCHES:-}"  # e.g. a baseline launch (KernelLaunch.parse's text)
 LAUNCH_ARGS=()
