@@ -219,8 +219,9 @@ def measure_batch(
                 else "  FAIL (logits differ)"
             )
             print(f"  {launch.as_text():28s} {shown}  logits gap {gap:.4f}")
-        torch.cuda.empty_cache() if args.device == "cuda" else None
-    measured = [w for w in per_bucket]
+        if args.device == "cuda":
+            torch.cuda.empty_cache()  # the bucket's graphs are gone: their pool memory too
+    measured = list(per_bucket)
     if not measured:
         return {}
     total_steps = sum(weights[w] for w in measured)
