@@ -160,7 +160,7 @@ def _run_rank(
             total = global_tokens(world, per_rank, step)
             loss = nll(model, per_rank[rank][step]) / total
             (loss * world).backward()  # FSDP2 averages over dp (as the worker does)
-            norms.append(clip_gradients(list(model.parameters()), MAX_NORM))
+            norms.append(float(clip_gradients(list(model.parameters()), MAX_NORM)))
             optimizer.step()
             optimizer.zero_grad()
             summed = loss.detach().clone()

@@ -64,13 +64,29 @@ def test_clip_gradients_matches_torch_and_reports_norm_before_clipping():
         p.grad = torch.randn(p.shape, generator=gen)
         c.grad = p.grad.clone()
 
-    norm = clip_gradients(params, max_norm=0.5)
+    norm = float(clip_gradients(params, max_norm=0.5))
     want_norm = torch.nn.utils.clip_grad_norm_(copies, max_norm=0.5)
 
     assert norm == pytest.approx(float(want_norm), rel=1e-6)
     assert norm > 0.5
     for p, c in zip(params, copies, strict=True):
         torch.testing.assert_close(p.grad, c.grad)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_clip_gradients_leaves_gradients_alone_when_the_norm_is_not_finite(bad):
+    # Decided on the device (no host read before the optimizer step), as the host's check
+    # did: the gradients stay as they were, the norm is reported as it is.
+    params = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
+    params[0].grad = torch.tensor([1.0, bad, 2.0])
+    params[1].grad = torch.tensor([4.0, 5.0, 6.0])
+    before = [p.grad.clone() for p in params]
+
+    norm = clip_gradients(params, max_norm=0.5)
+
+    assert isinstance(norm, torch.Tensor) and not torch.isfinite(norm)
+    for param, grad in zip(params, before, strict=True):
+        torch.testing.assert_close(param.grad, grad, equal_nan=True)
 
 
 def test_mesh_shape_derives_dp_shard_and_rejects_layouts_that_do_not_factor():

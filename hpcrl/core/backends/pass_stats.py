@@ -4,8 +4,9 @@ Per kind of pass (``train``, ``logprobs``, ``reference``), summed over the passe
 micro-batches, token slots (positions the forwards computed, padding included) against real
 tokens (attention-mask ones), and seconds on the worker. A train pass also splits its time
 into forward/backward (with the gradient norm) and the optimizer part (clipping, the
-optimizer and scheduler step, the metrics' all-reduce); both end where the host waits for
-the device anyway, so the split adds no synchronisation.
+optimizer and scheduler step, the metrics' all-reduce). On a GPU the split point is a CUDA
+event (the host does not wait for the backward before it queues the optimizer step), read
+after the step's one read-back: the split adds no synchronisation.
 
 Host synchronisations are counted on request (``HPCRL_COUNT_HOST_SYNCS=1`` in the workers'
 environment, CUDA only): torch's sync debug mode warns at every operation that makes the
@@ -70,6 +71,41 @@ class PassStats:
         if self.host_syncs is not None:
             metrics[f"{kind}_host_syncs"] = float(self.host_syncs)
         return metrics
+
+
+class TrainSplit:
+    """Where a train pass's time goes: forward/backward until ``backward_done``, the
+    optimizer part until ``finish`` (called after the step's read-back). Host clocks on the
+    CPU, CUDA events on a GPU: seconds the device spent, read without a wait of their own."""
+
+    def __init__(self, device: torch.device) -> None:
+        import torch
+
+        self._events = device.type == "cuda"
+        if self._events:
+            self._marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            self._marks[0].record()
+        self._times = [time.perf_counter()]
+
+    def backward_done(self) -> None:
+        self._mark()
+
+    def finish(self, stats: PassStats) -> None:
+        self._mark()
+        if self._events:
+            self._marks[2].synchronize()  # the read-back came first: already done
+            start, middle, end = self._marks
+            stats.forward_backward_s += start.elapsed_time(middle) / 1e3
+            stats.optimizer_s += middle.elapsed_time(end) / 1e3
+        else:
+            start_s, middle_s, end_s = self._times
+            stats.forward_backward_s += middle_s - start_s
+            stats.optimizer_s += end_s - middle_s
+
+    def _mark(self) -> None:
+        if self._events:
+            self._marks[len(self._times)].record()
+        self._times.append(time.perf_counter())
 
 
 class PassRecorder:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -154,35 +153,47 @@ def _grads_by_mesh(params: Iterable[torch.nn.Parameter]) -> dict[object, list[to
 
 
 def grad_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
-    """Global L2 norm of all gradients, whatever mesh each (D)Tensor lives on. The experts of
-    expert parallelism (tagged with their EP group) differ per EP rank: their squared norm
-    is summed over the group (every rank of it calls the all-reduce: each keeps experts)."""
+    """Global L2 norm of all gradients, whatever mesh each (D)Tensor lives on, as a 0-dim
+    fp32 tensor on the gradients' device: reading it is the caller's host wait. The experts
+    of expert parallelism (tagged with their EP group) differ per EP rank: their squared
+    norm is summed over the group (every rank of it calls the all-reduce: each keeps
+    experts)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
     from hpcrl.core.backends.automodel.expert_parallel import EXPERT_GROUP_ATTR
 
     params = list(params)
-    total_sq = torch.zeros((), dtype=torch.float32)
+    device = next((_local_grad(p).device for p in params if p.grad is not None), None)
+    total_sq = torch.zeros((), dtype=torch.float32, device=device or "cpu")
     expert_groups: dict[object, torch.Tensor] = {}
     for param in params:
         group = getattr(param, EXPERT_GROUP_ATTR, None)
         if group is not None:
-            expert_groups.setdefault(group, torch.zeros((), dtype=torch.float32))
+            expert_groups.setdefault(group, torch.zeros_like(total_sq))
     for (_, group), members in _grads_by_mesh_and_group(params).items():
         norm = torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
+        squared = norm.float().to(total_sq.device) ** 2
         if group is None:
-            total_sq = total_sq + norm.float().cpu() ** 2
+            total_sq = total_sq + squared
         else:
-            expert_groups[group] = expert_groups[group] + norm.float().cpu() ** 2
+            expert_groups[group] = expert_groups[group] + squared
     for group, expert_sq in expert_groups.items():
-        device = next(p for p in params if getattr(p, EXPERT_GROUP_ATTR, None) is group).device
-        summed = expert_sq.to(device)
+        member = next(p for p in params if getattr(p, EXPERT_GROUP_ATTR, None) is group)
+        summed = expert_sq.to(member.device)
         dist.all_reduce(summed, group=group)
-        total_sq = total_sq + summed.cpu()
+        total_sq = total_sq + summed.to(total_sq.device)
     return total_sq.sqrt()
+
+
+def _local_grad(param: torch.nn.Parameter) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    grad = param.grad
+    assert grad is not None
+    return grad.to_local() if isinstance(grad, DTensor) else grad
 
 
 def _grads_by_mesh_and_group(
@@ -198,13 +209,19 @@ def _grads_by_mesh_and_group(
     return by_key
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> float:
-    """Scale gradients so their global norm is at most ``max_norm``; returns the norm before."""
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """Scale gradients so their global norm is at most ``max_norm``; returns the norm before
+    (a device tensor: the caller reads it with the step's other figures). A non-finite norm
+    leaves the gradients as they are. Decided on the device: the host queues the optimizer
+    step without waiting for the backward to finish (docs/performance.md, item 1)."""
     norm = grad_norm(params)
-    if max_norm is not None and max_norm > 0 and math.isfinite(float(norm)):
+    if max_norm is not None and max_norm > 0:
+        # A zero norm makes clip_grads_with_norm_'s factor 1.0: unscaled, as for a finite
+        # norm under max_norm.
+        finite_norm = torch.where(torch.isfinite(norm), norm, torch.zeros_like(norm))
         # One foreach kernel per mesh, device and dtype instead of a (DTensor-dispatched)
         # mul_ per parameter: the per-parameter loop was a visible CPU cost of a step that
         # was CPU-bound (docs/performance.md, "Figures behind the code").
         for group in _grads_by_mesh(params).values():
-            torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
-    return float(norm)
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, finite_norm, foreach=True)
+    return norm

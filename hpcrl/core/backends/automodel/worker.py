@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import gc
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +51,7 @@ from hpcrl.core.backends.automodel.optim import (
 from hpcrl.core.backends.automodel.parallelize import BlockCompilations, MeshShape, build_mesh
 from hpcrl.core.backends.automodel.sharded_model import RankPlacement, build_sharded_model
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
-from hpcrl.core.backends.pass_stats import PassRecorder, PassStats
+from hpcrl.core.backends.pass_stats import PassRecorder, PassStats, TrainSplit
 from hpcrl.core.compile_stats import compiled_graph_count
 from hpcrl.core.metric_reduction import accumulate, all_reduce_metrics
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
@@ -221,20 +220,19 @@ class AutomodelWorker:
         self.policy_weights_initial = False
         real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
         with self.passes.measure("train", real_tokens) as stats:
-            started = time.perf_counter()
+            split = TrainSplit(self.device)
             totals = self._forward_backward(micro_batches, loss_fn, num_global_tokens, stats)
             params = [p for p in self.model.parameters() if p.requires_grad]
-            norm = clip_gradients(params, self.recipe.policy.max_grad_norm)  # reads the norm
-            stats.forward_backward_s += time.perf_counter() - started
-            started = time.perf_counter()
+            norm = clip_gradients(params, self.recipe.policy.max_grad_norm)  # on the device
+            split.backward_done()
             lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
-            summed = self._sum_over_data_parallel(totals)
-            stats.optimizer_s += time.perf_counter() - started
-        return {**summed, "grad_norm": norm, "lr": lr}
+            summed = self._sum_over_data_parallel(totals)  # the step's read-back
+            split.finish(stats)
+        return {**summed, "grad_norm": float(norm), "lr": lr}
 
     def _forward_backward(
         self,
