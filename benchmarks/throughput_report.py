@@ -12,7 +12,7 @@ import statistics
 from benchmarks.mfu import LEGEND, PEAK_TFLOPS_H200_BF16, mfu, mfu_cells, mfu_header
 
 PLAIN_ROWS = ("plain", "naive-fsdp")
-BACKEND_ROWS = ("backend", "backend-mask")
+BACKEND_ROWS = ("backend", "backend-mask", "backend-before")
 # issue 25, item 1: the backend >= 1.1x the strongest plain loop, >= 45% MFU (full-attention
 # convention) on the 1.1B at 4 x 2048
 GOAL_OVER_PLAIN = 1.1
@@ -35,17 +35,22 @@ def gib_text(value: float) -> str:
 def report(rows: dict[str, dict], tokens_per_step: int, flops: dict, device: str) -> None:
     """``rows``: name → {windows, first_loss, peak_gib}."""
     print(f"\n{'loop':<22} {'tok/s':>10} {'spread':>13} {mfu_header()} {'peak GiB':>9} "
-          f"{'first loss':>11}")  # fmt: skip
+          f"{'first loss':>11} {'last loss':>10}")  # fmt: skip
     rates = {name: round_rates(row["windows"], tokens_per_step) for name, row in rows.items()}
     for name, row in rows.items():
         rate = statistics.median(rates[name])
         print(f"{name:<22} {rate:>10,.0f} {spread_text(rates[name]):>13} "
               f"{mfu_cells(rate, flops, device, PEAK_TFLOPS_H200_BF16)} {gib_text(row['peak_gib'])} "
-              f"{row['first_loss']:>11.4f}")  # fmt: skip
+              f"{row['first_loss']:>11.4f} {row.get('last_loss', math.nan):>10.4f}")  # fmt: skip
     print(LEGEND.format(peak=PEAK_TFLOPS_H200_BF16))
     print("spread: slowest/fastest round against the median round\n")
     for name in BACKEND_ROWS:
         print_ratio(rates, name, [n for n in PLAIN_ROWS if n in rates], per_round=True)
+    if "backend" in rates and "backend-before" in rates:
+        ratios = ratio_to(rates, "backend", "backend-before", per_round=True)
+        print(f"backend / backend-before (the same worker without compute copies, head "
+              f"recomputed): {statistics.median(ratios):.2f}x "
+              f"(rounds {min(ratios):.2f}-{max(ratios):.2f}x)")  # fmt: skip
     for name in megatron_backend_rows(rates):
         print_ratio(rates, name, megatron_raw_rows(rates), per_round=False)
     print_summary(rates)

@@ -16,6 +16,9 @@ clip 1.0), one process (world 1). Rows:
   path as it was before issue 25: the attention mask passed to the model and one more
   padding column (2048 -> 2112), so SDPA runs a masked kernel over the full S×S scores (the
   A/B of the regression, 73.1k -> 61.7k tok/s).
+- ``backend-before`` (an experiment row): the backend's step as it was before the compute
+  copies and the kept head (2026-12-06): fp32 linear weights under autocast with torch's
+  fused AdamW and foreach clipping, each lm_head chunk recomputed in backward.
 
 ``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
 torch.profiler; ``DIR/train-<loop>.txt`` holds the summary (``hpcrl.core.profiling``: wall
@@ -69,7 +72,7 @@ from benchmarks.throughput_report import report  # noqa: E402
 
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
 HF_LOOPS = ("backend", "plain", "naive-fsdp")
-EXPERIMENT_LOOPS = ("backend-mask",)
+EXPERIMENT_LOOPS = ("backend-mask", "backend-before")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,6 +174,7 @@ class Loop:
     step: Callable[[], float]
     close: Callable[[], None] = lambda: None
     first_loss: float = float("nan")
+    last_loss: float = float("nan")  # after every loop's same number of steps: must agree
     resident_gib: float = float("nan")  # its weights, grads, optimizer state after warm-up
     peak_gib: float = float("nan")  # resident + the most one of its steps added on top
     windows: list[list[float]] = field(default_factory=list)  # step seconds, per round
@@ -194,7 +198,7 @@ def time_window(loop: Loop, device: str, steps: int) -> None:
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        loop.step()
+        loop.last_loss = loop.step()
         synchronize(device)
         times.append(time.perf_counter() - start)
     if device == "cuda":
@@ -368,6 +372,23 @@ def backend_mask_loop(model_path: str, batch: dict, args: argparse.Namespace) ->
     return Loop("backend-mask", step, close=worker.close)
 
 
+def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
+    """A second backend worker (the process group exists) without compute copies, its head
+    recomputed in backward (experiment row ``backend-before``)."""
+    from hpcrl.core.backends.automodel.worker import AutomodelWorker
+
+    worker = AutomodelWorker()
+    worker.master_weights = False
+    worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
+    worker.model.head_keep_bytes = 0
+    num_tokens = float(batch["token_mask"].sum())
+
+    def step() -> float:
+        return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+
+    return Loop("backend-before", step, close=worker.close)
+
+
 def hf_model(model_path: str, device: str):
     from transformers import AutoModelForCausalLM
 
@@ -438,6 +459,7 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 "plain": lambda: plain_loop(model_path, batch, args),
                 "naive-fsdp": lambda: naive_fsdp_loop(model_path, batch, args),
                 "backend-mask": lambda: backend_mask_loop(model_path, batch, args),
+                "backend-before": lambda: backend_before_loop(model_path, batch, args),
             }
             for name in args.loops:
                 before_gib = allocated_gib(args.device)
@@ -526,7 +548,12 @@ def main(argv: list[str] | None = None) -> None:
     loops = run_hf_loops(args, batch)
     hf_s = time.perf_counter() - started_s - megatron_s
     hf_rows = {
-        name: {"windows": loop.windows, "first_loss": loop.first_loss, "peak_gib": loop.peak_gib}
+        name: {
+            "windows": loop.windows,
+            "first_loss": loop.first_loss,
+            "peak_gib": loop.peak_gib,
+            "last_loss": loop.last_loss,
+        }
         for name, loop in loops.items()
     }
     print(

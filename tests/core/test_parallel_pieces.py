@@ -21,8 +21,9 @@ from tests.recipe_builder import tiny_automodel_recipe, with_automodel
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 64, 10_000])
 @pytest.mark.parametrize("temperature, softcap", [(1.0, None), (0.7, 3.0)])
+@pytest.mark.parametrize("keep_bytes", [0, 1 << 30], ids=["recomputed", "kept"])
 def test_chunked_logprobs_equal_full_softmax_in_value_and_gradient(
-    chunk_tokens, temperature, softcap
+    chunk_tokens, temperature, softcap, keep_bytes
 ):
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(3, 9, 16, generator=gen, requires_grad=True)
@@ -36,6 +37,7 @@ def test_chunked_logprobs_equal_full_softmax_in_value_and_gradient(
         chunk_tokens,
         transform=LogitTransform(softcap=softcap),
         dist=TokenDistribution(temperature=temperature),
+        keep_bytes=keep_bytes,
     )
     logits = hidden @ weight.T
     if softcap is not None:
@@ -140,3 +142,19 @@ def test_sequence_parallel_is_planned_with_tp_only_and_refuses_blocks_it_does_no
     refusal = r"^policy.automodel_cfg.sequence_parallel: .*'router'.*false$"
     with pytest.raises(ValueError, match=refusal):
         _sequence_parallel_block_plan(model)
+
+
+def test_chunks_recompute_their_logits_only_above_the_kept_bytes():
+    # A chunk kept for backward holds its fp32 log-softmax; a recomputed one runs the
+    # lm_head again in backward: counted through a module head's forward calls.
+    hidden = torch.randn(2, 5, 8, requires_grad=True)
+    head = torch.nn.Linear(8, 10, bias=False)
+    calls = []
+    head.register_forward_hook(lambda *_: calls.append(1))
+    ids = torch.randint(0, 10, (2, 5))
+    targets = 2 * 4  # rows x shifted positions
+    for keep_bytes, forwards in [(targets * 10 * 4, 1), (targets * 10 * 4 - 1, 2)]:
+        calls.clear()
+        got, _ = token_logprobs(hidden, head, ids, chunk_tokens=100, keep_bytes=keep_bytes)
+        got.sum().backward()
+        assert len(calls) == forwards, (keep_bytes, len(calls))

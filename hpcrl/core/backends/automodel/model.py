@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
 from hpcrl.core.backends.automodel.lora import LoraLinear
+from hpcrl.core.backends.automodel.master_weights import ComputeCopies, head_weight
 from hpcrl.core.token_distribution import (
     LogitTransform,
     TokenDistribution,
@@ -26,6 +27,12 @@ from hpcrl.core.token_distribution import (
 
 # Sequence positions × batch rows per lm_head chunk; 4096 × 32k vocab × 4 B ≈ 0.5 GiB fp32.
 DEFAULT_CHUNK_TOKENS = 4096
+# A train micro-batch's chunks keep their fp32 log-softmax for backward while all of them
+# together take at most this; above it each chunk recomputes its logits in backward. The
+# recompute (a second lm_head GEMM, softmax and casts) was ~3% of a 1.1B train step of
+# 4 x 2048 tokens on an H100 (docs/performance.md, issue 25 item 1); 4 x 2048 tokens of a
+# 32k vocabulary keep 0.98 GiB.
+HEAD_KEEP_BYTES = 1 << 30
 
 
 def _chunk_logprobs(
@@ -52,13 +59,16 @@ def token_logprobs(
     transform: LogitTransform | None = None,
     dist: TokenDistribution | None = None,
     targets: torch.Tensor | None = None,
+    keep_bytes: int = HEAD_KEEP_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out[b, t] = log p(input_ids[b, t] | :t)`` from final hidden states; ``out[:, 0] = 0``.
     With ``targets``: ``out[b, t] = log p(targets[b, t] | hidden[b, t])``, no shift (context
     parallelism: a rank's positions are not contiguous, it names each one's next token).
 
     Returns (processed, unfiltered) as ``token_logprobs_from_logits`` defines them; no
-    ``transform``/``dist``: the plain log-softmax of ``hidden @ lm_head_weight.T``.
+    ``transform``/``dist``: the plain log-softmax of ``hidden @ lm_head_weight.T``. With
+    gradients, chunks recompute their logits in backward when keeping every chunk's fp32
+    log-softmax would take more than ``keep_bytes``.
     """
     transform = transform or LogitTransform()
     dist = dist or TokenDistribution()
@@ -71,7 +81,8 @@ def token_logprobs(
         shifted_hidden = hidden
         pieces = []
     step = max(1, chunk_tokens // max(batch, 1))
-    recompute = torch.is_grad_enabled()
+    head = lm_head_weight if isinstance(lm_head_weight, torch.Tensor) else lm_head_weight.weight
+    recompute = torch.is_grad_enabled() and targets.numel() * head.shape[0] * 4 > keep_bytes
     for start in range(0, targets.shape[1], step):
         args = (
             shifted_hidden[:, start : start + step],
@@ -91,10 +102,18 @@ def token_logprobs(
 class TokenLogprobModel(nn.Module):
     """Root module: ``hf`` is the wrapped ``AutoModelForCausalLM``."""
 
-    def __init__(self, hf_model: nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> None:
+    def __init__(
+        self,
+        hf_model: nn.Module,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        compute_copies: ComputeCopies | None = None,
+    ) -> None:
         super().__init__()
         self.hf = hf_model
         self.chunk_tokens = chunk_tokens
+        # bf16 copies of the linear weights the forwards compute with (``master_weights``)
+        self.compute_copies = compute_copies
+        self.head_keep_bytes = HEAD_KEEP_BYTES  # ``token_logprobs``' keep_bytes
         self.logit_transform = LogitTransform.of_config(hf_model.config)
         # Set by ``apply_autocast`` when FSDP's mixed precision is not in use.
         self.autocast_dtype: torch.dtype | None = None
@@ -115,6 +134,8 @@ class TokenLogprobModel(nn.Module):
         ``targets`` and ``context_parallel``: one CP rank's share
         (``hpcrl.core.backends.automodel.context_parallel.context_parallel_logprobs``)."""
         args = (input_ids, attention_mask, distribution, position_ids, targets, context_parallel)
+        if self.compute_copies is not None:
+            self.compute_copies.refresh()  # weights written since (a checkpoint load)
         if self.autocast_dtype is None:
             return self._forward(*args)
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype):
@@ -141,12 +162,13 @@ class TokenLogprobModel(nn.Module):
         head = self.hf.get_output_embeddings()
         return token_logprobs(
             decoder_out.last_hidden_state,
-            head if isinstance(head, LoraLinear) else head.weight,
+            head if isinstance(head, LoraLinear) else head_weight(head),
             input_ids,
             self.chunk_tokens,
             transform=self.logit_transform,
             dist=distribution,
             targets=targets,
+            keep_bytes=self.head_keep_bytes,
         )
 
 

@@ -9,6 +9,7 @@ import torch
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import LrSchedulerCfg, OptimizerCfg
+    from hpcrl.core.backends.automodel.master_weights import ComputeCopies
 
 
 def build_optimizer(
@@ -59,6 +60,7 @@ def build_training_optimizer(
     params: Iterable[torch.nn.Parameter],
     cfg: OptimizerCfg,
     *,
+    copies: ComputeCopies | None = None,
     on_gpu: bool,
     cpu_offload: bool,
     offload_fraction: float,
@@ -68,7 +70,11 @@ def build_training_optimizer(
     CPU offload steps it on the host), or with ``offload_fraction`` > 0
     (``policy.automodel_cfg.optimizer_offload_fraction``) the same Adam/AdamW with that share
     of its state in host memory (``host_offload.HostOffloadAdam``; the config rules admit
-    the fraction only with Adam or AdamW and without ``cpu_offload``)."""
+    the fraction only with Adam or AdamW and without ``cpu_offload``). ``copies``: the model's
+    linear weights compute through bf16 copies (``master_weights``), which
+    ``master_adam.MasterWeightAdam`` steps with them."""
+    if copies is not None:
+        return _master_weight_adam(params, cfg, copies)
     if offload_fraction <= 0:
         return build_optimizer(params, cfg, fused=on_gpu and not cpu_offload)
     from hpcrl.config.optimizers import class_name
@@ -87,6 +93,38 @@ def build_training_optimizer(
         decoupled_weight_decay=class_name(cfg.name) == "AdamW",
         **kwargs,
     )
+
+
+def _master_weight_adam(
+    params: Iterable[torch.nn.Parameter], cfg: OptimizerCfg, copies: ComputeCopies
+) -> torch.optim.Optimizer:
+    from hpcrl.config.optimizers import class_name
+    from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
+
+    name = class_name(cfg.name)
+    assert name in ("Adam", "AdamW"), "takes_master_weights admits Adam and AdamW only"
+    kwargs = {k: v for k, v in cfg.kwargs.items() if k not in ("fused", "foreach")}
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    if name == "AdamW":
+        kwargs.setdefault("weight_decay", 1e-2)  # torch.optim.AdamW's default
+    return MasterWeightAdam(
+        [p for p in params if p.requires_grad],
+        copies,
+        decoupled_weight_decay=name == "AdamW",
+        **kwargs,
+    )
+
+
+def clip_before_step(
+    optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], max_norm: float | None
+) -> torch.Tensor:
+    """``clip_gradients``, or the clip an optimizer applies inside its step (one that has
+    ``clip_before_step``: ``master_adam.MasterWeightAdam``); the norm as a device tensor."""
+    clip_in_step = getattr(optimizer, "clip_before_step", None)
+    if clip_in_step is not None:
+        return clip_in_step(max_norm)
+    return clip_gradients(params, max_norm)
 
 
 def host_threads_per_worker(local_world_size: int) -> int:

@@ -16,10 +16,12 @@ from hpcrl.core.backends.automodel.expert_parallel import (
 )
 from hpcrl.core.backends.automodel.logprobs import unloaded_hf_model
 from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary
+from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
 from hpcrl.core.backends.automodel.model import TokenLogprobModel, load_hf_model
 from hpcrl.core.backends.automodel.parallelize import (
     BlockCompilations,
     MeshShape,
+    ParallelizeSteps,
     apply_activation_checkpointing,
     apply_autocast,
     apply_fsdp,
@@ -55,9 +57,12 @@ def build_sharded_model(
     compiles: bool,
     training: bool,
     unloaded: bool = False,
+    master_weights: bool = False,
 ) -> TokenLogprobModel:
     """Load, then parallelize. ``unloaded``: no weight read (``logprobs.unloaded_hf_model``),
-    the caller fills them."""
+    the caller fills them. ``master_weights``: the trained linear weights compute through bf16
+    copies (``master_weights``) where nothing shards or wraps them (no FSDP, TP, LoRA,
+    expert or context parallelism); ``root.compute_copies`` says whether they do."""
     import torch
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -96,8 +101,11 @@ def build_sharded_model(
     if steps.activation_checkpointing:
         saving = router_saving_context(hf_model) if steps.save_router_outputs else None
         apply_activation_checkpointing(hf_model, saving)
+    copies = None
+    if master_weights and _plain_bf16_training(steps, training):
+        copies = apply_compute_copies(hf_model, torch.bfloat16)
     compile_blocks(hf_model, steps, block_compilations)
-    root = TokenLogprobModel(hf_model)
+    root = TokenLogprobModel(hf_model, compute_copies=copies)
     if steps.fsdp:
         apply_fsdp(
             root,
@@ -116,3 +124,8 @@ def build_sharded_model(
     if not training and not steps.compile:
         root.requires_grad_(False)
     return root
+
+
+def _plain_bf16_training(steps: ParallelizeSteps, training: bool) -> bool:
+    plain = not (steps.fsdp or steps.tp or steps.lora or steps.context_parallel)
+    return training and plain and steps.expert_parallel == 1 and steps.param_dtype == "bfloat16"

@@ -40,11 +40,12 @@ from hpcrl.core.backends.automodel.context_parallel import check_context_paralle
 from hpcrl.core.backends.automodel.expert_parallel import build_ep_mesh
 from hpcrl.core.backends.automodel.first_calls import run_first_calls
 from hpcrl.core.backends.automodel.logprobs import copy_policy_state, forward_logprobs
+from hpcrl.core.backends.automodel.master_weights import takes_master_weights
 from hpcrl.core.backends.automodel.model import TokenLogprobModel
 from hpcrl.core.backends.automodel.optim import (
     build_lr_scheduler,
     build_training_optimizer,
-    clip_gradients,
+    clip_before_step,
     host_threads_per_worker,
     move_optimizer_state,
 )
@@ -100,6 +101,9 @@ class AutomodelWorker:
     # CPU (``compile_on_cpu``), where the blocks are otherwise left eager.
     compile_backend: Any = "inductor"
     compile_on_cpu: bool = False
+    # bf16 compute copies of the trained linear weights, stepped by the optimizer, where the
+    # recipe allows (``master_weights``); the benchmarks' baseline row turns it off.
+    master_weights: bool = True
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         _check_supported(recipe)
@@ -130,6 +134,7 @@ class AutomodelWorker:
             # Only what trains: with LoRA the adapters, never the frozen base weights.
             [param for param in self.model.parameters() if param.requires_grad],
             recipe.policy.optimizer,
+            copies=self.model.compute_copies,
             on_gpu=self.device.type == "cuda",
             cpu_offload=cfg.cpu_offload,
             offload_fraction=cfg.optimizer_offload_fraction,
@@ -175,9 +180,13 @@ class AutomodelWorker:
         placement = RankPlacement(
             self.rank_info.rank, self.rank_info.device, self.shape, self.mesh, self.ep_mesh
         )
+        master_weights = self.master_weights and takes_master_weights(
+            self.recipe, on_gpu=self.device.type == "cuda"
+        )
         return build_sharded_model(
             self.recipe, placement, model_path, self.block_compilations,
             compiles=self.compiles, training=training, unloaded=unloaded,
+            master_weights=master_weights,
         )  # fmt: skip
 
     @property
@@ -221,9 +230,11 @@ class AutomodelWorker:
         real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
         with self.passes.measure("train", real_tokens) as stats:
             split = TrainSplit(self.device)
+            if self.model.compute_copies is not None:
+                self.model.compute_copies.sum_in_fp32 = len(micro_batches) > 1
             totals = self._forward_backward(micro_batches, loss_fn, num_global_tokens, stats)
             params = [p for p in self.model.parameters() if p.requires_grad]
-            norm = clip_gradients(params, self.recipe.policy.max_grad_norm)  # on the device
+            norm = clip_before_step(self.optimizer, params, self.recipe.policy.max_grad_norm)
             split.backward_done()
             lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()

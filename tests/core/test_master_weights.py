@@ -1,0 +1,238 @@
+"""Compute copies of the linear weights with ``MasterWeightAdam``
+(``hpcrl.core.backends.automodel.master_weights`` / ``master_adam``) against what they
+replace: fp32 weights under autocast, ``clip_gradients`` and torch's AdamW.
+
+The optimizer's Triton kernel runs on CPU through Triton's interpreter (``TRITON_INTERPRET=1``,
+set before any import in a child process, as tests/core/test_triton_attention.py explains);
+autocast is CPU's bf16 autocast, which casts linear weights as CUDA's does. On the GPU the
+same path runs in ``benchmarks/train_throughput.py`` (rows ``backend`` and ``backend-autocast``,
+first losses equal) and in tests/gpu's GRPO jobs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.require import require_module
+
+torch = require_module("torch")
+require_module("triton")
+require_module("transformers")
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_NORM = 0.05  # small enough that every step clips
+
+
+def run_interpreted(check: str, *args: str) -> None:
+    code = (
+        "import sys; from tests.core import test_master_weights as t; "
+        f"getattr(t, {check!r})(*sys.argv[1:])"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def tiny_root(tied: bool = False):
+    """A 2-layer Llama in the backend's root module, autocast to bf16 as on a GPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hpcrl.core.backends.automodel.model import TokenLogprobModel
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+    )  # fmt: skip
+    hf = LlamaForCausalLM(config).float()
+    hf.config.use_cache = False
+    root = TokenLogprobModel(hf)
+    root.autocast_dtype = torch.bfloat16
+    return root
+
+
+def _batches(count: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 96, (2, 12), generator=gen) for _ in range(count)]
+
+
+def _train(root, optimizer, clip, batches, steps: int) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        total = 0.0
+        for ids in batches:
+            logprobs, _ = root(ids, None)
+            loss = -logprobs[:, 1:].mean() / len(batches)
+            loss.backward()
+            total += float(loss.detach())
+        clip()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(total)
+    return losses
+
+
+def check_same_training_as_autocast(micro_batches: str, steps: str) -> None:
+    """AdamW steps (weight decay, every step clipped) of the same model and batches. The
+    first loss is the same to the bit (same bf16 weights, same gradients); after one step the
+    fp32 weights differ by float32 rounding of the update (one ulp: torch's AdamW orders its
+    arithmetic otherwise, and fused AdamW on a GPU otherwise again); such a difference flips
+    the bf16 rounding of a few weights, so later losses agree to 1e-3. Each copy is its
+    weight in bf16."""
+    from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
+    from hpcrl.core.backends.automodel.optim import clip_gradients
+
+    reference = tiny_root()
+    root = copy.deepcopy(reference)
+    copies = apply_compute_copies(root.hf, torch.bfloat16)
+    root.compute_copies = copies
+    copies.sum_in_fp32 = int(micro_batches) > 1
+    assert len(copies) == 2 * 7 + 1  # q k v o gate up down per layer, and the lm_head
+
+    kwargs = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+    ref_params = list(reference.parameters())
+    ref_optimizer = torch.optim.AdamW(ref_params, foreach=False, **kwargs)
+    optimizer = MasterWeightAdam(
+        list(root.parameters()), copies, decoupled_weight_decay=True, **kwargs
+    )
+    batches = _batches(int(micro_batches))
+
+    count = int(steps)
+    want = _train(reference, ref_optimizer, lambda: clip_gradients(ref_params, MAX_NORM),
+                  batches, steps=count)  # fmt: skip
+    got = _train(root, optimizer, lambda: optimizer.clip_before_step(MAX_NORM), batches, count)
+
+    assert got[0] == want[0]
+    one_ulp = 1.2e-7  # the weights are below 1 in magnitude
+    # later: Adam moves each weight by ~lr whatever its gradient's size, so a flipped bf16
+    # rounding can move a weight whose gradient is near 0 by a fraction of lr
+    weights_atol = 2 * one_ulp if count == 1 else 0.1 * kwargs["lr"]
+    if count > 1:
+        assert want[-1] < want[0], want  # it trains
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=0)
+    for (name, mine), theirs in zip(root.named_parameters(), ref_params, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=weights_atol, msg=name)
+        for key in ("exp_avg", "exp_avg_sq") if count == 1 else ():
+            torch.testing.assert_close(
+                optimizer.state[mine][key], ref_optimizer.state[theirs][key],
+                rtol=1e-5, atol=1e-9, msg=f"{name} {key}",
+            )  # fmt: skip
+    for weight, compute in copies._pairs:
+        assert torch.equal(compute, weight.detach().to(torch.bfloat16))
+        assert compute.grad is None and weight.grad is None  # zero_grad dropped both
+
+
+def check_state_dict_is_adamw_s() -> None:
+    """A checkpoint of this optimizer loads into torch's AdamW and back, same state."""
+    from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
+
+    root = tiny_root()
+    copies = apply_compute_copies(root.hf, torch.bfloat16)
+    root.compute_copies = copies
+    params = list(root.parameters())
+    optimizer = MasterWeightAdam(params, copies, decoupled_weight_decay=True, lr=1e-2)
+    _train(root, optimizer, lambda: optimizer.clip_before_step(1.0), _batches(1), steps=2)
+
+    plain = torch.optim.AdamW(params, lr=1e-2)
+    plain.load_state_dict(optimizer.state_dict())
+    back = MasterWeightAdam(params, copies, decoupled_weight_decay=True, lr=1e-2)
+    back.load_state_dict(plain.state_dict())
+    for param in params:
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(back.state[param][key], optimizer.state[param][key]), key
+        assert back.state[param]["step"].device.type == "cpu"  # read without a device wait
+
+
+def test_one_step_matches_fp32_weights_under_autocast_with_torch_adamw():
+    run_interpreted("check_same_training_as_autocast", "1", "1")
+
+
+def test_micro_batches_sum_their_gradients_in_fp32_as_autocast_does():
+    run_interpreted("check_same_training_as_autocast", "3", "1")
+
+
+def test_three_steps_train_as_fp32_weights_under_autocast_do():
+    run_interpreted("check_same_training_as_autocast", "2", "3")
+
+
+def test_optimizer_state_dict_loads_into_torch_adamw_and_back():
+    run_interpreted("check_state_dict_is_adamw_s")
+
+
+def test_copies_cover_trained_linears_only_and_leave_state_dict_alone():
+    from hpcrl.core.backends.automodel.master_weights import (
+        ComputeCopyLinear,
+        apply_compute_copies,
+    )
+
+    root = tiny_root(tied=True)
+    root.hf.model.layers[1].mlp.down_proj.weight.requires_grad_(False)
+    keys = set(root.state_dict())
+    copies = apply_compute_copies(root.hf, torch.bfloat16)
+
+    # 14 linears, less the frozen one; the tied lm_head is the embedding's weight too
+    assert len(copies) == 13
+    assert not isinstance(root.hf.lm_head, ComputeCopyLinear)
+    assert not isinstance(root.hf.model.layers[1].mlp.down_proj, ComputeCopyLinear)
+    assert set(root.state_dict()) == keys  # copies are non-persistent buffers
+    assert all(p.dtype == torch.float32 for p in root.parameters())
+
+
+def test_a_weight_written_in_place_is_copied_again_before_the_next_forward():
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
+
+    root = tiny_root()
+    reference = copy.deepcopy(root)
+    root.compute_copies = apply_compute_copies(root.hf, torch.bfloat16)
+    ids = _batches(1)[0]
+    with torch.no_grad():
+        for model in (root, reference):  # a checkpoint load writes the weights in place
+            model.hf.model.layers[0].self_attn.q_proj.weight.mul_(3.0)
+            model.hf.lm_head.weight.add_(0.5)
+        got, _ = root(ids, None)
+        want, _ = reference(ids, None)
+    assert root.compute_copies.refresh() == 0  # the forward copied both already
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "change, takes",
+    [
+        ({}, True),
+        ({"on_gpu": False}, False),
+        ({"precision": "float32"}, False),
+        ({"optimizer_offload_fraction": 0.5}, False),
+        ({"kwargs": {"lr": 1e-5, "amsgrad": True}}, False),
+        ({"kwargs": {"lr": 1e-5, "foreach": False, "fused": False}}, True),
+        ({"name": "torch.optim.SGD"}, False),
+    ],
+)
+def test_takes_master_weights_only_where_it_steps_as_torch_does(change, takes):
+    import attrs
+
+    from hpcrl.config.recipe import OptimizerCfg
+    from hpcrl.core.backends.automodel.master_weights import takes_master_weights
+    from tests.recipe_builder import tiny_automodel_recipe, with_automodel
+
+    recipe = tiny_automodel_recipe()
+    optimizer = OptimizerCfg(
+        name=change.get("name", "torch.optim.AdamW"), kwargs=change.get("kwargs", {"lr": 1e-5})
+    )
+    policy = attrs.evolve(
+        recipe.policy, precision=change.get("precision", "bfloat16"), optimizer=optimizer
+    )
+    recipe = attrs.evolve(recipe, policy=policy)
+    if "optimizer_offload_fraction" in change:
+        recipe = with_automodel(recipe, optimizer_offload_fraction=0.5)
+    assert takes_master_weights(recipe, on_gpu=change.get("on_gpu", True)) is takes
