@@ -81,18 +81,19 @@ def _train(root, optimizer, clip, batches, steps: int) -> list[float]:
     return losses
 
 
-def check_same_training_as_autocast(micro_batches: str, steps: str) -> None:
+def check_same_training_as_autocast(micro_batches: str, steps: str, device: str = "cpu") -> None:
     """AdamW steps (weight decay, every step clipped) of the same model and batches. The
     first loss is the same to the bit (same bf16 weights, same gradients); after one step the
     fp32 weights differ by float32 rounding of the update (one ulp: torch's AdamW orders its
     arithmetic otherwise, and fused AdamW on a GPU otherwise again); such a difference flips
     the bf16 rounding of a few weights, so later losses agree to 1e-3. Each copy is its
-    weight in bf16."""
+    weight in bf16. ``device`` "cuda": the compiled kernel on a GPU (run there by hand:
+    docs/performance.md, issue 25 item 1)."""
     from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
     from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
     from hpcrl.core.backends.automodel.optim import clip_gradients
 
-    reference = tiny_root()
+    reference = tiny_root().to(device)
     root = copy.deepcopy(reference)
     copies = apply_compute_copies(root.hf, torch.bfloat16)
     root.compute_copies = copies
@@ -105,7 +106,7 @@ def check_same_training_as_autocast(micro_batches: str, steps: str) -> None:
     optimizer = MasterWeightAdam(
         list(root.parameters()), copies, decoupled_weight_decay=True, **kwargs
     )
-    batches = _batches(int(micro_batches))
+    batches = [ids.to(device) for ids in _batches(int(micro_batches))]
 
     count = int(steps)
     want = _train(reference, ref_optimizer, lambda: clip_gradients(ref_params, MAX_NORM),
