@@ -114,16 +114,20 @@ def check_same_training_as_autocast(micro_batches: str, steps: str, device: str 
     got = _train(root, optimizer, lambda: optimizer.clip_before_step(MAX_NORM), batches, count)
 
     assert got[0] == want[0]
-    one_ulp = 1.2e-7  # the weights are below 1 in magnitude
-    # later: Adam moves each weight by ~lr whatever its gradient's size, so a flipped bf16
-    # rounding can move a weight whose gradient is near 0 by a fraction of lr
-    weights_atol = 2 * one_ulp if count == 1 else 0.1 * kwargs["lr"]
     if count > 1:
         assert want[-1] < want[0], want  # it trains
         torch.testing.assert_close(got, want, rtol=1e-3, atol=0)
     for (name, mine), theirs in zip(root.named_parameters(), ref_params, strict=True):
-        torch.testing.assert_close(mine, theirs, rtol=0, atol=weights_atol, msg=name)
-        for key in ("exp_avg", "exp_avg_sq") if count == 1 else ():
+        if count > 1:
+            # Adam moves each weight by ~lr whatever its gradient's size: after a flipped
+            # bf16 rounding a weight whose gradient is near 0 may move the other way
+            # (elementwise up to 2 lr; seen on an H100). The tensor as a whole stays close.
+            error = torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs)
+            assert error < 1e-2, (name, float(error))
+            continue
+        one_ulp = 1.2e-7  # the weights are below 1 in magnitude
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=2 * one_ulp, msg=name)
+        for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(
                 optimizer.state[mine][key], ref_optimizer.state[theirs][key],
                 rtol=1e-5, atol=1e-9, msg=f"{name} {key}",
