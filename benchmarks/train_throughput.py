@@ -5,8 +5,9 @@ Same weights (a random-init Llama-shaped ~1.1B model: 16 layers, hidden 2048, 16
 clip 1.0), one process (world 1). Rows:
 
 - ``backend``: hpcrl's real worker class (``TrainingWorker`` → ``AutomodelWorker``): no FSDP at
-  world 1, fp32 weights under ``torch.autocast(bf16)``, chunked log-probs without full-vocab
-  fp32 logits, per-block ``torch.compile``, fused AdamW, foreach clipping.
+  world 1, on a GPU bf16 compute copies of the fp32 linear weights stepped by
+  ``MasterWeightAdam`` (clip factor inside its kernel), chunked log-probs without full-vocab
+  fp32 logits, per-block ``torch.compile``.
 - ``plain``: what a user would write for one GPU — HF ``LlamaForCausalLM(labels=...)`` with SDPA,
   fp32 weights under ``torch.autocast(bf16)``, every decoder layer ``.compile()``d, no FSDP,
   fused AdamW, foreach clipping, ``use_cache=False``.
