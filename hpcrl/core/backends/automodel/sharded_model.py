@@ -104,6 +104,9 @@ def build_sharded_model(
     copies = None
     if master_weights and _plain_bf16_training(steps, training):
         copies = apply_compute_copies(hf_model, torch.bfloat16)
+        if placement.rank == 0:
+            print(f"mixed precision: {len(copies)} linear weights compute through bf16 copies "
+                  "that the optimizer steps with their fp32 weights", flush=True)  # fmt: skip
     compile_blocks(hf_model, steps, block_compilations)
     root = TokenLogprobModel(hf_model, compute_copies=copies)
     if steps.fsdp:
