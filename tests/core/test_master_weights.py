@@ -12,34 +12,17 @@ first losses equal) and in tests/gpu's GRPO jobs.
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from tests.require import require_module
+from tests.triton_interpreter import run_interpreted
 
 torch = require_module("torch")
 require_module("triton")
 require_module("transformers")
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_NORM = 0.05  # small enough that every step clips
-
-
-def run_interpreted(check: str, *args: str) -> None:
-    code = (
-        "import sys; from tests.core import test_master_weights as t; "
-        f"getattr(t, {check!r})(*sys.argv[1:])"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def tiny_root(tied: bool = False):
@@ -160,19 +143,19 @@ def check_state_dict_is_adamw_s() -> None:
 
 
 def test_one_step_matches_fp32_weights_under_autocast_with_torch_adamw():
-    run_interpreted("check_same_training_as_autocast", "1", "1")
+    run_interpreted(__name__, "check_same_training_as_autocast", "1", "1")
 
 
 def test_micro_batches_sum_their_gradients_in_fp32_as_autocast_does():
-    run_interpreted("check_same_training_as_autocast", "3", "1")
+    run_interpreted(__name__, "check_same_training_as_autocast", "3", "1")
 
 
 def test_three_steps_train_as_fp32_weights_under_autocast_do():
-    run_interpreted("check_same_training_as_autocast", "2", "3")
+    run_interpreted(__name__, "check_same_training_as_autocast", "2", "3")
 
 
 def test_optimizer_state_dict_loads_into_torch_adamw_and_back():
-    run_interpreted("check_state_dict_is_adamw_s")
+    run_interpreted(__name__, "check_state_dict_is_adamw_s")
 
 
 def test_copies_cover_trained_linears_only_and_leave_state_dict_alone():

@@ -14,34 +14,13 @@ interpreter process with ``TRITON_INTERPRET=1`` set before any import.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.require import require_module
+from tests.triton_interpreter import run_interpreted
 
 torch = require_module("torch")
 require_module("triton")
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_interpreted(check: str, *args: str) -> None:
-    """``check(*args)`` of this module in a child process whose Triton kernels run in the
-    CPU interpreter; its assertion errors fail the test with the child's traceback."""
-    code = (
-        "import sys; from tests.core import test_triton_attention as t; "
-        f"getattr(t, {check!r})(*sys.argv[1:])"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", code, *args], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def _case(seed: int, rows: int, heads: int, kv_heads: int, dtype: torch.dtype) -> dict:
@@ -207,27 +186,27 @@ def check_engine_greedy() -> None:
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (8, 1)], ids=["mha", "gqa2", "mqa"])
 def test_triton_decode_attention_equals_the_eager_path(heads: int, kv_heads: int) -> None:
-    run_interpreted("check_equals_eager", str(heads), str(kv_heads))
+    run_interpreted(__name__, "check_equals_eager", str(heads), str(kv_heads))
 
 
 def test_triton_decode_attention_reads_no_column_a_row_does_not_see() -> None:
-    run_interpreted("check_unseen_columns_not_read")
+    run_interpreted(__name__, "check_unseen_columns_not_read")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_triton_decode_attention_rotates_q_and_k_in_the_kernel(dtype: str) -> None:
-    run_interpreted("check_rotary_in_kernel", dtype)
+    run_interpreted(__name__, "check_rotary_in_kernel", dtype)
 
 
 def test_triton_decode_attention_in_bf16_within_rounding() -> None:
-    run_interpreted("check_bf16_rounding")
+    run_interpreted(__name__, "check_bf16_rounding")
 
 
 @pytest.mark.slow
 def test_triton_engine_greedy_equals_hf() -> None:
     """On two architectures with grouped-query attention: the tokens Hugging Face's greedy
     ``generate`` picks, and the teacher-forced log-probs (test_torch_engine.py's check)."""
-    run_interpreted("check_engine_greedy")
+    run_interpreted(__name__, "check_engine_greedy")
 
 
 def test_auto_decode_attention_is_the_batched_matmuls_off_cuda() -> None:
