@@ -304,16 +304,19 @@ def train_run(
     my_shard = shard(batch, place)
     initial_logprobs = worker.logprobs(my_shard)
     history = []
+    passes = []  # the worker's pass figures per step (pass_stats)
     for _ in range(steps):
         metrics = worker.train_step(
             micro_batches(my_shard, recipe.policy.train_micro_batch_size), masked_nll, num_tokens
         )
         history.append(metrics)
+        passes.append(worker.take_pass_metrics())
     reference = worker.reference_logprobs(my_shard)
     worker.close()
     return {
         "place": (place.dp_rank, place.dp_size, place.returns_results),
         "history": history,
+        "passes": passes,
         "initial_logprobs": initial_logprobs if place.returns_results else None,
         "reference_logprobs": reference if place.returns_results else None,
     }

@@ -31,6 +31,11 @@ def test_single_rank_learns(reference_run):
     ), losses
     assert all(step["grad_norm"] > 0 for step in reference_run["history"])
     assert reference_run["place"] == (0, 1, True)
+    for figures in reference_run["passes"]:  # the train pass's split is recorded (was 0 + 0)
+        fwd_bwd_s = figures["time_train_forward_backward_s"]
+        optimizer_s = figures["time_train_optimizer_s"]
+        assert fwd_bwd_s > 0 and optimizer_s > 0, figures
+        assert fwd_bwd_s + optimizer_s <= figures["time_train_worker_s"], figures
 
 
 @pytest.mark.parametrize(

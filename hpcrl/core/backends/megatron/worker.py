@@ -22,7 +22,7 @@ import torch
 from hpcrl.core.backends.base import DataParallelPlace, RankInfo
 from hpcrl.core.backends.megatron import hf_import, offload, step
 from hpcrl.core.backends.megatron import model as mcore_model
-from hpcrl.core.backends.pass_stats import PassRecorder
+from hpcrl.core.backends.pass_stats import PassRecorder, TrainSplit
 from hpcrl.core.token_distribution import (
     LogitTransform,
     TokenDistribution,
@@ -86,7 +86,8 @@ class MegatronWorker:
         mcore_model.connect_grad_sync(self.model_chunks, self.optimizer)
         self.scheduler = mcore_model.build_scheduler(self.optimizer, cfg, total_train_steps(recipe))
         self._reference_weights = self._snapshot_weights()
-        self.passes = PassRecorder(torch.device("cuda" if rank_info.device == "cuda" else "cpu"))
+        self.device = torch.device("cuda" if rank_info.device == "cuda" else "cpu")
+        self.passes = PassRecorder(self.device)
         self.steps_done = 0
         self.manual_gc = manual_gc_for(cfg)
         self.manual_gc.after_setup()
@@ -209,6 +210,7 @@ class MegatronWorker:
     ) -> dict[str, float]:
         real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
         with self.passes.measure("train", real_tokens) as stats:
+            split = TrainSplit(self.device)
             for micro in micro_batches:
                 stats.add_micro_batch(micro)
             lr = self.optimizer.param_groups[0]["lr"]
@@ -216,12 +218,14 @@ class MegatronWorker:
             metrics = step.run_train_microbatches(
                 self.model_chunks, micro_batches, loss_fn, num_global_tokens, self.distribution
             )
+            split.backward_done()
             update_successful, grad_norm, _zeros = self.optimizer.step()
             assert update_successful, "optimizer step skipped (fp16 loss-scale overflow)"
             self.scheduler.step(increment=1)
             self.steps_done += 1
             self.manual_gc.after_optimizer_step(self.steps_done)
             grad_norm = float(grad_norm)
+            split.finish(stats)
         return {**metrics, "grad_norm": grad_norm, "lr": float(lr)}
 
     def logprobs(self, batch: Batch, plan: Sequence[MicroBatchSpec] | None = None) -> torch.Tensor:
