@@ -142,6 +142,63 @@ def check_state_dict_is_adamw_s() -> None:
         assert back.state[param]["step"].device.type == "cpu"  # read without a device wait
 
 
+def check_checkpoint_round_trip(folder: str) -> None:
+    """The worker's checkpoint (torch DCP) of a model with copies and its optimizer loads
+    into a fresh one: same weights, moments and steps; the copies are made again from the
+    loaded weights; the next step is the same on both."""
+    import socket
+
+    import torch.distributed as dist
+
+    from hpcrl.core.backends.automodel import checkpoint
+    from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+    def build(seed: int):
+        torch.manual_seed(seed)
+        root = tiny_root()
+        with torch.no_grad():  # different weights per seed
+            for param in root.parameters():
+                param.add_(torch.randn_like(param) * 0.01)
+        root.compute_copies = apply_compute_copies(root.hf, torch.bfloat16)
+        optimizer = MasterWeightAdam(
+            list(root.parameters()), root.compute_copies, decoupled_weight_decay=True, lr=1e-2
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        return root, optimizer, scheduler
+
+    batches = _batches(1)
+    saved, saved_optimizer, saved_scheduler = build(1)
+    _train(saved, saved_optimizer, lambda: saved_optimizer.clip_before_step(1.0), batches, 2)
+    checkpoint.save(folder, saved, saved_optimizer, saved_scheduler, step=2)
+    loaded, optimizer, scheduler = build(2)
+    assert checkpoint.load(folder, loaded, optimizer, scheduler) == 2
+
+    for (name, mine), theirs in zip(loaded.named_parameters(), saved.parameters(), strict=True):
+        assert torch.equal(mine, theirs), name
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            want = saved_optimizer.state[theirs][key]
+            assert torch.equal(optimizer.state[mine][key], want), (name, key)
+        assert optimizer.state[mine]["step"].device.type == "cpu"
+    after = [
+        _train(root, opt, lambda o=opt: o.clip_before_step(1.0), batches, 1)
+        for root, opt in ((saved, saved_optimizer), (loaded, optimizer))
+    ]
+    assert after[0] == after[1], after  # the copies were made again from the loaded weights
+    for weight, copy_ in loaded.compute_copies._pairs:
+        assert torch.equal(copy_, weight.detach().to(torch.bfloat16))
+    dist.destroy_process_group()
+
+
+def test_checkpoint_round_trip_remakes_the_copies(tmp_path):
+    run_interpreted(__name__, "check_checkpoint_round_trip", str(tmp_path / "ckpt"))
+
+
 def test_one_step_matches_fp32_weights_under_autocast_with_torch_adamw():
     run_interpreted(__name__, "check_same_training_as_autocast", "1", "1")
 
