@@ -134,8 +134,13 @@ def check_state_dict_is_adamw_s() -> None:
 
     plain = torch.optim.AdamW(params, lr=1e-2)
     plain.load_state_dict(optimizer.state_dict())
+    # torch's defaults, not a pinned slow path, for a run that resumes without copies
+    assert all(g["foreach"] is None and g["fused"] is None for g in plain.param_groups)
+    fused = torch.optim.AdamW(params, lr=1e-2, fused=True)  # its steps live with the weights
+    fused.load_state_dict(plain.state_dict())
     back = MasterWeightAdam(params, copies, decoupled_weight_decay=True, lr=1e-2)
-    back.load_state_dict(plain.state_dict())
+    back.load_state_dict(fused.state_dict())
+    assert all(g["foreach"] is None and g["fused"] is None for g in back.param_groups)
     for param in params:
         for key in ("step", "exp_avg", "exp_avg_sq"):
             assert torch.equal(back.state[param][key], optimizer.state[param][key]), key

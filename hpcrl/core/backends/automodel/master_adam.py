@@ -31,9 +31,22 @@ class MasterWeightAdam(torch.optim.Adam):
     maximize, capturable or differentiable (``master_weights.takes_master_weights``)."""
 
     def __init__(self, params: Iterable[nn.Parameter], copies: ComputeCopies, **kwargs: Any):
-        super().__init__(params, foreach=False, fused=False, **kwargs)
+        # foreach/fused None, torch's defaults: what a checkpoint of this optimizer hands
+        # torch's own class when a run resumes without copies (False would pin its slowest path)
+        super().__init__(params, foreach=None, fused=None, **kwargs)
         self.copies = copies
         self._clip_factor: torch.Tensor | None = None
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's, then this class's own flags and every ``step`` on the host: a checkpoint
+        of torch's fused Adam keeps its steps on the GPU, where reading one per parameter
+        and step would be a host wait each."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["foreach"] = group["fused"] = None
+        for state in self.state.values():
+            if "step" in state:
+                state["step"] = state["step"].to("cpu", torch.float32)
 
     def _trained(self) -> Iterator[tuple[dict[str, Any], nn.Parameter, torch.Tensor]]:
         for group in self.param_groups:
