@@ -115,7 +115,7 @@ def check_same_training_as_autocast(micro_batches: str, steps: str, device: str 
                 optimizer.state[mine][key], ref_optimizer.state[theirs][key],
                 rtol=1e-5, atol=1e-9, msg=f"{name} {key}",
             )  # fmt: skip
-    for weight, compute in copies._pairs:
+    for weight, compute in copies.pairs:
         assert torch.equal(compute, weight.detach().to(torch.bfloat16))
         assert compute.grad is None and weight.grad is None  # zero_grad dropped both
 
@@ -195,7 +195,7 @@ def check_checkpoint_round_trip(folder: str) -> None:
         for root, opt in ((saved, saved_optimizer), (loaded, optimizer))
     ]
     assert after[0] == after[1], after  # the copies were made again from the loaded weights
-    for weight, copy_ in loaded.compute_copies._pairs:
+    for weight, copy_ in loaded.compute_copies.pairs:
         assert torch.equal(copy_, weight.detach().to(torch.bfloat16))
     dist.destroy_process_group()
 

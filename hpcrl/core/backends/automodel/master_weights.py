@@ -20,8 +20,9 @@ autocast's fp32 gradients sum. A copy whose fp32 weight was written by anything 
 optimizer (a checkpoint load: any in-place write moves the tensor's version counter) is
 copied again before the next forward.
 
-Embeddings, norms, biases and tied weights stay fp32 under autocast as before (autocast does
-not cast them either); their fp32 gradients go through the same kernel without a copy.
+Embeddings, norms, biases and tied weights stay as they were: fp32 parameters under autocast
+(which casts a bias, or a tied lm_head, where a matmul uses it, as before); their fp32
+gradients go through the same kernel without a copy.
 """
 
 from __future__ import annotations
@@ -48,18 +49,18 @@ class ComputeCopies:
     def __init__(self, pairs: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
         self.copy_of = {id(weight): copy for weight, copy in pairs}
         self.weight_of = {id(copy): weight for weight, copy in pairs}
-        self._pairs = pairs
+        self.pairs = pairs
         self._versions = {id(weight): weight._version for weight, _ in pairs}
         self.sum_in_fp32 = False
         for _, copy in pairs:
             copy.register_post_accumulate_grad_hook(self._summed_in_fp32)
 
     def __len__(self) -> int:
-        return len(self._pairs)
+        return len(self.pairs)
 
     def refresh(self) -> int:
         """Copy again every weight written since its copy was made; returns how many."""
-        stale = [(w, c) for w, c in self._pairs if w._version != self._versions[id(w)]]
+        stale = [(w, c) for w, c in self.pairs if w._version != self._versions[id(w)]]
         with torch.no_grad():
             for weight, copy in stale:
                 copy.copy_(weight)
@@ -75,7 +76,7 @@ class ComputeCopies:
         return None if copy is None else copy.grad
 
     def drop_gradients(self) -> None:
-        for _, copy in self._pairs:
+        for _, copy in self.pairs:
             copy.grad = None
 
     def _summed_in_fp32(self, copy: torch.Tensor) -> None:
