@@ -73,3 +73,25 @@ def test_a_preloaded_compilation_takes_the_calls_of_its_autocast(monkeypatch, tm
     assert aot_precompiled.TALLY["aot_guard_rejections"] == before["aot_guard_rejections"] + 1
     assert any("dispatch key set mismatch" in str(w.message) for w in caught)
     assert unmarked.builds == 0  # refused: the caller's ordinary compilation takes the call
+
+
+@pytest.mark.slow  # one Inductor C++ compilation (~20 s on the 2-core box)
+def test_a_refusal_names_the_relation_that_is_false(monkeypatch, tmp_path):
+    # A compilation with dynamic sizes guards its input's stride as a relation among the
+    # shape guard's others (true ones too); the log must say which one refused the call.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    layer, hidden = torch.nn.Linear(16, 16), torch.randn(3, 5, 16)
+    torch._dynamo.mark_dynamic(hidden, 0)
+    torch._dynamo.mark_dynamic(hidden, 1)
+    pieces = kept_pieces()
+    assert pieces.matching((layer, hidden)) is not None
+    sliced = torch.randn(4, 6, 16)[:, :5]  # stride[0] 96, not 16 x 5
+    pieces.signatures_tried.clear()  # as a later call of the same kind would be checked
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert pieces.matching((layer, sliced)) is None
+    (reason,) = pieces.rejections
+    false, _, relations = reason.partition(" | the guard's relations: ")
+    assert "false: L['hidden'].stride()[0] == 16*L['hidden'].size()[1]" in false, reason
+    assert "2 <= L['hidden'].size()[0]" in relations and "2 <= " not in false  # true ones

@@ -121,10 +121,13 @@ class PrecompiledPieces:
         a kept compilation that refuses the calls it was made for compiles them again,
         and nothing else would say which guard did it."""
         try:
-            verbose = compiled._artifacts.guard_manager.check_verbose(
-                compiled.prepare_f_locals(*args)
-            )
-            reason = "; ".join(str(part) for part in verbose.verbose_code_parts)
+            f_locals = compiled.prepare_f_locals(*args)
+            verbose = compiled._artifacts.guard_manager.check_verbose(f_locals)
+            parts = [str(part) for part in verbose.verbose_code_parts]
+            false = _false_relations(parts, f_locals)
+            reason = "; ".join(parts)
+            if false:
+                reason = f"false: {'; '.join(false)} | the guard's relations: {reason}"
         except Exception as error:  # a torch without these internals: the count still tells
             reason = f"(reason unavailable: {type(error).__name__}: {error})"
         self.rejections.append(f"{path.name}: {reason}")
@@ -325,6 +328,23 @@ def _save(compiled: Any, path: Path) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _false_relations(parts: Sequence[str], f_locals: dict[str, Any]) -> list[str]:
+    """The relations of a refusing guard that are false for these arguments. A shape guard
+    lists every relation it checks, true or not (stride and size relations, Inductor's size
+    limits, 0/1 specialisations), each a Python expression over ``L`` before a ``#`` comment:
+    evaluated here on the call's arguments, so the log names the one that refused."""
+    false = []
+    for part in parts:
+        expression = part.split("  #", 1)[0].strip()
+        try:  # dynamo's own guard text, over the call's own arguments
+            holds = eval(expression, {"__builtins__": {}}, {"L": f_locals})  # noqa: S307
+        except Exception:  # not a plain expression (a tensor-match message, say)
+            continue
+        if holds is False:
+            false.append(part)
+    return false
 
 
 def _write_refusal(path: Path, reason: str) -> None:
