@@ -18,8 +18,9 @@ clip 1.0), one process (world 1). Rows:
   padding column (2048 -> 2112), so SDPA runs a masked kernel over the full S×S scores (the
   A/B of the regression, 73.1k -> 61.7k tok/s).
 - ``backend-before`` (an experiment row): the backend's step as it was before the compute
-  copies and the kept head (2026-12-06): fp32 linear weights under autocast with torch's
-  fused AdamW and foreach clipping, each lm_head chunk recomputed in backward.
+  copies, the kept head and the fused head (2026-12-06): fp32 linear weights under autocast
+  with torch's fused AdamW and foreach clipping, each lm_head chunk recomputed in backward
+  through torch's float32 log-softmax.
 
 ``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
 torch.profiler; ``DIR/train-<loop>.txt`` holds the summary (``hpcrl.core.profiling``: wall
@@ -382,6 +383,7 @@ def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) 
     worker.master_weights = False
     worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
     worker.model.head_keep_bytes = 0
+    worker.model.fused_head = False
     num_tokens = float(batch["token_mask"].sum())
 
     def step() -> float:

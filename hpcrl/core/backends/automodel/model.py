@@ -41,13 +41,33 @@ def _chunk_logprobs(
     targets: torch.Tensor,
     transform: LogitTransform,
     dist: TokenDistribution,
+    fused: bool = True,
 ) -> torch.Tensor:
     """[..., 2]: processed and unfiltered log-probs of one chunk (one tensor: checkpointable).
-    ``head``: the lm_head weight, or the lm_head module when it carries a LoRA adapter."""
+    ``head``: the lm_head weight, or the lm_head module when it carries a LoRA adapter.
+    ``fused``: score through ``target_logprob`` where ``fused_head_applies``."""
     projected = F.linear(hidden, head) if isinstance(head, torch.Tensor) else head(hidden)
+    if fused and fused_head_applies(projected.device.type, projected.dtype, transform, dist):
+        from hpcrl.core.backends.automodel.target_logprob import target_logprobs
+
+        both = target_logprobs(projected, targets, dist.temperature)
+        return torch.stack([both, both], dim=-1)
     logits = transform.apply(projected.float())
     processed, unfiltered = token_logprobs_from_logits(logits, targets, dist)
     return torch.stack([processed, unfiltered], dim=-1)
+
+
+def fused_head_applies(
+    device_type: str, logits_dtype: torch.dtype, transform: LogitTransform, dist: TokenDistribution
+) -> bool:
+    """Whether ``target_logprob`` scores a chunk straight from its logits: bf16 logits on a
+    GPU (Triton), no logit processing, no top-k/top-p (processed = unfiltered)."""
+    return (
+        device_type == "cuda"
+        and logits_dtype == torch.bfloat16
+        and transform.is_identity
+        and not dist.filters
+    )
 
 
 def token_logprobs(
@@ -60,6 +80,7 @@ def token_logprobs(
     dist: TokenDistribution | None = None,
     targets: torch.Tensor | None = None,
     keep_bytes: int = HEAD_KEEP_BYTES,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out[b, t] = log p(input_ids[b, t] | :t)`` from final hidden states; ``out[:, 0] = 0``.
     With ``targets``: ``out[b, t] = log p(targets[b, t] | hidden[b, t])``, no shift (context
@@ -68,7 +89,8 @@ def token_logprobs(
     Returns (processed, unfiltered) as ``token_logprobs_from_logits`` defines them; no
     ``transform``/``dist``: the plain log-softmax of ``hidden @ lm_head_weight.T``. With
     gradients, chunks recompute their logits in backward when keeping every chunk's fp32
-    log-softmax would take more than ``keep_bytes``.
+    log-softmax would take more than ``keep_bytes``. ``fused``: chunks whose bf16 logits
+    ``fused_head_applies`` to are scored by ``target_logprob`` (one Triton pass each way).
     """
     transform = transform or LogitTransform()
     dist = dist or TokenDistribution()
@@ -90,6 +112,7 @@ def token_logprobs(
             targets[:, start : start + step],
             transform,
             dist,
+            fused,
         )
         if recompute:
             pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
@@ -114,6 +137,7 @@ class TokenLogprobModel(nn.Module):
         # bf16 copies of the linear weights the forwards compute with (``master_weights``)
         self.compute_copies = compute_copies
         self.head_keep_bytes = HEAD_KEEP_BYTES  # ``token_logprobs``' keep_bytes
+        self.fused_head = True  # ``token_logprobs``' fused (off: a benchmark's baseline)
         self.logit_transform = LogitTransform.of_config(hf_model.config)
         # Set by ``apply_autocast`` when FSDP's mixed precision is not in use.
         self.autocast_dtype: torch.dtype | None = None
@@ -169,6 +193,7 @@ class TokenLogprobModel(nn.Module):
             dist=distribution,
             targets=targets,
             keep_bytes=self.head_keep_bytes,
+            fused=self.fused_head,
         )
 
 
