@@ -42,6 +42,7 @@ report_and_exit({
     "failures": aot.failures if aot else None, "shared": shared, "preloaded": preloaded,
     "rejections": aot.rejections if aot else None, "rng": rng,
     "first_calls_s": worker.first_calls_s,
+    "kept_shapes": sorted(worker.block_compilations.kept_call_shapes().items()),
 })
 """
 
@@ -76,6 +77,8 @@ def test_a_warm_run_loads_the_blocks_forward_and_backward_tracing_nothing(tmp_pa
     # the kept compilations' first calls were made in setup, in the warm run only
     assert warm["first_calls_s"] is not None and warm["first_calls_s"] > 0
     assert plain["first_calls_s"] is None and cold["first_calls_s"] is None
+    # ... with the shapes of the cold run's calls that built them (padded to 64 columns)
+    assert warm["kept_shapes"] == [[False, [2, 128]], [True, [2, 128]]], warm["kept_shapes"]
     assert warm["rng"] == plain["rng"] == cold["rng"]
     for run in (cold, warm):
         for key in ("first", "reference", "after"):

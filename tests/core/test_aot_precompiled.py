@@ -84,7 +84,8 @@ def test_a_second_process_loads_the_piece_and_traces_nothing(tmp_path: Path) -> 
     (saved,) = (tmp_path / AOT_SUBDIR).glob("*.bin")
     assert saved.name.startswith("add_rms_norm-")
     (index,) = (tmp_path / AOT_SUBDIR).glob("*.index")
-    assert index.read_text() == saved.name + "\n"
+    # the file, then its building call's grad mode and first tensor's shape (no autocast)
+    assert index.read_text() == saved.name + " grad:1 shape:3x7x64\n"
 
     second = one_run(tmp_path)
     # loaded when the engine's pieces were made, before the first call; both shapes answered

@@ -45,7 +45,7 @@ def test_a_preloaded_compilation_takes_the_calls_of_its_autocast(monkeypatch, tm
         assert built is not None and cold.builds == 1
         torch.testing.assert_close(built(layer, hidden), want, rtol=0, atol=0)
     index = cold.index_path.read_text().split()
-    assert index[1:] == ["autocast:cpu:bfloat16"], index
+    assert index[1:] == ["autocast:cpu:bfloat16", "grad:1", "shape:3x5x16"], index
 
     before = dict(aot_precompiled.TALLY)
     warm = kept_pieces()  # the next run: loaded in setup, outside any autocast
@@ -55,6 +55,8 @@ def test_a_preloaded_compilation_takes_the_calls_of_its_autocast(monkeypatch, tm
         assert loaded is not None, warm.rejections
         torch.testing.assert_close(loaded(layer, hidden), want, rtol=0, atol=0)
     assert warm.builds == 0 and warm.rejections == [] and warm.failures == []
+    # the building call's grad mode and first tensor's shape, for the warm-up (first_calls)
+    assert list(warm.kept_calls.values()) == [(True, (3, 5, 16))]
     assert aot_precompiled.TALLY["aot_loads"] == before["aot_loads"] + 1
     assert aot_precompiled.TALLY["aot_guard_rejections"] == before["aot_guard_rejections"]
 
@@ -95,3 +97,18 @@ def test_a_refusal_names_the_relation_that_is_false(monkeypatch, tmp_path):
     false, _, relations = reason.partition(" | the guard's relations: ")
     assert "false: L['hidden'].stride()[0] == 16*L['hidden'].size()[1]" in false, reason
     assert "2 <= L['hidden'].size()[0]" in relations and "2 <= " not in false  # true ones
+
+
+def test_index_lines_old_and_new_parse():
+    """Lines written before the autocast or the call were recorded still load (as before)."""
+    from hpcrl.core.generation.aot_precompiled import IndexEntry
+
+    new = IndexEntry.parse("block_call-ab.bin autocast:cuda:bfloat16 grad:0 shape:8x4096x2048")
+    assert new == IndexEntry(
+        "block_call-ab.bin", ("autocast:cuda:bfloat16",), (False, (8, 4096, 2048))
+    )
+    old = IndexEntry.parse("block_call-ab.bin autocast:cuda:bfloat16")
+    assert old == IndexEntry("block_call-ab.bin", ("autocast:cuda:bfloat16",), None)
+    assert IndexEntry.parse("block_call-ab.bin").call is None
+    assert IndexEntry.parse("x.bin grad:1 shape:").call is None  # a 0-dim first tensor
+    assert IndexEntry.parse("   ").name == ""

@@ -34,7 +34,13 @@ def test_first_calls_leave_the_random_streams_the_gradients_and_the_weights_alon
     torch.manual_seed(123)
     expected = torch.rand(4)
     torch.manual_seed(123)
-    seconds = run_first_calls(model, TokenDistribution(), 2, 16, torch.device("cpu"))
+    seconds = run_first_calls(
+        model,
+        TokenDistribution(),
+        eval_shape=(2, 16),
+        train_shape=(2, 16),
+        device=torch.device("cpu"),
+    )
     assert seconds > 0
     assert torch.equal(torch.rand(4), expected)
     assert all(p.grad is None for p in model.parameters())
@@ -57,3 +63,24 @@ def test_the_train_mode_forward_of_that_model_draws_random_numbers() -> None:
     torch.manual_seed(123)
     forward_logprobs(model, batch, TokenDistribution(), causal_only=True)
     assert not torch.equal(torch.rand(4), expected)
+
+
+def test_first_calls_take_the_shapes_of_the_kept_calls() -> None:
+    """Each call has its kind's shape: the kept compilation's guards may hold only for it."""
+    from hpcrl.core.backends.automodel.first_calls import run_first_calls
+    from hpcrl.core.backends.automodel.parallelize import decoder_layers
+    from hpcrl.core.token_distribution import TokenDistribution
+
+    model = _model_with_dropout()
+    seen = []
+    decoder_layers(model.hf)[0].register_forward_pre_hook(
+        lambda _, args: seen.append((torch.is_grad_enabled(), tuple(args[0].shape[:2])))
+    )
+    run_first_calls(
+        model,
+        TokenDistribution(),
+        eval_shape=(3, 8),
+        train_shape=(2, 32),
+        device=torch.device("cpu"),
+    )
+    assert seen == [(False, (3, 8)), (True, (2, 32))]

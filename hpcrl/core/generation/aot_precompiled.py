@@ -59,6 +59,9 @@ class PrecompiledPieces:
     loaded_paths: set[Path] = attrs.field(factory=set)  # in ``ready`` already
     by_path: dict[Path, Any] = attrs.field(factory=dict)  # the ``ready`` ones, by their file
     rejections: list[str] = attrs.field(factory=list)  # why a kept one refused its own kind
+    #: Preloaded compilations' building calls, as the index names them: (grad mode, shape
+    #: of the call's first tensor), or None for lines written before they were recorded.
+    kept_calls: dict[Path, tuple[bool, tuple[int, ...]] | None] = attrs.field(factory=dict)
     builds: int = 0  # compilations made here and written there
     failures: list[str] = attrs.field(factory=list)
     #: What names one compilation's file (besides the source digest): the arguments' kinds.
@@ -162,16 +165,17 @@ class PrecompiledPieces:
             lines = self.index_path.read_text().splitlines()
         except OSError:
             return 0
-        entries = dict(_index_entry(line) for line in lines if line.split())
+        entries = {entry.name: entry for entry in map(IndexEntry.parse, lines) if entry.name}
         loaded = 0
-        for name, autocast in entries.items():
+        for name, entry in entries.items():
             path = self.folder / name
             if path.suffix != ".bin" or path in self.loaded_paths or not path.exists():
                 continue
-            with _autocast_as_kept(autocast):
+            with _autocast_as_kept(entry.autocast):
                 compiled = self._load_saved(path)
             if compiled is not None:
                 self._add_ready(compiled, path)
+                self.kept_calls[path] = entry.call
                 loaded += 1
         return loaded
 
@@ -195,15 +199,17 @@ class PrecompiledPieces:
         with path.open("rb") as saved:
             return torch.compiler.load_compiled_function(saved, f_globals=self.traced.__globals__)
 
-    def _remember(self, path: Path) -> None:
+    def _remember(self, path: Path, args: Sequence[Any]) -> None:
         """Add ``path`` to the index (appended: ranks and runs share the folder), with the
-        autocast of the call that loaded or built it (``preload`` loads it under it)."""
+        autocast of the call that loaded or built it (``preload`` loads it under it), its
+        grad mode and its first tensor's shape (a warm-up can then make a call its guards
+        take: ``first_calls``)."""
         self.loaded_paths.add(path)
         try:
             known = self.index_path.read_text().split() if self.index_path.exists() else []
             if path.name not in known:
                 with self.index_path.open("a") as index:
-                    index.write(" ".join([path.name, *_autocast_now()]) + "\n")
+                    index.write(" ".join([path.name, *_autocast_now(), *_call_now(args)]) + "\n")
         except OSError:  # a read-only cache: later runs load at their first call instead
             pass
 
@@ -235,7 +241,7 @@ class PrecompiledPieces:
                     TALLY["aot_builds"] += 1
             compiled.disable_guard_check()  # checked by matching, once per call
             compiled.guard_check  # noqa: B018  (a torch without it fails here, not in a call)
-            self._remember(path)
+            self._remember(path, args)
         except Exception as error:  # any failure costs the ordinary compilation only
             self.failures.append(f"{type(error).__name__}: {error}")
             if building:  # the same source, torch and arguments would fail again
@@ -279,11 +285,38 @@ def _autocast_now() -> list[str]:
     ]
 
 
-def _index_entry(line: str) -> tuple[str, tuple[str, ...]]:
-    """An index line: the file's name, then the autocast it was kept under (none in lines
-    written before the autocast was recorded: those load as they always did)."""
-    name, *states = line.split()
-    return name, tuple(state for state in states if state.startswith("autocast:"))
+def _call_now(args: Sequence[Any]) -> list[str]:
+    """``grad:<0|1>`` and ``shape:<d0>x<d1>...`` of the first tensor among ``args``."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    first = next((leaf for leaf in tree_leaves(list(args)) if isinstance(leaf, torch.Tensor)), None)
+    if first is None:
+        return []
+    shape = "x".join(str(size) for size in first.shape)
+    return [f"grad:{int(torch.is_grad_enabled())}", f"shape:{shape}"]
+
+
+@attrs.frozen
+class IndexEntry:
+    """An index line: the file's name, then the autocast it was kept under and its building
+    call's grad mode and first tensor's shape (lines written before either was recorded
+    have none: they load as they always did)."""
+
+    name: str
+    autocast: tuple[str, ...]
+    call: tuple[bool, tuple[int, ...]] | None
+
+    @classmethod
+    def parse(cls, line: str) -> IndexEntry:
+        name, *tokens = line.split() or [""]
+        values = dict(token.split(":", 1) for token in tokens if ":" in token)
+        call = None
+        if values.get("grad") in ("0", "1") and values.get("shape", "").replace("x", "").isdigit():
+            shape = tuple(int(size) for size in values["shape"].split("x"))
+            call = (values["grad"] == "1", shape)
+        autocast = tuple(token for token in tokens if token.startswith("autocast:"))
+        return cls(name, autocast, call)
 
 
 def _autocast_as_kept(states: Sequence[str]) -> contextlib.ExitStack:

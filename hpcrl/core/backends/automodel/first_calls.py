@@ -9,11 +9,14 @@ their steady time (0.33 s against 0.04 s and 0.56 s against 0.14 s; docs/perform
 token 0 through the policy while the worker sets up, then drops the gradients: the optimizer,
 its state and the weights are untouched, and the RNG streams are restored.
 
-A kept compilation whose guards refuse the warm-up batch is compiled again for it (counted in
-``aot_guard_rejections``, its guard in the log), in setup: on an H100 the kept train
-compilation refused the 32 x 64 batch while it took the job's own calls, and setup compiled
-the block once more (6.6 s; docs/performance.md, item 3, eighth session). Running such calls
-eagerly instead was built on CPU and not measured on a GPU; that is the next step.
+Each call has the shape of the call that built the kept compilation of its kind (the index
+records it: ``aot_precompiled.IndexEntry``; the job's own micro-batches have it too). A smaller
+warm-up was refused: Inductor guards some fusion choices on the token count (``rows * columns
+>= 4096`` among the kept train block's guards on an H100), so the 32 x 64 batch this made before
+compiled the block once more in setup (6.9-9.9 s; docs/performance.md, item 3, tenth session).
+Without a recorded shape (an index written before) it uses the train micro-batch's rows and the
+sequence multiple. Afterwards the caching allocator gives back what the calls reserved, so
+that a colocated engine sizes its cache from the same free memory as without them.
 """
 
 from __future__ import annotations
@@ -33,28 +36,26 @@ if TYPE_CHECKING:
 def run_first_calls(
     model: TokenLogprobModel,
     distribution: TokenDistribution,
-    rows: int,
-    columns: int,
+    *,
+    eval_shape: tuple[int, int],
+    train_shape: tuple[int, int],
     device: torch.device,
 ) -> float:
-    """One no-grad pass in eval mode (the log-prob passes' kind of call) and one
-    forward-backward in train mode (the train pass's), on ``rows`` x ``columns`` right-padded
-    tokens, as the worker's passes call the model. ``rows`` >= 2: one row would be
-    specialised by the compiled blocks. Returns the seconds taken."""
+    """One no-grad pass in eval mode (the log-prob passes' kind of call) on ``eval_shape``
+    (rows, columns) right-padded tokens and one forward-backward in train mode (the train
+    pass's) on ``train_shape``, as the worker's passes call the model. Returns the seconds
+    taken."""
     from hpcrl.core.backends.automodel.logprobs import forward_logprobs
 
-    assert rows >= 2, "a single row compiles a graph of its own"
     started = time.perf_counter()
-    batch = {
-        "input_ids": torch.zeros(rows, columns, dtype=torch.long, device=device),
-        "attention_mask": torch.ones(rows, columns, dtype=torch.long, device=device),
-    }
     with _rng_kept(device):
         model.eval()
         with torch.no_grad():
-            forward_logprobs(model, batch, distribution, causal_only=True)
+            forward_logprobs(model, _tokens(eval_shape, device), distribution, causal_only=True)
         model.train()
-        processed, _ = forward_logprobs(model, batch, distribution, causal_only=True)
+        processed, _ = forward_logprobs(
+            model, _tokens(train_shape, device), distribution, causal_only=True
+        )
         processed.float().sum().backward()
         for param in model.parameters():
             param.grad = None
@@ -62,7 +63,16 @@ def run_first_calls(
             model.compute_copies.drop_gradients()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
     return time.perf_counter() - started
+
+
+def _tokens(shape: tuple[int, int], device: torch.device) -> dict[str, torch.Tensor]:
+    """``rows`` x ``columns`` of token 0, no padding."""
+    return {
+        "input_ids": torch.zeros(shape, dtype=torch.long, device=device),
+        "attention_mask": torch.ones(shape, dtype=torch.long, device=device),
+    }
 
 
 @contextlib.contextmanager

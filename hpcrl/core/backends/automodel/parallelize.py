@@ -359,6 +359,16 @@ class BlockCompilations:
         many were loaded."""
         return self.pieces.preload() if self.pieces is not None else 0
 
+    def kept_call_shapes(self) -> dict[bool, tuple[int, int]]:
+        """Grad mode → (rows, columns) of the block call that built the preloaded
+        compilation of that mode, as its index line recorded it: a call of that shape passes
+        its guards, a smaller one may not (Inductor guards its fusion choices on the token
+        count: docs/performance.md, item 3)."""
+        calls = self.pieces.kept_calls.values() if self.pieces is not None else ()
+        return {
+            grad: (shape[0], shape[1]) for grad, shape in filter(None, calls) if len(shape) >= 2
+        }
+
 
 def compile_blocks(hf_model: Any, steps: ParallelizeSteps, kept: BlockCompilations) -> None:
     """The compile step (``steps.compile``): ``apply_compile``, ahead of time for plain blocks

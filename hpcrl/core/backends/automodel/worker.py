@@ -156,13 +156,14 @@ class AutomodelWorker:
         # Seconds of the kept compilations' first calls, made here (None: nothing was kept).
         self.first_calls_s: float | None = None
         if preloaded and self.compiles:
-            micro_rows = max(recipe.policy.train_micro_batch_size, 2)
+            kept = self.block_compilations.kept_call_shapes()
+            fallback = (max(recipe.policy.train_micro_batch_size, 2), self.sequence_multiple)
             self.first_calls_s = run_first_calls(
                 self.model,
                 self.distribution,
-                micro_rows,
-                self.sequence_multiple,
-                self.device,
+                eval_shape=kept.get(False, fallback),
+                train_shape=kept.get(True, fallback),
+                device=self.device,
             )
         coords = self.mesh.get_coordinate()
         assert coords is not None
