@@ -43,19 +43,6 @@ def tiny_root(tied: bool = False):
     return root
 
 
-def with_copies(root, fused: bool = True):
-    """The worker's compute copies on ``root`` (``sharded_model``): the projections of every
-    block fused, 2 layers x (Q/K/V, gate/up), unless ``fused`` is False."""
-    from hpcrl.core.backends.automodel.fused_projections import apply_fused_projections
-    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
-
-    copies = apply_compute_copies(root.hf, torch.bfloat16)
-    if fused:
-        assert apply_fused_projections(root.hf, copies) == 4
-    root.compute_copies = copies
-    return copies
-
-
 def _batches(count: int) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return [torch.randint(0, 96, (2, 12), generator=gen) for _ in range(count)]
@@ -77,24 +64,22 @@ def _train(root, optimizer, clip, batches, steps: int) -> list[float]:
     return losses
 
 
-def check_same_training_as_autocast(
-    micro_batches: str, steps: str, device: str = "cpu", fused: str = "0"
-) -> None:
+def check_same_training_as_autocast(micro_batches: str, steps: str, device: str = "cpu") -> None:
     """AdamW steps (weight decay, every step clipped) of the same model and batches. The
     first loss is the same to the bit (same bf16 weights, same gradients); after one step the
     fp32 weights differ by float32 rounding of the update (one ulp: torch's AdamW orders its
     arithmetic otherwise, and fused AdamW on a GPU otherwise again); such a difference flips
     the bf16 rounding of a few weights, so later losses agree to 1e-3. Each copy is its
     weight in bf16. ``device`` "cuda": the compiled kernel on a GPU (run there by hand:
-    docs/performance.md, issue 25 item 1). ``fused`` "1": the projections fused
-    (``fused_projections``): one matmul's input gradient rounds to bf16 once where autocast's
-    three round each and then add, so even the first step's weights agree as later ones do."""
+    docs/performance.md, issue 25 item 1)."""
     from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
     from hpcrl.core.backends.automodel.optim import clip_gradients
 
     reference = tiny_root().to(device)
     root = copy.deepcopy(reference)
-    copies = with_copies(root, fused=fused == "1")
+    copies = apply_compute_copies(root.hf, torch.bfloat16)
+    root.compute_copies = copies
     copies.sum_in_fp32 = int(micro_batches) > 1
     assert len(copies) == 2 * 7 + 1  # q k v o gate up down per layer, and the lm_head
 
@@ -111,19 +96,17 @@ def check_same_training_as_autocast(
                   batches, steps=count)  # fmt: skip
     got = _train(root, optimizer, lambda: optimizer.clip_before_step(MAX_NORM), batches, count)
 
-    assert got[0] == want[0]  # the forward's matmuls sum the same products either way
+    assert got[0] == want[0]
     if count > 1:
         assert want[-1] < want[0], want  # it trains
         torch.testing.assert_close(got, want, rtol=1e-3, atol=0)
     for (name, mine), theirs in zip(root.named_parameters(), ref_params, strict=True):
-        if count > 1 or fused == "1":
+        if count > 1:
             # Adam moves each weight by ~lr whatever its gradient's size: after a flipped
             # bf16 rounding a weight whose gradient is near 0 may move the other way
             # (elementwise up to 2 lr; seen on an H100). The tensor as a whole stays close.
-            # Fused input gradients round otherwise from the first step on: a few more flips
-            # (q_proj 1.9% after 3 steps at this lr; rows mixed up would be ~100%).
             error = torch.linalg.vector_norm(mine - theirs) / torch.linalg.vector_norm(theirs)
-            assert error < (5e-2 if fused == "1" else 1e-2), (name, float(error))
+            assert error < 1e-2, (name, float(error))
             continue
         one_ulp = 1.2e-7  # the weights are below 1 in magnitude
         torch.testing.assert_close(mine, theirs, rtol=0, atol=2 * one_ulp, msg=name)
@@ -134,15 +117,17 @@ def check_same_training_as_autocast(
             )  # fmt: skip
     for weight, compute in copies.pairs:
         assert torch.equal(compute, weight.detach().to(torch.bfloat16))
-        assert copies.gradient_of(weight) is None  # zero_grad dropped both
+        assert compute.grad is None and weight.grad is None  # zero_grad dropped both
 
 
 def check_state_dict_is_adamw_s() -> None:
     """A checkpoint of this optimizer loads into torch's AdamW and back, same state."""
     from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
 
     root = tiny_root()
-    copies = with_copies(root)
+    copies = apply_compute_copies(root.hf, torch.bfloat16)
+    root.compute_copies = copies
     params = list(root.parameters())
     optimizer = MasterWeightAdam(params, copies, decoupled_weight_decay=True, lr=1e-2)
     _train(root, optimizer, lambda: optimizer.clip_before_step(1.0), _batches(1), steps=2)
@@ -172,6 +157,7 @@ def check_checkpoint_round_trip(folder: str) -> None:
 
     from hpcrl.core.backends.automodel import checkpoint
     from hpcrl.core.backends.automodel.master_adam import MasterWeightAdam
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -184,7 +170,7 @@ def check_checkpoint_round_trip(folder: str) -> None:
         with torch.no_grad():  # different weights per seed
             for param in root.parameters():
                 param.add_(torch.randn_like(param) * 0.01)
-        with_copies(root)
+        root.compute_copies = apply_compute_copies(root.hf, torch.bfloat16)
         optimizer = MasterWeightAdam(
             list(root.parameters()), root.compute_copies, decoupled_weight_decay=True, lr=1e-2
         )
@@ -227,11 +213,7 @@ def test_micro_batches_sum_their_gradients_in_fp32_as_autocast_does():
 
 
 def test_three_steps_train_as_fp32_weights_under_autocast_do():
-    run_interpreted(__name__, "check_same_training_as_autocast", "2", "3", "cpu", "1")
-
-
-def test_fused_projections_step_as_fp32_weights_under_autocast_do():
-    run_interpreted(__name__, "check_same_training_as_autocast", "1", "1", "cpu", "1")
+    run_interpreted(__name__, "check_same_training_as_autocast", "2", "3")
 
 
 def test_optimizer_state_dict_loads_into_torch_adamw_and_back():
@@ -258,10 +240,11 @@ def test_copies_cover_trained_linears_only_and_leave_state_dict_alone():
 
 
 def test_a_weight_written_in_place_is_copied_again_before_the_next_forward():
+    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
 
     root = tiny_root()
     reference = copy.deepcopy(root)
-    with_copies(root)
+    root.compute_copies = apply_compute_copies(root.hf, torch.bfloat16)
     ids = _batches(1)[0]
     with torch.no_grad():
         for model in (root, reference):  # a checkpoint load writes the weights in place
@@ -303,56 +286,3 @@ def test_takes_master_weights_only_where_it_steps_as_torch_does(change, takes):
     if "optimizer_offload_fraction" in change:
         recipe = with_automodel(recipe, optimizer_offload_fraction=0.5)
     assert takes_master_weights(recipe, on_gpu=change.get("on_gpu", True)) is takes
-
-
-def test_fused_projections_compute_what_separate_ones_do():
-    """One matmul for Q/K/V (grouped-query: 4 query, 2 KV heads) and one for gate/up: the same
-    log-probs and weight gradients as the separate projections, the same state dict; each
-    weight's copy is rows of its block's leaf and its gradient rows of the leaf's."""
-    from hpcrl.core.backends.automodel.fused_projections import (
-        FusedQKVAttention,
-        FusedRowsLinear,
-        GateUpMLP,
-    )
-
-    separate_root = tiny_root()
-    fused_root = copy.deepcopy(separate_root)
-    keys = set(fused_root.state_dict())
-    separate, fused = with_copies(separate_root, fused=False), with_copies(fused_root)
-    layer = fused_root.hf.model.layers[0]
-    assert type(layer.self_attn) is FusedQKVAttention and type(layer.mlp) is GateUpMLP
-    assert type(layer.self_attn.k_proj) is FusedRowsLinear
-    assert layer.self_attn.qkv_weight.shape == (32 + 16 + 16, 32)
-    assert set(fused_root.state_dict()) == keys
-    ids = _batches(1)[0]
-    results = []
-    for root, copies in ((separate_root, separate), (fused_root, fused)):
-        logprobs, _ = root(ids, None)
-        (-logprobs[:, 1:].mean()).backward()
-        grads = [copies.gradient_of(w).float() for w, _ in copies.pairs]
-        results.append((logprobs.detach(), grads))
-    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=1e-5)
-    # bf16 gradients: the fused input gradient rounds once where three round and add, which
-    # moves the gradients below (elementwise a bf16 rounding or two, rows mixed up: ~100%)
-    for mine, theirs in zip(results[1][1], results[0][1], strict=True):
-        assert torch.linalg.vector_norm(mine - theirs) <= 1e-2 * torch.linalg.vector_norm(theirs)
-    leaf = layer.self_attn.qkv_weight
-    assert layer.self_attn.v_proj.compute_weight.data_ptr() == leaf[48:].data_ptr()
-    assert fused.gradient_of(layer.self_attn.v_proj.weight).data_ptr() == leaf.grad[48:].data_ptr()
-
-
-def test_projections_with_biases_or_unknown_blocks_stay_separate():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from hpcrl.core.backends.automodel.fused_projections import apply_fused_projections
-    from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
-
-    config = Qwen2Config(
-        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2,
-    )  # fmt: skip
-    hf = Qwen2ForCausalLM(config).float()
-    copies = apply_compute_copies(hf, torch.bfloat16)
-    # Qwen2's Q/K/V carry biases (and its attention is not fused here): its MLPs only
-    assert apply_fused_projections(hf, copies) == 2
-    assert type(hf.model.layers[0].self_attn).__name__ == "Qwen2Attention"

@@ -44,47 +44,19 @@ class ComputeCopyLinear(nn.Linear):
 
 
 class ComputeCopies:
-    """The fp32 weights that compute through a bf16 copy, and those copies. A copy is a leaf
-    tensor of its own, or rows of one shared by several weights (``fuse``: their matmuls
-    become one); the gradient lands on the leaf."""
+    """The fp32 weights that compute through a bf16 copy, and those copies."""
 
     def __init__(self, pairs: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
         self.copy_of = {id(weight): copy for weight, copy in pairs}
+        self.weight_of = {id(copy): weight for weight, copy in pairs}
         self.pairs = pairs
         self._versions = {id(weight): weight._version for weight, _ in pairs}
         self.sum_in_fp32 = False
-        # leaf -> its weights with their rows; a weight -> (its leaf, its rows)
-        self._rows_of: dict[int, tuple[torch.Tensor, slice]] = {}
-        self._leaves: dict[int, tuple[torch.Tensor, list[tuple[nn.Parameter, slice]]]] = {}
-        for weight, copy in pairs:
-            self._add_leaf(copy, [weight])
+        for _, copy in pairs:
+            copy.register_post_accumulate_grad_hook(self._summed_in_fp32)
 
     def __len__(self) -> int:
         return len(self.pairs)
-
-    def _add_leaf(self, leaf: torch.Tensor, weights: list[nn.Parameter]) -> None:
-        members, start = [], 0
-        for weight in weights:
-            rows = slice(start, start + weight.shape[0])
-            members.append((weight, rows))
-            self._rows_of[id(weight)] = (leaf, rows)
-            start = rows.stop
-        self._leaves[id(leaf)] = (leaf, members)
-        leaf.register_post_accumulate_grad_hook(self._summed_in_fp32)
-
-    def fuse(self, weights: list[nn.Parameter]) -> torch.Tensor:
-        """One bf16 leaf holding ``weights``' copies one after another (rows); each weight's
-        copy becomes a view of its rows. Returns the leaf: one matmul computes them all."""
-        assert all(self._rows_of[id(w)][0] is self.copy_of[id(w)] for w in weights), "fused"
-        parts = [self.copy_of[id(weight)].detach() for weight in weights]
-        leaf = torch.cat(parts).requires_grad_(True)
-        for weight in weights:
-            del self._leaves[id(self.copy_of[id(weight)])]
-        self._add_leaf(leaf, weights)
-        for weight in weights:
-            self.copy_of[id(weight)] = leaf[self._rows_of[id(weight)][1]]
-        self.pairs = [(weight, self.copy_of[id(weight)]) for weight, _ in self.pairs]
-        return leaf
 
     def refresh(self) -> int:
         """Copy again every weight written since its copy was made; returns how many."""
@@ -97,27 +69,25 @@ class ComputeCopies:
 
     def gradient_of(self, weight: torch.Tensor) -> torch.Tensor | None:
         """The step's gradient of ``weight``: its own (fp32: no copy, or summed over
-        micro-batches), else its copy's rows of its leaf's (bf16)."""
+        micro-batches), else its copy's (bf16)."""
         if weight.grad is not None:
             return weight.grad
-        leaf, rows = self._rows_of.get(id(weight), (None, slice(0)))
-        if leaf is None or leaf.grad is None:
-            return None
-        return leaf.grad[rows]
+        copy = self.copy_of.get(id(weight))
+        return None if copy is None else copy.grad
 
     def drop_gradients(self) -> None:
-        for leaf, _ in self._leaves.values():
-            leaf.grad = None
+        for _, copy in self.pairs:
+            copy.grad = None
 
-    def _summed_in_fp32(self, leaf: torch.Tensor) -> None:
-        if not self.sum_in_fp32 or leaf.grad is None:
+    def _summed_in_fp32(self, copy: torch.Tensor) -> None:
+        if not self.sum_in_fp32 or copy.grad is None:
             return
-        for weight, rows in self._leaves[id(leaf)][1]:
-            if weight.grad is None:
-                weight.grad = leaf.grad[rows].float()
-            else:
-                weight.grad.add_(leaf.grad[rows])
-        leaf.grad = None
+        weight = self.weight_of[id(copy)]
+        if weight.grad is None:
+            weight.grad = copy.grad.float()
+        else:
+            weight.grad.add_(copy.grad)
+        copy.grad = None
 
 
 def apply_compute_copies(hf_model: nn.Module, dtype: torch.dtype) -> ComputeCopies:

@@ -14,7 +14,6 @@ from hpcrl.core.backends.automodel.expert_parallel import (
     pin_backward_prefetch,
     router_saving_context,
 )
-from hpcrl.core.backends.automodel.fused_projections import apply_fused_projections
 from hpcrl.core.backends.automodel.logprobs import unloaded_hf_model
 from hpcrl.core.backends.automodel.lora import apply_lora, lora_summary
 from hpcrl.core.backends.automodel.master_weights import apply_compute_copies
@@ -59,14 +58,11 @@ def build_sharded_model(
     training: bool,
     unloaded: bool = False,
     master_weights: bool = False,
-    fuse_projections: bool = True,
 ) -> TokenLogprobModel:
     """Load, then parallelize. ``unloaded``: no weight read (``logprobs.unloaded_hf_model``),
     the caller fills them. ``master_weights``: the trained linear weights compute through bf16
     copies (``master_weights``) where nothing shards or wraps them (no FSDP, TP, LoRA,
-    expert or context parallelism); ``root.compute_copies`` says whether they do; with
-    ``fuse_projections`` known blocks' Q/K/V and gate/up copies multiply as one
-    (``fused_projections``)."""
+    expert or context parallelism); ``root.compute_copies`` says whether they do."""
     import torch
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -108,11 +104,9 @@ def build_sharded_model(
     copies = None
     if master_weights and _plain_bf16_training(steps, training):
         copies = apply_compute_copies(hf_model, torch.bfloat16)
-        fused = apply_fused_projections(hf_model, copies) if fuse_projections else 0
         if placement.rank == 0:
             print(f"mixed precision: {len(copies)} linear weights compute through bf16 copies "
-                  f"that the optimizer steps with their fp32 weights; {fused} groups of "
-                  "projections (Q/K/V, gate/up) multiply as one", flush=True)  # fmt: skip
+                  "that the optimizer steps with their fp32 weights", flush=True)  # fmt: skip
     compile_blocks(hf_model, steps, block_compilations)
     root = TokenLogprobModel(hf_model, compute_copies=copies)
     if steps.fsdp:

@@ -104,9 +104,6 @@ class AutomodelWorker:
     # bf16 compute copies of the trained linear weights, stepped by the optimizer, where the
     # recipe allows (``master_weights``); the benchmarks' baseline row turns it off.
     master_weights: bool = True
-    # ... with the projections of known blocks fused (``fused_projections``); a benchmark
-    # row turns it off.
-    fuse_projections: bool = True
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         _check_supported(recipe)
@@ -190,7 +187,7 @@ class AutomodelWorker:
         return build_sharded_model(
             self.recipe, placement, model_path, self.block_compilations,
             compiles=self.compiles, training=training, unloaded=unloaded,
-            master_weights=master_weights, fuse_projections=self.fuse_projections,
+            master_weights=master_weights,
         )  # fmt: skip
 
     @property
