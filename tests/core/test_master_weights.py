@@ -286,3 +286,27 @@ def test_takes_master_weights_only_where_it_steps_as_torch_does(change, takes):
     if "optimizer_offload_fraction" in change:
         recipe = with_automodel(recipe, optimizer_offload_fraction=0.5)
     assert takes_master_weights(recipe, on_gpu=change.get("on_gpu", True)) is takes
+
+
+def check_global_norm(device: str = "cpu") -> None:
+    """``GlobalNorm`` over bf16 and float32 gradients, some spanning several chunks, one
+    smaller than a block: the float32 norm of them all, to float32 rounding; deterministic."""
+    from hpcrl.core.backends.automodel import grad_norm
+
+    grad_norm.CHUNK_NUMEL = 4096  # several programs per gradient below
+    gen = torch.Generator().manual_seed(3)
+    sizes = [(3,), (70, 130), (9000,), (4096,), (2, 2048)]
+    grads = [torch.randn(size, generator=gen) * (index + 1) for index, size in enumerate(sizes)]
+    grads = [g.to(device, torch.bfloat16 if i % 2 else torch.float32) for i, g in enumerate(grads)]
+    want = torch.linalg.vector_norm(torch.cat([g.float().reshape(-1) for g in grads]))
+    norm = grad_norm.GlobalNorm()
+    got = norm(grads)
+    assert got.dtype == torch.float32 and got.device.type == torch.device(device).type
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    again = [g.clone() for g in grads]  # new addresses, the same shapes: the tables are kept
+    assert torch.equal(norm(again), got) and len(norm._tables) == 2
+    assert not grad_norm.GlobalNorm.takes([grads[1].t()])  # not contiguous: torch's path
+
+
+def test_the_global_norm_is_one_launch_per_dtype_and_torch_s_norm():
+    run_interpreted(__name__, "check_global_norm")

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from hpcrl.core.backends.automodel.grad_norm import GlobalNorm
 from hpcrl.core.backends.automodel.master_weights import ComputeCopies
 
 #: Elements per program of the optimizer kernel.
@@ -36,6 +37,7 @@ class MasterWeightAdam(torch.optim.Adam):
         super().__init__(params, foreach=None, fused=None, **kwargs)
         self.copies = copies
         self._clip_factor: torch.Tensor | None = None
+        self._global_norm = GlobalNorm()  # one launch per dtype (``grad_norm``)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's, then this class's own flags and every ``step`` on the host: a checkpoint
@@ -62,8 +64,11 @@ class MasterWeightAdam(torch.optim.Adam):
         grads = [grad for _, _, grad in self._trained()]
         if not grads:
             return torch.zeros(())
-        norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
-        norm = torch.linalg.vector_norm(torch.stack(norms))
+        if GlobalNorm.takes(grads):
+            norm = self._global_norm(grads)
+        else:
+            norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+            norm = torch.linalg.vector_norm(torch.stack(norms))
         if max_norm is not None and max_norm > 0:
             factor = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
             self._clip_factor = torch.where(torch.isfinite(norm), factor, torch.ones_like(norm))
