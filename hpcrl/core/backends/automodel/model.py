@@ -47,7 +47,13 @@ def _chunk_logprobs(
     ``head``: the lm_head weight, or the lm_head module when it carries a LoRA adapter.
     ``fused``: score through ``target_logprob`` where ``fused_head_applies``."""
     projected = F.linear(hidden, head) if isinstance(head, torch.Tensor) else head(hidden)
-    if fused and fused_head_applies(projected.device.type, projected.dtype, transform, dist):
+    # a plain tensor only: Triton reads its storage (a DTensor's is one shard of it)
+    plain = type(projected) is torch.Tensor
+    if (
+        fused
+        and plain
+        and fused_head_applies(projected.device.type, projected.dtype, transform, dist)
+    ):
         from hpcrl.core.backends.automodel.target_logprob import target_logprobs
 
         both = target_logprobs(projected, targets, dist.temperature)
