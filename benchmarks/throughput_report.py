@@ -12,7 +12,12 @@ import statistics
 from benchmarks.mfu import LEGEND, PEAK_TFLOPS_H200_BF16, mfu, mfu_cells, mfu_header
 
 PLAIN_ROWS = ("plain", "naive-fsdp")
-BACKEND_ROWS = ("backend", "backend-mask", "backend-before")
+BACKEND_ROWS = ("backend", "backend-mask", "backend-before", "backend-foreach-norm")
+#: Experiment rows: the same worker with one change undone, and what it undoes.
+UNDONE = {
+    "backend-before": "without compute copies, head recomputed through torch's log-softmax",
+    "backend-foreach-norm": "torch's per-tensor gradient norms",
+}
 # issue 25, item 1: the backend >= 1.1x the strongest plain loop, >= 45% MFU (full-attention
 # convention) on the 1.1B at 4 x 2048
 GOAL_OVER_PLAIN = 1.1
@@ -46,11 +51,12 @@ def report(rows: dict[str, dict], tokens_per_step: int, flops: dict, device: str
     print("spread: slowest/fastest round against the median round\n")
     for name in BACKEND_ROWS:
         print_ratio(rates, name, [n for n in PLAIN_ROWS if n in rates], per_round=True)
-    if "backend" in rates and "backend-before" in rates:
-        ratios = ratio_to(rates, "backend", "backend-before", per_round=True)
-        print(f"backend / backend-before (the same worker without compute copies, head "
-              f"recomputed): {statistics.median(ratios):.2f}x "
-              f"(rounds {min(ratios):.2f}-{max(ratios):.2f}x)")  # fmt: skip
+    for undone, what in UNDONE.items():
+        if "backend" in rates and undone in rates:
+            ratios = ratio_to(rates, "backend", undone, per_round=True)
+            print(f"backend / {undone} (the same worker, {what}): "
+                  f"{statistics.median(ratios):.2f}x "
+                  f"(rounds {min(ratios):.2f}-{max(ratios):.2f}x)")  # fmt: skip
     for name in megatron_backend_rows(rates):
         print_ratio(rates, name, megatron_raw_rows(rates), per_round=False)
     print_summary(rates)

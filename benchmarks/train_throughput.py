@@ -21,6 +21,8 @@ clip 1.0), one process (world 1). Rows:
   copies, the kept head and the fused head (2026-12-06): fp32 linear weights under autocast
   with torch's fused AdamW and foreach clipping, each lm_head chunk recomputed in backward
   through torch's float32 log-softmax.
+- ``backend-foreach-norm`` (an experiment row): the backend clipping with torch's per-tensor
+  ``_foreach_norm`` instead of ``grad_norm.GlobalNorm``'s one launch per dtype.
 
 ``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
 torch.profiler; ``DIR/train-<loop>.txt`` holds the summary (``hpcrl.core.profiling``: wall
@@ -74,7 +76,7 @@ from benchmarks.throughput_report import report  # noqa: E402
 
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
 HF_LOOPS = ("backend", "plain", "naive-fsdp")
-EXPERIMENT_LOOPS = ("backend-mask", "backend-before")
+EXPERIMENT_LOOPS = ("backend-mask", "backend-before", "backend-foreach-norm")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -392,6 +394,23 @@ def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) 
     return Loop("backend-before", step, close=worker.close)
 
 
+def backend_foreach_norm_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
+    """A second backend worker whose clipping takes torch's per-tensor norms (experiment row
+    ``backend-foreach-norm``: what ``grad_norm.GlobalNorm`` is worth)."""
+    from hpcrl.core.backends.automodel.worker import AutomodelWorker
+
+    worker = AutomodelWorker()
+    worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
+    if hasattr(worker.optimizer, "global_norm"):
+        worker.optimizer.global_norm = None
+    num_tokens = float(batch["token_mask"].sum())
+
+    def step() -> float:
+        return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+
+    return Loop("backend-foreach-norm", step, close=worker.close)
+
+
 def hf_model(model_path: str, device: str):
     from transformers import AutoModelForCausalLM
 
@@ -463,6 +482,7 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 "naive-fsdp": lambda: naive_fsdp_loop(model_path, batch, args),
                 "backend-mask": lambda: backend_mask_loop(model_path, batch, args),
                 "backend-before": lambda: backend_before_loop(model_path, batch, args),
+                "backend-foreach-norm": lambda: backend_foreach_norm_loop(model_path, batch, args),
             }
             for name in args.loops:
                 before_gib = allocated_gib(args.device)

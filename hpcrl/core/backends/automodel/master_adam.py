@@ -37,7 +37,8 @@ class MasterWeightAdam(torch.optim.Adam):
         super().__init__(params, foreach=None, fused=None, **kwargs)
         self.copies = copies
         self._clip_factor: torch.Tensor | None = None
-        self._global_norm = GlobalNorm()  # one launch per dtype (``grad_norm``)
+        # one launch per dtype (``grad_norm``); None: torch's per-tensor norms (a benchmark row)
+        self.global_norm: GlobalNorm | None = GlobalNorm()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's, then this class's own flags and every ``step`` on the host: a checkpoint
@@ -64,8 +65,8 @@ class MasterWeightAdam(torch.optim.Adam):
         grads = [grad for _, _, grad in self._trained()]
         if not grads:
             return torch.zeros(())
-        if GlobalNorm.takes(grads):
-            norm = self._global_norm(grads)
+        if self.global_norm is not None and GlobalNorm.takes(grads):
+            norm = self.global_norm(grads)
         else:
             norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
             norm = torch.linalg.vector_norm(torch.stack(norms))

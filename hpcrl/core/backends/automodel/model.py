@@ -27,8 +27,9 @@ from hpcrl.core.token_distribution import (
 
 # Sequence positions × batch rows per lm_head chunk; 4096 × 32k vocab × 4 B ≈ 0.5 GiB fp32.
 DEFAULT_CHUNK_TOKENS = 4096
-# A train micro-batch's chunks keep their fp32 log-softmax for backward while all of them
-# together take at most this; above it each chunk recomputes its logits in backward. The
+# A train micro-batch's chunks keep what their backward reads (the fp32 log-softmax; with the
+# fused head of ``target_logprob`` the bf16 logits, half of it) while that, counted at 4 bytes
+# a logit, takes at most this; above it each chunk recomputes its logits in backward. The
 # recompute (a second lm_head GEMM, softmax and casts) was ~3% of a 1.1B train step of
 # 4 x 2048 tokens on an H100 (docs/performance.md, issue 25 item 1); 4 x 2048 tokens of a
 # 32k vocabulary keep 0.98 GiB.
