@@ -76,6 +76,19 @@ def test_a_preloaded_compilation_takes_the_calls_of_its_autocast(monkeypatch, tm
     assert any("dispatch key set mismatch" in str(w.message) for w in caught)
     assert unmarked.builds == 0  # refused: the caller's ordinary compilation takes the call
 
+    # An index of the format before the calls were recorded (its old name) is not read: the
+    # file loads at its first call, which writes the new index with that call's shape.
+    old_name = cold.index_path.with_name(cold.index_path.name.replace(".calls.index", ".index"))
+    cold.index_path.rename(old_name)
+    healed = kept_pieces()
+    assert healed.preload() == 0
+    with autocast:
+        assert healed.matching((layer, hidden)) is not None
+    assert (healed.loads, healed.builds) == (1, 0)
+    assert healed.index_path.read_text().split()[1:] == [
+        "autocast:cpu:bfloat16", "grad:1", "shape:3x5x16",
+    ]  # fmt: skip
+
 
 @pytest.mark.slow  # one Inductor C++ compilation (~20 s on the 2-core box)
 def test_a_refusal_names_the_relation_that_is_false(monkeypatch, tmp_path):

@@ -149,7 +149,9 @@ class PrecompiledPieces:
     def index_path(self) -> Path:
         """The files this source's compilations were saved in (one name a line): what a
         later process loads before its first call (``preload``)."""
-        return self.folder / f"{self.fn.__name__}-{self.source_digest[:32]}.index"
+        # "calls": lines name their building call (``IndexEntry``); an index of an earlier
+        # format is not read, so its compilations load at their first call, which records it
+        return self.folder / f"{self.fn.__name__}-{self.source_digest[:32]}.calls.index"
 
     def preload(self) -> int:
         """Load every compilation an earlier run of the same source saved (its index), so
