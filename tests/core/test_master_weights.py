@@ -300,7 +300,13 @@ def check_global_norm(device: str = "cpu") -> None:
     grads = [g.to(device, torch.bfloat16 if i % 2 else torch.float32) for i, g in enumerate(grads)]
     want = torch.linalg.vector_norm(torch.cat([g.float().reshape(-1) for g in grads]))
     norm = grad_norm.GlobalNorm()
+    copies = []  # one copy of the addresses per call: on a GPU a second one waits for the first
+    addresses = norm._addresses
+    norm._addresses = lambda pointers, where: (
+        copies.append(len(pointers)) or addresses(pointers, where)
+    )
     got = norm(grads)
+    assert copies == [len(grads)], copies
     assert got.dtype == torch.float32 and got.device.type == torch.device(device).type
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
     again = [g.clone() for g in grads]  # new addresses, the same shapes: the tables are kept

@@ -49,11 +49,21 @@ class GlobalNorm:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for grad in grads:
             by_dtype.setdefault(grad.dtype, []).append(grad)
-        partials = [self._squares(group) for group in by_dtype.values()]
+        groups = list(by_dtype.values())
+        # every group's addresses in one copy: a second copy through the same pinned buffer
+        # would wait for the first, queued behind the whole backward (a host wait)
+        addresses = self._addresses(
+            [g.data_ptr() for group in groups for g in group], grads[0].device
+        )
+        partials, first = [], 0
+        for group in groups:
+            partials.append(self._squares(group, addresses[first : first + len(group)]))
+            first += len(group)
         return torch.cat(partials).sum().sqrt()
 
-    def _squares(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """Per-program float32 sums of squares of same-dtype ``grads``."""
+    def _squares(self, grads: list[torch.Tensor], addresses: torch.Tensor) -> torch.Tensor:
+        """Per-program float32 sums of squares of same-dtype ``grads`` (``addresses``: theirs,
+        on the device)."""
         device = grads[0].device
         sizes = tuple(g.numel() for g in grads)
         key = (str(device), grads[0].dtype, sizes)
@@ -61,7 +71,6 @@ class GlobalNorm:
             sizes_on_device = torch.tensor(sizes, dtype=torch.int64).to(device)
             self._tables[key] = (_program_table(sizes, device), sizes_on_device)
         programs, sizes_on_device = self._tables[key]
-        addresses = self._addresses([g.data_ptr() for g in grads], device)
         partials = torch.empty(programs.shape[1], dtype=torch.float32, device=device)
         _squares_kernel[(programs.shape[1],)](
             addresses, sizes_on_device, programs, partials,
@@ -79,7 +88,7 @@ class GlobalNorm:
         if staging is None or staging.numel() < len(pointers):
             staging = torch.empty(max(len(pointers), 256), dtype=torch.int64, pin_memory=True)
         elif copied is not None:
-            copied.synchronize()  # long done: the copy ran before the last step's norm
+            copied.synchronize()  # long done: the copy ran before the last call's kernels
         staging[: len(pointers)] = torch.tensor(pointers, dtype=torch.int64)
         on_device = staging[: len(pointers)].to(device, non_blocking=True)
         event = torch.cuda.Event()
