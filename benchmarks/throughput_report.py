@@ -12,11 +12,14 @@ import statistics
 from benchmarks.mfu import LEGEND, PEAK_TFLOPS_H200_BF16, mfu, mfu_cells, mfu_header
 
 PLAIN_ROWS = ("plain", "naive-fsdp")
-BACKEND_ROWS = ("backend", "backend-mask", "backend-before", "backend-foreach-norm")
+BACKEND_ROWS = (
+    "backend", "backend-mask", "backend-before", "backend-foreach-norm", "backend-fp32-residual"
+)
 #: Experiment rows: the same worker with one change undone, and what it undoes.
 UNDONE = {
     "backend-before": "without compute copies, head recomputed through torch's log-softmax",
     "backend-foreach-norm": "torch's per-tensor gradient norms",
+    "backend-fp32-residual": "the residual stream in fp32 (autocast alone)",
 }
 # issue 25, item 1: the backend >= 1.1x the strongest plain loop, >= 45% MFU (full-attention
 # convention) on the 1.1B at 4 x 2048

@@ -23,6 +23,8 @@ clip 1.0), one process (world 1). Rows:
   through torch's float32 log-softmax.
 - ``backend-foreach-norm`` (an experiment row): the backend clipping with torch's per-tensor
   ``_foreach_norm`` instead of ``grad_norm.GlobalNorm``'s one launch per dtype.
+- ``backend-fp32-residual`` (an experiment row): the backend with its residual stream in
+  fp32, as autocast alone leaves it (``parallelize.apply_autocast``'s cast removed).
 
 ``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
 torch.profiler; ``DIR/train-<loop>.txt`` holds the summary (``hpcrl.core.profiling``: wall
@@ -76,7 +78,9 @@ from benchmarks.throughput_report import report  # noqa: E402
 
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
 HF_LOOPS = ("backend", "plain", "naive-fsdp")
-EXPERIMENT_LOOPS = ("backend-mask", "backend-before", "backend-foreach-norm")
+EXPERIMENT_LOOPS = (
+    "backend-mask", "backend-before", "backend-foreach-norm", "backend-fp32-residual"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -394,21 +398,37 @@ def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) 
     return Loop("backend-before", step, close=worker.close)
 
 
-def backend_foreach_norm_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
-    """A second backend worker whose clipping takes torch's per-tensor norms (experiment row
-    ``backend-foreach-norm``: what ``grad_norm.GlobalNorm`` is worth)."""
+def backend_variant_loop(
+    name: str, model_path: str, batch: dict, args: argparse.Namespace, change: Callable
+) -> Loop:
+    """A second backend worker (the process group exists) that ``change(worker)`` sets
+    apart after its setup: an experiment row."""
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
 
     worker = AutomodelWorker()
     worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
-    if hasattr(worker.optimizer, "global_norm"):
-        worker.optimizer.global_norm = None
+    change(worker)
     num_tokens = float(batch["token_mask"].sum())
 
     def step() -> float:
         return worker.train_step([batch], nll_loss, num_tokens)["loss"]
 
-    return Loop("backend-foreach-norm", step, close=worker.close)
+    return Loop(name, step, close=worker.close)
+
+
+def torch_norms(worker) -> None:
+    """``backend-foreach-norm``: clipping through torch's per-tensor norms (what
+    ``grad_norm.GlobalNorm`` is worth)."""
+    if hasattr(worker.optimizer, "global_norm"):
+        worker.optimizer.global_norm = None
+
+
+def fp32_residual(worker) -> None:
+    """``backend-fp32-residual``: the residual stream in fp32, as autocast alone leaves it
+    (what ``apply_autocast``'s cast of the embedding's output is worth)."""
+    if worker.model.residual_cast is not None:
+        worker.model.residual_cast.remove()
+        worker.model.residual_cast = None
 
 
 def hf_model(model_path: str, device: str):
@@ -482,7 +502,12 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 "naive-fsdp": lambda: naive_fsdp_loop(model_path, batch, args),
                 "backend-mask": lambda: backend_mask_loop(model_path, batch, args),
                 "backend-before": lambda: backend_before_loop(model_path, batch, args),
-                "backend-foreach-norm": lambda: backend_foreach_norm_loop(model_path, batch, args),
+                "backend-foreach-norm": lambda: backend_variant_loop(
+                    "backend-foreach-norm", model_path, batch, args, torch_norms
+                ),
+                "backend-fp32-residual": lambda: backend_variant_loop(
+                    "backend-fp32-residual", model_path, batch, args, fp32_residual
+                ),
             }
             for name in args.loops:
                 before_gib = allocated_gib(args.device)

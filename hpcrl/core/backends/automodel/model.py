@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.hooks import RemovableHandle
 
 from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
 from hpcrl.core.backends.automodel.lora import LoraLinear
@@ -146,8 +147,10 @@ class TokenLogprobModel(nn.Module):
         self.head_keep_bytes = HEAD_KEEP_BYTES  # ``token_logprobs``' keep_bytes
         self.fused_head = True  # ``token_logprobs``' fused (off: a benchmark's baseline)
         self.logit_transform = LogitTransform.of_config(hf_model.config)
-        # Set by ``apply_autocast`` when FSDP's mixed precision is not in use.
+        # Set by ``apply_autocast`` when FSDP's mixed precision is not in use, with the
+        # handle of its hook that casts the embedding's output.
         self.autocast_dtype: torch.dtype | None = None
+        self.residual_cast: RemovableHandle | None = None
 
     def forward(
         self,

@@ -394,8 +394,23 @@ def needs_fsdp(shape: MeshShape, cpu_offload: bool) -> bool:
 
 
 def apply_autocast(root: torch.nn.Module, compute_dtype: torch.dtype | None) -> None:
-    """Mixed precision without FSDP: fp32 weights, matmuls in ``compute_dtype``."""
+    """Mixed precision without FSDP, with FSDP's activations: fp32 weights, matmuls in
+    ``compute_dtype``, and the residual stream in ``compute_dtype`` from the embedding's
+    output on, as FSDP's ``param_dtype`` makes it (a lookup of weights rounded to bf16 is the
+    lookup rounded). Autocast alone leaves it fp32, from the fp32 embedding: one GPU then
+    trained with other numbers than two, and every add, norm and their gradients moved twice
+    the bytes (docs/performance.md, item 1). ``root.residual_cast``: the hook's handle."""
+    import functools
+
     root.autocast_dtype = compute_dtype
+    if compute_dtype is not None:
+        embeddings = root.hf.get_input_embeddings()
+        cast = functools.partial(_output_in, compute_dtype)
+        root.residual_cast = embeddings.register_forward_hook(cast)
+
+
+def _output_in(dtype: torch.dtype, module: Any, args: Any, output: torch.Tensor) -> torch.Tensor:
+    return output.to(dtype) if output.is_floating_point() else output
 
 
 def fsdp_policies(param_dtype: torch.dtype | None, cpu_offload: bool) -> dict[str, Any]:
