@@ -10,7 +10,7 @@
 #   attention       benchmarks/attention_backends.py: causal SDPA fwd+bwd per backend at the
 #                   train shapes                                                    (~20 s)
 #   train           benchmarks/train_throughput.py --skip-megatron, loops $TRAIN_LOOPS
-#                   (default backend, backend-mask, plain), alternating rounds, GOAL lines,
+#                   (default backend, plain, plain-bf16-residual), alternating rounds, GOAL lines,
 #                   with PROFILE=1 a profile summary per loop                      (~150 s)
 #   kernels         benchmarks/decode_attention_kernels.py --kinds $KERNEL_KINDS (default,dot):
 #                   the decode attention's launches in CUDA graphs; the fastest tensor-core
@@ -48,7 +48,7 @@ PYTHON=${PYTHON:-python3}
 SMOKE=${SMOKE:-0}
 ORDER=(attention train kernels steps generation generation-triton grpo-automodel grpo-megatron)
 PIECES=${PIECES:-attention train generation grpo-automodel grpo-megatron}
-TRAIN_LOOPS=${TRAIN_LOOPS:-backend,backend-mask,plain}
+TRAIN_LOOPS=${TRAIN_LOOPS:-backend,plain,plain-bf16-residual}
 GEN_ROWS=${GEN_ROWS:-hpcrl,hf-static}
 KERNEL_KINDS=${KERNEL_KINDS:-default,dot}  # benchmarks/decode_attention_kernels.py --kinds
 PROFILE=${PROFILE:-0}  # 1: torch.profiler summaries (train, generation, the GRPO passes)

@@ -11,7 +11,7 @@ import statistics
 
 from benchmarks.mfu import LEGEND, PEAK_TFLOPS_H200_BF16, mfu, mfu_cells, mfu_header
 
-PLAIN_ROWS = ("plain", "naive-fsdp")
+PLAIN_ROWS = ("plain", "plain-bf16-residual", "naive-fsdp")
 BACKEND_ROWS = (
     "backend", "backend-mask", "backend-before", "backend-foreach-norm", "backend-fp32-residual"
 )

@@ -11,6 +11,9 @@ clip 1.0), one process (world 1). Rows:
 - ``plain``: what a user would write for one GPU — HF ``LlamaForCausalLM(labels=...)`` with SDPA,
   fp32 weights under ``torch.autocast(bf16)``, every decoder layer ``.compile()``d, no FSDP,
   fused AdamW, foreach clipping, ``use_cache=False``.
+- ``plain-bf16-residual``: the same loop with its embedding's output cast to bf16 (one hook):
+  the residual stream in bf16, the backend's numerics (``parallelize.apply_autocast``, as
+  FSDP's bf16 mixed precision) where ``plain`` keeps autocast's fp32 stream.
 - ``naive-fsdp``: the same HF loop wrapped in FSDP2 (``fully_shard`` per block and root, bf16
   mixed precision) at world 1, no compile: what a multi-GPU script does when run on one GPU.
 - ``backend-mask`` (an experiment row, not in the default ``--loops``): the backend's input
@@ -77,7 +80,7 @@ from benchmarks.mfu import flops_per_token  # noqa: E402
 from benchmarks.throughput_report import report  # noqa: E402
 
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
-HF_LOOPS = ("backend", "plain", "naive-fsdp")
+HF_LOOPS = ("backend", "plain", "plain-bf16-residual", "naive-fsdp")
 EXPERIMENT_LOOPS = (
     "backend-mask", "backend-before", "backend-foreach-norm", "backend-fp32-residual"
 )
@@ -458,9 +461,17 @@ def hf_step(model, optimizer, batch: dict, device: str, autocast) -> Callable[[]
     return step
 
 
-def plain_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
-    """The strongest plain one-GPU loop: autocast bf16, per-block compile, no FSDP, fused AdamW."""
+def plain_loop(
+    model_path: str, batch: dict, args: argparse.Namespace, bf16_residual: bool = False
+) -> Loop:
+    """The strongest plain one-GPU loop: autocast bf16, per-block compile, no FSDP, fused AdamW.
+    ``bf16_residual`` (row ``plain-bf16-residual``): on a GPU its embedding's output cast to
+    bf16, the backend's numerics (FSDP's bf16 mixed precision), a line a user could add."""
     model = hf_model(model_path, args.device)
+    if bf16_residual and args.device == "cuda":
+        model.get_input_embeddings().register_forward_hook(
+            lambda _module, _args, output: output.to(torch.bfloat16)
+        )
     if not args.no_compile:
         for layer in model.model.layers:
             layer.compile()
@@ -469,7 +480,8 @@ def plain_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
         autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
     else:  # the backend trains in fp32 on the CPU too
         autocast = contextlib.nullcontext
-    return Loop("plain", hf_step(model, optimizer, batch, args.device, autocast))
+    name = "plain-bf16-residual" if bf16_residual else "plain"
+    return Loop(name, hf_step(model, optimizer, batch, args.device, autocast))
 
 
 def naive_fsdp_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
@@ -499,6 +511,7 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
             builders = {
                 "backend": lambda: backend_loop(worker, batch, args),
                 "plain": lambda: plain_loop(model_path, batch, args),
+                "plain-bf16-residual": lambda: plain_loop(model_path, batch, args, True),
                 "naive-fsdp": lambda: naive_fsdp_loop(model_path, batch, args),
                 "backend-mask": lambda: backend_mask_loop(model_path, batch, args),
                 "backend-before": lambda: backend_before_loop(model_path, batch, args),
