@@ -323,9 +323,8 @@ def compile_blocks_statically() -> None:
     import torch._dynamo
 
     from hpcrl.core.backends.automodel import parallelize
-    from hpcrl.core.backends.automodel import worker as automodel_worker
 
-    def apply_static_compile(hf_model, backend="inductor") -> None:
+    def apply_static_compile(hf_model, backend="inductor", *, precompiled=None) -> None:
         layers = parallelize.decoder_layers(hf_model)
         torch._dynamo.config.recompile_limit = max(
             torch._dynamo.config.recompile_limit, len(layers) + 8
@@ -333,7 +332,8 @@ def compile_blocks_statically() -> None:
         for layer in layers:
             layer.compile(fullgraph=False, dynamic=False, backend=backend)
 
-    automodel_worker.apply_compile = apply_static_compile
+    # ``parallelize.compile_blocks`` calls its module's ``apply_compile`` (no kept compilations)
+    parallelize.apply_compile = apply_static_compile
     print("backend compile: static sizes (experiment, --backend-compile static)", flush=True)
 
 
