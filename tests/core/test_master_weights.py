@@ -5,7 +5,7 @@ replace: fp32 weights under autocast, ``clip_gradients`` and torch's AdamW.
 The optimizer's Triton kernel runs on CPU through Triton's interpreter (``TRITON_INTERPRET=1``,
 set before any import in a child process, as tests/core/test_triton_attention.py explains);
 autocast is CPU's bf16 autocast, which casts linear weights as CUDA's does. On the GPU the
-same path runs in ``benchmarks/train_throughput.py`` (rows ``backend`` and ``backend-autocast``,
+same path runs in ``benchmarks/train_throughput.py`` (rows ``backend`` and ``backend-before``,
 first losses equal) and in tests/gpu's GRPO jobs.
 """
 

@@ -22,7 +22,8 @@ copied again before the next forward.
 
 Embeddings, norms, biases and tied weights stay as they were: fp32 parameters under autocast
 (which casts a bias, or a tied lm_head, where a matmul uses it, as before); their fp32
-gradients go through the same kernel without a copy.
+gradients go through the same kernel without a copy. (The embedding's output is cast to bf16
+by ``parallelize.apply_autocast``: the residual stream is bf16 either way.)
 """
 
 from __future__ import annotations
