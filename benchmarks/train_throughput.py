@@ -28,10 +28,14 @@ clip 1.0), one process (world 1). Rows:
   ``_foreach_norm`` instead of ``grad_norm.GlobalNorm``'s one launch per dtype.
 - ``backend-fp32-residual`` (an experiment row): the backend with its residual stream in
   fp32, as autocast alone leaves it (``parallelize.apply_autocast``'s cast removed).
+- ``backend-static-compile`` (an experiment row): the backend with its decoder blocks
+  compiled for static sizes (the product compiles them for dynamic sizes).
 
 ``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
-torch.profiler; ``DIR/train-<loop>.txt`` holds the summary (``hpcrl.core.profiling``: wall
-against device busy time, the top kernels, the operators).
+torch.profiler, twice: ``DIR/train-<loop>.txt`` with the host's operators and
+``DIR/train-<loop>-device.txt`` of the device alone, whose idle gaps are a plain run's
+(``hpcrl.core.profiling``: wall against device busy time, the top kernels, the idle gaps,
+the operators).
 
 The HF loops are built once and stay resident together; after their warm-up (compile) the
 timing runs in ``--rounds`` rounds of ``--steps`` steps per loop, the loop order reversed every
@@ -82,7 +86,11 @@ from benchmarks.throughput_report import report  # noqa: E402
 MEGATRON_LOOPS = ("megatron", "megatron-raw")
 HF_LOOPS = ("backend", "plain", "plain-bf16-residual", "naive-fsdp")
 EXPERIMENT_LOOPS = (
-    "backend-mask", "backend-before", "backend-foreach-norm", "backend-fp32-residual"
+    "backend-mask",
+    "backend-before",
+    "backend-foreach-norm",
+    "backend-fp32-residual",
+    "backend-static-compile",
 )
 
 
@@ -308,18 +316,20 @@ def start_backend(model_path: str, args: argparse.Namespace):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    if args.backend_compile == "static":
-        compile_blocks_statically()
-    worker = TrainingWorker(worker_class_path("automodel"), worker_env(args.device))
-    rank_info = single_rank_info(args.device, port)
-    worker.setup(make_recipe(model_path, args), rank_info, model_path, os.cpu_count() or 1)
+    static = args.backend_compile == "static"
+    with static_block_compile() if static else contextlib.nullcontext():
+        worker = TrainingWorker(worker_class_path("automodel"), worker_env(args.device))
+        rank_info = single_rank_info(args.device, port)
+        worker.setup(make_recipe(model_path, args), rank_info, model_path, os.cpu_count() or 1)
     return worker
 
 
-def compile_blocks_statically() -> None:
-    """The experiment of ``--backend-compile static``: the worker's ``apply_compile`` swapped
-    for one that compiles each decoder block with static sizes, to measure what the product's
-    dynamic-size compile costs on fixed-length batches."""
+@contextlib.contextmanager
+def static_block_compile():
+    """The experiment of ``--backend-compile static`` and row ``backend-static-compile``:
+    while a worker is set up in this block, its ``apply_compile`` compiles each decoder block
+    with static sizes, to measure what the product's dynamic-size compile costs on
+    fixed-length batches."""
     import torch._dynamo
 
     from hpcrl.core.backends.automodel import parallelize
@@ -333,8 +343,13 @@ def compile_blocks_statically() -> None:
             layer.compile(fullgraph=False, dynamic=False, backend=backend)
 
     # ``parallelize.compile_blocks`` calls its module's ``apply_compile`` (no kept compilations)
+    product_compile = parallelize.apply_compile
     parallelize.apply_compile = apply_static_compile
-    print("backend compile: static sizes (experiment, --backend-compile static)", flush=True)
+    print("backend compile: static sizes (an experiment)", flush=True)
+    try:
+        yield
+    finally:
+        parallelize.apply_compile = product_compile
 
 
 def fixed_plan(rows: int, rows_per_micro_batch: int, width: int) -> list:
@@ -402,14 +417,20 @@ def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) 
 
 
 def backend_variant_loop(
-    name: str, model_path: str, batch: dict, args: argparse.Namespace, change: Callable
+    name: str,
+    model_path: str,
+    batch: dict,
+    args: argparse.Namespace,
+    change: Callable = lambda worker: None,
+    setup_context: Callable = contextlib.nullcontext,
 ) -> Loop:
-    """A second backend worker (the process group exists) that ``change(worker)`` sets
-    apart after its setup: an experiment row."""
+    """A second backend worker (the process group exists), set up inside ``setup_context()``
+    and set apart by ``change(worker)`` after its setup: an experiment row."""
     from hpcrl.core.backends.automodel.worker import AutomodelWorker
 
     worker = AutomodelWorker()
-    worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
+    with setup_context():
+        worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
     change(worker)
     num_tokens = float(batch["token_mask"].sum())
 
@@ -521,6 +542,13 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 "backend-fp32-residual": lambda: backend_variant_loop(
                     "backend-fp32-residual", model_path, batch, args, fp32_residual
                 ),
+                "backend-static-compile": lambda: backend_variant_loop(
+                    "backend-static-compile",
+                    model_path,
+                    batch,
+                    args,
+                    setup_context=static_block_compile,
+                ),  # fmt: skip
             }
             for name in args.loops:
                 before_gib = allocated_gib(args.device)
@@ -545,14 +573,17 @@ def profile_loops(loops: list[Loop], args: argparse.Namespace) -> None:
     from hpcrl.core.profiling import profiled
 
     for loop in loops:
-        path = args.profile_dir / f"train-{loop.name}.txt"
         title = (
             f"{loop.name}: {args.profile_steps} train steps of {args.batch_size} x {args.seq_len}"
         )
-        with profiled(path, title):
-            for _ in range(args.profile_steps):
-                loop.step()
-        print(f"{loop.name}: profile summary in {path}", flush=True)
+        # With host ops (the operator table), then the device alone: the idle gaps of a
+        # step whose host runs at its unprofiled speed.
+        for suffix, host_ops in (("", True), ("-device", False)):
+            path = args.profile_dir / f"train-{loop.name}{suffix}.txt"
+            with profiled(path, title + ("" if host_ops else ", device only"), host_ops=host_ops):
+                for _ in range(args.profile_steps):
+                    loop.step()
+            print(f"{loop.name}: profile summary in {path}", flush=True)
 
 
 def run_megatron_rows(args: argparse.Namespace) -> dict[str, dict]:

@@ -1,0 +1,48 @@
+"""``hpcrl.core.profiling.idle_gaps``: where the device waited, from kernel spans."""
+
+from hpcrl.core.profiling import idle_gaps
+
+
+def test_gaps_between_kernels_are_named_by_their_neighbours():
+    spans = [
+        (0.0, 100.0, "gemm"),
+        (100.0, 150.0, "norm"),  # back to back: no gap
+        (1150.0, 1200.0, "adam"),  # 1 ms after norm ended
+        (1203.0, 1300.0, "adam"),  # 3 us: launch spacing, below the floor
+        (1500.0, 1600.0, "attention"),
+    ]
+    lines = idle_gaps(spans)
+    assert lines[0].startswith("idle gaps >= 5 us: 2, 1.20 ms of the 1.6 ms")
+    assert "(75.0%)" in lines[0]
+    assert lines[2].split() == ["1.000", "0.15", "norm", "->", "adam"]
+    assert lines[3].split() == ["0.200", "1.30", "adam", "->", "attention"]
+    summed = lines[lines.index("idle gaps summed by the work after them:") + 2 :]
+    assert [line.split() for line in summed] == [
+        ["1.000", "1", "adam"],
+        ["0.200", "1", "attention"],
+    ]
+
+
+def test_short_gaps_add_up_under_the_work_that_waited():
+    spans = [(0.0, 10.0, "gemm")]
+    for index in range(1, 5):  # waits of 90, 20, 20, 20 us before "adam", 50 us before "norm"
+        spans.append((index * 100.0, index * 100.0 + 80.0, "adam"))
+    spans.append((530.0, 540.0, "norm"))
+    lines = idle_gaps(spans)
+    summed = lines[lines.index("idle gaps summed by the work after them:") + 2 :]
+    assert [line.split() for line in summed] == [["0.150", "4", "adam"], ["0.050", "1", "norm"]]
+
+
+def test_overlapping_streams_leave_no_gap_where_either_is_busy():
+    spans = [
+        (0.0, 1000.0, "long"),
+        (100.0, 200.0, "short on a side stream"),  # ends inside "long"
+        (1100.0, 1200.0, "next"),
+    ]
+    lines = idle_gaps(spans)
+    assert lines[0].startswith("idle gaps >= 5 us: 1, 0.10 ms of the 1.2 ms")
+    assert lines[2].split()[:4] == ["0.100", "1.00", "long", "->"]
+
+
+def test_no_device_work():
+    assert idle_gaps([]) == ["idle gaps: no device work recorded"]
