@@ -58,26 +58,31 @@ def all_reduce_metrics(
     *,
     sum_divisor: float = 1.0,
     contributes: bool = True,
+    replicated: Mapping[str, Any] | None = None,
 ) -> dict[str, float]:
-    """Combine ``values`` over all ranks of the default group, two collectives and one
-    read-back each; every rank gets the result. ``names``: the same list on every rank.
+    """Combine ``values`` over all ranks of the default group, at most two collectives and
+    one read-back; every rank gets the result. ``names``: the same list on every rank.
     ``contributes=False``: this rank's values are left out (it holds copies or nothing).
-    ``sum_divisor``: how many ranks hold each contributed sum (TP peers)."""
+    ``sum_divisor``: how many ranks hold each contributed sum (TP peers). ``replicated``:
+    figures every rank already holds alike (the global gradient norm), read back with the
+    rest instead of by a host wait of their own."""
     import torch
     import torch.distributed as dist
 
     sums = [n for n in names if reduction_of(n) == "sum"]
     extremes = [n for n in names if reduction_of(n) != "sum"]
+    kept = dict(replicated or {})
 
     def local(name: str, empty: float) -> torch.Tensor:
         value = values.get(name, empty) if contributes else empty
         return torch.as_tensor(value, dtype=torch.float64, device=device).reshape(())
 
-    result: dict[str, float] = {}
+    parts: list[torch.Tensor] = []
+    signs: list[float] = []
     if sums:
         packed = torch.stack([local(n, 0.0) for n in sums])
         dist.all_reduce(packed)
-        result.update(zip(sums, (packed / sum_divisor).tolist(), strict=True))
+        parts.append(packed / sum_divisor)
     if extremes:
         # min(x) = −max(−x): one MAX reduction serves both kinds.
         signs = [1.0 if reduction_of(n) == "max" else -1.0 for n in extremes]
@@ -85,9 +90,23 @@ def all_reduce_metrics(
             [sign * local(n, -math.inf * sign) for n, sign in zip(extremes, signs, strict=True)]
         )
         dist.all_reduce(packed, op=dist.ReduceOp.MAX)
-        result.update(
-            (n, sign * v) for n, sign, v in zip(extremes, signs, packed.tolist(), strict=True)
+        parts.append(packed)
+    if kept:
+        parts.append(
+            torch.stack(
+                [
+                    torch.as_tensor(v, dtype=torch.float64, device=device).reshape(())
+                    for v in kept.values()
+                ]
+            )
         )
+    if not parts:
+        return {}
+    read_back = torch.cat(parts).tolist()  # the one host wait
+    result = dict(zip(sums, read_back[: len(sums)], strict=True))
+    extreme_values = read_back[len(sums) : len(sums) + len(extremes)]
+    result.update((n, sign * v) for n, sign, v in zip(extremes, signs, extreme_values, strict=True))
+    result.update(zip(kept, read_back[len(sums) + len(extremes) :], strict=True))
     return result
 
 

@@ -84,6 +84,14 @@ def _check_supported(recipe: Recipe) -> None:
         )
 
 
+def set_training(model: torch.nn.Module, training: bool) -> None:
+    """``model.train(training)`` unless the root is in that mode already: the call walks
+    every submodule (~0.3 ms of host time a pass for a 16-layer model), and only whole
+    models are ever switched here."""
+    if model.training != training:
+        model.train(training)
+
+
 def _seed_everything(recipe: Recipe, rank: int) -> None:
     """Same recipe, same numbers: every rank's RNG streams start from the algorithm seed."""
     import random
@@ -129,10 +137,12 @@ class AutomodelWorker:
         )
         self.block_compilations = BlockCompilations(self.compile_backend)
         self.model = self._build_sharded(model_path, training=True)
+        # Only what trains: with LoRA the adapters, never the frozen base weights. Listed
+        # once: walking the module tree each step costs the host ~0.2 ms.
+        self.trained_params = [param for param in self.model.parameters() if param.requires_grad]
         assert recipe.policy.optimizer is not None, "the config rules require one on Automodel"
         self.optimizer = build_training_optimizer(
-            # Only what trains: with LoRA the adapters, never the frozen base weights.
-            [param for param in self.model.parameters() if param.requires_grad],
+            self.trained_params,
             recipe.policy.optimizer,
             copies=self.model.compute_copies,
             on_gpu=self.device.type == "cuda",
@@ -226,7 +236,7 @@ class AutomodelWorker:
     ) -> dict[str, float]:
         """Loss and metrics stay on the device until the step's one read-back (after the
         all-reduce): the host never waits for a micro-batch to finish."""
-        self.model.train()
+        set_training(self.model, True)
         self.policy_weights_initial = False
         real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
         with self.passes.measure("train", real_tokens) as stats:
@@ -234,17 +244,19 @@ class AutomodelWorker:
             if self.model.compute_copies is not None:
                 self.model.compute_copies.sum_in_fp32 = len(micro_batches) > 1
             totals = self._forward_backward(micro_batches, loss_fn, num_global_tokens, stats)
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            norm = clip_before_step(self.optimizer, params, self.recipe.policy.max_grad_norm)
+            norm = clip_before_step(
+                self.optimizer, self.trained_params, self.recipe.policy.max_grad_norm
+            )
             split.backward_done()
             lr = self.scheduler.get_last_lr()[0]
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
-            summed = self._sum_over_data_parallel(totals)  # the step's read-back
+            # the step's one read-back, the norm with the sums
+            summed = self._sum_over_data_parallel(totals, replicated={"grad_norm": norm})
             split.finish(stats)
-        return {**summed, "grad_norm": float(norm), "lr": lr}
+        return {**summed, "lr": lr}
 
     def _forward_backward(
         self,
@@ -280,12 +292,16 @@ class AutomodelWorker:
                 accumulate(totals, key, detached)
         return totals
 
-    def _sum_over_data_parallel(self, values: Mapping[str, Any]) -> dict[str, float]:
+    def _sum_over_data_parallel(
+        self, values: Mapping[str, Any], replicated: Mapping[str, Any] | None = None
+    ) -> dict[str, float]:
         """Sum (extrema: min/max) over data-parallel ranks; floats and device tensors alike,
-        one read-back per kind (hpcrl.core.metric_reduction)."""
+        one read-back with ``replicated`` (hpcrl.core.metric_reduction)."""
         # TP and CP peers hold the same numbers: their sums count once.
         divisor = self.shape.tp * self.shape.cp
-        return all_reduce_metrics(values, sorted(values), self.device, sum_divisor=divisor)
+        return all_reduce_metrics(
+            values, sorted(values), self.device, sum_divisor=divisor, replicated=replicated
+        )
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -302,7 +318,7 @@ class AutomodelWorker:
         unpacked micro-batch's rows to a multiple of ``logprob_batch_size`` (at least 2;
         repeated rows, trimmed after): a single row would be specialised. The pieces are
         assembled on the device and read back once, not once per micro-batch."""
-        model.eval()
+        set_training(model, False)
         policy = self.recipe.policy
         micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
         specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
