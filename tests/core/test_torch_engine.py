@@ -401,3 +401,22 @@ def test_the_first_norm_shares_the_blocks_compiled_norm(name: str) -> None:
     want_rms_norm = 1 if name == "tiny:qwen3" else 0
     assert entries == {"rms_norm": want_rms_norm, "add_rms_norm": 1}
     assert backend.graphs > 0
+
+
+def test_an_engine_dropped_without_shutdown_is_freed_at_once(qwen2) -> None:
+    """No reference cycle holds an engine: on a GPU its CUDA graphs and their pool go when
+    the last reference does, not whenever the cyclic GC happens to run (maybe mid-capture
+    of another engine's graphs)."""
+    import gc
+    import weakref
+
+    model, _ = qwen2
+    engine = TorchEngine.from_hf_model(model)
+    engine.generate([[1, 2, 3], [4, 5]], GenerationCfg(max_new_tokens=3), seed=0)
+    dropped = weakref.ref(engine)
+    gc.disable()
+    try:
+        del engine
+        assert dropped() is None
+    finally:
+        gc.enable()

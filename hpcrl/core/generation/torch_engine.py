@@ -21,7 +21,8 @@ Weights are the engine's own copy (in the sampling dtype), refreshed in place by
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -84,7 +85,11 @@ class TorchEngine:
         pad = getattr(config, "pad_token_id", None)
         self.pad_token_id: int = pad if pad is not None else (self.eos_token_ids or (0,))[0]
         self.weights_version = -1  # nothing loaded yet
-        self.in_flight = InFlightRefits(self._load_in_flight)
+        # Through a weak reference: the bound method made a reference cycle, so an engine
+        # dropped without ``shutdown`` lived until the cyclic GC ran, at any moment, and its
+        # CUDA graphs and their memory pool were destroyed there (possibly in the middle of
+        # another capture). Now dropping the last reference frees it at once.
+        self.in_flight = InFlightRefits(_weakly_bound(self._load_in_flight))
         # Per row of the last generate: response lengths at which in-flight refits landed.
         self.last_refit_positions: list[list[int]] = []
         self.recompute_kv_cache = False  # an in-flight refit asked the running wave for it
@@ -325,3 +330,15 @@ class TorchEngine:
         self._graphs.clear()
         self._state = None
         self._graph_pool = None
+
+
+def _weakly_bound(method: Callable[..., None]) -> Callable[..., None]:
+    """``method`` called through a weak reference to its object."""
+    weak = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> None:
+        bound = weak()
+        assert bound is not None, "the engine was dropped while a refit was handed over"
+        bound(*args)
+
+    return call
