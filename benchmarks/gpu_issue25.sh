@@ -155,9 +155,11 @@ wanted attention && [ "$SMOKE" != 1 ] && bounded "$(at_most 60 attention)" "$OUT
 
 PROFILE_ARGS=()
 [ "$PROFILE" = 1 ] && PROFILE_ARGS=(--profile-dir "$PROF")
+TRACE_ARGS=()  # TRACE_LOOPS=backend,...: those train loops' profiled steps as Chrome traces
+[ "$PROFILE" = 1 ] && [ -n "${TRACE_LOOPS:-}" ] && TRACE_ARGS=(--trace-loops "$TRACE_LOOPS")
 wanted train && bounded "$(at_most 240 train)" "$OUT/train.log" "$PYTHON" \
     benchmarks/train_throughput.py --skip-megatron --loops "$TRAIN_LOOPS" \
-    "${PROFILE_ARGS[@]}" "${TRAIN_ARGS[@]}"
+    "${PROFILE_ARGS[@]}" "${TRACE_ARGS[@]}" "${TRAIN_ARGS[@]}"
 
 wanted kernels && [ "$SMOKE" != 1 ] && bounded "$(at_most 180 kernels)" "$OUT/kernels.log" \
     "$PYTHON" benchmarks/decode_attention_kernels.py --kinds "$KERNEL_KINDS" --shapes llama-1b

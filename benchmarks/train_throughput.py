@@ -127,12 +127,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json-out", default=None, help="(megatron child) write the result here")
     parser.add_argument("--profile-dir", type=Path, default=None, help="profile summaries here")
     parser.add_argument("--profile-steps", type=int, default=3)
+    parser.add_argument(
+        "--trace-loops", default="",
+        help="with --profile-dir: these loops' profiled steps also as a gzipped Chrome trace "
+        "(train-<loop>.trace.json.gz; benchmarks/launch_lag.py reads it)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.megatron_attention = args.megatron_attention.split(",")
     allowed = {"sdpa", "unfused"} | ({"te"} if args.only == "megatron-raw" else set())
     if not set(args.megatron_attention) <= allowed:
         parser.error(f"--megatron-attention: {sorted(allowed)}, not {args.megatron_attention}")
     args.loops = [name for name in args.loops.split(",") if name]
+    args.trace_loops = [name for name in args.trace_loops.split(",") if name]
     if not set(args.loops) <= set(HF_LOOPS + EXPERIMENT_LOOPS):
         parser.error(f"--loops: some of {HF_LOOPS + EXPERIMENT_LOOPS}, not {args.loops}")
     if args.tiny and args.seq_len == 2048:
@@ -580,7 +586,14 @@ def profile_loops(loops: list[Loop], args: argparse.Namespace) -> None:
         # step whose host runs at its unprofiled speed.
         for suffix, host_ops in (("", True), ("-device", False)):
             path = args.profile_dir / f"train-{loop.name}{suffix}.txt"
-            with profiled(path, title + ("" if host_ops else ", device only"), host_ops=host_ops):
+            traced = host_ops and loop.name in args.trace_loops
+            trace = args.profile_dir / f"train-{loop.name}.trace.json.gz" if traced else None
+            with profiled(
+                path,
+                title + ("" if host_ops else ", device only"),
+                host_ops=host_ops,
+                trace_path=trace,
+            ):
                 for _ in range(args.profile_steps):
                     loop.step()
             print(f"{loop.name}: profile summary in {path}", flush=True)

@@ -27,9 +27,12 @@ GAP_FLOOR_US = 5.0  # shorter idle stretches are launch-to-launch spacing, not w
 
 
 @contextlib.contextmanager
-def profiled(out_path: Path | str, title: str, *, host_ops: bool = True) -> Iterator[None]:
+def profiled(
+    out_path: Path | str, title: str, *, host_ops: bool = True, trace_path: Path | None = None
+) -> Iterator[None]:
     """Profile the body (CPU and CUDA activity; without ``host_ops`` the device's alone) and
-    write ``summary`` to ``out_path``."""
+    write ``summary`` to ``out_path``; with ``trace_path`` also the whole timeline, a gzipped
+    Chrome trace (``benchmarks/launch_lag.py`` reads it: where the host fell behind)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -47,6 +50,20 @@ def profiled(out_path: Path | str, title: str, *, host_ops: bool = True) -> Iter
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(summary(prof, wall_s, title))
+    if trace_path is not None:
+        _write_trace(prof, Path(trace_path))
+
+
+def _write_trace(prof: Any, trace_path: Path) -> None:
+    import gzip
+    import shutil
+    import tempfile
+
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(suffix=".json") as raw:
+        prof.export_chrome_trace(raw.name)
+        with open(raw.name, "rb") as source, gzip.open(trace_path, "wb") as target:
+            shutil.copyfileobj(source, target)
 
 
 def summary(prof: Any, wall_s: float, title: str) -> str:
