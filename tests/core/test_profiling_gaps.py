@@ -46,3 +46,37 @@ def test_overlapping_streams_leave_no_gap_where_either_is_busy():
 
 def test_no_device_work():
     assert idle_gaps([]) == ["idle gaps: no device work recorded"]
+
+
+def test_gpu_side_annotations_are_not_device_work():
+    from types import SimpleNamespace
+
+    from hpcrl.core.profiling import _on_device
+
+    kernel = SimpleNamespace(name="_adam_kernel", device_type="DeviceType.CUDA")
+    annotation = SimpleNamespace(
+        name="Optimizer.step#MasterWeightAdam.step", device_type="DeviceType.CUDA"
+    )
+    flagged = SimpleNamespace(
+        name="a range", device_type="DeviceType.CUDA", is_user_annotation=True
+    )
+    host_op = SimpleNamespace(name="aten::mm", device_type="DeviceType.CPU")
+    assert [_on_device(e) for e in (kernel, annotation, flagged, host_op)] == [
+        True,
+        False,
+        False,
+        False,
+    ]
+
+
+def test_a_profiled_region_leaves_a_trace_that_launch_lag_reads(tmp_path):
+    import torch
+
+    from benchmarks.launch_lag import load_events
+    from hpcrl.core.profiling import profiled
+
+    with profiled(tmp_path / "s.txt", "matmuls", trace_path=tmp_path / "t.json.gz"):
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    assert (tmp_path / "s.txt").read_text().startswith("== matmuls\n")
+    names = {event.get("name") for event in load_events(tmp_path / "t.json.gz")}
+    assert "aten::matmul" in names
