@@ -53,6 +53,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -359,14 +360,14 @@ def measure_batch(
             print(f"batch {len(prompts):4d}  {name:14s} warm-up {contenders[name].warmup_s:.2f} s",
                   flush=True)  # fmt: skip
         except Exception as error:  # a baseline that breaks must not hide the others
-            measured[name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+            measured[name] = row_failed(name, error)
     for round_index in range(args.rounds):
         for name in round_order([n for n in wanted if n in contenders], round_index):
             contender = contenders[name]
             try:
                 contender.seconds.append(contender.call())
             except Exception as error:
-                measured[name] = {"error": f"{type(error).__name__}: {error}"[:300]}
+                measured[name] = row_failed(name, error)
                 contender.finish()
                 del contenders[name]
         done = {n: f"{tokens / c.seconds[-1]:,.0f}" for n, c in contenders.items()}
@@ -380,6 +381,13 @@ def measure_batch(
     for name in wanted:
         print(f"batch {len(prompts):4d}  {name:14s} {json.dumps(measured[name])}", flush=True)
     return measured
+
+
+def row_failed(name: str, error: Exception) -> dict[str, str]:
+    """A failed row's record (the error's first 300 characters); its whole traceback goes to
+    the log, where the failing call is named (a CUDA fault's text alone does not say where)."""
+    print(f"row {name} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+    return {"error": f"{type(error).__name__}: {error}"[:300]}
 
 
 def per_round_ratios(measured: dict[str, dict], name: str, reference: str) -> list[float]:
