@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.hooks import RemovableHandle
 
+from hpcrl.core.backends.automodel.causal_attention import explicit_mask, uses_causal_attention
 from hpcrl.core.backends.automodel.expert_layout import unfuse_experts
 from hpcrl.core.backends.automodel.lora import LoraLinear
 from hpcrl.core.backends.automodel.master_weights import ComputeCopies, head_weight
@@ -186,6 +187,9 @@ class TokenLogprobModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Passed on only when set: transformers hands extra keywords to the attention function.
         extra = {} if context_parallel is None else {"context_parallel": context_parallel}
+        needs_mask = attention_mask is not None or position_ids is not None
+        if needs_mask and uses_causal_attention(self.hf):
+            attention_mask = explicit_mask(input_ids, attention_mask, position_ids)
         decoder_out = self.hf.get_decoder()(
             input_ids=input_ids,
             attention_mask=attention_mask,

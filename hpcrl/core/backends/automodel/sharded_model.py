@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from hpcrl.core.backends.automodel.causal_attention import apply_causal_attention
 from hpcrl.core.backends.automodel.context_parallel import apply_context_parallel
 from hpcrl.core.backends.automodel.expert_parallel import (
     apply_expert_parallel,
@@ -91,6 +92,8 @@ def build_sharded_model(
     )
     if steps.context_parallel:
         apply_context_parallel(hf_model)
+    else:
+        apply_causal_attention(hf_model)
     if steps.tp:
         apply_tp(hf_model, placement.mesh["tp"], sequence_parallel=steps.sequence_parallel)
     if steps.expert_parallel > 1:
