@@ -242,6 +242,9 @@ def train_point(args: argparse.Namespace, on_step: Callable[[dict], None]) -> di
 
     chunks, optimizer = build(args)
     batches, num_tokens = local_micro_batches(args)
+    device = torch.device("cuda" if args.device == "cuda" else "cpu")
+    # on the device once (the worker uploads a step's micro-batches before this call)
+    batches = [{key: value.to(device) for key, value in micro.items()} for micro in batches]
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     step_times_s, losses = [], []
     for index in range(args.warmup + args.steps):

@@ -57,6 +57,7 @@ from hpcrl.core.compile_stats import compiled_graph_count
 from hpcrl.core.metric_reduction import accumulate, all_reduce_metrics
 from hpcrl.core.policy import UNFILTERED_LOGPROBS_KEY
 from hpcrl.core.token_distribution import TokenDistribution, training_distribution
+from hpcrl.core.workers.device_upload import PinnedStaging
 from hpcrl.core.workers.micro_batches import (
     MicroBatchSpec,
     logprob_micro_batches,
@@ -120,6 +121,7 @@ class AutomodelWorker:
         self.rank_info = rank_info
         self.model_path = model_path
         self.device = torch.device("cuda" if rank_info.device == "cuda" else "cpu")
+        self.staging = PinnedStaging()
         self.distribution = training_distribution(recipe)
         cfg = recipe.policy.automodel_cfg
         self.shape = MeshShape.for_world(
@@ -222,14 +224,19 @@ class AutomodelWorker:
         # Context parallelism cuts every row into 2 x CP equal chunks.
         return math.lcm(multiple, 2 * self.shape.cp) if self.shape.cp > 1 else multiple
 
-    def _to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """On the device, the sequence dim padded to ``sequence_multiple``."""
+    def _padded(self, batch: Batch) -> Batch:
+        """The sequence dim padded to ``sequence_multiple`` (host tensors)."""
         multiple = self.sequence_multiple
         if multiple > 1:
             if "packed_input_ids" in batch:
                 batch = pad_pack(batch, multiple)
             batch = pad_sequence_dim(batch, multiple)
-        return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
+        return batch
+
+    def _on_device(self, micro_batches: Sequence[Batch]) -> list[dict[str, torch.Tensor]]:
+        """Every micro-batch padded (``_padded``) and on the device, all in one copy
+        (``hpcrl.core.workers.device_upload``: no queue drain between micro-batches)."""
+        return self.staging.upload([self._padded(m) for m in micro_batches], self.device)
 
     def train_step(
         self, micro_batches: Sequence[Batch], loss_fn: LossFn, num_global_tokens: float
@@ -268,9 +275,9 @@ class AutomodelWorker:
         """Gradients of every micro-batch; returns the summed loss and loss metrics (device
         tensors, or floats where the loss function gives floats)."""
         totals: dict[str, Any] = {"loss": 0.0}
-        for micro in micro_batches:
-            causal_only = self._causal_only(micro)
-            micro = self._to_device(micro)
+        causal_flags = [self._causal_only(micro) for micro in micro_batches]
+        on_device = self._on_device(micro_batches)
+        for micro, causal_only in zip(on_device, causal_flags, strict=True):
             stats.add_micro_batch(micro)
             logprobs, unfiltered = forward_logprobs(
                 self.model,
@@ -323,12 +330,15 @@ class AutomodelWorker:
         micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
         specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
         with self.passes.measure(kind, int(batch["attention_mask"].sum())) as stats:
+            if self.compiles:
+                micro_batches = [
+                    m if "packed_input_ids" in m else pad_rows(m, max(micro_size, 2))[0]
+                    for m in micro_batches
+                ]
+            causal_flags = [self._causal_only(micro) for micro in micro_batches]
+            on_device = self._on_device(micro_batches)
             pieces = []
-            for spec, micro in zip(specs, micro_batches, strict=True):
-                if self.compiles and "packed_input_ids" not in micro:
-                    micro, _ = pad_rows(micro, max(micro_size, 2))
-                causal_only = self._causal_only(micro)
-                micro = self._to_device(micro)
+            for spec, micro, causal_only in zip(specs, on_device, causal_flags, strict=True):
                 stats.add_micro_batch(micro)
                 processed, _ = forward_logprobs(
                     model, micro, distribution, causal_only=causal_only, cp_group=self.cp_group

@@ -100,11 +100,6 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _to_device(micro_batch: Batch) -> dict[str, torch.Tensor]:
-    device = _device()
-    return {key: value.to(device, non_blocking=True) for key, value in micro_batch.items()}
-
-
 def _forward(model: Any, micro_batch: Batch, shard: CpShard | None = None) -> torch.Tensor:
     """Logits of one micro-batch (of this CP rank's tokens under ``shard``). A pack
     (``hpcrl.core.workers.micro_batches``) runs as one [1, L] row in megatron's THD layout:
@@ -235,7 +230,8 @@ def run_train_microbatches(
     num_global_tokens: float,
     distribution: TokenDistribution | None = None,
 ) -> dict[str, float]:
-    """Forward/backward every micro-batch; returns loss and loss_fn metrics summed over the
+    """Forward/backward every micro-batch (on the device: the worker's ``PinnedStaging``
+    uploads them together); returns loss and loss_fn metrics summed over the
     global batch (same dict on every rank). Gradients are left in the DDP buffers.
     ``distribution``: what the log-probs are measured in (default: the model's own)."""
     distribution = distribution or TokenDistribution()
@@ -260,7 +256,7 @@ def run_train_microbatches(
         return loss * scale, {}
 
     def forward_step(data_iterator, model):
-        micro_batch = _to_device(next(data_iterator))
+        micro_batch = next(data_iterator)
         shard = cp_shard(micro_batch, multiple)
         output = _forward(model, micro_batch, shard)
         return output, lambda output_tensor: loss_func(micro_batch, shard, output_tensor)
@@ -300,8 +296,9 @@ def compute_logprobs(
     micro_batches: Sequence[Batch],
     distribution: TokenDistribution | None = None,
 ) -> list[torch.Tensor] | None:
-    """Token log-probs of each micro-batch ([rows, width], float32, on the device: the caller
-    reads them back once) on the reporting rank, else None."""
+    """Token log-probs of each micro-batch (given on the device, as to
+    ``run_train_microbatches``) ([rows, width], float32, on the device: the caller reads
+    them back once) on the reporting rank, else None."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     distribution = distribution or TokenDistribution()
@@ -310,7 +307,7 @@ def compute_logprobs(
     multiple = cp_pad_multiple(model_chunks)
 
     def forward_step(data_iterator, model):
-        micro_batch = _to_device(next(data_iterator))
+        micro_batch = next(data_iterator)
         shard = cp_shard(micro_batch, multiple)
         output = _forward(model, micro_batch, shard)
 

@@ -28,6 +28,7 @@ from hpcrl.core.token_distribution import (
     TokenDistribution,
     training_distribution,
 )
+from hpcrl.core.workers.device_upload import PinnedStaging
 from hpcrl.core.workers.micro_batches import (
     MicroBatchSpec,
     logprob_micro_batches,
@@ -87,6 +88,7 @@ class MegatronWorker:
         self.scheduler = mcore_model.build_scheduler(self.optimizer, cfg, total_train_steps(recipe))
         self._reference_weights = self._snapshot_weights()
         self.device = torch.device("cuda" if rank_info.device == "cuda" else "cpu")
+        self.staging = PinnedStaging()
         self.passes = PassRecorder(self.device)
         self.steps_done = 0
         self.manual_gc = manual_gc_for(cfg)
@@ -216,7 +218,11 @@ class MegatronWorker:
             lr = self.optimizer.param_groups[0]["lr"]
             self.optimizer.zero_grad()
             metrics = step.run_train_microbatches(
-                self.model_chunks, micro_batches, loss_fn, num_global_tokens, self.distribution
+                self.model_chunks,
+                self.staging.upload(micro_batches, self.device),
+                loss_fn,
+                num_global_tokens,
+                self.distribution,
             )
             split.backward_done()
             update_successful, grad_norm, _zeros = self.optimizer.step()
@@ -242,7 +248,8 @@ class MegatronWorker:
         with self.passes.measure(kind, int(batch["attention_mask"].sum())) as stats:
             for micro in micro_batches:
                 stats.add_micro_batch(micro)
-            pieces = step.compute_logprobs(self.model_chunks, micro_batches, distribution)
+            on_device = self.staging.upload(micro_batches, self.device)
+            pieces = step.compute_logprobs(self.model_chunks, on_device, distribution)
             if pieces is None:  # not the reporting rank: the controller ignores this output
                 return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
             # assembled where the pieces are, read back once
