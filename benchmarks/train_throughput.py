@@ -30,6 +30,11 @@ clip 1.0), one process (world 1). Rows:
   fp32, as autocast alone leaves it (``parallelize.apply_autocast``'s cast removed).
 - ``backend-static-compile`` (an experiment row): the backend with its decoder blocks
   compiled for static sizes (the product compiles them for dynamic sizes).
+- ``backend-transformers-mask`` (an experiment row): attention through transformers' SDPA
+  with its mask construction, as before ``causal_attention`` (transformers 5 reads a
+  packed-sequence check back at every forward).
+- ``backend-per-tensor-copies`` (an experiment row): each input tensor copied to the GPU by
+  itself from pageable memory, as before ``device_upload``.
 
 ``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
 torch.profiler, twice: ``DIR/train-<loop>.txt`` with the host's operators and
@@ -91,6 +96,8 @@ EXPERIMENT_LOOPS = (
     "backend-foreach-norm",
     "backend-fp32-residual",
     "backend-static-compile",
+    "backend-transformers-mask",
+    "backend-per-tensor-copies",
 )
 
 
@@ -102,6 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument(
+        "--micro-batch-rows", type=int, default=None,
+        help="the backend rows' micro-batch (default: the whole batch in one); the plain "
+        "loops always take the whole batch at once",
+    )  # fmt: skip
     parser.add_argument("--tiny", action="store_true", help="tiny Llama (CPU smoke test)")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile anywhere")
     parser.add_argument("--loops", default=",".join(HF_LOOPS), help="HF loops to run")
@@ -264,8 +276,8 @@ def make_recipe(
     dp_replicate: int = 1,
     num_steps: int | None = None,
 ):
-    """The benchmark's SFT recipe; the batch defaults to ``--batch-size`` in one micro-batch
-    and the steps to every round's (scaling_automodel.py passes its own batch, lr, HSDP
+    """The benchmark's SFT recipe; the batch defaults to ``--batch-size`` in micro-batches
+    of ``--micro-batch-rows`` (default: one micro-batch) and the steps to every round's (scaling_automodel.py passes its own batch, lr, HSDP
     replicas and step count)."""
     from hpcrl.config.recipe import (
         AutomodelCfg,
@@ -277,11 +289,13 @@ def make_recipe(
     )
 
     global_batch = args.batch_size if global_batch is None else global_batch
+    if micro_batch is None:
+        micro_batch = getattr(args, "micro_batch_rows", None) or global_batch
     return Recipe(
         policy=PolicyCfg(
             model_name=model_path,
             train_global_batch_size=global_batch,
-            train_micro_batch_size=global_batch if micro_batch is None else micro_batch,
+            train_micro_batch_size=micro_batch,
             precision="bfloat16" if args.device == "cuda" else "float32",
             max_grad_norm=1.0,
             optimizer=OptimizerCfg(name="torch.optim.AdamW", kwargs={"lr": lr}),
@@ -369,9 +383,22 @@ def fixed_plan(rows: int, rows_per_micro_batch: int, width: int) -> list:
     ]  # fmt: skip
 
 
+def micro_batch_rows(args: argparse.Namespace) -> int:
+    return args.micro_batch_rows or args.batch_size
+
+
+def split_rows(batch: dict, args: argparse.Namespace) -> list[dict]:
+    """The batch in micro-batches of ``--micro-batch-rows`` consecutive rows."""
+    rows = micro_batch_rows(args)
+    return [
+        {key: value[start : start + rows] for key, value in batch.items()}
+        for start in range(0, args.batch_size, rows)
+    ]
+
+
 def backend_loop(worker, batch: dict, args: argparse.Namespace) -> Loop:
     num_tokens = float(batch["token_mask"].sum())
-    plan = fixed_plan(args.batch_size, args.batch_size, args.seq_len)  # one micro-batch
+    plan = fixed_plan(args.batch_size, micro_batch_rows(args), args.seq_len)
 
     def step() -> float:
         return worker.train(batch, nll_loss, num_tokens, plan)["loss"]
@@ -389,17 +416,17 @@ def backend_mask_loop(model_path: str, batch: dict, args: argparse.Namespace) ->
     worker = AutomodelWorker()
     worker.setup(make_recipe(model_path, args), single_rank_info(args.device, 0), model_path)
 
-    def old_to_device(micro: dict) -> dict:
+    def old_padding(micro: dict) -> dict:
         # the old bucketing always added a column: 2048 -> 2049 -> the next bucket, 2112
         widened = {k: F.pad(v, (0, 1)) if v.dim() == 2 else v for k, v in micro.items()}
-        return AutomodelWorker._to_device(worker, widened)
+        return AutomodelWorker._padded(worker, widened)
 
-    worker._to_device = old_to_device  # type: ignore[method-assign]
+    worker._padded = old_padding  # type: ignore[method-assign]
     worker._causal_only = lambda micro: False  # type: ignore[method-assign]
     num_tokens = float(batch["token_mask"].sum())
 
     def step() -> float:
-        return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+        return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
     return Loop("backend-mask", step, close=worker.close)
 
@@ -417,7 +444,7 @@ def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) 
     num_tokens = float(batch["token_mask"].sum())
 
     def step() -> float:
-        return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+        return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
     return Loop("backend-before", step, close=worker.close)
 
@@ -441,7 +468,7 @@ def backend_variant_loop(
     num_tokens = float(batch["token_mask"].sum())
 
     def step() -> float:
-        return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+        return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
     return Loop(name, step, close=worker.close)
 
@@ -459,6 +486,27 @@ def fp32_residual(worker) -> None:
     if worker.model.residual_cast is not None:
         worker.model.residual_cast.remove()
         worker.model.residual_cast = None
+
+
+def transformers_mask(worker) -> None:
+    """``backend-transformers-mask``: attention through transformers' SDPA with its mask
+    construction (the packed-sequence check that reads back every forward), as before
+    ``causal_attention``."""
+    worker.model.hf.config._attn_implementation = "sdpa"
+
+
+def per_tensor_copies(worker) -> None:
+    """``backend-per-tensor-copies``: each input tensor copied to the GPU by itself from
+    pageable memory, as before ``device_upload``."""
+    padded = worker._padded
+
+    def on_device(micro_batches):
+        return [
+            {key: value.to(worker.device, non_blocking=True) for key, value in padded(m).items()}
+            for m in micro_batches
+        ]
+
+    worker._on_device = on_device
 
 
 def hf_model(model_path: str, device: str):
@@ -547,6 +595,12 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 ),
                 "backend-fp32-residual": lambda: backend_variant_loop(
                     "backend-fp32-residual", model_path, batch, args, fp32_residual
+                ),
+                "backend-transformers-mask": lambda: backend_variant_loop(
+                    "backend-transformers-mask", model_path, batch, args, transformers_mask
+                ),
+                "backend-per-tensor-copies": lambda: backend_variant_loop(
+                    "backend-per-tensor-copies", model_path, batch, args, per_tensor_copies
                 ),
                 "backend-static-compile": lambda: backend_variant_loop(
                     "backend-static-compile",
