@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -109,6 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument(
+        "--gc-freeze", action="store_true",
+        help="after every loop is built, move what is alive out of Python's garbage "
+        "collections (each loop alone in its process would not scan the others' objects)",
+    )  # fmt: skip
     parser.add_argument(
         "--micro-batch-rows", type=int, default=None,
         help="the backend rows' micro-batch (default: the whole batch in one); the plain "
@@ -215,6 +221,8 @@ class Loop:
     resident_gib: float = float("nan")  # its weights, grads, optimizer state after warm-up
     peak_gib: float = float("nan")  # resident + the most one of its steps added on top
     windows: list[list[float]] = field(default_factory=list)  # step seconds, per round
+    gc_seconds: float = 0.0  # Python's garbage collections during its timed steps
+    gc_runs: dict[int, int] = field(default_factory=dict)  # generation -> collections
 
 
 def warm_up(loop: Loop, device: str, warmup: int, before_gib: float) -> None:
@@ -233,16 +241,49 @@ def time_window(loop: Loop, device: str, steps: int) -> None:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        loop.last_loss = loop.step()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
+    with collections_counted(loop):
+        for _ in range(steps):
+            start = time.perf_counter()
+            loop.last_loss = loop.step()
+            synchronize(device)
+            times.append(time.perf_counter() - start)
     if device == "cuda":
         extra_gib = torch.cuda.max_memory_allocated() / 2**30 - base_gib
         peak_gib = loop.resident_gib + extra_gib
         loop.peak_gib = peak_gib if math.isnan(loop.peak_gib) else max(loop.peak_gib, peak_gib)
     loop.windows.append(times)
+
+
+@contextlib.contextmanager
+def collections_counted(loop: Loop):
+    """Adds the garbage collections that run inside the block to ``loop``'s count and time."""
+    started: list[float] = []
+
+    def on_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            loop.gc_seconds += time.perf_counter() - started.pop()
+            generation = info["generation"]
+            loop.gc_runs[generation] = loop.gc_runs.get(generation, 0) + 1
+
+    gc.callbacks.append(on_collection)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(on_collection)
+
+
+def print_step_details(loops: list[Loop]) -> None:
+    """Per loop: the median, fastest and slowest timed step, the first step of each window,
+    and the garbage collections that ran during its timed steps."""
+    for loop in loops:
+        steps_ms = sorted(1e3 * t for window in loop.windows for t in window)
+        firsts_ms = " ".join(f"{1e3 * window[0]:.1f}" for window in loop.windows if window)
+        runs = " ".join(f"gen{g}: {n}" for g, n in sorted(loop.gc_runs.items())) or "none"
+        print(f"steps {loop.name}: median {statistics.median(steps_ms):.1f} ms, fastest "
+              f"{steps_ms[0]:.1f}, slowest {steps_ms[-1]:.1f}; windows' first steps {firsts_ms} "
+              f"ms; garbage collections {runs}, {1e3 * loop.gc_seconds:.1f} ms in all")  # fmt: skip
 
 
 def time_rounds(loops: list[Loop], device: str, rounds: int, steps: int) -> None:
@@ -619,7 +660,11 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 print(f"{name}: built and warmed up in {time.perf_counter() - started:.1f} s"
                       f"{resident}", flush=True)  # fmt: skip
                 loops.append(loop)
+            if args.gc_freeze:
+                gc.collect()
+                gc.freeze()  # later collections skip every loop's long-lived objects
             time_rounds(loops, args.device, args.rounds, args.steps)
+            print_step_details(loops)
             if args.profile_dir is not None:
                 profile_loops(loops, args)
         finally:
