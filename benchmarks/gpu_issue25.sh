@@ -224,7 +224,7 @@ PY
 {
     for log in "$OUT"/*.log; do
         echo "== $(basename "$log")"
-        grep -E "GOAL|BOUND|BEST|SYNC|self-check|summary |/ best plain|variant |TB/s|^backend|^plain|^default|^flash|^cudnn|^efficient|^ *(64|256) |where a steady step goes|median step|== exit|Error" "$log"
+        grep -E "GOAL|BOUND|BEST|SYNC|self-check|summary |/ best plain|variant |TB/s|^steps |^backend|^plain|^default|^flash|^cudnn|^efficient|^ *(64|256) |where a steady step goes|median step|== exit|Error" "$log"
     done
     cat "$OUT/backends.txt"
 } > "$OUT/summary.txt" 2>/dev/null
