@@ -6,12 +6,14 @@ for the device's copy of it."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from hpcrl.core.workers.device_upload import (
     ALIGNMENT_BYTES,
-    staged_bytes,
     PinnedStaging,
+    staged_bytes,
     views_of,
 )
 
@@ -53,7 +55,7 @@ def test_each_tensor_starts_aligned_and_none_overlap() -> None:
     staged, staging = staged_bytes(mixed_micro_batches())
     spans = sorted((offset, offset + t.numel() * t.element_size()) for t, offset in staged.values())
     assert all(start % ALIGNMENT_BYTES == 0 for start, _ in spans)
-    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
     assert staging.numel() >= spans[-1][1]
 
 

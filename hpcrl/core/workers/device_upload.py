@@ -78,9 +78,7 @@ def staged_bytes(
     return staged, staging
 
 
-def fill(
-    buffer: torch.Tensor, staged: Mapping[tuple[int, str], tuple[torch.Tensor, int]]
-) -> None:
+def fill(buffer: torch.Tensor, staged: Mapping[tuple[int, str], tuple[torch.Tensor, int]]) -> None:
     for tensor, offset in staged.values():
         buffer[offset : offset + _nbytes(tensor)].copy_(_as_bytes(tensor))
 
