@@ -101,6 +101,25 @@ def test_fixed_micro_batches_are_cut_to_their_own_last_real_column():
     assert {spec.width for spec in same} == {16}
 
 
+def test_a_whole_shard_micro_batch_is_the_shard_itself_and_others_are_cut():
+    """A plan of one micro-batch holding every row at full width hands the shard's tensors
+    on uncopied (a step's first kernel waits for the host's copies); any other spec cuts."""
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
+    from hpcrl.core.workers.sharding import pad_sequence_dim
+
+    batch = grpo_batch([5, 9, 3, 16], 16, seed=1)
+    whole = materialize(batch, MicroBatchSpec(rows=(0, 1, 2, 3), width=16))
+    assert whole.keys() == batch.keys()
+    assert all(whole[key] is batch[key] for key in batch)
+    assert all(value is whole[key] for key, value in pad_sequence_dim(whole, 8).items())
+    reordered = materialize(batch, MicroBatchSpec(rows=(1, 0, 2, 3), width=16))
+    assert torch.equal(reordered["input_ids"], batch["input_ids"][[1, 0, 2, 3]])
+    narrower = materialize(batch, MicroBatchSpec(rows=(0, 1, 2, 3), width=12))
+    assert torch.equal(narrower["input_ids"], batch["input_ids"][:, :12])
+    padded = pad_sequence_dim(whole, 32)
+    assert padded["input_ids"].shape == (4, 32) and not padded["attention_mask"][:, 16:].any()
+
+
 def test_row_extents_reach_the_last_real_column_whatever_the_padding():
     mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     assert row_extents({"attention_mask": mask}) == [2, 3, 0, 4]

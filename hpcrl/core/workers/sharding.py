@@ -104,6 +104,8 @@ def pad_sequence_dim(batch: Batch, multiple: int) -> dict[str, torch.Tensor]:
 
     length = int(batch["input_ids"].shape[1])
     padded_length = -(-length // multiple) * multiple
+    if padded_length == length:
+        return dict(batch)  # F.pad by nothing would still copy every tensor
     out = {}
     for key, value in batch.items():
         # A pack's [1, L] tensors have their own length (``pad_pack``).
