@@ -157,6 +157,8 @@ PROFILE_ARGS=()
 [ "$PROFILE" = 1 ] && PROFILE_ARGS=(--profile-dir "$PROF")
 TRACE_ARGS=()  # TRACE_LOOPS=backend,...: those train loops' profiled steps as Chrome traces
 [ "$PROFILE" = 1 ] && [ -n "${TRACE_LOOPS:-}" ] && TRACE_ARGS=(--trace-loops "$TRACE_LOOPS")
+# TRACE_PYTHON=1: those traces also hold the Python calls (names host time between operators)
+[ "${#TRACE_ARGS[@]}" -gt 0 ] && [ "${TRACE_PYTHON:-0}" = 1 ] && TRACE_ARGS+=(--trace-python)
 wanted train && bounded "$(at_most 240 train)" "$OUT/train.log" "$PYTHON" \
     benchmarks/train_throughput.py --skip-megatron --loops "$TRAIN_LOOPS" \
     "${PROFILE_ARGS[@]}" "${TRACE_ARGS[@]}" "${TRAIN_ARGS[@]}"

@@ -150,6 +150,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --profile-dir: these loops' profiled steps also as a gzipped Chrome trace "
         "(train-<loop>.trace.json.gz; benchmarks/launch_lag.py reads it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--trace-python", action="store_true",
+        help="with --trace-loops: the traces also hold the Python calls (names the host time "
+        "between operators; the host runs slower while traced)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.megatron_attention = args.megatron_attention.split(",")
     allowed = {"sdpa", "unfused"} | ({"te"} if args.only == "megatron-raw" else set())
@@ -692,6 +697,7 @@ def profile_loops(loops: list[Loop], args: argparse.Namespace) -> None:
                 title + ("" if host_ops else ", device only"),
                 host_ops=host_ops,
                 trace_path=trace,
+                python_frames=traced and args.trace_python,
             ):
                 for _ in range(args.profile_steps):
                     loop.step()

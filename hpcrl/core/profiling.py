@@ -28,11 +28,18 @@ GAP_FLOOR_US = 5.0  # shorter idle stretches are launch-to-launch spacing, not w
 
 @contextlib.contextmanager
 def profiled(
-    out_path: Path | str, title: str, *, host_ops: bool = True, trace_path: Path | None = None
+    out_path: Path | str,
+    title: str,
+    *,
+    host_ops: bool = True,
+    trace_path: Path | None = None,
+    python_frames: bool = False,
 ) -> Iterator[None]:
     """Profile the body (CPU and CUDA activity; without ``host_ops`` the device's alone) and
     write ``summary`` to ``out_path``; with ``trace_path`` also the whole timeline, a gzipped
-    Chrome trace (``benchmarks/launch_lag.py`` reads it: where the host fell behind)."""
+    Chrome trace (``benchmarks/launch_lag.py`` reads it: where the host fell behind).
+    ``python_frames``: the trace also holds the Python calls (``with_stack``), which names host
+    time spent between operators, at the price of a slower host while profiling."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -42,7 +49,7 @@ def profiled(
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize()
     started = time.perf_counter()
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, with_stack=python_frames) as prof:
         yield
         if cuda:
             torch.cuda.synchronize()

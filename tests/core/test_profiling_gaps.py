@@ -80,3 +80,23 @@ def test_a_profiled_region_leaves_a_trace_that_launch_lag_reads(tmp_path):
     assert (tmp_path / "s.txt").read_text().startswith("== matmuls\n")
     names = {event.get("name") for event in load_events(tmp_path / "t.json.gz")}
     assert "aten::matmul" in names
+
+
+def test_a_trace_with_python_frames_names_the_calling_function(tmp_path):
+    import torch
+
+    from benchmarks.launch_lag import load_events
+    from hpcrl.core.profiling import profiled
+
+    def host_work_between_operators() -> torch.Tensor:
+        return torch.ones(8, 8) @ torch.ones(8, 8)
+
+    trace = tmp_path / "t.json.gz"
+    with profiled(tmp_path / "s.txt", "frames", trace_path=trace, python_frames=True):
+        host_work_between_operators()
+    python_calls = [
+        event.get("name", "")
+        for event in load_events(trace)
+        if event.get("cat") == "python_function"
+    ]
+    assert any("host_work_between_operators" in name for name in python_calls)
