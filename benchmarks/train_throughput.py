@@ -80,6 +80,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -228,6 +229,11 @@ class Loop:
     windows: list[list[float]] = field(default_factory=list)  # step seconds, per round
     gc_seconds: float = 0.0  # Python's garbage collections during its timed steps
     gc_runs: dict[int, int] = field(default_factory=dict)  # generation -> collections
+    # its model's input embedding, and per timed step the host seconds from the step's call
+    # to the embedding's forward: a step starts with an empty queue, so on a GPU that host
+    # work (uploads, checks, bookkeeping) is device idle
+    embedding: Any = None
+    start_delays_s: list[float] = field(default_factory=list)
 
 
 def warm_up(loop: Loop, device: str, warmup: int, before_gib: float) -> None:
@@ -246,12 +252,15 @@ def time_window(loop: Loop, device: str, steps: int) -> None:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times = []
-    with collections_counted(loop):
+    with collections_counted(loop), embedding_reached(loop) as reached_at:
         for _ in range(steps):
+            reached_at.clear()
             start = time.perf_counter()
             loop.last_loss = loop.step()
             synchronize(device)
             times.append(time.perf_counter() - start)
+            if reached_at:
+                loop.start_delays_s.append(reached_at[0] - start)
     if device == "cuda":
         extra_gib = torch.cuda.max_memory_allocated() / 2**30 - base_gib
         peak_gib = loop.resident_gib + extra_gib
@@ -279,6 +288,22 @@ def collections_counted(loop: Loop):
         gc.callbacks.remove(on_collection)
 
 
+@contextlib.contextmanager
+def embedding_reached(loop: Loop):
+    """Yields a list that gets the host clock whenever ``loop.embedding``'s forward starts."""
+    reached_at: list[float] = []
+    handle = None
+    if loop.embedding is not None:
+        handle = loop.embedding.register_forward_pre_hook(
+            lambda _module, _args: reached_at.append(time.perf_counter())
+        )
+    try:
+        yield reached_at
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
 def print_step_details(loops: list[Loop]) -> None:
     """Per loop: the median, fastest and slowest timed step, the first step of each window,
     and the garbage collections that ran during its timed steps."""
@@ -286,9 +311,14 @@ def print_step_details(loops: list[Loop]) -> None:
         steps_ms = sorted(1e3 * t for window in loop.windows for t in window)
         firsts_ms = " ".join(f"{1e3 * window[0]:.1f}" for window in loop.windows if window)
         runs = " ".join(f"gen{g}: {n}" for g, n in sorted(loop.gc_runs.items())) or "none"
+        start = (
+            f"; call -> embedding median {1e3 * statistics.median(loop.start_delays_s):.2f} ms"
+            if loop.start_delays_s
+            else ""
+        )
         print(f"steps {loop.name}: median {statistics.median(steps_ms):.1f} ms, fastest "
               f"{steps_ms[0]:.1f}, slowest {steps_ms[-1]:.1f}; windows' first steps {firsts_ms} "
-              f"ms; garbage collections {runs}, {1e3 * loop.gc_seconds:.1f} ms in all")  # fmt: skip
+              f"ms; garbage collections {runs}, {1e3 * loop.gc_seconds:.1f} ms in all{start}")  # fmt: skip
 
 
 def time_rounds(loops: list[Loop], device: str, rounds: int, steps: int) -> None:
@@ -449,7 +479,9 @@ def backend_loop(worker, batch: dict, args: argparse.Namespace) -> Loop:
     def step() -> float:
         return worker.train(batch, nll_loss, num_tokens, plan)["loss"]
 
-    return Loop("backend", step)  # run_hf_loops closes the worker last (it owns the group)
+    embedding = worker._backend.model.hf.get_input_embeddings()
+    # run_hf_loops closes the worker last (it owns the group)
+    return Loop("backend", step, embedding=embedding)
 
 
 def backend_mask_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
@@ -474,7 +506,8 @@ def backend_mask_loop(model_path: str, batch: dict, args: argparse.Namespace) ->
     def step() -> float:
         return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
-    return Loop("backend-mask", step, close=worker.close)
+    embedding = worker.model.hf.get_input_embeddings()
+    return Loop("backend-mask", step, close=worker.close, embedding=embedding)
 
 
 def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
@@ -492,7 +525,8 @@ def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) 
     def step() -> float:
         return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
-    return Loop("backend-before", step, close=worker.close)
+    embedding = worker.model.hf.get_input_embeddings()
+    return Loop("backend-before", step, close=worker.close, embedding=embedding)
 
 
 def backend_variant_loop(
@@ -516,7 +550,8 @@ def backend_variant_loop(
     def step() -> float:
         return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
-    return Loop(name, step, close=worker.close)
+    embedding = worker.model.hf.get_input_embeddings()
+    return Loop(name, step, close=worker.close, embedding=embedding)
 
 
 def torch_norms(worker) -> None:
@@ -602,7 +637,8 @@ def plain_loop(
     else:  # the backend trains in fp32 on the CPU too
         autocast = contextlib.nullcontext
     name = "plain-bf16-residual" if bf16_residual else "plain"
-    return Loop(name, hf_step(model, optimizer, batch, args.device, autocast))
+    step = hf_step(model, optimizer, batch, args.device, autocast)
+    return Loop(name, step, embedding=model.get_input_embeddings())
 
 
 def naive_fsdp_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
@@ -619,7 +655,8 @@ def naive_fsdp_loop(model_path: str, batch: dict, args: argparse.Namespace) -> L
         fully_shard(layer, **mp)
     fully_shard(model, **mp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=args.device == "cuda" or None)
-    return Loop("naive-fsdp", hf_step(model, optimizer, batch, args.device, contextlib.nullcontext))
+    step = hf_step(model, optimizer, batch, args.device, contextlib.nullcontext)
+    return Loop("naive-fsdp", step, embedding=model.get_input_embeddings())
 
 
 def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:

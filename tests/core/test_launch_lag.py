@@ -44,3 +44,29 @@ def test_host_late_gaps_are_named_and_dependency_waits_are_not():
 
 def test_no_device_work():
     assert host_late_report([op("x", 0, 1)]) == ["no device work in the trace"]
+
+
+def test_train_benchmark_times_each_steps_host_work_before_the_embedding():
+    """``train_throughput.time_window`` records, per timed step, the host time from the
+    step's call to the model's embedding: the step-start work a GPU sits idle through."""
+    import time
+
+    import torch
+
+    from benchmarks.train_throughput import Loop, time_window
+
+    embedding = torch.nn.Embedding(16, 4)
+    host_work_s = 0.02
+
+    def step() -> float:
+        time.sleep(host_work_s)  # uploads and checks before the forward
+        return float(embedding(torch.arange(4)).sum().detach())
+
+    loop = Loop("sleepy", step, embedding=embedding)
+    time_window(loop, "cpu", steps=3)
+    assert len(loop.start_delays_s) == 3
+    assert all(
+        host_work_s <= delay <= step_s
+        for delay, step_s in zip(loop.start_delays_s, loop.windows[0], strict=True)
+    )
+    assert not embedding._forward_pre_hooks  # the window took its hook away
