@@ -112,6 +112,11 @@ def test_a_whole_shard_micro_batch_is_the_shard_itself_and_others_are_cut():
     assert whole.keys() == batch.keys()
     assert all(whole[key] is batch[key] for key in batch)
     assert all(value is whole[key] for key, value in pad_sequence_dim(whole, 8).items())
+    strided = {**batch, "input_ids": batch["input_ids"].t().contiguous().t()}
+    assert not strided["input_ids"].is_contiguous()  # cut: a copy downstream views can reshape
+    assert materialize(strided, MicroBatchSpec(rows=(0, 1, 2, 3), width=16))[
+        "input_ids"
+    ].is_contiguous()
     reordered = materialize(batch, MicroBatchSpec(rows=(1, 0, 2, 3), width=16))
     assert torch.equal(reordered["input_ids"], batch["input_ids"][[1, 0, 2, 3]])
     narrower = materialize(batch, MicroBatchSpec(rows=(0, 1, 2, 3), width=12))

@@ -378,7 +378,7 @@ def _whole_shard(shard: Batch, spec: MicroBatchSpec, full_width: int) -> bool:
         not spec.packed
         and spec.width == full_width
         and spec.rows == tuple(range(rows))
-        and all(len(value) == rows for value in shard.values())
+        and all(len(value) == rows and value.is_contiguous() for value in shard.values())
     )
 
 
