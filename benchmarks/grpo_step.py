@@ -59,6 +59,8 @@ COLUMNS = (
     ("time_logprobs_s", "logprobs"),
     ("time_train_s", "train"),
     ("time_step_s", "step"),
+    ("time_gc_driver_s", "gc driver"),
+    ("time_gc_worker_s", "gc worker"),
     ("generated_tokens_per_s", "gen tok/s"),
     ("compiled_graphs", "compiled"),
     ("generation_graph_captures", "captures"),

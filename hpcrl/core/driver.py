@@ -32,6 +32,7 @@ from hpcrl.config.checkpoint_metrics import record_key
 from hpcrl.config.data_steps import num_steps_in_epochs, rows_per_step
 from hpcrl.config.recipe import Recipe
 from hpcrl.core.algorithms.loop import CheckpointStore, PreemptionWatch
+from hpcrl.core.collection_clock import CollectionClock, frozen_during_steps
 from hpcrl.core.data.jsonl import DataPosition, EpochSampler
 from hpcrl.core.data.run_rows import training_rows, validation_rows
 from hpcrl.core.environments.job_environment import recipe_environment, start_reward_model
@@ -313,7 +314,11 @@ def _run_logged_steps(
         loggers.log(_validate_at_start(validate, writer))
     report_phase(run_dir, f"training from step {first_step}", first_step=first_step)
     deadline = SaveDeadline.from_text(recipe.checkpointing.checkpoint_must_save_by)
-    with PreemptionWatch(run_dir).installed() as watch:
+    with (
+        PreemptionWatch(run_dir).installed() as watch,
+        frozen_during_steps(),
+        CollectionClock().installed() as collections,
+    ):
         for step in range(first_step, num_steps + 1):
             record = step_fn(step)
             due = validation_due(
@@ -326,6 +331,7 @@ def _run_logged_steps(
             if validate and due:
                 record.update(validate())
             record.update(step_memory_metrics(policy.collect_state(), memory))
+            record.update(collections.take("driver"))
             writer.write(record)
             loggers.log(record)
             print(format_progress(step, num_steps, record), flush=True)

@@ -53,7 +53,8 @@ def step_memory_metrics(
     (``states``, rank order) and the driver's own ``memory``: memory peaks,
     torch.compile's graph count so far (a rise after the first steps is a recompilation
     stall), its caches' hits and misses and the seconds it took so far
-    (``hpcrl.core.compile_stats``), and rank 0's figures of this step's train and log-prob
+    (``hpcrl.core.compile_stats``), the most any rank's garbage collector ran since the
+    last step (``hpcrl.core.collection_clock``), and rank 0's figures of this step's train and log-prob
     passes (``hpcrl.core.backends.pass_stats``)."""
     peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
     peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
@@ -72,6 +73,12 @@ def step_memory_metrics(
         )
         if any(key in s for s in states)
     }
+    # the rank that collected most: the others wait for it at the next collective
+    collections = {
+        key: max(float(s[key]) for s in states if key in s)
+        for key in ("time_gc_worker_s", "gc_full_collections_worker")
+        if any(key in s for s in states)
+    }
     driver_gb = memory.sample()
     passes = dict(states[0].get("pass_metrics") or {}) if states else {}
     return {
@@ -80,6 +87,7 @@ def step_memory_metrics(
         "peak_host_rss_driver_gb": driver_gb,
         "compiled_graphs": max(graphs) if graphs else None,
         **cache,
+        **collections,
         **passes,
     }
 

@@ -114,6 +114,9 @@ def test_demo_recipe_reaches_the_documented_reward_at_seed_2(ray_cluster, tmp_pa
     metrics = read_metrics(run_dir)
     assert_documented_reward(metrics)
     assert_tensorboard_holds_the_losses(run_dir / "logs" / "tensorboard", metrics)
+    # every step names its garbage collections: the driver's and the busiest worker's
+    for key in ("time_gc_driver_s", "time_gc_worker_s"):
+        assert all(record[key] >= 0 for record in metrics), key
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert len(progress) == NUM_STEPS
     assert progress[0].startswith("step 1/20  reward ")

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hpcrl.core.collection_clock import CollectionClock
 from hpcrl.core.compile_stats import compile_cache_counts
 from hpcrl.core.metrics import HostMemoryTracker
 from hpcrl.core.workers.engine_group import EngineGroup, spans_nodes
@@ -59,6 +60,7 @@ class TrainingWorker:
         self._worker_class_path = worker_class_path
         self._backend: BackendWorker | None = None
         self._manual_gc: ManualGc | None = None
+        self._collections = CollectionClock()
         self._recipe: Recipe | None = None
         self._place: DataParallelPlace | None = None
         self._optimizer_steps = 0
@@ -134,6 +136,7 @@ class TrainingWorker:
         pay_triton_key()  # once per process: here, not at the first step's first kernel
         self._manual_gc = ManualGc.from_recipe(recipe)
         self._manual_gc.after_setup()
+        self._collections.install()
         return place
 
     def _build_torch_engine_now(self) -> None:
@@ -199,6 +202,7 @@ class TrainingWorker:
         self._backend = None
         if self._manual_gc is not None:
             self._manual_gc.restore()
+        self._collections.remove()
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.collect()
@@ -361,7 +365,8 @@ class TrainingWorker:
         """The backend's state, plus this rank's optimizer steps, its peak host memory (the
         driver sums the ranks' peaks: Ray workers are not the driver's child processes) and
         its pass figures since the last call (``pass_metrics``; the driver calls once per
-        step), and how torch.compile's caches answered so far (``compile_stats``)."""
+        step), how torch.compile's caches answered so far (``compile_stats``), and the seconds
+        its garbage collector took since the last call (``hpcrl.core.collection_clock``)."""
         assert self._backend is not None, "setup first"
         return {
             **self._backend.collect_state(),
@@ -369,4 +374,5 @@ class TrainingWorker:
             "worker_optimizer_steps": self._optimizer_steps,
             "peak_host_rss_gb": self._host_memory.sample(),
             "pass_metrics": dict(self._backend.take_pass_metrics()),
+            **self._collections.take("worker"),
         }
