@@ -61,6 +61,7 @@ COLUMNS = (
     ("time_step_s", "step"),
     ("time_gc_driver_s", "gc driver"),
     ("time_gc_worker_s", "gc worker"),
+    ("gpu_segments_allocated_worker", "new segs"),
     ("generated_tokens_per_s", "gen tok/s"),
     ("compiled_graphs", "compiled"),
     ("generation_graph_captures", "captures"),

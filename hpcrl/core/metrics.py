@@ -53,8 +53,9 @@ def step_memory_metrics(
     (``states``, rank order) and the driver's own ``memory``: memory peaks,
     torch.compile's graph count so far (a rise after the first steps is a recompilation
     stall), its caches' hits and misses and the seconds it took so far
-    (``hpcrl.core.compile_stats``), the most any rank's garbage collector ran since the
-    last step (``hpcrl.core.collection_clock``), and rank 0's figures of this step's train and log-prob
+    (``hpcrl.core.compile_stats``), the most any rank's garbage collector ran and its
+    allocator went to CUDA since the last step (``hpcrl.core.collection_clock``,
+    ``hpcrl.core.workers.allocator_counters``), and rank 0's figures of this step's train and log-prob
     passes (``hpcrl.core.backends.pass_stats``)."""
     peaks = [float(s.get("peak_memory_gb", 0.0)) for s in states]
     peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
@@ -73,10 +74,15 @@ def step_memory_metrics(
         )
         if any(key in s for s in states)
     }
-    # the rank that collected most: the others wait for it at the next collective
-    collections = {
+    # the rank that collected or allocated most: the others wait for it at the next collective
+    busiest = {
         key: max(float(s[key]) for s in states if key in s)
-        for key in ("time_gc_worker_s", "gc_full_collections_worker")
+        for key in (
+            "time_gc_worker_s",
+            "gc_full_collections_worker",
+            "gpu_segments_allocated_worker",
+            "gpu_alloc_retries_worker",
+        )
         if any(key in s for s in states)
     }
     driver_gb = memory.sample()
@@ -87,7 +93,7 @@ def step_memory_metrics(
         "peak_host_rss_driver_gb": driver_gb,
         "compiled_graphs": max(graphs) if graphs else None,
         **cache,
-        **collections,
+        **busiest,
         **passes,
     }
 

@@ -85,7 +85,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def check_step_metrics(run_dir: Path, num_steps: int) -> list[dict[str, Any]]:
-    """Every step recorded, with a finite loss, a reward, peak GPU memory and host RSS."""
+    """Every step recorded, with a finite loss, a reward, peak GPU memory and host RSS, and
+    the CUDA segments the workers' allocators asked for."""
     records = read_metrics(run_dir)
     assert [r.get("step") for r in records] == list(range(1, num_steps + 1)), records
     for record in records:
@@ -98,6 +99,10 @@ def check_step_metrics(run_dir: Path, num_steps: int) -> list[dict[str, Any]]:
             )
         assert record["peak_gpu_mem_gb"] > 0, f"{where}: no GPU memory recorded"
         assert record["peak_host_rss_gb"] > 0, f"{where}: no host memory recorded"
+        # the workers' allocators ran on CUDA: their trips to the driver are counted
+        assert record.get("gpu_segments_allocated_worker", -1) >= 0, f"{where}: no segments"
+    # the first step meets every size for the first time
+    assert records[0]["gpu_segments_allocated_worker"] > 0, records[0]
     return records
 
 

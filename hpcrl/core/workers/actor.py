@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from hpcrl.core.collection_clock import CollectionClock
 from hpcrl.core.compile_stats import compile_cache_counts
 from hpcrl.core.metrics import HostMemoryTracker
+from hpcrl.core.workers.allocator_counters import AllocatorCounters
 from hpcrl.core.workers.engine_group import EngineGroup, spans_nodes
 from hpcrl.core.workers.first_launch import pay_triton_key
 from hpcrl.core.workers.manual_gc import ManualGc
@@ -61,6 +62,7 @@ class TrainingWorker:
         self._backend: BackendWorker | None = None
         self._manual_gc: ManualGc | None = None
         self._collections = CollectionClock()
+        self._allocations = AllocatorCounters()
         self._recipe: Recipe | None = None
         self._place: DataParallelPlace | None = None
         self._optimizer_steps = 0
@@ -137,6 +139,7 @@ class TrainingWorker:
         self._manual_gc = ManualGc.from_recipe(recipe)
         self._manual_gc.after_setup()
         self._collections.install()
+        self._allocations.take()  # the steps' counts start here, after setup's
         return place
 
     def _build_torch_engine_now(self) -> None:
@@ -366,7 +369,8 @@ class TrainingWorker:
         driver sums the ranks' peaks: Ray workers are not the driver's child processes) and
         its pass figures since the last call (``pass_metrics``; the driver calls once per
         step), how torch.compile's caches answered so far (``compile_stats``), and the seconds
-        its garbage collector took since the last call (``hpcrl.core.collection_clock``)."""
+        its garbage collector took and the new CUDA segments its allocator asked for since the
+        last call (``hpcrl.core.collection_clock``, ``allocator_counters``)."""
         assert self._backend is not None, "setup first"
         return {
             **self._backend.collect_state(),
@@ -375,4 +379,5 @@ class TrainingWorker:
             "peak_host_rss_gb": self._host_memory.sample(),
             "pass_metrics": dict(self._backend.take_pass_metrics()),
             **self._collections.take("worker"),
+            **self._allocations.take(),
         }
