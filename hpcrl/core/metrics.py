@@ -46,6 +46,32 @@ def _self_high_water_bytes() -> int:
     return 0
 
 
+COMPILE_KEYS = (
+    "compile_cache_hits",
+    "compile_cache_misses",
+    "compile_cache_bypasses",
+    "compile_time_s",
+    "aot_loads",
+    "aot_builds",
+    "aot_guard_rejections",
+)
+STALL_KEYS = (
+    "time_gc_worker_s",
+    "gc_full_collections_worker",
+    "gpu_segments_allocated_worker",
+    "gpu_alloc_retries_worker",
+)
+
+
+def _most_of_any_rank(states: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, float]:
+    """Each of ``keys`` that some rank reported: the largest value any rank gave."""
+    return {
+        key: max(float(s[key]) for s in states if key in s)
+        for key in keys
+        if any(key in s for s in states)
+    }
+
+
 def step_memory_metrics(
     states: Sequence[Mapping[str, Any]], memory: HostMemoryTracker
 ) -> dict[str, float | None]:
@@ -61,30 +87,10 @@ def step_memory_metrics(
     peak_gpu_gb = max(peaks) if peaks and max(peaks) > 0 else None
     worker_rss = [float(s["peak_host_rss_gb"]) for s in states if "peak_host_rss_gb" in s]
     graphs = [float(s["compiled_graphs"]) for s in states if "compiled_graphs" in s]
-    cache = {  # the rank that compiled most (ranks compile the same graphs)
-        key: max(float(s[key]) for s in states if key in s)
-        for key in (
-            "compile_cache_hits",
-            "compile_cache_misses",
-            "compile_cache_bypasses",
-            "compile_time_s",
-            "aot_loads",
-            "aot_builds",
-            "aot_guard_rejections",
-        )
-        if any(key in s for s in states)
-    }
+    # the rank that compiled most (ranks compile the same graphs)
+    cache = _most_of_any_rank(states, COMPILE_KEYS)
     # the rank that collected or allocated most: the others wait for it at the next collective
-    busiest = {
-        key: max(float(s[key]) for s in states if key in s)
-        for key in (
-            "time_gc_worker_s",
-            "gc_full_collections_worker",
-            "gpu_segments_allocated_worker",
-            "gpu_alloc_retries_worker",
-        )
-        if any(key in s for s in states)
-    }
+    busiest = _most_of_any_rank(states, STALL_KEYS)
     driver_gb = memory.sample()
     passes = dict(states[0].get("pass_metrics") or {}) if states else {}
     return {
