@@ -28,7 +28,6 @@ class CollectionClock:
     """Sums the collector's runs from ``install`` on; ``take`` returns and resets the sums."""
 
     seconds: float = 0.0
-    collections: int = 0
     full_collections: int = 0
     _started_at: float | None = attrs.field(default=None, init=False)
 
@@ -40,7 +39,6 @@ class CollectionClock:
             return
         self.seconds += time.perf_counter() - self._started_at
         self._started_at = None
-        self.collections += 1
         self.full_collections += int(info["generation"] == 2)
 
     def install(self) -> CollectionClock:
@@ -66,7 +64,7 @@ class CollectionClock:
             f"time_gc_{suffix}_s": self.seconds,
             f"gc_full_collections_{suffix}": float(self.full_collections),
         }
-        self.seconds, self.collections, self.full_collections = 0.0, 0, 0
+        self.seconds, self.full_collections = 0.0, 0
         return taken
 
 
