@@ -1,11 +1,12 @@
 """How often a worker's CUDA caching allocator had to go to the driver, per step.
 
 A step whose tensors need block sizes the allocator has not cached calls ``cudaMalloc``
-(slow, and it may first free cached blocks and synchronise the device: a "retry"). Workers
-whose micro-batch widths change from step to step (no compile buckets: the Megatron backend)
-keep meeting new sizes in the first steps, and those steps are slower with nothing else in
-their metrics to say why. Each step's metrics line carries the new segments and retries of
-the worker that had most (``gpu_segments_allocated_worker``, ``gpu_alloc_retries_worker``).
+(slow; a failed one frees the cache and tries again: a "retry"). Workers whose micro-batch
+widths change from step to step (no compile bucket: the Megatron backend) can meet new sizes
+in any early step. Each step's metrics line carries the new segments and retries of the
+worker that had most (``gpu_segments_allocated_worker``, ``gpu_alloc_retries_worker``), so a
+slow step can be checked against them (docs/performance.md, item 2: Megatron's slow steps 3-4
+on an H100 are the case it was added for, not yet measured with it).
 """
 
 from __future__ import annotations
