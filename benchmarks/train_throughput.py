@@ -35,6 +35,10 @@ clip 1.0), one process (world 1). Rows:
   packed-sequence check back at every forward).
 - ``backend-per-tensor-copies`` (an experiment row): each input tensor copied to the GPU by
   itself from pageable memory, as before ``device_upload``.
+- ``backend-adam-inline`` (an experiment row): the optimizer step on the step's own stream
+  after the backward, as before ``side_stream_adam`` (the product runs it on a stream of its
+  own, under the next step's start and forward). A step is timed to the end of its own
+  stream's work; each window's last step also waits for every stream.
 
 ``--profile-dir DIR``: after the rounds, each loop's next ``--profile-steps`` steps under
 torch.profiler, twice: ``DIR/train-<loop>.txt`` with the host's operators and
@@ -100,6 +104,7 @@ EXPERIMENT_LOOPS = (
     "backend-static-compile",
     "backend-transformers-mask",
     "backend-per-tensor-copies",
+    "backend-adam-inline",
 )
 
 
@@ -210,6 +215,14 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def synchronize_stream(device: str) -> None:
+    """The current stream's work done: a step's end. Work a loop queued on another stream
+    (the backend's optimizer step, ``side_stream_adam``) may run on into the next step, as in
+    a training loop, and ``time_window`` waits for it at the window's end."""
+    if device == "cuda":
+        torch.cuda.current_stream().synchronize()
+
+
 def allocated_gib(device: str) -> float:
     return torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")
 
@@ -257,10 +270,13 @@ def time_window(loop: Loop, device: str, steps: int) -> None:
             reached_at.clear()
             start = time.perf_counter()
             loop.last_loss = loop.step()
-            synchronize(device)
+            synchronize_stream(device)
             times.append(time.perf_counter() - start)
             if reached_at:
                 loop.start_delays_s.append(reached_at[0] - start)
+        start = time.perf_counter()
+        synchronize(device)  # what other streams still run counts in the window's last step
+        times[-1] += time.perf_counter() - start
     if device == "cuda":
         extra_gib = torch.cuda.max_memory_allocated() / 2**30 - base_gib
         peak_gib = loop.resident_gib + extra_gib
@@ -590,6 +606,14 @@ def per_tensor_copies(worker) -> None:
     worker._on_device = on_device
 
 
+def adam_inline(worker) -> None:
+    """``backend-adam-inline``: the optimizer step on the step's own stream, after the
+    backward, as before ``side_stream_adam``."""
+    if worker.adam_stream is not None:
+        worker.adam_stream.remove()
+        worker.adam_stream = None
+
+
 def hf_model(model_path: str, device: str):
     from transformers import AutoModelForCausalLM
 
@@ -684,6 +708,9 @@ def run_hf_loops(args: argparse.Namespace, batch: dict) -> dict[str, Loop]:
                 ),
                 "backend-per-tensor-copies": lambda: backend_variant_loop(
                     "backend-per-tensor-copies", model_path, batch, args, per_tensor_copies
+                ),
+                "backend-adam-inline": lambda: backend_variant_loop(
+                    "backend-adam-inline", model_path, batch, args, adam_inline
                 ),
                 "backend-static-compile": lambda: backend_variant_loop(
                     "backend-static-compile",

@@ -9,7 +9,7 @@ used (a GPU, no FSDP).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -78,19 +78,42 @@ class MasterWeightAdam(torch.optim.Adam):
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:
         assert closure is None, "no closure: the worker computes the loss before the step"
+        self.step_in_stages([[param for group in self.param_groups for param in group["params"]]])
+
+    @torch.no_grad()
+    def step_in_stages(
+        self, stages: list[list[nn.Parameter]], stage_done: Callable[[int], None] | None = None
+    ) -> list[torch.Tensor]:
+        """``step`` over ``stages`` (every parameter in one of them), calling ``stage_done(i)``
+        after stage i's launches; returns the device tensors the launches read and that
+        nothing else holds after ``zero_grad`` (the gradients, the clip factor): on another
+        stream they must live until it is done (``side_stream_adam``)."""
         factor = self._clip_factor
-        for group, param, grad in self._trained():
-            assert not group["amsgrad"] and not group["maximize"], "refused by takes_master_weights"
-            if factor is None:
-                factor = torch.ones((), device=param.device)
-            state = self.state[param]
-            if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["step"] += 1
-            _launch(group, param, grad, state, self.copies.copy_of.get(id(param)), factor)
+        trained = {id(param): (group, param, grad) for group, param, grad in self._trained()}
+        for _, param, _ in trained.values():
+            if not self.state[param]:  # on the current stream: whatever stream steps it
+                self.state[param].update(
+                    step=torch.zeros((), dtype=torch.float32),
+                    exp_avg=torch.zeros_like(param, memory_format=torch.preserve_format),
+                    exp_avg_sq=torch.zeros_like(param, memory_format=torch.preserve_format),
+                )
+        if factor is None and trained:
+            factor = torch.ones((), device=next(iter(trained.values()))[1].device)
+        read = [factor] if factor is not None else []
+        for index, stage in enumerate(stages):
+            for param in stage:
+                if id(param) not in trained:
+                    continue
+                group, _, grad = trained[id(param)]
+                assert not group["amsgrad"] and not group["maximize"], "takes_master_weights"
+                state = self.state[param]
+                state["step"] += 1
+                _launch(group, param, grad, state, self.copies.copy_of.get(id(param)), factor)
+                read.append(grad)
+            if stage_done is not None:
+                stage_done(index)
         self._clip_factor = None
+        return read
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)

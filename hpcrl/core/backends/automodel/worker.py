@@ -113,6 +113,9 @@ class AutomodelWorker:
     # bf16 compute copies of the trained linear weights, stepped by the optimizer, where the
     # recipe allows (``master_weights``); the benchmarks' baseline row turns it off.
     master_weights: bool = True
+    # the compute copies' optimizer step on a stream of its own (``side_stream_adam``); the
+    # benchmarks' row that steps on the one stream turns it off.
+    adam_side_stream: bool = True
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         _check_supported(recipe)
@@ -157,6 +160,7 @@ class AutomodelWorker:
             ),
         )
         self.scheduler = build_lr_scheduler(self.optimizer, recipe.policy.scheduler)
+        self.adam_stream = self._side_stream_adam()
         self.reference: TokenLogprobModel | None = None
         # Where the reference came from ("policy" or "checkpoint"), once built.
         self.reference_source: str | None = None
@@ -201,6 +205,20 @@ class AutomodelWorker:
             compiles=self.compiles, training=training, unloaded=unloaded,
             master_weights=master_weights,
         )  # fmt: skip
+
+    def _side_stream_adam(self) -> Any:
+        """A ``SideStreamAdam`` over the compute copies' optimizer on a GPU, else None."""
+        stepped_in_stages = hasattr(self.optimizer, "step_in_stages")
+        if not (self.adam_side_stream and stepped_in_stages and self.device.type == "cuda"):
+            return None
+        from hpcrl.core.backends.automodel.side_stream_adam import SideStreamAdam
+
+        return SideStreamAdam(self.optimizer, self.model)
+
+    def _settle(self) -> None:
+        """What reads the weights or the optimizer state waits for the last step's update."""
+        if getattr(self, "adam_stream", None) is not None:
+            self.adam_stream.settle()
 
     @property
     def compiles(self) -> bool:
@@ -256,7 +274,10 @@ class AutomodelWorker:
             )
             split.backward_done()
             lr = self.scheduler.get_last_lr()[0]
-            self.optimizer.step()
+            if self.adam_stream is not None:
+                self.adam_stream.step()
+            else:
+                self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
@@ -289,6 +310,8 @@ class AutomodelWorker:
             if self.distribution.filters:
                 micro[UNFILTERED_LOGPROBS_KEY] = unfiltered
             loss, metrics = loss_fn(logprobs, micro, num_global_tokens)
+            # the forward waited for each stage of the last update; gradients come next
+            self._settle()
             # FSDP averages gradients over data-parallel ranks; the loss is a share of a
             # global sum, so scale back up to get the gradient of that sum (CP peers: the
             # context_parallel module docstring).
@@ -325,6 +348,7 @@ class AutomodelWorker:
         unpacked micro-batch's rows to a multiple of ``logprob_batch_size`` (at least 2;
         repeated rows, trimmed after): a single row would be specialised. The pieces are
         assembled on the device and read back once, not once per micro-batch."""
+        self._settle()
         set_training(model, False)
         policy = self.recipe.policy
         micro_size = policy.logprob_batch_size or policy.train_micro_batch_size
@@ -380,6 +404,7 @@ class AutomodelWorker:
     # ------------------------------------------------------------------ weights out
     def export_hf_weights(self) -> list[tuple[str, torch.Tensor]]:
         """Full weights with Hugging Face names on every rank (``checkpoint.full_hf_weights``)."""
+        self._settle()
         return checkpoint.full_hf_weights(
             self.model, self.ep_mesh, self._lora_scale, self.model_path
         )
@@ -404,6 +429,7 @@ class AutomodelWorker:
         self._move_optimizer_state(self.device)
 
     def _move_optimizer_state(self, device: torch.device) -> None:
+        self._settle()
         if self.device.type == "cpu" or self.recipe.policy.automodel_cfg.cpu_offload:
             return
         move_optimizer_state(self.optimizer, device)
@@ -413,6 +439,7 @@ class AutomodelWorker:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, checkpoint_dir: str) -> None:
+        self._settle()
         checkpoint.save(
             checkpoint_dir,
             self.model,
@@ -424,6 +451,7 @@ class AutomodelWorker:
 
     def load_checkpoint(self, checkpoint_dir: str) -> None:
         self.policy_weights_initial = False
+        self._settle()
         self.step = checkpoint.load(
             checkpoint_dir,
             self.model,
@@ -433,6 +461,7 @@ class AutomodelWorker:
         )
 
     def export_hf(self, out_dir: str) -> None:
+        self._settle()
         tokenizer_path = self.recipe.policy.tokenizer.name or self.model_path
         checkpoint.export_hf(
             out_dir,
@@ -459,6 +488,7 @@ class AutomodelWorker:
         return self.passes.take()
 
     def close(self) -> None:
+        self._settle()
         for name in ("model", "reference", "optimizer", "scheduler", "cp_group", "mesh", "ep_mesh"):
             if hasattr(self, name):
                 delattr(self, name)
