@@ -11,6 +11,7 @@ manual GC switched on last, so the first manual collection frees setup's garbage
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -30,10 +31,12 @@ from hpcrl.core.token_distribution import (
 )
 from hpcrl.core.workers.device_upload import PinnedStaging
 from hpcrl.core.workers.micro_batches import (
+    BatchingSettings,
     MicroBatchSpec,
     logprob_micro_batches,
     scatter_rows,
 )
+from hpcrl.core.workers.sharding import pad_sequence_dim
 
 if TYPE_CHECKING:
     from hpcrl.config.recipe import Recipe
@@ -65,6 +68,14 @@ def refuse_logit_processing(model_path: str) -> None:
 
 class MegatronWorker:
     """One rank of the Megatron backend; every method is called on all ranks together."""
+
+    # Every unpacked micro-batch's sequence dim is padded up to a multiple of this (and of
+    # the recipe's own multiple): GRPO's widths change every step, and on a GPU each new
+    # width is a new shape for the attention kernels to plan for (the Automodel worker's
+    # compiled passes use the same bucket). Padding comes after every real token with a
+    # token mask of 0: no loss or log-prob changes. None: 64 on a GPU, 1 (the widths as
+    # planned) on the CPU, where a shape costs nothing new.
+    sequence_bucket: int | None = None
 
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         from megatron.core import parallel_state as ps
@@ -118,6 +129,18 @@ class MegatronWorker:
         """With optimizer_cpu_offload megatron-core owns optimizer placement: the training core
         must not move optimizer state between phases."""
         return self.cfg.optimizer.optimizer_cpu_offload
+
+    def _on_device(self, micro_batches: Sequence[Batch]) -> list[dict[str, torch.Tensor]]:
+        """The micro-batches on the device in one copy, unpacked ones padded to the bucket."""
+        bucket = self.sequence_bucket or (64 if self.device.type == "cuda" else 1)
+        if bucket > 1:
+            divisible_by = BatchingSettings.from_recipe(self.recipe, "train").divisible_by
+            multiple = math.lcm(bucket, divisible_by)
+            micro_batches = [
+                m if "packed_input_ids" in m else pad_sequence_dim(m, multiple)
+                for m in micro_batches
+            ]
+        return self.staging.upload(micro_batches, self.device)
 
     def _seed(self) -> int:
         section = self.recipe.grpo if self.recipe.grpo is not None else self.recipe.sft
@@ -219,7 +242,7 @@ class MegatronWorker:
             self.optimizer.zero_grad()
             metrics = step.run_train_microbatches(
                 self.model_chunks,
-                self.staging.upload(micro_batches, self.device),
+                self._on_device(micro_batches),
                 loss_fn,
                 num_global_tokens,
                 self.distribution,
@@ -248,7 +271,7 @@ class MegatronWorker:
         with self.passes.measure(kind, int(batch["attention_mask"].sum())) as stats:
             for micro in micro_batches:
                 stats.add_micro_batch(micro)
-            on_device = self.staging.upload(micro_batches, self.device)
+            on_device = self._on_device(micro_batches)
             pieces = step.compute_logprobs(self.model_chunks, on_device, distribution)
             if pieces is None:  # not the reporting rank: the controller ignores this output
                 return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
