@@ -145,10 +145,11 @@ def _check_forward_waits(root, overlapped, streams: RecordedStreams) -> None:
         layer.register_forward_pre_hook(
             lambda _m, _a, stage=index: streams.log.append(("block", "main", stage))
         )
-    # stage 0 (embedding, final norm, head) and one stage per block, in forward order
+    # stage 0 (embedding, final norm), one stage per block, the head: in forward order
     layers = list(root.hf.model.layers)
-    assert [len(stage) for stage in overlapped.stages] == [3, 9, 9]
+    assert [len(stage) for stage in overlapped.stages] == [2, 9, 9, 1]
     assert all(p in set(layers[0].parameters()) for p in overlapped.stages[1])
+    assert overlapped.stages[3] == [root.hf.lm_head.weight]
 
 
 def _check_step_order(overlapped, streams: RecordedStreams) -> None:
@@ -158,21 +159,22 @@ def _check_step_order(overlapped, streams: RecordedStreams) -> None:
     for the whole side stream."""
     log = streams.log
     first = log.index(("wait_stream", "side1", None))  # the first step's queue
-    records = [entry for entry in log[first:] if entry[0] == "record"][:3]
-    assert [entry[1] for entry in records] == ["side1"] * 3
+    records = [entry for entry in log[first:] if entry[0] == "record"][:4]
+    assert [entry[1] for entry in records] == ["side1"] * 4
     events = [entry[2] for entry in records]
     after = log[log.index(records[-1]) + 1 :]
     waits = [entry for entry in after if entry[0] in ("wait_event", "block")]
-    assert waits[:5] == [
+    assert waits[:6] == [
         ("wait_event", "main", events[0]),
         ("wait_event", "main", events[1]),
         ("block", "main", 1),
         ("wait_event", "main", events[2]),
         ("block", "main", 2),
-    ], waits[:5]
+        ("wait_event", "main", events[3]),  # the decoder returned: the head comes next
+    ], waits[:6]
     settle = after.index(("wait_stream", "main", None))
-    assert settle > after.index(("block", "main", 2))
-    assert overlapped._read == [] and overlapped._pending == [None, None, None]
+    assert settle > after.index(("wait_event", "main", events[3]))
+    assert overlapped._read == [] and overlapped._pending == [None] * 4
 
 
 def check_compiled_blocks_wait_outside_their_graph() -> None:
@@ -209,6 +211,22 @@ def check_compiled_blocks_wait_outside_their_graph() -> None:
 
 def test_the_side_stream_trains_to_the_bit_as_one_stream_and_waits_per_block():
     run_interpreted(__name__, "check_same_training_on_a_side_stream")
+
+
+def test_a_tied_head_steps_with_the_embedding_first():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hpcrl.core.backends.automodel.side_stream_adam import stages_in_forward_order
+
+    config = LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    hf = LlamaForCausalLM(config)
+    optimizer = torch.optim.Adam(hf.parameters())
+    stages = stages_in_forward_order(optimizer, list(hf.model.layers), hf)
+    assert [len(stage) for stage in stages] == [2, 9, 9, 0]
+    assert stages[0][0] is hf.model.embed_tokens.weight is hf.lm_head.weight
 
 
 def test_a_compiled_block_waits_outside_its_graph():

@@ -8,11 +8,13 @@ through (uploads, bookkeeping: the queue is empty after the step's read-back), t
 forward of matmuls that leave most of the memory bandwidth unused. On one stream Adam runs
 alone between the two; here it runs under them (docs/performance.md, issue 25 item 1).
 
-The update is launched in the order a forward uses the weights: everything outside the
-decoder blocks first (embedding, final norm, head), then block 0, 1, ...; an event after each
-stage. The model's root waits for stage 0 before its forward (a forward pre-hook), and each
-block for its own stage just before it runs (a wrapper in front of the block's call, where
-the block is compiled, so the wait is never traced). ``settle`` makes the current stream
+The update is launched in the order a forward uses the weights: first everything outside the
+decoder blocks and the head (embedding, final norm), then block 0, 1, ..., then the head
+(the output embedding, unless it is the input embedding); an event after each stage. The
+model's root waits for stage 0 before its forward (a forward pre-hook), each block for its
+own stage just before it runs (a wrapper in front of the block's call where the block is
+compiled, so the wait is never traced), and the head's stage is waited for when the decoder
+returns (a forward hook): the log-prob head multiplies by its weight without calling it. ``settle`` makes the current stream
 wait for the whole update; the worker calls it before anything else reads the weights or
 the optimizer state (log-probs of another model, refit, checkpoints, offload) and after the
 first micro-batch's forward, before any backward writes gradients. The gradients and the
@@ -45,13 +47,17 @@ class SideStreamAdam:
         self.streams = torch.cuda if streams is None else streams
         self.side = self.streams.Stream()
         layers = list(decoder_layers(root.hf))
-        self.stages = stages_in_forward_order(optimizer, layers)
+        self.stages = stages_in_forward_order(optimizer, layers, root.hf)
         # per stage, the event after its update; None once the current stream waited for it
         self._pending: list[Any] = [None] * len(self.stages)
         self._read: list[torch.Tensor] = []
         self.hooks = [root.register_forward_pre_hook(lambda _module, _args: self.wait_for(0))]
         for index, layer in enumerate(layers, start=1):
             self.hooks.append(wait_before_call(layer, lambda stage=index: self.wait_for(stage)))
+        last = len(self.stages) - 1
+        self.hooks.append(
+            root.hf.get_decoder().register_forward_hook(lambda *_: self.wait_for(last))
+        )
 
     def step(self) -> None:
         """The optimizer's step, queued on the side stream after what the current stream
@@ -85,11 +91,18 @@ class SideStreamAdam:
 
 
 def stages_in_forward_order(
-    optimizer: torch.optim.Optimizer, layers: list[nn.Module]
+    optimizer: torch.optim.Optimizer, layers: list[nn.Module], root_hf: nn.Module
 ) -> list[list[nn.Parameter]]:
-    """The optimizer's parameters: stage 0 those outside ``layers``, stage i + 1 layer i's."""
+    """The optimizer's parameters: stage i + 1 layer i's, the last stage the head's own
+    (none where it is tied to the input embedding, which comes first), stage 0 the others."""
     stage_of = {id(p): index for index, layer in enumerate(layers, 1) for p in layer.parameters()}
-    stages: list[list[nn.Parameter]] = [[] for _ in range(len(layers) + 1)]
+    head, embedding = root_hf.get_output_embeddings(), root_hf.get_input_embeddings()
+    if head is not None:
+        firsts = {id(p) for p in embedding.parameters()} if embedding is not None else set()
+        for param in head.parameters():
+            if id(param) not in firsts:
+                stage_of.setdefault(id(param), len(layers) + 1)
+    stages: list[list[nn.Parameter]] = [[] for _ in range(len(layers) + 2)]
     for group in optimizer.param_groups:
         for param in group["params"]:
             stages[stage_of.get(id(param), 0)].append(param)
