@@ -29,6 +29,7 @@ launches and waits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +54,7 @@ class SideStreamAdam:
         self._read: list[torch.Tensor] = []
         self.hooks = [root.register_forward_pre_hook(lambda _module, _args: self.wait_for(0))]
         for index, layer in enumerate(layers, start=1):
-            self.hooks.append(wait_before_call(layer, lambda stage=index: self.wait_for(stage)))
+            self.hooks.append(wait_before_call(layer, functools.partial(self.wait_for, index)))
         last = len(self.stages) - 1
         self.hooks.append(
             root.hf.get_decoder().register_forward_hook(lambda *_: self.wait_for(last))
