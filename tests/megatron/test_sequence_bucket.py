@@ -31,9 +31,11 @@ def bucket_run(rank: int, world_size: int, hf_path: str, ckpt_root: str) -> dict
     worker.staging.upload = lambda micro, device: (
         padded_shapes.extend(m["input_ids"].shape[1] for m in micro) or upload(micro, device)
     )
+    worker.take_pass_metrics()
     bucketed = worker.logprobs(batch)
     micro = harness.micro_batches(batch, recipe.policy.train_micro_batch_size)
     metrics = worker.train_step(micro, harness.masked_nll, num_tokens)
+    passes = worker.take_pass_metrics()
     worker.close()
     want_loss = float(-(as_planned * batch["token_mask"]).sum() / num_tokens)
     return {
@@ -43,6 +45,8 @@ def bucket_run(rank: int, world_size: int, hf_path: str, ckpt_root: str) -> dict
         "loss": metrics["loss"],
         "want_loss": want_loss,
         "padded_shapes": padded_shapes,
+        "token_slots": (passes["logprobs_token_slots"], passes["train_token_slots"]),
+        "rows": int(batch["input_ids"].shape[0]),
     }
 
 
@@ -50,6 +54,8 @@ def test_padding_to_the_bucket_changes_no_log_prob_and_no_loss(converted):
     hf_path, root = converted
     (result,) = harness.run_ranks(1, bucket_run, hf_path, root)
     assert set(result["padded_shapes"]) == {BUCKET}  # the passes did run padded
+    # the pass figures count the positions the forwards computed, the padding included
+    assert result["token_slots"] == (result["rows"] * BUCKET, result["rows"] * BUCKET)
     mask = result["mask"].bool()
     got, want = result["bucketed"][mask], result["as_planned"][mask]
     assert float((got - want).abs().max()) < 1e-5

@@ -14,10 +14,11 @@ decoder blocks and the head (embedding, final norm), then block 0, 1, ..., then 
 model's root waits for stage 0 before its forward (a forward pre-hook), each block for its
 own stage just before it runs (a wrapper in front of the block's call where the block is
 compiled, so the wait is never traced), and the head's stage is waited for when the decoder
-returns (a forward hook): the log-prob head multiplies by its weight without calling it. ``settle`` makes the current stream
-wait for the whole update; the worker calls it before anything else reads the weights or
-the optimizer state (log-probs of another model, refit, checkpoints, offload) and after the
-first micro-batch's forward, before any backward writes gradients. The gradients and the
+returns (a forward hook): the log-prob head multiplies by its weight without calling it.
+``settle`` makes the current stream wait for the whole update; the worker calls it before
+anything else reads the weights or the optimizer state (log-probs of another model, refit,
+checkpoints, offload) and after the first micro-batch's forward, before any backward writes
+gradients. The gradients and the
 clip factor the update reads are held until then: ``zero_grad`` drops the worker's
 references while the side stream may still read them, and the caching allocator must not
 hand their memory to the next forward first.

@@ -236,13 +236,14 @@ class MegatronWorker:
         real_tokens = sum(int(m["attention_mask"].sum()) for m in micro_batches)
         with self.passes.measure("train", real_tokens) as stats:
             split = TrainSplit(self.device)
-            for micro in micro_batches:
+            on_device = self._on_device(micro_batches)
+            for micro in on_device:  # as the forward gets them: the bucket's padding counts
                 stats.add_micro_batch(micro)
             lr = self.optimizer.param_groups[0]["lr"]
             self.optimizer.zero_grad()
             metrics = step.run_train_microbatches(
                 self.model_chunks,
-                self._on_device(micro_batches),
+                on_device,
                 loss_fn,
                 num_global_tokens,
                 self.distribution,
@@ -269,9 +270,9 @@ class MegatronWorker:
     ) -> torch.Tensor:
         specs, micro_batches = logprob_micro_batches(batch, plan, self.recipe)
         with self.passes.measure(kind, int(batch["attention_mask"].sum())) as stats:
-            for micro in micro_batches:
-                stats.add_micro_batch(micro)
             on_device = self._on_device(micro_batches)
+            for micro in on_device:
+                stats.add_micro_batch(micro)
             pieces = step.compute_logprobs(self.model_chunks, on_device, distribution)
             if pieces is None:  # not the reporting rank: the controller ignores this output
                 return torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
