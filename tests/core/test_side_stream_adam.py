@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 
 from tests.require import require_module
 from tests.triton_interpreter import run_interpreted
@@ -28,13 +29,19 @@ MAX_NORM = 0.05
 class RecordedStreams:
     """A stand-in for ``torch.cuda``'s stream calls on the CPU: work runs when it is queued,
     and ``log`` keeps ``(call, stream, event)`` in call order. Events are numbered in the
-    order they were recorded."""
+    order they were recorded. Timing events log ``("timing", stream, number)``, keep the host
+    clock at their record, and count as finished (``query``) while ``finished`` is True."""
 
     def __init__(self) -> None:
         self.log: list[tuple[str, str, int | None]] = []
         self._current = "main"
         self._events = 0
         self._streams = 0
+        self.finished = True
+
+    def Event(self, enable_timing: bool = False) -> _TimingEvent:  # noqa: N802 - torch.cuda's
+        assert enable_timing
+        return _TimingEvent(self)
 
     def Stream(self) -> _Stream:  # noqa: N802 - torch.cuda's name
         self._streams += 1
@@ -70,6 +77,23 @@ class _Stream:
 
     def wait_event(self, event: int) -> None:
         self.streams.log.append(("wait_event", self.name, event))
+
+
+class _TimingEvent:
+    def __init__(self, streams: RecordedStreams) -> None:
+        self.streams = streams
+        self.recorded_at_s: float | None = None
+
+    def record(self) -> None:
+        self.recorded_at_s = time.perf_counter()
+        self.streams.log.append(("timing", self.streams._current, self.streams.next_event()))
+
+    def query(self) -> bool:
+        return self.streams.finished
+
+    def elapsed_time(self, end: _TimingEvent) -> float:
+        assert self.recorded_at_s is not None and end.recorded_at_s is not None
+        return (end.recorded_at_s - self.recorded_at_s) * 1e3
 
 
 def _tiny_root():
@@ -137,6 +161,7 @@ def check_same_training_on_a_side_stream(device: str = "cpu") -> None:
         assert torch.equal(compute, ref_compute)
     if streams is not None:
         _check_step_order(overlapped, streams)
+        _check_update_seconds(root, optimizer, overlapped, streams, batches)
 
 
 def _check_forward_waits(root, overlapped, streams: RecordedStreams) -> None:
@@ -175,6 +200,23 @@ def _check_step_order(overlapped, streams: RecordedStreams) -> None:
     settle = after.index(("wait_stream", "main", None))
     assert settle > after.index(("wait_event", "main", events[3]))
     assert overlapped._read == [] and overlapped._pending == [None] * 4
+
+
+def _check_update_seconds(root, optimizer, overlapped, streams, batches) -> None:
+    """Each update is timed on the side stream around its stages; what is taken is what the
+    device finished, once: an update still running counts at the next take."""
+    log = streams.log
+    first = log.index(("wait_stream", "side1", None))
+    on_side = [entry[0] for entry in log[first:] if entry[1] == "side1"][:7]
+    assert on_side == ["wait_stream", "timing", "record", "record", "record", "record", "timing"]
+    assert overlapped.take_update_seconds() > 0  # three updates, all finished
+    assert overlapped.take_update_seconds() == 0
+    streams.finished = False
+    _steps(root, optimizer, overlapped.step, overlapped.settle, batches, 1)
+    assert overlapped.take_update_seconds() == 0
+    streams.finished = True
+    assert overlapped.take_update_seconds() > 0
+    assert overlapped.take_update_seconds() == 0
 
 
 def check_compiled_blocks_wait_outside_their_graph() -> None:

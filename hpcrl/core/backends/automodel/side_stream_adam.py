@@ -23,6 +23,10 @@ clip factor the update reads are held until then: ``zero_grad`` drops the worker
 references while the side stream may still read them, and the caching allocator must not
 hand their memory to the next forward first.
 
+Each update is timed by two events on the side stream; ``take_update_seconds`` sums the
+updates the device has finished (without waiting: one still running counts at the next
+call), so ``time_train_optimizer_s`` still holds the update, as it runs beside other work.
+
 The stream calls go through ``streams`` (``torch.cuda`` itself in the worker): CUDA streams
 exist only on a GPU, so the CPU tests hand in a stand-in that records the order of the
 launches and waits.
@@ -53,6 +57,8 @@ class SideStreamAdam:
         # per stage, the event after its update; None once the current stream waited for it
         self._pending: list[Any] = [None] * len(self.stages)
         self._read: list[torch.Tensor] = []
+        self._timed: list[tuple[Any, Any]] = []  # (start, end) events of unread updates
+        self._update_s = 0.0  # finished updates' device seconds since the last take
         self.hooks = [root.register_forward_pre_hook(lambda _module, _args: self.wait_for(0))]
         for index, layer in enumerate(layers, start=1):
             self.hooks.append(wait_before_call(layer, functools.partial(self.wait_for, index)))
@@ -65,10 +71,26 @@ class SideStreamAdam:
         """The optimizer's step, queued on the side stream after what the current stream
         queued so far (the gradients and the clip factor)."""
         self.settle()  # a step queued twice without a forward between: the first one first
+        self._add_finished()
         current = self.streams.current_stream()
         self.side.wait_stream(current)
+        started, ended = (self.streams.Event(enable_timing=True) for _ in range(2))
         with self.streams.stream(self.side):
+            started.record()
             self._read = self.optimizer.step_in_stages(self.stages, self._stage_done)
+            ended.record()
+        self._timed.append((started, ended))
+
+    def take_update_seconds(self) -> float:
+        """Device seconds of the updates finished since the last call (no wait)."""
+        self._add_finished()
+        seconds, self._update_s = self._update_s, 0.0
+        return seconds
+
+    def _add_finished(self) -> None:
+        while self._timed and self._timed[0][1].query():
+            started, ended = self._timed.pop(0)
+            self._update_s += started.elapsed_time(ended) / 1e3
 
     def _stage_done(self, index: int) -> None:
         self._pending[index] = self.side.record_event()

@@ -485,7 +485,11 @@ class AutomodelWorker:
         }
 
     def take_pass_metrics(self) -> dict[str, float]:
-        return self.passes.take()
+        metrics = self.passes.take()
+        if getattr(self, "adam_stream", None) is not None and "time_train_optimizer_s" in metrics:
+            # the update ran on its own stream, after the pass's timing ended
+            metrics["time_train_optimizer_s"] += self.adam_stream.take_update_seconds()
+        return metrics
 
     def close(self) -> None:
         self._settle()
