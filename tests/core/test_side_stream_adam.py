@@ -162,6 +162,10 @@ def check_same_training_on_a_side_stream(device: str = "cpu") -> None:
     if streams is not None:
         _check_step_order(overlapped, streams)
         _check_update_seconds(root, optimizer, overlapped, streams, batches)
+    else:  # real CUDA events: three finished updates, taken once
+        torch.cuda.synchronize()
+        assert overlapped.take_update_seconds() > 0
+        assert overlapped.take_update_seconds() == 0
 
 
 def _check_forward_waits(root, overlapped, streams: RecordedStreams) -> None:
