@@ -60,8 +60,9 @@ def test_collections_on_every_rank_at_the_same_steps(ray_cluster, tiny_model_pat
         policy.shutdown()
 
     assert enabled_after_setup == [False, False]
-    # Full (generation 2) collections after steps 3 and 6 only; no automatic ones at all.
-    assert collections == [[(3, 2), (6, 2)], [(3, 2), (6, 2)]]
+    # Full (generation 2) collections after step 1 (then what it built is frozen) and steps
+    # 3 and 6 only; no automatic ones at all.
+    assert collections == [[(1, 2), (3, 2), (6, 2)], [(1, 2), (3, 2), (6, 2)]]
     assert child_gc == [True, True]
 
 
@@ -76,7 +77,11 @@ def test_manual_gc_off_leaves_automatic_gc_on_with_setups_objects_frozen():
         off = ManualGc(enabled=False, interval_steps=0)
         off.after_setup()
         assert gc.isenabled() and gc.get_freeze_count() > 100_000
-        assert not any(off.after_optimizer_step(step) for step in range(1, 10))
+        frozen_at_setup = gc.get_freeze_count()
+        first_step_built = [{"graph": [index]} for index in range(20_000)]
+        collected = [step for step in range(1, 10) if off.after_optimizer_step(step)]
+        assert collected == [1], collected  # then automatic collections only
+        assert gc.get_freeze_count() >= frozen_at_setup + 40_000, gc.get_freeze_count()
         # What an automatic full collection walks from now on: not setup's heap.
         assert len(gc.get_objects()) < 10_000, len(gc.get_objects())
         off.restore()
@@ -84,7 +89,7 @@ def test_manual_gc_off_leaves_automatic_gc_on_with_setups_objects_frozen():
         on = ManualGc(enabled=True, interval_steps=4)
         on.after_setup()
         assert not gc.isenabled() and gc.get_freeze_count() > 0
-        assert [s for s in range(1, 13) if on.after_optimizer_step(s)] == [4, 8, 12]
+        assert [s for s in range(1, 13) if on.after_optimizer_step(s)] == [1, 4, 8, 12]
         on.restore()
         assert gc.isenabled() and gc.get_freeze_count() == 0
         print("ok")

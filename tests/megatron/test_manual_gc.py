@@ -18,9 +18,10 @@ def test_worker_collects_every_interval_steps(converted):
     (result,) = harness.run_ranks(1, harness.manual_gc_run, hf_path, root, 2, 5)
     assert result["before"] is True
     assert result["after_setup"] is False
-    # Collections run inside train_step after optimizer steps 2 and 4 (steps_done already
-    # incremented), and nowhere else although every step leaves cyclic garbage.
-    assert result["collections_at_steps"] == [2, 4]
+    # Collections run inside train_step after optimizer step 1 (which then freezes what it
+    # built) and steps 2 and 4 (steps_done already incremented), and nowhere else although
+    # every step leaves cyclic garbage.
+    assert result["collections_at_steps"] == [1, 2, 4]
     assert result["forked_child_gc"] is True
     assert result["after_close"] is True
 

@@ -10,6 +10,9 @@ Without it, automatic GC stays on, but what setup leaves alive (imports, the mod
 optimizer: ~300k objects) is frozen out of later collections all the same: the first GRPO
 step allocates heavily (loading compiled graphs, building their guards) and ran ~5 full
 collections of that heap, ~0.2-0.3 s each (warm first step on one H100, 2026-12-05).
+That first step leaves a heap of its own alive for the run (compiled graphs, their guards,
+the engine's captures): it is frozen too, after the first optimizer step, where a full
+collection of it had cost 0.161 s in step 7 of an Automodel GRPO run (one H100, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ class ManualGc:
 
     def after_optimizer_step(self, step: int) -> bool:
         """Call after optimizer step ``step`` (1-based); returns whether it collected."""
+        if step == 1:  # what the first step built (compilations) lives on: frozen as well
+            gc.collect()
+            gc.freeze()
+            return True
         if not self.enabled or step % self.interval_steps != 0:
             return False
         gc.collect()
