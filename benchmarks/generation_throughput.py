@@ -35,7 +35,11 @@ prints FAIL and the script exits 1 after the table. On CUDA, the ``SYNC`` line: 
 synchronisations of one ``generate`` (``torch.cuda.set_sync_debug_mode("warn")`` plus the
 explicit ``synchronize`` calls) at two response lengths; the tokens the longer one adds may
 cost one synchronisation per ``check_every_tokens`` tokens (the engine's look at the finished
-rows), none per token.
+rows), none per token. The self-checks run in a process of their own (this script with
+``--self-checks-only``): in one process with the timed rows, the self-checks' engines and HF's
+static-cache compile (its CUDA-graph trees) made the engine's first timed call fault with "an
+illegal memory access" on H100s and the H200 (docs/performance.md, item 4; cause not found),
+which cost every figure of those calls.
 
 Needs torch, transformers, attrs and cattrs (``hpcrl.config`` imports it; no Ray, OmegaConf
 or Megatron) and hpcrl's code (``PYTHONPATH=.``):
@@ -50,6 +54,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import os
 import statistics
 import sys
 import time
@@ -104,6 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="skip the greedy / log-prob checks of the shipped engine (a run of variants only: "
         "each variant row checks its own log-probs)",
+    )
+    parser.add_argument(
+        "--self-checks-only",
+        action="store_true",
+        help="(the child process) run the self-checks, write them to --json-out, exit 1 on FAIL",
     )
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny:llama, small")
     parser.add_argument(
@@ -510,19 +520,16 @@ def main(argv: list[str] | None = None) -> int:
     params = sum(p.numel() for p in model.parameters())
     print(f"model {args.model}: {params / 1e9:.2f}B params, {args.dtype}, {args.device}; "
           f"prompts {args.prompt_min}-{args.prompt_max}, {args.new_tokens} new tokens, T=1, no EOS")  # fmt: skip
+    if args.self_checks_only:
+        return run_self_checks(model, args)
     checks, sync = {}, None
     if not args.no_self_checks:
-        checks = {"greedy": greedy_check(model, args), "logprobs": logprob_check(model, args)}
-    for name, check in checks.items():
-        verdict = "PASS" if check["passed"] else "FAIL"
-        print(f"self-check {name}: {verdict} {json.dumps(check)}", flush=True)
-    if not args.no_self_checks:
-        sync = sync_check(model, args)
-        print_sync(sync)
+        checks, sync = self_checks_in_child(argv)
     bandwidth = copy_bandwidth(args.device)
     if bandwidth:
         print(f"measured copy bandwidth: {bandwidth / 1e12:.2f} TB/s", flush=True)
     results: dict[str, Any] = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                               "pid": os.getpid(),
                                "checks": checks, "sync": sync, "bandwidth_bytes_per_s": bandwidth,
                                "rows": []}  # fmt: skip
     wanted = args.rows.split(",")
@@ -543,6 +550,41 @@ def main(argv: list[str] | None = None) -> int:
     variant_checks = [row["logprob_check"] for entry in results["rows"]
                       for row in entry["measured"].values() if "logprob_check" in row]  # fmt: skip
     return 0 if all(c["passed"] for c in [*checks.values(), *variant_checks]) else 1
+
+
+def run_self_checks(model: Any, args: argparse.Namespace) -> int:
+    """The greedy and log-prob checks and the SYNC line, printed and written to
+    ``--json-out``; 1 when a check failed."""
+    checks = {"greedy": greedy_check(model, args), "logprobs": logprob_check(model, args)}
+    for name, check in checks.items():
+        verdict = "PASS" if check["passed"] else "FAIL"
+        print(f"self-check {name}: {verdict} {json.dumps(check)}", flush=True)
+    sync = sync_check(model, args)
+    print_sync(sync)
+    if args.json_out is not None:
+        record = {"checks": checks, "sync": sync, "pid": os.getpid()}
+        args.json_out.write_text(json.dumps(record))
+    return 0 if all(check["passed"] for check in checks.values()) else 1
+
+
+def self_checks_in_child(argv: list[str] | None) -> tuple[dict[str, Any], Any]:
+    """``run_self_checks`` in a process of its own (same arguments); a child that dies
+    counts as a failed check. Each check records the process it ran in (``pid``)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hpcrl-self-checks-") as tmp:
+        out = Path(tmp) / "checks.json"
+        child_argv = [*(sys.argv[1:] if argv is None else argv)]
+        child_argv += ["--self-checks-only", "--json-out", str(out)]
+        done = subprocess.run([sys.executable, __file__, *child_argv], check=False)
+        if not out.exists():
+            failed = {"passed": False, "error": f"self-check process exited {done.returncode}"}
+            print(f"self-check: FAIL {json.dumps(failed)}", flush=True)
+            return {"process": failed}, None
+        found = json.loads(out.read_text())
+    checks = {name: {**check, "pid": found["pid"]} for name, check in found["checks"].items()}
+    return checks, found["sync"]
 
 
 def profile_engines(model: Any, args: argparse.Namespace, wanted: list[str]) -> None:
