@@ -241,6 +241,9 @@ class Loop:
     name: str
     step: Callable[[], float]
     close: Callable[[], None] = lambda: None
+    # the backend worker an experiment row steps by itself (None elsewhere): what a row that
+    # reports the worker's own settings reads
+    worker: Any = None
     first_loss: float = float("nan")
     last_loss: float = float("nan")  # after every loop's same number of steps: must agree
     resident_gib: float = float("nan")  # its weights, grads, optimizer state after warm-up
@@ -529,7 +532,7 @@ def backend_mask_loop(model_path: str, batch: dict, args: argparse.Namespace) ->
         return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
     embedding = worker.model.hf.get_input_embeddings()
-    return Loop("backend-mask", step, close=worker.close, embedding=embedding)
+    return Loop("backend-mask", step, close=worker.close, worker=worker, embedding=embedding)
 
 
 def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) -> Loop:
@@ -548,7 +551,7 @@ def backend_before_loop(model_path: str, batch: dict, args: argparse.Namespace) 
         return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
     embedding = worker.model.hf.get_input_embeddings()
-    return Loop("backend-before", step, close=worker.close, embedding=embedding)
+    return Loop("backend-before", step, close=worker.close, worker=worker, embedding=embedding)
 
 
 def backend_variant_loop(
@@ -573,7 +576,7 @@ def backend_variant_loop(
         return worker.train_step(split_rows(batch, args), nll_loss, num_tokens)["loss"]
 
     embedding = worker.model.hf.get_input_embeddings()
-    return Loop(name, step, close=worker.close, embedding=embedding)
+    return Loop(name, step, close=worker.close, worker=worker, embedding=embedding)
 
 
 def torch_norms(worker) -> None:
@@ -643,9 +646,8 @@ def high_priority_loop(model_path: str, batch: dict, args: argparse.Namespace) -
 
 
 def loop_worker_side_priority(loop: Loop) -> str:
-    """The side-stream update's stream priority, read off the worker the loop closes."""
-    worker = getattr(loop.close, "__self__", None)
-    adam_stream = getattr(worker, "adam_stream", None)
+    """The side-stream update's stream priority, read off the loop's backend worker."""
+    adam_stream = getattr(loop.worker, "adam_stream", None)
     return "none (no side stream)" if adam_stream is None else str(adam_stream.side.priority)
 
 

@@ -10,7 +10,8 @@ clip 1.0); every loop starts from the same weights, so the first losses agree.
   ``build_optimizer``, ``connect_grad_sync``, ``build_scheduler``) on a stand-in for the
   bridge's provider that builds the same random GPTModel, and every step through
   ``MegatronWorker.train_step`` itself (zero_grad, ``step.run_train_microbatches`` with its
-  vocab-parallel log-probs and metric all-reduce, optimizer step, scheduler, manual-GC hook).
+  vocab-parallel log-probs and metric all-reduce, optimizer step, scheduler), then the
+  manual-GC hook the hosting ``TrainingWorker`` runs after it (the backend has none).
   Not included: the worker's HF→Megatron conversion and weight loading (setup only).
   ``megatron[unfused]`` (``--megatron-attention sdpa,unfused``) is the same path with the
   local spec's own attention.
@@ -86,7 +87,6 @@ def build_hpcrl_megatron(shape: argparse.Namespace, attention: str, total_steps:
     megatron-bridge, which the GPU machine lacks: skipped, the weights are random)."""
     from hpcrl.config.recipe import DistributedDataParallelCfg, MegatronCfg, MegatronOptimizerCfg
     from hpcrl.core.backends.megatron import model as mcore_model
-    from hpcrl.core.backends.megatron.manual_gc import manual_gc_for
     from hpcrl.core.backends.megatron.provider import prepare_provider
     from hpcrl.core.backends.megatron.worker import MegatronWorker
     from hpcrl.core.token_distribution import TokenDistribution
@@ -118,8 +118,6 @@ def build_hpcrl_megatron(shape: argparse.Namespace, attention: str, total_steps:
     mcore_model.connect_grad_sync(worker.model_chunks, worker.optimizer)
     worker.scheduler = mcore_model.build_scheduler(worker.optimizer, cfg, total_steps)
     worker.steps_done = 0
-    worker.manual_gc = manual_gc_for(cfg)  # off, as in the recipe default
-    worker.manual_gc.after_setup()
     return worker
 
 
@@ -201,11 +199,19 @@ def run_megatron(args: argparse.Namespace, spec, loop: str, attention: str, time
         step = raw_megatron_step(chunks, optimizer, batch, args.device)
     else:
         total_steps = args.warmup + args.rounds * args.megatron_steps
+        from hpcrl.core.workers.manual_gc import ManualGc
+
         worker = build_hpcrl_megatron(shape, attention, total_steps)
         chunks, num_tokens = worker.model_chunks, float(batch["token_mask"].sum())
+        # What a job's TrainingWorker does around the backend (the GC owner of its process):
+        # manual GC off, as in the recipe default; setup's heap and step 1's frozen.
+        manual_gc = ManualGc.from_cfg(worker.cfg, "policy.megatron_cfg")
+        manual_gc.after_setup()
 
         def step() -> float:
-            return worker.train_step([batch], nll_loss, num_tokens)["loss"]
+            loss = worker.train_step([batch], nll_loss, num_tokens)["loss"]
+            manual_gc.after_optimizer_step(worker.steps_done)
+            return loss
 
     kinds = {type(m).__name__ for n, m in chunks[0].named_modules() if n.endswith("core_attention")}
     print(f"{loop}[{attention}]: core attention {sorted(kinds)}", flush=True)

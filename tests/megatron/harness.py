@@ -63,6 +63,7 @@ def _rank_main(
     results,
     megatron: bool,
     skip_patches: frozenset[str],
+    process_group: bool,
 ) -> None:
     import torch.distributed as dist
 
@@ -75,7 +76,8 @@ def _rank_main(
     )
     if megatron:
         prepare_cpu_process(skip_patches)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if process_group:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         results[rank] = ("ok", fn(rank, world_size, *args))
     except BaseException:
@@ -86,7 +88,8 @@ def _rank_main(
             from megatron.core import parallel_state
 
             parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
+        if dist.is_initialized():  # a TrainingWorker's close destroys its own group
+            dist.destroy_process_group()
         gc.collect()
     # gloo threads can abort the interpreter at exit (training-stack-facts.md, trap 2).
     os._exit(0)
@@ -98,17 +101,19 @@ def run_ranks(
     *args: Any,
     megatron: bool = True,
     skip_patches: frozenset[str] = frozenset(),
+    process_group: bool = True,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; their results.
 
     ``megatron``: install the TE placeholders and the CPU compatibility layer (all but ``skip_patches``)
-    in each rank first."""
+    in each rank first. ``process_group=False``: ``fn`` makes the gloo group itself (the real
+    ``TrainingWorker`` does, from its RankInfo; MASTER_ADDR/MASTER_PORT are set for it)."""
     manager = mp.get_context("spawn").Manager()
     results = manager.dict()
     port = free_port()
     context = mp.start_processes(
         _rank_main,
-        args=(world_size, port, fn, args, results, megatron, skip_patches),
+        args=(world_size, port, fn, args, results, megatron, skip_patches, process_group),
         nprocs=world_size,
         join=False,
         start_method="spawn",
@@ -325,26 +330,41 @@ def train_run(
 def manual_gc_run(
     rank: int, world_size: int, hf_path: str, ckpt_root: str, interval: int, steps: int
 ) -> dict:
-    """Train with manual GC; record automatic-GC state and the full collections per step."""
+    """Train with manual GC through the real ``TrainingWorker`` hosting the Megatron backend,
+    as a job's rank does (run with ``process_group=False``: the worker makes the group);
+    record automatic-GC state and the full collections per optimizer step."""
     import gc
+
+    from hpcrl.core.backends import worker_class_path
+    from hpcrl.core.backends.base import RankInfo
+    from hpcrl.core.workers.actor import TrainingWorker
+    from hpcrl.core.workers.group import worker_env
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
     recipe = tiny_megatron_recipe(hf_path, manual_gc_interval=interval)
     gc_was_enabled_before = gc.isenabled()
-    worker, place = setup_worker(rank, world_size, recipe, hf_path, ckpt_root)
+    worker = TrainingWorker(worker_class_path("megatron"), worker_env("cpu"))
+    port = int(os.environ["MASTER_PORT"])  # run_ranks's, for the group the worker makes
+    rank_info = RankInfo(rank=rank, world_size=world_size, local_rank=rank,
+                         local_world_size=world_size, node_rank=0, master_addr="127.0.0.1",
+                         master_port=port, device="cpu", megatron_checkpoint_dir=ckpt_root)  # fmt: skip
+    place = worker.setup(recipe, rank_info, hf_path, 1)
     enabled_after_setup = gc.isenabled()
-    full_collections: list[int] = []
+    batch = shard(fixed_batch(), place)
+    rows = len(batch["input_ids"])
+    plan = [MicroBatchSpec(rows=(row, row + 1), width=SEQ_LEN) for row in range(0, rows, 2)]
+    num_tokens = float(fixed_batch()["token_mask"].sum())
+    full_collections: list[int] = []  # the optimizer step each full collection ran in
+    step = 0
 
     def on_gc(phase, info):
         if phase == "start" and info["generation"] == 2:
-            full_collections.append(worker.steps_done)
+            full_collections.append(step)
 
-    batch = shard(fixed_batch(), place)
     gc.callbacks.append(on_gc)
     try:
-        for _ in range(steps):
-            worker.train_step(
-                micro_batches(batch, 2), masked_nll, float(fixed_batch()["token_mask"].sum())
-            )
+        for step in range(1, steps + 1):  # noqa: B007 (on_gc reads it)
+            worker.train(batch, masked_nll, num_tokens, plan)
             # Garbage that an automatic collection would otherwise pick up.
             junk = [{"i": i} for i in range(20000)]
             for item in junk:

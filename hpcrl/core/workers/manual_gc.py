@@ -4,7 +4,9 @@ Python's automatic full collections take ~0.2 s with torch + transformers loaded
 different steps on different ranks, so one rank stalls and the others wait in the next
 collective. With manual GC, automatic collection is off after setup and every rank runs a
 full collection at the same optimizer steps (step counts are identical on all ranks).
-Both backends read the same keys, through ``ManualGc.from_recipe``.
+Both backends read the same keys, through ``ManualGc.from_recipe``. A worker process has one
+owner of it, the hosting ``TrainingWorker`` (``hpcrl.core.workers.actor``), whatever the backend:
+backends never switch GC themselves, so no collection (nor the freezes) runs twice.
 
 Without it, automatic GC stays on, but what setup leaves alive (imports, the model, the
 optimizer: ~300k objects) is frozen out of later collections all the same: the first GRPO
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from hpcrl.config.recipe import Recipe
+    from hpcrl.config.recipe import MegatronCfg, Recipe
 
 
 def _enable_gc_in_child() -> None:
@@ -42,17 +44,24 @@ class ManualGc:
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> ManualGc:
         """Read ``policy.megatron_cfg.manual_gc`` / ``manual_gc_interval`` (both backends)."""
-        megatron_cfg = recipe.policy.megatron_cfg
-        interval = megatron_cfg.manual_gc_interval if megatron_cfg.manual_gc else 0
-        if megatron_cfg.manual_gc and (
+        return cls.from_cfg(recipe.policy.megatron_cfg, "policy.megatron_cfg")
+
+    @classmethod
+    def from_cfg(cls, cfg: MegatronCfg, path: str) -> ManualGc:
+        """Read ``cfg``'s manual-GC keys; ``path`` names it in errors. A policy process reads
+        ``policy.megatron_cfg``; a process that hosts a PPO value model would pass
+        ``value.megatron_cfg``. (A distillation teacher may not set these keys: it shares
+        its process's one helper.)"""
+        interval = cfg.manual_gc_interval if cfg.manual_gc else 0
+        if cfg.manual_gc and (
             isinstance(interval, bool) or not isinstance(interval, int) or interval <= 0
         ):
             raise ValueError(
-                f"policy.megatron_cfg.manual_gc_interval: {interval!r} is not a positive "
-                "integer; set it to the number of optimizer steps between full collections, "
-                "e.g. policy.megatron_cfg.manual_gc_interval=100"
+                f"{path}.manual_gc_interval: {interval!r} is not a positive integer; set it "
+                "to the number of optimizer steps between full collections, "
+                f"e.g. {path}.manual_gc_interval=100"
             )
-        return cls(enabled=bool(megatron_cfg.manual_gc), interval_steps=int(interval))
+        return cls(enabled=bool(cfg.manual_gc), interval_steps=int(interval))
 
     def after_setup(self) -> None:
         """Call at the very end of worker setup (model and optimizer built)."""

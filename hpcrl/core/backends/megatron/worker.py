@@ -4,8 +4,10 @@ Setup order (the contract's): on a CPU job, the CPU compatibility layer entered 
 in ``close``; ``cpu_compat.py``) → env_vars exported → Transformer-Engine-only settings refused
 where TE is absent → parallel state → one-time HF→Megatron conversion (rank 0; the others
 wait) → provider with recipe fields and ``model_overrides`` → model (megatron DDP) →
-weights loaded from the conversion (parallel reads if asked) → optimizer and scheduler →
-manual GC switched on last, so the first manual collection frees setup's garbage.
+weights loaded from the conversion (parallel reads if asked) → optimizer and scheduler.
+Manual GC is not the backend's: the hosting ``TrainingWorker`` switches it on after this
+setup and collects after optimizer steps (``hpcrl.core.workers.manual_gc``), as for every
+backend; a second owner here collected twice at every due step.
 """
 
 from __future__ import annotations
@@ -80,8 +82,6 @@ class MegatronWorker:
     def setup(self, recipe: Recipe, rank_info: RankInfo, model_path: str) -> DataParallelPlace:
         from megatron.core import parallel_state as ps
 
-        from hpcrl.core.backends.megatron.manual_gc import manual_gc_for
-
         self.recipe, self.rank_info, self.model_path = recipe, rank_info, model_path
         self._cpu_compat = _enter_cpu_compat(rank_info.device)
         self.distribution = training_distribution(recipe)
@@ -102,8 +102,6 @@ class MegatronWorker:
         self.staging = PinnedStaging()
         self.passes = PassRecorder(self.device)
         self.steps_done = 0
-        self.manual_gc = manual_gc_for(cfg)
-        self.manual_gc.after_setup()
         _, reporter = step._result_rank_flags()
         return DataParallelPlace(
             dp_rank=ps.get_data_parallel_rank(),
@@ -253,7 +251,6 @@ class MegatronWorker:
             assert update_successful, "optimizer step skipped (fp16 loss-scale overflow)"
             self.scheduler.step(increment=1)
             self.steps_done += 1
-            self.manual_gc.after_optimizer_step(self.steps_done)
             grad_norm = float(grad_norm)
             split.finish(stats)
         return {**metrics, "grad_norm": grad_norm, "lr": float(lr)}
@@ -363,7 +360,6 @@ class MegatronWorker:
 
         from hpcrl.core.backends.megatron.checkpoint import release_writer_results_queue
 
-        self.manual_gc.restore()
         del self.model_chunks, self.optimizer, self.scheduler, self._reference_weights
         self._bridge = None
         parallel_state.destroy_model_parallel()
