@@ -4,10 +4,18 @@ train, save in both optimizer-state formats, go on; fresh workers load and go on
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 import attrs
 
-from tests.megatron.harness import fixed_batch, setup_worker, shard, train_steps
+from tests.megatron.harness import (
+    fixed_batch,
+    setup_worker,
+    shard,
+    start_training_worker,
+    train_steps,
+    worker_train,
+)
 from tests.recipe_builder import tiny_megatron_recipe
 
 
@@ -81,3 +89,34 @@ def load_then_train_run(
     worker.close()
     return {"resumed": resumed, "state": state, "saved_logprobs": saved_logprobs,
             "place": (place.dp_rank, place.dp_size, place.returns_results)}  # fmt: skip
+
+
+def training_worker_resume_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, checkpoint_dir: str, port: int
+) -> dict:
+    """A job's rank (the real ``TrainingWorker`` hosting the backend) trains 2 steps, saves
+    and trains 2 more; a fresh one (a new group, on ``port``) loads and trains the same 2."""
+    recipe = tiny_megatron_recipe(hf_path, manual_gc_interval=2)
+    worker, place = start_training_worker(
+        rank, world_size, recipe, hf_path, ckpt_root, int(os.environ["MASTER_PORT"])
+    )
+    for _ in range(2):
+        worker_train(worker, place)
+    worker.save_checkpoint(checkpoint_dir)
+    continued = [worker_train(worker, place) for _ in range(2)]
+    worker.close()
+
+    worker, place = start_training_worker(rank, world_size, recipe, hf_path, ckpt_root, port)
+    worker.load_checkpoint(checkpoint_dir)
+    loaded = worker.collect_state()
+    resumed = [worker_train(worker, place) for _ in range(2)]
+    after = worker.collect_state()
+    worker.close()
+    steps = ("step", "worker_optimizer_steps")
+    return {
+        "continued": continued,
+        "resumed": resumed,
+        "loaded_steps": [loaded[key] for key in steps],
+        "steps_after": [after[key] for key in steps],
+        "peak_memory_gb": after["peak_memory_gb"],
+    }

@@ -327,60 +327,84 @@ def train_run(
     }
 
 
-def manual_gc_run(
-    rank: int, world_size: int, hf_path: str, ckpt_root: str, interval: int, steps: int
-) -> dict:
-    """Train with manual GC through the real ``TrainingWorker`` hosting the Megatron backend,
-    as a job's rank does (run with ``process_group=False``: the worker makes the group);
-    record automatic-GC state and the full collections per optimizer step."""
-    import gc
-
+def start_training_worker(
+    rank: int, world_size: int, recipe, hf_path: str, ckpt_root: str, port: int
+):
+    """The real ``TrainingWorker`` hosting the Megatron backend, set up as a job's rank is
+    (run with ``process_group=False``: the worker makes the gloo group, on ``port``);
+    (worker, place)."""
     from hpcrl.core.backends import worker_class_path
     from hpcrl.core.backends.base import RankInfo
     from hpcrl.core.workers.actor import TrainingWorker
     from hpcrl.core.workers.group import worker_env
-    from hpcrl.core.workers.micro_batches import MicroBatchSpec
 
-    recipe = tiny_megatron_recipe(hf_path, manual_gc_interval=interval)
-    gc_was_enabled_before = gc.isenabled()
     worker = TrainingWorker(worker_class_path("megatron"), worker_env("cpu"))
-    port = int(os.environ["MASTER_PORT"])  # run_ranks's, for the group the worker makes
     rank_info = RankInfo(rank=rank, world_size=world_size, local_rank=rank,
                          local_world_size=world_size, node_rank=0, master_addr="127.0.0.1",
                          master_port=port, device="cpu", megatron_checkpoint_dir=ckpt_root)  # fmt: skip
-    place = worker.setup(recipe, rank_info, hf_path, 1)
-    enabled_after_setup = gc.isenabled()
+    return worker, worker.setup(recipe, rank_info, hf_path, 1)
+
+
+def worker_train(worker, place) -> dict[str, float]:
+    """One ``TrainingWorker.train`` step on this rank's shard of ``fixed_batch()``, planned
+    as the controller plans fixed micro-batches of 2 rows."""
+    from hpcrl.core.workers.micro_batches import MicroBatchSpec
+
     batch = shard(fixed_batch(), place)
     rows = len(batch["input_ids"])
     plan = [MicroBatchSpec(rows=(row, row + 1), width=SEQ_LEN) for row in range(0, rows, 2)]
     num_tokens = float(fixed_batch()["token_mask"].sum())
-    full_collections: list[int] = []  # the optimizer step each full collection ran in
-    step = 0
+    return worker.train(batch, masked_nll, num_tokens, plan)
 
-    def on_gc(phase, info):
-        if phase == "start" and info["generation"] == 2:
-            full_collections.append(step)
 
-    gc.callbacks.append(on_gc)
-    try:
-        for step in range(1, steps + 1):  # noqa: B007 (on_gc reads it)
-            worker.train(batch, masked_nll, num_tokens, plan)
+def manual_gc_run(
+    rank: int, world_size: int, hf_path: str, ckpt_root: str, interval: int, steps: int
+) -> dict:
+    """Train with manual GC through the real ``TrainingWorker`` hosting the Megatron backend,
+    as a job's rank does; record automatic-GC state and the full collections per optimizer
+    step."""
+    recipe = tiny_megatron_recipe(hf_path, manual_gc_interval=interval)
+    gc_was_enabled_before = gc.isenabled()
+    port = int(os.environ["MASTER_PORT"])  # run_ranks's, for the group the worker makes
+    worker, place = start_training_worker(rank, world_size, recipe, hf_path, ckpt_root, port)
+    enabled_after_setup = gc.isenabled()
+    with FullCollections() as collections:
+        for collections.step in range(1, steps + 1):
+            worker_train(worker, place)
             # Garbage that an automatic collection would otherwise pick up.
             junk = [{"i": i} for i in range(20000)]
             for item in junk:
                 item["self"] = item
             del junk
-    finally:
-        gc.callbacks.remove(on_gc)
     child_gc = _gc_enabled_in_forked_child()
     worker.close()
     return {
         "before": gc_was_enabled_before,
         "after_setup": enabled_after_setup,
-        "collections_at_steps": full_collections,
+        "collections_at_steps": collections.steps,
         "forked_child_gc": child_gc,
         "after_close": gc.isenabled(),
     }
+
+
+class FullCollections:
+    """While entered: the optimizer step (``step``, set by the caller) of every full
+    (generation 2) collection in this process, in ``steps``."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.steps: list[int] = []
+
+    def _record(self, phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            self.steps.append(self.step)
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self._record)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        gc.callbacks.remove(self._record)
 
 
 def _gc_enabled_in_forked_child() -> bool:

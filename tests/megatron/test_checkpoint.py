@@ -45,9 +45,27 @@ def test_resume_continues_exactly(resume_run):
         assert resumed == continued  # bit for bit: same layout, same kernels, same order
         # A fresh worker (no load) starts from the converted weights, not the trained ones.
         assert result["fresh_first_loss"] > continued[0] + 1e-3
-        assert result["state"]["steps_done"] == 4
+        assert result["state"]["step"] == 4
         # megatron's writer keeps a Manager process after a save; close() must stop it.
         assert result["helper_processes_left"] == []
+
+
+def test_a_job_rank_resumes_at_the_saved_step(converted, tmp_path):
+    """Through the real ``TrainingWorker`` (what a job's rank runs) a fresh rank loads a
+    checkpoint saved after 2 steps: it counts 2 optimizer steps (manual GC's step numbers
+    go on from there) and trains steps 3 and 4 as the saving rank did. The load used to
+    fail: the Megatron backend's ``collect_state`` had no ``step``."""
+    hf_path, root = converted
+    (result,) = harness.run_ranks(
+        1, checkpoint_ranks.training_worker_resume_run, hf_path, root,
+        str(tmp_path / "checkpoint"), harness.free_port(), process_group=False,
+    )  # fmt: skip
+    assert result["loaded_steps"] == [2, 2]
+    assert result["steps_after"] == [4, 4]
+    assert result["peak_memory_gb"] == 0.0  # the contract's other key (0 on the CPU)
+    for got, want in zip(result["resumed"], result["continued"], strict=True):
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
+        assert got["lr"] == want["lr"]
 
 
 def assert_continues_like(results: list[dict], continued: list[dict]) -> None:
@@ -56,7 +74,7 @@ def assert_continues_like(results: list[dict], continued: list[dict]) -> None:
     (weights and schedule kept) step 2 gave loss 4.3900 instead of 4.4090 and gradient norm
     1.268 instead of 1.179, far outside these tolerances."""
     for result in results:
-        assert result["state"]["steps_done"] == 4
+        assert result["state"]["step"] == 4
         for got, want in zip(result["resumed"], continued, strict=True):
             assert got["lr"] == pytest.approx(want["lr"], rel=1e-12)
             assert got["loss"] == pytest.approx(want["loss"], rel=1e-5, abs=1e-6)

@@ -350,7 +350,8 @@ class MegatronWorker:
         if self.rank_info.device == "cuda":
             peak_gb = torch.cuda.max_memory_allocated() / 2**30
         return {
-            "steps_done": self.steps_done,
+            # The contract's name: the hosting TrainingWorker resumes its step count from it.
+            "step": self.steps_done,
             "gc_enabled": __import__("gc").isenabled(),
             "peak_memory_gb": peak_gb,
         }
