@@ -101,6 +101,39 @@ def test_manual_gc_off_leaves_automatic_gc_on_with_setups_objects_frozen():
     assert done.stdout.strip() == "ok", done.stderr
 
 
+def test_a_resumed_process_freezes_after_its_own_first_step():
+    """A process that resumes at step 5 (a load) never runs step 1: what its first step
+    builds is frozen after step 5, while collections stay on the run's step numbers (every
+    rank resumes at the same step, so they still agree). A fresh interpreter again."""
+    script = textwrap.dedent(
+        """
+        import gc
+        from hpcrl.core.workers.manual_gc import ManualGc
+        on = ManualGc(enabled=True, interval_steps=2)
+        on.after_setup()
+        frozen_at_setup = gc.get_freeze_count()
+        first_step_built = [{"graph": [index]} for index in range(20_000)]
+        assert on.after_optimizer_step(5)
+        assert gc.get_freeze_count() >= frozen_at_setup + 40_000, gc.get_freeze_count()
+        assert [s for s in range(6, 11) if on.after_optimizer_step(s)] == [6, 8, 10]
+        on.restore()
+        # A worker set up again in this process (a rank that loads after training) freezes
+        # after its first step once more.
+        on.after_setup()
+        assert [s for s in range(3, 6) if on.after_optimizer_step(s)] == [3, 4]
+        on.restore()
+        off = ManualGc(enabled=False, interval_steps=0)
+        off.after_setup()
+        assert [s for s in range(7, 12) if off.after_optimizer_step(s)] == [7]
+        print("ok")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
 def test_manual_gc_interval_must_be_positive():
     import attrs
 

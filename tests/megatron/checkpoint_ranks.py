@@ -9,6 +9,7 @@ import os
 import attrs
 
 from tests.megatron.harness import (
+    FullCollections,
     fixed_batch,
     setup_worker,
     shard,
@@ -95,7 +96,8 @@ def training_worker_resume_run(
     rank: int, world_size: int, hf_path: str, ckpt_root: str, checkpoint_dir: str, port: int
 ) -> dict:
     """A job's rank (the real ``TrainingWorker`` hosting the backend) trains 2 steps, saves
-    and trains 2 more; a fresh one (a new group, on ``port``) loads and trains the same 2."""
+    and trains 2 more; a fresh one (a new group, on ``port``) loads and trains the same 2,
+    its full collections recorded (manual GC every 2 steps)."""
     recipe = tiny_megatron_recipe(hf_path, manual_gc_interval=2)
     worker, place = start_training_worker(
         rank, world_size, recipe, hf_path, ckpt_root, int(os.environ["MASTER_PORT"])
@@ -109,7 +111,10 @@ def training_worker_resume_run(
     worker, place = start_training_worker(rank, world_size, recipe, hf_path, ckpt_root, port)
     worker.load_checkpoint(checkpoint_dir)
     loaded = worker.collect_state()
-    resumed = [worker_train(worker, place) for _ in range(2)]
+    resumed = []
+    with FullCollections() as collections:
+        for collections.step in (3, 4):
+            resumed.append(worker_train(worker, place))
     after = worker.collect_state()
     worker.close()
     steps = ("step", "worker_optimizer_steps")
@@ -119,4 +124,5 @@ def training_worker_resume_run(
         "loaded_steps": [loaded[key] for key in steps],
         "steps_after": [after[key] for key in steps],
         "peak_memory_gb": after["peak_memory_gb"],
+        "resumed_collections": collections.steps,
     }

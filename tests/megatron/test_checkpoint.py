@@ -54,7 +54,8 @@ def test_a_job_rank_resumes_at_the_saved_step(converted, tmp_path):
     """Through the real ``TrainingWorker`` (what a job's rank runs) a fresh rank loads a
     checkpoint saved after 2 steps: it counts 2 optimizer steps (manual GC's step numbers
     go on from there) and trains steps 3 and 4 as the saving rank did. The load used to
-    fail: the Megatron backend's ``collect_state`` had no ``step``."""
+    fail: the Megatron backend's ``collect_state`` had no ``step``; and the resumed process
+    used to freeze nothing, its first step not being step 1."""
     hf_path, root = converted
     (result,) = harness.run_ranks(
         1, checkpoint_ranks.training_worker_resume_run, hf_path, root,
@@ -63,6 +64,9 @@ def test_a_job_rank_resumes_at_the_saved_step(converted, tmp_path):
     assert result["loaded_steps"] == [2, 2]
     assert result["steps_after"] == [4, 4]
     assert result["peak_memory_gb"] == 0.0  # the contract's other key (0 on the CPU)
+    # Manual GC (interval 2): the loading process's first step, 3, collects and freezes
+    # what it built (it never runs step 1); step 4 is the interval's, as in the saving run.
+    assert result["resumed_collections"] == [3, 4]
     for got, want in zip(result["resumed"], result["continued"], strict=True):
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
         assert got["lr"] == want["lr"]

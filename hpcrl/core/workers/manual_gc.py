@@ -13,8 +13,9 @@ optimizer: ~300k objects) is frozen out of later collections all the same: the f
 step allocates heavily (loading compiled graphs, building their guards) and ran ~5 full
 collections of that heap, ~0.2-0.3 s each (warm first step on one H100, 2026-12-05).
 That first step leaves a heap of its own alive for the run (compiled graphs, their guards,
-the engine's captures): it is frozen too, after the first optimizer step, where a full
-collection of it had cost 0.161 s in step 7 of an Automodel GRPO run (one H100, 2026-12-07).
+the engine's captures): it is frozen too, after the process's first optimizer step (step 1,
+or the first after a resume), where a full collection of it had cost 0.161 s in step 7 of
+an Automodel GRPO run (one H100, 2026-12-07). Periodic collections count the run's steps.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ManualGc:
     enabled: bool
     interval_steps: int
     _fork_hook_registered: bool = attrs.field(default=False, init=False)
+    _first_step_frozen: bool = attrs.field(default=False, init=False)
 
     @classmethod
     def from_recipe(cls, recipe: Recipe) -> ManualGc:
@@ -69,6 +71,7 @@ class ManualGc:
         # Objects alive now (modules, imports) live for the whole run: keep them out of
         # every later collection, automatic or periodic, so each stays cheap.
         gc.freeze()
+        self._first_step_frozen = False
         if not self.enabled:
             return
         gc.disable()
@@ -79,8 +82,13 @@ class ManualGc:
             self._fork_hook_registered = True
 
     def after_optimizer_step(self, step: int) -> bool:
-        """Call after optimizer step ``step`` (1-based); returns whether it collected."""
-        if step == 1:  # what the first step built (compilations) lives on: frozen as well
+        """Call after optimizer step ``step`` (1-based, the run's count: past 1 after a
+        resume); returns whether it collected."""
+        if not self._first_step_frozen:
+            # What this process's first step built (compilations) lives on: frozen as well.
+            # Not "step == 1": a resumed process never runs step 1. Every rank resumes at
+            # the same step, so this collection still lands on the same step everywhere.
+            self._first_step_frozen = True
             gc.collect()
             gc.freeze()
             return True
