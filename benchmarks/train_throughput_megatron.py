@@ -1,18 +1,22 @@
 """The Megatron rows of ``train_throughput.py``: each loop in its own process.
 
-megatron-core only (no megatron-bridge needed). The same shape, batch and optimizer as the HF
-rows (bf16 with fp32 main weights, distributed optimizer, Adam(W) with weight decay 0.01,
-clip 1.0); every loop starts from the same weights, so the first losses agree.
+megatron-core only on GPUs (no megatron-bridge needed; on the CPU the worker's CPU layer
+imports it, as a CPU job's does). The same shape, batch and optimizer as the HF rows (bf16
+with fp32 main weights, distributed optimizer, Adam(W) with weight decay 0.01, clip 1.0);
+every loop starts from the same weights, so the first losses agree.
 
-- ``megatron``: hpcrl's Megatron backend — the model and optimizer built by the worker's own
-  setup functions (``prepare_provider``: without Transformer Engine the local spec with
-  hpcrl's SDPA core attention, with TE the TE spec; ``build_model`` (megatron DDP),
-  ``build_optimizer``, ``connect_grad_sync``, ``build_scheduler``) on a stand-in for the
-  bridge's provider that builds the same random GPTModel, and every step through
+- ``megatron``: hpcrl's Megatron backend — the worker set up by ``MegatronWorker.setup``
+  itself from an SFT recipe of this shape (parallel state, ``build_optimizer``,
+  ``connect_grad_sync``, ``build_scheduler``, the reference weights' copy, as a job's rank;
+  its peak memory counts that copy), its model alone replaced (``_load_model``): a stand-in
+  for the bridge's provider that builds the same random GPTModel, through the worker's own
+  ``prepare_provider`` (without Transformer Engine the local spec with hpcrl's SDPA core
+  attention, with TE the TE spec) and ``build_model`` (megatron DDP); every step through
   ``MegatronWorker.train_step`` itself (zero_grad, ``step.run_train_microbatches`` with its
   vocab-parallel log-probs and metric all-reduce, optimizer step, scheduler), then the
   manual-GC hook the hosting ``TrainingWorker`` runs after it (the backend has none).
   Not included: the worker's HF→Megatron conversion and weight loading (setup only).
+  tests/megatron/test_train_throughput_rows.py runs this row and the raw SDPA one on the CPU.
   ``megatron[unfused]`` (``--megatron-attention sdpa,unfused``) is the same path with the
   local spec's own attention.
 - ``megatron-raw[<attention>]``: what a megatron-core user writes, nothing of hpcrl's step:
@@ -81,15 +85,44 @@ class RandomGptProvider:
         return [megatron_offload.gpt_model(self.shape, config, self.transformer_layer_spec)]
 
 
-def build_hpcrl_megatron(shape: argparse.Namespace, attention: str, total_steps: int):
-    """A ``MegatronWorker`` whose model, optimizer and scheduler come from the worker's own
-    setup functions (its ``setup`` also converts and loads an HF checkpoint through
-    megatron-bridge, which the GPU machine lacks: skipped, the weights are random)."""
-    from hpcrl.config.recipe import DistributedDataParallelCfg, MegatronCfg, MegatronOptimizerCfg
+def hpcrl_megatron_worker(shape: argparse.Namespace, attention: str, total_steps: int):
+    """A ``MegatronWorker`` set up by its own ``setup``, as a job's rank is (CPU layer,
+    parallel state, optimizer, scheduler, the reference weights' copy, the step's helpers),
+    but for the model: ``_load_model`` (HF conversion and weight loading through
+    megatron-bridge, which the GPU machine lacks) is replaced by the random GPTModel on the
+    provider stand-in, through the worker's own ``prepare_provider`` and ``build_model``."""
     from hpcrl.core.backends.megatron import model as mcore_model
     from hpcrl.core.backends.megatron.provider import prepare_provider
     from hpcrl.core.backends.megatron.worker import MegatronWorker
-    from hpcrl.core.token_distribution import TokenDistribution
+
+    # Defined here: the parent process (the HF rows) imports this module, megatron never.
+    class RandomWeights(MegatronWorker):
+        def _load_model(self) -> list:
+            provider = RandomGptProvider(shape)
+            policy = self.recipe.policy
+            prepare_provider(provider, self.cfg, policy.precision, policy.max_total_sequence_length)
+            # the CPU generator the initialisation draws from, seeded as the raw loop's
+            torch.manual_seed(shape.seed)
+            return mcore_model.build_model(provider, self.cfg, on_cpu=shape.device == "cpu")
+
+    worker = RandomWeights()
+    worker.setup(benchmark_recipe(shape, attention, total_steps), rank_info(shape.device), "")
+    return worker
+
+
+def benchmark_recipe(shape: argparse.Namespace, attention: str, total_steps: int):
+    """SFT on the Megatron backend at this shape and batch (bf16 with fp32 main weights,
+    distributed optimizer, Adam with weight decay 0.01, clip 1.0; manual GC off, the default);
+    its seed is the raw loop's, so both start from the same weights."""
+    from hpcrl.config.recipe import (
+        DataCfg,
+        DistributedDataParallelCfg,
+        MegatronCfg,
+        MegatronOptimizerCfg,
+        PolicyCfg,
+        Recipe,
+        SftCfg,
+    )
 
     overrides = {}
     if attention == "unfused":  # a user override of the spec wins over hpcrl's SDPA swap
@@ -105,20 +138,32 @@ def build_hpcrl_megatron(shape: argparse.Namespace, attention: str, total_steps:
         distributed_data_parallel_config=DistributedDataParallelCfg(grad_reduce_in_fp32=True),
         model_overrides=overrides,
     )  # fmt: skip
-    mcore_model.initialize_parallel_state(cfg, seed=shape.seed)
-    provider = RandomGptProvider(shape)
-    prepare_provider(provider, cfg, "bfloat16", shape.seq_len)
-    torch.manual_seed(shape.seed)  # the CPU generator the initialisation draws from (as raw)
-    worker = MegatronWorker()
-    # What MegatronWorker.setup sets and train_step reads, set the way setup sets it.
-    worker.cfg = cfg
-    worker.distribution = TokenDistribution()  # the recipe's default: temperature 1, no filters
-    worker.model_chunks = mcore_model.build_model(provider, cfg, on_cpu=shape.device == "cpu")
-    worker.optimizer = mcore_model.build_optimizer(worker.model_chunks, cfg, "bfloat16")
-    mcore_model.connect_grad_sync(worker.model_chunks, worker.optimizer)
-    worker.scheduler = mcore_model.build_scheduler(worker.optimizer, cfg, total_steps)
-    worker.steps_done = 0
-    return worker
+    policy = PolicyCfg(
+        model_name="random-gpt", train_global_batch_size=shape.batch_size,
+        train_micro_batch_size=shape.batch_size, precision="bfloat16",
+        max_total_sequence_length=shape.seq_len, megatron_cfg=cfg,
+    )  # fmt: skip
+    return Recipe(
+        policy=policy,
+        data=DataCfg(train_path="unused.jsonl"),
+        sft=SftCfg(max_num_steps=total_steps, seed=shape.seed),
+    )
+
+
+def rank_info(device: str):
+    """This process's place, from the environment ``megatron_offload.init_distributed`` set."""
+    import os
+
+    from hpcrl.core.backends.base import RankInfo
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    return RankInfo(
+        rank=int(os.environ["RANK"]), world_size=world_size,
+        local_rank=int(os.environ["LOCAL_RANK"]),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), node_rank=0,
+        master_addr=os.environ["MASTER_ADDR"], master_port=int(os.environ["MASTER_PORT"]),
+        device=device,
+    )  # fmt: skip
 
 
 def raw_megatron_step(chunks: list, optimizer, batch: dict, device: str):
@@ -201,11 +246,11 @@ def run_megatron(args: argparse.Namespace, spec, loop: str, attention: str, time
         total_steps = args.warmup + args.rounds * args.megatron_steps
         from hpcrl.core.workers.manual_gc import ManualGc
 
-        worker = build_hpcrl_megatron(shape, attention, total_steps)
+        worker = hpcrl_megatron_worker(shape, attention, total_steps)
         chunks, num_tokens = worker.model_chunks, float(batch["token_mask"].sum())
         # What a job's TrainingWorker does around the backend (the GC owner of its process):
         # manual GC off, as in the recipe default; setup's heap and step 1's frozen.
-        manual_gc = ManualGc.from_cfg(worker.cfg, "policy.megatron_cfg")
+        manual_gc = ManualGc.from_recipe(worker.recipe)
         manual_gc.after_setup()
 
         def step() -> float:

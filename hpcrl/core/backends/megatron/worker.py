@@ -2,9 +2,10 @@
 
 Setup order (the contract's): on a CPU job, the CPU compatibility layer entered (it is left
 in ``close``; ``cpu_compat.py``) → env_vars exported → Transformer-Engine-only settings refused
-where TE is absent → parallel state → one-time HF→Megatron conversion (rank 0; the others
-wait) → provider with recipe fields and ``model_overrides`` → model (megatron DDP) →
-weights loaded from the conversion (parallel reads if asked) → optimizer and scheduler.
+where TE is absent → parallel state → a model whose logit post-processing the log-prob path
+lacks refused → one-time HF→Megatron conversion (rank 0; the others wait) → provider with
+recipe fields and ``model_overrides`` → model (megatron DDP) → weights loaded from the
+conversion (parallel reads if asked) → optimizer and scheduler.
 Manual GC is not the backend's: the hosting ``TrainingWorker`` switches it on after this
 setup and collects after optimizer steps (``hpcrl.core.workers.manual_gc``), as for every
 backend; a second owner here collected twice at every due step.
@@ -87,10 +88,8 @@ class MegatronWorker:
         self.distribution = training_distribution(recipe)
         cfg = self.cfg = recipe.policy.megatron_cfg
         os.environ.update(cfg.env_vars)
-        refuse_logit_processing(model_path)
         mcore_model.initialize_parallel_state(cfg, seed=self._seed())
-        conversion_dir = self._ensure_conversion()
-        self.model_chunks = self._build_model(conversion_dir)
+        self.model_chunks = self._load_model()
         self._say_precision_aware_optimizer_is_off(cfg)
         self.optimizer = mcore_model.build_optimizer(
             self.model_chunks, cfg, recipe.policy.precision
@@ -144,6 +143,14 @@ class MegatronWorker:
         section = self.recipe.grpo if self.recipe.grpo is not None else self.recipe.sft
         assert section is not None
         return int(section.seed)
+
+    def _load_model(self) -> list:
+        """The model chunks with ``model_path``'s weights, converted from HF once (a model
+        whose logits the log-prob path cannot reproduce refused first). The one step of
+        setup that benchmarks/train_throughput_megatron.py replaces (a random model: the GPU
+        machine has no megatron-bridge); everything else it runs as a job does."""
+        refuse_logit_processing(self.model_path)
+        return self._build_model(self._ensure_conversion())
 
     def _ensure_conversion(self) -> Path:
         from hpcrl.core.backends.megatron.conversion import ensure_megatron_checkpoint
