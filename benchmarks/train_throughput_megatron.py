@@ -88,9 +88,10 @@ class RandomGptProvider:
 def hpcrl_megatron_worker(shape: argparse.Namespace, attention: str, total_steps: int):
     """A ``MegatronWorker`` set up by its own ``setup``, as a job's rank is (CPU layer,
     parallel state, optimizer, scheduler, the reference weights' copy, the step's helpers),
-    but for the model: ``_load_model`` (HF conversion and weight loading through
-    megatron-bridge, which the GPU machine lacks) is replaced by the random GPTModel on the
-    provider stand-in, through the worker's own ``prepare_provider`` and ``build_model``."""
+    but for the model: ``_load_model`` (HF conversion and weight loading: the benchmark
+    has no HF checkpoint, and its rows share random weights) is replaced by the random
+    GPTModel on the provider stand-in, through the worker's own ``prepare_provider`` and
+    ``build_model``."""
     from hpcrl.core.backends.megatron import model as mcore_model
     from hpcrl.core.backends.megatron.provider import prepare_provider
     from hpcrl.core.backends.megatron.worker import MegatronWorker

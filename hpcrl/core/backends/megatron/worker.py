@@ -147,8 +147,8 @@ class MegatronWorker:
     def _load_model(self) -> list:
         """The model chunks with ``model_path``'s weights, converted from HF once (a model
         whose logits the log-prob path cannot reproduce refused first). The one step of
-        setup that benchmarks/train_throughput_megatron.py replaces (a random model: the GPU
-        machine has no megatron-bridge); everything else it runs as a job does."""
+        setup that benchmarks/train_throughput_megatron.py replaces (random weights the raw
+        megatron-core loop shares, no HF checkpoint); everything else it runs as a job does."""
         refuse_logit_processing(self.model_path)
         return self._build_model(self._ensure_conversion())
 
@@ -359,7 +359,6 @@ class MegatronWorker:
         return {
             # The contract's name: the hosting TrainingWorker resumes its step count from it.
             "step": self.steps_done,
-            "gc_enabled": __import__("gc").isenabled(),
             "peak_memory_gb": peak_gb,
         }
 
