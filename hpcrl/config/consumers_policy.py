@@ -104,6 +104,7 @@ POLICY_CONSUMED_BY: dict[str, tuple[str, ...]] = {
     "policy.automodel_cfg.cpu_offload": (AM_PLAN,),
     # hpcrl's own key (NeMo RL's dtensor_cfg has none)
     "policy.automodel_cfg.optimizer_offload_fraction": (AM_TRAIN_OPTIM,),
+    "policy.automodel_cfg.reference_on_host": (AM_PLAN,),  # hpcrl's own as well
     "policy.automodel_cfg.env_vars": (JOB_ENV,),
     "policy.automodel_cfg.lora_cfg.enabled": (AM_PLAN,),
     "policy.automodel_cfg.lora_cfg.target_modules": (AM_LORA,),

@@ -251,6 +251,11 @@ class AutomodelCfg(SharedMethods):
         ),
         when="enabled",
     )  # fmt: skip
+    # hpcrl's own: the KL term's reference model keeps its weights in host memory (FSDP2's
+    # CPU offload, pinned) and copies each block to the GPU only for its forward, as NeMo
+    # RL keeps its reference weights on the host. Frees the reference's fp32 weights on
+    # the GPU (4 bytes per parameter) for one host-to-device copy of them per log-prob pass.
+    reference_on_host: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
     moe_parallelizer: MoeParallelizerCfg = attrs.field(factory=MoeParallelizerCfg)
     lora_cfg: LoraCfg = attrs.field(factory=LoraCfg)

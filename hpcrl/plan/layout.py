@@ -242,6 +242,7 @@ def _expert_parallel_fits(cfg: AutomodelCfg, dp_shard: int, findings: Findings) 
         ("context_parallel_size", cfg.context_parallel_size, "context parallelism", 1),
         ("cpu_offload", cfg.cpu_offload, "FSDP2's CPU offload", False),
         ("optimizer_offload_fraction", cfg.optimizer_offload_fraction, "optimizer offload", 0.0),
+        ("reference_on_host", cfg.reference_on_host, "the host-resident reference model", False),
         ("lora_cfg.enabled", cfg.lora_cfg.enabled, "LoRA adapters", False),
     )
     ok = True

@@ -85,3 +85,50 @@ def reference_paths(rank: int, world_size: int, model_path: str, out: str, tp: i
         result["lora_source"] = lora.reference_source
         lora.close()
     return result
+
+
+def _host_state(reference: Any) -> dict:
+    """How FSDP holds the reference's weights: offloaded to the host, and all of them back in
+    their shards (nothing gathered left over after a pass)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+    params = [
+        param
+        for module in reference.modules()
+        if isinstance(module, FSDPModule) and module._get_fsdp_state()._fsdp_param_group
+        for param in module._get_fsdp_state()._fsdp_param_group.fsdp_params
+    ]
+    return {
+        "fsdp_params": len(params),
+        "offloaded": sum(p.offload_to_cpu for p in params),
+        "gathered": sum(p.sharded_state != ShardedState.SHARDED for p in params),
+    }
+
+
+def host_reference_paths(rank: int, world_size: int, model_path: str, out: str, tp: int) -> dict:
+    """``reference_on_host``: the reference built from the policy's weights and from the
+    checkpoint (a resumed policy), against the checkpoint build of the default reference."""
+    from tests.core.parallel_harness import make_batch, masked_nll_loss
+
+    batch = make_batch(seed=3, batch_size=4, seq_len=16)
+    default = _worker(rank, world_size, _recipe(model_path, tensor_parallel_size=tp), model_path)
+    result: dict[str, Any] = {"from_checkpoint": _checkpoint_reference_logprobs(default, batch)}
+    default.close()
+    recipe = _recipe(model_path, tensor_parallel_size=tp, reference_on_host=True)
+    worker = _worker(rank, world_size, recipe, model_path)
+    result["host"] = worker.reference_logprobs(batch)
+    result.update(source=worker.reference_source, state=_host_state(worker.reference))
+    for _ in range(2):
+        worker.train_step([batch], masked_nll_loss, float(batch["token_mask"].sum()))
+    result["host_after"] = worker.reference_logprobs(batch)
+    worker.save_checkpoint(os.path.join(out, f"host_tp{tp}"))
+    worker.close()
+    resumed = _worker(rank, world_size, recipe, model_path)
+    resumed.load_checkpoint(os.path.join(out, f"host_tp{tp}"))
+    result["resumed"] = resumed.reference_logprobs(batch)
+    result.update(
+        resumed_source=resumed.reference_source, resumed_state=_host_state(resumed.reference)
+    )
+    resumed.close()
+    return result

@@ -61,3 +61,26 @@ def test_parameters_move_uninitialised_with_ties_kept(tmp_path) -> None:
     assert not model.model.embed_tokens.weight.requires_grad
     assert all(p.requires_grad for n, p in model.named_parameters() if "embed" not in n)
     assert buffers and all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())
+
+
+@pytest.mark.parametrize(("ranks", "tp"), [(1, 1), (2, 2)], ids=["1rank", "tp2"])
+def test_host_resident_reference_gives_the_same_logprobs(model_path, tmp_path, ranks, tp) -> None:
+    """``policy.automodel_cfg.reference_on_host``: the reference behind FSDP2's CPU offload,
+    every block resharded after its forward and the root after the pass, built from the
+    policy's weights (one rank: the plain policy's tensors copied into the FSDP shards) or
+    from the checkpoint (resumed), gives the default reference's log-probs bit for bit. What
+    differs on a GPU (the shards page-locked on the host, one copy in per block) runs in
+    tests/gpu/test_gpu_jobs.py."""
+    results = run_ranks(
+        ranks, reference_ranks.host_reference_paths, model_path, str(tmp_path), tp, megatron=False
+    )
+    for result in results:
+        assert result["source"] == "policy"
+        assert result["resumed_source"] == "checkpoint"
+        for state in (result["state"], result["resumed_state"]):
+            assert state["fsdp_params"] > 0
+            assert state["offloaded"] == state["fsdp_params"]
+            assert state["gathered"] == 0
+        assert torch.equal(result["host"], result["from_checkpoint"])
+        assert torch.equal(result["host_after"], result["from_checkpoint"])
+        assert torch.equal(result["resumed"], result["from_checkpoint"])

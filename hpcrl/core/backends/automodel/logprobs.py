@@ -120,13 +120,17 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _layout(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What two tensors must share for their local parts to hold the same values: the
+    placements, unless the local part is the whole tensor (one rank: the plain policy
+    beside an FSDP-wrapped host-resident reference)."""
     from torch.distributed.tensor import DTensor
 
-    placements = tuple(tensor.placements) if isinstance(tensor, DTensor) else None
+    whole = tuple(_local(tensor).shape) == tuple(tensor.shape)
+    placements = tuple(tensor.placements) if isinstance(tensor, DTensor) and not whole else None
     return placements, tuple(tensor.shape), tuple(_local(tensor).shape), tensor.dtype
 
 
-def _resharded(module: nn.Module) -> None:
+def resharded(module: nn.Module) -> None:
     """FSDP modules back to their sharded parameters (a root may stay unsharded after a
     forward): the local shards are what both models hold in the same layout."""
     from torch.distributed.fsdp import FSDPModule
@@ -142,8 +146,8 @@ def copy_policy_state(reference: nn.Module, policy: nn.Module) -> bool:
     persistent buffers) into ``reference``'s. False, nothing copied, where the two do not
     hold the same names in the same layout (sharding, shapes, dtypes): the caller then
     loads the checkpoint."""
-    _resharded(policy)
-    _resharded(reference)
+    resharded(policy)
+    resharded(reference)
     source = {_clean(name): t for name, t in policy.state_dict(keep_vars=True).items()}
     target = {_clean(name): t for name, t in reference.state_dict(keep_vars=True).items()}
     if source.keys() != target.keys():

@@ -308,6 +308,12 @@ class ParallelizeSteps:
     compile: bool
     fsdp: bool
     cpu_offload: bool
+    # FSDP's mixed precision (param_dtype) where the policy trains under FSDP; else autocast
+    # (``apply_autocast``), also for a reference FSDP wraps only to keep it on the host
+    fsdp_mixed_precision: bool
+    # every block back to its (host) shard after its forward: the host-resident reference
+    reshard_every_block: bool
+    pin_memory: bool  # host shards in page-locked memory (GPU only)
     param_dtype: str | None
 
 
@@ -317,8 +323,13 @@ def parallelize_steps(
     """The steps for ``policy.automodel_cfg`` (``cfg``) and ``policy.precision`` on a mesh.
     LoRA adapters go on the trained model only: the reference model is the base model.
     Under expert parallelism the decoder blocks stay eager: their MoE blocks run collectives
-    and data-dependent expert loops (``expert_parallel``) that torch.compile would break on."""
+    and data-dependent expert loops (``expert_parallel``) that torch.compile would break on.
+    ``reference_on_host``: the reference (``training`` False) keeps its weights in host memory
+    through FSDP2's CPU offload, each block copied to the GPU for its forward and freed after
+    it; eager, as its passes are bound by that copy."""
     ep = cfg.expert_parallel_size
+    host_reference = not training and cfg.reference_on_host
+    policy_fsdp = needs_fsdp(shape, cfg.cpu_offload)
     return ParallelizeSteps(
         lora=training and cfg.lora_cfg.enabled,
         tp=shape.tp > 1,
@@ -333,9 +344,12 @@ def parallelize_steps(
         and ep > 1
         and cfg.moe_parallelizer.ignore_router_for_ac is True,
         # Context parallel attention gathers K/V inside every block: kept eager as well.
-        compile=compiles and ep == 1 and shape.cp == 1,
-        fsdp=needs_fsdp(shape, cfg.cpu_offload),
-        cpu_offload=cfg.cpu_offload,
+        compile=compiles and ep == 1 and shape.cp == 1 and not host_reference,
+        fsdp=policy_fsdp or host_reference,
+        cpu_offload=cfg.cpu_offload or host_reference,
+        fsdp_mixed_precision=policy_fsdp,
+        reshard_every_block=host_reference,
+        pin_memory=on_gpu,
         param_dtype=precision if on_gpu else None,
     )
 
@@ -413,8 +427,11 @@ def _output_in(dtype: torch.dtype, module: Any, args: Any, output: torch.Tensor)
     return output.to(dtype) if output.is_floating_point() else output
 
 
-def fsdp_policies(param_dtype: torch.dtype | None, cpu_offload: bool) -> dict[str, Any]:
-    """``fully_shard``'s mixed-precision and offload arguments (all but the mesh)."""
+def fsdp_policies(
+    param_dtype: torch.dtype | None, cpu_offload: bool, *, pin_memory: bool = True
+) -> dict[str, Any]:
+    """``fully_shard``'s mixed-precision and offload arguments (all but the mesh).
+    ``pin_memory`` False on a CPU-only machine, which cannot page-lock."""
     import torch
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
@@ -424,7 +441,7 @@ def fsdp_policies(param_dtype: torch.dtype | None, cpu_offload: bool) -> dict[st
             param_dtype=param_dtype, reduce_dtype=torch.float32
         )
     if cpu_offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=pin_memory)
     return kwargs
 
 
@@ -435,18 +452,23 @@ def apply_fsdp(
     *,
     param_dtype: torch.dtype | None,
     cpu_offload: bool,
+    reshard_every_block: bool = False,
+    pin_memory: bool = True,
 ) -> None:
     """``fully_shard`` every decoder block, then ``root`` (embeddings, norm, lm_head).
 
     ``param_dtype`` set: compute in it with fp32 gradient reduction. Build the optimizer
-    right after this call (see training-stack-facts, trap 1).
+    right after this call (see training-stack-facts, trap 1). ``reshard_every_block``: each
+    block frees its gathered weights after its forward even on one rank.
     """
     from torch.distributed.fsdp import fully_shard
 
-    kwargs: dict[str, Any] = {"mesh": dp_mesh, **fsdp_policies(param_dtype, cpu_offload)}
+    policies = fsdp_policies(param_dtype, cpu_offload, pin_memory=pin_memory)
+    kwargs: dict[str, Any] = {"mesh": dp_mesh, **policies}
     layers = decoder_layers(hf_model)
-    # With one data-parallel rank there is nothing to free by resharding, only copies to redo.
-    sharded = dp_mesh.size() > 1
+    # With one data-parallel rank there is nothing to free by resharding, only copies to redo
+    # (unless the shard lives on the host: then the gathered copy is all the GPU holds).
+    sharded = dp_mesh.size() > 1 or reshard_every_block
     for index, layer in enumerate(layers):
         # The last block is resharded right away anyway: backward starts with it.
         fully_shard(layer, reshard_after_forward=sharded and index < len(layers) - 1, **kwargs)

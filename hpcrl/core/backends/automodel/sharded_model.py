@@ -76,11 +76,14 @@ def build_sharded_model(
         compiles=compiles,
         training=training,
     )
+    # A reference bound for host memory is built there: FSDP moves it block by block
+    # through the GPU to its host shards, never the whole model at once.
+    built_on = "cpu" if steps.reshard_every_block else placement.device
     if unloaded:
-        hf_model = unloaded_hf_model(model_path, placement.device, policy.hf_config_overrides)
+        hf_model = unloaded_hf_model(model_path, built_on, policy.hf_config_overrides)
     else:
         hf_model = load_hf_model(
-            model_path, placement.device, policy.hf_config_overrides,
+            model_path, built_on, policy.hf_config_overrides,
             dequantize=policy.dequantize_base_checkpoint,
         )  # fmt: skip
     if steps.lora:
@@ -98,9 +101,8 @@ def build_sharded_model(
         apply_tp(hf_model, placement.mesh["tp"], sequence_parallel=steps.sequence_parallel)
     if steps.expert_parallel > 1:
         assert placement.ep_mesh is not None
-        apply_expert_parallel(
-            hf_model, placement.ep_mesh, fsdp_policies(param_dtype, steps.cpu_offload)
-        )
+        policies = fsdp_policies(param_dtype, steps.cpu_offload, pin_memory=steps.pin_memory)
+        apply_expert_parallel(hf_model, placement.ep_mesh, policies)
     if steps.activation_checkpointing:
         saving = router_saving_context(hf_model) if steps.save_router_outputs else None
         apply_activation_checkpointing(hf_model, saving)
@@ -117,12 +119,14 @@ def build_sharded_model(
             root,
             hf_model,
             data_parallel_mesh(placement.mesh, placement.shape),
-            param_dtype=param_dtype,
+            param_dtype=param_dtype if steps.fsdp_mixed_precision else None,
             cpu_offload=steps.cpu_offload,
+            reshard_every_block=steps.reshard_every_block,
+            pin_memory=steps.pin_memory,
         )
         if steps.expert_parallel > 1:
             pin_backward_prefetch(hf_model)
-    else:
+    if not steps.fsdp_mixed_precision:
         apply_autocast(root, param_dtype)
     # A compiled reference keeps requires_grad as loaded (its passes run under no_grad
     # only): frozen, it failed the guards of the policy's log-prob graph and compiled a

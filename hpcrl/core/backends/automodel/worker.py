@@ -39,7 +39,7 @@ from hpcrl.core.backends.automodel import checkpoint
 from hpcrl.core.backends.automodel.context_parallel import check_context_parallel
 from hpcrl.core.backends.automodel.expert_parallel import build_ep_mesh
 from hpcrl.core.backends.automodel.first_calls import run_first_calls
-from hpcrl.core.backends.automodel.logprobs import copy_policy_state, forward_logprobs
+from hpcrl.core.backends.automodel.logprobs import copy_policy_state, forward_logprobs, resharded
 from hpcrl.core.backends.automodel.master_weights import takes_master_weights
 from hpcrl.core.backends.automodel.model import TokenLogprobModel
 from hpcrl.core.backends.automodel.optim import (
@@ -379,9 +379,13 @@ class AutomodelWorker:
         if self.reference is None:
             # Built on first use (all ranks call together): SFT never pays for it.
             self.reference = self._build_reference()
-        return self._logprobs_with(
+        logprobs = self._logprobs_with(
             "reference", self.reference, batch, self.distribution.without_filters(), plan
         )
+        if self.recipe.policy.automodel_cfg.reference_on_host:
+            # FSDP keeps a root's gathered weights (embeddings, lm_head) after its forward
+            resharded(self.reference)
+        return logprobs
 
     def _build_reference(self) -> TokenLogprobModel:
         """From the policy's weights in memory while they are the loaded ones and nothing
