@@ -67,7 +67,7 @@ if [ "$SMOKE" != 1 ]; then
     export PYTHONPATH="$REPO:/tmp/site"  # the checkout's hpcrl, in this shell and in the jobs
     CLUSTER=local-gpu
     RECIPE_8B=grpo-llama3.1-8b-1n1g
-    MODEL_8B=tiny:llama3.1-8b
+    MODEL_8B=${MODEL_8B:-tiny:llama3.1-8b}  # e.g. tiny:llama3.2-3b for one H100
     FIRST_STEP_ARGS=(--steps 5)
 else
     export PYTHONPATH="$REPO"

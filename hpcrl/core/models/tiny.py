@@ -74,6 +74,11 @@ TINY_SPECS: dict[str, TinyModelSpec] = {
     "llama3.1-8b":  _shape("llama",     4096,   32,   32,    8,   14336,
                            vocab_size=128256, max_position_embeddings=8192,
                            rope_theta=500000.0, dtype="bfloat16"),
+    # Llama-3.2-3B's shape (tied embeddings, GQA 24/8 heads, FFN 8192; 3.2 B parameters):
+    # what sits at one H100's memory boundary as the 8B sits at one H200's.
+    "llama3.2-3b":  _shape("llama",     3072,   28,   24,    8,    8192,
+                           vocab_size=128256, max_position_embeddings=8192,
+                           rope_theta=500000.0, tie_word_embeddings=True, dtype="bfloat16"),
     # The torch engine's other variants: q/k norms + tied embeddings; a Mistral config.
     "qwen3":        _shape("qwen3",       64,    2,    4,    2,     128, tie_word_embeddings=True),
     "mistral":      _shape("mistral",     64,    2,    4,    1,     128),
