@@ -77,6 +77,7 @@ def test_an_expert_parallel_size_that_does_not_divide_the_shard_ranks_is_refused
         ("++policy.automodel_cfg.dp_replicate_size=2", "HSDP replicas"),
         ("policy.dtensor_cfg.cpu_offload=true", "FSDP2's CPU offload"),
         ("++policy.automodel_cfg.optimizer_offload_fraction=0.5", "optimizer offload"),
+        ("++policy.automodel_cfg.reference_on_host=true", "the host-resident reference model"),
         ("policy.dtensor_cfg.lora_cfg.enabled=true", "LoRA adapters"),
     ],
 )

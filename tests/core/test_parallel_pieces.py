@@ -3,6 +3,8 @@ gradient clipping, and the setup errors for layouts and options it cannot run.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 import torch
@@ -158,3 +160,24 @@ def test_chunks_recompute_their_logits_only_above_the_kept_bytes():
         got, _ = token_logprobs(hidden, head, ids, chunk_tokens=100, keep_bytes=keep_bytes)
         got.sum().backward()
         assert len(calls) == forwards, (keep_bytes, len(calls))
+
+
+@pytest.mark.parametrize("dp_shard", [1, 2])
+def test_only_the_reference_moves_to_the_host_and_keeps_the_policys_mixed_precision(dp_shard):
+    """``reference_on_host`` plans FSDP's CPU offload for the reference (eager, every block
+    resharded, page-locked on a GPU), never for the trained model; the reference computes in
+    the policy's mixed precision (autocast beside a plain one-GPU policy, FSDP's bf16 params
+    beside an FSDP policy)."""
+    cfg = with_automodel(tiny_automodel_recipe(), reference_on_host=True).policy.automodel_cfg
+    shape = MeshShape(dp_replicate=1, dp_shard=dp_shard, tp=1)
+
+    def plan(training: bool) -> Any:
+        return parallelize_steps(cfg, "bfloat16", shape, on_gpu=True, compiles=True,
+                                 training=training)  # fmt: skip
+
+    policy, reference = plan(True), plan(False)
+    assert (policy.cpu_offload, policy.reshard_every_block) == (False, False)
+    assert policy.compile and policy.fsdp == (dp_shard > 1)
+    assert (reference.fsdp, reference.cpu_offload, reference.reshard_every_block) == (True,) * 3
+    assert not reference.compile and reference.pin_memory
+    assert policy.fsdp_mixed_precision == reference.fsdp_mixed_precision == (dp_shard > 1)
