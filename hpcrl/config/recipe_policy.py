@@ -254,7 +254,8 @@ class AutomodelCfg(SharedMethods):
     # hpcrl's own: the KL term's reference model keeps its weights in host memory (FSDP2's
     # CPU offload, pinned) and copies each block to the GPU only for its forward, as NeMo
     # RL keeps its reference weights on the host. Frees the reference's fp32 weights on
-    # the GPU (4 bytes per parameter) for one host-to-device copy of them per log-prob pass.
+    # the GPU (4 bytes per parameter) for a host-to-device copy of them in the compute dtype
+    # (bf16: 2 bytes per parameter) per log-prob micro-batch.
     reference_on_host: bool = False
     torch_compile: bool = True  # GPU only: torch.compile each decoder block
     moe_parallelizer: MoeParallelizerCfg = attrs.field(factory=MoeParallelizerCfg)

@@ -84,3 +84,23 @@ def test_host_resident_reference_gives_the_same_logprobs(model_path, tmp_path, r
         assert torch.equal(result["host"], result["from_checkpoint"])
         assert torch.equal(result["host_after"], result["from_checkpoint"])
         assert torch.equal(result["resumed"], result["from_checkpoint"])
+
+
+def test_a_bf16_host_reference_takes_the_policys_weights_rounded(tmp_path) -> None:
+    """On a GPU the host-resident reference stores its parameters in the compute dtype
+    (``apply_storage_dtype``; CPU runs keep fp32, above): buffers stay fp32, ties stay, and
+    the fp32 policy's weights copy in rounded, not refused for their dtype."""
+    from hpcrl.core.backends.automodel.logprobs import copy_policy_state, unloaded_hf_model
+    from hpcrl.core.backends.automodel.model import load_hf_model
+    from hpcrl.core.backends.automodel.parallelize import apply_storage_dtype
+
+    path = ensure_tiny_model("tiny:qwen3", cache_dir=str(tmp_path))
+    policy = load_hf_model(path, "cpu")
+    reference = unloaded_hf_model(path, "cpu")
+    apply_storage_dtype(reference, torch.bfloat16)
+    assert reference.lm_head.weight is reference.model.embed_tokens.weight
+    assert {p.dtype for p in reference.parameters()} == {torch.bfloat16}
+    assert {b.dtype for b in reference.buffers()} == {torch.float32}
+    assert copy_policy_state(reference, policy)
+    for (name, got), want in zip(reference.named_parameters(), policy.parameters(), strict=True):
+        assert torch.equal(got, want.to(torch.bfloat16)), name

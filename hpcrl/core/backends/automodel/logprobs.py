@@ -127,7 +127,9 @@ def _layout(tensor: torch.Tensor) -> tuple[Any, ...]:
 
     whole = tuple(_local(tensor).shape) == tuple(tensor.shape)
     placements = tuple(tensor.placements) if isinstance(tensor, DTensor) and not whole else None
-    return placements, tuple(tensor.shape), tuple(_local(tensor).shape), tensor.dtype
+    # floating dtypes may differ: the host-resident reference keeps the compute dtype
+    kind = "floating" if tensor.dtype.is_floating_point else tensor.dtype
+    return placements, tuple(tensor.shape), tuple(_local(tensor).shape), kind
 
 
 def resharded(module: nn.Module) -> None:
@@ -144,8 +146,8 @@ def resharded(module: nn.Module) -> None:
 def copy_policy_state(reference: nn.Module, policy: nn.Module) -> bool:
     """Copy each rank's local shards of ``policy``'s persistent state (parameters and
     persistent buffers) into ``reference``'s. False, nothing copied, where the two do not
-    hold the same names in the same layout (sharding, shapes, dtypes): the caller then
-    loads the checkpoint."""
+    hold the same names in the same layout (sharding, shapes, kinds of dtype): the caller
+    then loads the checkpoint. A floating tensor is rounded into the reference's dtype."""
     resharded(policy)
     resharded(reference)
     source = {_clean(name): t for name, t in policy.state_dict(keep_vars=True).items()}

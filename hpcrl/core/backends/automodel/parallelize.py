@@ -407,6 +407,15 @@ def needs_fsdp(shape: MeshShape, cpu_offload: bool) -> bool:
     return shape.dp_size > 1 or shape.tp > 1 or shape.cp > 1 or cpu_offload
 
 
+def apply_storage_dtype(hf_model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Parameters stored in ``dtype``, buffers as they are (rotary ``inv_freq`` stays fp32).
+    For the host-resident reference in the dtype its blocks compute in: half the host memory
+    and half the bytes copied in per pass of fp32, and the same matmuls (autocast or FSDP's
+    ``param_dtype`` rounds the weights to it anyway; a bf16 checkpoint loses nothing)."""
+    for param in hf_model.parameters():
+        param.data = param.data.to(dtype)
+
+
 def apply_autocast(root: torch.nn.Module, compute_dtype: torch.dtype | None) -> None:
     """Mixed precision without FSDP, with FSDP's activations: fp32 weights, matmuls in
     ``compute_dtype``, and the residual stream in ``compute_dtype`` from the embedding's

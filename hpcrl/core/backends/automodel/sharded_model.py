@@ -26,6 +26,7 @@ from hpcrl.core.backends.automodel.parallelize import (
     apply_activation_checkpointing,
     apply_autocast,
     apply_fsdp,
+    apply_storage_dtype,
     apply_tp,
     compile_blocks,
     data_parallel_mesh,
@@ -106,6 +107,8 @@ def build_sharded_model(
     if steps.activation_checkpointing:
         saving = router_saving_context(hf_model) if steps.save_router_outputs else None
         apply_activation_checkpointing(hf_model, saving)
+    if steps.reshard_every_block and param_dtype is not None:
+        apply_storage_dtype(hf_model, param_dtype)
     copies = None
     if master_weights and _plain_bf16_training(steps, training):
         copies = apply_compute_copies(hf_model, torch.bfloat16)
