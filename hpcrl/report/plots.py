@@ -127,10 +127,14 @@ def plot_vs_swept_value(report: Report, key: str, path: Path) -> Path:
 
 
 def _sweep_panel(panel: Any, report: Report, axis: Any, title: str, attribute: str) -> None:
+    # by position alone: two points of a two-axis sweep may share both (rows do not order)
     points = sorted(
-        (x, value, row)
-        for x, row in zip(axis.xs, report.rows, strict=True)
-        if (value := getattr(row.summary, attribute)) is not None
+        (
+            (x, value, row)
+            for x, row in zip(axis.xs, report.rows, strict=True)
+            if (value := getattr(row.summary, attribute)) is not None
+        ),
+        key=lambda point: point[:2],
     )
     if axis.scale == "log":
         panel.set_xscale("log")

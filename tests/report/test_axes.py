@@ -185,3 +185,25 @@ def test_an_integer_swept_axis_gets_integer_ticks(values, ticks) -> None:
     minor = list(panel.xaxis.get_minorticklocs())
     pyplot.close(figure)
     assert shown == ticks and labels == values and minor == []
+
+
+def test_points_at_the_same_place_of_a_panel_are_plotted(tmp_path: Path) -> None:
+    """A two-axis sweep whose second axis has one value: against that key every point sits
+    at the same x, and equal metrics put them at the same y (hpcrl report stopped with a
+    TypeError there, comparing the rows themselves)."""
+    host_key, fraction_key = "policy.automodel_cfg.reference_on_host", "policy.x.fraction"
+    sweep = tmp_path / "sw"
+    sweep.mkdir()
+    points = tuple(build_points([f"{host_key}=false,true", f"{fraction_key}=0"]))
+    write_sweep_record(sweep, SweepRecord(name="sw", recipe_source="r", cluster="c", overrides=(),
+                       swept_keys=(host_key, fraction_key), points=points))  # fmt: skip
+    for index in range(2):
+        (sweep / f"point-{index}").mkdir()
+        (sweep / f"point-{index}" / "metrics.jsonl").write_text(
+            json.dumps({"step": 1, "reward_mean": 0.0, "loss": 0.5, "time_step_s": 2.0}) + "\n"
+        )
+    paths = save_plots(build_report(sweep), tmp_path / "out")
+    assert [p.name for p in paths] == [
+        "training.png", "step_time.png", "vs_reference_on_host.png", "vs_fraction.png"
+    ]  # fmt: skip
+    assert all(_png_size(p) == (800, 500) for p in paths[1:])
