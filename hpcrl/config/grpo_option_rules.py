@@ -147,9 +147,31 @@ def rule_skip_reference_logprobs(recipe: Recipe) -> list[Problem]:
     ]
 
 
+def rule_host_reference_unused(recipe: Recipe) -> list[Problem]:
+    """``policy.automodel_cfg.reference_on_host`` places the reference model, which only
+    GRPO's KL term builds: under SFT or a zero penalty the switch changes nothing."""
+    cfg = recipe.policy.automodel_cfg
+    penalty = recipe.loss_fn.reference_policy_kl_penalty
+    if not (cfg.enabled and cfg.reference_on_host) or (recipe.grpo is not None and penalty):
+        return []
+    why = "SFT builds" if recipe.grpo is None else "loss_fn.reference_policy_kl_penalty = 0 builds"
+    path = "policy.automodel_cfg.reference_on_host"
+    return [
+        Problem(
+            path=path,
+            value=True,
+            message=f"has no effect: {why} no reference model",
+            fix=f"remove {path}, or give GRPO a KL penalty (e.g. "
+            "loss_fn.reference_policy_kl_penalty=0.01)",
+            severity="warning",
+        )
+    ]
+
+
 GRPO_OPTION_RULES = (
     rule_single_turn,
     rule_dynamic_sampling,
     rule_reward_terms,
     rule_skip_reference_logprobs,
+    rule_host_reference_unused,
 )
