@@ -9,5 +9,5 @@ from __future__ import annotations
 
 TINY_PREFIX = "tiny:"
 TINY_MODEL_NAMES = (
-    "qwen2", "llama", "llama-1b", "llama3.1-8b", "qwen3", "mistral", "qwen2-vllm"
+    "qwen2", "llama", "llama-1b", "llama3.1-8b", "llama3.2-3b", "qwen3", "mistral", "qwen2-vllm"
 )  # fmt: skip

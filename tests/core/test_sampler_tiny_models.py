@@ -96,6 +96,11 @@ def test_a_bf16_spec_is_saved_in_bf16_with_its_shape_and_the_8b_one_is_llama_31s
              config.num_key_value_heads, config.intermediate_size, config.vocab_size)  # fmt: skip
     assert shape == (4096, 32, 32, 8, 14336, 128256) and big.dtype == "bfloat16"
     assert _rope_theta(config) == 500000.0
+    three = tiny.TINY_SPECS["llama3.2-3b"]  # Llama-3.2-3B's shape, its embeddings tied
+    config = tiny.tiny_config(three, three.vocab_size)
+    shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+             config.num_key_value_heads, config.intermediate_size, config.vocab_size)  # fmt: skip
+    assert shape == (3072, 28, 24, 8, 8192, 128256) and config.tie_word_embeddings
     small = attrs.evolve(big, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=128, vocab_size=512)  # fmt: skip
     monkeypatch.setitem(tiny.TINY_SPECS, "bf16-small", small)

@@ -31,7 +31,7 @@ CASES = {
         ("grpo-tiny-1n-cpu", "--cluster", "local", "policy.model_name=tiny:nope"),
         "error policy.model_name = 'tiny:nope' not one of hpcrl's built-in tiny models: the job "
         "would fail to build it fix: use one of tiny:qwen2, tiny:llama, tiny:llama-1b, "
-        "tiny:llama3.1-8b, tiny:qwen3, tiny:mistral, tiny:qwen2-vllm, or a Hugging Face name or local folder",
+        "tiny:llama3.1-8b, tiny:llama3.2-3b, tiny:qwen3, tiny:mistral, tiny:qwen2-vllm, or a Hugging Face name or local folder",
     ),
     "data-outside-every-mount": (
         ("grpo-tiny-2n-cpu", "--cluster", "slurm-test-pyxis", "data.train_path={data}"),
