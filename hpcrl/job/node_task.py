@@ -17,6 +17,7 @@ inside the job.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,29 @@ def requeue_after_failure(task: NodeTask, run_dir: str, cause: str) -> None:
     with temporary_save_path(pickle_path) as partial:
         delayed.dump(partial)
     command = ["scontrol", "requeue", environment.job_id]
+    previous = ignore_slurms_term()
     try:
         subprocess.run(command, check=True, timeout=SCONTROL_TIMEOUT_S, capture_output=True)
     except (OSError, subprocess.SubprocessError) as error:
         _requeue_refused(run_dir, f"{' '.join(command)} failed: {error}")
         raise RuntimeError(f"{cause}; the requeue failed: {error}") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"hpcrl: requeued job {environment.job_id}: {cause}", file=sys.stderr, flush=True)
+
+
+def ignore_slurms_term() -> Any:
+    """Ignore SIGTERM in this process and the programs it starts from now on (an ignored
+    signal stays ignored across exec, in sh too); returns the handler it replaces.
+
+    Slurm's requeue ends the running attempt at once: SIGCONT and SIGTERM to every process
+    of the job step, the ``scontrol requeue`` that asked for it included. On a loaded node
+    the signal lands before scontrol exits, so the requeue happens yet reads as failed (CI,
+    2026-12-07: submitit then wrote an error result for task 0 and the job looked over
+    while its next attempt started). SIGKILL after Slurm's KillWait still ends them all.
+    Main thread only (``signal.signal``): submitit's signal handler and ``NodeTask.__call__``.
+    """
+    return signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _requeue_refused(run_dir: str, why: str) -> None:
@@ -167,9 +185,13 @@ class NodeTask(Checkpointable):
     def checkpoint(self, run_dir: str) -> DelayedSubmission | None:  # type: ignore[override]
         """Called by submitit on task 0 when USR2 arrives; None means "do not requeue"."""
         entry_checkpoint = getattr(self._entrypoint, "checkpoint", None)
-        if entry_checkpoint is None:
-            return DelayedSubmission(NodeTask(self._entrypoint, self._attempt_offset), run_dir)
-        resubmission = entry_checkpoint(run_dir)
-        if resubmission is None:
-            return None
-        return DelayedSubmission(NodeTask(resubmission.function, self._attempt_offset), run_dir)
+        entrypoint = self._entrypoint
+        if entry_checkpoint is not None:
+            resubmission = entry_checkpoint(run_dir)
+            if resubmission is None:
+                return None
+            entrypoint = resubmission.function
+        # submitit runs ``scontrol requeue`` next and then exits, and that scontrol must live
+        # to report the requeue done (Ray and the driver, started earlier, keep their handlers)
+        ignore_slurms_term()
+        return DelayedSubmission(NodeTask(entrypoint, self._attempt_offset), run_dir)

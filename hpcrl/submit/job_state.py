@@ -44,7 +44,9 @@ from hpcrl.submit.job_status import FINAL_STATES, JobStatus
 from hpcrl.submit.pending_reasons import pending_reasons, queued_states
 
 SACCT_TIMEOUT_S = 30
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "ElapsedRaw", "Reason", "Submit", "Cluster")
+SACCT_FIELDS = (
+    "JobID", "State", "ExitCode", "ElapsedRaw", "Reason", "Submit", "Cluster", "Start",
+)  # fmt: skip
 #: sacct prints times in epoch seconds with this (no time zone to guess).
 SACCT_ENV = {"SLURM_TIME_FORMAT": "%s"}
 WATCH_DELAY_S = 30  # while waiting: at most this long between two sacct calls
@@ -186,13 +188,14 @@ class SacctWatcher(SlurmInfoWatcher):
             state = "REQUEUED" if queued == "COMPLETING" else queued
             if state != "REQUEUED":
                 states += (state,)
-        elapsed = last.get("ElapsedRaw", "")
+        elapsed, start = last.get("ElapsedRaw", ""), last.get("Start", "")
         reason = self.reasons.get(job_id) if state == "PENDING" else None
         reason = None if state in FINAL_STATES else reason or last.get("Reason")
         return JobStatus(
             state=state,
             attempts=len(states),
             elapsed_s=float(elapsed) if elapsed.isdigit() else None,
+            started_at_s=float(start) if start.isdigit() else None,
             exit_code=_parse_exit_code(last.get("ExitCode", "")) if state in FINAL_STATES else None,
             reason=reason if reason not in (None, "", "None") else None,
             states=states,
@@ -242,9 +245,17 @@ def query_status(record: JobRecord) -> JobStatus:
     return query_statuses([record])[0]
 
 
-def results_written(record: JobRecord) -> bool:
-    """Every task wrote its submitit result (the job is over even if sacct cannot say so)."""
-    return all(task_paths(record, task).result_pickle.exists() for task in range(record.num_tasks))
+def results_written(record: JobRecord, since_s: float | None = None) -> bool:
+    """Every task wrote its submitit result (the job is over even if sacct cannot say so);
+    ``since_s`` (epoch seconds): each result written then or later."""
+    for task in range(record.num_tasks):
+        try:
+            written_s = task_paths(record, task).result_pickle.stat().st_mtime
+        except FileNotFoundError:
+            return False
+        if since_s is not None and written_s < since_s:
+            return False
+    return True
 
 
 def _parse_exit_code(text: str) -> int | None:

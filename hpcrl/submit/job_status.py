@@ -30,6 +30,7 @@ class JobStatus:
     state: str
     attempts: int = 1
     elapsed_s: float | None = None
+    started_at_s: float | None = None  # when the current attempt started (epoch s; sacct's)
     exit_code: int | None = None
     scheduler_error: str | None = None  # sacct failed: the state is submitit's last known one
     reason: str | None = None  # why a pending job waits (Priority, Resources, ...): squeue's

@@ -149,7 +149,7 @@ def _announce_requeues(
 def _poll(watches: list[_Watch], watcher: SacctWatcher, statuses: list[JobStatus]) -> None:
     waiting_on = [index for index, watch in enumerate(watches) if not watch.done]
     force = all(watch.polls == 0 for watch in watches) or any(
-        results_written(watches[index].record) for index in waiting_on
+        watches[index].results_of_this_attempt(statuses[index]) for index in waiting_on
     )
     records = [watches[index].record for index in waiting_on]
     for index, status in zip(waiting_on, query_statuses(records, watcher, force), strict=True):
@@ -366,9 +366,7 @@ class _Watch:
         # UNKNOWN while sacct fails is no news: only the scheduler's own answer can lose a job
         unknown = status.state == "UNKNOWN" and not status.scheduler_error
         self.unknown_since_s = _since(self.unknown_since_s, now, unknown)
-        # (a job waiting for its next attempt may hold an earlier attempt's results)
-        waits_again = status.state in ("PENDING", "REQUEUED") and status.attempts > 1
-        written = not waits_again and results_written(self.record)
+        written = self.results_of_this_attempt(status)
         self.results_since_s = _since(self.results_since_s, now, written)
         if self._longer_than(self.results_since_s, now, self.settings.sacct_lag_s):
             self.reason = "RESULTS"
@@ -377,6 +375,14 @@ class _Watch:
         elif self._longer_than(self.unreachable_since_s, now, self.settings.unreachable_grace_s):
             self.reason = "UNREACHABLE"
         return bool(self.reason)
+
+    def results_of_this_attempt(self, status: JobStatus) -> bool:
+        """Every task wrote its result, in the attempt ``status`` is of. A requeued job holds
+        its earlier attempts' results (every task's where a requeue read as failed), which
+        say nothing of the attempt waiting or running now."""
+        if status.state == "REQUEUED" or (status.state == "PENDING" and status.attempts > 1):
+            return False
+        return results_written(self.record, status.started_at_s if status.attempts > 1 else None)
 
     def final_status(self, status: JobStatus) -> JobStatus:
         if self.reason == "RESULTS":

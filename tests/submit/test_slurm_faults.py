@@ -2,8 +2,9 @@
 
 One two-node GRPO job meets three faults: ``scancel --signal=USR2`` (what Slurm sends before
 the time limit or on preemption) makes the training driver checkpoint at a step boundary
-and the job is REQUEUED; in the next attempt node 2 is lost (its raylet killed) and the job
-is REQUEUED again; in the third node 2's slurmd stops, Slurm marks n2 DOWN and ends the
+and the job is REQUEUED (the ``scontrol requeue`` that asks for it outlives the SIGTERM it
+brings: ``scontrol_slow_after_requeue``); in the next attempt node 2 is lost (its raylet
+killed) and the job is REQUEUED again; in the third node 2's slurmd stops, Slurm marks n2 DOWN and ends the
 attempt NODE_FAIL and requeues the job itself; the fourth attempt resumes from the last
 checkpoint and COMPLETES. Each attempt's end is named in one line (what, where, after which
 step, which log), Slurm's requeue counts against max_requeues like hpcrl's, no process of
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -99,6 +101,28 @@ def requeueing_profile(tmp_path: Path) -> Path:
     path = tmp_path / "requeue.yaml"
     path.write_text(yaml.safe_dump(profile))
     return path
+
+
+def scontrol_slow_after_requeue(folder: Path) -> dict[str, str]:
+    """The job's environment with a test stand-in ``scontrol`` first on PATH: a Python that
+    runs the real one and, after ``requeue``, takes 3 s more to exit (below the test
+    cluster's KillWait of 5 s). Slurm's requeue SIGTERMs every process of the job step at
+    once, the scontrol that asked included; this makes the signal land before scontrol exits
+    every time, as it did by chance on a loaded CI machine (2026-12-07), for submitit's
+    requeue after USR2 and for hpcrl's own after a lost node. (Not a shell: sh waiting on a
+    ``sleep`` that SIGTERM ended went on to exit 0.)"""
+    real = shutil.which("scontrol")
+    assert real is not None, "the test Slurm cluster's scontrol is not on PATH"
+    wrapper = folder / "slow-scontrol" / "scontrol"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        f"#!{sys.executable}\nimport subprocess, sys, time\n"
+        f"code = subprocess.call([{real!r}, *sys.argv[1:]])\n"
+        'if sys.argv[1:2] == ["requeue"]:\n    time.sleep(3)\nsys.exit(code)\n'
+    )
+    wrapper.chmod(0o755)
+    environment = job_env()
+    return {**environment, "PATH": f"{wrapper.parent}{os.pathsep}{environment['PATH']}"}
 
 
 def _process(*needles: str) -> psutil.Process:
@@ -189,7 +213,8 @@ def test_preempted_then_two_lost_nodes_each_requeue_resume_and_match_an_uninterr
     out_path = tmp_path / "wait.out"
     with out_path.open("w") as out:
         waiting = subprocess.Popen([sys.executable, "-m", "hpcrl.cli.main", *args], cwd=tmp_path,
-                                   env=job_env(), stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                                   env=scontrol_slow_after_requeue(tmp_path), stdout=out,
+                                   stderr=subprocess.STDOUT)  # fmt: skip
     job_id, reference, slurmd_stopped = None, None, False
     try:
         wait_for(lambda: (run / "job.json").exists(), 60, "the submission")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -53,23 +54,38 @@ def test_progress_line_follows_the_run_folder(tmp_path: Path) -> None:
     )
 
 
+#: attempt 2 of a requeued job, started at this epoch second (sacct's Start)
+_SECOND_ATTEMPT = JobStatus(state="RUNNING", attempts=2, started_at_s=2_000_000_000.0)
+
+
 @pytest.mark.parametrize(
-    ("statuses", "results", "final_state"),
+    ("statuses", "results_at_s", "final_state"),
     [
-        ([JobStatus(state="RUNNING"), JobStatus(state="COMPLETED")], False, "COMPLETED"),
-        ([JobStatus(state="RUNNING")] * 50, True, "ENDED"),  # sacct lags or is down
-        ([JobStatus(state="UNKNOWN")] * 50, False, "LOST"),
-        ([JobStatus(state="RUNNING", scheduler_error="sacct exited 1")] * 50, False, "UNREACHABLE"),
+        ([JobStatus(state="RUNNING"), JobStatus(state="COMPLETED")], None, "COMPLETED"),
+        ([JobStatus(state="RUNNING")] * 50, time.time(), "ENDED"),  # sacct lags or is down
+        ([JobStatus(state="UNKNOWN")] * 50, None, "LOST"),
+        ([JobStatus(state="RUNNING", scheduler_error="sacct exited 1")] * 50, None, "UNREACHABLE"),
+        # CI, 2026-12-07: a requeue read as failed left every task's result of attempt 1
+        # while attempt 2 ran: they end nothing; attempt 2's own results do
+        ([JobStatus(state="PENDING", attempts=2), *[_SECOND_ATTEMPT] * 50,
+          attrs.evolve(_SECOND_ATTEMPT, state="COMPLETED")], 1_999_999_990.0, "COMPLETED"),
+        ([_SECOND_ATTEMPT] * 50, 2_000_000_100.0, "ENDED"),
     ],
-)
+)  # fmt: skip
 def test_waiting_always_ends(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, statuses: list, results: bool, final_state: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    statuses: list,
+    results_at_s: float | None,
+    final_state: str,
 ) -> None:
     record = _record(tmp_path)
-    if results:
+    if results_at_s is not None:
         (tmp_path / "submitit").mkdir()
         for task in range(record.num_tasks):
-            (tmp_path / "submitit" / f"41_{task}_result.pkl").write_bytes(b"")
+            result = tmp_path / "submitit" / f"41_{task}_result.pkl"
+            result.write_bytes(b"")
+            os.utime(result, (results_at_s, results_at_s))
     answers = iter(statuses)
     monkeypatch.setattr(waiting, "query_statuses", lambda records, *_: [next(answers)])
     seen: list[JobStatus] = []
@@ -82,9 +98,11 @@ def test_waiting_always_ends(
     assert seen[0].state == final_state
     # without a terminal, progress is one line per change (CI logs stay readable)
     lines = [line.split("] ", 1)[1] for line in console.file.getvalue().splitlines()]
-    first = {"RUNNING": "job 41: running, starting Ray", "UNKNOWN": "job 41: queued"}[
-        statuses[0].state
-    ]
+    first = {
+        "RUNNING": "job 41: running, starting Ray",
+        "UNKNOWN": "job 41: queued",
+        "PENDING": "job 41: queued",
+    }[statuses[0].state]
     assert lines[0].startswith(first) and len(lines) == len(set(lines))
 
 
@@ -184,15 +202,33 @@ def test_long_wait_prints_each_phase_steps_and_heartbeats(
 class _Sacct:
     """Answers like sacct for the jobs asked about; counts the calls."""
 
-    def __init__(self, rows: list[str], returncode: int = 0) -> None:
-        self.rows, self.returncode, self.commands = rows, returncode, []
+    def __init__(
+        self,
+        rows: list[str],
+        returncode: int = 0,
+        fields: str = "JobID|State|ExitCode|ElapsedRaw|Reason",
+    ) -> None:
+        self.rows, self.returncode, self.commands, self.fields = rows, returncode, [], fields
 
     def __call__(self, command: list[str], **_: object) -> subprocess.CompletedProcess:
         if command[0] == "squeue":  # asked while a job is pending; knows nothing here
             return subprocess.CompletedProcess(command, 0, "", "")
         self.commands.append(command)
-        text = "JobID|State|ExitCode|ElapsedRaw|Reason\n" + "".join(r + "\n" for r in self.rows)
+        text = self.fields + "\n" + "".join(r + "\n" for r in self.rows)
         return subprocess.CompletedProcess(command, self.returncode, text, "sacct: down\n")
+
+
+def test_sacct_start_dates_the_current_attempt() -> None:
+    from hpcrl.submit import job_state
+
+    assert "Start" in job_state.SACCT_FIELDS
+    sacct = _Sacct(["41|REQUEUED|0:0|9|1999999000", "41|RUNNING|0:0|3|2000000000"],
+                   fields="JobID|State|ExitCode|ElapsedRaw|Start")  # fmt: skip
+    (status,) = job_state.query_statuses([_record(Path("/x"))], job_state.SacctWatcher(run=sacct))
+    assert (status.state, status.attempts, status.started_at_s) == ("RUNNING", 2, 2e9)
+    sacct.rows = ["41|PENDING|0:0|0|Unknown"]  # a pending attempt has no start yet
+    (status,) = job_state.query_statuses([_record(Path("/x"))], job_state.SacctWatcher(run=sacct))
+    assert status.started_at_s is None
 
 
 def test_sacct_pending_reason_reaches_the_status() -> None:
