@@ -26,6 +26,9 @@ same message.
 - hpcrl's torch sampler (``policy.generation.backend`` torch, and megatron, which samples
   with it) implements the same decoders (``hpcrl.core.generation.decoder``).
 - The Megatron backend's models come from megatron-bridge, which decides itself; vLLM too.
+  One refusal is hpcrl's own: a model whose Hugging Face forward rescales or soft-caps
+  lm_head's output (``LOGIT_MULTIPLIER_KEYS``, ``final_logit_softcapping``: Gemma 2, Granite,
+  Cohere, Falcon-H1), whose log-probs the Megatron backend does not reproduce.
 """
 
 from __future__ import annotations
@@ -92,6 +95,15 @@ CONTEXT_PARALLEL = "policy.automodel_cfg.context_parallel_size"
 EXPERT_PARALLEL = "policy.automodel_cfg.expert_parallel_size"
 SAMPLER_MODEL_TYPES = LLAMA_SHAPED
 MODEL = "policy.model_name"
+#: config keys whose value multiplies (False) or divides (True) lm_head's output in the
+#: Hugging Face forward (Cohere's logit_scale, Granite's logits_scaling, Falcon-H1's
+#: lm_head_multiplier); ``final_logit_softcapping`` then soft-caps it (Gemma 2)
+LOGIT_MULTIPLIER_KEYS = (
+    ("logit_scale", False),
+    ("logits_scaling", True),
+    ("lm_head_multiplier", False),
+)
+LOGIT_SOFTCAP_KEY = "final_logit_softcapping"
 
 
 def builders(recipe: Recipe) -> list[tuple[str, tuple[str, ...], str]]:
@@ -130,6 +142,8 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             f"{', '.join(model_types)} decoders",
             fix=fix,
         )
+    if recipe.backend == "megatron":
+        return _logit_processing_problem(recipe, hf_config)
     if recipe.backend == "automodel":
         return (
             _fsdp_only_problem(recipe, hf_config)
@@ -138,6 +152,59 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             or _quantized_problem(recipe, hf_config)
         )
     return None
+
+
+def config_checked(recipe: Recipe) -> bool:
+    """Whether anything refuses models by their config.json for ``recipe`` (a builder of
+    ``builders``, or the Megatron backend's refusal of logit processing)."""
+    return bool(builders(recipe)) or recipe.backend == "megatron"
+
+
+def logit_processing(hf_config: Mapping[str, Any]) -> dict[str, float]:
+    """What the Hugging Face forward does to lm_head's output, read from config.json (a
+    multimodal wrapper's from its ``text_config``): the keys of ``LOGIT_MULTIPLIER_KEYS``
+    and ``LOGIT_SOFTCAP_KEY`` that change it, with their values; empty for plain logits."""
+    text = hf_config.get("text_config")
+    text = text if isinstance(text, Mapping) else hf_config
+    found = {
+        name: float(value)
+        for name, _ in LOGIT_MULTIPLIER_KEYS
+        if isinstance(value := text.get(name), int | float)
+        and not isinstance(value, bool)
+        and value != 1
+    }
+    softcap = text.get(LOGIT_SOFTCAP_KEY)
+    if isinstance(softcap, int | float) and not isinstance(softcap, bool) and softcap:
+        found[LOGIT_SOFTCAP_KEY] = float(softcap)
+    return found
+
+
+def _logit_processing_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+    """The Megatron log-prob path scores the bridge provider's output layer, whose handling
+    of a rescale or soft-cap hpcrl has not verified, while the sampler applies it: log-probs
+    that differ would skew every ratio and importance weight without a word."""
+    processing = logit_processing(hf_config)
+    if not processing:
+        return None
+    named = ", ".join(f"{key} {value:g}" for key, value in processing.items())
+    model_type = hf_config.get("model_type")
+    if model_type in AUTOMODEL_MODEL_TYPES:
+        fix = (
+            "train it with the Automodel backend (policy.automodel_cfg.enabled=true, "
+            "policy.megatron_cfg.enabled=false), which applies it"
+        )
+    else:
+        fix = (
+            f"pick a model without it: the Automodel backend, which applies it, does not "
+            f"build model_type {model_type!r} either"
+        )
+    return Problem(
+        path=MODEL,
+        value=recipe.policy.model_name,
+        message=f"this model post-processes its logits ({named}), which the Megatron "
+        "backend does not reproduce in its log-prob path",
+        fix=fix,
+    )
 
 
 def quant_method(hf_config: Mapping[str, Any]) -> str | None:

@@ -26,6 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+# what HF causal LMs do to lm_head's output, by config attribute (read from transformers'
+# modeling code); the Megatron backend refuses such models by the same keys
+from hpcrl.config.architectures import LOGIT_MULTIPLIER_KEYS, LOGIT_SOFTCAP_KEY
+
 if TYPE_CHECKING:
     import torch
 
@@ -58,17 +62,6 @@ class TokenDistribution:
         return attrs.evolve(self, top_k=None, top_p=1.0)
 
 
-# What HF causal LMs do to lm_head's output before returning logits, by config attribute
-# (read from transformers' modeling code): Cohere multiplies by ``logit_scale``, Granite
-# divides by ``logits_scaling``, Falcon-H1 multiplies by ``lm_head_multiplier``, Gemma 2/3
-# soft-cap at ``final_logit_softcapping``.
-LOGIT_MULTIPLIER_ATTRS = (
-    ("logit_scale", False),
-    ("logits_scaling", True),
-    ("lm_head_multiplier", False),
-)
-
-
 @attrs.frozen(kw_only=True)
 class LogitTransform:
     """``softcap · tanh(multiplier · z / softcap)`` (no tanh without a softcap)."""
@@ -81,11 +74,11 @@ class LogitTransform:
         """The processing the HF model's forward applies, read from its config."""
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         multiplier = 1.0
-        for name, divides in LOGIT_MULTIPLIER_ATTRS:
+        for name, divides in LOGIT_MULTIPLIER_KEYS:
             value = getattr(text, name, None)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 multiplier = multiplier / value if divides else multiplier * value
-        softcap = getattr(text, "final_logit_softcapping", None)
+        softcap = getattr(text, LOGIT_SOFTCAP_KEY, None)
         return cls(multiplier=float(multiplier), softcap=float(softcap) if softcap else None)
 
     @property

@@ -17,6 +17,7 @@ from hpcrl.config.architectures import (
     TRANSFORMERS_5_MODEL_TYPES,
     architecture_problem,
     builders,
+    config_checked,
     read_hf_config,
 )
 from hpcrl.config.errors import Problem
@@ -65,7 +66,7 @@ def _checked(recipe: Recipe) -> bool:
 def check_model_architecture(
     recipe: Recipe, spec: JobSpec, environ: Mapping[str, str]
 ) -> list[Problem]:
-    if not _checked(recipe):
+    if not config_checked(recipe) or recipe.policy.model_name.startswith(BUILT_IN_PREFIX):
         return []
     config, _ = model_config_known(recipe, spec, environ)
     problem = None if config is None else architecture_problem(recipe, config)

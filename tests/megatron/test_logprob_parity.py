@@ -38,13 +38,21 @@ def test_logprobs_equal_the_hf_forward_under_the_sampling_distribution(converted
 
 
 def test_models_that_process_their_logits_are_refused(tmp_path):
+    """The job's check before any worker (``hpcrl.core.models.buildable``), on the
+    config.json transformers itself writes for a soft-capped Gemma 2."""
     import torch
     import transformers
 
-    from hpcrl.core.backends.megatron.worker import refuse_logit_processing
+    from hpcrl.config.recipe import GenerationCfg
+    from hpcrl.core.models.buildable import unbuildable_model
+    from tests.recipe_builder import megatron_recipe, with_policy
+
+    def recipe_for(path):
+        vllm = GenerationCfg(backend="vllm")  # the sampler's own refusal stays out of it
+        return with_policy(megatron_recipe(), model_name=str(path), generation=vllm)
 
     plain = build_tiny_hf_model(tmp_path / "llama", "llama")
-    refuse_logit_processing(str(plain))  # no processing: accepted
+    assert unbuildable_model(recipe_for(plain), str(plain)) is None
     config = transformers.Gemma2Config(
         vocab_size=100,
         hidden_size=32,
@@ -55,6 +63,8 @@ def test_models_that_process_their_logits_are_refused(tmp_path):
         head_dim=16,
     )
     torch.manual_seed(0)
-    transformers.Gemma2ForCausalLM(config).save_pretrained(tmp_path / "gemma2")
-    with pytest.raises(ValueError, match="softcap=30.0.*policy.automodel_cfg.enabled=true"):
-        refuse_logit_processing(str(tmp_path / "gemma2"))
+    gemma2 = tmp_path / "gemma2"
+    transformers.Gemma2ForCausalLM(config).save_pretrained(gemma2)
+    problem = unbuildable_model(recipe_for(gemma2), str(gemma2))
+    assert problem is not None and problem.path == "policy.model_name"
+    assert "(final_logit_softcapping 30)" in problem.message

@@ -238,3 +238,39 @@ def test_gpt_oss_20b_from_the_table_trains_only_dequantized():
     )
     dequantized = with_policy(sft, dequantize_base_checkpoint=True)
     assert architecture_problem(dequantized, table) is None
+
+
+GEMMA2 = {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"],
+          "final_logit_softcapping": 30.0}  # fmt: skip
+#: Gemma 3's multimodal wrapper, its decoder soft-capping (its released configs do not)
+GEMMA3_SOFTCAPPED = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+                     "text_config": {"model_type": "gemma3_text", "final_logit_softcapping": 30.0,
+                                     "logit_scale": 1}}  # fmt: skip
+
+
+def test_megatron_refuses_a_model_that_processes_its_logits_before_any_worker(tmp_path):
+    """Was refused by the Megatron worker after its parallel state was set up (in the queue's
+    time); now by validate when it sees config.json, else by the job before any worker."""
+    name = model_folder(tmp_path / "gemma2", GEMMA2)
+    vllm = GenerationCfg(backend="vllm")  # no builder of hpcrl's reads the config
+    recipe, spec = planned(
+        with_policy(megatron_recipe(), model_name=name, generation=vllm), tmp_path
+    )
+    (problem,) = check_model_architecture(recipe, spec, {})
+    assert problem.one_line() == (
+        f"policy.model_name = '{name}': this model post-processes its logits "
+        "(final_logit_softcapping 30), which the Megatron backend does not reproduce in its "
+        "log-prob path; fix: pick a model without it: the Automodel backend, which applies "
+        "it, does not build model_type 'gemma2' either"
+    )
+    assert unbuildable_model(recipe, name) == problem
+    wrapped = model_folder(tmp_path / "gemma3", GEMMA3_SOFTCAPPED)
+    (problem,) = check_model_architecture(with_policy(recipe, model_name=wrapped), spec, {})
+    assert "(final_logit_softcapping 30)" in problem.message
+    assert problem.fix.startswith("train it with the Automodel backend")
+    # plain logits pass, as does the same soft-capped model on the Automodel backend
+    plain = model_folder(tmp_path / "llama", {**LLAMA, "logit_scale": 1.0})
+    assert check_model_architecture(with_policy(recipe, model_name=plain), spec, {}) == []
+    automodel = with_policy(automodel_recipe(), model_name=wrapped, generation=vllm)
+    automodel, spec = planned(automodel, tmp_path)
+    assert check_model_architecture(automodel, spec, {}) == []

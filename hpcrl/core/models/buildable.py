@@ -11,7 +11,7 @@ from hpcrl.config.architectures import (
     MODEL,
     TRANSFORMERS_5_MODEL_TYPES,
     architecture_problem,
-    builders,
+    config_checked,
     read_hf_config,
 )
 from hpcrl.config.errors import Problem
@@ -21,7 +21,7 @@ from hpcrl.config.recipe import Recipe
 def unbuildable_model(recipe: Recipe, model_path: str) -> Problem | None:
     """The refusal of ``model_path``'s architecture, None when it can be built (or its
     config cannot be fetched: loading the model reports that itself, with the hub's error)."""
-    if not builders(recipe):
+    if not config_checked(recipe):
         return None
     folder = Path(model_path)
     if not folder.is_dir():

@@ -28,7 +28,6 @@ from hpcrl.core.backends.megatron import hf_import, offload, step
 from hpcrl.core.backends.megatron import model as mcore_model
 from hpcrl.core.backends.pass_stats import PassRecorder, TrainSplit
 from hpcrl.core.token_distribution import (
-    LogitTransform,
     TokenDistribution,
     training_distribution,
 )
@@ -50,23 +49,6 @@ def total_train_steps(recipe: Recipe) -> int:
     section = recipe.grpo if recipe.grpo is not None else recipe.sft
     assert section is not None  # the config rules require one algorithm section
     return max(int(section.max_num_steps), 1)
-
-
-def refuse_logit_processing(model_path: str) -> None:
-    """Models whose HF forward rescales or soft-caps lm_head's output (Gemma 2/3, Cohere,
-    Granite, Falcon-H1): the sampler (an HF model) applies it, while the Megatron log-prob
-    path scores the provider's output layer, whose handling of it hpcrl has not verified;
-    mismatched log-probs would silently skew ratios and importance weights."""
-    from transformers import AutoConfig
-
-    transform = LogitTransform.of_config(AutoConfig.from_pretrained(model_path))
-    if not transform.is_identity:
-        raise ValueError(
-            f"policy.model_name: this model post-processes its logits ({transform}); the "
-            "Megatron backend does not reproduce that in its log-prob path yet. Use the "
-            "Automodel backend (policy.automodel_cfg.enabled=true, "
-            "policy.megatron_cfg.enabled=false), which applies it"
-        )
 
 
 class MegatronWorker:
@@ -146,10 +128,10 @@ class MegatronWorker:
 
     def _load_model(self) -> list:
         """The model chunks with ``model_path``'s weights, converted from HF once (a model
-        whose logits the log-prob path cannot reproduce refused first). The one step of
-        setup that benchmarks/train_throughput_megatron.py replaces (random weights the raw
-        megatron-core loop shares, no HF checkpoint); everything else it runs as a job does."""
-        refuse_logit_processing(self.model_path)
+        whose logits the log-prob path cannot reproduce was refused before the workers:
+        ``hpcrl.config.architectures``). The one step of setup that
+        benchmarks/train_throughput_megatron.py replaces (random weights the raw megatron-core
+        loop shares, no HF checkpoint); everything else it runs as a job does."""
         return self._build_model(self._ensure_conversion())
 
     def _ensure_conversion(self) -> Path:
