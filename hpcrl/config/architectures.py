@@ -143,7 +143,7 @@ def architecture_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Proble
             fix=fix,
         )
     if recipe.backend == "megatron":
-        return _logit_processing_problem(recipe, hf_config)
+        return logit_processing_problem(recipe, hf_config)
     if recipe.backend == "automodel":
         return (
             _fsdp_only_problem(recipe, hf_config)
@@ -179,7 +179,7 @@ def logit_processing(hf_config: Mapping[str, Any]) -> dict[str, float]:
     return found
 
 
-def _logit_processing_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
+def logit_processing_problem(recipe: Recipe, hf_config: Mapping[str, Any]) -> Problem | None:
     """The Megatron log-prob path scores the bridge provider's output layer, whose handling
     of a rescale or soft-cap hpcrl has not verified, while the sampler applies it: log-probs
     that differ would skew every ratio and importance weight without a word."""

@@ -5,6 +5,7 @@ logits are refused with the reason. Tolerance 1e-4 nats (float32 on CPU)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -68,3 +69,8 @@ def test_models_that_process_their_logits_are_refused(tmp_path):
     problem = unbuildable_model(recipe_for(gemma2), str(gemma2))
     assert problem is not None and problem.path == "policy.model_name"
     assert "(final_logit_softcapping 30)" in problem.message
+    # a config.json that leaves the soft-cap to transformers' default (30) is refused too
+    saved = json.loads((gemma2 / "config.json").read_text())
+    del saved["final_logit_softcapping"]
+    (gemma2 / "config.json").write_text(json.dumps(saved))
+    assert unbuildable_model(recipe_for(gemma2), str(gemma2)) == problem

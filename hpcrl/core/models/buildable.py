@@ -12,6 +12,7 @@ from hpcrl.config.architectures import (
     TRANSFORMERS_5_MODEL_TYPES,
     architecture_problem,
     config_checked,
+    logit_processing_problem,
     read_hf_config,
 )
 from hpcrl.config.errors import Problem
@@ -34,7 +35,26 @@ def unbuildable_model(recipe: Recipe, model_path: str) -> Problem | None:
     config = read_hf_config(folder)
     if config is None:
         return None
-    return architecture_problem(recipe, config) or transformers_lacks(recipe, config)
+    return (
+        architecture_problem(recipe, config)
+        or transformers_lacks(recipe, config)
+        or logits_processed_by_default(recipe, folder)
+    )
+
+
+def logits_processed_by_default(recipe: Recipe, folder: Path) -> Problem | None:
+    """The Megatron backend's refusal of logit processing that config.json leaves to
+    transformers' defaults (a Gemma 2 config without ``final_logit_softcapping`` soft-caps
+    at 30): the job reads the config as the sampler's model will, which validate cannot."""
+    if recipe.backend != "megatron":
+        return None
+    from transformers import AutoConfig
+
+    try:
+        loaded = AutoConfig.from_pretrained(folder)
+    except Exception:  # noqa: BLE001 -- a type this transformers lacks: the bridge names it
+        return None
+    return logit_processing_problem(recipe, loaded.to_dict())
 
 
 def transformers_lacks(recipe: Recipe, hf_config: dict) -> Problem | None:
