@@ -1,10 +1,12 @@
 """The job's side of the architecture check: a model validate could not read (here: a local
 folder under no look of the planner) and its backend cannot build stops the driver as it
-starts, with the named message and the plan-error exit code, before any worker or data."""
+starts, with the named message and the plan-error exit code, before any worker or data
+(as does the Megatron backend's refusal of a model that processes its logits)."""
 
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import attrs
 
@@ -12,16 +14,18 @@ from hpcrl.config.recipe import GenerationCfg
 from hpcrl.core.driver import PLAN_ERROR_EXIT_CODE, train_recipe
 from hpcrl.plan.planner import plan
 from tests.plan.planning_inputs import local_profile
-from tests.recipe_builder import automodel_recipe, with_policy
+from tests.recipe_builder import automodel_recipe, megatron_recipe, with_policy
 
 
-def refused(tmp_path, config: dict, capsys, generation: str = "torch") -> str:
+def refused(
+    tmp_path, config: dict, capsys, generation: str = "torch", backend=automodel_recipe
+) -> str:
     """What the driver prints as it refuses a local model folder with this config.json."""
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     recipe = with_policy(
-        automodel_recipe(), model_name=str(folder), train_global_batch_size=8,
+        backend(), model_name=str(folder), train_global_batch_size=8,
         generation=GenerationCfg(backend=generation),
     )  # fmt: skip
     recipe = attrs.evolve(recipe, cluster=attrs.evolve(recipe.cluster, gpus_per_node=2))
@@ -46,6 +50,20 @@ def test_the_driver_refuses_a_model_its_backend_cannot_build_by_name(tmp_path, c
         "fix: train it with the Megatron backend "
         "(policy.megatron_cfg.enabled=true, policy.automodel_cfg.enabled=false), or pick a "
         "model of one of these types\n"
+    )
+
+
+def test_the_driver_refuses_logit_processing_on_megatron_before_any_worker(tmp_path, capsys):
+    """Granite divides its logits by ``logits_scaling``; the Megatron log-prob path would not
+    (the Megatron worker refused it once its parallel state was set up)."""
+    config = {"model_type": "granite", "architectures": ["GraniteForCausalLM"],
+              "logits_scaling": 8.0}  # fmt: skip
+    one_node = partial(megatron_recipe, num_nodes=1)
+    assert refused(tmp_path, config, capsys, generation="vllm", backend=one_node) == (
+        "hpcrl: policy.model_name = 'MODEL': this model post-processes its logits "
+        "(logits_scaling 8), which the Megatron backend does not reproduce in its log-prob "
+        "path; fix: pick a model without it: the Automodel backend, which applies it, does "
+        "not build model_type 'granite' either\n"
     )
 
 
